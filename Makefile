@@ -1,0 +1,39 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Re-install when the dependency files change.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+DATA_DIR ?= ../shared/datasets
+TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
+
+.PHONY: setup demo test lint unit proto clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: setup
+	$(BIN)/python -m gateway.demo --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR) $(DEMO_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+proto: setup
+	$(BIN)/python -m site_engine.proto.generate
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache

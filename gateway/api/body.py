@@ -1,0 +1,31 @@
+"""Decoding request bodies into wire schemas with OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+import msgspec
+
+from gateway.api.errors import invalid_request
+
+T = TypeVar("T")
+_PARAM_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+_MISSING_FIELD = re.compile(r"missing required field `([A-Za-z_]+)`")
+
+
+def decode_body(body: bytes, schema: type[T]) -> T:
+    if not body:
+        raise invalid_request("the request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(body, type=schema)
+    except UnicodeDecodeError as exc:
+        raise invalid_request("the request body is not valid UTF-8") from exc
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        param = _PARAM_PATH.search(message) or _MISSING_FIELD.search(message)
+        raise invalid_request(
+            f"invalid request: {message}", param=param.group(1) if param else None
+        ) from exc
+    except msgspec.DecodeError as exc:
+        raise invalid_request(f"the request body is not valid JSON: {exc}") from exc

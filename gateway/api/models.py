@@ -1,0 +1,40 @@
+"""GET /v1/models and the health probes."""
+
+from __future__ import annotations
+
+from litestar import Controller, Response, get
+from sqlalchemy import text
+
+from gateway.api.schemas import ModelCard, ModelList
+from gateway.runtime import GatewayRuntime
+
+
+class ModelsController(Controller):
+    path = "/v1"
+    tags = ("openai",)
+
+    @get("/models", summary="Models served by at least one configured site")
+    async def list_models(self, runtime: GatewayRuntime) -> ModelList:
+        return ModelList(data=[ModelCard(id=name) for name in runtime.tokenizers.models()])
+
+
+class HealthController(Controller):
+    path = "/"
+    tags = ("operations",)
+
+    @get("/healthz", summary="Liveness: the process serves HTTP")
+    async def liveness(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/readyz", summary="Readiness: the database answers and at least one site is healthy")
+    async def readiness(self, runtime: GatewayRuntime) -> Response[dict[str, object]]:
+        sites = {site.name: site.healthy for site in runtime.registry.all()}
+        try:
+            async with runtime.sessions() as session:
+                await session.execute(text("SELECT 1"))
+            database = "ok"
+        except Exception as exc:  # any failure means not ready; the reason is reported
+            database = f"error: {type(exc).__name__}"
+        ready = database == "ok" and any(sites.values())
+        body: dict[str, object] = {"ready": ready, "database": database, "sites": sites}
+        return Response(body, status_code=200 if ready else 503)

@@ -1,0 +1,303 @@
+"""From a validated completion request to a finished, recorded completion.
+
+prepare() checks everything that can be checked without a site (so bad input changes nothing);
+dispatch() routes and records the request; Dispatch.events() streams it from the chosen site,
+moving it to another site if the first cannot take it before it starts, and records the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gateway.api.errors import (
+    OpenAIError,
+    invalid_request,
+    model_not_found,
+    service_unavailable,
+    upstream_failed,
+)
+from gateway.api.schemas import CompletionRequest
+from gateway.db.models import RequestStatus, utcnow
+from gateway.routing.policy import RoutingPolicy
+from gateway.routing.types import RoutingRequest
+from gateway.services.request_log import NewRequest, Outcome, RequestLog
+from gateway.settings import GatewaySettings
+from gateway.sites.client import (
+    GenerateParams,
+    SiteChunk,
+    SiteFailed,
+    SiteRejected,
+    SiteUnavailable,
+)
+from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.tokenizers import ModelTokenizers
+
+log = logging.getLogger(__name__)
+MAX_STOP_SEQUENCES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCompletion:
+    request_id: str
+    created: int
+    model: str
+    params: GenerateParams
+    stream: bool
+    include_usage: bool
+    user: str | None
+
+    @property
+    def routing(self) -> RoutingRequest:
+        return RoutingRequest(
+            model=self.model,
+            prompt_tokens=len(self.params.prompt_token_ids),
+            max_tokens=self.params.max_tokens,
+            predicted_tokens=self.params.predicted_tokens,
+        )
+
+
+def _reject_unsupported(req: CompletionRequest) -> None:
+    unsupported = {
+        "n": req.n != 1,
+        "best_of": req.best_of not in (None, 1),
+        "logprobs": req.logprobs is not None,
+        "echo": req.echo,
+        "suffix": req.suffix is not None,
+        "presence_penalty": req.presence_penalty != 0,
+        "frequency_penalty": req.frequency_penalty != 0,
+        "logit_bias": bool(req.logit_bias),
+    }
+    for param, used in unsupported.items():
+        if used:
+            raise invalid_request(f"'{param}' is not supported by this gateway", param=param)
+
+
+class CompletionService:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        registry: SiteRegistry,
+        tokenizers: ModelTokenizers,
+        policy: RoutingPolicy,
+        request_log: RequestLog,
+    ) -> None:
+        self.settings = settings
+        self._registry = registry
+        self._tokenizers = tokenizers
+        self._policy = policy
+        self.request_log = request_log
+        self._background: set[asyncio.Task[None]] = set()
+
+    def prepare(self, req: CompletionRequest) -> PreparedCompletion:
+        """Validates and tokenizes; raises OpenAIError (4xx) without touching any state."""
+        if req.model not in self._tokenizers:
+            raise model_not_found(req.model)
+        _reject_unsupported(req)
+        prompt_ids = self._prompt_ids(req)
+        max_tokens = self.settings.default_max_tokens if req.max_tokens is None else req.max_tokens
+        if max_tokens < 1:
+            raise invalid_request("max_tokens must be at least 1", param="max_tokens")
+        context = self._registry.max_model_len(req.model)
+        if context is not None and len(prompt_ids) + max_tokens > context:
+            raise invalid_request(
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the "
+                f"prompt, {max_tokens} for the completion).",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        if len(stop) > MAX_STOP_SEQUENCES or any(not s for s in stop):
+            raise invalid_request("stop takes up to 4 non-empty strings", param="stop")
+        if req.seed is not None and not 0 <= req.seed < 2**63:
+            raise invalid_request("seed must be in [0, 2^63)", param="seed")
+        params = GenerateParams(
+            request_id=f"cmpl-{uuid.uuid4().hex}",
+            prompt_token_ids=tuple(prompt_ids),
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=stop,
+            ignore_eos=req.ignore_eos,
+        )
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return PreparedCompletion(
+            request_id=params.request_id,
+            created=int(time.time()),
+            model=req.model,
+            params=params,
+            stream=req.stream,
+            include_usage=include_usage,
+            user=req.user,
+        )
+
+    def _prompt_ids(self, req: CompletionRequest) -> list[int]:
+        prompt = req.prompt
+        if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
+            # A list of prompts: one per request here.
+            if len(prompt) != 1:
+                raise invalid_request(
+                    "one prompt per request: send a string or a list of token ids", param="prompt"
+                )
+            prompt = prompt[0]  # type: ignore[assignment]
+        if isinstance(prompt, str):
+            ids = self._tokenizers.encode(req.model, prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            ids = [int(t) for t in prompt]  # type: ignore[arg-type]
+            vocab = self._tokenizers.vocab_size(req.model)
+            if any(not 0 <= t < vocab for t in ids):
+                raise invalid_request(f"token ids must be in [0, {vocab})", param="prompt")
+        else:
+            raise invalid_request("prompt must be a string or a list of token ids", param="prompt")
+        if not ids:
+            raise invalid_request("the prompt is empty", param="prompt")
+        return ids
+
+    async def dispatch(self, prepared: PreparedCompletion) -> Dispatch:
+        """Routes and records the request; 503 (recorded as failed) when no site can take it."""
+        decision = self._policy.route(prepared.routing, self._registry.all())
+        site = decision.site
+        await self.request_log.accepted(
+            NewRequest(
+                request_id=prepared.request_id,
+                api="completions",
+                model=prepared.model,
+                stream=prepared.stream,
+                user=prepared.user,
+                prompt_tokens=len(prepared.params.prompt_token_ids),
+                max_tokens=prepared.params.max_tokens,
+                routing_policy=self._policy.name,
+                site_id=site.site_id if site is not None else None,
+            )
+        )
+        if site is None:
+            reason = ", ".join(f"{name}: {count}" for name, count in decision.survivors)
+            message = f"no site can serve model '{prepared.model}' now (sites left after {reason})"
+            await self.request_log.finished(
+                prepared.request_id,
+                Outcome(RequestStatus.FAILED, None, 0, error=message),
+            )
+            raise service_unavailable(message)
+        return Dispatch(self, prepared, site)
+
+    def reroute(self, prepared: PreparedCompletion, tried: set[str]) -> SiteState | None:
+        untried = [site for site in self._registry.all() if site.name not in tried]
+        return self._policy.route(prepared.routing, untried).site
+
+    def record_later(self, request_id: str, outcome: Outcome) -> None:
+        """Writes the outcome even if the caller is being cancelled (client disconnect)."""
+        task = asyncio.create_task(self.request_log.finished(request_id, outcome))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """One accepted request on its way through a site."""
+
+    service: CompletionService
+    prepared: PreparedCompletion
+    site: SiteState
+    attempts: int = 1
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    first_token_at: datetime | None = None
+    tried: set[str] = field(default_factory=set)
+
+    async def events(self) -> AsyncIterator[SiteChunk]:
+        """Yields the site's chunks with tokens; the last one has finish_reason set.
+
+        The outcome is written before the iterator ends, so a client that got its answer finds
+        it recorded; a client that goes away mid-stream gets its request recorded as cancelled.
+        """
+        log_ = self.service.request_log
+        try:
+            async for chunk in self._stream_with_failover():
+                yield chunk
+        except OpenAIError as exc:
+            await log_.finished(
+                self.prepared.request_id,
+                self._outcome(RequestStatus.FAILED, error=exc.body.message),
+            )
+            raise
+        except BaseException:  # GeneratorExit or CancelledError: the client went away
+            outcome = self._outcome(RequestStatus.CANCELLED, error="client went away")
+            self.service.record_later(self.prepared.request_id, outcome)
+            raise
+        await log_.finished(self.prepared.request_id, self._outcome(RequestStatus.COMPLETED))
+
+    def _outcome(self, status: RequestStatus, error: str | None = None) -> Outcome:
+        return Outcome(
+            status=status,
+            site_id=self.site.site_id,
+            attempts=self.attempts,
+            completion_tokens=self.completion_tokens,
+            finish_reason=self.finish_reason,
+            error=error,
+            first_token_at=self.first_token_at,
+        )
+
+    async def _stream_with_failover(self) -> AsyncIterator[SiteChunk]:
+        while True:
+            self.tried.add(self.site.name)
+            self.site.in_flight += 1
+            try:
+                async with aclosing(
+                    self.site.client.generate(
+                        self.prepared.params, self.service.settings.request_timeout_s
+                    )
+                ) as chunks:
+                    async for chunk in chunks:
+                        if chunk.finish_reason == "released":
+                            break  # handed back before it started: place it elsewhere
+                        self._observe(chunk)
+                        if chunk.token_ids or chunk.text or chunk.finish_reason:
+                            yield chunk
+                        if chunk.finish_reason is not None:
+                            return
+            except SiteUnavailable as exc:
+                self.site.mark_unhealthy(exc.detail)
+                log.warning("%s; moving %s elsewhere", exc, self.prepared.request_id)
+            except SiteRejected as exc:
+                raise invalid_request(exc.detail) from exc
+            except SiteFailed as exc:
+                raise upstream_failed(str(exc)) from exc
+            finally:
+                self.site.in_flight -= 1
+            self._move_elsewhere()
+
+    def _observe(self, chunk: SiteChunk) -> None:
+        if chunk.token_ids and self.first_token_at is None:
+            self.first_token_at = utcnow()
+        self.completion_tokens += len(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            # The site's own count is authoritative (it includes tokens cut by a stop string).
+            self.completion_tokens = chunk.completion_tokens
+            self.finish_reason = chunk.finish_reason
+            if chunk.finish_reason == "cancelled":
+                raise upstream_failed(f"site {self.site.name} cancelled the request")
+
+    def _move_elsewhere(self) -> None:
+        if self.completion_tokens:
+            # Resuming a half-finished answer on another site is the reliability issue's job.
+            raise upstream_failed(f"site {self.site.name} failed mid-stream")
+        next_site = self.service.reroute(self.prepared, self.tried)
+        if next_site is None:
+            raise service_unavailable(
+                f"no other site can take request {self.prepared.request_id} "
+                f"(tried: {', '.join(sorted(self.tried))})"
+            )
+        self.site = next_site
+        self.attempts += 1

@@ -1,0 +1,130 @@
+"""The gateway's database schema (SQLAlchemy 2 ORM). Wire schemas live in gateway/api/schemas.py.
+
+Postgres in production, SQLite as the embedded default: only portable types are used, enums are
+stored as checked strings, and timestamps are always timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Dialect,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Deterministic constraint names, so migrations can address them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores UTC, returns aware datetimes: SQLite would otherwise hand back naive ones."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class RequestStatus(enum.StrEnum):
+    DISPATCHED = "dispatched"  # accepted and sent to a site; no token yet
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Site(Base):
+    __tablename__ = "sites"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    cloud: Mapped[str] = mapped_column(String(32))
+    region: Mapped[str] = mapped_column(String(64))
+    endpoint: Mapped[str] = mapped_column(String(256))
+    model: Mapped[str] = mapped_column(String(128))
+    capacity_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    requests: Mapped[list[InferenceRequest]] = relationship(back_populates="site")
+
+
+class InferenceRequest(Base):
+    """One client request: what was asked, what was predicted and decided, and how it ended."""
+
+    __tablename__ = "requests"
+    __table_args__ = (
+        Index("ix_requests_created_at", "created_at"),
+        Index("ix_requests_site_id_created_at", "site_id", "created_at"),
+        Index("ix_requests_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    api: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    status: Mapped[RequestStatus] = mapped_column(
+        Enum(
+            RequestStatus,
+            native_enum=False,
+            length=16,
+            name="request_status",
+            values_callable=lambda members: [m.value for m in members],
+        )
+    )
+    stream: Mapped[bool] = mapped_column(Boolean)
+    user: Mapped[str | None] = mapped_column(String(256))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    # Response-length prediction (the predictor fills these; null while none is configured).
+    predicted_tokens: Mapped[int | None] = mapped_column(Integer)
+    predicted_bucket: Mapped[int | None] = mapped_column(Integer)
+    predictor_version: Mapped[str | None] = mapped_column(String(64))
+    routing_policy: Mapped[str] = mapped_column(String(32))
+    site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id", ondelete="SET NULL"))
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    site: Mapped[Site | None] = relationship(back_populates="requests")

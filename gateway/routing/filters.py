@@ -1,0 +1,40 @@
+"""Site filters. Each keeps the order of its input and never adds a site."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.routing.types import RoutingRequest, S
+
+
+@dataclass(frozen=True, slots=True)
+class HealthyFilter:
+    """Contract: keeps exactly the sites currently marked healthy."""
+
+    name: str = "healthy"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        return [site for site in sites if site.healthy]
+
+
+@dataclass(frozen=True, slots=True)
+class ServesModelFilter:
+    """Contract: keeps exactly the sites configured for the request's model."""
+
+    name: str = "serves_model"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        return [site for site in sites if site.model == request.model]
+
+
+@dataclass(frozen=True, slots=True)
+class FitsContextFilter:
+    """Contract: keeps the sites whose context holds prompt + max_tokens; a site whose context is
+    not known yet is kept (the site itself rejects what it cannot hold)."""
+
+    name: str = "fits_context"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        need = request.prompt_tokens + request.max_tokens
+        return [s for s in sites if s.max_model_len is None or need <= s.max_model_len]

@@ -1,0 +1,91 @@
+"""Everything the gateway holds while it runs, started and stopped in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gateway.completions import CompletionService
+from gateway.db.migrate import upgrade
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.routing.policy import build_policy
+from gateway.services.request_log import RequestLog
+from gateway.services.site_store import sync_sites
+from gateway.settings import GatewaySettings
+from gateway.sites.client import SiteClient
+from gateway.sites.config import FederationConfig, load_federation
+from gateway.sites.health import HealthMonitor
+from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.tokenizers import ModelTokenizers
+
+log = logging.getLogger(__name__)
+
+
+def _ensure_sqlite_dir(database_url: str) -> None:
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(slots=True)
+class GatewayRuntime:
+    settings: GatewaySettings
+    federation: FederationConfig
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    registry: SiteRegistry
+    tokenizers: ModelTokenizers
+    completions: CompletionService
+    monitor: HealthMonitor
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, settings: GatewaySettings) -> GatewayRuntime:
+        federation = load_federation(settings.federation_file)
+        tokenizers = ModelTokenizers(federation.models)
+        if settings.auto_migrate:
+            _ensure_sqlite_dir(settings.database_url)
+            await asyncio.to_thread(upgrade, settings.database_url)
+        engine = create_engine(settings.database_url)
+        sessions = create_sessionmaker(engine)
+        site_ids = await sync_sites(sessions, federation.sites)
+        registry = SiteRegistry(
+            SiteState(
+                config=site,
+                site_id=site_ids[site.name],
+                client=SiteClient(site.name, site.endpoint, settings.connect_timeout_s),
+            )
+            for site in federation.sites
+        )
+        monitor = HealthMonitor(registry, tokenizers.fingerprints, settings.health_interval_s)
+        await monitor.check_once()  # route from the first request on, not after one interval
+        completions = CompletionService(
+            settings,
+            registry,
+            tokenizers,
+            build_policy(settings.routing_policy),
+            RequestLog(sessions),
+        )
+        runtime = cls(
+            settings, federation, engine, sessions, registry, tokenizers, completions, monitor
+        )
+        runtime._tasks.append(asyncio.create_task(monitor.run(), name="site-health"))
+        healthy = sum(site.healthy for site in registry.all())
+        log.info("gateway up: %d/%d sites healthy", healthy, len(registry.all()))
+        return runtime
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.completions.drain()
+        await self.registry.close()
+        await self.engine.dispose()

@@ -1,0 +1,88 @@
+"""Records each request: one insert when it is accepted, one update when it ends.
+
+Two short transactions per request keep the database off the token path; timings observed in
+between (first token) are carried in memory and written with the outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db.models import InferenceRequest, RequestStatus, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    request_id: str
+    api: str
+    model: str
+    stream: bool
+    user: str | None
+    prompt_tokens: int
+    max_tokens: int
+    routing_policy: str
+    site_id: int | None
+    predicted_tokens: int | None = None
+    predicted_bucket: int | None = None
+    predictor_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: RequestStatus
+    site_id: int | None
+    attempts: int
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    first_token_at: datetime | None = None
+
+
+class RequestLog:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+    async def accepted(self, new: NewRequest) -> None:
+        now = utcnow()
+        async with self._sessions.begin() as session:
+            session.add(
+                InferenceRequest(
+                    id=new.request_id,
+                    api=new.api,
+                    model=new.model,
+                    status=RequestStatus.DISPATCHED,
+                    stream=new.stream,
+                    user=new.user,
+                    prompt_tokens=new.prompt_tokens,
+                    max_tokens=new.max_tokens,
+                    predicted_tokens=new.predicted_tokens,
+                    predicted_bucket=new.predicted_bucket,
+                    predictor_version=new.predictor_version,
+                    routing_policy=new.routing_policy,
+                    site_id=new.site_id,
+                    attempts=1,
+                    created_at=now,
+                    dispatched_at=now if new.site_id is not None else None,
+                )
+            )
+
+    async def finished(self, request_id: str, outcome: Outcome) -> None:
+        async with self._sessions.begin() as session:
+            await session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == request_id)
+                .values(
+                    status=outcome.status,
+                    site_id=outcome.site_id,
+                    attempts=outcome.attempts,
+                    completion_tokens=outcome.completion_tokens,
+                    finish_reason=outcome.finish_reason,
+                    error=outcome.error,
+                    first_token_at=outcome.first_token_at,
+                    finished_at=utcnow(),
+                )
+            )

@@ -1,0 +1,115 @@
+"""Gateway settings: read once from GATEWAY_* environment variables and validated loudly."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+ROUTING_POLICIES = ("round_robin",)
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    federation_file: Path
+    database_url: str = "sqlite+aiosqlite:///var/gateway.db"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    routing_policy: str = "round_robin"
+    auto_migrate: bool = True
+    # How often each site's health and info are polled.
+    health_interval_s: float = 2.0
+    # A site that has not answered a health check for this long receives nothing new.
+    connect_timeout_s: float = 2.0
+    # Upper bound on one completion, end to end.
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 16
+    log_prompts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.routing_policy not in ROUTING_POLICIES:
+            raise SettingsError(
+                f"GATEWAY_ROUTING_POLICY must be one of {ROUTING_POLICIES}, "
+                f"got {self.routing_policy!r}"
+            )
+        try:
+            make_url(self.database_url)
+        except ArgumentError as exc:
+            raise SettingsError(f"GATEWAY_DATABASE_URL is not a database URL: {exc}") from exc
+        if not 0 <= self.port < 65536:
+            raise SettingsError(f"GATEWAY_PORT must be in 0..65535, got {self.port}")
+        for name in ("health_interval_s", "connect_timeout_s", "request_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
+        if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
+            raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
+        env = os.environ if environ is None else environ
+        federation = env.get("GATEWAY_FEDERATION_FILE")
+        if not federation:
+            raise SettingsError(
+                "GATEWAY_FEDERATION_FILE must name the JSON file listing models and sites"
+            )
+        reader = _EnvReader(env)
+        defaults = cls(federation_file=Path(federation))
+        return cls(
+            federation_file=Path(federation),
+            database_url=reader.text("DATABASE_URL", defaults.database_url),
+            host=reader.text("HOST", defaults.host),
+            port=reader.integer("PORT", defaults.port),
+            routing_policy=reader.text("ROUTING_POLICY", defaults.routing_policy),
+            auto_migrate=reader.boolean("AUTO_MIGRATE", defaults.auto_migrate),
+            health_interval_s=reader.number("HEALTH_INTERVAL_S", defaults.health_interval_s),
+            connect_timeout_s=reader.number("CONNECT_TIMEOUT_S", defaults.connect_timeout_s),
+            request_timeout_s=reader.number("REQUEST_TIMEOUT_S", defaults.request_timeout_s),
+            max_body_bytes=reader.integer("MAX_BODY_BYTES", defaults.max_body_bytes),
+            default_max_tokens=reader.integer("DEFAULT_MAX_TOKENS", defaults.default_max_tokens),
+            log_prompts=reader.boolean("LOG_PROMPTS", defaults.log_prompts),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _EnvReader:
+    env: Mapping[str, str]
+
+    def _raw(self, name: str) -> str | None:
+        value = self.env.get(f"GATEWAY_{name}")
+        return value if value not in (None, "") else None
+
+    def text(self, name: str, default: str) -> str:
+        return self._raw(name) or default
+
+    def integer(self, name: str, default: int) -> int:
+        raw = self._raw(name)
+        try:
+            return default if raw is None else int(raw)
+        except ValueError as exc:
+            raise SettingsError(f"GATEWAY_{name} must be an integer, got {raw!r}") from exc
+
+    def number(self, name: str, default: float) -> float:
+        raw = self._raw(name)
+        try:
+            return default if raw is None else float(raw)
+        except ValueError as exc:
+            raise SettingsError(f"GATEWAY_{name} must be a number, got {raw!r}") from exc
+
+    def boolean(self, name: str, default: bool) -> bool:
+        raw = self._raw(name)
+        if raw is None:
+            return default
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"GATEWAY_{name} must be true or false, got {raw!r}")

@@ -1,0 +1,190 @@
+"""The gateway's gRPC adapter to one site: typed calls in, typed results out.
+
+Protobuf types do not leave this module. gRPC failures become three exceptions whose meaning
+the dispatcher acts on: SiteUnavailable (try another site), SiteRejected (the client's fault),
+SiteFailed (the site broke; the request failed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from site_engine.proto import site_pb2, site_pb2_grpc
+
+HEALTH_SERVICE = "fedllm.site.v1.SiteEngine"
+
+_FINISH_FROM_PROTO = {
+    site_pb2.FINISH_REASON_STOP: "stop",
+    site_pb2.FINISH_REASON_LENGTH: "length",
+    site_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    site_pb2.FINISH_REASON_RELEASED: "released",
+}
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+_REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
+
+
+class SiteCallError(Exception):
+    def __init__(self, site: str, message: str) -> None:
+        super().__init__(f"site {site}: {message}")
+        self.site = site
+        self.detail = message
+
+
+class SiteUnavailable(SiteCallError):
+    """The site could not take the call (down, unreachable, overloaded): try another site."""
+
+
+class SiteRejected(SiteCallError):
+    """The site refused the request as invalid."""
+
+
+class SiteFailed(SiteCallError):
+    """The site accepted the request and then failed it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SiteInfoView:
+    site_name: str
+    model: str
+    max_model_len: int
+    vocab_size: int
+    tokenizer_fingerprint: str
+    device: str
+    dtype: str
+    kv_block_size: int
+    kv_blocks_total: int
+    max_num_seqs: int
+    engine: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    predicted_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SiteChunk:
+    accepted: bool
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
+    sampling = site_pb2.SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        stop=params.stop,
+        ignore_eos=params.ignore_eos,
+    )
+    if params.seed is not None:
+        sampling.seed = params.seed
+    return site_pb2.GenerateRequest(
+        request_id=params.request_id,
+        prompt_token_ids=params.prompt_token_ids,
+        sampling=sampling,
+        predicted_tokens=params.predicted_tokens or 0,
+    )
+
+
+def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
+    return SiteChunk(
+        accepted=chunk.accepted,
+        token_ids=tuple(chunk.token_ids),
+        text=chunk.text,
+        finish_reason=_FINISH_FROM_PROTO.get(chunk.finish_reason),
+        prompt_tokens=chunk.usage.prompt_tokens,
+        completion_tokens=chunk.usage.completion_tokens,
+    )
+
+
+class SiteClient:
+    def __init__(self, name: str, endpoint: str, connect_timeout_s: float) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self._timeout = connect_timeout_s
+        self._channel = grpc.aio.insecure_channel(endpoint)
+        self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def _error(self, exc: grpc.aio.AioRpcError, accepted: bool = False) -> SiteCallError:
+        code, detail = exc.code(), exc.details() or exc.code().name
+        if code in _REJECTED:
+            return SiteRejected(self.name, detail)
+        if code in _RETRYABLE and not accepted:
+            return SiteUnavailable(self.name, detail)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and not accepted:
+            return SiteUnavailable(self.name, "did not answer in time")
+        return SiteFailed(self.name, f"{code.name}: {detail}")
+
+    async def check_health(self) -> bool:
+        try:
+            response = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def info(self) -> SiteInfoView:
+        try:
+            info = await self._stub.Info(site_pb2.InfoRequest(), timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return SiteInfoView(
+            site_name=info.site_name,
+            model=info.model,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            tokenizer_fingerprint=info.tokenizer_fingerprint,
+            device=info.device,
+            dtype=info.dtype,
+            kv_block_size=info.kv_block_size,
+            kv_blocks_total=info.kv_blocks_total,
+            max_num_seqs=info.max_num_seqs,
+            engine=info.engine,
+            version=info.version,
+        )
+
+    async def generate(
+        self, params: GenerateParams, timeout_s: float
+    ) -> AsyncGenerator[SiteChunk, None]:
+        """Streams the site's chunks; closing the iterator early cancels the call at the site."""
+        call = self._stub.Generate(_to_proto(params), timeout=timeout_s)
+        accepted = False
+        try:
+            async for chunk in call:
+                accepted = accepted or chunk.accepted
+                yield _from_proto(chunk)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, accepted) from exc
+        finally:
+            call.cancel()
+
+    async def cancel(self, request_id: str) -> bool:
+        try:
+            response = await self._stub.Cancel(
+                site_pb2.CancelRequest(request_id=request_id), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return bool(response.cancelled)
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,65 @@
+"""Polls every site's gRPC health and info, so routing only ever reads in-memory state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from gateway.sites.client import SiteCallError
+from gateway.sites.registry import SiteRegistry, SiteState
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        registry: SiteRegistry,
+        tokenizer_fingerprints: Mapping[str, str],
+        interval_s: float,
+    ) -> None:
+        self._registry = registry
+        self._fingerprints = tokenizer_fingerprints
+        self._interval_s = interval_s
+
+    async def check_once(self) -> None:
+        await asyncio.gather(*(self._check(site) for site in self._registry.all()))
+
+    async def run(self) -> None:
+        while True:
+            await self.check_once()
+            await asyncio.sleep(self._interval_s)
+
+    async def _check(self, site: SiteState) -> None:
+        was_healthy = site.healthy
+        if not await site.client.check_health():
+            site.mark_unhealthy("health check failed (site down or not serving)")
+        else:
+            try:
+                info = await site.client.info()
+            except SiteCallError as exc:
+                site.mark_unhealthy(str(exc))
+            else:
+                problem = self._mismatch(site, info.model, info.tokenizer_fingerprint)
+                if problem:
+                    site.mark_unhealthy(problem)
+                else:
+                    site.mark_healthy(info)
+        if was_healthy != site.healthy:
+            level = logging.INFO if site.healthy else logging.WARNING
+            log.log(
+                level,
+                "site %s is now %s%s",
+                site.name,
+                "healthy" if site.healthy else "unhealthy",
+                "" if site.healthy else f": {site.last_error}",
+            )
+
+    def _mismatch(self, site: SiteState, model: str, fingerprint: str) -> str | None:
+        if model != site.config.model:
+            return f"serves model {model!r}, configured for {site.config.model!r}"
+        expected = self._fingerprints.get(model)
+        if expected is not None and fingerprint != expected:
+            return "its tokenizer differs from the gateway's tokenizer for this model"
+        return None

@@ -1,0 +1,67 @@
+"""The gateway's live view of its sites: configuration, health and what each site reported."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.sites.client import SiteClient, SiteInfoView
+from gateway.sites.config import SiteConfig
+
+
+@dataclass(slots=True)
+class SiteState:
+    config: SiteConfig
+    site_id: int
+    client: SiteClient
+    healthy: bool = False
+    info: SiteInfoView | None = None
+    last_error: str | None = None
+    checked_at: float = 0.0
+    # Requests this gateway has sent to the site that have not finished yet.
+    in_flight: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.info.max_model_len if self.info is not None else None
+
+    def mark_healthy(self, info: SiteInfoView) -> None:
+        self.healthy, self.info, self.last_error = True, info, None
+        self.checked_at = time.monotonic()
+
+    def mark_unhealthy(self, reason: str) -> None:
+        self.healthy, self.last_error = False, reason
+        self.checked_at = time.monotonic()
+
+
+class SiteRegistry:
+    def __init__(self, sites: Iterable[SiteState]) -> None:
+        self._sites = {site.name: site for site in sites}
+
+    def all(self) -> list[SiteState]:
+        return list(self._sites.values())
+
+    def get(self, name: str) -> SiteState | None:
+        return self._sites.get(name)
+
+    def max_model_len(self, model: str) -> int | None:
+        """The smallest context among healthy sites serving the model (what every site can hold)."""
+        lengths = [
+            s.info.max_model_len
+            for s in self._sites.values()
+            if s.healthy and s.info is not None and s.config.model == model
+        ]
+        return min(lengths) if lengths else None
+
+    async def close(self) -> None:
+        for site in self._sites.values():
+            await site.client.close()

@@ -1,0 +1,31 @@
+"""The serving models' tokenizers at the gateway: it counts prompt tokens before routing."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from gateway.sites.config import ModelConfig
+from site_engine.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+
+class ModelTokenizers:
+    def __init__(self, models: tuple[ModelConfig, ...]) -> None:
+        self._tokenizers: dict[str, PreTrainedTokenizerBase] = {
+            model.name: load_tokenizer(model.tokenizer) for model in models
+        }
+        self.fingerprints = {
+            name: tokenizer_fingerprint(tok) for name, tok in self._tokenizers.items()
+        }
+
+    def __contains__(self, model: str) -> bool:
+        return model in self._tokenizers
+
+    def models(self) -> list[str]:
+        return sorted(self._tokenizers)
+
+    def encode(self, model: str, text: str) -> list[int]:
+        ids: list[int] = self._tokenizers[model].encode(text, add_special_tokens=False)
+        return ids
+
+    def vocab_size(self, model: str) -> int:
+        return len(self._tokenizers[model])

@@ -1,0 +1,98 @@
+"""Starts a site engine: `python -m site_engine --model DIR --port 50051 --site-name NAME`.
+
+Every flag can also come from the environment (SITE_MODEL_DIR, SITE_PORT, ...). Prints
+`READY port=N` on stdout once it serves, so supervisors and tests can wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+from grpc_health.v1 import health_pb2
+
+from site_engine.engine.sequential import SequentialEngine
+from site_engine.engine_service import EngineService
+from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
+from site_engine.model_loading import load_model
+from site_engine.settings import SiteSettings
+from site_engine.tokenizer import tokenizer_fingerprint
+
+log = logging.getLogger("site_engine")
+
+
+def parse_args(argv: list[str] | None = None) -> SiteSettings:
+    parser = argparse.ArgumentParser(prog="python -m site_engine", description=__doc__)
+    parser.add_argument("--model", dest="model_dir", type=Path, help="transformers model dir")
+    parser.add_argument("--tokenizer", dest="tokenizer_dir", type=Path)
+    parser.add_argument("--model-name", help="name the gateway routes by (default: dir name)")
+    parser.add_argument("--site-name")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--device", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", help="float32, bfloat16 or float16")
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--kv-cache-mib", type=int)
+    parser.add_argument("--policy", help="fcfs, spf or static")
+    parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+    return SiteSettings.load(**vars(args))
+
+
+def _package_version() -> str:
+    try:
+        return version("fedllm")
+    except PackageNotFoundError:
+        return "dev"
+
+
+async def serve(settings: SiteSettings) -> None:
+    torch.set_num_threads(settings.torch_threads)
+    loaded = load_model(
+        settings.model_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        tokenizer_dir=settings.tokenizer_dir,
+    )
+    service = EngineService(SequentialEngine(loaded), loaded.tokenizer)
+    identity = SiteIdentity(
+        site_name=settings.site_name,
+        model_name=settings.model_name,
+        vocab_size=loaded.vocab_size,
+        tokenizer_fingerprint=tokenizer_fingerprint(loaded.tokenizer),
+        device=str(loaded.device),
+        dtype=settings.dtype,
+        version=_package_version(),
+    )
+    service.start()
+    server, health_servicer, port = await start_server(
+        SiteServicer(service, identity), settings.host, settings.port
+    )
+    print(f"READY port={port}", flush=True)
+    log.info(
+        "site %s serving %s on %s:%d", settings.site_name, settings.model_name, settings.host, port
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    # Tell health checkers first so no new work arrives, then let running streams end.
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(grace=5)
+    service.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""What the serving layer needs from an engine, independent of how it schedules.
+
+The engine is driven from a single thread (see site_engine/engine_service.py): every method
+here is called from that thread only, so engines need no locks. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from site_engine.engine.types import FinishReason, SamplingParams
+
+
+class RequestRejected(ValueError):
+    """The request can never be served by this engine (e.g. longer than the context)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    # The gateway's response-length prediction in tokens, if it made one.
+    predicted_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """New tokens of one request from one step; finish_reason is set on its last output."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_waiting: int
+    num_running: int
+    queued_prompt_tokens: int
+    running_tokens: int
+    predicted_remaining_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    iterations: int
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_model_len: int
+    kv_block_size: int
+    kv_blocks_total: int
+    max_num_seqs: int
+    name: str
+
+
+class Engine(Protocol):
+    @property
+    def limits(self) -> EngineLimits: ...
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queues a request; raises RequestRejected if it can never be served."""
+
+    def abort(self, request_id: str, reason: FinishReason) -> bool:
+        """Removes a queued or running request and frees its memory; False if unknown."""
+
+    def release_queued(self, max_requests: int) -> list[EngineRequest]:
+        """Removes up to max_requests queued requests that have not started and returns them."""
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one iteration; returns the outputs it produced (possibly none)."""
+
+    def has_unfinished(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...

@@ -1,0 +1,110 @@
+"""Plain typed objects exchanged between the scheduler and the model runner.
+
+This module is the contract of the engine step (schedule -> run model -> update). It imports no
+torch: the scheduler and the KV-block bookkeeping are pure Python and unit-tested without a model,
+and the model runner consumes these objects without knowing how they were decided.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence left the engine."""
+
+    STOP = "stop"  # EOS token or a stop string
+    LENGTH = "length"  # max_tokens reached, or the model's context is full
+    CANCELLED = "cancelled"  # the client (or the gateway) cancelled it
+    RELEASED = "released"  # handed back before it started, to be offloaded to another site
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick the next token of one request.
+
+    temperature == 0 means greedy. top_p in (0, 1]. A seed makes sampling reproducible for that
+    request regardless of what else shares the batch.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """The tokens of one sequence that the model runner must compute in this step.
+
+    `token_ids` are the tokens whose KV entries are written this step at positions
+    `start_position .. start_position + len(token_ids) - 1`: a whole prompt or a prompt chunk
+    (prefill, also after a recompute preemption, when it covers prompt + tokens generated so far),
+    or the single last generated token (decode). Earlier positions are already in the paged cache.
+    `block_table` lists the physical KV blocks of the sequence in order; it covers every position
+    up to the last one computed this step. `sample` is False for a prefill chunk that does not
+    reach the end of the known tokens (chunked prefill): its logits are not needed.
+    `num_generated` counts the tokens generated so far, so that a seeded sampler can derive a
+    per-step random stream that does not depend on the batch the sequence shares.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    start_position: int
+    block_table: tuple[int, ...]
+    sample: bool
+    sampling: SamplingParams
+    num_generated: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_tokens > 1 or self.num_generated == 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """Everything the model runner needs for one step, and nothing it must decide itself.
+
+    `chunks` is one flat batch: prefill and decode chunks of different sequences mixed, in this
+    order, without padding. `finished_request_ids` are sequences that left the engine since the
+    previous step (finished, cancelled, released, or preempted), so the runner can drop any
+    per-request state it keeps (e.g. seeded random generators).
+    """
+
+    chunks: tuple[ScheduledChunk, ...]
+    finished_request_ids: frozenset[str] = field(default_factory=frozenset)
+    preempted_request_ids: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRunnerOutput:
+    """What one step produced: the sampled token of every chunk whose `sample` was True."""
+
+    sampled_token_ids: dict[str, int]

@@ -1,0 +1,261 @@
+"""Runs an engine on its own thread and exposes it to asyncio code (the gRPC server).
+
+The engine is single-threaded by design: only the engine thread touches it. The asyncio side
+sends commands (add, abort, release) through a queue and receives outputs through per-request
+asyncio queues, so a long model step never blocks the gRPC event loop, and gRPC traffic never
+holds up the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from transformers import PreTrainedTokenizerBase
+
+from site_engine.detokenizer import IncrementalDetokenizer
+from site_engine.engine.api import Engine, EngineRequest, EngineStats, RequestOutput
+from site_engine.engine.types import FinishReason
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_IDLE_WAIT_S = 0.05
+_RATE_WINDOW_S = 2.0
+
+
+class DuplicateRequest(ValueError):
+    """A request with this id is already queued or running at this site."""
+
+
+class EngineFailure(RuntimeError):
+    """The engine step failed while this request was in it; the request did not complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One message for a Generate stream; the first has accepted=True and no tokens."""
+
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    accepted: bool = False
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[StreamEvent]
+    detokenizer: IncrementalDetokenizer
+    prompt_tokens: int
+    completion_tokens: int = 0
+
+    def emit(self, event: StreamEvent) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def finish(self, reason: FinishReason) -> None:
+        self.emit(
+            StreamEvent(
+                finish_reason=reason,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+            )
+        )
+
+    def fail(self, message: str) -> None:
+        self.emit(
+            StreamEvent(
+                error=message,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=self.completion_tokens,
+            )
+        )
+
+
+@dataclass(slots=True)
+class _Throughput:
+    """Decode tokens per second over a short sliding window."""
+
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, now: float, tokens: int) -> None:
+        self.samples.append((now, tokens))
+        while self.samples and now - self.samples[0][0] > _RATE_WINDOW_S:
+            self.samples.popleft()
+
+    def rate(self, now: float) -> float:
+        recent = [n for t, n in self.samples if now - t <= _RATE_WINDOW_S]
+        return sum(recent) / _RATE_WINDOW_S if recent else 0.0
+
+
+class EngineService:
+    def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._streams: dict[str, _Stream] = {}
+        self._throughput = _Throughput()
+        self._stats: EngineStats = engine.stats()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=10)
+
+    # ---- asyncio side ----------------------------------------------------------------------
+    async def generate(
+        self, request: EngineRequest, stop: tuple[str, ...] = ()
+    ) -> AsyncIterator[StreamEvent]:
+        """Queues the request and yields its events; abandoning the iterator cancels it."""
+        loop = asyncio.get_running_loop()
+        stream = _Stream(
+            loop=loop,
+            events=asyncio.Queue(),
+            detokenizer=IncrementalDetokenizer(self.tokenizer, stop=stop),
+            prompt_tokens=len(request.prompt_token_ids),
+        )
+        await self._call(lambda: self._add(request, stream))
+        finished = False
+        try:
+            yield StreamEvent(accepted=True, prompt_tokens=stream.prompt_tokens)
+            while True:
+                event = await stream.events.get()
+                if event.error is not None:
+                    finished = True
+                    raise EngineFailure(event.error)
+                finished = event.finish_reason is not None
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # The consumer went away (client disconnect, deadline): free the site's memory.
+                self._submit(lambda: self._abort(request.request_id, FinishReason.CANCELLED))
+
+    async def cancel(self, request_id: str) -> bool:
+        result: bool = await self._call(lambda: self._abort(request_id, FinishReason.CANCELLED))
+        return result
+
+    async def release_queued(self, max_requests: int) -> list[EngineRequest]:
+        result: list[EngineRequest] = await self._call(lambda: self._release(max_requests))
+        return result
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def decode_tokens_per_s(self) -> float:
+        return self._throughput.rate(time.monotonic())
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.wrap_future(self._submit(fn))
+
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._commands.put((fn, future))
+        return future
+
+    # ---- engine thread ---------------------------------------------------------------------
+    def _add(self, request: EngineRequest, stream: _Stream) -> None:
+        if request.request_id in self._streams:
+            raise DuplicateRequest(f"request {request.request_id!r} is already at this site")
+        self.engine.add_request(request)
+        self._streams[request.request_id] = stream
+
+    def _abort(self, request_id: str, reason: FinishReason) -> bool:
+        stream = self._streams.pop(request_id, None)
+        aborted = self.engine.abort(request_id, reason)
+        if stream is not None:
+            stream.finish(reason)
+        return aborted
+
+    def _release(self, max_requests: int) -> list[EngineRequest]:
+        released = self.engine.release_queued(max_requests)
+        for request in released:
+            stream = self._streams.pop(request.request_id, None)
+            if stream is not None:
+                stream.finish(FinishReason.RELEASED)
+        return released
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._drain_commands(block=not self.engine.has_unfinished())
+            if self.engine.has_unfinished():
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    log.exception("engine step failed; failing the requests it held")
+                    self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                    continue
+                self._route(outputs)
+            self._stats = self.engine.stats()
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            item = (
+                self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
+            )
+        except queue.Empty:
+            return
+        while True:
+            fn, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except Exception as exc:  # handed to the awaiting coroutine
+                    future.set_exception(exc)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        produced = 0
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            produced += len(output.new_token_ids)
+            stream.completion_tokens += len(output.new_token_ids)
+            text = stream.detokenizer.push(output.new_token_ids)
+            reason = output.finish_reason
+            if reason is None and stream.detokenizer.stopped:
+                self.engine.abort(output.request_id, FinishReason.STOP)
+                reason = FinishReason.STOP
+            if reason is not None:
+                text += stream.detokenizer.flush()
+            stream.emit(
+                StreamEvent(
+                    token_ids=output.new_token_ids,
+                    text=text,
+                    finish_reason=reason,
+                    prompt_tokens=stream.prompt_tokens,
+                    completion_tokens=stream.completion_tokens,
+                )
+            )
+            if reason is not None:
+                del self._streams[output.request_id]
+        if produced:
+            self._throughput.add(time.monotonic(), produced)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, stream in list(self._streams.items()):
+            self.engine.abort(request_id, FinishReason.CANCELLED)
+            stream.fail(message)
+        self._streams.clear()

@@ -1,0 +1,203 @@
+"""The site's gRPC adapter: protobuf in, typed engine calls, protobuf out.
+
+This and gateway/sites/client.py are the only modules that touch the generated protobuf types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from site_engine.engine.api import EngineRequest, RequestRejected
+from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine_service import DuplicateRequest, EngineFailure, EngineService, StreamEvent
+from site_engine.proto import site_pb2, site_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "fedllm.site.v1.SiteEngine"
+MAX_REQUEST_ID_LEN = 128
+
+_FINISH_TO_PROTO = {
+    FinishReason.STOP: site_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: site_pb2.FINISH_REASON_LENGTH,
+    FinishReason.CANCELLED: site_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.RELEASED: site_pb2.FINISH_REASON_RELEASED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SiteIdentity:
+    site_name: str
+    model_name: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    device: str
+    dtype: str
+    version: str
+
+
+class InvalidRequest(ValueError):
+    pass
+
+
+def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=message.max_tokens,
+            temperature=message.temperature,
+            top_p=message.top_p if message.top_p > 0 else 1.0,
+            seed=message.seed if message.HasField("seed") else None,
+            stop=tuple(message.stop),
+            ignore_eos=message.ignore_eos,
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+
+def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChunk:
+    chunk = site_pb2.GenerateChunk(
+        request_id=request_id,
+        accepted=event.accepted,
+        token_ids=event.token_ids,
+        text=event.text,
+    )
+    if event.finish_reason is not None:
+        chunk.finish_reason = _FINISH_TO_PROTO[event.finish_reason]
+        chunk.usage.prompt_tokens = event.prompt_tokens
+        chunk.usage.completion_tokens = event.completion_tokens
+    return chunk
+
+
+class SiteServicer(site_pb2_grpc.SiteEngineServicer):
+    def __init__(self, service: EngineService, identity: SiteIdentity) -> None:
+        self._service = service
+        self._identity = identity
+        self._tokenizer = service.tokenizer
+        self._report_sequence = 0
+
+    def _to_engine_request(self, request: site_pb2.GenerateRequest) -> EngineRequest:
+        if not request.request_id or len(request.request_id) > MAX_REQUEST_ID_LEN:
+            raise InvalidRequest(f"request_id must be 1..{MAX_REQUEST_ID_LEN} characters")
+        sampling = _sampling_from_proto(request.sampling)
+        if request.prompt_token_ids:
+            prompt_ids = tuple(request.prompt_token_ids)
+            if max(prompt_ids) >= self._identity.vocab_size:
+                raise InvalidRequest(
+                    f"prompt_token_ids contains an id >= the vocabulary size "
+                    f"{self._identity.vocab_size}"
+                )
+        else:
+            prompt_ids = tuple(self._tokenizer.encode(request.prompt))
+        if not prompt_ids:
+            raise InvalidRequest("the prompt is empty")
+        return EngineRequest(
+            request_id=request.request_id,
+            prompt_token_ids=prompt_ids,
+            sampling=sampling,
+            predicted_tokens=request.predicted_tokens or None,
+        )
+
+    async def Generate(
+        self, request: site_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[site_pb2.GenerateChunk]:
+        try:
+            engine_request = self._to_engine_request(request)
+            stream = self._service.generate(engine_request, stop=engine_request.sampling.stop)
+            async for event in stream:
+                yield _event_to_proto(request.request_id, event)
+        except (InvalidRequest, RequestRejected) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DuplicateRequest as exc:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except EngineFailure as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+
+    async def Cancel(
+        self, request: site_pb2.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.CancelResponse:
+        cancelled = await self._service.cancel(request.request_id)
+        return site_pb2.CancelResponse(cancelled=cancelled)
+
+    async def ReleaseQueued(
+        self, request: site_pb2.ReleaseQueuedRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.ReleaseQueuedResponse:
+        released = await self._service.release_queued(request.max_requests)
+        return site_pb2.ReleaseQueuedResponse(
+            released=[
+                site_pb2.ReleasedRequest(
+                    request_id=r.request_id,
+                    prompt_tokens=len(r.prompt_token_ids),
+                    predicted_tokens=r.predicted_tokens or 0,
+                )
+                for r in released
+            ]
+        )
+
+    async def Info(
+        self, request: site_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.SiteInfo:
+        limits = self._service.engine.limits
+        ident = self._identity
+        return site_pb2.SiteInfo(
+            site_name=ident.site_name,
+            model=ident.model_name,
+            max_model_len=limits.max_model_len,
+            vocab_size=ident.vocab_size,
+            tokenizer_fingerprint=ident.tokenizer_fingerprint,
+            device=ident.device,
+            dtype=ident.dtype,
+            kv_block_size=limits.kv_block_size,
+            kv_blocks_total=limits.kv_blocks_total,
+            max_num_seqs=limits.max_num_seqs,
+            engine=limits.name,
+            version=ident.version,
+        )
+
+    def load_report(self) -> site_pb2.LoadReport:
+        stats = self._service.stats()
+        self._report_sequence += 1
+        return site_pb2.LoadReport(
+            site_name=self._identity.site_name,
+            timestamp_ms=int(time.time() * 1000),
+            sequence=self._report_sequence,
+            queued_requests=stats.num_waiting,
+            running_requests=stats.num_running,
+            queued_prompt_tokens=stats.queued_prompt_tokens,
+            running_tokens=stats.running_tokens,
+            predicted_remaining_tokens=stats.predicted_remaining_tokens,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            decode_tokens_per_s=self._service.decode_tokens_per_s(),
+            iterations=stats.iterations,
+        )
+
+    async def StreamLoad(
+        self, request: site_pb2.LoadStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[site_pb2.LoadReport]:
+        interval_s = max(request.interval_ms, 10) / 1000
+        while True:
+            yield self.load_report()
+            await asyncio.sleep(interval_s)
+
+
+async def start_server(
+    servicer: SiteServicer, host: str, port: int
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """Starts serving; returns the server, its health servicer and the bound port."""
+    server = grpc.aio.server()
+    site_pb2_grpc.add_SiteEngineServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind {host}:{port}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, bound

@@ -1,0 +1,87 @@
+"""Loads a transformers causal LM directory (safetensors weights + config) for serving."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from site_engine.tokenizer import load_tokenizer
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """The directory does not hold a model we can serve; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+
+def _max_model_len(config: object) -> int:
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ModelLoadError("the model config declares no maximum sequence length")
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config, model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(token) for token in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_model(
+    model_dir: Path,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    tokenizer_dir: Path | None = None,
+) -> LoadedModel:
+    """Loads weights through transformers' own loading path (config.json + *.safetensors)."""
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir} has no config.json: not a transformers model directory")
+    if dtype not in TORCH_DTYPES:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {sorted(TORCH_DTYPES)}")
+    torch_device = torch.device(device)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), config=config, dtype=TORCH_DTYPES[dtype]
+    )
+    model.to(torch_device)
+    model.eval()
+    tokenizer = load_tokenizer(tokenizer_dir or model_dir)
+    if len(tokenizer) > config.vocab_size:
+        raise ModelLoadError(
+            f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary is "
+            f"{config.vocab_size}: they do not belong together"
+        )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        max_model_len=_max_model_len(config),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+        device=torch_device,
+        dtype=TORCH_DTYPES[dtype],
+    )

@@ -1,0 +1,50 @@
+"""Shared fixtures: paths to shared data, a tiny random model directory, databases."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from site_engine.make_model import make_model_dir
+from tests.support.postgres import postgres_database
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("FEDLLM_SHARED_DIR", REPO_ROOT.parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer_dir() -> Path:
+    path = SHARED / "tokenizers" / "gpt2"
+    if not (path / "vocab.json").is_file():
+        pytest.fail(f"GPT-2 tokenizer files not found in {path}: set FEDLLM_SHARED_DIR")
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = SHARED / "datasets"
+    if not path.is_dir():
+        pytest.fail(f"datasets not found in {path}: set FEDLLM_SHARED_DIR")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path) -> Path:
+    """A random Llama-style model with the GPT-2 tokenizer, saved like a real model directory."""
+    return make_model_dir(
+        tmp_path_factory.mktemp("models") / "tiny-llama", "llama", gpt2_tokenizer_dir
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"

@@ -1,0 +1,81 @@
+"""Table-driven tests of each routing part against its written contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.routing.filters import FitsContextFilter, HealthyFilter, ServesModelFilter
+from gateway.routing.pickers import RoundRobinPicker
+from gateway.routing.policy import build_policy
+from gateway.routing.types import RoutingRequest
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    healthy: bool = True
+    model: str = "m"
+    max_model_len: int | None = 1024
+
+
+A, B, C = Site("a"), Site("b"), Site("c")
+DOWN = Site("down", healthy=False)
+OTHER = Site("other", model="x")
+SHORT = Site("short", max_model_len=64)
+UNKNOWN = Site("unknown", max_model_len=None)
+
+
+def request(prompt: int = 10, max_tokens: int = 10, model: str = "m") -> RoutingRequest:
+    return RoutingRequest(model=model, prompt_tokens=prompt, max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize(
+    ("site_filter", "req", "sites", "kept"),
+    [
+        (HealthyFilter(), request(), [A, DOWN, B], [A, B]),
+        (HealthyFilter(), request(), [DOWN], []),
+        (HealthyFilter(), request(), [], []),
+        (ServesModelFilter(), request(), [A, OTHER, B], [A, B]),
+        (ServesModelFilter(), request(model="x"), [A, OTHER], [OTHER]),
+        (FitsContextFilter(), request(32, 32), [SHORT, A], [SHORT, A]),
+        (FitsContextFilter(), request(32, 33), [SHORT, A], [A]),
+        (FitsContextFilter(), request(1000, 1000), [A, UNKNOWN], [UNKNOWN]),
+        (FitsContextFilter(), request(), [B, A], [B, A]),  # order is kept
+    ],
+)
+def test_filters(site_filter, req, sites, kept) -> None:
+    assert site_filter(req, sites) == kept
+
+
+@pytest.mark.parametrize(
+    ("rounds", "candidates", "expected"),
+    [
+        (4, [A, B, C], [A, B, C, A]),
+        (3, [C, A, B], [A, B, C]),  # by name, not by input order
+        (2, [A], [A, A]),
+        (1, [], [None]),
+    ],
+)
+def test_round_robin_cycles_by_name(rounds, candidates, expected) -> None:
+    picker = RoundRobinPicker()
+    assert [picker.pick(request(), candidates) for _ in range(rounds)] == expected
+
+
+def test_round_robin_keeps_separate_turns_per_model() -> None:
+    picker = RoundRobinPicker()
+    assert picker.pick(request(model="m"), [A, B]) == A
+    assert picker.pick(request(model="x"), [A, B]) == A
+    assert picker.pick(request(model="m"), [A, B]) == B
+
+
+def test_policy_explains_an_empty_answer() -> None:
+    decision = build_policy("round_robin").route(request(2000, 10), [A, DOWN, OTHER])
+    assert decision.site is None
+    assert decision.survivors == (("serves_model", 2), ("healthy", 1), ("fits_context", 0))
+
+
+def test_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown routing policy"):
+        build_policy("fastest")

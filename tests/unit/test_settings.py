@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import GatewaySettings
+from gateway.settings import SettingsError as GatewaySettingsError
+from site_engine.settings import SettingsError as SiteSettingsError
+from site_engine.settings import SiteSettings
+
+
+def test_gateway_settings_from_env() -> None:
+    settings = GatewaySettings.from_env(
+        {
+            "GATEWAY_FEDERATION_FILE": "f.json",
+            "GATEWAY_PORT": "9000",
+            "GATEWAY_AUTO_MIGRATE": "false",
+            "GATEWAY_HEALTH_INTERVAL_S": "0.5",
+        }
+    )
+    assert settings.federation_file == Path("f.json")
+    assert (settings.port, settings.auto_migrate, settings.health_interval_s) == (9000, False, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GATEWAY_FEDERATION_FILE": ""}, "GATEWAY_FEDERATION_FILE must name"),
+        ({"GATEWAY_PORT": "eighty"}, "GATEWAY_PORT must be an integer"),
+        ({"GATEWAY_PORT": "70000"}, "GATEWAY_PORT must be in"),
+        ({"GATEWAY_AUTO_MIGRATE": "maybe"}, "GATEWAY_AUTO_MIGRATE must be true or false"),
+        ({"GATEWAY_ROUTING_POLICY": "random"}, "GATEWAY_ROUTING_POLICY"),
+        ({"GATEWAY_DATABASE_URL": "not a url"}, "GATEWAY_DATABASE_URL"),
+        ({"GATEWAY_REQUEST_TIMEOUT_S": "0"}, "GATEWAY_REQUEST_TIMEOUT_S"),
+    ],
+)
+def test_gateway_settings_fail_loudly(env: dict[str, str], message: str) -> None:
+    with pytest.raises(GatewaySettingsError, match=message):
+        GatewaySettings.from_env({"GATEWAY_FEDERATION_FILE": "f.json", **env})
+
+
+def test_site_settings_env_then_flags() -> None:
+    env = {"SITE_MODEL_DIR": "/models/llama", "SITE_PORT": "6000", "SITE_DTYPE": "bfloat16"}
+    settings = SiteSettings.load(env, port=7000, device=None)
+    assert settings.port == 7000  # the flag wins
+    assert settings.dtype == "bfloat16"
+    assert settings.model_name == "llama"
+    assert settings.site_name == "llama"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "model directory is required"),
+        ({"SITE_MODEL_DIR": "m", "SITE_PORT": "x"}, "SITE_PORT must be an integer"),
+        ({"SITE_MODEL_DIR": "m", "SITE_DTYPE": "int4"}, "SITE_DTYPE"),
+        ({"SITE_MODEL_DIR": "m", "SITE_DEVICE": "tpu"}, "SITE_DEVICE"),
+        ({"SITE_MODEL_DIR": "m", "SITE_POLICY": "lifo"}, "SITE_POLICY"),
+        ({"SITE_MODEL_DIR": "m", "SITE_MAX_NUM_SEQS": "0"}, "SITE_MAX_NUM_SEQS"),
+    ],
+)
+def test_site_settings_fail_loudly(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SiteSettingsError, match=message):
+        SiteSettings.load(env)
