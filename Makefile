@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 DATA_DIR ?= ../shared/datasets
 TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
-.PHONY: setup demo test lint unit proto clean
+.PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu
 
 setup: $(STAMP)
 
@@ -26,11 +26,18 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# GPU tests run on a CUDA machine with `make test-gpu`; everything else runs here and in CI.
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-gpu:
+	python3 -m pytest -m gpu $(PYTEST_ARGS)
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+bench-engine-cpu: setup
+	$(BIN)/python -m bench.engine.cpu --tokenizer-dir $(TOKENIZER_DIR) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 proto: setup
 	$(BIN)/python -m site_engine.proto.generate

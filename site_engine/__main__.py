@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from grpc_health.v1 import health_pb2
 
-from site_engine.engine.sequential import SequentialEngine
+from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
 from site_engine.model_loading import load_model
@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--device", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", help="float32, bfloat16 or float16")
     parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--block-size", type=int)
     parser.add_argument("--kv-cache-mib", type=int)
     parser.add_argument("--policy", help="fcfs, spf or static")
     parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
@@ -59,7 +61,17 @@ async def serve(settings: SiteSettings) -> None:
         dtype=settings.dtype,
         tokenizer_dir=settings.tokenizer_dir,
     )
-    service = EngineService(SequentialEngine(loaded), loaded.tokenizer)
+    engine = PagedEngine(
+        loaded,
+        EngineConfig(
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            block_size=settings.block_size,
+            kv_cache_bytes=settings.kv_cache_mib * MIB,
+            policy=settings.policy,
+        ),
+    )
+    service = EngineService(engine, loaded.tokenizer)
     identity = SiteIdentity(
         site_name=settings.site_name,
         model_name=settings.model_name,

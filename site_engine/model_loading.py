@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from site_engine.engine.model_config import eos_token_ids, max_model_len
 from site_engine.tokenizer import load_tokenizer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,24 +33,10 @@ class LoadedModel:
 
 
 def _max_model_len(config: object) -> int:
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ModelLoadError("the model config declares no maximum sequence length")
-
-
-def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (model.generation_config, model.config):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, list | tuple):
-            ids.update(int(token) for token in eos)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
+    try:
+        return max_model_len(config)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def load_model(
@@ -81,7 +68,9 @@ def load_model(
         model=model,
         tokenizer=tokenizer,
         max_model_len=_max_model_len(config),
-        eos_token_ids=_eos_token_ids(model, tokenizer),
+        # The tokenizer's EOS counts too: some configs leave it out.
+        eos_token_ids=eos_token_ids(model)
+        | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()),
         device=torch_device,
         dtype=TORCH_DTYPES[dtype],
     )

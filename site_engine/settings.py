@@ -8,8 +8,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
+
 DTYPES = ("float32", "bfloat16", "float16")
-POLICIES = ("fcfs", "spf", "static")
+POLICIES = tuple(sorted(POLICY_NAMES))
 
 
 class SettingsError(ValueError):
@@ -31,7 +33,7 @@ class SiteSettings:
     block_size: int = 16
     # KV cache budget in MiB; 0 sizes the cache from free device memory (GPU) or a default (CPU).
     kv_cache_mib: int = 0
-    policy: str = "fcfs"
+    policy: PolicyName = "fcfs"
     load_report_interval_ms: int = 500
     # Intra-op threads for CPU execution. Several sites often share one host in tests and demos;
     # more threads than free cores makes every step slower (measured: 38 ms vs 5 ms per token).

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from site_engine.make_model import make_model_dir
-from tests.support.postgres import postgres_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FEDLLM_SHARED_DIR", REPO_ROOT.parent / "shared"))
@@ -21,6 +20,16 @@ def gpt2_tokenizer_dir() -> Path:
     if not (path / "vocab.json").is_file():
         pytest.fail(f"GPT-2 tokenizer files not found in {path}: set FEDLLM_SHARED_DIR")
     return path
+
+
+@pytest.fixture(scope="session")
+def cuda_device() -> str:
+    """For gpu-marked tests: they run with `pytest -m gpu` on a CUDA machine and fail elsewhere."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.fail("this test needs a CUDA GPU: run the gpu-marked tests on the GPU machine")
+    return "cuda"
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +50,9 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
+    # Imported here so GPU machines, which run only the engine tests, need no database driver.
+    from tests.support.postgres import postgres_database
+
     with postgres_database() as url:
         yield url
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.slow
 def site(
     tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ManagedProcess]:
+    # Two sequences at a time, so that a third and fourth request have to queue.
     process = start_site(
+        extra_args=["--max-num-seqs", "2"],
         model_dir=tiny_llama_dir,
         site_name="grpc-test",
         model_name="tiny",
@@ -130,20 +133,21 @@ def test_release_queued_hands_back_requests_that_have_not_started(stub) -> None:
     def run(request_id: str) -> None:
         streams[request_id] = generate(stub, request_id, max_tokens=300, ignore_eos=True)
 
-    workers = [threading.Thread(target=run, args=(f"q{i}",)) for i in range(3)]
+    workers = [threading.Thread(target=run, args=(f"q{i}",)) for i in range(4)]
     for worker in workers:
         worker.start()
         time.sleep(0.2)
     released = stub.ReleaseQueued(site_pb2.ReleaseQueuedRequest(max_requests=5)).released
-    released_ids = {r.request_id for r in released}
-    assert released_ids
-    assert "q0" not in released_ids
+    assert {r.request_id for r in released} == {"q2", "q3"}  # q0 and q1 were running
+    assert all(r.prompt_tokens == 2 for r in released)
     for worker in workers:
         worker.join(timeout=60)
-    for request_id in released_ids:
+    for request_id in ("q2", "q3"):
         assert streams[request_id][-1].finish_reason == site_pb2.FINISH_REASON_RELEASED
         assert tokens(streams[request_id]) == []
-    assert streams["q0"][-1].finish_reason == site_pb2.FINISH_REASON_LENGTH
+    for request_id in ("q0", "q1"):
+        assert streams[request_id][-1].finish_reason == site_pb2.FINISH_REASON_LENGTH
+        assert len(tokens(streams[request_id])) == 300
 
 
 def test_load_reports_stream(stub) -> None:
@@ -162,12 +166,12 @@ def test_load_reports_stream(stub) -> None:
         (
             {"prompt": "x " * 2000, "sampling": {"max_tokens": 8}},
             grpc.StatusCode.INVALID_ARGUMENT,
-            "exceeds the model's context",
+            "more than max_model_len",
         ),
         (
             {"prompt": "hi", "sampling": {"max_tokens": 1024}},
             grpc.StatusCode.INVALID_ARGUMENT,
-            "exceeds the model's context",
+            "exceeds max_model_len",
         ),
         (
             {"prompt": "hi", "sampling": {"max_tokens": 0}},
@@ -192,12 +196,12 @@ def test_bad_requests_get_clear_errors_and_the_site_keeps_serving(
 ) -> None:
     fields = dict(request_kwargs)
     sampling = site_pb2.SamplingParams(**fields.pop("sampling"))
-    request = site_pb2.GenerateRequest(request_id="bad", sampling=sampling, **fields)
+    request = site_pb2.GenerateRequest(request_id=uuid.uuid4().hex, sampling=sampling, **fields)
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Generate(request, timeout=10))
     assert caught.value.code() == code
     assert message in caught.value.details()
-    assert tokens(generate(stub, "after-bad", max_tokens=2))  # still serving
+    assert tokens(generate(stub, f"after-bad-{uuid.uuid4().hex}", max_tokens=2))  # still serving
 
 
 def test_malformed_message_is_refused_and_the_site_keeps_serving(channel, stub) -> None:
@@ -212,3 +216,36 @@ def test_malformed_message_is_refused_and_the_site_keeps_serving(channel, stub) 
     assert caught.value.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
     assert "Error parsing message" in caught.value.details()
     assert tokens(generate(stub, "after-garbage", max_tokens=2))
+
+
+def test_busy_engine_reports_load_and_still_answers_control_calls_promptly(stub) -> None:
+    """Two running, two queued: the load report shows it, and Info stays fast meanwhile."""
+    ids = [f"busy-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    workers = [
+        threading.Thread(
+            target=generate, args=(stub, rid), kwargs={"max_tokens": 400, "ignore_eos": True}
+        )
+        for rid in ids
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.0)
+    report = next(iter(stub.StreamLoad(site_pb2.LoadStreamRequest(interval_ms=50), timeout=5)))
+    assert (report.running_requests, report.queued_requests) == (2, 2)
+    assert report.queued_prompt_tokens == 4  # two queued prompts of 2 tokens
+    assert report.kv_blocks_used > 0
+    assert report.running_tokens > 0
+    assert report.predicted_remaining_tokens > 2 * 400  # queued ones count their max_tokens
+    latencies = []
+    for _ in range(20):
+        started = time.perf_counter()
+        stub.Info(site_pb2.InfoRequest(), timeout=5)
+        latencies.append(time.perf_counter() - started)
+    assert sorted(latencies)[-2] < 0.25, latencies  # the engine thread does not hold gRPC up
+    for rid in ids:
+        stub.Cancel(site_pb2.CancelRequest(request_id=rid))
+    for worker in workers:
+        worker.join(timeout=30)
+    time.sleep(0.3)
+    idle = next(iter(stub.StreamLoad(site_pb2.LoadStreamRequest(interval_ms=50), timeout=5)))
+    assert (idle.running_requests, idle.queued_requests, idle.kv_blocks_used) == (0, 0, 0)

@@ -1,0 +1,54 @@
+"""Shared pieces of the benchmarks: result files and Markdown tables."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(value: object) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(name: str, payload: dict[str, Any], markdown: str, command: str) -> Path:
+    """Writes bench/results/NAME.json and NAME.md (the command that made them included)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamped = {
+        "command": command,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        **payload,
+    }
+    json_path = RESULTS_DIR / f"{name}.json"
+    json_path.write_text(json.dumps(stamped, indent=2) + "\n")
+    (RESULTS_DIR / f"{name}.md").write_text(
+        f"# {name}\n\nCommand: `{command}`\n\nMachine: {stamped['machine']}\n\n{markdown}\n"
+    )
+    return json_path

@@ -1,0 +1,190 @@
+"""Runs one engine step: SchedulerOutput in, one sampled token per sampling chunk out.
+
+A step is split into `prepare_inputs` (host-side tensor building), `forward` (the model over the
+flat batch), `compute_logits` (only the rows that are sampled) and sampling, so that profiling can
+time each piece and GPU work (pinned staging buffers, CUDA graphs, another attention backend) can
+replace one of them inside this class without touching the models or the scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from site_engine.engine.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    TorchReferenceAttention,
+)
+from site_engine.engine.kv_cache import PagedKVCache
+from site_engine.engine.model_config import eos_token_ids, max_model_len
+from site_engine.engine.models import FlatCausalLM, build_flat_model
+from site_engine.engine.sampler import Sampler
+from site_engine.engine.types import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """Device tensors of one step, built from the scheduled chunks."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    metadata: AttentionMetadata
+    sample_indices: torch.Tensor  # [N] int64: flat row of the last token of each sampled chunk
+    sample_chunks: tuple[ScheduledChunk, ...]  # the N chunks with sample=True, in batch order
+
+
+def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a model that is not where the cache will be: converting would copy the weights."""
+    param = next(model.parameters())
+    same_device = param.device.type == device.type and (
+        device.index is None or param.device.index == device.index
+    )
+    if not same_device or param.dtype != dtype:
+        raise ValueError(
+            f"model is on {param.device} as {param.dtype} but the runner was asked for {device} "
+            f"as {dtype}; load it with dtype= and move it before building the runner"
+        )
+
+
+class ModelRunner:
+    """Owns the paged KV cache and runs the loaded model over flat batches."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        attention: AttentionBackend | None = None,
+        sampler: Sampler | None = None,
+    ) -> None:
+        _check_placement(model, device, dtype)
+        model.train(False)  # dropout must be off; serving never trains
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self._max_model_len = max_model_len(model.config)
+        self.attention: AttentionBackend = attention or TorchReferenceAttention()
+        self.flat_model: FlatCausalLM = build_flat_model(model, self.attention)
+        self.kv_cache = PagedKVCache(
+            self.flat_model.spec,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=dtype,
+            device=device,
+        )
+        self.sampler = sampler or Sampler()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return eos_token_ids(self.model)
+
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        self.sampler.forget(output.finished_request_ids)
+        if output.is_empty:
+            return ModelRunnerOutput(sampled_token_ids={})
+        with torch.inference_mode():
+            inputs = self.prepare_inputs(output.chunks)
+            hidden = self.forward(inputs)
+            if not inputs.sample_chunks:
+                return ModelRunnerOutput(sampled_token_ids={})
+            logits = self.compute_logits(hidden, inputs)
+            tokens = self.sampler.sample(logits, inputs.sample_chunks)
+        ids = (chunk.request_id for chunk in inputs.sample_chunks)
+        return ModelRunnerOutput(sampled_token_ids=dict(zip(ids, tokens, strict=True)))
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Final hidden states [T, hidden] of every token of the step; fills the KV cache."""
+        self.attention.prepare(inputs.metadata)
+        return self.flat_model.forward(
+            inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata
+        )
+
+    def compute_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """float32 logits [N, vocab] of the sampled rows only (the lm_head is the big matmul)."""
+        return self.flat_model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+
+    def prepare_inputs(self, chunks: Sequence[ScheduledChunk]) -> StepInputs:
+        """Flatten the chunks into token, position, slot and block-table tensors."""
+        self._validate(chunks)
+        lens = [chunk.num_tokens for chunk in chunks]
+        query_start_loc = list(itertools.accumulate(lens, initial=0))
+        context_lens = [chunk.start_position + n for chunk, n in zip(chunks, lens, strict=True)]
+        lens_t = torch.tensor(lens)
+        # Position of token j of chunk i = start_i + (j - query_start_i), computed for all at once.
+        offsets = torch.tensor(
+            [c.start_position - q for c, q in zip(chunks, query_start_loc[:-1], strict=True)]
+        )
+        positions = torch.arange(query_start_loc[-1]) + offsets.repeat_interleave(lens_t)
+        max_blocks = max(len(chunk.block_table) for chunk in chunks)
+        block_tables = torch.tensor(
+            [list(c.block_table) + [0] * (max_blocks - len(c.block_table)) for c in chunks],
+            dtype=torch.int32,
+        )
+        seq_of_token = torch.arange(len(chunks)).repeat_interleave(lens_t)
+        block_of_token = block_tables[seq_of_token, positions // self.block_size].long()
+        slot_mapping = block_of_token * self.block_size + positions % self.block_size
+        sample_rows = [q - 1 for c, q in zip(chunks, query_start_loc[1:], strict=True) if c.sample]
+        token_ids = list(itertools.chain.from_iterable(c.token_ids for c in chunks))
+        metadata = AttentionMetadata(
+            slot_mapping=self._to_device(slot_mapping),
+            query_start_loc=self._to_device(torch.tensor(query_start_loc, dtype=torch.int32)),
+            context_lens=self._to_device(torch.tensor(context_lens, dtype=torch.int32)),
+            block_tables=self._to_device(block_tables),
+            max_query_len=max(lens),
+            max_context_len=max(context_lens),
+            query_start_loc_host=tuple(query_start_loc),
+            context_lens_host=tuple(context_lens),
+        )
+        return StepInputs(
+            input_ids=self._to_device(torch.tensor(token_ids, dtype=torch.long)),
+            positions=self._to_device(positions),
+            metadata=metadata,
+            sample_indices=self._to_device(torch.tensor(sample_rows, dtype=torch.long)),
+            sample_chunks=tuple(c for c in chunks if c.sample),
+        )
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=True)
+
+    def _validate(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """Cheap checks that turn scheduler bugs into errors instead of a corrupted cache."""
+        seen: set[str] = set()
+        for chunk in chunks:
+            if chunk.request_id in seen:
+                raise ValueError(f"request {chunk.request_id!r} scheduled twice in one step")
+            seen.add(chunk.request_id)
+            end = chunk.start_position + chunk.num_tokens
+            if chunk.num_tokens < 1 or chunk.start_position < 0:
+                raise ValueError(f"request {chunk.request_id!r}: empty chunk or negative start")
+            if end > self.max_model_len:
+                raise ValueError(
+                    f"request {chunk.request_id!r} reaches position {end - 1}, beyond the "
+                    f"model's max length {self.max_model_len}"
+                )
+            if len(chunk.block_table) * self.block_size < end:
+                raise ValueError(
+                    f"request {chunk.request_id!r}: {len(chunk.block_table)} blocks of "
+                    f"{self.block_size} cannot hold {end} positions"
+                )
+            if any(not 0 <= block < self.num_blocks for block in chunk.block_table):
+                raise ValueError(f"request {chunk.request_id!r}: block id out of range")

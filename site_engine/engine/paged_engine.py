@@ -1,0 +1,153 @@
+"""The site's engine: iteration-level scheduling over a paged KV cache.
+
+One step is three calls: the scheduler decides (pure Python), the model runner computes (torch),
+the scheduler takes the results. Finished sequences leave and waiting ones enter at the very
+next step (MICO's iteration granularity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from site_engine.engine.api import (
+    EngineLimits,
+    EngineRequest,
+    EngineStats,
+    RequestOutput,
+    RequestRejected,
+)
+from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
+from site_engine.engine.model_runner import ModelRunner
+from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from site_engine.engine.scheduling_policy import PolicyName
+from site_engine.engine.sequence import Sequence
+from site_engine.engine.types import FinishReason
+from site_engine.model_loading import LoadedModel
+
+MIB = 1 << 20
+# On CPU without an explicit budget: room for this many full-length sequences.
+_CPU_DEFAULT_FULL_SEQUENCES = 4
+# On CUDA without an explicit budget: this share of the memory free after loading the weights.
+_CUDA_FREE_MEMORY_SHARE = 0.85
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    # KV cache budget in bytes; 0 chooses one from the device (see kv_cache_blocks).
+    kv_cache_bytes: int = 0
+    policy: PolicyName = "fcfs"
+
+
+def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
+    """Blocks for the configured budget, or a device-derived default."""
+    spec = KVCacheSpec.from_config(loaded.model.config)
+    per_block = kv_cache_bytes_per_block(spec, config.block_size, loaded.dtype)
+    if config.kv_cache_bytes > 0:
+        budget = config.kv_cache_bytes
+    elif loaded.device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(loaded.device)
+        budget = int(free * _CUDA_FREE_MEMORY_SHARE)
+    else:
+        full = -(-loaded.max_model_len // config.block_size)
+        return full * min(config.max_num_seqs, _CPU_DEFAULT_FULL_SEQUENCES)
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(
+            f"a KV budget of {budget / MIB:.1f} MiB holds no block of {per_block} bytes"
+        )
+    return int(blocks)
+
+
+class PagedEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        num_blocks = kv_cache_blocks(loaded, config)
+        self._runner = ModelRunner(
+            loaded.model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            device=loaded.device,
+            dtype=loaded.dtype,
+        )
+        self._scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=num_blocks,
+                block_size=config.block_size,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=loaded.max_model_len,
+                policy=config.policy,
+                eos_token_ids=loaded.eos_token_ids,
+            )
+        )
+        self._limits = EngineLimits(
+            max_model_len=loaded.max_model_len,
+            kv_block_size=config.block_size,
+            kv_blocks_total=num_blocks,
+            max_num_seqs=config.max_num_seqs,
+            name=f"paged-{config.policy}",
+        )
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self._runner
+
+    def add_request(self, request: EngineRequest) -> None:
+        try:
+            self._scheduler.add(
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling,
+                request.predicted_tokens,
+            )
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from exc
+
+    def abort(self, request_id: str, reason: FinishReason) -> bool:
+        return self._scheduler.finish(request_id, reason)
+
+    def release_queued(self, max_requests: int) -> list[EngineRequest]:
+        return [_as_request(seq) for seq in self._scheduler.release_queued(max_requests)]
+
+    def has_unfinished(self) -> bool:
+        return self._scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self._scheduler.schedule()
+        result = self._runner.execute(scheduled)
+        updates = self._scheduler.update(scheduled, result)
+        return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
+
+    def scheduler_stats(self) -> SchedulerStats:
+        return self._scheduler.stats()
+
+    def stats(self) -> EngineStats:
+        stats = self._scheduler.stats()
+        return EngineStats(
+            num_waiting=stats.num_waiting,
+            num_running=stats.num_running,
+            queued_prompt_tokens=stats.queued_prompt_tokens,
+            running_tokens=stats.cached_tokens,
+            predicted_remaining_tokens=stats.predicted_remaining_tokens,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            iterations=stats.iterations,
+            num_preemptions=stats.num_preemptions,
+        )
+
+
+def _as_request(seq: Sequence) -> EngineRequest:
+    return EngineRequest(
+        request_id=seq.request_id,
+        prompt_token_ids=seq.prompt_token_ids,
+        sampling=seq.sampling,
+        predicted_tokens=seq.predicted_tokens,
+    )

@@ -1,0 +1,108 @@
+"""Token sampling for one step: greedy, temperature, top-p, and per-request seeds.
+
+Sampling uses the exponential-race trick: argmax(p / E) with E ~ Exp(1) i.i.d. draws token i
+with probability p_i. That turns the whole batch into one vectorised argmax, and a seeded row
+only needs its own noise row, drawn from its own generator.
+
+A seeded request's generator is re-seeded every step from (seed, num_generated) rather than
+carried along: the stream then depends only on the request, so it survives preemption and
+recompute, and does not change with the batch the request happens to share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from site_engine.engine.types import ScheduledChunk
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def step_seed(seed: int, num_generated: int) -> int:
+    """Seed of a seeded request's random stream for the step that samples token `num_generated`.
+
+    Hashing (rather than seed + step) keeps the streams of nearby seeds and steps unrelated.
+    """
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ num_generated) >> 1  # torch wants < 2**63
+
+
+def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero every token outside each row's nucleus (not renormalised: argmax does not care).
+
+    A token is kept while the mass of the more likely tokens before it is below top_p, so the
+    most likely token always survives.
+    """
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p.unsqueeze(1), 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+class Sampler:
+    """Samples one token per row of float32 logits, following each chunk's SamplingParams.
+
+    `generator` drives unseeded rows (the global RNG when None); tests pass one for repeatability.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self._generator = generator
+        # Reused Generator objects of seeded requests, to avoid allocating one per step.
+        self._seeded: dict[str, torch.Generator] = {}
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop per-request state of requests that left the engine."""
+        for request_id in request_ids:
+            self._seeded.pop(request_id, None)
+
+    @property
+    def num_tracked_requests(self) -> int:
+        return len(self._seeded)
+
+    def sample(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> list[int]:
+        """logits: [N, vocab] float32, row i for chunks[i] -> N token ids."""
+        if logits.shape[0] != len(chunks):
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(chunks)} chunks")
+        if not chunks:
+            return []
+        greedy_ids = logits.argmax(dim=-1)
+        params = [chunk.sampling for chunk in chunks]
+        if all(p.greedy for p in params):
+            return [int(t) for t in greedy_ids.tolist()]
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        is_greedy = temperature == 0.0
+        # Greedy rows take argmax of the raw logits below; dividing them by 1 keeps them finite.
+        divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+        probs = torch.softmax(logits / divisor.unsqueeze(1), dim=-1)
+        if any(p.top_p < 1.0 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], device=device)
+            probs = apply_top_p(probs, top_p)
+        noise = self._exponential_noise(probs, chunks)
+        sampled = (probs / noise).argmax(dim=-1)
+        return [int(t) for t in torch.where(is_greedy, greedy_ids, sampled).tolist()]
+
+    def _exponential_noise(
+        self, probs: torch.Tensor, chunks: Sequence[ScheduledChunk]
+    ) -> torch.Tensor:
+        noise = torch.empty_like(probs).exponential_(generator=self._generator)
+        for row, chunk in enumerate(chunks):
+            seed = chunk.sampling.seed
+            if seed is None or chunk.sampling.greedy:
+                continue
+            generator = self._seeded.get(chunk.request_id)
+            if generator is None:
+                generator = torch.Generator(device=probs.device)
+                self._seeded[chunk.request_id] = generator
+            generator.manual_seed(step_seed(seed, chunk.num_generated))
+            noise[row].exponential_(generator=generator)
+        # An exact 0 draw would turn p / E into inf (or nan for p == 0) and win the argmax.
+        return noise.clamp_min_(torch.finfo(noise.dtype).tiny)

@@ -1,0 +1,408 @@
+"""Iteration-level (continuous batching) scheduler with MICO's prediction-aware admission.
+
+Each step: running sequences first (one decode token each, or their next prefill chunk), then
+waiting ones are admitted in policy order while the sequence limit, the per-step token budget
+and the KV budget allow. A finished sequence is retired in the same `update` and its blocks
+return at once, so a waiting one can start at the very next step.
+
+Admission (adaptive batch size): a candidate is admitted only if, planning every running
+sequence at its expected total length (prompt + predicted output, or + max_tokens without a
+prediction; never less than what it holds now) plus the candidate at its expected total, the
+plan fits in the cache minus a watermark. Blocks are allocated only for tokens actually computed,
+so a good prediction admits more sequences than max_tokens would, and a bad one is corrected by
+recompute preemption: the most recently admitted running sequence gives its blocks back and
+re-prefills prompt + generated tokens later. When nothing runs, the head of the queue is admitted
+regardless of the plan, which (with the size check in `add`) guarantees progress.
+
+"static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
+until its longest member is done; finished members stop computing but keep their blocks until
+the batch ends, which is what a padded static batch costs in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from site_engine.engine.block_manager import BlockManager
+from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName, admission_order
+from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
+from site_engine.engine.types import (
+    FinishReason,
+    ModelRunnerOutput,
+    SamplingParams,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+
+# Finishing for these reasons is the batch's own doing; a static batch keeps such a member's
+# blocks. Cancelled or released members are gone for good and free theirs at once.
+_NATURAL_FINISH = frozenset({FinishReason.STOP, FinishReason.LENGTH})
+_POSITIVE_INT_FIELDS = (
+    "num_blocks",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits of one engine. `watermark` is the fraction of blocks kept out of admission plans
+    so that newly admitted sequences are not preempted at their first decode steps."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    policy: PolicyName = "fcfs"
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    watermark: float = 0.01
+    spf_aging: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {sorted(POLICY_NAMES)}, got {self.policy!r}")
+        if not isinstance(self.eos_token_ids, frozenset):
+            raise TypeError(f"eos_token_ids must be a frozenset, got {self.eos_token_ids!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.spf_aging < 0:
+            raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.num_blocks * self.watermark)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of the scheduler's load, e.g. for the gateway's routing signals.
+
+    `queued_prompt_tokens` counts what waiting sequences must prefill when admitted (prompt, plus
+    generated tokens for a preempted one). `cached_tokens` counts tokens whose KV is held now.
+    """
+
+    num_waiting: int
+    num_running: int
+    queued_prompt_tokens: int
+    predicted_remaining_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    cached_tokens: int
+    iterations: int
+    num_preemptions: int
+
+
+class Scheduler:
+    """Decides each step's batch and keeps every sequence's KV blocks in step with it."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._blocks = BlockManager(config.num_blocks, config.block_size)
+        self._static = config.policy == "static"
+        self._live: dict[str, Sequence] = {}
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self._held: list[Sequence] = []  # static mode: finished members still holding blocks
+        self._left_since_step: set[str] = set()
+        self._next_arrival = 0
+        self._iterations = 0
+        self._num_preemptions = 0
+
+    def add(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        sampling: SamplingParams,
+        predicted_tokens: int | None = None,
+    ) -> Sequence:
+        """Queue a request; ValueError (and no state change) if it can never be served."""
+        seq = Sequence(request_id, tuple(prompt_token_ids), sampling, predicted_tokens)
+        self._check_admissible(seq)
+        seq.arrival_index = self._next_arrival
+        self._next_arrival += 1
+        self._live[request_id] = seq
+        self._waiting.append(seq)
+        return seq
+
+    def _check_admissible(self, seq: Sequence) -> None:
+        rid, cfg = seq.request_id, self.config
+        if rid in self._live or rid in self._left_since_step or self._blocks.has_table(rid):
+            raise ValueError(f"request {rid!r}: request_id is already in use")
+        num_prompt, max_tokens = seq.num_prompt_tokens, seq.sampling.max_tokens
+        if num_prompt > cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt has {num_prompt} tokens, "
+                f"more than max_model_len={cfg.max_model_len}"
+            )
+        if num_prompt + max_tokens > cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                f"exceeds max_model_len={cfg.max_model_len}"
+            )
+        # The last sampled token is never fed back, so the KV peak is one slot short of the total.
+        # A sequence whose peak exceeds the whole cache could be preempted forever, never finish.
+        peak_blocks = self._blocks.blocks_needed(num_prompt + max_tokens - 1)
+        if peak_blocks > cfg.num_blocks:
+            raise ValueError(
+                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                f"needs up to {peak_blocks} KV blocks, the whole cache has {cfg.num_blocks}"
+            )
+
+    def finish(self, request_id: str, reason: FinishReason) -> bool:
+        """Retire a live sequence now (cancel, stop string) and free its blocks.
+
+        False, with nothing changed, for an unknown or already finished id.
+        """
+        seq = self._live.get(request_id)
+        if seq is None:
+            return False
+        self._retire(seq, reason)
+        self._end_static_batch_if_done()
+        return True
+
+    def release_queued(self, max_requests: int) -> list[Sequence]:
+        """Hand back up to `max_requests` never-scheduled waiting sequences for offloading.
+
+        Takes those that would wait longest (the tail of the admission order); they finish as
+        RELEASED and are returned in admission order. Preempted sequences are never released.
+        """
+        if max_requests < 0:
+            raise ValueError(f"max_requests must be >= 0, got {max_requests}")
+        if max_requests == 0:
+            return []
+        order = admission_order(self._waiting, self.config.policy, self.config.spf_aging)
+        fresh = [seq for seq in order if not seq.ever_scheduled]
+        released = fresh[-max_requests:]
+        for seq in released:
+            self._retire(seq, FinishReason.RELEASED)
+        return released
+
+    def get(self, request_id: str) -> Sequence | None:
+        """The live (waiting or running) sequence with this id, if any."""
+        return self._live.get(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step: running sequences first, then admissions."""
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        budget = self._schedule_running(chunks, preempted)
+        # Admitting right after a preemption would only thrash: the victim's blocks are needed
+        # by the sequences that are already running.
+        if not preempted and not (self._static and self._running):
+            self._admit_waiting(chunks, budget)
+        left = frozenset(self._left_since_step) | frozenset(preempted)
+        self._left_since_step.clear()
+        if chunks:
+            self._iterations += 1
+        return SchedulerOutput(
+            chunks=tuple(chunks),
+            finished_request_ids=left,
+            preempted_request_ids=frozenset(preempted),
+        )
+
+    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
+        """Schedule running sequences in admission order; returns the token budget left."""
+        budget = self.config.max_num_batched_tokens
+        index = 0
+        while index < len(self._running):
+            seq = self._running[index]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new > 0:
+                if not self._make_room(seq, seq.num_computed_tokens + num_new, preempted):
+                    break  # `seq` itself was the last one and got preempted
+                chunks.append(self._chunk(seq, num_new))
+                budget -= num_new
+            index += 1
+        self._end_static_batch_if_done()
+        return budget
+
+    def _make_room(self, seq: Sequence, num_tokens_total: int, preempted: list[str]) -> bool:
+        """Grow `seq`'s table, preempting the newest running sequences as long as needed.
+
+        Returns False if `seq` had to be preempted itself.
+        """
+        while not self._blocks.can_grow(seq.request_id, num_tokens_total):
+            victim = self._running[-1]
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is seq:
+                return False
+        self._blocks.grow(seq.request_id, num_tokens_total)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._running.remove(seq)
+        self._blocks.free(seq.request_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self._num_preemptions += 1
+        self._waiting.insert(0, seq)
+
+    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> None:
+        cfg = self.config
+        if not self._waiting or len(self._running) >= cfg.max_num_seqs:
+            return  # skip sorting the queue when nobody can be admitted anyway
+        plan_limit = cfg.num_blocks - cfg.watermark_blocks
+        planned = sum(self._planned_blocks(seq) for seq in (*self._running, *self._held))
+        admitted = False
+        for seq in admission_order(self._waiting, cfg.policy, cfg.spf_aging):
+            # A static batch may take members beyond this step's token budget: they prefill in
+            # later steps, as members of the same batch.
+            if len(self._running) >= cfg.max_num_seqs or (budget == 0 and not self._static):
+                break
+            need = self._planned_blocks(seq)
+            if self._running and planned + need > plan_limit:
+                break  # strict policy order: nobody overtakes a candidate that does not fit
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._blocks.can_grow(seq.request_id, num_new):
+                break
+            self._blocks.grow(seq.request_id, num_new)
+            seq.status = SequenceStatus.RUNNING
+            seq.ever_scheduled = True
+            self._running.append(seq)
+            planned += need
+            admitted = True
+            if num_new > 0:
+                chunks.append(self._chunk(seq, num_new))
+                budget -= num_new
+        if admitted:
+            self._waiting = [seq for seq in self._waiting if seq.status is SequenceStatus.WAITING]
+
+    def _planned_blocks(self, seq: Sequence) -> int:
+        """Blocks the admission plan reserves for `seq`: its expected total, or more if it
+        already needs more (it outran its prediction, or it is a preempted one coming back)."""
+        tokens = max(seq.expected_total_tokens, seq.num_tokens)
+        waiting = seq.status is SequenceStatus.WAITING
+        held = 0 if waiting else len(self._blocks.block_table(seq.request_id))
+        return max(self._blocks.blocks_needed(tokens), held)
+
+    def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        end = start + num_new
+        return ScheduledChunk(
+            request_id=seq.request_id,
+            token_ids=seq.token_ids_between(start, end),
+            start_position=start,
+            block_table=self._blocks.block_table(seq.request_id),
+            sample=end == seq.num_tokens,
+            sampling=seq.sampling,
+            num_generated=seq.num_output_tokens,
+        )
+
+    def update(self, output: SchedulerOutput, result: ModelRunnerOutput) -> list[SequenceUpdate]:
+        """Apply a step's results: advance the KV frontier, append sampled tokens, retire the
+        sequences that finished (their blocks are free when this returns, except in static mode).
+
+        Chunks of sequences finished since `schedule` (e.g. cancelled) are ignored.
+        """
+        chunks = [chunk for chunk in output.chunks if self._is_current(chunk)]
+        sampled = result.sampled_token_ids
+        missing = [c.request_id for c in chunks if c.sample and c.request_id not in sampled]
+        if missing:
+            raise ValueError(f"no sampled token for request(s) {sorted(missing)}")
+        updates: list[SequenceUpdate] = []
+        for chunk in chunks:
+            seq = self._live[chunk.request_id]
+            seq.num_computed_tokens += chunk.num_tokens
+            if not chunk.sample:
+                continue
+            token = result.sampled_token_ids[chunk.request_id]
+            seq.output_token_ids.append(token)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._retire(seq, reason)
+            updates.append(SequenceUpdate(seq.request_id, (token,), reason))
+        self._end_static_batch_if_done()
+        return updates
+
+    def _is_current(self, chunk: ScheduledChunk) -> bool:
+        seq = self._live.get(chunk.request_id)
+        if seq is None or seq.status is not SequenceStatus.RUNNING:
+            return False
+        if chunk.start_position != seq.num_computed_tokens:
+            raise ValueError(
+                f"request {chunk.request_id!r}: chunk starts at {chunk.start_position} but "
+                f"{seq.num_computed_tokens} tokens are computed; was update() applied twice, "
+                "or to a stale SchedulerOutput?"
+            )
+        return True
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if not seq.sampling.ignore_eos and token in self.config.eos_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= seq.sampling.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _retire(self, seq: Sequence, reason: FinishReason) -> None:
+        was_running = seq.status is SequenceStatus.RUNNING
+        if was_running:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        del self._live[seq.request_id]
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self._left_since_step.add(seq.request_id)
+        if not was_running:
+            return
+        if self._static and reason in _NATURAL_FINISH:
+            self._held.append(seq)
+        else:
+            self._blocks.free(seq.request_id)
+
+    def _end_static_batch_if_done(self) -> None:
+        if self._running or not self._held:
+            return
+        for seq in self._held:
+            self._blocks.free(seq.request_id)
+        self._held.clear()
+
+    def stats(self) -> SchedulerStats:
+        active = (*self._waiting, *self._running)
+        return SchedulerStats(
+            num_waiting=len(self._waiting),
+            num_running=len(self._running),
+            queued_prompt_tokens=sum(seq.num_tokens for seq in self._waiting),
+            predicted_remaining_tokens=sum(seq.remaining_predicted_tokens for seq in active),
+            kv_blocks_used=self._blocks.num_used_blocks,
+            kv_blocks_total=self._blocks.num_blocks,
+            cached_tokens=sum(s.num_computed_tokens for s in (*self._running, *self._held)),
+            iterations=self._iterations,
+            num_preemptions=self._num_preemptions,
+        )
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if queues, sequences and block tables disagree (used by tests)."""
+        self._blocks.check_invariants()
+        holders = {seq.request_id for seq in (*self._running, *self._held)}
+        if holders != self._blocks.request_ids():
+            raise AssertionError(
+                f"tables {sorted(self._blocks.request_ids())} != holders {sorted(holders)}"
+            )
+        if len(self._running) > self.config.max_num_seqs:
+            raise AssertionError(f"{len(self._running)} running > max_num_seqs")
+        for seq in self._waiting:
+            if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens:
+                raise AssertionError(f"waiting {seq.request_id!r}: {seq.status}, computed>0")
+        for seq in self._running:
+            capacity = len(self._blocks.block_table(seq.request_id)) * self.config.block_size
+            if not seq.num_computed_tokens < seq.num_tokens or seq.num_computed_tokens > capacity:
+                raise AssertionError(f"running {seq.request_id!r}: bad computed/capacity")
+        live = {seq.request_id for seq in (*self._waiting, *self._running)}
+        if live != set(self._live):
+            raise AssertionError("live index out of step with the queues")

@@ -1,0 +1,122 @@
+"""The scheduler's mutable record of one request, and what each step reports about it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from site_engine.engine.types import FinishReason, SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life: queued, holding KV blocks, or gone."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+# eq=False: sequences are identities held in several queues; two requests with equal fields are
+# still different requests.
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request as the scheduler sees it.
+
+    `num_computed_tokens` counts the leading tokens of `all_token_ids` whose KV entries are in the
+    paged cache; a recompute preemption resets it to 0 but keeps `output_token_ids`, so the
+    sequence re-prefills prompt + generated tokens when it comes back.
+    `predicted_tokens` is the gateway's prediction of the response length (None: no prediction).
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    predicted_tokens: int | None = None
+    arrival_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    ever_scheduled: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id!r}: the prompt is empty")
+        if self.predicted_tokens is not None and self.predicted_tokens < 0:
+            raise ValueError(
+                f"request {self.request_id!r}: predicted_tokens must be >= 0 or None, "
+                f"got {self.predicted_tokens}"
+            )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids + tuple(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Known tokens whose KV is not in the cache yet (1 for a decoding sequence)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def expected_output_tokens(self) -> int:
+        """The response length the scheduler plans for.
+
+        A prediction is clamped to [1, max_tokens]: every request yields at least one token and
+        max_tokens is a hard cap, so planning outside that range would only be wrong.
+        """
+        max_tokens = self.sampling.max_tokens
+        if self.predicted_tokens is None:
+            return max_tokens
+        return min(max(self.predicted_tokens, 1), max_tokens)
+
+    @property
+    def expected_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.expected_output_tokens
+
+    @property
+    def remaining_predicted_tokens(self) -> int:
+        """Output tokens still expected; 0 once finished.
+
+        An unfinished sequence that has outrun its prediction still counts 1 (it will produce at
+        least one more token), never more than max_tokens allows.
+        """
+        if self.is_finished:
+            return 0
+        generated = self.num_output_tokens
+        still_allowed = max(self.sampling.max_tokens - generated, 0)
+        return min(max(self.expected_output_tokens - generated, 1), still_allowed)
+
+    def token_ids_between(self, start: int, end: int) -> tuple[int, ...]:
+        """Tokens at positions [start, end) of prompt + output, without copying the whole seq."""
+        num_prompt = self.num_prompt_tokens
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= num_prompt:
+            return tuple(self.output_token_ids[start - num_prompt : end - num_prompt])
+        return self.prompt_token_ids[start:] + tuple(self.output_token_ids[: end - num_prompt])
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceUpdate:
+    """What one step did to one sequence: the tokens it gained and whether it finished."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
