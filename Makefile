@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 DATA_DIR ?= ../shared/datasets
 TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
-.PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu
+.PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ unit: setup
 
 bench-engine-cpu: setup
 	$(BIN)/python -m bench.engine.cpu --tokenizer-dir $(TOKENIZER_DIR) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+
+# On the GPU machine (its own python3 with torch + CUDA): the H200 benchmark of docs/engine-gpu.md.
+bench-engine-gpu:
+	python3 -m bench.engine.gpu --tokenizer-dir $(TOKENIZER_DIR)
 
 proto: setup
 	$(BIN)/python -m site_engine.proto.generate

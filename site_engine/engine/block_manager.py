@@ -73,6 +73,8 @@ class BlockManager:
 
     def _missing_blocks(self, request_id: str, num_tokens_total: int) -> int:
         held = len(self._tables.get(request_id, ()))
+        if held * self._block_size >= num_tokens_total >= 0:
+            return 0  # the common decode step: the last block still has room
         return max(self.blocks_needed(num_tokens_total) - held, 0)
 
     def can_grow(self, request_id: str, num_tokens_total: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
@@ -25,6 +26,9 @@ from site_engine.engine.model_config import eos_token_ids, max_model_len
 from site_engine.engine.models import FlatCausalLM, build_flat_model
 from site_engine.engine.sampler import Sampler
 from site_engine.engine.types import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+
+if TYPE_CHECKING:
+    from site_engine.engine.cuda.graphs import DecodeGraphs
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,15 @@ def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.
         )
 
 
+def _default_attention(device: torch.device) -> AttentionBackend:
+    if device.type == "cuda":
+        # Imported only here: Triton exists only where CUDA does.
+        from site_engine.engine.cuda.attention import CudaPagedAttention
+
+        return CudaPagedAttention()
+    return TorchReferenceAttention()
+
+
 class ModelRunner:
     """Owns the paged KV cache and runs the loaded model over flat batches."""
 
@@ -64,27 +77,47 @@ class ModelRunner:
         dtype: torch.dtype,
         attention: AttentionBackend | None = None,
         sampler: Sampler | None = None,
+        cuda_graph_max_batch: int = 0,
     ) -> None:
+        """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
+        sequences in CUDA graphs; larger or mixed steps run eagerly."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
         self.device = device
         self.block_size = block_size
         self._max_model_len = max_model_len(model.config)
-        self.attention: AttentionBackend = attention or TorchReferenceAttention()
+        self.attention: AttentionBackend = attention or _default_attention(device)
         self.flat_model: FlatCausalLM = build_flat_model(model, self.attention)
+        use_graphs = device.type == "cuda" and cuda_graph_max_batch > 0
+        self._num_blocks = num_blocks
         self.kv_cache = PagedKVCache(
             self.flat_model.spec,
-            num_blocks=num_blocks,
+            # Graph padding rows write into one extra block that no sequence is ever given.
+            num_blocks=num_blocks + int(use_graphs),
             block_size=block_size,
             dtype=dtype,
             device=device,
         )
         self.sampler = sampler or Sampler()
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            from site_engine.engine.cuda.graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.flat_model,
+                self.attention,
+                self.kv_cache,
+                max_batch=cuda_graph_max_batch,
+                max_blocks_per_seq=-(-self._max_model_len // block_size),
+                scratch_block=num_blocks,
+            )
+            self.graphs.capture()
 
     @property
     def num_blocks(self) -> int:
-        return self.kv_cache.num_blocks
+        """Blocks the scheduler may hand out (the cache may hold one more, for graph padding)."""
+        return self._num_blocks
 
     @property
     def max_model_len(self) -> int:
@@ -102,15 +135,41 @@ class ModelRunner:
         self.sampler.forget(output.finished_request_ids)
         if output.is_empty:
             return ModelRunnerOutput(sampled_token_ids={})
+        graphed, eager = self._split(output.chunks)
+        logits_parts: list[torch.Tensor] = []
+        sampled: list[ScheduledChunk] = []
         with torch.inference_mode():
-            inputs = self.prepare_inputs(output.chunks)
-            hidden = self.forward(inputs)
-            if not inputs.sample_chunks:
+            if eager:
+                inputs = self.prepare_inputs(eager)
+                hidden = self.forward(inputs)
+                if inputs.sample_chunks:
+                    logits_parts.append(self.compute_logits(hidden, inputs))
+                    sampled.extend(inputs.sample_chunks)
+            if graphed and self.graphs is not None:
+                self._validate_decode(graphed)
+                logits_parts.append(self.graphs.run(graphed))
+                sampled.extend(graphed)
+            if not sampled:
                 return ModelRunnerOutput(sampled_token_ids={})
-            logits = self.compute_logits(hidden, inputs)
-            tokens = self.sampler.sample(logits, inputs.sample_chunks)
-        ids = (chunk.request_id for chunk in inputs.sample_chunks)
+            logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
+            tokens = self.sampler.sample(logits, sampled)
+        ids = (chunk.request_id for chunk in sampled)
         return ModelRunnerOutput(sampled_token_ids=dict(zip(ids, tokens, strict=True)))
+
+    def _split(
+        self, chunks: Sequence[ScheduledChunk]
+    ) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
+        """(decode chunks for the CUDA graphs, the rest for the eager path)."""
+        if self.graphs is None:
+            return [], list(chunks)
+        graphed: list[ScheduledChunk] = []
+        eager: list[ScheduledChunk] = []
+        for chunk in chunks:
+            is_decode = chunk.num_tokens == 1 and chunk.sample and chunk.start_position > 0
+            (graphed if is_decode else eager).append(chunk)
+        if len(graphed) > self.graphs.max_batch:
+            return [], list(chunks)
+        return graphed, eager
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Final hidden states [T, hidden] of every token of the step; fills the KV cache."""
@@ -166,6 +225,19 @@ class ModelRunner:
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, non_blocking=True)
 
+    def _validate_decode(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """The decode-step subset of _validate, cheap enough for every step of a large batch:
+        a decode chunk's table only ever gains blocks at its end, so that end is what is new."""
+        limit, size = self.num_blocks, self.block_size
+        for chunk in chunks:
+            table, position = chunk.block_table, chunk.start_position
+            if position >= self.max_model_len or len(table) * size <= position:
+                self._validate([chunk])  # the full check names the problem
+            if not 0 <= table[position // size] < limit:
+                raise ValueError(f"request {chunk.request_id!r}: block id out of range")
+        if len({chunk.request_id for chunk in chunks}) != len(chunks):
+            self._validate(chunks)
+
     def _validate(self, chunks: Sequence[ScheduledChunk]) -> None:
         """Cheap checks that turn scheduler bugs into errors instead of a corrupted cache."""
         seen: set[str] = set()
@@ -186,5 +258,6 @@ class ModelRunner:
                     f"request {chunk.request_id!r}: {len(chunk.block_table)} blocks of "
                     f"{self.block_size} cannot hold {end} positions"
                 )
-            if any(not 0 <= block < self.num_blocks for block in chunk.block_table):
+            table = chunk.block_table
+            if table and (min(table) < 0 or max(table) >= self.num_blocks):
                 raise ValueError(f"request {chunk.request_id!r}: block id out of range")

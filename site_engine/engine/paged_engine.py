@@ -29,8 +29,9 @@ from site_engine.model_loading import LoadedModel
 MIB = 1 << 20
 # On CPU without an explicit budget: room for this many full-length sequences.
 _CPU_DEFAULT_FULL_SEQUENCES = 4
-# On CUDA without an explicit budget: this share of the memory free after loading the weights.
-_CUDA_FREE_MEMORY_SHARE = 0.85
+# On CUDA without an explicit budget: what is free after the weights and a trial forward pass at
+# the largest step, less this share of the device kept for the allocator, graphs and sampling.
+_CUDA_SAFETY_SHARE = 0.08
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class EngineConfig:
     # KV cache budget in bytes; 0 chooses one from the device (see kv_cache_blocks).
     kv_cache_bytes: int = 0
     policy: PolicyName = "fcfs"
+    # CUDA only: replay decode steps of up to max_num_seqs sequences from CUDA graphs.
+    cuda_graphs: bool = True
 
 
 def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
@@ -50,8 +53,7 @@ def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
     if config.kv_cache_bytes > 0:
         budget = config.kv_cache_bytes
     elif loaded.device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(loaded.device)
-        budget = int(free * _CUDA_FREE_MEMORY_SHARE)
+        budget = _cuda_kv_budget(loaded, config)
     else:
         full = -(-loaded.max_model_len // config.block_size)
         return full * min(config.max_num_seqs, _CPU_DEFAULT_FULL_SEQUENCES)
@@ -63,6 +65,29 @@ def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
     return int(blocks)
 
 
+@torch.inference_mode()
+def _cuda_kv_budget(loaded: LoadedModel, config: EngineConfig) -> int:
+    """Free memory after a trial forward of the largest step, minus a safety share.
+
+    The trial runs the transformers model on max_num_batched_tokens tokens (its activations are
+    at least ours) and adds the float32 logits of a full decode batch, so a step at the maximum
+    batch cannot run out of memory once the cache has taken the rest.
+    """
+    device = loaded.device
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    tokens = min(config.max_num_batched_tokens, loaded.max_model_len)
+    trial = torch.zeros((1, tokens), dtype=torch.long, device=device)
+    loaded.model(input_ids=trial, use_cache=False, logits_to_keep=1)
+    activations = torch.cuda.max_memory_allocated(device) - before
+    logits = config.max_num_seqs * loaded.vocab_size * 4 * 2  # logits and their softmax
+    del trial
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free - activations - logits - total * _CUDA_SAFETY_SHARE)
+
+
 class PagedEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         num_blocks = kv_cache_blocks(loaded, config)
@@ -72,6 +97,7 @@ class PagedEngine:
             block_size=config.block_size,
             device=loaded.device,
             dtype=loaded.dtype,
+            cuda_graph_max_batch=config.max_num_seqs if config.cuda_graphs else 0,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(

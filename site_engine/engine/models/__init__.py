@@ -72,6 +72,11 @@ def float_attr(module: nn.Module, name: str) -> float:
 def _build_llama(model: PreTrainedModel, attention: AttentionBackend) -> FlatCausalLM:
     from site_engine.engine.models.llama import LlamaFlatModel
 
+    if next(model.parameters()).device.type == "cuda":
+        # Fewer, fused kernels: what decode speed on a GPU depends on (see models/fused.py).
+        from site_engine.engine.models.llama_fused import LlamaFusedFlatModel
+
+        return LlamaFusedFlatModel(model, attention)
     return LlamaFlatModel(model, attention)
 
 

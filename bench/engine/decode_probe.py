@@ -1,0 +1,176 @@
+"""Quick decode-step probe on the GPU: the per-step time of engine.step() at a few batch sizes
+for a Llama-3.2-1B-shaped random model, with and without CUDA graphs, plus a profile of one
+decode step (top CUDA kernels and CPU ops) for the docs.
+
+    python -m bench.engine.decode_probe [--batch-sizes 1 64 256] [--profile-batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+from site_engine.engine.api import EngineRequest
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.engine.types import SamplingParams
+from site_engine.make_model import build_random_model
+from site_engine.model_loading import load_model
+from site_engine.tokenizer import load_tokenizer
+
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+
+
+def build(out: Path, tokenizer_dir: Path) -> Path:
+    model = build_random_model(LlamaConfig(**LLAMA_1B), seed=0).to(torch.bfloat16)
+    model.save_pretrained(str(out))
+    load_tokenizer(tokenizer_dir).save_pretrained(str(out))
+    return out
+
+
+def decode_steps(engine: PagedEngine, batch: int, prompt: int, steps: int) -> list[float]:
+    for i in range(batch):
+        engine.add_request(
+            EngineRequest(
+                f"b{batch}-{i}",
+                tuple(range(1000, 1000 + prompt)),
+                SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True),
+            )
+        )
+    while engine.scheduler_stats().num_waiting:
+        engine.step()
+    engine.step()  # first all-decode step
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1000)
+    while engine.has_unfinished():
+        engine.step()
+    return times
+
+
+def breakdown(engine: PagedEngine, batch: int, prompt: int, steps: int = 20) -> None:
+    """Where one decode step's time goes: scheduler, runner (host prep + replay + sampling),
+    update; and the graph replay alone on the GPU (back to back, timed with CUDA events)."""
+    for i in range(batch):
+        engine.add_request(
+            EngineRequest(
+                f"x{batch}-{i}",
+                tuple(range(1000, 1000 + prompt)),
+                SamplingParams(max_tokens=steps + 40, temperature=0.0, ignore_eos=True),
+            )
+        )
+    for _ in range(3):
+        engine.step()
+    scheduler, runner = engine._scheduler, engine.runner
+    parts: dict[str, list[float]] = {"schedule": [], "execute": [], "update": []}
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = scheduler.schedule()
+        t1 = time.perf_counter()
+        result = runner.execute(out)
+        t2 = time.perf_counter()
+        scheduler.update(out, result)
+        t3 = time.perf_counter()
+        for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            value_ms = value * 1000
+            parts[name].append(value_ms)
+    summary = " ".join(f"{k}={statistics.median(v):.3f}" for k, v in parts.items())
+    graphs = runner.graphs
+    replay_ms = float("nan")
+    if graphs is not None:
+        bucket = min(b for b in graphs.buckets if b >= batch)
+        captured = graphs._captured[bucket]
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(50):
+            captured.graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        replay_ms = start.elapsed_time(end) / 50
+    print(f"breakdown batch={batch} ms: {summary} graph_replay_gpu={replay_ms:.3f}", flush=True)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokenizer-dir", type=Path, default=Path("../shared/tokenizers/gpt2"))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--profile-batch", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = load_model(
+            build(Path(tmp) / "llama1b", args.tokenizer_dir), device="cuda", dtype="bfloat16"
+        )
+    for graphs in (False, True):
+        engine = PagedEngine(
+            loaded,
+            EngineConfig(
+                max_num_seqs=max(args.batch_sizes), kv_cache_bytes=16 << 30, cuda_graphs=graphs
+            ),
+        )
+        for batch in args.batch_sizes:
+            times = decode_steps(engine, batch, args.prompt, args.steps)
+            print(
+                f"graphs={graphs} batch={batch} step_ms p50={statistics.median(times):.3f} "
+                f"min={min(times):.3f}",
+                flush=True,
+            )
+        if graphs:
+            for batch in args.batch_sizes:
+                breakdown(engine, batch, args.prompt)
+            profile(engine, args.profile_batch, args.prompt)
+        del engine
+        torch.cuda.empty_cache()
+
+
+def profile(engine: PagedEngine, batch: int, prompt: int) -> None:
+    decode_steps(engine, batch, prompt, 3)
+    for i in range(batch):
+        engine.add_request(
+            EngineRequest(
+                f"p{i}",
+                tuple(range(1000, 1000 + prompt)),
+                SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+            )
+        )
+    while engine.scheduler_stats().num_waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(5):
+            engine.step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+
+A decode step of a 1B model issues hundreds of small kernels; launched from Python they cost
+far more than the ~1 ms the GPU needs to read the weights. Each bucket's whole forward pass
+(embedding, every layer with the paged Triton attention, final norm, lm_head) is captured once
+over static input buffers; a step copies its inputs into those buffers and replays the graph.
+A batch is padded up to its bucket with rows that attend to, and write into, a scratch block
+that no sequence owns.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.kv_cache import PagedKVCache
+from site_engine.engine.models import FlatCausalLM
+from site_engine.engine.types import ScheduledChunk
+
+_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 512)
+
+
+def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+    sizes = [b for b in _BUCKETS if b < max_batch]
+    return (*sizes, max_batch)
+
+
+@dataclass(slots=True)
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: FlatCausalLM,
+        attention: AttentionBackend,
+        kv_cache: PagedKVCache,
+        *,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        scratch_block: int,
+    ) -> None:
+        self._model, self._attention, self._kv_cache = model, attention, kv_cache
+        self.buckets = bucket_sizes(max_batch)
+        self._max_blocks = max_blocks_per_seq
+        self._scratch_block = scratch_block
+        self._block_size = kv_cache.block_size
+        device = kv_cache.device
+        self._input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self._positions = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self._slots = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self._context_lens = torch.ones(max_batch, dtype=torch.int32, device=device)
+        self._block_tables = torch.full(
+            (max_batch, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=device
+        )
+        # One pinned host staging area for all inputs: a single copy per step.
+        self._host = torch.zeros((max_batch, 4), dtype=torch.long, pin_memory=True)
+        self._host_tables = torch.zeros(
+            (max_batch, max_blocks_per_seq), dtype=torch.int32, pin_memory=True
+        )
+        self._staged = torch.zeros((max_batch, 4), dtype=torch.long, device=device)
+        self._captured: dict[int, _Captured] = {}
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def _metadata(self, batch: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self._slots[:batch],
+            query_start_loc=torch.arange(batch + 1, dtype=torch.int32,
+                                         device=self._slots.device),
+            context_lens=self._context_lens[:batch],
+            block_tables=self._block_tables[:batch],
+            max_query_len=1,
+            max_context_len=self._max_blocks * self._block_size,
+            query_start_loc_host=tuple(range(batch + 1)),
+            context_lens_host=(1,) * batch,
+        )  # fmt: skip
+
+    def _forward(self, batch: int, metadata: AttentionMetadata) -> torch.Tensor:
+        self._attention.prepare(metadata)
+        hidden = self._model.forward(
+            self._input_ids[:batch], self._positions[:batch], self._kv_cache, metadata
+        )
+        return self._model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Captures every bucket, largest first so smaller ones reuse its memory pool."""
+        self._reset_padding(0)
+        pool = None
+        for batch in sorted(self.buckets, reverse=True):
+            metadata = self._metadata(batch)
+            stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: Triton compiles, cuBLAS picks its kernels
+                    self._forward(batch, metadata)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._forward(batch, metadata)
+            pool = graph.pool()
+            self._captured[batch] = _Captured(graph, logits)
+        torch.cuda.synchronize()
+
+    def _reset_padding(self, start: int) -> None:
+        scratch_slot = self._scratch_block * self._block_size
+        self._input_ids[start:].zero_()
+        self._positions[start:].zero_()
+        self._slots[start:].fill_(scratch_slot)
+        self._context_lens[start:].fill_(1)
+        self._block_tables[start:, 0].fill_(self._scratch_block)
+
+    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+        """float32 logits [len(chunks), vocab] for decode chunks (one new token each)."""
+        count = len(chunks)
+        batch = self.buckets[bisect.bisect_left(self.buckets, count)]
+        host, tables = self._host.numpy(), self._host_tables.numpy()
+        widest = 1
+        block_size = self._block_size
+        for row, chunk in enumerate(chunks):
+            position = chunk.start_position
+            table = chunk.block_table
+            host[row] = (
+                chunk.token_ids[0],
+                position,
+                table[position // block_size] * block_size + position % block_size,
+                position + 1,
+            )
+            width = len(table)
+            tables[row, :width] = table
+            widest = max(widest, width)
+        self._staged[:count].copy_(self._host[:count], non_blocking=True)
+        self._block_tables[:count, :widest].copy_(self._host_tables[:count, :widest],
+                                                  non_blocking=True)  # fmt: skip
+        staged = self._staged[:count]
+        self._input_ids[:count] = staged[:, 0]
+        self._positions[:count] = staged[:, 1]
+        self._slots[:count] = staged[:, 2]
+        self._context_lens[:count] = staged[:, 3].to(torch.int32)
+        if count < batch:
+            self._reset_padding(count)
+        captured = self._captured[batch]
+        captured.graph.replay()
+        return captured.logits[:count]

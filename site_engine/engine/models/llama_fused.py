@@ -1,0 +1,157 @@
+"""The Llama-family forward pass with fused projections and compiled elementwise chains (CUDA).
+
+Same contract and same arithmetic as LlamaFlatModel, fewer kernels per layer: one QKV GEMM,
+rotary + residual/RMSNorm + gated activation as compiled kernels, one gate/up GEMM. Used when
+the model lives on a CUDA device; see fused.py for why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
+from site_engine.engine.models import child, child_list, float_attr
+from site_engine.engine.models.fused import (
+    add_rms_norm,
+    compiled,
+    fuse_linears,
+    gated_act,
+    rms_norm,
+    rotate_qk,
+)
+from site_engine.engine.models.llama import _sliding_window
+
+_add_rms_norm = compiled(add_rms_norm)
+_rms_norm = compiled(rms_norm)
+_rotate_qk = compiled(rotate_qk)
+_gated_act = compiled(gated_act)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_size: int
+    kv_size: int
+    o_proj: nn.Module
+    gate_up_weight: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    act: Callable[[torch.Tensor], torch.Tensor]
+    down_proj: nn.Module
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    scale: float
+    sliding_window: int | None
+
+
+def _norm_parts(module: nn.Module) -> tuple[torch.Tensor, float]:
+    weight = module._parameters.get("weight")
+    if weight is None:
+        raise TypeError(f"{type(module).__name__} has no weight")
+    return weight, float_attr(module, "variance_epsilon")
+
+
+def _layer(layer: nn.Module, index: int, spec: KVCacheSpec, config: object) -> _Layer:
+    attn, mlp = child(layer, "self_attn"), child(layer, "mlp")
+    qkv_weight, qkv_bias = fuse_linears([child(attn, n) for n in ("q_proj", "k_proj", "v_proj")])
+    gate_up_weight, gate_up_bias = fuse_linears([child(mlp, "gate_proj"), child(mlp, "up_proj")])
+    input_norm, eps = _norm_parts(child(layer, "input_layernorm"))
+    post_norm, _ = _norm_parts(child(layer, "post_attention_layernorm"))
+    kv_size = spec.num_kv_heads * spec.head_dim
+    return _Layer(
+        qkv_weight=qkv_weight,
+        qkv_bias=qkv_bias,
+        q_size=qkv_weight.shape[0] - 2 * kv_size,
+        kv_size=kv_size,
+        o_proj=child(attn, "o_proj"),
+        gate_up_weight=gate_up_weight,
+        gate_up_bias=gate_up_bias,
+        act=child(mlp, "act_fn"),
+        down_proj=child(mlp, "down_proj"),
+        input_norm=input_norm,
+        post_norm=post_norm,
+        eps=eps,
+        scale=float_attr(attn, "scaling"),
+        sliding_window=_sliding_window(config, index),
+    )
+
+
+class LlamaFusedFlatModel:
+    def __init__(self, hf_model: nn.Module, attention: AttentionBackend) -> None:
+        config = hf_model.config
+        inner = child(hf_model, "model")
+        self.spec = KVCacheSpec.from_config(config)
+        self.attention = attention
+        self.embed_tokens = child(inner, "embed_tokens")
+        self.rotary_emb = child(inner, "rotary_emb")
+        self.final_norm, self.final_eps = _norm_parts(child(inner, "norm"))
+        self.lm_head = child(hf_model, "lm_head")
+        hf_layers = child_list(inner, "layers")[: self.spec.num_layers]
+        self.layers = [_layer(layer, i, self.spec, config) for i, layer in enumerate(hf_layers)]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: PagedKVCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        residual: torch.Tensor = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(residual, positions.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+        first = self.layers[0]
+        normed: torch.Tensor = _rms_norm(residual, first.input_norm, first.eps)
+        for index, layer in enumerate(self.layers):
+            attended = self._attention(layer, index, normed, cos, sin, kv_cache, metadata)
+            normed, residual = _add_rms_norm(
+                layer.o_proj(attended), residual, layer.post_norm, layer.eps
+            )
+            gate_up = functional.linear(normed, layer.gate_up_weight, layer.gate_up_bias)
+            mlp_out = layer.down_proj(_gated_act(gate_up, layer.act))
+            if index + 1 < len(self.layers):
+                following = self.layers[index + 1]
+                normed, residual = _add_rms_norm(
+                    mlp_out, residual, following.input_norm, following.eps
+                )
+            else:
+                normed, residual = _add_rms_norm(mlp_out, residual, self.final_norm, self.final_eps)
+        return normed
+
+    def _attention(
+        self,
+        layer: _Layer,
+        index: int,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: PagedKVCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        tokens, head_dim = hidden.shape[0], self.spec.head_dim
+        qkv = functional.linear(hidden, layer.qkv_weight, layer.qkv_bias)
+        query, key, value = torch.split(qkv, [layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+        query, key = _rotate_qk(
+            query.view(tokens, -1, head_dim), key.view(tokens, -1, head_dim), cos, sin
+        )
+        attended = self.attention.forward(
+            query,
+            key,
+            value.view(tokens, -1, head_dim),
+            kv_cache.key_cache(index),
+            kv_cache.value_cache(index),
+            metadata,
+            scale=layer.scale,
+            sliding_window=layer.sliding_window,
+        )
+        return attended.reshape(tokens, -1)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.lm_head(hidden_states)
+        return logits.float()
