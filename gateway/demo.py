@@ -148,7 +148,7 @@ def print_table(totals: list[SiteTotals]) -> None:
     ]
     all_rows = [*rows, ("total", "", "", *(str(sum(int(r[i]) for r in rows)) for i in range(3, 7)))]
     widths = [max(len(row[i]) for row in (header, *all_rows)) for i in range(len(header))]
-    line = "+".join("-" * (w + 2) for w in widths)
+    line = "-+-".join("-" * w for w in widths)
     for index, row in enumerate((header, *all_rows)):
         if index in (1, len(all_rows)):
             print(line)
