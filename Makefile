@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 DATA_DIR ?= ../shared/datasets
 TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
-.PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu
+.PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu predictor-default bench-predictor
 
 setup: $(STAMP)
 
@@ -42,6 +42,13 @@ bench-engine-cpu: setup
 # On the GPU machine (its own python3 with torch + CUDA): the H200 benchmark of docs/engine-gpu.md.
 bench-engine-gpu:
 	python3 -m bench.engine.gpu --tokenizer-dir $(TOKENIZER_DIR)
+
+# The demo's default length-predictor artifact (reused when the training data has not changed).
+predictor-default: setup
+	$(BIN)/python -m predictor.build_default --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR)
+
+bench-predictor: setup
+	$(BIN)/python -m bench.predictor --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR)
 
 proto: setup
 	$(BIN)/python -m site_engine.proto.generate

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gateway.api.errors import (
@@ -25,9 +25,10 @@ from gateway.api.errors import (
 )
 from gateway.api.schemas import CompletionRequest
 from gateway.db.models import RequestStatus, utcnow
+from gateway.prediction import PredictorService
 from gateway.routing.policy import RoutingPolicy
 from gateway.routing.types import RoutingRequest
-from gateway.services.request_log import NewRequest, Outcome, RequestLog
+from gateway.services.request_log import NewRequest, NewSample, Outcome, RequestLog
 from gateway.settings import GatewaySettings
 from gateway.sites.client import (
     GenerateParams,
@@ -41,6 +42,7 @@ from gateway.tokenizers import ModelTokenizers
 
 log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4
+STOP_OR_LENGTH = ("stop", "length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,9 @@ class PreparedCompletion:
     stream: bool
     include_usage: bool
     user: str | None
+    # The prompt as text (decoded when it came as token ids): what the length predictor reads.
+    prompt_text: str
+    predicted_bucket: int | None = None
 
     @property
     def routing(self) -> RoutingRequest:
@@ -60,6 +65,7 @@ class PreparedCompletion:
             prompt_tokens=len(self.params.prompt_token_ids),
             max_tokens=self.params.max_tokens,
             predicted_tokens=self.params.predicted_tokens,
+            predicted_bucket=self.predicted_bucket,
         )
 
 
@@ -87,8 +93,10 @@ class CompletionService:
         tokenizers: ModelTokenizers,
         policy: RoutingPolicy,
         request_log: RequestLog,
+        predictor: PredictorService | None = None,
     ) -> None:
         self.settings = settings
+        self.predictor = predictor or PredictorService(None)
         self._registry = registry
         self._tokenizers = tokenizers
         self._policy = policy
@@ -100,7 +108,7 @@ class CompletionService:
         if req.model not in self._tokenizers:
             raise model_not_found(req.model)
         _reject_unsupported(req)
-        prompt_ids = self._prompt_ids(req)
+        prompt_ids, prompt_text = self._prompt(req)
         max_tokens = self.settings.default_max_tokens if req.max_tokens is None else req.max_tokens
         if max_tokens < 1:
             raise invalid_request("max_tokens must be at least 1", param="max_tokens")
@@ -137,9 +145,10 @@ class CompletionService:
             stream=req.stream,
             include_usage=include_usage,
             user=req.user,
+            prompt_text=prompt_text,
         )
 
-    def _prompt_ids(self, req: CompletionRequest) -> list[int]:
+    def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
         prompt = req.prompt
         if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
             # A list of prompts: one per request here.
@@ -149,20 +158,30 @@ class CompletionService:
                 )
             prompt = prompt[0]  # type: ignore[assignment]
         if isinstance(prompt, str):
-            ids = self._tokenizers.encode(req.model, prompt)
+            ids, text = self._tokenizers.encode(req.model, prompt), prompt
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = [int(t) for t in prompt]  # type: ignore[arg-type]
             vocab = self._tokenizers.vocab_size(req.model)
             if any(not 0 <= t < vocab for t in ids):
                 raise invalid_request(f"token ids must be in [0, {vocab})", param="prompt")
+            text = self._tokenizers.decode(req.model, ids)
         else:
             raise invalid_request("prompt must be a string or a list of token ids", param="prompt")
         if not ids:
             raise invalid_request("the prompt is empty", param="prompt")
-        return ids
+        return ids, text
 
     async def dispatch(self, prepared: PreparedCompletion) -> Dispatch:
-        """Routes and records the request; 503 (recorded as failed) when no site can take it."""
+        """Predicts, routes and records the request; 503 (recorded as failed) when no site can
+        take it."""
+        prediction = await self.predictor.predict(prepared.prompt_text)
+        if prediction is not None:
+            tokens = min(prediction.tokens, prepared.params.max_tokens)
+            prepared = replace(
+                prepared,
+                params=replace(prepared.params, predicted_tokens=tokens),
+                predicted_bucket=prediction.bucket,
+            )
         decision = self._policy.route(prepared.routing, self._registry.all())
         site = decision.site
         await self.request_log.accepted(
@@ -176,6 +195,10 @@ class CompletionService:
                 max_tokens=prepared.params.max_tokens,
                 routing_policy=self._policy.name,
                 site_id=site.site_id if site is not None else None,
+                predicted_tokens=prepared.params.predicted_tokens,
+                predicted_bucket=prediction.bucket if prediction else None,
+                predictor_version=prediction.version if prediction else None,
+                predicted_p90_tokens=prediction.p90_tokens if prediction else None,
             )
         )
         if site is None:
@@ -215,6 +238,7 @@ class Dispatch:
     finish_reason: str | None = None
     first_token_at: datetime | None = None
     tried: set[str] = field(default_factory=set)
+    _charged: int = 0
 
     async def events(self) -> AsyncIterator[SiteChunk]:
         """Yields the site's chunks with tokens; the last one has finish_reason set.
@@ -236,7 +260,24 @@ class Dispatch:
             outcome = self._outcome(RequestStatus.CANCELLED, error="client went away")
             self.service.record_later(self.prepared.request_id, outcome)
             raise
-        await log_.finished(self.prepared.request_id, self._outcome(RequestStatus.COMPLETED))
+        await log_.finished(
+            self.prepared.request_id, self._outcome(RequestStatus.COMPLETED), self._sample()
+        )
+
+    def _sample(self) -> NewSample | None:
+        """A length sample for retraining, from answers that ended on their own or at max_tokens
+        (those are censored: the true length is at least what was produced)."""
+        if not self.service.settings.collect_samples or self.finish_reason not in STOP_OR_LENGTH:
+            return None
+        prepared = self.prepared
+        return NewSample(
+            model=prepared.model,
+            prompt=prepared.prompt_text,
+            prompt_tokens=len(prepared.params.prompt_token_ids),
+            completion_tokens=self.completion_tokens,
+            censored=self.finish_reason == "length",
+            predicted_tokens=prepared.params.predicted_tokens,
+        )
 
     def _outcome(self, status: RequestStatus, error: str | None = None) -> Outcome:
         return Outcome(
@@ -253,6 +294,7 @@ class Dispatch:
         while True:
             self.tried.add(self.site.name)
             self.site.in_flight += 1
+            self._recharge()
             try:
                 async with aclosing(
                     self.site.client.generate(
@@ -263,6 +305,7 @@ class Dispatch:
                         if chunk.finish_reason == "released":
                             break  # handed back before it started: place it elsewhere
                         self._observe(chunk)
+                        self._recharge()
                         if chunk.token_ids or chunk.text or chunk.finish_reason:
                             yield chunk
                         if chunk.finish_reason is not None:
@@ -276,7 +319,16 @@ class Dispatch:
                 raise upstream_failed(str(exc)) from exc
             finally:
                 self.site.in_flight -= 1
+                self._recharge(leaving=True)
             self._move_elsewhere()
+
+    def _recharge(self, leaving: bool = False) -> None:
+        """Keeps the site's outstanding-token ledger at prompt + predicted remaining answer."""
+        routing = self.prepared.routing
+        remaining = max(routing.answer_tokens - self.completion_tokens, 0)
+        charge = 0 if leaving else routing.prompt_tokens + remaining
+        self.site.outstanding_tokens += charge - self._charged
+        self._charged = charge
 
     def _observe(self, chunk: SiteChunk) -> None:
         if chunk.token_ids and self.first_token_at is None:

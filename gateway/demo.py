@@ -21,6 +21,7 @@ import httpx
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
 from gateway.services.stats import SiteTotals, site_totals
+from predictor.build_default import build_default
 from predictor.datasets import load_corpus
 from site_engine.make_model import make_model_dir
 from site_engine.tokenizer import load_tokenizer
@@ -52,6 +53,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="cap on replayed lengths")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep-running", action="store_true", help="leave services up")
+    parser.add_argument("--no-predictor", action="store_true", help="run without predictions")
+    parser.add_argument(
+        "--predictor-dir",
+        type=Path,
+        default=Path("var/predictor/default"),
+        help="built (or reused) here before the gateway starts",
+    )
     return parser.parse_args(argv)
 
 
@@ -133,7 +141,16 @@ async def read_totals(database_url: str) -> list[SiteTotals]:
 
 
 def print_table(totals: list[SiteTotals]) -> None:
-    header = ("site", "cloud", "region", "requests", "failed", "prompt tok", "completion tok")
+    header = (
+        "site",
+        "cloud",
+        "region",
+        "requests",
+        "failed",
+        "prompt tok",
+        "completion tok",
+        "predicted tok",
+    )
     rows = [
         (
             t.site,
@@ -143,10 +160,11 @@ def print_table(totals: list[SiteTotals]) -> None:
             str(t.failed),
             str(t.prompt_tokens),
             str(t.completion_tokens),
+            str(t.predicted_tokens),
         )
         for t in totals
     ]
-    all_rows = [*rows, ("total", "", "", *(str(sum(int(r[i]) for r in rows)) for i in range(3, 7)))]
+    all_rows = [*rows, ("total", "", "", *(str(sum(int(r[i]) for r in rows)) for i in range(3, 8)))]
     widths = [max(len(row[i]) for row in (header, *all_rows)) for i in range(len(header))]
     line = "-+-".join("-" * w for w in widths)
     for index, row in enumerate((header, *all_rows)):
@@ -165,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     work_dir = args.work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     model_dir = prepare_model(work_dir, args.tokenizer_dir)
+    predictor_dir = args.predictor_dir.resolve()
+    if not args.no_predictor:
+        build_default(predictor_dir, data_dir=args.data_dir, tokenizer_dir=args.tokenizer_dir)
     database = work_dir / "gateway.db"
     for stale in work_dir.glob("gateway.db*"):
         stale.unlink()
@@ -181,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         for process in processes:
             wait_until_serving(process)
         federation = write_federation(work_dir, model_dir, processes)
+        gateway_env = {} if args.no_predictor else {"GATEWAY_PREDICTOR_DIR": str(predictor_dir)}
         gateway = start_gateway(
+            env=gateway_env,
             federation_file=federation,
             database_url=database_url,
             log_dir=work_dir,

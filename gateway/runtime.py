@@ -14,7 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gateway.completions import CompletionService
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.predictor_lifecycle import follow_registry, start_predictor
 from gateway.routing.policy import build_policy
+from gateway.services.predictor_registry import PredictorRegistry
 from gateway.services.request_log import RequestLog
 from gateway.services.site_store import sync_sites
 from gateway.settings import GatewaySettings
@@ -65,17 +67,27 @@ class GatewayRuntime:
         )
         monitor = HealthMonitor(registry, tokenizers.fingerprints, settings.health_interval_s)
         await monitor.check_once()  # route from the first request on, not after one interval
+        predictor_registry = PredictorRegistry(sessions)
+        predictor = await start_predictor(settings, predictor_registry)
+        predictor.start()
         completions = CompletionService(
             settings,
             registry,
             tokenizers,
             build_policy(settings.routing_policy),
             RequestLog(sessions),
+            predictor,
         )
         runtime = cls(
             settings, federation, engine, sessions, registry, tokenizers, completions, monitor
         )
         runtime._tasks.append(asyncio.create_task(monitor.run(), name="site-health"))
+        runtime._tasks.append(
+            asyncio.create_task(
+                follow_registry(predictor, predictor_registry, settings.predictor_poll_s),
+                name="predictor-registry",
+            )
+        )
         healthy = sum(site.healthy for site in registry.all())
         log.info("gateway up: %d/%d sites healthy", healthy, len(registry.all()))
         return runtime
@@ -86,6 +98,7 @@ class GatewayRuntime:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.completions.predictor.stop()
         await self.completions.drain()
         await self.registry.close()
         await self.engine.dispose()

@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-ROUTING_POLICIES = ("round_robin",)
+ROUTING_POLICIES = ("round_robin", "least_requests", "least_tokens", "mico")
 
 
 class SettingsError(ValueError):
@@ -34,6 +34,13 @@ class GatewaySettings:
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 16
     log_prompts: bool = False
+    # A length-predictor artifact to serve when the database names no active version. Without
+    # either, the gateway runs in fallback mode: no predictions, engines plan with max_tokens.
+    predictor_dir: Path | None = None
+    # How often the registry of predictor versions is checked for a newly activated one.
+    predictor_poll_s: float = 10.0
+    # Record (prompt, true completion tokens) of finished requests for retraining.
+    collect_samples: bool = True
 
     def __post_init__(self) -> None:
         if self.routing_policy not in ROUTING_POLICIES:
@@ -47,7 +54,12 @@ class GatewaySettings:
             raise SettingsError(f"GATEWAY_DATABASE_URL is not a database URL: {exc}") from exc
         if not 0 <= self.port < 65536:
             raise SettingsError(f"GATEWAY_PORT must be in 0..65535, got {self.port}")
-        for name in ("health_interval_s", "connect_timeout_s", "request_timeout_s"):
+        for name in (
+            "health_interval_s",
+            "connect_timeout_s",
+            "request_timeout_s",
+            "predictor_poll_s",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
@@ -76,6 +88,9 @@ class GatewaySettings:
             max_body_bytes=reader.integer("MAX_BODY_BYTES", defaults.max_body_bytes),
             default_max_tokens=reader.integer("DEFAULT_MAX_TOKENS", defaults.default_max_tokens),
             log_prompts=reader.boolean("LOG_PROMPTS", defaults.log_prompts),
+            predictor_dir=reader.path("PREDICTOR_DIR"),
+            predictor_poll_s=reader.number("PREDICTOR_POLL_S", defaults.predictor_poll_s),
+            collect_samples=reader.boolean("COLLECT_SAMPLES", defaults.collect_samples),
         )
 
 
@@ -89,6 +104,10 @@ class _EnvReader:
 
     def text(self, name: str, default: str) -> str:
         return self._raw(name) or default
+
+    def path(self, name: str) -> Path | None:
+        raw = self._raw(name)
+        return Path(raw) if raw is not None else None
 
     def integer(self, name: str, default: int) -> int:
         raw = self._raw(name)

@@ -27,5 +27,9 @@ class ModelTokenizers:
         ids: list[int] = self._tokenizers[model].encode(text, add_special_tokens=False)
         return ids
 
+    def decode(self, model: str, token_ids: list[int]) -> str:
+        text: str = self._tokenizers[model].decode(token_ids)
+        return text
+
     def vocab_size(self, model: str) -> int:
         return len(self._tokenizers[model])

@@ -71,6 +71,12 @@ def _read_json_list(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def alpaca_random_flags(directory: str | Path | None = None) -> list[bool]:
+    """For each alpaca.jsonl row in file order: is it one of the uniform random samples?"""
+    rows = _read_jsonl(data_dir(directory) / "alpaca.jsonl")
+    return [bool(ALPACA_RANDOM_SOURCES.intersection(r.get("sources", []))) for r in rows]
+
+
 def load_corpus(corpus: Corpus, directory: str | Path | None = None) -> list[PromptRecord]:
     """All records of one corpus, in file order (indexes are stable across runs)."""
     base = data_dir(directory)

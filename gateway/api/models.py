@@ -36,5 +36,11 @@ class HealthController(Controller):
         except Exception as exc:  # any failure means not ready; the reason is reported
             database = f"error: {type(exc).__name__}"
         ready = database == "ok" and any(sites.values())
-        body: dict[str, object] = {"ready": ready, "database": database, "sites": sites}
+        predictor = runtime.completions.predictor.status()
+        body: dict[str, object] = {
+            "ready": ready,
+            "database": database,
+            "sites": sites,
+            "predictor": {"mode": predictor.mode, "version": predictor.version},
+        }
         return Response(body, status_code=200 if ready else 503)

@@ -10,6 +10,7 @@ import enum
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     DateTime,
     Dialect,
@@ -118,6 +119,7 @@ class InferenceRequest(Base):
     predicted_tokens: Mapped[int | None] = mapped_column(Integer)
     predicted_bucket: Mapped[int | None] = mapped_column(Integer)
     predictor_version: Mapped[str | None] = mapped_column(String(64))
+    predicted_p90_tokens: Mapped[int | None] = mapped_column(Integer)
     routing_policy: Mapped[str] = mapped_column(String(32))
     site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id", ondelete="SET NULL"))
     attempts: Mapped[int] = mapped_column(Integer, default=1)
@@ -128,3 +130,42 @@ class InferenceRequest(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     site: Mapped[Site | None] = relationship(back_populates="requests")
+
+
+class LengthSample(Base):
+    """What the predictor learns from: a prompt and how long the answer really was.
+
+    `censored` marks answers cut by max_tokens (or the context): their true length is only known
+    to be at least `completion_tokens`.
+    """
+
+    __tablename__ = "length_samples"
+    __table_args__ = (Index("ix_length_samples_model_created_at", "model", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(
+        ForeignKey("requests.id", ondelete="CASCADE"), unique=True
+    )
+    model: Mapped[str] = mapped_column(String(128))
+    prompt: Mapped[str] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    censored: Mapped[bool] = mapped_column(Boolean)
+    predicted_tokens: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class PredictorVersion(Base):
+    """A registered predictor artifact; the gateway serves the active one and follows changes."""
+
+    __tablename__ = "predictor_versions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[str] = mapped_column(String(64), unique=True)
+    path: Mapped[str] = mapped_column(String(1024))
+    kind: Mapped[str] = mapped_column(String(32))
+    scheme: Mapped[str] = mapped_column(String(64))
+    metrics: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    active: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    activated_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.routing.load import fits, free_kv_tokens
 from gateway.routing.types import RoutingRequest, S
 
 
@@ -38,3 +39,16 @@ class FitsContextFilter:
     def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
         need = request.prompt_tokens + request.max_tokens
         return [s for s in sites if s.max_model_len is None or need <= s.max_model_len]
+
+
+@dataclass(frozen=True, slots=True)
+class KvBoundFilter:
+    """Contract: keeps the sites whose free KV (kv_capacity_tokens - outstanding_tokens) holds the
+    request's prompt + planned answer (the prediction capped at max_tokens, or max_tokens without
+    one); a site whose KV capacity is not known yet is kept."""
+
+    name: str = "kv_bound"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        need = request.total_tokens
+        return [s for s in sites if fits(need, free_kv_tokens(s))]

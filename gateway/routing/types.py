@@ -1,17 +1,19 @@
-"""Contracts of routing: a policy is filters (who may take the request) then a picker (who does).
+"""Contracts of routing: a policy is filters (who may take the request) then a picker (who does);
+a scoring picker ranks the survivors with a scorer (lower is better).
 
 Every part reads only in-memory state, so a routing decision never waits on I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 
 class RoutableSite(Protocol):
-    """What routing may read about a site."""
+    """What routing may read about a site. All values are the gateway's current view; reading
+    them never blocks."""
 
     @property
     def name(self) -> str: ...
@@ -25,8 +27,32 @@ class RoutableSite(Protocol):
     @property
     def max_model_len(self) -> int | None: ...
 
+    @property
+    def capacity_weight(self) -> float:
+        """Relative capacity (> 0): a site with weight 2 is meant to carry twice the load of a
+        site with weight 1. Loads are divided by it before sites are compared."""
+        ...
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """KV cache size in tokens (blocks_total * block_size); None until the site reported it."""
+        ...
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Token load at the site as the gateway sees it: queued + running prompt tokens plus the
+        predicted remaining answer tokens, from the site's load reports combined with the
+        gateway's own in-flight ledger."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this gateway has sent to the site that have not finished yet."""
+        ...
+
 
 S = TypeVar("S", bound=RoutableSite)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +61,30 @@ class RoutingRequest:
     prompt_tokens: int
     max_tokens: int
     predicted_tokens: int | None = None
+    # The predictor's length bucket; MICO alternates equally loaded sites per bucket.
+    predicted_bucket: int | None = None
+
+    @property
+    def answer_tokens(self) -> int:
+        """The answer length routing plans with: the prediction, capped at max_tokens (the site
+        stops there), or max_tokens when there is no prediction."""
+        if self.predicted_tokens is None:
+            return self.max_tokens
+        return min(self.predicted_tokens, self.max_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus planned answer: the tokens this request adds to a site's load and KV."""
+        return self.prompt_tokens + self.answer_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Pick(Generic[T]):
+    """A picker's answer: the chosen site (None when there was no candidate) and, for scoring
+    pickers, every candidate's score by site name, so the decision can be explained later."""
+
+    site: T | None
+    scores: Mapping[str, float] = field(default_factory=dict)
 
 
 class SiteFilter(Protocol):
@@ -47,9 +97,21 @@ class SiteFilter(Protocol):
 
 
 class SitePicker(Protocol):
-    """Chooses one site among the filtered candidates, or None when there are none."""
+    """Chooses one site among the filtered candidates, or None when there are none. `pick` is
+    `choose(...).site`; `choose` also returns the scores behind the choice."""
 
     @property
     def name(self) -> str: ...
 
     def pick(self, request: RoutingRequest, sites: Sequence[S]) -> S | None: ...
+
+    def choose(self, request: RoutingRequest, sites: Sequence[S]) -> Pick[S]: ...
+
+
+class SiteScorer(Protocol):
+    """Scores a site for a request; lower is better. Pure: the same inputs give the same score."""
+
+    @property
+    def name(self) -> str: ...
+
+    def score(self, request: RoutingRequest, site: RoutableSite) -> float: ...

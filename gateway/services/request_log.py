@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import InferenceRequest, RequestStatus, utcnow
+from gateway.db.models import InferenceRequest, LengthSample, RequestStatus, utcnow
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,19 @@ class NewRequest:
     predicted_tokens: int | None = None
     predicted_bucket: int | None = None
     predictor_version: str | None = None
+    predicted_p90_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewSample:
+    """A finished request's prompt and true answer length, for retraining the predictor."""
+
+    model: str
+    prompt: str
+    prompt_tokens: int
+    completion_tokens: int
+    censored: bool
+    predicted_tokens: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +75,7 @@ class RequestLog:
                     predicted_tokens=new.predicted_tokens,
                     predicted_bucket=new.predicted_bucket,
                     predictor_version=new.predictor_version,
+                    predicted_p90_tokens=new.predicted_p90_tokens,
                     routing_policy=new.routing_policy,
                     site_id=new.site_id,
                     attempts=1,
@@ -70,8 +84,23 @@ class RequestLog:
                 )
             )
 
-    async def finished(self, request_id: str, outcome: Outcome) -> None:
+    async def finished(
+        self, request_id: str, outcome: Outcome, sample: NewSample | None = None
+    ) -> None:
+        """Records the outcome, and the length sample with it in the same transaction."""
         async with self._sessions.begin() as session:
+            if sample is not None:
+                session.add(
+                    LengthSample(
+                        request_id=request_id,
+                        model=sample.model,
+                        prompt=sample.prompt,
+                        prompt_tokens=sample.prompt_tokens,
+                        completion_tokens=sample.completion_tokens,
+                        censored=sample.censored,
+                        predicted_tokens=sample.predicted_tokens,
+                    )
+                )
             await session.execute(
                 update(InferenceRequest)
                 .where(InferenceRequest.id == request_id)

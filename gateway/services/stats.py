@@ -20,6 +20,7 @@ class SiteTotals:
     failed: int
     prompt_tokens: int
     completion_tokens: int
+    predicted_tokens: int = 0
 
 
 async def site_totals(sessions: async_sessionmaker[AsyncSession]) -> list[SiteTotals]:
@@ -36,6 +37,7 @@ async def site_totals(sessions: async_sessionmaker[AsyncSession]) -> list[SiteTo
             func.coalesce(failed, 0),
             func.coalesce(func.sum(InferenceRequest.prompt_tokens), 0),
             func.coalesce(func.sum(InferenceRequest.completion_tokens), 0),
+            func.coalesce(func.sum(InferenceRequest.predicted_tokens), 0),
         )
         .select_from(Site)
         .outerjoin(InferenceRequest, InferenceRequest.site_id == Site.id)

@@ -19,8 +19,11 @@ class SiteState:
     info: SiteInfoView | None = None
     last_error: str | None = None
     checked_at: float = 0.0
-    # Requests this gateway has sent to the site that have not finished yet.
+    # Requests this gateway has sent to the site that have not finished yet, and their token
+    # load as this gateway sees it: prompt + planned answer tokens, less what has streamed back.
+    # (Merging in the site's own load reports comes with the load-report stream.)
     in_flight: int = 0
+    outstanding_tokens: int = 0
 
     @property
     def name(self) -> str:
@@ -29,6 +32,15 @@ class SiteState:
     @property
     def model(self) -> str:
         return self.config.model
+
+    @property
+    def capacity_weight(self) -> float:
+        return self.config.capacity_weight
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        info = self.info
+        return info.kv_blocks_total * info.kv_block_size if info is not None else None
 
     @property
     def max_model_len(self) -> int | None:

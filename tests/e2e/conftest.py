@@ -24,6 +24,14 @@ class Federation:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway.port}"
 
+    def query(self, sql: str) -> list[tuple[object, ...]]:
+        engine = create_engine(sync_url(self.database_url))
+        try:
+            with engine.connect() as connection:
+                return [tuple(row) for row in connection.execute(text(sql))]
+        finally:
+            engine.dispose()
+
     def rows(self, where: str = "1=1") -> list[dict[str, object]]:
         engine = create_engine(sync_url(self.database_url))
         try:

@@ -1,34 +1,20 @@
-"""Table-driven tests of each routing part against its written contract."""
+"""The original routing cases (moved from tests/unit/test_routing.py, every case kept): the base
+filters, round robin and the policy's explanation of an empty answer."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 
 from gateway.routing.filters import FitsContextFilter, HealthyFilter, ServesModelFilter
 from gateway.routing.pickers import RoundRobinPicker
 from gateway.routing.policy import build_policy
-from gateway.routing.types import RoutingRequest
-
-
-@dataclass(frozen=True)
-class Site:
-    name: str
-    healthy: bool = True
-    model: str = "m"
-    max_model_len: int | None = 1024
-
+from tests.unit.routing.sites import Site, request
 
 A, B, C = Site("a"), Site("b"), Site("c")
 DOWN = Site("down", healthy=False)
 OTHER = Site("other", model="x")
 SHORT = Site("short", max_model_len=64)
 UNKNOWN = Site("unknown", max_model_len=None)
-
-
-def request(prompt: int = 10, max_tokens: int = 10, model: str = "m") -> RoutingRequest:
-    return RoutingRequest(model=model, prompt_tokens=prompt, max_tokens=max_tokens)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +54,10 @@ def test_round_robin_keeps_separate_turns_per_model() -> None:
     assert picker.pick(request(model="m"), [A, B]) == A
     assert picker.pick(request(model="x"), [A, B]) == A
     assert picker.pick(request(model="m"), [A, B]) == B
+
+
+def test_round_robin_choice_carries_no_scores() -> None:
+    assert RoundRobinPicker().choose(request(), [A, B]).scores == {}
 
 
 def test_policy_explains_an_empty_answer() -> None:

@@ -1,0 +1,32 @@
+"""Site scorers: a number per (request, site), lower is better, read by MinScorePicker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.routing.load import normalized
+from gateway.routing.types import RoutableSite, RoutingRequest
+
+
+@dataclass(frozen=True, slots=True)
+class LeastRequestsScorer:
+    """Contract: in_flight / capacity_weight, the request-count baseline; it ignores how long
+    the requests are, which is exactly what token-based policies are measured against."""
+
+    name: str = "least_requests"
+
+    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
+        return normalized(site.in_flight, site.capacity_weight)
+
+
+@dataclass(frozen=True, slots=True)
+class LeastTokensScorer:
+    """Contract: (outstanding_tokens + prompt + planned answer) / capacity_weight: the site's
+    capacity-normalized token load after this request is placed there. Adding the request
+    matters only between sites of unequal weight, where it favours the bigger one, as it should:
+    the same request raises a small site's normalized load more."""
+
+    name: str = "least_tokens"
+
+    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
+        return normalized(site.outstanding_tokens + request.total_tokens, site.capacity_weight)

@@ -1,0 +1,97 @@
+"""The fine-tuned model: all-MiniLM-L6-v2 (BERT, hidden 384) + mean pooling + a linear head.
+
+Torch lives here and in the training code only; the gateway runs the ONNX export of this model.
+The encoder may keep only its first `layers` transformer layers: each dropped layer makes both
+training and the gateway's per-prompt cost about 1/6 cheaper (the first layers of a sentence
+encoder already carry most of what a length prediction needs).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from predictor.encoding import pretrained_dir
+
+ENCODER_LAYERS = 6
+INPUT_NAMES = ("input_ids", "attention_mask")
+OUTPUT_NAME = "probabilities"
+ONNX_OPSET = 17
+
+
+class LengthClassifier(nn.Module):
+    def __init__(self, encoder: nn.Module, hidden: int, n_buckets: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(hidden, n_buckets)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits, one row per prompt; padding is left out of the mean over tokens."""
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        logits: torch.Tensor = self.head(pooled)
+        return logits
+
+    def word_embeddings(self) -> nn.Parameter:
+        """The wordpiece embedding table (the largest single tensor of the encoder)."""
+        weight: nn.Parameter = cast(Any, self.encoder).get_input_embeddings().weight
+        return weight
+
+
+class _Probabilities(nn.Module):
+    """The exported graph ends in a softmax, so the gateway needs no post-processing."""
+
+    def __init__(self, classifier: LengthClassifier) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.classifier(input_ids, attention_mask), dim=-1)
+
+
+def build_classifier(
+    n_buckets: int, layers: int = ENCODER_LAYERS, seed: int = 0
+) -> LengthClassifier:
+    """The pretrained encoder (first `layers` layers) with a freshly initialised head."""
+    if not 1 <= layers <= ENCODER_LAYERS:
+        raise ValueError(f"layers must be within 1..{ENCODER_LAYERS}, got {layers}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model hub is never reachable here
+    from transformers import AutoModel, logging
+
+    # The loading report and its progress bar are noise in a training log.
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    # Eager attention exports to plain ONNX ops that onnxruntime runs on any version.
+    encoder = AutoModel.from_pretrained(str(pretrained_dir()), attn_implementation="eager")
+    encoder.encoder.layer = encoder.encoder.layer[:layers]
+    encoder.config.num_hidden_layers = layers
+    return LengthClassifier(encoder, int(encoder.config.hidden_size), n_buckets)
+
+
+def export_onnx(model: LengthClassifier, path: Path) -> None:
+    """ONNX graph with dynamic batch and sequence axes, (input_ids, attention_mask) -> probs."""
+    model.eval()
+    # A padded row in the example keeps the tracer from dropping the mask as all-ones.
+    mask = torch.ones((2, 8), dtype=torch.long)
+    mask[1, 5:] = 0
+    example = (torch.full((2, 8), 1000, dtype=torch.long), mask)
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about python control flow in BERT
+        torch.onnx.export(
+            _Probabilities(model),
+            example,
+            str(path),
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
+            opset_version=ONNX_OPSET,
+            dynamo=False,
+        )

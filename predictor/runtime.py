@@ -1,0 +1,136 @@
+"""The length predictor as the gateway runs it: an artifact directory on onnxruntime.
+
+Importing this module loads onnxruntime, numpy and `tokenizers`, never torch or transformers.
+
+Defined behaviour at the edges:
+- an empty prompt is valid: the model reads the empty encoding ([CLS] [SEP]) and predicts
+  what an empty prompt's answer length tends to be;
+- a long prompt is truncated to the artifact's max_tokens (its beginning is kept), no error;
+- a prompt that is not a str raises TypeError naming the type that came instead;
+- with an int8 model, a prompt's probabilities can move slightly (~1e-3) with the other prompts
+  in its batch: dynamic quantization scales activations per batch. fp32 models are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from predictor.artifact import MODEL_FILE, ArtifactError, Manifest, load_manifest
+from predictor.distribution import expected_tokens, p90_tokens
+from predictor.encoding import PromptEncoder
+
+# Prompts run in groups of similar token length: padding a short prompt to the longest one in a
+# batch of 32 costs more than the extra session calls.
+_GROUP = 16
+
+
+@dataclass(frozen=True, slots=True)
+class LengthPrediction:
+    bucket: int  # the most probable bucket
+    probabilities: tuple[float, ...]  # one per bucket of the artifact's scheme
+    expected_tokens: float  # sum p_i * representative length_i
+    p90_tokens: int
+    version: str
+
+
+def _check_prompts(prompts: Sequence[str]) -> None:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"predict_batch takes a list of str, got {type(prompts).__name__}")
+    for position, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise TypeError(
+                f"a prompt must be str, got {type(prompt).__name__} at position {position}"
+            )
+
+
+class LengthPredictor:
+    def __init__(
+        self,
+        manifest: Manifest,
+        model: Path | bytes,
+        encoder: PromptEncoder,
+        threads: int = 1,
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Idle worker threads would otherwise spin on the cores the gateway and sites share.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        source = str(model) if isinstance(model, Path) else model
+        self._session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        self._manifest = manifest
+        self._encoder = encoder
+        self._columns = np.asarray(manifest.output_buckets, dtype=np.int64)
+        self._output = "probabilities"
+
+    @classmethod
+    def load(cls, path: str | Path, threads: int = 1) -> LengthPredictor:
+        """Loads and validates an artifact directory (ArtifactError if anything is off)."""
+        directory = Path(path)
+        manifest = load_manifest(directory)
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        try:
+            encoder = PromptEncoder.from_dir(directory, manifest.max_tokens)
+            return cls(manifest, directory / MODEL_FILE, encoder, threads)
+        except Exception as exc:  # tokenizers and onnxruntime raise bare Exception subclasses
+            raise ArtifactError(f"cannot load the predictor at {directory}: {exc}") from exc
+
+    @property
+    def version(self) -> str:
+        return self._manifest.version
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    def predict(self, prompt: str) -> LengthPrediction:
+        if not isinstance(prompt, str):
+            raise TypeError(f"a prompt must be str, got {type(prompt).__name__}")
+        return self.predict_batch([prompt])[0]
+
+    def predict_batch(self, prompts: Sequence[str]) -> list[LengthPrediction]:
+        _check_prompts(prompts)
+        if not prompts:
+            return []
+        probs = self.probabilities(prompts)
+        table = self._manifest.lengths
+        expected = expected_tokens(probs, table)
+        p90 = p90_tokens(probs, table)
+        buckets = probs.argmax(axis=1)
+        return [
+            LengthPrediction(int(b), tuple(float(p) for p in row), float(e), int(q), self.version)
+            for b, row, e, q in zip(buckets, probs, expected, p90, strict=True)
+        ]
+
+    def probabilities(self, prompts: Sequence[str]) -> np.ndarray:
+        """(len(prompts), n_buckets) float64 bucket probabilities, rows summing to 1."""
+        _check_prompts(prompts)
+        out = np.zeros((len(prompts), self._manifest.scheme.n_buckets), dtype=np.float64)
+        if not prompts:
+            return out
+        if self._manifest.kind == "sklearn":
+            text = np.array(self._encoder.id_strings(prompts), dtype=object).reshape(-1, 1)
+            out[:, self._columns] = self._run({"text": text})
+            return out
+        ids, mask = self._encoder.encode(prompts)
+        lengths = mask.sum(axis=1)
+        order = np.argsort(lengths, kind="stable")
+        for start in range(0, len(order), _GROUP):
+            group = order[start : start + _GROUP]
+            width = int(lengths[group].max())
+            feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width]}
+            out[np.ix_(group, self._columns)] = self._run(feeds)
+        return out
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        (result,) = self._session.run([self._output], feeds)
+        return np.asarray(result, dtype=np.float64)

@@ -1,0 +1,104 @@
+"""Length prediction through the public API: every request is predicted and recorded, finished
+requests become length samples, a retrained version is picked up without a restart, and a
+broken artifact stops the gateway from starting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.launch import LaunchError
+from predictor.baseline import SklearnConfig
+from predictor.training import TrainingSet, TrainSpec, train_artifact
+from tests.unit.predictor.conftest import synthetic_records
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (small) artifact; log-spaced buckets so short answers still span several."""
+    out = tmp_path_factory.mktemp("predictor") / "base"
+    data = TrainingSet(synthetic_records(120, seed=1), synthetic_records(40, seed=2, corpus="v"))
+    spec = TrainSpec("sklearn", "log_n10_l1024", sklearn=SklearnConfig(max_iter=200))
+    train_artifact(spec, data, out, progress=lambda _: None)
+    return out
+
+
+def version_of(base_url: str) -> str | None:
+    predictor = httpx.get(f"{base_url}/readyz", timeout=5).json()["predictor"]
+    assert predictor["mode"] == "active"
+    return predictor["version"]
+
+
+def test_predictions_samples_and_hot_swap(start_federation, artifact: Path, tmp_path) -> None:
+    federation = start_federation(
+        live=["aws-use1"],
+        env={"GATEWAY_PREDICTOR_DIR": str(artifact), "GATEWAY_PREDICTOR_POLL_S": "0.3"},
+    )
+    first_version = version_of(federation.base_url)
+    with httpx.Client(base_url=federation.base_url, timeout=60) as client:
+        prompts = [
+            f"Write a long essay about topic {i}" if i % 2 else f"Spell word {i}" for i in range(12)
+        ]
+        for i, prompt in enumerate(prompts):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 3 + 3 * i}
+            assert client.post("/v1/completions", json=body).status_code == 200
+    rows = federation.rows("r.status = 'completed'")
+    assert len(rows) == 12
+    for row in rows:
+        assert row["predictor_version"] == first_version
+        assert 1 <= row["predicted_tokens"] <= row["max_tokens"]
+        assert row["predicted_p90_tokens"] is not None
+        assert row["predicted_bucket"] is not None
+    samples = federation.query("SELECT completion_tokens, censored FROM length_samples")
+    assert len(samples) == 12
+    assert all(censored for _, censored in samples)  # random weights: answers hit max_tokens
+
+    retrain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.retrain_predictor",
+            "--database-url",
+            federation.database_url,
+            "--out",
+            str(tmp_path / "v2"),
+            "--no-base-data",
+            "--include-censored",
+            "--min-samples",
+            "8",
+            "--activate",
+            "always",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert retrain.returncode == 0, retrain.stderr + retrain.stdout
+    assert "registered" in retrain.stdout
+    deadline = time.monotonic() + 20
+    while version_of(federation.base_url) == first_version:
+        assert time.monotonic() < deadline, "the gateway did not switch to the new version"
+        time.sleep(0.2)
+    new_version = version_of(federation.base_url)
+    response = httpx.post(
+        f"{federation.base_url}/v1/completions",
+        json={"model": "tiny", "prompt": "after the swap", "max_tokens": 4},
+        timeout=30,
+    )
+    (row,) = federation.rows(f"r.id = '{response.json()['id']}'")
+    assert row["predictor_version"] == new_version != first_version
+
+
+def test_a_broken_artifact_stops_the_gateway_with_a_clear_message(start_federation, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{not json")
+    with pytest.raises(LaunchError, match="cannot load the length predictor"):
+        start_federation(live=["gcp-euw4"], env={"GATEWAY_PREDICTOR_DIR": str(broken)})

@@ -1,0 +1,77 @@
+"""The exported ONNX models compute what the trained models compute."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from predictor.baseline import SklearnConfig, export_sklearn_onnx, train_sklearn
+from predictor.buckets import equal_width
+from predictor.encoding import PromptEncoder, pretrained_dir
+from tests.unit.predictor.conftest import TINY_FINETUNE, synthetic_records
+
+PROMPTS = [
+    "Write a long essay about the sea.",
+    "Spell bread.",
+    "",
+    "Ünïcödé prompt with 東京 and émojis 🎉?",
+    "word " * 400,  # truncated
+    "Classify the sentiment of: I loved it!\n\nContext on a second paragraph.",
+]
+
+
+@pytest.mark.slow
+def test_minilm_onnx_matches_torch(tmp_path):
+    from predictor.finetune import finetune, predict_torch
+    from predictor.minilm import export_onnx
+
+    records = synthetic_records(48)
+    scheme = equal_width(10, 1024)
+    encoder = PromptEncoder.from_dir(pretrained_dir(), TINY_FINETUNE.max_tokens)
+    config = replace(TINY_FINETUNE, layers=2, epochs=1)
+    model, stats = finetune(
+        [r.prompt for r in records],
+        scheme.buckets_of([r.length for r in records]),
+        scheme.n_buckets,
+        encoder,
+        config,
+        progress=lambda _: None,
+    )
+    assert stats.steps == 3
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path)
+    reference = predict_torch(model, encoder, PROMPTS)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # One padded batch (different lengths) and each prompt alone: both must match torch.
+    ids, mask = encoder.encode(PROMPTS)
+    (batched,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_allclose(batched, reference, atol=1e-5)
+    for i, prompt in enumerate(PROMPTS):
+        ids, mask = encoder.encode([prompt])
+        (alone,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        np.testing.assert_allclose(alone[0], reference[i], atol=1e-5)
+
+
+def test_sklearn_onnx_matches_predict_proba(tmp_path):
+    records = synthetic_records(120)
+    scheme = equal_width(10, 1024)
+    encoder = PromptEncoder.from_dir(pretrained_dir())
+    texts = encoder.id_strings([r.prompt for r in records])
+    pipeline = train_sklearn(
+        texts, scheme.buckets_of([r.length for r in records]), SklearnConfig(max_iter=200)
+    )
+    path = tmp_path / "model.onnx"
+    export_sklearn_onnx(pipeline, path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    queries = encoder.id_strings(PROMPTS + [r.prompt for r in records[:20]])
+    feed = np.array(queries, dtype=object).reshape(-1, 1)
+    _, probabilities = session.run(None, {"text": feed})
+    np.testing.assert_allclose(probabilities, pipeline.predict_proba(queries), atol=1e-5)
+
+
+def test_sklearn_refuses_a_single_class():
+    with pytest.raises(ValueError, match="one bucket"):
+        train_sklearn(["1 2", "3 4"], np.array([0, 0]), SklearnConfig())

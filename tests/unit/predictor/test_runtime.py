@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from predictor.distribution import expected_tokens, p90_tokens
+from predictor.runtime import LengthPrediction, LengthPredictor
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module", params=["sklearn", "minilm"])
+def predictor(request, sklearn_artifact, minilm_artifact) -> LengthPredictor:
+    path = sklearn_artifact if request.param == "sklearn" else minilm_artifact
+    return LengthPredictor.load(path, threads=1)
+
+
+def test_single_prediction_is_consistent(predictor):
+    result = predictor.predict("Write a long essay about the sea.")
+    assert isinstance(result, LengthPrediction)
+    n = predictor.manifest.scheme.n_buckets
+    assert len(result.probabilities) == n
+    assert sum(result.probabilities) == pytest.approx(1.0, abs=1e-5)
+    assert result.bucket == int(np.argmax(result.probabilities))
+    probs = np.array(result.probabilities)
+    assert result.expected_tokens == pytest.approx(
+        float(expected_tokens(probs, predictor.manifest.lengths))
+    )
+    assert result.p90_tokens == int(p90_tokens(probs, predictor.manifest.lengths))
+    assert result.version == predictor.version
+
+
+def test_batch_matches_single_predictions(predictor):
+    prompts = ["Spell the moon.", "Write a detailed story about trains.", "", "x " * 3000]
+    batch = predictor.predict_batch(prompts)
+    assert len(batch) == len(prompts)
+    # Dynamic int8 quantizes activations with one scale per tensor, i.e. per batch: a prompt's
+    # probabilities move slightly with its batch-mates. fp32 is exact.
+    quantized = predictor.manifest.metrics.get("quantization", {}).get("used", False)
+    tolerance = 0.02 if quantized else 1e-5
+    for prompt, row in zip(prompts, batch, strict=True):
+        single = predictor.predict(prompt)
+        assert row.probabilities == pytest.approx(single.probabilities, abs=tolerance)
+    assert predictor.predict_batch([]) == []
+
+
+def test_empty_prompt_is_a_valid_prediction(predictor):
+    result = predictor.predict("")
+    assert sum(result.probabilities) == pytest.approx(1.0, abs=1e-5)
+    assert result.expected_tokens > 0
+
+
+def test_very_long_prompt_is_truncated_not_refused(predictor):
+    long = "Write a long essay about the sea. " * 20_000  # ~700 kB
+    truncated = predictor.predict(long)
+    # Only the first max_tokens tokens count, so the tail never changes the answer.
+    assert truncated.probabilities == pytest.approx(
+        predictor.predict(long + " Answer yes or no.").probabilities, abs=1e-6
+    )
+
+
+@pytest.mark.parametrize("bad", [None, 42, b"bytes", ["a list"]])
+def test_non_str_prompt_is_a_type_error(predictor, bad):
+    with pytest.raises(TypeError, match="must be str"):
+        predictor.predict(bad)
+    with pytest.raises(TypeError, match="must be str"):
+        predictor.predict_batch(["fine", bad])
+
+
+def test_a_bare_string_is_not_a_batch(predictor):
+    with pytest.raises(TypeError, match="list of str"):
+        predictor.predict_batch("abc")
+
+
+def test_threads_must_be_positive(sklearn_artifact):
+    with pytest.raises(ValueError, match="threads"):
+        LengthPredictor.load(sklearn_artifact, threads=0)
+
+
+def test_the_tiny_models_learned_the_synthetic_signal(predictor):
+    short = predictor.predict("Answer yes or no: rain.").expected_tokens
+    long = predictor.predict("Write a long essay about rain.").expected_tokens
+    assert long > short
+
+
+def test_importing_the_runtime_does_not_import_torch():
+    code = (
+        "import sys, predictor.runtime; "
+        "sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr.decode()

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from predictor.artifact import load_manifest
+from predictor.baseline import SklearnConfig
+from predictor.finetune import length_batches, subsample
+from predictor.prepare import training_fingerprint
+from predictor.training import TrainSpec, reusable_artifact
+from tests.unit.predictor.conftest import TINY_FINETUNE
+
+SKLEARN_SPEC = TrainSpec("sklearn", "mico_n10_l1024", sklearn=SklearnConfig(max_iter=200))
+
+
+def test_reuse_needs_same_data_and_config(sklearn_artifact, tiny_data):
+    fingerprint = training_fingerprint(tiny_data.train)
+    assert reusable_artifact(sklearn_artifact, SKLEARN_SPEC, fingerprint) is not None
+    assert reusable_artifact(sklearn_artifact, SKLEARN_SPEC, "0" * 64) is None
+    other = replace(SKLEARN_SPEC, sklearn=SklearnConfig(max_iter=201))
+    assert reusable_artifact(sklearn_artifact, other, fingerprint) is None
+    assert reusable_artifact(sklearn_artifact.parent / "absent", SKLEARN_SPEC, fingerprint) is None
+
+
+def test_minilm_manifest_records_training_and_quantization(minilm_artifact, tiny_data):
+    manifest = load_manifest(minilm_artifact)
+    assert manifest.kind == "minilm"
+    assert manifest.scheme.name == "log_n10_l1024"
+    assert manifest.max_tokens == TINY_FINETUNE.max_tokens
+    assert manifest.training["config"]["model"]["layers"] == 1
+    assert manifest.training["records_used"] == len(tiny_data.train) * TINY_FINETUNE.epochs
+    quantization = manifest.metrics["quantization"]
+    assert set(quantization) == {"used", "fp32", "int8"}
+    chosen = quantization["int8" if quantization["used"] else "fp32"]
+    assert manifest.metrics["validation"]["all"] == chosen
+
+
+def test_subsample_is_deterministic_and_bounded():
+    assert subsample(100, 10, seed=3).tolist() == subsample(100, 10, seed=3).tolist()
+    assert len(set(subsample(100, 10, seed=3).tolist())) == 10
+    assert sorted(subsample(5, 0, seed=1).tolist()) == [0, 1, 2, 3, 4]
+    assert sorted(subsample(5, 50, seed=1).tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_length_batches_cover_every_example_once_with_similar_lengths():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 128, 1000)
+    batches = length_batches(lengths, 32, np.random.default_rng(1))
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(1000))
+    assert all(len(b) <= 32 for b in batches)
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    assert spread < 20  # sorted windows: far less than the 125-token range

@@ -1,0 +1,35 @@
+"""A frozen stand-in for SiteState with every signal routing may read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.routing.types import RoutingRequest
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    healthy: bool = True
+    model: str = "m"
+    max_model_len: int | None = 1024
+    capacity_weight: float = 1.0
+    kv_capacity_tokens: int | None = None
+    outstanding_tokens: int = 0
+    in_flight: int = 0
+
+
+def request(
+    prompt: int = 10,
+    max_tokens: int = 10,
+    model: str = "m",
+    predicted: int | None = None,
+    bucket: int | None = None,
+) -> RoutingRequest:
+    return RoutingRequest(
+        model=model,
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        predicted_tokens=predicted,
+        predicted_bucket=bucket,
+    )
