@@ -221,6 +221,13 @@ class CompletionService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def record_offload(self, request_id: str, giver: SiteState, taker: SiteState) -> None:
+        task = asyncio.create_task(
+            self.request_log.offloaded(request_id, giver.site_id, taker.site_id)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def drain(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -291,7 +298,11 @@ class Dispatch:
         )
 
     async def _stream_with_failover(self) -> AsyncIterator[SiteChunk]:
+        released_from: SiteState | None = None
         while True:
+            if released_from is not None:
+                self.service.record_offload(self.prepared.request_id, released_from, self.site)
+                released_from = None
             self.tried.add(self.site.name)
             self.site.in_flight += 1
             self._recharge()
@@ -303,6 +314,7 @@ class Dispatch:
                 ) as chunks:
                     async for chunk in chunks:
                         if chunk.finish_reason == "released":
+                            released_from = self.site
                             break  # handed back before it started: place it elsewhere
                         self._observe(chunk)
                         self._recharge()
@@ -327,7 +339,7 @@ class Dispatch:
         routing = self.prepared.routing
         remaining = max(routing.answer_tokens - self.completion_tokens, 0)
         charge = 0 if leaving else routing.prompt_tokens + remaining
-        self.site.outstanding_tokens += charge - self._charged
+        self.site.ledger_tokens += charge - self._charged
         self._charged = charge
 
     def _observe(self, chunk: SiteChunk) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gateway.completions import CompletionService
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.offload import OffloadCoordinator
 from gateway.predictor_lifecycle import follow_registry, start_predictor
 from gateway.routing.policy import build_policy
 from gateway.services.predictor_registry import PredictorRegistry
@@ -23,6 +24,7 @@ from gateway.settings import GatewaySettings
 from gateway.sites.client import SiteClient
 from gateway.sites.config import FederationConfig, load_federation
 from gateway.sites.health import HealthMonitor
+from gateway.sites.load_reports import LoadReportListener
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.tokenizers import ModelTokenizers
 
@@ -45,6 +47,7 @@ class GatewayRuntime:
     tokenizers: ModelTokenizers
     completions: CompletionService
     monitor: HealthMonitor
+    offload: OffloadCoordinator | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
@@ -65,7 +68,12 @@ class GatewayRuntime:
             )
             for site in federation.sites
         )
-        monitor = HealthMonitor(registry, tokenizers.fingerprints, settings.health_interval_s)
+        listener = LoadReportListener(
+            registry, settings.load_report_interval_ms, settings.load_report_stale_s
+        )
+        monitor = HealthMonitor(
+            registry, tokenizers.fingerprints, settings.health_interval_s, listener.stale
+        )
         await monitor.check_once()  # route from the first request on, not after one interval
         predictor_registry = PredictorRegistry(sessions)
         predictor = await start_predictor(settings, predictor_registry)
@@ -82,6 +90,12 @@ class GatewayRuntime:
             settings, federation, engine, sessions, registry, tokenizers, completions, monitor
         )
         runtime._tasks.append(asyncio.create_task(monitor.run(), name="site-health"))
+        runtime._tasks.append(asyncio.create_task(listener.run(), name="load-reports"))
+        if settings.offload_enabled:
+            runtime.offload = OffloadCoordinator(
+                registry, settings.offload_interval_s, settings.offload_transfer_cost_s
+            )
+            runtime._tasks.append(asyncio.create_task(runtime.offload.run(), name="offload"))
         runtime._tasks.append(
             asyncio.create_task(
                 follow_registry(predictor, predictor_registry, settings.predictor_poll_s),

@@ -41,6 +41,13 @@ class GatewaySettings:
     predictor_poll_s: float = 10.0
     # Record (prompt, true completion tokens) of finished requests for retraining.
     collect_samples: bool = True
+    # Load reports the sites push; a site silent for load_report_stale_s receives nothing new.
+    load_report_interval_ms: int = 250
+    load_report_stale_s: float = 5.0
+    # Offload negotiation: how often to look, and what moving a queued request costs.
+    offload_enabled: bool = True
+    offload_interval_s: float = 0.5
+    offload_transfer_cost_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.routing_policy not in ROUTING_POLICIES:
@@ -59,9 +66,15 @@ class GatewaySettings:
             "connect_timeout_s",
             "request_timeout_s",
             "predictor_poll_s",
+            "load_report_stale_s",
+            "offload_interval_s",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
+        if self.load_report_interval_ms < 10 or self.offload_transfer_cost_s < 0:
+            raise SettingsError(
+                "GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10, GATEWAY_OFFLOAD_TRANSFER_COST_S >= 0"
+            )
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
             raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
 
@@ -91,6 +104,15 @@ class GatewaySettings:
             predictor_dir=reader.path("PREDICTOR_DIR"),
             predictor_poll_s=reader.number("PREDICTOR_POLL_S", defaults.predictor_poll_s),
             collect_samples=reader.boolean("COLLECT_SAMPLES", defaults.collect_samples),
+            load_report_interval_ms=reader.integer(
+                "LOAD_REPORT_INTERVAL_MS", defaults.load_report_interval_ms
+            ),
+            load_report_stale_s=reader.number("LOAD_REPORT_STALE_S", defaults.load_report_stale_s),
+            offload_enabled=reader.boolean("OFFLOAD_ENABLED", defaults.offload_enabled),
+            offload_interval_s=reader.number("OFFLOAD_INTERVAL_S", defaults.offload_interval_s),
+            offload_transfer_cost_s=reader.number(
+                "OFFLOAD_TRANSFER_COST_S", defaults.offload_transfer_cost_s
+            ),
         )
 
 

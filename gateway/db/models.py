@@ -169,3 +169,16 @@ class PredictorVersion(Base):
     active: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     activated_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class OffloadEvent(Base):
+    """A queued request that a busy site handed back and another site took over."""
+
+    __tablename__ = "offload_events"
+    __table_args__ = (Index("ix_offload_events_created_at", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
+    from_site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id", ondelete="SET NULL"))
+    to_site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

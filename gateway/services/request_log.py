@@ -12,7 +12,13 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import InferenceRequest, LengthSample, RequestStatus, utcnow
+from gateway.db.models import (
+    InferenceRequest,
+    LengthSample,
+    OffloadEvent,
+    RequestStatus,
+    utcnow,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,19 @@ class RequestLog:
                     created_at=now,
                     dispatched_at=now if new.site_id is not None else None,
                 )
+            )
+
+    async def offloaded(self, request_id: str, from_site_id: int, to_site_id: int) -> None:
+        async with self._sessions.begin() as session:
+            session.add(
+                OffloadEvent(
+                    request_id=request_id, from_site_id=from_site_id, to_site_id=to_site_id
+                )
+            )
+            await session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == request_id)
+                .values(site_id=to_site_id)
             )
 
     async def finished(

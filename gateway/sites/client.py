@@ -23,6 +23,11 @@ _FINISH_FROM_PROTO = {
     site_pb2.FINISH_REASON_CANCELLED: "cancelled",
     site_pb2.FINISH_REASON_RELEASED: "released",
 }
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
 
@@ -60,6 +65,27 @@ class SiteInfoView:
     max_num_seqs: int
     engine: str
     version: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """One load report of a site, as the gateway keeps it."""
+
+    queued_requests: int
+    running_requests: int
+    queued_prompt_tokens: int
+    running_tokens: int
+    predicted_remaining_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    decode_tokens_per_s: float
+    iterations: int
+    sequence: int
+
+    @property
+    def token_load(self) -> int:
+        """Queued prompts + tokens held by running sequences + predicted remaining answers."""
+        return self.queued_prompt_tokens + self.running_tokens + self.predicted_remaining_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +145,9 @@ class SiteClient:
         self.name = name
         self.endpoint = endpoint
         self._timeout = connect_timeout_s
-        self._channel = grpc.aio.insecure_channel(endpoint)
+        # A site that restarts must be seen again within a health interval: gRPC's default
+        # reconnect backoff grows to minutes, and calls fail at once while it waits.
+        self._channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -185,6 +213,38 @@ class SiteClient:
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
         return bool(response.cancelled)
+
+    async def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
+        """The site's load report stream; raises SiteUnavailable when it breaks."""
+        call = self._stub.StreamLoad(site_pb2.LoadStreamRequest(interval_ms=interval_ms))
+        try:
+            async for report in call:
+                yield LoadView(
+                    queued_requests=report.queued_requests,
+                    running_requests=report.running_requests,
+                    queued_prompt_tokens=report.queued_prompt_tokens,
+                    running_tokens=report.running_tokens,
+                    predicted_remaining_tokens=report.predicted_remaining_tokens,
+                    kv_blocks_used=report.kv_blocks_used,
+                    kv_blocks_total=report.kv_blocks_total,
+                    decode_tokens_per_s=report.decode_tokens_per_s,
+                    iterations=report.iterations,
+                    sequence=report.sequence,
+                )
+        except grpc.aio.AioRpcError as exc:
+            raise SiteUnavailable(self.name, f"load report stream: {exc.code().name}") from exc
+        finally:
+            call.cancel()
+
+    async def release_queued(self, max_requests: int) -> list[str]:
+        """Asks the site to hand back up to max_requests queued, not-started requests."""
+        try:
+            response = await self._stub.ReleaseQueued(
+                site_pb2.ReleaseQueuedRequest(max_requests=max_requests), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return [released.request_id for released in response.released]
 
     async def close(self) -> None:
         await self._channel.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.sites.client import SiteCallError
 from gateway.sites.registry import SiteRegistry, SiteState
@@ -18,10 +18,12 @@ class HealthMonitor:
         registry: SiteRegistry,
         tokenizer_fingerprints: Mapping[str, str],
         interval_s: float,
+        is_stale: Callable[[SiteState], bool] | None = None,
     ) -> None:
         self._registry = registry
         self._fingerprints = tokenizer_fingerprints
         self._interval_s = interval_s
+        self._is_stale = is_stale or (lambda _site: False)
 
     async def check_once(self) -> None:
         await asyncio.gather(*(self._check(site) for site in self._registry.all()))
@@ -42,6 +44,8 @@ class HealthMonitor:
                 site.mark_unhealthy(str(exc))
             else:
                 problem = self._mismatch(site, info.model, info.tokenizer_fingerprint)
+                if problem is None and self._is_stale(site):
+                    problem = "its load reports stopped arriving"
                 if problem:
                     site.mark_unhealthy(problem)
                 else:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway.sites.client import SiteClient, SiteInfoView
+from gateway.sites.client import LoadView, SiteClient, SiteInfoView
 from gateway.sites.config import SiteConfig
 
 
@@ -23,7 +23,20 @@ class SiteState:
     # load as this gateway sees it: prompt + planned answer tokens, less what has streamed back.
     # (Merging in the site's own load reports comes with the load-report stream.)
     in_flight: int = 0
-    outstanding_tokens: int = 0
+    ledger_tokens: int = 0
+    # The site's last pushed load report, and when it came (monotonic seconds).
+    report: LoadView | None = None
+    report_at: float = 0.0
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Token load: the larger of the site's own last report (all its work, a little late)
+        and this gateway's ledger (its own requests, up to date)."""
+        reported = self.report.token_load if self.report is not None else 0
+        return max(self.ledger_tokens, reported)
+
+    def apply_report(self, report: LoadView) -> None:
+        self.report, self.report_at = report, time.monotonic()
 
     @property
     def name(self) -> str:
