@@ -199,6 +199,11 @@ class CompletionService:
                 predicted_bucket=prediction.bucket if prediction else None,
                 predictor_version=prediction.version if prediction else None,
                 predicted_p90_tokens=prediction.p90_tokens if prediction else None,
+                routing_detail={
+                    "survivors": [list(step) for step in decision.survivors],
+                    "scores": dict(decision.scores),
+                    "planned_answer_tokens": decision.planned_answer_tokens,
+                },
             )
         )
         if site is None:

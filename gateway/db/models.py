@@ -121,6 +121,9 @@ class InferenceRequest(Base):
     predictor_version: Mapped[str | None] = mapped_column(String(64))
     predicted_p90_tokens: Mapped[int | None] = mapped_column(Integer)
     routing_policy: Mapped[str] = mapped_column(String(32))
+    # Why this site: {"survivors": [[filter, count], ...], "scores": {site: score}, "planned":
+    # answer tokens routing planned with}; lets the dashboard and offline analysis explain it.
+    routing_detail: Mapped[dict[str, object] | None] = mapped_column(JSON)
     site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id", ondelete="SET NULL"))
     attempts: Mapped[int] = mapped_column(Integer, default=1)
     error: Mapped[str | None] = mapped_column(Text)

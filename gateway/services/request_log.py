@@ -36,6 +36,7 @@ class NewRequest:
     predicted_bucket: int | None = None
     predictor_version: str | None = None
     predicted_p90_tokens: int | None = None
+    routing_detail: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ class RequestLog:
                     predicted_bucket=new.predicted_bucket,
                     predictor_version=new.predictor_version,
                     predicted_p90_tokens=new.predicted_p90_tokens,
+                    routing_detail=new.routing_detail,
                     routing_policy=new.routing_policy,
                     site_id=new.site_id,
                     attempts=1,

@@ -3,6 +3,7 @@ new requests away from a site that is busy with a long answer."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -46,4 +47,10 @@ def test_least_tokens_sends_short_requests_away_from_a_long_one(start_federation
     ]
     worker.join(timeout=120)
     assert long_site[0] not in short_sites, (long_site, short_sites)
-    assert {row["routing_policy"] for row in federation.rows()} == {"least_tokens"}
+    rows = federation.rows()
+    assert {row["routing_policy"] for row in rows} == {"least_tokens"}
+    for row in rows:  # every decision is explained: both sites scored, the winner lowest
+        detail = json.loads(str(row["routing_detail"]))
+        assert set(detail["scores"]) == {"aws-use1", "gcp-euw4"}
+        assert detail["scores"][row["site_name"]] == min(detail["scores"].values())
+        assert detail["planned_answer_tokens"] in (4, 700)
