@@ -1,8 +1,8 @@
 """Quick decode-step probe on the GPU: the per-step time of engine.step() at a few batch sizes
-for a Llama-3.2-1B-shaped random model, with and without CUDA graphs, plus a profile of one
-decode step (top CUDA kernels and CPU ops) for the docs.
+for a Llama-3.2-1B-shaped random model, with and without CUDA graphs. For the full sweep against
+the roofline use bench/engine/gpu.py; for where a step's time goes, bench/engine/step_profile.py.
 
-    python -m bench.engine.decode_probe [--batch-sizes 1 64 256] [--profile-batch 64]
+    python -m bench.engine.decode_probe [--batch-sizes 1 64 256]
 """
 
 from __future__ import annotations
@@ -69,59 +69,12 @@ def decode_steps(engine: PagedEngine, batch: int, prompt: int, steps: int) -> li
     return times
 
 
-def breakdown(engine: PagedEngine, batch: int, prompt: int, steps: int = 20) -> None:
-    """Where one decode step's time goes: scheduler, runner (host prep + replay + sampling),
-    update; and the graph replay alone on the GPU (back to back, timed with CUDA events)."""
-    for i in range(batch):
-        engine.add_request(
-            EngineRequest(
-                f"x{batch}-{i}",
-                tuple(range(1000, 1000 + prompt)),
-                SamplingParams(max_tokens=steps + 40, temperature=0.0, ignore_eos=True),
-            )
-        )
-    for _ in range(3):
-        engine.step()
-    scheduler, runner = engine._scheduler, engine.runner
-    parts: dict[str, list[float]] = {"schedule": [], "execute": [], "update": []}
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        out = scheduler.schedule()
-        t1 = time.perf_counter()
-        result = runner.execute(out)
-        t2 = time.perf_counter()
-        scheduler.update(out, result)
-        t3 = time.perf_counter()
-        for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-            value_ms = value * 1000
-            parts[name].append(value_ms)
-    summary = " ".join(f"{k}={statistics.median(v):.3f}" for k, v in parts.items())
-    graphs = runner.graphs
-    replay_ms = float("nan")
-    if graphs is not None:
-        bucket = min(b for b in graphs.buckets if b >= batch)
-        captured = graphs._captured[bucket]
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(50):
-            captured.graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        replay_ms = start.elapsed_time(end) / 50
-    print(f"breakdown batch={batch} ms: {summary} graph_replay_gpu={replay_ms:.3f}", flush=True)
-    while engine.has_unfinished():
-        engine.step()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokenizer-dir", type=Path, default=Path("../shared/tokenizers/gpt2"))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--profile-batch", type=int, default=64)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         loaded = load_model(
@@ -141,35 +94,8 @@ def main() -> None:
                 f"min={min(times):.3f}",
                 flush=True,
             )
-        if graphs:
-            for batch in args.batch_sizes:
-                breakdown(engine, batch, args.prompt)
-            profile(engine, args.profile_batch, args.prompt)
         del engine
         torch.cuda.empty_cache()
-
-
-def profile(engine: PagedEngine, batch: int, prompt: int) -> None:
-    decode_steps(engine, batch, prompt, 3)
-    for i in range(batch):
-        engine.add_request(
-            EngineRequest(
-                f"p{i}",
-                tuple(range(1000, 1000 + prompt)),
-                SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
-            )
-        )
-    while engine.scheduler_stats().num_waiting:
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(5):
-            engine.step()
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15), flush=True)
 
 
 if __name__ == "__main__":
