@@ -11,10 +11,11 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from gateway.api.errors import (
     OpenAIError,
@@ -222,14 +223,14 @@ class CompletionService:
 
     def record_later(self, request_id: str, outcome: Outcome) -> None:
         """Writes the outcome even if the caller is being cancelled (client disconnect)."""
-        task = asyncio.create_task(self.request_log.finished(request_id, outcome))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self.request_log.finished(request_id, outcome))
 
     def record_offload(self, request_id: str, giver: SiteState, taker: SiteState) -> None:
-        task = asyncio.create_task(
-            self.request_log.offloaded(request_id, giver.site_id, taker.site_id)
-        )
+        self._in_background(self.request_log.offloaded(request_id, giver.site_id, taker.site_id))
+
+    def _in_background(self, write: Coroutine[Any, Any, None]) -> None:
+        """A write the request path must not wait for; drain() awaits what is left at shutdown."""
+        task = asyncio.create_task(write)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

@@ -69,6 +69,12 @@ def float_attr(module: nn.Module, name: str) -> float:
     return float(value)
 
 
+def lm_head_logits(lm_head: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """float32 logits of the rows given: the one compute_logits of every flat model."""
+    logits: torch.Tensor = lm_head(hidden_states)
+    return logits.float()
+
+
 def _build_llama(model: PreTrainedModel, attention: AttentionBackend) -> FlatCausalLM:
     from site_engine.engine.models.llama import LlamaFlatModel
 

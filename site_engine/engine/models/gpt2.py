@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.models import child, child_list, float_attr
+from site_engine.engine.models import child, child_list, float_attr, lm_head_logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,5 +86,4 @@ class GPT2FlatModel:
         return out
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.lm_head(hidden_states)
-        return logits.float()
+        return lm_head_logits(self.lm_head, hidden_states)

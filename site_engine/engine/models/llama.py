@@ -18,10 +18,10 @@ from transformers import PreTrainedModel
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.models import child, child_list, float_attr
+from site_engine.engine.models import child, child_list, float_attr, lm_head_logits
 
 
-def _sliding_window(config: Any, layer_idx: int) -> int | None:
+def sliding_window_of(config: Any, layer_idx: int) -> int | None:
     """The layer's window as transformers applies it (Mistral: all layers; Qwen2: by type)."""
     window = getattr(config, "sliding_window", None)
     if window is None:
@@ -66,7 +66,7 @@ def _decoder_layer(layer: nn.Module, layer_idx: int, config: Any) -> _DecoderLay
         post_attention_layernorm=child(layer, "post_attention_layernorm"),
         mlp=child(layer, "mlp"),
         scale=float_attr(attn, "scaling"),
-        sliding_window=_sliding_window(config, layer_idx),
+        sliding_window=sliding_window_of(config, layer_idx),
     )
 
 
@@ -132,5 +132,4 @@ class LlamaFlatModel:
         return attended.reshape(num_tokens, -1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.lm_head(hidden_states)
-        return logits.float()
+        return lm_head_logits(self.lm_head, hidden_states)

@@ -16,7 +16,7 @@ from torch.nn import functional
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.models import child, child_list, float_attr
+from site_engine.engine.models import child, child_list, float_attr, lm_head_logits
 from site_engine.engine.models.fused import (
     add_rms_norm,
     compiled,
@@ -25,7 +25,7 @@ from site_engine.engine.models.fused import (
     rms_norm,
     rotate_qk,
 )
-from site_engine.engine.models.llama import _sliding_window
+from site_engine.engine.models.llama import sliding_window_of
 
 _add_rms_norm = compiled(add_rms_norm)
 _rms_norm = compiled(rms_norm)
@@ -79,7 +79,7 @@ def _layer(layer: nn.Module, index: int, spec: KVCacheSpec, config: object) -> _
         post_norm=post_norm,
         eps=eps,
         scale=float_attr(attn, "scaling"),
-        sliding_window=_sliding_window(config, index),
+        sliding_window=sliding_window_of(config, index),
     )
 
 
@@ -153,5 +153,4 @@ class LlamaFusedFlatModel:
         return attended.reshape(tokens, -1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.lm_head(hidden_states)
-        return logits.float()
+        return lm_head_logits(self.lm_head, hidden_states)
