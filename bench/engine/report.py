@@ -185,9 +185,10 @@ def _decode_sweep_section(payload: dict[str, Any], sweep: list[dict[str, Any]]) 
             (
                 "batch",
                 "context",
-                "step ms (median)",
+                "step ms",
                 "roofline ms",
                 "ratio",
+                "step ms, sync",
                 "decode tok/s",
                 "weights MiB",
                 "KV read MiB",
@@ -199,12 +200,13 @@ def _decode_sweep_section(payload: dict[str, Any], sweep: list[dict[str, Any]]) 
                     fmt(row["decode_step_ms"], 2),
                     fmt(row["roofline_step_ms"], 3),
                     fmt(row["ratio_to_roofline"], 1),
+                    fmt(row.get("sync_step_ms"), 2),
                     fmt(row["decode_tok_s"], 0),
                     fmt(row["weight_bytes"] / MIB, 0),
                     fmt(row["kv_bytes_read"] / MIB, 0),
                 )
                 if "decode_step_ms" in row
-                else (row["batch_size"], row.get("skipped", "-"), *["-"] * 6)
+                else (row["batch_size"], row.get("skipped", "-"), *["-"] * 7)
                 for row in sweep
             ],
         )

@@ -22,6 +22,7 @@ from site_engine.engine.attention import (
     TorchReferenceAttention,
 )
 from site_engine.engine.kv_cache import PagedKVCache
+from site_engine.engine.launched_step import LaunchedStep, no_pending_rows
 from site_engine.engine.model_config import eos_token_ids, max_model_len
 from site_engine.engine.models import FlatCausalLM, build_flat_model
 from site_engine.engine.sampler import Sampler
@@ -132,29 +133,38 @@ class ModelRunner:
         return eos_token_ids(self.model)
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and wait for its sampled tokens."""
+        return self.launch(output).result()
+
+    def launch(self, output: SchedulerOutput, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step's device work and return without waiting for it.
+
+        `previous` is the step launched just before, whose sampled tokens this step's pending
+        input tokens are (async scheduling); device order makes its results visible here.
+        """
         self.sampler.forget(output.finished_request_ids)
         if output.is_empty:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return LaunchedStep.nothing_sampled()
         graphed, eager = self._split(output.chunks)
         logits_parts: list[torch.Tensor] = []
         sampled: list[ScheduledChunk] = []
         with torch.inference_mode():
             if eager:
-                inputs = self.prepare_inputs(eager)
+                inputs = self.prepare_inputs(eager, previous)
                 hidden = self.forward(inputs)
                 if inputs.sample_chunks:
                     logits_parts.append(self.compute_logits(hidden, inputs))
                     sampled.extend(inputs.sample_chunks)
             if graphed and self.graphs is not None:
                 self._validate_decode(graphed)
-                logits_parts.append(self.graphs.run(graphed))
+                rows = previous.pending_rows(graphed) if previous else no_pending_rows(graphed)
+                source = previous.sampled if previous is not None else None
+                logits_parts.append(self.graphs.run(graphed, rows, source))
                 sampled.extend(graphed)
             if not sampled:
-                return ModelRunnerOutput(sampled_token_ids={})
+                return LaunchedStep.nothing_sampled()
             logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
-            tokens = self.sampler.sample(logits, sampled)
-        ids = (chunk.request_id for chunk in sampled)
-        return ModelRunnerOutput(sampled_token_ids=dict(zip(ids, tokens, strict=True)))
+            return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
 
     def _split(
         self, chunks: Sequence[ScheduledChunk]
@@ -182,9 +192,13 @@ class ModelRunner:
         """float32 logits [N, vocab] of the sampled rows only (the lm_head is the big matmul)."""
         return self.flat_model.compute_logits(hidden.index_select(0, inputs.sample_indices))
 
-    def prepare_inputs(self, chunks: Sequence[ScheduledChunk]) -> StepInputs:
-        """Flatten the chunks into token, position, slot and block-table tensors."""
+    def prepare_inputs(
+        self, chunks: Sequence[ScheduledChunk], previous: LaunchedStep | None = None
+    ) -> StepInputs:
+        """Flatten the chunks into token, position, slot and block-table tensors; pending input
+        tokens are taken from `previous`'s sampled tokens on the device."""
         self._validate(chunks)
+        pending = previous.pending_rows(chunks) if previous else no_pending_rows(chunks)
         lens = [chunk.num_tokens for chunk in chunks]
         query_start_loc = list(itertools.accumulate(lens, initial=0))
         context_lens = [chunk.start_position + n for chunk, n in zip(chunks, lens, strict=True)]
@@ -214,8 +228,16 @@ class ModelRunner:
             query_start_loc_host=tuple(query_start_loc),
             context_lens_host=tuple(context_lens),
         )
+        input_ids = self._to_device(torch.tensor(token_ids, dtype=torch.long))
+        if previous is not None and previous.sampled is not None and any(r >= 0 for r in pending):
+            # A pending token is its chunk's only token, i.e. the chunk's last flat row.
+            flat = [q - 1 for q, r in zip(query_start_loc[1:], pending, strict=True) if r >= 0]
+            source = [r for r in pending if r >= 0]
+            input_ids[self._to_device(torch.tensor(flat))] = previous.sampled[
+                self._to_device(torch.tensor(source))
+            ]
         return StepInputs(
-            input_ids=self._to_device(torch.tensor(token_ids, dtype=torch.long)),
+            input_ids=input_ids,
             positions=self._to_device(positions),
             metadata=metadata,
             sample_indices=self._to_device(torch.tensor(sample_rows, dtype=torch.long)),

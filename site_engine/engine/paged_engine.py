@@ -3,6 +3,11 @@
 One step is three calls: the scheduler decides (pure Python), the model runner computes (torch),
 the scheduler takes the results. Finished sequences leave and waiting ones enter at the very
 next step (MICO's iteration granularity).
+
+With async scheduling (on CUDA by default) the three calls of consecutive steps overlap: step N+1
+is scheduled and launched while the GPU still runs step N, and N's results are applied while the
+GPU runs N+1. The host's Python (scheduling, input staging, result handling) then hides behind
+the device's work instead of adding to it; outputs come back one `step()` later.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from site_engine.engine.api import (
     RequestRejected,
 )
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
+from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
 from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import FinishReason
+from site_engine.engine.types import FinishReason, SchedulerOutput
 from site_engine.model_loading import LoadedModel
 
 MIB = 1 << 20
@@ -44,6 +50,9 @@ class EngineConfig:
     policy: PolicyName = "fcfs"
     # CUDA only: replay decode steps of up to max_num_seqs sequences from CUDA graphs.
     cuda_graphs: bool = True
+    # Schedule step N+1 while step N runs. None: on for CUDA, off elsewhere (a CPU step does its
+    # work before returning, so there is nothing to overlap; True still works there, for tests).
+    async_scheduling: bool | None = None
 
 
 def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
@@ -117,6 +126,9 @@ class PagedEngine:
             max_num_seqs=config.max_num_seqs,
             name=f"paged-{config.policy}",
         )
+        overlap = config.async_scheduling
+        self._async = loaded.device.type == "cuda" if overlap is None else overlap
+        self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
 
     @property
     def limits(self) -> EngineLimits:
@@ -144,12 +156,24 @@ class PagedEngine:
         return [_as_request(seq) for seq in self._scheduler.release_queued(max_requests)]
 
     def has_unfinished(self) -> bool:
-        return self._scheduler.has_unfinished()
+        return self._scheduler.has_unfinished() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch a step; return the outputs of the step that completed: this one
+        (synchronous), or the one launched by the previous call (async scheduling)."""
         scheduled = self._scheduler.schedule()
-        result = self._runner.execute(scheduled)
-        updates = self._scheduler.update(scheduled, result)
+        previous = self._in_flight
+        launched = self._runner.launch(scheduled, previous[1] if previous else None)
+        self._in_flight = (scheduled, launched)
+        outputs = self._apply(*previous) if previous is not None else []
+        if not self._async or scheduled.is_empty:
+            # An empty step has nothing to overlap with; applying it now lets the loop end.
+            outputs += self._apply(scheduled, launched)
+            self._in_flight = None
+        return outputs
+
+    def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
+        updates = self._scheduler.update(scheduled, launched.result())
         return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
 
     def scheduler_stats(self) -> SchedulerStats:

@@ -69,14 +69,17 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> list[int]:
         """logits: [N, vocab] float32, row i for chunks[i] -> N token ids."""
+        return [int(t) for t in self.sample_tensor(logits, chunks).tolist()]
+
+    def sample_tensor(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+        """Like `sample`, but the N token ids stay on the logits' device (int64): no sync, so
+        the next step can be launched before the host knows them."""
         if logits.shape[0] != len(chunks):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(chunks)} chunks")
-        if not chunks:
-            return []
         greedy_ids = logits.argmax(dim=-1)
         params = [chunk.sampling for chunk in chunks]
         if all(p.greedy for p in params):
-            return [int(t) for t in greedy_ids.tolist()]
+            return greedy_ids
         device = logits.device
         temperature = torch.tensor([p.temperature for p in params], device=device)
         is_greedy = temperature == 0.0
@@ -88,7 +91,7 @@ class Sampler:
             probs = apply_top_p(probs, top_p)
         noise = self._exponential_noise(probs, chunks)
         sampled = (probs / noise).argmax(dim=-1)
-        return [int(t) for t in torch.where(is_greedy, greedy_ids, sampled).tolist()]
+        return torch.where(is_greedy, greedy_ids, sampled)
 
     def _exponential_noise(
         self, probs: torch.Tensor, chunks: Sequence[ScheduledChunk]

@@ -14,6 +14,14 @@ recompute preemption: the most recently admitted running sequence gives its bloc
 re-prefills prompt + generated tokens later. When nothing runs, the head of the queue is admitted
 regardless of the plan, which (with the size check in `add`) guarantees progress.
 
+Async scheduling: a step's chunks count as computed as soon as they are scheduled and its
+sampled tokens as pending, so the next step can be scheduled while this one still runs on the
+device (the runner feeds pending tokens from the device). `update` must then be applied to the
+steps in the order they were scheduled; it resolves pending tokens and retires finished
+sequences. A sequence that finishes on EOS therefore computes one extra token that is thrown
+away; one that reaches max_tokens is never scheduled past it. Called strictly as
+schedule -> update -> schedule, nothing is ever pending when a step is scheduled.
+
 "static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
 until its longest member is done; finished members stop computing but keep their blocks until
 the batch ends, which is what a padded static batch costs in memory.
@@ -112,6 +120,10 @@ class Scheduler:
         self._running: list[Sequence] = []  # in admission order: the last one is preempted first
         self._held: list[Sequence] = []  # static mode: finished members still holding blocks
         self._left_since_step: set[str] = set()
+        # Request ids of each scheduled step not yet updated, oldest first: such an id cannot be
+        # reused until the step's late results can no longer be mistaken for the new request's.
+        self._in_flight: dict[int, frozenset[str]] = {}
+        self._next_step_id = 1
         self._next_arrival = 0
         self._iterations = 0
         self._num_preemptions = 0
@@ -134,7 +146,12 @@ class Scheduler:
 
     def _check_admissible(self, seq: Sequence) -> None:
         rid, cfg = seq.request_id, self.config
-        if rid in self._live or rid in self._left_since_step or self._blocks.has_table(rid):
+        if (
+            rid in self._live
+            or rid in self._left_since_step
+            or self._blocks.has_table(rid)
+            or any(rid in ids for ids in self._in_flight.values())
+        ):
             raise ValueError(f"request {rid!r}: request_id is already in use")
         num_prompt, max_tokens = seq.num_prompt_tokens, seq.sampling.max_tokens
         if num_prompt > cfg.max_model_len:
@@ -205,10 +222,14 @@ class Scheduler:
         self._left_since_step.clear()
         if chunks:
             self._iterations += 1
+        step_id = self._next_step_id
+        self._next_step_id += 1
+        self._in_flight[step_id] = frozenset(chunk.request_id for chunk in chunks)
         return SchedulerOutput(
             chunks=tuple(chunks),
             finished_request_ids=left,
             preempted_request_ids=frozenset(preempted),
+            step_id=step_id,
         )
 
     def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
@@ -217,7 +238,9 @@ class Scheduler:
         index = 0
         while index < len(self._running):
             seq = self._running[index]
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            # Done but for pending tokens: the step that sampled its last token retires it.
+            done = seq.generation_done or seq.num_tokens >= self.config.max_model_len
+            num_new = 0 if done else min(seq.num_uncomputed_tokens, budget)
             if num_new > 0:
                 if not self._make_room(seq, seq.num_computed_tokens + num_new, preempted):
                     break  # `seq` itself was the last one and got preempted
@@ -262,6 +285,8 @@ class Scheduler:
             # later steps, as members of the same batch.
             if len(self._running) >= cfg.max_num_seqs or (budget == 0 and not self._static):
                 break
+            if seq.num_pending:
+                break  # preempted with a token still on the device: re-prefill needs its value
             need = self._planned_blocks(seq)
             if self._running and planned + need > plan_limit:
                 break  # strict policy order: nobody overtakes a candidate that does not fit
@@ -289,9 +314,10 @@ class Scheduler:
         return max(self._blocks.blocks_needed(tokens), held)
 
     def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+        """The chunk of `seq`'s next `num_new` positions; they count as computed from now on."""
         start = seq.num_computed_tokens
         end = start + num_new
-        return ScheduledChunk(
+        chunk = ScheduledChunk(
             request_id=seq.request_id,
             token_ids=seq.token_ids_between(start, end),
             start_position=start,
@@ -300,25 +326,36 @@ class Scheduler:
             sampling=seq.sampling,
             num_generated=seq.num_output_tokens,
         )
+        seq.num_computed_tokens = end
+        if chunk.sample:
+            seq.num_pending += 1
+        return chunk
 
     def update(self, output: SchedulerOutput, result: ModelRunnerOutput) -> list[SequenceUpdate]:
-        """Apply a step's results: advance the KV frontier, append sampled tokens, retire the
-        sequences that finished (their blocks are free when this returns, except in static mode).
+        """Apply a step's results: resolve its pending tokens and retire the sequences that
+        finished (their blocks are free when this returns, except in static mode).
 
-        Chunks of sequences finished since `schedule` (e.g. cancelled) are ignored.
+        Steps must be updated once each, in the order they were scheduled. Chunks of sequences
+        that left since `schedule` (cancelled, or finished by an earlier step) are ignored.
         """
-        chunks = [chunk for chunk in output.chunks if self._is_current(chunk)]
+        oldest = next(iter(self._in_flight), None)
+        if output.step_id != oldest:
+            raise ValueError(
+                f"step {output.step_id} is not the oldest step awaiting results ({oldest}); "
+                "was update() applied twice, out of order, or to a stale SchedulerOutput?"
+            )
         sampled = result.sampled_token_ids
-        missing = [c.request_id for c in chunks if c.sample and c.request_id not in sampled]
+        chunks = [c for c in output.chunks if c.sample and c.request_id in self._live]
+        missing = [c.request_id for c in chunks if c.request_id not in sampled]
         if missing:
             raise ValueError(f"no sampled token for request(s) {sorted(missing)}")
+        del self._in_flight[output.step_id]
         updates: list[SequenceUpdate] = []
         for chunk in chunks:
             seq = self._live[chunk.request_id]
-            seq.num_computed_tokens += chunk.num_tokens
-            if not chunk.sample:
-                continue
-            token = result.sampled_token_ids[chunk.request_id]
+            # A preempted sequence (now waiting) still gets the token its last step sampled.
+            token = sampled[chunk.request_id]
+            seq.num_pending -= 1
             seq.output_token_ids.append(token)
             reason = self._stop_reason(seq, token)
             if reason is not None:
@@ -327,24 +364,14 @@ class Scheduler:
         self._end_static_batch_if_done()
         return updates
 
-    def _is_current(self, chunk: ScheduledChunk) -> bool:
-        seq = self._live.get(chunk.request_id)
-        if seq is None or seq.status is not SequenceStatus.RUNNING:
-            return False
-        if chunk.start_position != seq.num_computed_tokens:
-            raise ValueError(
-                f"request {chunk.request_id!r}: chunk starts at {chunk.start_position} but "
-                f"{seq.num_computed_tokens} tokens are computed; was update() applied twice, "
-                "or to a stale SchedulerOutput?"
-            )
-        return True
-
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Why `seq` stops at `token`, its newest known token (pending ones come after it)."""
         if not seq.sampling.ignore_eos and token in self.config.eos_token_ids:
             return FinishReason.STOP
-        if seq.num_output_tokens >= seq.sampling.max_tokens:
+        known = len(seq.output_token_ids)
+        if known >= seq.sampling.max_tokens:
             return FinishReason.LENGTH
-        if seq.num_tokens >= self.config.max_model_len:
+        if seq.num_prompt_tokens + known >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine.types import PENDING_TOKEN, FinishReason, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -22,9 +22,12 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One request as the scheduler sees it.
 
-    `num_computed_tokens` counts the leading tokens of `all_token_ids` whose KV entries are in the
-    paged cache; a recompute preemption resets it to 0 but keeps `output_token_ids`, so the
-    sequence re-prefills prompt + generated tokens when it comes back.
+    `num_computed_tokens` counts the leading positions whose KV entries are in the paged cache or
+    being written by a step already scheduled; a recompute preemption resets it to 0 but keeps
+    `output_token_ids`, so the sequence re-prefills prompt + generated tokens when it comes back.
+    `num_pending` counts tokens sampled by scheduled steps whose values the host does not know yet
+    (async scheduling runs step N+1 before step N's tokens reach the host); they follow
+    `output_token_ids` in position order.
     `predicted_tokens` is the gateway's prediction of the response length (None: no prediction).
     """
 
@@ -35,6 +38,7 @@ class Sequence:
     arrival_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_pending: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
@@ -55,15 +59,26 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        """Tokens generated so far, known or pending."""
+        return len(self.output_token_ids) + self.num_pending
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + self.num_output_tokens
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
-        return self.prompt_token_ids + tuple(self.output_token_ids)
+        """Every position's token; PENDING_TOKEN where the value is still on the device."""
+        return (
+            self.prompt_token_ids
+            + tuple(self.output_token_ids)
+            + (PENDING_TOKEN,) * self.num_pending
+        )
+
+    @property
+    def generation_done(self) -> bool:
+        """Every token it may produce is sampled (max_tokens reached), some maybe still pending."""
+        return self.num_output_tokens >= self.sampling.max_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -104,10 +119,16 @@ class Sequence:
         return min(max(self.expected_output_tokens - generated, 1), still_allowed)
 
     def token_ids_between(self, start: int, end: int) -> tuple[int, ...]:
-        """Tokens at positions [start, end) of prompt + output, without copying the whole seq."""
+        """Tokens at positions [start, end) of prompt + output, without copying the whole seq;
+        PENDING_TOKEN for positions whose token is still on the device."""
         num_prompt = self.num_prompt_tokens
         if end <= num_prompt:
             return self.prompt_token_ids[start:end]
+        known_end = num_prompt + len(self.output_token_ids)
+        if end > known_end:
+            return self.token_ids_between(start, known_end) + (PENDING_TOKEN,) * (
+                end - max(start, known_end)
+            )
         if start >= num_prompt:
             return tuple(self.output_token_ids[start - num_prompt : end - num_prompt])
         return self.prompt_token_ids[start:] + tuple(self.output_token_ids[: end - num_prompt])

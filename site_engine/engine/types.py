@@ -10,6 +10,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# A token id the host does not know yet: the token its sequence sampled in the step still running
+# on the device (async scheduling). The model runner reads it from that step's sampled tokens.
+PENDING_TOKEN = -1
+
 
 class FinishReason(enum.Enum):
     """Why a sequence left the engine."""
@@ -56,11 +60,14 @@ class ScheduledChunk:
     `start_position .. start_position + len(token_ids) - 1`: a whole prompt or a prompt chunk
     (prefill, also after a recompute preemption, when it covers prompt + tokens generated so far),
     or the single last generated token (decode). Earlier positions are already in the paged cache.
+    With async scheduling the last generated token may still be on the device: a decode chunk's
+    only token is then PENDING_TOKEN and the runner takes it from the previous step's samples.
     `block_table` lists the physical KV blocks of the sequence in order; it covers every position
     up to the last one computed this step. `sample` is False for a prefill chunk that does not
     reach the end of the known tokens (chunked prefill): its logits are not needed.
-    `num_generated` counts the tokens generated so far, so that a seeded sampler can derive a
-    per-step random stream that does not depend on the batch the sequence shares.
+    `num_generated` counts the tokens generated so far (known or pending), so that a seeded
+    sampler can derive a per-step random stream that does not depend on the batch the sequence
+    shares.
     """
 
     request_id: str
@@ -87,12 +94,14 @@ class SchedulerOutput:
     `chunks` is one flat batch: prefill and decode chunks of different sequences mixed, in this
     order, without padding. `finished_request_ids` are sequences that left the engine since the
     previous step (finished, cancelled, released, or preempted), so the runner can drop any
-    per-request state it keeps (e.g. seeded random generators).
+    per-request state it keeps (e.g. seeded random generators). `step_id` numbers the scheduler's
+    steps so that results are applied exactly once and in order.
     """
 
     chunks: tuple[ScheduledChunk, ...]
     finished_request_ids: frozenset[str] = field(default_factory=frozenset)
     preempted_request_ids: frozenset[str] = field(default_factory=frozenset)
+    step_id: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

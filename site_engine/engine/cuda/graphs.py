@@ -6,6 +6,10 @@ far more than the ~1 ms the GPU needs to read the weights. Each bucket's whole f
 over static input buffers; a step copies its inputs into those buffers and replays the graph.
 A batch is padded up to its bucket with rows that attend to, and write into, a scratch block
 that no sequence owns.
+
+With async scheduling the host writes step N+1's inputs while step N may still be copying its
+own: the pinned staging buffers alternate between two sets, and a set is reused only two steps
+later, after the engine has waited for the step that used it.
 """
 
 from __future__ import annotations
@@ -59,12 +63,17 @@ class DecodeGraphs:
         self._block_tables = torch.full(
             (max_batch, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=device
         )
-        # One pinned host staging area for all inputs: a single copy per step.
-        self._host = torch.zeros((max_batch, 4), dtype=torch.long, pin_memory=True)
-        self._host_tables = torch.zeros(
-            (max_batch, max_blocks_per_seq), dtype=torch.int32, pin_memory=True
-        )
-        self._staged = torch.zeros((max_batch, 4), dtype=torch.long, device=device)
+        # Pinned host staging (token, position, slot, context length, pending-token row): a
+        # single copy per step; two sets, alternated (see the module docstring).
+        self._host = [
+            torch.zeros((max_batch, 5), dtype=torch.long, pin_memory=True) for _ in range(2)
+        ]
+        self._host_tables = [
+            torch.zeros((max_batch, max_blocks_per_seq), dtype=torch.int32, pin_memory=True)
+            for _ in range(2)
+        ]
+        self._turn = 0
+        self._staged = torch.zeros((max_batch, 5), dtype=torch.long, device=device)
         self._captured: dict[int, _Captured] = {}
 
     @property
@@ -119,30 +128,46 @@ class DecodeGraphs:
         self._context_lens[start:].fill_(1)
         self._block_tables[start:, 0].fill_(self._scratch_block)
 
-    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
-        """float32 logits [len(chunks), vocab] for decode chunks (one new token each)."""
+    def run(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        pending_rows: Sequence[int],
+        pending_source: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """float32 logits [len(chunks), vocab] for decode chunks (one new token each).
+
+        pending_rows[i] >= 0: chunk i's input token is pending_source[pending_rows[i]], the
+        token its sequence sampled in the previous step, still on the device.
+        """
         count = len(chunks)
         batch = self.buckets[bisect.bisect_left(self.buckets, count)]
-        host, tables = self._host.numpy(), self._host_tables.numpy()
+        self._turn ^= 1
+        host_t, tables_t = self._host[self._turn], self._host_tables[self._turn]
+        host, tables = host_t.numpy(), tables_t.numpy()
         widest = 1
         block_size = self._block_size
-        for row, chunk in enumerate(chunks):
+        for row, (chunk, source_row) in enumerate(zip(chunks, pending_rows, strict=True)):
             position = chunk.start_position
             table = chunk.block_table
             host[row] = (
-                chunk.token_ids[0],
+                chunk.token_ids[0] if source_row < 0 else 0,
                 position,
                 table[position // block_size] * block_size + position % block_size,
                 position + 1,
+                source_row,
             )
             width = len(table)
             tables[row, :width] = table
             widest = max(widest, width)
-        self._staged[:count].copy_(self._host[:count], non_blocking=True)
-        self._block_tables[:count, :widest].copy_(self._host_tables[:count, :widest],
-                                                  non_blocking=True)  # fmt: skip
+        self._staged[:count].copy_(host_t[:count], non_blocking=True)
+        self._block_tables[:count, :widest].copy_(tables_t[:count, :widest], non_blocking=True)
         staged = self._staged[:count]
-        self._input_ids[:count] = staged[:, 0]
+        if pending_source is not None and any(r >= 0 for r in pending_rows):
+            source = staged[:, 4]
+            taken = pending_source.index_select(0, source.clamp_min(0))
+            self._input_ids[:count] = torch.where(source >= 0, taken, staged[:, 0])
+        else:
+            self._input_ids[:count] = staged[:, 0]
         self._positions[:count] = staged[:, 1]
         self._slots[:count] = staged[:, 2]
         self._context_lens[:count] = staged[:, 3].to(torch.int32)

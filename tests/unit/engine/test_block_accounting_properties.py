@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig
 from site_engine.engine.sequence import Sequence, SequenceStatus
-from site_engine.engine.types import FinishReason, ModelRunnerOutput, SamplingParams
+from site_engine.engine.types import (
+    PENDING_TOKEN,
+    FinishReason,
+    ModelRunnerOutput,
+    SamplingParams,
+    SchedulerOutput,
+)
 
 EOS = 0
 MAX_MODEL_LEN = 16
@@ -43,6 +49,9 @@ class Driver:
         self.seqs: dict[str, Sequence] = {}
         self.streamed: dict[str, list[int]] = {}
         self.next_id = 0
+        # Async scheduling: step N+1 is scheduled before step N's tokens are applied.
+        self.lookahead = bool(data.draw(st.booleans(), label="lookahead"))
+        self.in_flight: list[tuple[SchedulerOutput, dict[str, int]]] = []
 
     def check(self) -> None:
         self.sched.check_invariants()
@@ -104,6 +113,10 @@ class Driver:
             # The runner writes KV through this table: every block must still belong to `seq`.
             table = self.sched._blocks.block_table(seq.request_id)
             assert table[: len(chunk.block_table)] == chunk.block_table
+            # Only a decode chunk may feed a token that is still on the device.
+            if PENDING_TOKEN in chunk.token_ids:
+                assert self.lookahead
+                assert chunk.token_ids == (PENDING_TOKEN,)
         if draw_tokens and out.chunks and self.data.draw(st.integers(0, 7)) == 7:
             # A cancel that lands while the step runs: its chunk must be ignored by update().
             victim = self.data.draw(st.sampled_from(out.chunks)).request_id
@@ -115,6 +128,12 @@ class Driver:
             for c in out.chunks
             if c.sample
         }
+        self.in_flight.append((out, sampled))
+        if not self.lookahead or len(self.in_flight) > 1 or not out.chunks:
+            self.apply_oldest()
+
+    def apply_oldest(self) -> None:
+        out, sampled = self.in_flight.pop(0)
         for update in self.sched.update(out, ModelRunnerOutput(sampled)):
             self.streamed[update.request_id].extend(update.new_token_ids)
 
@@ -135,6 +154,8 @@ class Driver:
                 break
             self.step(draw_tokens=False)  # drawing here would only slow hypothesis down
             self.check()
+        while self.in_flight:
+            self.apply_oldest()
         assert not self.sched.has_unfinished(), "no progress"
         stats = self.sched.stats()
         assert stats.kv_blocks_used == 0
@@ -143,7 +164,7 @@ class Driver:
             self.check_finished(seq, self.streamed[request_id])
             event(f"finish reason {seq.finish_reason}")
         # Lets --hypothesis-show-statistics confirm the interesting paths are exercised.
-        event(f"preempted: {stats.num_preemptions > 0}")
+        event(f"lookahead {self.lookahead}, preempted: {stats.num_preemptions > 0}")
         event(f"seqs: {min(len(self.seqs), 5)}")
 
     def check_finished(self, seq: Sequence, streamed: list[int]) -> None:

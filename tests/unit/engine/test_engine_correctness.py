@@ -119,11 +119,13 @@ def device(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("cuda_device") if request.param == "cuda" else "cpu"
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 def test_engine_matches_generate(
-    arch: str, device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
+    arch: str, overlap: bool, device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
 ) -> None:
-    """float32 on either device against float32 `generate` on the CPU: the same tokens."""
+    """float32 on either device against float32 `generate` on the CPU: the same tokens, whether
+    steps run one at a time or overlapped (async scheduling feeds pending tokens on-device)."""
     model_dir = tmp_path / arch
     build_random_model(CONFIGS[arch], seed=1).save_pretrained(str(model_dir))
     load_tokenizer(gpt2_tokenizer_dir).save_pretrained(str(model_dir))
@@ -138,6 +140,7 @@ def test_engine_matches_generate(
             max_num_batched_tokens=24,
             block_size=BLOCK_SIZE,
             kv_cache_bytes=NUM_BLOCKS * per_block,
+            async_scheduling=overlap,
         ),
     )
     assert engine.limits.kv_blocks_total == NUM_BLOCKS
@@ -157,3 +160,39 @@ def test_engine_matches_generate(
         else:
             assert reasons[request.request_id] is FinishReason.LENGTH
             assert got == expected, request.request_id
+
+
+def test_async_scheduling_samples_seeded_requests_like_sync(
+    tmp_path: Path, gpt2_tokenizer_dir: Path
+) -> None:
+    """Seeded sampling (temperature, top-p) draws the same tokens with overlapped steps."""
+    model_dir = tmp_path / "llama"
+    build_random_model(CONFIGS["llama"], seed=1).save_pretrained(str(model_dir))
+    load_tokenizer(gpt2_tokenizer_dir).save_pretrained(str(model_dir))
+    loaded = load_model(model_dir, device="cpu")
+    rng = random.Random(5)
+    requests = [
+        EngineRequest(
+            request_id=f"r{i}",
+            prompt_token_ids=tuple(rng.randrange(50257) for _ in range(rng.randint(3, 30))),
+            sampling=SamplingParams(
+                max_tokens=rng.randint(5, 30), temperature=0.9, top_p=0.8, seed=i, ignore_eos=True
+            ),
+        )
+        for i in range(8)
+    ]
+    results = []
+    for overlap in (False, True):
+        engine = PagedEngine(
+            loaded, EngineConfig(max_num_seqs=4, block_size=BLOCK_SIZE, async_scheduling=overlap)
+        )
+        results.append(run_engine(engine, [*requests, *make_requests(seed=4)[8:]]))
+    (sync_out, sync_reasons), (async_out, async_reasons) = results
+    assert sync_reasons == async_reasons
+    for request_id, tokens in sync_out.items():
+        if sync_reasons[request_id] is FinishReason.CANCELLED:
+            # Cancelled at the same step: the overlapped engine has reported one step fewer.
+            shorter, longer = sorted((tokens, async_out[request_id]), key=len)
+            assert longer[: len(shorter)] == shorter
+        else:
+            assert async_out[request_id] == tokens, request_id

@@ -50,10 +50,12 @@ def check_chunk(sched: Scheduler, chunk: ScheduledChunk) -> None:
     assert seq is not None
     assert seq.status is SequenceStatus.RUNNING
     end = chunk.start_position + chunk.num_tokens
-    assert chunk.start_position == seq.num_computed_tokens
+    # Scheduled positions count as computed at once; a sampled chunk leaves one token pending.
+    assert end == seq.num_computed_tokens
     assert chunk.token_ids == seq.all_token_ids[chunk.start_position : end]
-    assert chunk.sample == (end == seq.num_tokens)
-    assert chunk.num_generated == seq.num_output_tokens
+    assert chunk.sample == (end == seq.num_tokens - seq.num_pending)
+    assert seq.num_pending == int(chunk.sample)  # schedule -> update: nothing pending before
+    assert chunk.num_generated == seq.num_output_tokens - int(chunk.sample)
     assert len(chunk.block_table) * sched.config.block_size >= end
 
 
@@ -535,7 +537,7 @@ def test_update_without_a_sampled_token_raises_and_changes_nothing() -> None:
     out = sched.schedule()
     with pytest.raises(ValueError, match="no sampled token"):
         sched.update(out, ModelRunnerOutput({}))
-    assert seq.num_computed_tokens == 0
+    assert (seq.num_computed_tokens, seq.num_pending, seq.output_token_ids) == (2, 1, [])
     sched.update(out, ModelRunnerOutput({"a": 5}))
     with pytest.raises(ValueError, match="stale"):
         sched.update(out, ModelRunnerOutput({"a": 5}))
