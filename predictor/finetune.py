@@ -41,6 +41,8 @@ class FinetuneConfig:
     freeze_embeddings: bool = True
     threads: int = 2
     seed: int = 0
+    # "cpu" (the default artifact: minutes on two cores) or "cuda" for larger runs.
+    device: str = "cpu"
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -108,10 +110,11 @@ def finetune(
 ) -> tuple[LengthClassifier, FinetuneStats]:
     """Fine-tunes on (prompt, bucket label) pairs already chosen by the caller."""
     torch.set_num_threads(config.threads)
-    model = build_classifier(n_buckets, config.layers, config.seed)
+    device = torch.device(config.device)
+    model = build_classifier(n_buckets, config.layers, config.seed).to(device)
     ids_np, mask_np = encoder.encode(prompts)
-    ids, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
-    targets = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    ids, mask = torch.from_numpy(ids_np).to(device), torch.from_numpy(mask_np).to(device)
+    targets = torch.from_numpy(np.asarray(labels, dtype=np.int64)).to(device)
     rng = np.random.default_rng(config.seed)
     plan = [
         length_batches(mask_np.sum(axis=1), config.batch_size, rng) for _ in range(config.epochs)
@@ -123,7 +126,7 @@ def finetune(
     started, step, loss_ema = time.monotonic(), 0, float("nan")
     for epoch_batches in plan:
         for batch in epoch_batches:
-            index = torch.from_numpy(batch)
+            index = torch.from_numpy(batch).to(device)
             width = int(mask[index].sum(dim=1).max())
             logits = model(ids[index, :width], mask[index, :width])
             loss = torch.nn.functional.cross_entropy(logits, targets[index])
@@ -137,7 +140,7 @@ def finetune(
             _report(progress, step, total, loss_ema, time.monotonic() - started)
     model.eval()
     stats = FinetuneStats(len(prompts) * config.epochs, step, time.monotonic() - started, loss_ema)
-    return model, stats
+    return model.cpu(), stats
 
 
 def _report(progress: Progress, step: int, total: int, loss: float, elapsed: float) -> None:
@@ -154,9 +157,10 @@ def predict_torch(
     """Bucket probabilities from the torch model (the reference the ONNX export must match)."""
     rows: list[np.ndarray] = []
     model.eval()
+    device = next(model.parameters()).device
     with torch.inference_mode():
         for start in range(0, len(prompts), batch_size):
             ids, mask = encoder.encode(prompts[start : start + batch_size])
-            logits = model(torch.from_numpy(ids), torch.from_numpy(mask))
-            rows.append(torch.softmax(logits, dim=-1).numpy())
+            logits = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
+            rows.append(torch.softmax(logits.float(), dim=-1).cpu().numpy())
     return np.concatenate(rows) if rows else np.zeros((0, model.head.out_features))

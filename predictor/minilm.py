@@ -69,7 +69,9 @@ def build_classifier(
     logging.disable_progress_bar()
     torch.manual_seed(seed)
     # Eager attention exports to plain ONNX ops that onnxruntime runs on any version.
-    encoder = AutoModel.from_pretrained(str(pretrained_dir()), attn_implementation="eager")
+    encoder = AutoModel.from_pretrained(
+        str(pretrained_dir()), attn_implementation="eager", dtype=torch.float32
+    )
     encoder.encoder.layer = encoder.encoder.layer[:layers]
     encoder.config.num_hidden_layers = layers
     return LengthClassifier(encoder, int(encoder.config.hidden_size), n_buckets)
