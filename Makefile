@@ -9,7 +9,16 @@ TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
 .PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu predictor-default bench-predictor
 
-setup: $(STAMP)
+# The admin dashboard's chart library (uPlot), from the npm registry at set-up time and served
+# by the gateway itself (never a CDN); re-installed when the lock file changes.
+UI_DIR := gateway/admin_ui
+UI_STAMP := $(UI_DIR)/node_modules/.installed
+
+setup: $(STAMP) $(UI_STAMP)
+
+$(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
+	npm ci --prefix $(UI_DIR) --no-audit --no-fund --loglevel=error
+	touch $@
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +39,27 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
+# The static security scan of the deployment (issue 8): checkov over the Terraform (with the example
+# site map) and the Dockerfiles, in its own virtualenv because its pins conflict with the project's.
+# Skips are inline `#checkov:skip=ID:reason` comments next to the resource they concern.
+.PHONY: infra-check
+test: infra-check
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(shell cat infra/checkov-requirements.txt | cksum | cut -d' ' -f1)
+CHECKOV := $(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download
+
+infra-check: $(CHECKOV_STAMP)
+	$(CHECKOV) --framework terraform -d infra/terraform --var-file infra/terraform/example.tfvars
+	$(CHECKOV) --framework dockerfile -d docker
+
+# Every package is pinned: no resolver run (the slow part of a fresh install), then a check.
+$(CHECKOV_STAMP): infra/checkov-requirements.txt
+	test -d $(CHECKOV_VENV) || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --no-deps -r infra/checkov-requirements.txt
+	$(CHECKOV_VENV)/bin/pip check
+	rm -f $(CHECKOV_VENV)/.installed-*
+	touch $@
+
 test-gpu:
 	python3 -m pytest -m gpu $(PYTEST_ARGS)
 
@@ -49,6 +79,17 @@ predictor-default: setup
 
 bench-predictor: setup
 	$(BIN)/python -m bench.predictor --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR)
+
+# MICO's Table 1 and more on real site processes behind the real gateway (docs/multisite-bench.md).
+# ~20 min on 2 cores; uses var/predictor/default when `make predictor-default` has built it.
+.PHONY: bench-multisite
+bench-multisite: setup
+	$(BIN)/python -m bench.multisite --tokenizer-dir $(TOKENIZER_DIR) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(MULTISITE_ARGS)
+
+# Dashboard page load time and bytes sent with a day of 9-site history (headless Chromium).
+.PHONY: bench-dashboard
+bench-dashboard: setup
+	$(BIN)/python -m bench.dashboard
 
 proto: setup
 	$(BIN)/python -m site_engine.proto.generate

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 
 from gateway.app import create_app
+from gateway.log_setup import configure_logging
 from gateway.settings import GatewaySettings
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = GatewaySettings.from_env()
+    app = create_app(settings)
+    configure_logging(settings)
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
-        log_level="info",
+        log_level=settings.log_level.lower(),
         access_log=False,
     )
 

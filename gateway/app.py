@@ -10,8 +10,14 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
+from gateway.api.admin_keys import AdminKeysController
+from gateway.api.admin_pages import admin_router
+from gateway.api.batches import BatchesController
+from gateway.api.chat import ChatController
+from gateway.api.client_auth import authenticate_caller
 from gateway.api.completions import CompletionsController
 from gateway.api.errors import EXCEPTION_HANDLERS
+from gateway.api.metrics import HttpMetricsMiddleware, MetricsController
 from gateway.api.models import HealthController, ModelsController
 from gateway.completions import CompletionService
 from gateway.runtime import GatewayRuntime
@@ -37,12 +43,24 @@ def create_app(settings: GatewaySettings) -> Litestar:
             await app.state.runtime.stop()
 
     return Litestar(
-        route_handlers=[CompletionsController, ModelsController, HealthController],
+        route_handlers=[
+            CompletionsController,
+            ChatController,
+            BatchesController,
+            ModelsController,
+            HealthController,
+            admin_router(),
+            MetricsController,
+            AdminKeysController,
+        ],
         dependencies={
             "runtime": Provide(_runtime, sync_to_thread=False),
             "completions": Provide(_completions, sync_to_thread=False),
+            # The client APIs' caller: 401 before anything else for a key that is not allowed.
+            "caller": Provide(authenticate_caller),
         },
         exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[HttpMetricsMiddleware],
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(title="fedllm gateway", version="0.1.0"),

@@ -11,11 +11,11 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from gateway.api.errors import (
     OpenAIError,
@@ -26,6 +26,7 @@ from gateway.api.errors import (
 )
 from gateway.api.schemas import CompletionRequest
 from gateway.db.models import RequestStatus, utcnow
+from gateway.metrics import GatewayMetrics
 from gateway.prediction import PredictorService
 from gateway.routing.policy import RoutingPolicy
 from gateway.routing.types import RoutingRequest
@@ -43,7 +44,46 @@ from gateway.tokenizers import ModelTokenizers
 
 log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4
+# Stop strings are matched after every token; the site refuses longer ones (MAX_STOP_CHARS there).
+MAX_STOP_CHARS = 1024
 STOP_OR_LENGTH = ("stop", "length")
+Api = Literal["completions", "chat.completions"]
+_ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The generation fields every API shares, as the client sent them (validated here)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: str | Sequence[str] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    # The wire name of the length limit the client used (chat has two), for error messages.
+    max_tokens_param: str = "max_tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How the answer goes back and whom it is for."""
+
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+
+
+class Admission(Protocol):
+    """A caller's hold on its API key's limits (gateway/tenancy/admission.py): charged once the
+    answer length is predicted, settled with the tokens the request really took."""
+
+    @property
+    def api_key_id(self) -> int | None: ...
+
+    def charge(self, tokens: int) -> None: ...
+
+    def settle(self, tokens: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +98,7 @@ class PreparedCompletion:
     # The prompt as text (decoded when it came as token ids): what the length predictor reads.
     prompt_text: str
     predicted_bucket: int | None = None
+    api: Api = "completions"
 
     @property
     def routing(self) -> RoutingRequest:
@@ -95,9 +136,11 @@ class CompletionService:
         policy: RoutingPolicy,
         request_log: RequestLog,
         predictor: PredictorService | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.predictor = predictor or PredictorService(None)
+        self.metrics = metrics or GatewayMetrics()
         self._registry = registry
         self._tokenizers = tokenizers
         self._policy = policy
@@ -110,43 +153,75 @@ class CompletionService:
             raise model_not_found(req.model)
         _reject_unsupported(req)
         prompt_ids, prompt_text = self._prompt(req)
-        max_tokens = self.settings.default_max_tokens if req.max_tokens is None else req.max_tokens
+        sampling = Sampling(
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=req.stop,
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+        )
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        delivery = Delivery(stream=req.stream, include_usage=include_usage, user=req.user)
+        return self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
+
+    def prepare_tokens(
+        self,
+        model: str,
+        prompt_ids: Sequence[int],
+        prompt_text: str,
+        sampling: Sampling,
+        delivery: Delivery,
+        api: Api = "completions",
+    ) -> PreparedCompletion:
+        """Validates the sampling fields against an already tokenized prompt (what every API
+        shares); raises OpenAIError (4xx) without touching any state. `prompt_text` is what the
+        length predictor reads."""
+        if model not in self._tokenizers:
+            raise model_not_found(model)
+        param = sampling.max_tokens_param
+        max_tokens = self.settings.default_max_tokens
+        if sampling.max_tokens is not None:
+            max_tokens = sampling.max_tokens
         if max_tokens < 1:
-            raise invalid_request("max_tokens must be at least 1", param="max_tokens")
-        context = self._registry.max_model_len(req.model)
+            raise invalid_request(f"{param} must be at least 1", param=param)
+        context = self._registry.max_model_len(model)
         if context is not None and len(prompt_ids) + max_tokens > context:
             raise invalid_request(
                 f"This model's maximum context length is {context} tokens. However, you "
                 f"requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the "
                 f"prompt, {max_tokens} for the completion).",
-                param="max_tokens",
+                param=param,
                 code="context_length_exceeded",
             )
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        if len(stop) > MAX_STOP_SEQUENCES or any(not s for s in stop):
-            raise invalid_request("stop takes up to 4 non-empty strings", param="stop")
-        if req.seed is not None and not 0 <= req.seed < 2**63:
+        stop = (sampling.stop,) if isinstance(sampling.stop, str) else tuple(sampling.stop or ())
+        if len(stop) > MAX_STOP_SEQUENCES or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stop):
+            raise invalid_request(
+                f"stop takes up to 4 non-empty strings of up to {MAX_STOP_CHARS} characters",
+                param="stop",
+            )
+        if sampling.seed is not None and not 0 <= sampling.seed < 2**63:
             raise invalid_request("seed must be in [0, 2^63)", param="seed")
         params = GenerateParams(
-            request_id=f"cmpl-{uuid.uuid4().hex}",
+            request_id=f"{_ID_PREFIX[api]}{uuid.uuid4().hex}",
             prompt_token_ids=tuple(prompt_ids),
             max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
             stop=stop,
-            ignore_eos=req.ignore_eos,
+            ignore_eos=sampling.ignore_eos,
         )
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return PreparedCompletion(
             request_id=params.request_id,
             created=int(time.time()),
-            model=req.model,
+            model=model,
             params=params,
-            stream=req.stream,
-            include_usage=include_usage,
-            user=req.user,
+            stream=delivery.stream,
+            include_usage=delivery.include_usage,
+            user=delivery.user,
             prompt_text=prompt_text,
+            api=api,
         )
 
     def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
@@ -172,9 +247,12 @@ class CompletionService:
             raise invalid_request("the prompt is empty", param="prompt")
         return ids, text
 
-    async def dispatch(self, prepared: PreparedCompletion) -> Dispatch:
+    async def dispatch(
+        self, prepared: PreparedCompletion, admission: Admission | None = None
+    ) -> Dispatch:
         """Predicts, routes and records the request; 503 (recorded as failed) when no site can
-        take it."""
+        take it; 429 (not recorded) when `admission` refuses the predicted tokens."""
+        started = time.monotonic()
         prediction = await self.predictor.predict(prepared.prompt_text)
         if prediction is not None:
             tokens = min(prediction.tokens, prepared.params.max_tokens)
@@ -183,12 +261,15 @@ class CompletionService:
                 params=replace(prepared.params, predicted_tokens=tokens),
                 predicted_bucket=prediction.bucket,
             )
+        if admission is not None:
+            admission.charge(prepared.routing.total_tokens)
         decision = self._policy.route(prepared.routing, self._registry.all())
         site = decision.site
+        self.metrics.routed(self._policy.name, site.name if site is not None else None)
         await self.request_log.accepted(
             NewRequest(
                 request_id=prepared.request_id,
-                api="completions",
+                api=prepared.api,
                 model=prepared.model,
                 stream=prepared.stream,
                 user=prepared.user,
@@ -196,6 +277,7 @@ class CompletionService:
                 max_tokens=prepared.params.max_tokens,
                 routing_policy=self._policy.name,
                 site_id=site.site_id if site is not None else None,
+                api_key_id=admission.api_key_id if admission is not None else None,
                 predicted_tokens=prepared.params.predicted_tokens,
                 predicted_bucket=prediction.bucket if prediction else None,
                 predictor_version=prediction.version if prediction else None,
@@ -210,12 +292,18 @@ class CompletionService:
         if site is None:
             reason = ", ".join(f"{name}: {count}" for name, count in decision.survivors)
             message = f"no site can serve model '{prepared.model}' now (sites left after {reason})"
+            if admission is not None:
+                admission.settle(0)  # nothing was processed
             await self.request_log.finished(
                 prepared.request_id,
                 Outcome(RequestStatus.FAILED, None, 0, error=message),
             )
             raise service_unavailable(message)
-        return Dispatch(self, prepared, site)
+        if self.settings.log_prompts:  # off by default: prompts are the users' data
+            log.info(
+                "%s to site %s, prompt: %r", prepared.request_id, site.name, prepared.prompt_text
+            )
+        return Dispatch(self, prepared, site, started_at=started, admission=admission)
 
     def reroute(self, prepared: PreparedCompletion, tried: set[str]) -> SiteState | None:
         untried = [site for site in self._registry.all() if site.name not in tried]
@@ -226,6 +314,7 @@ class CompletionService:
         self._in_background(self.request_log.finished(request_id, outcome))
 
     def record_offload(self, request_id: str, giver: SiteState, taker: SiteState) -> None:
+        self.metrics.offloads.labels(giver.name, taker.name).inc()
         self._in_background(self.request_log.offloaded(request_id, giver.site_id, taker.site_id))
 
     def _in_background(self, write: Coroutine[Any, Any, None]) -> None:
@@ -252,6 +341,9 @@ class Dispatch:
     first_token_at: datetime | None = None
     tried: set[str] = field(default_factory=set)
     _charged: int = 0
+    # Monotonic seconds when the request was dispatched (prediction included): TTFT's origin.
+    started_at: float = field(default_factory=time.monotonic)
+    admission: Admission | None = None
 
     async def events(self) -> AsyncIterator[SiteChunk]:
         """Yields the site's chunks with tokens; the last one has finish_reason set.
@@ -264,18 +356,28 @@ class Dispatch:
             async for chunk in self._stream_with_failover():
                 yield chunk
         except OpenAIError as exc:
+            self._settle()
             await log_.finished(
                 self.prepared.request_id,
                 self._outcome(RequestStatus.FAILED, error=exc.body.message),
             )
             raise
         except BaseException:  # GeneratorExit or CancelledError: the client went away
+            self._settle()
             outcome = self._outcome(RequestStatus.CANCELLED, error="client went away")
             self.service.record_later(self.prepared.request_id, outcome)
             raise
+        self._settle()
         await log_.finished(
             self.prepared.request_id, self._outcome(RequestStatus.COMPLETED), self._sample()
         )
+
+    def _settle(self) -> None:
+        """Charges the caller's key what the request really took: its prompt and the tokens
+        generated, also when it failed or was cancelled."""
+        if self.admission is not None:
+            prompt = len(self.prepared.params.prompt_token_ids)
+            self.admission.settle(prompt + self.completion_tokens)
 
     def _sample(self) -> NewSample | None:
         """A length sample for retraining, from answers that ended on their own or at max_tokens
@@ -293,6 +395,14 @@ class Dispatch:
         )
 
     def _outcome(self, status: RequestStatus, error: str | None = None) -> Outcome:
+        """The request's final outcome; called once, when it ends, so it is counted here."""
+        self.service.metrics.finished(
+            self.site.name,
+            self.prepared.model,
+            status.value,
+            (len(self.prepared.params.prompt_token_ids), self.completion_tokens),
+            self.prepared.params.predicted_tokens,
+        )
         return Outcome(
             status=status,
             site_id=self.site.site_id,
@@ -330,6 +440,7 @@ class Dispatch:
                             return
             except SiteUnavailable as exc:
                 self.site.mark_unhealthy(exc.detail)
+                self.service.metrics.failovers.labels(self.site.name).inc()
                 log.warning("%s; moving %s elsewhere", exc, self.prepared.request_id)
             except SiteRejected as exc:
                 raise invalid_request(exc.detail) from exc
@@ -351,6 +462,9 @@ class Dispatch:
     def _observe(self, chunk: SiteChunk) -> None:
         if chunk.token_ids and self.first_token_at is None:
             self.first_token_at = utcnow()
+            self.service.metrics.ttft_seconds.labels(self.site.name).observe(
+                time.monotonic() - self.started_at
+            )
         self.completion_tokens += len(chunk.token_ids)
         if chunk.finish_reason is not None:
             # The site's own count is authoritative (it includes tokens cut by a stop string).

@@ -102,8 +102,10 @@ def spawn_site(
     log_dir: Path,
     port: int = 0,
     extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
-    """Starts `python -m site_engine` without waiting; see wait_until_serving."""
+    """Starts `python -m site_engine` without waiting; see wait_until_serving. `env` adds to
+    this process's environment (SITE_TLS_* for a site with mutual TLS, SITE_LOG_LEVEL, ...)."""
     args = [
         "-m",
         "site_engine",
@@ -117,7 +119,7 @@ def spawn_site(
         str(port),
         *extra_args,
     ]
-    return _spawn(site_name, args, log_dir / f"site-{site_name}.log")
+    return _spawn(site_name, args, log_dir / f"site-{site_name}.log", env)
 
 
 def wait_until_serving(process: ManagedProcess, timeout_s: float = 120.0) -> ManagedProcess:
@@ -134,6 +136,7 @@ def start_site(
     port: int = 0,
     extra_args: Sequence[str] = (),
     timeout_s: float = 120.0,
+    env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
     """Starts `python -m site_engine` and waits until it serves gRPC."""
     process = spawn_site(
@@ -143,6 +146,7 @@ def start_site(
         log_dir=log_dir,
         port=port,
         extra_args=extra_args,
+        env=env,
     )
     return wait_until_serving(process, timeout_s)
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.metrics import GatewayMetrics
 from gateway.sites.client import LoadView, SiteCallError, SiteInfoView
 from gateway.sites.registry import SiteRegistry
 
@@ -95,10 +96,17 @@ def plan_offloads(sites: Sequence[OffloadSite], transfer_cost_s: float) -> list[
 
 
 class OffloadCoordinator:
-    def __init__(self, registry: SiteRegistry, interval_s: float, transfer_cost_s: float) -> None:
+    def __init__(
+        self,
+        registry: SiteRegistry,
+        interval_s: float,
+        transfer_cost_s: float,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self._registry = registry
         self._interval_s = interval_s
         self._transfer_cost_s = transfer_cost_s
+        self._metrics = metrics or GatewayMetrics()
         self.released = 0
 
     async def run(self) -> None:
@@ -118,6 +126,7 @@ class OffloadCoordinator:
                 log.warning("offload from %s failed: %s", plan.giver, exc)
                 continue
             released += len(ids)
+            self._metrics.offload_releases.labels(plan.giver, plan.taker).inc(len(ids))
             if ids:
                 log.info(
                     "offload: %s released %d queued request(s) for %s (wait saved %.2fs)",

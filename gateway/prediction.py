@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gateway.metrics import GatewayMetrics
+
 log = logging.getLogger(__name__)
 
 
@@ -72,8 +74,11 @@ class PredictorService:
         loader: Callable[[Path], PredictorLike] | None = None,
         max_batch: int = 32,
         max_wait_s: float = 0.002,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self._predictor = predictor
+        # The runtime hands over the gateway's metrics after start_predictor built this service.
+        self.metrics = metrics or GatewayMetrics()
         self._path = path
         self._loader = loader
         self._max_batch = max_batch
@@ -99,10 +104,16 @@ class PredictorService:
 
     async def predict(self, prompt: str) -> Prediction | None:
         if self._predictor is None or self._task is None:
+            self.metrics.prediction_fallbacks.labels("no_predictor").inc()
             return None
+        started = time.perf_counter()
         future: asyncio.Future[Prediction | None] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(prompt, future))
-        return await future
+        result = await future
+        self.metrics.prediction_seconds.observe(time.perf_counter() - started)
+        if result is None:
+            self.metrics.prediction_fallbacks.labels("error").inc()
+        return result
 
     async def swap(self, path: Path) -> str:
         """Loads another artifact off the event loop, then serves it; raises if it is bad."""
@@ -156,6 +167,7 @@ class PredictorService:
                 log.exception("length prediction failed for a batch of %d", len(batch))
                 self._failures += len(batch)
             self._batch_ms.append((time.perf_counter() - started) * 1000)
+            self.metrics.predictor_batch_seconds.observe(self._batch_ms[-1] / 1000)
         for pending, result in zip(batch, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)

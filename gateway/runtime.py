@@ -11,9 +11,15 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from gateway.admin_dashboard import Dashboard
+from gateway.batches import BatchService
+from gateway.chat import ChatService
+from gateway.chat_templates import ChatTemplates
 from gateway.completions import CompletionService
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.load_sampler import LoadSampler
+from gateway.metrics import GatewayMetrics
 from gateway.offload import OffloadCoordinator
 from gateway.predictor_lifecycle import follow_registry, start_predictor
 from gateway.routing.policy import build_policy
@@ -26,6 +32,10 @@ from gateway.sites.config import FederationConfig, load_federation
 from gateway.sites.health import HealthMonitor
 from gateway.sites.load_reports import LoadReportListener
 from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.sites.tls import load_site_tls
+from gateway.tenancy.admission import Tenancy
+from gateway.tenancy.keys import KeyService
+from gateway.tenancy.limiter import SlidingWindowLimiter
 from gateway.tokenizers import ModelTokenizers
 
 log = logging.getLogger(__name__)
@@ -47,13 +57,23 @@ class GatewayRuntime:
     tokenizers: ModelTokenizers
     completions: CompletionService
     monitor: HealthMonitor
+    chat: ChatService
     offload: OffloadCoordinator | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # This gateway's Prometheus registry (its own, not the process-global one): GET /metrics.
+    metrics: GatewayMetrics = field(init=False)
+    batches: BatchService = field(init=False)
+    # The admin dashboard's views (its history is written by the load-sampler task).
+    dashboard: Dashboard = field(init=False)
+    # API keys and their limits (the limiter's windows live in this process only).
+    tenancy: Tenancy = field(init=False)
 
     @classmethod
     async def start(cls, settings: GatewaySettings) -> GatewayRuntime:
         federation = load_federation(settings.federation_file)
+        site_tls = load_site_tls(settings)  # unreadable certificate files stop the start
         tokenizers = ModelTokenizers(federation.models)
+        chat_templates = ChatTemplates.load(federation.models)  # a bad template stops the start
         if settings.auto_migrate:
             _ensure_sqlite_dir(settings.database_url)
             await asyncio.to_thread(upgrade, settings.database_url)
@@ -64,7 +84,13 @@ class GatewayRuntime:
             SiteState(
                 config=site,
                 site_id=site_ids[site.name],
-                client=SiteClient(site.name, site.endpoint, settings.connect_timeout_s),
+                client=SiteClient(
+                    site.name,
+                    site.endpoint,
+                    settings.connect_timeout_s,
+                    site_tls,
+                    site.tls_server_name,
+                ),
             )
             for site in federation.sites
         )
@@ -78,6 +104,9 @@ class GatewayRuntime:
         predictor_registry = PredictorRegistry(sessions)
         predictor = await start_predictor(settings, predictor_registry)
         predictor.start()
+        metrics = GatewayMetrics()
+        metrics.watch_sites(registry.all)
+        predictor.metrics = metrics
         completions = CompletionService(
             settings,
             registry,
@@ -85,15 +114,27 @@ class GatewayRuntime:
             build_policy(settings.routing_policy),
             RequestLog(sessions),
             predictor,
+            metrics,
         )
+        chat = ChatService(chat_templates, tokenizers, completions)
         runtime = cls(
-            settings, federation, engine, sessions, registry, tokenizers, completions, monitor
+            settings, federation, engine, sessions, registry, tokenizers, completions, monitor, chat
         )
+        runtime.metrics = metrics
         runtime._tasks.append(asyncio.create_task(monitor.run(), name="site-health"))
         runtime._tasks.append(asyncio.create_task(listener.run(), name="load-reports"))
+        runtime.dashboard = Dashboard(settings, registry, sessions)
+        sampler = LoadSampler(
+            registry,
+            sessions,
+            interval_s=settings.load_sample_interval_s,
+            retention_s=settings.load_history_retention_h * 3600,
+            request_timeout_s=settings.request_timeout_s,
+        )
+        runtime._tasks.append(asyncio.create_task(sampler.run(), name="load-sampler"))
         if settings.offload_enabled:
             runtime.offload = OffloadCoordinator(
-                registry, settings.offload_interval_s, settings.offload_transfer_cost_s
+                registry, settings.offload_interval_s, settings.offload_transfer_cost_s, metrics
             )
             runtime._tasks.append(asyncio.create_task(runtime.offload.run(), name="offload"))
         runtime._tasks.append(
@@ -102,11 +143,17 @@ class GatewayRuntime:
                 name="predictor-registry",
             )
         )
+        runtime.tenancy = Tenancy(
+            KeyService(sessions), SlidingWindowLimiter(), settings.require_api_keys
+        )
+        runtime.batches = BatchService.build(settings, sessions, completions, registry)
+        runtime.batches.runner.start()  # resumes the batches left unfinished
         healthy = sum(site.healthy for site in registry.all())
         log.info("gateway up: %d/%d sites healthy", healthy, len(registry.all()))
         return runtime
 
     async def stop(self) -> None:
+        await self.batches.runner.stop()  # first: its items wait on the predictor and sites
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 ROUTING_POLICIES = ("round_robin", "least_requests", "least_tokens", "mico")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class SettingsError(ValueError):
@@ -33,7 +34,21 @@ class GatewaySettings:
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 16
+    # Prompts reach the logs only with log_prompts on; API keys, the admin token and TLS keys
+    # never do (docs/security.md).
     log_prompts: bool = False
+    log_level: str = "INFO"
+    # Mutual TLS to the sites (gateway/sites/tls.py): the CA that signs site certificates and
+    # this gateway's client certificate and key; all three or none (none: plaintext channels).
+    site_tls_ca: Path | None = None
+    site_tls_cert: Path | None = None
+    site_tls_key: Path | None = None
+    # The operator credential for /admin, the admin API and /metrics (Bearer token, or the
+    # dashboard's session cookie derived from it). Unset: those endpoints refuse everyone.
+    admin_token: str | None = None
+    # Client APIs answer 401 without a live API key (keys are made through the admin API). Off,
+    # callers without a key are served anonymously; a key that is sent is still checked.
+    require_api_keys: bool = False
     # A length-predictor artifact to serve when the database names no active version. Without
     # either, the gateway runs in fallback mode: no predictions, engines plan with max_tokens.
     predictor_dir: Path | None = None
@@ -48,6 +63,18 @@ class GatewaySettings:
     offload_enabled: bool = True
     offload_interval_s: float = 0.5
     offload_transfer_cost_s: float = 0.05
+    # Batch API: most requests in one batch and its largest body; batch items in flight per site
+    # (all batches together); starts of an item before a server-side failure is final; the lease
+    # a gateway holds on a batch it runs (another gateway resumes the batch once it lapses).
+    batch_max_items: int = 100_000
+    batch_max_body_bytes: int = 64 << 20
+    batch_site_concurrency: int = 16
+    batch_max_attempts: int = 3
+    batch_lease_s: float = 30.0
+    # Admin dashboard history: one load sample per site every load_sample_interval_s, kept for
+    # load_history_retention_h hours (older rows are deleted by the sampler).
+    load_sample_interval_s: float = 10.0
+    load_history_retention_h: float = 168.0
 
     def __post_init__(self) -> None:
         if self.routing_policy not in ROUTING_POLICIES:
@@ -75,8 +102,36 @@ class GatewaySettings:
             raise SettingsError(
                 "GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10, GATEWAY_OFFLOAD_TRANSFER_COST_S >= 0"
             )
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise SettingsError("GATEWAY_ADMIN_TOKEN must be at least 16 characters")
+        if self.require_api_keys and self.admin_token is None:
+            raise SettingsError(
+                "GATEWAY_REQUIRE_API_KEYS needs GATEWAY_ADMIN_TOKEN: keys are created through "
+                "the admin API"
+            )
+        tls = {
+            "GATEWAY_SITE_TLS_CA": self.site_tls_ca,
+            "GATEWAY_SITE_TLS_CERT": self.site_tls_cert,
+            "GATEWAY_SITE_TLS_KEY": self.site_tls_key,
+        }
+        if any(tls.values()) and not all(tls.values()):
+            missing = [name for name, path in tls.items() if path is None]
+            raise SettingsError(f"TLS needs all of {list(tls)} or none; missing {missing}")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError(
+                f"GATEWAY_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
+            )
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
             raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
+        for name in ("batch_max_items", "batch_site_concurrency", "batch_max_attempts"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"GATEWAY_{name.upper()} must be >= 1")
+        if self.batch_max_body_bytes < 1024 or self.batch_lease_s <= 0:
+            raise SettingsError("GATEWAY_BATCH_MAX_BODY_BYTES >= 1024, GATEWAY_BATCH_LEASE_S > 0")
+        if self.load_sample_interval_s <= 0 or self.load_history_retention_h <= 0:
+            raise SettingsError(
+                "GATEWAY_LOAD_SAMPLE_INTERVAL_S > 0, GATEWAY_LOAD_HISTORY_RETENTION_H > 0"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -101,6 +156,12 @@ class GatewaySettings:
             max_body_bytes=reader.integer("MAX_BODY_BYTES", defaults.max_body_bytes),
             default_max_tokens=reader.integer("DEFAULT_MAX_TOKENS", defaults.default_max_tokens),
             log_prompts=reader.boolean("LOG_PROMPTS", defaults.log_prompts),
+            log_level=reader.text("LOG_LEVEL", defaults.log_level),
+            site_tls_ca=reader.path("SITE_TLS_CA"),
+            site_tls_cert=reader.path("SITE_TLS_CERT"),
+            site_tls_key=reader.path("SITE_TLS_KEY"),
+            admin_token=env.get("GATEWAY_ADMIN_TOKEN") or None,
+            require_api_keys=reader.boolean("REQUIRE_API_KEYS", defaults.require_api_keys),
             predictor_dir=reader.path("PREDICTOR_DIR"),
             predictor_poll_s=reader.number("PREDICTOR_POLL_S", defaults.predictor_poll_s),
             collect_samples=reader.boolean("COLLECT_SAMPLES", defaults.collect_samples),
@@ -112,6 +173,21 @@ class GatewaySettings:
             offload_interval_s=reader.number("OFFLOAD_INTERVAL_S", defaults.offload_interval_s),
             offload_transfer_cost_s=reader.number(
                 "OFFLOAD_TRANSFER_COST_S", defaults.offload_transfer_cost_s
+            ),
+            batch_max_items=reader.integer("BATCH_MAX_ITEMS", defaults.batch_max_items),
+            batch_max_body_bytes=reader.integer(
+                "BATCH_MAX_BODY_BYTES", defaults.batch_max_body_bytes
+            ),
+            batch_site_concurrency=reader.integer(
+                "BATCH_SITE_CONCURRENCY", defaults.batch_site_concurrency
+            ),
+            batch_max_attempts=reader.integer("BATCH_MAX_ATTEMPTS", defaults.batch_max_attempts),
+            batch_lease_s=reader.number("BATCH_LEASE_S", defaults.batch_lease_s),
+            load_sample_interval_s=reader.number(
+                "LOAD_SAMPLE_INTERVAL_S", defaults.load_sample_interval_s
+            ),
+            load_history_retention_h=reader.number(
+                "LOAD_HISTORY_RETENTION_H", defaults.load_history_retention_h
             ),
         )
 

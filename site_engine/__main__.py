@@ -16,11 +16,14 @@ from pathlib import Path
 import torch
 from grpc_health.v1 import health_pb2
 
+from site_engine.engine.api import Engine
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
+from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
 from site_engine.model_loading import load_model
 from site_engine.settings import SiteSettings
+from site_engine.tls import load_server_tls
 from site_engine.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger("site_engine")
@@ -42,6 +45,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--kv-cache-mib", type=int)
     parser.add_argument("--policy", help="fcfs, spf or static")
     parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain (mutual TLS)")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", type=Path, help="PEM CA that signs client certs")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
 
@@ -54,6 +62,7 @@ def _package_version() -> str:
 
 
 async def serve(settings: SiteSettings) -> None:
+    tls = load_server_tls(settings)  # before the model loads: a bad file fails at once
     torch.set_num_threads(settings.torch_threads)
     loaded = load_model(
         settings.model_dir,
@@ -61,7 +70,7 @@ async def serve(settings: SiteSettings) -> None:
         dtype=settings.dtype,
         tokenizer_dir=settings.tokenizer_dir,
     )
-    engine = PagedEngine(
+    engine: Engine = PagedEngine(
         loaded,
         EngineConfig(
             max_num_seqs=settings.max_num_seqs,
@@ -71,6 +80,9 @@ async def serve(settings: SiteSettings) -> None:
             policy=settings.policy,
         ),
     )
+    metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
+    if metrics is not None:
+        engine = MeteredEngine(engine, metrics)
     service = EngineService(engine, loaded.tokenizer)
     identity = SiteIdentity(
         site_name=settings.site_name,
@@ -83,11 +95,23 @@ async def serve(settings: SiteSettings) -> None:
     )
     service.start()
     server, health_servicer, port = await start_server(
-        SiteServicer(service, identity), settings.host, settings.port
+        SiteServicer(service, identity),
+        settings.host,
+        settings.port,
+        tls.credentials() if tls is not None else None,
     )
+    metrics_server: MetricsServer | None = None
+    if metrics is not None:
+        metrics.watch(service)
+        metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
     print(f"READY port={port}", flush=True)
     log.info(
-        "site %s serving %s on %s:%d", settings.site_name, settings.model_name, settings.host, port
+        "site %s serving %s on %s:%d (%s)",
+        settings.site_name,
+        settings.model_name,
+        settings.host,
+        port,
+        "mutual TLS" if tls is not None else "plaintext",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,11 +123,16 @@ async def serve(settings: SiteSettings) -> None:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(grace=5)
     service.stop()
+    if metrics_server is not None:
+        metrics_server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve(parse_args(argv)))
+    settings = parse_args(argv)
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,22 @@ class _Throughput:
         return sum(recent) / _RATE_WINDOW_S if recent else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class CumulativeKv:
+    """KV use summed over every engine iteration since start, sampled after each iteration:
+    the area under the KV-occupancy curve (MICO's cumulative KV consumption). Engine-agnostic:
+    built from the stats every engine reports."""
+
+    block_iterations: int = 0
+    token_iterations: int = 0
+
+    def after(self, stats: EngineStats) -> CumulativeKv:
+        return CumulativeKv(
+            self.block_iterations + stats.kv_blocks_used,
+            self.token_iterations + stats.running_tokens,
+        )
+
+
 class EngineService:
     def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase) -> None:
         self.engine = engine
@@ -108,6 +124,8 @@ class EngineService:
         self._streams: dict[str, _Stream] = {}
         self._throughput = _Throughput()
         self._stats: EngineStats = engine.stats()
+        # Replaced whole (never mutated) so the asyncio side reads a consistent pair.
+        self._cumulative_kv = CumulativeKv()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -160,6 +178,9 @@ class EngineService:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def cumulative_kv(self) -> CumulativeKv:
+        return self._cumulative_kv
+
     def decode_tokens_per_s(self) -> float:
         return self._throughput.rate(time.monotonic())
 
@@ -204,7 +225,10 @@ class EngineService:
                     self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
                     continue
                 self._route(outputs)
-            self._stats = self.engine.stats()
+            stats = self.engine.stats()
+            if stats.iterations > self._stats.iterations:
+                self._cumulative_kv = self._cumulative_kv.after(stats)
+            self._stats = stats
 
     def _drain_commands(self, block: bool) -> None:
         try:

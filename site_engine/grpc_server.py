@@ -22,6 +22,14 @@ from site_engine.proto import site_pb2, site_pb2_grpc
 log = logging.getLogger(__name__)
 SERVICE_NAME = "fedllm.site.v1.SiteEngine"
 MAX_REQUEST_ID_LEN = 128
+# Set explicitly rather than left to gRPC's default: a prompt of a full context (token ids or
+# text) fits many times over, and a larger message is refused with RESOURCE_EXHAUSTED before
+# anything is decoded or allocated for it.
+MAX_RECEIVE_MESSAGE_BYTES = 4 << 20
+# Stop strings are matched against the text after every token: bounded so no request can make
+# decoding slow for everyone in its batch. Looser than the gateway's own limits.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
 
 _FINISH_TO_PROTO = {
     FinishReason.STOP: site_pb2.FINISH_REASON_STOP,
@@ -47,6 +55,10 @@ class InvalidRequest(ValueError):
 
 
 def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
+    if len(message.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in message.stop):
+        raise InvalidRequest(
+            f"stop takes up to {MAX_STOP_STRINGS} strings of up to {MAX_STOP_CHARS} characters"
+        )
     try:
         return SamplingParams(
             max_tokens=message.max_tokens,
@@ -161,6 +173,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
 
     def load_report(self) -> site_pb2.LoadReport:
         stats = self._service.stats()
+        cumulative_kv = self._service.cumulative_kv()
         self._report_sequence += 1
         return site_pb2.LoadReport(
             site_name=self._identity.site_name,
@@ -175,6 +188,8 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             kv_blocks_total=stats.kv_blocks_total,
             decode_tokens_per_s=self._service.decode_tokens_per_s(),
             iterations=stats.iterations,
+            kv_block_iterations=cumulative_kv.block_iterations,
+            kv_token_iterations=cumulative_kv.token_iterations,
         )
 
     async def StreamLoad(
@@ -187,14 +202,27 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
 
 
 async def start_server(
-    servicer: SiteServicer, host: str, port: int
+    servicer: SiteServicer,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """Starts serving; returns the server, its health servicer and the bound port."""
-    server = grpc.aio.server()
+    """Starts serving; returns the server, its health servicer and the bound port.
+
+    With `credentials` (site_engine/tls.py) the one port, health service included, speaks only
+    TLS; without, only plaintext.
+    """
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)]
+    )
     site_pb2_grpc.add_SiteEngineServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
     await server.start()

@@ -12,6 +12,7 @@ from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
 
 DTYPES = ("float32", "bfloat16", "float16")
 POLICIES = tuple(sorted(POLICY_NAMES))
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class SettingsError(ValueError):
@@ -38,6 +39,13 @@ class SiteSettings:
     # Intra-op threads for CPU execution. Several sites often share one host in tests and demos;
     # more threads than free cores makes every step slower (measured: 38 ms vs 5 ms per token).
     torch_threads: int = 1
+    # Prometheus metrics over HTTP on this port (same host as gRPC); 0 serves none.
+    metrics_port: int = 0
+    # Mutual TLS on the gRPC port (site_engine/tls.py): all three or none; none serves plaintext.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         if not self.site_name:
@@ -45,6 +53,25 @@ class SiteSettings:
         if not 0 <= self.port < 65536:
             raise SettingsError(
                 f"SITE_PORT must be in 0..65535 (0: any free port), got {self.port}"
+            )
+        if not 0 <= self.metrics_port < 65536 or (
+            self.metrics_port != 0 and self.metrics_port == self.port
+        ):
+            raise SettingsError(
+                f"SITE_METRICS_PORT must be in 0..65535 (0: off) and differ from SITE_PORT, "
+                f"got {self.metrics_port}"
+            )
+        tls = {
+            "SITE_TLS_CERT": self.tls_cert,
+            "SITE_TLS_KEY": self.tls_key,
+            "SITE_TLS_CLIENT_CA": self.tls_client_ca,
+        }
+        if any(tls.values()) and not all(tls.values()):
+            missing = [name for name, path in tls.items() if path is None]
+            raise SettingsError(f"TLS needs all of {list(tls)} or none; missing {missing}")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError(
+                f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
             )
         if self.dtype not in DTYPES:
             raise SettingsError(f"SITE_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
@@ -73,8 +100,9 @@ class SiteSettings:
         if "model_dir" not in values:
             raise SettingsError("the model directory is required: SITE_MODEL_DIR or --model")
         values["model_dir"] = Path(values["model_dir"])
-        if values.get("tokenizer_dir") is not None:
-            values["tokenizer_dir"] = Path(values["tokenizer_dir"])
+        for name in ("tokenizer_dir", "tls_cert", "tls_key", "tls_client_ca"):
+            if values.get(name) is not None:
+                values[name] = Path(values[name])
         values.setdefault("model_name", values["model_dir"].name)
         values.setdefault("site_name", values["model_name"])
         return cls(**values)

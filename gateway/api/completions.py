@@ -9,8 +9,10 @@ from litestar.response import Stream
 
 from gateway.api.body import decode_body
 from gateway.api.openai_format import collect_completion, completion_events
+from gateway.api.openapi_body import json_body
 from gateway.api.schemas import Completion, CompletionRequest
 from gateway.completions import CompletionService
+from gateway.tenancy.admission import Caller
 
 SITE_HEADER = "X-Fedllm-Site"
 
@@ -19,12 +21,17 @@ class CompletionsController(Controller):
     path = "/v1"
     tags = ("openai",)
 
-    @post("/completions", status_code=200, summary="Create a completion (OpenAI-compatible)")
+    @post(
+        "/completions",
+        status_code=200,
+        summary="Create a completion (OpenAI-compatible)",
+        operation_class=json_body(CompletionRequest),
+    )
     async def create_completion(
-        self, request: Request[Any, Any, Any], completions: CompletionService
+        self, request: Request[Any, Any, Any], completions: CompletionService, caller: Caller
     ) -> Response[Completion] | Stream:
         prepared = completions.prepare(decode_body(await request.body(), CompletionRequest))
-        dispatch = await completions.dispatch(prepared)
+        dispatch = await completions.dispatch(prepared, caller.admission())
         if prepared.stream:
             return Stream(
                 completion_events(dispatch),

@@ -81,7 +81,9 @@ def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Error
     message = exc.detail
     if isinstance(exc, ValidationException) and exc.extra:
         message = f"{exc.detail}: {exc.extra}"
-    return error_response(OpenAIError(status, message, type=kind))
+    # A body past GATEWAY_MAX_BODY_BYTES: the same code as the batch API's own 413.
+    code = "request_too_large" if status == 413 else None
+    return error_response(OpenAIError(status, message, type=kind, code=code))
 
 
 def _unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[ErrorEnvelope]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, Response, get
 from sqlalchemy import text
 
+from gateway.api.client_auth import require_client_key
 from gateway.api.schemas import ModelCard, ModelList
 from gateway.runtime import GatewayRuntime
 
@@ -13,7 +14,12 @@ class ModelsController(Controller):
     path = "/v1"
     tags = ("openai",)
 
-    @get("/models", summary="Models served by at least one configured site")
+    # Needs a key when keys are required (as OpenAI's does), but charges no limit.
+    @get(
+        "/models",
+        guards=[require_client_key],
+        summary="Models served by at least one configured site",
+    )
     async def list_models(self, runtime: GatewayRuntime) -> ModelList:
         return ModelList(data=[ModelCard(id=name) for name in runtime.tokenizers.models()])
 

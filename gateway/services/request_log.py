@@ -37,6 +37,8 @@ class NewRequest:
     predictor_version: str | None = None
     predicted_p90_tokens: int | None = None
     routing_detail: dict[str, object] | None = None
+    # The caller's API key, when it sent one (usage per key is summed from these rows).
+    api_key_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class RequestLog:
                     routing_detail=new.routing_detail,
                     routing_policy=new.routing_policy,
                     site_id=new.site_id,
+                    api_key_id=new.api_key_id,
                     attempts=1,
                     created_at=now,
                     dispatched_at=now if new.site_id is not None else None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.sites.tls import SiteTls, open_channel
 from site_engine.proto import site_pb2, site_pb2_grpc
 
 HEALTH_SERVICE = "fedllm.site.v1.SiteEngine"
@@ -81,6 +82,9 @@ class LoadView:
     decode_tokens_per_s: float
     iterations: int
     sequence: int
+    # Cumulative KV use since the site started (sum over iterations); benchmarks diff them.
+    kv_block_iterations: int = 0
+    kv_token_iterations: int = 0
 
     @property
     def token_load(self) -> int:
@@ -141,13 +145,21 @@ def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
 
 
 class SiteClient:
-    def __init__(self, name: str, endpoint: str, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        connect_timeout_s: float,
+        tls: SiteTls | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         self.name = name
         self.endpoint = endpoint
         self._timeout = connect_timeout_s
         # A site that restarts must be seen again within a health interval: gRPC's default
-        # reconnect backoff grows to minutes, and calls fail at once while it waits.
-        self._channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+        # reconnect backoff grows to minutes, and calls fail at once while it waits. The one
+        # channel (TLS or not) carries generation, health checks and load reports alike.
+        self._channel = open_channel(endpoint, tls, _CHANNEL_OPTIONS, tls_server_name)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -230,6 +242,8 @@ class SiteClient:
                     decode_tokens_per_s=report.decode_tokens_per_s,
                     iterations=report.iterations,
                     sequence=report.sequence,
+                    kv_block_iterations=report.kv_block_iterations,
+                    kv_token_iterations=report.kv_token_iterations,
                 )
         except grpc.aio.AioRpcError as exc:
             raise SiteUnavailable(self.name, f"load report stream: {exc.code().name}") from exc

@@ -1,13 +1,16 @@
 """The federation file: which models the gateway serves and which sites serve them.
 
     {
-      "models": [{"name": "tiny-llama", "tokenizer": "var/models/tiny-llama"}],
+      "models": [{"name": "tiny-llama", "tokenizer": "var/models/tiny-llama",
+                  "chat_template": "templates/tiny.jinja"}],
       "sites": [{"name": "aws-use1-a", "cloud": "aws", "region": "us-east-1",
                  "endpoint": "10.0.0.5:50051", "model": "tiny-llama", "capacity_weight": 1.0}]
     }
 
-Relative tokenizer paths are resolved against the file's folder. Terraform renders this file
-for real deployments (infra/terraform), so it is plain JSON.
+`chat_template` (a Jinja file) is optional: gateway/chat_templates.py says what is used without
+it. A site's optional `tls_server_name` is the name its TLS certificate carries when the
+endpoint's host is not it (docs/security.md). Relative paths are resolved against the file's
+folder. Terraform renders this file for real deployments (infra/terraform), so it is plain JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import msgspec
 
 _NAME = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 _ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+_DNS_NAME = Annotated[
+    str, msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
+]
 
 
 class FederationConfigError(ValueError):
@@ -30,6 +36,8 @@ class FederationConfigError(ValueError):
 class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     name: _NAME
     tokenizer: str
+    # A Jinja chat-template file; absent: the tokenizer's own template, else ChatML.
+    chat_template: str | None = None
 
 
 class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -39,6 +47,8 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str
     model: str
     capacity_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # With mutual TLS: the name the site's certificate must carry, when not the endpoint's host.
+    tls_server_name: _DNS_NAME | None = None
 
 
 class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -50,6 +60,7 @@ class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
 class ModelConfig:
     name: str
     tokenizer: Path
+    chat_template: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +71,7 @@ class SiteConfig:
     endpoint: str
     model: str
     capacity_weight: float = 1.0
+    tls_server_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +88,18 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
         raw = msgspec.json.decode(data, type=_FederationFile)
     except msgspec.DecodeError as exc:
         raise FederationConfigError(f"invalid federation file: {exc}") from exc
-    models = tuple(ModelConfig(m.name, (base_dir / m.tokenizer).resolve()) for m in raw.models)
+    models = tuple(
+        ModelConfig(
+            m.name,
+            (base_dir / m.tokenizer).resolve(),
+            None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
+        )
+        for m in raw.models
+    )
     sites = tuple(
-        SiteConfig(s.name, s.cloud, s.region, s.endpoint, s.model, s.capacity_weight)
+        SiteConfig(
+            s.name, s.cloud, s.region, s.endpoint, s.model, s.capacity_weight, s.tls_server_name
+        )
         for s in raw.sites
     )
     _check(models, sites)

@@ -35,6 +35,8 @@ class HealthMonitor:
 
     async def _check(self, site: SiteState) -> None:
         was_healthy = site.healthy
+        # A site that is wrong from the start (down, refusing our TLS) is said so once, too.
+        first_check = site.checked_at == 0.0
         if not await site.client.check_health():
             site.mark_unhealthy("health check failed (site down or not serving)")
         else:
@@ -50,7 +52,7 @@ class HealthMonitor:
                     site.mark_unhealthy(problem)
                 else:
                     site.mark_healthy(info)
-        if was_healthy != site.healthy:
+        if was_healthy != site.healthy or (first_check and not site.healthy):
             level = logging.INFO if site.healthy else logging.WARNING
             log.log(
                 level,

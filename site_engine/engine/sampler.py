@@ -18,6 +18,9 @@ import torch
 from site_engine.engine.types import ScheduledChunk
 
 _MASK64 = (1 << 64) - 1
+# Temperatures below this sample as if they were this: already argmax in practice, and logits
+# divided by a smaller one can overflow float32 to inf, whose softmax is NaN (token 0 wins).
+MIN_TEMPERATURE = 1e-4
 
 
 def _splitmix64(x: int) -> int:
@@ -85,6 +88,7 @@ class Sampler:
         is_greedy = temperature == 0.0
         # Greedy rows take argmax of the raw logits below; dividing them by 1 keeps them finite.
         divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+        divisor = divisor.clamp_min(MIN_TEMPERATURE)
         probs = torch.softmax(logits / divisor.unsqueeze(1), dim=-1)
         if any(p.top_p < 1.0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], device=device)

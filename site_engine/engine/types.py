@@ -8,6 +8,7 @@ and the model runner consumes these objects without knowing how they were decide
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 # A token id the host does not know yet: the token its sequence sampled in the step still running
@@ -42,8 +43,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # NaN fails both
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 

@@ -388,6 +388,8 @@ class LoadReport(_message.Message):
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
     DECODE_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
     ITERATIONS_FIELD_NUMBER: _builtins.int
+    KV_BLOCK_ITERATIONS_FIELD_NUMBER: _builtins.int
+    KV_TOKEN_ITERATIONS_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     timestamp_ms: _builtins.int
     """Site clock, milliseconds since the Unix epoch."""
@@ -401,6 +403,11 @@ class LoadReport(_message.Message):
     kv_blocks_total: _builtins.int
     decode_tokens_per_s: _builtins.float
     iterations: _builtins.int
+    kv_block_iterations: _builtins.int
+    """Cumulative since the site started: KV blocks held and tokens cached, summed over every
+    iteration (sampled after it). Differences between two reports give a run's KV consumption.
+    """
+    kv_token_iterations: _builtins.int
     def __init__(
         self,
         *,
@@ -416,10 +423,12 @@ class LoadReport(_message.Message):
         kv_blocks_total: _builtins.int = ...,
         decode_tokens_per_s: _builtins.float = ...,
         iterations: _builtins.int = ...,
+        kv_block_iterations: _builtins.int = ...,
+        kv_token_iterations: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "predicted_remaining_tokens", b"predicted_remaining_tokens", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

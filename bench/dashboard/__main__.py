@@ -1,0 +1,5 @@
+"""`python -m bench.dashboard`: see bench/dashboard/__init__.py."""
+
+from bench.dashboard.run import main
+
+main()

@@ -1,0 +1,180 @@
+"""The dashboard's pages: /admin, its login and logout, and its static files.
+
+The page itself is plain HTML and a small script; uPlot (charts) comes from the npm registry at
+set-up time (`npm ci --prefix gateway/admin_ui`, part of `make setup`) and is served from here,
+never from a CDN: many production networks have no internet. A missing asset is logged when the
+app is built and shown on the page, rather than stopping the gateway.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import html
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from litestar import Controller, Request, Response, Router, get, post
+from litestar.response import Redirect
+
+from gateway.api.admin import AdminApiController
+from gateway.api.admin_auth import ADMIN_COOKIE, is_admin, session_value
+
+log = logging.getLogger(__name__)
+
+UI_DIR = Path(__file__).resolve().parent.parent / "admin_ui"
+_UPLOT = UI_DIR / "node_modules" / "uplot" / "dist"
+ASSET_FILES = {
+    "uPlot.iife.min.js": (_UPLOT / "uPlot.iife.min.js", "text/javascript"),
+    "uPlot.min.css": (_UPLOT / "uPlot.min.css", "text/css"),
+    "dashboard.js": (UI_DIR / "static" / "dashboard.js", "text/javascript"),
+    "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
+}
+SESSION_MAX_AGE_S = 12 * 3600
+AnyRequest = Request[Any, Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    body: bytes
+    gzipped: bytes
+    media_type: str
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdminAssets:
+    files: dict[str, Asset]
+    missing: list[str]
+    dashboard_html: str
+    login_html: str
+
+    @classmethod
+    def load(cls, ui_dir: Path = UI_DIR) -> AdminAssets:
+        files, missing = {}, []
+        for name, (path, media_type) in ASSET_FILES.items():
+            try:
+                body = path.read_bytes()
+            except OSError:
+                missing.append(str(path))
+                continue
+            etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+            files[name] = Asset(body, gzip.compress(body, compresslevel=9), media_type, etag)
+        if missing:
+            log.error(
+                "admin dashboard assets missing (run `make setup`, which runs "
+                "`npm ci --prefix gateway/admin_ui`): %s",
+                ", ".join(missing),
+            )
+        pages = ui_dir / "pages"
+        return cls(
+            files,
+            missing,
+            (pages / "dashboard.html").read_text(),
+            (pages / "login.html").read_text(),
+        )
+
+    def dashboard_page(self) -> str:
+        banner = ""
+        if self.missing:
+            banner = (
+                '<p class="asset-error" role="alert">Charts unavailable: missing '
+                + html.escape(", ".join(self.missing))
+                + ". Run <code>make setup</code> (it runs <code>npm ci --prefix "
+                "gateway/admin_ui</code>) and restart the gateway.</p>"
+            )
+        return self.dashboard_html.replace("<!--ASSET_ERROR-->", banner)
+
+    def login_page(self, error: str | None) -> str:
+        text = f'<p class="error" role="alert">{html.escape(error)}</p>' if error else ""
+        return self.login_html.replace("<!--ERROR-->", text)
+
+
+def _html(body: str, status: int = 200) -> Response[str]:
+    return Response(
+        body,
+        status_code=status,
+        media_type="text/html; charset=utf-8",
+        headers={
+            "Cache-Control": "no-store",
+            "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+def _is_operator(request: AnyRequest) -> bool:
+    return is_admin(
+        request.app.state.runtime.settings.admin_token,
+        request.headers.get("authorization"),
+        request.cookies.get(ADMIN_COOKIE),
+    )
+
+
+def admin_pages(assets: AdminAssets) -> type[Controller]:
+    class AdminPages(Controller):
+        path = "/"
+        include_in_schema = False
+
+        @get("/")
+        async def dashboard(self, request: AnyRequest) -> Response[str] | Redirect:
+            if not _is_operator(request):
+                return Redirect("/admin/login", status_code=303)
+            return _html(assets.dashboard_page())
+
+        @get("/login")
+        async def login_form(self) -> Response[str]:
+            return _html(assets.login_page(None))
+
+        @post("/login", status_code=303)
+        async def login(self, request: AnyRequest) -> Response[str] | Redirect:
+            form = await request.form()
+            token = str(form.get("token", "")).strip()
+            admin_token: str | None = request.app.state.runtime.settings.admin_token
+            if not admin_token:
+                return _html(
+                    assets.login_page("GATEWAY_ADMIN_TOKEN is not set on this gateway."), 401
+                )
+            if not token or not is_admin(admin_token, f"Bearer {token}", None):
+                return _html(assets.login_page("Wrong admin token."), 401)
+            response = Redirect("/admin", status_code=303)
+            response.set_cookie(
+                ADMIN_COOKIE,
+                session_value(admin_token),
+                max_age=SESSION_MAX_AGE_S,
+                path="/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+            return response
+
+        @post("/logout", status_code=303)
+        async def logout(self) -> Redirect:
+            response = Redirect("/admin/login", status_code=303)
+            response.delete_cookie(ADMIN_COOKIE, path="/")
+            return response
+
+        @get("/static/{name:str}")
+        async def static(self, request: AnyRequest, name: str) -> Response[bytes]:
+            asset = assets.files.get(name)
+            if asset is None:
+                return Response(b"not found", status_code=404, media_type="text/plain")
+            headers = {"ETag": asset.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
+            if request.headers.get("if-none-match") == asset.etag:
+                return Response(b"", status_code=304, headers=headers)
+            body = asset.body
+            if "gzip" in request.headers.get("accept-encoding", ""):
+                body, headers["Content-Encoding"] = asset.gzipped, "gzip"
+            return Response(body, media_type=asset.media_type, headers=headers)
+
+    return AdminPages
+
+
+def admin_router() -> Router:
+    """Everything under /admin: the pages (login needs no credential) and the guarded API."""
+    return Router(
+        path="/admin", route_handlers=[admin_pages(AdminAssets.load()), AdminApiController]
+    )

@@ -1,0 +1,51 @@
+"""Wire schemas of the admin API for client keys (msgspec). The ORM model is ApiKey in
+gateway/db/models.py; times are Unix seconds, as in OpenAI's objects."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+# Limits are stored as 32-bit integers.
+PerMinute = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+
+
+class KeyCreateRequest(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    # Absent or null: unlimited.
+    requests_per_minute: PerMinute | None = None
+    tokens_per_minute: PerMinute | None = None
+
+
+class ApiKeyObject(msgspec.Struct, kw_only=True):
+    id: int
+    object: Literal["api_key"] = "api_key"
+    name: str
+    # The key's first characters, to recognise it by; the key itself is never shown again.
+    prefix: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    created_at: int
+    revoked_at: int | None
+
+
+class CreatedApiKey(ApiKeyObject, kw_only=True):
+    # The plaintext key: returned by the create call only.
+    key: str
+
+
+class ApiKeyList(msgspec.Struct):
+    data: list[ApiKeyObject]
+    object: Literal["list"] = "list"
+
+
+class ApiKeyUsage(msgspec.Struct):
+    api_key_id: int
+    window_s: int
+    since: int
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    object: Literal["api_key.usage"] = "api_key.usage"

@@ -1,0 +1,117 @@
+"""What the batch runner decides, as pure functions: where MICO's group-wise assignment puts each
+item of a batch, and the bookkeeping rules (when a batch is settled, which failures are tried
+again, how long to wait before the next try)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.db.models import BatchStatus
+from gateway.routing.mico import BatchQuery, BatchSite, mico_assign
+
+# Items without a prediction (no predictor, or it failed on them) share one length group.
+NO_PREDICTION_BUCKET = 0
+MAX_RETRY_DELAY_S = 30.0
+
+
+class AssignableSite(Protocol):
+    """What assignment reads about a site (SiteState has it all)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def site_id(self) -> int: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def capacity_weight(self) -> float: ...
+
+    @property
+    def outstanding_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    """An item as assignment sees it. predicted_tokens is the prediction capped at max_tokens
+    (what the site is told), None without one."""
+
+    index: int
+    prompt_tokens: int
+    max_tokens: int
+    predicted_tokens: int | None = None
+    predicted_bucket: int | None = None
+
+    @property
+    def planned_tokens(self) -> int:
+        return self.max_tokens if self.predicted_tokens is None else self.predicted_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    index: int
+    site_id: int | None
+    reason: str
+
+
+def plan_batch(
+    model: str, items: Sequence[PlanItem], sites: Sequence[AssignableSite]
+) -> list[Placement]:
+    """Contract: one Placement per item, in the order of `items`, from `mico_assign` over the
+    healthy sites serving `model`, each starting from its current outstanding tokens. A batch is
+    dispatched a few items per site at a time, so the whole batch is never resident at once: the
+    KV bound is left to the sites' own admission, and prepare() already checked that every item
+    fits the context of every healthy site. With no such site, every item gets site None and a
+    reason; it is then placed by the routing policy when it starts."""
+    serving = [site for site in sites if site.healthy and site.model == model]
+    if not serving:
+        reason = f"no healthy site served model '{model}' at assignment: routed when started"
+        return [Placement(item.index, None, reason) for item in items]
+    ids = {site.name: site.site_id for site in serving}
+    queries = [
+        BatchQuery(
+            id=str(item.index),
+            prompt_tokens=item.prompt_tokens,
+            predicted_tokens=item.planned_tokens,
+            bucket=NO_PREDICTION_BUCKET if item.predicted_bucket is None else item.predicted_bucket,
+        )
+        for item in items
+    ]
+    batch_sites = [
+        BatchSite(site.name, site.capacity_weight, site.outstanding_tokens, kv_free_tokens=None)
+        for site in serving
+    ]
+    return [
+        Placement(item.index, ids[a.site] if a.site is not None else None, f"mico batch: {a.why}")
+        for item, a in zip(items, mico_assign(queries, batch_sites), strict=True)
+    ]
+
+
+def settled_status(
+    *, total: int, completed: int, failed: int, cancelled: int, cancel_requested: bool
+) -> BatchStatus | None:
+    """Contract: None while some item is not final; once all are: cancelled if a cancel was
+    asked, else completed if any item completed, else failed."""
+    if completed + failed + cancelled < total:
+        return None
+    if cancel_requested or cancelled:
+        return BatchStatus.CANCELLED
+    return BatchStatus.COMPLETED if completed else BatchStatus.FAILED
+
+
+def retryable(status_code: int) -> bool:
+    """Contract: server-side failures (5xx: no site now, a site failed) and 429 are tried again;
+    the client's own errors (other 4xx) are final at once."""
+    return status_code >= 500 or status_code == 429
+
+
+def retry_delay_s(attempts: int) -> float:
+    """Contract: 1 s after the first start, doubling with each further start, at most 30 s."""
+    return min(MAX_RETRY_DELAY_S, 2.0 ** max(attempts - 1, 0))

@@ -1,0 +1,441 @@
+"""Batches and their items in the database: every read and write of the batch API and its runner.
+
+Items move queued -> running -> completed / failed / cancelled. Each move is one conditional
+UPDATE fenced by the item's `attempts` (the number of starts), so a runner that lost its batch to
+another gateway cannot write over the new owner, and an item recorded final is never touched
+again. A batch's counters change in the same transaction as the item that moves them, and the
+batch settles (completed / failed / cancelled) in the transaction that finalizes its last item.
+
+Which gateway runs a batch is gateway/services/batch_leases.py's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar, cast
+
+from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy.engine import CursorResult, Result
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.batch_plan import settled_status
+from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
+
+T = TypeVar("T")
+OPEN_BATCH = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
+_NOT_FINAL = (BatchItemStatus.QUEUED, BatchItemStatus.RUNNING)
+# The error an item cancelled with its batch reports (OpenAI's error shape).
+CANCELLED_ERROR: dict[str, object] = {
+    "message": "the batch was cancelled before this request finished",
+    "type": "cancelled",
+    "code": "batch_cancelled",
+}
+# Rows per INSERT / UPDATE statement when a batch's items are written in bulk.
+_CHUNK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    custom_id: str
+    body: dict[str, object]  # the item as submitted, less custom_id
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchView:
+    id: str
+    model: str
+    status: BatchStatus
+    metadata: dict[str, str] | None
+    total: int
+    completed: int
+    failed: int
+    cancelled: int
+    created_at: datetime
+    in_progress_at: datetime | None
+    cancelling_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemView:
+    """An item as its results show it."""
+
+    index: int
+    custom_id: str
+    status: BatchItemStatus
+    site: str | None  # where MICO assigned it
+    predicted_tokens: int | None
+    assign_reason: str | None
+    attempts: int
+    request_id: str | None
+    completion: dict[str, object] | None
+    error: dict[str, object] | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    """An item as the runner starts it."""
+
+    index: int
+    custom_id: str
+    body: dict[str, object]
+    prompt_tokens: int
+    max_tokens: int
+    site_id: int | None
+    predicted_tokens: int | None
+    predicted_bucket: int | None
+    predictor_version: str | None
+    assign_reason: str | None
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ItemAssignment:
+    index: int
+    site_id: int | None
+    predicted_tokens: int | None
+    predicted_bucket: int | None
+    predictor_version: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    status: BatchItemStatus  # completed, failed or cancelled
+    completion: dict[str, object] | None = None
+    error: dict[str, object] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    data: list[T]
+    has_more: bool
+
+
+def rowcount(result: Result[Any]) -> int:
+    return cast(CursorResult[Any], result).rowcount
+
+
+def batch_view(row: BatchJob) -> BatchView:
+    return BatchView(
+        id=row.id,
+        model=row.model,
+        status=row.status,
+        metadata=row.meta,
+        total=row.total,
+        completed=row.completed,
+        failed=row.failed,
+        cancelled=row.cancelled,
+        created_at=row.created_at,
+        in_progress_at=row.in_progress_at,
+        cancelling_at=row.cancelling_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _queued_view(row: BatchItem) -> QueuedItem:
+    return QueuedItem(
+        index=row.item_index,
+        custom_id=row.custom_id,
+        body=row.body,
+        prompt_tokens=row.prompt_tokens,
+        max_tokens=row.max_tokens,
+        site_id=row.site_id,
+        predicted_tokens=row.predicted_tokens,
+        predicted_bucket=row.predicted_bucket,
+        predictor_version=row.predictor_version,
+        assign_reason=row.assign_reason,
+        attempts=row.attempts,
+    )
+
+
+def _page(rows: Sequence[T], limit: int) -> Page[T]:
+    return Page(list(rows[:limit]), has_more=len(rows) > limit)
+
+
+class BatchStore:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+    async def create(
+        self, batch_id: str, model: str, metadata: dict[str, str] | None, items: Sequence[NewItem]
+    ) -> BatchView:
+        """The batch and all its items in one transaction: accepted whole or not at all."""
+        async with self._sessions.begin() as session:
+            row = BatchJob(
+                id=batch_id,
+                model=model,
+                status=BatchStatus.VALIDATING,
+                meta=metadata,
+                total=len(items),
+                completed=0,
+                failed=0,
+                cancelled=0,
+                created_at=utcnow(),
+            )
+            session.add(row)
+            await session.flush()
+            for start in range(0, len(items), _CHUNK):
+                await session.execute(
+                    insert(BatchItem),
+                    [
+                        {
+                            "batch_id": batch_id,
+                            "item_index": start + offset,
+                            "custom_id": item.custom_id,
+                            "body": item.body,
+                            "status": BatchItemStatus.QUEUED,
+                            "prompt_tokens": item.prompt_tokens,
+                            "max_tokens": item.max_tokens,
+                            "attempts": 0,
+                        }
+                        for offset, item in enumerate(items[start : start + _CHUNK])
+                    ],
+                )
+            return batch_view(row)
+
+    async def get(self, batch_id: str) -> BatchView | None:
+        async with self._sessions() as session:
+            row = await session.get(BatchJob, batch_id)
+            return batch_view(row) if row is not None else None
+
+    async def list_batches(self, after: str | None, limit: int) -> Page[BatchView] | None:
+        """Newest first, from just after the batch `after`; None when `after` is unknown."""
+        query = select(BatchJob).order_by(BatchJob.created_at.desc(), BatchJob.id.desc())
+        async with self._sessions() as session:
+            if after is not None:
+                cursor = await session.get(BatchJob, after)
+                if cursor is None:
+                    return None
+                query = query.where(
+                    or_(
+                        BatchJob.created_at < cursor.created_at,
+                        and_(BatchJob.created_at == cursor.created_at, BatchJob.id < cursor.id),
+                    )
+                )
+            rows = (await session.scalars(query.limit(limit + 1))).all()
+            return _page([batch_view(row) for row in rows], limit)
+
+    async def results(self, batch_id: str, after: str | None, limit: int) -> Page[ItemView] | None:
+        """Items in submission order, from just after the one with custom_id `after`; None when
+        `after` names no item of the batch."""
+        query = (
+            select(BatchItem, Site.name)
+            .outerjoin(Site, Site.id == BatchItem.site_id)
+            .where(BatchItem.batch_id == batch_id)
+            .order_by(BatchItem.item_index)
+        )
+        async with self._sessions() as session:
+            if after is not None:
+                index = await session.scalar(
+                    select(BatchItem.item_index).where(
+                        BatchItem.batch_id == batch_id, BatchItem.custom_id == after
+                    )
+                )
+                if index is None:
+                    return None
+                query = query.where(BatchItem.item_index > index)
+            rows = (await session.execute(query.limit(limit + 1))).all()
+        views = [
+            ItemView(
+                index=item.item_index,
+                custom_id=item.custom_id,
+                status=item.status,
+                site=site,
+                predicted_tokens=item.predicted_tokens,
+                assign_reason=item.assign_reason,
+                attempts=item.attempts,
+                request_id=item.request_id,
+                completion=item.completion,
+                error=item.error,
+            )
+            for item, site in rows
+        ]
+        return _page(views, limit)
+
+    # --- assignment ---
+
+    async def queued(self, batch_id: str, after_index: int, limit: int) -> list[QueuedItem]:
+        """Queued items in submission order, whatever their site."""
+        return await self._queued(batch_id, after_index, limit)
+
+    async def lane(
+        self, batch_id: str, site_id: int | None, after_index: int, limit: int
+    ) -> list[QueuedItem]:
+        """Queued items assigned to `site_id` (None: to no site), in submission order."""
+        site = BatchItem.site_id.is_(None) if site_id is None else BatchItem.site_id == site_id
+        return await self._queued(batch_id, after_index, limit, site)
+
+    async def _queued(
+        self, batch_id: str, after_index: int, limit: int, *where: Any
+    ) -> list[QueuedItem]:
+        async with self._sessions() as session:
+            rows = await session.scalars(
+                select(BatchItem)
+                .where(
+                    BatchItem.batch_id == batch_id,
+                    BatchItem.status == BatchItemStatus.QUEUED,
+                    BatchItem.item_index > after_index,
+                    *where,
+                )
+                .order_by(BatchItem.item_index)
+                .limit(limit)
+            )
+            return [_queued_view(row) for row in rows]
+
+    async def lanes(self, batch_id: str) -> list[int | None]:
+        """The sites (None: no site) that queued items of the batch are assigned to."""
+        async with self._sessions() as session:
+            rows = await session.scalars(
+                select(BatchItem.site_id)
+                .where(BatchItem.batch_id == batch_id, BatchItem.status == BatchItemStatus.QUEUED)
+                .distinct()
+            )
+            return list(rows.all())
+
+    async def assign(self, batch_id: str, assignments: Sequence[ItemAssignment]) -> None:
+        for start in range(0, len(assignments), _CHUNK):
+            async with self._sessions.begin() as session:
+                await session.execute(
+                    update(BatchItem),
+                    [
+                        {
+                            "batch_id": batch_id,
+                            "item_index": a.index,
+                            "site_id": a.site_id,
+                            "predicted_tokens": a.predicted_tokens,
+                            "predicted_bucket": a.predicted_bucket,
+                            "predictor_version": a.predictor_version,
+                            "assign_reason": a.reason,
+                        }
+                        for a in assignments[start : start + _CHUNK]
+                    ],
+                )
+
+    async def begin_progress(self, batch_id: str) -> bool:
+        """validating -> in_progress; False when the batch is no longer validating (cancelled)."""
+        async with self._sessions.begin() as session:
+            result = await session.execute(
+                update(BatchJob)
+                .where(BatchJob.id == batch_id, BatchJob.status == BatchStatus.VALIDATING)
+                .values(status=BatchStatus.IN_PROGRESS, in_progress_at=utcnow())
+            )
+            return rowcount(result) == 1
+
+    # --- items ---
+
+    async def start_item(self, batch_id: str, index: int, attempts: int, request_id: str) -> bool:
+        """Marks the item running as start number attempts + 1; False when it is no longer
+        startable (cancelled, final, or started by someone else since `attempts` was read)."""
+        async with self._sessions.begin() as session:
+            result = await session.execute(
+                update(BatchItem)
+                .where(
+                    BatchItem.batch_id == batch_id,
+                    BatchItem.item_index == index,
+                    BatchItem.status.in_(_NOT_FINAL),
+                    BatchItem.attempts == attempts,
+                )
+                .values(
+                    status=BatchItemStatus.RUNNING,
+                    attempts=attempts + 1,
+                    request_id=request_id,
+                    started_at=utcnow(),
+                )
+            )
+            return rowcount(result) == 1
+
+    async def finish_item(
+        self,
+        batch_id: str,
+        index: int,
+        attempts: int,
+        result: ItemResult,
+        *,
+        started: bool = True,
+    ) -> bool:
+        """Records the item's final result if it is still running as start number `attempts`
+        (with started=False: still queued after `attempts` starts, for an item that fails
+        before it can start), counts it in its batch and settles the batch when it was the
+        last one. False, changing nothing, otherwise: a runner that lost the item (it was
+        queued again, cancelled, or started by another gateway) cannot record it."""
+        status = BatchItemStatus.RUNNING if started else BatchItemStatus.QUEUED
+        async with self._sessions.begin() as session:
+            written = await session.execute(
+                update(BatchItem)
+                .where(
+                    BatchItem.batch_id == batch_id,
+                    BatchItem.item_index == index,
+                    BatchItem.status == status,
+                    BatchItem.attempts == attempts,
+                )
+                .values(
+                    status=result.status,
+                    completion=result.completion,
+                    error=result.error,
+                    finished_at=utcnow(),
+                )
+            )
+            if rowcount(written) != 1:
+                return False
+            batch = await session.get(
+                BatchJob, batch_id, with_for_update=True, populate_existing=True
+            )
+            if batch is not None:
+                if result.status == BatchItemStatus.COMPLETED:
+                    batch.completed += 1
+                elif result.status == BatchItemStatus.FAILED:
+                    batch.failed += 1
+                else:
+                    batch.cancelled += 1
+                settle(batch)
+            return True
+
+    async def cancel(self, batch_id: str) -> BatchView | None:
+        """Cancels the items not started yet and marks the batch cancelling (cancelled at once
+        when nothing runs); a batch already settled or cancelling is returned unchanged."""
+        async with self._sessions.begin() as session:
+            marked = await session.execute(
+                update(BatchJob)
+                .where(
+                    BatchJob.id == batch_id,
+                    BatchJob.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)),
+                )
+                .values(status=BatchStatus.CANCELLING, cancelling_at=utcnow())
+            )
+            cancelled = await cancel_queued(session, batch_id) if rowcount(marked) else 0
+            batch = await session.get(BatchJob, batch_id, populate_existing=True)
+            if batch is None:
+                return None
+            batch.cancelled += cancelled
+            settle(batch)
+            return batch_view(batch)
+
+
+async def cancel_queued(session: AsyncSession, batch_id: str) -> int:
+    result = await session.execute(
+        update(BatchItem)
+        .where(BatchItem.batch_id == batch_id, BatchItem.status == BatchItemStatus.QUEUED)
+        .values(status=BatchItemStatus.CANCELLED, error=CANCELLED_ERROR, finished_at=utcnow())
+    )
+    return rowcount(result)
+
+
+def settle(batch: BatchJob) -> None:
+    """Gives an open batch its final status once none of its items is left to run."""
+    if batch.status not in OPEN_BATCH:
+        return
+    status = settled_status(
+        total=batch.total,
+        completed=batch.completed,
+        failed=batch.failed,
+        cancelled=batch.cancelled,
+        cancel_requested=batch.cancelling_at is not None,
+    )
+    if status is not None:
+        batch.status, batch.finished_at = status, utcnow()
+        batch.owner = batch.lease_until = None

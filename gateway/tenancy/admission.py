@@ -1,0 +1,133 @@
+"""Who is calling and whether they may: API-key authentication and per-key limits for the
+client APIs, between the HTTP controllers, the key store and the in-memory limiter.
+
+A request is charged twice: at admission, once its answer length is predicted, with its prompt
+plus the predicted answer (max_tokens without a prediction); at its end, settled to the prompt
+plus what was really generated, whether it completed, failed or was cancelled. A batch is
+charged whole at submission (every item's prompt + max_tokens: nothing is predicted yet) and
+not settled: its items run later, outside the window that charge counts in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.api.errors import OpenAIError
+from gateway.tenancy.keys import DISPLAY_PREFIX_CHARS, KEY_SCHEME, KeyRecord, KeyService
+from gateway.tenancy.limiter import Charge, Refusal, SlidingWindowLimiter
+
+
+def invalid_api_key(message: str) -> OpenAIError:
+    return OpenAIError(401, message, code="invalid_api_key")
+
+
+def rate_limited(key: KeyRecord, refusal: Refusal, what: str = "this request") -> OpenAIError:
+    where = f"API key {key.prefix}... ('{key.name}') on {refusal.kind} per minute"
+    if refusal.retry_after_s is None:
+        message = (
+            f"{what} is too large for {where}: limit {refusal.limit}, requested "
+            f"{refusal.requested}; it can never fit, send less at once"
+        )
+    else:
+        message = (
+            f"Rate limit reached for {where}: limit {refusal.limit}, used {refusal.used}, "
+            f"requested {refusal.requested}. Please try again in {refusal.retry_after_header}s."
+        )
+    return OpenAIError(
+        429,
+        message,
+        type=refusal.kind,
+        code="rate_limit_exceeded",
+        retry_after_s=refusal.retry_after_header,
+    )
+
+
+def bearer_credential(authorization: str | None) -> str | None:
+    scheme, _, credential = (authorization or "").partition(" ")
+    credential = credential.strip()
+    return credential if scheme.lower() == "bearer" and credential else None
+
+
+@dataclass(slots=True)
+class KeyAdmission:
+    """One request's hold on its key's limits (CompletionService.dispatch's Admission)."""
+
+    limiter: SlidingWindowLimiter
+    key: KeyRecord
+    _charge: Charge | None = None
+
+    @property
+    def api_key_id(self) -> int:
+        return self.key.id
+
+    def charge(self, tokens: int) -> None:
+        """Takes one request and `tokens` from the key's budget, or raises 429."""
+        outcome = self.limiter.admit(self.key.id, self.key.limits, 1, tokens)
+        if isinstance(outcome, Refusal):
+            raise rate_limited(self.key, outcome)
+        self._charge = outcome
+
+    def settle(self, tokens: int) -> None:
+        if self._charge is not None:
+            self.limiter.settle(self._charge, tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who made a client API request: a live key, or nobody (keys not required, none sent)."""
+
+    tenancy: Tenancy
+    key: KeyRecord | None
+
+    def admission(self) -> KeyAdmission | None:
+        """The request's hold on the key's limits (for CompletionService.dispatch)."""
+        return KeyAdmission(self.tenancy.limiter, self.key) if self.key is not None else None
+
+    def admit_batch(self, items: Sequence[tuple[int, int]]) -> None:
+        """Charges a batch of (prompt tokens, max_tokens) items whole, or raises 429."""
+        if self.key is None:
+            return
+        key, limiter = self.key, self.tenancy.limiter
+        tokens = sum(prompt + max_tokens for prompt, max_tokens in items)
+        outcome = limiter.admit(key.id, key.limits, len(items), tokens)
+        if isinstance(outcome, Refusal):
+            raise rate_limited(key, outcome, f"this batch of {len(items)} requests")
+
+
+class Tenancy:
+    def __init__(self, keys: KeyService, limiter: SlidingWindowLimiter, require_keys: bool) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.require_keys = require_keys
+
+    async def authenticate(self, authorization: str | None) -> Caller:
+        """The caller, by its live key or anonymous (only when keys are not required); 401 for
+        a missing key when required, an unknown key or a revoked one.
+
+        A credential that looks like one of this gateway's keys is always checked; anything
+        else (clients insist on sending some key) is ignored unless keys are required.
+        """
+        credential = bearer_credential(authorization)
+        if credential is None or not credential.startswith(KEY_SCHEME):
+            if not self.require_keys:
+                return Caller(self, None)
+            if credential is None:
+                raise invalid_api_key(
+                    "You didn't provide an API key: send it as 'Authorization: Bearer <key>'"
+                )
+            raise invalid_api_key("Incorrect API key provided: not a key of this gateway")
+        key = await self.keys.find(credential)
+        if key is None:
+            raise invalid_api_key(
+                f"Incorrect API key provided: {credential[:DISPLAY_PREFIX_CHARS]}..."
+            )
+        if key.revoked:
+            raise invalid_api_key(f"API key {key.prefix}... ('{key.name}') has been revoked")
+        return Caller(self, key)
+
+    async def revoke(self, key_id: int) -> KeyRecord | None:
+        key = await self.keys.revoke(key_id)
+        if key is not None:
+            self.limiter.forget(key_id)
+        return key

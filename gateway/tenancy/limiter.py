@@ -1,0 +1,156 @@
+"""Per-key requests-per-minute and tokens-per-minute limits over a sliding window (pure).
+
+Every admitted request leaves a charge (its time, requests and tokens) in its key's window; the
+window's sums are what the limits are checked against. A charge's tokens are a prediction when
+it is made and are settled to the real count when the request ends, so an over-prediction frees
+budget at once and an under-prediction is paid for by the requests that follow. A refusal says
+when enough of the window will have expired for the same request to fit, which is the earliest
+moment a retry can succeed (later settlements can only move it by what they change).
+
+No I/O and an injectable clock: the table-driven tests in tests/unit/test_limiter.py drive it.
+This is per process: with several gateway replicas each enforces its own share of the limits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+WINDOW_S = 60.0
+Clock = Callable[[], float]
+LimitKind = Literal["requests", "tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-minute limits; None is unlimited."""
+
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+
+
+@dataclass(slots=True)
+class Charge:
+    """What one admission took from a key's window; settle() corrects its tokens."""
+
+    key_id: int
+    at: float
+    requests: int
+    tokens: int
+    # False once the charge left the window (or was settled): settling it then changes nothing.
+    live: bool = True
+    settled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request does not fit now. retry_after_s is None when it never will: it alone asks
+    for more than the limit."""
+
+    kind: LimitKind
+    limit: int
+    used: int
+    requested: int
+    retry_after_s: float | None
+
+    @property
+    def retry_after_header(self) -> int | None:
+        """Whole seconds for a Retry-After header, rounded up so a retry then fits."""
+        if self.retry_after_s is None:
+            return None
+        return max(1, math.ceil(self.retry_after_s))
+
+
+@dataclass(slots=True)
+class _Window:
+    charges: deque[Charge] = field(default_factory=deque)
+    requests: int = 0
+    tokens: int = 0
+
+
+def _wait(refusal: Refusal) -> float:
+    return math.inf if refusal.retry_after_s is None else refusal.retry_after_s
+
+
+class SlidingWindowLimiter:
+    def __init__(self, clock: Clock = time.monotonic, window_s: float = WINDOW_S) -> None:
+        self._clock = clock
+        self._window_s = window_s
+        self._windows: dict[int, _Window] = {}
+
+    def admit(self, key_id: int, limits: Limits, requests: int, tokens: int) -> Charge | Refusal:
+        """Charges `requests` and `tokens` to the key if both fit its limits, else refuses and
+        charges nothing."""
+        now = self._clock()
+        window = self._prune(key_id, now)
+        refusals = [
+            refusal
+            for refusal in (
+                self._check(window, now, "requests", limits.requests_per_minute, requests),
+                self._check(window, now, "tokens", limits.tokens_per_minute, tokens),
+            )
+            if refusal is not None
+        ]
+        if refusals:
+            # The binding limit is the one that frees last (or never).
+            return max(refusals, key=_wait)
+        charge = Charge(key_id, now, requests, tokens)
+        window.charges.append(charge)
+        window.requests += requests
+        window.tokens += tokens
+        return charge
+
+    def settle(self, charge: Charge, tokens: int) -> None:
+        """Replaces the charge's predicted tokens with the real count (once)."""
+        if charge.settled:
+            return
+        charge.settled = True
+        if charge.live:
+            self._windows[charge.key_id].tokens += tokens - charge.tokens
+        charge.tokens = tokens
+
+    def used(self, key_id: int) -> tuple[int, int]:
+        """(requests, tokens) charged to the key in the current window."""
+        window = self._prune(key_id, self._clock())
+        return window.requests, window.tokens
+
+    def forget(self, key_id: int) -> None:
+        """Drops a key's window (revoked keys admit nothing again)."""
+        window = self._windows.pop(key_id, None)
+        for charge in window.charges if window else ():
+            charge.live = False
+
+    def _prune(self, key_id: int, now: float) -> _Window:
+        window = self._windows.setdefault(key_id, _Window())
+        charges = window.charges
+        while charges and charges[0].at <= now - self._window_s:
+            old = charges.popleft()
+            old.live = False
+            window.requests -= old.requests
+            window.tokens -= old.tokens
+        return window
+
+    def _check(
+        self, window: _Window, now: float, kind: LimitKind, limit: int | None, wanted: int
+    ) -> Refusal | None:
+        if limit is None:
+            return None
+        used = window.requests if kind == "requests" else window.tokens
+        excess = used + wanted - limit
+        if excess <= 0:
+            return None
+        if wanted > limit:
+            return Refusal(kind, limit, used, wanted, None)
+        # Walk the window oldest first until what expires covers the excess.
+        freed = 0
+        for charge in window.charges:
+            freed += charge.requests if kind == "requests" else charge.tokens
+            if freed >= excess:
+                return Refusal(kind, limit, used, wanted, charge.at + self._window_s - now)
+        # Unreachable: the window's sum is its charges' sum and wanted <= limit, so expiring
+        # every charge covers the excess.
+        raise AssertionError("sliding window sums out of step with its charges")

@@ -1,0 +1,9 @@
+terraform {
+  required_version = ">= 1.9.0"
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = ">= 6.6.0, < 7.0.0"
+    }
+  }
+}

@@ -1,0 +1,234 @@
+"""The admin dashboard in a real headless Chromium against a gateway with three live sites:
+log in, watch per-cloud token load rise under traffic and drain after, drill into a site, and
+check that every number shown equals the admin API's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page
+
+from tests.e2e.conftest import Federation
+from tests.e2e.test_prediction_http import artifact  # noqa: F401 (a small real predictor)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+TOKEN = "browser-test-admin-token-42"
+SITES = ["aws-use1", "gcp-euw4", "azure-jpe"]
+FLOATS = {"requests_per_min": 2, "ttft_ms": 1, "e2e_ms": 1}
+
+COLLECT = """() => {
+  const fields = (root) => Object.fromEntries(
+    [...root.querySelectorAll('[data-field]')].map((n) => [n.dataset.field, n.textContent]));
+  const by = (sel, key) => Object.fromEntries(
+    [...document.querySelectorAll(sel)].map((n) => [n.dataset[key], fields(n)]));
+  const detail = document.querySelector('#detail-stats');
+  return {
+    at: Number(document.querySelector('#clouds').dataset.at),
+    sitesAt: Number(document.querySelector('#sites tbody').dataset.at),
+    detailAt: detail.dataset.at ? Number(detail.dataset.at) : null,
+    clouds: by('#clouds [data-cloud]', 'cloud'),
+    sites: by('#sites tbody tr[data-site]', 'site'),
+    detail: fields(detail),
+  };
+}"""
+
+
+def shown(field: str, value: Any) -> str:
+    """How the page formats an API value (the page must not compute, only format)."""
+    if value is None:
+        return "–"
+    if field in FLOATS:
+        return f"{value:.{FLOATS[field]}f}"
+    return f"{value:,}"
+
+
+@pytest.fixture(scope="module")
+def federation(start_federation, artifact: Path) -> Federation:  # noqa: F811
+    return start_federation(
+        live=SITES,
+        env={
+            "GATEWAY_ADMIN_TOKEN": TOKEN,
+            "GATEWAY_LOAD_SAMPLE_INTERVAL_S": "0.5",
+            "GATEWAY_PREDICTOR_DIR": str(artifact),
+            "GATEWAY_ROUTING_POLICY": "least_tokens",
+            "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100",
+        },
+    )
+
+
+@pytest.fixture
+def page(chromium: Browser) -> Iterator[Page]:
+    context = chromium.new_context(viewport={"width": 1440, "height": 1000})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+class Traffic:
+    """Streams long completions from a few threads until stopped."""
+
+    def __init__(self, base_url: str, workers: int = 6) -> None:
+        self._stop = threading.Event()
+        self.sent = 0
+        self.errors: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._loop, args=(base_url, i)) for i in range(workers)
+        ]
+
+    def _loop(self, base_url: str, worker: int) -> None:
+        with httpx.Client(base_url=base_url, timeout=120) as client:
+            while not self._stop.is_set():
+                body = {
+                    "model": "tiny",
+                    "prompt": f"worker {worker} request {self.sent}",
+                    "max_tokens": 192,
+                    "ignore_eos": True,
+                }
+                response = client.post("/v1/completions", json=body)
+                if response.status_code != 200:
+                    self.errors.append(response.text)
+                self.sent += 1
+
+    def __enter__(self) -> Traffic:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+
+
+def api(federation: Federation, path: str, **params: Any) -> Any:
+    response = httpx.get(
+        f"{federation.base_url}{path}",
+        params=params,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def cloud_loads(page: Page) -> dict[str, int]:
+    texts = page.eval_on_selector_all(
+        "#clouds [data-cloud]",
+        "cards => cards.map(c => [c.dataset.cloud, "
+        "c.querySelector('[data-field=token_load]').textContent])",
+    )
+    return {cloud: int(text.replace(",", "")) for cloud, text in texts}
+
+
+def assert_page_matches_overview(page: Page, federation: Federation, detail: str | None) -> None:
+    """Reads the page and the API until both show the same snapshot, then compares every value."""
+    for _ in range(60):
+        seen = page.evaluate(COLLECT)
+        overview = api(federation, "/admin/api/overview")
+        same = seen["at"] == seen["sitesAt"] == overview["at"]
+        if same and (detail is None or seen["detailAt"] == overview["at"]):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the page never showed the API's current snapshot")
+    assert sorted(seen["clouds"]) == sorted(c["cloud"] for c in overview["clouds"])
+    for cloud in overview["clouds"]:
+        texts = seen["clouds"][cloud["cloud"]]
+        for field, text in texts.items():
+            assert text == shown(field, cloud[field]), (cloud["cloud"], field)
+    for site in overview["sites"]:
+        texts = seen["sites"][site["name"]]
+        assert texts["healthy"] == ("healthy" if site["healthy"] else "down")
+        for field, text in texts.items():
+            if field not in ("healthy", "cloud", "model"):
+                assert text == shown(field, site[field]), (site["name"], field)
+        if site["name"] == detail:
+            for field, text in seen["detail"].items():
+                if field not in ("healthy", "completed_window"):
+                    assert text == shown(field, site[field]), ("detail", field)
+
+
+def test_dashboard_live_drilldown_and_values(
+    page: Page, federation: Federation, artifacts_dir: Path
+) -> None:
+    page.goto(f"{federation.base_url}/admin")
+    assert page.url.endswith("/admin/login")  # no credential: the login page
+    page.fill("#token", "not-the-admin-token")
+    page.click("button[type=submit]")
+    assert page.locator(".error").inner_text() == "Wrong admin token."
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("html[data-ready=true]", timeout=15_000)
+    assert page.url.endswith("/admin")
+    assert page.locator(".asset-error").count() == 0
+    assert page.locator("#cloud-chart canvas").count() == 1  # uPlot drew the headline chart
+    assert page.inner_text("#policy") == "routing: least_tokens"
+    assert set(cloud_loads(page)) == {"aws", "gcp", "azure"}
+
+    peaks: dict[str, int] = dict.fromkeys(cloud_loads(page), 0)
+    with Traffic(federation.base_url) as traffic:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and min(peaks.values()) == 0:
+            for cloud, load in cloud_loads(page).items():
+                peaks[cloud] = max(peaks[cloud], load)
+            time.sleep(0.2)
+        page.screenshot(path=str(artifacts_dir / "dashboard-under-load.png"), full_page=True)
+    assert not traffic.errors
+    assert min(peaks.values()) > 0, f"token load never rose on every cloud: {peaks}"
+    # The headline chart grew live points without a reload.
+    points = page.evaluate("() => Number(document.querySelector('#cloud-chart').dataset.points)")
+    assert points > 0
+    # Load drains once the traffic stops, and the page follows.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#clouds [data-field=token_load]')]"
+        ".every(n => n.textContent === '0')",
+        timeout=60_000,
+    )
+    time.sleep(1.5)  # the sampler's next rows count the last completions
+
+    page.click("#sites tr[data-site=gcp-euw4]")
+    page.wait_for_selector("#detail[data-loaded=true][data-site=gcp-euw4]")
+    assert page.inner_text("#detail-title") == "gcp-euw4"
+    assert page.locator("#detail canvas").count() == 4
+    assert_page_matches_overview(page, federation, detail="gcp-euw4")
+
+    detail = api(federation, "/admin/api/sites/gcp-euw4", window_s=3600)
+    completed = sum(v or 0 for v in detail["history"]["series"][0]["completed"])
+    assert completed > 0
+    shown_completed = page.inner_text("#detail-stats [data-field=completed_window]")
+    assert shown_completed == shown("completed", completed)
+
+    # Prediction error per site: the table refreshes by itself and matches the API.
+    drift = api(federation, "/admin/api/drift", window_s=3600)["summary"]
+    assert {row["site"] for row in drift} == set(SITES)
+    deadline = time.monotonic() + 30
+    while True:
+        rows = page.eval_on_selector_all(
+            "#drift tbody tr[data-site]",
+            "rows => rows.map(r => [r.dataset.site, Object.fromEntries([...r.querySelectorAll("
+            "'[data-field]')].map(n => [n.dataset.field, n.textContent]))])",
+        )
+        expected = [
+            [row["site"], {f: shown(f, row[f]) for f in ("count",)} | {
+                f: f"{row[f]:.1f}" for f in ("mean_predicted", "mean_actual", "bias", "mae")
+            }]
+            for row in drift
+        ]  # fmt: skip
+        if rows == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rows == expected
+
+    page.screenshot(path=str(artifacts_dir / "dashboard.png"), full_page=True)
+
+    page.click("text=Log out")
+    page.wait_for_url("**/admin/login")
+    status = page.evaluate("() => fetch('/admin/api/overview').then(r => r.status)")
+    assert status == 401

@@ -1,0 +1,259 @@
+"""The site map of example.tfvars, rendered by the root's own expressions (federation.tf), is a
+federation file the gateway accepts and runs with, so the Terraform and the gateway cannot drift.
+
+Only what a cloud would return (the engines' addresses) is supplied by the test; the names,
+models, weights, the file and the container environment come from evaluating the HCL."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.db.migrate import downgrade
+from gateway.launch import ManagedProcess, free_port, spawn_site, wait_until_serving
+from gateway.settings import GatewaySettings
+from gateway.sites.config import load_federation, parse_federation
+from tests.infra.containers import DOCKER_DIR, environment, exec_form, one
+from tests.infra.deployment import (
+    INFRASTRUCTURE_OUTPUTS,
+    RenderedRoot,
+    addresses_for,
+    module_inputs,
+    module_locals,
+    render_root,
+    tfvars,
+)
+from tests.infra.hcl_tree import TERRAFORM_DIR, ModuleConfig
+
+GATEWAY_ENTRYPOINT = DOCKER_DIR / "gateway-entrypoint.sh"
+
+
+@pytest.fixture(scope="module")
+def example() -> dict[str, Any]:
+    return tfvars()
+
+
+@pytest.fixture(scope="module")
+def rendered(root: ModuleConfig, example: dict[str, Any]) -> RenderedRoot:
+    return render_root(root, example, addresses_for())
+
+
+def test_the_rendered_file_is_a_federation_the_gateway_accepts(
+    rendered: RenderedRoot, example: dict[str, Any], tmp_path: Path
+) -> None:
+    # Exactly what the gateway container receives, parsed by the gateway's own loader.
+    text = rendered.local("gateway_environment")["FEDLLM_FEDERATION_JSON"]
+    federation = parse_federation(text.encode(), tmp_path)
+
+    engines = Counter(site.name.rsplit("-", 1)[0] for site in federation.sites)
+    for name, site in example["sites"].items():
+        mine = [s for s in federation.sites if s.name == name or s.name.startswith(f"{name}-")]
+        assert len(mine) == site.get("count", 1), name
+        for engine in mine:
+            assert (engine.cloud, engine.region, engine.model) == (
+                site["cloud"],
+                site["region"],
+                site["model"],
+            )
+            assert engine.capacity_weight == site.get("capacity_weight", 1)
+    assert sum(engines.values()) == sum(s.get("count", 1) for s in example["sites"].values())
+
+    # Every engine gets the address its site module returned, each address once.
+    returned = [
+        endpoint
+        for site in rendered.evaluator.modules.values()
+        if isinstance(site, dict)
+        for outputs in site.values()
+        if isinstance(outputs, dict) and "endpoints" in outputs
+        for endpoint in outputs["endpoints"]
+    ]
+    assert sorted(s.endpoint for s in federation.sites) == sorted(returned)
+
+    # Models some site serves, each with its tokenizer next to the file; unused ones are left out.
+    served = {site["model"] for site in example["sites"].values()}
+    assert {m.name for m in federation.models} == served < set(example["models"])
+    assert all(m.tokenizer == (tmp_path / "models" / m.name).resolve() for m in federation.models)
+
+
+def test_a_single_engine_keeps_the_site_name_and_several_are_numbered(
+    rendered: RenderedRoot, example: dict[str, Any]
+) -> None:
+    names = rendered.local("instance_names")
+    assert set(names) == set(example["sites"])
+    for site, engines in names.items():
+        count = example["sites"][site].get("count", 1)
+        expected = [site] if count == 1 else [f"{site}-{i}" for i in range(1, count + 1)]
+        assert engines == expected
+
+
+def test_a_draining_site_keeps_its_engines_but_leaves_the_federation(
+    root: ModuleConfig, example: dict[str, Any], tmp_path: Path
+) -> None:
+    given = copy.deepcopy(example)
+    given["sites"]["azure-swc"]["drain"] = True  # the only site serving llama
+    rendered = render_root(root, given, addresses_for())
+    assert ("azure_site", "azure-swc") in rendered.site_inputs  # still deployed
+    text = rendered.local("gateway_environment")["FEDLLM_FEDERATION_JSON"]
+    federation = parse_federation(text.encode(), tmp_path)
+    assert "azure-swc" not in {s.name for s in federation.sites}
+    assert "aws-apne1" in {s.name for s in federation.sites}  # llama is still served there
+    given["sites"]["aws-apne1"]["drain"] = True
+    drained = render_root(root, given, addresses_for()).local("federation")
+    assert {m["name"] for m in drained["models"]} == {"qwen2.5-7b-instruct"}
+
+
+def _gateway_container_env(root: ModuleConfig, rendered: RenderedRoot) -> dict[str, str]:
+    gateway = ModuleConfig.load(TERRAFORM_DIR / "modules" / "aws_gateway")
+    inputs = module_inputs(root, rendered, "gateway")
+    evaluator = module_locals(
+        gateway,
+        inputs,
+        overrides={
+            "aws_db_instance.gateway.address": "fedllm.abc123.us-east-1.rds.amazonaws.com",
+            "aws_db_instance.gateway.port": 5432,
+        },
+    )
+    container: dict[str, str] = evaluator.local("environment")
+    return {**environment(DOCKER_DIR / "gateway.Dockerfile"), **container}
+
+
+def test_the_gateway_container_environment_is_valid_gateway_settings(
+    root: ModuleConfig, rendered: RenderedRoot, example: dict[str, Any]
+) -> None:
+    env = _gateway_container_env(root, rendered)
+    known = {f"GATEWAY_{name.upper()}" for name in GatewaySettings.__dataclass_fields__}
+    assert {k for k in env if k.startswith("GATEWAY_")} <= known
+    settings = GatewaySettings.from_env(env)
+    assert settings.routing_policy == example["gateway"]["routing_policy"]
+    assert settings.host == "0.0.0.0"
+    assert settings.port == 8000
+    # No password in the URL: it arrives as PGPASSWORD from Secrets Manager.
+    assert settings.database_url.startswith("postgresql+psycopg://fedllm@")
+    assert "sslmode=require" in settings.database_url
+    for key, value in example["gateway"]["settings"].items():
+        assert env[key] == value
+
+
+def _live_sites(tiny_model: Path, models: set[str], work: Path) -> dict[str, ManagedProcess]:
+    sites = {
+        model: spawn_site(model_dir=tiny_model, site_name=model, model_name=model, log_dir=work)
+        for model in sorted(models)
+    }
+    for process in sites.values():
+        wait_until_serving(process)
+    return sites
+
+
+def _wait_ready(process: ManagedProcess, engines: int, timeout_s: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if not process.alive():
+            pytest.fail(f"gateway exited:\n{process.log_tail()}")
+        try:
+            body = httpx.get(f"http://127.0.0.1:{process.port}/readyz", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            body = {}
+        if sum(bool(v) for v in body.get("sites", {}).values()) == engines:
+            return body
+        time.sleep(0.3)
+    pytest.fail(f"not every engine became healthy: {body}\n{process.log_tail()}")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
+    root: ModuleConfig,
+    example: dict[str, Any],
+    tiny_llama_dir: Path,
+    postgres_url: str,
+    tmp_path: Path,
+) -> None:
+    served = {site["model"] for site in example["sites"].values()}
+    started: list[ManagedProcess] = []
+    try:
+        sites = _live_sites(tiny_llama_dir, served, tmp_path)
+        started += sites.values()
+
+        # The cloud's part: every engine of a model answers at that model's live site.
+        def at_live_sites(call: str, site: str, inputs: dict[str, Any]) -> dict[str, Any]:
+            endpoint = f"127.0.0.1:{sites[inputs['model']['name']].port}"
+            return {
+                "endpoints": [endpoint for _ in inputs["instance_names"]],
+                "public_ips": ["127.0.0.1" for _ in inputs["instance_names"]],
+            }
+
+        rendered = render_root(root, example, at_live_sites)
+        env = _gateway_container_env(root, rendered)
+        state = tmp_path / "state"
+        for model in served:  # what the entrypoint would download from FEDLLM_MODELS
+            (state / "models").mkdir(parents=True, exist_ok=True)
+            (state / "models" / model).symlink_to(tiny_llama_dir)
+        pki = INFRASTRUCTURE_OUTPUTS["pki"]
+        port = free_port()
+        env.update(
+            {
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                "GATEWAY_FEDERATION_FILE": str(state / "federation.json"),
+                "GATEWAY_DATABASE_URL": postgres_url,
+                "GATEWAY_HOST": "127.0.0.1",
+                "GATEWAY_PORT": str(port),
+                "GATEWAY_HEALTH_INTERVAL_S": "0.5",
+                "FEDLLM_TLS_CA_PEM": pki["ca_cert_pem"],
+                "FEDLLM_TLS_CERT_PEM": pki["gateway_cert_pem"],
+                "FEDLLM_TLS_KEY_PEM": pki["gateway_private_key_pem"],
+            }
+        )
+        log = tmp_path / "gateway.log"
+        with log.open("wb") as output:
+            popen = subprocess.Popen(
+                ["sh", str(GATEWAY_ENTRYPOINT), sys.executable, "-m", "gateway"],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+            )
+        gateway = ManagedProcess("gateway", popen, log, port)
+        started.append(gateway)
+        ready = _wait_ready(gateway, len(rendered.local("federation")["sites"]))
+        federation = load_federation(state / "federation.json")
+        assert set(ready["sites"]) == {s.name for s in federation.sites}
+
+        # The entrypoint wrote the files and kept the material out of the gateway's environment.
+        assert (state / "tls" / "key.pem").read_text() == pki["gateway_private_key_pem"]
+        assert (state / "tls" / "key.pem").stat().st_mode & 0o077 == 0
+        gateway_env = Path(f"/proc/{popen.pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in gateway_env if v.startswith(b"FEDLLM_")]
+
+        # The image's HEALTHCHECK (and ECS's copy of it) passes against this gateway.
+        probe = exec_form(one(DOCKER_DIR / "gateway.Dockerfile", "HEALTHCHECK"))
+        checked = subprocess.run(
+            [sys.executable, *probe[1:]], env={**os.environ, "GATEWAY_PORT": str(port)}, timeout=30
+        )
+        assert checked.returncode == 0
+
+        base = f"http://127.0.0.1:{port}"
+        listed = httpx.get(f"{base}/v1/models", timeout=10).json()
+        assert sorted(m["id"] for m in listed["data"]) == sorted(served)
+        for model in sorted(served):
+            engines = {s.name for s in federation.sites if s.model == model}
+            response = httpx.post(
+                f"{base}/v1/completions",
+                json={"model": model, "prompt": "Hello", "max_tokens": 4},
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text
+            assert response.headers["x-fedllm-site"] in engines
+    finally:
+        for process in reversed(started):
+            process.stop()
+        downgrade(postgres_url)  # the session's database is shared: leave it empty

@@ -1,0 +1,246 @@
+"""The batch store and leases against real databases: batches and items written whole, pages,
+item moves fenced by attempts, counters and settling, cancel, and leases between gateways."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from gateway.db.migrate import downgrade, upgrade
+from gateway.db.models import BatchItemStatus, BatchStatus
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.services.batch_leases import BatchLeases
+from gateway.services.batches import (
+    CANCELLED_ERROR,
+    BatchStore,
+    ItemAssignment,
+    ItemResult,
+    NewItem,
+)
+from gateway.services.site_store import sync_sites
+from gateway.sites.config import SiteConfig
+
+DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
+SITES = (
+    SiteConfig("a", "aws", "us-east-1", "127.0.0.1:1", "m"),
+    SiteConfig("b", "gcp", "europe-west4", "127.0.0.1:2", "m"),
+)
+DONE = ItemResult(BatchItemStatus.COMPLETED, completion={"id": "cmpl-1"})
+BROKEN = ItemResult(BatchItemStatus.FAILED, error={"message": "boom", "type": "server_error"})
+CANCELLED = ItemResult(BatchItemStatus.CANCELLED)
+
+Scenario = Callable[[BatchStore, BatchLeases, dict[str, int]], Awaitable[None]]
+
+
+@pytest.fixture(params=DATABASES)
+def run(request) -> Iterator[Callable[[Scenario], None]]:
+    url = request.getfixturevalue(request.param)
+    upgrade(url)
+
+    async def go(scenario: Scenario) -> None:
+        engine = create_engine(url)
+        try:
+            sessions = create_sessionmaker(engine)
+            sites = await sync_sites(sessions, SITES)
+            await scenario(BatchStore(sessions), BatchLeases(sessions), sites)
+        finally:
+            await engine.dispose()
+
+    try:
+        yield lambda scenario: asyncio.run(go(scenario))
+    finally:
+        downgrade(url)
+
+
+def new_items(count: int) -> list[NewItem]:
+    return [NewItem(f"c{i}", {"prompt": f"p{i}"}, 3, 10 + i) for i in range(count)]
+
+
+async def in_progress(store: BatchStore, batch_id: str, count: int, site_id: int) -> None:
+    await store.create(batch_id, "m", {"k": "v"}, new_items(count))
+    await store.assign(
+        batch_id, [ItemAssignment(i, site_id, 5, 1, "v1", "why") for i in range(count)]
+    )
+    assert await store.begin_progress(batch_id)
+
+
+def test_batches_and_results_page(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        for i in range(3):
+            created = await store.create(f"batch_{i}", "m", None, new_items(5))
+            assert (created.status, created.total, created.completed) == (
+                BatchStatus.VALIDATING,
+                5,
+                0,
+            )
+        first = await store.list_batches(None, 2)
+        assert first is not None
+        assert ([b.id for b in first.data], first.has_more) == (["batch_2", "batch_1"], True)
+        rest = await store.list_batches("batch_1", 2)
+        assert rest is not None
+        assert ([b.id for b in rest.data], rest.has_more) == (["batch_0"], False)
+        assert await store.list_batches("batch_nope", 2) is None
+        assert await store.get("batch_nope") is None
+
+        await store.assign(
+            "batch_0", [ItemAssignment(i, sites["b"], 7, 2, "v1", f"r{i}") for i in range(5)]
+        )
+        page = await store.results("batch_0", "c1", 2)
+        assert page is not None
+        assert [(r.custom_id, r.site, r.predicted_tokens, r.assign_reason) for r in page.data] == [
+            ("c2", "b", 7, "r2"),
+            ("c3", "b", 7, "r3"),
+        ]
+        assert page.has_more
+        assert await store.results("batch_0", "c9", 2) is None
+
+    run(scenario)
+
+
+def test_items_move_once_and_settle_the_batch(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        await in_progress(store, "batch_x", 3, sites["a"])
+        assert await store.lanes("batch_x") == [sites["a"]]
+        lane = await store.lane("batch_x", sites["a"], -1, 10)
+        assert [(q.index, q.predicted_tokens, q.attempts) for q in lane] == [
+            (0, 5, 0),
+            (1, 5, 0),
+            (2, 5, 0),
+        ]
+        assert await store.lane("batch_x", None, -1, 10) == []
+
+        assert await store.start_item("batch_x", 0, 0, "cmpl-a")
+        assert not await store.start_item("batch_x", 0, 0, "cmpl-b")  # started already
+        assert await store.start_item("batch_x", 0, 1, "cmpl-c")  # a retry: start number 2
+        assert not await store.finish_item("batch_x", 0, 1, DONE)  # stale attempt: refused
+        assert await store.finish_item("batch_x", 0, 2, DONE)
+        assert not await store.finish_item("batch_x", 0, 2, BROKEN)  # final stays final
+        assert not await store.start_item("batch_x", 0, 2, "cmpl-d")
+
+        assert await store.start_item("batch_x", 1, 0, "cmpl-e")
+        assert await store.finish_item("batch_x", 1, 1, BROKEN)
+        mid = await store.get("batch_x")
+        assert mid is not None
+        assert (mid.status, mid.completed, mid.failed) == (BatchStatus.IN_PROGRESS, 1, 1)
+
+        # An item that no longer validates fails without a start.
+        assert not await store.finish_item("batch_x", 2, 0, BROKEN)  # it is not running
+        assert await store.finish_item("batch_x", 2, 0, BROKEN, started=False)
+        done = await store.get("batch_x")
+        assert done is not None
+        assert (done.status, done.completed, done.failed) == (BatchStatus.COMPLETED, 1, 2)
+        assert done.finished_at is not None
+        page = await store.results("batch_x", None, 10)
+        assert page is not None
+        first = page.data[0]
+        assert (first.status, first.attempts, first.request_id) == (
+            BatchItemStatus.COMPLETED,
+            2,
+            "cmpl-c",
+        )
+        assert first.completion == {"id": "cmpl-1"}
+        assert page.data[1].error == BROKEN.error
+
+    run(scenario)
+
+
+def test_all_failed_is_a_failed_batch(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        await in_progress(store, "batch_f", 2, sites["a"])
+        for index in range(2):
+            assert await store.finish_item("batch_f", index, 0, BROKEN, started=False)
+        batch = await store.get("batch_f")
+        assert batch is not None
+        assert batch.status == BatchStatus.FAILED
+
+    run(scenario)
+
+
+def test_cancel(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        await in_progress(store, "batch_c", 3, sites["a"])
+        assert await store.start_item("batch_c", 0, 0, "cmpl-a")
+        cancelling = await store.cancel("batch_c")
+        assert cancelling is not None
+        assert (cancelling.status, cancelling.cancelled) == (BatchStatus.CANCELLING, 2)
+        assert cancelling.cancelling_at is not None
+        assert not await store.start_item("batch_c", 1, 0, "cmpl-b")
+        page = await store.results("batch_c", "c0", 1)
+        assert page is not None
+        assert (page.data[0].status, page.data[0].error) == (
+            BatchItemStatus.CANCELLED,
+            CANCELLED_ERROR,
+        )
+        assert await store.lanes("batch_c") == []
+        assert await store.finish_item("batch_c", 0, 1, CANCELLED)
+        cancelled = await store.get("batch_c")
+        assert cancelled is not None
+        assert (cancelled.status, cancelled.cancelled) == (BatchStatus.CANCELLED, 3)
+        again = await store.cancel("batch_c")
+        assert again is not None
+        assert again.status == BatchStatus.CANCELLED
+
+        # Nothing running: cancelled at once, even while still being assigned.
+        await store.create("batch_v", "m", None, new_items(2))
+        now = await store.cancel("batch_v")
+        assert now is not None
+        assert (now.status, now.cancelled) == (BatchStatus.CANCELLED, 2)
+        assert not await store.begin_progress("batch_v")
+        assert await store.cancel("batch_nope") is None
+
+    run(scenario)
+
+
+def test_leases_and_recovery(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        await in_progress(store, "batch_1", 2, sites["a"])
+        await in_progress(store, "batch_2", 2, sites["b"])
+        assert sorted(await leases.claim("gw-a", 60, 10)) == ["batch_1", "batch_2"]
+        assert await leases.claim("gw-b", 60, 10) == []
+        assert await leases.renew("gw-a", ["batch_1", "batch_2"], 60) == {
+            "batch_1": BatchStatus.IN_PROGRESS,
+            "batch_2": BatchStatus.IN_PROGRESS,
+        }
+        assert await leases.renew("gw-b", ["batch_1"], 60) == {}
+
+        # gw-a stops and hands batch_1 back; its running item runs again under gw-b.
+        assert await store.start_item("batch_1", 0, 0, "cmpl-a")
+        await leases.release("gw-a", ["batch_1"])
+        assert await leases.claim("gw-b", 60, 10) == ["batch_1"]
+        recovered = await leases.recover("batch_1")
+        assert recovered is not None
+        lane = await store.lane("batch_1", sites["a"], -1, 10)
+        assert [(q.index, q.attempts) for q in lane] == [(0, 1), (1, 0)]
+        assert not await store.finish_item("batch_1", 0, 1, DONE)  # gw-a's late result
+
+        # gw-a dies holding batch_2 with a lease that has lapsed; a cancel came meanwhile.
+        assert await leases.renew("gw-a", ["batch_2"], -1) == {"batch_2": BatchStatus.IN_PROGRESS}
+        assert await store.start_item("batch_2", 0, 0, "cmpl-b")
+        await store.cancel("batch_2")
+        assert await leases.claim("gw-b", 60, 10) == ["batch_2"]
+        settled = await leases.recover("batch_2")
+        assert settled is not None
+        assert (settled.status, settled.cancelled) == (BatchStatus.CANCELLED, 2)
+        assert await leases.renew("gw-b", ["batch_2"], 60) == {}
+
+    run(scenario)
+
+
+def test_concurrent_finishes_count_exactly(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        count = 40
+        await in_progress(store, "batch_n", count, sites["a"])
+        for index in range(count):
+            assert await store.start_item("batch_n", index, 0, f"cmpl-{index}")
+        results = [DONE if index % 4 else BROKEN for index in range(count)]
+        written = await asyncio.gather(
+            *(store.finish_item("batch_n", i, 1, result) for i, result in enumerate(results))
+        )
+        assert all(written)
+        batch = await store.get("batch_n")
+        assert batch is not None
+        assert (batch.status, batch.completed, batch.failed) == (BatchStatus.COMPLETED, 30, 10)
+
+    run(scenario)

@@ -1,0 +1,139 @@
+"""The batch runner's decisions: MICO placement of a batch's items over the healthy sites of its
+model, and the bookkeeping rules (settled status, retries, backoff)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.batch_plan import (
+    PlanItem,
+    plan_batch,
+    retry_delay_s,
+    retryable,
+    settled_status,
+)
+from gateway.db.models import BatchStatus
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    site_id: int
+    model: str = "m"
+    healthy: bool = True
+    capacity_weight: float = 1.0
+    outstanding_tokens: int = 0
+
+
+def items(*specs: tuple[int, int, int | None, int | None]) -> list[PlanItem]:
+    """(prompt, max_tokens, predicted, bucket) per item, indexed from 0."""
+    return [PlanItem(i, *spec) for i, spec in enumerate(specs)]
+
+
+def site_tokens(plan: list[PlanItem], sites: list[Site]) -> dict[int | None, int]:
+    placements = plan_batch("m", plan, sites)
+    tokens: dict[int | None, int] = defaultdict(int)
+    for item, placement in zip(plan, placements, strict=True):
+        tokens[placement.site_id] += item.prompt_tokens + item.planned_tokens
+    return dict(tokens)
+
+
+def test_only_healthy_sites_of_the_model_take_items() -> None:
+    sites = [
+        Site("a", 1),
+        Site("down", 2, healthy=False),
+        Site("other", 3, model="x"),
+        Site("b", 4),
+    ]
+    plan = items(*[(10, 20, 10, 1)] * 6)
+    placements = plan_batch("m", plan, sites)
+    assert [p.index for p in placements] == list(range(6))
+    assert {p.site_id for p in placements} == {1, 4}
+    assert all(p.reason.startswith("mico batch: bucket 1") for p in placements)
+
+
+@pytest.mark.parametrize(
+    ("sites", "plan", "expected"),
+    [
+        # Equal sites, equal items: half each.
+        ([Site("a", 1), Site("b", 2)], items(*[(10, 50, 30, 2)] * 4), {1: 80, 2: 80}),
+        # Capacity 2:1: the big site carries twice the tokens.
+        (
+            [Site("small", 1), Site("big", 2, capacity_weight=2.0)],
+            items(*[(10, 50, 40, 3)] * 6),
+            {1: 100, 2: 200},
+        ),
+        # A site already carrying 200 tokens gets only what evens the loads out (250 each).
+        (
+            [Site("busy", 1, outstanding_tokens=200), Site("idle", 2)],
+            items(*[(25, 100, 25, 1)] * 6),
+            {1: 50, 2: 250},
+        ),
+        # Without predictions, items plan with max_tokens (one length group).
+        (
+            [Site("a", 1), Site("b", 2)],
+            items((5, 95, None, None), (5, 45, None, None), (5, 45, None, None)),
+            {1: 100, 2: 100},
+        ),
+    ],
+    ids=["equal", "capacity 2:1", "busy site", "no predictions"],
+)
+def test_token_load_is_balanced(sites, plan, expected) -> None:
+    assert site_tokens(plan, sites) == expected
+
+
+def test_a_batch_larger_than_any_kv_cache_is_placed_whole() -> None:
+    # The batch is dispatched a few items at a time, so its total may exceed every site's KV.
+    plan = items(*[(100, 500, 400, i % 10) for i in range(3000)])
+    tokens = site_tokens(plan, [Site("a", 1), Site("b", 2), Site("c", 3)])
+    assert None not in tokens
+    assert sum(tokens.values()) == 3000 * 500
+    assert max(tokens.values()) - min(tokens.values()) <= 500
+
+
+def test_no_healthy_site_leaves_items_for_the_policy() -> None:
+    placements = plan_batch("m", items((1, 2, None, None)), [Site("a", 1, healthy=False)])
+    assert placements[0].site_id is None
+    assert "no healthy site served model 'm'" in placements[0].reason
+
+
+@pytest.mark.parametrize(
+    ("counts", "cancel_requested", "expected"),
+    [
+        ((3, 1, 1, 0), False, None),
+        ((3, 2, 1, 0), False, BatchStatus.COMPLETED),
+        ((3, 0, 3, 0), False, BatchStatus.FAILED),
+        ((3, 1, 0, 1), True, None),
+        ((3, 1, 0, 2), True, BatchStatus.CANCELLED),
+        ((3, 3, 0, 0), True, BatchStatus.CANCELLED),
+    ],
+)
+def test_settled_status(counts, cancel_requested, expected) -> None:
+    total, completed, failed, cancelled = counts
+    status = settled_status(
+        total=total,
+        completed=completed,
+        failed=failed,
+        cancelled=cancelled,
+        cancel_requested=cancel_requested,
+    )
+    assert status == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [(400, False), (404, False), (413, False), (429, True), (500, True), (502, True), (503, True)],
+)
+def test_retryable(status: int, expected: bool) -> None:
+    assert retryable(status) is expected
+
+
+@pytest.mark.parametrize(
+    ("attempts", "delay"),
+    [(0, 1.0), (1, 1.0), (2, 2.0), (3, 4.0), (5, 16.0), (6, 30.0), (40, 30.0)],
+)
+def test_retry_delay(attempts: int, delay: float) -> None:
+    assert retry_delay_s(attempts) == delay

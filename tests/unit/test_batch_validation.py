@@ -1,0 +1,169 @@
+"""Batch submission: every item is validated as /v1/completions would, and one bad item rejects
+the whole batch with an error naming it, before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gateway.api.batch_schemas import BatchCreateRequest, completion_request, item_body
+from gateway.api.body import decode_body
+from gateway.api.errors import OpenAIError
+from gateway.batch_runner import BatchRunner
+from gateway.batches import BatchService
+from gateway.completions import CompletionService
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.routing.policy import build_policy
+from gateway.services.batch_leases import BatchLeases
+from gateway.services.batches import BatchStore
+from gateway.services.request_log import RequestLog
+from gateway.settings import GatewaySettings
+from gateway.sites.config import ModelConfig
+from gateway.sites.registry import SiteRegistry
+from gateway.tokenizers import ModelTokenizers
+
+GOOD = {"custom_id": "a", "prompt": "hello", "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def service(gpt2_tokenizer_dir: Path) -> BatchService:
+    settings = replace(GatewaySettings(federation_file=Path("unused.json")), batch_max_items=3)
+    # Nothing may be written for a rejected batch: the database has no tables, so any write
+    # would fail with a database error instead of the OpenAI error the tests expect.
+    sessions = create_sessionmaker(create_engine("sqlite+aiosqlite://"))
+    tokenizers = ModelTokenizers((ModelConfig("m", gpt2_tokenizer_dir),))
+    registry = SiteRegistry([])
+    completions = CompletionService(
+        settings, registry, tokenizers, build_policy("mico"), RequestLog(sessions)
+    )
+    store = BatchStore(sessions)
+    return BatchService(
+        settings,
+        completions,
+        registry,
+        store,
+        BatchRunner(settings, store, BatchLeases(sessions), completions, registry),
+    )
+
+
+def submit(service: BatchService, body: dict[str, object]) -> OpenAIError:
+    request = decode_body(json.dumps(body).encode(), BatchCreateRequest)
+    with pytest.raises(OpenAIError) as caught:
+        asyncio.run(service.submit(request))
+    return caught.value
+
+
+def batch(*items: dict[str, object], **extra: object) -> dict[str, object]:
+    return {"model": "m", "requests": list(items), **extra}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "message"),
+    [
+        (batch(), 400, "requests", "at least one request"),
+        (
+            batch(*({**GOOD, "custom_id": str(i)} for i in range(4))),
+            400,
+            "requests",
+            "this batch has 4 requests; this gateway takes at most 3",
+        ),
+        (
+            batch(GOOD, {**GOOD, "custom_id": "b"}, GOOD),
+            400,
+            "requests[2].custom_id",
+            "custom_id 'a' is also the custom_id of requests[0]",
+        ),
+        (
+            batch(GOOD, {**GOOD, "custom_id": "b", "max_tokens": 0}),
+            400,
+            "requests[1].max_tokens",
+            "requests[1] (custom_id 'b'): max_tokens must be at least 1",
+        ),
+        (
+            batch(GOOD, {**GOOD, "custom_id": "b", "n": 2}),
+            400,
+            "requests[1].n",
+            "'n' is not supported",
+        ),
+        (
+            batch({**GOOD, "stop": ["1", "2", "3", "4", "5"]}),
+            400,
+            "requests[0].stop",
+            "stop takes up to 4",
+        ),
+        (batch({**GOOD, "prompt": ""}), 400, "requests[0].prompt", "the prompt is empty"),
+        (
+            batch({**GOOD, "prompt": [1, 99999999]}),
+            400,
+            "requests[0].prompt",
+            "token ids must be in",
+        ),
+        ({**batch(GOOD), "model": "nope"}, 404, "model", "The model 'nope' does not exist"),
+        (
+            batch(GOOD, metadata={str(i): "v" for i in range(17)}),
+            400,
+            "metadata",
+            "at most 16 pairs",
+        ),
+        (batch(GOOD, metadata={"k": "v" * 513}), 400, "metadata", "values at most 512"),
+    ],
+    ids=[
+        "empty",
+        "too large",
+        "duplicate custom_id",
+        "max_tokens",
+        "unsupported n",
+        "stop",
+        "empty prompt",
+        "token id out of range",
+        "unknown model",
+        "metadata pairs",
+        "metadata value",
+    ],
+)
+def test_bad_batches_are_rejected_whole(service, body, status, param, message) -> None:
+    error = submit(service, body)
+    assert (error.status, error.body.param) == (status, param)
+    assert message in error.body.message
+
+
+def test_a_valid_batch_without_a_healthy_site_is_a_retryable_error(service) -> None:
+    error = submit(service, batch(GOOD, {**GOOD, "custom_id": "b"}))
+    assert (error.status, error.retry_after_s) == (503, 1)
+    assert error.body.message == "no site can serve model 'm' now"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (batch({"prompt": "x"}), "missing required field `custom_id` - at `$.requests[0]`"),
+        (batch(GOOD, {**GOOD, "stream": True}), "unknown field `stream` - at `$.requests[1]`"),
+        (batch({**GOOD, "temperature": 9}), "<= 2.0 - at `$.requests[0].temperature`"),
+        (batch({**GOOD, "custom_id": ""}), "length >= 1 - at `$.requests[0].custom_id`"),
+    ],
+)
+def test_malformed_items_are_named(body, message) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        decode_body(json.dumps(body).encode(), BatchCreateRequest)
+    assert caught.value.status == 400
+    assert message in caught.value.body.message
+
+
+def test_stored_item_is_the_completion_request_it_stands_for() -> None:
+    raw = {"custom_id": "x", "prompt": [1, 2, 3], "max_tokens": 5, "seed": 7, "ignore_eos": True}
+    request = decode_body(json.dumps(batch(raw)).encode(), BatchCreateRequest)
+    body = item_body(request.requests[0])
+    # Only what the client set, less custom_id: a 100k-item batch stores no defaults.
+    assert body == {"prompt": [1, 2, 3], "max_tokens": 5, "seed": 7, "ignore_eos": True}
+    completion = completion_request("m", json.loads(json.dumps(body)))
+    assert (completion.model, completion.prompt, completion.max_tokens) == ("m", [1, 2, 3], 5)
+    assert (completion.seed, completion.ignore_eos, completion.temperature) == (7, True, 1.0)
+    with pytest.raises(OpenAIError) as caught:
+        completion_request("m", {"prompt": "x", "max_tokens": "five"})
+    assert caught.value.status == 400
+    assert msgspec.json.decode(msgspec.json.encode(caught.value.envelope()))["error"]["message"]

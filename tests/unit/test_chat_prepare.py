@@ -1,0 +1,223 @@
+"""Chat request validation at the gateway: what is served, what is refused (by name), and that a
+chat request becomes the same prepared completion /v1/completions would make of its prompt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.api.body import decode_body
+from gateway.api.chat_schemas import decode_chat_request
+from gateway.api.errors import OpenAIError
+from gateway.api.schemas import CompletionRequest
+from gateway.chat import ChatService
+from gateway.chat_templates import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplates
+from gateway.completions import CompletionService
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.routing.policy import build_policy
+from gateway.services.request_log import RequestLog
+from gateway.settings import GatewaySettings
+from gateway.sites.config import ModelConfig
+from gateway.sites.registry import SiteRegistry
+from gateway.tokenizers import ModelTokenizers
+
+USER = {"role": "user", "content": "Hello world"}
+STRICT = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+STRICT += "{% endif %}{{ m.content }}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def tokenizers(gpt2_tokenizer_dir: Path) -> ModelTokenizers:
+    return ModelTokenizers(
+        (ModelConfig("m", gpt2_tokenizer_dir), ModelConfig("strict", gpt2_tokenizer_dir))
+    )
+
+
+@pytest.fixture(scope="module")
+def completions(tokenizers: ModelTokenizers) -> CompletionService:
+    settings = GatewaySettings(federation_file=Path("unused.json"))
+    # prepare() must not touch the database: the log points at a database that is never created.
+    unused_log = RequestLog(create_sessionmaker(create_engine("sqlite+aiosqlite://")))
+    return CompletionService(
+        settings, SiteRegistry([]), tokenizers, build_policy("round_robin"), unused_log
+    )
+
+
+@pytest.fixture(scope="module")
+def chat(tokenizers: ModelTokenizers, completions: CompletionService) -> ChatService:
+    templates = ChatTemplates(
+        {
+            "m": ChatTemplate.compile(DEFAULT_CHAT_TEMPLATE, "default ChatML"),
+            "strict": ChatTemplate.compile(STRICT, "test"),
+        }
+    )
+    return ChatService(templates, tokenizers, completions)
+
+
+def prepare(chat: ChatService, **fields: object):
+    body = {"model": "m", "messages": [USER], **fields}
+    return chat.prepare(decode_chat_request(json.dumps(body).encode()))
+
+
+def refusal(chat: ChatService, **fields: object) -> OpenAIError:
+    with pytest.raises(OpenAIError) as caught:
+        prepare(chat, **fields)
+    return caught.value
+
+
+REFUSED = [
+    # Unknown to the schema: refused at decoding, by name.
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"metadata": {"k": "v"}}, "metadata"),
+    ({"stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
+    ({"messages": [{**USER, "cache_control": {}}]}, "messages[0].cache_control"),
+    # Declared, honoured only at the neutral value.
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"store": True}, "store"),
+    ({"service_tier": "flex"}, "service_tier"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    # Messages: roles, parts and fields that are not served.
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [USER, {"role": "assistant", "tool_calls": []}]}, "messages[1].tool_calls"),
+    ({"messages": [{**USER, "name": "bob"}]}, "messages[0].name"),
+    ({"messages": [{"role": "assistant", "refusal": "no"}]}, "messages[0].refusal"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].content[0]",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"x": 1}]}]},
+        "messages[0].content[1]",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages[0].content[0]",
+    ),
+    # Shared sampling checks, named by the field the client used.
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"seed": -1}, "seed"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"user": "u" * 300}, "user"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), REFUSED, ids=[p for _, p in REFUSED])
+def test_unsupported_parameters_are_refused_by_name(chat, fields, param) -> None:
+    error = refusal(chat, **fields)
+    assert (error.status, error.body.type, error.body.param) == (
+        400,
+        "invalid_request_error",
+        param,
+    )
+    assert error.body.message
+
+
+def test_unknown_model_is_404(chat) -> None:
+    error = refusal(chat, model="gpt-17")
+    assert (error.status, error.body.param, error.body.code) == (404, "model", "model_not_found")
+
+
+def test_a_template_refusal_is_a_400_on_messages(chat) -> None:
+    error = refusal(chat, model="strict", messages=[{"role": "system", "content": "x"}, USER])
+    assert (error.status, error.body.param) == (400, "messages")
+    assert "no system" in error.body.message
+
+
+NEUTRAL = {
+    "n": 1,
+    "logprobs": False,
+    "presence_penalty": 0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+    "response_format": {"type": "text"},
+    "tool_choice": "none",
+    "store": False,
+    "service_tier": "auto",
+    "modalities": ["text"],
+    "temperature": None,
+    "top_p": None,
+    "stream": None,
+}
+
+
+def test_neutral_values_are_accepted(chat) -> None:
+    prepared = prepare(chat, **NEUTRAL)
+    params = prepared.params
+    assert (params.temperature, params.top_p, prepared.stream) == (1.0, 1.0, False)
+
+
+def test_the_prompt_is_the_rendered_template_tokenized(chat, tokenizers) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, USER]
+    prepared = prepare(chat, messages=messages, max_tokens=5, stop="\n", seed=3, user="u1")
+    rendered = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert list(prepared.params.prompt_token_ids) == tokenizers.encode("m", rendered)
+    assert prepared.params.max_tokens == 5
+    assert prepared.params.stop == ("\n",)
+    assert (prepared.params.seed, prepared.user) == (3, "u1")
+    assert prepared.request_id.startswith("chatcmpl-")
+    assert prepared.api == "chat.completions"
+    # The length predictor reads the question, not the template's markup.
+    assert prepared.prompt_text == "Hello world"
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, 16),  # the gateway default, as for /v1/completions
+        ({"max_tokens": 7}, 7),
+        ({"max_completion_tokens": 9}, 9),
+        ({"max_tokens": 4, "max_completion_tokens": 4}, 4),
+    ],
+)
+def test_both_length_limits_are_honoured(chat, fields, expected) -> None:
+    assert prepare(chat, **fields).params.max_tokens == expected
+
+
+def test_text_parts_are_joined_with_newlines(chat) -> None:
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    prepared = prepare(chat, messages=[{"role": "user", "content": parts}])
+    assert prepared.prompt_text == "first\nsecond"
+    same = prepare(chat, messages=[{"role": "user", "content": "first\nsecond"}])
+    assert prepared.params.prompt_token_ids == same.params.prompt_token_ids
+
+
+def test_streaming_and_usage_options(chat) -> None:
+    prepared = prepare(chat, stream=True, stream_options={"include_usage": True})
+    assert (prepared.stream, prepared.include_usage) == (True, True)
+    assert not prepare(chat, stream=True).include_usage
+
+
+def test_completions_prepare_is_unchanged(completions) -> None:
+    body = json.dumps({"model": "m", "prompt": "Hello world", "max_tokens": 3}).encode()
+    prepared = completions.prepare(decode_body(body, CompletionRequest))
+    assert prepared.api == "completions"
+    assert prepared.request_id.startswith("cmpl-")
+    assert list(prepared.params.prompt_token_ids) == [15496, 995]

@@ -1,0 +1,204 @@
+"""Chat templates: where each model's template comes from, and that rendering matches what
+transformers' apply_chat_template produces from the same tokenizer directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from gateway.chat_templates import (
+    DEFAULT_CHAT_TEMPLATE,
+    ChatRenderError,
+    ChatTemplate,
+    ChatTemplateError,
+    ChatTemplates,
+    load_chat_template,
+)
+from gateway.sites.config import ModelConfig, parse_federation
+from site_engine.tokenizer import load_tokenizer
+
+# Qwen2-Instruct's template, as shipped in its tokenizer_config.json.
+QWEN2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Llama-3-Instruct's: bos_token, filters, loop variables.
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}"
+)
+# Mistral-Instruct-v0.1's: raise_exception on roles that do not alternate, eos_token.
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}"
+    "{% endif %}{% endfor %}"
+)
+# Whitespace control, loop controls, tojson and the generation tag, as in newer templates.
+FEATURES = (
+    "{%- for message in messages %}\n"
+    "  {%- if message.role == 'system' %}{% continue %}{% endif %}\n"
+    "  {{- message.role | upper }}: {{ message.content | tojson }}\n"
+    "  {%- if message.role == 'assistant' %}{% generation %}{{ eos_token }}{% endgeneration %}"
+    "{% endif %}\n"
+    "{% endfor %}\n"
+    "{%- if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+CHATS = {
+    "single": [{"role": "user", "content": 'Hello <b>there</b> & "you"'}],
+    "system": [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "What is 2+2?"},
+    ],
+    "multi-turn": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "  Tell me a joke.  "},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path) -> Path:
+    """A transformers tokenizer directory (tokenizer_config.json with bos/eos), no template."""
+    out = tmp_path_factory.mktemp("tok")
+    load_tokenizer(gpt2_tokenizer_dir).save_pretrained(str(out))
+    return out
+
+
+def with_template(base: Path, tmp_path: Path, template: object) -> Path:
+    directory = tmp_path / "with-template"
+    directory.mkdir()
+    for item in base.iterdir():
+        (directory / item.name).write_bytes(item.read_bytes())
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize("chat", CHATS.values(), ids=CHATS.keys())
+@pytest.mark.parametrize("template", [QWEN2, LLAMA3, FEATURES, DEFAULT_CHAT_TEMPLATE])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_rendering_matches_transformers(
+    tokenizer_dir, tmp_path, template, chat, add_generation_prompt
+) -> None:
+    directory = with_template(tokenizer_dir, tmp_path, template)
+    ours = load_chat_template(ModelConfig("m", directory))
+    reference = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert ours.render(chat, add_generation_prompt=add_generation_prompt) == reference
+    assert ours.origin.endswith("(chat_template)")
+
+
+def test_mistral_template_alternation_is_enforced_like_transformers(tokenizer_dir, tmp_path):
+    directory = with_template(tokenizer_dir, tmp_path, MISTRAL)
+    ours = load_chat_template(ModelConfig("m", directory))
+    chat = CHATS["multi-turn"]
+    expected = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
+        chat, tokenize=False
+    )
+    assert ours.render(chat) == expected
+    assert expected.startswith("<|endoftext|>[INST] Hi [/INST]Hello! How can I help?<|endoftext|>")
+    with pytest.raises(ChatRenderError, match="Conversation roles must alternate"):
+        ours.render(CHATS["system"])
+
+
+def test_the_default_is_chatml(tokenizer_dir) -> None:
+    template = load_chat_template(ModelConfig("m", tokenizer_dir))
+    assert template.origin == "default ChatML"
+    assert template.render(CHATS["system"]) == (
+        "<|im_start|>system\nBe terse.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_raw_bpe_directories_get_chatml(gpt2_tokenizer_dir: Path) -> None:
+    template = load_chat_template(ModelConfig("m", gpt2_tokenizer_dir))
+    assert template.source == DEFAULT_CHAT_TEMPLATE
+    assert template.special_tokens["bos_token"] == ""
+
+
+def test_special_tokens_come_from_the_tokenizer_files(tokenizer_dir) -> None:
+    template = load_chat_template(ModelConfig("m", tokenizer_dir))
+    assert template.special_tokens["bos_token"] == "<|endoftext|>"
+    assert template.special_tokens["eos_token"] == "<|endoftext|>"
+
+
+def test_precedence_configured_file_then_jinja_file_then_config(tokenizer_dir, tmp_path) -> None:
+    directory = with_template(tokenizer_dir, tmp_path, "config:{{ messages[0].content }}")
+    model = ModelConfig("m", directory)
+    assert load_chat_template(model).render(CHATS["single"]).startswith("config:")
+    (directory / "chat_template.jinja").write_text("jinja:{{ messages[0].content }}")
+    assert load_chat_template(model).render(CHATS["single"]).startswith("jinja:")
+    configured = tmp_path / "mine.jinja"
+    configured.write_text("mine:{{ messages[0].content }}{{ eos_token }}")
+    mine = load_chat_template(ModelConfig("m", directory, configured))
+    assert mine.render(CHATS["single"]) == "mine:" + CHATS["single"][0]["content"] + "<|endoftext|>"
+    assert mine.origin == str(configured)
+
+
+def test_named_templates_use_default(tokenizer_dir, tmp_path) -> None:
+    named = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "plain:{{ messages | length }}"},
+    ]
+    directory = with_template(tokenizer_dir, tmp_path, named)
+    assert load_chat_template(ModelConfig("m", directory)).render(CHATS["system"]) == "plain:2"
+
+
+@pytest.mark.parametrize(
+    ("template", "configured", "message"),
+    [
+        ("{% for m in messages %}", None, "model 'broken': .* does not compile"),
+        ([{"name": "tool_use", "template": "x"}], None, "including 'default'"),
+        (None, "absent.jinja", "cannot read chat template"),
+    ],
+)
+def test_unusable_templates_stop_the_start_naming_the_model(
+    tokenizer_dir, tmp_path, template, configured, message
+) -> None:
+    directory = with_template(tokenizer_dir, tmp_path, template)
+    model = ModelConfig("broken", directory, None if configured is None else tmp_path / configured)
+    with pytest.raises(ChatTemplateError, match=message):
+        ChatTemplates.load([model])
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ messages.__class__.__mro__ }}",
+        "{{ ''.__class__.__subclasses__() }}",
+        "{% set x = messages.append(1) %}",  # the sandbox is immutable
+        "{{ raise_exception('nope') }}",
+        "{{ messages[5].content }}",
+    ],
+)
+def test_the_sandbox_refuses_unsafe_or_failing_templates(source: str) -> None:
+    with pytest.raises(ChatRenderError):
+        ChatTemplate.compile(source, "test").render(CHATS["single"])
+
+
+def test_federation_file_chat_template_is_optional_and_resolved(tmp_path: Path) -> None:
+    site = {"name": "a", "cloud": "c", "region": "r", "endpoint": "h:1", "model": "m"}
+    models = [
+        {"name": "m", "tokenizer": "tok", "chat_template": "t/chat.jinja"},
+        {"name": "n", "tokenizer": "tok"},
+    ]
+    config = parse_federation(json.dumps({"models": models, "sites": [site]}).encode(), tmp_path)
+    assert [m.chat_template for m in config.models] == [(tmp_path / "t/chat.jinja").resolve(), None]

@@ -1,0 +1,150 @@
+"""A site's metrics over a real engine (tiny random model on CPU): what MeteredEngine records,
+and what the HTTP endpoint serves while the engine works and after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.launch import free_port
+from site_engine.engine.api import EngineRequest
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine_service import EngineService
+from site_engine.metrics import MeteredEngine, SiteMetrics, serve_metrics
+from site_engine.model_loading import LoadedModel, load_model
+from site_engine.settings import SettingsError, SiteSettings
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir: Path) -> Iterator[LoadedModel]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model(tiny_llama_dir, device="cpu")
+    torch.set_num_threads(previous)
+
+
+def request(request_id: str, max_tokens: int) -> EngineRequest:
+    return EngineRequest(
+        request_id, (1, 2, 3, 4), SamplingParams(max_tokens, temperature=0.0, ignore_eos=True)
+    )
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def finished(samples: Samples, reason: str) -> float:
+    return samples[("fedllm_site_requests_finished_total",
+                    frozenset({"site": "s1", "reason": reason}.items()))]  # fmt: skip
+
+
+def scalar(samples: Samples, name: str) -> float:
+    return samples[(name, frozenset({"site": "s1"}.items()))]
+
+
+def test_metered_engine_counts_steps_tokens_and_every_way_out(loaded: LoadedModel) -> None:
+    metrics = SiteMetrics("s1")
+    engine = MeteredEngine(PagedEngine(loaded, EngineConfig(max_num_seqs=2)), metrics)
+    for i in range(4):
+        engine.add_request(request(f"r{i}", 5))  # two run, two wait
+    produced = sum(len(o.new_token_ids) for o in engine.step())
+    assert len(engine.release_queued(1)) == 1  # one waiting request leaves for another site
+    assert engine.abort("r0", FinishReason.CANCELLED)  # a running one is cancelled
+    steps = 1
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+        steps += 1
+    assert not engine.abort("r1", FinishReason.CANCELLED)  # already finished: not counted again
+    samples = parse(generate_latest(metrics.registry).decode())
+    assert {r.value: finished(samples, r.value) for r in FinishReason} == {
+        "stop": 0, "length": 2, "cancelled": 1, "released": 1,
+    }  # fmt: skip
+    assert scalar(samples, "fedllm_site_generated_tokens_total") == produced > 0
+    assert scalar(samples, "fedllm_site_step_seconds_count") == steps
+
+
+def one_running_one_waiting(samples: Samples) -> bool:
+    return (
+        scalar(samples, "fedllm_site_running_requests") == 1
+        and scalar(samples, "fedllm_site_waiting_requests") == 1
+    )
+
+
+def test_endpoint_serves_live_queue_and_token_gauges(loaded: LoadedModel) -> None:
+    metrics = SiteMetrics("s1")
+    engine = MeteredEngine(PagedEngine(loaded, EngineConfig(max_num_seqs=1)), metrics)
+    service = EngineService(engine, loaded.tokenizer)
+    metrics.watch(service)
+    server = serve_metrics(metrics, "127.0.0.1", free_port())
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    service.start()
+
+    async def run_two() -> list[int]:
+        async def consume(req: EngineRequest) -> int:
+            return [e async for e in service.generate(req)][-1].completion_tokens
+
+        tasks = [asyncio.create_task(consume(request(f"q{i}", 150))) for i in range(2)]
+        busy = await asyncio.to_thread(wait_for, url, one_running_one_waiting)
+        assert scalar(busy, "fedllm_site_running_tokens") > 4  # the prompt and some answer
+        assert scalar(busy, "fedllm_site_queued_prompt_tokens") == 4  # the waiting prompt
+        assert scalar(busy, "fedllm_site_kv_blocks_used") >= 1
+        return list(await asyncio.gather(*tasks))
+
+    try:
+        assert asyncio.run(run_two()) == [150, 150]
+        idle = wait_for(url, lambda s: scalar(s, "fedllm_site_running_requests") == 0)
+    finally:
+        service.stop()
+        server.stop()
+    assert scalar(idle, "fedllm_site_waiting_requests") == 0
+    assert scalar(idle, "fedllm_site_generated_tokens_total") == 300
+    assert finished(idle, "length") == 2
+    stats = service.stats()
+    assert scalar(idle, "fedllm_site_iterations_total") == stats.iterations >= 300
+    assert scalar(idle, "fedllm_site_kv_blocks_total") == stats.kv_blocks_total > 0
+    assert scalar(idle, "fedllm_site_preemptions_total") == stats.num_preemptions
+
+
+def wait_for(url: str, condition: Callable[[Samples], bool], timeout_s: float = 60.0) -> Samples:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = parse(httpx.get(url, timeout=5).text)
+        if condition(samples):
+            return samples
+        assert time.monotonic() < deadline, f"metrics never matched: {samples}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SITE_METRICS_PORT": "70000"}, "SITE_METRICS_PORT"),
+        ({"SITE_METRICS_PORT": "9000", "SITE_PORT": "9000"}, "differ from SITE_PORT"),
+        ({"SITE_METRICS_PORT": "x"}, "SITE_METRICS_PORT must be an integer"),
+    ],
+)
+def test_bad_metrics_port_is_refused_loudly(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        SiteSettings.load({"SITE_MODEL_DIR": "m", **env})
+
+
+def test_metrics_are_off_unless_a_port_is_set() -> None:
+    assert SiteSettings.load({"SITE_MODEL_DIR": "m"}).metrics_port == 0
+    assert (
+        SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_METRICS_PORT": "9100"}).metrics_port == 9100
+    )
