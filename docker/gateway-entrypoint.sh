@@ -8,7 +8,10 @@
 #                            (where the rendered file points), unless it is already there
 #   FEDLLM_TLS_CA_PEM, FEDLLM_TLS_CERT_PEM, FEDLLM_TLS_KEY_PEM
 #                            the federation CA and the gateway's client certificate and key,
-#                            written to $FEDLLM_TLS_DIR/{ca,cert,key}.pem for mutual TLS to the sites
+#                            written to $FEDLLM_TLS_DIR/{ca,cert,key}.pem (default: tls/ next to
+#                            the federation file) for mutual TLS to the sites, and named to the
+#                            gateway by GATEWAY_SITE_TLS_CA, _CERT and _KEY (docs/security.md);
+#                            all three or none
 # These FEDLLM_* variables are removed from the environment before the command starts.
 set -eu
 
@@ -43,14 +46,26 @@ fi
 unset FEDLLM_MODELS
 
 tls_dir="${FEDLLM_TLS_DIR:-$state_dir/tls}"
-for pair in FEDLLM_TLS_CA_PEM:ca.pem FEDLLM_TLS_CERT_PEM:cert.pem FEDLLM_TLS_KEY_PEM:key.pem; do
-  variable="${pair%%:*}"
+given=0
+for entry in FEDLLM_TLS_CA_PEM:ca.pem:GATEWAY_SITE_TLS_CA \
+  FEDLLM_TLS_CERT_PEM:cert.pem:GATEWAY_SITE_TLS_CERT FEDLLM_TLS_KEY_PEM:key.pem:GATEWAY_SITE_TLS_KEY; do
+  variable="${entry%%:*}"
+  rest="${entry#*:}"
+  file="$tls_dir/${rest%%:*}"
+  setting="${rest#*:}"
   value="$(printenv "$variable" || true)"
   if [ -n "$value" ]; then
     mkdir -p "$tls_dir"
-    (umask 077 && printf '%s\n' "$value" >"$tls_dir/${pair#*:}")
+    (umask 077 && printf '%s\n' "$value" >"$file.new" && mv -f "$file.new" "$file")
+    export "$setting=$file"
+    given=$((given + 1))
   fi
   unset "$variable"
 done
+unset FEDLLM_TLS_DIR
+if [ "$given" -ne 0 ] && [ "$given" -ne 3 ]; then
+  echo "FEDLLM_TLS_CA_PEM, FEDLLM_TLS_CERT_PEM and FEDLLM_TLS_KEY_PEM: all three or none" >&2
+  exit 1
+fi
 
 exec "$@"

@@ -16,6 +16,14 @@ locals {
     { for name, site in module.azure_site : name => site.endpoints },
   )
 
+  # The name each engine's certificate carries (its federation name), from the site modules: the
+  # gateway dials an address and checks the certificate for this name (tls_server_name).
+  site_tls_server_names = merge(
+    { for name, site in module.aws_site : name => site.tls_server_names },
+    { for name, site in module.gcp_site : name => site.tls_server_names },
+    { for name, site in module.azure_site : name => site.tls_server_names },
+  )
+
   site_public_ips = merge(
     { for name, site in module.aws_site : name => site.public_ips },
     { for name, site in module.gcp_site : name => site.public_ips },
@@ -44,6 +52,7 @@ locals {
           endpoint        = local.site_endpoints[name][index]
           model           = var.sites[name].model
           capacity_weight = var.sites[name].capacity_weight
+          tls_server_name = local.site_tls_server_names[name][index]
         }
       ]
     ])

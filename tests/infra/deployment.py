@@ -128,12 +128,16 @@ class RenderedRoot:
 
 
 def render_root(
-    root: ModuleConfig, given: Mapping[str, Value], site_outputs: SiteOutputs
+    root: ModuleConfig,
+    given: Mapping[str, Value],
+    site_outputs: SiteOutputs,
+    infrastructure: Mapping[str, dict[str, Value]] | None = None,
 ) -> RenderedRoot:
     """Evaluates the root against variable values. Site modules' outputs come from
-    `site_outputs(call, site, inputs)`, the only values not computed from the HCL."""
+    `site_outputs(call, site, inputs)`, the only values not computed from the HCL; the other
+    modules' from INFRASTRUCTURE_OUTPUTS, updated by `infrastructure` (e.g. real certificates)."""
     values = variable_values(root, given)
-    modules: dict[str, Value] = dict(INFRASTRUCTURE_OUTPUTS)
+    modules: dict[str, Value] = {**INFRASTRUCTURE_OUTPUTS, **(infrastructure or {})}
     evaluator = Evaluator(
         variables=values, locals=root.locals, modules=modules, directory=root.directory
     )
@@ -151,8 +155,39 @@ def render_root(
     return rendered
 
 
+def certificate_outputs(call: str, inputs: Mapping[str, Value]) -> dict[str, Value]:
+    """A site module's outputs about its engines' certificates, evaluated from its HCL: the DNS
+    names each engine's certificate request carries, through the module's own output expression
+    (tls_server_names)."""
+    module = ModuleConfig.load(TERRAFORM_DIR / "modules" / call)
+    evaluator = Evaluator(
+        variables=variable_values(module, inputs), locals=module.locals, directory=module.directory
+    )
+    request = module.resources[("tls_cert_request", "engine")].attributes
+    requests = {
+        key: {
+            "dns_names": evaluator.evaluate(
+                request["dns_names"], {"each": {"key": key, "value": value}}
+            )
+        }
+        for key, value in evaluator.evaluate(request["for_each"]).items()
+    }
+    with_requests = Evaluator(
+        variables=evaluator.variables,
+        locals=module.locals,
+        directory=module.directory,
+        roots={"tls_cert_request": {"engine": requests}},
+    )
+    return {
+        "tls_server_names": with_requests.evaluate(
+            module.outputs["tls_server_names"].attributes["value"]
+        )
+    }
+
+
 def addresses_for(base: str = "192.0.2") -> SiteOutputs:
-    """Site outputs with documentation-range addresses, one per engine."""
+    """Site outputs with documentation-range addresses, one per engine; the certificates' names
+    come from the modules' HCL (certificate_outputs)."""
     counter = iter(range(1, 255))
 
     def outputs(call: str, site: str, inputs: dict[str, Value]) -> dict[str, Value]:
@@ -161,6 +196,7 @@ def addresses_for(base: str = "192.0.2") -> SiteOutputs:
             "public_ips": ips,
             "endpoints": [f"{ip}:{inputs['grpc_port']}" for ip in ips],
             "instance_ids": {name: f"id-{name}" for name in inputs["instance_names"]},
+            **certificate_outputs(call, inputs),
         }
 
     return outputs

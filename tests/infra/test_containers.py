@@ -122,6 +122,8 @@ def test_the_gateway_entrypoint_turns_its_environment_into_files(tmp_path: Path)
                 "cached": {"hf_repo": "org/cached", "hf_revision": "main"},
             }
         ),
+        "FEDLLM_TLS_CA_PEM": "CA",
+        "FEDLLM_TLS_CERT_PEM": "CERT",
         "FEDLLM_TLS_KEY_PEM": "KEY",
         "HF_TOKEN": "hf_secret",
     }
@@ -133,11 +135,29 @@ def test_the_gateway_entrypoint_turns_its_environment_into_files(tmp_path: Path)
     assert calls[0].startswith(
         f"download org/fresh --revision abc123 --local-dir {state}/models/fresh"
     )
-    assert (state / "tls" / "key.pem").read_text() == "KEY\n"
-    assert oct((state / "tls" / "key.pem").stat().st_mode & 0o777) == "0o600"
-    assert not (state / "tls" / "ca.pem").exists()
     passed_on = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert not [k for k in passed_on if k.startswith("FEDLLM_")]
+    # Each PEM is a file only its owner reads, named to the gateway by its GATEWAY_SITE_TLS_*.
+    for setting, content in (("CA", "CA"), ("CERT", "CERT"), ("KEY", "KEY")):
+        path = Path(passed_on[f"GATEWAY_SITE_TLS_{setting}"])
+        assert path.parent == state / "tls"
+        assert path.read_text() == f"{content}\n"
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in (state / "tls").iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
+
+
+def test_the_gateway_entrypoint_refuses_part_of_the_tls_material(tmp_path: Path) -> None:
+    env = {"GATEWAY_FEDERATION_FILE": str(tmp_path / "f.json"), "FEDLLM_TLS_KEY_PEM": "KEY"}
+    done = _run("gateway-entrypoint.sh", env, "echo", "started")
+    assert done.returncode != 0
+    assert "all three or none" in done.stderr
+    assert "started" not in done.stdout
+    # None at all: plaintext, no TLS setting invented.
+    done = _run(
+        "gateway-entrypoint.sh", {"GATEWAY_FEDERATION_FILE": str(tmp_path / "f.json")}, "env"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GATEWAY_SITE_TLS" not in done.stdout
 
 
 def test_the_gateway_entrypoint_stops_on_a_malformed_model_list(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ models, weights, the file and the container environment come from evaluating the
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -27,12 +28,16 @@ from tests.infra.deployment import (
     INFRASTRUCTURE_OUTPUTS,
     RenderedRoot,
     addresses_for,
+    certificate_outputs,
     module_inputs,
     module_locals,
     render_root,
+    resource_doubles,
     tfvars,
 )
+from tests.infra.hcl_eval import Evaluator
 from tests.infra.hcl_tree import TERRAFORM_DIR, ModuleConfig
+from tests.support.tls_certs import make_pki
 
 GATEWAY_ENTRYPOINT = DOCKER_DIR / "gateway-entrypoint.sh"
 
@@ -77,6 +82,20 @@ def test_the_rendered_file_is_a_federation_the_gateway_accepts(
         for endpoint in outputs["endpoints"]
     ]
     assert sorted(s.endpoint for s in federation.sites) == sorted(returned)
+
+    # Each engine is checked for the DNS name its site module put in its certificate: its name.
+    named = {
+        endpoint: server_name
+        for site in rendered.evaluator.modules.values()
+        if isinstance(site, dict)
+        for outputs in site.values()
+        if isinstance(outputs, dict) and "tls_server_names" in outputs
+        for endpoint, server_name in zip(
+            outputs["endpoints"], outputs["tls_server_names"], strict=True
+        )
+    }
+    assert {s.endpoint: s.tls_server_name for s in federation.sites} == named
+    assert all(s.tls_server_name == s.name for s in federation.sites)
 
     # Models some site serves, each with its tokenizer next to the file; unused ones are left out.
     served = {site["model"] for site in example["sites"].values()}
@@ -143,9 +162,51 @@ def test_the_gateway_container_environment_is_valid_gateway_settings(
         assert env[key] == value
 
 
-def _live_sites(tiny_model: Path, models: set[str], work: Path) -> dict[str, ManagedProcess]:
+def _gateway_secrets(root: ModuleConfig, rendered: RenderedRoot) -> dict[str, str]:
+    """What ECS injects from the gateway's secrets: each `secrets` entry of the container
+    resolved against the JSON the module writes into the gateway's bundle."""
+    gateway = ModuleConfig.load(TERRAFORM_DIR / "modules" / "aws_gateway")
+    inputs = module_inputs(root, rendered, "gateway")
+    evaluator = module_locals(gateway, inputs, keys=[])
+    written = gateway.resources[("aws_secretsmanager_secret_version", "gateway")]
+    tree = written.attributes["secret_string"]
+    bundle = json.loads(
+        Evaluator(
+            variables=evaluator.variables,
+            locals=gateway.locals,
+            directory=gateway.directory,
+            roots=resource_doubles([tree], []),
+        ).evaluate(tree)
+    )
+    secrets: dict[str, str] = {}
+    for name, value_from in evaluator.local("secret_environment").items():
+        arn, key = value_from.rsplit(":", 3)[:2]
+        if arn == "<aws_secretsmanager_secret.gateway.arn>":
+            secrets[name] = bundle[key]
+    return secrets
+
+
+def test_the_gateway_bundle_delivers_the_pkis_ca_and_client_certificate(
+    root: ModuleConfig, rendered: RenderedRoot
+) -> None:
+    secrets = _gateway_secrets(root, rendered)
+    pki = INFRASTRUCTURE_OUTPUTS["pki"]
+    assert secrets["FEDLLM_TLS_CA_PEM"] == pki["ca_cert_pem"]
+    assert secrets["FEDLLM_TLS_CERT_PEM"] == pki["gateway_cert_pem"]
+    assert secrets["FEDLLM_TLS_KEY_PEM"] == pki["gateway_private_key_pem"]
+    # The entrypoint turns exactly these into the gateway's GATEWAY_SITE_TLS_* files.
+    entrypoint = GATEWAY_ENTRYPOINT.read_text()
+    for name in ("FEDLLM_TLS_CA_PEM", "FEDLLM_TLS_CERT_PEM", "FEDLLM_TLS_KEY_PEM"):
+        assert name in entrypoint
+
+
+def _live_sites(
+    tiny_model: Path, models: set[str], work: Path, env: dict[str, str]
+) -> dict[str, ManagedProcess]:
     sites = {
-        model: spawn_site(model_dir=tiny_model, site_name=model, model_name=model, log_dir=work)
+        model: spawn_site(
+            model_dir=tiny_model, site_name=model, model_name=model, log_dir=work, env=env
+        )
         for model in sorted(models)
     }
     for process in sites.values():
@@ -179,9 +240,21 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
     tmp_path: Path,
 ) -> None:
     served = {site["model"] for site in example["sites"].values()}
+    # Mutual TLS as deployed: the live sites serve a certificate naming every engine they stand
+    # for (the names the site modules put in the engines' certificates, which the federation
+    # file asks for) and admit only the gateway's certificate, whose CA and key reach the
+    # gateway through its secret bundle and the entrypoint.
+    names = render_root(root, example, addresses_for()).local("federation")["sites"]
+    real = make_pki(tmp_path / "pki", server_dns=tuple(s["tls_server_name"] for s in names))
+    pki = {
+        "ca_cert_pem": real.ca_cert.read_text(),
+        "ca_private_key_pem": INFRASTRUCTURE_OUTPUTS["pki"]["ca_private_key_pem"],
+        "gateway_cert_pem": real.client_cert.read_text(),
+        "gateway_private_key_pem": real.client_key.read_text(),
+    }
     started: list[ManagedProcess] = []
     try:
-        sites = _live_sites(tiny_llama_dir, served, tmp_path)
+        sites = _live_sites(tiny_llama_dir, served, tmp_path, real.site_env())
         started += sites.values()
 
         # The cloud's part: every engine of a model answers at that model's live site.
@@ -190,15 +263,16 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
             return {
                 "endpoints": [endpoint for _ in inputs["instance_names"]],
                 "public_ips": ["127.0.0.1" for _ in inputs["instance_names"]],
+                **certificate_outputs(call, inputs),
             }
 
-        rendered = render_root(root, example, at_live_sites)
+        rendered = render_root(root, example, at_live_sites, {"pki": pki})
         env = _gateway_container_env(root, rendered)
+        env.update(_gateway_secrets(root, rendered))
         state = tmp_path / "state"
         for model in served:  # what the entrypoint would download from FEDLLM_MODELS
             (state / "models").mkdir(parents=True, exist_ok=True)
             (state / "models" / model).symlink_to(tiny_llama_dir)
-        pki = INFRASTRUCTURE_OUTPUTS["pki"]
         port = free_port()
         env.update(
             {
@@ -208,9 +282,6 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
                 "GATEWAY_HOST": "127.0.0.1",
                 "GATEWAY_PORT": str(port),
                 "GATEWAY_HEALTH_INTERVAL_S": "0.5",
-                "FEDLLM_TLS_CA_PEM": pki["ca_cert_pem"],
-                "FEDLLM_TLS_CERT_PEM": pki["gateway_cert_pem"],
-                "FEDLLM_TLS_KEY_PEM": pki["gateway_private_key_pem"],
             }
         )
         log = tmp_path / "gateway.log"
@@ -233,6 +304,7 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
         assert (state / "tls" / "key.pem").stat().st_mode & 0o077 == 0
         gateway_env = Path(f"/proc/{popen.pid}/environ").read_bytes().split(b"\0")
         assert not [v for v in gateway_env if v.startswith(b"FEDLLM_")]
+        assert f"GATEWAY_SITE_TLS_KEY={state / 'tls' / 'key.pem'}".encode() in gateway_env
 
         # The image's HEALTHCHECK (and ECS's copy of it) passes against this gateway.
         probe = exec_form(one(DOCKER_DIR / "gateway.Dockerfile", "HEALTHCHECK"))

@@ -164,7 +164,12 @@ def test_the_settings_names_allowed_are_real_settings_the_deployment_leaves_open
         "SITE_MODEL_DIR",
         "SITE_HOST",
         "SITE_PORT",
+        "SITE_TLS_CERT",
+        "SITE_TLS_KEY",
+        "SITE_TLS_CLIENT_CA",
     }
     gateway_names = {f"GATEWAY_{f.name.upper()}" for f in fields(GatewaySettings)}
     reserved = next(i for i in _validation_lists(root, "gateway") if "GATEWAY_DATABASE_URL" in i)
     assert set(reserved) <= gateway_names
+    # The entrypoint names the TLS files it writes from the gateway's secret bundle.
+    assert {"GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY"} <= set(reserved)

@@ -4,10 +4,13 @@ bash, and its container environment is loaded by the engine's own settings."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from tests.infra.deployment import (
     SITE_MODULES,
     addresses_for,
     call_arguments,
+    certificate_outputs,
     render_root,
     resource_doubles,
     tfvars,
@@ -142,3 +146,61 @@ def test_the_script_starts_the_image_with_that_environment_on_the_published_port
         assert f"--publish '{engine.inputs['grpc_port']}:{container_port}'" in engine.script
         assert f"readonly IMAGE='{engine.inputs['image']}'" in engine.script
         assert "--gpus all" in engine.script
+
+
+def test_the_engine_serves_mutual_tls_from_the_files_the_script_writes(
+    engines: list[Engine], tmp_path: Path
+) -> None:
+    # The bundle-writing step of each script, run on a bundle into a scratch directory: the
+    # files it writes are the ones the container's SITE_TLS_* name, mounted at the same path.
+    bundle = {"ca_pem": "CA\n", "cert_pem": "CERT\n", "key_pem": "KEY\n", "hf_token": "hf_x"}
+    content = {"SITE_TLS_CERT": "CERT\n", "SITE_TLS_KEY": "KEY\n", "SITE_TLS_CLIENT_CA": "CA\n"}
+    for engine in engines:
+        step = re.search(r"python3 -c '\n(.*?)\n' '([^']*)' '([^']*)'\n", engine.script, re.S)
+        assert step is not None, engine.name
+        code, files, tls_dir = step.groups()
+        assert f"--volume '{tls_dir}:{tls_dir}:ro'" in engine.script
+        target = tmp_path / engine.name
+        target.mkdir()
+        code = code.replace("os.chown(", "(lambda *a: None)(")  # needs root; ownership aside
+        code = code.replace('"/etc/fedllm/secrets.env"', repr(str(target / "secrets.env")))
+        run = subprocess.run(
+            [sys.executable, "-c", code, files, str(target)],
+            input=json.dumps(bundle),
+            text=True,
+            capture_output=True,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        for setting, expected in content.items():
+            path = Path(engine.environment[setting])
+            assert path.parent == Path(tls_dir), setting
+            written = target / path.name
+            assert written.read_text() == expected, setting
+            assert written.stat().st_mode & 0o777 == 0o400
+        settings = SiteSettings.load(engine.environment)
+        assert (settings.tls_cert, settings.tls_key, settings.tls_client_ca) == tuple(
+            Path(engine.environment[s]) for s in content
+        )
+        # A bundle without its certificate stops the boot rather than starting plaintext.
+        partial = subprocess.run(
+            [sys.executable, "-c", code, files, str(target)],
+            input=json.dumps({**bundle, "cert_pem": ""}),
+            text=True,
+            capture_output=True,
+            check=False,
+        )
+        assert partial.returncode != 0
+
+
+def test_each_engine_certificate_admits_the_probe_and_names_the_engine(root: ModuleConfig) -> None:
+    for call in SITE_MODULES:
+        module = ModuleConfig.load(TERRAFORM_DIR / "modules" / call)
+        signed = module.resources[("tls_locally_signed_cert", "engine")].attributes
+        uses = Evaluator(directory=module.directory).evaluate(signed["allowed_uses"])
+        # serverAuth for the gateway; clientAuth for the container's health probe.
+        assert {"server_auth", "client_auth"} <= set(uses), call
+    rendered = render_root(root, tfvars(), addresses_for())
+    for (call, _site), inputs in rendered.site_inputs.items():
+        names = certificate_outputs(call, inputs)["tls_server_names"]
+        assert names == inputs["instance_names"], call

@@ -45,7 +45,15 @@ def test_the_boot_template_leaves_the_shells_expansions_to_the_shell() -> None:
     # In a template "${x}" is Terraform's; the shell's own ${...} must be written $${...}.
     template = TERRAFORM_DIR / "modules" / "site_boot" / "boot.sh.tftpl"
     names = set(re.findall(r"(?<!\$)\$\{([^}]*)\}", template.read_text()))
-    assert names == {"instance_name", "image", "grpc_port", "env_lines", "fetch_bundle"}
+    assert names == {
+        "instance_name",
+        "image",
+        "grpc_port",
+        "env_lines",
+        "fetch_bundle",
+        "tls_dir",
+        "tls_files",
+    }
 
 
 # ---- each check catches the mistake it exists for --------------------------------------------

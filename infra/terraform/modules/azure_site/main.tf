@@ -177,6 +177,8 @@ resource "tls_cert_request" "engine" {
   }
 }
 
+# client_auth as well as server_auth: the container's health probe (site_engine/healthcheck.py)
+# presents the engine's own certificate to the engine, whose client CA is this same CA.
 resource "tls_locally_signed_cert" "engine" {
   for_each              = local.instances
   cert_request_pem      = tls_cert_request.engine[each.key].cert_request_pem
@@ -184,7 +186,7 @@ resource "tls_locally_signed_cert" "engine" {
   ca_cert_pem           = var.tls_ca_cert_pem
   validity_period_hours = var.tls_validity_days * 24
   early_renewal_hours   = 30 * 24
-  allowed_uses          = ["digital_signature", "key_agreement", "server_auth"]
+  allowed_uses          = ["digital_signature", "key_agreement", "server_auth", "client_auth"]
 }
 
 resource "azurerm_key_vault_secret" "bundle" {

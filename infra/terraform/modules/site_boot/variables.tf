@@ -42,8 +42,8 @@ variable "settings" {
   description = "Extra SITE_* settings of the engine (site_engine/settings.py), e.g. SITE_MAX_NUM_SEQS."
   type        = map(string)
   validation {
-    condition     = alltrue([for key, value in var.settings : can(regex("^SITE_[A-Z0-9_]+$", key)) && !can(regex("[\n\r'\"]", value))])
-    error_message = "settings: keys are SITE_* names; values are single-line and contain no quotes."
+    condition     = alltrue([for key, value in var.settings : can(regex("^SITE_[A-Z0-9_]+$", key)) && !startswith(key, "SITE_TLS_") && !can(regex("[\n\r'\"]", value))])
+    error_message = "settings: keys are SITE_* names other than SITE_TLS_* (set from the secret bundle); values are single-line and contain no quotes."
   }
 }
 
