@@ -76,6 +76,7 @@ def _site_now(site: SiteState, stats: RecentStats | None) -> SiteNow:
         requests_per_min=round(stats.completed * 60.0 / RECENT_S, 2),
         ttft_ms=_ms(stats.ttft_s_sum, stats.ttft_count),
         e2e_ms=_ms(stats.e2e_s_sum, stats.completed),
+        draining=site.draining,
     )
 
 

@@ -16,6 +16,7 @@ from gateway.api.batches import BatchesController
 from gateway.api.chat import ChatController
 from gateway.api.client_auth import authenticate_caller
 from gateway.api.completions import CompletionsController
+from gateway.api.db_errors import DATABASE_EXCEPTION_HANDLERS
 from gateway.api.errors import EXCEPTION_HANDLERS
 from gateway.api.metrics import HttpMetricsMiddleware, MetricsController
 from gateway.api.models import HealthController, ModelsController
@@ -59,7 +60,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             # The client APIs' caller: 401 before anything else for a key that is not allowed.
             "caller": Provide(authenticate_caller),
         },
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers={**EXCEPTION_HANDLERS, **DATABASE_EXCEPTION_HANDLERS},
         middleware=[HttpMetricsMiddleware],
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,

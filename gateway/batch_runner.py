@@ -35,8 +35,9 @@ from gateway.api.errors import OpenAIError, service_unavailable
 from gateway.api.openai_format import collect_completion
 from gateway.api.schemas import Completion
 from gateway.batch_plan import PlanItem, plan_batch, retry_delay_s, retryable
-from gateway.completions import CompletionService, Dispatch, PreparedCompletion
+from gateway.completions import CompletionService, PreparedCompletion
 from gateway.db.models import BatchItemStatus, BatchStatus, RequestStatus
+from gateway.dispatch import Dispatch
 from gateway.prediction import Prediction
 from gateway.services.batch_leases import BatchLeases
 from gateway.services.batches import (
@@ -322,9 +323,10 @@ class BatchRunner:
         return replace(prepared, params=params, predicted_bucket=item.predicted_bucket)
 
     def _site(self, item: QueuedItem, prepared: PreparedCompletion) -> SiteState | None:
-        """The assigned site while it is healthy; else what the routing policy picks now."""
+        """The assigned site while it is healthy and not drained; else what the routing policy
+        picks now."""
         assigned = next((s for s in self._registry.all() if s.site_id == item.site_id), None)
-        if assigned is not None and assigned.healthy:
+        if assigned is not None and assigned.healthy and not assigned.draining:
             return assigned
         tried = {assigned.name} if assigned is not None else set()
         return self._completions.reroute(prepared, tried)

@@ -1,8 +1,8 @@
 """From a validated completion request to a finished, recorded completion.
 
 prepare() checks everything that can be checked without a site (so bad input changes nothing);
-dispatch() routes and records the request; Dispatch.events() streams it from the chosen site,
-moving it to another site if the first cannot take it before it starts, and records the outcome.
+dispatch() routes and records the request and hands it to a Dispatch (gateway/dispatch.py),
+which streams it from the chosen site and records the outcome.
 """
 
 from __future__ import annotations
@@ -11,42 +11,40 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+import weakref
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from gateway.api.errors import (
-    OpenAIError,
     invalid_request,
     model_not_found,
     service_unavailable,
-    upstream_failed,
 )
 from gateway.api.schemas import CompletionRequest
-from gateway.db.models import RequestStatus, utcnow
+from gateway.db.models import RequestStatus
+from gateway.dispatch import Dispatch
 from gateway.metrics import GatewayMetrics
+from gateway.overload import InFlightBound
 from gateway.prediction import PredictorService
 from gateway.routing.policy import RoutingPolicy
 from gateway.routing.types import RoutingRequest
 from gateway.services.request_log import NewRequest, NewSample, Outcome, RequestLog
 from gateway.settings import GatewaySettings
-from gateway.sites.client import (
-    GenerateParams,
-    SiteChunk,
-    SiteFailed,
-    SiteRejected,
-    SiteUnavailable,
-)
+from gateway.sites.client import GenerateParams
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.tokenizers import ModelTokenizers
 
 log = logging.getLogger(__name__)
+# Outcome writes that failed on the request path: retried this many times, backing off from 0.5 s
+# to 10 s (about a minute in all), which rides out a database failover or restart.
+_RECORD_RETRIES = 8
+_RECORD_RETRY_FIRST_S = 0.5
 MAX_STOP_SEQUENCES = 4
 # Stop strings are matched after every token; the site refuses longer ones (MAX_STOP_CHARS there).
 MAX_STOP_CHARS = 1024
-STOP_OR_LENGTH = ("stop", "length")
 Api = Literal["completions", "chat.completions"]
 _ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
 
@@ -146,6 +144,7 @@ class CompletionService:
         self._policy = policy
         self.request_log = request_log
         self._background: set[asyncio.Task[None]] = set()
+        self.bound = InFlightBound(settings.max_in_flight)
 
     def prepare(self, req: CompletionRequest) -> PreparedCompletion:
         """Validates and tokenizes; raises OpenAIError (4xx) without touching any state."""
@@ -251,7 +250,22 @@ class CompletionService:
         self, prepared: PreparedCompletion, admission: Admission | None = None
     ) -> Dispatch:
         """Predicts, routes and records the request; 503 (recorded as failed) when no site can
-        take it; 429 (not recorded) when `admission` refuses the predicted tokens."""
+        take it; 429 (not recorded) when `admission` refuses the predicted tokens or the
+        gateway already holds its limit of requests (GATEWAY_MAX_IN_FLIGHT)."""
+        self.bound.enter()
+        try:
+            dispatch = await self._dispatch(prepared, admission)
+        except BaseException:
+            self.bound.leave()
+            raise
+        # The slot is given back when the request ends, or when its Dispatch is dropped unused
+        # (a stream the server never started because the client had gone).
+        dispatch.slot = weakref.finalize(dispatch, self.bound.leave)
+        return dispatch
+
+    async def _dispatch(
+        self, prepared: PreparedCompletion, admission: Admission | None
+    ) -> Dispatch:
         started = time.monotonic()
         prediction = await self.predictor.predict(prepared.prompt_text)
         if prediction is not None:
@@ -305,13 +319,56 @@ class CompletionService:
             )
         return Dispatch(self, prepared, site, started_at=started, admission=admission)
 
-    def reroute(self, prepared: PreparedCompletion, tried: set[str]) -> SiteState | None:
-        untried = [site for site in self._registry.all() if site.name not in tried]
-        return self._policy.route(prepared.routing, untried).site
+    def reroute(
+        self,
+        prepared: PreparedCompletion,
+        excluded: set[str],
+        routing: RoutingRequest | None = None,
+    ) -> SiteState | None:
+        """Another site for the request, not one of `excluded` (`routing`: a continuation's
+        prompt and answer left)."""
+        others = [site for site in self._registry.all() if site.name not in excluded]
+        return self._policy.route(routing or prepared.routing, others).site
+
+    def decode_answer(self, model: str, token_ids: list[int]) -> str:
+        return self._tokenizers.decode_answer(model, token_ids)
 
     def record_later(self, request_id: str, outcome: Outcome) -> None:
         """Writes the outcome even if the caller is being cancelled (client disconnect)."""
-        self._in_background(self.request_log.finished(request_id, outcome))
+        self._in_background(self._record_with_retries(request_id, outcome, None))
+
+    async def record_finished(
+        self, request_id: str, outcome: Outcome, sample: NewSample | None = None
+    ) -> None:
+        """Writes the outcome of a request whose answer is already produced. A database that
+        is briefly unreachable must not turn a finished answer into an error: the write is
+        retried in the background instead, and the caller gets its answer."""
+        try:
+            await self.request_log.finished(request_id, outcome, sample)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning(
+                "recording the outcome of %s failed (%s); retrying in the background",
+                request_id,
+                type(exc).__name__,
+            )
+            self._in_background(self._record_with_retries(request_id, outcome, sample))
+
+    async def _record_with_retries(
+        self, request_id: str, outcome: Outcome, sample: NewSample | None
+    ) -> None:
+        delay = _RECORD_RETRY_FIRST_S
+        for attempt in range(_RECORD_RETRIES):
+            try:
+                await self.request_log.finished(request_id, outcome, sample)
+                return
+            except (SQLAlchemyError, OSError) as exc:
+                if attempt == _RECORD_RETRIES - 1:
+                    log.error(
+                        "giving up recording the outcome of %s: %s", request_id, type(exc).__name__
+                    )
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     def record_offload(self, request_id: str, giver: SiteState, taker: SiteState) -> None:
         self.metrics.offloads.labels(giver.name, taker.name).inc()
@@ -326,162 +383,3 @@ class CompletionService:
     async def drain(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
-
-
-@dataclass(slots=True)
-class Dispatch:
-    """One accepted request on its way through a site."""
-
-    service: CompletionService
-    prepared: PreparedCompletion
-    site: SiteState
-    attempts: int = 1
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    first_token_at: datetime | None = None
-    tried: set[str] = field(default_factory=set)
-    _charged: int = 0
-    # Monotonic seconds when the request was dispatched (prediction included): TTFT's origin.
-    started_at: float = field(default_factory=time.monotonic)
-    admission: Admission | None = None
-
-    async def events(self) -> AsyncIterator[SiteChunk]:
-        """Yields the site's chunks with tokens; the last one has finish_reason set.
-
-        The outcome is written before the iterator ends, so a client that got its answer finds
-        it recorded; a client that goes away mid-stream gets its request recorded as cancelled.
-        """
-        log_ = self.service.request_log
-        try:
-            async for chunk in self._stream_with_failover():
-                yield chunk
-        except OpenAIError as exc:
-            self._settle()
-            await log_.finished(
-                self.prepared.request_id,
-                self._outcome(RequestStatus.FAILED, error=exc.body.message),
-            )
-            raise
-        except BaseException:  # GeneratorExit or CancelledError: the client went away
-            self._settle()
-            outcome = self._outcome(RequestStatus.CANCELLED, error="client went away")
-            self.service.record_later(self.prepared.request_id, outcome)
-            raise
-        self._settle()
-        await log_.finished(
-            self.prepared.request_id, self._outcome(RequestStatus.COMPLETED), self._sample()
-        )
-
-    def _settle(self) -> None:
-        """Charges the caller's key what the request really took: its prompt and the tokens
-        generated, also when it failed or was cancelled."""
-        if self.admission is not None:
-            prompt = len(self.prepared.params.prompt_token_ids)
-            self.admission.settle(prompt + self.completion_tokens)
-
-    def _sample(self) -> NewSample | None:
-        """A length sample for retraining, from answers that ended on their own or at max_tokens
-        (those are censored: the true length is at least what was produced)."""
-        if not self.service.settings.collect_samples or self.finish_reason not in STOP_OR_LENGTH:
-            return None
-        prepared = self.prepared
-        return NewSample(
-            model=prepared.model,
-            prompt=prepared.prompt_text,
-            prompt_tokens=len(prepared.params.prompt_token_ids),
-            completion_tokens=self.completion_tokens,
-            censored=self.finish_reason == "length",
-            predicted_tokens=prepared.params.predicted_tokens,
-        )
-
-    def _outcome(self, status: RequestStatus, error: str | None = None) -> Outcome:
-        """The request's final outcome; called once, when it ends, so it is counted here."""
-        self.service.metrics.finished(
-            self.site.name,
-            self.prepared.model,
-            status.value,
-            (len(self.prepared.params.prompt_token_ids), self.completion_tokens),
-            self.prepared.params.predicted_tokens,
-        )
-        return Outcome(
-            status=status,
-            site_id=self.site.site_id,
-            attempts=self.attempts,
-            completion_tokens=self.completion_tokens,
-            finish_reason=self.finish_reason,
-            error=error,
-            first_token_at=self.first_token_at,
-        )
-
-    async def _stream_with_failover(self) -> AsyncIterator[SiteChunk]:
-        released_from: SiteState | None = None
-        while True:
-            if released_from is not None:
-                self.service.record_offload(self.prepared.request_id, released_from, self.site)
-                released_from = None
-            self.tried.add(self.site.name)
-            self.site.in_flight += 1
-            self._recharge()
-            try:
-                async with aclosing(
-                    self.site.client.generate(
-                        self.prepared.params, self.service.settings.request_timeout_s
-                    )
-                ) as chunks:
-                    async for chunk in chunks:
-                        if chunk.finish_reason == "released":
-                            released_from = self.site
-                            break  # handed back before it started: place it elsewhere
-                        self._observe(chunk)
-                        self._recharge()
-                        if chunk.token_ids or chunk.text or chunk.finish_reason:
-                            yield chunk
-                        if chunk.finish_reason is not None:
-                            return
-            except SiteUnavailable as exc:
-                self.site.mark_unhealthy(exc.detail)
-                self.service.metrics.failovers.labels(self.site.name).inc()
-                log.warning("%s; moving %s elsewhere", exc, self.prepared.request_id)
-            except SiteRejected as exc:
-                raise invalid_request(exc.detail) from exc
-            except SiteFailed as exc:
-                raise upstream_failed(str(exc)) from exc
-            finally:
-                self.site.in_flight -= 1
-                self._recharge(leaving=True)
-            self._move_elsewhere()
-
-    def _recharge(self, leaving: bool = False) -> None:
-        """Keeps the site's outstanding-token ledger at prompt + predicted remaining answer."""
-        routing = self.prepared.routing
-        remaining = max(routing.answer_tokens - self.completion_tokens, 0)
-        charge = 0 if leaving else routing.prompt_tokens + remaining
-        self.site.ledger_tokens += charge - self._charged
-        self._charged = charge
-
-    def _observe(self, chunk: SiteChunk) -> None:
-        if chunk.token_ids and self.first_token_at is None:
-            self.first_token_at = utcnow()
-            self.service.metrics.ttft_seconds.labels(self.site.name).observe(
-                time.monotonic() - self.started_at
-            )
-        self.completion_tokens += len(chunk.token_ids)
-        if chunk.finish_reason is not None:
-            # The site's own count is authoritative (it includes tokens cut by a stop string).
-            self.completion_tokens = chunk.completion_tokens
-            self.finish_reason = chunk.finish_reason
-            if chunk.finish_reason == "cancelled":
-                raise upstream_failed(f"site {self.site.name} cancelled the request")
-
-    def _move_elsewhere(self) -> None:
-        if self.completion_tokens:
-            # Resuming a half-finished answer on another site is the reliability issue's job.
-            raise upstream_failed(f"site {self.site.name} failed mid-stream")
-        next_site = self.service.reroute(self.prepared, self.tried)
-        if next_site is None:
-            raise service_unavailable(
-                f"no other site can take request {self.prepared.request_id} "
-                f"(tried: {', '.join(sorted(self.tried))})"
-            )
-        self.site = next_site
-        self.attempts += 1

@@ -144,6 +144,10 @@ class GatewayMetrics:
             "fedllm_gateway_failovers", "Requests moved off a site that became unavailable "
             "before they started", ("site",), registry=r,
         )  # fmt: skip
+        self.continuations = Counter(
+            "fedllm_gateway_continuations", "Answers that went on on another site after this "
+            "site failed mid-stream", ("site",), registry=r,
+        )  # fmt: skip
         self.offloads = Counter(
             "fedllm_gateway_offloads", "Queued requests a giver site released that restarted "
             "on a taker site", ("giver", "taker"), registry=r,

@@ -18,11 +18,14 @@ from gateway.chat_templates import ChatTemplates
 from gateway.completions import CompletionService
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.drain import SiteDrainer
+from gateway.idempotency import Idempotency
 from gateway.load_sampler import LoadSampler
 from gateway.metrics import GatewayMetrics
 from gateway.offload import OffloadCoordinator
 from gateway.predictor_lifecycle import follow_registry, start_predictor
 from gateway.routing.policy import build_policy
+from gateway.services.idempotency import IdempotencyStore
 from gateway.services.predictor_registry import PredictorRegistry
 from gateway.services.request_log import RequestLog
 from gateway.services.site_store import sync_sites
@@ -67,6 +70,10 @@ class GatewayRuntime:
     dashboard: Dashboard = field(init=False)
     # API keys and their limits (the limiter's windows live in this process only).
     tenancy: Tenancy = field(init=False)
+    # Stored results of requests sent with an Idempotency-Key (gateway/idempotency.py).
+    idempotency: Idempotency = field(init=False)
+    # Operators' drains of sites (gateway/drain.py).
+    drainer: SiteDrainer = field(init=False)
 
     @classmethod
     async def start(cls, settings: GatewaySettings) -> GatewayRuntime:
@@ -111,7 +118,11 @@ class GatewayRuntime:
             settings,
             registry,
             tokenizers,
-            build_policy(settings.routing_policy),
+            build_policy(
+                settings.routing_policy,
+                settings.site_max_queued_requests or None,
+                settings.site_max_queued_tokens or None,
+            ),
             RequestLog(sessions),
             predictor,
             metrics,
@@ -146,6 +157,11 @@ class GatewayRuntime:
         runtime.tenancy = Tenancy(
             KeyService(sessions), SlidingWindowLimiter(), settings.require_api_keys
         )
+        runtime.idempotency = Idempotency(
+            IdempotencyStore(sessions), settings.idempotency_ttl_s, settings.request_timeout_s
+        )
+        runtime.drainer = SiteDrainer(registry, settings.offload_interval_s)
+        runtime._tasks.append(asyncio.create_task(runtime.drainer.run(), name="site-drain"))
         runtime.batches = BatchService.build(settings, sessions, completions, registry)
         runtime.batches.runner.start()  # resumes the batches left unfinished
         healthy = sum(site.healthy for site in registry.all())
@@ -161,5 +177,6 @@ class GatewayRuntime:
                 await task
         await self.completions.predictor.stop()
         await self.completions.drain()
+        await self.idempotency.drain()
         await self.registry.close()
         await self.engine.dispose()

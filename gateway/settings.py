@@ -75,6 +75,16 @@ class GatewaySettings:
     # load_history_retention_h hours (older rows are deleted by the sampler).
     load_sample_interval_s: float = 10.0
     load_history_retention_h: float = 168.0
+    # Reliability (docs/reliability.md). An answer whose site fails mid-stream continues on
+    # another site at most max_continuations times (0: it fails with the site).
+    max_continuations: int = 2
+    # Bounded admission: client requests this gateway holds at once (over it: 429), and the
+    # queue a site may have before routing leaves it out (0: no bound; all full: 503).
+    max_in_flight: int = 1024
+    site_max_queued_requests: int = 256
+    site_max_queued_tokens: int = 0
+    # How long an Idempotency-Key's stored result answers retries.
+    idempotency_ttl_s: float = 86400.0
 
     def __post_init__(self) -> None:
         if self.routing_policy not in ROUTING_POLICIES:
@@ -132,6 +142,11 @@ class GatewaySettings:
             raise SettingsError(
                 "GATEWAY_LOAD_SAMPLE_INTERVAL_S > 0, GATEWAY_LOAD_HISTORY_RETENTION_H > 0"
             )
+        for name in ("max_continuations", "site_max_queued_requests", "site_max_queued_tokens"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"GATEWAY_{name.upper()} must be >= 0")
+        if self.max_in_flight < 1 or self.idempotency_ttl_s <= 0:
+            raise SettingsError("GATEWAY_MAX_IN_FLIGHT >= 1, GATEWAY_IDEMPOTENCY_TTL_S > 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -189,6 +204,15 @@ class GatewaySettings:
             load_history_retention_h=reader.number(
                 "LOAD_HISTORY_RETENTION_H", defaults.load_history_retention_h
             ),
+            max_continuations=reader.integer("MAX_CONTINUATIONS", defaults.max_continuations),
+            max_in_flight=reader.integer("MAX_IN_FLIGHT", defaults.max_in_flight),
+            site_max_queued_requests=reader.integer(
+                "SITE_MAX_QUEUED_REQUESTS", defaults.site_max_queued_requests
+            ),
+            site_max_queued_tokens=reader.integer(
+                "SITE_MAX_QUEUED_TOKENS", defaults.site_max_queued_tokens
+            ),
+            idempotency_ttl_s=reader.number("IDEMPOTENCY_TTL_S", defaults.idempotency_ttl_s),
         )
 
 

@@ -31,5 +31,10 @@ class ModelTokenizers:
         text: str = self._tokenizers[model].decode(token_ids)
         return text
 
+    def decode_answer(self, model: str, token_ids: list[int]) -> str:
+        """An answer's text as the sites' detokenizer writes it (special tokens left out)."""
+        text: str = self._tokenizers[model].decode(token_ids, skip_special_tokens=True)
+        return text
+
     def vocab_size(self, model: str) -> int:
         return len(self._tokenizers[model])

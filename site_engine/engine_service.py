@@ -94,7 +94,10 @@ class _Throughput:
             self.samples.popleft()
 
     def rate(self, now: float) -> float:
-        recent = [n for t, n in self.samples if now - t <= _RATE_WINDOW_S]
+        # Called from the asyncio thread while the engine thread appends: tuple() copies the
+        # deque in one C call under the GIL; iterating it directly raised "deque mutated during
+        # iteration" and broke the load-report stream.
+        recent = [n for t, n in tuple(self.samples) if now - t <= _RATE_WINDOW_S]
         return sum(recent) / _RATE_WINDOW_S if recent else 0.0
 
 

@@ -67,6 +67,7 @@ def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
             seed=message.seed if message.HasField("seed") else None,
             stop=tuple(message.stop),
             ignore_eos=message.ignore_eos,
+            generated_before=message.generated_before,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc

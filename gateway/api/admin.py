@@ -6,6 +6,8 @@
 - GET /admin/api/drift?window_s&step_s&site      predicted vs actual completion tokens
 - GET /admin/api/offloads?window_s&limit&site    recent offload events
 - GET /admin/api/sites/{name}?window_s&step_s    one site: now, history, drift, offloads
+- POST /admin/api/sites/{name}/drain             the site takes nothing new; its queue moves
+- POST /admin/api/sites/{name}/undrain           the site takes new requests again
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Request, Response, get, post
 from litestar.params import Parameter
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
@@ -24,6 +26,7 @@ from litestar.response.sse import ServerSentEventMessage
 from gateway.admin_dashboard import Dashboard, WindowError
 from gateway.api.admin_auth import require_admin
 from gateway.api.errors import OpenAIError, invalid_request
+from gateway.drain import DrainView
 from gateway.runtime import GatewayRuntime
 from gateway.services.load_history import Window
 
@@ -144,3 +147,17 @@ class AdminApiController(Controller):
         if detail is None:
             raise _not_found(name)
         return json_response(request, detail)
+
+    @post("/sites/{name:str}/drain", status_code=200, summary="Drain a site (see README)")
+    async def drain_site(self, runtime: GatewayRuntime, name: str) -> DrainView:
+        view = await runtime.drainer.drain(name)
+        if view is None:
+            raise _not_found(name)
+        return view
+
+    @post("/sites/{name:str}/undrain", status_code=200, summary="End a site's drain")
+    async def undrain_site(self, runtime: GatewayRuntime, name: str) -> DrainView:
+        view = await runtime.drainer.undrain(name)
+        if view is None:
+            raise _not_found(name)
+        return view

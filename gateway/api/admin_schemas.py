@@ -37,6 +37,8 @@ class SiteNow(msgspec.Struct, frozen=True):
     requests_per_min: float
     ttft_ms: float | None
     e2e_ms: float | None
+    # An operator is draining the site (POST /admin/api/sites/{name}/drain).
+    draining: bool = False
 
 
 class CloudNow(msgspec.Struct, frozen=True):

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, get, post
+from litestar import Controller, Request, Response, get, post
 
 from gateway.api.batch_schemas import (
     Batch,
@@ -23,6 +23,7 @@ from gateway.api.errors import ErrorBody, OpenAIError
 from gateway.api.openapi_body import json_body
 from gateway.api.schemas import Completion
 from gateway.db.models import BatchStatus
+from gateway.idempotency import HEADER, REPLAYED_HEADER
 from gateway.runtime import GatewayRuntime
 from gateway.services.batches import BatchView, ItemView
 from gateway.tenancy.admission import Caller
@@ -92,10 +93,19 @@ class BatchesController(Controller):
     )
     async def create_batch(
         self, request: Request[Any, Any, Any], runtime: GatewayRuntime, caller: Caller
-    ) -> Batch:
+    ) -> Response[Batch]:
         body = await _read_body(request, runtime.settings.batch_max_body_bytes)
         batch = decode_body(body, BatchCreateRequest)
-        return _batch(await runtime.batches.submit(batch, caller.admit_batch))
+        claim = await runtime.idempotency.claim(
+            request.headers.get(HEADER), caller.key_id, "/v1/batches", body, stream=False
+        )
+
+        async def submit() -> Batch:
+            return _batch(await runtime.batches.submit(batch, caller.admit_batch))
+
+        # A replay answers with the batch as it was created (same id); GET it for its progress.
+        created, replayed = await runtime.idempotency.once(claim, Batch, submit)
+        return Response(created, headers={REPLAYED_HEADER: "true"} if replayed else {})
 
     @get("/", summary="Batches, newest first")
     async def list_batches(

@@ -64,6 +64,16 @@ def upstream_failed(message: str) -> OpenAIError:
     return OpenAIError(502, message, type="server_error", code="site_failed")
 
 
+def request_timed_out(message: str) -> OpenAIError:
+    return OpenAIError(504, message, type="server_error", code="request_timeout")
+
+
+def gateway_overloaded(message: str, retry_after_s: int = 1) -> OpenAIError:
+    return OpenAIError(
+        429, message, type="server_error", code="gateway_overloaded", retry_after_s=retry_after_s
+    )
+
+
 def error_response(error: OpenAIError) -> Response[ErrorEnvelope]:
     headers = {} if error.retry_after_s is None else {"Retry-After": str(error.retry_after_s)}
     return Response(

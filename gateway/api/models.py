@@ -47,6 +47,8 @@ class HealthController(Controller):
             "ready": ready,
             "database": database,
             "sites": sites,
+            # Sites an operator is draining (they finish their work and take nothing new).
+            "draining": runtime.drainer.draining(),
             "predictor": {"mode": predictor.mode, "version": predictor.version},
         }
         return Response(body, status_code=200 if ready else 503)

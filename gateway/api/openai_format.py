@@ -18,7 +18,8 @@ from gateway.api.chat_schemas import (
 )
 from gateway.api.errors import OpenAIError
 from gateway.api.schemas import Completion, CompletionChoice, Usage
-from gateway.completions import Dispatch, PreparedCompletion
+from gateway.completions import PreparedCompletion
+from gateway.dispatch import Dispatch
 
 FinishReason = Literal["stop", "length"]
 

@@ -20,10 +20,12 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -130,6 +132,9 @@ class InferenceRequest(Base):
     # The API key that made the request (null: keys not required and none sent), for usage.
     api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
     attempts: Mapped[int] = mapped_column(Integer, default=1)
+    # An answer that continued on other sites after its site failed mid-stream:
+    # [{"from": site, "to": site, "after_tokens": n}, ...] (null: it stayed on one site).
+    continuations: Mapped[list[dict[str, object]] | None] = mapped_column(JSON(none_as_null=True))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -356,3 +361,40 @@ class ApiKey(Base):
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class IdempotencyStatus(enum.StrEnum):
+    RUNNING = "running"  # the first request with the key is being served
+    COMPLETED = "completed"  # its response is stored and answers retries
+
+
+class IdempotencyRecord(Base):
+    """A client's Idempotency-Key: the request it first came with (a hash of endpoint and body)
+    and, once that request succeeded, its response, which retries with the key get back.
+
+    Keys are scoped by API key ("key:<id>", or "anonymous" without one), so one client's keys
+    never meet another's."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        UniqueConstraint("scope", "key", name="uq_idempotency_keys_scope_key"),
+        Index("ix_idempotency_keys_expires_at", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(32))
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[IdempotencyStatus] = mapped_column(
+        Enum(
+            IdempotencyStatus,
+            native_enum=False,
+            length=16,
+            name="idempotency_status",
+            values_callable=lambda members: [m.value for m in members],
+        )
+    )
+    response_status: Mapped[int | None] = mapped_column(Integer)
+    response_body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

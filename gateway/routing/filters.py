@@ -52,3 +52,34 @@ class KvBoundFilter:
     def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
         need = request.total_tokens
         return [s for s in sites if fits(need, free_kv_tokens(s))]
+
+
+@dataclass(frozen=True, slots=True)
+class NotDrainingFilter:
+    """Contract: keeps exactly the sites that are not being drained."""
+
+    name: str = "not_draining"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        return [site for site in sites if not site.draining]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBoundFilter:
+    """Contract: keeps the sites whose waiting queue is below both bounds (queued requests
+    < max_requests and queued prompt tokens < max_tokens); a bound of None is no bound.
+
+    Why: a site with a long queue would make the request wait without limit; refusing it here
+    turns overload into a prompt 503 with Retry-After instead."""
+
+    max_requests: int | None = None
+    max_tokens: int | None = None
+    name: str = "queue_bound"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        return [
+            s
+            for s in sites
+            if (self.max_requests is None or s.queued_requests < self.max_requests)
+            and (self.max_tokens is None or s.queued_tokens < self.max_tokens)
+        ]

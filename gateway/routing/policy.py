@@ -10,6 +10,8 @@ from gateway.routing.filters import (
     FitsContextFilter,
     HealthyFilter,
     KvBoundFilter,
+    NotDrainingFilter,
+    QueueBoundFilter,
     ServesModelFilter,
 )
 from gateway.routing.mico import MicoOnlinePicker
@@ -61,10 +63,19 @@ class RoutingPolicy:
         )
 
 
-def build_policy(name: str) -> RoutingPolicy:
+def build_policy(
+    name: str, max_site_queue: int | None = None, max_site_queued_tokens: int | None = None
+) -> RoutingPolicy:
     """Contract: a fresh policy (own turn counters) for each name in POLICY_NAMES; ValueError
-    for any other name."""
-    base_filters = (ServesModelFilter(), HealthyFilter(), FitsContextFilter())
+    for any other name. Every policy leaves out draining sites and sites whose queue reached
+    the bounds (None: unbounded)."""
+    base_filters = (
+        ServesModelFilter(),
+        HealthyFilter(),
+        FitsContextFilter(),
+        NotDrainingFilter(),
+        QueueBoundFilter(max_site_queue, max_site_queued_tokens),
+    )
     if name == "round_robin":
         return RoutingPolicy(name, base_filters, RoundRobinPicker())
     if name == "least_requests":

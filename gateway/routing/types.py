@@ -50,6 +50,22 @@ class RoutableSite(Protocol):
         """Requests this gateway has sent to the site that have not finished yet."""
         ...
 
+    @property
+    def draining(self) -> bool:
+        """An operator is draining the site (admin API): it takes nothing new."""
+        ...
+
+    @property
+    def queued_requests(self) -> int:
+        """Requests waiting at the site to start: the larger of its last load report and what
+        this gateway's own in-flight count beyond the site's batch slots implies."""
+        ...
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens of the requests waiting at the site (its last load report)."""
+        ...
+
 
 S = TypeVar("S", bound=RoutableSite)
 T = TypeVar("T")

@@ -62,6 +62,8 @@ class Outcome:
     finish_reason: str | None = None
     error: str | None = None
     first_token_at: datetime | None = None
+    # Sites an answer moved between mid-stream ({"from", "to", "after_tokens"}), in order.
+    continuations: list[dict[str, object]] | None = None
 
 
 class RequestLog:
@@ -136,6 +138,7 @@ class RequestLog:
                     finish_reason=outcome.finish_reason,
                     error=outcome.error,
                     first_token_at=outcome.first_token_at,
+                    continuations=outcome.continuations,
                     finished_at=utcnow(),
                 )
             )

@@ -52,6 +52,11 @@ class SiteFailed(SiteCallError):
     """The site accepted the request and then failed it."""
 
 
+class SiteTimedOut(SiteFailed):
+    """The call's deadline (the request's timeout) passed after the site accepted it; the site
+    sees the deadline too and cancels the request."""
+
+
 @dataclass(frozen=True, slots=True)
 class SiteInfoView:
     site_name: str
@@ -103,6 +108,8 @@ class GenerateParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     predicted_tokens: int | None = None
+    # Answer tokens produced on another site before this call (a continuation; see dispatch.py).
+    generated_before: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,7 @@ def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
         top_p=params.top_p,
         stop=params.stop,
         ignore_eos=params.ignore_eos,
+        generated_before=params.generated_before,
     )
     if params.seed is not None:
         sampling.seed = params.seed
@@ -169,8 +177,10 @@ class SiteClient:
             return SiteRejected(self.name, detail)
         if code in _RETRYABLE and not accepted:
             return SiteUnavailable(self.name, detail)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED and not accepted:
-            return SiteUnavailable(self.name, "did not answer in time")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if not accepted:
+                return SiteUnavailable(self.name, "did not answer in time")
+            return SiteTimedOut(self.name, "the request's deadline passed")
         return SiteFailed(self.name, f"{code.name}: {detail}")
 
     async def check_health(self) -> bool:

@@ -27,6 +27,8 @@ class SiteState:
     # The site's last pushed load report, and when it came (monotonic seconds).
     report: LoadView | None = None
     report_at: float = 0.0
+    # Set by an operator's drain (gateway/drain.py): the site takes nothing new.
+    draining: bool = False
 
     @property
     def outstanding_tokens(self) -> int:
@@ -34,6 +36,19 @@ class SiteState:
         and this gateway's ledger (its own requests, up to date)."""
         reported = self.report.token_load if self.report is not None else 0
         return max(self.ledger_tokens, reported)
+
+    @property
+    def queued_requests(self) -> int:
+        """Waiting at the site: its last report, or more when this gateway alone has sent more
+        requests than the site has batch slots (reports lag; a burst must still see a queue)."""
+        reported = self.report.queued_requests if self.report is not None else 0
+        slots = self.info.max_num_seqs if self.info is not None else None
+        beyond = self.in_flight - slots if slots is not None else 0
+        return max(reported, beyond)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self.report.queued_prompt_tokens if self.report is not None else 0
 
     def apply_report(self, report: LoadView) -> None:
         self.report, self.report_at = report, time.monotonic()

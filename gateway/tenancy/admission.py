@@ -80,6 +80,10 @@ class Caller:
     tenancy: Tenancy
     key: KeyRecord | None
 
+    @property
+    def key_id(self) -> int | None:
+        return self.key.id if self.key is not None else None
+
     def admission(self) -> KeyAdmission | None:
         """The request's hold on the key's limits (for CompletionService.dispatch)."""
         return KeyAdmission(self.tenancy.limiter, self.key) if self.key is not None else None

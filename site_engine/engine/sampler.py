@@ -109,7 +109,9 @@ class Sampler:
             if generator is None:
                 generator = torch.Generator(device=probs.device)
                 self._seeded[chunk.request_id] = generator
-            generator.manual_seed(step_seed(seed, chunk.num_generated))
+            # A continuation's steps count on from the tokens generated before it (elsewhere).
+            steps = chunk.sampling.generated_before + chunk.num_generated
+            generator.manual_seed(step_seed(seed, steps))
             noise[row].exponential_(generator=generator)
         # An exact 0 draw would turn p / E into inf (or nan for p == 0) and win the argmax.
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)

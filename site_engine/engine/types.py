@@ -39,6 +39,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Answer tokens generated elsewhere before this request (a continuation whose prompt ends
+    # with them): a seeded sampler's step count starts here, so the answer stays reproducible.
+    generated_before: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -47,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.generated_before < 0:
+            raise ValueError(f"generated_before must be >= 0, got {self.generated_before}")
 
     @property
     def greedy(self) -> bool:

@@ -54,6 +54,7 @@ class SamplingParams(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    GENERATED_BEFORE_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     temperature: _builtins.float
     """0 means greedy."""
@@ -62,6 +63,11 @@ class SamplingParams(_message.Message):
     seed: _builtins.int
     ignore_eos: _builtins.bool
     """Keep generating past EOS until max_tokens (benchmarks replaying exact lengths)."""
+    generated_before: _builtins.int
+    """Answer tokens produced before this call: the gateway continues an answer whose site failed
+    mid-stream on another site, with those tokens appended to the prompt. A seeded sampler counts
+    its steps from here, so the continued answer is the one an uninterrupted run would give.
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -73,10 +79,11 @@ class SamplingParams(_message.Message):
         seed: _builtins.int | None = ...,
         stop: _abc.Iterable[_builtins.str] | None = ...,
         ignore_eos: _builtins.bool = ...,
+        generated_before: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "generated_before", b"generated_before", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015

@@ -63,3 +63,30 @@ def test_site_settings_env_then_flags() -> None:
 def test_site_settings_fail_loudly(env: dict[str, str], message: str) -> None:
     with pytest.raises(SiteSettingsError, match=message):
         SiteSettings.load(env)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GATEWAY_MAX_CONTINUATIONS": "-1"}, "GATEWAY_MAX_CONTINUATIONS"),
+        ({"GATEWAY_SITE_MAX_QUEUED_REQUESTS": "-3"}, "GATEWAY_SITE_MAX_QUEUED_REQUESTS"),
+        ({"GATEWAY_MAX_IN_FLIGHT": "0"}, "GATEWAY_MAX_IN_FLIGHT"),
+        ({"GATEWAY_IDEMPOTENCY_TTL_S": "0"}, "GATEWAY_IDEMPOTENCY_TTL_S"),
+    ],
+)
+def test_reliability_settings_fail_loudly(env: dict[str, str], message: str) -> None:
+    with pytest.raises(GatewaySettingsError, match=message):
+        GatewaySettings.from_env({"GATEWAY_FEDERATION_FILE": "f.json", **env})
+
+
+def test_reliability_settings_from_env() -> None:
+    settings = GatewaySettings.from_env(
+        {
+            "GATEWAY_FEDERATION_FILE": "f.json",
+            "GATEWAY_MAX_CONTINUATIONS": "0",
+            "GATEWAY_MAX_IN_FLIGHT": "7",
+            "GATEWAY_SITE_MAX_QUEUED_TOKENS": "5000",
+        }
+    )
+    assert (settings.max_continuations, settings.max_in_flight) == (0, 7)
+    assert (settings.site_max_queued_requests, settings.site_max_queued_tokens) == (256, 5000)

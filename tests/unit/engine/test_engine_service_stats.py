@@ -1,10 +1,13 @@
-"""The site's cumulative KV use (what the load report carries for benchmarks): a running sum of
-the KV held after each iteration."""
+"""What the engine service reports in load reports: cumulative KV use (a running sum of the KV
+held after each iteration) and the decode rate, read from another thread than the one that
+updates them."""
 
 from __future__ import annotations
 
+import threading
+
 from site_engine.engine.api import EngineStats
-from site_engine.engine_service import CumulativeKv
+from site_engine.engine_service import CumulativeKv, _Throughput
 
 
 def stats(blocks: int, tokens: int, iterations: int) -> EngineStats:
@@ -23,3 +26,31 @@ def test_cumulative_kv_is_a_value_each_step_replaces() -> None:
     later = start.after(stats(1, 16, 1))
     assert start == CumulativeKv()  # readers on another thread never see a half-updated pair
     assert later == CumulativeKv(1, 16)
+
+
+def test_decode_rate_counts_the_window() -> None:
+    rate = _Throughput()
+    for second in range(10):
+        rate.add(float(second), 4)
+    assert rate.rate(9.0) == 3 * 4 / 2.0  # samples at 7, 8 and 9 s are within 2 s of 9 s
+
+
+def test_decode_rate_can_be_read_while_the_engine_thread_adds() -> None:
+    """The load report reads the rate on the asyncio thread while the engine thread appends and
+    trims; reading used to fail with "deque mutated during iteration"."""
+    rate = _Throughput()
+    done = threading.Event()
+
+    def engine_thread() -> None:
+        for i in range(200_000):
+            rate.add(i * 1e-4, 1)
+        done.set()
+
+    writer = threading.Thread(target=engine_thread)
+    writer.start()
+    reads = 0
+    while not done.is_set():
+        assert rate.rate(reads * 1e-4) >= 0.0
+        reads += 1
+    writer.join()
+    assert reads > 0

@@ -113,3 +113,16 @@ def test_forget_drops_seeded_state() -> None:
 def test_row_count_must_match() -> None:
     with pytest.raises(ValueError, match="2 logit rows for 1 chunks"):
         Sampler().sample(random_logits(2), [chunk("a", SamplingParams(max_tokens=1))])
+
+
+def test_a_continuation_counts_its_steps_from_the_tokens_generated_before() -> None:
+    """An answer continued on another site after 3 tokens samples its next token with the
+    random stream the original site would have used for step 3."""
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=42)
+    continued = SamplingParams(max_tokens=5, temperature=1.0, seed=42, generated_before=3)
+    logits = random_logits(1, seed=4)
+    original = [Sampler().sample(logits, [chunk("s", seeded, step)])[0] for step in range(3, 8)]
+    resumed = [Sampler().sample(logits, [chunk("s", continued, step)])[0] for step in range(5)]
+    assert resumed == original
+    restarted = [Sampler().sample(logits, [chunk("s", seeded, step)])[0] for step in range(5)]
+    assert restarted != original  # without the offset the stream would start over

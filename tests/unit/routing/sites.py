@@ -17,6 +17,9 @@ class Site:
     kv_capacity_tokens: int | None = None
     outstanding_tokens: int = 0
     in_flight: int = 0
+    draining: bool = False
+    queued_requests: int = 0
+    queued_tokens: int = 0
 
 
 def request(

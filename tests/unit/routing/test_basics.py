@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.filters import FitsContextFilter, HealthyFilter, ServesModelFilter
+from gateway.routing.filters import (
+    FitsContextFilter,
+    HealthyFilter,
+    NotDrainingFilter,
+    QueueBoundFilter,
+    ServesModelFilter,
+)
 from gateway.routing.pickers import RoundRobinPicker
 from gateway.routing.policy import build_policy
 from tests.unit.routing.sites import Site, request
@@ -15,6 +21,8 @@ DOWN = Site("down", healthy=False)
 OTHER = Site("other", model="x")
 SHORT = Site("short", max_model_len=64)
 UNKNOWN = Site("unknown", max_model_len=None)
+DRAINING = Site("draining", draining=True)
+QUEUE_3 = Site("queue_3", queued_requests=3, queued_tokens=300)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +37,14 @@ UNKNOWN = Site("unknown", max_model_len=None)
         (FitsContextFilter(), request(32, 33), [SHORT, A], [A]),
         (FitsContextFilter(), request(1000, 1000), [A, UNKNOWN], [UNKNOWN]),
         (FitsContextFilter(), request(), [B, A], [B, A]),  # order is kept
+        (NotDrainingFilter(), request(), [A, DRAINING, B], [A, B]),
+        (NotDrainingFilter(), request(), [DRAINING], []),
+        (QueueBoundFilter(), request(), [A, QUEUE_3], [A, QUEUE_3]),  # unbounded
+        (QueueBoundFilter(max_requests=4), request(), [QUEUE_3, A], [QUEUE_3, A]),
+        (QueueBoundFilter(max_requests=3), request(), [QUEUE_3, A], [A]),  # at the bound: out
+        (QueueBoundFilter(max_tokens=301), request(), [QUEUE_3], [QUEUE_3]),
+        (QueueBoundFilter(max_tokens=300), request(), [QUEUE_3, B], [B]),
+        (QueueBoundFilter(max_requests=10, max_tokens=300), request(), [QUEUE_3], []),
     ],
 )
 def test_filters(site_filter, req, sites, kept) -> None:
@@ -63,7 +79,13 @@ def test_round_robin_choice_carries_no_scores() -> None:
 def test_policy_explains_an_empty_answer() -> None:
     decision = build_policy("round_robin").route(request(2000, 10), [A, DOWN, OTHER])
     assert decision.site is None
-    assert decision.survivors == (("serves_model", 2), ("healthy", 1), ("fits_context", 0))
+    assert decision.survivors == (
+        ("serves_model", 2),
+        ("healthy", 1),
+        ("fits_context", 0),
+        ("not_draining", 0),
+        ("queue_bound", 0),
+    )
 
 
 def test_unknown_policy_is_refused() -> None:

@@ -8,7 +8,13 @@ from gateway.routing.policy import POLICY_NAMES, build_policy
 from gateway.settings import ROUTING_POLICIES
 from tests.unit.routing.sites import Site, request
 
-BASE = (("serves_model", 3), ("healthy", 3), ("fits_context", 3))
+BASE = (
+    ("serves_model", 3),
+    ("healthy", 3),
+    ("fits_context", 3),
+    ("not_draining", 3),
+    ("queue_bound", 3),
+)
 # Two requests in flight but little token load, versus one request with a long answer queued.
 MANY_SHORT = Site("many_short", in_flight=2, outstanding_tokens=100, kv_capacity_tokens=4000)
 ONE_LONG = Site("one_long", in_flight=1, outstanding_tokens=3000, kv_capacity_tokens=4000)

@@ -1,0 +1,154 @@
+"""Idempotency-Key: a client that retries a request with the same key gets the first result back
+instead of a second run, also after a gateway restart (the records are in the database).
+
+- The first request with a key claims it (running), runs, and stores its response (completed).
+  A retry with the same key and the same request gets the stored response, marked with
+  `Idempotent-Replayed: true`.
+- A retry while the first is still running gets 409 with Retry-After (the client retries
+  later and then gets the stored response); it does not wait, so no connection hangs on it.
+- The same key with a different request (endpoint or JSON body, compared after parsing, so key
+  order and spacing do not matter) is refused with 422.
+- Only successes are stored: a request that fails (or whose client goes away) frees its key, so
+  the retry runs it again. A running record whose gateway died is taken as abandoned after the
+  request timeout, and the retry runs it again.
+- Streaming requests cannot carry a key (400): a stream cannot be replayed as it was sent.
+- Keys are scoped by API key, and forgotten after GATEWAY_IDEMPOTENCY_TTL_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+
+from gateway.api.errors import OpenAIError, invalid_request
+from gateway.db.models import IdempotencyStatus
+from gateway.services.idempotency import IdempotencyStore
+
+log = logging.getLogger(__name__)
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_KEY_CHARS = 255
+# Expired records are deleted at most this often (and always when their own key comes back).
+_PURGE_EVERY_S = 60.0
+# A running record older than the request timeout plus this is abandoned (its gateway died).
+_ABANDONED_MARGIN_S = 30.0
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """This request holds the key: its response will answer the retries."""
+
+    scope: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The key's first request already succeeded: its stored response."""
+
+    status: int
+    body: bytes
+
+
+def _request_hash(endpoint: str, body: bytes) -> str:
+    canonical = msgspec.json.encode(msgspec.json.decode(body), order="sorted")
+    return hashlib.sha256(endpoint.encode() + b"\0" + canonical).hexdigest()
+
+
+class Idempotency:
+    def __init__(self, store: IdempotencyStore, ttl_s: float, request_timeout_s: float) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+        self._abandoned_after_s = request_timeout_s + _ABANDONED_MARGIN_S
+        self._purged_at = 0.0
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def claim(
+        self, key: str | None, api_key_id: int | None, endpoint: str, body: bytes, stream: bool
+    ) -> Claim | Replay | None:
+        """None without a key; raises OpenAIError 400 (bad key, or a stream), 409 (the key's
+        request is still running) or 422 (the key came with a different request)."""
+        if key is None:
+            return None
+        if not 0 < len(key) <= MAX_KEY_CHARS or not key.isascii() or not key.isprintable():
+            raise invalid_request(
+                f"{HEADER} must be 1 to {MAX_KEY_CHARS} printable ASCII characters", param=HEADER
+            )
+        if stream:
+            raise invalid_request(
+                f"{HEADER} cannot be used with stream=true: a stream cannot be replayed; send "
+                "the request without stream to make it idempotent",
+                param="stream",
+            )
+        scope = f"key:{api_key_id}" if api_key_id is not None else "anonymous"
+        request_hash = _request_hash(endpoint, body)
+        await self._purge_now_and_then()
+        stored = await self._store.claim(
+            scope, key, request_hash, self._ttl_s, self._abandoned_after_s
+        )
+        if stored is None:
+            return Claim(scope, key)
+        if stored.request_hash != request_hash:
+            raise OpenAIError(
+                422,
+                f"this {HEADER} was already used with a different request; use a new key for a "
+                "new request",
+                param=HEADER,
+                code="idempotency_key_reused",
+            )
+        if stored.status is IdempotencyStatus.RUNNING or stored.response_body is None:
+            raise OpenAIError(
+                409,
+                f"a request with this {HEADER} is still running; retry to get its result",
+                param=HEADER,
+                code="idempotency_key_in_use",
+                retry_after_s=1,
+            )
+        return Replay(stored.response_status or 200, stored.response_body)
+
+    async def once(
+        self,
+        claim: Claim | Replay | None,
+        response_type: type[T],
+        produce: Callable[[], Awaitable[T]],
+    ) -> tuple[T, bool]:
+        """The response: the stored one for a replay (True), else what `produce` makes (False),
+        stored for the key's retries when there is a claim."""
+        if isinstance(claim, Replay):
+            return msgspec.json.decode(claim.body, type=response_type), True
+        try:
+            response = await produce()
+        except BaseException:
+            if claim is not None:
+                # In the background: the caller may be being cancelled (client went away).
+                task = asyncio.create_task(self._release(claim))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise
+        if claim is not None:
+            await self._store.complete(claim.scope, claim.key, 200, msgspec.json.encode(response))
+        return response, False
+
+    async def _release(self, claim: Claim) -> None:
+        try:
+            await self._store.release(claim.scope, claim.key)
+        except Exception:  # the record then lapses as abandoned; the retry still runs
+            log.exception("could not free idempotency key of a failed request")
+
+    async def _purge_now_and_then(self) -> None:
+        now = time.monotonic()
+        if now - self._purged_at >= _PURGE_EVERY_S:
+            self._purged_at = now
+            await self._store.purge_expired()
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
