@@ -179,7 +179,10 @@ class Dispatch:
                 self.service.record_offload(self.prepared.request_id, released_from, self.site)
                 released_from = None
             self.tried.add(self.site.name)
-            self.site.in_flight += 1
+            # The site of this attempt: handlers below may already point self.site at the next
+            # one, and the bookkeeping in `finally` belongs to this one.
+            attempt_site = self.site
+            attempt_site.in_flight += 1
             self._recharge()
             try:
                 timeout_s = self._time_left_s()
@@ -204,11 +207,20 @@ class Dispatch:
             except SiteTimedOut as exc:
                 raise self._timed_out() from exc
             except SiteFailed as exc:
-                if not self._answer_ids or len(self.continuations) >= settings.max_continuations:
+                self.failed.add(self.site.name)
+                if not self._answer_ids:
+                    # Accepted but not started (queued at the site) when the site broke: the
+                    # caller has seen nothing, so the request simply goes elsewhere.
+                    self.site.mark_unhealthy(exc.detail)
+                    self.service.metrics.failovers.labels(self.site.name).inc()
+                    log.warning("%s before any token; moving %s elsewhere", exc,
+                                self.prepared.request_id)  # fmt: skip
+                    self._move_elsewhere()
+                    continue
+                if len(self.continuations) >= settings.max_continuations:
                     raise upstream_failed(str(exc)) from exc
                 # The site broke under a started answer (died, lost its connection, its engine
                 # failed): the rest of the answer is generated elsewhere.
-                self.failed.add(self.site.name)
                 self.site.mark_unhealthy(exc.detail)
                 self.service.metrics.continuations.labels(self.site.name).inc()
                 log.warning("%s; continuing %s elsewhere", exc, self.prepared.request_id)
@@ -218,8 +230,9 @@ class Dispatch:
                     return
                 continue
             finally:
-                self.site.in_flight -= 1
-                self._recharge(leaving=True)
+                attempt_site.in_flight -= 1
+                attempt_site.ledger_tokens -= self._charged
+                self._charged = 0
             self._move_elsewhere()
 
     def _time_left_s(self) -> float:
@@ -236,12 +249,12 @@ class Dispatch:
             f"GATEWAY_REQUEST_TIMEOUT_S={self.service.settings.request_timeout_s:g}s"
         )
 
-    def _recharge(self, leaving: bool = False) -> None:
+    def _recharge(self) -> None:
         """Keeps the site's outstanding-token ledger at prompt + predicted remaining answer."""
         routing = self.prepared.routing
         remaining = max(routing.answer_tokens - self.completion_tokens, 0)
         prompt = len(self.params.prompt_token_ids)
-        charge = 0 if leaving else prompt + remaining
+        charge = prompt + remaining
         self.site.ledger_tokens += charge - self._charged
         self._charged = charge
 

@@ -156,6 +156,49 @@ def test_an_answer_whose_site_dies_mid_stream_continues_on_another_site(start_fe
     assert json.loads(str(row["continuations"]))[0]["from"] == busy[0]
 
 
+def test_requests_queued_at_a_site_that_dies_are_served_elsewhere(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """A site that accepted requests but had not started them (its batch was full) dies: they
+    had produced nothing, so they go to another site; the one it was running continues there."""
+    victim = spawn_site(model_dir=tiny_llama_dir, site_name="aws-use1", model_name="tiny",
+                        log_dir=tmp_path, extra_args=["--max-num-seqs", "1"])  # fmt: skip
+    other = spawn_site(model_dir=tiny_llama_dir, site_name="gcp-euw4", model_name="tiny",
+                       log_dir=tmp_path)  # fmt: skip
+    processes = [victim, other]
+    try:
+        for process in processes:
+            wait_until_serving(process)
+        endpoints = {p.name: f"127.0.0.1:{p.port}" for p in processes}
+        gateway = start_gateway(
+            federation_file=write_federation(tmp_path / "f.json", tiny_llama_dir, endpoints),
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
+            log_dir=tmp_path,
+            expect_healthy_sites=2,
+            env=DEAF,  # round robin (the default): every other request goes to the victim
+        )
+        processes.append(gateway)
+        url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+        body = {**long_body(), "max_tokens": 300}
+        answers: list[httpx.Response] = []
+        senders = [
+            threading.Thread(target=lambda: answers.append(httpx.post(url, json=body, timeout=90)))
+            for _ in range(4)
+        ]
+        for sender in senders:
+            sender.start()
+        wait_for(lambda: site_load(victim).queued_requests >= 1)
+        victim.kill()
+        for sender in senders:
+            sender.join(timeout=90)
+        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+        assert all(a.json()["usage"]["completion_tokens"] == 300 for a in answers)
+        assert {a.headers["x-fedllm-site"] for a in answers} <= {"aws-use1", "gcp-euw4"}
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
 # ---- Idempotency-Key --------------------------------------------------------------------------
 
 
