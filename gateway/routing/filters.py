@@ -45,13 +45,16 @@ class FitsContextFilter:
 class KvBoundFilter:
     """Contract: keeps the sites whose free KV (kv_capacity_tokens - outstanding_tokens) holds the
     request's prompt + planned answer (the prediction capped at max_tokens, or max_tokens without
-    one); a site whose KV capacity is not known yet is kept."""
+    one). When none holds it now, keeps the sites whose whole KV capacity could: the request
+    waits in the queue of one of them (refusing work that only has to wait would turn every
+    burst into 503s). A site whose KV capacity is not known yet is kept."""
 
     name: str = "kv_bound"
 
     def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
         need = request.total_tokens
-        return [s for s in sites if fits(need, free_kv_tokens(s))]
+        now = [s for s in sites if fits(need, free_kv_tokens(s))]
+        return now or [s for s in sites if fits(need, s.kv_capacity_tokens)]
 
 
 @dataclass(frozen=True, slots=True)

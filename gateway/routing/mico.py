@@ -281,10 +281,11 @@ def _model_and_bucket(request: RoutingRequest) -> Hashable:
 @dataclass(slots=True)
 class MicoOnlinePicker:
     """Contract: among the candidates whose free KV holds the request's prompt + planned answer
-    (unknown capacity holds anything), picks the one with the smallest capacity-normalized token
-    load after placement, (outstanding_tokens + prompt + planned answer) / capacity_weight;
-    ties take turns in name order, one turn counter per (model, predicted bucket). Scores of the
-    fitting candidates come back with the pick; None when no candidate fits."""
+    (unknown capacity holds anything), or all candidates when none holds it now (it will wait in
+    a queue), picks the one with the smallest capacity-normalized token load after placement,
+    (outstanding_tokens + prompt + planned answer) / capacity_weight; ties take turns in name
+    order, one turn counter per (model, predicted bucket). Scores of the candidates considered
+    come back with the pick; None when there is no candidate."""
 
     name: str = "mico"
     _by_load: MinScorePicker = field(
@@ -296,4 +297,5 @@ class MicoOnlinePicker:
 
     def choose(self, request: RoutingRequest, sites: Sequence[S]) -> Pick[S]:
         need = request.total_tokens
-        return self._by_load.choose(request, [s for s in sites if fits(need, free_kv_tokens(s))])
+        fitting = [s for s in sites if fits(need, free_kv_tokens(s))]
+        return self._by_load.choose(request, fitting or list(sites))

@@ -71,6 +71,8 @@ NEW = Site("new", kv_capacity_tokens=None, outstanding_tokens=5000)
         (request(prompt=100, max_tokens=900, predicted=300), [HALF, BIG], [HALF, BIG]),
         (request(prompt=100, max_tokens=2000), [BIG, HALF], []),
         (request(prompt=100, max_tokens=2000), [FULL, NEW], [NEW]),  # unknown is kept
+        # Nothing holds 700 now, but both could once free: both are kept (the request queues).
+        (request(prompt=100, max_tokens=600), [HALF, FULL], [HALF, FULL]),
         (request(prompt=0, max_tokens=1, predicted=0), [FULL], [FULL]),  # nothing to hold
         (request(), [], []),
     ],

@@ -25,7 +25,13 @@ NEW = Site("new", outstanding_tokens=900, kv_capacity_tokens=None)
         # almost_full is lightest but has 10 tokens of free KV for a 20-token query.
         ([ALMOST_FULL, BUSY], "busy", {"busy": 520.0}),
         ([ALMOST_FULL, NEW], "new", {"new": 920.0}),  # unknown KV holds anything
-        ([ALMOST_FULL], None, {}),
+        # Nothing holds it now: it waits in the queue of the least loaded candidate.
+        ([ALMOST_FULL], "almost_full", {"almost_full": 110.0}),
+        (
+            [ALMOST_FULL, replace(BUSY, kv_capacity_tokens=100)],
+            "almost_full",
+            {"almost_full": 110.0, "busy": 520.0},
+        ),
         ([], None, {}),
     ],
 )
