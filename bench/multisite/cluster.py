@@ -13,6 +13,7 @@ their own name (e.g. `tiny-static`, `tiny-iter`), so one gateway serves both and
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,9 @@ class Cluster:
         for name in list(self.sites if names is None else names):
             process = self.sites.pop(name, None)
             if process is not None:
+                if process.alive():
+                    # A held or throttled site may be stopped (SIGSTOP): it must run to exit.
+                    process.popen.send_signal(signal.SIGCONT)
                 process.stop()
 
     def start_gateway(
@@ -162,8 +166,13 @@ class Cluster:
         settings = {
             "GATEWAY_ROUTING_POLICY": routing_policy,
             "GATEWAY_HEALTH_INTERVAL_S": "1.0",
-            # Held sites run a tenth of the time (hold.py): answering takes a little longer.
+            # Held sites run a twentieth of the time (hold.py): answering takes a little longer.
             "GATEWAY_CONNECT_TIMEOUT_S": "10",
+            # The whole burst waits at the sites, as in MICO's setting: no per-site queue bound
+            # and no in-flight cap turn part of it away (the defaults would, past 256 queued
+            # per site or 1,024 in flight).
+            "GATEWAY_SITE_MAX_QUEUED_REQUESTS": "0",
+            "GATEWAY_MAX_IN_FLIGHT": "1000000",
             "GATEWAY_REQUEST_TIMEOUT_S": "3600",
             **({"GATEWAY_PREDICTOR_DIR": str(predictor_dir)} if predictor_dir else {}),
             **(env or {}),

@@ -23,6 +23,7 @@ from bench.multisite.report import Results, write
 from bench.multisite.runner import Bench
 from bench.multisite.scenarios import EQUAL_MODEL, ScenarioSettings, run_scenarios
 from bench.multisite.table1 import ITER_MODEL, NO_OFFLOAD, STATIC_MODEL, Extra, run_batch_size
+from bench.multisite.throttle import stop_all
 from bench.multisite.workload import Query, Workload, load_workload, skewed
 from gateway.launch import free_port
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
@@ -156,6 +157,7 @@ def run(options: Options, command: str) -> Path:
             )
             checks(gateways["rr"], EQUAL_MODEL)
     finally:
+        stop_all()
         cluster.close()
     results.batch_api = bench.batch_api
     if "decision" in options.phases:

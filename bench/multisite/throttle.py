@@ -9,8 +9,16 @@ import signal
 import threading
 from dataclasses import dataclass, field
 
+_ACTIVE: set[Throttle] = set()
 
-@dataclass
+
+def stop_all() -> None:
+    """Ends every throttle still running (an interrupted run must not leave sites stopped)."""
+    for throttle in list(_ACTIVE):
+        throttle.stop()
+
+
+@dataclass(eq=False)
 class Throttle:
     pids: tuple[int, ...]
     stopped_share: float  # 0.8: the processes run 20% of the time, about 5x slower
@@ -28,6 +36,7 @@ class Throttle:
 
     def start(self) -> None:
         if self._thread is None:
+            _ACTIVE.add(self)
             self._thread = threading.Thread(target=self._cycle, name="throttle", daemon=True)
             self._thread.start()
 
@@ -37,6 +46,7 @@ class Throttle:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._signal(signal.SIGCONT)
+        _ACTIVE.discard(self)
 
     def _cycle(self) -> None:
         stopped = self.period_s * self.stopped_share
