@@ -30,16 +30,19 @@ class ServerTls:
         )
 
 
-def read_pem(variable: str, path: Path, marker: str) -> bytes:
-    """The file's bytes, refused loudly (naming the variable) unless it holds a PEM `marker`."""
+def read_pem(
+    variable: str, path: Path, marker: str, error: type[ValueError] = SettingsError
+) -> bytes:
+    """The file's bytes, refused loudly (naming the variable) unless it holds a PEM `marker`;
+    `error` is the caller's settings error (the gateway reads its PEM files through this too)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise SettingsError(f"{variable}: cannot read {path}: {exc}") from exc
+        raise error(f"{variable}: cannot read {path}: {exc}") from exc
     if f"-----BEGIN {marker}".encode() not in data and not (
         marker == "PRIVATE KEY" and b" PRIVATE KEY-----" in data
     ):
-        raise SettingsError(f"{variable}: {path} is not a PEM file holding a {marker}")
+        raise error(f"{variable}: {path} is not a PEM file holding a {marker}")
     return data
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from gateway.settings import GatewaySettings, SettingsError
+from site_engine.tls import read_pem
 
 ChannelOptions = Sequence[tuple[str, int | str]]
 
@@ -35,15 +36,7 @@ class SiteTls:
 
 
 def _read_pem(variable: str, path: Path, marker: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SettingsError(f"{variable}: cannot read {path}: {exc}") from exc
-    if f"-----BEGIN {marker}".encode() not in data and not (
-        marker == "PRIVATE KEY" and b" PRIVATE KEY-----" in data
-    ):
-        raise SettingsError(f"{variable}: {path} is not a PEM file holding a {marker}")
-    return data
+    return read_pem(variable, path, marker, SettingsError)
 
 
 def load_site_tls(settings: GatewaySettings) -> SiteTls | None:
