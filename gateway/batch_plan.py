@@ -10,6 +10,7 @@ from typing import Protocol
 
 from gateway.db.models import BatchStatus
 from gateway.routing.mico import BatchQuery, BatchSite, mico_assign
+from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
 
 # Items without a prediction (no predictor, or it failed on them) share one length group.
 NO_PREDICTION_BUCKET = 0
@@ -48,10 +49,11 @@ class PlanItem:
     max_tokens: int
     predicted_tokens: int | None = None
     predicted_bucket: int | None = None
+    unpredicted: UnpredictedPlan = "max_tokens"
 
     @property
     def planned_tokens(self) -> int:
-        return self.max_tokens if self.predicted_tokens is None else self.predicted_tokens
+        return planned_answer_tokens(self.predicted_tokens, self.max_tokens, self.unpredicted)
 
 
 @dataclass(frozen=True, slots=True)

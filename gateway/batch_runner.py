@@ -39,6 +39,7 @@ from gateway.completions import CompletionService, PreparedCompletion
 from gateway.db.models import BatchItemStatus, BatchStatus, RequestStatus
 from gateway.dispatch import Dispatch
 from gateway.prediction import Prediction
+from gateway.routing.types import UnpredictedPlan
 from gateway.services.batch_leases import BatchLeases
 from gateway.services.batches import (
     CANCELLED_ERROR,
@@ -46,6 +47,7 @@ from gateway.services.batches import (
     BatchStore,
     ItemAssignment,
     ItemResult,
+    LaneKey,
     QueuedItem,
 )
 from gateway.services.request_log import NewRequest, Outcome
@@ -71,13 +73,15 @@ class _Run:
 
 @dataclass(slots=True)
 class _LaneCursor:
-    """Queued items of one (batch, site), read a page at a time in submission order."""
+    """Queued items of one (batch, site), read a page at a time in lane order (longest planned
+    answer first)."""
 
     store: BatchStore
     batch_id: str
     site_id: int | None
     page: int
-    after: int = -1
+    unpredicted: UnpredictedPlan
+    after: LaneKey | None = None
     exhausted: bool = False
     buffer: deque[QueuedItem] = field(default_factory=deque)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -85,10 +89,12 @@ class _LaneCursor:
     async def next(self) -> QueuedItem | None:
         async with self.lock:
             if not self.buffer and not self.exhausted:
-                rows = await self.store.lane(self.batch_id, self.site_id, self.after, self.page)
+                rows = await self.store.lane(
+                    self.batch_id, self.site_id, self.after, self.page, self.unpredicted
+                )
                 self.exhausted = len(rows) < self.page
                 if rows:
-                    self.after = rows[-1].index
+                    self.after = rows[-1].lane_key(self.unpredicted)
                 self.buffer.extend(rows)
             return self.buffer.popleft() if self.buffer else None
 
@@ -101,9 +107,11 @@ def _failed(exc: OpenAIError) -> ItemResult:
     return ItemResult(BatchItemStatus.FAILED, error=_error(exc))
 
 
-def _plan_item(item: QueuedItem, prediction: Prediction | None) -> PlanItem:
+def _plan_item(
+    item: QueuedItem, prediction: Prediction | None, unpredicted: UnpredictedPlan
+) -> PlanItem:
     if prediction is None:
-        return PlanItem(item.index, item.prompt_tokens, item.max_tokens)
+        return PlanItem(item.index, item.prompt_tokens, item.max_tokens, unpredicted=unpredicted)
     tokens = min(prediction.tokens, item.max_tokens)  # the site stops at max_tokens anyway
     return PlanItem(item.index, item.prompt_tokens, item.max_tokens, tokens, prediction.bucket)
 
@@ -221,12 +229,13 @@ class BatchRunner:
     async def _assign(self, run: _Run) -> None:
         plan: list[PlanItem] = []
         versions: dict[int, str] = {}
+        unpredicted = self._settings.plan_without_prediction
         after = -1
         while page := await self._store.queued(run.batch_id, after, _ASSIGN_PAGE):
             after = page[-1].index
             predicted = await asyncio.gather(*(self._predict(run.model, q) for q in page))
             for queued, prediction in zip(page, predicted, strict=True):
-                plan.append(_plan_item(queued, prediction))
+                plan.append(_plan_item(queued, prediction, unpredicted))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
         placements = plan_batch(run.model, plan, self._registry.all())
@@ -254,7 +263,13 @@ class BatchRunner:
 
     async def _lane(self, run: _Run, site_id: int | None) -> None:
         concurrency = self._settings.batch_site_concurrency
-        cursor = _LaneCursor(self._store, run.batch_id, site_id, page=2 * concurrency)
+        cursor = _LaneCursor(
+            self._store,
+            run.batch_id,
+            site_id,
+            page=2 * concurrency,
+            unpredicted=self._settings.plan_without_prediction,
+        )
         slots = self._slots.setdefault(site_id, asyncio.Semaphore(concurrency))
 
         async def worker() -> None:

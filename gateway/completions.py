@@ -28,9 +28,9 @@ from gateway.db.models import RequestStatus
 from gateway.dispatch import Dispatch
 from gateway.metrics import GatewayMetrics
 from gateway.overload import InFlightBound
-from gateway.prediction import PredictorService
-from gateway.routing.policy import RoutingPolicy
-from gateway.routing.types import RoutingRequest
+from gateway.prediction import Prediction, PredictorService
+from gateway.routing.policy import Decision, RoutingPolicy
+from gateway.routing.types import RoutingRequest, UnpredictedPlan
 from gateway.services.request_log import NewRequest, NewSample, Outcome, RequestLog
 from gateway.settings import GatewaySettings
 from gateway.sites.client import GenerateParams
@@ -97,15 +97,22 @@ class PreparedCompletion:
     prompt_text: str
     predicted_bucket: int | None = None
     api: Api = "completions"
+    unpredicted: UnpredictedPlan = "max_tokens"
 
     @property
     def routing(self) -> RoutingRequest:
+        return self.routing_for(self.params)
+
+    def routing_for(self, params: GenerateParams) -> RoutingRequest:
+        """What routing weighs for these params (a continuation's prompt holds the answer so
+        far, its max_tokens what is left)."""
         return RoutingRequest(
             model=self.model,
-            prompt_tokens=len(self.params.prompt_token_ids),
-            max_tokens=self.params.max_tokens,
-            predicted_tokens=self.params.predicted_tokens,
+            prompt_tokens=len(params.prompt_token_ids),
+            max_tokens=params.max_tokens,
+            predicted_tokens=params.predicted_tokens,
             predicted_bucket=self.predicted_bucket,
+            unpredicted=self.unpredicted,
         )
 
 
@@ -221,6 +228,7 @@ class CompletionService:
             user=delivery.user,
             prompt_text=prompt_text,
             api=api,
+            unpredicted=self.settings.plan_without_prediction,
         )
 
     def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
@@ -280,6 +288,46 @@ class CompletionService:
         decision = self._policy.route(prepared.routing, self._registry.all())
         site = decision.site
         self.metrics.routed(self._policy.name, site.name if site is not None else None)
+        # Built (and counted on its site) before the first await: the next request of a burst
+        # is routed while this one is being recorded, and must see it.
+        dispatch = (
+            Dispatch(self, prepared, site, started_at=started, admission=admission)
+            if site is not None
+            else None
+        )
+        try:
+            await self._record_accepted(prepared, decision, prediction, admission)
+        except BaseException:
+            if dispatch is not None:
+                dispatch.abandon()
+            raise
+        if dispatch is None:
+            reason = ", ".join(f"{name}: {count}" for name, count in decision.survivors)
+            message = f"no site can serve model '{prepared.model}' now (sites left after {reason})"
+            if admission is not None:
+                admission.settle(0)  # nothing was processed
+            await self.request_log.finished(
+                prepared.request_id,
+                Outcome(RequestStatus.FAILED, None, 0, error=message),
+            )
+            raise service_unavailable(message)
+        if self.settings.log_prompts:  # off by default: prompts are the users' data
+            log.info(
+                "%s to site %s, prompt: %r",
+                prepared.request_id,
+                dispatch.site.name,
+                prepared.prompt_text,
+            )
+        return dispatch
+
+    async def _record_accepted(
+        self,
+        prepared: PreparedCompletion,
+        decision: Decision[SiteState],
+        prediction: Prediction | None,
+        admission: Admission | None,
+    ) -> None:
+        site = decision.site
         await self.request_log.accepted(
             NewRequest(
                 request_id=prepared.request_id,
@@ -303,21 +351,6 @@ class CompletionService:
                 },
             )
         )
-        if site is None:
-            reason = ", ".join(f"{name}: {count}" for name, count in decision.survivors)
-            message = f"no site can serve model '{prepared.model}' now (sites left after {reason})"
-            if admission is not None:
-                admission.settle(0)  # nothing was processed
-            await self.request_log.finished(
-                prepared.request_id,
-                Outcome(RequestStatus.FAILED, None, 0, error=message),
-            )
-            raise service_unavailable(message)
-        if self.settings.log_prompts:  # off by default: prompts are the users' data
-            log.info(
-                "%s to site %s, prompt: %r", prepared.request_id, site.name, prepared.prompt_text
-            )
-        return Dispatch(self, prepared, site, started_at=started, admission=admission)
 
     def reroute(
         self,

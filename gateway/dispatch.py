@@ -24,7 +24,6 @@ from gateway.api.errors import (
 )
 from gateway.continuation import Splice, resume_point
 from gateway.db.models import RequestStatus, utcnow
-from gateway.routing.types import RoutingRequest
 from gateway.services.request_log import NewSample, Outcome
 from gateway.sites.client import (
     GenerateParams,
@@ -35,7 +34,7 @@ from gateway.sites.client import (
     SiteTimedOut,
     SiteUnavailable,
 )
-from gateway.sites.registry import SiteState
+from gateway.sites.registry import Reservation, SiteState
 
 if TYPE_CHECKING:  # completions.py builds Dispatch objects, so it imports this module
     from gateway.completions import Admission, CompletionService, PreparedCompletion
@@ -92,6 +91,22 @@ class Dispatch:
     # The caller's slot in the gateway's in-flight bound, freed when the request ends (or, if
     # its stream is never consumed, when the object goes away).
     slot: weakref.finalize[[], Dispatch] | None = None
+    # The site's ledger counts the request from its creation (right after routing), so that
+    # the next decision of a burst sees it; the first attempt takes the place over.
+    _reservation: Reservation | None = None
+    _unused: weakref.finalize[[], Dispatch] | None = None
+
+    def __post_init__(self) -> None:
+        reservation = self.site.reserve(self._planned_charge(self.params))
+        self._reservation = reservation
+        self._unused = weakref.finalize(self, reservation.release)
+
+    def abandon(self) -> None:
+        """Gives the reserved place back: the request will not be streamed (e.g. it could not
+        be recorded)."""
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
 
     @property
     def params(self) -> GenerateParams:
@@ -182,6 +197,7 @@ class Dispatch:
             # The site of this attempt: handlers below may already point self.site at the next
             # one, and the bookkeeping in `finally` belongs to this one.
             attempt_site = self.site
+            self.abandon()  # the attempt's own count replaces it, with no await in between
             attempt_site.in_flight += 1
             self._recharge()
             try:
@@ -251,12 +267,13 @@ class Dispatch:
 
     def _recharge(self) -> None:
         """Keeps the site's outstanding-token ledger at prompt + predicted remaining answer."""
-        routing = self.prepared.routing
-        remaining = max(routing.answer_tokens - self.completion_tokens, 0)
-        prompt = len(self.params.prompt_token_ids)
-        charge = prompt + remaining
+        charge = self._planned_charge(self.params)
         self.site.ledger_tokens += charge - self._charged
         self._charged = charge
+
+    def _planned_charge(self, params: GenerateParams) -> int:
+        remaining = max(self.prepared.routing.answer_tokens - self.completion_tokens, 0)
+        return len(params.prompt_token_ids) + remaining
 
     def _observe(self, chunk: SiteChunk) -> SiteChunk:
         """Counts the site's chunk and returns it as the caller sees it: usage over every site,
@@ -342,7 +359,7 @@ class Dispatch:
         missed health checks can mark every site down at once), waits a little for one rather
         than cutting off an answer the client is already reading."""
         waited = 0.0
-        routing = self._routing(params)
+        routing = self.prepared.routing_for(params)
         while True:
             site = self.service.reroute(self.prepared, self.failed, routing)
             if site is not None or waited >= min(_CONTINUE_WAIT_S, self._time_left_s()):
@@ -350,24 +367,15 @@ class Dispatch:
             await asyncio.sleep(_CONTINUE_POLL_S)
             waited += _CONTINUE_POLL_S
 
-    def _routing(self, params: GenerateParams) -> RoutingRequest:
-        """What routing weighs for these params (a continuation's prompt holds the answer so
-        far, its max_tokens what is left)."""
-        return RoutingRequest(
-            model=self.prepared.model,
-            prompt_tokens=len(params.prompt_token_ids),
-            max_tokens=params.max_tokens,
-            predicted_tokens=params.predicted_tokens,
-            predicted_bucket=self.prepared.predicted_bucket,
-        )
-
     def _move_elsewhere(self) -> None:
         """Places a request that has not started on its site (the site was unavailable or
         released it) on another site, with the params it had."""
         # Not back to the site it leaves (it released the request or failed), nor to any site
         # that failed it; a site that released it earlier may take it now.
         excluded = self.failed | {self.site.name}
-        next_site = self.service.reroute(self.prepared, excluded, self._routing(self.params))
+        next_site = self.service.reroute(
+            self.prepared, excluded, self.prepared.routing_for(self.params)
+        )
         if next_site is None:
             raise service_unavailable(
                 f"no other site can take request {self.prepared.request_id} "

@@ -6,9 +6,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from gateway.routing.types import UNPREDICTED_PLANS, UnpredictedPlan
 
 ROUTING_POLICIES = ("round_robin", "least_requests", "least_tokens", "mico")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -85,6 +88,8 @@ class GatewaySettings:
     site_max_queued_tokens: int = 0
     # How long an Idempotency-Key's stored result answers retries.
     idempotency_ttl_s: float = 86400.0
+    # What routing plans for an answer it has no prediction for (gateway/routing/types.py).
+    plan_without_prediction: UnpredictedPlan = "max_tokens"
 
     def __post_init__(self) -> None:
         if self.routing_policy not in ROUTING_POLICIES:
@@ -96,6 +101,11 @@ class GatewaySettings:
             make_url(self.database_url)
         except ArgumentError as exc:
             raise SettingsError(f"GATEWAY_DATABASE_URL is not a database URL: {exc}") from exc
+        if self.plan_without_prediction not in UNPREDICTED_PLANS:
+            raise SettingsError(
+                f"GATEWAY_PLAN_WITHOUT_PREDICTION must be one of {UNPREDICTED_PLANS}, "
+                f"got {self.plan_without_prediction!r}"
+            )
         if not 0 <= self.port < 65536:
             raise SettingsError(f"GATEWAY_PORT must be in 0..65535, got {self.port}")
         for name in (
@@ -164,6 +174,10 @@ class GatewaySettings:
             host=reader.text("HOST", defaults.host),
             port=reader.integer("PORT", defaults.port),
             routing_policy=reader.text("ROUTING_POLICY", defaults.routing_policy),
+            plan_without_prediction=cast(
+                UnpredictedPlan,
+                reader.text("PLAN_WITHOUT_PREDICTION", defaults.plan_without_prediction),
+            ),
             auto_migrate=reader.boolean("AUTO_MIGRATE", defaults.auto_migrate),
             health_interval_s=reader.number("HEALTH_INTERVAL_S", defaults.health_interval_s),
             connect_timeout_s=reader.number("CONNECT_TIMEOUT_S", defaults.connect_timeout_s),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 
 class RoutableSite(Protocol):
@@ -71,6 +71,24 @@ S = TypeVar("S", bound=RoutableSite)
 T = TypeVar("T")
 
 
+# What routing plans for an answer without a prediction (no predictor, or it failed):
+# "max_tokens", the most the site will generate (safe for the KV bound; pessimistic when
+# clients send large max_tokens by habit), or "prompt_only", nothing (balance prompts alone).
+# GATEWAY_PLAN_WITHOUT_PREDICTION.
+UnpredictedPlan = Literal["max_tokens", "prompt_only"]
+UNPREDICTED_PLANS: tuple[UnpredictedPlan, ...] = ("max_tokens", "prompt_only")
+
+
+def planned_answer_tokens(
+    predicted_tokens: int | None, max_tokens: int, unpredicted: UnpredictedPlan
+) -> int:
+    """Contract: the prediction capped at max_tokens (the site stops there); without one,
+    max_tokens or 0 as `unpredicted` says."""
+    if predicted_tokens is None:
+        return max_tokens if unpredicted == "max_tokens" else 0
+    return min(predicted_tokens, max_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingRequest:
     model: str
@@ -79,14 +97,12 @@ class RoutingRequest:
     predicted_tokens: int | None = None
     # The predictor's length bucket; MICO alternates equally loaded sites per bucket.
     predicted_bucket: int | None = None
+    unpredicted: UnpredictedPlan = "max_tokens"
 
     @property
     def answer_tokens(self) -> int:
-        """The answer length routing plans with: the prediction, capped at max_tokens (the site
-        stops there), or max_tokens when there is no prediction."""
-        if self.predicted_tokens is None:
-            return self.max_tokens
-        return min(self.predicted_tokens, self.max_tokens)
+        """The answer length routing plans with (planned_answer_tokens)."""
+        return planned_answer_tokens(self.predicted_tokens, self.max_tokens, self.unpredicted)
 
     @property
     def total_tokens(self) -> int:

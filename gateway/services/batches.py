@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, func, insert, literal, or_, select, update
 from sqlalchemy.engine import CursorResult, Result
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batch_plan import settled_status
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
+from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
 
 T = TypeVar("T")
 OPEN_BATCH = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
@@ -76,6 +77,9 @@ class ItemView:
     error: dict[str, object] | None
 
 
+LaneKey = tuple[int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class QueuedItem:
     """An item as the runner starts it."""
@@ -91,6 +95,14 @@ class QueuedItem:
     predictor_version: str | None
     assign_reason: str | None
     attempts: int
+
+    def lane_key(self, unpredicted: UnpredictedPlan = "max_tokens") -> LaneKey:
+        """Where the item stands in its lane (BatchStore.lane): planned answer tokens and its
+        index. The stored prediction is already capped at max_tokens (the runner assigns the
+        capped one), so it is used as is, as the lane's SQL does."""
+        if self.predicted_tokens is not None:
+            return self.predicted_tokens, self.index
+        return planned_answer_tokens(None, self.max_tokens, unpredicted), self.index
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,14 +276,39 @@ class BatchStore:
         return await self._queued(batch_id, after_index, limit)
 
     async def lane(
-        self, batch_id: str, site_id: int | None, after_index: int, limit: int
+        self,
+        batch_id: str,
+        site_id: int | None,
+        after: LaneKey | None,
+        limit: int,
+        unpredicted: UnpredictedPlan = "max_tokens",
     ) -> list[QueuedItem]:
-        """Queued items assigned to `site_id` (None: to no site), in submission order."""
+        """Queued items assigned to `site_id` (None: to no site), the longest planned answer
+        first (ties in submission order), after the item whose lane_key is `after`. Planned:
+        the stored (capped) prediction, else as `unpredicted` says (planned_answer_tokens).
+
+        MICO hands its groups out longest first; a site that starts its share in that order
+        does not end the batch on a long answer started last, and its static batches hold
+        answers of similar length."""
         site = BatchItem.site_id.is_(None) if site_id is None else BatchItem.site_id == site_id
-        return await self._queued(batch_id, after_index, limit, site)
+        fallback = BatchItem.max_tokens if unpredicted == "max_tokens" else literal(0)
+        planned = func.coalesce(BatchItem.predicted_tokens, fallback)
+        where = [site]
+        if after is not None:
+            after_planned, after_index = after
+            where.append(
+                (planned < after_planned)
+                | ((planned == after_planned) & (BatchItem.item_index > after_index))
+            )
+        return await self._queued(batch_id, -1, limit, *where, order=(planned.desc(),))
 
     async def _queued(
-        self, batch_id: str, after_index: int, limit: int, *where: Any
+        self,
+        batch_id: str,
+        after_index: int,
+        limit: int,
+        *where: Any,
+        order: tuple[Any, ...] = (),
     ) -> list[QueuedItem]:
         async with self._sessions() as session:
             rows = await session.scalars(
@@ -282,7 +319,7 @@ class BatchStore:
                     BatchItem.item_index > after_index,
                     *where,
                 )
-                .order_by(BatchItem.item_index)
+                .order_by(*order, BatchItem.item_index)
                 .limit(limit)
             )
             return [_queued_view(row) for row in rows]

@@ -82,6 +82,30 @@ class SiteState:
         self.healthy, self.last_error = False, reason
         self.checked_at = time.monotonic()
 
+    def reserve(self, tokens: int) -> Reservation:
+        """Counts a request on this site from the moment routing picks it, before anything is
+        awaited: the decisions for the rest of a burst must already see it."""
+        self.in_flight += 1
+        self.ledger_tokens += tokens
+        return Reservation(self, tokens)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A routed request's place in its site's ledger until its stream there starts (and takes
+    the place over) or the request is dropped before it starts. Releasing twice is harmless, so
+    a finalizer may release what the normal path already has."""
+
+    site: SiteState
+    tokens: int
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.site.in_flight -= 1
+            self.site.ledger_tokens -= self.tokens
+
 
 class SiteRegistry:
     def __init__(self, sites: Iterable[SiteState]) -> None:

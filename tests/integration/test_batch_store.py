@@ -103,13 +103,13 @@ def test_items_move_once_and_settle_the_batch(run) -> None:
     async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
         await in_progress(store, "batch_x", 3, sites["a"])
         assert await store.lanes("batch_x") == [sites["a"]]
-        lane = await store.lane("batch_x", sites["a"], -1, 10)
+        lane = await store.lane("batch_x", sites["a"], None, 10)
         assert [(q.index, q.predicted_tokens, q.attempts) for q in lane] == [
             (0, 5, 0),
             (1, 5, 0),
             (2, 5, 0),
         ]
-        assert await store.lane("batch_x", None, -1, 10) == []
+        assert await store.lane("batch_x", None, None, 10) == []
 
         assert await store.start_item("batch_x", 0, 0, "cmpl-a")
         assert not await store.start_item("batch_x", 0, 0, "cmpl-b")  # started already
@@ -211,7 +211,7 @@ def test_leases_and_recovery(run) -> None:
         assert await leases.claim("gw-b", 60, 10) == ["batch_1"]
         recovered = await leases.recover("batch_1")
         assert recovered is not None
-        lane = await store.lane("batch_1", sites["a"], -1, 10)
+        lane = await store.lane("batch_1", sites["a"], None, 10)
         assert [(q.index, q.attempts) for q in lane] == [(0, 1), (1, 0)]
         assert not await store.finish_item("batch_1", 0, 1, DONE)  # gw-a's late result
 
@@ -242,5 +242,34 @@ def test_concurrent_finishes_count_exactly(run) -> None:
         batch = await store.get("batch_n")
         assert batch is not None
         assert (batch.status, batch.completed, batch.failed) == (BatchStatus.COMPLETED, 30, 10)
+
+    run(scenario)
+
+
+def test_a_lane_reads_the_longest_planned_answers_first_page_by_page(run) -> None:
+    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+        # Planned: the prediction, else max_tokens (50 + index): 5, 40, 52, 40, 7, 55.
+        predicted = [5, 40, None, 40, 7, None]
+        items = [NewItem(f"c{i}", {"prompt": "p"}, 3, 50 + i) for i in range(len(predicted))]
+        await store.create("batch_l", "m", None, items)
+        await store.assign(
+            "batch_l",
+            [ItemAssignment(i, sites["a"], p, None, None, "why") for i, p in enumerate(predicted)],
+        )
+        whole = await store.lane("batch_l", sites["a"], None, 10)
+        assert [q.index for q in whole] == [5, 2, 1, 3, 4, 0]
+        # One, then two at a time from each page's last key: the tie at 40 is split.
+        seen: list[int] = []
+        after = None
+        while page := await store.lane("batch_l", sites["a"], after, 1 if not seen else 2):
+            seen += [q.index for q in page]
+            after = page[-1].lane_key()
+        assert seen == [5, 2, 1, 3, 4, 0]
+        # Planning nothing for unpredicted answers (prompt_only): they go last, in order.
+        prompt_only = await store.lane("batch_l", sites["a"], None, 10, "prompt_only")
+        assert [q.index for q in prompt_only] == [1, 3, 4, 0, 2, 5]
+        after_first = prompt_only[2].lane_key("prompt_only")
+        rest = await store.lane("batch_l", sites["a"], after_first, 10, "prompt_only")
+        assert [q.index for q in rest] == [0, 2, 5]
 
     run(scenario)

@@ -17,8 +17,10 @@ def test_gateway_settings_from_env() -> None:
             "GATEWAY_PORT": "9000",
             "GATEWAY_AUTO_MIGRATE": "false",
             "GATEWAY_HEALTH_INTERVAL_S": "0.5",
+            "GATEWAY_PLAN_WITHOUT_PREDICTION": "prompt_only",
         }
     )
+    assert settings.plan_without_prediction == "prompt_only"
     assert settings.federation_file == Path("f.json")
     assert (settings.port, settings.auto_migrate, settings.health_interval_s) == (9000, False, 0.5)
 
@@ -33,6 +35,7 @@ def test_gateway_settings_from_env() -> None:
         ({"GATEWAY_ROUTING_POLICY": "random"}, "GATEWAY_ROUTING_POLICY"),
         ({"GATEWAY_DATABASE_URL": "not a url"}, "GATEWAY_DATABASE_URL"),
         ({"GATEWAY_REQUEST_TIMEOUT_S": "0"}, "GATEWAY_REQUEST_TIMEOUT_S"),
+        ({"GATEWAY_PLAN_WITHOUT_PREDICTION": "guess"}, "GATEWAY_PLAN_WITHOUT_PREDICTION"),
     ],
 )
 def test_gateway_settings_fail_loudly(env: dict[str, str], message: str) -> None:

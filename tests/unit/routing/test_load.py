@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.routing.filters import KvBoundFilter
@@ -16,6 +18,13 @@ from tests.unit.routing.sites import Site, request
         (request(prompt=10, max_tokens=50, predicted=20), 20, 30),
         (request(prompt=10, max_tokens=50, predicted=80), 50, 60),  # the site stops at max
         (request(prompt=0, max_tokens=1, predicted=0), 0, 0),
+        # GATEWAY_PLAN_WITHOUT_PREDICTION=prompt_only: no prediction plans no answer at all.
+        (replace(request(prompt=10, max_tokens=50), unpredicted="prompt_only"), 0, 10),
+        (
+            replace(request(prompt=10, max_tokens=50, predicted=80), unpredicted="prompt_only"),
+            50,
+            60,
+        ),
     ],
 )
 def test_planned_tokens(req, answer, total) -> None:
