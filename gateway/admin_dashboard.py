@@ -27,15 +27,12 @@ from gateway.api.admin_schemas import (
 )
 from gateway.db.models import utcnow
 from gateway.load_sampler import LiveLoad
-from gateway.services.load_history import (
+from gateway.services.load_history import Sessions, Window, load_buckets, site_directory
+from gateway.services.request_history import (
     RecentStats,
-    Sessions,
-    Window,
     drift_buckets,
-    load_buckets,
     offloads_since,
     recent_stats,
-    site_directory,
 )
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.api.admin_schemas import Drift, DriftSeries, DriftSummary, Series
-from gateway.services.load_history import DriftBucket, SiteBucket, SiteRef, Window
+from gateway.services.load_history import SiteBucket, SiteRef, Window
+from gateway.services.request_history import DriftBucket
 
 
 @dataclass(slots=True)

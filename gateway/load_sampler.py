@@ -20,14 +20,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.db.models import utcnow
 from gateway.services.load_history import (
-    FinishedRequest,
     NewLoadSample,
     Sessions,
     delete_samples_before,
-    finished_requests,
     roll_up,
     write_samples,
 )
+from gateway.services.request_history import FinishedRequest, finished_requests
 from gateway.sites.registry import SiteRegistry, SiteState
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, Parameter
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
@@ -72,11 +73,13 @@ class AdminApiController(Controller):
     guards = [require_admin]  # noqa: RUF012 (litestar's)
 
     @get("/overview", summary="Live load per cloud and site")
-    async def overview(self, request: AnyRequest, runtime: GatewayRuntime) -> Response[bytes]:
+    async def overview(
+        self, request: AnyRequest, runtime: NamedDependency[GatewayRuntime]
+    ) -> Response[bytes]:
         return json_response(request, await runtime.dashboard.overview())
 
     @get("/stream", summary="The overview as server-sent events (event: overview)")
-    async def stream(self, runtime: GatewayRuntime) -> ServerSentEvent:
+    async def stream(self, runtime: NamedDependency[GatewayRuntime]) -> ServerSentEvent:
         dashboard = runtime.dashboard
 
         async def events() -> AsyncIterator[ServerSentEventMessage]:
@@ -93,7 +96,7 @@ class AdminApiController(Controller):
     async def history(
         self,
         request: AnyRequest,
-        runtime: GatewayRuntime,
+        runtime: NamedDependency[GatewayRuntime],
         window_s: WindowS = 86400,
         step_s: StepS = None,
         site: SiteName = None,
@@ -108,7 +111,7 @@ class AdminApiController(Controller):
     async def drift(
         self,
         request: AnyRequest,
-        runtime: GatewayRuntime,
+        runtime: NamedDependency[GatewayRuntime],
         window_s: WindowS = 86400,
         step_s: StepS = None,
         site: SiteName = None,
@@ -124,7 +127,7 @@ class AdminApiController(Controller):
     async def offloads(
         self,
         request: AnyRequest,
-        runtime: GatewayRuntime,
+        runtime: NamedDependency[GatewayRuntime],
         window_s: WindowS = 86400,
         limit: Limit = 50,
         site: SiteName = None,
@@ -136,8 +139,8 @@ class AdminApiController(Controller):
     async def site(
         self,
         request: AnyRequest,
-        runtime: GatewayRuntime,
-        name: str,
+        runtime: NamedDependency[GatewayRuntime],
+        name: FromPath[str],
         window_s: WindowS = 86400,
         step_s: StepS = None,
         limit: Limit = 20,
@@ -149,14 +152,18 @@ class AdminApiController(Controller):
         return json_response(request, detail)
 
     @post("/sites/{name:str}/drain", status_code=200, summary="Drain a site (see README)")
-    async def drain_site(self, runtime: GatewayRuntime, name: str) -> DrainView:
+    async def drain_site(
+        self, runtime: NamedDependency[GatewayRuntime], name: FromPath[str]
+    ) -> DrainView:
         view = await runtime.drainer.drain(name)
         if view is None:
             raise _not_found(name)
         return view
 
     @post("/sites/{name:str}/undrain", status_code=200, summary="End a site's drain")
-    async def undrain_site(self, runtime: GatewayRuntime, name: str) -> DrainView:
+    async def undrain_site(
+        self, runtime: NamedDependency[GatewayRuntime], name: FromPath[str]
+    ) -> DrainView:
         view = await runtime.drainer.undrain(name)
         if view is None:
             raise _not_found(name)

@@ -7,7 +7,8 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from litestar import Controller, Request, delete, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromQuery, Parameter
 
 from gateway.api.admin_auth import require_admin
 from gateway.api.body import decode_body
@@ -59,7 +60,7 @@ class AdminKeysController(Controller):
         operation_class=json_body(KeyCreateRequest),
     )
     async def create_key(
-        self, request: Request[Any, Any, Any], runtime: GatewayRuntime
+        self, request: Request[Any, Any, Any], runtime: NamedDependency[GatewayRuntime]
     ) -> CreatedApiKey:
         body = decode_body(await request.body(), KeyCreateRequest)
         new = await runtime.tenancy.keys.create(
@@ -68,12 +69,14 @@ class AdminKeysController(Controller):
         return CreatedApiKey(**_fields(new.record), key=new.plaintext)
 
     @get("/", summary="Client API keys, revoked ones included")
-    async def list_keys(self, runtime: GatewayRuntime) -> ApiKeyList:
+    async def list_keys(self, runtime: NamedDependency[GatewayRuntime]) -> ApiKeyList:
         keys = await runtime.tenancy.keys.list_keys()
         return ApiKeyList(data=[ApiKeyObject(**_fields(key)) for key in keys])
 
     @delete("/{key_id:int}", status_code=200, summary="Revoke a key (at once)")
-    async def revoke_key(self, runtime: GatewayRuntime, key_id: KeyId) -> ApiKeyObject:
+    async def revoke_key(
+        self, runtime: NamedDependency[GatewayRuntime], key_id: KeyId
+    ) -> ApiKeyObject:
         key = await runtime.tenancy.revoke(key_id)
         if key is None:
             raise _not_found(key_id)
@@ -81,7 +84,10 @@ class AdminKeysController(Controller):
 
     @get("/{key_id:int}/usage", summary="Requests and tokens of a key over the last window_s")
     async def key_usage(
-        self, runtime: GatewayRuntime, key_id: KeyId, window_s: int = DEFAULT_USAGE_WINDOW_S
+        self,
+        runtime: NamedDependency[GatewayRuntime],
+        key_id: KeyId,
+        window_s: FromQuery[int] = DEFAULT_USAGE_WINDOW_S,
     ) -> ApiKeyUsage:
         if not 1 <= window_s <= MAX_USAGE_WINDOW_S:
             raise invalid_request(f"window_s must be in 1..{MAX_USAGE_WINDOW_S}", param="window_s")

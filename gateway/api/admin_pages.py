@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Controller, Request, Response, Router, get, post
+from litestar.params import FromPath
 from litestar.response import Redirect
 
 from gateway.api.admin import AdminApiController
@@ -158,7 +159,7 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
             return response
 
         @get("/static/{name:str}")
-        async def static(self, request: AnyRequest, name: str) -> Response[bytes]:
+        async def static(self, request: AnyRequest, name: FromPath[str]) -> Response[bytes]:
             asset = assets.files.get(name)
             if asset is None:
                 return Response(b"not found", status_code=404, media_type="text/plain")

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery
 
 from gateway.api.batch_schemas import (
     Batch,
@@ -92,7 +94,10 @@ class BatchesController(Controller):
         operation_class=json_body(BatchCreateRequest),
     )
     async def create_batch(
-        self, request: Request[Any, Any, Any], runtime: GatewayRuntime, caller: Caller
+        self,
+        request: Request[Any, Any, Any],
+        runtime: NamedDependency[GatewayRuntime],
+        caller: NamedDependency[Caller],
     ) -> Response[Batch]:
         body = await _read_body(request, runtime.settings.batch_max_body_bytes)
         batch = decode_body(body, BatchCreateRequest)
@@ -109,7 +114,10 @@ class BatchesController(Controller):
 
     @get("/", summary="Batches, newest first")
     async def list_batches(
-        self, runtime: GatewayRuntime, after: str | None = None, limit: int = DEFAULT_BATCH_PAGE
+        self,
+        runtime: NamedDependency[GatewayRuntime],
+        after: FromQuery[str | None] = None,
+        limit: FromQuery[int] = DEFAULT_BATCH_PAGE,
     ) -> BatchList:
         page = await runtime.batches.list_batches(after, limit)
         data = [_batch(view) for view in page.data]
@@ -117,20 +125,24 @@ class BatchesController(Controller):
         return BatchList(data=data, first_id=first, last_id=last, has_more=page.has_more)
 
     @get("/{batch_id:str}", summary="A batch and its request counts")
-    async def get_batch(self, runtime: GatewayRuntime, batch_id: str) -> Batch:
+    async def get_batch(
+        self, runtime: NamedDependency[GatewayRuntime], batch_id: FromPath[str]
+    ) -> Batch:
         return _batch(await runtime.batches.get(batch_id))
 
     @post("/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch")
-    async def cancel_batch(self, runtime: GatewayRuntime, batch_id: str) -> Batch:
+    async def cancel_batch(
+        self, runtime: NamedDependency[GatewayRuntime], batch_id: FromPath[str]
+    ) -> Batch:
         return _batch(await runtime.batches.cancel(batch_id))
 
     @get("/{batch_id:str}/results", summary="Each request's outcome, in submission order")
     async def batch_results(
         self,
-        runtime: GatewayRuntime,
-        batch_id: str,
-        after: str | None = None,
-        limit: int = DEFAULT_RESULT_PAGE,
+        runtime: NamedDependency[GatewayRuntime],
+        batch_id: FromPath[str],
+        after: FromQuery[str | None] = None,
+        limit: FromQuery[int] = DEFAULT_RESULT_PAGE,
     ) -> BatchResultList:
         page = await runtime.batches.results(batch_id, after, limit)
         data = [_result(item) for item in page.data]

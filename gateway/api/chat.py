@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, Response, post
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.response import Stream
 
 from gateway.api.chat_schemas import ChatCompletion, ChatCompletionRequest, decode_chat_request
-from gateway.api.completions import SITE_HEADER, answer_headers
+from gateway.api.completions import OpenAIAnswer, answer
 from gateway.api.openai_format import chat_completion_events, collect_chat_completion
 from gateway.api.openapi_body import json_body
 from gateway.chat import ChatService
 from gateway.completions import CompletionService
-from gateway.idempotency import HEADER
 from gateway.runtime import GatewayRuntime
 from gateway.tenancy.admission import Caller
 
@@ -37,34 +36,24 @@ class ChatController(Controller):
     async def create_chat_completion(
         self,
         request: Request[Any, Any, Any],
-        chat: ChatService,
-        completions: CompletionService,
-        runtime: GatewayRuntime,
-        caller: Caller,
+        chat: NamedDependency[ChatService],
+        completions: NamedDependency[CompletionService],
+        runtime: NamedDependency[GatewayRuntime],
+        caller: NamedDependency[Caller],
     ) -> Response[ChatCompletion] | Stream:
         body = await request.body()
         prepared = chat.prepare(decode_chat_request(body))
-        claim = await runtime.idempotency.claim(
-            request.headers.get(HEADER),
-            caller.key_id,
-            "/v1/chat/completions",
+        return await answer(
+            OpenAIAnswer(
+                "/v1/chat/completions",
+                ChatCompletion,
+                chat_completion_events,
+                collect_chat_completion,
+            ),
+            request,
             body,
-            prepared.stream,
+            prepared,
+            completions,
+            runtime,
+            caller,
         )
-        if prepared.stream:  # (a stream never has a claim: the key is refused with it)
-            dispatch = await completions.dispatch(prepared, caller.admission())
-            return Stream(
-                chat_completion_events(dispatch),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", SITE_HEADER: dispatch.site.name},
-            )
-        sites: list[str] = []
-
-        async def run() -> ChatCompletion:
-            dispatch = await completions.dispatch(prepared, caller.admission())
-            completion = await collect_chat_completion(dispatch)
-            sites.append(dispatch.site.name)
-            return completion
-
-        completion, replayed = await runtime.idempotency.once(claim, ChatCompletion, run)
-        return Response(completion, headers=answer_headers(sites, replayed))

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from litestar import Controller, Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from gateway.api.body import decode_body
 from gateway.api.openai_format import collect_completion, completion_events
 from gateway.api.openapi_body import json_body
 from gateway.api.schemas import Completion, CompletionRequest
-from gateway.completions import CompletionService
+from gateway.completions import CompletionService, PreparedCompletion
+from gateway.dispatch import Dispatch
 from gateway.idempotency import HEADER, REPLAYED_HEADER
 from gateway.runtime import GatewayRuntime
 from gateway.tenancy.admission import Caller
 
 SITE_HEADER = "X-Fedllm-Site"
+T = TypeVar("T")
 
 
 class CompletionsController(Controller):
@@ -32,32 +37,65 @@ class CompletionsController(Controller):
     async def create_completion(
         self,
         request: Request[Any, Any, Any],
-        completions: CompletionService,
-        runtime: GatewayRuntime,
-        caller: Caller,
+        completions: NamedDependency[CompletionService],
+        runtime: NamedDependency[GatewayRuntime],
+        caller: NamedDependency[Caller],
     ) -> Response[Completion] | Stream:
         body = await request.body()
         prepared = completions.prepare(decode_body(body, CompletionRequest))
-        claim = await runtime.idempotency.claim(
-            request.headers.get(HEADER), caller.key_id, "/v1/completions", body, prepared.stream
+        return await answer(
+            OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion),
+            request,
+            body,
+            prepared,
+            completions,
+            runtime,
+            caller,
         )
-        if prepared.stream:  # (a stream never has a claim: the key is refused with it)
-            dispatch = await completions.dispatch(prepared, caller.admission())
-            return Stream(
-                completion_events(dispatch),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", SITE_HEADER: dispatch.site.name},
-            )
-        sites: list[str] = []
 
-        async def run() -> Completion:
-            dispatch = await completions.dispatch(prepared, caller.admission())
-            completion = await collect_completion(dispatch)
-            sites.append(dispatch.site.name)
-            return completion
 
-        completion, replayed = await runtime.idempotency.once(claim, Completion, run)
-        return Response(completion, headers=answer_headers(sites, replayed))
+@dataclass(frozen=True, slots=True)
+class OpenAIAnswer(Generic[T]):
+    """How one OpenAI endpoint shapes a dispatched request: its SSE events when streamed, its
+    response object otherwise."""
+
+    endpoint: str
+    response_type: type[T]
+    events: Callable[[Dispatch], AsyncIterator[bytes]]
+    collect: Callable[[Dispatch], Awaitable[T]]
+
+
+async def answer(
+    shape: OpenAIAnswer[T],
+    request: Request[Any, Any, Any],
+    body: bytes,
+    prepared: PreparedCompletion,
+    completions: CompletionService,
+    runtime: GatewayRuntime,
+    caller: Caller,
+) -> Response[T] | Stream:
+    """What the completion endpoints share after preparing the request: the Idempotency-Key,
+    then a stream, or the whole answer (stored for retries under its key)."""
+    claim = await runtime.idempotency.claim(
+        request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prepared.stream
+    )
+    if prepared.stream:  # (a stream never has a claim: the key is refused with it)
+        dispatch = await completions.dispatch(prepared, caller.admission())
+        return Stream(
+            shape.events(dispatch),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", SITE_HEADER: dispatch.site.name},
+        )
+    sites: list[str] = []
+
+    async def run() -> T:
+        dispatch = await completions.dispatch(prepared, caller.admission())
+        answered = await shape.collect(dispatch)
+        sites.append(dispatch.site.name)
+        return answered
+
+    answered, replayed = await runtime.idempotency.once(claim, shape.response_type, run)
+    return Response(answered, headers=answer_headers(sites, replayed))
 
 
 def answer_headers(sites: list[str], replayed: bool) -> dict[str, str]:

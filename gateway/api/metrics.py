@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -31,7 +32,7 @@ class MetricsController(Controller):
     guards = [require_admin]  # noqa: RUF012 (litestar's)
 
     @get("", summary="Prometheus metrics (needs the admin credential)")
-    async def metrics(self, runtime: GatewayRuntime) -> Response[bytes]:
+    async def metrics(self, runtime: NamedDependency[GatewayRuntime]) -> Response[bytes]:
         return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 from sqlalchemy import text
 
 from gateway.api.client_auth import require_client_key
@@ -20,7 +21,7 @@ class ModelsController(Controller):
         guards=[require_client_key],
         summary="Models served by at least one configured site",
     )
-    async def list_models(self, runtime: GatewayRuntime) -> ModelList:
+    async def list_models(self, runtime: NamedDependency[GatewayRuntime]) -> ModelList:
         return ModelList(data=[ModelCard(id=name) for name in runtime.tokenizers.models()])
 
 
@@ -33,7 +34,9 @@ class HealthController(Controller):
         return {"status": "ok"}
 
     @get("/readyz", summary="Readiness: the database answers and at least one site is healthy")
-    async def readiness(self, runtime: GatewayRuntime) -> Response[dict[str, object]]:
+    async def readiness(
+        self, runtime: NamedDependency[GatewayRuntime]
+    ) -> Response[dict[str, object]]:
         sites = {site.name: site.healthy for site in runtime.registry.all()}
         try:
             async with runtime.sessions() as session:
