@@ -23,9 +23,21 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def _cpu_model() -> str | None:
+    """The processor's name (Linux): CPU latencies mean little without it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -1,8 +1,12 @@
 """Command line: train one predictor artifact from the shared corpora.
 
     python -m predictor.train --kind minilm|sklearn --scheme mico_n10_l1024 --out DIR
-        [--data-dir D] [--tokenizer-dir T] [--cache-dir C] [--max-train N] [--epochs E]
-        [--layers L] [--threads K] [--no-quantize]
+        [--data-dir D] [--tokenizer-dir T] [--cache-dir C] [--preset cpu|gpu]
+        [--max-train N] [--epochs E] [--layers L] [--threads K] [--no-quantize]
+
+--preset picks the MiniLM fine-tuning configuration (predictor.finetune.PRESETS): "cpu" (the
+default artifact's, minutes on two cores) or "gpu" (a CUDA device; seconds on an H200). The
+other model options override the preset's values.
 
 The response lengths are counted in the serving model's tokenizer (--tokenizer-dir, GPT-2 by
 default) and cached under --cache-dir (var/predictor/cache by default).
@@ -20,7 +24,7 @@ from typing import cast
 from predictor.artifact import KINDS, Kind, Manifest
 from predictor.baseline import SklearnConfig
 from predictor.buckets import SCHEME_NAMES_HELP
-from predictor.finetune import FinetuneConfig
+from predictor.finetune import PRESETS
 from predictor.prepare import PreparedData, Progress, prepare
 from predictor.training import TrainingSet, TrainSpec, train_artifact
 
@@ -46,36 +50,30 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = FinetuneConfig()
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument(
-        "--max-train",
-        type=int,
-        default=defaults.max_train,
-        help="MiniLM: training prompts to sample (0 = all)",
+        "--max-train", type=int, help="MiniLM: training prompts to sample (0 = all)"
     )
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument(
-        "--layers", type=int, default=defaults.layers, help="MiniLM: encoder layers kept (1-6)"
-    )
-    parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--layers", type=int, help="MiniLM: encoder layers kept (1-6)")
+    parser.add_argument("--threads", type=int)
     parser.add_argument("--no-quantize", action="store_true", help="MiniLM: never use int8")
 
 
 def spec_from_args(kind: str, scheme: str, args: argparse.Namespace) -> TrainSpec:
-    finetune = replace(
-        FinetuneConfig(),
-        max_train=args.max_train,
-        epochs=args.epochs,
-        layers=args.layers,
-        threads=args.threads,
-    )
+    overrides = {
+        name: getattr(args, name)
+        for name in ("max_train", "epochs", "layers", "threads")
+        if getattr(args, name) is not None
+    }
+    finetune = replace(PRESETS[args.preset], **overrides)
     return TrainSpec(
         cast(Kind, kind),
         scheme,
         finetune,
         SklearnConfig(),
         quantize=not args.no_quantize,
-        eval_threads=args.threads,
+        eval_threads=finetune.threads,
     )
 
 

@@ -96,9 +96,18 @@ def _fit_minilm(
         f"x {config.epochs} epoch(s), {config.threads} threads"
     )
     started = time.monotonic()
-    labels = scheme.buckets_of([r.length for r in chosen])
+    lengths = [r.length for r in chosen]
+    labels = scheme.buckets_of(lengths)
+    representatives = bucket_lengths(scheme, [r.length for r in records]).representatives
     model, stats = finetune(
-        [r.prompt for r in chosen], labels, scheme.n_buckets, encoder, config, progress
+        [r.prompt for r in chosen],
+        labels,
+        scheme.n_buckets,
+        encoder,
+        config,
+        progress,
+        lengths=lengths,
+        representatives=representatives,
     )
     path = work / "model.fp32.onnx"
     export_onnx(model, path)

@@ -1,9 +1,11 @@
 """Length predictor benchmark: accuracy per test set and bucket scheme, and ONNX latency.
 
-    python -m bench.predictor [--schemes mico_n10_l1024,quantile_n10] [--work-dir DIR] [--force]
+    python -m bench.predictor [--preset cpu|gpu] [--schemes mico_n10_l1024,quantile_n10]
+        [--work-dir DIR] [--force] [--results-name NAME]
 
 Trains (or reuses, when data and configuration are unchanged) the fine-tuned MiniLM model
-('finetuned', the default artifact's configuration) and the TF-IDF baseline ('sklearn') for
+('finetuned': the default artifact's configuration with --preset cpu, the larger CUDA run with
+--preset gpu, see predictor.finetune.PRESETS) and the TF-IDF baseline ('sklearn') for
 each scheme, scores them and the training mean ('mean') on each test split, measures the
 fine-tuned model's latency, and writes bench/results/predictor.{json,md}.
 """
@@ -23,6 +25,7 @@ from bench.predictor.latency import measure
 from bench.predictor.report import markdown_report, targets
 from predictor.build_default import DEFAULT_SPEC
 from predictor.evaluate import majority_bucket, score_mean, score_probabilities
+from predictor.finetune import PRESETS
 from predictor.prepare import EVAL_DATASETS, PreparedData, prepare, training_fingerprint
 from predictor.runtime import LengthPredictor
 from predictor.train import add_data_arguments, training_set
@@ -43,11 +46,16 @@ def build_models(
     paths: dict[tuple[str, str], Path] = {}
     for scheme in schemes:
         for model, kind in MODEL_KINDS.items():
-            base = DEFAULT_SPEC if kind == "minilm" else TrainSpec("sklearn")
+            minilm = replace(DEFAULT_SPEC, finetune=PRESETS[args.preset])
+            base = minilm if kind == "minilm" else TrainSpec("sklearn")
             spec = replace(base, scheme_name=scheme)
             if args.max_train is not None:
                 spec = replace(spec, finetune=replace(spec.finetune, max_train=args.max_train))
-            out = work / f"{model}-{scheme}"
+            out = (
+                work / f"{model}-{scheme}"
+                if kind == "sklearn"
+                else (work / f"{model}-{args.preset}-{scheme}")
+            )
             if args.force or reusable_artifact(out, spec, fingerprint) is None:
                 log(f"== training {model} for {scheme}")
                 train_artifact(spec, training_set(data, args.data_dir), out, progress=log)
@@ -103,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--schemes", default="mico_n10_l1024,quantile_n10")
+    parser.add_argument("--results-name", default="predictor", help="bench/results/NAME.json")
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--force", action="store_true", help="retrain even if reusable")
     parser.add_argument(
@@ -126,10 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     payload["models"] = model_info(paths)
     payload["test_records"] = {name: len(data.test[name]) for name in EVAL_DATASETS}
     payload["targets"] = targets(payload, schemes[0])
+    payload["finetune_preset"] = args.preset
     payload["bench_seconds"] = round(time.monotonic() - started, 1)
     command = "python -m bench.predictor " + " ".join(sys.argv[1:] if argv is None else argv)
-    path = write_results("predictor", payload, markdown_report(payload, schemes), command.strip())
-    print(markdown_report(payload, schemes))
+    report = markdown_report(payload, schemes)
+    path = write_results(args.results_name, payload, report, command.strip())
+    print(report)
     log(f"wrote {path}")
     return 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +25,49 @@ from predictor.buckets import scheme_by_name
 from predictor.distribution import bucket_lengths
 from predictor.encoding import PromptEncoder, pretrained_dir
 from predictor.evaluate import majority_bucket, score_mean, score_probabilities
-from predictor.finetune import FinetuneConfig, finetune, predict_torch, subsample
+from predictor.finetune import PRESETS, FinetuneConfig, finetune, predict_torch, subsample
 from predictor.prepare import EVAL_DATASETS, prepare
 
-BASE = FinetuneConfig(
-    max_train=0,
-    epochs=2,
-    batch_size=64,
-    learning_rate=5e-5,
-    head_learning_rate=1e-3,
-    layers=6,
-    freeze_embeddings=False,
-    device="cuda",
-)
-VARIANTS: dict[str, FinetuneConfig] = {
-    "l6_e2": BASE,
-    "l6_e4_lr3e-5": replace(BASE, epochs=4, learning_rate=3e-5),
-    "l6_e2_len256": replace(BASE, max_tokens=256),
-    "l3_e3": replace(BASE, layers=3, epochs=3),
+# The sweep's reference: the gpu preset's optimizer settings, with MiniLM's six layers, two
+# epochs and cross-entropy alone (what the first sweep ran).
+BASE = replace(PRESETS["gpu"], layers=6, epochs=2, length_loss_weight=0.0)
+CPU_DEFAULT = replace(FinetuneConfig(), device="cuda")
+ALPACA = ("alpaca_random", "alpaca")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    config: FinetuneConfig
+    # Training corpora (None: the whole training mix); "alpaca" is the curated Alpaca rows.
+    corpora: tuple[str, ...] | None = None
+
+
+VARIANTS: dict[str, Variant] = {
+    "l6_e2": Variant(BASE),
+    "l6_e4_lr3e-5": Variant(replace(BASE, epochs=4, learning_rate=3e-5)),
+    "l6_e2_len256": Variant(replace(BASE, max_tokens=256)),
+    "l3_e3": Variant(replace(BASE, layers=3, epochs=3)),
+    "l6_e2_s1": Variant(replace(BASE, seed=1)),
+    "l6_e2_s2": Variant(replace(BASE, seed=2)),
+    "l6_e2_alpaca": Variant(BASE, ALPACA),
+    "l6_e3_alpaca_random": Variant(replace(BASE, epochs=3), ("alpaca_random",)),
+    # The default CPU artifact's configuration, run on the GPU, with and without the length term.
+    "cpu_default": Variant(CPU_DEFAULT),
+    **{
+        f"cpu_default_len{weight:g}": Variant(replace(CPU_DEFAULT, length_loss_weight=weight))
+        for weight in (1.0, 5.0, 10.0, 20.0, 50.0)
+    },
+    **{
+        f"l6_e2_len{weight:g}": Variant(replace(BASE, length_loss_weight=weight))
+        for weight in (0.5, 1.0, 2.0, 10.0, 30.0)
+    },
+    **{
+        f"l{layers}_e{epochs}_len10_s{seed}": Variant(
+            replace(BASE, layers=layers, epochs=epochs, seed=seed, length_loss_weight=10.0)
+        )
+        for layers, epochs in ((3, 2), (3, 3), (6, 2))
+        for seed in (0, 1, 2)
+    },
 }
 
 
@@ -76,15 +101,19 @@ def main() -> None:
         "variants": {},
     }
     best: tuple[float, str] = (-1.0, "")
+    ensemble: dict[str, list[Any]] = {}
     for name in args.variants.split(","):
-        config = VARIANTS[name]
+        variant = VARIANTS[name]
+        config = variant.config
         encoder = PromptEncoder.from_dir(pretrained_dir(), max_tokens=config.max_tokens)
-        chosen = [data.train[i] for i in subsample(len(data.train), config.max_train, config.seed)]
-        labels = scheme.buckets_of([r.length for r in chosen])
-        log(f"== {name}: {len(chosen)} prompts, {asdict(config)}")
+        pool = [r for r in data.train if variant.corpora is None or r.corpus in variant.corpora]
+        chosen = [pool[i] for i in subsample(len(pool), config.max_train, config.seed)]
+        lengths = [r.length for r in chosen]
+        labels = scheme.buckets_of(lengths)
+        log(f"== {name}: {len(chosen)} prompts, {asdict(config)}, corpora {variant.corpora}")
         started = time.monotonic()
         model, stats = finetune([r.prompt for r in chosen], labels, scheme.n_buckets, encoder,
-                                config, log)  # fmt: skip
+                                config, log, lengths, table.representatives)  # fmt: skip
         model = model.to(config.device)
         row: dict[str, Any] = {
             "config": asdict(config),
@@ -103,7 +132,16 @@ def main() -> None:
             records = data.test[test_name]
             probs = predict_torch(model, encoder, [r.prompt for r in records], 256)
             row[test_name] = score_probabilities(probs, table, scheme, records, majority).to_json()
-        log(json.dumps({k: v for k, v in row.items() if k != "config"}, indent=1))
+            if name.startswith("l6_e2") and variant.corpora is None and "len" not in name:
+                ensemble.setdefault(test_name, []).append(probs)
+        log(
+            f"{name}: train {row['train_s']:.0f}s; "
+            + "; ".join(
+                f"{test} acc {row[test]['accuracy']:.4f} mae {row[test]['mae_tokens']:.1f} "
+                f"rho {row[test]['spearman']:.3f}"
+                for test in ("validation_alpaca", *EVAL_DATASETS)
+            )
+        )
         results["variants"][name] = row
         accuracy = float(row["validation_alpaca"]["accuracy"])
         if accuracy > best[0]:
@@ -113,6 +151,15 @@ def main() -> None:
                        args.out / "best.pt")  # fmt: skip
         del model
         torch.cuda.empty_cache()
+    # The mean of the whole-mix cross-entropy runs' probabilities (seeds / lengths differ):
+    # what averaging several models would buy, at several times the serving cost.
+    results["ensemble_l6_e2"] = {
+        test_name: score_probabilities(
+            sum(rows) / len(rows), table, scheme, data.test[test_name], majority
+        ).to_json()
+        for test_name, rows in ensemble.items()
+        if len(rows) > 1
+    }
     results["best_by_validation"] = best[1]
     (args.out / "gpu_sweep.json").write_text(json.dumps(results, indent=2) + "\n")
     log(f"best by validation accuracy: {best[1]} ({best[0]:.4f})")

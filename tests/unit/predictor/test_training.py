@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 import numpy as np
+import pytest
+import torch
 
 from predictor.artifact import load_manifest
 from predictor.baseline import SklearnConfig
-from predictor.finetune import length_batches, subsample
+from predictor.finetune import PRESETS, finetune, length_batches, length_loss, subsample
 from predictor.prepare import training_fingerprint
+from predictor.train import add_model_arguments, spec_from_args
 from predictor.training import TrainSpec, reusable_artifact
 from tests.unit.predictor.conftest import TINY_FINETUNE
 
@@ -52,3 +56,33 @@ def test_length_batches_cover_every_example_once_with_similar_lengths():
     assert all(len(b) <= 32 for b in batches)
     spread = np.mean([np.ptp(lengths[b]) for b in batches])
     assert spread < 20  # sorted windows: far less than the 125-token range
+
+
+def test_length_loss_is_the_expected_lengths_relative_error_and_pulls_toward_the_truth():
+    reps = torch.tensor([10.0, 100.0, 400.0])  # mean representative 170
+    logits = torch.zeros(2, 3, requires_grad=True)  # uniform: expected length 170 for both
+    lengths = torch.tensor([10.0, 400.0])
+    loss = length_loss(logits, lengths, reps)
+    assert loss.item() == pytest.approx(((170 - 10) + (400 - 170)) / 2 / 170)
+    loss.backward()  # type: ignore[no-untyped-call]
+    assert logits.grad is not None
+    # Descending the gradient moves mass toward the short bucket for the short answer and
+    # toward the long bucket for the long one.
+    assert logits.grad[0, 0] < 0 < logits.grad[0, 2]
+    assert logits.grad[1, 2] < 0 < logits.grad[1, 0]
+
+
+def test_the_length_term_needs_lengths_and_representatives():
+    config = replace(TINY_FINETUNE, length_loss_weight=1.0)
+    with pytest.raises(ValueError, match="lengths and bucket representatives"):
+        finetune(["a"], np.zeros(1, dtype=np.int64), 2, None, config)  # type: ignore[arg-type]
+
+
+def test_train_command_options_override_the_chosen_preset():
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    gpu = spec_from_args("minilm", "mico_n10_l1024", parser.parse_args(["--preset", "gpu"]))
+    assert gpu.finetune == PRESETS["gpu"]
+    cpu = spec_from_args("minilm", "x", parser.parse_args(["--epochs", "2", "--threads", "1"]))
+    assert cpu.finetune == replace(PRESETS["cpu"], epochs=2, threads=1)
+    assert cpu.eval_threads == 1
