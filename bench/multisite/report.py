@@ -111,11 +111,11 @@ def ablation(results: Results) -> dict[str, Any] | None:
         "oracle": arm("mico_oracle" if real else "mico"),
         "real_batch": arm("mico_batch") if real else None,
         "oracle_batch": arm("mico_batch_oracle" if real else "mico_batch"),
-        "none": None,
-        "none_why": "not measurable through the public API in a length replay: the answer "
-        "length is replayed as max_tokens (with ignore_eos), and without a prediction the "
-        "gateway plans with max_tokens, i.e. with the true length. The closest arm with no "
-        "length information at all is least_requests (request count).",
+        "none": arm("mico_prompt_only"),
+        "none_batch": arm("mico_batch_prompt_only"),
+        "none_how": "a gateway without a predictor and GATEWAY_PLAN_WITHOUT_PREDICTION="
+        "prompt_only: routing weighs prompt tokens alone (planning with max_tokens would be the "
+        "oracle here, since the replay sends the true length as max_tokens)",
         "least_requests": arm("least_requests"),
         "rr_iter": arm("rr_iter"),
         "real_missing_why": None
@@ -221,6 +221,8 @@ def markdown(results: Results, body: dict[str, Any]) -> str:
                 "oracle",
                 "real_batch",
                 "oracle_batch",
+                "none",
+                "none_batch",
                 "least_requests",
                 "rr_iter",
             )
@@ -242,7 +244,7 @@ def markdown(results: Results, body: dict[str, Any]) -> str:
                     for name, a in arms
                 ],
             ),
-            f"No predictor (prompt length only): {ablation_body['none_why']}",
+            f"No predictor (none, none_batch): {ablation_body['none_how']}.",
         ]
     if results.scenarios:
         parts += ["## Scenarios", _scenarios_markdown(results.scenarios)]

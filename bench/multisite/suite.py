@@ -81,6 +81,9 @@ def predictions_used(options: Options) -> dict[str, object]:
     }
 
 
+PROMPT_ONLY = {"GATEWAY_PLAN_WITHOUT_PREDICTION": "prompt_only"}
+
+
 def extras_for(options: Options, max_batch: int) -> list[Extra]:
     """The batch-API columns everywhere; the ablation's arms in the ablation cell."""
     extras = [
@@ -91,6 +94,26 @@ def extras_for(options: Options, max_batch: int) -> list[Extra]:
         return extras
     cell = frozenset({options.ablation_sites})
     extras.append(Extra("least_requests", "least_requests", ITER_MODEL, site_counts=cell))
+    # No predictor: routing weighs the prompts alone (in this replay max_tokens is the true
+    # length, so planning with it would be the oracle).
+    extras += [
+        Extra(
+            "mico_prompt_only",
+            "mico",
+            ITER_MODEL,
+            with_predictor=False,
+            site_counts=cell,
+            env=PROMPT_ONLY,
+        ),
+        Extra(
+            "mico_batch_prompt_only",
+            "mico",
+            ITER_MODEL,
+            submission="batch",
+            shares="mico_prompt_only",
+            site_counts=cell,
+        ),
+    ]
     if options.predictor_dir is not None:  # else "mico" already plans with the true lengths
         extras += [
             Extra("mico_oracle", "mico", ITER_MODEL, with_predictor=False, site_counts=cell),

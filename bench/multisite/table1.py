@@ -15,7 +15,7 @@ or sharing one of the four's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.multisite.bad_input import serves_batches
 from bench.multisite.cluster import Gateway, SiteSpec, site_specs
@@ -42,6 +42,8 @@ class Extra:
     submission: Submission = "burst"
     shares: str | None = None
     site_counts: frozenset[int] | None = None
+    # More gateway settings for a gateway of its own (e.g. GATEWAY_PLAN_WITHOUT_PREDICTION).
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def runs_at(self, sites: int) -> bool:
         return self.site_counts is None or sites in self.site_counts
@@ -93,7 +95,7 @@ def run_batch_size(
                         extra.routing_policy,
                         everyone,
                         predictor_dir=bench.predictor_dir if extra.with_predictor else None,
-                        env=env,
+                        env={**env, **extra.env},
                         expect_healthy=2 * first,
                     )
                 )
