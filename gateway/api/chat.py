@@ -18,7 +18,7 @@ from gateway.runtime import GatewayRuntime
 from gateway.tenancy.admission import Caller
 
 
-def _chat(runtime: GatewayRuntime) -> ChatService:
+def _chat(runtime: NamedDependency[GatewayRuntime]) -> ChatService:
     return runtime.chat
 
 
