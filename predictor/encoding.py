@@ -38,6 +38,16 @@ def pretrained_dir() -> Path:
     return path
 
 
+# The length-feature models' third graph input (predictor.minilm).
+PROMPT_CHARS_INPUT = "prompt_chars"
+
+
+def prompt_chars(prompts: Sequence[str]) -> np.ndarray:
+    """Each whole prompt's length in characters (float32), the length-feature models' third
+    input: the encoder's truncated ids cannot say how long a long prompt was."""
+    return np.array([len(p) for p in prompts], dtype=np.float32)
+
+
 class PromptEncoder:
     def __init__(self, tokenizer: Tokenizer, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
         if max_tokens < 2:

@@ -4,6 +4,12 @@ Torch lives here and in the training code only; the gateway runs the ONNX export
 The encoder may keep only its first `layers` transformer layers: each dropped layer makes both
 training and the gateway's per-prompt cost about 1/6 cheaper (the first layers of a sentence
 encoder already carry most of what a length prediction needs).
+
+Optionally the head also reads the prompt's whole length in characters (a third graph input,
+`prompt_chars`): the encoder sees at most max_tokens wordpieces, and a mean over tokens says
+little of how many there were, yet a long pasted context (summarize this, answer from this)
+often means a long answer. That head is a small MLP, so the length can act differently for
+different kinds of prompt (a long maths problem is not a long essay request).
 """
 
 from __future__ import annotations
@@ -16,25 +22,47 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from predictor.encoding import pretrained_dir
+from predictor.encoding import PROMPT_CHARS_INPUT, pretrained_dir
 
 ENCODER_LAYERS = 6
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "probabilities"
+# log1p(characters) / this is about 1 for a 3,000-character prompt: an input scale the head's
+# initialisation suits.
+_LOG_CHARS_SCALE = 8.0
 ONNX_OPSET = 17
 
 
 class LengthClassifier(nn.Module):
-    def __init__(self, encoder: nn.Module, hidden: int, n_buckets: int) -> None:
+    def __init__(
+        self, encoder: nn.Module, hidden: int, n_buckets: int, length_feature: bool = False
+    ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.head = nn.Linear(hidden, n_buckets)
+        self.length_feature = length_feature
+        self.n_buckets = n_buckets
+        self.head: nn.Module = (
+            nn.Sequential(nn.Linear(hidden + 1, hidden), nn.GELU(), nn.Linear(hidden, n_buckets))
+            if length_feature
+            else nn.Linear(hidden, n_buckets)
+        )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits, one row per prompt; padding is left out of the mean over tokens."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_chars: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits, one row per prompt; padding is left out of the mean over tokens.
+        `prompt_chars` (float, one per prompt) is required iff the model has the length feature."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        if self.length_feature:
+            if prompt_chars is None:
+                raise ValueError("this model reads prompt_chars: pass each prompt's length")
+            scaled = torch.log1p(prompt_chars.to(pooled.dtype)).unsqueeze(-1) / _LOG_CHARS_SCALE
+            pooled = torch.cat([pooled, scaled], dim=-1)
         logits: torch.Tensor = self.head(pooled)
         return logits
 
@@ -51,12 +79,12 @@ class _Probabilities(nn.Module):
         super().__init__()
         self.classifier = classifier
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.classifier(input_ids, attention_mask), dim=-1)
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.classifier(*inputs), dim=-1)
 
 
 def build_classifier(
-    n_buckets: int, layers: int = ENCODER_LAYERS, seed: int = 0
+    n_buckets: int, layers: int = ENCODER_LAYERS, seed: int = 0, length_feature: bool = False
 ) -> LengthClassifier:
     """The pretrained encoder (first `layers` layers) with a freshly initialised head."""
     if not 1 <= layers <= ENCODER_LAYERS:
@@ -74,24 +102,34 @@ def build_classifier(
     )
     encoder.encoder.layer = encoder.encoder.layer[:layers]
     encoder.config.num_hidden_layers = layers
-    return LengthClassifier(encoder, int(encoder.config.hidden_size), n_buckets)
+    hidden = int(encoder.config.hidden_size)
+    return LengthClassifier(encoder, hidden, n_buckets, length_feature)
 
 
 def export_onnx(model: LengthClassifier, path: Path) -> None:
-    """ONNX graph with dynamic batch and sequence axes, (input_ids, attention_mask) -> probs."""
+    """ONNX graph with dynamic batch and sequence axes, (input_ids, attention_mask
+    [, prompt_chars]) -> probabilities."""
     model.eval()
     # A padded row in the example keeps the tracer from dropping the mask as all-ones.
     mask = torch.ones((2, 8), dtype=torch.long)
     mask[1, 5:] = 0
-    example = (torch.full((2, 8), 1000, dtype=torch.long), mask)
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+    example: tuple[torch.Tensor, ...] = (torch.full((2, 8), 1000, dtype=torch.long), mask)
+    names = list(INPUT_NAMES)
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+    }
+    if model.length_feature:
+        example += (torch.tensor([40.0, 3000.0]),)
+        names.append(PROMPT_CHARS_INPUT)
+        axes[PROMPT_CHARS_INPUT] = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about python control flow in BERT
         torch.onnx.export(
             _Probabilities(model),
             example,
             str(path),
-            input_names=list(INPUT_NAMES),
+            input_names=names,
             output_names=[OUTPUT_NAME],
             dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
             opset_version=ONNX_OPSET,

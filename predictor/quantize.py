@@ -14,7 +14,9 @@ from pathlib import Path
 MAX_ACCURACY_DROP = 0.005
 
 
-def quantize_int8(source: Path, target: Path) -> None:
+def quantize_int8(source: Path, target: Path, per_channel: bool = False) -> None:
+    """per_channel: one scale per output column of each weight matrix instead of one per matrix,
+    so a few large weights do not flatten the rest of the matrix to a handful of levels."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # The quantizer warns on the root logger that the model was not pre-processed (shape
@@ -23,7 +25,9 @@ def quantize_int8(source: Path, target: Path) -> None:
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        quantize_dynamic(
+            str(source), str(target), per_channel=per_channel, weight_type=QuantType.QInt8
+        )
     finally:
         root.setLevel(level)
 

@@ -22,7 +22,7 @@ import onnxruntime as ort
 
 from predictor.artifact import MODEL_FILE, ArtifactError, Manifest, load_manifest
 from predictor.distribution import expected_tokens, p90_tokens
-from predictor.encoding import PromptEncoder
+from predictor.encoding import PROMPT_CHARS_INPUT, PromptEncoder, prompt_chars
 
 # Prompts run in groups of similar token length: padding a short prompt to the longest one in a
 # batch of 32 costs more than the extra session calls.
@@ -70,6 +70,10 @@ class LengthPredictor:
         self._encoder = encoder
         self._columns = np.asarray(manifest.output_buckets, dtype=np.int64)
         self._output = "probabilities"
+        # Models with the prompt-length feature take each prompt's length as a third input;
+        # artifacts from before it have two.
+        inputs = {node.name for node in self._session.get_inputs()}
+        self._reads_chars = PROMPT_CHARS_INPUT in inputs
 
     @classmethod
     def load(cls, path: str | Path, threads: int = 1) -> LengthPredictor:
@@ -122,12 +126,15 @@ class LengthPredictor:
             out[:, self._columns] = self._run({"text": text})
             return out
         ids, mask = self._encoder.encode(prompts)
+        chars = prompt_chars(prompts)
         lengths = mask.sum(axis=1)
         order = np.argsort(lengths, kind="stable")
         for start in range(0, len(order), _GROUP):
             group = order[start : start + _GROUP]
             width = int(lengths[group].max())
             feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width]}
+            if self._reads_chars:
+                feeds[PROMPT_CHARS_INPUT] = chars[group]
             out[np.ix_(group, self._columns)] = self._run(feeds)
         return out
 

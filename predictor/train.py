@@ -3,6 +3,7 @@
     python -m predictor.train --kind minilm|sklearn --scheme mico_n10_l1024 --out DIR
         [--data-dir D] [--tokenizer-dir T] [--cache-dir C] [--preset cpu|gpu]
         [--max-train N] [--epochs E] [--layers L] [--threads K] [--no-quantize]
+        [--int8-per-channel] [--[no-]prompt-length-feature]
 
 --preset picks the MiniLM fine-tuning configuration (predictor.finetune.PRESETS): "cpu" (the
 default artifact's, minutes on two cores) or "gpu" (a CUDA device; seconds on an H200). The
@@ -58,6 +59,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, help="MiniLM: encoder layers kept (1-6)")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--no-quantize", action="store_true", help="MiniLM: never use int8")
+    parser.add_argument(
+        "--int8-per-channel", action="store_true", help="MiniLM: int8 scales per weight column"
+    )
+    parser.add_argument(
+        "--prompt-length-feature",
+        action=argparse.BooleanOptionalAction,
+        help="MiniLM: the head also reads the whole prompt's length (default: the preset's)",
+    )
 
 
 def spec_from_args(kind: str, scheme: str, args: argparse.Namespace) -> TrainSpec:
@@ -66,6 +75,8 @@ def spec_from_args(kind: str, scheme: str, args: argparse.Namespace) -> TrainSpe
         for name in ("max_train", "epochs", "layers", "threads")
         if getattr(args, name) is not None
     }
+    if args.prompt_length_feature is not None:
+        overrides["prompt_length_feature"] = args.prompt_length_feature
     finetune = replace(PRESETS[args.preset], **overrides)
     return TrainSpec(
         cast(Kind, kind),
@@ -73,6 +84,7 @@ def spec_from_args(kind: str, scheme: str, args: argparse.Namespace) -> TrainSpe
         finetune,
         SklearnConfig(),
         quantize=not args.no_quantize,
+        int8_per_channel=args.int8_per_channel,
         eval_threads=finetune.threads,
     )
 

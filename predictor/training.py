@@ -46,6 +46,7 @@ class TrainSpec:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     sklearn: SklearnConfig = field(default_factory=SklearnConfig)
     quantize: bool = True
+    int8_per_channel: bool = False
     eval_threads: int = 2
 
     @property
@@ -59,6 +60,7 @@ class TrainSpec:
             "scheme": self.scheme_name,
             "model": config,
             "quantize": self.quantize and self.kind == "minilm",
+            **({"int8_per_channel": True} if self.int8_per_channel else {}),
         }
 
 
@@ -169,7 +171,7 @@ def _choose_model(
     if spec.kind != "minilm" or not spec.quantize or not data.validation:
         return fitted.model_file, {"validation": fp32}
     int8_file = fitted.model_file.with_name("model.int8.onnx")
-    quantize_int8(fitted.model_file, int8_file)
+    quantize_int8(fitted.model_file, int8_file, spec.int8_per_channel)
     int8 = validation_metrics(
         LengthPredictor(manifest, int8_file, encoder, spec.eval_threads), data.validation, majority
     )

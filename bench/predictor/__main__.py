@@ -1,7 +1,7 @@
 """Length predictor benchmark: accuracy per test set and bucket scheme, and ONNX latency.
 
     python -m bench.predictor [--preset cpu|gpu] [--schemes mico_n10_l1024,quantile_n10]
-        [--work-dir DIR] [--force] [--results-name NAME]
+        [--work-dir DIR] [--force] [--results-name NAME] [MiniLM options of predictor.train]
 
 Trains (or reuses, when data and configuration are unchanged) the fine-tuned MiniLM model
 ('finetuned': the default artifact's configuration with --preset cpu, the larger CUDA run with
@@ -16,19 +16,16 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.common import write_results
 from bench.predictor.latency import measure
 from bench.predictor.report import markdown_report, targets
-from predictor.build_default import DEFAULT_SPEC
 from predictor.evaluate import majority_bucket, score_mean, score_probabilities
-from predictor.finetune import PRESETS
 from predictor.prepare import EVAL_DATASETS, PreparedData, prepare, training_fingerprint
 from predictor.runtime import LengthPredictor
-from predictor.train import add_data_arguments, training_set
+from predictor.train import add_data_arguments, add_model_arguments, spec_from_args, training_set
 from predictor.training import TrainSpec, reusable_artifact, train_artifact
 
 DEFAULT_WORK_DIR = Path(__file__).resolve().parents[2] / "var" / "predictor" / "bench"
@@ -46,11 +43,10 @@ def build_models(
     paths: dict[tuple[str, str], Path] = {}
     for scheme in schemes:
         for model, kind in MODEL_KINDS.items():
-            minilm = replace(DEFAULT_SPEC, finetune=PRESETS[args.preset])
-            base = minilm if kind == "minilm" else TrainSpec("sklearn")
-            spec = replace(base, scheme_name=scheme)
-            if args.max_train is not None:
-                spec = replace(spec, finetune=replace(spec.finetune, max_train=args.max_train))
+            if kind == "minilm":
+                spec = spec_from_args(kind, scheme, args)
+            else:
+                spec = TrainSpec("sklearn", scheme)
             out = (
                 work / f"{model}-{scheme}"
                 if kind == "sklearn"
@@ -111,16 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--schemes", default="mico_n10_l1024,quantile_n10")
     parser.add_argument("--results-name", default="predictor", help="bench/results/NAME.json")
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--force", action="store_true", help="retrain even if reusable")
-    parser.add_argument(
-        "--max-train",
-        type=int,
-        help="override the fine-tune subsample (default: the default artifact's)",
-    )
+    add_model_arguments(parser)
     add_data_arguments(parser)
     args = parser.parse_args(argv)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]

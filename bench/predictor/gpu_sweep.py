@@ -30,8 +30,11 @@ from predictor.prepare import EVAL_DATASETS, prepare
 
 # The sweep's reference: the gpu preset's optimizer settings, with MiniLM's six layers, two
 # epochs and cross-entropy alone (what the first sweep ran).
-BASE = replace(PRESETS["gpu"], layers=6, epochs=2, length_loss_weight=0.0)
-CPU_DEFAULT = replace(FinetuneConfig(), device="cuda")
+BASE = replace(
+    PRESETS["gpu"], layers=6, epochs=2, length_loss_weight=0.0, prompt_length_feature=False
+)
+# The first sweeps' configurations predate the prompt-length input; they keep their meaning.
+CPU_DEFAULT = replace(FinetuneConfig(), device="cuda", prompt_length_feature=False)
 ALPACA = ("alpaca_random", "alpaca")
 
 
@@ -66,6 +69,15 @@ VARIANTS: dict[str, Variant] = {
             replace(BASE, layers=layers, epochs=epochs, seed=seed, length_loss_weight=10.0)
         )
         for layers, epochs in ((3, 2), (3, 3), (6, 2))
+        for seed in (0, 1, 2)
+    },
+    # The gpu and cpu presets, each with and without the prompt's whole length as a head input.
+    **{
+        f"{preset}{'_chars' if chars else ''}_s{seed}": Variant(
+            replace(config, seed=seed, prompt_length_feature=chars)
+        )
+        for preset, config in (("gpu", PRESETS["gpu"]), ("cpu", CPU_DEFAULT))
+        for chars in (False, True)
         for seed in (0, 1, 2)
     },
 }
@@ -121,13 +133,17 @@ def main() -> None:
             "steps": stats.steps,
             "final_loss": stats.final_loss,
         }
-        validation = [r for r in data.validation if r.corpus == "alpaca_random"] or list(
-            data.validation
-        )
-        val_probs = predict_torch(model, encoder, [r.prompt for r in validation], 256)
-        row["validation_alpaca"] = score_probabilities(
-            val_probs, table, scheme, validation, majority
-        ).to_json()
+        # Per corpus on the validation split, so a choice between variants need not look at the
+        # test split ("validation_alpaca" keeps the first sweeps' key).
+        val_probs = predict_torch(model, encoder, [r.prompt for r in data.validation], 256)
+        row["validation"] = {}
+        for corpus in EVAL_DATASETS:
+            mask = [r.corpus == corpus for r in data.validation]
+            records = [r for r, m in zip(data.validation, mask, strict=True) if m]
+            row["validation"][corpus] = score_probabilities(
+                val_probs[mask], table, scheme, records, majority
+            ).to_json()
+        row["validation_alpaca"] = row["validation"]["alpaca_random"]
         for test_name in EVAL_DATASETS:
             records = data.test[test_name]
             probs = predict_torch(model, encoder, [r.prompt for r in records], 256)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,17 @@ def sklearn_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_data: Traini
     return out
 
 
+# Without the prompt-length input: the graph of artifacts trained before it, which must still
+# load (minilm_chars_artifact has it).
 TINY_FINETUNE = FinetuneConfig(
-    max_train=0, epochs=4, batch_size=16, layers=1, max_tokens=32, learning_rate=1e-3, threads=2
+    max_train=0,
+    epochs=4,
+    batch_size=16,
+    layers=1,
+    max_tokens=32,
+    learning_rate=1e-3,
+    threads=2,
+    prompt_length_feature=False,
 )
 
 
@@ -54,5 +64,15 @@ def minilm_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_data: Trainin
     """A one-layer MiniLM fine-tuned for a handful of steps: wrong-ish, but a real artifact."""
     out = tmp_path_factory.mktemp("artifacts") / "minilm"
     spec = TrainSpec("minilm", "log_n10_l1024", finetune=TINY_FINETUNE)
+    train_artifact(spec, tiny_data, out, progress=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_chars_artifact(tmp_path_factory: pytest.TempPathFactory, tiny_data: TrainingSet) -> Path:
+    """The same tiny MiniLM with the prompt-length input (a three-input graph)."""
+    out = tmp_path_factory.mktemp("artifacts") / "minilm_chars"
+    config = replace(TINY_FINETUNE, prompt_length_feature=True)
+    spec = TrainSpec("minilm", "log_n10_l1024", finetune=config)
     train_artifact(spec, tiny_data, out, progress=lambda _: None)
     return out

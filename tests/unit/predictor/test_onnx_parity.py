@@ -10,7 +10,7 @@ import pytest
 
 from predictor.baseline import SklearnConfig, export_sklearn_onnx, train_sklearn
 from predictor.buckets import equal_width
-from predictor.encoding import PromptEncoder, pretrained_dir
+from predictor.encoding import PromptEncoder, pretrained_dir, prompt_chars
 from tests.unit.predictor.conftest import TINY_FINETUNE, synthetic_records
 
 PROMPTS = [
@@ -24,14 +24,15 @@ PROMPTS = [
 
 
 @pytest.mark.slow
-def test_minilm_onnx_matches_torch(tmp_path):
+@pytest.mark.parametrize("length_feature", [False, True], ids=["ids_only", "with_prompt_chars"])
+def test_minilm_onnx_matches_torch(tmp_path, length_feature):
     from predictor.finetune import finetune, predict_torch
     from predictor.minilm import export_onnx
 
     records = synthetic_records(48)
     scheme = equal_width(10, 1024)
     encoder = PromptEncoder.from_dir(pretrained_dir(), TINY_FINETUNE.max_tokens)
-    config = replace(TINY_FINETUNE, layers=2, epochs=1)
+    config = replace(TINY_FINETUNE, layers=2, epochs=1, prompt_length_feature=length_feature)
     model, stats = finetune(
         [r.prompt for r in records],
         scheme.buckets_of([r.length for r in records]),
@@ -45,13 +46,19 @@ def test_minilm_onnx_matches_torch(tmp_path):
     export_onnx(model, path)
     reference = predict_torch(model, encoder, PROMPTS)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [node.name for node in session.get_inputs()]
+    assert names == ["input_ids", "attention_mask"] + (["prompt_chars"] if length_feature else [])
+
+    def feeds(prompts: list[str]) -> dict[str, np.ndarray]:
+        ids, mask = encoder.encode(prompts)
+        chars = {"prompt_chars": prompt_chars(prompts)} if length_feature else {}
+        return {"input_ids": ids, "attention_mask": mask, **chars}
+
     # One padded batch (different lengths) and each prompt alone: both must match torch.
-    ids, mask = encoder.encode(PROMPTS)
-    (batched,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    (batched,) = session.run(None, feeds(PROMPTS))
     np.testing.assert_allclose(batched, reference, atol=1e-5)
     for i, prompt in enumerate(PROMPTS):
-        ids, mask = encoder.encode([prompt])
-        (alone,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        (alone,) = session.run(None, feeds([prompt]))
         np.testing.assert_allclose(alone[0], reference[i], atol=1e-5)
 
 

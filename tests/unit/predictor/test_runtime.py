@@ -8,14 +8,19 @@ import numpy as np
 import pytest
 
 from predictor.distribution import expected_tokens, p90_tokens
+from predictor.encoding import PromptEncoder
 from predictor.runtime import LengthPrediction, LengthPredictor
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module", params=["sklearn", "minilm"])
-def predictor(request, sklearn_artifact, minilm_artifact) -> LengthPredictor:
-    path = sklearn_artifact if request.param == "sklearn" else minilm_artifact
+@pytest.fixture(scope="module", params=["sklearn", "minilm", "minilm_chars"])
+def predictor(request, sklearn_artifact, minilm_artifact, minilm_chars_artifact) -> LengthPredictor:
+    path = {
+        "sklearn": sklearn_artifact,
+        "minilm": minilm_artifact,
+        "minilm_chars": minilm_chars_artifact,
+    }[request.param]
     return LengthPredictor.load(path, threads=1)
 
 
@@ -85,6 +90,18 @@ def test_the_tiny_models_learned_the_synthetic_signal(predictor):
     short = predictor.predict("Answer yes or no: rain.").expected_tokens
     long = predictor.predict("Write a long essay about rain.").expected_tokens
     assert long > short
+
+
+@pytest.mark.parametrize(("artifact", "reads_length"), [("minilm", False), ("minilm_chars", True)])
+def test_only_the_length_feature_model_sees_past_the_truncation(request, artifact, reads_length):
+    path = request.getfixturevalue(f"{artifact}_artifact")
+    predictor = LengthPredictor.load(path, threads=1)
+    encoder = PromptEncoder.from_dir(path, predictor.manifest.max_tokens)
+    # Both prompts truncate to the same max_tokens wordpieces; only their lengths differ.
+    shorter, longer = "Summarize: " + "word " * 100, "Summarize: " + "word " * 2000
+    assert np.array_equal(encoder.encode([shorter])[0], encoder.encode([longer])[0])
+    probabilities = predictor.probabilities([shorter, longer])
+    assert (not np.allclose(probabilities[0], probabilities[1], atol=1e-6)) == reads_length
 
 
 def test_importing_the_runtime_does_not_import_torch():

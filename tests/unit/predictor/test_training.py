@@ -86,3 +86,22 @@ def test_train_command_options_override_the_chosen_preset():
     cpu = spec_from_args("minilm", "x", parser.parse_args(["--epochs", "2", "--threads", "1"]))
     assert cpu.finetune == replace(PRESETS["cpu"], epochs=2, threads=1)
     assert cpu.eval_threads == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "length_feature", "per_channel"),
+    [
+        ([], True, False),
+        (["--no-prompt-length-feature"], False, False),
+        (["--preset", "gpu", "--prompt-length-feature", "--int8-per-channel"], True, True),
+    ],
+)
+def test_train_command_switches_the_length_input_and_int8_scales(argv, length_feature, per_channel):
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    spec = spec_from_args("minilm", "mico_n10_l1024", parser.parse_args(argv))
+    assert spec.finetune.prompt_length_feature is length_feature
+    assert spec.int8_per_channel is per_channel
+    # Either choice is part of the configuration a cached artifact is reused for.
+    assert spec.config_json()["model"]["prompt_length_feature"] is length_feature
+    assert spec.config_json().get("int8_per_channel", False) is per_channel
