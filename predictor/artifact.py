@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from predictor.buckets import BucketScheme, BucketSchemeError
+from predictor.decision import BucketDecision
 from predictor.distribution import BucketLengths
 from predictor.encoding import TOKENIZER_FILE, PromptEncoder
 
@@ -52,6 +53,8 @@ class Manifest:
     model_sha256: str = ""
     tokenizer_sha256: str = ""
     schema_version: int = SCHEMA_VERSION
+    # How the named bucket is chosen from the probabilities (plain argmax when absent).
+    decision: BucketDecision = field(default_factory=BucketDecision)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +69,7 @@ class Manifest:
                 "train_counts": list(self.lengths.counts),
             },
             "output_buckets": list(self.output_buckets),
+            "decision": self.decision.to_json(),
             "input": {
                 "tokenizer": TOKENIZER_FILE,
                 "tokenizer_sha256": self.tokenizer_sha256,
@@ -111,6 +115,11 @@ def _parse(data: Mapping[str, Any]) -> Manifest:
     max_tokens = int(data["input"]["max_tokens"])
     if max_tokens < 2:
         raise ValueError(f"input.max_tokens {max_tokens} is too small")
+    decision = (
+        BucketDecision.from_json(data["decision"], scheme.n_buckets)
+        if "decision" in data
+        else BucketDecision()
+    )
     return Manifest(
         kind=cast(Kind, data["kind"]),
         version=_text(data, "version"),
@@ -124,6 +133,7 @@ def _parse(data: Mapping[str, Any]) -> Manifest:
         created=str(data.get("created", "")),
         model_sha256=_text(data["model"], "sha256"),
         tokenizer_sha256=_text(data["input"], "tokenizer_sha256"),
+        decision=decision,
     )
 
 

@@ -1,7 +1,7 @@
 """Scoring length predictions the way the design asks for, always next to the trivial baselines.
 
-accuracy            argmax bucket == true bucket
-within_one          |argmax bucket - true bucket| <= 1
+accuracy            named bucket == true bucket (argmax, or the artifact's BucketDecision)
+within_one          |named bucket - true bucket| <= 1
 majority_baseline   accuracy of always answering the most common *training* bucket
 mae_tokens          mean |expected length - true length|, in the serving model's tokens
 spearman            rank correlation of expected length and true length (a constant predictor,
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from predictor.buckets import BucketScheme
+from predictor.decision import BucketDecision
 from predictor.distribution import BucketLengths, expected_tokens
 from predictor.prepare import LabeledRecord
 
@@ -90,11 +91,12 @@ def score_probabilities(
     scheme: BucketScheme,
     records: Sequence[LabeledRecord],
     majority: int,
+    decision: BucketDecision | None = None,
 ) -> Scores:
     return score(
         scheme,
         [r.length for r in records],
-        probabilities.argmax(axis=1),
+        (decision or BucketDecision()).apply(probabilities),
         expected_tokens(probabilities, table),
         majority,
     )
@@ -106,9 +108,10 @@ def score_model(
     scheme: BucketScheme,
     records: Sequence[LabeledRecord],
     majority: int,
+    decision: BucketDecision | None = None,
 ) -> Scores:
     probabilities = probability_fn([r.prompt for r in records])
-    return score_probabilities(probabilities, table, scheme, records, majority)
+    return score_probabilities(probabilities, table, scheme, records, majority, decision)
 
 
 def score_mean(

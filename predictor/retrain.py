@@ -137,9 +137,18 @@ def retrain(
     new = LengthPredictor.load(out, threads=2)
     majority = majority_bucket(base_manifest.scheme, [r.length for r in training])
     scheme = base_manifest.scheme
-    new_scores = score_model(new.probabilities, manifest.lengths, scheme, holdout, majority)
+    # The verdict reads MAE and rank correlation only: the new version's bucket rule was fitted
+    # on this holdout (its validation split), so its accuracy here is a little optimistic.
+    new_scores = score_model(
+        new.probabilities, manifest.lengths, scheme, holdout, majority, manifest.decision
+    )
     current_scores = score_model(
-        current.probabilities, base_manifest.lengths, scheme, holdout, majority
+        current.probabilities,
+        base_manifest.lengths,
+        scheme,
+        holdout,
+        majority,
+        base_manifest.decision,
     )
     better, reason = _verdict(new_scores, current_scores)
     return RetrainReport(

@@ -31,7 +31,7 @@ _GROUP = 16
 
 @dataclass(frozen=True, slots=True)
 class LengthPrediction:
-    bucket: int  # the most probable bucket
+    bucket: int  # the named bucket: argmax, with the artifact's fitted bias (predictor.decision)
     probabilities: tuple[float, ...]  # one per bucket of the artifact's scheme
     expected_tokens: float  # sum p_i * representative length_i
     p90_tokens: int
@@ -109,7 +109,7 @@ class LengthPredictor:
         table = self._manifest.lengths
         expected = expected_tokens(probs, table)
         p90 = p90_tokens(probs, table)
-        buckets = probs.argmax(axis=1)
+        buckets = self._manifest.decision.apply(probs)
         return [
             LengthPrediction(int(b), tuple(float(p) for p in row), float(e), int(q), self.version)
             for b, row, e, q in zip(buckets, probs, expected, p90, strict=True)

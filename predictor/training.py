@@ -27,6 +27,7 @@ from predictor.artifact import (
 )
 from predictor.baseline import SklearnConfig, export_sklearn_onnx, output_buckets, train_sklearn
 from predictor.buckets import BucketScheme, scheme_by_name
+from predictor.decision import BucketDecision, fit_decision
 from predictor.distribution import BucketLengths, bucket_lengths
 from predictor.encoding import PromptEncoder, pretrained_dir
 from predictor.evaluate import majority_bucket, score_probabilities
@@ -187,6 +188,29 @@ def _choose_model(
     }
 
 
+def _fit_decision(
+    manifest: Manifest,
+    model_file: Path,
+    encoder: PromptEncoder,
+    validation: Sequence[LabeledRecord],
+    majority: int,
+    threads: int,
+) -> tuple[BucketDecision, dict[str, Any]]:
+    """The named-bucket rule (predictor.decision) fitted on the validation split, with the
+    validation accuracy before and after (the latter is on the rows it was fitted to)."""
+    if not validation:
+        return BucketDecision(majority), {}
+    predictor = LengthPredictor(manifest, model_file, encoder, threads)
+    probabilities = predictor.probabilities([r.prompt for r in validation])
+    truth = manifest.scheme.buckets_of([r.length for r in validation])
+    decision = fit_decision(probabilities, truth, majority)
+    return decision, {
+        **decision.to_json(),
+        "validation_accuracy_argmax": float((probabilities.argmax(axis=1) == truth).mean()),
+        "validation_accuracy_decided": float((decision.apply(probabilities) == truth).mean()),
+    }
+
+
 def train_artifact(
     spec: TrainSpec,
     data: TrainingSet,
@@ -222,6 +246,10 @@ def train_artifact(
         model_file, metrics = _choose_model(
             spec, manifest, fitted, encoder, data, majority, progress
         )
+        decision, metrics["decision"] = _fit_decision(
+            manifest, model_file, encoder, data.validation, majority, spec.eval_threads
+        )
+        progress(f"named bucket: argmax, log-bias {decision.log_bias:+.2f} on bucket {majority}")
         info = {
             "config": spec.config_json(),
             # The sklearn baseline reads the encoder's wordpiece ids; only MiniLM runs the encoder.
@@ -245,6 +273,7 @@ def train_artifact(
             fingerprint,
             info,
             metrics,
+            decision=decision,
         )
         final = write_artifact(out, manifest, model_file, encoder)
     progress(f"wrote {final.version} to {out} in {info['total_seconds']:.0f}s")

@@ -76,9 +76,15 @@ def score_all(
             row: dict[str, Any] = {}
             for model, predictor in predictors.items():
                 probabilities = predictor.probabilities(prompts)
+                manifest = predictor.manifest
                 row[model] = score_probabilities(
-                    probabilities, predictor.manifest.lengths, scheme, records, majority
+                    probabilities, manifest.lengths, scheme, records, majority, manifest.decision
                 ).to_json()
+                # What plain argmax would have named (the decision's bias was fitted on the
+                # validation split, never on these rows).
+                truth = scheme.buckets_of([r.length for r in records])
+                argmax = probabilities.argmax(axis=1)
+                row[model]["accuracy_argmax"] = float((argmax == truth).mean())
             row["mean"] = score_mean(scheme, train_lengths, records, majority).to_json()
             results[name][scheme_name] = row
     return results
@@ -96,6 +102,7 @@ def model_info(paths: dict[tuple[str, str], Path]) -> dict[str, Any]:
                 for k in ("config", "records", "records_used", "fit_seconds", "total_seconds")
             },
             "quantization": manifest.metrics.get("quantization"),
+            "decision": manifest.metrics.get("decision"),
             "validation_all": manifest.metrics.get("validation", {}).get("all"),
         }
     return info

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from bench.predictor.ceiling import ceiling, decide
+from bench.predictor.ceiling import ceiling
+from predictor.decision import BucketDecision
 
 PROBABILITIES = np.array(
     [
@@ -17,25 +17,13 @@ PROBABILITIES = np.array(
 )
 
 
-@pytest.mark.parametrize(
-    ("bias", "expected"),
-    [
-        (0.0, [0, 0, 1, 2]),  # plain argmax
-        (1.0, [0, 0, 0, 2]),  # toward bucket 0: e^1 x 0.45 > 0.55
-        (-0.5, [0, 1, 1, 2]),  # away from it: e^-0.5 x 0.6 < 0.4
-        (-4.0, [1, 1, 1, 2]),
-    ],
-)
-def test_the_bias_moves_decisions_at_bucket_0_only(bias, expected):
-    assert decide(PROBABILITIES, bias).tolist() == expected
-
-
 def test_ceiling_finds_the_bias_the_labels_reward_and_counts_the_non_zero_answers():
     buckets = np.array([0, 1, 1, 2])  # the second prompt needs a bias away from bucket 0
     expected_lengths = np.array([10.0, 60.0, 80.0, 300.0])
-    row = ceiling(PROBABILITIES, buckets, expected_lengths)
+    row = ceiling(PROBABILITIES, buckets, expected_lengths, BucketDecision(0, 1.0))
     assert row["majority_rate"] == 0.25
     assert row["argmax_accuracy"] == 0.75
+    assert (row["fitted_log_bias"], row["fitted_accuracy"]) == (1.0, 0.5)  # names [0, 0, 0, 2]
     assert row["best_accuracy_tuned_on_test"] == 1.0
     # Any bias in (log(0.1 / 0.9), log(0.4 / 0.6)) = (-2.20, -0.41) is right on all four.
     assert -2.2 < row["best_bias"] < -0.4
