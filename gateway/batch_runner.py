@@ -41,15 +41,8 @@ from gateway.dispatch import Dispatch
 from gateway.prediction import Prediction
 from gateway.routing.types import UnpredictedPlan
 from gateway.services.batch_leases import BatchLeases
-from gateway.services.batches import (
-    CANCELLED_ERROR,
-    OPEN_BATCH,
-    BatchStore,
-    ItemAssignment,
-    ItemResult,
-    LaneKey,
-    QueuedItem,
-)
+from gateway.services.batch_records import ItemAssignment, ItemResult, LaneKey, QueuedItem
+from gateway.services.batches import CANCELLED_ERROR, OPEN_BATCH, BatchStore
 from gateway.services.request_log import NewRequest, Outcome
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState

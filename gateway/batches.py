@@ -25,7 +25,8 @@ from gateway.batch_runner import BatchRunner
 from gateway.completions import CompletionService
 from gateway.db.models import BatchStatus
 from gateway.services.batch_leases import BatchLeases
-from gateway.services.batches import BatchStore, BatchView, ItemView, NewItem, Page
+from gateway.services.batch_records import BatchView, ItemView, NewItem, Page
+from gateway.services.batches import BatchStore
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
 

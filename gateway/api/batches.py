@@ -27,7 +27,7 @@ from gateway.api.schemas import Completion
 from gateway.db.models import BatchStatus
 from gateway.idempotency import HEADER, REPLAYED_HEADER
 from gateway.runtime import GatewayRuntime
-from gateway.services.batches import BatchView, ItemView
+from gateway.services.batch_records import BatchView, ItemView
 from gateway.tenancy.admission import Caller
 
 DEFAULT_BATCH_PAGE, DEFAULT_RESULT_PAGE = 20, 100

@@ -16,14 +16,8 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, utcnow
-from gateway.services.batches import (
-    OPEN_BATCH,
-    BatchView,
-    batch_view,
-    cancel_queued,
-    rowcount,
-    settle,
-)
+from gateway.services.batch_records import BatchView, batch_view
+from gateway.services.batches import OPEN_BATCH, cancel_queued, rowcount, settle
 
 
 class BatchLeases:

@@ -6,15 +6,14 @@ another gateway cannot write over the new owner, and an item recorded final is n
 again. A batch's counters change in the same transaction as the item that moves them, and the
 batch settles (completed / failed / cancelled) in the transaction that finalizes its last item.
 
-Which gateway runs a batch is gateway/services/batch_leases.py's business.
+Which gateway runs a batch is gateway/services/batch_leases.py's business; the records taken
+and returned are in gateway/services/batch_records.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import and_, func, insert, literal, or_, select, update
 from sqlalchemy.engine import CursorResult, Result
@@ -22,7 +21,19 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batch_plan import settled_status
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
-from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
+from gateway.routing.types import UnpredictedPlan
+from gateway.services.batch_records import (
+    BatchView,
+    ItemAssignment,
+    ItemResult,
+    ItemView,
+    LaneKey,
+    NewItem,
+    Page,
+    QueuedItem,
+    batch_view,
+    queued_item,
+)
 
 T = TypeVar("T")
 OPEN_BATCH = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
@@ -37,132 +48,8 @@ CANCELLED_ERROR: dict[str, object] = {
 _CHUNK = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class NewItem:
-    custom_id: str
-    body: dict[str, object]  # the item as submitted, less custom_id
-    prompt_tokens: int
-    max_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class BatchView:
-    id: str
-    model: str
-    status: BatchStatus
-    metadata: dict[str, str] | None
-    total: int
-    completed: int
-    failed: int
-    cancelled: int
-    created_at: datetime
-    in_progress_at: datetime | None
-    cancelling_at: datetime | None
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class ItemView:
-    """An item as its results show it."""
-
-    index: int
-    custom_id: str
-    status: BatchItemStatus
-    site: str | None  # where MICO assigned it
-    predicted_tokens: int | None
-    assign_reason: str | None
-    attempts: int
-    request_id: str | None
-    completion: dict[str, object] | None
-    error: dict[str, object] | None
-
-
-LaneKey = tuple[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedItem:
-    """An item as the runner starts it."""
-
-    index: int
-    custom_id: str
-    body: dict[str, object]
-    prompt_tokens: int
-    max_tokens: int
-    site_id: int | None
-    predicted_tokens: int | None
-    predicted_bucket: int | None
-    predictor_version: str | None
-    assign_reason: str | None
-    attempts: int
-
-    def lane_key(self, unpredicted: UnpredictedPlan = "max_tokens") -> LaneKey:
-        """Where the item stands in its lane (BatchStore.lane): planned answer tokens and its
-        index. The stored prediction is already capped at max_tokens (the runner assigns the
-        capped one), so it is used as is, as the lane's SQL does."""
-        if self.predicted_tokens is not None:
-            return self.predicted_tokens, self.index
-        return planned_answer_tokens(None, self.max_tokens, unpredicted), self.index
-
-
-@dataclass(frozen=True, slots=True)
-class ItemAssignment:
-    index: int
-    site_id: int | None
-    predicted_tokens: int | None
-    predicted_bucket: int | None
-    predictor_version: str | None
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ItemResult:
-    status: BatchItemStatus  # completed, failed or cancelled
-    completion: dict[str, object] | None = None
-    error: dict[str, object] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    data: list[T]
-    has_more: bool
-
-
 def rowcount(result: Result[Any]) -> int:
     return cast(CursorResult[Any], result).rowcount
-
-
-def batch_view(row: BatchJob) -> BatchView:
-    return BatchView(
-        id=row.id,
-        model=row.model,
-        status=row.status,
-        metadata=row.meta,
-        total=row.total,
-        completed=row.completed,
-        failed=row.failed,
-        cancelled=row.cancelled,
-        created_at=row.created_at,
-        in_progress_at=row.in_progress_at,
-        cancelling_at=row.cancelling_at,
-        finished_at=row.finished_at,
-    )
-
-
-def _queued_view(row: BatchItem) -> QueuedItem:
-    return QueuedItem(
-        index=row.item_index,
-        custom_id=row.custom_id,
-        body=row.body,
-        prompt_tokens=row.prompt_tokens,
-        max_tokens=row.max_tokens,
-        site_id=row.site_id,
-        predicted_tokens=row.predicted_tokens,
-        predicted_bucket=row.predicted_bucket,
-        predictor_version=row.predictor_version,
-        assign_reason=row.assign_reason,
-        attempts=row.attempts,
-    )
 
 
 def _page(rows: Sequence[T], limit: int) -> Page[T]:
@@ -322,7 +209,7 @@ class BatchStore:
                 .order_by(*order, BatchItem.item_index)
                 .limit(limit)
             )
-            return [_queued_view(row) for row in rows]
+            return [queued_item(row) for row in rows]
 
     async def lanes(self, batch_id: str) -> list[int | None]:
         """The sites (None: no site) that queued items of the batch are assigned to."""

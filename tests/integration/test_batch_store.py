@@ -12,13 +12,8 @@ from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import BatchItemStatus, BatchStatus
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.services.batch_leases import BatchLeases
-from gateway.services.batches import (
-    CANCELLED_ERROR,
-    BatchStore,
-    ItemAssignment,
-    ItemResult,
-    NewItem,
-)
+from gateway.services.batch_records import ItemAssignment, ItemResult, NewItem
+from gateway.services.batches import CANCELLED_ERROR, BatchStore
 from gateway.services.site_store import sync_sites
 from gateway.sites.config import SiteConfig
 
