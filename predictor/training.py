@@ -135,13 +135,15 @@ def _fit_sklearn(
 
 
 def validation_metrics(
-    predictor: LengthPredictor, validation: Sequence[LabeledRecord], majority: int
+    manifest: Manifest,
+    probabilities: np.ndarray,
+    validation: Sequence[LabeledRecord],
+    majority: int,
 ) -> dict[str, Any]:
-    """Scores on the whole validation set ('all') and on each corpus in it."""
+    """Scores of `probabilities` (one row per validation record) on the whole validation set
+    ('all') and on each corpus in it."""
     if not validation:
         return {}
-    manifest = predictor.manifest
-    probabilities = predictor.probabilities([r.prompt for r in validation])
     corpora = np.array([r.corpus for r in validation])
     groups = {"all": np.ones(len(validation), dtype=bool)}
     groups |= {c: corpora == c for c in sorted(set(corpora.tolist()))}
@@ -157,6 +159,13 @@ def validation_metrics(
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    model_file: Path
+    metrics: dict[str, Any]
+    validation_probabilities: np.ndarray  # of model_file, one row per validation record
+
+
 def _choose_model(
     spec: TrainSpec,
     manifest: Manifest,
@@ -165,44 +174,46 @@ def _choose_model(
     data: TrainingSet,
     majority: int,
     progress: Progress,
-) -> tuple[Path, dict[str, Any]]:
+) -> _Chosen:
     progress(f"validating the ONNX model on {len(data.validation)} held-out prompts")
-    predictor = LengthPredictor(manifest, fitted.model_file, encoder, spec.eval_threads)
-    fp32 = validation_metrics(predictor, data.validation, majority)
+    prompts = [r.prompt for r in data.validation]
+
+    def probabilities(model_file: Path) -> np.ndarray:
+        predictor = LengthPredictor(manifest, model_file, encoder, spec.eval_threads)
+        return predictor.probabilities(prompts)
+
+    fp32_probs = probabilities(fitted.model_file)
+    fp32 = validation_metrics(manifest, fp32_probs, data.validation, majority)
     if spec.kind != "minilm" or not spec.quantize or not data.validation:
-        return fitted.model_file, {"validation": fp32}
+        return _Chosen(fitted.model_file, {"validation": fp32}, fp32_probs)
     int8_file = fitted.model_file.with_name("model.int8.onnx")
     quantize_int8(fitted.model_file, int8_file, spec.int8_per_channel)
-    int8 = validation_metrics(
-        LengthPredictor(manifest, int8_file, encoder, spec.eval_threads), data.validation, majority
-    )
+    int8_probs = probabilities(int8_file)
+    int8 = validation_metrics(manifest, int8_probs, data.validation, majority)
     used = accept_quantized(fp32["all"]["accuracy"], int8["all"]["accuracy"])
     progress(
         f"int8: validation accuracy {int8['all']['accuracy']:.4f} vs fp32 "
         f"{fp32['all']['accuracy']:.4f} -> {'using int8' if used else 'keeping fp32'}"
     )
     quantization = {"used": used, "fp32": fp32["all"], "int8": int8["all"]}
-    return (int8_file if used else fitted.model_file), {
-        "validation": int8 if used else fp32,
-        "quantization": quantization,
-    }
+    if used:
+        return _Chosen(int8_file, {"validation": int8, "quantization": quantization}, int8_probs)
+    return _Chosen(
+        fitted.model_file, {"validation": fp32, "quantization": quantization}, fp32_probs
+    )
 
 
 def _fit_decision(
-    manifest: Manifest,
-    model_file: Path,
-    encoder: PromptEncoder,
+    scheme: BucketScheme,
+    probabilities: np.ndarray,
     validation: Sequence[LabeledRecord],
     majority: int,
-    threads: int,
 ) -> tuple[BucketDecision, dict[str, Any]]:
     """The named-bucket rule (predictor.decision) fitted on the validation split, with the
     validation accuracy before and after (the latter is on the rows it was fitted to)."""
     if not validation:
         return BucketDecision(majority), {}
-    predictor = LengthPredictor(manifest, model_file, encoder, threads)
-    probabilities = predictor.probabilities([r.prompt for r in validation])
-    truth = manifest.scheme.buckets_of([r.length for r in validation])
+    truth = scheme.buckets_of([r.length for r in validation])
     decision = fit_decision(probabilities, truth, majority)
     return decision, {
         **decision.to_json(),
@@ -243,11 +254,10 @@ def train_artifact(
             fingerprint,
         )
         majority = majority_bucket(scheme, lengths)
-        model_file, metrics = _choose_model(
-            spec, manifest, fitted, encoder, data, majority, progress
-        )
+        chosen = _choose_model(spec, manifest, fitted, encoder, data, majority, progress)
+        model_file, metrics = chosen.model_file, chosen.metrics
         decision, metrics["decision"] = _fit_decision(
-            manifest, model_file, encoder, data.validation, majority, spec.eval_threads
+            scheme, chosen.validation_probabilities, data.validation, majority
         )
         progress(f"named bucket: argmax, log-bias {decision.log_bias:+.2f} on bucket {majority}")
         info = {

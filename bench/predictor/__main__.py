@@ -82,9 +82,10 @@ def score_all(
                 ).to_json()
                 # What plain argmax would have named (the decision's bias was fitted on the
                 # validation split, never on these rows).
-                truth = scheme.buckets_of([r.length for r in records])
-                argmax = probabilities.argmax(axis=1)
-                row[model]["accuracy_argmax"] = float((argmax == truth).mean())
+                argmax = score_probabilities(
+                    probabilities, manifest.lengths, scheme, records, majority
+                )
+                row[model]["accuracy_argmax"] = argmax.accuracy
             row["mean"] = score_mean(scheme, train_lengths, records, majority).to_json()
             results[name][scheme_name] = row
     return results

@@ -27,13 +27,12 @@ import numpy as np
 
 from bench.common import markdown_table, write_results
 from bench.predictor.__main__ import DEFAULT_WORK_DIR
-from predictor.decision import BucketDecision
+from bench.predictor.report import MICO_ALPACA_ACCURACY
+from predictor.decision import BIAS_GRID, BucketDecision
 from predictor.prepare import prepare
 from predictor.runtime import LengthPredictor
 from predictor.train import add_data_arguments
 
-MICO_ACCURACY = 0.8537
-BIASES = np.round(np.arange(-4.0, 4.0001, 0.05), 2)
 TOP_FRACTIONS = (0.01, 0.02, 0.05, 0.10)
 TEST_SET = "alpaca_random"
 
@@ -45,10 +44,10 @@ def ceiling(
     fitted: BucketDecision,
 ) -> dict[str, Any]:
     """Accuracy of argmax, of the artifact's rule (`fitted` on validation), the best over
-    BIASES on these very labels, and where the model's non-zero answers and its
+    BIAS_GRID on these very labels, and where the model's non-zero answers and its
     longest-ranked prompts land."""
     accuracies = np.array(
-        [(BucketDecision(0, float(b)).apply(probabilities) == buckets).mean() for b in BIASES]
+        [(BucketDecision(0, float(b)).apply(probabilities) == buckets).mean() for b in BIAS_GRID]
     )
     best = int(accuracies.argmax())
     argmax = probabilities.argmax(axis=1)
@@ -59,7 +58,7 @@ def ceiling(
         "argmax_accuracy": float((argmax == buckets).mean()),
         "fitted_log_bias": fitted.log_bias,
         "fitted_accuracy": float((fitted.apply(probabilities) == buckets).mean()),
-        "best_bias": float(BIASES[best]),
+        "best_bias": float(BIAS_GRID[best]),
         "best_accuracy_tuned_on_test": float(accuracies[best]),
         "predicted_not_bucket0": int(away.sum()),
         "correct_when_not_bucket0": float((argmax[away] == buckets[away]).mean())
@@ -116,8 +115,8 @@ def report(rows: dict[str, dict[str, Any]]) -> str:
         for name, row in rows.items()
     ]
     return (
-        f"Test split: {TEST_SET}, scheme mico_n10_l1024; MICO reports {MICO_ACCURACY:.2%}.\n\n"
-        + markdown_table(header, table)
+        f"Test split: {TEST_SET}, scheme mico_n10_l1024; "
+        f"MICO reports {MICO_ALPACA_ACCURACY:.2%}.\n\n" + markdown_table(header, table)
     )
 
 
