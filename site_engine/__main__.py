@@ -31,9 +31,14 @@ log = logging.getLogger("site_engine")
 
 def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser = argparse.ArgumentParser(prog="python -m site_engine", description=__doc__)
-    parser.add_argument("--model", dest="model_dir", type=Path, help="transformers model dir")
+    parser.add_argument(
+        "--model",
+        dest="model_dir",
+        type=Path,
+        help="transformers model dir, a GGUF file, or a dir holding one (converted once, cached)",
+    )
     parser.add_argument("--tokenizer", dest="tokenizer_dir", type=Path)
-    parser.add_argument("--model-name", help="name the gateway routes by (default: dir name)")
+    parser.add_argument("--model-name", help="name the gateway routes by (default: its file name)")
     parser.add_argument("--site-name")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)

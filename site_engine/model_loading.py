@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from site_engine.engine.model_config import eos_token_ids, max_model_len
+from site_engine.gguf_import import GgufImportError, find_gguf, materialize
 from site_engine.tokenizer import load_tokenizer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,6 +40,17 @@ def _max_model_len(config: object) -> int:
         raise ModelLoadError(str(exc)) from exc
 
 
+def resolve_model_dir(path: Path) -> Path:
+    """A transformers directory as is; a GGUF file (or a directory holding one) converted once."""
+    if not path.exists():
+        raise ModelLoadError(f"{path} does not exist: expected a model directory or a GGUF file")
+    try:
+        gguf = find_gguf(path)
+        return materialize(gguf) if gguf is not None else path
+    except GgufImportError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
 def load_model(
     model_dir: Path,
     *,
@@ -46,7 +58,11 @@ def load_model(
     dtype: str = "float32",
     tokenizer_dir: Path | None = None,
 ) -> LoadedModel:
-    """Loads weights through transformers' own loading path (config.json + *.safetensors)."""
+    """Loads weights through transformers' own loading path (config.json + *.safetensors).
+
+    `model_dir` may also be a GGUF file or a directory holding one (see gguf_import).
+    """
+    model_dir = resolve_model_dir(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} has no config.json: not a transformers model directory")
     if dtype not in TORCH_DTYPES:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
+from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 
 DTYPES = ("float32", "bfloat16", "float16")
 POLICIES = tuple(sorted(POLICY_NAMES))
@@ -103,12 +104,21 @@ class SiteSettings:
         for name in ("tokenizer_dir", "tls_cert", "tls_key", "tls_client_ca"):
             if values.get(name) is not None:
                 values[name] = Path(values[name])
-        values.setdefault("model_name", values["model_dir"].name)
+        values.setdefault("model_name", default_model_name(values["model_dir"]))
         values.setdefault("site_name", values["model_name"])
         return cls(**values)
 
     def with_port(self, port: int) -> SiteSettings:
         return replace(self, port=port)
+
+
+def default_model_name(model_path: Path) -> str:
+    """The directory's name, or its GGUF file's name without the quantization suffix."""
+    try:
+        gguf = find_gguf(model_path)
+    except GgufImportError:
+        gguf = None  # the loader reports the ambiguity; a name is no place for it
+    return model_name_of(gguf) if gguf is not None else model_path.name
 
 
 def _convert(name: str, annotation: object, raw: str) -> Any:
