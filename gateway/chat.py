@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.api.chat_schemas import ChatCompletionRequest, ChatMessage
 from gateway.api.errors import invalid_request, model_not_found
-from gateway.chat_templates import ChatRenderError, ChatTemplates
+from gateway.chat_templates import ChatRenderError, ChatTemplates, NoChatTemplate
 from gateway.completions import CompletionService, Delivery, PreparedCompletion, Sampling
 from gateway.tokenizers import ModelTokenizers
 
@@ -155,6 +155,12 @@ class ChatService:
             raise invalid_request(
                 f"the chat template of model '{req.model}' refused these messages: {exc}",
                 param="messages",
+            ) from exc
+        except NoChatTemplate as exc:
+            raise invalid_request(
+                f"model '{req.model}' has no chat template (its tokenizer carries none and the "
+                "federation file names none): send a prompt to /v1/completions instead",
+                param="model",
             ) from exc
         prompt_ids = self._tokenizers.encode(req.model, prompt)
         if not prompt_ids:

@@ -5,7 +5,10 @@ Where a model's template comes from, first found wins:
 2. the tokenizer directory, as transformers reads it: `chat_template.jinja`, else the
    `chat_template` of `tokenizer_config.json` (a string, or a list of named templates of which
    "default" is used);
-3. ChatML (DEFAULT_CHAT_TEMPLATE), the format of Qwen and many other open chat models.
+3. none: the model serves /v1/completions only, and a chat request gets a 400 that says why.
+   A model without a template (a base model) has no conversation format; guessing one (say
+   ChatML) would serve answers the model was never trained to give. An operator who knows the
+   format names a Jinja file in the federation file.
 
 Templates are untrusted code (they come with downloaded models), so they run in Jinja's immutable
 sandbox with the same environment as transformers' chat templates: trim_blocks/lstrip_blocks,
@@ -30,13 +33,8 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from gateway.sites.config import ModelConfig
+from site_engine.tokenizer import CHATML_TEMPLATE as CHATML_TEMPLATE
 
-DEFAULT_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -49,6 +47,10 @@ class ChatTemplateError(ValueError):
 
 class ChatRenderError(ValueError):
     """The template refused the conversation (raise_exception) or failed on it."""
+
+
+class NoChatTemplate(LookupError):
+    """The model has no chat template: it serves completions only."""
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -201,16 +203,18 @@ def _read_text(path: Path) -> str:
         raise ChatTemplateError(f"cannot read chat template {path}: {exc}") from exc
 
 
-def load_chat_template(model: ModelConfig) -> ChatTemplate:
-    """The model's template (see the module docstring for the order); ChatTemplateError if a
-    configured one cannot be read or compiled."""
+def load_chat_template(model: ModelConfig) -> ChatTemplate | None:
+    """The model's template (see the module docstring for the order), None if it has none;
+    ChatTemplateError if a configured one cannot be read or compiled."""
     try:
         tokens = _special_tokens(model.tokenizer)
         if model.chat_template is not None:
             source, origin = _read_text(model.chat_template), str(model.chat_template)
         else:
             found = _tokenizer_template(model.tokenizer)
-            source, origin = found or (DEFAULT_CHAT_TEMPLATE, "default ChatML")
+            if found is None:
+                return None
+            source, origin = found
         return ChatTemplate.compile(source, origin, tokens)
     except ChatTemplateError as exc:
         raise ChatTemplateError(f"model {model.name!r}: {exc}") from exc
@@ -219,7 +223,7 @@ def load_chat_template(model: ModelConfig) -> ChatTemplate:
 class ChatTemplates:
     """Every served model's template, loaded and compiled once at start-up."""
 
-    def __init__(self, templates: Mapping[str, ChatTemplate]) -> None:
+    def __init__(self, templates: Mapping[str, ChatTemplate | None]) -> None:
         self._templates = dict(templates)
 
     @classmethod
@@ -227,7 +231,11 @@ class ChatTemplates:
         return cls({model.name: load_chat_template(model) for model in models})
 
     def __getitem__(self, model: str) -> ChatTemplate:
-        return self._templates[model]
+        """KeyError for an unknown model, NoChatTemplate for a model without a template."""
+        template = self._templates[model]
+        if template is None:
+            raise NoChatTemplate(model)
+        return template
 
     def __contains__(self, model: str) -> bool:
         return model in self._templates

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +25,8 @@ GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 DEFAULT_CACHE_DIR = Path("var/models")
 _DIGEST_CHUNK = 1 << 20
+# llama.cpp's quantization names: Q4_1, Q8_0, Q4_K_M, IQ2_XS, F16, BF16, F32 ...
+_QUANTIZATION = re.compile(r"(?:I?Q\d[\w]*|B?F(?:16|32))", re.IGNORECASE)
 
 
 class GgufImportError(RuntimeError):
@@ -55,7 +58,7 @@ def model_name_of(gguf: Path) -> str:
     """`SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct` (drops the quantization)."""
     stem = gguf.name[: -len(GGUF_SUFFIX)]
     base, _, quant = stem.rpartition(".")
-    return base if base and quant.upper().startswith(("Q", "F", "BF", "IQ")) else stem
+    return base if base and _QUANTIZATION.fullmatch(quant) else stem
 
 
 def _digest(path: Path) -> str:
@@ -99,7 +102,7 @@ def materialize(gguf: Path, cache_dir: Path | None = None) -> Path:
     if not gguf.is_file():
         raise GgufImportError(f"{gguf} does not exist")
     _check_header(gguf)
-    root = cache_dir or model_cache_dir()
+    root = (cache_dir or model_cache_dir()).resolve()
     target = root / f"{model_name_of(gguf)}-{_digest(gguf)[:16]}"
     if (target / "config.json").is_file():
         return target

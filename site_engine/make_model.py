@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from site_engine.tokenizer import load_tokenizer
+from site_engine.tokenizer import CHATML_TEMPLATE, load_tokenizer
 
 Arch = Literal["llama", "qwen2", "gpt2"]
 ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "gpt2")
@@ -74,6 +74,8 @@ def make_model_dir(
     model = build_random_model(config, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
+    # Saved like a chat model, so the gateway's chat API has a template to render with.
+    tokenizer.chat_template = CHATML_TEMPLATE
     tokenizer.save_pretrained(str(out))
     return out
 

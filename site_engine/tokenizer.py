@@ -16,6 +16,14 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBa
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 BpeFamily = Literal["gpt2", "qwen2"]
+# ChatML, the conversation format of Qwen, SmolLM and many other open chat models. The random
+# test models carry it (make_model.py); a real model brings its own template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 class TokenizerLoadError(RuntimeError):

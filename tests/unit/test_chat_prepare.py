@@ -13,7 +13,7 @@ from gateway.api.chat_schemas import decode_chat_request
 from gateway.api.errors import OpenAIError
 from gateway.api.schemas import CompletionRequest
 from gateway.chat import ChatService
-from gateway.chat_templates import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ChatTemplates
+from gateway.chat_templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
 from gateway.completions import CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.routing.policy import build_policy
@@ -49,7 +49,7 @@ def completions(tokenizers: ModelTokenizers) -> CompletionService:
 def chat(tokenizers: ModelTokenizers, completions: CompletionService) -> ChatService:
     templates = ChatTemplates(
         {
-            "m": ChatTemplate.compile(DEFAULT_CHAT_TEMPLATE, "default ChatML"),
+            "m": ChatTemplate.compile(CHATML_TEMPLATE, "default ChatML"),
             "strict": ChatTemplate.compile(STRICT, "test"),
         }
     )

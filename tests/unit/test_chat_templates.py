@@ -10,11 +10,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from gateway.chat_templates import (
-    DEFAULT_CHAT_TEMPLATE,
+    CHATML_TEMPLATE,
     ChatRenderError,
     ChatTemplate,
     ChatTemplateError,
     ChatTemplates,
+    NoChatTemplate,
     load_chat_template,
 )
 from gateway.sites.config import ModelConfig, parse_federation
@@ -79,6 +80,12 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: 
     return out
 
 
+def must_load(model: ModelConfig) -> ChatTemplate:
+    template = load_chat_template(model)
+    assert template is not None, f"{model.name} should have a template"
+    return template
+
+
 def with_template(base: Path, tmp_path: Path, template: object) -> Path:
     directory = tmp_path / "with-template"
     directory.mkdir()
@@ -91,13 +98,13 @@ def with_template(base: Path, tmp_path: Path, template: object) -> Path:
 
 
 @pytest.mark.parametrize("chat", CHATS.values(), ids=CHATS.keys())
-@pytest.mark.parametrize("template", [QWEN2, LLAMA3, FEATURES, DEFAULT_CHAT_TEMPLATE])
+@pytest.mark.parametrize("template", [QWEN2, LLAMA3, FEATURES, CHATML_TEMPLATE])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_rendering_matches_transformers(
     tokenizer_dir, tmp_path, template, chat, add_generation_prompt
 ) -> None:
     directory = with_template(tokenizer_dir, tmp_path, template)
-    ours = load_chat_template(ModelConfig("m", directory))
+    ours = must_load(ModelConfig("m", directory))
     reference = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
         chat, tokenize=False, add_generation_prompt=add_generation_prompt
     )
@@ -107,7 +114,7 @@ def test_rendering_matches_transformers(
 
 def test_mistral_template_alternation_is_enforced_like_transformers(tokenizer_dir, tmp_path):
     directory = with_template(tokenizer_dir, tmp_path, MISTRAL)
-    ours = load_chat_template(ModelConfig("m", directory))
+    ours = must_load(ModelConfig("m", directory))
     chat = CHATS["multi-turn"]
     expected = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
         chat, tokenize=False
@@ -118,24 +125,31 @@ def test_mistral_template_alternation_is_enforced_like_transformers(tokenizer_di
         ours.render(CHATS["system"])
 
 
-def test_the_default_is_chatml(tokenizer_dir) -> None:
-    template = load_chat_template(ModelConfig("m", tokenizer_dir))
-    assert template.origin == "default ChatML"
+def test_no_template_means_no_chat(tokenizer_dir, gpt2_tokenizer_dir: Path) -> None:
+    """Nothing is guessed: a model without a template serves completions only."""
+    assert load_chat_template(ModelConfig("m", tokenizer_dir)) is None
+    assert load_chat_template(ModelConfig("m", gpt2_tokenizer_dir)) is None
+    templates = ChatTemplates.load([ModelConfig("m", tokenizer_dir)])
+    assert "m" in templates
+    with pytest.raises(NoChatTemplate):
+        templates["m"]
+    with pytest.raises(KeyError):
+        templates["other"]
+
+
+def test_chatml_renders_as_documented(tokenizer_dir, tmp_path) -> None:
+    template = must_load(ModelConfig("m", with_template(tokenizer_dir, tmp_path, CHATML_TEMPLATE)))
+    assert template is not None
     assert template.render(CHATS["system"]) == (
         "<|im_start|>system\nBe terse.<|im_end|>\n"
         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
+    assert template.special_tokens["bos_token"] == "<|endoftext|>"
 
 
-def test_raw_bpe_directories_get_chatml(gpt2_tokenizer_dir: Path) -> None:
-    template = load_chat_template(ModelConfig("m", gpt2_tokenizer_dir))
-    assert template.source == DEFAULT_CHAT_TEMPLATE
-    assert template.special_tokens["bos_token"] == ""
-
-
-def test_special_tokens_come_from_the_tokenizer_files(tokenizer_dir) -> None:
-    template = load_chat_template(ModelConfig("m", tokenizer_dir))
+def test_special_tokens_come_from_the_tokenizer_files(tokenizer_dir, tmp_path) -> None:
+    template = must_load(ModelConfig("m", with_template(tokenizer_dir, tmp_path, CHATML_TEMPLATE)))
     assert template.special_tokens["bos_token"] == "<|endoftext|>"
     assert template.special_tokens["eos_token"] == "<|endoftext|>"
 
@@ -143,12 +157,12 @@ def test_special_tokens_come_from_the_tokenizer_files(tokenizer_dir) -> None:
 def test_precedence_configured_file_then_jinja_file_then_config(tokenizer_dir, tmp_path) -> None:
     directory = with_template(tokenizer_dir, tmp_path, "config:{{ messages[0].content }}")
     model = ModelConfig("m", directory)
-    assert load_chat_template(model).render(CHATS["single"]).startswith("config:")
+    assert must_load(model).render(CHATS["single"]).startswith("config:")
     (directory / "chat_template.jinja").write_text("jinja:{{ messages[0].content }}")
-    assert load_chat_template(model).render(CHATS["single"]).startswith("jinja:")
+    assert must_load(model).render(CHATS["single"]).startswith("jinja:")
     configured = tmp_path / "mine.jinja"
     configured.write_text("mine:{{ messages[0].content }}{{ eos_token }}")
-    mine = load_chat_template(ModelConfig("m", directory, configured))
+    mine = must_load(ModelConfig("m", directory, configured))
     assert mine.render(CHATS["single"]) == "mine:" + CHATS["single"][0]["content"] + "<|endoftext|>"
     assert mine.origin == str(configured)
 
@@ -159,7 +173,7 @@ def test_named_templates_use_default(tokenizer_dir, tmp_path) -> None:
         {"name": "default", "template": "plain:{{ messages | length }}"},
     ]
     directory = with_template(tokenizer_dir, tmp_path, named)
-    assert load_chat_template(ModelConfig("m", directory)).render(CHATS["system"]) == "plain:2"
+    assert must_load(ModelConfig("m", directory)).render(CHATS["system"]) == "plain:2"
 
 
 @pytest.mark.parametrize(

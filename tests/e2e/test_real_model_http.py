@@ -1,0 +1,123 @@
+"""A real instruct model through the public API: two sites serving SmolLM2-135M-Instruct from
+its GGUF file (`--model file.gguf`), the gateway rendering chats with the template that came
+inside that file, and answers that end at the model's own EOS."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.launch import LaunchError, ManagedProcess, spawn_site, start_gateway
+from gateway.launch import wait_until_serving as wait_serving
+from tests.e2e.conftest import SITE_PLACES
+
+pytestmark = pytest.mark.slow
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def real_federation(
+    smollm2_gguf: Path, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    work = tmp_path_factory.mktemp("real-model")
+    # The sites find the converted directory that the smollm2_dir fixture made (same cache).
+    env = {"FEDLLM_MODEL_CACHE": str(smollm2_dir.parent)}
+    names = ["aws-use1", "gcp-euw4"]
+    sites = [
+        spawn_site(model_dir=smollm2_gguf, site_name=name, model_name=MODEL, log_dir=work, env=env)
+        for name in names
+    ]
+    processes: list[ManagedProcess] = list(sites)
+    try:
+        for site in sites:
+            wait_serving(site, timeout_s=180)
+        federation = work / "federation.json"
+        entries = [
+            {
+                "name": name,
+                "cloud": SITE_PLACES[name][0],
+                "region": SITE_PLACES[name][1],
+                "endpoint": f"127.0.0.1:{site.port}",
+                "model": MODEL,
+            }
+            for name, site in zip(names, sites, strict=True)
+        ]
+        models = [{"name": MODEL, "tokenizer": str(smollm2_dir)}]
+        federation.write_text(json.dumps({"models": models, "sites": entries}))
+        gateway = start_gateway(
+            federation_file=federation,
+            database_url=f"sqlite+aiosqlite:///{work / 'gateway.db'}",
+            log_dir=work,
+            expect_healthy_sites=2,
+            env={"GATEWAY_ROUTING_POLICY": "mico"},
+        )
+        processes.append(gateway)
+        yield f"http://127.0.0.1:{gateway.port}"
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
+def test_chat_answers_for_real_and_stops_at_eos(real_federation: str) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    response = httpx.post(f"{real_federation}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    choice = answer["choices"][0]
+    assert "Paris" in choice["message"]["content"]
+    assert choice["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] < 64
+    assert "<|im_end|>" not in choice["message"]["content"]
+
+
+def test_models_list_the_gguf_model(real_federation: str) -> None:
+    response = httpx.get(f"{real_federation}/v1/models", timeout=10)
+    assert [m["id"] for m in response.json()["data"]] == [MODEL]
+
+
+def test_a_prompt_longer_than_the_context_is_refused(real_federation: str) -> None:
+    body = {"model": MODEL, "prompt": "hello " * 9000, "max_tokens": 16}
+    response = httpx.post(f"{real_federation}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "8192" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"not a model at all", "is not a GGUF file"),
+        (None, "could not be read as a model"),  # the real file, truncated
+    ],
+    ids=["not-gguf", "truncated"],
+)
+def test_a_broken_gguf_stops_the_site_with_a_clear_error(
+    smollm2_gguf: Path, tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    broken = tmp_path / "broken.Q4_1.gguf"
+    with smollm2_gguf.open("rb") as handle:
+        broken.write_bytes(content if content is not None else handle.read(1 << 20))
+    site = spawn_site(
+        model_dir=broken,
+        site_name="broken",
+        model_name="broken",
+        log_dir=tmp_path,
+        env={"FEDLLM_MODEL_CACHE": str(tmp_path / "cache")},
+    )
+    try:
+        with pytest.raises(LaunchError, match=says):
+            wait_serving(site, timeout_s=120)
+    finally:
+        site.stop()
+    # Nothing half-converted is left for a later start to trust.
+    assert not any((tmp_path / "cache").glob("*/config.json"))
