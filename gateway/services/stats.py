@@ -48,3 +48,31 @@ async def site_totals(sessions: async_sessionmaker[AsyncSession]) -> list[SiteTo
     async with sessions() as session:
         rows = (await session.execute(query)).all()
     return [SiteTotals(*(row[:3]), *(int(v) for v in row[3:])) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionPair:
+    site: str
+    predicted_tokens: int
+    completion_tokens: int
+
+
+async def prediction_pairs(sessions: async_sessionmaker[AsyncSession]) -> list[PredictionPair]:
+    """Completed requests that carried a length prediction: predicted vs actual answer tokens."""
+    query = (
+        select(Site.name, InferenceRequest.predicted_tokens, InferenceRequest.completion_tokens)
+        .join(Site, InferenceRequest.site_id == Site.id)
+        .where(
+            InferenceRequest.status == RequestStatus.COMPLETED,
+            InferenceRequest.predicted_tokens.is_not(None),
+            InferenceRequest.completion_tokens.is_not(None),
+        )
+        .order_by(InferenceRequest.created_at)
+    )
+    async with sessions() as session:
+        rows = (await session.execute(query)).all()
+    return [
+        PredictionPair(name, predicted, actual)
+        for name, predicted, actual in rows
+        if predicted is not None and actual is not None  # the query's filter, for the types
+    ]

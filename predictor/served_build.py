@@ -1,0 +1,112 @@
+"""The served model's predictor: trained on that model's own answer lengths (a label directory
+made by predictor.label_served), built once and reused, like the default artifact.
+
+    python -m predictor.served_build [--labels predictor/labels/smollm2-135m-instruct] \
+        [--out var/predictor/smollm2-135m-instruct] [--data-dir D] [--force]
+
+Splits are the usual ones (SHA-256 of the prompt: train 80% / validation 10% / test 10%), so a
+prompt never trains the model that is scored on it. An answer that ran to `max_tokens` is kept
+at that length: it is what serving it cost, and what routing must plan for (a greedy loop of a
+small model is the commonest such answer; see the README's "Served-model labels"). The buckets
+follow the served model's own length distribution (quantiles of the training answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from predictor.datasets import DatasetError, load_corpus
+from predictor.finetune import FinetuneConfig
+from predictor.prepare import LabeledRecord, split_of, training_fingerprint
+from predictor.served_labels import LabelFileError, join_records, read_labels, read_manifest
+from predictor.training import TrainingSet, TrainSpec, reusable_artifact, train_artifact
+
+_REPO = Path(__file__).resolve().parent.parent
+DEFAULT_LABELS = _REPO / "predictor" / "labels" / "smollm2-135m-instruct"
+DEFAULT_OUT = _REPO / "var" / "predictor" / "smollm2-135m-instruct"
+# The CPU default's model on fewer prompts: the demo trains it on a fresh machine, within its
+# few minutes on two cores.
+SERVED_SPEC = TrainSpec("minilm", "quantile_n10", replace(FinetuneConfig(), max_train=10_000))
+
+
+def served_records(
+    labels_dir: Path, data_dir: str | Path | None = None
+) -> dict[str, list[LabeledRecord]]:
+    """Labelled prompts by split ("train", "validation", "test"), lengths in served tokens."""
+    manifest = read_manifest(labels_dir)
+    labels = read_labels(labels_dir)
+    if not labels:
+        raise LabelFileError(f"{labels_dir} holds no labels yet: run predictor.label_served")
+    splits: dict[str, list[LabeledRecord]] = {"train": [], "validation": [], "test": []}
+    for corpus in manifest.corpora:
+        records = load_corpus(corpus, data_dir)  # type: ignore[arg-type]
+        for record, label in join_records(records, labels):
+            labeled = LabeledRecord(
+                f"{record.corpus}:{record.index}", record.corpus, record.prompt, label.answer_tokens
+            )
+            splits[split_of(record.prompt)].append(labeled)
+    return splits
+
+
+def build_served_predictor(
+    out: Path = DEFAULT_OUT,
+    labels_dir: Path = DEFAULT_LABELS,
+    data_dir: str | Path | None = None,
+    force: bool = False,
+    spec: TrainSpec = SERVED_SPEC,
+) -> Path:
+    """Trains (or reuses) the artifact at `out` from the labels; its manifest names the model."""
+
+    def progress(message: str) -> None:
+        print(message, flush=True)
+
+    model = read_manifest(labels_dir).model
+    splits = served_records(labels_dir, data_dir)
+    existing = (
+        None if force else reusable_artifact(out, spec, training_fingerprint(splits["train"]))
+    )
+    if existing is not None:
+        progress(f"reusing {existing.version} at {out}: same {model} labels and configuration")
+        return out
+    source = {
+        "served_model": model,
+        "labels": str(labels_dir),
+        "length_unit": f"{model} tokens (its own greedy answers, EOS included)",
+        "splits": "sha256(prompt) -> train 80% / validation 10% / test 10%",
+    }
+    progress(f"training the {model} length predictor on {len(splits['train'])} labelled prompts")
+    train_artifact(
+        spec,
+        TrainingSet(splits["train"], splits["validation"], source),
+        out,
+        training_info={"served_model": model},
+        progress=progress,
+    )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m predictor.served_build",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--force", action="store_true", help="retrain even if reusable")
+    args = parser.parse_args(argv)
+    try:
+        build_served_predictor(args.out, args.labels, args.data_dir, args.force)
+    except (LabelFileError, DatasetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
