@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,8 +51,12 @@ class GatewaySettings:
     # dashboard's session cookie derived from it). Unset: those endpoints refuse everyone.
     admin_token: str | None = None
     # Client APIs answer 401 without a live API key (keys are made through the admin API). Off,
-    # callers without a key are served anonymously; a key that is sent is still checked.
+    # callers without a key are served anonymously; a key that is sent is still checked. Read
+    # from the environment it defaults to on for any non-loopback host: a keyless caller would
+    # otherwise escape every limit its key carries.
     require_api_keys: bool = False
+    # The explicit, loud override for serving a non-loopback address without keys.
+    allow_open_access: bool = False
     # A length-predictor artifact to serve when the database names no active version. Without
     # either, the gateway runs in fallback mode: no predictions, engines plan with max_tokens.
     predictor_dir: Path | None = None
@@ -124,10 +129,17 @@ class GatewaySettings:
             )
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise SettingsError("GATEWAY_ADMIN_TOKEN must be at least 16 characters")
+        if not (self.require_api_keys or self.allow_open_access or is_loopback(self.host)):
+            raise SettingsError(
+                f"GATEWAY_HOST={self.host} is not a loopback address, so clients must present "
+                "API keys: set GATEWAY_REQUIRE_API_KEYS=true (with GATEWAY_ADMIN_TOKEN), or "
+                "GATEWAY_ALLOW_OPEN_ACCESS=true to serve anyone without a key"
+            )
         if self.require_api_keys and self.admin_token is None:
             raise SettingsError(
                 "GATEWAY_REQUIRE_API_KEYS needs GATEWAY_ADMIN_TOKEN: keys are created through "
-                "the admin API"
+                "the admin API (GATEWAY_REQUIRE_API_KEYS is on by default when GATEWAY_HOST is "
+                "not loopback; GATEWAY_ALLOW_OPEN_ACCESS=true serves without keys)"
             )
         tls = {
             "GATEWAY_SITE_TLS_CA": self.site_tls_ca,
@@ -168,10 +180,12 @@ class GatewaySettings:
             )
         reader = _EnvReader(env)
         defaults = cls(federation_file=Path(federation))
+        host = reader.text("HOST", defaults.host)
+        allow_open_access = reader.boolean("ALLOW_OPEN_ACCESS", defaults.allow_open_access)
         return cls(
             federation_file=Path(federation),
             database_url=reader.text("DATABASE_URL", defaults.database_url),
-            host=reader.text("HOST", defaults.host),
+            host=host,
             port=reader.integer("PORT", defaults.port),
             routing_policy=reader.text("ROUTING_POLICY", defaults.routing_policy),
             plan_without_prediction=cast(
@@ -190,7 +204,10 @@ class GatewaySettings:
             site_tls_cert=reader.path("SITE_TLS_CERT"),
             site_tls_key=reader.path("SITE_TLS_KEY"),
             admin_token=env.get("GATEWAY_ADMIN_TOKEN") or None,
-            require_api_keys=reader.boolean("REQUIRE_API_KEYS", defaults.require_api_keys),
+            require_api_keys=reader.boolean(
+                "REQUIRE_API_KEYS", not (is_loopback(host) or allow_open_access)
+            ),
+            allow_open_access=allow_open_access,
             predictor_dir=reader.path("PREDICTOR_DIR"),
             predictor_poll_s=reader.number("PREDICTOR_POLL_S", defaults.predictor_poll_s),
             collect_samples=reader.boolean("COLLECT_SAMPLES", defaults.collect_samples),
@@ -228,6 +245,16 @@ class GatewaySettings:
             ),
             idempotency_ttl_s=reader.number("IDEMPOTENCY_TTL_S", defaults.idempotency_ttl_s),
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (a name other than localhost counts as open)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)

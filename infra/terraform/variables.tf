@@ -158,8 +158,8 @@ variable "gateway" {
     error_message = "gateway.routing_policy must be round_robin, least_requests, least_tokens or mico."
   }
   validation {
-    condition     = alltrue([for key, value in var.gateway.settings : can(regex("^GATEWAY_[A-Z0-9_]+$", key)) && !contains(["GATEWAY_DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_FEDERATION_FILE", "GATEWAY_ROUTING_POLICY", "GATEWAY_PREDICTOR_DIR", "GATEWAY_ADMIN_TOKEN", "GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY"], key)])
-    error_message = "gateway.settings: GATEWAY_* names other than those the deployment sets itself (database URL, host, port, federation file, routing policy, predictor dir, admin token, site TLS files)."
+    condition     = alltrue([for key, value in var.gateway.settings : can(regex("^GATEWAY_[A-Z0-9_]+$", key)) && !contains(["GATEWAY_DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_FEDERATION_FILE", "GATEWAY_ROUTING_POLICY", "GATEWAY_PREDICTOR_DIR", "GATEWAY_ADMIN_TOKEN", "GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY", "GATEWAY_REQUIRE_API_KEYS", "GATEWAY_ALLOW_OPEN_ACCESS"], key)])
+    error_message = "gateway.settings: GATEWAY_* names other than those the deployment sets itself (database URL, host, port, federation file, routing policy, predictor dir, admin token, site TLS files, API keys required)."
   }
   validation {
     condition     = var.gateway.predictor_dir == null || startswith(coalesce(var.gateway.predictor_dir, "-"), "/srv/fedllm/predictor/")
