@@ -27,6 +27,7 @@ from gateway.db.models import RequestStatus, utcnow
 from gateway.services.request_log import NewSample, Outcome
 from gateway.sites.client import (
     GenerateParams,
+    SiteBusy,
     SiteCallError,
     SiteChunk,
     SiteFailed,
@@ -215,7 +216,8 @@ class Dispatch:
                             return
             except SiteUnavailable as exc:
                 self.failed.add(self.site.name)
-                self.site.mark_unhealthy(exc.detail)
+                if not isinstance(exc, SiteBusy):  # a full queue is no sign of ill health
+                    self.site.mark_unhealthy(exc.detail)
                 self.service.metrics.failovers.labels(self.site.name).inc()
                 log.warning("%s; moving %s elsewhere", exc, self.prepared.request_id)
             except SiteRejected as exc:

@@ -99,8 +99,8 @@ variable "sites" {
     error_message = "sites: zone is required on gcp (<region>-a); on aws it is <region><letter>, on azure \"1\", \"2\" or \"3\"; both optional."
   }
   validation {
-    condition     = alltrue([for site in values(var.sites) : alltrue([for key, value in site.settings : contains(["SITE_DEVICE", "SITE_DTYPE", "SITE_MAX_NUM_SEQS", "SITE_MAX_NUM_BATCHED_TOKENS", "SITE_BLOCK_SIZE", "SITE_KV_CACHE_MIB", "SITE_POLICY", "SITE_LOAD_REPORT_INTERVAL_MS", "SITE_TORCH_THREADS"], key) && !can(regex("[\n\r'\"]", value))])])
-    error_message = "sites: settings keys are engine settings (SITE_DEVICE, SITE_DTYPE, SITE_MAX_NUM_SEQS, SITE_MAX_NUM_BATCHED_TOKENS, SITE_BLOCK_SIZE, SITE_KV_CACHE_MIB, SITE_POLICY, SITE_LOAD_REPORT_INTERVAL_MS, SITE_TORCH_THREADS) with single-line values; names, model and port come from the site map."
+    condition     = alltrue([for site in values(var.sites) : alltrue([for key, value in site.settings : contains(["SITE_DEVICE", "SITE_DTYPE", "SITE_MAX_NUM_SEQS", "SITE_MAX_NUM_BATCHED_TOKENS", "SITE_BLOCK_SIZE", "SITE_KV_CACHE_MIB", "SITE_POLICY", "SITE_LOAD_REPORT_INTERVAL_MS", "SITE_TORCH_THREADS", "SITE_MAX_QUEUED_REQUESTS"], key) && !can(regex("[\n\r'\"]", value))])])
+    error_message = "sites: settings keys are engine settings (SITE_DEVICE, SITE_DTYPE, SITE_MAX_NUM_SEQS, SITE_MAX_NUM_BATCHED_TOKENS, SITE_BLOCK_SIZE, SITE_KV_CACHE_MIB, SITE_POLICY, SITE_LOAD_REPORT_INTERVAL_MS, SITE_TORCH_THREADS, SITE_MAX_QUEUED_REQUESTS) with single-line values; names, model and port come from the site map."
   }
   validation {
     condition = length(distinct(flatten([
