@@ -50,6 +50,9 @@ class GatewaySettings:
     # The operator credential for /admin, the admin API and /metrics (Bearer token, or the
     # dashboard's session cookie derived from it). Unset: those endpoints refuse everyone.
     admin_token: str | None = None
+    # The OpenAPI UI pages (Swagger, ReDoc, ...) load scripts from third-party CDNs on the admin
+    # cookie's origin: off unless asked for. The schema itself (/schema/openapi.json) is served.
+    openapi_ui: bool = False
     # Client APIs answer 401 without a live API key (keys are made through the admin API). Off,
     # callers without a key are served anonymously; a key that is sent is still checked. Read
     # from the environment it defaults to on for any non-loopback host: a keyless caller would
@@ -204,6 +207,7 @@ class GatewaySettings:
             site_tls_cert=reader.path("SITE_TLS_CERT"),
             site_tls_key=reader.path("SITE_TLS_KEY"),
             admin_token=env.get("GATEWAY_ADMIN_TOKEN") or None,
+            openapi_ui=reader.boolean("OPENAPI_UI", defaults.openapi_ui),
             require_api_keys=reader.boolean(
                 "REQUIRE_API_KEYS", not (is_loopback(host) or allow_open_access)
             ),

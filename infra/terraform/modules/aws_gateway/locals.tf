@@ -17,5 +17,6 @@ locals {
     # A public endpoint: every client request carries a live API key (docs/security.md).
     GATEWAY_REQUIRE_API_KEYS = "true"
   })
-  admin_paths = ["/admin", "/admin/*", "/metrics"]
+  # Litestar strips a trailing slash when it routes, so "/metrics/" is the metrics page too.
+  admin_paths = ["/admin", "/admin/*", "/metrics", "/metrics/*"]
 }
