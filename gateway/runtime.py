@@ -25,6 +25,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.offload import OffloadCoordinator
 from gateway.predictor_lifecycle import follow_registry, start_predictor
 from gateway.routing.policy import build_policy
+from gateway.services.admin_sessions import AdminSessionStore
 from gateway.services.idempotency import IdempotencyStore
 from gateway.services.predictor_registry import PredictorRegistry
 from gateway.services.request_log import RequestLog
@@ -74,6 +75,8 @@ class GatewayRuntime:
     idempotency: Idempotency = field(init=False)
     # Operators' drains of sites (gateway/drain.py).
     drainer: SiteDrainer = field(init=False)
+    # The dashboard's sign-ins, revocable on every gateway of the database (api/admin_auth.py).
+    admin_sessions: AdminSessionStore = field(init=False)
 
     @classmethod
     async def start(cls, settings: GatewaySettings) -> GatewayRuntime:
@@ -160,6 +163,7 @@ class GatewayRuntime:
         runtime.idempotency = Idempotency(
             IdempotencyStore(sessions), settings.idempotency_ttl_s, settings.request_timeout_s
         )
+        runtime.admin_sessions = AdminSessionStore(sessions)
         runtime.drainer = SiteDrainer(registry, settings.offload_interval_s)
         runtime._tasks.append(asyncio.create_task(runtime.drainer.run(), name="site-drain"))
         runtime.batches = BatchService.build(settings, sessions, completions, registry)

@@ -50,6 +50,8 @@ class GatewaySettings:
     # The operator credential for /admin, the admin API and /metrics (Bearer token, or the
     # dashboard's session cookie derived from it). Unset: those endpoints refuse everyone.
     admin_token: str | None = None
+    # A dashboard sign-in ends this long after it began, checked on the server.
+    admin_session_ttl_s: float = 12 * 3600.0
     # The OpenAPI UI pages (Swagger, ReDoc, ...) load scripts from third-party CDNs on the admin
     # cookie's origin: off unless asked for. The schema itself (/schema/openapi.json) is served.
     openapi_ui: bool = False
@@ -123,6 +125,7 @@ class GatewaySettings:
             "predictor_poll_s",
             "load_report_stale_s",
             "offload_interval_s",
+            "admin_session_ttl_s",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
@@ -207,6 +210,7 @@ class GatewaySettings:
             site_tls_cert=reader.path("SITE_TLS_CERT"),
             site_tls_key=reader.path("SITE_TLS_KEY"),
             admin_token=env.get("GATEWAY_ADMIN_TOKEN") or None,
+            admin_session_ttl_s=reader.number("ADMIN_SESSION_TTL_S", defaults.admin_session_ttl_s),
             openapi_ui=reader.boolean("OPENAPI_UI", defaults.openapi_ui),
             require_api_keys=reader.boolean(
                 "REQUIRE_API_KEYS", not (is_loopback(host) or allow_open_access)
