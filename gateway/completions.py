@@ -79,7 +79,7 @@ class Admission(Protocol):
     @property
     def api_key_id(self) -> int | None: ...
 
-    def charge(self, tokens: int) -> None: ...
+    def charge(self, tokens: int, most_tokens: int) -> None: ...
 
     def settle(self, tokens: int) -> None: ...
 
@@ -284,7 +284,10 @@ class CompletionService:
                 predicted_bucket=prediction.bucket,
             )
         if admission is not None:
-            admission.charge(prepared.routing.total_tokens)
+            routing = prepared.routing
+            most = routing.prompt_tokens + routing.max_tokens
+            # ignore_eos answers run to max_tokens whatever was predicted: charged as such.
+            admission.charge(most if prepared.params.ignore_eos else routing.total_tokens, most)
         decision = self._policy.route(prepared.routing, self._registry.all())
         site = decision.site
         self.metrics.routed(self._policy.name, site.name if site is not None else None)

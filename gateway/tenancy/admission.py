@@ -61,8 +61,13 @@ class KeyAdmission:
     def api_key_id(self) -> int:
         return self.key.id
 
-    def charge(self, tokens: int) -> None:
-        """Takes one request and `tokens` from the key's budget, or raises 429."""
+    def charge(self, tokens: int, most_tokens: int) -> None:
+        """Takes one request and `tokens` from the key's budget, or raises 429. A request that
+        could take more than a whole minute's budget (`most_tokens`: prompt + max_tokens) is
+        refused outright: one request may not outrun its key's limit, whatever was predicted."""
+        limit = self.key.limits.tokens_per_minute
+        if limit is not None and most_tokens > limit:
+            raise rate_limited(self.key, Refusal("tokens", limit, 0, most_tokens, None))
         outcome = self.limiter.admit(self.key.id, self.key.limits, 1, tokens)
         if isinstance(outcome, Refusal):
             raise rate_limited(self.key, outcome)
