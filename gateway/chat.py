@@ -156,6 +156,7 @@ class ChatService:
                 f"the chat template of model '{req.model}' refused these messages: {exc}",
                 param="messages",
             ) from exc
+        self._completions.check_prompt_chars(req.model, prompt, "messages")
         prompt_ids = self._tokenizers.encode(req.model, prompt)
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")

@@ -231,6 +231,19 @@ class CompletionService:
             unpredicted=self.settings.plan_without_prediction,
         )
 
+    def check_prompt_chars(self, model: str, text: str, param: str) -> None:
+        """400 for a prompt that cannot fit the model's context whatever its tokens, before it
+        is tokenized (tokenizing runs on the event loop: ~1 s per MiB held every stream)."""
+        context = self._registry.max_model_len(model)
+        most = None if context is None else context * self.settings.max_prompt_chars_per_token
+        if most is not None and len(text) > most:
+            raise invalid_request(
+                f"This model's maximum context length is {context} tokens; a prompt of "
+                f"{len(text)} characters cannot fit (at most {most} are read).",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
         prompt = req.prompt
         if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
@@ -241,6 +254,7 @@ class CompletionService:
                 )
             prompt = prompt[0]  # type: ignore[assignment]
         if isinstance(prompt, str):
+            self.check_prompt_chars(req.model, prompt, "prompt")
             ids, text = self._tokenizers.encode(req.model, prompt), prompt
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = [int(t) for t in prompt]  # type: ignore[arg-type]

@@ -37,6 +37,9 @@ class GatewaySettings:
     # Upper bound on one completion, end to end.
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
+    # A prompt longer than this many characters per token of the model's context is refused
+    # before it is tokenized: it cannot fit, and tokenizing it would hold the event loop.
+    max_prompt_chars_per_token: int = 32
     default_max_tokens: int = 16
     # Prompts reach the logs only with log_prompts on; API keys, the admin token and TLS keys
     # never do (docs/security.md).
@@ -159,6 +162,8 @@ class GatewaySettings:
             raise SettingsError(
                 f"GATEWAY_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
             )
+        if self.max_prompt_chars_per_token < 1:
+            raise SettingsError("GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN must be >= 1")
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
             raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
         for name in ("batch_max_items", "batch_site_concurrency", "batch_max_attempts"):
@@ -204,6 +209,9 @@ class GatewaySettings:
             request_timeout_s=reader.number("REQUEST_TIMEOUT_S", defaults.request_timeout_s),
             max_body_bytes=reader.integer("MAX_BODY_BYTES", defaults.max_body_bytes),
             default_max_tokens=reader.integer("DEFAULT_MAX_TOKENS", defaults.default_max_tokens),
+            max_prompt_chars_per_token=reader.integer(
+                "MAX_PROMPT_CHARS_PER_TOKEN", defaults.max_prompt_chars_per_token
+            ),
             log_prompts=reader.boolean("LOG_PROMPTS", defaults.log_prompts),
             log_level=reader.text("LOG_LEVEL", defaults.log_level),
             site_tls_ca=reader.path("SITE_TLS_CA"),
