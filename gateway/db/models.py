@@ -359,6 +359,8 @@ class ApiKey(Base):
     # Per-minute limits; null is unlimited.
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
+    # Requests of the key in flight at once (per gateway); null is unlimited.
+    max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 

@@ -10,10 +10,12 @@ not settled: its items run later, outside the window that charge counts in.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.api.errors import OpenAIError
+from gateway.tenancy.concurrency import InFlightCounter, Slot
 from gateway.tenancy.keys import DISPLAY_PREFIX_CHARS, KEY_SCHEME, KeyRecord, KeyService
 from gateway.tenancy.limiter import Charge, Refusal, SlidingWindowLimiter
 
@@ -49,13 +51,26 @@ def bearer_credential(authorization: str | None) -> str | None:
     return credential if scheme.lower() == "bearer" and credential else None
 
 
-@dataclass(slots=True)
+def too_many_in_flight(key: KeyRecord, limit: int) -> OpenAIError:
+    return OpenAIError(
+        429,
+        f"API key {key.prefix}... ('{key.name}') has {limit} requests in flight, its limit; "
+        "retry when one ends",
+        type="requests",
+        code="concurrency_limit_exceeded",
+        retry_after_s=1,
+    )
+
+
+@dataclass(slots=True, weakref_slot=True)
 class KeyAdmission:
     """One request's hold on its key's limits (CompletionService.dispatch's Admission)."""
 
     limiter: SlidingWindowLimiter
     key: KeyRecord
+    in_flight: InFlightCounter | None = None
     _charge: Charge | None = None
+    _slot: Slot | None = None
 
     @property
     def api_key_id(self) -> int:
@@ -68,14 +83,26 @@ class KeyAdmission:
         limit = self.key.limits.tokens_per_minute
         if limit is not None and most_tokens > limit:
             raise rate_limited(self.key, Refusal("tokens", limit, 0, most_tokens, None))
+        cap = self.key.max_concurrent_requests
+        if self.in_flight is not None:
+            if not self.in_flight.try_enter(self.key.id, cap):
+                raise too_many_in_flight(self.key, cap or 0)
+            self._slot = Slot(self.in_flight, self.key.id)
+            weakref.finalize(self, self._slot.release)
         outcome = self.limiter.admit(self.key.id, self.key.limits, 1, tokens)
         if isinstance(outcome, Refusal):
+            self._release()
             raise rate_limited(self.key, outcome)
         self._charge = outcome
 
     def settle(self, tokens: int) -> None:
+        self._release()
         if self._charge is not None:
             self.limiter.settle(self._charge, tokens)
+
+    def _release(self) -> None:
+        if self._slot is not None:
+            self._slot.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +118,9 @@ class Caller:
 
     def admission(self) -> KeyAdmission | None:
         """The request's hold on the key's limits (for CompletionService.dispatch)."""
-        return KeyAdmission(self.tenancy.limiter, self.key) if self.key is not None else None
+        if self.key is None:
+            return None
+        return KeyAdmission(self.tenancy.limiter, self.key, self.tenancy.in_flight)
 
     def admit_batch(self, items: Sequence[tuple[int, int]]) -> None:
         """Charges a batch of (prompt tokens, max_tokens) items whole, or raises 429."""
@@ -109,6 +138,7 @@ class Tenancy:
         self.keys = keys
         self.limiter = limiter
         self.require_keys = require_keys
+        self.in_flight = InFlightCounter()
 
     async def authenticate(self, authorization: str | None) -> Caller:
         """The caller, by its live key or anonymous (only when keys are not required); 401 for
