@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -82,6 +82,8 @@ class Admission(Protocol):
     def charge(self, tokens: int, most_tokens: int) -> None: ...
 
     def settle(self, tokens: int) -> None: ...
+
+    def watch_revocation(self, stop: Callable[[], None]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,14 +10,19 @@ not settled: its items run later, outside the window that charge counts in.
 
 from __future__ import annotations
 
+import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.api.errors import OpenAIError
 from gateway.tenancy.concurrency import InFlightCounter, Slot
 from gateway.tenancy.keys import DISPLAY_PREFIX_CHARS, KEY_SCHEME, KeyRecord, KeyService
 from gateway.tenancy.limiter import Charge, Refusal, SlidingWindowLimiter
+
+log = logging.getLogger(__name__)
+# Called with a revoked key's id (for work other than client requests: queued batch items).
+RevokeHook = Callable[[int], None]
 
 
 def invalid_api_key(message: str) -> OpenAIError:
@@ -62,7 +67,7 @@ def too_many_in_flight(key: KeyRecord, limit: int) -> OpenAIError:
     )
 
 
-@dataclass(slots=True, weakref_slot=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # by identity: kept in weak sets
 class KeyAdmission:
     """One request's hold on its key's limits (CompletionService.dispatch's Admission)."""
 
@@ -71,6 +76,9 @@ class KeyAdmission:
     in_flight: InFlightCounter | None = None
     _charge: Charge | None = None
     _slot: Slot | None = None
+    # What stops the request if its key is revoked while it runs (set by its dispatch).
+    _on_revoke: Callable[[], None] | None = None
+    revoked: bool = False
 
     @property
     def api_key_id(self) -> int:
@@ -104,6 +112,18 @@ class KeyAdmission:
         if self._slot is not None:
             self._slot.release()
 
+    def watch_revocation(self, stop: Callable[[], None]) -> None:
+        """`stop` is called if the key is revoked while the request runs (at once if it was
+        revoked already)."""
+        self._on_revoke = stop
+        if self.revoked:
+            stop()
+
+    def revoke(self) -> None:
+        self.revoked = True
+        if self._on_revoke is not None:
+            self._on_revoke()
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -120,7 +140,9 @@ class Caller:
         """The request's hold on the key's limits (for CompletionService.dispatch)."""
         if self.key is None:
             return None
-        return KeyAdmission(self.tenancy.limiter, self.key, self.tenancy.in_flight)
+        admission = KeyAdmission(self.tenancy.limiter, self.key, self.tenancy.in_flight)
+        self.tenancy.running.setdefault(self.key.id, weakref.WeakSet()).add(admission)
+        return admission
 
     def admit_batch(self, items: Sequence[tuple[int, int]]) -> None:
         """Charges a batch of (prompt tokens, max_tokens) items whole, or raises 429."""
@@ -139,6 +161,14 @@ class Tenancy:
         self.limiter = limiter
         self.require_keys = require_keys
         self.in_flight = InFlightCounter()
+        # Requests admitted per key, while they exist: revoking the key stops them.
+        self.running: dict[int, weakref.WeakSet[KeyAdmission]] = {}
+        self._revoke_hooks: list[RevokeHook] = []
+
+    def add_revoke_hook(self, hook: RevokeHook) -> None:
+        """Runs `hook(key_id)` whenever a key is revoked through this gateway (the batch
+        runner's queued items are its to stop)."""
+        self._revoke_hooks.append(hook)
 
     async def authenticate(self, authorization: str | None) -> Caller:
         """The caller, by its live key or anonymous (only when keys are not required); 401 for
@@ -169,4 +199,11 @@ class Tenancy:
         key = await self.keys.revoke(key_id)
         if key is not None:
             self.limiter.forget(key_id)
+            for admission in list(self.running.pop(key_id, ())):
+                admission.revoke()
+            for hook in self._revoke_hooks:
+                try:
+                    hook(key_id)
+                except Exception:  # one hook's failure must not keep the others from running
+                    log.exception("a revoke hook failed for key %d", key_id)
         return key
