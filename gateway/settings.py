@@ -40,6 +40,8 @@ class GatewaySettings:
     # A prompt longer than this many characters per token of the model's context is refused
     # before it is tokenized: it cannot fit, and tokenizing it would hold the event loop.
     max_prompt_chars_per_token: int = 32
+    # Threads that tokenize prompts off the event loop (gateway/tokenize_pool.py).
+    tokenize_threads: int = 2
     default_max_tokens: int = 16
     # Prompts reach the logs only with log_prompts on; API keys, the admin token and TLS keys
     # never do (docs/security.md).
@@ -162,8 +164,10 @@ class GatewaySettings:
             raise SettingsError(
                 f"GATEWAY_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
             )
-        if self.max_prompt_chars_per_token < 1:
-            raise SettingsError("GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN must be >= 1")
+        if self.max_prompt_chars_per_token < 1 or self.tokenize_threads < 1:
+            raise SettingsError(
+                "GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN >= 1, GATEWAY_TOKENIZE_THREADS >= 1"
+            )
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
             raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
         for name in ("batch_max_items", "batch_site_concurrency", "batch_max_attempts"):
@@ -212,6 +216,7 @@ class GatewaySettings:
             max_prompt_chars_per_token=reader.integer(
                 "MAX_PROMPT_CHARS_PER_TOKEN", defaults.max_prompt_chars_per_token
             ),
+            tokenize_threads=reader.integer("TOKENIZE_THREADS", defaults.tokenize_threads),
             log_prompts=reader.boolean("LOG_PROMPTS", defaults.log_prompts),
             log_level=reader.text("LOG_LEVEL", defaults.log_level),
             site_tls_ca=reader.path("SITE_TLS_CA"),

@@ -5,7 +5,8 @@ enough to fail the load balancer's health check), only to be refused as too long
 Through the public API: while prompts far over the model's context (characters per token of
 context bounded by GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN) arrive, `/healthz` keeps answering at
 once; each such prompt is refused with `context_length_exceeded` without being tokenized, on
-completions and chat alike.
+completions and chat alike. With the bound loosened so that the same prompts are tokenized,
+`/healthz` still answers at once: tokenizing runs on a thread pool, off the event loop.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def federation(start_federation) -> Federation:
     return start_federation(live=["aws-use1"])
 
 
-def test_huge_prompts_are_refused_without_stalling_the_gateway(federation: Federation) -> None:
-    base = federation.base_url
+def send_huge_prompts(base: str) -> tuple[list[httpx.Response], float]:
+    """Eight huge prompts (completions and chat) while /healthz is probed: the answers, and the
+    slowest /healthz."""
     bodies = [
         ("/v1/completions", {"model": "tiny", "prompt": HUGE, "max_tokens": 1}),
         (
@@ -64,9 +66,25 @@ def test_huge_prompts_are_refused_without_stalling_the_gateway(federation: Feder
     finally:
         done.set()
         prober.join()
+    return answers, worst_s
+
+
+def test_huge_prompts_are_refused_without_stalling_the_gateway(federation: Federation) -> None:
+    answers, worst_s = send_huge_prompts(federation.base_url)
     assert worst_s < 0.5, f"/healthz took {worst_s:.2f} s while the prompts arrived"
     for answer in answers:
         assert answer.status_code == 400, answer.text[:300]
         error = answer.json()["error"]
         assert error["code"] == "context_length_exceeded"
         assert "characters" in error["message"]  # refused on length, not after tokenizing
+
+
+def test_prompts_that_are_tokenized_do_not_stall_the_gateway(start_federation) -> None:
+    loose: Federation = start_federation(
+        live=["gcp-euw4"], env={"GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN": "10000"}
+    )
+    answers, worst_s = send_huge_prompts(loose.base_url)
+    for answer in answers:
+        assert answer.status_code == 400, answer.text[:300]
+        assert "tokens" in answer.json()["error"]["message"]  # tokenized, then refused
+    assert worst_s < 0.5, f"/healthz took {worst_s:.2f} s while the prompts were tokenized"
