@@ -38,6 +38,7 @@ ENV PATH=/opt/fedllm/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/tmp/huggingface \
+    ORT_DISABLE_TELEMETRY=1 \
     GATEWAY_HOST=0.0.0.0 \
     GATEWAY_PORT=8000 \
     GATEWAY_FEDERATION_FILE=/var/lib/fedllm/federation.json

@@ -6,7 +6,10 @@
 #   docker run --gpus all -p 50051:50051 -v models:/models \
 #     -e SITE_SITE_NAME=aws-use1 -e SITE_MODEL_NAME=qwen2.5-7b-instruct \
 #     -e SITE_MODEL_DIR=/models/qwen2.5-7b-instruct/main \
-#     -e FEDLLM_HF_REPO=Qwen/Qwen2.5-7B-Instruct -e FEDLLM_HF_REVISION=main fedllm-site:0.1.0
+#     -e FEDLLM_HF_REPO=Qwen/Qwen2.5-7B-Instruct -e FEDLLM_HF_REVISION=main \
+#     -e SITE_TLS_CERT=... -e SITE_TLS_KEY=... -e SITE_TLS_CLIENT_CA=... fedllm-site:0.1.0
+# Without the three SITE_TLS_* the engine refuses to listen on 0.0.0.0 (SITE_ALLOW_PLAINTEXT=true
+# overrides that, for a network only the gateway reaches).
 # The host needs the NVIDIA driver (>= 570 for CUDA 12.8) and the NVIDIA container toolkit.
 FROM nvidia/cuda:12.8.1-base-ubuntu24.04 AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128

@@ -9,6 +9,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin, YamlRenderPlugin
 
 from gateway.api.admin_keys import AdminKeysController
 from gateway.api.admin_pages import admin_router
@@ -64,5 +65,13 @@ def create_app(settings: GatewaySettings) -> Litestar:
         middleware=[HttpMetricsMiddleware],
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,
-        openapi_config=OpenAPIConfig(title="fedllm gateway", version="0.1.0"),
+        openapi_config=OpenAPIConfig(
+            title="fedllm gateway", version="0.1.0", render_plugins=_openapi_pages(settings)
+        ),
     )
+
+
+def _openapi_pages(settings: GatewaySettings) -> tuple[OpenAPIRenderPlugin, ...]:
+    """The schema as JSON and YAML; the UI pages (scripts from CDNs) only when asked for, as
+    litestar's defaults (an empty tuple)."""
+    return () if settings.openapi_ui else (JsonRenderPlugin(), YamlRenderPlugin())

@@ -162,6 +162,7 @@ class ChatService:
                 "federation file names none): send a prompt to /v1/completions instead",
                 param="model",
             ) from exc
+        self._completions.check_prompt_chars(req.model, prompt, "messages")
         prompt_ids = self._tokenizers.encode(req.model, prompt)
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -79,9 +79,11 @@ class Admission(Protocol):
     @property
     def api_key_id(self) -> int | None: ...
 
-    def charge(self, tokens: int) -> None: ...
+    def charge(self, tokens: int, most_tokens: int) -> None: ...
 
     def settle(self, tokens: int) -> None: ...
+
+    def watch_revocation(self, stop: Callable[[], None]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +233,19 @@ class CompletionService:
             unpredicted=self.settings.plan_without_prediction,
         )
 
+    def check_prompt_chars(self, model: str, text: str, param: str) -> None:
+        """400 for a prompt that cannot fit the model's context whatever its tokens, before it
+        is tokenized (tokenizing runs on the event loop: ~1 s per MiB held every stream)."""
+        context = self._registry.max_model_len(model)
+        most = None if context is None else context * self.settings.max_prompt_chars_per_token
+        if most is not None and len(text) > most:
+            raise invalid_request(
+                f"This model's maximum context length is {context} tokens; a prompt of "
+                f"{len(text)} characters cannot fit (at most {most} are read).",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
         prompt = req.prompt
         if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
@@ -241,6 +256,7 @@ class CompletionService:
                 )
             prompt = prompt[0]  # type: ignore[assignment]
         if isinstance(prompt, str):
+            self.check_prompt_chars(req.model, prompt, "prompt")
             ids, text = self._tokenizers.encode(req.model, prompt), prompt
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = [int(t) for t in prompt]  # type: ignore[arg-type]
@@ -284,7 +300,10 @@ class CompletionService:
                 predicted_bucket=prediction.bucket,
             )
         if admission is not None:
-            admission.charge(prepared.routing.total_tokens)
+            routing = prepared.routing
+            most = routing.prompt_tokens + routing.max_tokens
+            # ignore_eos answers run to max_tokens whatever was predicted: charged as such.
+            admission.charge(most if prepared.params.ignore_eos else routing.total_tokens, most)
         decision = self._policy.route(prepared.routing, self._registry.all())
         site = decision.site
         self.metrics.routed(self._policy.name, site.name if site is not None else None)

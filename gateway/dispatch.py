@@ -27,6 +27,7 @@ from gateway.db.models import RequestStatus, utcnow
 from gateway.services.request_log import NewSample, Outcome
 from gateway.sites.client import (
     GenerateParams,
+    SiteBusy,
     SiteCallError,
     SiteChunk,
     SiteFailed,
@@ -95,6 +96,9 @@ class Dispatch:
     # the next decision of a burst sees it; the first attempt takes the place over.
     _reservation: Reservation | None = None
     _unused: weakref.finalize[[], Dispatch] | None = None
+    # Its key was revoked while it ran: the site was told to cancel it.
+    _revoked: bool = False
+    _cancelling: set[asyncio.Task[bool]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         reservation = self.site.reserve(self._planned_charge(self.params))
@@ -119,6 +123,8 @@ class Dispatch:
         The outcome is written before the iterator ends, so a client that got its answer finds
         it recorded; a client that goes away mid-stream gets its request recorded as cancelled.
         """
+        if self.admission is not None:
+            self.admission.watch_revocation(self._stop_for_revocation)
         try:
             async for chunk in self._stream_with_failover():
                 if chunk.text:
@@ -143,6 +149,14 @@ class Dispatch:
         await self.service.record_finished(
             self.prepared.request_id, self._outcome(RequestStatus.COMPLETED), self._sample()
         )
+
+    def _stop_for_revocation(self) -> None:
+        """The key was revoked: the site cancels the request, whose stream then ends with an
+        api_key_revoked error (see _observe)."""
+        self._revoked = True
+        task = asyncio.create_task(self.site.client.cancel(self.params.request_id))
+        self._cancelling.add(task)
+        task.add_done_callback(self._cancelling.discard)
 
     def _settle(self) -> None:
         """Charges the caller's key what the request really took: its prompt and the tokens
@@ -215,7 +229,8 @@ class Dispatch:
                             return
             except SiteUnavailable as exc:
                 self.failed.add(self.site.name)
-                self.site.mark_unhealthy(exc.detail)
+                if not isinstance(exc, SiteBusy):  # a full queue is no sign of ill health
+                    self.site.mark_unhealthy(exc.detail)
                 self.service.metrics.failovers.labels(self.site.name).inc()
                 log.warning("%s; moving %s elsewhere", exc, self.prepared.request_id)
             except SiteRejected as exc:
@@ -298,6 +313,10 @@ class Dispatch:
                 # string); a continuation's site counts only what it generated.
                 self.completion_tokens = self._before + chunk.completion_tokens
             self.finish_reason = finish_reason
+            if finish_reason == "cancelled" and self._revoked:
+                raise OpenAIError(
+                    401, "the API key of this request was revoked", code="api_key_revoked"
+                )
             if finish_reason == "cancelled":
                 raise upstream_failed(f"site {self.site.name} cancelled the request")
         return replace(

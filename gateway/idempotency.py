@@ -21,11 +21,12 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
+from sqlalchemy.exc import DBAPIError
 
 from gateway.api.errors import OpenAIError, invalid_request
 from gateway.db.models import IdempotencyStatus
@@ -39,6 +40,12 @@ MAX_KEY_CHARS = 255
 _PURGE_EVERY_S = 60.0
 # A running record older than the request timeout plus this is abandoned (its gateway died).
 _ABANDONED_MARGIN_S = 30.0
+# Storing a finished answer under its key: retried while the client waits (about 1.5 s in all),
+# then in the background (capped backoff) until the record would lapse as abandoned. Without
+# it a database blip cost a 503 for a served answer, 409s for its retries, then a second run
+# and a second charge.
+_COMPLETE_INLINE_DELAYS_S = (0.1, 0.2, 0.4, 0.8)
+_COMPLETE_BACKGROUND_MAX_DELAY_S = 10.0
 T = TypeVar("T")
 
 
@@ -129,13 +136,42 @@ class Idempotency:
         except BaseException:
             if claim is not None:
                 # In the background: the caller may be being cancelled (client went away).
-                task = asyncio.create_task(self._release(claim))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._release(claim))
             raise
         if claim is not None:
-            await self._store.complete(claim.scope, claim.key, 200, msgspec.json.encode(response))
+            await self._store_answer(claim, msgspec.json.encode(response))
         return response, False
+
+    async def _store_answer(self, claim: Claim, body: bytes) -> None:
+        """The answer is served whatever happens here; storing it is retried with backoff."""
+        for delay_s in (*_COMPLETE_INLINE_DELAYS_S, None):
+            try:
+                await self._store.complete(claim.scope, claim.key, 200, body)
+                return
+            except DBAPIError as exc:
+                if delay_s is None:
+                    log.warning("storing an idempotent answer failed (%s); retrying in the "
+                                "background", type(exc).__name__)  # fmt: skip
+                    self._in_background(self._store_answer_later(claim, body))
+                    return
+                await asyncio.sleep(delay_s)
+
+    async def _store_answer_later(self, claim: Claim, body: bytes) -> None:
+        deadline = time.monotonic() + self._abandoned_after_s
+        delay_s = _COMPLETE_INLINE_DELAYS_S[-1]
+        while time.monotonic() < deadline:
+            await asyncio.sleep(delay_s)
+            try:
+                await self._store.complete(claim.scope, claim.key, 200, body)
+                return
+            except DBAPIError:
+                delay_s = min(delay_s * 2, _COMPLETE_BACKGROUND_MAX_DELAY_S)
+        log.error("could not store an idempotent answer; a retry with its key will run again")
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _release(self, claim: Claim) -> None:
         try:
@@ -149,6 +185,10 @@ class Idempotency:
             self._purged_at = now
             await self._store.purge_expired()
 
-    async def drain(self) -> None:
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Waits a little for the background writes; one still retrying is given up (its key
+        then lapses as abandoned)."""
         if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+            _, pending = await asyncio.wait(set(self._background), timeout=timeout_s)
+            for task in pending:
+                task.cancel()

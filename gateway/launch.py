@@ -67,12 +67,17 @@ class ManagedProcess:
 
 
 def _spawn(
-    name: str, args: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+    name: str,
+    args: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> ManagedProcess:
+    """`wrapper` runs before the interpreter (a tracer such as `strace -f -o FILE`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         popen = subprocess.Popen(
-            [sys.executable, *args],
+            [*wrapper, sys.executable, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -103,6 +108,7 @@ def spawn_site(
     port: int = 0,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> ManagedProcess:
     """Starts `python -m site_engine` without waiting; see wait_until_serving. `env` adds to
     this process's environment (SITE_TLS_* for a site with mutual TLS, SITE_LOG_LEVEL, ...)."""
@@ -119,7 +125,7 @@ def spawn_site(
         str(port),
         *extra_args,
     ]
-    return _spawn(site_name, args, log_dir / f"site-{site_name}.log", env)
+    return _spawn(site_name, args, log_dir / f"site-{site_name}.log", env, wrapper)
 
 
 def wait_until_serving(process: ManagedProcess, timeout_s: float = 120.0) -> ManagedProcess:
@@ -160,6 +166,7 @@ def start_gateway(
     env: Mapping[str, str] | None = None,
     expect_healthy_sites: int = 1,
     timeout_s: float = 120.0,
+    wrapper: Sequence[str] = (),
 ) -> ManagedProcess:
     """Starts `python -m gateway` and waits until /readyz reports enough healthy sites."""
     port = port or free_port()
@@ -170,7 +177,7 @@ def start_gateway(
         "GATEWAY_HEALTH_INTERVAL_S": "0.5",
         **(env or {}),
     }
-    process = _spawn("gateway", ["-m", "gateway"], log_dir / "gateway.log", gateway_env)
+    process = _spawn("gateway", ["-m", "gateway"], log_dir / "gateway.log", gateway_env, wrapper)
     process.port = port
     _wait_for_gateway(process, expect_healthy_sites, timeout_s)
     return process

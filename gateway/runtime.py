@@ -25,6 +25,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.offload import OffloadCoordinator
 from gateway.predictor_lifecycle import follow_registry, start_predictor
 from gateway.routing.policy import build_policy
+from gateway.services.admin_sessions import AdminSessionStore
 from gateway.services.idempotency import IdempotencyStore
 from gateway.services.predictor_registry import PredictorRegistry
 from gateway.services.request_log import RequestLog
@@ -39,6 +40,7 @@ from gateway.sites.tls import load_site_tls
 from gateway.tenancy.admission import Tenancy
 from gateway.tenancy.keys import KeyService
 from gateway.tenancy.limiter import SlidingWindowLimiter
+from gateway.tokenize_pool import TokenizePool
 from gateway.tokenizers import ModelTokenizers
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,10 @@ class GatewayRuntime:
     idempotency: Idempotency = field(init=False)
     # Operators' drains of sites (gateway/drain.py).
     drainer: SiteDrainer = field(init=False)
+    # The dashboard's sign-ins, revocable on every gateway of the database (api/admin_auth.py).
+    admin_sessions: AdminSessionStore = field(init=False)
+    # Where client prompts are tokenized, off the event loop.
+    tokenize_pool: TokenizePool = field(init=False)
 
     @classmethod
     async def start(cls, settings: GatewaySettings) -> GatewayRuntime:
@@ -160,6 +166,8 @@ class GatewayRuntime:
         runtime.idempotency = Idempotency(
             IdempotencyStore(sessions), settings.idempotency_ttl_s, settings.request_timeout_s
         )
+        runtime.admin_sessions = AdminSessionStore(sessions)
+        runtime.tokenize_pool = TokenizePool(settings.tokenize_threads)
         runtime.drainer = SiteDrainer(registry, settings.offload_interval_s)
         runtime._tasks.append(asyncio.create_task(runtime.drainer.run(), name="site-drain"))
         runtime.batches = BatchService.build(settings, sessions, completions, registry)
@@ -178,5 +186,6 @@ class GatewayRuntime:
         await self.completions.predictor.stop()
         await self.completions.drain()
         await self.idempotency.drain()
+        self.tokenize_pool.close()
         await self.registry.close()
         await self.engine.dispose()

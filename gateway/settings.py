@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ class GatewaySettings:
     # Upper bound on one completion, end to end.
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
+    # A prompt longer than this many characters per token of the model's context is refused
+    # before it is tokenized: it cannot fit, and tokenizing it would hold the event loop.
+    max_prompt_chars_per_token: int = 32
+    # Threads that tokenize prompts off the event loop (gateway/tokenize_pool.py).
+    tokenize_threads: int = 2
     default_max_tokens: int = 16
     # Prompts reach the logs only with log_prompts on; API keys, the admin token and TLS keys
     # never do (docs/security.md).
@@ -49,9 +55,18 @@ class GatewaySettings:
     # The operator credential for /admin, the admin API and /metrics (Bearer token, or the
     # dashboard's session cookie derived from it). Unset: those endpoints refuse everyone.
     admin_token: str | None = None
+    # A dashboard sign-in ends this long after it began, checked on the server.
+    admin_session_ttl_s: float = 12 * 3600.0
+    # The OpenAPI UI pages (Swagger, ReDoc, ...) load scripts from third-party CDNs on the admin
+    # cookie's origin: off unless asked for. The schema itself (/schema/openapi.json) is served.
+    openapi_ui: bool = False
     # Client APIs answer 401 without a live API key (keys are made through the admin API). Off,
-    # callers without a key are served anonymously; a key that is sent is still checked.
+    # callers without a key are served anonymously; a key that is sent is still checked. Read
+    # from the environment it defaults to on for any non-loopback host: a keyless caller would
+    # otherwise escape every limit its key carries.
     require_api_keys: bool = False
+    # The explicit, loud override for serving a non-loopback address without keys.
+    allow_open_access: bool = False
     # A length-predictor artifact to serve when the database names no active version. Without
     # either, the gateway runs in fallback mode: no predictions, engines plan with max_tokens.
     predictor_dir: Path | None = None
@@ -115,6 +130,7 @@ class GatewaySettings:
             "predictor_poll_s",
             "load_report_stale_s",
             "offload_interval_s",
+            "admin_session_ttl_s",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
@@ -124,10 +140,17 @@ class GatewaySettings:
             )
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise SettingsError("GATEWAY_ADMIN_TOKEN must be at least 16 characters")
+        if not (self.require_api_keys or self.allow_open_access or is_loopback(self.host)):
+            raise SettingsError(
+                f"GATEWAY_HOST={self.host} is not a loopback address, so clients must present "
+                "API keys: set GATEWAY_REQUIRE_API_KEYS=true (with GATEWAY_ADMIN_TOKEN), or "
+                "GATEWAY_ALLOW_OPEN_ACCESS=true to serve anyone without a key"
+            )
         if self.require_api_keys and self.admin_token is None:
             raise SettingsError(
                 "GATEWAY_REQUIRE_API_KEYS needs GATEWAY_ADMIN_TOKEN: keys are created through "
-                "the admin API"
+                "the admin API (GATEWAY_REQUIRE_API_KEYS is on by default when GATEWAY_HOST is "
+                "not loopback; GATEWAY_ALLOW_OPEN_ACCESS=true serves without keys)"
             )
         tls = {
             "GATEWAY_SITE_TLS_CA": self.site_tls_ca,
@@ -140,6 +163,10 @@ class GatewaySettings:
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"GATEWAY_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
+            )
+        if self.max_prompt_chars_per_token < 1 or self.tokenize_threads < 1:
+            raise SettingsError(
+                "GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN >= 1, GATEWAY_TOKENIZE_THREADS >= 1"
             )
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
             raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
@@ -168,10 +195,12 @@ class GatewaySettings:
             )
         reader = _EnvReader(env)
         defaults = cls(federation_file=Path(federation))
+        host = reader.text("HOST", defaults.host)
+        allow_open_access = reader.boolean("ALLOW_OPEN_ACCESS", defaults.allow_open_access)
         return cls(
             federation_file=Path(federation),
             database_url=reader.text("DATABASE_URL", defaults.database_url),
-            host=reader.text("HOST", defaults.host),
+            host=host,
             port=reader.integer("PORT", defaults.port),
             routing_policy=reader.text("ROUTING_POLICY", defaults.routing_policy),
             plan_without_prediction=cast(
@@ -184,13 +213,22 @@ class GatewaySettings:
             request_timeout_s=reader.number("REQUEST_TIMEOUT_S", defaults.request_timeout_s),
             max_body_bytes=reader.integer("MAX_BODY_BYTES", defaults.max_body_bytes),
             default_max_tokens=reader.integer("DEFAULT_MAX_TOKENS", defaults.default_max_tokens),
+            max_prompt_chars_per_token=reader.integer(
+                "MAX_PROMPT_CHARS_PER_TOKEN", defaults.max_prompt_chars_per_token
+            ),
+            tokenize_threads=reader.integer("TOKENIZE_THREADS", defaults.tokenize_threads),
             log_prompts=reader.boolean("LOG_PROMPTS", defaults.log_prompts),
             log_level=reader.text("LOG_LEVEL", defaults.log_level),
             site_tls_ca=reader.path("SITE_TLS_CA"),
             site_tls_cert=reader.path("SITE_TLS_CERT"),
             site_tls_key=reader.path("SITE_TLS_KEY"),
             admin_token=env.get("GATEWAY_ADMIN_TOKEN") or None,
-            require_api_keys=reader.boolean("REQUIRE_API_KEYS", defaults.require_api_keys),
+            admin_session_ttl_s=reader.number("ADMIN_SESSION_TTL_S", defaults.admin_session_ttl_s),
+            openapi_ui=reader.boolean("OPENAPI_UI", defaults.openapi_ui),
+            require_api_keys=reader.boolean(
+                "REQUIRE_API_KEYS", not (is_loopback(host) or allow_open_access)
+            ),
+            allow_open_access=allow_open_access,
             predictor_dir=reader.path("PREDICTOR_DIR"),
             predictor_poll_s=reader.number("PREDICTOR_POLL_S", defaults.predictor_poll_s),
             collect_samples=reader.boolean("COLLECT_SAMPLES", defaults.collect_samples),
@@ -228,6 +266,16 @@ class GatewaySettings:
             ),
             idempotency_ttl_s=reader.number("IDEMPOTENCY_TTL_S", defaults.idempotency_ttl_s),
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (a name other than localhost counts as open)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)

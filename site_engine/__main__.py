@@ -54,6 +54,15 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain (mutual TLS)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", type=Path, help="PEM CA that signs client certs")
+    parser.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        default=None,
+        help="serve plaintext on a non-loopback host (a network only the gateway reaches)",
+    )
+    parser.add_argument(
+        "--max-queued-requests", type=int, help="waiting requests before RESOURCE_EXHAUSTED"
+    )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -88,7 +97,7 @@ async def serve(settings: SiteSettings) -> None:
     metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
     if metrics is not None:
         engine = MeteredEngine(engine, metrics)
-    service = EngineService(engine, loaded.tokenizer)
+    service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests)
     identity = SiteIdentity(
         site_name=settings.site_name,
         model_name=settings.model_name,

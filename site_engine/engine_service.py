@@ -35,6 +35,10 @@ class DuplicateRequest(ValueError):
     """A request with this id is already queued or running at this site."""
 
 
+class QueueFull(RuntimeError):
+    """The site's waiting queue is at its bound; the caller should try another site."""
+
+
 class EngineFailure(RuntimeError):
     """The engine step failed while this request was in it; the request did not complete."""
 
@@ -118,9 +122,12 @@ class CumulativeKv:
 
 
 class EngineService:
-    def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer: PreTrainedTokenizerBase, max_waiting: int = 1024
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self._max_waiting = max_waiting
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
             queue.SimpleQueue()
         )
@@ -199,6 +206,9 @@ class EngineService:
     def _add(self, request: EngineRequest, stream: _Stream) -> None:
         if request.request_id in self._streams:
             raise DuplicateRequest(f"request {request.request_id!r} is already at this site")
+        # Counted here, on the engine thread, so a burst between two steps cannot overshoot.
+        if self.engine.stats().num_waiting >= self._max_waiting:
+            raise QueueFull(f"the site's queue is full ({self._max_waiting} waiting requests)")
         self.engine.add_request(request)
         self._streams[request.request_id] = stream
 

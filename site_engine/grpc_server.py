@@ -16,7 +16,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine.types import FinishReason, SamplingParams
-from site_engine.engine_service import DuplicateRequest, EngineFailure, EngineService, StreamEvent
+from site_engine.engine_service import (
+    DuplicateRequest,
+    EngineFailure,
+    EngineService,
+    QueueFull,
+    StreamEvent,
+)
 from site_engine.proto import site_pb2, site_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -128,6 +134,8 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except DuplicateRequest as exc:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except QueueFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except EngineFailure as exc:
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -46,6 +47,12 @@ class SiteSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # Plaintext on a non-loopback host lets anyone who reaches the port generate for free and
+    # release or cancel others' queued requests: refused unless overridden with this.
+    allow_plaintext: bool = False
+    # Requests waiting for a batch slot; one more is refused with RESOURCE_EXHAUSTED (the
+    # gateway then tries another site, or answers 503 with Retry-After).
+    max_queued_requests: int = 1024
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -70,6 +77,15 @@ class SiteSettings:
         if any(tls.values()) and not all(tls.values()):
             missing = [name for name, path in tls.items() if path is None]
             raise SettingsError(f"TLS needs all of {list(tls)} or none; missing {missing}")
+        if not (all(tls.values()) or self.allow_plaintext or _is_loopback(self.host)):
+            raise SettingsError(
+                f"SITE_HOST={self.host} is not loopback and TLS is not configured: anyone who "
+                f"reaches the port could use it. Set {list(tls)} (mutual TLS), or "
+                "SITE_ALLOW_PLAINTEXT=true (--allow-plaintext) on a network only the gateway "
+                "reaches"
+            )
+        if self.max_queued_requests < 1:
+            raise SettingsError("SITE_MAX_QUEUED_REQUESTS must be >= 1")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
@@ -121,7 +137,20 @@ def default_model_name(model_path: Path) -> str:
     return model_name_of(gguf) if gguf is not None else model_path.name
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _convert(name: str, annotation: object, raw: str) -> Any:
+    if annotation in ("bool", bool):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"SITE_{name.upper()} must be true or false, got {raw!r}")
     if annotation in ("int", int):
         try:
             return int(raw)

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, sync_playwright
 
 from bench.common import markdown_table, write_results
 from bench.dashboard.seed import SITES, seed
-from gateway.api.admin_auth import ADMIN_COOKIE, session_value
+from gateway.api.admin_auth import ADMIN_COOKIE
 from gateway.launch import free_port, start_gateway
 
 CHROMIUM = "/usr/bin/chromium"
@@ -51,7 +51,10 @@ def _kind(url: str) -> str:
 def load_once(browser: Browser, base_url: str) -> dict[str, Any]:
     """One cold load: a fresh context (empty cache) with the operator's session cookie."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    context.add_cookies([{"name": ADMIN_COOKIE, "value": session_value(TOKEN), "url": base_url}])
+    # Signed in through the form, as an operator would (sessions live in the database).
+    signed_in = httpx.post(f"{base_url}/admin/login", data={"token": TOKEN}, timeout=30)
+    session = signed_in.cookies[ADMIN_COOKIE]
+    context.add_cookies([{"name": ADMIN_COOKIE, "value": session, "url": base_url}])
     page = context.new_page()
     try:
         started = time.perf_counter()

@@ -39,6 +39,7 @@ def _fields(key: KeyRecord) -> dict[str, Any]:
         "prefix": key.prefix,
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
+        "max_concurrent_requests": key.max_concurrent_requests,
         "created_at": int(key.created_at.timestamp()),
         "revoked_at": int(key.revoked_at.timestamp()) if key.revoked_at else None,
     }
@@ -64,7 +65,10 @@ class AdminKeysController(Controller):
     ) -> CreatedApiKey:
         body = decode_body(await request.body(), KeyCreateRequest)
         new = await runtime.tenancy.keys.create(
-            body.name, body.requests_per_minute, body.tokens_per_minute
+            body.name,
+            body.requests_per_minute,
+            body.tokens_per_minute,
+            body.max_concurrent_requests,
         )
         return CreatedApiKey(**_fields(new.record), key=new.plaintext)
 

@@ -12,7 +12,10 @@ import gzip
 import hashlib
 import html
 import logging
+import math
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,16 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from gateway.api.admin import AdminApiController
-from gateway.api.admin_auth import ADMIN_COOKIE, is_admin, session_value
+from gateway.api.admin_auth import (
+    ADMIN_COOKIE,
+    LoginThrottle,
+    bearer_is_admin,
+    cookie_session,
+    is_operator,
+    new_session_id,
+    session_cookie,
+)
+from gateway.settings import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +45,8 @@ ASSET_FILES = {
     "dashboard.js": (UI_DIR / "static" / "dashboard.js", "text/javascript"),
     "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
 }
-SESSION_MAX_AGE_S = 12 * 3600
+# Browsers that reached the dashboard over https keep to https for a year (ignored over http).
+HSTS = {"Strict-Transport-Security": "max-age=31536000"}
 AnyRequest = Request[Any, Any, Any]
 
 
@@ -93,7 +106,7 @@ class AdminAssets:
         return self.login_html.replace("<!--ERROR-->", text)
 
 
-def _html(body: str, status: int = 200) -> Response[str]:
+def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> Response[str]:
     return Response(
         body,
         status_code=status,
@@ -102,26 +115,26 @@ def _html(body: str, status: int = 200) -> Response[str]:
             "Cache-Control": "no-store",
             "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff",
+            **HSTS,
+            **(headers or {}),
         },
     )
 
 
-def _is_operator(request: AnyRequest) -> bool:
-    return is_admin(
-        request.app.state.runtime.settings.admin_token,
-        request.headers.get("authorization"),
-        request.cookies.get(ADMIN_COOKIE),
-    )
+def _client_address(request: AnyRequest) -> str:
+    return request.client.host if request.client is not None else "unknown"
 
 
 def admin_pages(assets: AdminAssets) -> type[Controller]:
+    throttle = LoginThrottle()
+
     class AdminPages(Controller):
         path = "/"
         include_in_schema = False
 
         @get("/")
         async def dashboard(self, request: AnyRequest) -> Response[str] | Redirect:
-            if not _is_operator(request):
+            if not await is_operator(request):
                 return Redirect("/admin/login", status_code=303)
             return _html(assets.dashboard_page())
 
@@ -131,29 +144,54 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
 
         @post("/login", status_code=303)
         async def login(self, request: AnyRequest) -> Response[str] | Redirect:
-            form = await request.form()
-            token = str(form.get("token", "")).strip()
-            admin_token: str | None = request.app.state.runtime.settings.admin_token
+            runtime = request.app.state.runtime
+            admin_token: str | None = runtime.settings.admin_token
             if not admin_token:
                 return _html(
                     assets.login_page("GATEWAY_ADMIN_TOKEN is not set on this gateway."), 401
                 )
-            if not token or not is_admin(admin_token, f"Bearer {token}", None):
+            address, now = _client_address(request), time.monotonic()
+            wait_s = throttle.retry_after_s(address, now)
+            if wait_s is not None:
+                retry = str(math.ceil(wait_s))
+                page = assets.login_page(f"Too many failed sign-ins; try again in {retry} s.")
+                return _html(page, 429, {"Retry-After": retry})
+            form = await request.form()
+            token = str(form.get("token", "")).strip()
+            if not token or not bearer_is_admin(admin_token, f"Bearer {token}"):
+                throttle.failed(address, now)
                 return _html(assets.login_page("Wrong admin token."), 401)
-            response = Redirect("/admin", status_code=303)
+            throttle.succeeded(address)
+            session_id, issued = new_session_id(), int(time.time())
+            ttl_s = runtime.settings.admin_session_ttl_s
+            expires = datetime.fromtimestamp(issued, UTC) + timedelta(seconds=ttl_s)
+            await runtime.admin_sessions.open(session_id, expires)
+            response = Redirect("/admin", status_code=303, headers=HSTS)
             response.set_cookie(
                 ADMIN_COOKIE,
-                session_value(admin_token),
-                max_age=SESSION_MAX_AGE_S,
+                session_cookie(admin_token, session_id, issued),
+                max_age=math.ceil(ttl_s),
                 path="/",
                 httponly=True,
                 samesite="strict",
-                secure=request.url.scheme == "https",
+                # Behind a load balancer the scheme seen here is http: off loopback, always.
+                secure=request.url.scheme == "https" or not is_loopback(runtime.settings.host),
             )
             return response
 
         @post("/logout", status_code=303)
-        async def logout(self) -> Redirect:
+        async def logout(self, request: AnyRequest) -> Redirect:
+            """Revokes the session on the server (a copy of the cookie kept elsewhere is dead
+            too), then clears the browser's."""
+            runtime = request.app.state.runtime
+            admin_token: str | None = runtime.settings.admin_token
+            cookie = request.cookies.get(ADMIN_COOKIE)
+            ttl_s = runtime.settings.admin_session_ttl_s
+            session_id = (
+                cookie_session(admin_token, cookie, time.time(), ttl_s) if admin_token else None
+            )
+            if session_id is not None:
+                await runtime.admin_sessions.revoke(session_id)
             response = Redirect("/admin/login", status_code=303)
             response.delete_cookie(ADMIN_COOKIE, path="/")
             return response

@@ -42,7 +42,7 @@ class ChatController(Controller):
         caller: NamedDependency[Caller],
     ) -> Response[ChatCompletion] | Stream:
         body = await request.body()
-        prepared = chat.prepare(decode_chat_request(body))
+        prepared = await runtime.tokenize_pool.run(chat.prepare, decode_chat_request(body))
         return await answer(
             OpenAIAnswer(
                 "/v1/chat/completions",

@@ -42,7 +42,9 @@ class CompletionsController(Controller):
         caller: NamedDependency[Caller],
     ) -> Response[Completion] | Stream:
         body = await request.body()
-        prepared = completions.prepare(decode_body(body, CompletionRequest))
+        prepared = await runtime.tokenize_pool.run(
+            completions.prepare, decode_body(body, CompletionRequest)
+        )
         return await answer(
             OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion),
             request,

@@ -9,6 +9,7 @@ import msgspec
 
 # Limits are stored as 32-bit integers.
 PerMinute = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+InFlight = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
 
 
 class KeyCreateRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -16,6 +17,7 @@ class KeyCreateRequest(msgspec.Struct, forbid_unknown_fields=True):
     # Absent or null: unlimited.
     requests_per_minute: PerMinute | None = None
     tokens_per_minute: PerMinute | None = None
+    max_concurrent_requests: InFlight | None = None
 
 
 class ApiKeyObject(msgspec.Struct, kw_only=True):
@@ -26,6 +28,7 @@ class ApiKeyObject(msgspec.Struct, kw_only=True):
     prefix: str
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    max_concurrent_requests: int | None
     created_at: int
     revoked_at: int | None
 

@@ -359,6 +359,8 @@ class ApiKey(Base):
     # Per-minute limits; null is unlimited.
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
+    # Requests of the key in flight at once (per gateway); null is unlimited.
+    max_concurrent_requests: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
@@ -398,3 +400,16 @@ class IdempotencyRecord(Base):
     response_body: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class AdminSession(Base):
+    """A dashboard sign-in. The cookie carries the id, its issue time and an HMAC of both under
+    the admin token; this row makes the session revocable (logout) on every gateway sharing the
+    database, and bounds it in time on the server whatever the browser keeps."""
+
+    __tablename__ = "admin_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

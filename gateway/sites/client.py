@@ -29,7 +29,7 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
 
 
@@ -42,6 +42,11 @@ class SiteCallError(Exception):
 
 class SiteUnavailable(SiteCallError):
     """The site could not take the call (down, unreachable, overloaded): try another site."""
+
+
+class SiteBusy(SiteUnavailable):
+    """The site's waiting queue is full (RESOURCE_EXHAUSTED): try another site; the site
+    itself is healthy."""
 
 
 class SiteRejected(SiteCallError):
@@ -175,6 +180,8 @@ class SiteClient:
         code, detail = exc.code(), exc.details() or exc.code().name
         if code in _REJECTED:
             return SiteRejected(self.name, detail)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not accepted:
+            return SiteBusy(self.name, detail)
         if code in _RETRYABLE and not accepted:
             return SiteUnavailable(self.name, detail)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:

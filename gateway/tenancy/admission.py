@@ -10,12 +10,19 @@ not settled: its items run later, outside the window that charge counts in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.api.errors import OpenAIError
+from gateway.tenancy.concurrency import InFlightCounter, Slot
 from gateway.tenancy.keys import DISPLAY_PREFIX_CHARS, KEY_SCHEME, KeyRecord, KeyService
 from gateway.tenancy.limiter import Charge, Refusal, SlidingWindowLimiter
+
+log = logging.getLogger(__name__)
+# Called with a revoked key's id (for work other than client requests: queued batch items).
+RevokeHook = Callable[[int], None]
 
 
 def invalid_api_key(message: str) -> OpenAIError:
@@ -49,28 +56,73 @@ def bearer_credential(authorization: str | None) -> str | None:
     return credential if scheme.lower() == "bearer" and credential else None
 
 
-@dataclass(slots=True)
+def too_many_in_flight(key: KeyRecord, limit: int) -> OpenAIError:
+    return OpenAIError(
+        429,
+        f"API key {key.prefix}... ('{key.name}') has {limit} requests in flight, its limit; "
+        "retry when one ends",
+        type="requests",
+        code="concurrency_limit_exceeded",
+        retry_after_s=1,
+    )
+
+
+@dataclass(slots=True, weakref_slot=True, eq=False)  # by identity: kept in weak sets
 class KeyAdmission:
     """One request's hold on its key's limits (CompletionService.dispatch's Admission)."""
 
     limiter: SlidingWindowLimiter
     key: KeyRecord
+    in_flight: InFlightCounter | None = None
     _charge: Charge | None = None
+    _slot: Slot | None = None
+    # What stops the request if its key is revoked while it runs (set by its dispatch).
+    _on_revoke: Callable[[], None] | None = None
+    revoked: bool = False
 
     @property
     def api_key_id(self) -> int:
         return self.key.id
 
-    def charge(self, tokens: int) -> None:
-        """Takes one request and `tokens` from the key's budget, or raises 429."""
+    def charge(self, tokens: int, most_tokens: int) -> None:
+        """Takes one request and `tokens` from the key's budget, or raises 429. A request that
+        could take more than a whole minute's budget (`most_tokens`: prompt + max_tokens) is
+        refused outright: one request may not outrun its key's limit, whatever was predicted."""
+        limit = self.key.limits.tokens_per_minute
+        if limit is not None and most_tokens > limit:
+            raise rate_limited(self.key, Refusal("tokens", limit, 0, most_tokens, None))
+        cap = self.key.max_concurrent_requests
+        if self.in_flight is not None:
+            if not self.in_flight.try_enter(self.key.id, cap):
+                raise too_many_in_flight(self.key, cap or 0)
+            self._slot = Slot(self.in_flight, self.key.id)
+            weakref.finalize(self, self._slot.release)
         outcome = self.limiter.admit(self.key.id, self.key.limits, 1, tokens)
         if isinstance(outcome, Refusal):
+            self._release()
             raise rate_limited(self.key, outcome)
         self._charge = outcome
 
     def settle(self, tokens: int) -> None:
+        self._release()
         if self._charge is not None:
             self.limiter.settle(self._charge, tokens)
+
+    def _release(self) -> None:
+        if self._slot is not None:
+            self._slot.release()
+
+    def watch_revocation(self, stop: Callable[[], None]) -> None:
+        """`stop` is called if the key is revoked while the request runs (at once if it was
+        revoked already)."""
+        self._on_revoke = stop
+        if self.revoked:
+            stop()
+
+    def revoke(self) -> None:
+        self.revoked = True
+        if self._on_revoke is not None:
+            self._on_revoke()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +138,11 @@ class Caller:
 
     def admission(self) -> KeyAdmission | None:
         """The request's hold on the key's limits (for CompletionService.dispatch)."""
-        return KeyAdmission(self.tenancy.limiter, self.key) if self.key is not None else None
+        if self.key is None:
+            return None
+        admission = KeyAdmission(self.tenancy.limiter, self.key, self.tenancy.in_flight)
+        self.tenancy.running.setdefault(self.key.id, weakref.WeakSet()).add(admission)
+        return admission
 
     def admit_batch(self, items: Sequence[tuple[int, int]]) -> None:
         """Charges a batch of (prompt tokens, max_tokens) items whole, or raises 429."""
@@ -104,6 +160,15 @@ class Tenancy:
         self.keys = keys
         self.limiter = limiter
         self.require_keys = require_keys
+        self.in_flight = InFlightCounter()
+        # Requests admitted per key, while they exist: revoking the key stops them.
+        self.running: dict[int, weakref.WeakSet[KeyAdmission]] = {}
+        self._revoke_hooks: list[RevokeHook] = []
+
+    def add_revoke_hook(self, hook: RevokeHook) -> None:
+        """Runs `hook(key_id)` whenever a key is revoked through this gateway (the batch
+        runner's queued items are its to stop)."""
+        self._revoke_hooks.append(hook)
 
     async def authenticate(self, authorization: str | None) -> Caller:
         """The caller, by its live key or anonymous (only when keys are not required); 401 for
@@ -134,4 +199,11 @@ class Tenancy:
         key = await self.keys.revoke(key_id)
         if key is not None:
             self.limiter.forget(key_id)
+            for admission in list(self.running.pop(key_id, ())):
+                admission.revoke()
+            for hook in self._revoke_hooks:
+                try:
+                    hook(key_id)
+                except Exception:  # one hook's failure must not keep the others from running
+                    log.exception("a revoke hook failed for key %d", key_id)
         return key

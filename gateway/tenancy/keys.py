@@ -41,6 +41,7 @@ class KeyRecord:
     tokens_per_minute: int | None
     created_at: datetime
     revoked_at: datetime | None
+    max_concurrent_requests: int | None = None
 
     @property
     def limits(self) -> Limits:
@@ -76,6 +77,7 @@ def _record(row: ApiKey) -> KeyRecord:
         tokens_per_minute=row.tokens_per_minute,
         created_at=row.created_at,
         revoked_at=row.revoked_at,
+        max_concurrent_requests=row.max_concurrent_requests,
     )
 
 
@@ -84,7 +86,11 @@ class KeyService:
         self._sessions = sessions
 
     async def create(
-        self, name: str, requests_per_minute: int | None, tokens_per_minute: int | None
+        self,
+        name: str,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        max_concurrent_requests: int | None = None,
     ) -> NewKey:
         plaintext = generate_key()
         async with self._sessions.begin() as session:
@@ -94,6 +100,7 @@ class KeyService:
                 key_hash=hash_key(plaintext),
                 requests_per_minute=requests_per_minute,
                 tokens_per_minute=tokens_per_minute,
+                max_concurrent_requests=max_concurrent_requests,
                 created_at=utcnow(),
             )
             session.add(row)

@@ -9,6 +9,8 @@ moment a retry can succeed (later settlements can only move it by what they chan
 
 No I/O and an injectable clock: the table-driven tests in tests/unit/test_limiter.py drive it.
 This is per process: with several gateway replicas each enforces its own share of the limits.
+A charge settled after it left the window is charged its overrun at settlement, so a request
+that runs longer than the window is still paid for in full.
 """
 
 from __future__ import annotations
@@ -105,12 +107,21 @@ class SlidingWindowLimiter:
         return charge
 
     def settle(self, charge: Charge, tokens: int) -> None:
-        """Replaces the charge's predicted tokens with the real count (once)."""
+        """Replaces the charge's predicted tokens with the real count (once). A charge that has
+        left the window (its request ran longer than the window) still pays what it overran:
+        the excess is charged now, so no request outlasts its way out of the limit."""
         if charge.settled:
             return
         charge.settled = True
-        if charge.live:
-            self._windows[charge.key_id].tokens += tokens - charge.tokens
+        overrun, now = tokens - charge.tokens, self._clock()
+        window = self._windows.get(charge.key_id)  # None once the key was forgotten (revoked)
+        if window is not None:
+            self._prune(charge.key_id, now)  # so `live` says whether it is in the window now
+            if charge.live:
+                window.tokens += overrun
+            elif overrun > 0:
+                window.charges.append(Charge(charge.key_id, now, 0, overrun, settled=True))
+                window.tokens += overrun
         charge.tokens = tokens
 
     def used(self, key_id: int) -> tuple[int, int]:

@@ -99,8 +99,8 @@ variable "sites" {
     error_message = "sites: zone is required on gcp (<region>-a); on aws it is <region><letter>, on azure \"1\", \"2\" or \"3\"; both optional."
   }
   validation {
-    condition     = alltrue([for site in values(var.sites) : alltrue([for key, value in site.settings : contains(["SITE_DEVICE", "SITE_DTYPE", "SITE_MAX_NUM_SEQS", "SITE_MAX_NUM_BATCHED_TOKENS", "SITE_BLOCK_SIZE", "SITE_KV_CACHE_MIB", "SITE_POLICY", "SITE_LOAD_REPORT_INTERVAL_MS", "SITE_TORCH_THREADS"], key) && !can(regex("[\n\r'\"]", value))])])
-    error_message = "sites: settings keys are engine settings (SITE_DEVICE, SITE_DTYPE, SITE_MAX_NUM_SEQS, SITE_MAX_NUM_BATCHED_TOKENS, SITE_BLOCK_SIZE, SITE_KV_CACHE_MIB, SITE_POLICY, SITE_LOAD_REPORT_INTERVAL_MS, SITE_TORCH_THREADS) with single-line values; names, model and port come from the site map."
+    condition     = alltrue([for site in values(var.sites) : alltrue([for key, value in site.settings : contains(["SITE_DEVICE", "SITE_DTYPE", "SITE_MAX_NUM_SEQS", "SITE_MAX_NUM_BATCHED_TOKENS", "SITE_BLOCK_SIZE", "SITE_KV_CACHE_MIB", "SITE_POLICY", "SITE_LOAD_REPORT_INTERVAL_MS", "SITE_TORCH_THREADS", "SITE_MAX_QUEUED_REQUESTS"], key) && !can(regex("[\n\r'\"]", value))])])
+    error_message = "sites: settings keys are engine settings (SITE_DEVICE, SITE_DTYPE, SITE_MAX_NUM_SEQS, SITE_MAX_NUM_BATCHED_TOKENS, SITE_BLOCK_SIZE, SITE_KV_CACHE_MIB, SITE_POLICY, SITE_LOAD_REPORT_INTERVAL_MS, SITE_TORCH_THREADS, SITE_MAX_QUEUED_REQUESTS) with single-line values; names, model and port come from the site map."
   }
   validation {
     condition = length(distinct(flatten([
@@ -158,8 +158,8 @@ variable "gateway" {
     error_message = "gateway.routing_policy must be round_robin, least_requests, least_tokens or mico."
   }
   validation {
-    condition     = alltrue([for key, value in var.gateway.settings : can(regex("^GATEWAY_[A-Z0-9_]+$", key)) && !contains(["GATEWAY_DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_FEDERATION_FILE", "GATEWAY_ROUTING_POLICY", "GATEWAY_PREDICTOR_DIR", "GATEWAY_ADMIN_TOKEN", "GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY"], key)])
-    error_message = "gateway.settings: GATEWAY_* names other than those the deployment sets itself (database URL, host, port, federation file, routing policy, predictor dir, admin token, site TLS files)."
+    condition     = alltrue([for key, value in var.gateway.settings : can(regex("^GATEWAY_[A-Z0-9_]+$", key)) && !contains(["GATEWAY_DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_FEDERATION_FILE", "GATEWAY_ROUTING_POLICY", "GATEWAY_PREDICTOR_DIR", "GATEWAY_ADMIN_TOKEN", "GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY", "GATEWAY_REQUIRE_API_KEYS", "GATEWAY_ALLOW_OPEN_ACCESS"], key)])
+    error_message = "gateway.settings: GATEWAY_* names other than those the deployment sets itself (database URL, host, port, federation file, routing policy, predictor dir, admin token, site TLS files, API keys required)."
   }
   validation {
     condition     = var.gateway.predictor_dir == null || startswith(coalesce(var.gateway.predictor_dir, "-"), "/srv/fedllm/predictor/")

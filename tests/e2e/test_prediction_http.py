@@ -13,9 +13,7 @@ import httpx
 import pytest
 
 from gateway.launch import LaunchError
-from predictor.baseline import SklearnConfig
-from predictor.training import TrainingSet, TrainSpec, train_artifact
-from tests.unit.predictor.conftest import synthetic_records
+from tests.support.predictor_artifact import small_artifact
 
 pytestmark = pytest.mark.slow
 
@@ -23,11 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real (small) artifact; log-spaced buckets so short answers still span several."""
-    out = tmp_path_factory.mktemp("predictor") / "base"
-    data = TrainingSet(synthetic_records(120, seed=1), synthetic_records(40, seed=2, corpus="v"))
-    spec = TrainSpec("sklearn", "log_n10_l1024", sklearn=SklearnConfig(max_iter=200))
-    train_artifact(spec, data, out, progress=lambda _: None)
-    return out
+    return small_artifact(tmp_path_factory.mktemp("predictor") / "base")
 
 
 def version_of(base_url: str) -> str | None:

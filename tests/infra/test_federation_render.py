@@ -7,7 +7,6 @@ models, weights, the file and the container environment come from evaluating the
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -23,20 +22,17 @@ from gateway.db.migrate import downgrade
 from gateway.launch import ManagedProcess, free_port, spawn_site, wait_until_serving
 from gateway.settings import GatewaySettings
 from gateway.sites.config import load_federation, parse_federation
-from tests.infra.containers import DOCKER_DIR, environment, exec_form, one
+from tests.infra.containers import DOCKER_DIR, exec_form, one
 from tests.infra.deployment import (
     INFRASTRUCTURE_OUTPUTS,
     RenderedRoot,
     addresses_for,
     certificate_outputs,
-    module_inputs,
-    module_locals,
     render_root,
-    resource_doubles,
     tfvars,
 )
-from tests.infra.hcl_eval import Evaluator
-from tests.infra.hcl_tree import TERRAFORM_DIR, ModuleConfig
+from tests.infra.gateway_render import gateway_container_env, gateway_secrets
+from tests.infra.hcl_tree import ModuleConfig
 from tests.support.tls_certs import make_pki
 
 GATEWAY_ENTRYPOINT = DOCKER_DIR / "gateway-entrypoint.sh"
@@ -130,28 +126,13 @@ def test_a_draining_site_keeps_its_engines_but_leaves_the_federation(
     assert {m["name"] for m in drained["models"]} == {"qwen2.5-7b-instruct"}
 
 
-def _gateway_container_env(root: ModuleConfig, rendered: RenderedRoot) -> dict[str, str]:
-    gateway = ModuleConfig.load(TERRAFORM_DIR / "modules" / "aws_gateway")
-    inputs = module_inputs(root, rendered, "gateway")
-    evaluator = module_locals(
-        gateway,
-        inputs,
-        overrides={
-            "aws_db_instance.gateway.address": "fedllm.abc123.us-east-1.rds.amazonaws.com",
-            "aws_db_instance.gateway.port": 5432,
-        },
-    )
-    container: dict[str, str] = evaluator.local("environment")
-    return {**environment(DOCKER_DIR / "gateway.Dockerfile"), **container}
-
-
 def test_the_gateway_container_environment_is_valid_gateway_settings(
     root: ModuleConfig, rendered: RenderedRoot, example: dict[str, Any]
 ) -> None:
-    env = _gateway_container_env(root, rendered)
+    env = gateway_container_env(root, rendered)
     known = {f"GATEWAY_{name.upper()}" for name in GatewaySettings.__dataclass_fields__}
     assert {k for k in env if k.startswith("GATEWAY_")} <= known
-    settings = GatewaySettings.from_env(env)
+    settings = GatewaySettings.from_env({**env, **gateway_secrets(root, rendered)})
     assert settings.routing_policy == example["gateway"]["routing_policy"]
     assert settings.host == "0.0.0.0"
     assert settings.port == 8000
@@ -162,34 +143,10 @@ def test_the_gateway_container_environment_is_valid_gateway_settings(
         assert env[key] == value
 
 
-def _gateway_secrets(root: ModuleConfig, rendered: RenderedRoot) -> dict[str, str]:
-    """What ECS injects from the gateway's secrets: each `secrets` entry of the container
-    resolved against the JSON the module writes into the gateway's bundle."""
-    gateway = ModuleConfig.load(TERRAFORM_DIR / "modules" / "aws_gateway")
-    inputs = module_inputs(root, rendered, "gateway")
-    evaluator = module_locals(gateway, inputs, keys=[])
-    written = gateway.resources[("aws_secretsmanager_secret_version", "gateway")]
-    tree = written.attributes["secret_string"]
-    bundle = json.loads(
-        Evaluator(
-            variables=evaluator.variables,
-            locals=gateway.locals,
-            directory=gateway.directory,
-            roots=resource_doubles([tree], []),
-        ).evaluate(tree)
-    )
-    secrets: dict[str, str] = {}
-    for name, value_from in evaluator.local("secret_environment").items():
-        arn, key = value_from.rsplit(":", 3)[:2]
-        if arn == "<aws_secretsmanager_secret.gateway.arn>":
-            secrets[name] = bundle[key]
-    return secrets
-
-
 def test_the_gateway_bundle_delivers_the_pkis_ca_and_client_certificate(
     root: ModuleConfig, rendered: RenderedRoot
 ) -> None:
-    secrets = _gateway_secrets(root, rendered)
+    secrets = gateway_secrets(root, rendered)
     pki = INFRASTRUCTURE_OUTPUTS["pki"]
     assert secrets["FEDLLM_TLS_CA_PEM"] == pki["ca_cert_pem"]
     assert secrets["FEDLLM_TLS_CERT_PEM"] == pki["gateway_cert_pem"]
@@ -267,8 +224,8 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
             }
 
         rendered = render_root(root, example, at_live_sites, {"pki": pki})
-        env = _gateway_container_env(root, rendered)
-        env.update(_gateway_secrets(root, rendered))
+        env = gateway_container_env(root, rendered)
+        env.update(gateway_secrets(root, rendered))
         state = tmp_path / "state"
         for model in served:  # what the entrypoint would download from FEDLLM_MODELS
             (state / "models").mkdir(parents=True, exist_ok=True)
@@ -314,13 +271,19 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
         assert checked.returncode == 0
 
         base = f"http://127.0.0.1:{port}"
-        listed = httpx.get(f"{base}/v1/models", timeout=10).json()
+        # The deployment requires API keys: none is a 401, one made through the admin API serves.
+        assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 401
+        admin = {"Authorization": f"Bearer {env['GATEWAY_ADMIN_TOKEN']}"}
+        made = httpx.post(f"{base}/admin/api/keys", json={"name": "t"}, headers=admin, timeout=10)
+        client = {"Authorization": f"Bearer {made.json()['key']}"}
+        listed = httpx.get(f"{base}/v1/models", headers=client, timeout=10).json()
         assert sorted(m["id"] for m in listed["data"]) == sorted(served)
         for model in sorted(served):
             engines = {s.name for s in federation.sites if s.model == model}
             response = httpx.post(
                 f"{base}/v1/completions",
                 json={"model": model, "prompt": "Hello", "max_tokens": 4},
+                headers=client,
                 timeout=60,
             )
             assert response.status_code == 200, response.text

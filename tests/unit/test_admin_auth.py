@@ -4,32 +4,73 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.api.admin_auth import is_admin, session_value
+from gateway.api.admin_auth import (
+    LoginThrottle,
+    bearer_is_admin,
+    cookie_session,
+    session_cookie,
+)
 from gateway.settings import GatewaySettings, SettingsError
 
 TOKEN = "s3cret-admin-token-123"
+NOW = 1_800_000_000
+TTL_S = 3600.0
 
 
 @pytest.mark.parametrize(
-    ("configured", "authorization", "cookie", "expected"),
+    ("configured", "authorization", "expected"),
     [
-        (TOKEN, f"Bearer {TOKEN}", None, True),
-        (TOKEN, f"bearer {TOKEN}", None, True),
-        (TOKEN, f"Bearer {TOKEN}x", None, False),
-        (TOKEN, f"Basic {TOKEN}", None, False),
-        (TOKEN, TOKEN, None, False),
-        (TOKEN, None, session_value(TOKEN), True),
-        (TOKEN, None, TOKEN, False),  # the raw token is not a session
-        (TOKEN, None, session_value("another-token-value"), False),
-        (TOKEN, None, None, False),
-        (None, f"Bearer {TOKEN}", session_value(TOKEN), False),  # unset: nobody is an operator
-        ("", "Bearer ", None, False),
+        (TOKEN, f"Bearer {TOKEN}", True),
+        (TOKEN, f"bearer {TOKEN}", True),
+        (TOKEN, f"Bearer {TOKEN}x", False),
+        (TOKEN, f"Basic {TOKEN}", False),
+        (TOKEN, TOKEN, False),
+        (TOKEN, None, False),
+        (None, f"Bearer {TOKEN}", False),  # unset: nobody is an operator
+        ("", "Bearer ", False),
     ],
 )
-def test_is_admin(
-    configured: str | None, authorization: str | None, cookie: str | None, expected: bool
-) -> None:
-    assert is_admin(configured, authorization, cookie) is expected
+def test_bearer_is_admin(configured: str | None, authorization: str | None, expected: bool) -> None:
+    assert bearer_is_admin(configured, authorization) is expected
+
+
+def test_a_session_cookie_names_its_session_until_it_expires() -> None:
+    cookie = session_cookie(TOKEN, "abc", NOW)
+    assert TOKEN not in cookie
+    assert cookie_session(TOKEN, cookie, NOW + 5, TTL_S) == "abc"
+    assert cookie_session(TOKEN, cookie, NOW + TTL_S - 1, TTL_S) == "abc"
+    assert cookie_session(TOKEN, cookie, NOW + TTL_S, TTL_S) is None  # the server's expiry
+    assert cookie_session(TOKEN, cookie, NOW - 60, TTL_S) is None  # issued in the future
+
+
+@pytest.mark.parametrize(
+    "cookie",
+    [
+        session_cookie("another-token-value", "abc", NOW),  # rotating the token voids it
+        session_cookie(TOKEN, "abc", NOW).replace("abc", "abd"),  # another session's id
+        session_cookie(TOKEN, "abc", NOW).replace(str(NOW), str(NOW + 3600)),  # extended
+        TOKEN,
+        "",
+        None,
+        "a.b.c",
+    ],
+)
+def test_a_forged_or_altered_cookie_names_nothing(cookie: str | None) -> None:
+    assert cookie_session(TOKEN, cookie, NOW + 5, TTL_S) is None
+
+
+def test_login_throttle_per_address() -> None:
+    throttle = LoginThrottle(limit=3, window_s=60, max_addresses=2)
+    for i in range(3):
+        assert throttle.retry_after_s("10.0.0.1", 100 + i) is None
+        throttle.failed("10.0.0.1", 100 + i)
+    assert throttle.retry_after_s("10.0.0.1", 110) == pytest.approx(50)
+    assert throttle.retry_after_s("10.0.0.2", 110) is None  # another address is not held up
+    assert throttle.retry_after_s("10.0.0.1", 161) is None  # the oldest failure left the window
+    throttle.failed("10.0.0.2", 170)
+    throttle.failed("10.0.0.3", 171)
+    throttle.failed("10.0.0.4", 172)  # over max_addresses: the longest known is forgotten
+    assert len(throttle._failures) <= 2
 
 
 def test_short_admin_token_is_refused_loudly() -> None:

@@ -85,10 +85,10 @@ def test_authentication_decided_by_the_header_alone(
 def test_request_charge_refused_with_429_and_retry_after() -> None:
     clock = FakeClock()
     admission = KeyAdmission(SlidingWindowLimiter(clock), _key(rpm=1))
-    admission.charge(30)
+    admission.charge(30, 30)
     clock.now = 15.2
     with pytest.raises(OpenAIError) as refused:
-        KeyAdmission(admission.limiter, admission.key).charge(30)
+        KeyAdmission(admission.limiter, admission.key).charge(30, 30)
     error = refused.value
     assert (error.status, error.body.code) == (429, "rate_limit_exceeded")
     assert error.body.type == "requests"
@@ -100,10 +100,10 @@ def test_request_charge_refused_with_429_and_retry_after() -> None:
 def test_settlement_replaces_the_pre_charge() -> None:
     limiter = SlidingWindowLimiter(FakeClock())
     admission = KeyAdmission(limiter, _key(tpm=100))
-    admission.charge(90)  # prompt + predicted answer
+    admission.charge(90, 90)  # prompt + predicted answer
     admission.settle(25)  # prompt + what was really generated
     assert limiter.used(7) == (1, 25)
-    KeyAdmission(limiter, admission.key).charge(75)  # the freed budget is usable at once
+    KeyAdmission(limiter, admission.key).charge(75, 75)  # the freed budget is usable at once
 
 
 def test_batch_larger_than_the_limit_is_refused_without_retry_after() -> None:

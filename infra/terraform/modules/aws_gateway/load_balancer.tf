@@ -1,5 +1,6 @@
-# The public endpoint: an HTTPS-only application load balancer. /admin and /metrics are forwarded
-# only from var.admin_cidrs; the gateway's own admin credential applies on top.
+# The public endpoint: an HTTPS-only application load balancer. /admin and /metrics (with any
+# trailing part) are forwarded only from var.admin_cidrs, and a percent-encoded path from nowhere;
+# the gateway's own admin credential applies on top.
 
 resource "aws_lb" "gateway" {
   #checkov:skip=CKV_AWS_91:Every request is recorded by the gateway itself in PostgreSQL (requests table: timings, site, outcome); load-balancer access logs would duplicate that into a bucket needing its own policy and retention.
@@ -52,6 +53,29 @@ resource "aws_lb_listener" "https" {
   default_action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.gateway.arn
+  }
+  tags = var.tags
+}
+
+# The gateway's server decodes percent-escapes before routing ("/%61dmin" is "/admin" there), so
+# a path the patterns below would not recognise could still reach the admin surface. No client
+# API path needs an escape: any path with one is refused before the admin rules are consulted.
+resource "aws_lb_listener_rule" "encoded_paths_refused" {
+  region       = var.region
+  listener_arn = aws_lb_listener.https.arn
+  priority     = 5
+  action {
+    type = "fixed-response"
+    fixed_response {
+      content_type = "application/json"
+      status_code  = "400"
+      message_body = jsonencode({ error = { message = "percent-encoded paths are not accepted", type = "invalid_request_error", param = null, code = "encoded_path" } })
+    }
+  }
+  condition {
+    path_pattern {
+      values = ["*%*"]
+    }
   }
   tags = var.tags
 }
