@@ -246,13 +246,13 @@ class BatchRunner:
         await self._store.assign(run.batch_id, assignments)
 
     async def _predict(self, model: str, item: QueuedItem) -> Prediction | None:
-        if self._completions.predictor.version is None:
+        if self._completions.predictors.version(model) is None:
             return None  # fallback mode: no need to tokenize the prompt again
         try:
             prompt = self._completions.prepare(completion_request(model, item.body)).prompt_text
         except OpenAIError:
             return None  # it no longer validates: it fails with the reason when it starts
-        return await self._completions.predictor.predict(prompt)
+        return await self._completions.predictors.predict(model, prompt)
 
     async def _lane(self, run: _Run, site_id: int | None) -> None:
         concurrency = self._settings.batch_site_concurrency

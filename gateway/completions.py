@@ -27,6 +27,7 @@ from gateway.api.schemas import CompletionRequest
 from gateway.db.models import RequestStatus
 from gateway.dispatch import Dispatch
 from gateway.metrics import GatewayMetrics
+from gateway.model_predictors import ModelPredictors
 from gateway.overload import InFlightBound
 from gateway.prediction import Prediction, PredictorService
 from gateway.routing.policy import Decision, RoutingPolicy
@@ -142,11 +143,11 @@ class CompletionService:
         tokenizers: ModelTokenizers,
         policy: RoutingPolicy,
         request_log: RequestLog,
-        predictor: PredictorService | None = None,
+        predictors: ModelPredictors | None = None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
         self.settings = settings
-        self.predictor = predictor or PredictorService(None)
+        self.predictors = predictors or ModelPredictors(PredictorService(None))
         self.metrics = metrics or GatewayMetrics()
         self._registry = registry
         self._tokenizers = tokenizers
@@ -291,7 +292,7 @@ class CompletionService:
         self, prepared: PreparedCompletion, admission: Admission | None
     ) -> Dispatch:
         started = time.monotonic()
-        prediction = await self.predictor.predict(prepared.prompt_text)
+        prediction = await self.predictors.predict(prepared.model, prepared.prompt_text)
         if prediction is not None:
             tokens = min(prediction.tokens, prepared.params.max_tokens)
             prepared = replace(

@@ -83,7 +83,9 @@ def bundled_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / filename
 
 
-def write_federation(work_dir: Path, model_dir: Path, sites: list[ManagedProcess]) -> Path:
+def write_federation(
+    work_dir: Path, model_dir: Path, sites: list[ManagedProcess], predictor_dir: Path | None
+) -> Path:
     entries = [
         {
             "name": name,
@@ -94,7 +96,10 @@ def write_federation(work_dir: Path, model_dir: Path, sites: list[ManagedProcess
         }
         for (name, cloud, region), site in zip(DEMO_SITES, sites, strict=True)
     ]
-    federation = {"models": [{"name": MODEL_NAME, "tokenizer": str(model_dir)}], "sites": entries}
+    model: dict[str, str] = {"name": MODEL_NAME, "tokenizer": str(model_dir)}
+    if predictor_dir is not None:  # the served model's own predictor (no default one here)
+        model["predictor"] = str(predictor_dir)
+    federation = {"models": [model], "sites": entries}
     path = work_dir / "federation.json"
     path.write_text(json.dumps(federation, indent=2))
     return path
@@ -230,10 +235,10 @@ def run(args: argparse.Namespace) -> int:
     processes: list[ManagedProcess] = []
     try:
         processes.extend(start_sites(model_dir, work_dir))
-        federation = write_federation(work_dir, model_dir, processes)
+        federation = write_federation(
+            work_dir, model_dir, processes, None if args.no_predictor else predictor_dir
+        )
         gateway_env = {"GATEWAY_ROUTING_POLICY": "mico", "GATEWAY_ADMIN_TOKEN": admin_token}
-        if not args.no_predictor:
-            gateway_env["GATEWAY_PREDICTOR_DIR"] = str(predictor_dir)
         gateway = start_gateway(
             env=gateway_env,
             federation_file=federation,

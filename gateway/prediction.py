@@ -77,7 +77,7 @@ class PredictorService:
         metrics: GatewayMetrics | None = None,
     ) -> None:
         self._predictor = predictor
-        # The runtime hands over the gateway's metrics after start_predictor built this service.
+        # The runtime hands over the gateway's metrics after start_predictors built this service.
         self.metrics = metrics or GatewayMetrics()
         self._path = path
         self._loader = loader

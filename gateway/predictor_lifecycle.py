@@ -1,8 +1,11 @@
-"""Which length predictor the gateway serves, from start-up to every newly activated version.
+"""Which length predictors the gateway serves, from start-up to every newly activated version.
 
-At start: the version the database marks active, else GATEWAY_PREDICTOR_DIR (registered and
-activated), else none (fallback mode). A configured artifact that cannot be loaded stops the
-start with a clear message: serving silently without it would hide a broken deployment. Later,
+For each served model and for the default (every model without its own), at start: the version
+the database marks active for it, else the configured artifact (the federation file's
+`predictor` for a model, GATEWAY_PREDICTOR_DIR for the default; registered and activated), else
+none (the default's fallback mode: engines plan with max_tokens). A configured artifact that
+cannot be loaded stops the start with a clear message: serving silently without it would hide a
+broken deployment. Later,
 a version activated in the registry (by the retrain command, or an operator) is loaded without a
 restart; if it cannot be loaded, the current one keeps serving and the error is logged.
 """
@@ -11,11 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
+from gateway.model_predictors import ModelPredictors
 from gateway.prediction import PredictorLike, PredictorService
-from gateway.services.predictor_registry import PredictorRegistry
+from gateway.services.predictor_registry import (
+    DEFAULT_MODEL,
+    PredictorRegistry,
+    RegisteredVersion,
+)
 from gateway.settings import GatewaySettings
+from gateway.sites.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,46 +42,97 @@ def load_predictor(path: Path) -> PredictorLike:
     return predictor
 
 
-def artifact_summary(path: Path) -> tuple[str, str, dict[str, object]]:
-    """(kind, scheme name, metrics) from an artifact's manifest, for the registry."""
+async def register_artifact(
+    registry: PredictorRegistry,
+    path: Path,
+    *,
+    model: str,
+    activate: bool,
+    decision: dict[str, object] | None = None,
+) -> RegisteredVersion:
+    """Registers the artifact at `path` (kind, scheme and metrics from its manifest; with the
+    activation decision's numbers when one was made)."""
     from predictor.artifact import load_manifest
 
-    manifest = load_manifest(path)
-    return str(manifest.kind), manifest.scheme.name, dict(manifest.metrics)
+    manifest = await asyncio.to_thread(load_manifest, path)
+    resolved = await asyncio.to_thread(path.resolve)
+    metrics = dict(manifest.metrics) | ({"activation": decision} if decision else {})
+    return await registry.register(
+        version=manifest.version,
+        path=str(resolved),
+        kind=str(manifest.kind),
+        scheme=manifest.scheme.name,
+        metrics=metrics,
+        activate=activate,
+        model=model,
+    )
 
 
-async def start_predictor(
-    settings: GatewaySettings, registry: PredictorRegistry
-) -> PredictorService:
-    active = await registry.active()
-    path = Path(active.path) if active is not None else settings.predictor_dir
+async def start_predictors(
+    settings: GatewaySettings, models: Iterable[ModelConfig], registry: PredictorRegistry
+) -> ModelPredictors:
+    """The default predictor and each served model's own, as the registry or the configuration
+    names them."""
+    active = await registry.active_by_model()
+    configured: dict[str, Path | None] = {DEFAULT_MODEL: settings.predictor_dir}
+    configured |= {model.name: model.predictor for model in models}
+    services: dict[str, PredictorService] = {}
+    for model, path in configured.items():
+        service = await _start_one(model, active.get(model), path, registry)
+        if service is not None:
+            services[model] = service
+    default = services.pop(DEFAULT_MODEL, None) or PredictorService(None, loader=load_predictor)
+    if default.version is None:
+        log.warning("no default length predictor: models without their own go without one")
+    return ModelPredictors(default, services, loader=load_predictor)
+
+
+async def _start_one(
+    model: str,
+    active: RegisteredVersion | None,
+    configured: Path | None,
+    registry: PredictorRegistry,
+) -> PredictorService | None:
+    path = Path(active.path) if active is not None else configured
     if path is None:
-        log.warning("no length predictor configured: fallback mode (engines plan with max_tokens)")
-        return PredictorService(None, loader=load_predictor)
+        return None
     try:
         predictor = await asyncio.to_thread(load_predictor, path)
     except Exception as exc:
-        source = "the active registered version" if active else "GATEWAY_PREDICTOR_DIR"
+        source = "the active registered version" if active else "the configured artifact"
         raise PredictorStartupError(
-            f"cannot load the length predictor at {path} ({source}): {exc}"
+            f"cannot load the length predictor of {_label(model)} at {path} ({source}): {exc}"
         ) from exc
     if active is None:
-        kind, scheme, metrics = artifact_summary(path)
-        await registry.register(version=predictor.version, path=str(path.resolve()), kind=kind,
-                                scheme=scheme, metrics=metrics, activate=True)  # fmt: skip
-    log.info("length predictor %s loaded from %s", predictor.version, path)
+        await register_artifact(registry, path, model=model, activate=True)
+    log.info("length predictor %s loaded from %s for %s", predictor.version, path, _label(model))
     return PredictorService(predictor, path=str(path), loader=load_predictor)
 
 
+def _label(model: str) -> str:
+    return f"model {model}" if model != DEFAULT_MODEL else "the default"
+
+
 async def follow_registry(
-    service: PredictorService, registry: PredictorRegistry, poll_s: float
+    predictors: ModelPredictors,
+    registry: PredictorRegistry,
+    served_models: Iterable[str],
+    poll_s: float,
 ) -> None:
-    """Swaps to whichever version the registry marks active, whenever that changes."""
+    """Swaps each model to whichever version the registry marks active, whenever that changes."""
+    watched = {DEFAULT_MODEL, *served_models}
     while True:
         await asyncio.sleep(poll_s)
         try:
-            active = await registry.active()
-            if active is not None and active.version != service.version:
-                await service.swap(Path(active.path))
-        except Exception:  # keep serving the current version; the next poll tries again
-            log.exception("could not switch the length predictor")
+            active = await registry.active_by_model()
+        except Exception:  # keep serving the current versions; the next poll tries again
+            log.exception("could not read the predictor registry")
+            continue
+        for model, version in active.items():
+            current = predictors.status().get(model)
+            if model not in watched or (current is not None and current.version == version.version):
+                continue
+            try:
+                await predictors.swap(model, Path(version.path))
+            except Exception:  # this model keeps its current version; the next poll tries again
+                log.exception("could not switch the length predictor of %s", _label(model))

@@ -6,7 +6,8 @@
 It reads the collected (prompt, completion tokens) samples, trains a new version starting from
 the active one (mixed with the base corpora unless --no-base-data), compares new and current on
 held-out samples, and registers the new version. Gateways watching the registry switch to an
-activated version without a restart (GATEWAY_PREDICTOR_POLL_S).
+activated version without a restart (GATEWAY_PREDICTOR_POLL_S). With --model, the new version is
+that model's own (it starts from the model's active version, else the default's).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.predictor_lifecycle import artifact_summary
+from gateway.predictor_lifecycle import register_artifact
 from gateway.services.length_samples import count_samples, load_samples
-from gateway.services.predictor_registry import PredictorRegistry
+from gateway.services.predictor_registry import DEFAULT_MODEL, PredictorRegistry
 
 if TYPE_CHECKING:
     from predictor.retrain import RetrainReport
@@ -35,7 +36,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--database-url", default=os.environ.get("GATEWAY_DATABASE_URL"))
     parser.add_argument("--out", type=Path, default=None, help="default: var/predictor/<time>")
     parser.add_argument("--base", type=Path, default=None, help="default: the active version")
-    parser.add_argument("--model", default=None, help="only samples of this served model")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="retrain this served model's own predictor, on its samples alone (default: the "
+        "default predictor, on every model's samples)",
+    )
     parser.add_argument("--activate", choices=("if-better", "always", "never"), default="if-better")
     parser.add_argument("--no-base-data", action="store_true")
     parser.add_argument("--include-censored", action="store_true")
@@ -52,7 +58,8 @@ async def run(args: argparse.Namespace) -> int:
     sessions = create_sessionmaker(engine)
     registry = PredictorRegistry(sessions)
     try:
-        active = await registry.active()
+        key = args.model or DEFAULT_MODEL
+        active = await registry.active(key) or await registry.active(DEFAULT_MODEL)
         base = args.base or (Path(active.path) if active else None)
         if base is None:
             print("error: no active predictor version to start from; pass --base", file=sys.stderr)
@@ -82,15 +89,7 @@ async def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         activate = args.activate == "always" or (args.activate == "if-better" and report.better)
-        kind, scheme, metrics = artifact_summary(out)
-        await registry.register(
-            version=report.new_version,
-            path=str(out.resolve()),
-            kind=kind,
-            scheme=scheme,
-            metrics=metrics,
-            activate=activate,
-        )
+        await register_artifact(registry, out, model=key, activate=activate)
         print(f"registered {report.new_version} ({'active' if activate else 'not activated'})")
         return 0
     finally:

@@ -23,7 +23,7 @@ from gateway.idempotency import Idempotency
 from gateway.load_sampler import LoadSampler
 from gateway.metrics import GatewayMetrics
 from gateway.offload import OffloadCoordinator
-from gateway.predictor_lifecycle import follow_registry, start_predictor
+from gateway.predictor_lifecycle import follow_registry, start_predictors
 from gateway.routing.policy import build_policy
 from gateway.services.admin_sessions import AdminSessionStore
 from gateway.services.idempotency import IdempotencyStore
@@ -115,7 +115,7 @@ class GatewayRuntime:
         )
         await monitor.check_once()  # route from the first request on, not after one interval
         predictor_registry = PredictorRegistry(sessions)
-        predictor = await start_predictor(settings, predictor_registry)
+        predictor = await start_predictors(settings, federation.models, predictor_registry)
         predictor.start()
         metrics = GatewayMetrics()
         metrics.watch_sites(registry.all)
@@ -156,7 +156,12 @@ class GatewayRuntime:
             runtime._tasks.append(asyncio.create_task(runtime.offload.run(), name="offload"))
         runtime._tasks.append(
             asyncio.create_task(
-                follow_registry(predictor, predictor_registry, settings.predictor_poll_s),
+                follow_registry(
+                    predictor,
+                    predictor_registry,
+                    [model.name for model in federation.models],
+                    settings.predictor_poll_s,
+                ),
                 name="predictor-registry",
             )
         )
@@ -183,7 +188,7 @@ class GatewayRuntime:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.completions.predictor.stop()
+        await self.completions.predictors.stop()
         await self.completions.drain()
         await self.idempotency.drain()
         self.tokenize_pool.close()

@@ -9,6 +9,7 @@ from sqlalchemy import text
 from gateway.api.client_auth import require_client_key
 from gateway.api.schemas import ModelCard, ModelList
 from gateway.runtime import GatewayRuntime
+from gateway.services.predictor_registry import DEFAULT_MODEL
 
 
 class ModelsController(Controller):
@@ -45,13 +46,22 @@ class HealthController(Controller):
         except Exception as exc:  # any failure means not ready; the reason is reported
             database = f"error: {type(exc).__name__}"
         ready = database == "ok" and any(sites.values())
-        predictor = runtime.completions.predictor.status()
+        predictors = runtime.completions.predictors.status()
         body: dict[str, object] = {
             "ready": ready,
             "database": database,
             "sites": sites,
             # Sites an operator is draining (they finish their work and take nothing new).
             "draining": runtime.drainer.draining(),
-            "predictor": {"mode": predictor.mode, "version": predictor.version},
+            "predictor": {
+                "mode": predictors[DEFAULT_MODEL].mode,
+                "version": predictors[DEFAULT_MODEL].version,
+            },
+            # Served models with a predictor of their own (the default predicts the others).
+            "model_predictors": {
+                model: status.version
+                for model, status in predictors.items()
+                if model != DEFAULT_MODEL
+            },
         }
         return Response(body, status_code=200 if ready else 503)

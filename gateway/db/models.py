@@ -168,12 +168,17 @@ class LengthSample(Base):
 
 
 class PredictorVersion(Base):
-    """A registered predictor artifact; the gateway serves the active one and follows changes."""
+    """A registered predictor artifact; the gateway serves each model's active one and follows
+    changes."""
 
     __tablename__ = "predictor_versions"
+    __table_args__ = (Index("ix_predictor_versions_model_active", "model", "active"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     version: Mapped[str] = mapped_column(String(64), unique=True)
+    # The served model it predicts; "" is the default for every model without its own. One
+    # version per model is active.
+    model: Mapped[str] = mapped_column(String(128), default="", server_default="")
     path: Mapped[str] = mapped_column(String(1024))
     kind: Mapped[str] = mapped_column(String(32))
     scheme: Mapped[str] = mapped_column(String(64))

@@ -2,14 +2,18 @@
 
     {
       "models": [{"name": "tiny-llama", "tokenizer": "var/models/tiny-llama",
-                  "chat_template": "templates/tiny.jinja"}],
+                  "chat_template": "templates/tiny.jinja",
+                  "predictor": "var/predictor/tiny-llama"}],
       "sites": [{"name": "aws-use1-a", "cloud": "aws", "region": "us-east-1",
                  "endpoint": "10.0.0.5:50051", "model": "tiny-llama", "capacity_weight": 1.0}]
     }
 
 `chat_template` (a Jinja file) is optional: gateway/chat_templates.py says what is used without
-it. A site's optional `tls_server_name` is the name its TLS certificate carries when the
-endpoint's host is not it (docs/security.md). Relative paths are resolved against the file's
+it. `predictor` (optional) is the model's own length-predictor artifact, trained on that model's
+answers; a model without one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and
+a version the registry activates for the model replaces either (gateway/predictor_lifecycle.py).
+A site's optional `tls_server_name` is the name its TLS certificate carries when the endpoint's
+host is not it (docs/security.md). Relative paths are resolved against the file's
 folder. Terraform renders this file for real deployments (infra/terraform), so it is plain JSON.
 """
 
@@ -38,6 +42,8 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     tokenizer: str
     # A Jinja chat-template file; absent: the tokenizer's own template, else ChatML.
     chat_template: str | None = None
+    # The model's own length-predictor artifact (a directory); absent: the gateway's default.
+    predictor: str | None = None
 
 
 class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,6 +67,7 @@ class ModelConfig:
     name: str
     tokenizer: Path
     chat_template: Path | None = None
+    predictor: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             m.name,
             (base_dir / m.tokenizer).resolve(),
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
+            None if m.predictor is None else (base_dir / m.predictor).resolve(),
         )
         for m in raw.models
     )

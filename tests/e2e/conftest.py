@@ -54,7 +54,12 @@ SITE_PLACES = {
 }
 
 
-def write_federation(path: Path, model_dir: Path, endpoints: dict[str, str]) -> Path:
+def write_federation(
+    path: Path,
+    model_dir: Path,
+    endpoints: dict[str, str],
+    model_options: dict[str, str] | None = None,
+) -> Path:
     sites = [
         {
             "name": name,
@@ -65,9 +70,8 @@ def write_federation(path: Path, model_dir: Path, endpoints: dict[str, str]) -> 
         }
         for name, endpoint in endpoints.items()
     ]
-    path.write_text(
-        json.dumps({"models": [{"name": "tiny", "tokenizer": str(model_dir)}], "sites": sites})
-    )
+    model = {"name": "tiny", "tokenizer": str(model_dir), **(model_options or {})}
+    path.write_text(json.dumps({"models": [model], "sites": sites}))
     return path
 
 
@@ -83,6 +87,7 @@ def start_federation(
         dead: tuple[str, ...] = (),
         database_url: str | None = None,
         env: dict[str, str] | None = None,
+        model_options: dict[str, str] | None = None,
     ) -> Federation:
         work = tmp_path_factory.mktemp("federation")
         sites = {
@@ -98,7 +103,9 @@ def start_federation(
         endpoints.update({name: f"127.0.0.1:{free_port()}" for name in dead})
         url = database_url or f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         gateway = start_gateway(
-            federation_file=write_federation(work / "federation.json", tiny_llama_dir, endpoints),
+            federation_file=write_federation(
+                work / "federation.json", tiny_llama_dir, endpoints, model_options
+            ),
             database_url=url,
             log_dir=work,
             expect_healthy_sites=len(live),

@@ -90,9 +90,57 @@ def test_predictions_samples_and_hot_swap(start_federation, artifact: Path, tmp_
     assert row["predictor_version"] == new_version != first_version
 
 
+def test_a_model_is_predicted_by_its_own_predictor(start_federation, artifact, tmp_path):
+    """The federation file names the model's own artifact: it predicts that model's requests, not
+    the default; retraining with --model registers a version for that model alone."""
+    own = small_artifact(tmp_path / "own", seed=5)
+    federation = start_federation(
+        live=["aws-use1"],
+        env={"GATEWAY_PREDICTOR_DIR": str(artifact), "GATEWAY_PREDICTOR_POLL_S": "0.3"},
+        model_options={"predictor": str(own)},
+    )
+    ready = httpx.get(f"{federation.base_url}/readyz", timeout=5).json()
+    default_version = ready["predictor"]["version"]
+    own_version = ready["model_predictors"]["tiny"]
+    assert own_version is not None
+    assert own_version != default_version
+    with httpx.Client(base_url=federation.base_url, timeout=60) as client:
+        for i in range(8):
+            # Random weights answer until max_tokens: varied limits give lengths to learn.
+            body = {"model": "tiny", "prompt": f"Describe river {i}", "max_tokens": 3 + 4 * i}
+            assert client.post("/v1/completions", json=body).status_code == 200
+    assert {row["predictor_version"] for row in federation.rows()} == {own_version}
+    registered = dict(federation.query("SELECT version, model FROM predictor_versions"))
+    assert registered == {default_version: "", own_version: "tiny"}
+
+    retrain = subprocess.run(
+        [sys.executable, "-m", "gateway.retrain_predictor", "--database-url",
+         federation.database_url, "--out", str(tmp_path / "own-v2"), "--model", "tiny",
+         "--no-base-data", "--include-censored", "--min-samples", "4", "--activate", "always"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert retrain.returncode == 0, retrain.stderr + retrain.stdout
+    deadline = time.monotonic() + 20
+    while (ready := httpx.get(f"{federation.base_url}/readyz", timeout=5).json())[
+        "model_predictors"
+    ]["tiny"] == own_version:
+        assert time.monotonic() < deadline, "the gateway did not switch the model's predictor"
+        time.sleep(0.2)
+    assert ready["predictor"]["version"] == default_version  # the default is untouched
+    active = dict(federation.query("SELECT model, version FROM predictor_versions WHERE active"))
+    assert active == {"": default_version, "tiny": ready["model_predictors"]["tiny"]}
+
+
 def test_a_broken_artifact_stops_the_gateway_with_a_clear_message(start_federation, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "manifest.json").write_text("{not json")
     with pytest.raises(LaunchError, match="cannot load the length predictor"):
         start_federation(live=["gcp-euw4"], env={"GATEWAY_PREDICTOR_DIR": str(broken)})
+
+
+def test_a_broken_model_artifact_stops_the_gateway_naming_the_model(start_federation, tmp_path):
+    broken = tmp_path / "broken-own"
+    broken.mkdir()
+    with pytest.raises(LaunchError, match="length predictor of model tiny"):
+        start_federation(live=["gcp-euw4"], model_options={"predictor": str(broken)})

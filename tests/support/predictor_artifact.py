@@ -10,9 +10,12 @@ from predictor.training import TrainingSet, TrainSpec, train_artifact
 from tests.unit.predictor.conftest import synthetic_records
 
 
-def small_artifact(out: Path) -> Path:
-    """Trains into `out`; log-spaced buckets so short answers still span several."""
-    data = TrainingSet(synthetic_records(120, seed=1), synthetic_records(40, seed=2, corpus="v"))
+def small_artifact(out: Path, seed: int = 1) -> Path:
+    """Trains into `out`; log-spaced buckets so short answers still span several. Another seed
+    gives another training set, so another version."""
+    data = TrainingSet(
+        synthetic_records(120, seed=seed), synthetic_records(40, seed=seed + 1, corpus="v")
+    )
     spec = TrainSpec("sklearn", "log_n10_l1024", sklearn=SklearnConfig(max_iter=200))
     train_artifact(spec, data, out, progress=lambda _: None)
     return out

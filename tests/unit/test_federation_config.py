@@ -43,6 +43,14 @@ def test_good_file_resolves_tokenizer_relative_to_the_file(tmp_path: Path) -> No
     assert model is not None
     assert model.tokenizer == (tmp_path / "tok").resolve()
     assert [s.capacity_weight for s in config.sites] == [1.0, 2.0]
+    assert model.predictor is None
+
+
+def test_a_model_predictor_resolves_relative_to_the_file(tmp_path: Path) -> None:
+    config = parse_federation(variant(models__0__predictor="../pred/m"), tmp_path / "conf")
+    model = config.model("m")
+    assert model is not None
+    assert model.predictor == (tmp_path / "pred" / "m").resolve()
 
 
 @pytest.mark.parametrize(
