@@ -1,13 +1,18 @@
-"""Retrains the length predictor from what the gateway saw, and registers the new version.
+"""Adapts a served model's length predictor to what the gateway saw, and registers the result.
 
-    python -m gateway.retrain_predictor --database-url URL [--out DIR] [--model NAME]
-        [--activate if-better|always|never] [--no-base-data] [--min-samples 50]
+    python -m gateway.retrain_predictor --database-url URL [--model NAME]
+        [--mode retrain|calibrate] [--activate if-better|always|never] [--out DIR]
+        [--mix-base-data] [--min-samples 50]
 
-It reads the collected (prompt, completion tokens) samples, trains a new version starting from
-the active one (mixed with the base corpora unless --no-base-data), compares new and current on
-held-out samples, and registers the new version. Gateways watching the registry switch to an
-activated version without a restart (GATEWAY_PREDICTOR_POLL_S). With --model, the new version is
-that model's own (it starts from the model's active version, else the default's).
+It reads the collected (prompt, completion tokens) samples and builds a candidate from the
+active version (predictor.retrain): `calibrate` refits the map of its lengths onto the served
+scale (seconds); `retrain` fine-tunes it, warm-started from its weights, then calibrates
+(minutes). The gate scores the candidate on samples it never saw against the active version,
+the served-mean constant and TF-IDF; with `--activate if-better` it is activated only if its MAE
+of expected tokens beats all three. The decision and its numbers are stored with the version in
+the registry. Gateways switch to an activated version without a restart
+(GATEWAY_PREDICTOR_POLL_S). With --model, the version is that model's own (it starts from the
+model's active version, else the default's) and learns from that model's samples alone.
 """
 
 from __future__ import annotations
@@ -43,10 +48,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "default predictor, on every model's samples)",
     )
     parser.add_argument("--activate", choices=("if-better", "always", "never"), default="if-better")
-    parser.add_argument("--no-base-data", action="store_true")
+    parser.add_argument("--mode", choices=("retrain", "calibrate"), default="retrain")
+    parser.add_argument(
+        "--mix-base-data",
+        action="store_true",
+        help="also train on the base corpora (their lengths are counted with the GPT-2 "
+        "tokenizer: only for a model that shares it)",
+    )
     parser.add_argument("--include-censored", action="store_true")
     parser.add_argument("--min-samples", type=int, default=50)
-    parser.add_argument("--holdout", type=float, default=0.2)
+    parser.add_argument("--gate-fraction", type=float, default=0.2)
     return parser.parse_args(argv)
 
 
@@ -81,15 +92,15 @@ async def run(args: argparse.Namespace) -> int:
             "retrain-%Y%m%dT%H%M%S"
         )
         report = await asyncio.to_thread(_retrain, samples, base, out, args)
-        print(
-            f"new {report.new_version}: MAE {report.new.mae_tokens:.1f} tokens, Spearman "
-            f"{report.new.spearman:.3f} on {report.holdout_samples} held-out samples; current "
-            f"{report.base_version}: MAE {report.current.mae_tokens:.1f}, Spearman "
-            f"{report.current.spearman:.3f}. {report.reason}",
-            flush=True,
-        )
+        for name, scores in [("candidate", report.new), *report.decision.rivals.items()]:
+            print(
+                f"  {name:<12} MAE {scores.mae_tokens:7.1f}  Spearman {scores.spearman:6.3f}  "
+                f"p90 coverage {scores.p90_coverage:.2f}  ({scores.samples} gate samples)"
+            )
+        print(f"{report.new_version}: {report.reason}", flush=True)
         activate = args.activate == "always" or (args.activate == "if-better" and report.better)
-        await register_artifact(registry, out, model=key, activate=activate)
+        decision = report.decision.to_json() | {"mode": report.mode, "activated_by": args.activate}
+        await register_artifact(registry, out, model=key, activate=activate, decision=decision)
         print(f"registered {report.new_version} ({'active' if activate else 'not activated'})")
         return 0
     finally:
@@ -103,7 +114,12 @@ def _retrain(
     from predictor.retrain import retrain
 
     return retrain(
-        samples, base, out, mix_base_data=not args.no_base_data, holdout_fraction=args.holdout
+        samples,
+        base,
+        out,
+        mode=args.mode,
+        mix_base_data=args.mix_base_data,
+        gate_fraction=args.gate_fraction,
     )
 
 

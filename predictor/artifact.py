@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from predictor.buckets import BucketScheme, BucketSchemeError
+from predictor.calibration import Calibration
 from predictor.decision import BucketDecision
 from predictor.distribution import BucketLengths
 from predictor.encoding import TOKENIZER_FILE, PromptEncoder
@@ -30,6 +31,8 @@ from predictor.encoding import TOKENIZER_FILE, PromptEncoder
 SCHEMA_VERSION = 1
 MODEL_FILE = "model.onnx"
 MANIFEST_FILE = "manifest.json"
+# A MiniLM artifact's torch weights (float16), read only to warm-start a retrain.
+WEIGHTS_FILE = "weights.safetensors"
 Kind = Literal["minilm", "sklearn"]
 KINDS: tuple[Kind, ...] = ("minilm", "sklearn")
 
@@ -55,6 +58,9 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     # How the named bucket is chosen from the probabilities (plain argmax when absent).
     decision: BucketDecision = field(default_factory=BucketDecision)
+    # The served-scale map of the expected and p90 lengths (predictor.calibration); absent: the
+    # bucket lengths of the training data are the scale.
+    calibration: Calibration | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +86,7 @@ class Manifest:
             "training_fingerprint": self.training_fingerprint,
             "training": self.training,
             "metrics": self.metrics,
+            **({"calibration": self.calibration.to_json()} if self.calibration else {}),
         }
 
     @classmethod
@@ -134,6 +141,7 @@ def _parse(data: Mapping[str, Any]) -> Manifest:
         model_sha256=_text(data["model"], "sha256"),
         tokenizer_sha256=_text(data["input"], "tokenizer_sha256"),
         decision=decision,
+        calibration=Calibration.from_json(data["calibration"]) if "calibration" in data else None,
     )
 
 
@@ -182,7 +190,11 @@ def load_manifest(directory: str | Path) -> Manifest:
 
 
 def write_artifact(
-    out: Path, manifest: Manifest, model_file: Path, encoder: PromptEncoder
+    out: Path,
+    manifest: Manifest,
+    model_file: Path,
+    encoder: PromptEncoder,
+    extra_files: Mapping[str, Path] | None = None,
 ) -> Manifest:
     """Builds the artifact in a staging folder beside `out`, stamps the model's hash and the
     creation time into the manifest, checks it loads, then moves it to `out` (replacing it)."""
@@ -191,6 +203,8 @@ def write_artifact(
     staging.mkdir(parents=True)
     try:
         shutil.copyfile(model_file, staging / MODEL_FILE)
+        for name, source in (extra_files or {}).items():
+            shutil.copyfile(source, staging / name)
         encoder.save(staging)
         final = replace(
             manifest,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -149,17 +150,20 @@ def finetune(
     progress: Progress = print,
     lengths: Sequence[int] | None = None,
     representatives: Sequence[float] | None = None,
+    warm_start: Path | None = None,
 ) -> tuple[LengthClassifier, FinetuneStats]:
     """Fine-tunes on (prompt, bucket label) pairs already chosen by the caller; with
     config.length_loss_weight > 0 also on the expected length, which needs the true `lengths`
-    and the buckets' `representatives`."""
+    and the buckets' `representatives`. With `warm_start` (an artifact's weights file), training
+    starts from those weights instead of the pretrained encoder and a fresh head."""
     if config.length_loss_weight > 0 and (lengths is None or representatives is None):
         raise ValueError("length_loss_weight > 0 needs the lengths and bucket representatives")
     torch.set_num_threads(config.threads)
     device = torch.device(config.device)
-    model = build_classifier(
-        n_buckets, config.layers, config.seed, config.prompt_length_feature
-    ).to(device)
+    model = build_classifier(n_buckets, config.layers, config.seed, config.prompt_length_feature)
+    if warm_start is not None:
+        load_weights(model, warm_start)
+    model = model.to(device)
     ids_np, mask_np = encoder.encode(prompts)
     ids, mask = torch.from_numpy(ids_np).to(device), torch.from_numpy(mask_np).to(device)
     chars = torch.from_numpy(prompt_chars(prompts)).to(device)
@@ -196,6 +200,24 @@ def finetune(
     model.eval()
     stats = FinetuneStats(len(prompts) * config.epochs, step, time.monotonic() - started, loss_ema)
     return model.cpu(), stats
+
+
+def save_weights(model: LengthClassifier, path: Path) -> None:
+    """The classifier's weights in float16 (half the size; a warm start, not the served model)."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path))
+
+
+def load_weights(model: LengthClassifier, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = {k: v.to(torch.float32) for k, v in load_file(str(path)).items()}
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # other layers, buckets or inputs than the base was trained with
+        raise ValueError(f"cannot warm-start from {path}: {exc}") from exc
 
 
 def _report(progress: Progress, step: int, total: int, loss: float, elapsed: float) -> None:

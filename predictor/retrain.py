@@ -1,10 +1,20 @@
-"""Retraining from the gateway's collected (prompt, actual completion tokens) samples.
+"""Adapting a predictor to the served model from the gateway's (prompt, true length) samples.
 
 A pure function over samples and paths: the caller fetches samples from wherever they live and
-decides what to do with the report (register, activate). The new version keeps the base's kind
-and bucket edges, so its predictions mean the same thing to the router. A fixed share of the
-samples (chosen by a hash of the prompt, so the same prompt always lands on the same side) is
-held out, and both the new and the current version are scored on it.
+decides what to do with the report (register, activate). Two modes, each producing a candidate
+version that keeps the base's kind and bucket edges (its buckets mean the same to the router):
+
+- `calibrate` (seconds): the base model unchanged, with a new calibration map of its expected
+  and p90 lengths onto the served lengths (predictor.calibration). Fixes the scale.
+- `retrain` (minutes on 2 cores for a few thousand samples): a MiniLM fine-tuned on the served
+  samples, warm-started from the base artifact's weights (so a few hundred samples move a model
+  that already ranks prompts, instead of a fresh head learning from scratch), optionally mixed
+  with the base corpora, then calibrated like the above. Fixes the ranking too.
+
+Samples are split by a hash of the prompt: the gate split (predictor.gate) is never trained,
+calibrated or chosen on; the rest trains (and a hashed share of it validates the model choice).
+The gate scores the candidate against the active version, the served mean and TF-IDF on the
+gate split, and says whether to activate it.
 
 The samples' lengths are in the serving model's tokens; mixing in the base corpora only makes
 sense if those are counted with the same tokenizer (`tokenizer_dir`, GPT-2 by default).
@@ -13,33 +23,70 @@ sense if those are counted with the same tokenizer (`tokenizer_dir`, GPT-2 by de
 from __future__ import annotations
 
 import hashlib
+import math
+import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
-from predictor.evaluate import Scores, majority_bucket, score_model
+import numpy as np
+
+from predictor.artifact import WEIGHTS_FILE
+from predictor.calibrate import write_calibrated
+from predictor.calibration import MIN_SAMPLES, fit_calibration
 from predictor.finetune import subsample
+from predictor.gate import (
+    GATE_FRACTION,
+    GateDecision,
+    Predictions,
+    Scores,
+    constant_rival,
+    decide,
+    in_gate_split,
+)
 from predictor.prepare import LabeledRecord, Progress, prepare
 from predictor.runtime import LengthPredictor
+from predictor.tfidf_length import fit_tfidf_length
 from predictor.training import TrainingSet, TrainSpec, train_artifact
 
-# A new version may trade this much rank correlation for a lower MAE and still count as better.
-SPEARMAN_TOLERANCE = 0.02
+Mode = Literal["retrain", "calibrate"]
+MODES: tuple[Mode, ...] = ("retrain", "calibrate")
+VALIDATION_FRACTION = 0.15  # of the non-gate samples: the model choice of a retrain
+MIN_GATE_SAMPLES = 10
+# Fine-tuning examples a retrain aims for: few samples get more epochs (up to 8), many get 2.
+_EXAMPLES_GOAL = 2400
 
 
 @dataclass(frozen=True, slots=True)
 class RetrainReport:
+    mode: Mode
     new_version: str
     base_version: str
     out: Path
     samples: int
-    train_samples: int
-    holdout_samples: int
+    train_samples: int  # trained and calibrated on (validation included)
+    gate_samples: int
     base_records_mixed: int
-    new: Scores  # on the held-out samples
-    current: Scores
-    better: bool
-    reason: str
+    decision: GateDecision
+    seconds: float
+
+    @property
+    def better(self) -> bool:
+        return self.decision.activate
+
+    @property
+    def reason(self) -> str:
+        return self.decision.reason
+
+    @property
+    def new(self) -> Scores:
+        return self.decision.candidate
+
+    @property
+    def current(self) -> Scores | None:
+        return self.decision.rivals.get("active")
 
 
 def _checked(samples: Sequence[tuple[str, int]]) -> list[LabeledRecord]:
@@ -62,30 +109,25 @@ def is_held_out(prompt: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def _split(
-    records: list[LabeledRecord], fraction: float
+def split_samples(
+    records: list[LabeledRecord], gate_fraction: float
 ) -> tuple[list[LabeledRecord], list[LabeledRecord]]:
-    """(train, holdout); both must be non-empty for a retrain to mean anything."""
-    if not 0 < fraction < 1:
-        raise ValueError(f"holdout_fraction must be within (0, 1), got {fraction}")
-    holdout = [r for r in records if is_held_out(r.prompt, fraction)]
-    train = [r for r in records if not is_held_out(r.prompt, fraction)]
-    if not holdout or not train:
+    """(fit, gate): enough of each for a calibration and a verdict, or a clear error."""
+    if not 0 < gate_fraction < 1:
+        raise ValueError(f"gate_fraction must be within (0, 1), got {gate_fraction}")
+    gate = [r for r in records if in_gate_split(r.prompt, gate_fraction)]
+    fit = [r for r in records if not in_gate_split(r.prompt, gate_fraction)]
+    if len(gate) < MIN_GATE_SAMPLES or len(fit) < MIN_SAMPLES:
         raise ValueError(
-            f"{len(records)} samples leave {len(train)} to train on and {len(holdout)} to hold "
-            "out: collect more samples or change holdout_fraction"
+            f"{len(records)} samples leave {len(fit)} to learn from (>= {MIN_SAMPLES} needed) "
+            f"and {len(gate)} to judge on (>= {MIN_GATE_SAMPLES}): collect more samples"
         )
-    return train, holdout
+    return fit, gate
 
 
-def _verdict(new: Scores, current: Scores) -> tuple[bool, str]:
-    if new.mae_tokens >= current.mae_tokens:
-        return False, f"MAE {new.mae_tokens:.1f} is not below {current.mae_tokens:.1f}"
-    if new.spearman < current.spearman - SPEARMAN_TOLERANCE:
-        return False, f"Spearman fell from {current.spearman:.3f} to {new.spearman:.3f}"
-    return True, f"MAE {current.mae_tokens:.1f} -> {new.mae_tokens:.1f}, " + (
-        f"Spearman {current.spearman:.3f} -> {new.spearman:.3f}"
-    )
+def _finetune_spec(spec: TrainSpec, n: int) -> TrainSpec:
+    epochs = max(2, min(8, math.ceil(_EXAMPLES_GOAL / max(n, 1))))
+    return replace(spec, finetune=replace(spec.finetune, epochs=epochs, max_train=0))
 
 
 def _training_records(
@@ -99,68 +141,126 @@ def _training_records(
     return train + [base[i] for i in picked]
 
 
+@dataclass(frozen=True, slots=True)
+class _Options:
+    mix_base_data: bool
+    spec: TrainSpec | None
+    warm_start: bool
+    data_dir: str | Path | None
+    tokenizer_dir: str | Path | None
+    cache_dir: str | Path | None
+    progress: Progress
+
+
+def _retrained(
+    fit: list[LabeledRecord], base: LengthPredictor, base_dir: Path, work: Path, o: _Options
+) -> tuple[Path, int]:
+    """A fine-tuned model of the base's kind and edges in `work` (not yet calibrated)."""
+    manifest = base.manifest
+    spec = o.spec or TrainSpec(manifest.kind, manifest.scheme.name)
+    spec = replace(spec, scheme_name=manifest.scheme.name)
+    corpora = (
+        prepare(o.data_dir, o.tokenizer_dir, o.cache_dir, o.progress).train
+        if o.mix_base_data
+        else []
+    )
+    train = [r for r in fit if not is_held_out(r.prompt, VALIDATION_FRACTION)]
+    validation = [r for r in fit if is_held_out(r.prompt, VALIDATION_FRACTION)] or train
+    records = _training_records(train, corpora, spec)
+    if spec.kind == "minilm" and o.spec is None:
+        spec = _finetune_spec(spec, len(records))
+    weights = base_dir / WEIGHTS_FILE
+    warm = weights if o.warm_start and spec.kind == "minilm" and weights.is_file() else None
+    o.progress(
+        f"retraining on {len(train)} samples + {len(records) - len(train)} base records"
+        + (" (warm start)" if warm else " (from the pretrained encoder)")
+    )
+    train_artifact(
+        spec,
+        TrainingSet(records, validation, {"samples": len(fit), "base_artifact": str(base_dir)}),
+        work,
+        scheme=manifest.scheme,
+        training_info={"parent_version": base.version},
+        progress=o.progress,
+        warm_start=warm,
+    )
+    return work, len(records) - len(train)
+
+
+def _gate(
+    candidate: LengthPredictor,
+    active: LengthPredictor,
+    fit: list[LabeledRecord],
+    gate: list[LabeledRecord],
+) -> GateDecision:
+    prompts, actual = [r.prompt for r in gate], [r.length for r in gate]
+
+    def predictions_of(predictor: LengthPredictor) -> Predictions:
+        predicted = predictor.predict_batch(prompts)
+        return Predictions(
+            np.array([p.expected_tokens for p in predicted]),
+            np.array([p.p90_tokens for p in predicted]),
+        )
+
+    fit_lengths = [r.length for r in fit]
+    tfidf = fit_tfidf_length([r.prompt for r in fit], fit_lengths)
+    rivals = {
+        "active": predictions_of(active),
+        "served_mean": Predictions(*constant_rival(fit_lengths, len(gate))),
+        "tfidf": Predictions(*tfidf.predict(prompts)),
+    }
+    return decide(predictions_of(candidate), rivals, actual)
+
+
 def retrain(
     samples: list[tuple[str, int]],
     base_artifact: Path,
     out: Path,
-    mix_base_data: bool = True,
-    holdout_fraction: float = 0.2,
     *,
+    mode: Mode = "retrain",
+    mix_base_data: bool = False,
+    gate_fraction: float = GATE_FRACTION,
     spec: TrainSpec | None = None,
+    warm_start: bool = True,
     data_dir: str | Path | None = None,
     tokenizer_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     progress: Progress = print,
 ) -> RetrainReport:
-    """Trains a new version from samples (+ the base corpora), scores new vs current on the
-    held-out samples, writes the new artifact to `out` and says whether it is better."""
+    """Builds a candidate from the samples (see the module docstring), writes it to `out`, and
+    gates it against the base (the active version), the served mean and TF-IDF."""
+    started = time.monotonic()
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if Path(out).resolve() == Path(base_artifact).resolve():
         raise ValueError(f"out ({out}) must differ from base_artifact: the base stays servable")
     records = _checked(samples)
-    train, holdout = _split(records, holdout_fraction)
-    current = LengthPredictor.load(base_artifact, threads=2)
-    base_manifest = current.manifest
-    spec = spec or TrainSpec(base_manifest.kind, base_manifest.scheme.name)
-    spec = replace(spec, scheme_name=base_manifest.scheme.name)
-    base = prepare(data_dir, tokenizer_dir, cache_dir, progress).train if mix_base_data else []
-    training = _training_records(train, base, spec)
-    progress(f"retraining on {len(train)} samples + {len(training) - len(train)} base records")
-    source = {"samples": len(records), "base_artifact": str(base_artifact)}
-    manifest = train_artifact(
-        spec,
-        TrainingSet(training, holdout, source),
-        out,
-        scheme=base_manifest.scheme,
-        training_info={"parent_version": current.version},
-        progress=progress,
+    fit, gate = split_samples(records, gate_fraction)
+    base = LengthPredictor.load(base_artifact, threads=2)
+    options = _Options(
+        mix_base_data, spec, warm_start, data_dir, tokenizer_dir, cache_dir, progress
     )
-    new = LengthPredictor.load(out, threads=2)
-    majority = majority_bucket(base_manifest.scheme, [r.length for r in training])
-    scheme = base_manifest.scheme
-    # The verdict reads MAE and rank correlation only: the new version's bucket rule was fitted
-    # on this holdout (its validation split), so its accuracy here is a little optimistic.
-    new_scores = score_model(
-        new.probabilities, manifest.lengths, scheme, holdout, majority, manifest.decision
-    )
-    current_scores = score_model(
-        current.probabilities,
-        base_manifest.lengths,
-        scheme,
-        holdout,
-        majority,
-        base_manifest.decision,
-    )
-    better, reason = _verdict(new_scores, current_scores)
+    mixed = 0
+    with tempfile.TemporaryDirectory(prefix="predictor-retrain-") as tmp:
+        model_dir = Path(base_artifact)
+        if mode == "retrain":
+            model_dir, mixed = _retrained(fit, base, Path(base_artifact), Path(tmp) / "m", options)
+        model = base if mode == "calibrate" else LengthPredictor.load(model_dir, threads=2)
+        raw = model.raw_expected([r.prompt for r in fit])
+        calibration = fit_calibration(raw, [r.length for r in fit], f"{len(fit)} served samples")
+        write_calibrated(model_dir, out, calibration, parent_version=base.version)
+    candidate = LengthPredictor.load(out, threads=2)
+    decision = _gate(candidate, base, fit, gate)
+    progress(decision.reason)
     return RetrainReport(
-        new_version=manifest.version,
-        base_version=current.version,
+        mode=mode,
+        new_version=candidate.version,
+        base_version=base.version,
         out=out,
         samples=len(records),
-        train_samples=len(train),
-        holdout_samples=len(holdout),
-        base_records_mixed=len(training) - len(train),
-        new=new_scores,
-        current=current_scores,
-        better=better,
-        reason=reason,
+        train_samples=len(fit),
+        gate_samples=len(gate),
+        base_records_mixed=mixed,
+        decision=decision,
+        seconds=round(time.monotonic() - started, 1),
     )

@@ -33,7 +33,7 @@ _GROUP = 16
 class LengthPrediction:
     bucket: int  # the named bucket: argmax, with the artifact's fitted bias (predictor.decision)
     probabilities: tuple[float, ...]  # one per bucket of the artifact's scheme
-    expected_tokens: float  # sum p_i * representative length_i
+    expected_tokens: float  # sum p_i * representative length_i, calibrated if the artifact is
     p90_tokens: int
     version: str
 
@@ -108,12 +108,19 @@ class LengthPredictor:
         probs = self.probabilities(prompts)
         table = self._manifest.lengths
         expected = expected_tokens(probs, table)
-        p90 = p90_tokens(probs, table)
+        if self._manifest.calibration is not None:
+            expected, p90 = self._manifest.calibration.apply(expected)
+        else:
+            p90 = p90_tokens(probs, table)
         buckets = self._manifest.decision.apply(probs)
         return [
             LengthPrediction(int(b), tuple(float(p) for p in row), float(e), int(q), self.version)
             for b, row, e, q in zip(buckets, probs, expected, p90, strict=True)
         ]
+
+    def raw_expected(self, prompts: Sequence[str]) -> np.ndarray:
+        """Expected lengths before the artifact's calibration (what a new calibration maps)."""
+        return expected_tokens(self.probabilities(prompts), self._manifest.lengths)
 
     def probabilities(self, prompts: Sequence[str]) -> np.ndarray:
         """(len(prompts), n_buckets) float64 bucket probabilities, rows summing to 1."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from predictor.artifact import (
+    WEIGHTS_FILE,
     ArtifactError,
     Kind,
     Manifest,
@@ -78,6 +79,7 @@ class _Fitted:
     outputs: tuple[int, ...]
     used: int  # training records the model saw
     seconds: float
+    weights_file: Path | None = None  # torch weights, for warm-starting a later retrain
 
 
 def _fit_minilm(
@@ -87,9 +89,10 @@ def _fit_minilm(
     encoder: PromptEncoder,
     work: Path,
     progress: Progress,
+    warm_start: Path | None = None,
 ) -> _Fitted:
     # Torch is imported only here: training an sklearn artifact does not need it.
-    from predictor.finetune import finetune
+    from predictor.finetune import finetune, save_weights
     from predictor.minilm import export_onnx
 
     config = spec.finetune
@@ -97,6 +100,7 @@ def _fit_minilm(
     progress(
         f"fine-tuning {config.layers}-layer MiniLM on {len(chosen)} prompts "
         f"x {config.epochs} epoch(s), {config.threads} threads"
+        + (f", warm-started from {warm_start.parent.name}" if warm_start else "")
     )
     started = time.monotonic()
     lengths = [r.length for r in chosen]
@@ -111,10 +115,18 @@ def _fit_minilm(
         progress,
         lengths=lengths,
         representatives=representatives,
+        warm_start=warm_start,
     )
     path = work / "model.fp32.onnx"
     export_onnx(model, path)
-    return _Fitted(path, tuple(range(scheme.n_buckets)), stats.examples, time.monotonic() - started)
+    save_weights(model, work / WEIGHTS_FILE)
+    return _Fitted(
+        path,
+        tuple(range(scheme.n_buckets)),
+        stats.examples,
+        time.monotonic() - started,
+        work / WEIGHTS_FILE,
+    )
 
 
 def _fit_sklearn(
@@ -124,7 +136,10 @@ def _fit_sklearn(
     encoder: PromptEncoder,
     work: Path,
     progress: Progress,
+    warm_start: Path | None = None,
 ) -> _Fitted:
+    if warm_start is not None:
+        raise ValueError("only a MiniLM predictor can be warm-started")
     progress(f"fitting TF-IDF + logistic regression on {len(records)} prompts")
     started = time.monotonic()
     labels = scheme.buckets_of([r.length for r in records])
@@ -230,11 +245,13 @@ def train_artifact(
     scheme: BucketScheme | None = None,
     training_info: dict[str, Any] | None = None,
     progress: Progress = print,
+    warm_start: Path | None = None,
 ) -> Manifest:
     """Trains `spec` on `data.train`, validates on `data.validation`, writes the artifact to out.
 
     `scheme` fixes the bucket edges (a retrain keeps its base's); by default they come from the
-    scheme name (quantile schemes from the training lengths)."""
+    scheme name (quantile schemes from the training lengths). `warm_start` (an artifact's weights
+    file, same layers and buckets) starts a MiniLM from those weights."""
     started = time.monotonic()
     lengths = [r.length for r in data.train]
     scheme = scheme or scheme_by_name(spec.scheme_name, lengths)
@@ -243,7 +260,7 @@ def train_artifact(
     encoder = PromptEncoder.from_dir(pretrained_dir(), spec.max_tokens)
     fit = _fit_minilm if spec.kind == "minilm" else _fit_sklearn
     with tempfile.TemporaryDirectory(prefix="predictor-train-") as tmp:
-        fitted = fit(spec, data.train, scheme, encoder, Path(tmp), progress)
+        fitted = fit(spec, data.train, scheme, encoder, Path(tmp), progress, warm_start)
         manifest = Manifest(
             spec.kind,
             new_version(spec.kind, scheme.name, fingerprint),
@@ -271,6 +288,8 @@ def train_artifact(
             "fit_seconds": round(fitted.seconds, 1),
             "total_seconds": round(time.monotonic() - started, 1),
             "data": data.source,
+            **({"weights": WEIGHTS_FILE} if fitted.weights_file else {}),
+            **({"warm_start": str(warm_start)} if warm_start else {}),
             **(training_info or {}),
         }
         manifest = Manifest(
@@ -285,7 +304,8 @@ def train_artifact(
             metrics,
             decision=decision,
         )
-        final = write_artifact(out, manifest, model_file, encoder)
+        extra = {WEIGHTS_FILE: fitted.weights_file} if fitted.weights_file else {}
+        final = write_artifact(out, manifest, model_file, encoder, extra)
     progress(f"wrote {final.version} to {out} in {info['total_seconds']:.0f}s")
     return final
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -24,6 +25,22 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small_artifact(tmp_path_factory.mktemp("predictor") / "base")
 
 
+# Enough finished requests for a calibration (30) and a gate verdict (10) after the hash split.
+SAMPLES = 64
+
+
+def send_varied(base_url: str, n: int) -> None:
+    """Random weights answer until max_tokens: varied limits give lengths to learn."""
+
+    def one(i: int) -> int:
+        prompt = f"Write a long essay about topic {i}" if i % 2 else f"Spell word {i}"
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 2 + (i * 7) % 40}
+        return httpx.post(f"{base_url}/v1/completions", json=body, timeout=60).status_code
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert set(pool.map(one, range(n))) == {200}
+
+
 def version_of(base_url: str) -> str | None:
     predictor = httpx.get(f"{base_url}/readyz", timeout=5).json()["predictor"]
     assert predictor["mode"] == "active"
@@ -36,22 +53,16 @@ def test_predictions_samples_and_hot_swap(start_federation, artifact: Path, tmp_
         env={"GATEWAY_PREDICTOR_DIR": str(artifact), "GATEWAY_PREDICTOR_POLL_S": "0.3"},
     )
     first_version = version_of(federation.base_url)
-    with httpx.Client(base_url=federation.base_url, timeout=60) as client:
-        prompts = [
-            f"Write a long essay about topic {i}" if i % 2 else f"Spell word {i}" for i in range(12)
-        ]
-        for i, prompt in enumerate(prompts):
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 3 + 3 * i}
-            assert client.post("/v1/completions", json=body).status_code == 200
+    send_varied(federation.base_url, SAMPLES)
     rows = federation.rows("r.status = 'completed'")
-    assert len(rows) == 12
+    assert len(rows) == SAMPLES
     for row in rows:
         assert row["predictor_version"] == first_version
         assert 1 <= row["predicted_tokens"] <= row["max_tokens"]
         assert row["predicted_p90_tokens"] is not None
         assert row["predicted_bucket"] is not None
     samples = federation.query("SELECT completion_tokens, censored FROM length_samples")
-    assert len(samples) == 12
+    assert len(samples) == SAMPLES
     assert all(censored for _, censored in samples)  # random weights: answers hit max_tokens
 
     retrain = subprocess.run(
@@ -63,10 +74,11 @@ def test_predictions_samples_and_hot_swap(start_federation, artifact: Path, tmp_
             federation.database_url,
             "--out",
             str(tmp_path / "v2"),
-            "--no-base-data",
+            "--mode",
+            "calibrate",
             "--include-censored",
             "--min-samples",
-            "8",
+            "40",
             "--activate",
             "always",
         ],
@@ -76,6 +88,9 @@ def test_predictions_samples_and_hot_swap(start_federation, artifact: Path, tmp_
     )
     assert retrain.returncode == 0, retrain.stderr + retrain.stdout
     assert "registered" in retrain.stdout
+    assert "served_mean" in retrain.stdout  # the gate's rivals are reported
+    (metrics,) = federation.query("SELECT metrics FROM predictor_versions WHERE active")
+    assert '"activation"' in str(metrics)  # the gate's numbers are kept with the version
     deadline = time.monotonic() + 20
     while version_of(federation.base_url) == first_version:
         assert time.monotonic() < deadline, "the gateway did not switch to the new version"
@@ -104,11 +119,7 @@ def test_a_model_is_predicted_by_its_own_predictor(start_federation, artifact, t
     own_version = ready["model_predictors"]["tiny"]
     assert own_version is not None
     assert own_version != default_version
-    with httpx.Client(base_url=federation.base_url, timeout=60) as client:
-        for i in range(8):
-            # Random weights answer until max_tokens: varied limits give lengths to learn.
-            body = {"model": "tiny", "prompt": f"Describe river {i}", "max_tokens": 3 + 4 * i}
-            assert client.post("/v1/completions", json=body).status_code == 200
+    send_varied(federation.base_url, SAMPLES)
     assert {row["predictor_version"] for row in federation.rows()} == {own_version}
     registered = dict(federation.query("SELECT version, model FROM predictor_versions"))
     assert registered == {default_version: "", own_version: "tiny"}
@@ -116,7 +127,8 @@ def test_a_model_is_predicted_by_its_own_predictor(start_federation, artifact, t
     retrain = subprocess.run(
         [sys.executable, "-m", "gateway.retrain_predictor", "--database-url",
          federation.database_url, "--out", str(tmp_path / "own-v2"), "--model", "tiny",
-         "--no-base-data", "--include-censored", "--min-samples", "4", "--activate", "always"],
+         "--mode", "calibrate", "--include-censored", "--min-samples", "40",
+         "--activate", "always"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert retrain.returncode == 0, retrain.stderr + retrain.stdout

@@ -1,0 +1,294 @@
+"""How fast the length predictor learns a served model from its traffic, and recovers from drift.
+
+    python -m bench.predictor.adapt [--labels predictor/labels/smollm2-135m-instruct]
+        [--checkpoints 0,100,300,600,2000] [--test-prompts 1500]
+
+The "served traffic" is the served model's own labels (predictor.label_served: SmolLM2's greedy
+answer lengths), arriving in a fixed shuffled order from the labels' train split. The base is a
+predictor that never saw that model: trained on the corpora's reference answers (GPT-2 tokens of
+text-davinci-003 and others), like a deployment's first version. After every checkpoint's number
+of samples, in one run:
+- `retrain`: predictor.retrain mode "retrain" (warm-started fine-tune, then calibration);
+- `calibration`: mode "calibrate" (the base model, a new calibration map);
+- `tfidf`: TF-IDF + ridge fitted on the samples so far;
+- `served_mean`: the samples' mean (p90: their p90);
+- `served`: what a gateway would serve, the newest candidate the gate activated (else the one
+  before, starting from the base),
+all scored on a fixed test split (the labels' test split: prompts no method trained or chose on).
+
+Drift: the stream then shifts corpus (Alpaca -> Dolly -> LIMA + GSM8K, 600 samples each); at each
+phase's end, a calibration fitted on Alpaca alone (stale) and one refitted on the last 600
+samples are scored on that phase's test prompts, with the window's served mean.
+
+Writes bench/results/predictor_adapt.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import RESULTS_DIR, markdown_table, write_results
+from predictor.build_default import DEFAULT_SPEC
+from predictor.calibrate import write_calibrated
+from predictor.calibration import fit_calibration
+from predictor.gate import constant_rival, score
+from predictor.prepare import LabeledRecord, prepare, training_fingerprint
+from predictor.retrain import retrain
+from predictor.runtime import LengthPredictor
+from predictor.served_build import DEFAULT_LABELS, served_records
+from predictor.tfidf_length import fit_tfidf_length
+from predictor.training import reusable_artifact, train_artifact
+
+_REPO = Path(__file__).resolve().parents[2]
+BASE_DIR = _REPO / "var" / "predictor" / "reference-4k"
+# The default predictor's configuration on 4,000 reference prompts: a base that ranks prompts
+# like the default does, built in minutes on two cores (the full default takes ~20 minutes).
+BASE_SPEC = replace(DEFAULT_SPEC, finetune=replace(DEFAULT_SPEC.finetune, max_train=4000))
+METHODS = ("retrain", "calibration", "tfidf", "served_mean", "served")
+DRIFT_PHASES = (("alpaca",), ("dolly",), ("lima", "gsm8k"))
+PHASE_SAMPLES = 600
+RETRAIN_MODE = "retrain"  # the retrain curve's mode (a test of the pipeline swaps it)
+Row = dict[str, Any]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def base_predictor(data_dir: Path | None) -> Path:
+    data = prepare(data_dir, None, None, quiet)
+    if reusable_artifact(BASE_DIR, BASE_SPEC, training_fingerprint(data.train)) is None:
+        from predictor.train import training_set
+
+        print(f"building the reference base predictor in {BASE_DIR}", flush=True)
+        train_artifact(BASE_SPEC, training_set(data, data_dir), BASE_DIR, progress=print)
+    return BASE_DIR
+
+
+def scored(expected: np.ndarray, p90: np.ndarray, test: Sequence[LabeledRecord]) -> Row:
+    scores = score(expected, p90, [r.length for r in test])
+    return {
+        "spearman": scores.spearman,
+        "mae_tokens": scores.mae_tokens,
+        "p90_coverage": scores.p90_coverage,
+        "mean_predicted": scores.mean_predicted,
+    }
+
+
+def artifact_scores(path: Path, test: Sequence[LabeledRecord]) -> Row:
+    predictions = LengthPredictor.load(path, threads=2).predict_batch([r.prompt for r in test])
+    return scored(
+        np.array([p.expected_tokens for p in predictions]),
+        np.array([p.p90_tokens for p in predictions], dtype=np.float64),
+        test,
+    )
+
+
+def learning_curves(
+    stream: list[LabeledRecord],
+    test: list[LabeledRecord],
+    base: Path,
+    checkpoints: list[int],
+    work: Path,
+) -> tuple[dict[str, list[Row]], list[Row]]:
+    curves: dict[str, list[Row]] = {m: [] for m in METHODS}
+    decisions: list[Row] = []
+    base_scores = artifact_scores(base, test)
+    served = base
+    for n in checkpoints:
+        print(f"checkpoint {n} samples", flush=True)
+        if n == 0:
+            for method in ("retrain", "calibration", "served"):
+                curves[method].append({"samples": 0, **base_scores})
+            continue
+        seen = stream[:n]
+        samples = [(r.prompt, r.length) for r in seen]
+        for method, mode in (("calibration", "calibrate"), ("retrain", RETRAIN_MODE)):
+            out = work / f"{mode}-{n}"
+            report = retrain(samples, base, out, mode=mode, progress=quiet)  # type: ignore[arg-type]
+            curves[method].append(
+                {"samples": n, **artifact_scores(out, test), "seconds": report.seconds}
+            )
+            decisions.append({"samples": n, "method": method, **report.decision.to_json()})
+            if report.better:
+                served = out
+        curves["served"].append(
+            {"samples": n, **artifact_scores(served, test), "version": served.name}
+        )
+        lengths = [r.length for r in seen]
+        tfidf = fit_tfidf_length([r.prompt for r in seen], lengths)
+        curves["tfidf"].append(
+            {"samples": n, **scored(*tfidf.predict([r.prompt for r in test]), test)}
+        )
+        curves["served_mean"].append(
+            {"samples": n, **scored(*constant_rival(lengths, len(test)), test)}
+        )
+    return curves, decisions
+
+
+def drift(
+    train: list[LabeledRecord],
+    test: list[LabeledRecord],
+    base: Path,
+    work: Path,
+    seed: int,
+    phase_samples: int = PHASE_SAMPLES,
+) -> list[Row]:
+    rng = random.Random(seed)
+    predictor = LengthPredictor.load(base, threads=2)
+    phases, stale, rows = [], None, []
+    seen: list[LabeledRecord] = []
+    for corpora in DRIFT_PHASES:
+        pool = [r for r in train if r.corpus in corpora]
+        rng.shuffle(pool)
+        seen += pool[:phase_samples]
+        window = seen[-phase_samples:]
+        phase_test = [r for r in test if r.corpus in corpora]
+        raw = predictor.raw_expected([r.prompt for r in window])
+        fresh = fit_calibration(raw, [r.length for r in window], "window")
+        stale = stale or fresh
+        name = "+".join(corpora)
+        row: dict[str, Any] = {
+            "phase": name,
+            "samples_seen": len(seen),
+            "test_prompts": len(phase_test),
+        }
+        test_raw = predictor.raw_expected([r.prompt for r in phase_test])
+        for label, calibration in (("stale_calibration", stale), ("recalibrated", fresh)):
+            row[label] = scored(*calibration.apply(test_raw), phase_test)
+        row["window_mean"] = scored(
+            *constant_rival([r.length for r in window], len(phase_test)), phase_test
+        )
+        write_calibrated(base, work / f"drift-{name}", fresh)  # the artifact loads like any other
+        rows.append(row)
+        phases.append(name)
+    return rows
+
+
+def plot(curves: dict[str, list[Row]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, key, label in zip(
+        axes,
+        ("spearman", "mae_tokens", "p90_coverage"),
+        ("Spearman", "MAE (tokens)", "p90 coverage"),
+        strict=True,
+    ):
+        for method, points in curves.items():
+            xs = [max(p["samples"], 30) for p in points]
+            ax.plot(xs, [p[key] for p in points], marker="o", label=method)
+        ax.set_xscale("log")
+        ax.set_xlabel("served samples seen (0 drawn at 30)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("Length predictor learning the served model (SmolLM2-135M) from its traffic")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(curves: dict[str, list[Row]], decisions: list[Row], drift_rows: list[Row]) -> str:
+    rows = [
+        [method, p["samples"], p["spearman"], p["mae_tokens"], p["p90_coverage"]]
+        for method, points in curves.items()
+        for p in points
+    ]
+    parts = [markdown_table(["method", "samples", "Spearman", "MAE tokens", "p90 coverage"], rows)]
+    parts.append("\nGate decisions (gate split of the samples seen, never trained on):\n")
+    parts.append(
+        markdown_table(
+            ["samples", "candidate", "activated", "reason"],
+            [[d["samples"], d["method"], d["activate"], d["reason"]] for d in decisions],
+        )
+    )
+    parts.append("\nDrift (600 samples per phase; scored on that phase's test prompts):\n")
+    parts.append(
+        markdown_table(
+            [
+                "phase",
+                "stale MAE",
+                "recalibrated MAE",
+                "window mean MAE",
+                "stale p90 cov",
+                "recalibrated p90 cov",
+            ],
+            [
+                [
+                    r["phase"],
+                    r["stale_calibration"]["mae_tokens"],
+                    r["recalibrated"]["mae_tokens"],
+                    r["window_mean"]["mae_tokens"],
+                    r["stale_calibration"]["p90_coverage"],
+                    r["recalibrated"]["p90_coverage"],
+                ]
+                for r in drift_rows
+            ],
+        )
+    )
+    parts.append("\n![curves](predictor_adapt.png)")
+    return "\n".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.predictor.adapt",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS)
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--checkpoints", default="0,100,300,600,2000")
+    parser.add_argument("--test-prompts", type=int, default=1500)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
+    base = base_predictor(args.data_dir)
+    splits = served_records(args.labels, args.data_dir)
+    rng = random.Random(args.seed)
+    stream = list(splits["train"])
+    rng.shuffle(stream)
+    test = list(splits["test"])
+    rng.shuffle(test)
+    test = test[: args.test_prompts]
+    with tempfile.TemporaryDirectory(prefix="adapt-") as tmp:
+        curves, decisions = learning_curves(stream, test, base, checkpoints, Path(tmp))
+        drift_rows = drift(splits["train"], splits["test"], base, Path(tmp), args.seed)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    plot(curves, RESULTS_DIR / "predictor_adapt.png")
+    payload = {
+        "curves": curves,
+        "gate_decisions": decisions,
+        "drift": drift_rows,
+        "base": {
+            "version": LengthPredictor.load(base).version,
+            "spec": BASE_SPEC.config_json(),
+            "trained_on": "the corpora's reference answers (GPT-2 tokens)",
+        },
+        "labels": str(args.labels),
+        "test_prompts": len(test),
+        "stream": "labels' train split, shuffled (seed)",
+        "seed": args.seed,
+        "checkpoints": checkpoints,
+    }
+    given = list(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python -m bench.predictor.adapt", *given])
+    write_results("predictor_adapt", payload, markdown(curves, decisions, drift_rows), command)
+    print(markdown(curves, decisions, drift_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
