@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 demo: setup
-	$(BIN)/python -m gateway.demo --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR) $(DEMO_ARGS)
+	$(BIN)/python -m gateway.demo --data-dir $(DATA_DIR) $(DEMO_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
