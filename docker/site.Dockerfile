@@ -23,11 +23,12 @@ COPY pyproject.toml constraints.txt README.md ./
 # torch at the version constraints.txt pins, built for the CUDA of the base image.
 RUN /opt/fedllm/bin/pip install --index-url "$TORCH_INDEX_URL" \
       "torch==$(sed -n 's/^torch==//p' constraints.txt)"
+COPY fedllm_contract fedllm_contract
 COPY gateway gateway
 COPY site_engine site_engine
 COPY predictor predictor
 COPY migrations migrations
-RUN /opt/fedllm/bin/pip install -c constraints.txt .
+RUN /opt/fedllm/bin/pip install -c constraints.txt ".[site]"
 
 FROM nvidia/cuda:12.8.1-base-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive

@@ -11,43 +11,73 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin, YamlRenderPlugin
 
-from gateway.api.admin_keys import AdminKeysController
+from gateway.api.admin_auth import AdminAccess, LoginThrottle
 from gateway.api.admin_pages import admin_router
-from gateway.api.batches import BatchesController
-from gateway.api.chat import ChatController
+from gateway.api.batch_routes import BatchesController
+from gateway.api.chat_routes import ChatController
 from gateway.api.client_auth import authenticate_caller
-from gateway.api.completions import CompletionsController
-from gateway.api.db_errors import DATABASE_EXCEPTION_HANDLERS
-from gateway.api.errors import EXCEPTION_HANDLERS
-from gateway.api.metrics import HttpMetricsMiddleware, MetricsController
-from gateway.api.models import HealthController, ModelsController
-from gateway.completions import CompletionService
-from gateway.runtime import GatewayRuntime
+from gateway.api.completion_routes import CompletionsController
+from gateway.api.database_errors import DATABASE_EXCEPTION_HANDLERS
+from gateway.api.file_routes import FilesController
+from gateway.api.key_routes import AdminKeysController
+from gateway.api.metrics_routes import HttpMetricsMiddleware, MetricsController
+from gateway.api.model_routes import HealthController, ModelsController
+from gateway.api.openai_errors import EXCEPTION_HANDLERS
+from gateway.assembly import GatewayAssembly
 from gateway.settings import GatewaySettings
 
+# The services controllers receive by name (litestar dependency injection): each handler asks
+# for the ones it uses, never for the whole assembly.
+PROVIDED = (
+    "settings",
+    "tokenizers",
+    "tokenize_pool",
+    "completions",
+    "chat",
+    "files",
+    "batches",
+    "idempotency",
+    "tenancy",
+    "dashboard",
+    "drainer",
+    "retraining",
+    "readiness",
+    "metrics",
+)
 
-def _runtime(state: State) -> GatewayRuntime:
-    runtime: GatewayRuntime = state.runtime
-    return runtime
 
+def _provider(name: str) -> Provide:
+    def provide(state: State) -> object:
+        return getattr(state.assembly, name)
 
-def _completions(state: State) -> CompletionService:
-    return _runtime(state).completions
+    return Provide(provide, sync_to_thread=False)
 
 
 def create_app(settings: GatewaySettings) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        app.state.runtime = await GatewayRuntime.start(settings)
+        assembly = await GatewayAssembly.start(settings)
+        app.state.assembly = assembly
+        # What guards and middleware read (they take no dependencies).
+        app.state.tenancy = assembly.tenancy
+        app.state.metrics = assembly.metrics
+        app.state.admin_access = AdminAccess(
+            settings.admin.token,
+            settings.admin.session_ttl_s,
+            settings.server.host,
+            assembly.admin_sessions,
+            LoginThrottle(assembly.login_failures),
+        )
         try:
             yield
         finally:
-            await app.state.runtime.stop()
+            await assembly.stop()
 
     return Litestar(
         route_handlers=[
             CompletionsController,
             ChatController,
+            FilesController,
             BatchesController,
             ModelsController,
             HealthController,
@@ -56,15 +86,14 @@ def create_app(settings: GatewaySettings) -> Litestar:
             AdminKeysController,
         ],
         dependencies={
-            "runtime": Provide(_runtime, sync_to_thread=False),
-            "completions": Provide(_completions, sync_to_thread=False),
+            **{name: _provider(name) for name in PROVIDED},
             # The client APIs' caller: 401 before anything else for a key that is not allowed.
             "caller": Provide(authenticate_caller),
         },
         exception_handlers={**EXCEPTION_HANDLERS, **DATABASE_EXCEPTION_HANDLERS},
         middleware=[HttpMetricsMiddleware],
         lifespan=[lifespan],
-        request_max_body_size=settings.max_body_bytes,
+        request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="fedllm gateway", version="0.1.0", render_plugins=_openapi_pages(settings)
         ),
@@ -74,4 +103,4 @@ def create_app(settings: GatewaySettings) -> Litestar:
 def _openapi_pages(settings: GatewaySettings) -> tuple[OpenAPIRenderPlugin, ...]:
     """The schema as JSON and YAML; the UI pages (scripts from CDNs) only when asked for, as
     litestar's defaults (an empty tuple)."""
-    return () if settings.openapi_ui else (JsonRenderPlugin(), YamlRenderPlugin())
+    return () if settings.server.openapi_ui else (JsonRenderPlugin(), YamlRenderPlugin())

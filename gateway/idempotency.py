@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 import msgspec
 from sqlalchemy.exc import DBAPIError
 
-from gateway.api.errors import OpenAIError, invalid_request
 from gateway.db.models import IdempotencyStatus
-from gateway.services.idempotency import IdempotencyStore
+from gateway.errors import Conflict, Mismatch, invalid_request
+from gateway.stores.idempotency_records import IdempotencyStore
 
 log = logging.getLogger(__name__)
 HEADER = "Idempotency-Key"
@@ -81,8 +81,8 @@ class Idempotency:
     async def claim(
         self, key: str | None, api_key_id: int | None, endpoint: str, body: bytes, stream: bool
     ) -> Claim | Replay | None:
-        """None without a key; raises OpenAIError 400 (bad key, or a stream), 409 (the key's
-        request is still running) or 422 (the key came with a different request)."""
+        """None without a key; raises InvalidRequest (bad key, or a stream), Conflict (the key's
+        request is still running) or Mismatch (the key came with a different request)."""
         if key is None:
             return None
         if not 0 < len(key) <= MAX_KEY_CHARS or not key.isascii() or not key.isprintable():
@@ -104,16 +104,14 @@ class Idempotency:
         if stored is None:
             return Claim(scope, key)
         if stored.request_hash != request_hash:
-            raise OpenAIError(
-                422,
+            raise Mismatch(
                 f"this {HEADER} was already used with a different request; use a new key for a "
                 "new request",
                 param=HEADER,
                 code="idempotency_key_reused",
             )
         if stored.status is IdempotencyStatus.RUNNING or stored.response_body is None:
-            raise OpenAIError(
-                409,
+            raise Conflict(
                 f"a request with this {HEADER} is still running; retry to get its result",
                 param=HEADER,
                 code="idempotency_key_in_use",

@@ -25,7 +25,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.sites.client import LoadView
+from gateway.sites.interface import LoadView
 from gateway.sites.registry import SiteState
 
 NO_SITE = "none"  # the site label of a request no site could take
@@ -125,6 +125,16 @@ class SiteLoadCollector(Collector):
             yield family
 
 
+class CallbackGauge(Collector):
+    """One unlabelled gauge read from `value` when scraped (a backlog's size, say)."""
+
+    def __init__(self, name: str, doc: str, value: Callable[[], float]) -> None:
+        self._name, self._doc, self._value = name, doc, value
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._doc, value=float(self._value()))
+
+
 def _site_labels(site: SiteState) -> list[str]:
     return [site.name, site.config.cloud, site.config.region]
 
@@ -203,6 +213,10 @@ class GatewayMetrics:
 
     def watch_sites(self, sites: Callable[[], Iterable[SiteState]]) -> None:
         self.registry.register(SiteLoadCollector(sites))
+
+    def watch_backlog(self, name: str, doc: str, value: Callable[[], float]) -> None:
+        """Exposes fedllm_gateway_<name>, read from `value` at each scrape."""
+        self.registry.register(CallbackGauge(f"fedllm_gateway_{name}", doc, value))
 
     def routed(self, policy: str, site: str | None) -> None:
         self.routing_decisions.labels(policy, site or NO_SITE).inc()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from gateway.sites.config import ModelConfig
-from site_engine.tokenizer import load_tokenizer, tokenizer_fingerprint
+from fedllm_contract.tokenizer import load_tokenizer, tokenizer_fingerprint
+from gateway.federation import ModelConfig
 
 
 class ModelTokenizers:

@@ -103,7 +103,10 @@ class LengthCounter:
             lengths: list[int] = json.loads(path.read_text())["lengths"]
             if len(lengths) == len(responses):
                 return lengths
-        self._progress(f"counting {len(responses)} {name} responses in {self.tokenizer_path}")
+        self._progress(
+            f"counting the tokens of {len(responses)} {name} responses "
+            f"(tokenizer: {self.tokenizer_path})"
+        )
         lengths = self._count(responses)
         self._cache.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -113,7 +116,7 @@ class LengthCounter:
 
     def _count(self, responses: Sequence[str]) -> list[int]:
         # Imported here: loading transformers is only needed when the cache misses.
-        from site_engine.tokenizer import load_tokenizer
+        from fedllm_contract.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(self.tokenizer_path)
         lengths: list[int] = []

@@ -10,21 +10,23 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 from grpc_health.v1 import health_pb2
 
+from fedllm_contract.tokenizer import tokenizer_fingerprint
 from site_engine.engine.api import Engine
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
 from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
 from site_engine.model_loading import load_model
+from site_engine.openai_http import HttpFace, HttpServer, serve_http
 from site_engine.settings import SiteSettings
 from site_engine.tls import load_server_tls
-from site_engine.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger("site_engine")
 
@@ -51,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--policy", help="fcfs, spf or static")
     parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
+    parser.add_argument(
+        "--http-port", type=int, help="OpenAI-compatible HTTP port (0: off; /metrics in vLLM names)"
+    )
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain (mutual TLS)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", type=Path, help="PEM CA that signs client certs")
@@ -118,7 +123,15 @@ async def serve(settings: SiteSettings) -> None:
     if metrics is not None:
         metrics.watch(service)
         metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
-    print(f"READY port={port}", flush=True)
+    http_server: HttpServer | None = None
+    if settings.http_port:
+        face = HttpFace(service, settings.model_name, loaded.vocab_size)
+        http_server = serve_http(face, settings.host, settings.http_port)
+        log.info("OpenAI-compatible API on http://%s:%d/v1", settings.host, settings.http_port)
+    # One write: print() writes the text and its newline separately, and with unbuffered stdout a
+    # log line from another thread could land between them.
+    sys.stdout.write(f"READY port={port}\n")
+    sys.stdout.flush()
     log.info(
         "site %s serving %s on %s:%d (%s)",
         settings.site_name,
@@ -135,6 +148,8 @@ async def serve(settings: SiteSettings) -> None:
     # Tell health checkers first so no new work arrives, then let running streams end.
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if http_server is not None:
+        http_server.stop()
     await server.stop(grace=5)
     service.stop()
     if metrics_server is not None:

@@ -133,6 +133,8 @@ class EngineService:
         )
         self._streams: dict[str, _Stream] = {}
         self._throughput = _Throughput()
+        # Tokens generated since start (a Prometheus counter of the HTTP face reads it).
+        self._generated_total = 0
         self._stats: EngineStats = engine.stats()
         # Replaced whole (never mutated) so the asyncio side reads a consistent pair.
         self._cumulative_kv = CumulativeKv()
@@ -190,6 +192,9 @@ class EngineService:
 
     def cumulative_kv(self) -> CumulativeKv:
         return self._cumulative_kv
+
+    def generated_tokens_total(self) -> int:
+        return self._generated_total
 
     def decode_tokens_per_s(self) -> float:
         return self._throughput.rate(time.monotonic())
@@ -290,6 +295,7 @@ class EngineService:
                 del self._streams[output.request_id]
         if produced:
             self._throughput.add(time.monotonic(), produced)
+            self._generated_total += produced
 
     def _fail_all(self, message: str) -> None:
         for request_id, stream in list(self._streams.items()):

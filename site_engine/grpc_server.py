@@ -1,6 +1,6 @@
 """The site's gRPC adapter: protobuf in, typed engine calls, protobuf out.
 
-This and gateway/sites/client.py are the only modules that touch the generated protobuf types.
+This and gateway/sites/grpc_client.py are the only modules that touch the generated protobuf types.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.engine_service import (
@@ -23,7 +24,6 @@ from site_engine.engine_service import (
     QueueFull,
     StreamEvent,
 )
-from site_engine.proto import site_pb2, site_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "fedllm.site.v1.SiteEngine"

@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from site_engine.tokenizer import CHATML_TEMPLATE, load_tokenizer
+from fedllm_contract.tokenizer import CHATML_TEMPLATE, load_tokenizer
 
 Arch = Literal["llama", "qwen2", "gpt2"]
 ARCHS: tuple[Arch, ...] = ("llama", "qwen2", "gpt2")

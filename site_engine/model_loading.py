@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.model_config import eos_token_ids, max_model_len
 from site_engine.gguf_import import GgufImportError, find_gguf, materialize
-from site_engine.tokenizer import load_tokenizer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

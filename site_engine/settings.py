@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from fedllm_contract.env_settings import SettingsError, build, read_env
 from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 
@@ -16,13 +17,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 POLICIES = tuple(sorted(POLICY_NAMES))
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-
-class SettingsError(ValueError):
-    """A setting is missing or invalid; the message names the variable."""
+__all__ = ["SettingsError", "SiteSettings", "default_model_name"]
 
 
 @dataclass(frozen=True, slots=True)
 class SiteSettings:
+    ENV_PREFIX: ClassVar[str] = "SITE_"
+
     model_dir: Path
     site_name: str
     model_name: str
@@ -43,6 +44,10 @@ class SiteSettings:
     torch_threads: int = 1
     # Prometheus metrics over HTTP on this port (same host as gRPC); 0 serves none.
     metrics_port: int = 0
+    # The OpenAI-compatible HTTP face (/v1/completions, /v1/chat/completions, /v1/models,
+    # /metrics under vLLM's names) on this port, next to gRPC; 0 serves none. It has no TLS or
+    # API keys of its own: on a non-loopback host put it behind a proxy that has them.
+    http_port: int = 0
     # Mutual TLS on the gRPC port (site_engine/tls.py): all three or none; none serves plaintext.
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -68,6 +73,18 @@ class SiteSettings:
             raise SettingsError(
                 f"SITE_METRICS_PORT must be in 0..65535 (0: off) and differ from SITE_PORT, "
                 f"got {self.metrics_port}"
+            )
+        if not 0 <= self.http_port < 65536 or (
+            self.http_port != 0 and self.http_port in (self.port, self.metrics_port)
+        ):
+            raise SettingsError(
+                f"SITE_HTTP_PORT must be in 0..65535 (0: off) and differ from SITE_PORT and "
+                f"SITE_METRICS_PORT, got {self.http_port}"
+            )
+        if self.http_port and not (self.allow_plaintext or _is_loopback(self.host)):
+            raise SettingsError(
+                "SITE_HTTP_PORT serves plaintext without keys: on a non-loopback SITE_HOST it "
+                "needs SITE_ALLOW_PLAINTEXT=true (a network only the gateway or a proxy reaches)"
             )
         tls = {
             "SITE_TLS_CERT": self.tls_cert,
@@ -108,11 +125,7 @@ class SiteSettings:
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> SiteSettings:
         """Environment first, then explicit overrides (CLI flags); None overrides are ignored."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in fields(cls):
-            raw = env.get(f"SITE_{field.name.upper()}")
-            if raw is not None and raw != "":
-                values[field.name] = _convert(field.name, field.type, raw)
+        values = read_env(cls, env)
         values.update({key: value for key, value in overrides.items() if value is not None})
         if "model_dir" not in values:
             raise SettingsError("the model directory is required: SITE_MODEL_DIR or --model")
@@ -122,7 +135,7 @@ class SiteSettings:
                 values[name] = Path(values[name])
         values.setdefault("model_name", default_model_name(values["model_dir"]))
         values.setdefault("site_name", values["model_name"])
-        return cls(**values)
+        return build(cls, values)
 
     def with_port(self, port: int) -> SiteSettings:
         return replace(self, port=port)
@@ -142,18 +155,3 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def _convert(name: str, annotation: object, raw: str) -> Any:
-    if annotation in ("bool", bool):
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise SettingsError(f"SITE_{name.upper()} must be true or false, got {raw!r}")
-    if annotation in ("int", int):
-        try:
-            return int(raw)
-        except ValueError as exc:
-            raise SettingsError(f"SITE_{name.upper()} must be an integer, got {raw!r}") from exc
-    return raw

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from fedllm_contract.pem import read_pem as read_contract_pem
 from site_engine.settings import SettingsError, SiteSettings
 
 
@@ -30,20 +31,9 @@ class ServerTls:
         )
 
 
-def read_pem(
-    variable: str, path: Path, marker: str, error: type[ValueError] = SettingsError
-) -> bytes:
-    """The file's bytes, refused loudly (naming the variable) unless it holds a PEM `marker`;
-    `error` is the caller's settings error (the gateway reads its PEM files through this too)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise error(f"{variable}: cannot read {path}: {exc}") from exc
-    if f"-----BEGIN {marker}".encode() not in data and not (
-        marker == "PRIVATE KEY" and b" PRIVATE KEY-----" in data
-    ):
-        raise error(f"{variable}: {path} is not a PEM file holding a {marker}")
-    return data
+def read_pem(variable: str, path: Path, marker: str) -> bytes:
+    """A PEM file named by a SITE_* setting (or a healthcheck flag), refused as a SettingsError."""
+    return read_contract_pem(variable, path, marker, SettingsError)
 
 
 def load_server_tls(settings: SiteSettings) -> ServerTls | None:

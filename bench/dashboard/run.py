@@ -17,8 +17,8 @@ from playwright.sync_api import Browser, sync_playwright
 
 from bench.common import markdown_table, write_results
 from bench.dashboard.seed import SITES, seed
+from devtools.launch import free_port, start_gateway
 from gateway.api.admin_auth import ADMIN_COOKIE
-from gateway.launch import free_port, start_gateway
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "bench-dashboard-admin-token"

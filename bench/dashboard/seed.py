@@ -13,7 +13,7 @@ from gateway.db.migrate import sync_url, upgrade
 from gateway.db.models import InferenceRequest, LoadSample, RequestStatus, Site
 from gateway.db.session import create_engine as create_async_engine
 from gateway.db.session import create_sessionmaker
-from gateway.services.load_history import roll_up
+from gateway.stores.load_history import roll_up
 
 PLACES = [
     (cloud, region)

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import SamplingParams
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
-from site_engine.tokenizer import load_tokenizer
 
 LLAMA_1B = {
     "hidden_size": 2048,

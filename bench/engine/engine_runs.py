@@ -40,7 +40,7 @@ def _used_blocks_probe(engine: PagedEngine) -> tuple[Callable[[], int], str]:
     return (lambda: engine.stats().kv_blocks_used), "engine.stats(), every step"
 
 
-def _warm_up(engine: PagedEngine, vocab: int, count: int, seed: int) -> None:
+def warm_up(engine: PagedEngine, vocab: int, count: int, seed: int) -> None:
     """A few short requests through the engine, so first-call costs stay out of the run."""
     rng = random.Random(seed)
     for i in range(count):
@@ -92,53 +92,89 @@ def run_engine(
 ) -> tuple[RunSummary, dict[str, Any]]:
     """Drives a fresh PagedEngine in-process: adds each request when its arrival time has come
     (all at t=0 for a burst) and calls step() until every request is done or the budget ends."""
-    device = loaded.device
-    times = list(arrivals) if arrivals is not None else [0.0] * len(requests)
     engine = PagedEngine(loaded, config)
     try:
-        limits = engine.limits
         warmup_count = min(warmup_requests, config.max_num_seqs)
-        _warm_up(engine, len(loaded.tokenizer), warmup_count, seed)
-        base = engine.stats()
-        probe, probe_method = _used_blocks_probe(engine)
-        sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        timings = _timings(requests, times)
-        counts = _drive(engine, requests, times, timings, name, budget_s, probe, log)
-        stats = engine.stats()
-        max_allocated = (
-            int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-        )
-        summary = summarize_run(
-            name,
-            list(timings.values()),
-            arrival="burst" if arrivals is None else "poisson",
+        warm_up(engine, len(loaded.tokenizer), warmup_count, seed)
+        summary, extra = measure_run(
+            engine,
+            loaded,
+            requests,
+            config,
+            name=name,
+            arrivals=arrivals,
             poisson_rate=poisson_rate,
-            wall_s=counts.wall_s,
-            steps=counts.steps,
-            rejected=counts.rejected,
-            truncated=counts.truncated,
-            preemptions=stats.num_preemptions - base.num_preemptions,
-            kv_block_bytes=kv_block_bytes(loaded, config.block_size),
-            kv_blocks_total=limits.kv_blocks_total,
-            peak_kv_blocks=counts.peak_blocks,
-            max_memory_allocated_bytes=max_allocated,
-            mean_running=counts.sampled / counts.steps if counts.steps else 0.0,
+            budget_s=budget_s,
+            log=log,
         )
-        extra = {
-            "engine_config": asdict(config),
-            "engine_name": limits.name,
-            "kv_capacity_bytes": limits.kv_blocks_total * summary.kv_block_bytes,
-            "kv_peak_sampling": probe_method,
-            "mean_running_meaning": "mean number of sequences that produced a token per step",
-            "warmup_requests": warmup_count,
-            "budget_s": budget_s,
-        }
+        extra["warmup_requests"] = warmup_count
         return summary, extra
     finally:
         del engine
-        free_device_memory(device)
+        free_device_memory(loaded.device)
+
+
+def measure_run(
+    engine: PagedEngine,
+    loaded: LoadedModel,
+    requests: Sequence[WorkloadRequest],
+    config: EngineConfig,
+    *,
+    name: str,
+    arrivals: Sequence[float] | None,
+    poisson_rate: float | None,
+    budget_s: float,
+    log: Progress,
+    sample_queue: bool = False,
+) -> tuple[RunSummary, dict[str, Any]]:
+    """One run of `requests` through an idle, warmed-up engine (see run_engine). With
+    `sample_queue` the waiting requests are counted after every step (the queue depth)."""
+    device = loaded.device
+    times = list(arrivals) if arrivals is not None else [0.0] * len(requests)
+    limits = engine.limits
+    base = engine.stats()
+    probe, probe_method = _used_blocks_probe(engine)
+    waiting: list[int] = []
+    if sample_queue:
+        blocks_probe = probe
+
+        def probe() -> int:
+            waiting.append(engine.queue_lengths()[0])
+            return blocks_probe()
+
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    timings = _timings(requests, times)
+    counts = _drive(engine, requests, times, timings, name, budget_s, probe, log)
+    stats = engine.stats()
+    max_allocated = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    summary = summarize_run(
+        name,
+        list(timings.values()),
+        arrival="burst" if arrivals is None else "poisson",
+        poisson_rate=poisson_rate,
+        wall_s=counts.wall_s,
+        steps=counts.steps,
+        rejected=counts.rejected,
+        truncated=counts.truncated,
+        preemptions=stats.num_preemptions - base.num_preemptions,
+        kv_block_bytes=kv_block_bytes(loaded, config.block_size),
+        kv_blocks_total=limits.kv_blocks_total,
+        peak_kv_blocks=counts.peak_blocks,
+        max_memory_allocated_bytes=max_allocated,
+        mean_running=counts.sampled / counts.steps if counts.steps else 0.0,
+        queue_depths=waiting,
+    )
+    extra = {
+        "engine_config": asdict(config),
+        "engine_name": limits.name,
+        "kv_capacity_bytes": limits.kv_blocks_total * summary.kv_block_bytes,
+        "kv_peak_sampling": probe_method,
+        "mean_running_meaning": "mean number of sequences that produced a token per step",
+        "budget_s": budget_s,
+    }
+    return summary, extra
 
 
 def _timings(requests: Sequence[WorkloadRequest], times: list[float]) -> dict[str, RequestTiming]:

@@ -31,18 +31,17 @@ decode_sweep, engine_runs, hf_baselines and hf_continuous, the results files in 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.engine.harness import Deadline, Progress
+from bench.engine.harness import Deadline, Progress, exit_if_threads_linger
 from bench.engine.model_setup import LLAMA_1B_SHAPE, SMALL_SHAPE
+from bench.engine.paths import resolve_data_dir, shared_path
 from bench.engine.report import report, save, versions
 from bench.engine.run_phases import (
     RunContext,
@@ -52,9 +51,6 @@ from bench.engine.run_phases import (
     model_phase,
     trace_phase,
 )
-from predictor.datasets import data_dir as default_data_dir
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Defaults of the full run, and of --small (a smoke test on CPU); flags given explicitly win.
 FULL_DEFAULTS: dict[str, Any] = {
@@ -142,33 +138,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _first_existing(candidates: Sequence[Path]) -> Path | None:
-    for path in candidates:
-        if path.exists():
-            return path
-    return None
-
-
-def shared_path(explicit: Path | None, *parts: str) -> Path:
-    """An explicit path, else the first of FEDLLM_SHARED_DIR, ../shared (from the working
-    directory), and shared/ next to or inside the checkout that holds `parts`."""
-    if explicit is not None:
-        return explicit
-    roots = [Path(os.environ["FEDLLM_SHARED_DIR"])] if os.environ.get("FEDLLM_SHARED_DIR") else []
-    roots += [Path("../shared"), REPO_ROOT.parent / "shared", REPO_ROOT / "shared"]
-    found = _first_existing([root.joinpath(*parts) for root in roots])
-    return found if found is not None else roots[-3].joinpath(*parts)
-
-
-def resolve_data_dir(explicit: Path | None) -> Path:
-    if explicit is not None or os.environ.get("FEDLLM_DATA_DIR"):
-        return default_data_dir(explicit)
-    try:
-        return default_data_dir(None)
-    except Exception:
-        return default_data_dir(shared_path(None, "datasets"))
-
-
 # --- orchestration -----------------------------------------------------------------------
 
 
@@ -227,11 +196,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     main()
     # A continuous-batching thread that ignored its stop must not keep the process alive.
-    if any(
-        t.is_alive() and not t.daemon
-        for t in threading.enumerate()
-        if t is not threading.main_thread()
-    ):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    exit_if_threads_linger()

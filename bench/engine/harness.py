@@ -9,6 +9,9 @@ free cached memory) that fence each measurement.
 from __future__ import annotations
 
 import gc
+import os
+import sys
+import threading
 import time
 
 import torch
@@ -52,3 +55,16 @@ def free_device_memory(device: torch.device) -> None:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def exit_if_threads_linger() -> None:
+    """Ends the process at once if a non-daemon thread (transformers' continuous batching, when
+    it ignored its stop) would keep it alive after main() returned."""
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

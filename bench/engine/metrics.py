@@ -125,6 +125,9 @@ class RunSummary:
     peak_kv_bytes: int
     max_memory_allocated_bytes: int | None
     mean_running: float  # mean number of running sequences per step (None-free: 0 if unknown)
+    # Requests waiting for admission, sampled after every step (None when not sampled).
+    queue_depth_mean: float | None = None
+    queue_depth_max: int | None = None
 
 
 def summarize_run(
@@ -143,6 +146,7 @@ def summarize_run(
     peak_kv_blocks: int,
     max_memory_allocated_bytes: int | None,
     mean_running: float,
+    queue_depths: Sequence[int] = (),
 ) -> RunSummary:
     done = [t for t in timings if t.finished]
     produced = sum(t.output_tokens for t in timings)
@@ -173,6 +177,8 @@ def summarize_run(
         peak_kv_bytes=peak_kv_blocks * kv_block_bytes,
         max_memory_allocated_bytes=max_memory_allocated_bytes,
         mean_running=mean_running,
+        queue_depth_mean=statistics.fmean(queue_depths) if queue_depths else None,
+        queue_depth_max=max(queue_depths) if queue_depths else None,
     )
 
 

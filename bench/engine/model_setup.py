@@ -18,9 +18,9 @@ import torch
 
 from bench.engine.metrics import kv_bytes_per_token
 from bench.engine.roofline import weight_bytes
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.kv_cache import KVCacheSpec, dtype_size
 from site_engine.model_loading import LoadedModel
-from site_engine.tokenizer import load_tokenizer
 
 # Llama-3.2-1B's shape (default rope: the rope variant does not change the cost of a step).
 LLAMA_1B_SHAPE: dict[str, Any] = {
@@ -106,3 +106,30 @@ def model_facts(loaded: LoadedModel, shape: dict[str, Any], built_on: str) -> di
         "tokenizer_tokens": len(loaded.tokenizer),
         "attn_implementation": getattr(loaded.model.config, "_attn_implementation", None),
     }
+
+
+def ensure_model(
+    model_dir: Path,
+    shape: dict[str, Any],
+    tokenizer_dir: Path | None,
+    log: Any,
+    *,
+    dtype: str = "bfloat16",
+    device: str = "cuda",
+    seed: int = 0,
+) -> LoadedModel:
+    """The benchmark model loaded from `model_dir`, built there first if it holds none (so that
+    several commands of one session, or a baseline run in a subprocess, share one build)."""
+    from bench.engine.paths import shared_path
+    from site_engine.model_loading import load_model
+
+    if not (model_dir / "config.json").is_file():
+        tokenizer = shared_path(tokenizer_dir, "tokenizers", "gpt2")
+        torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+            dtype, torch.float32
+        )
+        _, built_on = build_model_dir(model_dir, shape, tokenizer, torch_dtype, seed, device)
+        log(f"model built on {built_on} and saved in {model_dir}")
+    loaded = load_model(model_dir, device=device, dtype=dtype)
+    log(f"model loaded from {model_dir}")
+    return loaded

@@ -34,8 +34,8 @@ from bench.engine.workload import (
     load_workload,
     poisson_arrivals,
 )
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.model_loading import LoadedModel, load_model
-from site_engine.tokenizer import load_tokenizer
 
 
 @dataclass(slots=True)

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from gateway.demo import bundled_gguf
+        from devtools.demo import bundled_gguf
 
         args.model = bundled_gguf()
     loaded = load_model(materialize(args.model) if args.model.suffix == ".gguf" else args.model)

@@ -6,8 +6,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedllm_contract.tokenizer import load_tokenizer
 from predictor.datasets import Corpus, load_corpus
-from site_engine.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True, slots=True)

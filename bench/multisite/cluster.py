@@ -1,4 +1,4 @@
-"""Real site engines and gateways on this machine, started through gateway.launch.
+"""Real site engines and gateways on this machine, started through devtools.launch.
 
 Sites get fixed ports chosen up front, so one federation file can name every site a benchmark
 will ever use: a gateway started early sees a site as unhealthy until its process starts and
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.launch import (
+from devtools.launch import (
     LaunchError,
     ManagedProcess,
     free_port,

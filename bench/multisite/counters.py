@@ -8,7 +8,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.sites.client import LoadView, SiteClient, SiteUnavailable
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import LoadView, SiteUnavailable
 
 _REPORT_INTERVAL_MS = 50
 
@@ -50,7 +51,7 @@ class SiteCounters:
 async def _read_one(name: str, endpoint: str, attempts: int = 3) -> SiteCounters:
     """One report; a stream that breaks is opened again (the counters are cumulative, so a
     later report is as good)."""
-    client = SiteClient(name, endpoint, connect_timeout_s=10)
+    client = GrpcSiteClient(name, endpoint, connect_timeout_s=10)
     try:
         for attempt in range(attempts):
             try:

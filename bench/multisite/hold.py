@@ -30,7 +30,8 @@ from typing import Any
 from bench.multisite.cluster import SiteSpec
 from bench.multisite.counters import SiteCounters, read_counters
 from bench.multisite.throttle import Throttle
-from gateway.sites.client import GenerateParams, SiteCallError, SiteClient
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import GenerateParams, SiteCallError
 
 # "The quick brown fox jumps over the lazy" in GPT-2 token ids: any valid ids would do.
 HOLD_PROMPT = (464, 2068, 7586, 21831, 18045, 625, 262, 16931)
@@ -53,7 +54,7 @@ class Hold:
     pids: Mapping[str, int]  # site name -> process id
     max_model_len: int
     leaked: int = 0  # holds that ended on their own before the release
-    _clients: dict[str, SiteClient] = field(default_factory=dict)
+    _clients: dict[str, GrpcSiteClient] = field(default_factory=dict)
     _ids: dict[str, list[str]] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _throttle: Throttle | None = None
@@ -71,7 +72,7 @@ class Hold:
         """Places the holds, waits until each site reports them, then slows the sites down."""
         max_tokens = self.max_model_len - len(HOLD_PROMPT)
         for site in self.sites:
-            client = SiteClient(site.name, site.endpoint, connect_timeout_s=30)
+            client = GrpcSiteClient(site.name, site.endpoint, connect_timeout_s=30)
             self._clients[site.name] = client
             self._ids[site.name] = [f"hold-{uuid.uuid4().hex}" for _ in range(holds_needed(site))]
             for request_id in self._ids[site.name]:
@@ -134,7 +135,7 @@ class Hold:
         for client in self._clients.values():
             await client.close()
 
-    async def _consume(self, client: SiteClient, params: GenerateParams) -> None:
+    async def _consume(self, client: GrpcSiteClient, params: GenerateParams) -> None:
         try:
             async for chunk in client.generate(params, timeout_s=3600):
                 if chunk.finish_reason is not None and chunk.finish_reason != "cancelled":

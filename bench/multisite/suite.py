@@ -25,11 +25,11 @@ from bench.multisite.scenarios import EQUAL_MODEL, ScenarioSettings, run_scenari
 from bench.multisite.table1 import ITER_MODEL, NO_OFFLOAD, STATIC_MODEL, Extra, run_batch_size
 from bench.multisite.throttle import stop_all
 from bench.multisite.workload import Query, Workload, load_workload, skewed
-from gateway.launch import free_port
+from devtools.launch import free_port
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.make_model import make_model_dir
 from site_engine.model_loading import load_model
-from site_engine.tokenizer import load_tokenizer
 
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 1024  # the random model's context (max_position_embeddings)

@@ -1,5 +1,5 @@
 """What tokenizing a large prompt costs the gateway (issue 20, finding 3): seconds per MiB of
-text with the tokenizer class the gateway serves (site_engine.tokenizer.load_tokenizer, the
+text with the tokenizer class the gateway serves (fedllm_contract.tokenizer.load_tokenizer, the
 `encode` of gateway/tokenizers.py), for each tokenizer in the shared directory, on English-like
 text and on one repeated character. `python -m bench.security.tokenize_cost [--tokenizers DIR]`.
 """
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from bench.common import markdown_table, write_results
-from site_engine.tokenizer import load_tokenizer
+from fedllm_contract.tokenizer import load_tokenizer
 
 MIB = 1 << 20
 SHARED = Path(os.environ.get("FEDLLM_SHARED_DIR", Path(__file__).resolve().parents[3] / "shared"))

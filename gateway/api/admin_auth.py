@@ -4,7 +4,7 @@ A request is an operator's when it carries `Authorization: Bearer <GATEWAY_ADMIN
 live dashboard session cookie. The cookie is `<session id>.<issue time>.<HMAC of both under the
 admin token>`: it never holds the token, it cannot be minted without the token, it expires on
 the server SESSION_MAX_AGE_S after issue whatever the browser keeps, rotating the token voids
-every cookie, and its session row (gateway/services/admin_sessions.py) makes logout revoke it on
+every cookie, and its session row (gateway/stores/admin_sessions.py) makes logout revoke it on
 every gateway sharing the database. Comparisons are constant-time. Without a configured token
 every operator endpoint answers 401.
 """
@@ -15,14 +15,16 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from gateway.api.errors import OpenAIError
+from gateway.api.openai_errors import OpenAIError
+from gateway.stores.admin_sessions import AdminSessionStore
+from gateway.stores.login_failures import LoginFailureStore
 
 ADMIN_COOKIE = "fedllm_admin"
 _COOKIE_CONTEXT = b"fedllm admin session v2"
@@ -67,20 +69,36 @@ def bearer_is_admin(admin_token: str | None, authorization: str | None) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class AdminAccess:
+    """What the operator credential is checked against (app.state.admin_access)."""
+
+    # GATEWAY_ADMIN_TOKEN; None: every operator endpoint answers 401.
+    token: str | None = field(repr=False)
+    session_ttl_s: float
+    # Where the gateway listens: off loopback, the session cookie is always Secure.
+    host: str
+    sessions: AdminSessionStore
+    # Failed sign-ins, counted across the gateways of the database.
+    login_throttle: LoginThrottle
+
+
+def admin_access(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminAccess:
+    access: AdminAccess = connection.app.state.admin_access
+    return access
+
+
 async def is_operator(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
-    runtime = connection.app.state.runtime
-    admin_token: str | None = runtime.settings.admin_token
+    access = admin_access(connection)
+    admin_token = access.token
     if not admin_token:
         return False
     if bearer_is_admin(admin_token, connection.headers.get("authorization")):
         return True
     session_id = cookie_session(
-        admin_token,
-        connection.cookies.get(ADMIN_COOKIE),
-        time.time(),
-        runtime.settings.admin_session_ttl_s,
+        admin_token, connection.cookies.get(ADMIN_COOKIE), time.time(), access.session_ttl_s
     )
-    return session_id is not None and bool(await runtime.admin_sessions.is_live(session_id))
+    return session_id is not None and bool(await access.sessions.is_live(session_id))
 
 
 def unauthorized() -> OpenAIError:
@@ -100,34 +118,29 @@ async def require_admin(
         raise unauthorized()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class LoginThrottle:
-    """Failed sign-ins per client address over a sliding window, in this process. Behind a load
-    balancer the address is the balancer's own unless it is the only hop operators use; the
-    admin paths are reachable only from the operators' networks there (infra/terraform)."""
+    """Failed sign-ins per client address over a sliding window, counted in the database by
+    every gateway sharing it (a guesser spreading attempts over replicas is held all the same).
+    Behind a load balancer the address is the balancer's own unless it is the only hop
+    operators use; the admin paths are reachable only from the operators' networks there
+    (infra/terraform)."""
 
+    failures: LoginFailureStore
     limit: int = LOGIN_FAILURES_PER_WINDOW
     window_s: float = LOGIN_WINDOW_S
-    max_addresses: int = 10_000
-    _failures: dict[str, deque[float]] = field(default_factory=dict)
 
-    def retry_after_s(self, address: str, now: float) -> float | None:
-        """None while `address` may try; else how long until its oldest failure leaves."""
-        failures = self._failures.get(address)
-        while failures and now - failures[0] >= self.window_s:
-            failures.popleft()
-        if not failures:
-            self._failures.pop(address, None)
+    async def retry_after_s(self, address: str, now: datetime) -> float | None:
+        """None while `address` may try; else how long until the oldest of its last `limit`
+        failures leaves the window."""
+        window = timedelta(seconds=self.window_s)
+        recent = await self.failures.recent(address, now - window, self.limit)
+        if len(recent) < self.limit:
             return None
-        return self.window_s - (now - failures[0]) if len(failures) >= self.limit else None
+        return max((recent[-1] + window - now).total_seconds(), 0.0)
 
-    def failed(self, address: str, now: float) -> None:
-        if address not in self._failures and len(self._failures) >= self.max_addresses:
-            for known in list(self._failures):  # forget addresses whose failures expired
-                self.retry_after_s(known, now)
-            while len(self._failures) >= self.max_addresses:  # then the longest known
-                del self._failures[next(iter(self._failures))]
-        self._failures.setdefault(address, deque()).append(now)
+    async def failed(self, address: str, now: datetime) -> None:
+        await self.failures.failed(address, now, timedelta(seconds=self.window_s))
 
-    def succeeded(self, address: str) -> None:
-        self._failures.pop(address, None)
+    async def succeeded(self, address: str) -> None:
+        await self.failures.succeeded(address)

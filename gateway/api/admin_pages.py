@@ -23,16 +23,17 @@ from litestar import Controller, Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.response import Redirect
 
-from gateway.api.admin import AdminApiController
 from gateway.api.admin_auth import (
     ADMIN_COOKIE,
-    LoginThrottle,
+    admin_access,
     bearer_is_admin,
     cookie_session,
     is_operator,
     new_session_id,
     session_cookie,
 )
+from gateway.api.admin_routes import AdminApiController
+from gateway.api.predictor_routes import PredictorAdminController
 from gateway.settings import is_loopback
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,11 @@ ASSET_FILES = {
     "uPlot.iife.min.js": (_UPLOT / "uPlot.iife.min.js", "text/javascript"),
     "uPlot.min.css": (_UPLOT / "uPlot.min.css", "text/css"),
     "dashboard.js": (UI_DIR / "static" / "dashboard.js", "text/javascript"),
+    # The predictors' drift panel (a module dashboard.js imports).
+    "predictors.js": (UI_DIR / "static" / "predictors.js", "text/javascript"),
     "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
+    # Linked from both pages: without it the browser asks for /favicon.ico and logs a 404.
+    "favicon.svg": (UI_DIR / "static" / "favicon.svg", "image/svg+xml"),
 }
 # Browsers that reached the dashboard over https keep to https for a year (ignored over http).
 HSTS = {"Strict-Transport-Security": "max-age=31536000"}
@@ -126,7 +131,6 @@ def _client_address(request: AnyRequest) -> str:
 
 
 def admin_pages(assets: AdminAssets) -> type[Controller]:
-    throttle = LoginThrottle()
 
     class AdminPages(Controller):
         path = "/"
@@ -144,14 +148,15 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
 
         @post("/login", status_code=303)
         async def login(self, request: AnyRequest) -> Response[str] | Redirect:
-            runtime = request.app.state.runtime
-            admin_token: str | None = runtime.settings.admin_token
+            access = admin_access(request)
+            admin_token = access.token
             if not admin_token:
                 return _html(
                     assets.login_page("GATEWAY_ADMIN_TOKEN is not set on this gateway."), 401
                 )
-            address, now = _client_address(request), time.monotonic()
-            wait_s = throttle.retry_after_s(address, now)
+            address, now = _client_address(request), datetime.now(UTC)
+            throttle = access.login_throttle
+            wait_s = await throttle.retry_after_s(address, now)
             if wait_s is not None:
                 retry = str(math.ceil(wait_s))
                 page = assets.login_page(f"Too many failed sign-ins; try again in {retry} s.")
@@ -159,13 +164,13 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
             form = await request.form()
             token = str(form.get("token", "")).strip()
             if not token or not bearer_is_admin(admin_token, f"Bearer {token}"):
-                throttle.failed(address, now)
+                await throttle.failed(address, now)
                 return _html(assets.login_page("Wrong admin token."), 401)
-            throttle.succeeded(address)
+            await throttle.succeeded(address)
             session_id, issued = new_session_id(), int(time.time())
-            ttl_s = runtime.settings.admin_session_ttl_s
+            ttl_s = access.session_ttl_s
             expires = datetime.fromtimestamp(issued, UTC) + timedelta(seconds=ttl_s)
-            await runtime.admin_sessions.open(session_id, expires)
+            await access.sessions.open(session_id, expires)
             response = Redirect("/admin", status_code=303, headers=HSTS)
             response.set_cookie(
                 ADMIN_COOKIE,
@@ -175,7 +180,7 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
                 httponly=True,
                 samesite="strict",
                 # Behind a load balancer the scheme seen here is http: off loopback, always.
-                secure=request.url.scheme == "https" or not is_loopback(runtime.settings.host),
+                secure=request.url.scheme == "https" or not is_loopback(access.host),
             )
             return response
 
@@ -183,15 +188,15 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
         async def logout(self, request: AnyRequest) -> Redirect:
             """Revokes the session on the server (a copy of the cookie kept elsewhere is dead
             too), then clears the browser's."""
-            runtime = request.app.state.runtime
-            admin_token: str | None = runtime.settings.admin_token
+            access = admin_access(request)
+            admin_token = access.token
             cookie = request.cookies.get(ADMIN_COOKIE)
-            ttl_s = runtime.settings.admin_session_ttl_s
+            ttl_s = access.session_ttl_s
             session_id = (
                 cookie_session(admin_token, cookie, time.time(), ttl_s) if admin_token else None
             )
             if session_id is not None:
-                await runtime.admin_sessions.revoke(session_id)
+                await access.sessions.revoke(session_id)
             response = Redirect("/admin/login", status_code=303)
             response.delete_cookie(ADMIN_COOKIE, path="/")
             return response
@@ -215,5 +220,10 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
 def admin_router() -> Router:
     """Everything under /admin: the pages (login needs no credential) and the guarded API."""
     return Router(
-        path="/admin", route_handlers=[admin_pages(AdminAssets.load()), AdminApiController]
+        path="/admin",
+        route_handlers=[
+            admin_pages(AdminAssets.load()),
+            AdminApiController,
+            PredictorAdminController,
+        ],
     )

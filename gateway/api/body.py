@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import msgspec
 
-from gateway.api.errors import invalid_request
+from gateway.api.openai_errors import invalid_request
 
 T = TypeVar("T")
 _PARAM_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")

@@ -13,8 +13,7 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from gateway.runtime import GatewayRuntime
-from gateway.tenancy.admission import Caller
+from gateway.tenancy.admission import Caller, Tenancy
 
 # Where the guard leaves the caller, so a handler that also asks for it looks the key up once.
 _CALLER = "fedllm_caller"
@@ -24,8 +23,8 @@ async def _authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Calle
     known = connection.state.get(_CALLER)
     if isinstance(known, Caller):
         return known
-    runtime: GatewayRuntime = connection.app.state.runtime
-    caller = await runtime.tenancy.authenticate(connection.headers.get("authorization"))
+    tenancy: Tenancy = connection.app.state.tenancy
+    caller = await tenancy.authenticate(connection.headers.get("authorization"))
     connection.state[_CALLER] = caller
     return caller
 

@@ -4,59 +4,37 @@ body, or SSE events."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Literal, cast
 
 import msgspec
 
-from gateway.api.chat_schemas import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    ChatResponseMessage,
+from gateway.api.chat_schemas import ChatChunkChoice, ChatCompletionChunk, ChatDelta
+from gateway.api.openai_errors import OpenAIError, error_envelope
+from gateway.chat.result import collect_chat_completion
+from gateway.completions.result import (
+    Completion,
+    CompletionChoice,
+    Usage,
+    collect_completion,
+    finish_reason,
+    usage,
 )
-from gateway.api.errors import OpenAIError
-from gateway.api.schemas import Completion, CompletionChoice, Usage
-from gateway.completions import PreparedCompletion
-from gateway.dispatch import Dispatch
+from gateway.completions.service import PreparedCompletion
+from gateway.dispatch.stream import Dispatch
+from gateway.errors import GatewayError
 
-FinishReason = Literal["stop", "length"]
-
-
-def _finish(reason: str | None) -> FinishReason | None:
-    return cast(FinishReason, reason) if reason in ("stop", "length") else None
-
-
-def _usage(dispatch: Dispatch) -> Usage:
-    prompt = len(dispatch.prepared.params.prompt_token_ids)
-    completion = dispatch.completion_tokens
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-    )
-
-
-async def collect_completion(dispatch: Dispatch) -> Completion:
-    """Runs the request to its end; raises OpenAIError if it fails."""
-    parts = [chunk.text async for chunk in dispatch.events()]
-    prepared = dispatch.prepared
-    return Completion(
-        id=prepared.request_id,
-        object="text_completion",
-        created=prepared.created,
-        model=prepared.model,
-        choices=[
-            CompletionChoice(text="".join(parts), finish_reason=_finish(dispatch.finish_reason))
-        ],
-        usage=_usage(dispatch),
-    )
+__all__ = [
+    "chat_completion_events",
+    "collect_chat_completion",
+    "collect_completion",
+    "completion_events",
+]
 
 
 def _chunk(
-    prepared: PreparedCompletion, choices: list[CompletionChoice], usage: Usage | None = None
+    prepared: PreparedCompletion, choices: list[CompletionChoice], counts: Usage | None = None
 ) -> Completion:
     return Completion(
-        prepared.request_id, "text_completion", prepared.created, prepared.model, choices, usage
+        prepared.request_id, "text_completion", prepared.created, prepared.model, choices, counts
     )
 
 
@@ -73,38 +51,26 @@ async def completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
     prepared = dispatch.prepared
     try:
         async for chunk in dispatch.events():
-            choice = CompletionChoice(text=chunk.text, finish_reason=_finish(chunk.finish_reason))
+            choice = CompletionChoice(
+                text=chunk.text, finish_reason=finish_reason(chunk.finish_reason)
+            )
             yield _event(_chunk(prepared, [choice]))
         if prepared.include_usage:
-            yield _event(_chunk(prepared, [], _usage(dispatch)))
-    except OpenAIError as exc:
-        yield _event(exc.envelope())
+            yield _event(_chunk(prepared, [], usage(dispatch)))
+    except (OpenAIError, GatewayError) as exc:
+        yield _event(error_envelope(exc))
     yield b"data: [DONE]\n\n"
-
-
-async def collect_chat_completion(dispatch: Dispatch) -> ChatCompletion:
-    """Runs a chat request to its end; raises OpenAIError if it fails."""
-    parts = [chunk.text async for chunk in dispatch.events()]
-    prepared = dispatch.prepared
-    message = ChatResponseMessage(content="".join(parts))
-    return ChatCompletion(
-        id=prepared.request_id,
-        created=prepared.created,
-        model=prepared.model,
-        choices=[ChatChoice(message=message, finish_reason=_finish(dispatch.finish_reason))],
-        usage=_usage(dispatch),
-    )
 
 
 def _chat_chunk(
     prepared: PreparedCompletion,
     choices: list[ChatChunkChoice],
-    usage: Usage | msgspec.UnsetType | None = None,
+    counts: Usage | msgspec.UnsetType | None = None,
 ) -> ChatCompletionChunk:
     if not prepared.include_usage:
-        usage = msgspec.UNSET
+        counts = msgspec.UNSET
     return ChatCompletionChunk(
-        prepared.request_id, prepared.created, prepared.model, choices, usage=usage
+        prepared.request_id, prepared.created, prepared.model, choices, usage=counts
     )
 
 
@@ -128,10 +94,10 @@ async def chat_completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
                 content = ChatDelta(content=chunk.text)
                 yield _event(_chat_chunk(prepared, [ChatChunkChoice(content)]))
             if chunk.finish_reason is not None:
-                end = ChatChunkChoice(ChatDelta(), finish_reason=_finish(chunk.finish_reason))
+                end = ChatChunkChoice(ChatDelta(), finish_reason=finish_reason(chunk.finish_reason))
                 yield _event(_chat_chunk(prepared, [end]))
         if prepared.include_usage:
-            yield _event(_chat_chunk(prepared, [], _usage(dispatch)))
-    except OpenAIError as exc:
-        yield _event(exc.envelope())
+            yield _event(_chat_chunk(prepared, [], usage(dispatch)))
+    except (OpenAIError, GatewayError) as exc:
+        yield _event(error_envelope(exc))
     yield b"data: [DONE]\n\n"

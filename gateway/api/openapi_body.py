@@ -53,3 +53,16 @@ def json_body(body_type: type[Any]) -> type[Operation]:
             self.request_body = RequestBody(content={"application/json": media}, required=True)
 
     return JsonBodyOperation
+
+
+def multipart_body(schema: dict[str, Any]) -> type[Operation]:
+    """An Operation class whose requestBody is a required multipart/form-data form of
+    `schema` (a JSON schema object; a file field is `{"type": "string", "format": "binary"}`)."""
+
+    @dataclass
+    class MultipartBodyOperation(Operation):
+        def __post_init__(self) -> None:
+            media = OpenAPIMediaType(schema=cast(Schema, schema))
+            self.request_body = RequestBody(content={"multipart/form-data": media}, required=True)
+
+    return MultipartBodyOperation

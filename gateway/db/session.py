@@ -29,3 +29,20 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def create_counter_engine(database_url: str) -> AsyncEngine:
+    """A small PostgreSQL pool for the per-key limit counters (gateway/stores/key_limit_store.py),
+    whose statements are on the request path. Each costs one round trip: autocommit (each
+    statement is atomic on its own: no BEGIN and COMMIT trips), no ping before it (a connection
+    found dead is retried once by the store), and no wait for the WAL flush at commit
+    (synchronous_commit=off): the counters are soft state, and a database crash may lose well
+    under a second of them, which only lets that much more through in that minute. The request
+    log and everything else keep their durable commits on the main engine."""
+    return create_async_engine(
+        database_url,
+        pool_size=5,
+        max_overflow=10,
+        isolation_level="AUTOCOMMIT",
+        connect_args={"options": "-c synchronous_commit=off"},
+    )

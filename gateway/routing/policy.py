@@ -14,14 +14,22 @@ from gateway.routing.filters import (
     QueueBoundFilter,
     ServesModelFilter,
 )
+from gateway.routing.latency import LeastLatencyScorer
 from gateway.routing.mico import MicoOnlinePicker
 from gateway.routing.pickers import MinScorePicker, RoundRobinPicker
-from gateway.routing.scorers import LeastRequestsScorer, LeastTokensScorer
+from gateway.routing.scorers import LeastRequestsScorer, LeastTokensScorer, LedgerTokensScorer
 from gateway.routing.types import RoutingRequest, S, SiteFilter, SitePicker
 
 T = TypeVar("T")
 
-POLICY_NAMES = ("round_robin", "least_requests", "least_tokens", "mico")
+POLICY_NAMES = (
+    "round_robin",
+    "least_requests",
+    "least_tokens",
+    "least_tokens_guess",
+    "mico",
+    "least_latency",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,11 @@ def build_policy(
         return RoutingPolicy(name, base_filters, MinScorePicker(LeastRequestsScorer()))
     if name == "least_tokens":
         return RoutingPolicy(name, base_filters, MinScorePicker(LeastTokensScorer()))
+    if name == "least_tokens_guess":
+        return RoutingPolicy(name, base_filters, MinScorePicker(LedgerTokensScorer()))
     if name == "mico":
         return RoutingPolicy(name, (*base_filters, KvBoundFilter()), MicoOnlinePicker())
+    if name == "least_latency":
+        picker = MinScorePicker(LeastLatencyScorer())
+        return RoutingPolicy(name, (*base_filters, KvBoundFilter()), picker)
     raise ValueError(f"unknown routing policy {name!r}")

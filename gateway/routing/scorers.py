@@ -30,3 +30,17 @@ class LeastTokensScorer:
 
     def score(self, request: RoutingRequest, site: RoutableSite) -> float:
         return normalized(site.outstanding_tokens + request.total_tokens, site.capacity_weight)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerTokensScorer:
+    """Contract: (ledger_tokens + prompt + planned answer) / capacity_weight: least_tokens over
+    the gateway's own ledger alone, never the site's reports. This is the token balancing of
+    routers without a length predictor (llm-d's pending-tokens scorer, AIBrix's token_load): what
+    they charge a site is what they sent it, with the answer guessed, not what the site says.
+    Paired with GATEWAY_PLAN_WITHOUT_PREDICTION=prompt_ratio, the guess is 1.5x the prompt."""
+
+    name: str = "least_tokens_guess"
+
+    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
+        return normalized(site.ledger_tokens + request.total_tokens, site.capacity_weight)

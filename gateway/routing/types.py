@@ -6,6 +6,7 @@ Every part reads only in-memory state, so a routing decision never waits on I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeVar
@@ -66,6 +67,46 @@ class RoutableSite(Protocol):
         """Prompt tokens of the requests waiting at the site (its last load report)."""
         ...
 
+    @property
+    def ledger_tokens(self) -> int:
+        """This gateway's own ledger of the site's load: prompt + planned answer of each request
+        it sent there, less what has streamed back. Unlike outstanding_tokens it never reads the
+        site's reports, which plan with the site's own view of each answer."""
+        ...
+
+    @property
+    def latency(self) -> SiteLatency:
+        """What the latency-aware scorer reads: measured round trip, engine step time, batch
+        occupancy (SiteLatency)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """An engine step's duration at batch size b: base_s + per_sequence_s * b (seconds). A step
+    emits one token for every running sequence, so it is also each sequence's time per token."""
+
+    base_s: float
+    per_sequence_s: float = 0.0
+
+    def at(self, batch: int) -> float:
+        return self.base_s + self.per_sequence_s * max(batch, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SiteLatency:
+    """A site's latency signals as the gateway sees them. rtt_s None: not measured yet;
+    step None: the site never reported decoding yet; batch_slots None: its info is unknown.
+    requests: requests at the site (running + queued: the larger of its last report and this
+    gateway's own in-flight count); remaining_answer_tokens: predicted answer tokens still to
+    generate over those requests (its last report)."""
+
+    rtt_s: float | None = None
+    step: StepTime | None = None
+    batch_slots: int | None = None
+    requests: int = 0
+    remaining_answer_tokens: int = 0
+
 
 S = TypeVar("S", bound=RoutableSite)
 T = TypeVar("T")
@@ -73,20 +114,31 @@ T = TypeVar("T")
 
 # What routing plans for an answer without a prediction (no predictor, or it failed):
 # "max_tokens", the most the site will generate (safe for the KV bound; pessimistic when
-# clients send large max_tokens by habit), or "prompt_only", nothing (balance prompts alone).
-# GATEWAY_PLAN_WITHOUT_PREDICTION.
-UnpredictedPlan = Literal["max_tokens", "prompt_only"]
-UNPREDICTED_PLANS: tuple[UnpredictedPlan, ...] = ("max_tokens", "prompt_only")
+# clients send large max_tokens by habit), "prompt_only", nothing (balance prompts alone), or
+# "prompt_ratio", PROMPT_RATIO times the prompt (the guess of routers that have no predictor;
+# online routing only: where no prompt length is at hand, as in the batch API's lane order, it
+# plans nothing, like prompt_only). GATEWAY_PLAN_WITHOUT_PREDICTION.
+UnpredictedPlan = Literal["max_tokens", "prompt_only", "prompt_ratio"]
+UNPREDICTED_PLANS: tuple[UnpredictedPlan, ...] = ("max_tokens", "prompt_only", "prompt_ratio")
+PROMPT_RATIO = 1.5
 
 
 def planned_answer_tokens(
-    predicted_tokens: int | None, max_tokens: int, unpredicted: UnpredictedPlan
+    predicted_tokens: int | None,
+    max_tokens: int,
+    unpredicted: UnpredictedPlan,
+    prompt_tokens: int = 0,
 ) -> int:
     """Contract: the prediction capped at max_tokens (the site stops there); without one,
-    max_tokens or 0 as `unpredicted` says."""
-    if predicted_tokens is None:
-        return max_tokens if unpredicted == "max_tokens" else 0
-    return min(predicted_tokens, max_tokens)
+    max_tokens, 0, or ceil(PROMPT_RATIO * prompt_tokens) capped at max_tokens, as `unpredicted`
+    says."""
+    if predicted_tokens is not None:
+        return min(predicted_tokens, max_tokens)
+    if unpredicted == "max_tokens":
+        return max_tokens
+    if unpredicted == "prompt_ratio":
+        return min(math.ceil(PROMPT_RATIO * prompt_tokens), max_tokens)
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +154,9 @@ class RoutingRequest:
     @property
     def answer_tokens(self) -> int:
         """The answer length routing plans with (planned_answer_tokens)."""
-        return planned_answer_tokens(self.predicted_tokens, self.max_tokens, self.unpredicted)
+        return planned_answer_tokens(
+            self.predicted_tokens, self.max_tokens, self.unpredicted, self.prompt_tokens
+        )
 
     @property
     def total_tokens(self) -> int:

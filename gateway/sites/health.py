@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
-from gateway.sites.client import SiteCallError
+from gateway.sites.interface import SiteCallError
 from gateway.sites.registry import SiteRegistry, SiteState
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,12 @@ class HealthMonitor:
         was_healthy = site.healthy
         # A site that is wrong from the start (down, refusing our TLS) is said so once, too.
         first_check = site.checked_at == 0.0
+        started = time.perf_counter()
         if not await site.client.check_health():
             site.mark_unhealthy("health check failed (site down or not serving)")
         else:
+            # The check is the cheapest call a site answers: its duration is the round trip.
+            site.rtt.observe(time.perf_counter() - started)
             try:
                 info = await site.client.info()
             except SiteCallError as exc:

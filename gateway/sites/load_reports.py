@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from gateway.sites.client import SiteCallError
+from gateway.sites.interface import SiteCallError
 from gateway.sites.registry import SiteRegistry, SiteState
 
 log = logging.getLogger(__name__)

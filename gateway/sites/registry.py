@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gateway.sites.client import LoadView, SiteClient, SiteInfoView
-from gateway.sites.config import SiteConfig
+from gateway.federation import SiteConfig
+from gateway.routing.latency import RttEstimator, StepTimeModel
+from gateway.routing.types import SiteLatency
+from gateway.sites.interface import LoadView, SiteClient, SiteInfoView
 
 
 @dataclass(slots=True)
@@ -27,8 +29,11 @@ class SiteState:
     # The site's last pushed load report, and when it came (monotonic seconds).
     report: LoadView | None = None
     report_at: float = 0.0
-    # Set by an operator's drain (gateway/drain.py): the site takes nothing new.
+    # Set by an operator's drain (gateway/admin/drain.py): the site takes nothing new.
     draining: bool = False
+    # Latency-aware routing: round trips of the health checks, step times of the load reports.
+    rtt: RttEstimator = field(default_factory=RttEstimator)
+    step_time: StepTimeModel = field(default_factory=StepTimeModel)
 
     @property
     def outstanding_tokens(self) -> int:
@@ -52,6 +57,19 @@ class SiteState:
 
     def apply_report(self, report: LoadView) -> None:
         self.report, self.report_at = report, time.monotonic()
+        self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
+
+    @property
+    def latency(self) -> SiteLatency:
+        report = self.report
+        reported = report.running_requests + report.queued_requests if report else 0
+        return SiteLatency(
+            rtt_s=self.rtt.value,
+            step=self.step_time.fit(),
+            batch_slots=self.info.max_num_seqs if self.info is not None else None,
+            requests=max(reported, self.in_flight),
+            remaining_answer_tokens=report.predicted_remaining_tokens if report else 0,
+        )
 
     @property
     def name(self) -> str:
@@ -67,8 +85,19 @@ class SiteState:
 
     @property
     def kv_capacity_tokens(self) -> int | None:
+        """None when unknown: no info yet, or an engine that does not say (0 blocks)."""
         info = self.info
-        return info.kv_blocks_total * info.kv_block_size if info is not None else None
+        if info is None or info.kv_blocks_total == 0:
+            return None
+        return info.kv_blocks_total * info.kv_block_size
+
+    @property
+    def can_release_queued(self) -> bool:
+        return self.client.can_release_queued
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
 
     @property
     def max_model_len(self) -> int | None:

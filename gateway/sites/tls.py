@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
+from fedllm_contract.pem import read_pem
 from gateway.settings import GatewaySettings, SettingsError
-from site_engine.tls import read_pem
 
 ChannelOptions = Sequence[tuple[str, int | str]]
 
@@ -41,7 +41,7 @@ def _read_pem(variable: str, path: Path, marker: str) -> bytes:
 
 def load_site_tls(settings: GatewaySettings) -> SiteTls | None:
     """The files named by GATEWAY_SITE_TLS_* (settings checked all three or none); None: off."""
-    ca, cert, key = settings.site_tls_ca, settings.site_tls_cert, settings.site_tls_key
+    ca, cert, key = settings.site_tls.ca, settings.site_tls.cert, settings.site_tls.key
     if ca is None or cert is None or key is None:
         return None
     return SiteTls(

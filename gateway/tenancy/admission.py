@@ -1,5 +1,6 @@
 """Who is calling and whether they may: API-key authentication and per-key limits for the
-client APIs, between the HTTP controllers, the key store and the in-memory limiter.
+client APIs, between the HTTP controllers, the key store and where the limits are counted
+(key_limits.py: in this process, or in PostgreSQL for every gateway together).
 
 A request is charged twice: at admission, once its answer length is predicted, with its prompt
 plus the predicted answer (max_tokens without a prediction); at its end, settled to the prompt
@@ -15,21 +16,21 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.api.errors import OpenAIError
-from gateway.tenancy.concurrency import InFlightCounter, Slot
+from gateway.errors import GatewayError, RateLimited, Unauthenticated
+from gateway.tenancy.key_limits import Hold, InFlightRefusal, KeyLimits
 from gateway.tenancy.keys import DISPLAY_PREFIX_CHARS, KEY_SCHEME, KeyRecord, KeyService
-from gateway.tenancy.limiter import Charge, Refusal, SlidingWindowLimiter
+from gateway.tenancy.limiter import Refusal
 
 log = logging.getLogger(__name__)
 # Called with a revoked key's id (for work other than client requests: queued batch items).
 RevokeHook = Callable[[int], None]
 
 
-def invalid_api_key(message: str) -> OpenAIError:
-    return OpenAIError(401, message, code="invalid_api_key")
+def invalid_api_key(message: str) -> GatewayError:
+    return Unauthenticated(message, code="invalid_api_key")
 
 
-def rate_limited(key: KeyRecord, refusal: Refusal, what: str = "this request") -> OpenAIError:
+def rate_limited(key: KeyRecord, refusal: Refusal, what: str = "this request") -> GatewayError:
     where = f"API key {key.prefix}... ('{key.name}') on {refusal.kind} per minute"
     if refusal.retry_after_s is None:
         message = (
@@ -41,10 +42,9 @@ def rate_limited(key: KeyRecord, refusal: Refusal, what: str = "this request") -
             f"Rate limit reached for {where}: limit {refusal.limit}, used {refusal.used}, "
             f"requested {refusal.requested}. Please try again in {refusal.retry_after_header}s."
         )
-    return OpenAIError(
-        429,
+    return RateLimited(
         message,
-        type=refusal.kind,
+        limit=refusal.kind,
         code="rate_limit_exceeded",
         retry_after_s=refusal.retry_after_header,
     )
@@ -56,12 +56,11 @@ def bearer_credential(authorization: str | None) -> str | None:
     return credential if scheme.lower() == "bearer" and credential else None
 
 
-def too_many_in_flight(key: KeyRecord, limit: int) -> OpenAIError:
-    return OpenAIError(
-        429,
+def too_many_in_flight(key: KeyRecord, limit: int) -> GatewayError:
+    return RateLimited(
         f"API key {key.prefix}... ('{key.name}') has {limit} requests in flight, its limit; "
         "retry when one ends",
-        type="requests",
+        limit="requests",
         code="concurrency_limit_exceeded",
         retry_after_s=1,
     )
@@ -71,11 +70,9 @@ def too_many_in_flight(key: KeyRecord, limit: int) -> OpenAIError:
 class KeyAdmission:
     """One request's hold on its key's limits (CompletionService.dispatch's Admission)."""
 
-    limiter: SlidingWindowLimiter
+    limits: KeyLimits
     key: KeyRecord
-    in_flight: InFlightCounter | None = None
-    _charge: Charge | None = None
-    _slot: Slot | None = None
+    _hold: Hold | None = None
     # What stops the request if its key is revoked while it runs (set by its dispatch).
     _on_revoke: Callable[[], None] | None = None
     revoked: bool = False
@@ -84,33 +81,26 @@ class KeyAdmission:
     def api_key_id(self) -> int:
         return self.key.id
 
-    def charge(self, tokens: int, most_tokens: int) -> None:
-        """Takes one request and `tokens` from the key's budget, or raises 429. A request that
-        could take more than a whole minute's budget (`most_tokens`: prompt + max_tokens) is
-        refused outright: one request may not outrun its key's limit, whatever was predicted."""
+    async def charge(self, tokens: int, most_tokens: int) -> None:
+        """Takes one request, `tokens` from the key's budget and, for a key with a concurrency
+        cap, one of its slots; or raises 429. A request that could take more than a whole
+        minute's budget (`most_tokens`: prompt + max_tokens) is refused outright: one request
+        may not outrun its key's limit, whatever was predicted."""
         limit = self.key.limits.tokens_per_minute
         if limit is not None and most_tokens > limit:
             raise rate_limited(self.key, Refusal("tokens", limit, 0, most_tokens, None))
-        cap = self.key.max_concurrent_requests
-        if self.in_flight is not None:
-            if not self.in_flight.try_enter(self.key.id, cap):
-                raise too_many_in_flight(self.key, cap or 0)
-            self._slot = Slot(self.in_flight, self.key.id)
-            weakref.finalize(self, self._slot.release)
-        outcome = self.limiter.admit(self.key.id, self.key.limits, 1, tokens)
+        outcome = await self.limits.admit(self.key, 1, tokens, slot=True)
+        if isinstance(outcome, InFlightRefusal):
+            raise too_many_in_flight(self.key, outcome.limit)
         if isinstance(outcome, Refusal):
-            self._release()
             raise rate_limited(self.key, outcome)
-        self._charge = outcome
+        self._hold = outcome
+        # A request dropped without being settled (a stream never started) gives its slot back.
+        weakref.finalize(self, outcome.release)
 
     def settle(self, tokens: int) -> None:
-        self._release()
-        if self._charge is not None:
-            self.limiter.settle(self._charge, tokens)
-
-    def _release(self) -> None:
-        if self._slot is not None:
-            self._slot.release()
+        if self._hold is not None:
+            self._hold.settle(tokens)
 
     def watch_revocation(self, stop: Callable[[], None]) -> None:
         """`stop` is called if the key is revoked while the request runs (at once if it was
@@ -140,27 +130,27 @@ class Caller:
         """The request's hold on the key's limits (for CompletionService.dispatch)."""
         if self.key is None:
             return None
-        admission = KeyAdmission(self.tenancy.limiter, self.key, self.tenancy.in_flight)
+        admission = KeyAdmission(self.tenancy.limits, self.key)
         self.tenancy.running.setdefault(self.key.id, weakref.WeakSet()).add(admission)
         return admission
 
-    def admit_batch(self, items: Sequence[tuple[int, int]]) -> None:
+    async def admit_batch(self, items: Sequence[tuple[int, int]]) -> None:
         """Charges a batch of (prompt tokens, max_tokens) items whole, or raises 429."""
         if self.key is None:
             return
-        key, limiter = self.key, self.tenancy.limiter
+        key = self.key
         tokens = sum(prompt + max_tokens for prompt, max_tokens in items)
-        outcome = limiter.admit(key.id, key.limits, len(items), tokens)
+        outcome = await self.tenancy.limits.admit(key, len(items), tokens, slot=False)
         if isinstance(outcome, Refusal):
             raise rate_limited(key, outcome, f"this batch of {len(items)} requests")
 
 
 class Tenancy:
-    def __init__(self, keys: KeyService, limiter: SlidingWindowLimiter, require_keys: bool) -> None:
+    def __init__(self, keys: KeyService, limits: KeyLimits, require_keys: bool) -> None:
         self.keys = keys
-        self.limiter = limiter
+        # In this process (SQLite) or shared by every gateway of the database (PostgreSQL).
+        self.limits = limits
         self.require_keys = require_keys
-        self.in_flight = InFlightCounter()
         # Requests admitted per key, while they exist: revoking the key stops them.
         self.running: dict[int, weakref.WeakSet[KeyAdmission]] = {}
         self._revoke_hooks: list[RevokeHook] = []
@@ -198,7 +188,7 @@ class Tenancy:
     async def revoke(self, key_id: int) -> KeyRecord | None:
         key = await self.keys.revoke(key_id)
         if key is not None:
-            self.limiter.forget(key_id)
+            self.limits.forget(key_id)
             for admission in list(self.running.pop(key_id, ())):
                 admission.revoke()
             for hook in self._revoke_hooks:

@@ -71,6 +71,7 @@ site_image = "ghcr.io/example/fedllm-site:0.1.0"
 gateway = {
   region          = "us-east-1"
   image           = "123456789012.dkr.ecr.us-east-1.amazonaws.com/fedllm-gateway:0.1.0"
+  trainer_image   = "123456789012.dkr.ecr.us-east-1.amazonaws.com/fedllm-trainer:0.1.0"
   domain_name     = "llm.example.com"
   certificate_arn = "arn:aws:acm:us-east-1:123456789012:certificate/00000000-0000-0000-0000-000000000000"
   route53_zone_id = "Z0123456789EXAMPLE"
@@ -87,3 +88,18 @@ admin_cidrs = ["203.0.113.0/24"]
 
 gcp_project           = "example-fedllm"
 azure_subscription_id = "00000000-0000-0000-0000-000000000000"
+
+# A vLLM deployment already running elsewhere, joined as a site of kind openai
+# (docs/external-engines.md); its key file is placed next to the federation file on the gateway.
+openai_sites = {
+  "vllm-onprem-fra" = {
+    cloud           = "onprem"
+    region          = "eu-central-fra"
+    model           = "qwen2.5-7b-instruct"
+    base_url        = "https://vllm-fra.internal.example:8000/v1"
+    engine_model    = "Qwen/Qwen2.5-7B-Instruct"
+    api_key_file    = "secrets/vllm-onprem-fra.key"
+    metrics_url     = "https://vllm-fra.internal.example:8000/metrics"
+    metrics_dialect = "vllm"
+  }
+}

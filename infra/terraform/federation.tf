@@ -1,4 +1,4 @@
-# What the gateway is told about the federation: the federation file of gateway/sites/config.py,
+# What the gateway is told about the federation: the federation file of gateway/federation.py,
 # rendered from the site map and the sites' fixed addresses. tests/infra evaluates these very
 # expressions against example.tfvars and starts a gateway with the result.
 
@@ -36,14 +36,29 @@ locals {
   # Only models some serving site serves: the gateway lists (and loads a tokenizer for) each.
   served_models = {
     for name, model in var.models : name => model
-    if contains([for site in local.serving_sites : var.sites[site].model], name)
+    if contains(concat(
+      [for site in local.serving_sites : var.sites[site].model],
+      [for site in values(var.openai_sites) : site.model],
+    ), name)
   }
+
+  # Engines already running elsewhere (vLLM, SGLang): sites of kind openai, no instance here.
+  # Optional fields left null are dropped, so the gateway applies its own defaults.
+  openai_federation_sites = [
+    for name in sort(keys(var.openai_sites)) : {
+      for key, value in merge(var.openai_sites[name], {
+        name         = name
+        kind         = "openai"
+        engine_model = coalesce(var.openai_sites[name].engine_model, var.openai_sites[name].model)
+      }) : key => value if value != null
+    }
+  ]
 
   federation = {
     # Tokenizer paths are relative to the federation file; docker/gateway-entrypoint.sh downloads
     # each served model's tokenizer there (FEDLLM_MODELS).
     models = [for name in sort(keys(local.served_models)) : { name = name, tokenizer = "models/${name}" }]
-    sites = flatten([
+    sites = concat(flatten([
       for name in local.serving_sites : [
         for index, instance in local.instance_names[name] : {
           name            = instance
@@ -55,7 +70,7 @@ locals {
           tls_server_name = local.site_tls_server_names[name][index]
         }
       ]
-    ])
+    ]), local.openai_federation_sites)
   }
 
   gateway_environment = merge(

@@ -132,6 +132,7 @@ module "gateway" {
   private_subnet_ids = module.gateway_network.private_subnet_ids
   kms_key_arn        = module.gateway_kms.arn
   image              = var.gateway.image
+  trainer_image      = var.gateway.trainer_image
   cpu                = var.gateway.cpu
   memory             = var.gateway.memory
   environment        = local.gateway_environment

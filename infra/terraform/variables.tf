@@ -124,10 +124,12 @@ variable "gateway" {
     The gateway (AWS ECS Fargate behind an HTTPS load balancer):
       region          AWS region of the gateway and its database
       image           gateway container image (docker/gateway.Dockerfile); pin by digest
+      trainer_image   image of the one-off retraining task (the same Dockerfile, --target trainer)
       domain_name     public host name of the API
       certificate_arn ACM certificate for domain_name, in region
       route53_zone_id hosted zone to create domain_name in (null: point a CNAME yourself)
-      routing_policy  round_robin | least_requests | least_tokens | mico (default mico)
+      routing_policy  round_robin | least_requests | least_tokens | least_tokens_guess | mico |
+                      least_latency (default mico)
       cpu, memory     task size (default 2048 CPU units, 8192 MiB)
       vpc_cidr        the gateway VPC (default 10.40.0.0/16)
       availability_zones  the two or more zones of the gateway VPC (default <region>a, <region>b)
@@ -140,6 +142,7 @@ variable "gateway" {
   type = object({
     region             = string
     image              = string
+    trainer_image      = string
     domain_name        = string
     certificate_arn    = string
     route53_zone_id    = optional(string)
@@ -154,8 +157,8 @@ variable "gateway" {
     settings           = optional(map(string), {})
   })
   validation {
-    condition     = contains(["round_robin", "least_requests", "least_tokens", "mico"], var.gateway.routing_policy)
-    error_message = "gateway.routing_policy must be round_robin, least_requests, least_tokens or mico."
+    condition     = contains(["round_robin", "least_requests", "least_tokens", "least_tokens_guess", "mico", "least_latency"], var.gateway.routing_policy)
+    error_message = "gateway.routing_policy must be round_robin, least_requests, least_tokens, least_tokens_guess, mico or least_latency."
   }
   validation {
     condition     = alltrue([for key, value in var.gateway.settings : can(regex("^GATEWAY_[A-Z0-9_]+$", key)) && !contains(["GATEWAY_DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_FEDERATION_FILE", "GATEWAY_ROUTING_POLICY", "GATEWAY_PREDICTOR_DIR", "GATEWAY_ADMIN_TOKEN", "GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY", "GATEWAY_REQUIRE_API_KEYS", "GATEWAY_ALLOW_OPEN_ACCESS"], key)])
@@ -319,5 +322,42 @@ variable "tags" {
   validation {
     condition     = alltrue([for key, value in var.tags : length(key) >= 1 && length(key) <= 63 && length(value) <= 63])
     error_message = "tags: keys of 1-63 and values of at most 63 characters (GCP's label limits)."
+  }
+}
+
+variable "openai_sites" {
+  description = <<-EOT
+    OpenAI-compatible engines this configuration does not deploy (vLLM, SGLang, TGI, already
+    running), joined to the federation as sites of kind openai (docs/external-engines.md):
+      cloud, region    where the engine runs (labels for routing and the dashboard)
+      model            a key of var.models
+      base_url         the engine's API root, ending in /v1
+      engine_model     the model's name at the engine (default: the model's key)
+      api_key_file     path of the engine's API key on the gateway, relative to the federation
+                       file (the secret itself stays out of Terraform state)
+      metrics_url      its Prometheus page, with metrics_dialect vllm | sglang | tgi
+      max_model_len, max_num_seqs, kv_capacity_tokens   what the engine does not say itself
+      capacity_weight  its share of token load relative to the other sites (default 1)
+  EOT
+  type = map(object({
+    cloud              = string
+    region             = string
+    model              = string
+    base_url           = string
+    engine_model       = optional(string)
+    api_key_file       = optional(string)
+    metrics_url        = optional(string)
+    metrics_dialect    = optional(string, "none")
+    max_model_len      = optional(number)
+    max_num_seqs       = optional(number)
+    kv_capacity_tokens = optional(number)
+    capacity_weight    = optional(number, 1)
+  }))
+  default = {}
+  validation {
+    condition = alltrue([
+      for site in values(var.openai_sites) : contains(["vllm", "sglang", "tgi", "none"], site.metrics_dialect) && startswith(site.base_url, "http") && ((site.metrics_url == null) == (site.metrics_dialect == "none"))
+    ])
+    error_message = "openai_sites: base_url must be an http(s) URL; metrics_url and a metrics_dialect (vllm, sglang, tgi) go together."
   }
 }

@@ -30,6 +30,7 @@ from site_engine.engine.types import ModelRunnerOutput, ScheduledChunk, Schedule
 
 if TYPE_CHECKING:
     from site_engine.engine.cuda.graphs import DecodeGraphs
+    from site_engine.engine.cuda.step_graphs import FlatStepGraphs
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,11 @@ def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.
         )
 
 
+def _is_decode(chunk: ScheduledChunk) -> bool:
+    """One new token after cached ones, sampled: what the decode graphs run."""
+    return chunk.num_tokens == 1 and chunk.sample and chunk.start_position > 0
+
+
 def _default_attention(device: torch.device) -> AttentionBackend:
     if device.type == "cuda":
         # Imported only here: Triton exists only where CUDA does.
@@ -79,9 +85,12 @@ class ModelRunner:
         attention: AttentionBackend | None = None,
         sampler: Sampler | None = None,
         cuda_graph_max_batch: int = 0,
+        cuda_graph_max_tokens: int = 0,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
-        sequences in CUDA graphs; larger or mixed steps run eagerly."""
+        sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
+        of up to that many tokens (and that many sequences) are captured as well, as one flat
+        batch. Larger steps run eagerly."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -114,6 +123,20 @@ class ModelRunner:
                 scratch_block=num_blocks,
             )
             self.graphs.capture()
+        self.step_graphs: FlatStepGraphs | None = None
+        if use_graphs and cuda_graph_max_tokens >= 2:
+            from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+
+            self.step_graphs = FlatStepGraphs(
+                self.flat_model,
+                self.attention,
+                self.kv_cache,
+                max_tokens=cuda_graph_max_tokens,
+                max_seqs=cuda_graph_max_batch,
+                max_blocks_per_seq=-(-self._max_model_len // block_size),
+                scratch_block=num_blocks,
+            )
+            self.step_graphs.capture()
 
     @property
     def num_blocks(self) -> int:
@@ -145,6 +168,8 @@ class ModelRunner:
         self.sampler.forget(output.finished_request_ids)
         if output.is_empty:
             return LaunchedStep.nothing_sampled()
+        if self._flat_graphed(output.chunks):
+            return self._launch_flat(output.chunks, previous)
         graphed, eager = self._split(output.chunks)
         logits_parts: list[torch.Tensor] = []
         sampled: list[ScheduledChunk] = []
@@ -166,6 +191,31 @@ class ModelRunner:
             logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
             return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
 
+    def _flat_graphed(self, chunks: Sequence[ScheduledChunk]) -> bool:
+        """A step with prefill chunks that the flat step graphs can take whole."""
+        if self.step_graphs is None or not self.step_graphs.fits(chunks):
+            return False
+        return any(not _is_decode(chunk) for chunk in chunks)
+
+    def _launch_flat(
+        self, chunks: Sequence[ScheduledChunk], previous: LaunchedStep | None
+    ) -> LaunchedStep:
+        """The whole step (prefill chunks and decode rows) as one replay of a flat step graph."""
+        assert self.step_graphs is not None
+        decode = [chunk for chunk in chunks if _is_decode(chunk)]
+        self._validate_decode(decode)
+        self._validate([chunk for chunk in chunks if not _is_decode(chunk)])
+        if len({chunk.request_id for chunk in chunks}) != len(chunks):
+            self._validate(chunks)  # names the request scheduled twice
+        rows = previous.pending_rows(chunks) if previous else no_pending_rows(chunks)
+        source = previous.sampled if previous is not None else None
+        sampled = [chunk for chunk in chunks if chunk.sample]
+        with torch.inference_mode():
+            logits = self.step_graphs.run(chunks, rows, source)
+            if not sampled:
+                return LaunchedStep.nothing_sampled()
+            return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
+
     def _split(
         self, chunks: Sequence[ScheduledChunk]
     ) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
@@ -175,8 +225,7 @@ class ModelRunner:
         graphed: list[ScheduledChunk] = []
         eager: list[ScheduledChunk] = []
         for chunk in chunks:
-            is_decode = chunk.num_tokens == 1 and chunk.sample and chunk.start_position > 0
-            (graphed if is_decode else eager).append(chunk)
+            (graphed if _is_decode(chunk) else eager).append(chunk)
         if len(graphed) > self.graphs.max_batch:
             return [], list(chunks)
         return graphed, eager

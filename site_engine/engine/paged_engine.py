@@ -48,7 +48,8 @@ class EngineConfig:
     # KV cache budget in bytes; 0 chooses one from the device (see kv_cache_blocks).
     kv_cache_bytes: int = 0
     policy: PolicyName = "fcfs"
-    # CUDA only: replay decode steps of up to max_num_seqs sequences from CUDA graphs.
+    # CUDA only: replay decode steps of up to max_num_seqs sequences from CUDA graphs, and steps
+    # with prefill chunks (up to max_num_batched_tokens tokens) from flat step graphs.
     cuda_graphs: bool = True
     # Schedule step N+1 while step N runs. None: on for CUDA, off elsewhere (a CPU step does its
     # work before returning, so there is nothing to overlap; True still works there, for tests).
@@ -107,6 +108,7 @@ class PagedEngine:
             device=loaded.device,
             dtype=loaded.dtype,
             cuda_graph_max_batch=config.max_num_seqs if config.cuda_graphs else 0,
+            cuda_graph_max_tokens=config.max_num_batched_tokens if config.cuda_graphs else 0,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(
@@ -175,6 +177,10 @@ class PagedEngine:
     def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
         updates = self._scheduler.update(scheduled, launched.result())
         return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
+
+    def queue_lengths(self) -> tuple[int, int]:
+        """(waiting, running) requests, cheap enough to read after every step."""
+        return self._scheduler.queue_lengths()
 
     def scheduler_stats(self) -> SchedulerStats:
         return self._scheduler.stats()

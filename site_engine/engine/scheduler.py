@@ -209,6 +209,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
+    def queue_lengths(self) -> tuple[int, int]:
+        """(waiting, running) sequences: stats() without its walk over every sequence."""
+        return len(self._waiting), len(self._running)
+
     def schedule(self) -> SchedulerOutput:
         """Plan the next step: running sequences first, then admissions."""
         chunks: list[ScheduledChunk] = []

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.e2e.conftest import start_federation  # noqa: F401 (the fixture, reused)
 
@@ -30,3 +30,12 @@ def chromium() -> Iterator[Browser]:
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture
+def page(chromium: Browser) -> Iterator[Page]:
+    context = chromium.new_context(viewport={"width": 1440, "height": 1000})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()

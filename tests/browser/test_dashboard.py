@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Page
 
 from tests.e2e.conftest import Federation
-from tests.e2e.test_prediction_http import artifact  # noqa: F401 (a small real predictor)
+from tests.e2e.test_prediction_http import (  # a small real predictor; requests that vary
+    artifact,  # noqa: F401
+    send_varied,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TOKEN = "browser-test-admin-token-42"
@@ -58,17 +60,12 @@ def federation(start_federation, artifact: Path) -> Federation:  # noqa: F811
             "GATEWAY_PREDICTOR_DIR": str(artifact),
             "GATEWAY_ROUTING_POLICY": "least_tokens",
             "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100",
+            # The tiny model's answers all stop at max_tokens: count them in the drift window.
+            "GATEWAY_DRIFT_INCLUDE_CENSORED": "true",
+            "GATEWAY_DRIFT_MIN_SAMPLES": "10",
+            "GATEWAY_DRIFT_REFRESH_S": "0.5",
         },
     )
-
-
-@pytest.fixture
-def page(chromium: Browser) -> Iterator[Page]:
-    context = chromium.new_context(viewport={"width": 1440, "height": 1000})
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 class Traffic:
@@ -146,8 +143,11 @@ def assert_page_matches_overview(page: Page, federation: Federation, detail: str
     for site in overview["sites"]:
         texts = seen["sites"][site["name"]]
         assert texts["healthy"] == ("healthy" if site["healthy"] else "down")
+        assert texts["kind"] == (
+            "OpenAI API · no offload release" if site["kind"] == "openai" else "gRPC engine"
+        )
         for field, text in texts.items():
-            if field not in ("healthy", "cloud", "model"):
+            if field not in ("healthy", "cloud", "model", "kind"):
                 assert text == shown(field, site[field]), (site["name"], field)
         if site["name"] == detail:
             for field, text in seen["detail"].items():
@@ -232,3 +232,36 @@ def test_dashboard_live_drilldown_and_values(
     page.wait_for_url("**/admin/login")
     status = page.evaluate("() => fetch('/admin/api/overview').then(r => r.status)")
     assert status == 401
+
+
+def test_predictor_drift_panel_shows_the_apis_numbers(federation: Federation, page: Page) -> None:
+    """The drift panel lists the served model with the rolling error the admin API reports."""
+    send_varied(federation.base_url, 24)
+    deadline = time.monotonic() + 20
+    while (api(federation, "/admin/api/predictors")["models"][0]["rolling"] or {}).get(
+        "samples", 0
+    ) < 24:
+        assert time.monotonic() < deadline, "the rolling error did not count the requests"
+        time.sleep(0.3)
+    page.goto(f"{federation.base_url}/admin/login")
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("html[data-ready=true]", timeout=15_000)
+    (model,) = api(federation, "/admin/api/predictors")["models"]  # no traffic now: it holds
+    name = model["model"]
+    row = page.locator(f'#predictors tbody tr[data-model="{name}"]')
+    cells = {
+        field: row.locator(f'[data-field="{field}"]').text_content()
+        for field in ("samples", "mae_tokens", "served_mean_mae_tokens", "mae_ratio", "spearman",
+                      "drifted", "version")
+    }  # fmt: skip
+    rolling = model["rolling"]
+    assert cells == {
+        "samples": str(rolling["samples"]),
+        "mae_tokens": f"{rolling['mae_tokens']:.1f}",
+        "served_mean_mae_tokens": f"{rolling['served_mean_mae_tokens']:.1f}",
+        "mae_ratio": f"{rolling['mae_ratio']:.2f}" if rolling["mae_ratio"] is not None else "–",
+        "spearman": f"{rolling['spearman']:.3f}",
+        "drifted": "drifted" if model["drifted"] else "ok",
+        "version": model["window_version"],
+    }

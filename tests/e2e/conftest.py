@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
+from devtools.launch import ManagedProcess, free_port, spawn_site, start_gateway, wait_until_serving
 from gateway.db.migrate import sync_url
-from gateway.launch import ManagedProcess, free_port, spawn_site, start_gateway, wait_until_serving
+
+# The gateway writes its request log behind the answers, every GATEWAY_REQUEST_LOG_FLUSH_MS
+# (20 ms): what a test reads right after an answer may be that far behind. A reader waits this
+# long (an answer's outcome is queued as its response ends), then until /readyz shows nothing
+# queued: on a loaded machine a flush can take far longer than a fixed wait.
+WRITE_BEHIND_S = 0.3
+WRITTEN_TIMEOUT_S = 30.0
+
+
+def wait_until_written(base_url: str) -> None:
+    """Returns once the gateway's request log has no write left to make (or fails the test)."""
+    time.sleep(WRITE_BEHIND_S)
+    deadline = time.monotonic() + WRITTEN_TIMEOUT_S
+    while True:
+        queued = httpx.get(f"{base_url}/readyz", timeout=10).json()["request_log"]["queued"]
+        if queued == 0:
+            return
+        assert time.monotonic() < deadline, f"{queued} request log writes still queued"
+        time.sleep(0.05)
 
 
 @dataclass
@@ -25,6 +46,7 @@ class Federation:
         return f"http://127.0.0.1:{self.gateway.port}"
 
     def query(self, sql: str) -> list[tuple[object, ...]]:
+        wait_until_written(self.base_url)
         engine = create_engine(sync_url(self.database_url))
         try:
             with engine.connect() as connection:
@@ -33,6 +55,7 @@ class Federation:
             engine.dispose()
 
     def rows(self, where: str = "1=1") -> list[dict[str, object]]:
+        wait_until_written(self.base_url)
         engine = create_engine(sync_url(self.database_url))
         try:
             with engine.connect() as connection:

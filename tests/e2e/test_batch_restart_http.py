@@ -1,5 +1,6 @@
 """A gateway dies with a batch half done; a new gateway on the same PostgreSQL database finishes
-it, re-running only the items that were in flight: every item is recorded exactly once."""
+it, re-running only the items that were in flight: every item is recorded exactly once. Both
+forms of a batch: made from an uploaded file (OpenAI's) and inline."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from gateway.launch import start_gateway
+from devtools.launch import start_gateway
 from tests.e2e.batch_client import all_results, item, wait_for
 from tests.e2e.conftest import write_federation
 
@@ -30,8 +32,40 @@ def items_by_custom_id(federation, batch_id: str) -> dict[str, tuple[str, str, i
     return {str(cid): (str(status), str(rid), int(n)) for cid, status, rid, n in rows}
 
 
+def submit(client: httpx.Client, form: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    if form == "inline":
+        created = client.post("/v1/batches", json={"model": "tiny", "requests": items})
+    else:
+        lines = [
+            {
+                "custom_id": body.pop("custom_id"),
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "tiny", **body},
+            }
+            for body in (dict(i) for i in items)
+        ]
+        content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        uploaded = client.post(
+            "/v1/files", files={"file": ("batch.jsonl", content)}, data={"purpose": "batch"}
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        created = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+            },
+        )
+    assert created.status_code == 200, created.text
+    batch: dict[str, Any] = created.json()
+    return batch
+
+
+@pytest.mark.parametrize("form", ["file", "inline"])
 def test_new_gateway_resumes_a_batch_exactly_once(
-    start_federation, postgres_url: str, tiny_llama_dir: Path, tmp_path: Path
+    start_federation, postgres_url: str, tiny_llama_dir: Path, tmp_path: Path, form: str
 ) -> None:
     from gateway.db.migrate import downgrade
 
@@ -40,7 +74,7 @@ def test_new_gateway_resumes_a_batch_exactly_once(
     try:
         items = [item(f"r{i}", f"Story number {i}", TOKENS) for i in range(ITEMS)]
         with httpx.Client(base_url=federation.base_url, timeout=60) as client:
-            batch = client.post("/v1/batches", json={"model": "tiny", "requests": items}).json()
+            batch = submit(client, form, items)
             deadline = time.monotonic() + 120
             while True:
                 statuses = [r["status"] for r in all_results(client, batch["id"], 100)]
@@ -67,7 +101,12 @@ def test_new_gateway_resumes_a_batch_exactly_once(
         with httpx.Client(base_url=f"http://127.0.0.1:{successor.port}", timeout=60) as client:
             done = wait_for(client, batch["id"])
             results = all_results(client, batch["id"], 100)
+            output = client.get(f"/v1/files/{done['output_file_id']}/content")
         assert done["status"] == "completed"
+        # The output file, written once by the gateway that finished the batch: one line each.
+        assert output.status_code == 200, output.text
+        lines = [json.loads(line) for line in output.text.splitlines()]
+        assert [line["custom_id"] for line in lines] == [i["custom_id"] for i in items]
         assert done["request_counts"] == {"total": ITEMS, "completed": ITEMS, "failed": 0}
         assert [r["custom_id"] for r in results] == [i["custom_id"] for i in items]
         assert all(r["response"]["usage"]["completion_tokens"] == TOKENS for r in results)

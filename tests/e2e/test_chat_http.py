@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.chat_templates import CHATML_TEMPLATE, ChatTemplate
-from gateway.launch import LaunchError, free_port, start_gateway
+from devtools.launch import LaunchError, free_port, start_gateway
+from gateway.chat.templates import CHATML_TEMPLATE, ChatTemplate
 from tests.e2e.conftest import Federation, write_federation
 
 pytestmark = pytest.mark.slow

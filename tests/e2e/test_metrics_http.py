@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.launch import ManagedProcess, free_port, spawn_site, start_gateway, wait_until_serving
+from devtools.launch import ManagedProcess, free_port, spawn_site, start_gateway, wait_until_serving
 from tests.e2e.conftest import SITE_PLACES, Federation, write_federation
 from tests.e2e.test_prediction_http import artifact  # noqa: F401 (a fixture: a small real artifact)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import spawn_site, start_gateway, wait_until_serving
+from devtools.launch import spawn_site, start_gateway, wait_until_serving
 from tests.e2e.conftest import Federation, write_federation
 
 pytestmark = pytest.mark.slow

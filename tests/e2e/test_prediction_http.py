@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import LaunchError
+from devtools.launch import LaunchError
 from tests.support.predictor_artifact import small_artifact
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,8 @@ def test_predictions_samples_and_hot_swap(start_federation, artifact: Path, tmp_
         assert row["predicted_bucket"] is not None
     samples = federation.query("SELECT completion_tokens, censored FROM length_samples")
     assert len(samples) == SAMPLES
-    assert all(censored for _, censored in samples)  # random weights: answers hit max_tokens
+    # Random weights mostly run to max_tokens (censored), but may draw EOS now and then.
+    assert sum(bool(censored) for _, censored in samples) >= SAMPLES // 2
 
     retrain = subprocess.run(
         [

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import LaunchError, ManagedProcess, spawn_site, start_gateway
-from gateway.launch import wait_until_serving as wait_serving
+from devtools.launch import LaunchError, ManagedProcess, spawn_site, start_gateway
+from devtools.launch import wait_until_serving as wait_serving
 from tests.e2e.conftest import SITE_PLACES
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
-from gateway.sites.client import LoadView, SiteClient, SiteUnavailable
+from devtools.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import LoadView, SiteUnavailable
 from tests.e2e.conftest import Federation, write_federation
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def site_load(process: ManagedProcess) -> LoadView:
     two-core machine: the probe tries a few times)."""
 
     async def one() -> LoadView:
-        client = SiteClient(process.name, f"127.0.0.1:{process.port}", 5.0)
+        client = GrpcSiteClient(process.name, f"127.0.0.1:{process.port}", 5.0)
         try:
             async with aclosing(client.load_reports(50)) as reports:
                 async for report in reports:

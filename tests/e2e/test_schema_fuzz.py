@@ -41,6 +41,7 @@ BODY_OPERATIONS = {
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/batches"),
+    ("POST", "/v1/files"),
     ("POST", "/admin/api/keys"),
 }
 
@@ -196,6 +197,8 @@ REGRESSIONS = [
     ("DELETE", "/admin/api/keys/9223372036854775808", 400),
     ("GET", "/admin/api/keys/9223372036854775808/usage", 400),
     ("GET", "/admin/api/keys/2147483647/usage", 404),
+    ("GET", "/admin/api/retrain-jobs/9223372036854775808", 400),
+    ("GET", "/admin/api/retrain-jobs/2147483647", 404),
 ]
 
 

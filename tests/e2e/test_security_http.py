@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import ManagedProcess, start_gateway, start_site
+from devtools.launch import ManagedProcess, start_gateway, start_site
 from tests.e2e.conftest import write_federation
 from tests.support.tls_certs import TestPki, make_pki
 

@@ -22,14 +22,14 @@ import psycopg
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from gateway.db.migrate import sync_url
-from gateway.launch import (
+from devtools.launch import (
     ManagedProcess,
     free_port,
     spawn_site,
     start_gateway,
     wait_until_serving,
 )
+from gateway.db.migrate import sync_url
 
 MODEL = "tiny"
 _PLACES = (("aws", "us-east-1"), ("gcp", "europe-west4"), ("azure", "japaneast"))

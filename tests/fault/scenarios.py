@@ -381,15 +381,27 @@ async def drop_database(
     }
 
 
+# The request log is written behind the answers, and a write the database refused is retried
+# up to 10 s later: how long the figure waits for the last outcomes.
+RECORDED_WITHIN_S = 15.0
+
+
 def recorded(cluster: Cluster, tally: Tally) -> dict[str, Any]:
-    """How the gateway recorded the requests its clients saw complete."""
+    """How the gateway recorded the requests its clients saw complete (once its request log has
+    caught up, or after RECORDED_WITHIN_S)."""
     ids = [r.request_id for r in tally.results if r.outcome == "completed" and r.request_id]
     if not ids:
         return {"completed_recorded_as": {}}
-    rows = cluster.query(
-        "SELECT status, count(*) FROM requests WHERE id = ANY(:ids) GROUP BY status", ids=ids
-    )
-    by_status = {str(status): int(str(n)) for status, n in rows}
+    deadline = time.monotonic() + RECORDED_WITHIN_S
+    while True:
+        rows = cluster.query(
+            "SELECT status, count(*) FROM requests WHERE id = ANY(:ids) GROUP BY status", ids=ids
+        )
+        by_status = {str(status): int(str(n)) for status, n in rows}
+        behind = sum(by_status.values()) < len(ids) or "dispatched" in by_status
+        if not behind or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     missing = len(ids) - sum(by_status.values())
     if missing:
         by_status["no row"] = missing

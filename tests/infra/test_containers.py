@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 from fnmatch import fnmatch
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.launch import free_port, start_site
+from fedllm_contract.env_settings import variables
 from gateway.api.admin_auth import require_admin
 from gateway.app import create_app
-from gateway.launch import free_port, start_site
+from gateway.retrain_predictor import parse_args
 from gateway.settings import GatewaySettings
 from site_engine.settings import SiteSettings
 from tests.infra.containers import (
@@ -26,8 +29,16 @@ from tests.infra.containers import (
     instructions,
     one,
 )
-from tests.infra.deployment import addresses_for, module_inputs, module_locals, render_root, tfvars
-from tests.infra.hcl_eval import literal
+from tests.infra.deployment import (
+    addresses_for,
+    module_inputs,
+    module_locals,
+    render_root,
+    resource_doubles,
+    tfvars,
+    variable_values,
+)
+from tests.infra.hcl_eval import Evaluator, literal
 from tests.infra.hcl_tree import TERRAFORM_DIR, ModuleConfig
 
 REPO = DOCKER_DIR.parent
@@ -54,14 +65,26 @@ def test_the_site_image_is_built_on_cuda_and_the_gateway_image_without_it() -> N
     assert site_bases
     assert all(base.startswith("nvidia/cuda:") for base in site_bases)
     gateway = IMAGES["gateway"].read_text()
-    assert "download.pytorch.org/whl/cpu" in gateway
     assert "nvidia" not in gateway
+
+
+def test_the_gateway_image_installs_no_torch_and_no_site_engine() -> None:
+    """The served image's venv comes from the build stage, which copies no site_engine and
+    installs the core dependencies only (torch is in the `site` and `train` extras)."""
+    everything = instructions(IMAGES["gateway"])
+    (copied,) = [i for i in final_stage(IMAGES["gateway"]) if "--from=build " in f"{i.arguments} "]
+    build = [i for i in everything if i.stage == 1]
+    assert build[0].arguments.endswith("AS build")
+    assert not any("site_engine" in i.arguments or "torch" in i.arguments for i in build)
+    (install,) = [i for i in build if i.keyword == "RUN" and "pip install" in i.arguments]
+    assert install.arguments.endswith("pip install -c constraints.txt .")
+    assert copied.arguments.split()[-1] == "/opt/fedllm"
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
 def test_image_settings_are_real_settings(image: str) -> None:
     prefix, cls = ("GATEWAY_", GatewaySettings) if image == "gateway" else ("SITE_", SiteSettings)
-    names = {f"{prefix}{f.upper()}" for f in cls.__dataclass_fields__}
+    names = {v.name for v in variables(cls)}
     env = environment(IMAGES[image])
     assert {k for k in env if k.startswith(prefix)} <= names
 
@@ -200,6 +223,51 @@ def test_the_ecs_health_check_is_the_images_health_check(root: ModuleConfig) -> 
     assert "healthCheck" not in evaluator.local("retrain_container")
 
 
+def test_the_retrain_task_runs_the_trainer_image_with_a_command_it_accepts(
+    root: ModuleConfig,
+) -> None:
+    gateway = ModuleConfig.load(TERRAFORM_DIR / "modules" / "aws_gateway")
+    example = tfvars()
+    rendered = render_root(root, example, addresses_for())
+    output = gateway.outputs["retrain_command"].attributes["value"]
+    evaluator = Evaluator(
+        variables=variable_values(gateway, module_inputs(root, rendered, "gateway")),
+        locals=gateway.locals,
+        directory=gateway.directory,
+        roots=resource_doubles([*gateway.locals.values(), output], []),
+    )
+    container = evaluator.local("retrain_container")
+    assert container["image"] == example["gateway"]["trainer_image"] != example["gateway"]["image"]
+    # The gateway image has no torch; the trainer target installs the training extras.
+    stages = instructions(IMAGES["gateway"])
+    build = [i for i in stages if i.stage == _stage(" AS build-trainer") and i.keyword == "RUN"]
+    assert any('.[train]"' in i.arguments for i in build)
+    trainer = [i for i in stages if i.stage == _stage(" AS trainer") and i.keyword == "COPY"]
+    assert any(i.arguments.startswith("--from=build-trainer ") for i in trainer)
+    # Retraining reads the database; the admin token and the sites' TLS key stay out.
+    assert [e["name"] for e in container["environment"]] == ["GATEWAY_DATABASE_URL"]
+    assert {"PGPASSWORD"} <= {s["name"] for s in container["secrets"]} <= {"PGPASSWORD", "HF_TOKEN"}
+    # What the operator runs: the override's command is one the retrain command accepts.
+    words = shlex.split(str(evaluator.evaluate(output)))
+    overrides = json.loads(words[words.index("--overrides") + 1])
+    (override,) = overrides["containerOverrides"]
+    assert override["name"] == container["name"]
+    program, flag, module, *arguments = override["command"]
+    assert (program, flag, module) == ("python", "-m", "gateway.retrain_predictor")
+    args = parse_args(arguments)  # argparse exits on a flag it does not know
+    assert args.out.parent == Path(evaluator.local("predictor_mount"))
+    assert args.activate == "if-better"
+
+
+def _stage(suffix: str) -> int:
+    (stage,) = [
+        i.stage
+        for i in instructions(IMAGES["gateway"])
+        if i.keyword == "FROM" and i.arguments.endswith(suffix)
+    ]
+    return stage
+
+
 def test_the_gateway_health_check_asks_the_liveness_endpoint() -> None:
     check = exec_form(one(IMAGES["gateway"], "HEALTHCHECK"))
     assert "/healthz" in check[-1]
@@ -245,7 +313,7 @@ def test_secrets_reach_the_gateway_under_names_something_reads(root: ModuleConfi
     evaluator = module_locals(gateway, module_inputs(root, rendered, "gateway"), keys=[])
     names = set(evaluator.local("secret_environment"))
     entrypoint = (DOCKER_DIR / "gateway-entrypoint.sh").read_text()
-    settings = {f"GATEWAY_{f.upper()}" for f in GatewaySettings.__dataclass_fields__}
+    settings = {v.name for v in variables(GatewaySettings)}
     for name in names:
         # GATEWAY_*: a setting; FEDLLM_*: the entrypoint; PGPASSWORD: libpq; HF_TOKEN: the hf CLI.
         assert name in settings or name in entrypoint or name in ("PGPASSWORD", "HF_TOKEN"), name

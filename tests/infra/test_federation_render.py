@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
+from devtools.launch import ManagedProcess, free_port, spawn_site, wait_until_serving
+from fedllm_contract.env_settings import variables
 from gateway.db.migrate import downgrade
-from gateway.launch import ManagedProcess, free_port, spawn_site, wait_until_serving
+from gateway.federation import load_federation, parse_federation
 from gateway.settings import GatewaySettings
-from gateway.sites.config import load_federation, parse_federation
 from tests.infra.containers import DOCKER_DIR, exec_form, one
 from tests.infra.deployment import (
     INFRASTRUCTURE_OUTPUTS,
@@ -55,9 +56,18 @@ def test_the_rendered_file_is_a_federation_the_gateway_accepts(
     text = rendered.local("gateway_environment")["FEDLLM_FEDERATION_JSON"]
     federation = parse_federation(text.encode(), tmp_path)
 
-    engines = Counter(site.name.rsplit("-", 1)[0] for site in federation.sites)
+    external = example.get("openai_sites", {})
+    for name, site in external.items():
+        (joined,) = [s for s in federation.sites if s.name == name]
+        assert joined.kind == "openai"
+        assert joined.openai is not None
+        assert joined.openai.base_url == site["base_url"].rstrip("/")
+        assert joined.openai.metrics_dialect == site["metrics_dialect"]
+        assert joined.openai.api_key_file == (tmp_path / site["api_key_file"]).resolve()
+    deployed = [s for s in federation.sites if s.kind == "grpc"]
+    engines = Counter(site.name.rsplit("-", 1)[0] for site in deployed)
     for name, site in example["sites"].items():
-        mine = [s for s in federation.sites if s.name == name or s.name.startswith(f"{name}-")]
+        mine = [s for s in deployed if s.name == name or s.name.startswith(f"{name}-")]
         assert len(mine) == site.get("count", 1), name
         for engine in mine:
             assert (engine.cloud, engine.region, engine.model) == (
@@ -77,7 +87,7 @@ def test_the_rendered_file_is_a_federation_the_gateway_accepts(
         if isinstance(outputs, dict) and "endpoints" in outputs
         for endpoint in outputs["endpoints"]
     ]
-    assert sorted(s.endpoint for s in federation.sites) == sorted(returned)
+    assert sorted(s.endpoint for s in federation.sites if s.kind == "grpc") == sorted(returned)
 
     # Each engine is checked for the DNS name its site module put in its certificate: its name.
     named = {
@@ -90,8 +100,9 @@ def test_the_rendered_file_is_a_federation_the_gateway_accepts(
             outputs["endpoints"], outputs["tls_server_names"], strict=True
         )
     }
-    assert {s.endpoint: s.tls_server_name for s in federation.sites} == named
-    assert all(s.tls_server_name == s.name for s in federation.sites)
+    deployed = [s for s in federation.sites if s.kind == "grpc"]
+    assert {s.endpoint: s.tls_server_name for s in deployed} == named
+    assert all(s.tls_server_name == s.name for s in deployed)
 
     # Models some site serves, each with its tokenizer next to the file; unused ones are left out.
     served = {site["model"] for site in example["sites"].values()}
@@ -130,15 +141,15 @@ def test_the_gateway_container_environment_is_valid_gateway_settings(
     root: ModuleConfig, rendered: RenderedRoot, example: dict[str, Any]
 ) -> None:
     env = gateway_container_env(root, rendered)
-    known = {f"GATEWAY_{name.upper()}" for name in GatewaySettings.__dataclass_fields__}
+    known = {v.name for v in variables(GatewaySettings)}
     assert {k for k in env if k.startswith("GATEWAY_")} <= known
     settings = GatewaySettings.from_env({**env, **gateway_secrets(root, rendered)})
-    assert settings.routing_policy == example["gateway"]["routing_policy"]
-    assert settings.host == "0.0.0.0"
-    assert settings.port == 8000
+    assert settings.routing.policy == example["gateway"]["routing_policy"]
+    assert settings.server.host == "0.0.0.0"
+    assert settings.server.port == 8000
     # No password in the URL: it arrives as PGPASSWORD from Secrets Manager.
-    assert settings.database_url.startswith("postgresql+psycopg://fedllm@")
-    assert "sslmode=require" in settings.database_url
+    assert settings.database.url.startswith("postgresql+psycopg://fedllm@")
+    assert "sslmode=require" in settings.database.url
     for key, value in example["gateway"]["settings"].items():
         assert env[key] == value
 
@@ -196,6 +207,9 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
     postgres_url: str,
     tmp_path: Path,
 ) -> None:
+    # The example's external engine (openai_sites) is reached over the network and its key file
+    # lives on a real gateway host: its rendering is checked above, the live start without it.
+    example = {**example, "openai_sites": {}}
     served = {site["model"] for site in example["sites"].values()}
     # Mutual TLS as deployed: the live sites serve a certificate naming every engine they stand
     # for (the names the site modules put in the engines' certificates, which the federation

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 import pytest
 from lark import Tree
 
+from fedllm_contract.env_settings import variables
 from gateway.settings import ROUTING_POLICIES, GatewaySettings
 from site_engine.settings import SiteSettings
 from tests.infra.deployment import tfvars, validation_failures, variable_values
@@ -154,7 +154,7 @@ def test_the_routing_policies_allowed_are_the_gateways(root: ModuleConfig) -> No
 def test_the_settings_names_allowed_are_real_settings_the_deployment_leaves_open(
     root: ModuleConfig,
 ) -> None:
-    site_names = {f"SITE_{f.name.upper()}" for f in fields(SiteSettings)}
+    site_names = {v.name for v in variables(SiteSettings)}
     allowed = next(items for items in _validation_lists(root, "sites") if "SITE_DTYPE" in items)
     assert set(allowed) <= site_names
     # Set by the site modules or the image: names, model, listen address.
@@ -168,7 +168,7 @@ def test_the_settings_names_allowed_are_real_settings_the_deployment_leaves_open
         "SITE_TLS_KEY",
         "SITE_TLS_CLIENT_CA",
     }
-    gateway_names = {f"GATEWAY_{f.name.upper()}" for f in fields(GatewaySettings)}
+    gateway_names = {v.name for v in variables(GatewaySettings)}
     reserved = next(i for i in _validation_lists(root, "gateway") if "GATEWAY_DATABASE_URL" in i)
     assert set(reserved) <= gateway_names
     # The entrypoint names the TLS files it writes from the gateway's secret bundle.

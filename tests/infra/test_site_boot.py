@@ -9,12 +9,13 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fedllm_contract.env_settings import variables
 from site_engine.settings import SiteSettings
 from tests.infra.containers import DOCKER_DIR, environment
 from tests.infra.deployment import (
@@ -115,7 +116,7 @@ def test_each_script_fetches_its_own_bundle_from_its_clouds_secret_manager(
 
 def test_the_container_environment_is_valid_engine_settings(engines: list[Engine]) -> None:
     image_env = environment(DOCKER_DIR / "site.Dockerfile")
-    setting_names = {f"SITE_{f.name.upper()}" for f in fields(SiteSettings)}
+    setting_names = {v.name for v in variables(SiteSettings)}
     entrypoint = (DOCKER_DIR / "site-entrypoint.sh").read_text()
     example = tfvars()
     for engine in engines:

@@ -3,7 +3,6 @@ client APIs see them, and usage summed from the request log's rows."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from datetime import timedelta
 
@@ -11,16 +10,17 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.api.errors import OpenAIError
-from gateway.db.migrate import downgrade, upgrade
+from gateway.api.openai_errors import OpenAIError, to_openai
 from gateway.db.models import ApiKey, InferenceRequest, RequestStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.services.request_log import NewRequest, Outcome, RequestLog
-from gateway.services.site_store import sync_sites
-from gateway.sites.config import SiteConfig
+from gateway.errors import GatewayError
+from gateway.federation import SiteConfig
+from gateway.stores.request_log import NewRequest, Outcome, RequestLog
+from gateway.stores.site_store import sync_sites
 from gateway.tenancy.admission import Tenancy
+from gateway.tenancy.key_limits import LocalKeyLimits
 from gateway.tenancy.keys import KeyService
-from gateway.tenancy.limiter import SlidingWindowLimiter
+from tests.support.migrated import run_migrated
 
 DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
 SITE = SiteConfig("a", "aws", "us-east-1", "127.0.0.1:1", "m")
@@ -50,7 +50,7 @@ async def _keys_and_revocation(
     assert await keys.find(plaintext + "x") is None
     caller = await tenancy.authenticate(f"Bearer {plaintext}")
     assert caller.key == new.record
-    with pytest.raises(OpenAIError, match="Incorrect API key provided"):
+    with pytest.raises((OpenAIError, GatewayError), match="Incorrect API key provided"):
         await tenancy.authenticate(f"Bearer {plaintext[:-1]}")
 
     other = await keys.create("team-b", None, None)
@@ -62,9 +62,12 @@ async def _keys_and_revocation(
     assert again is not None
     assert again.revoked_at == revoked.revoked_at  # the first revocation stands
     assert await keys.revoke(10_000) is None
-    with pytest.raises(OpenAIError, match="has been revoked") as refused:
+    with pytest.raises((OpenAIError, GatewayError), match="has been revoked") as refused:
         await tenancy.authenticate(f"Bearer {plaintext}")
-    assert (refused.value.status, refused.value.body.code) == (401, "invalid_api_key")
+    assert (to_openai(refused.value).status, to_openai(refused.value).body.code) == (
+        401,
+        "invalid_api_key",
+    )
     assert (await tenancy.authenticate(f"Bearer {other.plaintext}")).key == other.record
     return new.record.id
 
@@ -101,7 +104,7 @@ async def _exercise(url: str) -> None:
     sessions = create_sessionmaker(engine)
     try:
         keys = KeyService(sessions)
-        tenancy = Tenancy(keys, SlidingWindowLimiter(), require_keys=True)
+        tenancy = Tenancy(keys, LocalKeyLimits(), require_keys=True)
         key_id = await _keys_and_revocation(sessions, keys, tenancy)
         await _usage(sessions, keys, key_id)
     finally:
@@ -110,9 +113,4 @@ async def _exercise(url: str) -> None:
 
 @pytest.mark.parametrize("database", DATABASES)
 def test_api_keys(database: str, request: pytest.FixtureRequest) -> None:
-    url = request.getfixturevalue(database)
-    upgrade(url)
-    try:
-        asyncio.run(_exercise(url))
-    finally:
-        downgrade(url)
+    run_migrated(request.getfixturevalue(database), _exercise)

@@ -4,18 +4,24 @@ item moves fenced by attempts, counters and settling, cancel, and leases between
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from functools import partial
 
 import pytest
 
+from gateway.batches.output import render
 from gateway.db.migrate import downgrade, upgrade
-from gateway.db.models import BatchItemStatus, BatchStatus
+from gateway.db.models import BatchItemStatus, BatchStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.services.batch_leases import BatchLeases
-from gateway.services.batch_records import ItemAssignment, ItemResult, NewItem
-from gateway.services.batches import CANCELLED_ERROR, BatchStore
-from gateway.services.site_store import sync_sites
-from gateway.sites.config import SiteConfig
+from gateway.federation import SiteConfig
+from gateway.stores.batch_finalize import BatchFinalizer
+from gateway.stores.batch_leases import BatchLeases
+from gateway.stores.batch_records import BatchView, ItemAssignment, ItemResult, NewBatch, NewItem
+from gateway.stores.batch_settling import CANCELLED_ERROR
+from gateway.stores.batch_store import BatchStore
+from gateway.stores.site_store import sync_sites
 
 DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
 SITES = (
@@ -26,7 +32,7 @@ DONE = ItemResult(BatchItemStatus.COMPLETED, completion={"id": "cmpl-1"})
 BROKEN = ItemResult(BatchItemStatus.FAILED, error={"message": "boom", "type": "server_error"})
 CANCELLED = ItemResult(BatchItemStatus.CANCELLED)
 
-Scenario = Callable[[BatchStore, BatchLeases, dict[str, int]], Awaitable[None]]
+Scenario = Callable[[BatchStore, BatchLeases, dict[str, int], BatchFinalizer], Awaitable[None]]
 
 
 @pytest.fixture(params=DATABASES)
@@ -39,7 +45,9 @@ def run(request) -> Iterator[Callable[[Scenario], None]]:
         try:
             sessions = create_sessionmaker(engine)
             sites = await sync_sites(sessions, SITES)
-            await scenario(BatchStore(sessions), BatchLeases(sessions), sites)
+            await scenario(
+                BatchStore(sessions), BatchLeases(sessions), sites, BatchFinalizer(sessions)
+            )
         finally:
             await engine.dispose()
 
@@ -53,8 +61,22 @@ def new_items(count: int) -> list[NewItem]:
     return [NewItem(f"c{i}", {"prompt": f"p{i}"}, 3, 10 + i) for i in range(count)]
 
 
+def new_batch(batch_id: str, owner: int | None = None, **extra: object) -> NewBatch:
+    fields: dict[str, object] = {"metadata": {"k": "v"}, **extra}
+    return NewBatch(batch_id, owner, "m", "/v1/completions", **fields)  # type: ignore[arg-type]
+
+
+async def finalize(fin: BatchFinalizer, batch_id: str) -> BatchView | None:
+    return await fin.finalize(
+        batch_id,
+        partial(render, batch_id),
+        utcnow() + timedelta(hours=1),
+        lambda: f"file-{uuid.uuid4().hex}",
+    )
+
+
 async def in_progress(store: BatchStore, batch_id: str, count: int, site_id: int) -> None:
-    await store.create(batch_id, "m", {"k": "v"}, new_items(count))
+    await store.create(new_batch(batch_id), new_items(count))
     await store.assign(
         batch_id, [ItemAssignment(i, site_id, 5, 1, "v1", "why") for i in range(count)]
     )
@@ -62,22 +84,25 @@ async def in_progress(store: BatchStore, batch_id: str, count: int, site_id: int
 
 
 def test_batches_and_results_page(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         for i in range(3):
-            created = await store.create(f"batch_{i}", "m", None, new_items(5))
+            created = await store.create(new_batch(f"batch_{i}"), new_items(5))
+            assert created is not None
             assert (created.status, created.total, created.completed) == (
                 BatchStatus.VALIDATING,
                 5,
                 0,
             )
-        first = await store.list_batches(None, 2)
+        first = await store.list_batches(None, None, 2)
         assert first is not None
         assert ([b.id for b in first.data], first.has_more) == (["batch_2", "batch_1"], True)
-        rest = await store.list_batches("batch_1", 2)
+        rest = await store.list_batches(None, "batch_1", 2)
         assert rest is not None
         assert ([b.id for b in rest.data], rest.has_more) == (["batch_0"], False)
-        assert await store.list_batches("batch_nope", 2) is None
-        assert await store.get("batch_nope") is None
+        assert await store.list_batches(None, "batch_nope", 2) is None
+        assert await store.get("batch_nope", None) is None
 
         await store.assign(
             "batch_0", [ItemAssignment(i, sites["b"], 7, 2, "v1", f"r{i}") for i in range(5)]
@@ -95,7 +120,9 @@ def test_batches_and_results_page(run) -> None:
 
 
 def test_items_move_once_and_settle_the_batch(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         await in_progress(store, "batch_x", 3, sites["a"])
         assert await store.lanes("batch_x") == [sites["a"]]
         lane = await store.lane("batch_x", sites["a"], None, 10)
@@ -116,17 +143,24 @@ def test_items_move_once_and_settle_the_batch(run) -> None:
 
         assert await store.start_item("batch_x", 1, 0, "cmpl-e")
         assert await store.finish_item("batch_x", 1, 1, BROKEN)
-        mid = await store.get("batch_x")
+        mid = await store.get("batch_x", None)
         assert mid is not None
         assert (mid.status, mid.completed, mid.failed) == (BatchStatus.IN_PROGRESS, 1, 1)
 
         # An item that no longer validates fails without a start.
         assert not await store.finish_item("batch_x", 2, 0, BROKEN)  # it is not running
         assert await store.finish_item("batch_x", 2, 0, BROKEN, started=False)
-        done = await store.get("batch_x")
+        ending = await store.get("batch_x", None)
+        assert ending is not None
+        assert (ending.status, ending.completed, ending.failed) == (BatchStatus.FINALIZING, 1, 2)
+        assert (ending.finalizing_at is not None, ending.finished_at) == (True, None)
+        done = await finalize(fin, "batch_x")
         assert done is not None
         assert (done.status, done.completed, done.failed) == (BatchStatus.COMPLETED, 1, 2)
         assert done.finished_at is not None
+        assert done.output_file_id is not None
+        assert done.error_file_id is not None
+        assert await finalize(fin, "batch_x") is None  # settled: written once
         page = await store.results("batch_x", None, 10)
         assert page is not None
         first = page.data[0]
@@ -142,22 +176,26 @@ def test_items_move_once_and_settle_the_batch(run) -> None:
 
 
 def test_all_failed_is_a_failed_batch(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         await in_progress(store, "batch_f", 2, sites["a"])
         for index in range(2):
             assert await store.finish_item("batch_f", index, 0, BROKEN, started=False)
-        batch = await store.get("batch_f")
+        batch = await finalize(fin, "batch_f")
         assert batch is not None
-        assert batch.status == BatchStatus.FAILED
+        assert (batch.status, batch.output_file_id) == (BatchStatus.FAILED, None)
 
     run(scenario)
 
 
 def test_cancel(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         await in_progress(store, "batch_c", 3, sites["a"])
         assert await store.start_item("batch_c", 0, 0, "cmpl-a")
-        cancelling = await store.cancel("batch_c")
+        cancelling = await store.cancel("batch_c", None)
         assert cancelling is not None
         assert (cancelling.status, cancelling.cancelled) == (BatchStatus.CANCELLING, 2)
         assert cancelling.cancelling_at is not None
@@ -170,26 +208,36 @@ def test_cancel(run) -> None:
         )
         assert await store.lanes("batch_c") == []
         assert await store.finish_item("batch_c", 0, 1, CANCELLED)
-        cancelled = await store.get("batch_c")
+        assert await store.cancel("batch_c", None) is not None  # still cancelling: files next
+        cancelled = await finalize(fin, "batch_c")
         assert cancelled is not None
         assert (cancelled.status, cancelled.cancelled) == (BatchStatus.CANCELLED, 3)
-        again = await store.cancel("batch_c")
+        again = await store.cancel("batch_c", None)
         assert again is not None
         assert again.status == BatchStatus.CANCELLED
 
         # Nothing running: cancelled at once, even while still being assigned.
-        await store.create("batch_v", "m", None, new_items(2))
-        now = await store.cancel("batch_v")
+        await store.create(new_batch("batch_v"), new_items(2))
+        now = await store.cancel("batch_v", None)
         assert now is not None
-        assert (now.status, now.cancelled) == (BatchStatus.CANCELLED, 2)
+        assert (now.status, now.cancelled, now.finalizing_at is not None) == (
+            BatchStatus.CANCELLING,
+            2,
+            True,
+        )
+        settled = await finalize(fin, "batch_v")
+        assert settled is not None
+        assert settled.status == BatchStatus.CANCELLED
         assert not await store.begin_progress("batch_v")
-        assert await store.cancel("batch_nope") is None
+        assert await store.cancel("batch_nope", None) is None
 
     run(scenario)
 
 
 def test_leases_and_recovery(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         await in_progress(store, "batch_1", 2, sites["a"])
         await in_progress(store, "batch_2", 2, sites["b"])
         assert sorted(await leases.claim("gw-a", 60, 10)) == ["batch_1", "batch_2"]
@@ -213,18 +261,23 @@ def test_leases_and_recovery(run) -> None:
         # gw-a dies holding batch_2 with a lease that has lapsed; a cancel came meanwhile.
         assert await leases.renew("gw-a", ["batch_2"], -1) == {"batch_2": BatchStatus.IN_PROGRESS}
         assert await store.start_item("batch_2", 0, 0, "cmpl-b")
-        await store.cancel("batch_2")
+        await store.cancel("batch_2", None)
         assert await leases.claim("gw-b", 60, 10) == ["batch_2"]
-        settled = await leases.recover("batch_2")
+        recovered = await leases.recover("batch_2")
+        assert recovered is not None
+        assert (recovered.status, recovered.cancelled) == (BatchStatus.CANCELLING, 2)
+        settled = await finalize(fin, "batch_2")
         assert settled is not None
-        assert (settled.status, settled.cancelled) == (BatchStatus.CANCELLED, 2)
+        assert settled.status == BatchStatus.CANCELLED
         assert await leases.renew("gw-b", ["batch_2"], 60) == {}
 
     run(scenario)
 
 
 def test_concurrent_finishes_count_exactly(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         count = 40
         await in_progress(store, "batch_n", count, sites["a"])
         for index in range(count):
@@ -234,19 +287,21 @@ def test_concurrent_finishes_count_exactly(run) -> None:
             *(store.finish_item("batch_n", i, 1, result) for i, result in enumerate(results))
         )
         assert all(written)
-        batch = await store.get("batch_n")
+        batch = await store.get("batch_n", None)
         assert batch is not None
-        assert (batch.status, batch.completed, batch.failed) == (BatchStatus.COMPLETED, 30, 10)
+        assert (batch.status, batch.completed, batch.failed) == (BatchStatus.FINALIZING, 30, 10)
 
     run(scenario)
 
 
 def test_a_lane_reads_the_longest_planned_answers_first_page_by_page(run) -> None:
-    async def scenario(store: BatchStore, leases: BatchLeases, sites: dict[str, int]) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
         # Planned: the prediction, else max_tokens (50 + index): 5, 40, 52, 40, 7, 55.
         predicted = [5, 40, None, 40, 7, None]
         items = [NewItem(f"c{i}", {"prompt": "p"}, 3, 50 + i) for i in range(len(predicted))]
-        await store.create("batch_l", "m", None, items)
+        await store.create(new_batch("batch_l"), items)
         await store.assign(
             "batch_l",
             [ItemAssignment(i, sites["a"], p, None, None, "why") for i, p in enumerate(predicted)],

@@ -7,25 +7,25 @@ import asyncio
 import gc
 import json
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.api.body import decode_body
-from gateway.api.schemas import CompletionRequest
-from gateway.completions import CompletionService, PreparedCompletion
+from gateway.api.completion_schemas import CompletionRequest
+from gateway.completions.service import CompletionService, PreparedCompletion
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import GatewayError
+from gateway.federation import ModelConfig, SiteConfig
 from gateway.routing.policy import build_policy
-from gateway.services.request_log import RequestLog
-from gateway.services.site_store import sync_sites
 from gateway.settings import GatewaySettings
-from gateway.sites.client import SiteClient, SiteInfoView
-from gateway.sites.config import ModelConfig, SiteConfig
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import SiteInfoView
 from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.request_log import RequestLog
+from gateway.stores.site_store import sync_sites
 from gateway.tokenizers import ModelTokenizers
 
 SITES = tuple(SiteConfig(name, "aws", "r", f"127.0.0.1:{port}", "m") for name, port in
@@ -45,7 +45,7 @@ async def _service(
         SiteState(
             cfg,
             ids[cfg.name],
-            SiteClient(cfg.name, cfg.endpoint, 1.0),
+            GrpcSiteClient(cfg.name, cfg.endpoint, 1.0),
             healthy=True,
             info=_info(cfg.name),
         )
@@ -101,21 +101,32 @@ def test_a_burst_is_spread_and_unused_dispatches_give_their_place_back(
     asyncio.run(burst())
 
 
-def test_a_request_that_cannot_be_recorded_gives_its_place_back(
+def test_a_request_refused_while_the_request_log_is_behind_takes_no_place(
     sqlite_url: str, gpt2_tokenizer_dir: Path
 ) -> None:
+    """The request log is written behind the requests; while its queue is full (the database
+    refuses writes) a new request is refused before it is routed, so no site counts it."""
+
     async def refused() -> None:
         upgrade(sqlite_url)
         service, engine = await _service(sqlite_url, "least_tokens", gpt2_tokenizer_dir)
         sites = service._registry.all()
         try:
-            first = await service.dispatch(replace(_request(service), request_id="same"))
-            with pytest.raises(IntegrityError):
-                await service.dispatch(replace(_request(service), request_id="same"))
+            first = await service.dispatch(_request(service))
+            service.writer.capacity = len(service.writer)  # full: nothing written yet
+            with pytest.raises(GatewayError) as behind:
+                await service.dispatch(_request(service))
+            assert behind.value.retry_after_s is not None
             held = [(s.in_flight, s.ledger_tokens) for s in sites]
             assert sorted(count for count, _ in held) == [0, 0, 1]
             assert sum(tokens for _, tokens in held) == first._reservation.tokens  # type: ignore[union-attr]
+            await service.writer.flush()  # written: there is room again
+            assert not service.writer.full
+            second = await service.dispatch(_request(service))
+            assert sum(s.in_flight for s in sites) == 2
+            del first, second
         finally:
+            await service.drain()
             await _close(sites, engine)
 
     asyncio.run(refused())

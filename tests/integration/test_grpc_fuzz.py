@@ -26,8 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.launch import ManagedProcess, start_site
-from site_engine.proto import site_pb2, site_pb2_grpc
+from devtools.launch import ManagedProcess, start_site
+from fedllm_contract.proto import site_pb2, site_pb2_grpc
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from gateway.launch import ManagedProcess, start_site
+from devtools.launch import ManagedProcess, start_site
 from site_engine.healthcheck import certificate_dns_names, load_probe_tls
 from site_engine.settings import SiteSettings
 from tests.support.tls_certs import TestPki, _issue, _write, make_pki

@@ -8,14 +8,18 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
-from gateway import admin_series
+from gateway.admin import series as admin_series
+from gateway.admin.load_sampler import LoadSampler
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import InferenceRequest, LoadRollup, LoadSample, RequestStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.load_sampler import LoadSampler
-from gateway.services.load_history import (
+from gateway.federation import SiteConfig
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import LoadView
+from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.load_history import (
     ROLLUP_S,
     NewLoadSample,
     Sessions,
@@ -28,12 +32,9 @@ from gateway.services.load_history import (
     site_directory,
     write_samples,
 )
-from gateway.services.request_history import drift_buckets, offloads_since, recent_stats
-from gateway.services.request_log import NewRequest, Outcome, RequestLog
-from gateway.services.site_store import sync_sites
-from gateway.sites.client import LoadView, SiteClient
-from gateway.sites.config import SiteConfig
-from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.request_history import drift_buckets, offloads_since, recent_stats
+from gateway.stores.request_log import NewRequest, Outcome, RequestLog
+from gateway.stores.site_store import sync_sites
 
 DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
 A = SiteConfig("a", "aws", "us-east-1", "127.0.0.1:1", "m")
@@ -208,7 +209,9 @@ async def check_requests(sessions: Sessions, ids: dict[str, int]) -> None:
 
 async def check_sampler(sessions: Sessions, ids: dict[str, int]) -> None:
     states = [
-        SiteState(config=cfg, site_id=ids[cfg.name], client=SiteClient(cfg.name, cfg.endpoint, 1))
+        SiteState(
+            config=cfg, site_id=ids[cfg.name], client=GrpcSiteClient(cfg.name, cfg.endpoint, 1)
+        )
         for cfg in (A, B, C)
     ]
     registry = SiteRegistry(states)
@@ -254,6 +257,32 @@ async def check_sampler(sessions: Sessions, ids: dict[str, int]) -> None:
                 )
             )
         assert again == 0
+        # A row written after the sample that covered its finish (the outcome write lags the
+        # stream's end) is counted by the next sample, once.
+        await RequestLog(sessions).accepted(
+            NewRequest("s2", "completions", "m", False, None, 5, 8, "mico", ids["b"])
+        )
+        await RequestLog(sessions).finished(
+            "s2", Outcome(RequestStatus.COMPLETED, ids["b"], 1, 8, "length")
+        )
+        async with sessions() as session, session.begin():
+            await session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == "s2")
+                .values(finished_at=until + (later - until) / 2)
+            )
+        counts = []
+        for _ in range(2):
+            later = await sampler.sample_once(later)
+            async with sessions() as session:
+                counts.append(
+                    await session.scalar(
+                        select(LoadSample.completed_requests).where(
+                            LoadSample.bucket_at == later, LoadSample.site_id == ids["b"]
+                        )
+                    )
+                )
+        assert counts == [1, 0]
     finally:
         await registry.close()
 

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.services.predictor_registry import DEFAULT_MODEL, PredictorRegistry
+from gateway.stores.predictor_registry import DEFAULT_MODEL, PredictorRegistry
 
 DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
 
@@ -75,9 +75,20 @@ def test_versions_from_before_are_the_default(database: str, request) -> None:
             ))  # fmt: skip
         await engine.dispose()
 
+    async def drop_old_row() -> None:
+        cleanup = create_engine(url)
+        async with cleanup.begin() as connection:
+            await connection.execute(text("DELETE FROM predictor_versions WHERE version = 'old'"))
+        await cleanup.dispose()
+
     asyncio.run(old_row())
-    upgrade(url)
-    registry = PredictorRegistry(create_sessionmaker(create_engine(url)))
-    active = asyncio.run(registry.active_by_model())
-    assert {model: v.version for model, v in active.items()} == {DEFAULT_MODEL: "old"}
-    downgrade(url, "0010")
+    try:
+        upgrade(url)
+        registry = PredictorRegistry(create_sessionmaker(create_engine(url)))
+        active = asyncio.run(registry.active_by_model())
+        assert {model: v.version for model, v in active.items()} == {DEFAULT_MODEL: "old"}
+        downgrade(url, "0010")
+    finally:
+        # The session's PostgreSQL database is shared: an active version whose files do not
+        # exist would stop every gateway started on it later.
+        asyncio.run(drop_old_row())

@@ -10,10 +10,10 @@ from sqlalchemy import select
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import InferenceRequest, RequestStatus, Site
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.services.request_log import NewRequest, Outcome, RequestLog
-from gateway.services.site_store import sync_sites
-from gateway.services.stats import site_totals
-from gateway.sites.config import SiteConfig
+from gateway.federation import SiteConfig
+from gateway.stores.request_log import NewRequest, Outcome, RequestLog
+from gateway.stores.site_store import sync_sites
+from gateway.stores.stats import site_totals
 
 DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
 A = SiteConfig("a", "aws", "us-east-1", "127.0.0.1:1", "m")

@@ -14,9 +14,9 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from transformers import AutoModelForCausalLM
 
-from gateway.launch import ManagedProcess, start_site
-from site_engine.proto import site_pb2, site_pb2_grpc
-from site_engine.tokenizer import load_tokenizer
+from devtools.launch import ManagedProcess, start_site
+from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 

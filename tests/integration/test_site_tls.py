@@ -11,12 +11,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import ManagedProcess, start_site
+from devtools.launch import ManagedProcess, start_site
+from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from gateway.settings import GatewaySettings
-from gateway.sites.client import GenerateParams, SiteClient
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import GenerateParams
 from gateway.sites.tls import load_site_tls
 from site_engine.grpc_server import MAX_RECEIVE_MESSAGE_BYTES, MAX_STOP_STRINGS
-from site_engine.proto import site_pb2, site_pb2_grpc
 from tests.support.tls_certs import TestPki, make_pki
 
 pytestmark = pytest.mark.slow
@@ -104,9 +105,9 @@ def test_a_plaintext_client_is_refused(site: ManagedProcess) -> None:
         assert _refused(channel).code() == grpc.StatusCode.UNAVAILABLE
 
 
-def _gateway_client(site: ManagedProcess, pki: TestPki, server_name: str | None) -> SiteClient:
+def _gateway_client(site: ManagedProcess, pki: TestPki, server_name: str | None) -> GrpcSiteClient:
     settings = GatewaySettings.from_env({"GATEWAY_FEDERATION_FILE": "f.json", **pki.gateway_env()})
-    return SiteClient(
+    return GrpcSiteClient(
         "tls-test", f"127.0.0.1:{site.port}", 5.0, load_site_tls(settings), server_name
     )
 

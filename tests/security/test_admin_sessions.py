@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from devtools.launch import start_gateway
 from gateway.api.admin_auth import ADMIN_COOKIE
-from gateway.launch import start_gateway
 from tests.e2e.conftest import Federation
 
 pytestmark = pytest.mark.slow

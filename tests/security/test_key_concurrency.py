@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Federation
+from tests.support.api_keys import make_key
 
 pytestmark = pytest.mark.slow
 ADMIN = "admin-token-for-the-concurrency-tests"
@@ -27,15 +28,8 @@ def federation(start_federation) -> Federation:
 
 
 def capped_key(federation: Federation) -> dict[str, str]:
-    made = httpx.post(
-        f"{federation.base_url}/admin/api/keys",
-        json={"name": "one-at-a-time", "max_concurrent_requests": 1},
-        headers={"Authorization": f"Bearer {ADMIN}"},
-        timeout=30,
-    )
-    assert made.status_code == 201, made.text
-    assert made.json()["max_concurrent_requests"] == 1
-    return {"Authorization": f"Bearer {made.json()['key']}"}
+    key = make_key(federation.base_url, ADMIN, "one-at-a-time", max_concurrent_requests=1)
+    return {"Authorization": f"Bearer {key}"}
 
 
 def test_a_key_holds_at_most_its_cap_in_flight(federation: Federation) -> None:

@@ -11,14 +11,13 @@ completions and chat alike. With the bound loosened so that the same prompts are
 
 from __future__ import annotations
 
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import Federation
+from tests.security.healthz_probe import probing_healthz
 
 pytestmark = pytest.mark.slow
 HUGE = "word " * 200_000  # 1,000,000 characters: under the 1 MiB body limit
@@ -39,33 +38,14 @@ def send_huge_prompts(base: str) -> tuple[list[httpx.Response], float]:
             {"model": "tiny", "messages": [{"role": "user", "content": HUGE}], "max_tokens": 1},
         ),
     ]
-    done = threading.Event()
-    worst_s = 0.0
-
-    def probe() -> None:
-        nonlocal worst_s
-        with httpx.Client(timeout=30) as client:
-            while not done.is_set():
-                started = time.monotonic()
-                assert client.get(f"{base}/healthz").status_code == 200
-                worst_s = max(worst_s, time.monotonic() - started)
-                time.sleep(0.05)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(
-                pool.map(
-                    lambda i: httpx.post(
-                        base + bodies[i % 2][0], json=bodies[i % 2][1], timeout=120
-                    ),
-                    range(8),
-                )
+    with probing_healthz(base) as probe, ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(
+                lambda i: httpx.post(base + bodies[i % 2][0], json=bodies[i % 2][1], timeout=120),
+                range(8),
             )
-    finally:
-        done.set()
-        prober.join()
+        )
+    worst_s = probe.worst_s
     return answers, worst_s
 
 

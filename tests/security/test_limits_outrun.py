@@ -21,6 +21,7 @@ import pytest
 from bench.security.limiter_outrun import LIMIT, served_tokens
 from gateway.tenancy.limiter import Charge, Limits, SlidingWindowLimiter
 from tests.e2e.conftest import Federation
+from tests.support.api_keys import make_key
 from tests.support.predictor_artifact import small_artifact
 
 ADMIN = "admin-token-for-the-outrun-tests"
@@ -41,15 +42,7 @@ def federation(start_federation, tmp_path_factory: pytest.TempPathFactory) -> Fe
 
 
 def new_key(federation: Federation) -> str:
-    made = httpx.post(
-        f"{federation.base_url}/admin/api/keys",
-        json={"name": "outrun", "tokens_per_minute": TPM},
-        headers={"Authorization": f"Bearer {ADMIN}"},
-        timeout=30,
-    )
-    assert made.status_code == 201, made.text
-    key: str = made.json()["key"]
-    return key
+    return make_key(federation.base_url, ADMIN, "outrun", tokens_per_minute=TPM)
 
 
 def complete(federation: Federation, key: str, max_tokens: int) -> httpx.Response:

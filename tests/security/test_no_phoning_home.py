@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
+from devtools.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
 from tests.e2e.conftest import write_federation
 from tests.support.predictor_artifact import small_artifact
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.launch import free_port, start_gateway
+from devtools.launch import free_port, start_gateway
 from gateway.settings import GatewaySettings
 from tests.e2e.conftest import Federation
 from tests.infra.deployment import (
@@ -120,8 +120,8 @@ def test_the_terraform_gateway_requires_keys_and_refuses_an_opt_out(root: Module
     env = gateway_container_env(root, rendered)
     assert env["GATEWAY_REQUIRE_API_KEYS"] == "true"
     settings = GatewaySettings.from_env({**env, **gateway_secrets(root, rendered)})
-    assert settings.require_api_keys
-    assert not settings.allow_open_access
+    assert settings.access.require_api_keys
+    assert not settings.access.allow_open_access
     for override in ({"GATEWAY_ALLOW_OPEN_ACCESS": "true"}, {"GATEWAY_REQUIRE_API_KEYS": "false"}):
         given = copy.deepcopy(example)
         given["gateway"]["settings"] = override

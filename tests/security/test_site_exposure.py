@@ -20,8 +20,8 @@ import grpc
 import httpx
 import pytest
 
-from gateway.launch import ManagedProcess, start_gateway, start_site
-from site_engine.proto import site_pb2, site_pb2_grpc
+from devtools.launch import ManagedProcess, start_gateway, start_site
+from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from site_engine.settings import SettingsError, SiteSettings
 from tests.e2e.conftest import write_federation
 

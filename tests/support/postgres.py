@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from gateway.launch import free_port
+from devtools.launch import free_port
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 INSTALL_HINT = (

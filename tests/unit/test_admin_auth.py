@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from gateway.api.admin_auth import (
-    LoginThrottle,
     bearer_is_admin,
     cookie_session,
     session_cookie,
@@ -57,20 +56,6 @@ def test_a_session_cookie_names_its_session_until_it_expires() -> None:
 )
 def test_a_forged_or_altered_cookie_names_nothing(cookie: str | None) -> None:
     assert cookie_session(TOKEN, cookie, NOW + 5, TTL_S) is None
-
-
-def test_login_throttle_per_address() -> None:
-    throttle = LoginThrottle(limit=3, window_s=60, max_addresses=2)
-    for i in range(3):
-        assert throttle.retry_after_s("10.0.0.1", 100 + i) is None
-        throttle.failed("10.0.0.1", 100 + i)
-    assert throttle.retry_after_s("10.0.0.1", 110) == pytest.approx(50)
-    assert throttle.retry_after_s("10.0.0.2", 110) is None  # another address is not held up
-    assert throttle.retry_after_s("10.0.0.1", 161) is None  # the oldest failure left the window
-    throttle.failed("10.0.0.2", 170)
-    throttle.failed("10.0.0.3", 171)
-    throttle.failed("10.0.0.4", 172)  # over max_addresses: the longest known is forgotten
-    assert len(throttle._failures) <= 2
 
 
 def test_short_admin_token_is_refused_loudly() -> None:

@@ -8,14 +8,25 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.batch_plan import (
+from gateway.batches.plan import (
     PlanItem,
     plan_batch,
     retry_delay_s,
-    retryable,
-    settled_status,
 )
 from gateway.db.models import BatchStatus
+from gateway.errors import (
+    Conflict,
+    GatewayError,
+    InternalFailure,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    RateLimited,
+    TimedOut,
+    Unavailable,
+    UpstreamFailed,
+)
+from gateway.stores.batch_records import settled_status
 
 
 @dataclass(frozen=True)
@@ -101,17 +112,21 @@ def test_no_healthy_site_leaves_items_for_the_policy() -> None:
 
 
 @pytest.mark.parametrize(
-    ("counts", "cancel_requested", "expected"),
+    ("counts", "cancel_requested", "expired", "expected"),
     [
-        ((3, 1, 1, 0), False, None),
-        ((3, 2, 1, 0), False, BatchStatus.COMPLETED),
-        ((3, 0, 3, 0), False, BatchStatus.FAILED),
-        ((3, 1, 0, 1), True, None),
-        ((3, 1, 0, 2), True, BatchStatus.CANCELLED),
-        ((3, 3, 0, 0), True, BatchStatus.CANCELLED),
+        ((3, 1, 1, 0), False, False, None),
+        ((3, 2, 1, 0), False, False, BatchStatus.COMPLETED),
+        ((3, 0, 3, 0), False, False, BatchStatus.FAILED),
+        ((3, 1, 0, 1), True, False, None),
+        ((3, 1, 0, 2), True, False, BatchStatus.CANCELLED),
+        ((3, 3, 0, 0), True, False, BatchStatus.CANCELLED),
+        ((3, 1, 0, 1), False, True, None),
+        ((3, 1, 0, 2), False, True, BatchStatus.EXPIRED),
+        ((3, 3, 0, 0), False, True, BatchStatus.EXPIRED),
+        ((3, 1, 0, 2), True, True, BatchStatus.CANCELLED),
     ],
 )
-def test_settled_status(counts, cancel_requested, expected) -> None:
+def test_settled_status(counts, cancel_requested, expired, expected) -> None:
     total, completed, failed, cancelled = counts
     status = settled_status(
         total=total,
@@ -119,16 +134,29 @@ def test_settled_status(counts, cancel_requested, expected) -> None:
         failed=failed,
         cancelled=cancelled,
         cancel_requested=cancel_requested,
+        expired=expired,
     )
     assert status == expected
 
 
 @pytest.mark.parametrize(
-    ("status", "expected"),
-    [(400, False), (404, False), (413, False), (429, True), (500, True), (502, True), (503, True)],
+    ("error", "expected"),
+    [
+        (InvalidRequest("bad"), False),
+        (NotFound("gone"), False),
+        (Conflict("busy"), False),
+        (RateLimited("later", limit="tokens"), True),
+        (Overloaded("full"), True),
+        (InternalFailure("oops"), True),
+        (UpstreamFailed("site broke"), True),
+        (Unavailable("no site"), True),
+        (TimedOut("slow"), True),
+    ],
 )
-def test_retryable(status: int, expected: bool) -> None:
-    assert retryable(status) is expected
+def test_retryable(error: GatewayError, expected: bool) -> None:
+    """Server-side failures (no site now, a site failed) and rate limits are tried again; the
+    client's own errors are final at once."""
+    assert error.retryable is expected
 
 
 @pytest.mark.parametrize(

@@ -5,26 +5,33 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from gateway.api.batch_schemas import BatchCreateRequest, completion_request, item_body
 from gateway.api.body import decode_body
-from gateway.api.errors import OpenAIError
-from gateway.batch_runner import BatchRunner
-from gateway.batches import BatchService
-from gateway.completions import CompletionService
+from gateway.api.openai_errors import OpenAIError, http_status, to_openai
+from gateway.batches.request import (
+    BatchCreateRequest,
+    completion_request,
+    decode_item,
+    item_body,
+)
+from gateway.batches.service import BatchService
+from gateway.chat.service import ChatService
+from gateway.chat.templates import ChatTemplates
+from gateway.completions.service import CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import GatewayError
+from gateway.federation import ModelConfig
+from gateway.files.service import FileService
 from gateway.routing.policy import build_policy
-from gateway.services.batch_leases import BatchLeases
-from gateway.services.batches import BatchStore
-from gateway.services.request_log import RequestLog
-from gateway.settings import GatewaySettings
-from gateway.sites.config import ModelConfig
+from gateway.settings import BatchSettings, GatewaySettings, LimitsSettings
 from gateway.sites.registry import SiteRegistry
+from gateway.stores.file_store import FileStore
+from gateway.stores.request_log import RequestLog
+from gateway.tokenize_pool import TokenizePool
 from gateway.tokenizers import ModelTokenizers
 
 GOOD = {"custom_id": "a", "prompt": "hello", "max_tokens": 4}
@@ -32,7 +39,11 @@ GOOD = {"custom_id": "a", "prompt": "hello", "max_tokens": 4}
 
 @pytest.fixture(scope="module")
 def service(gpt2_tokenizer_dir: Path) -> BatchService:
-    settings = replace(GatewaySettings(federation_file=Path("unused.json")), batch_max_items=3)
+    settings = GatewaySettings(
+        federation_file=Path("unused.json"),
+        batches=BatchSettings(max_items=3),
+        limits=LimitsSettings(max_body_bytes=1024),
+    )
     # Nothing may be written for a rejected batch: the database has no tables, so any write
     # would fail with a database error instead of the OpenAI error the tests expect.
     sessions = create_sessionmaker(create_engine("sqlite+aiosqlite://"))
@@ -41,21 +52,19 @@ def service(gpt2_tokenizer_dir: Path) -> BatchService:
     completions = CompletionService(
         settings, registry, tokenizers, build_policy("mico"), RequestLog(sessions)
     )
-    store = BatchStore(sessions)
-    return BatchService(
-        settings,
-        completions,
-        registry,
-        store,
-        BatchRunner(settings, store, BatchLeases(sessions), completions, registry),
+    chat = ChatService(ChatTemplates({}), tokenizers, completions)
+    pool = TokenizePool(1)
+    files = FileService(settings, FileStore(sessions), pool)
+    return BatchService.build(
+        settings, sessions, completions, chat, registry, files, pool, status_of=http_status
     )
 
 
 def submit(service: BatchService, body: dict[str, object]) -> OpenAIError:
     request = decode_body(json.dumps(body).encode(), BatchCreateRequest)
-    with pytest.raises(OpenAIError) as caught:
-        asyncio.run(service.submit(request))
-    return caught.value
+    with pytest.raises((OpenAIError, GatewayError)) as caught:
+        asyncio.run(service.submit(request, None))
+    return to_openai(caught.value)
 
 
 def batch(*items: dict[str, object], **extra: object) -> dict[str, object]:
@@ -139,31 +148,38 @@ def test_a_valid_batch_without_a_healthy_site_is_a_retryable_error(service) -> N
 
 
 @pytest.mark.parametrize(
-    ("body", "message"),
+    ("body", "param", "message"),
     [
-        (batch({"prompt": "x"}), "missing required field `custom_id` - at `$.requests[0]`"),
-        (batch(GOOD, {**GOOD, "stream": True}), "unknown field `stream` - at `$.requests[1]`"),
-        (batch({**GOOD, "temperature": 9}), "<= 2.0 - at `$.requests[0].temperature`"),
-        (batch({**GOOD, "custom_id": ""}), "length >= 1 - at `$.requests[0].custom_id`"),
+        (batch({"prompt": "x"}), "requests[0]", "missing required field `custom_id`"),
+        (batch(GOOD, {**GOOD, "stream": True}), "requests[1]", "unknown field `stream`"),
+        (batch({**GOOD, "temperature": 9}), "requests[0]", "<= 2.0 - at `$.temperature`"),
+        (batch({**GOOD, "custom_id": ""}), "requests[0]", "length >= 1 - at `$.custom_id`"),
+        (
+            batch({**GOOD, "prompt": "x" * 2000}),
+            "requests[0]",
+            "a request takes at most 1024 bytes (the body limit of /v1/completions)",
+        ),
     ],
 )
-def test_malformed_items_are_named(body, message) -> None:
-    with pytest.raises(OpenAIError) as caught:
-        decode_body(json.dumps(body).encode(), BatchCreateRequest)
-    assert caught.value.status == 400
-    assert message in caught.value.body.message
+def test_malformed_items_are_named(service, body, param, message) -> None:
+    error = submit(service, body)
+    assert (error.status, error.body.param) == (400, param)
+    assert message in error.body.message
 
 
 def test_stored_item_is_the_completion_request_it_stands_for() -> None:
     raw = {"custom_id": "x", "prompt": [1, 2, 3], "max_tokens": 5, "seed": 7, "ignore_eos": True}
     request = decode_body(json.dumps(batch(raw)).encode(), BatchCreateRequest)
-    body = item_body(request.requests[0])
+    assert request.requests is not None
+    body = item_body(decode_item("requests[0]", request.requests[0], 1 << 20))
     # Only what the client set, less custom_id: a 100k-item batch stores no defaults.
     assert body == {"prompt": [1, 2, 3], "max_tokens": 5, "seed": 7, "ignore_eos": True}
     completion = completion_request("m", json.loads(json.dumps(body)))
     assert (completion.model, completion.prompt, completion.max_tokens) == ("m", [1, 2, 3], 5)
     assert (completion.seed, completion.ignore_eos, completion.temperature) == (7, True, 1.0)
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises((OpenAIError, GatewayError)) as caught:
         completion_request("m", {"prompt": "x", "max_tokens": "five"})
-    assert caught.value.status == 400
-    assert msgspec.json.decode(msgspec.json.encode(caught.value.envelope()))["error"]["message"]
+    assert to_openai(caught.value).status == 400
+    assert msgspec.json.decode(msgspec.json.encode(to_openai(caught.value).envelope()))["error"][
+        "message"
+    ]

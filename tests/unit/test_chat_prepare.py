@@ -10,17 +10,18 @@ import pytest
 
 from gateway.api.body import decode_body
 from gateway.api.chat_schemas import decode_chat_request
-from gateway.api.errors import OpenAIError
-from gateway.api.schemas import CompletionRequest
-from gateway.chat import ChatService
-from gateway.chat_templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
-from gateway.completions import CompletionService
+from gateway.api.completion_schemas import CompletionRequest
+from gateway.api.openai_errors import OpenAIError, to_openai
+from gateway.chat.service import ChatService
+from gateway.chat.templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
+from gateway.completions.service import CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import GatewayError
+from gateway.federation import ModelConfig
 from gateway.routing.policy import build_policy
-from gateway.services.request_log import RequestLog
 from gateway.settings import GatewaySettings
-from gateway.sites.config import ModelConfig
 from gateway.sites.registry import SiteRegistry
+from gateway.stores.request_log import RequestLog
 from gateway.tokenizers import ModelTokenizers
 
 USER = {"role": "user", "content": "Hello world"}
@@ -62,9 +63,9 @@ def prepare(chat: ChatService, **fields: object):
 
 
 def refusal(chat: ChatService, **fields: object) -> OpenAIError:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises((OpenAIError, GatewayError)) as caught:
         prepare(chat, **fields)
-    return caught.value
+    return to_openai(caught.value)
 
 
 REFUSED = [

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.chat_templates import (
+from fedllm_contract.tokenizer import load_tokenizer
+from gateway.chat.templates import (
     CHATML_TEMPLATE,
     ChatRenderError,
     ChatTemplate,
@@ -18,8 +19,7 @@ from gateway.chat_templates import (
     NoChatTemplate,
     load_chat_template,
 )
-from gateway.sites.config import ModelConfig, parse_federation
-from site_engine.tokenizer import load_tokenizer
+from gateway.federation import ModelConfig, parse_federation
 
 # Qwen2-Instruct's template, as shipped in its tokenizer_config.json.
 QWEN2 = (

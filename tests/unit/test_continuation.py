@@ -1,5 +1,5 @@
 """The seam of an answer continued on another site: which tokens are kept, what text is carried
-over, and stop strings found across the seam (gateway/continuation.py)."""
+over, and stop strings found across the seam (gateway/dispatch/continuation.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gateway.continuation import Splice, resume_point
+from gateway.dispatch.continuation import Splice, resume_point
 
 # A toy byte-level vocabulary: each token is some bytes; 9 and 10 are the halves of "é".
 VOCAB = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"!", 9: b"\xc3", 10: b"\xa9"}

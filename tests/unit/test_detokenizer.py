@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.detokenizer import IncrementalDetokenizer
-from site_engine.tokenizer import load_tokenizer
 
 TEXTS = [
     "Hello world, this is a test.",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sites.config import FederationConfigError, load_federation, parse_federation
+from gateway.federation import FederationConfigError, load_federation, parse_federation
 
 GOOD = {
     "models": [{"name": "m", "tokenizer": "tok"}],
@@ -74,3 +74,52 @@ def test_bad_files_are_refused_with_a_reason(data: bytes, message: str, tmp_path
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FederationConfigError, match="cannot read federation file"):
         load_federation(tmp_path / "absent.json")
+
+
+OPENAI_SITE: dict[str, object] = {
+    "name": "ext",
+    "cloud": "aws",
+    "region": "us-west-2",
+    "model": "m",
+    "kind": "openai",
+    "base_url": "http://10.0.0.9:8000/v1/",
+    "engine_model": "org/model",
+    "api_key_file": "secrets/key",
+    "metrics_url": "http://10.0.0.9:8000/metrics",
+    "metrics_dialect": "vllm",
+}
+
+
+def with_site(site: dict[str, object]) -> bytes:
+    data = json.loads(json.dumps(GOOD))
+    data["sites"].append(site)
+    return json.dumps(data).encode()
+
+
+def test_an_openai_site_resolves_its_key_file_and_keeps_its_engine_model(tmp_path: Path) -> None:
+    config = parse_federation(with_site(OPENAI_SITE), tmp_path)
+    site = config.sites[2]
+    assert site.kind == "openai"
+    assert site.openai is not None
+    assert site.openai.base_url == "http://10.0.0.9:8000/v1"
+    assert site.openai.engine_model == "org/model"
+    assert site.openai.api_key_file == (tmp_path / "secrets" / "key").resolve()
+    assert site.endpoint == site.openai.base_url  # what the sites table records
+    assert config.sites[0].kind == "grpc"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"base_url": "10.0.0.9:8000"}, "base_url must be an http"),
+        ({"metrics_dialect": "none"}, "go together"),
+        ({"metrics_url": None}, "go together"),
+        ({"endpoint": "10.0.0.9:50051"}, "takes 'base_url'"),
+        ({"metrics_dialect": "triton"}, "invalid federation file"),
+        ({"kind": "grpc"}, "needs 'endpoint'"),
+    ],
+)
+def test_openai_site_mistakes_are_refused(changes: dict[str, object], message: str) -> None:
+    site = {k: v for k, v in {**OPENAI_SITE, **changes}.items() if v is not None}
+    with pytest.raises(FederationConfigError, match=message):
+        parse_federation(with_site(site), Path("."))

@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.federation import SiteConfig
 from gateway.metrics import GatewayMetrics
-from gateway.prediction import PredictorService
-from gateway.sites.client import LoadView, SiteClient
-from gateway.sites.config import SiteConfig
+from gateway.prediction.service import PredictorService
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import LoadView
 from gateway.sites.registry import SiteRegistry, SiteState
 from tests.unit.test_prediction_service import LengthByWords
 
@@ -46,7 +47,7 @@ def two_sites() -> SiteRegistry:
         SiteState(
             config=SiteConfig(name, cloud, region, "127.0.0.1:1", "tiny"),
             site_id=i,
-            client=SiteClient(name, "127.0.0.1:1", 1.0),
+            client=GrpcSiteClient(name, "127.0.0.1:1", 1.0),
         )
         for i, (name, cloud, region) in enumerate(
             [("aws-use1", "aws", "us-east-1"), ("gcp-euw4", "gcp", "europe-west4")]

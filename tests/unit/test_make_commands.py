@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.demo import parse_args
+from devtools.demo import parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,8 +25,8 @@ def make_dry_run(target: str) -> list[str]:
 
 
 def test_make_demo_passes_only_arguments_the_demo_accepts() -> None:
-    (line,) = [line for line in make_dry_run("demo") if "gateway.demo" in line]
-    arguments = shlex.split(line.split("gateway.demo", 1)[1])
+    (line,) = [line for line in make_dry_run("demo") if "devtools.demo" in line]
+    arguments = shlex.split(line.split("devtools.demo", 1)[1])
     args = parse_args(arguments)
     assert args.data_dir == Path("../shared/datasets")
 

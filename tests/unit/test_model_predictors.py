@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.model_predictors import ModelPredictors
-from gateway.prediction import PredictorService
+from gateway.prediction.by_model import ModelPredictors
+from gateway.prediction.service import PredictorService
 from tests.unit.test_prediction_service import LengthByWords
 
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from gateway.offload import plan_offloads
-from gateway.sites.client import LoadView, SiteInfoView
+from gateway.admin.offload import plan_offloads
+from gateway.sites.interface import LoadView, SiteInfoView
 
 
 def report(queued: int = 0, running: int = 0, remaining: int = 0, rate: float = 100.0) -> LoadView:
@@ -28,6 +28,7 @@ class Site:
     info: SiteInfoView | None = FOUR_SLOTS
     healthy: bool = True
     model: str = "m"
+    can_release_queued: bool = True
 
 
 BUSY = Site("busy", report(queued=3, running=4, remaining=500))  # waits 5 s at 100 tok/s
@@ -43,6 +44,9 @@ IDLE = Site("idle", report(queued=0, running=1))  # 3 free slots
         ([BUSY, replace(IDLE, healthy=False)], 0.05, []),
         ([BUSY, replace(IDLE, model="other")], 0.05, []),
         ([BUSY, replace(IDLE, report=None)], 0.05, []),  # no report yet: not a taker
+        # An OpenAI-compatible engine keeps its queue: never a giver, still a taker.
+        ([replace(BUSY, can_release_queued=False), IDLE], 0.05, []),
+        ([BUSY, replace(IDLE, can_release_queued=False)], 0.05, [("busy", "idle", 3)]),
         ([BUSY, replace(IDLE, report=report(queued=1))], 0.05, []),  # has a queue itself
         (
             [

@@ -1,28 +1,39 @@
-"""Bounded admission: the gateway's in-flight cap, and a site's queue as routing sees it."""
+"""Bounded admission: the gateway's in-flight cap, its backlog of unwritten outcomes, and a site's
+queue as routing sees it."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import weakref
+from pathlib import Path
 
 import pytest
 
-from gateway.api.errors import OpenAIError
-from gateway.overload import InFlightBound
-from gateway.sites.client import LoadView, SiteClient, SiteInfoView
-from gateway.sites.config import SiteConfig
-from gateway.sites.registry import SiteState
+from gateway.api.openai_errors import OpenAIError, to_openai
+from gateway.completions.overload import InFlightBound
+from gateway.completions.service import CompletionService, Delivery, Sampling
+from gateway.db.models import RequestStatus
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import GatewayError
+from gateway.federation import ModelConfig, SiteConfig
+from gateway.routing.policy import build_policy
+from gateway.settings import GatewaySettings, LimitsSettings
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import LoadView, SiteInfoView
+from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.request_log import Outcome, RequestLog
+from gateway.tokenizers import ModelTokenizers
 
 
 def test_the_cap_refuses_with_429_and_retry_after_then_frees_slots() -> None:
     bound = InFlightBound(limit=2)
     bound.enter()
     bound.enter()
-    with pytest.raises(OpenAIError) as refused:
+    with pytest.raises((OpenAIError, GatewayError)) as refused:
         bound.enter()
-    assert (refused.value.status, refused.value.retry_after_s) == (429, 1)
-    assert refused.value.body.code == "gateway_overloaded"
+    assert (to_openai(refused.value).status, to_openai(refused.value).retry_after_s) == (429, 1)
+    assert to_openai(refused.value).body.code == "gateway_overloaded"
     bound.leave()
     bound.enter()
     assert (bound.in_flight, bound.refused) == (2, 1)
@@ -65,7 +76,7 @@ def _info(slots: int) -> SiteInfoView:
 )
 def test_a_sites_queue_as_routing_sees_it(report, slots, in_flight, queued) -> None:
     async def check() -> None:
-        client = SiteClient("a", "127.0.0.1:1", 1.0)  # never called: only the state is read
+        client = GrpcSiteClient("a", "127.0.0.1:1", 1.0)  # never called: only the state is read
         try:
             site = SiteState(
                 SiteConfig("a", "aws", "r", "127.0.0.1:1", "m"),
@@ -81,3 +92,37 @@ def test_a_sites_queue_as_routing_sees_it(report, slots, in_flight, queued) -> N
             await client.close()
 
     asyncio.run(check())
+
+
+def test_new_requests_wait_while_unwritten_outcomes_fill_their_backlog(
+    gpt2_tokenizer_dir: Path,
+) -> None:
+    """Accepted work is never dropped: while the backlog of outcomes the database has not taken
+    is full, the gateway takes no new request (503 with Retry-After) instead of dropping one."""
+    settings = GatewaySettings(
+        federation_file=Path("unused.json"), limits=LimitsSettings(outcome_backlog_max=1)
+    )
+    # A database without tables: every outcome write fails and waits.
+    unwritable = RequestLog(create_sessionmaker(create_engine("sqlite+aiosqlite://")))
+    service = CompletionService(
+        settings,
+        SiteRegistry([]),
+        ModelTokenizers((ModelConfig("m", gpt2_tokenizer_dir),)),
+        build_policy("round_robin"),
+        unwritable,
+    )
+    prepared = service.prepare_tokens("m", [1, 2], "hi", Sampling(max_tokens=2), Delivery())
+
+    async def run() -> None:
+        backlog = service.writer
+        backlog.finished("earlier", Outcome(RequestStatus.COMPLETED, None, 1, 2))
+        assert backlog.full
+        with pytest.raises((OpenAIError, GatewayError)) as refused:
+            await service.dispatch(prepared)
+        error = to_openai(refused.value)
+        assert (error.status, error.retry_after_s) == (503, 1)
+        assert "request log is behind" in error.body.message
+        assert service.bound.in_flight == 0  # refused before taking a slot
+        await backlog.drain(timeout_s=0.1)
+
+    asyncio.run(run())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.prediction import PredictorService
+from gateway.prediction.service import PredictorService
 
 
 @dataclass(frozen=True)

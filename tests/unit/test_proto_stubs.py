@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from site_engine.proto.generate import PROTO_DIR, generate_into
+from fedllm_contract.proto.generate import PROTO_DIR, generate_into
 
 
 def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:

@@ -9,15 +9,16 @@ import pytest
 
 from gateway.api.body import decode_body
 from gateway.api.chat_schemas import MAX_MESSAGES, decode_chat_request
-from gateway.api.errors import OpenAIError
-from gateway.api.schemas import CompletionRequest
-from gateway.completions import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, CompletionService
+from gateway.api.completion_schemas import CompletionRequest
+from gateway.api.openai_errors import OpenAIError, to_openai
+from gateway.completions.service import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import GatewayError
+from gateway.federation import ModelConfig
 from gateway.routing.policy import build_policy
-from gateway.services.request_log import RequestLog
 from gateway.settings import GatewaySettings
-from gateway.sites.config import ModelConfig
 from gateway.sites.registry import SiteRegistry
+from gateway.stores.request_log import RequestLog
 from gateway.tokenizers import ModelTokenizers
 from site_engine import grpc_server
 
@@ -47,9 +48,9 @@ def prepare(service: CompletionService, stop: object) -> object:
     ],
 )
 def test_stop_strings_are_bounded(service: CompletionService, stop: object) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises((OpenAIError, GatewayError)) as caught:
         prepare(service, stop)
-    assert (caught.value.status, caught.value.body.param) == (400, "stop")
+    assert (to_openai(caught.value).status, to_openai(caught.value).body.param) == (400, "stop")
 
 
 def test_stop_strings_within_bounds_pass(service: CompletionService) -> None:
@@ -68,6 +69,6 @@ def _chat(turns: int) -> bytes:
 
 def test_chat_messages_are_bounded() -> None:
     assert len(decode_chat_request(_chat(MAX_MESSAGES)).messages) == MAX_MESSAGES
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises((OpenAIError, GatewayError)) as caught:
         decode_chat_request(_chat(MAX_MESSAGES + 1))
-    assert (caught.value.status, caught.value.body.param) == (400, "messages")
+    assert (to_openai(caught.value).status, to_openai(caught.value).body.param) == (400, "messages")

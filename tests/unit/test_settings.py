@@ -20,9 +20,13 @@ def test_gateway_settings_from_env() -> None:
             "GATEWAY_PLAN_WITHOUT_PREDICTION": "prompt_only",
         }
     )
-    assert settings.plan_without_prediction == "prompt_only"
+    assert settings.routing.plan_without_prediction == "prompt_only"
     assert settings.federation_file == Path("f.json")
-    assert (settings.port, settings.auto_migrate, settings.health_interval_s) == (9000, False, 0.5)
+    assert (
+        settings.server.port,
+        settings.database.auto_migrate,
+        settings.sites.health_interval_s,
+    ) == (9000, False, 0.5)
 
 
 @pytest.mark.parametrize(
@@ -91,5 +95,8 @@ def test_reliability_settings_from_env() -> None:
             "GATEWAY_SITE_MAX_QUEUED_TOKENS": "5000",
         }
     )
-    assert (settings.max_continuations, settings.max_in_flight) == (0, 7)
-    assert (settings.site_max_queued_requests, settings.site_max_queued_tokens) == (256, 5000)
+    assert (settings.limits.max_continuations, settings.limits.max_in_flight) == (0, 7)
+    assert (settings.routing.site_max_queued_requests, settings.routing.site_max_queued_tokens) == (
+        256,
+        5000,
+    )

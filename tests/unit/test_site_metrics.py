@@ -14,7 +14,7 @@ import torch
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.launch import free_port
+from devtools.launch import free_port
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import FinishReason, SamplingParams

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.api.errors import OpenAIError
+from gateway.api.openai_errors import OpenAIError, to_openai
+from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tenancy.admission import Caller, KeyAdmission, Tenancy, bearer_credential
+from gateway.tenancy.key_limits import LocalKeyLimits
 from gateway.tenancy.keys import KeyRecord, KeyService, generate_key, hash_key
 from gateway.tenancy.limiter import SlidingWindowLimiter
 
@@ -68,28 +70,28 @@ def test_bearer_credential(header: str | None, credential: str | None) -> None:
 def test_authentication_decided_by_the_header_alone(
     require: bool, header: str | None, outcome: str
 ) -> None:
-    tenancy = Tenancy(UnreachableKeys(), SlidingWindowLimiter(), require_keys=require)
+    tenancy = Tenancy(UnreachableKeys(), LocalKeyLimits(), require_keys=require)
     if outcome == "anonymous":
         caller = asyncio.run(tenancy.authenticate(header))
         assert caller.key is None
         assert caller.admission() is None
-        caller.admit_batch([(10, 10)] * 1000)  # anonymous callers have no limits
+        asyncio.run(caller.admit_batch([(10, 10)] * 1000))  # anonymous callers have no limits
         return
-    with pytest.raises(OpenAIError) as refused:
+    with pytest.raises((OpenAIError, GatewayError)) as refused:
         asyncio.run(tenancy.authenticate(header))
-    assert refused.value.status == 401
-    assert refused.value.body.code == "invalid_api_key"
-    assert outcome in refused.value.body.message
+    assert to_openai(refused.value).status == 401
+    assert to_openai(refused.value).body.code == "invalid_api_key"
+    assert outcome in to_openai(refused.value).body.message
 
 
 def test_request_charge_refused_with_429_and_retry_after() -> None:
     clock = FakeClock()
-    admission = KeyAdmission(SlidingWindowLimiter(clock), _key(rpm=1))
-    admission.charge(30, 30)
+    admission = KeyAdmission(LocalKeyLimits(SlidingWindowLimiter(clock)), _key(rpm=1))
+    asyncio.run(admission.charge(30, 30))
     clock.now = 15.2
-    with pytest.raises(OpenAIError) as refused:
-        KeyAdmission(admission.limiter, admission.key).charge(30, 30)
-    error = refused.value
+    with pytest.raises((OpenAIError, GatewayError)) as refused:
+        asyncio.run(KeyAdmission(admission.limits, admission.key).charge(30, 30))
+    error = to_openai(refused.value)
     assert (error.status, error.body.code) == (429, "rate_limit_exceeded")
     assert error.body.type == "requests"
     assert error.retry_after_s == 45  # 60 - 15.2, rounded up
@@ -99,22 +101,24 @@ def test_request_charge_refused_with_429_and_retry_after() -> None:
 
 def test_settlement_replaces_the_pre_charge() -> None:
     limiter = SlidingWindowLimiter(FakeClock())
-    admission = KeyAdmission(limiter, _key(tpm=100))
-    admission.charge(90, 90)  # prompt + predicted answer
+    admission = KeyAdmission(LocalKeyLimits(limiter), _key(tpm=100))
+    asyncio.run(admission.charge(90, 90))  # prompt + predicted answer
     admission.settle(25)  # prompt + what was really generated
     assert limiter.used(7) == (1, 25)
-    KeyAdmission(limiter, admission.key).charge(75, 75)  # the freed budget is usable at once
+    # The freed budget is usable at once.
+    asyncio.run(KeyAdmission(admission.limits, admission.key).charge(75, 75))
 
 
 def test_batch_larger_than_the_limit_is_refused_without_retry_after() -> None:
-    caller = Caller(Tenancy(UnreachableKeys(), SlidingWindowLimiter(), False), _key(tpm=1000))
-    with pytest.raises(OpenAIError) as refused:
-        caller.admit_batch([(100, 16)] * 10)  # 1160 tokens at once
-    assert refused.value.status == 429
-    assert refused.value.retry_after_s is None
-    assert "this batch of 10 requests is too large" in refused.value.body.message
-    caller.admit_batch([(100, 16)] * 8)
-    assert caller.tenancy.limiter.used(7) == (8, 928)
+    limits = LocalKeyLimits()
+    caller = Caller(Tenancy(UnreachableKeys(), limits, False), _key(tpm=1000))
+    with pytest.raises((OpenAIError, GatewayError)) as refused:
+        asyncio.run(caller.admit_batch([(100, 16)] * 10))  # 1160 tokens at once
+    assert to_openai(refused.value).status == 429
+    assert to_openai(refused.value).retry_after_s is None
+    assert "this batch of 10 requests is too large" in to_openai(refused.value).body.message
+    asyncio.run(caller.admit_batch([(100, 16)] * 8))
+    assert limits.limiter.used(7) == (8, 928)
 
 
 def test_keys_are_high_entropy_and_hashed() -> None:
@@ -130,5 +134,5 @@ def test_requiring_keys_needs_the_admin_credential() -> None:
     with pytest.raises(SettingsError, match="GATEWAY_REQUIRE_API_KEYS needs GATEWAY_ADMIN_TOKEN"):
         GatewaySettings.from_env(env)
     settings = GatewaySettings.from_env({**env, "GATEWAY_ADMIN_TOKEN": "x" * 16})
-    assert settings.require_api_keys
-    assert not GatewaySettings(federation_file=Path("f.json")).require_api_keys
+    assert settings.access.require_api_keys
+    assert not GatewaySettings(federation_file=Path("f.json")).access.require_api_keys

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.federation import FederationConfigError, parse_federation
 from gateway.settings import GatewaySettings
 from gateway.settings import SettingsError as GatewaySettingsError
-from gateway.sites.config import FederationConfigError, parse_federation
 from gateway.sites.tls import load_site_tls
 from site_engine.settings import SettingsError as SiteSettingsError
 from site_engine.settings import SiteSettings
@@ -81,7 +81,7 @@ def test_unreadable_or_wrong_files_name_their_variable(pki: TestPki, tmp_path: P
 
 def test_log_levels_are_checked() -> None:
     assert site({"SITE_LOG_LEVEL": "DEBUG"}).log_level == "DEBUG"
-    assert gateway({"GATEWAY_LOG_LEVEL": "WARNING"}).log_level == "WARNING"
+    assert gateway({"GATEWAY_LOG_LEVEL": "WARNING"}).server.log_level == "WARNING"
     with pytest.raises(SiteSettingsError, match="SITE_LOG_LEVEL"):
         site({"SITE_LOG_LEVEL": "loud"})
     with pytest.raises(GatewaySettingsError, match="GATEWAY_LOG_LEVEL"):

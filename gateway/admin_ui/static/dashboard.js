@@ -2,6 +2,8 @@
 // so every number on the page equals the API's. Live values arrive as server-sent events
 // (one overview snapshot a second); history is fetched per window and extended with live points.
 
+import { loadPredictors } from "/admin/static/predictors.js";
+
 const CLOUD_COLORS = { aws: "#e8890c", gcp: "#3b78e7", azure: "#0a8f8f" };
 const PALETTE = ["#8e44ad", "#c0392b", "#27ae60", "#7f8c8d", "#d35400", "#2c3e50"];
 const SITE_COLUMNS = [
@@ -65,9 +67,20 @@ function bucketTimes(h) {
 
 function chartWidth(node) { return Math.max(node.clientWidth, 240); }
 
+// Line segments a chart can draw: neighbouring points both present (uPlot leaves a gap at a
+// null, so a chart of lone points draws nothing). Kept on the chart's node for the tests.
+function countSegments(node, data) {
+  let segments = 0;
+  for (const ys of data.slice(1)) {
+    for (let i = 1; i < ys.length; i++) if (ys[i] != null && ys[i - 1] != null) segments++;
+  }
+  node.dataset.segments = String(segments);
+}
+
 function makeChart(node, series, data, { height = 180, yFormat = compact } = {}) {
   if (typeof uPlot === "undefined") return null; // the page shows the missing-asset banner
   node.replaceChildren();
+  countSegments(node, data);
   return new uPlot({
     width: chartWidth(node),
     height,
@@ -123,7 +136,12 @@ function renderSites(ov) {
     if (!row) {
       row = el("tr", { "data-site": s.name, tabindex: "0", title: "show this site's charts" });
       row.append(
-        el("td", {}, el("strong", {}, s.name), el("div", { class: "muted" }, s.region)),
+        el("td", {}, el("strong", {}, s.name), el("div", { class: "muted" }, s.region),
+          // An OpenAI-compatible engine keeps its own queue: offload cannot take work from it.
+          el("div", { class: "muted", "data-field": "kind",
+                      title: s.can_release_queued ? "queued work can be offloaded to other sites"
+                        : "the engine owns its queue: queued work cannot be released for offload" },
+             s.kind === "openai" ? "OpenAI API · no offload release" : "gRPC engine")),
         el("td", { "data-field": "cloud" }, s.cloud),
         el("td", { "data-field": "model" }, s.model),
         el("td", { "data-field": "healthy" }),
@@ -147,7 +165,9 @@ function appendLive(ov) {
   const last = state.live.length ? state.live[state.live.length - 1][0] : -Infinity;
   if (ov.at <= last) return;
   state.live.push([ov.at, Object.fromEntries(ov.clouds.map((c) => [c.cloud, c.token_load]))]);
-  state.chart.setData(headlineData());
+  const data = headlineData();
+  state.chart.setData(data);
+  countSegments(document.getElementById("cloud-chart"), data);
 }
 
 function onOverview(ov) {
@@ -308,7 +328,7 @@ function closeDetail() {
 // ---- start ----
 
 async function loadWindow() {
-  await Promise.all([loadHistory(), loadDrift(), loadOffloads()]);
+  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api)]);
   if (state.detail) await openDetail(state.detail);
 }
 
@@ -336,6 +356,7 @@ async function main() {
   // headline chart's live points cover the time in between).
   setInterval(() => loadHistory().catch((e) => showError(String(e))), 60_000);
   setInterval(() => loadDrift().catch((e) => showError(String(e))), 10_000);
+  setInterval(() => loadPredictors(api).catch((e) => showError(String(e))), 10_000);
 }
 
 main().catch((e) => showError(`dashboard failed to load: ${e}`));

@@ -1,25 +1,24 @@
-"""The CUDA attention backend: the Triton paged kernel for decode tokens, flash attention for
-fresh prompts, the reference path only for prompts that continue from cached positions.
+"""The CUDA attention backend: two Triton kernels over the paged cache, nothing else.
 
-The runner hands this backend either a decode-only batch (one token per sequence; this is the
-part captured in CUDA graphs, so it reads only device tensors) or a prefill batch.
+A decode-only batch (one token per sequence) goes through the paged decode kernel. Any other
+batch — fresh prompts, prompt chunks that continue cached positions (chunked prefill, recompute
+after preemption), with decode rows mixed in — takes two launches per layer whatever its number
+of sequences: the varlen paged kernel for the chunks of several tokens and the decode kernel,
+in its flat mode, for the one-token chunks. No loop over sequences, no gather of cached K/V; both
+read only device tensors, so either kind of batch can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-from site_engine.engine.attention import (
-    AttentionMetadata,
-    TorchReferenceAttention,
-    write_kv_cache,
-)
+from site_engine.engine.attention import AttentionMetadata, write_kv_cache
 from site_engine.engine.cuda.paged_decode import paged_decode_attention
+from site_engine.engine.cuda.paged_prefill import paged_prefill_attention
 
 
 class CudaPagedAttention:
     def __init__(self) -> None:
-        self._reference = TorchReferenceAttention()
         self._decode_only = False
 
     def prepare(self, metadata: AttentionMetadata) -> None:
@@ -37,52 +36,33 @@ class CudaPagedAttention:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        if self._decode_only:
-            write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-            return paged_decode_attention(
+        write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out, flat = None, None
+        if not self._decode_only:
+            # Chunks of several tokens: query tiles of the varlen kernel. One-token chunks (decode
+            # rows) are left to the decode kernel's flat mode: its GQA rows, 16 per program, not
+            # a 64-row query tile each.
+            out = paged_prefill_attention(
                 query,
                 key_cache,
                 value_cache,
                 metadata.block_tables,
+                metadata.query_start_loc,
                 metadata.context_lens,
+                num_tokens=metadata.num_tokens,
                 scale=scale,
                 sliding_window=sliding_window,
+                skip_single=True,
             )
-        return self._prefill(query, key, value, key_cache, value_cache, metadata, scale,
-                             sliding_window)  # fmt: skip
-
-    def _prefill(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
-        sliding_window: int | None,
-    ) -> torch.Tensor:
-        starts, contexts = metadata.query_start_loc_host, metadata.context_lens_host
-        fresh = all(contexts[i] == starts[i + 1] - starts[i] for i in range(metadata.num_seqs))
-        if not fresh or sliding_window is not None:
-            # Some chunk continues cached positions (chunked prefill, recompute): gather path.
-            return self._reference.forward(query, key, value, key_cache, value_cache, metadata,
-                                           scale=scale, sliding_window=sliding_window)  # fmt: skip
-        write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = torch.empty_like(query)
-        for i in range(metadata.num_seqs):
-            begin, end = starts[i], starts[i + 1]
-            # Whole prompt, nothing cached before it: plain causal attention on its own K/V.
-            out[begin:end] = (
-                torch.nn.functional.scaled_dot_product_attention(
-                    query[begin:end].transpose(0, 1).unsqueeze(0),
-                    key[begin:end].transpose(0, 1).unsqueeze(0),
-                    value[begin:end].transpose(0, 1).unsqueeze(0),
-                    is_causal=True,
-                    scale=scale,
-                    enable_gqa=True,
-                )
-                .squeeze(0)
-                .transpose(0, 1)
-            )
-        return out
+            flat = metadata.query_start_loc
+        return paged_decode_attention(
+            query,
+            key_cache,
+            value_cache,
+            metadata.block_tables,
+            metadata.context_lens,
+            scale=scale,
+            sliding_window=sliding_window,
+            out=out,
+            query_start_loc=flat,
+        )

@@ -15,7 +15,7 @@ later, after the engine has waited for the step that used it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,45 @@ from site_engine.engine.models import FlatCausalLM
 from site_engine.engine.types import ScheduledChunk
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 512)
+
+
+def capture_buckets(
+    sizes: Sequence[int], forward: Callable[[int], torch.Tensor]
+) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+    """One CUDA graph of `forward(size)` per size, with its output tensor; largest first so the
+    smaller ones reuse its memory pool. Two eager warm-ups first (Triton compiles, cuBLAS picks
+    its kernels) on a side stream, as capture requires."""
+    pool = None
+    captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+    for size in sorted(sizes, reverse=True):
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward(size)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            output = forward(size)
+        pool = graph.pool()
+        captured[size] = (graph, output)
+    torch.cuda.synchronize()
+    return captured
+
+
+def input_tokens(
+    known: torch.Tensor,
+    source_rows: torch.Tensor,
+    pending_rows: Sequence[int],
+    pending_source: torch.Tensor | None,
+) -> torch.Tensor:
+    """A step's input token ids on the device: `known` (staged from the host), except rows whose
+    `source_rows` entry is >= 0, whose token is still on the device in `pending_source` (the
+    previous step's samples, async scheduling). `pending_rows` is the host copy of the sources."""
+    if pending_source is None or all(row < 0 for row in pending_rows):
+        return known
+    taken = pending_source.index_select(0, source_rows.clamp_min(0))
+    return torch.where(source_rows >= 0, taken, known)
 
 
 def bucket_sizes(max_batch: int) -> tuple[int, ...]:
@@ -102,23 +141,11 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Captures every bucket, largest first so smaller ones reuse its memory pool."""
         self._reset_padding(0)
-        pool = None
-        for batch in sorted(self.buckets, reverse=True):
-            metadata = self._metadata(batch)
-            stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: Triton compiles, cuBLAS picks its kernels
-                    self._forward(batch, metadata)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(batch, metadata)
-            pool = graph.pool()
+        metadata = {batch: self._metadata(batch) for batch in self.buckets}
+        captured = capture_buckets(self.buckets, lambda b: self._forward(b, metadata[b]))
+        for batch, (graph, logits) in captured.items():
             self._captured[batch] = _Captured(graph, logits)
-        torch.cuda.synchronize()
 
     def _reset_padding(self, start: int) -> None:
         scratch_slot = self._scratch_block * self._block_size
@@ -162,12 +189,8 @@ class DecodeGraphs:
         self._staged[:count].copy_(host_t[:count], non_blocking=True)
         self._block_tables[:count, :widest].copy_(tables_t[:count, :widest], non_blocking=True)
         staged = self._staged[:count]
-        if pending_source is not None and any(r >= 0 for r in pending_rows):
-            source = staged[:, 4]
-            taken = pending_source.index_select(0, source.clamp_min(0))
-            self._input_ids[:count] = torch.where(source >= 0, taken, staged[:, 0])
-        else:
-            self._input_ids[:count] = staged[:, 0]
+        self._input_ids[:count] = input_tokens(staged[:, 0], staged[:, 4], pending_rows,
+                                               pending_source)  # fmt: skip
         self._positions[:count] = staged[:, 1]
         self._slots[:count] = staged[:, 2]
         self._context_lens[:count] = staged[:, 3].to(torch.int32)

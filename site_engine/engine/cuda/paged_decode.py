@@ -19,7 +19,7 @@ _TILE = 64
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_ptr, out_ptr,
     scale, sliding_window,
     stride_q_tok, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
@@ -27,10 +27,16 @@ def _paged_decode_kernel(
     stride_bt_seq,
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    row = seq
+    if FLAT:
+        # A flat batch of chunks: serve only the one-token chunks, at their row of the batch.
+        row = tl.load(query_start_ptr + seq)
+        if tl.load(query_start_ptr + seq + 1) - row != 1:
+            return
     context_len = tl.load(context_lens_ptr + seq)
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -38,7 +44,7 @@ def _paged_decode_kernel(
     heads = kv_head * GROUP + offs_g
     head_ok = offs_g < GROUP
     q = tl.load(
-        q_ptr + seq * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
+        q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
         mask=head_ok[:, None],
         other=0.0,
     )
@@ -75,7 +81,7 @@ def _paged_decode_kernel(
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(
-        out_ptr + seq * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :],
+        out_ptr + row * stride_o_tok + heads[:, None] * stride_o_head + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=head_ok[:, None],
     )
@@ -91,17 +97,24 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """query [B, Hq, D] (one token per sequence, its K/V already in the cache);
     caches [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32;
-    context_lens [B] int32 (>= 1). Returns [B, Hq, D]."""
-    num_seqs, num_heads, head_dim = query.shape
+    context_lens [B] int32 (>= 1). Returns [B, Hq, D].
+
+    With `query_start_loc` [B + 1] int32, `query` is instead the flat batch of a step whose
+    chunk i holds rows query_start_loc[i]:query_start_loc[i + 1]: only the rows of one-token
+    chunks are computed (written into `out`), the others are left to the varlen kernel."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_seqs = context_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(query)
     _paged_decode_kernel[(num_seqs, num_kv_heads)](
-        query, key_cache, value_cache, block_tables, context_lens, out,
+        query, key_cache, value_cache, block_tables, context_lens,
+        query_start_loc if query_start_loc is not None else context_lens, out,
         scale, sliding_window or 0,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -112,5 +125,6 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size, TILE=max(_TILE, block_size),
         # float32 caches get exact float32 products (tf32 would change greedy choices).
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        FLAT=query_start_loc is not None,
     )  # fmt: skip
     return out

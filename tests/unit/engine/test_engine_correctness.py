@@ -15,13 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig
 
+from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
-from site_engine.tokenizer import load_tokenizer
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40  # 160 token slots for 4 concurrent sequences of up to ~80 tokens: preemption
@@ -114,21 +114,21 @@ def run_engine(engine: PagedEngine, requests: list[EngineRequest]) -> tuple[dict
     return outputs, reasons
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    return request.getfixturevalue("cuda_device") if request.param == "cuda" else "cpu"
-
-
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("arch", sorted(CONFIGS))
-def test_engine_matches_generate(
-    arch: str, overlap: bool, device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
+def check_engine_matches_generate(
+    arch: str,
+    device: str,
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    *,
+    async_scheduling: bool,
+    cuda_graphs: bool = True,
 ) -> None:
-    """float32 on either device against float32 `generate` on the CPU: the same tokens, whether
-    steps run one at a time or overlapped (async scheduling feeds pending tokens on-device)."""
+    """float32 on `device` against float32 `generate` on the CPU: the same tokens, whether steps
+    run one at a time or overlapped (async scheduling feeds pending tokens on-device). Shared
+    with the GPU tests (tests/gpu/test_engine_matches_generate.py)."""
     model_dir = tmp_path / arch
     build_random_model(CONFIGS[arch], seed=1).save_pretrained(str(model_dir))
-    load_tokenizer(gpt2_tokenizer_dir).save_pretrained(str(model_dir))
+    load_tokenizer(tokenizer_dir).save_pretrained(str(model_dir))
     loaded = load_model(model_dir, device=device)
     per_block = kv_cache_bytes_per_block(
         KVCacheSpec.from_config(loaded.model.config), BLOCK_SIZE, torch.float32
@@ -140,7 +140,8 @@ def test_engine_matches_generate(
             max_num_batched_tokens=24,
             block_size=BLOCK_SIZE,
             kv_cache_bytes=NUM_BLOCKS * per_block,
-            async_scheduling=overlap,
+            async_scheduling=async_scheduling,
+            cuda_graphs=cuda_graphs,
         ),
     )
     assert engine.limits.kv_blocks_total == NUM_BLOCKS
@@ -160,6 +161,16 @@ def test_engine_matches_generate(
         else:
             assert reasons[request.request_id] is FinishReason.LENGTH
             assert got == expected, request.request_id
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_engine_matches_generate(
+    arch: str, overlap: bool, tmp_path: Path, gpt2_tokenizer_dir: Path
+) -> None:
+    check_engine_matches_generate(
+        arch, "cpu", tmp_path, gpt2_tokenizer_dir, async_scheduling=overlap
+    )
 
 
 def test_async_scheduling_samples_seeded_requests_like_sync(

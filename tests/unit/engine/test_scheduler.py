@@ -549,7 +549,9 @@ def test_stats() -> None:
     sched.add("b", [1, 2, 3], sp(6))
     assert sched.stats().predicted_remaining_tokens == 4 + 6
     assert sched.stats().queued_prompt_tokens == 5 + 3
+    assert sched.queue_lengths() == (2, 0)
     step(sched)
+    assert sched.queue_lengths() == (1, 1)
     # a: 5 prompt tokens computed (2 blocks), 1 of its 4 predicted tokens generated.
     assert sched.stats() == SchedulerStats(
         num_waiting=1,
@@ -564,6 +566,7 @@ def test_stats() -> None:
     )
     sched.finish("a", FinishReason.CANCELLED)
     sched.finish("b", FinishReason.CANCELLED)
+    assert sched.queue_lengths() == (0, 0)
     assert sched.schedule().is_empty
     assert sched.stats().iterations == 1
     assert not sched.has_unfinished()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fedllm_contract.tokenizer import load_tokenizer
 from predictor import prepare as prepare_module
 from predictor.prepare import (
     LabeledRecord,
@@ -14,7 +15,6 @@ from predictor.prepare import (
     split_of,
     training_fingerprint,
 )
-from site_engine.tokenizer import load_tokenizer
 
 
 def test_split_is_a_pure_function_of_the_prompt():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gateway.routing.types import RoutingRequest
+from gateway.routing.types import RoutingRequest, SiteLatency
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class Site:
     draining: bool = False
     queued_requests: int = 0
     queued_tokens: int = 0
+    ledger_tokens: int = 0
+    latency: SiteLatency = field(default_factory=SiteLatency)
 
 
 def request(

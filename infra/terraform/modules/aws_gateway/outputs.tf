@@ -32,11 +32,11 @@ output "predictor_mount" {
 }
 
 output "retrain_command" {
-  description = "Runs gateway.retrain_predictor as a one-off task of the gateway image; replace VERSION with a new directory name."
+  description = "Runs gateway.retrain_predictor as a one-off task of the trainer image; replace VERSION with a new directory name."
   value = join(" ", [
     "aws ecs run-task --region ${var.region} --cluster ${aws_ecs_cluster.gateway.name}",
     "--launch-type FARGATE --task-definition ${aws_ecs_task_definition.retrain.family}",
     "--network-configuration 'awsvpcConfiguration={subnets=[${join(",", var.private_subnet_ids)}],securityGroups=[${aws_security_group.tasks.id}],assignPublicIp=DISABLED}'",
-    "--overrides '${jsonencode({ containerOverrides = [{ name = local.retrain_container.name, command = ["python", "-m", "gateway.retrain_predictor", "--no-base-data", "--out", "${local.predictor_mount}/VERSION", "--activate", "if-better"] }] })}'",
+    "--overrides '${jsonencode({ containerOverrides = [{ name = local.retrain_container.name, command = local.retrain_command }] })}'",
   ])
 }

@@ -1,6 +1,6 @@
-# Shared storage for length-predictor artifacts: the retrain command (a one-off task of the same
-# image) writes a new version here and registers its path; every gateway task loads it from the
-# same path when the registry marks it active (gateway/predictor_lifecycle.py).
+# Shared storage for length-predictor artifacts: the retrain command (a one-off task of the
+# trainer image) writes a new version here and registers its path; every gateway task loads it
+# from the same path when the registry marks it active (gateway/prediction/lifecycle.py).
 
 resource "aws_efs_file_system" "predictor" {
   region           = var.region

@@ -79,19 +79,10 @@ locals {
     },
     var.hf_token == null ? {} : { HF_TOKEN = "${aws_secretsmanager_secret.gateway.arn}:hf_token::" },
   )
-  # What the serving gateway and a one-off retraining task share: image, settings, secrets, storage.
+  # What the serving gateway and a one-off retraining task share: storage and logs.
   container_base = {
-    image                  = var.image
     essential              = true
     readonlyRootFilesystem = true
-    # A new secret version (re-issued certificate, replaced password) changes the task definition,
-    # so the service rolls its tasks onto it.
-    environment = [
-      for key, value in merge(local.environment, {
-        FEDLLM_SECRET_VERSIONS = "${aws_secretsmanager_secret_version.gateway.version_id},${aws_secretsmanager_secret_version.database.version_id}"
-      }) : { name = key, value = value }
-    ]
-    secrets = [for key, value in local.secret_environment : { name = key, valueFrom = value }]
     mountPoints = [
       { sourceVolume = "state", containerPath = "/var/lib/fedllm", readOnly = false },
       { sourceVolume = "tmp", containerPath = "/tmp", readOnly = false },
@@ -108,7 +99,16 @@ locals {
     }
   }
   container = merge(local.container_base, {
-    name         = "gateway"
+    name  = "gateway"
+    image = var.image
+    # A new secret version (re-issued certificate, replaced password) changes the task definition,
+    # so the service rolls its tasks onto it.
+    environment = [
+      for key, value in merge(local.environment, {
+        FEDLLM_SECRET_VERSIONS = "${aws_secretsmanager_secret_version.gateway.version_id},${aws_secretsmanager_secret_version.database.version_id}"
+      }) : { name = key, value = value }
+    ]
+    secrets      = [for key, value in local.secret_environment : { name = key, valueFrom = value }]
     portMappings = [{ containerPort = local.container_port, protocol = "tcp" }]
     # The image's HEALTHCHECK, repeated because ECS does not use the image's own.
     healthCheck = {
@@ -119,7 +119,21 @@ locals {
       startPeriod = 300
     }
   })
-  retrain_container = merge(local.container_base, { name = "retrain" })
+  # The trainer image (docker build --target trainer: torch and the training extras, which the
+  # gateway image leaves out) with what retraining reads: the database, and the Hugging Face token
+  # for copying an artifact in. Not the admin token, the sites' TLS key or the federation.
+  retrain_container = merge(local.container_base, {
+    name        = "retrain"
+    image       = var.trainer_image
+    environment = [{ name = "GATEWAY_DATABASE_URL", value = local.database_url }]
+    secrets = [
+      for key, value in local.secret_environment : { name = key, valueFrom = value }
+      if contains(["PGPASSWORD", "HF_TOKEN"], key)
+    ]
+  })
+  # `python -m gateway.retrain_predictor` into a new directory of the predictor file system (see
+  # the retrain_command output); VERSION is the operator's to replace.
+  retrain_command = ["python", "-m", "gateway.retrain_predictor", "--out", "${local.predictor_mount}/VERSION", "--activate", "if-better"]
   volumes           = ["state", "tmp"]
 }
 
@@ -159,7 +173,7 @@ resource "aws_ecs_task_definition" "gateway" {
 }
 
 # `python -m gateway.retrain_predictor` as a one-off task (see the retrain_command output): the
-# gateway's image, settings and predictor storage, no port and no HTTP health check.
+# trainer image with the gateway's database and predictor storage, no port and no health check.
 resource "aws_ecs_task_definition" "retrain" {
   region                   = var.region
   family                   = "${local.name}-retrain"

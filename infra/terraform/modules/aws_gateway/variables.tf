@@ -57,6 +57,15 @@ variable "image" {
   }
 }
 
+variable "trainer_image" {
+  description = "Trainer container image (docker/gateway.Dockerfile, --target trainer) of the one-off retraining task, ideally pinned by digest."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$", var.trainer_image))
+    error_message = "trainer_image must be a registry reference with a tag or digest, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/fedllm-trainer@sha256:..."
+  }
+}
+
 variable "cpu" {
   description = "Fargate CPU units of the gateway task (1024 = 1 vCPU)."
   type        = number

@@ -1,0 +1,72 @@
+"""The same benchmark phases with another engine package: the before of a before/after.
+
+The baseline is another commit's `site_engine/engine` folder (on the GPU machine, the checkout
+the device was given, while this tree is the change under test). A copy of this checkout's
+benchmark and site code is made with that engine package in place of this one, and
+`python -m bench.engine.serving --phases steps,burst` runs there in a subprocess on the same
+model directory: the same measurement code, only the engine differs. Its results come back as
+the "baseline" section of this run's payload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.engine.paths import REPO_ROOT
+
+# The packages the benchmark imports; site_engine/engine is then replaced by the baseline's.
+_PACKAGES = ("bench", "site_engine", "predictor")
+
+
+def hybrid_tree(baseline_engine: Path, into: Path) -> Path:
+    """A copy of this checkout's packages with `baseline_engine` as site_engine/engine."""
+    if not (baseline_engine / "paged_engine.py").is_file():
+        raise FileNotFoundError(f"{baseline_engine} is not a site_engine/engine package")
+    ignore = shutil.ignore_patterns("__pycache__", "results", "*.pyc")
+    for package in _PACKAGES:
+        shutil.copytree(REPO_ROOT / package, into / package, ignore=ignore)
+    shutil.rmtree(into / "site_engine" / "engine")
+    shutil.copytree(baseline_engine, into / "site_engine" / "engine", ignore=ignore)
+    return into
+
+
+def run_baseline(
+    args: argparse.Namespace, tokenizer_dir: Path, data_dir: Path, log: Any
+) -> dict[str, Any]:
+    """Runs the phases "steps" and "burst" with the baseline engine; never raises."""
+    with tempfile.TemporaryDirectory(prefix="fedllm-baseline-") as tmp:
+        root = Path(tmp)
+        command = [
+            sys.executable, "-m", "bench.engine.serving", "--phases", "steps,burst",
+            "--model-dir", str(args.model_dir.resolve()),
+            "--tokenizer-dir", str(tokenizer_dir.resolve()),
+            "--data-dir", str(data_dir.resolve()),
+            "--results-dir", str(root / "results"), "--name", "baseline",
+            "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
+            "--step-reps", str(args.step_reps),
+        ] + (["--small"] if args.small else [])  # fmt: skip
+        result: dict[str, Any] = {
+            "engine_dir": str(args.baseline_engine),
+            "command": " ".join(command[1:]),
+        }
+        try:
+            tree = hybrid_tree(args.baseline_engine.resolve(), root / "tree")
+            log(f"baseline engine from {args.baseline_engine}: steps and burst in a subprocess")
+            env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+            done = subprocess.run(command, cwd=tree, env=env, timeout=400, check=False)
+            result["returncode"] = done.returncode
+            payload = json.loads((root / "results" / "baseline.json").read_text())
+            for key in ("step_shapes", "mixed_vs_parts", "burst", "errors"):
+                result[key] = payload.get(key)
+        except Exception as exc:
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            log(f"baseline failed: {result['error']}")
+        return result

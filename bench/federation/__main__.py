@@ -1,0 +1,4 @@
+from bench.federation.suite import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""The processes of one federation: site engines, the latency injector in front of them, and one
+gateway per compared policy, all real processes started through their command lines
+(`python -m site_engine`, `python -m bench.federation.wan`, `python -m gateway`).
+
+Every gateway names the sites by their injector ports, so all its gRPC (health checks, load
+reports, generation) crosses the injected network. Gateways are started together once, each with
+its own SQLite database and settings, and are measured one at a time; offload is off in every
+gateway except where a scenario turns it on (a gateway's offload would release requests that
+another gateway sent).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.federation.topology import ROUTED_MODEL, Preset, SiteSpec
+from devtools.launch import (
+    LaunchError,
+    ManagedProcess,
+    free_port,
+    spawn_site,
+    start_gateway,
+    wait_until_serving,
+)
+
+_PLACES = (
+    ("aws", "us-east-1"),
+    ("gcp", "europe-west4"),
+    ("azure", "japaneast"),
+    ("aws", "ap-south-1"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """A compared configuration: a routing policy and what its gateway knows of answer lengths.
+    predictor: serve the length predictor; plan: GATEWAY_PLAN_WITHOUT_PREDICTION."""
+
+    name: str
+    policy: str
+    predictor: bool
+    plan: str = "max_tokens"
+    note: str = ""
+
+
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("round_robin", "round_robin", False, note="baseline"),
+        Arm("least_requests", "least_requests", False, note="production-stack's default"),
+        Arm(
+            "least_tokens_guess",
+            "least_tokens_guess",
+            False,
+            "prompt_ratio",
+            "least outstanding tokens, the answer guessed 1.5x the prompt, the gateway's ledger",
+        ),
+        Arm("mico", "mico", True, note="token balance with the served model's predictor"),
+        Arm("mico_oracle", "mico", False, note="token balance planning the true lengths"),
+        Arm("least_latency", "least_latency", True, note="predicted completion, predictor"),
+        Arm("least_latency_oracle", "least_latency", False, note="least_latency, true lengths"),
+    )
+}
+DEFAULT_ARMS = (
+    "round_robin",
+    "least_requests",
+    "least_tokens_guess",
+    "mico",
+    "mico_oracle",
+    "least_latency",
+)
+NO_OFFLOAD = {"GATEWAY_OFFLOAD_ENABLED": "false"}
+# The benchmark reads each gateway's /metrics (offloads, failovers) as an operator does.
+ADMIN_TOKEN = "federation-bench-admin-credential"
+OFFLOAD = {"GATEWAY_OFFLOAD_ENABLED": "true", "GATEWAY_OFFLOAD_INTERVAL_S": "0.25"}
+
+
+@dataclass
+class Gateway:
+    arm: Arm
+    label: str
+    process: ManagedProcess
+    database_url: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.process.port}"
+
+
+@dataclass
+class Federation:
+    """Owns every process it starts; close() stops them all."""
+
+    preset: Preset
+    work_dir: Path
+    model_dirs: Mapping[str, Path]  # shape name -> model directory
+    tokenizer_dir: Path
+    predictor_dir: Path | None
+    sites: dict[str, ManagedProcess] = field(default_factory=dict)
+    site_ports: dict[str, int] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    proxy_ports: dict[str, int] = field(default_factory=dict)
+    proxy: subprocess.Popen[bytes] | None = None
+    gateways: list[Gateway] = field(default_factory=list)
+
+    def start_sites(self, specs: Sequence[SiteSpec] | None = None) -> None:
+        """Starts the sites (all of them overlap their start-up), then their injector routes."""
+        specs = list(specs or self.preset.sites)
+        spawned = []
+        for spec in specs:
+            port = self.site_ports.setdefault(spec.name, free_port())
+            metrics = self.metrics_ports.setdefault(spec.name, free_port())
+            self.proxy_ports.setdefault(spec.name, free_port())
+            spawned.append(
+                spawn_site(
+                    model_dir=self.model_dirs[spec.shape],
+                    site_name=spec.name,
+                    model_name=ROUTED_MODEL,
+                    log_dir=self.work_dir / "logs",
+                    port=port,
+                    extra_args=[*spec.args(), "--metrics-port", str(metrics)],
+                )
+            )
+        for process in spawned:
+            self.sites[process.name] = wait_until_serving(process, timeout_s=600)
+        if self.proxy is None:
+            self._start_proxy()
+
+    def _start_proxy(self) -> None:
+        routes = [
+            f"{s.name}:{self.proxy_ports[s.name]}:{self.site_ports[s.name]}:{s.rtt_ms}:{s.jitter_ms}"
+            for s in self.preset.sites
+        ]
+        log_path = self.work_dir / "logs" / "wan.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "bench.federation.wan"]
+        for route in routes:
+            args += ["--route", route]
+        with log_path.open("wb") as log_file:
+            self.proxy = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while "READY" not in log_path.read_text(errors="replace"):
+            if self.proxy.poll() is not None or time.monotonic() > deadline:
+                raise LaunchError(f"the latency injector did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+
+    def federation_document(self, weights: Mapping[str, float]) -> dict[str, object]:
+        return {
+            "models": [{"name": ROUTED_MODEL, "tokenizer": str(self.tokenizer_dir)}],
+            "sites": [
+                {
+                    "name": spec.name,
+                    "cloud": _PLACES[i % len(_PLACES)][0],
+                    "region": _PLACES[i % len(_PLACES)][1],
+                    "endpoint": f"127.0.0.1:{self.proxy_ports[spec.name]}",
+                    "model": ROUTED_MODEL,
+                    "capacity_weight": weights[spec.name],
+                }
+                for i, spec in enumerate(self.preset.sites)
+            ],
+        }
+
+    def start_gateway(
+        self,
+        arm: Arm,
+        weights: Mapping[str, float],
+        env: Mapping[str, str] | None = None,
+        label: str | None = None,
+    ) -> Gateway:
+        label = label or arm.name
+        folder = self.work_dir / "gateways" / label
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("gateway.db*"):
+            stale.unlink()
+        federation = folder / "federation.json"
+        federation.write_text(json.dumps(self.federation_document(weights), indent=2))
+        database_url = f"sqlite+aiosqlite:///{folder / 'gateway.db'}"
+        settings = {
+            "GATEWAY_ROUTING_POLICY": arm.policy,
+            "GATEWAY_PLAN_WITHOUT_PREDICTION": arm.plan,
+            "GATEWAY_HEALTH_INTERVAL_S": "0.5",
+            "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100",
+            "GATEWAY_CONNECT_TIMEOUT_S": "10",
+            # Open loop past saturation: the sites' queues, not the gateway, hold the backlog.
+            "GATEWAY_SITE_MAX_QUEUED_REQUESTS": "0",
+            "GATEWAY_MAX_IN_FLIGHT": "1000000",
+            "GATEWAY_REQUEST_TIMEOUT_S": "3600",
+            "GATEWAY_COLLECT_SAMPLES": "false",
+            "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+            **NO_OFFLOAD,
+            **(
+                {"GATEWAY_PREDICTOR_DIR": str(self.predictor_dir)}
+                if arm.predictor and self.predictor_dir is not None
+                else {}
+            ),
+            **(env or {}),
+        }
+        process = start_gateway(
+            federation_file=federation,
+            database_url=database_url,
+            log_dir=folder,
+            env=settings,
+            expect_healthy_sites=len(self.sites),
+            timeout_s=300,
+        )
+        gateway = Gateway(arm, label, process, database_url)
+        self.gateways.append(gateway)
+        return gateway
+
+    def stop_gateway(self, gateway: Gateway) -> None:
+        gateway.process.stop()
+        self.gateways.remove(gateway)
+
+    def restart_site(self, spec: SiteSpec) -> None:
+        """Starts a site again on its old port (after a kill), behind the same injector route."""
+        old = self.sites.pop(spec.name, None)
+        if old is not None:
+            old.kill()
+        self.start_sites([spec])
+
+    def close(self) -> None:
+        for gateway in list(self.gateways):
+            self.stop_gateway(gateway)
+        for process in self.sites.values():
+            if process.alive():
+                process.popen.send_signal(signal.SIGCONT)  # a throttled site must run to exit
+            process.stop()
+        self.sites.clear()
+        if self.proxy is not None and self.proxy.poll() is None:
+            self.proxy.terminate()
+            self.proxy.wait(timeout=10)

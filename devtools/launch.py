@@ -1,0 +1,203 @@
+"""Starting site engines and the gateway as real processes on this machine.
+
+Used by the demo and by the end-to-end tests, so both exercise exactly what an operator runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+# Not anchored at the line's end (another thread's log line can land right after the number), but
+# the number must be followed by something, so a half-written line is not read as a shorter port.
+_READY = re.compile(r"^READY port=(\d+)(?=\D)", re.MULTILINE)
+
+
+class LaunchError(RuntimeError):
+    """A process did not come up; the message includes the end of its log."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    port: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if not self.alive():
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
+
+def _spawn(
+    name: str,
+    args: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
+) -> ManagedProcess:
+    """`wrapper` runs before the interpreter (a tracer such as `strace -f -o FILE`)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log_file:
+        popen = subprocess.Popen(
+            [*wrapper, sys.executable, *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+    return ManagedProcess(name, popen, log_path)
+
+
+def _wait_for_ready_line(process: ManagedProcess, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = _READY.search(process.log_path.read_text(errors="replace"))
+        if match:
+            return int(match.group(1))
+        if not process.alive():
+            raise LaunchError(f"{process.name} exited:\n{process.log_tail()}")
+        time.sleep(0.1)
+    process.kill()
+    raise LaunchError(f"{process.name} not ready after {timeout_s:.0f}s:\n{process.log_tail()}")
+
+
+def spawn_site(
+    *,
+    model_dir: Path,
+    site_name: str,
+    model_name: str,
+    log_dir: Path,
+    port: int = 0,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
+) -> ManagedProcess:
+    """Starts `python -m site_engine` without waiting; see wait_until_serving. `env` adds to
+    this process's environment (SITE_TLS_* for a site with mutual TLS, SITE_LOG_LEVEL, ...)."""
+    args = [
+        "-m",
+        "site_engine",
+        "--model",
+        str(model_dir),
+        "--site-name",
+        site_name,
+        "--model-name",
+        model_name,
+        "--port",
+        str(port),
+        *extra_args,
+    ]
+    return _spawn(site_name, args, log_dir / f"site-{site_name}.log", env, wrapper)
+
+
+def wait_until_serving(process: ManagedProcess, timeout_s: float = 120.0) -> ManagedProcess:
+    process.port = _wait_for_ready_line(process, timeout_s)
+    return process
+
+
+def start_site(
+    *,
+    model_dir: Path,
+    site_name: str,
+    model_name: str,
+    log_dir: Path,
+    port: int = 0,
+    extra_args: Sequence[str] = (),
+    timeout_s: float = 120.0,
+    env: Mapping[str, str] | None = None,
+) -> ManagedProcess:
+    """Starts `python -m site_engine` and waits until it serves gRPC."""
+    process = spawn_site(
+        model_dir=model_dir,
+        site_name=site_name,
+        model_name=model_name,
+        log_dir=log_dir,
+        port=port,
+        extra_args=extra_args,
+        env=env,
+    )
+    return wait_until_serving(process, timeout_s)
+
+
+def start_gateway(
+    *,
+    federation_file: Path,
+    database_url: str,
+    log_dir: Path,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    expect_healthy_sites: int = 1,
+    timeout_s: float = 120.0,
+    wrapper: Sequence[str] = (),
+) -> ManagedProcess:
+    """Starts `python -m gateway` and waits until /readyz reports enough healthy sites."""
+    port = port or free_port()
+    gateway_env = {
+        "GATEWAY_FEDERATION_FILE": str(federation_file),
+        "GATEWAY_DATABASE_URL": database_url,
+        "GATEWAY_PORT": str(port),
+        "GATEWAY_HEALTH_INTERVAL_S": "0.5",
+        **(env or {}),
+    }
+    process = _spawn("gateway", ["-m", "gateway"], log_dir / "gateway.log", gateway_env, wrapper)
+    process.port = port
+    _wait_for_gateway(process, expect_healthy_sites, timeout_s)
+    return process
+
+
+def _wait_for_gateway(process: ManagedProcess, healthy_sites: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    url = f"http://127.0.0.1:{process.port}/readyz"
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise LaunchError(f"gateway exited:\n{process.log_tail()}")
+        try:
+            body = httpx.get(url, timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            time.sleep(0.2)
+            continue
+        if sum(bool(v) for v in body.get("sites", {}).values()) >= healthy_sites:
+            return
+        time.sleep(0.2)
+    process.kill()
+    raise LaunchError(f"gateway not ready after {timeout_s:.0f}s:\n{process.log_tail()}")

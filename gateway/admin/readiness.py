@@ -1,0 +1,62 @@
+"""What /readyz reports: whether the database answers and a site is healthy, and what serves."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.admin.drain import SiteDrainer
+from gateway.prediction.by_model import ModelPredictors
+from gateway.sites.registry import SiteRegistry
+from gateway.stores.predictor_registry import DEFAULT_MODEL
+from gateway.stores.request_writer import RequestLogWriter
+
+
+class Readiness:
+    def __init__(
+        self,
+        registry: SiteRegistry,
+        sessions: async_sessionmaker[AsyncSession],
+        predictors: ModelPredictors,
+        drainer: SiteDrainer,
+        request_log: RequestLogWriter,
+    ) -> None:
+        self._registry = registry
+        self._request_log = request_log
+        self._sessions = sessions
+        self._predictors = predictors
+        self._drainer = drainer
+
+    async def report(self) -> dict[str, object]:
+        """`ready` is true when the database answers and at least one site is healthy."""
+        sites = {site.name: site.healthy for site in self._registry.all()}
+        try:
+            async with self._sessions() as session:
+                await session.execute(text("SELECT 1"))
+            database = "ok"
+        except Exception as exc:  # any failure means not ready; the reason is reported
+            database = f"error: {type(exc).__name__}"
+        predictors = self._predictors.status()
+        return {
+            "ready": database == "ok" and any(sites.values()),
+            "database": database,
+            "sites": sites,
+            # Sites an operator is draining (they finish their work and take nothing new).
+            "draining": self._drainer.draining(),
+            # Requests whose rows the database has not taken yet (written behind the answers):
+            # growing, with an old oldest, means the database is refusing writes.
+            "request_log": {
+                "queued": len(self._request_log),
+                "oldest_s": round(self._request_log.oldest_s(), 3),
+            },
+            "predictor": {
+                "mode": predictors[DEFAULT_MODEL].mode,
+                "version": predictors[DEFAULT_MODEL].version,
+            },
+            # Served models with a predictor of their own (the default predicts the others).
+            "model_predictors": {
+                model: status.version
+                for model, status in predictors.items()
+                if model != DEFAULT_MODEL
+            },
+        }

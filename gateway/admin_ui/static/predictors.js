@@ -1,0 +1,47 @@
+// The predictor drift panel: each served model's rolling error on recent traffic, its drift
+// verdict and its last retrain job, as GET /admin/api/predictors gives them (formatted only).
+
+const fixed = (digits) => (v) => (v == null ? "–" : v.toFixed(digits));
+const FIELDS = [
+  ["samples", (r) => r?.samples, (v) => (v == null ? "0" : String(v))],
+  ["mae_tokens", (r) => r?.mae_tokens, fixed(1)],
+  ["served_mean_mae_tokens", (r) => r?.served_mean_mae_tokens, fixed(1)],
+  ["mae_ratio", (r) => r?.mae_ratio, fixed(2)],
+  ["spearman", (r) => r?.spearman, fixed(3)],
+];
+
+function cell(field, text, attrs = {}) {
+  const td = document.createElement("td");
+  td.dataset.field = field;
+  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
+  td.textContent = text;
+  return td;
+}
+
+function jobText(job) {
+  if (!job) return "none";
+  const outcome = job.state === "done" ? (job.activated ? "activated" : "not activated") : job.state;
+  return `#${job.id} ${job.reason} ${job.mode}: ${outcome}`;
+}
+
+function row(m) {
+  const tr = document.createElement("tr");
+  tr.dataset.model = m.model;
+  tr.dataset.drifted = String(m.drifted);
+  tr.append(cell("model", m.model), cell("version", m.window_version ?? m.serving_version ?? "–", { class: "mono" }));
+  for (const [field, get, fmt] of FIELDS) tr.append(cell(field, fmt(get(m.rolling)), { class: "num" }));
+  const drift = cell("drifted", m.drifted ? "drifted" : "ok", { title: m.reason });
+  drift.className = m.drifted ? "bad" : "good";
+  tr.append(drift, cell("last_job", jobText(m.last_job), { title: m.last_job?.error ?? "" }));
+  return tr;
+}
+
+export async function loadPredictors(api) {
+  const p = await api("/admin/api/predictors");
+  const body = document.querySelector("#predictors tbody");
+  body.replaceChildren(...p.models.map(row));
+  body.dataset.refreshedAt = String(p.refreshed_at ?? "");
+  document.getElementById("predictors-rule").textContent =
+    `last ${p.window_samples} requests per model · drifted at MAE ≥ ${p.max_mae_ratio}× the served mean's ` +
+    `or Spearman < ${p.min_spearman} (≥ ${p.min_samples} samples)` + (p.retrain_on_drift ? " · retrains on drift" : "");
+}

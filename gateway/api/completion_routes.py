@@ -1,0 +1,106 @@
+"""POST /v1/completions: a thin controller over CompletionService."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from litestar import Controller, Request, Response, post
+from litestar.di import NamedDependency
+from litestar.response import Stream
+
+from gateway.api.body import decode_body
+from gateway.api.completion_schemas import Completion, CompletionRequest
+from gateway.api.openai_format import collect_completion, completion_events
+from gateway.api.openapi_body import json_body
+from gateway.completions.service import CompletionService, PreparedCompletion
+from gateway.dispatch.stream import Dispatch
+from gateway.idempotency import HEADER, REPLAYED_HEADER, Idempotency
+from gateway.tenancy.admission import Caller
+from gateway.tokenize_pool import TokenizePool
+
+SITE_HEADER = "X-Fedllm-Site"
+T = TypeVar("T")
+
+
+class CompletionsController(Controller):
+    path = "/v1"
+    tags = ("openai",)
+
+    @post(
+        "/completions",
+        status_code=200,
+        summary="Create a completion (OpenAI-compatible)",
+        operation_class=json_body(CompletionRequest),
+    )
+    async def create_completion(
+        self,
+        request: Request[Any, Any, Any],
+        completions: NamedDependency[CompletionService],
+        tokenize_pool: NamedDependency[TokenizePool],
+        idempotency: NamedDependency[Idempotency],
+        caller: NamedDependency[Caller],
+    ) -> Response[Completion] | Stream:
+        body = await request.body()
+        prepared = await tokenize_pool.run(
+            completions.prepare, decode_body(body, CompletionRequest), len(body)
+        )
+        return await answer(
+            OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion),
+            request,
+            body,
+            prepared,
+            completions,
+            idempotency,
+            caller,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIAnswer(Generic[T]):
+    """How one OpenAI endpoint shapes a dispatched request: its SSE events when streamed, its
+    response object otherwise."""
+
+    endpoint: str
+    response_type: type[T]
+    events: Callable[[Dispatch], AsyncIterator[bytes]]
+    collect: Callable[[Dispatch], Awaitable[T]]
+
+
+async def answer(
+    shape: OpenAIAnswer[T],
+    request: Request[Any, Any, Any],
+    body: bytes,
+    prepared: PreparedCompletion,
+    completions: CompletionService,
+    idempotency: Idempotency,
+    caller: Caller,
+) -> Response[T] | Stream:
+    """What the completion endpoints share after preparing the request: the Idempotency-Key,
+    then a stream, or the whole answer (stored for retries under its key)."""
+    claim = await idempotency.claim(
+        request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prepared.stream
+    )
+    if prepared.stream:  # (a stream never has a claim: the key is refused with it)
+        dispatch = await completions.dispatch(prepared, caller.admission())
+        return Stream(
+            shape.events(dispatch),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", SITE_HEADER: dispatch.site.name},
+        )
+    sites: list[str] = []
+
+    async def run() -> T:
+        dispatch = await completions.dispatch(prepared, caller.admission())
+        answered = await shape.collect(dispatch)
+        sites.append(dispatch.site.name)
+        return answered
+
+    answered, replayed = await idempotency.once(claim, shape.response_type, run)
+    return Response(answered, headers=answer_headers(sites, replayed))
+
+
+def answer_headers(sites: list[str], replayed: bool) -> dict[str, str]:
+    """The site that finished the answer; a replay names none (it ran earlier)."""
+    return {REPLAYED_HEADER: "true"} if replayed else {SITE_HEADER: sites[-1]}

@@ -1,0 +1,39 @@
+"""GET /v1/models and the health probes."""
+
+from __future__ import annotations
+
+from litestar import Controller, Response, get
+from litestar.di import NamedDependency
+
+from gateway.admin.readiness import Readiness
+from gateway.api.client_auth import require_client_key
+from gateway.api.completion_schemas import ModelCard, ModelList
+from gateway.tokenizers import ModelTokenizers
+
+
+class ModelsController(Controller):
+    path = "/v1"
+    tags = ("openai",)
+
+    # Needs a key when keys are required (as OpenAI's does), but charges no limit.
+    @get(
+        "/models",
+        guards=[require_client_key],
+        summary="Models served by at least one configured site",
+    )
+    async def list_models(self, tokenizers: NamedDependency[ModelTokenizers]) -> ModelList:
+        return ModelList(data=[ModelCard(id=name) for name in tokenizers.models()])
+
+
+class HealthController(Controller):
+    path = "/"
+    tags = ("operations",)
+
+    @get("/healthz", summary="Liveness: the process serves HTTP")
+    async def liveness(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/readyz", summary="Readiness: the database answers and at least one site is healthy")
+    async def readiness(self, readiness: NamedDependency[Readiness]) -> Response[dict[str, object]]:
+        body = await readiness.report()
+        return Response(body, status_code=200 if body["ready"] else 503)

@@ -1,0 +1,270 @@
+"""The gateway's composition root: every long-lived part and background task, built, started and
+stopped in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.admin.dashboard import Dashboard
+from gateway.admin.drain import SiteDrainer
+from gateway.admin.load_sampler import LoadSampler
+from gateway.admin.offload import OffloadCoordinator
+from gateway.admin.predictor_health import PredictorHealth
+from gateway.admin.readiness import Readiness
+from gateway.admin.retrain_worker import RetrainWorker, missing_training_stack
+from gateway.admin.retraining import Retraining
+from gateway.api.openai_errors import http_status
+from gateway.batches.service import BatchService
+from gateway.chat.service import ChatService
+from gateway.chat.templates import ChatTemplates
+from gateway.completions.service import CompletionService
+from gateway.db.migrate import upgrade
+from gateway.db.session import create_counter_engine, create_engine, create_sessionmaker
+from gateway.federation import load_federation
+from gateway.files.service import FileService
+from gateway.idempotency import Idempotency
+from gateway.metrics import GatewayMetrics
+from gateway.prediction.lifecycle import follow_registry, start_predictors
+from gateway.routing.policy import build_policy
+from gateway.settings import GatewaySettings
+from gateway.sites.factory import site_client
+from gateway.sites.health import HealthMonitor
+from gateway.sites.load_reports import LoadReportListener
+from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.sites.tls import load_site_tls
+from gateway.stores.admin_sessions import AdminSessionStore
+from gateway.stores.file_store import FileStore
+from gateway.stores.idempotency_records import IdempotencyStore
+from gateway.stores.key_limit_store import KeyLimitStore
+from gateway.stores.login_failures import LoginFailureStore
+from gateway.stores.predictor_registry import PredictorRegistry
+from gateway.stores.request_log import RequestLog
+from gateway.stores.retrain_jobs import RetrainJobStore
+from gateway.stores.site_store import sync_sites
+from gateway.tenancy.admission import Tenancy
+from gateway.tenancy.key_limits import KeyLimits, LocalKeyLimits
+from gateway.tenancy.keys import KeyService
+from gateway.tenancy.shared_limits import SharedKeyLimits
+from gateway.tokenize_pool import TokenizePool
+from gateway.tokenizers import ModelTokenizers
+
+log = logging.getLogger(__name__)
+
+
+def _ensure_sqlite_dir(database_url: str) -> None:
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _key_limits(database_url: str, metrics: GatewayMetrics) -> KeyLimits:
+    """On PostgreSQL, which several gateways may share, a key's limits hold across all of them;
+    SQLite serves one gateway, which counts them in memory."""
+    if make_url(database_url).get_backend_name() != "postgresql":
+        return LocalKeyLimits()
+    store = KeyLimitStore(create_counter_engine(database_url), gateway_id=uuid.uuid4().hex)
+    limits = SharedKeyLimits(store)
+    metrics.watch_backlog(
+        "shared_limits_pending",
+        "Settlements and concurrency slots of API keys not yet written to the shared counters "
+        "(above 0 for long: the database refuses them)",
+        lambda: limits.pending,
+    )
+    return limits
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayAssembly:
+    """The gateway's long-lived parts, each built once; the HTTP layer is handed the ones each
+    controller uses (gateway/app.py), never the whole."""
+
+    settings: GatewaySettings
+    engine: AsyncEngine
+    registry: SiteRegistry
+    tokenizers: ModelTokenizers
+    # Where client prompts are tokenized, off the event loop.
+    tokenize_pool: TokenizePool
+    completions: CompletionService
+    chat: ChatService
+    # Uploaded batch input files and the batches' result files (the Files API).
+    files: FileService
+    batches: BatchService
+    # Stored results of requests sent with an Idempotency-Key (gateway/idempotency.py).
+    idempotency: Idempotency
+    # API keys and their limits (counted in this process on SQLite, in PostgreSQL for every
+    # gateway of the database together).
+    tenancy: Tenancy
+    # The admin dashboard's views (its history is written by the load-sampler task).
+    dashboard: Dashboard
+    # Operators' drains of sites (gateway/admin/drain.py).
+    drainer: SiteDrainer
+    # Each served model's predictor error on recent traffic, and the retrain jobs asked for.
+    retraining: Retraining
+    readiness: Readiness
+    # The dashboard's sign-ins, revocable on every gateway of the database (api/admin_auth.py).
+    admin_sessions: AdminSessionStore
+    # Failed dashboard sign-ins, counted by every gateway of the database together.
+    login_failures: LoginFailureStore
+    # This gateway's Prometheus registry (its own, not the process-global one): GET /metrics.
+    metrics: GatewayMetrics
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, settings: GatewaySettings) -> GatewayAssembly:
+        federation = load_federation(settings.federation_file)
+        site_tls = load_site_tls(settings)  # unreadable certificate files stop the start
+        tokenizers = ModelTokenizers(federation.models)
+        chat_templates = ChatTemplates.load(federation.models)  # a bad template stops the start
+        if settings.database.auto_migrate:
+            _ensure_sqlite_dir(settings.database.url)
+            await asyncio.to_thread(upgrade, settings.database.url)
+        engine = create_engine(settings.database.url)
+        sessions = create_sessionmaker(engine)
+        site_ids = await sync_sites(sessions, federation.sites)
+        registry = SiteRegistry(
+            SiteState(
+                config=site,
+                site_id=site_ids[site.name],
+                client=site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+            )
+            for site in federation.sites
+        )
+        listener = LoadReportListener(
+            registry, settings.sites.load_report_interval_ms, settings.sites.load_report_stale_s
+        )
+        monitor = HealthMonitor(
+            registry, tokenizers.fingerprints, settings.sites.health_interval_s, listener.stale
+        )
+        await monitor.check_once()  # route from the first request on, not after one interval
+        predictor_registry = PredictorRegistry(sessions)
+        predictor = await start_predictors(settings, federation.models, predictor_registry)
+        predictor.start()
+        metrics = GatewayMetrics()
+        metrics.watch_sites(registry.all)
+        predictor.metrics = metrics
+        completions = CompletionService(
+            settings,
+            registry,
+            tokenizers,
+            build_policy(
+                settings.routing.policy,
+                settings.routing.site_max_queued_requests or None,
+                settings.routing.site_max_queued_tokens or None,
+            ),
+            RequestLog(sessions),
+            predictor,
+            metrics,
+        )
+        key_limits = _key_limits(settings.database.url, metrics)
+        drainer = SiteDrainer(registry, settings.offload.interval_s)
+        sampler = LoadSampler(
+            registry,
+            sessions,
+            interval_s=settings.history.load_sample_interval_s,
+            retention_s=settings.history.load_history_retention_h * 3600,
+            request_timeout_s=settings.limits.request_timeout_s,
+        )
+        tokenize_pool = TokenizePool(settings.server.tokenize_threads)
+        chat = ChatService(chat_templates, tokenizers, completions)
+        files = FileService(settings, FileStore(sessions), tokenize_pool)
+        batches = BatchService.build(
+            settings,
+            sessions,
+            completions,
+            chat,
+            registry,
+            files,
+            tokenize_pool,
+            status_of=http_status,
+        )
+        tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
+        tenancy.add_revoke_hook(batches.runner.key_revoked)  # a revoked key's batches stop
+        served_models = [model.name for model in federation.models]
+        retrain_jobs = RetrainJobStore(sessions)
+        health = PredictorHealth(
+            sessions, served_models, settings.drift, settings.retrain, retrain_jobs
+        )
+        health.watch(metrics)
+        assembly = cls(
+            settings=settings,
+            engine=engine,
+            registry=registry,
+            tokenizers=tokenizers,
+            tokenize_pool=tokenize_pool,
+            completions=completions,
+            chat=chat,
+            files=files,
+            batches=batches,
+            idempotency=Idempotency(
+                IdempotencyStore(sessions),
+                settings.limits.idempotency_ttl_s,
+                settings.limits.request_timeout_s,
+            ),
+            tenancy=tenancy,
+            dashboard=Dashboard(settings, registry, sessions),
+            drainer=drainer,
+            retraining=Retraining(
+                health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
+            ),
+            readiness=Readiness(registry, sessions, predictor, drainer, completions.writer),
+            admin_sessions=AdminSessionStore(sessions),
+            login_failures=LoginFailureStore(sessions),
+            metrics=metrics,
+        )
+        background = {
+            "site-health": monitor.run(),
+            "load-reports": listener.run(),
+            "load-sampler": sampler.run(),
+            "predictor-registry": follow_registry(
+                predictor,
+                predictor_registry,
+                served_models,
+                settings.predictor.poll_s,
+            ),
+            "predictor-drift": health.run(),
+            "site-drain": drainer.run(),
+            "file-retention": files.delete_expired_forever(),
+        }
+        missing = missing_training_stack()
+        if settings.retrain.worker and missing:
+            log.info("retrain jobs wait for a trainer (`--run-queued`): no %s", ", ".join(missing))
+        elif settings.retrain.worker:
+            worker = RetrainWorker(retrain_jobs, settings.retrain, settings.database.url)
+            background["retrain-worker"] = worker.run()
+        if isinstance(key_limits, SharedKeyLimits):
+            background["shared-limits"] = key_limits.run()
+        if settings.offload.enabled:
+            offload = OffloadCoordinator(
+                registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics
+            )
+            background["offload"] = offload.run()
+        for name, work in background.items():
+            assembly.tasks.append(asyncio.create_task(work, name=name))
+        assembly.batches.runner.start()  # resumes the batches left unfinished
+        healthy = sum(site.healthy for site in registry.all())
+        log.info("gateway up: %d/%d sites healthy", healthy, len(registry.all()))
+        return assembly
+
+    async def stop(self) -> None:
+        await self.batches.runner.stop()  # first: its items wait on the predictor and sites
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.completions.predictors.stop()
+        await self.completions.drain()
+        if isinstance(self.tenancy.limits, SharedKeyLimits):
+            await self.tenancy.limits.close()  # its engine with it
+        await self.idempotency.drain()
+        self.tokenize_pool.close()
+        await self.registry.close()
+        await self.engine.dispose()

@@ -1,0 +1,78 @@
+"""The Files and Batch APIs' settings (GATEWAY_FILE_*, GATEWAY_BATCH_*), in GatewaySettings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedllm_contract.env_settings import (
+    SettingsError,
+    require_at_least,
+    require_positive,
+    setting,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_BATCH_"
+
+    max_items: int = setting(100_000, help="most requests in one `POST /v1/batches`")
+    max_body_bytes: int = setting(
+        64 << 20,
+        help="largest batch body (413 beyond; `GATEWAY_MAX_BODY_BYTES` is for the other endpoints)",
+    )
+    site_concurrency: int = setting(16, help="batch items in flight per site, all batches together")
+    max_attempts: int = setting(
+        3, help="starts of a batch item before a server-side failure (5xx, 429) is final"
+    )
+    lease_s: float = setting(
+        30.0,
+        help="a gateway's lease on a batch it runs; another gateway resumes the batch once it "
+        "lapses",
+    )
+    uploads_in_flight: int = setting(
+        4,
+        help="files and batches one gateway receives and validates at once (a key: half of them, "
+        "at least one); beyond, 429 `gateway_overloaded` with `Retry-After` before the body is "
+        "read",
+    )
+
+    def __post_init__(self) -> None:
+        require_at_least(
+            self, 1, "max_items", "site_concurrency", "max_attempts", "uploads_in_flight"
+        )
+        if self.max_body_bytes < 1024 or self.lease_s <= 0:
+            raise SettingsError("GATEWAY_BATCH_MAX_BODY_BYTES >= 1024, GATEWAY_BATCH_LEASE_S > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class FileSettings:
+    """The Files API (gateway/files/): files live in the database (`files`, `file_parts`)."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_FILE_"
+
+    max_bytes: int = setting(
+        64 << 20,
+        help="largest file `POST /v1/files` takes (413 `file_too_large` as soon as the upload "
+        "passes it)",
+    )
+    storage_per_key_bytes: int = setting(
+        1 << 30,
+        help="what one key's live uploads may hold together (400 `storage_limit_exceeded` "
+        "beyond; batches' result files do not count)",
+    )
+    retention_h: float = setting(
+        720.0,
+        help="how long a file is kept (uploads without `expires_after`, and batches' result "
+        "files); expired files are deleted every 10 minutes",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1024:
+            raise SettingsError(f"GATEWAY_FILE_MAX_BYTES must be >= 1024, got {self.max_bytes}")
+        if self.storage_per_key_bytes < self.max_bytes:
+            raise SettingsError(
+                "GATEWAY_FILE_STORAGE_PER_KEY_BYTES must be >= GATEWAY_FILE_MAX_BYTES"
+            )
+        require_positive(self, "retention_h")

@@ -1,0 +1,48 @@
+"""What a client asks of /v1/completions, as the completion service takes it (msgspec, decoded
+at the HTTP edge and from stored batch items alike). The fields a completion shares with a batch
+item are declared once, in CompletionFields."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+# OpenAI accepts a string, a list of strings, a list of token ids or a list of id lists;
+# msgspec allows one array type per union, so the list is checked for homogeneity in prepare().
+Prompt = str | list[str | int | list[int]]
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class CompletionFields(msgspec.Struct, forbid_unknown_fields=True):
+    """The prompt and generation fields of a completion. Fields we cannot honour are accepted
+    only at their neutral value."""
+
+    prompt: Prompt
+    max_tokens: int | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    # Not OpenAI: replay an exact response length (benchmarks).
+    ignore_eos: bool = False
+
+
+class CompletionRequest(CompletionFields, kw_only=True):
+    """POST /v1/completions."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None

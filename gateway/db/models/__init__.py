@@ -1,0 +1,79 @@
+"""The gateway's database schema (SQLAlchemy 2 ORM). Wire schemas live in gateway/api/.
+
+Postgres in production, SQLite as the embedded default: only portable types are used, enums are
+stored as checked strings, and timestamps are always timezone-aware UTC.
+
+One module per group of tables; everything is importable from here.
+"""
+
+from gateway.db.models.base import (
+    NAMING_CONVENTION,
+    Base,
+    UTCDateTime,
+    utcnow,
+)
+from gateway.db.models.batches import (
+    BatchItem,
+    BatchItemStatus,
+    BatchJob,
+    BatchStatus,
+    FilePart,
+    StoredFile,
+)
+from gateway.db.models.load import (
+    LoadRollup,
+    LoadSample,
+)
+from gateway.db.models.predictors import (
+    OPEN_RETRAIN_STATES,
+    PredictorVersion,
+    RetrainJob,
+    RetrainJobState,
+)
+from gateway.db.models.requests import (
+    InferenceRequest,
+    LengthSample,
+    OffloadEvent,
+    RequestStatus,
+    Site,
+)
+from gateway.db.models.tenancy import (
+    AdminLoginFailure,
+    AdminSession,
+    ApiKey,
+    IdempotencyRecord,
+    IdempotencyStatus,
+    KeyInFlightHold,
+    KeyLimitWindow,
+)
+
+__all__ = [
+    "NAMING_CONVENTION",
+    "OPEN_RETRAIN_STATES",
+    "AdminLoginFailure",
+    "AdminSession",
+    "ApiKey",
+    "Base",
+    "BatchItem",
+    "BatchItemStatus",
+    "BatchJob",
+    "BatchStatus",
+    "FilePart",
+    "IdempotencyRecord",
+    "IdempotencyStatus",
+    "InferenceRequest",
+    "KeyInFlightHold",
+    "KeyLimitWindow",
+    "LengthSample",
+    "LoadRollup",
+    "LoadSample",
+    "OffloadEvent",
+    "PredictorVersion",
+    "RequestStatus",
+    "RetrainJob",
+    "RetrainJobState",
+    "Site",
+    "StoredFile",
+    "UTCDateTime",
+    "utcnow",
+]

@@ -1,0 +1,59 @@
+"""An accepted request as dispatch carries it: validated, tokenized and (once predicted) planned,
+with the caller's hold on its key's limits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from gateway.routing.types import RoutingRequest, UnpredictedPlan
+from gateway.sites.interface import GenerateParams
+
+Api = Literal["completions", "chat.completions"]
+
+
+class Admission(Protocol):
+    """A caller's hold on its API key's limits (gateway/tenancy/admission.py): charged once the
+    answer length is predicted, settled with the tokens the request really took."""
+
+    @property
+    def api_key_id(self) -> int | None: ...
+
+    async def charge(self, tokens: int, most_tokens: int) -> None: ...
+
+    def settle(self, tokens: int) -> None: ...
+
+    def watch_revocation(self, stop: Callable[[], None]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCompletion:
+    request_id: str
+    created: int
+    model: str
+    params: GenerateParams
+    stream: bool
+    include_usage: bool
+    user: str | None
+    # The prompt as text (decoded when it came as token ids): what the length predictor reads.
+    prompt_text: str
+    predicted_bucket: int | None = None
+    api: Api = "completions"
+    unpredicted: UnpredictedPlan = "max_tokens"
+
+    @property
+    def routing(self) -> RoutingRequest:
+        return self.routing_for(self.params)
+
+    def routing_for(self, params: GenerateParams) -> RoutingRequest:
+        """What routing weighs for these params (a continuation's prompt holds the answer so
+        far, its max_tokens what is left)."""
+        return RoutingRequest(
+            model=self.model,
+            prompt_tokens=len(params.prompt_token_ids),
+            max_tokens=params.max_tokens,
+            predicted_tokens=params.predicted_tokens,
+            predicted_bucket=self.predicted_bucket,
+            unpredicted=self.unpredicted,
+        )

@@ -1,0 +1,246 @@
+"""The federation file: which models the gateway serves and which sites serve them.
+
+    {
+      "models": [{"name": "tiny-llama", "tokenizer": "var/models/tiny-llama",
+                  "chat_template": "templates/tiny.jinja",
+                  "predictor": "var/predictor/tiny-llama"}],
+      "sites": [{"name": "aws-use1-a", "cloud": "aws", "region": "us-east-1",
+                 "endpoint": "10.0.0.5:50051", "model": "tiny-llama", "capacity_weight": 1.0}]
+    }
+
+`chat_template` (a Jinja file) is optional: gateway/chat/templates.py says what is used without
+it. `predictor` (optional) is the model's own length-predictor artifact, trained on that model's
+answers; a model without one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and
+a version the registry activates for the model replaces either (gateway/prediction/lifecycle.py).
+A site's optional `tls_server_name` is the name its TLS certificate carries when the endpoint's
+host is not it (docs/security.md). Relative paths are resolved against the file's
+folder. Terraform renders this file for real deployments (infra/terraform), so it is plain JSON.
+
+A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`) or `openai`
+(any OpenAI-compatible server: vLLM, SGLang, TGI, or our engine's HTTP face), which names
+`base_url` instead of `endpoint` (docs/external-engines.md):
+
+    {"name": "vllm-use1", "cloud": "aws", "region": "us-east-1", "model": "tiny-llama",
+     "kind": "openai", "base_url": "http://10.0.0.9:8000/v1", "engine_model": "meta/llama",
+     "api_key_file": "secrets/vllm.key", "metrics_url": "http://10.0.0.9:8000/metrics",
+     "metrics_dialect": "vllm", "max_model_len": 8192, "max_num_seqs": 256}
+
+Its tokens are counted with its model's tokenizer (one model, one tokenizer: predictions and
+continuations across sites of both kinds count the same tokens).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+_NAME = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+_ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+SiteKind = Literal["grpc", "openai"]
+MetricsDialect = Literal["vllm", "sglang", "tgi", "none"]
+_DNS_NAME = Annotated[
+    str, msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
+]
+
+
+class FederationConfigError(ValueError):
+    """The federation file is unreadable or inconsistent; the message says where."""
+
+
+class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
+    name: _NAME
+    tokenizer: str
+    # A Jinja chat-template file; absent: the tokenizer's own template, else ChatML.
+    chat_template: str | None = None
+    # The model's own length-predictor artifact (a directory); absent: the gateway's default.
+    predictor: str | None = None
+
+
+_POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
+    name: _NAME
+    cloud: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    region: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    model: str
+    kind: SiteKind = "grpc"
+    # grpc: host:port of the site engine.
+    endpoint: str | None = None
+    capacity_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # With mutual TLS: the name the site's certificate must carry, when not the endpoint's host.
+    tls_server_name: _DNS_NAME | None = None
+    # openai: the server's API root (ending in /v1), the model's name there (default: the
+    # gateway's), a file holding its API key, where its Prometheus metrics are and whose names
+    # they carry, and what /v1/models and the metrics may not say (context, batch slots, KV).
+    base_url: str | None = None
+    engine_model: str | None = None
+    api_key_file: str | None = None
+    metrics_url: str | None = None
+    metrics_dialect: MetricsDialect = "none"
+    metrics_interval_ms: Annotated[int, msgspec.Meta(ge=100)] = 1000
+    max_model_len: _POSITIVE | None = None
+    max_num_seqs: _POSITIVE | None = None
+    kv_capacity_tokens: _POSITIVE | None = None
+    # Ask for the answer's token ids (vLLM's `return_token_ids`, our engine's HTTP face) so a
+    # continuation elsewhere resumes from the exact tokens; off: the text is re-tokenized.
+    request_token_ids: bool = True
+
+
+class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
+    models: list[_ModelEntry]
+    sites: list[_SiteEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    tokenizer: Path
+    chat_template: Path | None = None
+    predictor: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAISiteConfig:
+    """How the gateway reaches an OpenAI-compatible engine (a site of kind `openai`)."""
+
+    base_url: str
+    engine_model: str
+    api_key_file: Path | None = None
+    metrics_url: str | None = None
+    metrics_dialect: MetricsDialect = "none"
+    metrics_interval_ms: int = 1000
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_capacity_tokens: int | None = None
+    request_token_ids: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SiteConfig:
+    name: str
+    cloud: str
+    region: str
+    # grpc: host:port; openai: the base URL (what the sites table records either way).
+    endpoint: str
+    model: str
+    capacity_weight: float = 1.0
+    tls_server_name: str | None = None
+    kind: SiteKind = "grpc"
+    openai: OpenAISiteConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FederationConfig:
+    models: tuple[ModelConfig, ...]
+    sites: tuple[SiteConfig, ...]
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
+    try:
+        raw = msgspec.json.decode(data, type=_FederationFile)
+    except msgspec.DecodeError as exc:
+        raise FederationConfigError(f"invalid federation file: {exc}") from exc
+    models = tuple(
+        ModelConfig(
+            m.name,
+            (base_dir / m.tokenizer).resolve(),
+            None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
+            None if m.predictor is None else (base_dir / m.predictor).resolve(),
+        )
+        for m in raw.models
+    )
+    sites = tuple(_site(s, base_dir) for s in raw.sites)
+    _check(models, sites)
+    return FederationConfig(models, sites)
+
+
+def _site(entry: _SiteEntry, base_dir: Path) -> SiteConfig:
+    if entry.kind == "grpc":
+        openai_fields = [
+            name
+            for name in ("base_url", "engine_model", "api_key_file", "metrics_url")
+            if getattr(entry, name) is not None
+        ]
+        if entry.endpoint is None or openai_fields:
+            raise FederationConfigError(
+                f"site {entry.name!r} (kind grpc) needs 'endpoint' and takes none of the openai "
+                f"fields, got endpoint={entry.endpoint!r} and {openai_fields}"
+            )
+        return SiteConfig(
+            entry.name, entry.cloud, entry.region, entry.endpoint, entry.model,
+            entry.capacity_weight, entry.tls_server_name,
+        )  # fmt: skip
+    openai = _openai_site(entry, base_dir)
+    return SiteConfig(
+        entry.name,
+        entry.cloud,
+        entry.region,
+        openai.base_url,
+        entry.model,
+        entry.capacity_weight,
+        kind="openai",
+        openai=openai,
+    )
+
+
+def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
+    where = f"site {entry.name!r} (kind openai)"
+    if entry.endpoint is not None or entry.tls_server_name is not None:
+        raise FederationConfigError(f"{where} takes 'base_url', not 'endpoint'/'tls_server_name'")
+    for field, url in (("base_url", entry.base_url), ("metrics_url", entry.metrics_url)):
+        if (url is not None or field == "base_url") and not _URL.match(url or ""):
+            raise FederationConfigError(f"{where}: {field} must be an http(s) URL, got {url!r}")
+    if (entry.metrics_url is None) != (entry.metrics_dialect == "none"):
+        raise FederationConfigError(
+            f"{where}: 'metrics_url' and a 'metrics_dialect' (vllm, sglang, tgi) go together"
+        )
+    return OpenAISiteConfig(
+        base_url=(entry.base_url or "").rstrip("/"),
+        engine_model=entry.engine_model or entry.model,
+        api_key_file=None
+        if entry.api_key_file is None
+        else (base_dir / entry.api_key_file).resolve(),
+        metrics_url=entry.metrics_url,
+        metrics_dialect=entry.metrics_dialect,
+        metrics_interval_ms=entry.metrics_interval_ms,
+        max_model_len=entry.max_model_len,
+        max_num_seqs=entry.max_num_seqs,
+        kv_capacity_tokens=entry.kv_capacity_tokens,
+        request_token_ids=entry.request_token_ids,
+    )
+
+
+def _check(models: tuple[ModelConfig, ...], sites: tuple[SiteConfig, ...]) -> None:
+    if not models or not sites:
+        raise FederationConfigError("the federation file needs at least one model and one site")
+    model_names = [m.name for m in models]
+    for kind, names in (("model", model_names), ("site", [s.name for s in sites])):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise FederationConfigError(f"duplicate {kind} names: {duplicates}")
+    for site in sites:
+        if site.model not in model_names:
+            raise FederationConfigError(
+                f"site {site.name!r} serves model {site.model!r}, which is not in 'models'"
+            )
+        if site.kind == "grpc" and not _ENDPOINT.match(site.endpoint):
+            raise FederationConfigError(
+                f"site {site.name!r}: endpoint must be host:port, got {site.endpoint!r}"
+            )
+
+
+def load_federation(path: Path) -> FederationConfig:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FederationConfigError(f"cannot read federation file {path}: {exc}") from exc
+    return parse_federation(data, path.resolve().parent)

@@ -1,0 +1,145 @@
+"""The Files API's operations: upload, read, list, delete and download, each scoped to the
+caller's key, and the deletion of expired files.
+
+Only batch input files are taken (purpose `batch`): they are checked line by line at upload
+(gateway/files/batch_input.py), so a malformed file is refused then, naming the line, and
+nothing is stored. Batches write their results as files of purpose `batch_output`
+(gateway/stores/batch_finalize.py). Where files are stored and why: gateway/stores/file_store.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from functools import partial
+
+from gateway.db.models import utcnow
+from gateway.errors import GatewayError, NotFound, invalid_request
+from gateway.files.batch_input import parse_lines
+from gateway.files.uploads import UploadGate
+from gateway.settings import GatewaySettings
+from gateway.stores.batch_records import Owner, Page
+from gateway.stores.file_store import (
+    UPLOAD_PURPOSE,
+    FileStore,
+    FileView,
+    NewFile,
+    Order,
+    QuotaExceeded,
+)
+from gateway.tokenize_pool import TokenizePool
+
+log = logging.getLogger(__name__)
+# OpenAI's bounds on a file's expires_after.seconds.
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400
+MAX_FILE_PAGE = 10_000
+MAX_FILENAME = 256
+_PURGE_EVERY_S = 600.0
+
+
+def file_not_found(file_id: str) -> GatewayError:
+    return NotFound(f"No such File object: {file_id}", param="file_id", code="file_not_found")
+
+
+class FileService:
+    def __init__(self, settings: GatewaySettings, store: FileStore, pool: TokenizePool) -> None:
+        self._settings = settings
+        self.store = store
+        self._pool = pool
+        # Uploads received and validated at once (files and inline batches alike).
+        self.uploads = UploadGate(settings.batches.uploads_in_flight)
+
+    def expiry(self, expires_after_s: int | None) -> datetime:
+        """When a file made now expires: after `expires_after_s` if given (OpenAI's bounds),
+        else after GATEWAY_FILE_RETENTION_H."""
+        if expires_after_s is None:
+            return utcnow() + timedelta(hours=self._settings.files.retention_h)
+        if not MIN_EXPIRY_S <= expires_after_s <= MAX_EXPIRY_S:
+            raise invalid_request(
+                f"expires_after[seconds] must be between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
+                param="expires_after",
+            )
+        return utcnow() + timedelta(seconds=expires_after_s)
+
+    async def upload(
+        self,
+        owner: Owner,
+        filename: str,
+        purpose: str,
+        content: bytes,
+        expires_after_s: int | None = None,
+    ) -> FileView:
+        """Checks and stores the file whole; 4xx and nothing stored for a purpose other than
+        `batch`, a malformed line, a bad expiry or a key whose storage it would overflow. The
+        caller bounds its size (GATEWAY_FILE_MAX_BYTES) while receiving it."""
+        if purpose != UPLOAD_PURPOSE:
+            raise invalid_request(
+                f"purpose '{purpose}' is not served: this gateway stores batch input files "
+                "(purpose 'batch') only",
+                param="purpose",
+            )
+        if not 0 < len(filename) <= MAX_FILENAME:
+            raise invalid_request(
+                f"the file's name must be 1 to {MAX_FILENAME} characters", param="file"
+            )
+        expires_at = self.expiry(expires_after_s)
+        check = partial(
+            parse_lines,
+            max_lines=self._settings.batches.max_items,
+            max_line_bytes=self._settings.limits.max_body_bytes,
+        )
+        await self._pool.run(check, content)  # parsing 64 MiB stays off the event loop
+        new = NewFile(f"file-{uuid.uuid4().hex}", owner, purpose, filename, expires_at)
+        quota = self._settings.files.storage_per_key_bytes
+        try:
+            return await self.store.create(new, content, quota)
+        except QuotaExceeded as exc:
+            raise invalid_request(
+                f"this key stores {exc.stored} bytes of files; {len(content)} more would pass "
+                f"its limit of {quota}: delete files (DELETE /v1/files/{{id}}) or let them "
+                "expire",
+                param="file",
+                code="storage_limit_exceeded",
+            ) from exc
+
+    async def get(self, file_id: str, owner: Owner) -> FileView:
+        found = await self.store.get(file_id, owner)
+        if found is None:
+            raise file_not_found(file_id)
+        return found
+
+    async def list_files(
+        self, owner: Owner, after: str | None, limit: int, order: Order, purpose: str | None
+    ) -> Page[FileView]:
+        if not 1 <= limit <= MAX_FILE_PAGE:
+            raise invalid_request(f"limit must be in 1..{MAX_FILE_PAGE}", param="limit")
+        page = await self.store.list_files(owner, after, limit, order, purpose)
+        if page is None:
+            raise invalid_request(f"after: no file with id '{after}'", param="after")
+        return page
+
+    async def delete(self, file_id: str, owner: Owner) -> None:
+        if not await self.store.delete(file_id, owner):
+            raise file_not_found(file_id)
+
+    async def content(self, file_id: str, owner: Owner) -> tuple[FileView, AsyncIterator[bytes]]:
+        """The file and its bytes, read a part at a time as they are sent."""
+        view = await self.get(file_id, owner)
+        parts = await self.store.parts(file_id, owner)
+        if parts is None:
+            raise file_not_found(file_id)  # deleted in between
+        return view, parts
+
+    async def delete_expired_forever(self) -> None:
+        """Deletes expired files now and every few minutes (a background task)."""
+        while True:
+            try:
+                deleted = await self.store.delete_expired()
+                if deleted:
+                    log.info("files: deleted %d past their expiry", deleted)
+            except Exception:  # the database may be away for a moment: next time
+                log.exception("files: deleting expired files failed")
+            await asyncio.sleep(_PURGE_EVERY_S)

@@ -1,0 +1,83 @@
+"""Who may reach the gateway and how it reaches the sites: groups of GatewaySettings
+(GATEWAY_ADMIN_*, GATEWAY_REQUIRE_API_KEYS, GATEWAY_ALLOW_OPEN_ACCESS, GATEWAY_SITE_TLS_*); see
+docs/security.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from fedllm_contract.env_settings import (
+    SettingsError,
+    require_positive,
+    setting,
+    variable,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminSettings:
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_ADMIN_"
+
+    token: str | None = setting(
+        None,
+        help="the operator credential (16+ characters) for `/admin`, the admin API and "
+        "`/metrics`; unset: they refuse everyone",
+    )
+    session_ttl_s: float = setting(
+        12 * 3600.0,
+        help="a dashboard sign-in ends this long after it began, checked on the server (the "
+        "session row, table `admin_sessions`, is also revoked by `Log out` on every gateway of "
+        "the database)",
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "session_ttl_s")
+        if self.token is not None and len(self.token) < 16:
+            raise SettingsError("GATEWAY_ADMIN_TOKEN must be at least 16 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class AccessSettings:
+    """Who may use the client APIs (docs/security.md)."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_"
+
+    require_api_keys: bool = setting(
+        False,
+        shown_default="`true` unless `GATEWAY_HOST` is loopback",
+        help="client APIs answer 401 without a live API key (needs `GATEWAY_ADMIN_TOKEN`, keys "
+        "are made through the admin API); see API keys. On a non-loopback host, `false` needs "
+        "`GATEWAY_ALLOW_OPEN_ACCESS`",
+    )
+    allow_open_access: bool = setting(
+        False,
+        help="the explicit override to serve a non-loopback address without keys (logged as a "
+        "WARNING at start); without it such a gateway requires keys, or refuses to start "
+        "without `GATEWAY_ADMIN_TOKEN`",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SiteTlsSettings:
+    """Mutual TLS to the sites (gateway/sites/tls.py): all three or none (none: plaintext)."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_SITE_TLS_"
+
+    ca: Path | None = setting(
+        None,
+        help="mutual TLS to the sites: the PEM CA that signs site certificates (all three "
+        "`GATEWAY_SITE_TLS_*` or none; none: plaintext). A site's `tls_server_name` in the "
+        "federation file names its certificate when the endpoint is an IP; see "
+        "[docs/security.md](docs/security.md)",
+    )
+    cert: Path | None = setting(None, help="this gateway's PEM client certificate")
+    key: Path | None = setting(None, help="its private key")
+
+    def __post_init__(self) -> None:
+        tls = {variable(type(self), name): getattr(self, name) for name in ("ca", "cert", "key")}
+        if any(tls.values()) and not all(tls.values()):
+            missing = [name for name, path in tls.items() if path is None]
+            raise SettingsError(f"TLS needs all of {list(tls)} or none; missing {missing}")

@@ -1,0 +1,28 @@
+"""One SiteClient per site of the federation file, of the site's kind."""
+
+from __future__ import annotations
+
+from gateway.federation import FederationConfigError, SiteConfig
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import SiteClient
+from gateway.sites.openai_client import OpenAISiteClient
+from gateway.sites.tls import SiteTls
+from gateway.tokenizers import ModelTokenizers
+
+
+def site_client(
+    site: SiteConfig,
+    connect_timeout_s: float,
+    site_tls: SiteTls | None,
+    tokenizers: ModelTokenizers,
+) -> SiteClient:
+    """A client for the site; an unreadable API key file stops the start, naming the site."""
+    if site.kind == "grpc":
+        return GrpcSiteClient(
+            site.name, site.endpoint, connect_timeout_s, site_tls, site.tls_server_name
+        )
+    assert site.openai is not None  # the federation file gives every openai site its fields
+    try:
+        return OpenAISiteClient(site.name, site.model, site.openai, tokenizers, connect_timeout_s)
+    except ValueError as exc:
+        raise FederationConfigError(f"site {site.name!r}: {exc}") from exc

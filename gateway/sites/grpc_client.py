@@ -1,0 +1,199 @@
+"""The gateway's gRPC adapter to one of this project's site engines: the first implementation of
+SiteClient (gateway/sites/interface.py). Typed calls in, typed results out: protobuf types do
+not leave this module, and gRPC failures become the interface's exceptions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from gateway.sites.interface import (
+    GenerateParams,
+    LoadView,
+    SiteBusy,
+    SiteCallError,
+    SiteChunk,
+    SiteFailed,
+    SiteInfoView,
+    SiteRejected,
+    SiteTimedOut,
+    SiteUnavailable,
+)
+from gateway.sites.tls import SiteTls, open_channel
+
+HEALTH_SERVICE = "fedllm.site.v1.SiteEngine"
+
+_FINISH_FROM_PROTO = {
+    site_pb2.FINISH_REASON_STOP: "stop",
+    site_pb2.FINISH_REASON_LENGTH: "length",
+    site_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    site_pb2.FINISH_REASON_RELEASED: "released",
+}
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
+_REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
+
+
+def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
+    sampling = site_pb2.SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        stop=params.stop,
+        ignore_eos=params.ignore_eos,
+        generated_before=params.generated_before,
+    )
+    if params.seed is not None:
+        sampling.seed = params.seed
+    return site_pb2.GenerateRequest(
+        request_id=params.request_id,
+        prompt_token_ids=params.prompt_token_ids,
+        sampling=sampling,
+        predicted_tokens=params.predicted_tokens or 0,
+    )
+
+
+def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
+    return SiteChunk(
+        accepted=chunk.accepted,
+        token_ids=tuple(chunk.token_ids),
+        text=chunk.text,
+        finish_reason=_FINISH_FROM_PROTO.get(chunk.finish_reason),
+        prompt_tokens=chunk.usage.prompt_tokens,
+        completion_tokens=chunk.usage.completion_tokens,
+    )
+
+
+class GrpcSiteClient:
+    """A site engine of this project, over gRPC (fedllm_contract/proto/site.proto)."""
+
+    can_release_queued = True
+
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        connect_timeout_s: float,
+        tls: SiteTls | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self._timeout = connect_timeout_s
+        # A site that restarts must be seen again within a health interval: gRPC's default
+        # reconnect backoff grows to minutes, and calls fail at once while it waits. The one
+        # channel (TLS or not) carries generation, health checks and load reports alike.
+        self._channel = open_channel(endpoint, tls, _CHANNEL_OPTIONS, tls_server_name)
+        self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def _error(self, exc: grpc.aio.AioRpcError, accepted: bool = False) -> SiteCallError:
+        code, detail = exc.code(), exc.details() or exc.code().name
+        if code in _REJECTED:
+            return SiteRejected(self.name, detail)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not accepted:
+            return SiteBusy(self.name, detail)
+        if code in _RETRYABLE and not accepted:
+            return SiteUnavailable(self.name, detail)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if not accepted:
+                return SiteUnavailable(self.name, "did not answer in time")
+            return SiteTimedOut(self.name, "the request's deadline passed")
+        return SiteFailed(self.name, f"{code.name}: {detail}")
+
+    async def check_health(self) -> bool:
+        try:
+            response = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def info(self) -> SiteInfoView:
+        try:
+            info = await self._stub.Info(site_pb2.InfoRequest(), timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return SiteInfoView(
+            site_name=info.site_name,
+            model=info.model,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            tokenizer_fingerprint=info.tokenizer_fingerprint,
+            device=info.device,
+            dtype=info.dtype,
+            kv_block_size=info.kv_block_size,
+            kv_blocks_total=info.kv_blocks_total,
+            max_num_seqs=info.max_num_seqs,
+            engine=info.engine,
+            version=info.version,
+        )
+
+    async def generate(
+        self, params: GenerateParams, timeout_s: float
+    ) -> AsyncGenerator[SiteChunk, None]:
+        """Streams the site's chunks; closing the iterator early cancels the call at the site."""
+        call = self._stub.Generate(_to_proto(params), timeout=timeout_s)
+        accepted = False
+        try:
+            async for chunk in call:
+                accepted = accepted or chunk.accepted
+                yield _from_proto(chunk)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, accepted) from exc
+        finally:
+            call.cancel()
+
+    async def cancel(self, request_id: str) -> bool:
+        try:
+            response = await self._stub.Cancel(
+                site_pb2.CancelRequest(request_id=request_id), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return bool(response.cancelled)
+
+    async def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
+        """The site's load report stream; raises SiteUnavailable when it breaks."""
+        call = self._stub.StreamLoad(site_pb2.LoadStreamRequest(interval_ms=interval_ms))
+        try:
+            async for report in call:
+                yield LoadView(
+                    queued_requests=report.queued_requests,
+                    running_requests=report.running_requests,
+                    queued_prompt_tokens=report.queued_prompt_tokens,
+                    running_tokens=report.running_tokens,
+                    predicted_remaining_tokens=report.predicted_remaining_tokens,
+                    kv_blocks_used=report.kv_blocks_used,
+                    kv_blocks_total=report.kv_blocks_total,
+                    decode_tokens_per_s=report.decode_tokens_per_s,
+                    iterations=report.iterations,
+                    sequence=report.sequence,
+                    kv_block_iterations=report.kv_block_iterations,
+                    kv_token_iterations=report.kv_token_iterations,
+                )
+        except grpc.aio.AioRpcError as exc:
+            raise SiteUnavailable(self.name, f"load report stream: {exc.code().name}") from exc
+        finally:
+            call.cancel()
+
+    async def release_queued(self, max_requests: int) -> list[str]:
+        """Asks the site to hand back up to max_requests queued, not-started requests."""
+        try:
+            response = await self._stub.ReleaseQueued(
+                site_pb2.ReleaseQueuedRequest(max_requests=max_requests), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return [released.request_id for released in response.released]
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,140 @@
+"""What the gateway needs of a site, whatever engine serves it: the SiteClient protocol, the typed
+values it passes, and the failures the dispatcher acts on (SiteUnavailable: try another site;
+SiteRejected: the client's fault; SiteFailed: the site broke under the request).
+
+GrpcSiteClient (gateway/sites/grpc_client.py) is the first implementation, for this project's
+site engines; a site kind that speaks another protocol (an OpenAI-compatible HTTP server)
+implements the same protocol, and says which optional capabilities it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class SiteCallError(Exception):
+    def __init__(self, site: str, message: str) -> None:
+        super().__init__(f"site {site}: {message}")
+        self.site = site
+        self.detail = message
+
+
+class SiteUnavailable(SiteCallError):
+    """The site could not take the call (down, unreachable, overloaded): try another site."""
+
+
+class SiteBusy(SiteUnavailable):
+    """The site's waiting queue is full (RESOURCE_EXHAUSTED): try another site; the site
+    itself is healthy."""
+
+
+class SiteRejected(SiteCallError):
+    """The site refused the request as invalid."""
+
+
+class SiteFailed(SiteCallError):
+    """The site accepted the request and then failed it."""
+
+
+class SiteTimedOut(SiteFailed):
+    """The call's deadline (the request's timeout) passed after the site accepted it; the site
+    sees the deadline too and cancels the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class SiteInfoView:
+    site_name: str
+    model: str
+    max_model_len: int
+    vocab_size: int
+    tokenizer_fingerprint: str
+    device: str
+    dtype: str
+    kv_block_size: int
+    kv_blocks_total: int
+    max_num_seqs: int
+    engine: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """One load report of a site, as the gateway keeps it."""
+
+    queued_requests: int
+    running_requests: int
+    queued_prompt_tokens: int
+    running_tokens: int
+    predicted_remaining_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    decode_tokens_per_s: float
+    iterations: int
+    sequence: int
+    # Cumulative KV use since the site started (sum over iterations); benchmarks diff them.
+    kv_block_iterations: int = 0
+    kv_token_iterations: int = 0
+
+    @property
+    def token_load(self) -> int:
+        """Queued prompts + tokens held by running sequences + predicted remaining answers."""
+        return self.queued_prompt_tokens + self.running_tokens + self.predicted_remaining_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    predicted_tokens: int | None = None
+    # Answer tokens produced on another site before this call (a continuation; see dispatch.py).
+    generated_before: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SiteChunk:
+    accepted: bool
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class SiteClient(Protocol):
+    """One site, as routing, dispatch, health checks and load tracking use it."""
+
+    name: str
+    # Optional capability: the site can hand back queued, not-started requests (offload, drain).
+    can_release_queued: bool
+
+    def generate(self, params: GenerateParams, timeout_s: float) -> AsyncGenerator[SiteChunk, None]:
+        """Streams the answer; closing the iterator early cancels the request at the site. The
+        first chunk says whether the site accepted it; the last carries finish_reason."""
+        ...
+
+    async def cancel(self, request_id: str) -> bool: ...
+
+    async def check_health(self) -> bool: ...
+
+    async def info(self) -> SiteInfoView:
+        """What the site serves (model, context, tokenizer fingerprint, capacity)."""
+        ...
+
+    def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
+        """The site's load reports as it pushes them; raises SiteUnavailable when they stop."""
+        ...
+
+    async def release_queued(self, max_requests: int) -> list[str]:
+        """Hands back up to max_requests queued, not-started requests (their streams end with
+        finish_reason "released"); only when can_release_queued."""
+        ...
+
+    async def close(self) -> None: ...

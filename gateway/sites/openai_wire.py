@@ -1,0 +1,167 @@
+"""The OpenAI HTTP API as the gateway speaks it to an engine: the completion request it sends,
+the server-sent events it reads back, and the engine's errors as the interface's failures.
+
+The SSE subset OpenAI-compatible servers use is small (one `data:` line per event, `[DONE]` at
+the end), so it is parsed here rather than with a dependency.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.sites.interface import (
+    GenerateParams,
+    SiteBusy,
+    SiteCallError,
+    SiteFailed,
+    SiteRejected,
+    SiteUnavailable,
+)
+
+DONE = "[DONE]"
+# An engine's own finish reasons that mean the answer really ended; any other (vLLM's "abort",
+# an engine error) means the engine broke under it, and the answer continues elsewhere.
+_FINISHED = {"stop", "length"}
+# Longest SSE line accepted: a token's event is tiny; a runaway line is a broken engine.
+MAX_LINE_CHARS = 1 << 20
+
+
+class MalformedStream(ValueError):
+    """The engine's event stream is not what the OpenAI API sends."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One completion chunk, reduced to what dispatch needs."""
+
+    text: str = ""
+    token_ids: tuple[int, ...] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def completion_body(
+    params: GenerateParams, engine_model: str, request_token_ids: bool
+) -> dict[str, Any]:
+    """A streaming /v1/completions request for the params. The prompt goes as token ids (the
+    gateway tokenized it; vLLM, SGLang and our engine take them), so the engine sees exactly the
+    tokens that were counted and predicted."""
+    body: dict[str, Any] = {
+        "model": engine_model,
+        "prompt": list(params.prompt_token_ids),
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.ignore_eos:
+        body["ignore_eos"] = True  # vLLM, SGLang and our engine take it
+    if request_token_ids:
+        body["return_token_ids"] = True
+    if params.generated_before:
+        # Our engine's seeded sampler counts on from here; other engines ignore the field.
+        body["generated_before"] = params.generated_before
+    return body
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_event(data: str) -> StreamEvent:
+    try:
+        event = json.loads(data)
+    except ValueError as exc:
+        raise MalformedStream(f"an event is not JSON: {data[:80]!r}") from exc
+    if not isinstance(event, dict):
+        raise MalformedStream("an event is not a JSON object")
+    if "error" in event:
+        raise MalformedStream(f"the engine failed mid-stream: {error_message(event)}")
+    usage = event.get("usage") or {}
+    choices = event.get("choices")
+    if not isinstance(choices, list) or not isinstance(usage, dict):
+        raise MalformedStream("an event has no 'choices' list")
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not choices:
+        return StreamEvent(prompt_tokens=_int_or_none(prompt),
+                           completion_tokens=_int_or_none(completion))  # fmt: skip
+    choice = choices[0]
+    text = choice.get("text") if isinstance(choice, dict) else None
+    if not isinstance(text, str):
+        raise MalformedStream("a choice has no 'text'")
+    ids = choice.get("token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+        raise MalformedStream("a choice's 'token_ids' is not a list of integers")
+    reason = choice.get("finish_reason")
+    return StreamEvent(
+        text=text,
+        token_ids=tuple(ids) if ids is not None else None,
+        finish_reason=reason if isinstance(reason, str) else None,
+        prompt_tokens=_int_or_none(prompt),
+        completion_tokens=_int_or_none(completion),
+    )
+
+
+def is_finished(reason: str | None) -> bool:
+    return reason in _FINISHED
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The `data:` payloads of an event stream, one per event (comments and other fields
+    skipped, multi-line data joined with newlines as the SSE specification says)."""
+    data: list[str] = []
+    async for line in lines:
+        if len(line) > MAX_LINE_CHARS:
+            raise MalformedStream("an event line is longer than 1 MiB")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
+
+
+def error_message(body: object) -> str:
+    """The message of an OpenAI-shaped error body (`{"error": {...}}`, or vLLM's older flat
+    `{"object": "error", "message": ...}`), or the body itself cut short."""
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return str(body)[:200]
+
+
+def http_failure(site: str, status: int, body: object, engine_model: str) -> SiteCallError:
+    """An engine's refusal as the failure dispatch acts on. The client's own fault (a bad
+    request) is SiteRejected; a model the engine does not know, a key it refuses, a full queue
+    or an engine error mean this site cannot serve it now: try another."""
+    message = error_message(body)
+    if status == 404 or (status in (400, 422) and "model" in message.lower()
+                         and engine_model in message):  # fmt: skip
+        return SiteUnavailable(site, f"the engine does not serve model {engine_model!r}: {message}")
+    if status in (401, 403):
+        return SiteUnavailable(site, f"the engine refused the gateway's API key ({status})")
+    if status == 429:
+        return SiteBusy(site, f"the engine is overloaded (429): {message}")
+    if status in (400, 413, 422):
+        return SiteRejected(site, message)
+    if status >= 500 or status == 408:
+        return SiteUnavailable(site, f"the engine answered {status}: {message}")
+    return SiteFailed(site, f"unexpected status {status}: {message}")

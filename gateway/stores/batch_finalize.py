@@ -1,0 +1,112 @@
+"""The last step of a batch: its output and error files written and its final status given, in
+one transaction.
+
+Once its last item is final a batch is `finalizing` (or still `cancelling`); the gateway holding
+its lease then writes every item's line, in submission order, into the output file (answers)
+or the error file (failures), and gives the batch its final status with both files' ids. The
+transaction starts by re-checking the batch under a write lock: of two gateways that both
+believe they hold it (a lease lapsed), one writes the files and the other writes nothing. A
+gateway that dies midway leaves nothing behind; the next one to claim the batch starts over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db.models import BatchItem, BatchJob, utcnow
+from gateway.stores.batch_records import BatchView, FinalItem, batch_view
+from gateway.stores.batch_settling import OPEN_BATCH, final_status, rowcount
+from gateway.stores.file_store import FileWriter, NewFile
+
+ResultFile = Literal["output", "error"]
+# Which file an item's line goes to, and the line (with its newline).
+RenderLine = Callable[[FinalItem], tuple[ResultFile, bytes]]
+RESULT_PURPOSE = "batch_output"
+# Items read per query while writing the files.
+_PAGE = 1000
+
+
+def _final_item(row: BatchItem) -> FinalItem:
+    return FinalItem(
+        index=row.item_index,
+        custom_id=row.custom_id,
+        status=row.status,
+        request_id=row.request_id,
+        completion=row.completion,
+        error=row.error,
+        status_code=row.status_code,
+    )
+
+
+class BatchFinalizer:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+    async def finalize(
+        self,
+        batch_id: str,
+        render: RenderLine,
+        files_expire_at: datetime,
+        new_file_id: Callable[[], str],
+    ) -> BatchView | None:
+        """Writes the files of a batch whose items are all final and settles it; None, writing
+        nothing, when it is not waiting for that (settled already, or still running)."""
+        async with self._sessions.begin() as session:
+            # A write first: SQLite then holds its write lock, PostgreSQL the row's.
+            taken = await session.execute(
+                update(BatchJob)
+                .where(
+                    BatchJob.id == batch_id,
+                    BatchJob.status.in_(OPEN_BATCH),
+                    BatchJob.finalizing_at.is_not(None),
+                )
+                .values(finalizing_at=BatchJob.finalizing_at)
+            )
+            if rowcount(taken) != 1:
+                return None
+            batch = await session.get(BatchJob, batch_id, populate_existing=True)
+            status = final_status(batch) if batch is not None else None
+            if batch is None or status is None:
+                return None
+            writers: dict[ResultFile, FileWriter] = {}
+            after = -1
+            while True:
+                rows = (
+                    await session.scalars(
+                        select(BatchItem)
+                        .where(BatchItem.batch_id == batch_id, BatchItem.item_index > after)
+                        .order_by(BatchItem.item_index)
+                        .limit(_PAGE)
+                    )
+                ).all()
+                if not rows:
+                    break
+                for row in rows:
+                    kind, line = render(_final_item(row))
+                    if kind not in writers:
+                        new = NewFile(
+                            id=new_file_id(),
+                            owner=batch.api_key_id,
+                            purpose=RESULT_PURPOSE,
+                            filename=f"{batch_id}_{kind}.jsonl",
+                            expires_at=files_expire_at,
+                            batch_id=batch_id,
+                        )
+                        writers[kind] = await FileWriter.open(session, new)
+                    await writers[kind].write(line)
+                after = rows[-1].item_index
+                session.expunge_all()  # a page at a time in memory, not the whole batch
+                batch = await session.get(BatchJob, batch_id)
+                assert batch is not None  # locked by this transaction
+            files = {kind: await writer.close() for kind, writer in writers.items()}
+            batch.status, batch.finished_at = status, utcnow()
+            batch.output_file_id = files["output"].id if "output" in files else None
+            batch.error_file_id = files["error"].id if "error" in files else None
+            batch.owner = batch.lease_until = None
+            await session.flush()
+            return batch_view(batch)

@@ -1,0 +1,211 @@
+"""The plain records of the batch API: what the store takes and returns, free of SQL.
+
+BatchStore (gateway/stores/batch_store.py) reads and writes them; the runner, the controllers and
+the leases pass them around.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus
+from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
+
+T = TypeVar("T")
+
+
+Owner = int | None  # the API key a batch belongs to; None: made without a key
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    custom_id: str
+    body: dict[str, object]  # the item's request body, less custom_id and model
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewBatch:
+    id: str
+    owner: Owner
+    model: str
+    endpoint: str
+    metadata: dict[str, str] | None
+    input_file_id: str | None = None
+    completion_window: str | None = None
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchView:
+    id: str
+    model: str
+    status: BatchStatus
+    metadata: dict[str, str] | None
+    total: int
+    completed: int
+    failed: int
+    cancelled: int
+    created_at: datetime
+    in_progress_at: datetime | None
+    cancelling_at: datetime | None
+    finished_at: datetime | None
+    owner: Owner = None
+    endpoint: str = "/v1/completions"
+    input_file_id: str | None = None
+    completion_window: str | None = None
+    expires_at: datetime | None = None
+    expired_at: datetime | None = None
+    finalizing_at: datetime | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemView:
+    """An item as its results show it."""
+
+    index: int
+    custom_id: str
+    status: BatchItemStatus
+    site: str | None  # where MICO assigned it
+    predicted_tokens: int | None
+    assign_reason: str | None
+    attempts: int
+    request_id: str | None
+    completion: dict[str, object] | None
+    error: dict[str, object] | None
+
+
+LaneKey = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    """An item as the runner starts it."""
+
+    index: int
+    custom_id: str
+    body: dict[str, object]
+    prompt_tokens: int
+    max_tokens: int
+    site_id: int | None
+    predicted_tokens: int | None
+    predicted_bucket: int | None
+    predictor_version: str | None
+    assign_reason: str | None
+    attempts: int
+
+    def lane_key(self, unpredicted: UnpredictedPlan = "max_tokens") -> LaneKey:
+        """Where the item stands in its lane (BatchStore.lane): planned answer tokens and its
+        index. The stored prediction is already capped at max_tokens (the runner assigns the
+        capped one), so it is used as is, as the lane's SQL does."""
+        if self.predicted_tokens is not None:
+            return self.predicted_tokens, self.index
+        return planned_answer_tokens(None, self.max_tokens, unpredicted), self.index
+
+
+@dataclass(frozen=True, slots=True)
+class ItemAssignment:
+    index: int
+    site_id: int | None
+    predicted_tokens: int | None
+    predicted_bucket: int | None
+    predictor_version: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    status: BatchItemStatus  # completed, failed or cancelled
+    completion: dict[str, object] | None = None
+    error: dict[str, object] | None = None
+    # A failure's HTTP status, as the endpoint would have answered it (None: stopped).
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalItem:
+    """A final item as the batch's output or error file shows it."""
+
+    index: int
+    custom_id: str
+    status: BatchItemStatus
+    request_id: str | None
+    completion: dict[str, object] | None
+    error: dict[str, object] | None
+    status_code: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    data: list[T]
+    has_more: bool
+
+
+def batch_view(row: BatchJob) -> BatchView:
+    return BatchView(
+        id=row.id,
+        model=row.model,
+        status=row.status,
+        metadata=row.meta,
+        total=row.total,
+        completed=row.completed,
+        failed=row.failed,
+        cancelled=row.cancelled,
+        created_at=row.created_at,
+        in_progress_at=row.in_progress_at,
+        cancelling_at=row.cancelling_at,
+        finished_at=row.finished_at,
+        owner=row.api_key_id,
+        endpoint=row.endpoint,
+        input_file_id=row.input_file_id,
+        completion_window=row.completion_window,
+        expires_at=row.expires_at,
+        expired_at=row.expired_at,
+        finalizing_at=row.finalizing_at,
+        output_file_id=row.output_file_id,
+        error_file_id=row.error_file_id,
+    )
+
+
+def queued_item(row: BatchItem) -> QueuedItem:
+    return QueuedItem(
+        index=row.item_index,
+        custom_id=row.custom_id,
+        body=row.body,
+        prompt_tokens=row.prompt_tokens,
+        max_tokens=row.max_tokens,
+        site_id=row.site_id,
+        predicted_tokens=row.predicted_tokens,
+        predicted_bucket=row.predicted_bucket,
+        predictor_version=row.predictor_version,
+        assign_reason=row.assign_reason,
+        attempts=row.attempts,
+    )
+
+
+def settled_status(
+    *,
+    total: int,
+    completed: int,
+    failed: int,
+    cancelled: int,
+    cancel_requested: bool,
+    expired: bool = False,
+) -> BatchStatus | None:
+    """Contract: None while some item is not final; once all are: cancelled if a cancel was
+    asked, else expired if its window passed first, else cancelled if some item was, else
+    completed if any item completed, else failed."""
+    if completed + failed + cancelled < total:
+        return None
+    if cancel_requested:
+        return BatchStatus.CANCELLED
+    if expired:
+        return BatchStatus.EXPIRED
+    if cancelled:
+        return BatchStatus.CANCELLED
+    return BatchStatus.COMPLETED if completed else BatchStatus.FAILED

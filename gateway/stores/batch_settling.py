@@ -1,0 +1,95 @@
+"""How a batch ends: the status its items' counters settle it in, expiry, and cancelling what
+has not started. Shared by the batch store (an item's last move), the leases (a lapsed or expired
+batch) and finalization (the files written, the final status given); each runs inside the
+caller's transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import update
+from sqlalchemy.engine import CursorResult, Result
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, utcnow
+from gateway.stores.batch_records import settled_status
+
+OPEN_BATCH = (
+    BatchStatus.VALIDATING,
+    BatchStatus.IN_PROGRESS,
+    BatchStatus.FINALIZING,
+    BatchStatus.CANCELLING,
+)
+# The error an item cancelled with its batch reports (OpenAI's error shape).
+CANCELLED_ERROR: dict[str, object] = {
+    "message": "the batch was cancelled before this request finished",
+    "type": "cancelled",
+    "code": "batch_cancelled",
+}
+# The error of an item its batch's completion window left unfinished (OpenAI's code).
+EXPIRED_ERROR: dict[str, object] = {
+    "message": "This request could not be executed before the completion window expired.",
+    "type": "expired",
+    "code": "batch_expired",
+}
+
+
+def rowcount(result: Result[Any]) -> int:
+    return cast(CursorResult[Any], result).rowcount
+
+
+async def expire_in(session: AsyncSession, batch_id: str) -> None:
+    marked = await session.execute(
+        update(BatchJob)
+        .where(
+            BatchJob.id == batch_id,
+            BatchJob.status.in_(OPEN_BATCH),
+            BatchJob.expired_at.is_(None),
+            BatchJob.finalizing_at.is_(None),  # every item final already: not expired
+        )
+        .values(expired_at=utcnow())
+    )
+    if not rowcount(marked):
+        return
+    expired = await cancel_queued(session, batch_id, EXPIRED_ERROR)
+    batch = await session.get(BatchJob, batch_id, with_for_update=True, populate_existing=True)
+    if batch is not None:
+        batch.cancelled += expired
+        settle(batch)
+
+
+async def cancel_queued(
+    session: AsyncSession, batch_id: str, error: dict[str, object] = CANCELLED_ERROR
+) -> int:
+    result = await session.execute(
+        update(BatchItem)
+        .where(BatchItem.batch_id == batch_id, BatchItem.status == BatchItemStatus.QUEUED)
+        .values(status=BatchItemStatus.CANCELLED, error=error, finished_at=utcnow())
+    )
+    return rowcount(result)
+
+
+def final_status(batch: BatchJob) -> BatchStatus | None:
+    """The status the batch ends with once its files are written; None while some item is
+    not final."""
+    return settled_status(
+        total=batch.total,
+        completed=batch.completed,
+        failed=batch.failed,
+        cancelled=batch.cancelled,
+        cancel_requested=batch.cancelling_at is not None,
+        expired=batch.expired_at is not None,
+    )
+
+
+def settle(batch: BatchJob) -> None:
+    """Once none of an open batch's items is left to run, its files are to be written:
+    `finalizing` (a cancelled batch stays `cancelling` until then, as OpenAI shows it). Its
+    runner writes them and gives the batch its final status (gateway/stores/batch_finalize.py)."""
+    if batch.status not in OPEN_BATCH or batch.finalizing_at is not None:
+        return
+    if final_status(batch) is not None:
+        batch.finalizing_at = utcnow()
+        if batch.status != BatchStatus.CANCELLING:
+            batch.status = BatchStatus.FINALIZING

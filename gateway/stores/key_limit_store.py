@@ -1,0 +1,238 @@
+"""SQL of the per-key limits that every gateway on one PostgreSQL database shares
+(gateway/tenancy/shared_limits.py): admitting a request, settling its tokens, giving back its
+concurrency slot, and handing back the slots of gateways that stopped renewing them.
+
+An admission is one statement and one round trip: an upsert of the key's counters whose
+conditional update checks every limit on the locked row, so two gateways admitting at once
+are serialized by the row lock and neither sees the other's count late. The arithmetic is that
+of gateway/tenancy/minute_windows.py (tests/integration/test_shared_limits.py checks that they
+agree). The statements run on an autocommit connection: one statement, no BEGIN/COMMIT trips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+# The key's counts rolled to the caller's minute (`w` is the stored row, :minute the caller's).
+_PREVIOUS = (
+    "CASE WHEN w.minute >= :minute THEN w.previous_{c} "
+    "WHEN w.minute = :minute - 1 THEN w.{c} ELSE 0 END"
+)
+_CURRENT = "CASE WHEN w.minute >= :minute THEN w.{c} ELSE 0 END"
+
+
+def _rolled(column: str) -> tuple[str, str]:
+    return _PREVIOUS.format(c=column), _CURRENT.format(c=column)
+
+
+@cache
+def _admit_sql(requests_limited: bool, tokens_limited: bool, capped: bool) -> str:
+    previous_requests, current_requests = _rolled("requests")
+    previous_tokens, current_tokens = _rolled("tokens")
+    checks = ["TRUE"]
+    if requests_limited:
+        checks.append(
+            f"({previous_requests}) * :previous_weight + ({current_requests}) + :requests <= :rpm"
+        )
+    if tokens_limited:
+        checks.append(
+            f"({previous_tokens}) * :previous_weight + ({current_tokens}) + :tokens <= :tpm"
+        )
+    if capped:
+        checks.append("w.in_flight + :slot <= :cap")
+    hold = (
+        ", held AS (INSERT INTO key_in_flight_holds AS h "
+        "(api_key_id, gateway_id, in_flight, renewed_at) "
+        "SELECT api_key_id, CAST(:gateway AS VARCHAR), 1, now() FROM admitted WHERE :slot = 1 "
+        "ON CONFLICT (api_key_id, gateway_id) DO UPDATE "
+        "SET in_flight = h.in_flight + 1, renewed_at = now())"
+    )
+    return f"""
+WITH admitted AS (
+  INSERT INTO key_limit_windows AS w
+    (api_key_id, minute, requests, tokens, previous_requests, previous_tokens, in_flight)
+  VALUES (:key, :minute, :requests, :tokens, 0, 0, :slot)
+  ON CONFLICT (api_key_id) DO UPDATE SET
+    minute = GREATEST(w.minute, :minute),
+    previous_requests = {previous_requests},
+    previous_tokens = {previous_tokens},
+    requests = {current_requests} + :requests,
+    tokens = {current_tokens} + :tokens,
+    in_flight = w.in_flight + :slot
+  WHERE {" AND ".join(checks)}
+  RETURNING w.api_key_id
+){hold}
+SELECT count(*) FROM admitted"""
+
+
+def _settle_sql() -> str:
+    previous_requests, current_requests = _rolled("requests")
+    previous_tokens, current_tokens = _rolled("tokens")
+    # The minute the row counts once rolled; the charge corrects the minute it was made in
+    # while that minute still counts, and an overrun of an older charge counts now.
+    now = "GREATEST(w.minute, :minute)"
+    return f"""
+UPDATE key_limit_windows AS w SET
+  minute = {now},
+  previous_requests = {previous_requests},
+  requests = {current_requests},
+  previous_tokens = GREATEST(({previous_tokens})
+    + CASE WHEN :charged = {now} - 1 THEN :delta ELSE 0 END, 0),
+  tokens = GREATEST(({current_tokens})
+    + CASE WHEN :charged >= {now} THEN :delta
+           WHEN :charged < {now} - 1 AND :delta > 0 THEN :delta ELSE 0 END, 0)
+WHERE w.api_key_id = :key"""
+
+
+_SETTLE = text(_settle_sql())
+_RELEASE = text("""
+WITH released AS (
+  UPDATE key_in_flight_holds SET in_flight = in_flight - :count
+  WHERE api_key_id = :key AND gateway_id = :gateway AND in_flight >= :count
+  RETURNING api_key_id
+)
+UPDATE key_limit_windows SET in_flight = GREATEST(in_flight - :count, 0)
+WHERE api_key_id IN (SELECT api_key_id FROM released)""")
+_RENEW = text("UPDATE key_in_flight_holds SET renewed_at = now() WHERE gateway_id = :gateway")
+_REAP = text("""
+WITH lapsed AS (
+  DELETE FROM key_in_flight_holds
+  WHERE renewed_at < now() - make_interval(secs => :lease_s) AND gateway_id <> :gateway
+  RETURNING api_key_id, in_flight
+), per_key AS (
+  SELECT api_key_id, sum(in_flight) AS in_flight FROM lapsed GROUP BY api_key_id
+)
+UPDATE key_limit_windows AS w SET in_flight = GREATEST(w.in_flight - per_key.in_flight, 0)
+FROM per_key WHERE w.api_key_id = per_key.api_key_id
+RETURNING w.api_key_id""")
+_READ = text(
+    "SELECT minute, requests, tokens, previous_requests, previous_tokens, in_flight "
+    "FROM key_limit_windows WHERE api_key_id = :key"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """One admission: `requests` and `tokens` charged in `minute`, and a concurrency slot if
+    `slot`; `previous_weight` is the share of the previous minute that still counts."""
+
+    key_id: int
+    # The key's limits (None: unlimited).
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    max_in_flight: int | None
+    minute: int
+    previous_weight: float
+    requests: int
+    tokens: int
+    slot: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimitsRow:
+    minute: int
+    requests: int
+    tokens: int
+    previous_requests: int
+    previous_tokens: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A correction of `delta` tokens to charges made in minute `charged`."""
+
+    key_id: int
+    charged: int
+    delta: int
+
+
+class KeyLimitStore:
+    def __init__(self, engine: AsyncEngine, gateway_id: str) -> None:
+        # db.session.create_counter_engine's (the statements rely on its autocommit: each is
+        # committed on its own, one round trip).
+        self._engine = engine
+        self.gateway_id = gateway_id
+
+    async def admit(self, admit: Admit) -> bool:
+        """Charges the admission if every limit allows it; False (nothing charged) if not."""
+        sql = _admit_sql(
+            admit.requests_per_minute is not None,
+            admit.tokens_per_minute is not None,
+            admit.max_in_flight is not None and admit.slot,
+        )
+        params = {
+            "key": admit.key_id,
+            "minute": admit.minute,
+            "previous_weight": admit.previous_weight,
+            "requests": admit.requests,
+            "tokens": admit.tokens,
+            "slot": int(admit.slot),
+            "rpm": admit.requests_per_minute,
+            "tpm": admit.tokens_per_minute,
+            "cap": admit.max_in_flight,
+            "gateway": self.gateway_id,
+        }
+        try:
+            return await self._admit_once(text(sql), params)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            # A pooled connection the database had closed (restart, failover): its pool is
+            # refreshed; once more on a new connection.
+            return await self._admit_once(text(sql), params)
+
+    async def _admit_once(self, statement: TextClause, params: Mapping[str, object]) -> bool:
+        async with self._engine.connect() as connection:
+            return bool(await connection.scalar(statement, params))
+
+    async def read(self, key_id: int) -> KeyLimitsRow | None:
+        """The key's counters as stored (to explain a refusal)."""
+        async with self._engine.connect() as connection:
+            row = (await connection.execute(_READ, {"key": key_id})).first()
+        return None if row is None else KeyLimitsRow(*row)
+
+    async def write(
+        self, minute: int, settlements: Sequence[Settlement], releases: dict[int, int]
+    ) -> None:
+        """Applies token corrections and gives back concurrency slots, in one transaction: all
+        of them or none (the caller keeps them all to retry)."""
+        async with self._engine.connect() as autocommit:
+            connection = await autocommit.execution_options(isolation_level="READ COMMITTED")
+            await connection.begin()
+            if settlements:
+                await connection.execute(
+                    _SETTLE,
+                    [
+                        {"key": s.key_id, "charged": s.charged, "delta": s.delta, "minute": minute}
+                        for s in settlements
+                    ],
+                )
+            if releases:
+                await connection.execute(
+                    _RELEASE,
+                    [
+                        {"key": key_id, "count": count, "gateway": self.gateway_id}
+                        for key_id, count in releases.items()
+                    ],
+                )
+            await connection.commit()
+
+    async def renew(self, lease_s: float) -> int:
+        """Renews this gateway's holds and hands back those of gateways that have not renewed
+        theirs for `lease_s`; returns how many keys got slots back."""
+        async with self._engine.connect() as connection:
+            await connection.execute(_RENEW, {"gateway": self.gateway_id})
+            reaped = await connection.execute(
+                _REAP, {"lease_s": lease_s, "gateway": self.gateway_id}
+            )
+            return len(reaped.all())
+
+    async def dispose(self) -> None:
+        await self._engine.dispose()

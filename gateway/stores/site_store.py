@@ -1,0 +1,35 @@
+"""Keeps the sites table in step with the federation file."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db.models import Site
+from gateway.federation import SiteConfig
+
+
+async def sync_sites(
+    sessions: async_sessionmaker[AsyncSession], configs: tuple[SiteConfig, ...]
+) -> dict[str, int]:
+    """Upserts every configured site, disables sites no longer configured; returns name -> id.
+
+    Sites are never deleted: past requests keep pointing at the site that served them.
+    """
+    async with sessions.begin() as session:
+        existing = {site.name: site for site in (await session.scalars(select(Site))).all()}
+        configured = {config.name for config in configs}
+        for config in configs:
+            site = existing.get(config.name)
+            if site is None:
+                site = Site(name=config.name)
+                session.add(site)
+                existing[config.name] = site
+            site.cloud, site.region = config.cloud, config.region
+            site.endpoint, site.model = config.endpoint, config.model
+            site.capacity_weight, site.enabled = config.capacity_weight, True
+        for name, site in existing.items():
+            if name not in configured:
+                site.enabled = False
+        await session.flush()
+        return {name: site.id for name, site in existing.items() if name in configured}

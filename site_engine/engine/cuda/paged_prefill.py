@@ -1,0 +1,198 @@
+"""Attention for a flat batch of query chunks over the paged KV cache: one Triton launch.
+
+Every chunk of a step — a whole fresh prompt, a prompt chunk that continues cached positions
+(chunked prefill, recompute after preemption) or a single decode token — is served by the same
+launch, with no per-sequence Python loop and no gather copy: each program reads its sequence's
+K/V straight from the cache blocks named by the block table. The step's new K/V are written into
+the cache before the launch, so "cached" and "new" positions are read alike.
+
+Work split (the grid): one program per (query tile, KV head). A query tile is BLOCK_Q consecutive
+query tokens of one sequence; its rows are those tokens times the GROUP query heads that share
+the KV head (GQA), so each K/V tile is read once for the whole group and the matrix products
+are BLOCK_M = BLOCK_Q * GROUP rows tall. Tiles never straddle sequences. The grid has a fixed
+upper bound of `num_tokens // BLOCK_Q + num_seqs` tiles (sequence i's tiles start at global
+index `query_start[i] // BLOCK_Q + i`), so the host computes no tile table: a program finds its
+sequence by binary search over the cumulative query offsets, and programs past the end of their
+sequence's chunk return at once. A tile walks its sequence's KV positions up to its own last
+query position (causal), TILE positions at a time, with an online softmax in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Rows of one program's matrix products (query tokens x heads of one GQA group).
+_BLOCK_M = 64
+# KV positions per loop iteration.
+_TILE = 64
+# A window wider than any sequence: "no sliding window" without a branch in the kernel.
+_NO_WINDOW = 1 << 30
+
+
+@triton.jit
+def _find_sequence(query_start_ptr, tile_index, num_seqs, BLOCK_Q: tl.constexpr):
+    """The sequence whose tiles include global tile `tile_index`: the last i with
+    query_start[i] // BLOCK_Q + i <= tile_index (a binary search over num_seqs + 1 entries)."""
+    low = 0
+    high = num_seqs
+    while low < high:
+        mid = (low + high + 1) // 2
+        first_tile = tl.load(query_start_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile_index:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+# Triton specializes integer arguments equal to 1 or divisible by 16; the batch size and the
+# window change from step to step, and a recompilation inside a serving run costs seconds.
+@triton.jit(do_not_specialize=["window", "num_seqs"])
+def _paged_prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_ptr, context_lens_ptr, out_ptr,
+    scale, window, num_seqs,
+    stride_q_tok, stride_q_head,
+    stride_k_block, stride_k_slot, stride_k_head,
+    stride_v_block, stride_v_slot, stride_v_head,
+    stride_bt_seq,
+    stride_o_tok, stride_o_head,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr,
+):  # fmt: skip
+    tile_index = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(query_start_ptr, tile_index, num_seqs - 1, BLOCK_Q)
+    query_start = tl.load(query_start_ptr + seq)
+    query_len = tl.load(query_start_ptr + seq + 1) - query_start
+    local_tile = tile_index - (query_start // BLOCK_Q + seq)
+    if local_tile * BLOCK_Q >= query_len:
+        return
+    if SKIP_SINGLE:  # noqa: SIM102 (a constexpr test on its own: Triton folds it away)
+        if query_len == 1:
+            return  # one-token chunks go to the decode kernel (GQA rows, not query tiles)
+    context_len = tl.load(context_lens_ptr + seq)
+    # Absolute position of the chunk's first query token: the cache holds every position before.
+    first_position = context_len - query_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_t = tl.arange(0, TILE)
+    query_in_chunk = local_tile * BLOCK_Q + offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (query_in_chunk < query_len)
+    q_position = first_position + query_in_chunk
+    q_rows = (query_start + query_in_chunk).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    tile_first = first_position + local_tile * BLOCK_Q
+    # Causal: the tile's last query sees positions up to itself; a window w hides positions
+    # <= p - w from the query at p, so the tile's first query needs nothing before that.
+    # (Scalar ifs rather than tl.minimum/maximum: Triton's CPU interpreter needs 0-d bounds.)
+    end = tile_first + BLOCK_Q
+    if end > context_len:
+        end = context_len
+    low = tile_first + 1 - window
+    if low < 0:
+        low = 0
+    for kv_start in range((low // TILE) * TILE, end, TILE):
+        pos = kv_start + offs_t
+        kv_ok = pos < end
+        block = tl.load(
+            block_tables_ptr + seq * stride_bt_seq + pos // BLOCK_SIZE, mask=kv_ok, other=0
+        ).to(tl.int64)
+        slot = pos % BLOCK_SIZE
+        k = tl.load(
+            k_cache_ptr + block[:, None] * stride_k_block + slot[:, None] * stride_k_slot
+            + kv_head * stride_k_head + offs_d[None, :],
+            mask=kv_ok[:, None], other=0.0,
+        )  # fmt: skip
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        visible = (
+            kv_ok[None, :]
+            & (pos[None, :] <= q_position[:, None])
+            & (pos[None, :] > q_position[:, None] - window)
+        )
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # A row that has seen nothing visible yet keeps m = -inf; subtract 0 instead, so that
+        # exp(-inf - -inf) never makes a NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + block[:, None] * stride_v_block + slot[:, None] * stride_v_slot
+            + kv_head * stride_v_head + offs_d[None, :],
+            mask=kv_ok[:, None], other=0.0,
+        )  # fmt: skip
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+        + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )  # fmt: skip
+
+
+def query_tile_size(num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+    """(BLOCK_Q query tokens per tile, BLOCK_M rows per program) for this head layout."""
+    group = num_heads // num_kv_heads
+    block_m = max(_BLOCK_M, triton.next_power_of_2(group))
+    return max(1, block_m // group), block_m
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    num_tokens: int,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    skip_single: bool = False,
+) -> torch.Tensor:
+    """query [T, Hq, D] for the chunks of a step, their K/V already in the cache;
+    caches [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32;
+    query_start_loc [B + 1] int32 (cumulative chunk lengths, chunk i = rows
+    query_start_loc[i]:query_start_loc[i+1]); context_lens [B] int32 (KV length of each sequence
+    after this step, so chunk i holds its last positions). `num_tokens` is T, known on the host.
+    Returns [T, Hq, D]; with `skip_single` the rows of one-token chunks are left unwritten (for
+    paged_decode_attention's flat mode, far cheaper for them than a query tile each)."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_seqs = context_lens.shape[0]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    block_q, block_m = query_tile_size(num_heads, num_kv_heads)
+    if out is None:
+        out = torch.empty_like(query)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_prefill_kernel[grid](
+        query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out,
+        scale, sliding_window or _NO_WINDOW, num_seqs,
+        query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE=max(_TILE, block_size),
+        # float32 gets exact float32 products (tf32 would change greedy choices).
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        SKIP_SINGLE=skip_single,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,208 @@
+"""Steps with prefill chunks replayed from CUDA graphs: the whole flat batch, one graph per
+token-count bucket.
+
+Launched eagerly, the forward pass of a prefill or mixed step spends most of its time on the
+host (hundreds of kernel launches and compiled-function calls, ~20 ms for a 2,048-token step of a
+1B model whose GPU work is ~7 ms). Here every chunk of such a step — prompt chunks (fresh or
+continuing cached positions) and decode rows alike — goes into one flat batch padded up to its
+bucket's token count, and the bucket's captured forward pass is replayed: embedding, every layer
+(attention through the varlen paged kernel over the real sequences only), final norm and the
+lm_head of the sampled rows. Decode rows share the prefill tokens' matrix products, so a mixed
+step reads the weights once.
+
+Padding, and why it is harmless: padded token rows belong to no sequence (the kernel never
+attends from or to them), write their K/V into a scratch block that no sequence owns, and every
+other operation is row-wise, so they cannot reach a real row. The per-sequence arrays are padded
+with sequences of zero query tokens, which the kernel skips.
+
+Inputs are staged on the host in numpy arrays (pinned when on CUDA) and reach the device in one
+copy per array; with async scheduling a decode row's input token may still be on the device
+(it is taken from the previous step's samples there). Two staging sets alternate, as in
+graphs.py. Without `capture` (CPU tests) the same static-buffer forward runs eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.cuda.graphs import capture_buckets, input_tokens
+from site_engine.engine.kv_cache import PagedKVCache
+from site_engine.engine.models import FlatCausalLM
+from site_engine.engine.types import ScheduledChunk
+
+# Token counts of the captured buckets: fine steps where padding would cost most (a padded
+# token costs its share of every matrix product), coarser as the step grows.
+_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560,
+            3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)  # fmt: skip
+# Host staging columns: per token (input id, position, slot, pending row), per sequence
+# (query start, context length, sampled row).
+_TOKEN_COLS, _SEQ_COLS = 4, 3
+
+
+def token_buckets(max_tokens: int) -> tuple[int, ...]:
+    return (*(b for b in _BUCKETS if b < max_tokens), max_tokens)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    graph: torch.cuda.CUDAGraph | None
+    logits: torch.Tensor | None  # the captured output; None until captured (or eager)
+
+
+class FlatStepGraphs:
+    def __init__(
+        self,
+        model: FlatCausalLM,
+        attention: AttentionBackend,
+        kv_cache: PagedKVCache,
+        *,
+        max_tokens: int,
+        max_seqs: int,
+        max_blocks_per_seq: int,
+        scratch_block: int,
+        capture: bool = True,
+    ) -> None:
+        if max_tokens < 2:
+            raise ValueError("flat step graphs need room for at least 2 tokens per step")
+        self._model, self._attention, self._kv_cache = model, attention, kv_cache
+        self.buckets = token_buckets(max_tokens)
+        self.max_seqs = max_seqs
+        self._capture = capture
+        self._block_size = kv_cache.block_size
+        self._scratch_slot = scratch_block * self._block_size
+        device = kv_cache.device
+        self._input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self._positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self._slots = torch.full((max_tokens,), self._scratch_slot, dtype=torch.long,
+                                 device=device)  # fmt: skip
+        self._query_start = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
+        self._context_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
+        self._block_tables = torch.full((max_seqs, max_blocks_per_seq), scratch_block,
+                                        dtype=torch.int32, device=device)  # fmt: skip
+        self._sample_rows = torch.zeros(max_seqs, dtype=torch.long, device=device)
+        self._staged_tokens = torch.zeros((max_tokens, _TOKEN_COLS), dtype=torch.long,
+                                          device=device)  # fmt: skip
+        self._staged_seqs = torch.zeros((max_seqs + 1, _SEQ_COLS), dtype=torch.long,
+                                        device=device)  # fmt: skip
+        pin = device.type == "cuda"
+        self._host = [
+            (
+                torch.zeros((max_tokens, _TOKEN_COLS), dtype=torch.long, pin_memory=pin),
+                torch.zeros((max_seqs + 1, _SEQ_COLS), dtype=torch.long, pin_memory=pin),
+                torch.zeros((max_seqs, max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
+            )
+            for _ in range(2)
+        ]
+        self._turn = 0
+        self._captured: dict[int, _Bucket] = {}
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
+        return len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
+
+    def _metadata(self, tokens: int) -> AttentionMetadata:
+        # The host tuples only give the kernel launcher its grid bounds (tokens, sequences);
+        # the real layout is on the device, rewritten before every replay.
+        return AttentionMetadata(
+            slot_mapping=self._slots[:tokens],
+            query_start_loc=self._query_start,
+            context_lens=self._context_lens,
+            block_tables=self._block_tables,
+            max_query_len=tokens,
+            max_context_len=self._block_tables.shape[1] * self._block_size,
+            query_start_loc_host=(0,) * self.max_seqs + (tokens,),
+            context_lens_host=(1,) * self.max_seqs,
+        )
+
+    def _forward(self, tokens: int) -> torch.Tensor:
+        metadata = self._metadata(tokens)
+        self._attention.prepare(metadata)
+        hidden = self._model.forward(
+            self._input_ids[:tokens], self._positions[:tokens], self._kv_cache, metadata
+        )
+        rows = self._sample_rows[: min(tokens, self.max_seqs)]
+        return self._model.compute_logits(hidden.index_select(0, rows))
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        if not self._capture:
+            return
+        for tokens, (graph, logits) in capture_buckets(self.buckets, self._forward).items():
+            self._captured[tokens] = _Bucket(graph, logits)
+
+    def _stage(
+        self, chunks: Sequence[ScheduledChunk], pending_rows: Sequence[int], tokens: int
+    ) -> tuple[int, int]:
+        """Fills this turn's host arrays; returns (sampled rows, widest block table)."""
+        host_tokens, host_seqs, host_tables = (t.numpy() for t in self._host[self._turn])
+        size = self._block_size
+        start = sampled = 0
+        widest = 1
+        for index, (chunk, source) in enumerate(zip(chunks, pending_rows, strict=True)):
+            count, first, table = chunk.num_tokens, chunk.start_position, chunk.block_table
+            end = start + count
+            if count == 1:  # a decode row (most rows): plain Python is faster than numpy here
+                slot = table[first // size] * size + first % size
+                token = 0 if source >= 0 else chunk.token_ids[0]
+                host_tokens[start] = (token, first, slot, source)
+            else:
+                blocks = np.asarray(table, dtype=np.int64)
+                positions = np.arange(first, first + count)
+                rows = host_tokens[start:end]
+                rows[:, 0] = chunk.token_ids  # a chunk of several tokens has none pending
+                rows[:, 1] = positions
+                rows[:, 2] = blocks[positions // size] * size + positions % size
+                rows[:, 3] = -1
+            host_seqs[index, :2] = (start, first + count)
+            if chunk.sample:
+                host_seqs[sampled, 2] = end - 1
+                sampled += 1
+            host_tables[index, : len(table)] = table
+            widest = max(widest, len(table))
+            start = end
+        host_tokens[start:tokens] = (0, 0, self._scratch_slot, -1)
+        host_seqs[len(chunks) :, 0] = start  # padding sequences: zero query tokens
+        host_seqs[sampled:, 2] = 0
+        return sampled, widest
+
+    def run(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        pending_rows: Sequence[int],
+        pending_source: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """float32 logits [sampled chunks, vocab] of one step, in chunk order."""
+        total = sum(chunk.num_tokens for chunk in chunks)
+        tokens = self.buckets[bisect.bisect_left(self.buckets, total)]
+        self._turn ^= 1
+        sampled, widest = self._stage(chunks, pending_rows, tokens)
+        host_tokens, host_seqs, host_tables = self._host[self._turn]
+        staged = self._staged_tokens[:tokens]
+        staged.copy_(host_tokens[:tokens], non_blocking=True)
+        self._staged_seqs.copy_(host_seqs, non_blocking=True)
+        count = len(chunks)
+        self._block_tables[:count, :widest].copy_(host_tables[:count, :widest], non_blocking=True)
+        self._input_ids[:tokens] = input_tokens(staged[:, 0], staged[:, 3], pending_rows,
+                                                pending_source)  # fmt: skip
+        self._positions[:tokens] = staged[:, 1]
+        self._slots[:tokens] = staged[:, 2]
+        self._query_start.copy_(self._staged_seqs[:, 0])
+        self._context_lens.copy_(self._staged_seqs[: self.max_seqs, 1])
+        self._sample_rows.copy_(self._staged_seqs[: self.max_seqs, 2])
+        bucket = self._captured.get(tokens)
+        if bucket is None or bucket.graph is None:
+            logits = self._forward(tokens)  # not captured: the same computation, eagerly
+        else:
+            bucket.graph.replay()
+            assert bucket.logits is not None
+            logits = bucket.logits
+        return logits[:sampled]
