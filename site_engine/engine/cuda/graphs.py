@@ -25,7 +25,8 @@ from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.models import FlatCausalLM
 from site_engine.engine.types import ScheduledChunk
 
-_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 512)
+_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
+            512, 640, 768, 896, 1024)  # fmt: skip
 
 
 def capture_buckets(
