@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Federation
+from tests.e2e.conftest import Federation, wait_until_written
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +51,8 @@ def complete(base_url: str, key: str, **fields: Any) -> httpx.Response:
 
 
 def usage(admin: httpx.Client, key_id: int) -> dict[str, Any]:
+    """The key's usage as the admin API reports it, once the request log has written it."""
+    wait_until_written(str(admin.base_url).rstrip("/"))
     response = admin.get(f"/admin/api/keys/{key_id}/usage", params={"window_s": 3600})
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()

@@ -9,11 +9,9 @@ key, so usage per key counts batch tokens.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.e2e.conftest import Federation
+from tests.e2e.conftest import Federation, wait_until_written
 from tests.security.batch_keys import (
     KEYS_REQUIRED,
     admin,
@@ -63,7 +61,7 @@ def test_another_key_can_neither_see_read_nor_cancel_a_batch(federation: Federat
         assert wait_final(mine, batch_ids[1])["status"] == "completed"
 
     # Every item's request row names alice's key: her usage counts the batch tokens.
-    time.sleep(0.5)  # outcome writes of the last items
+    wait_until_written(federation.base_url)  # outcome writes of the last items
     with admin(federation) as operator:
         usage = operator.get(
             f"/admin/api/keys/{alice['id']}/usage", params={"window_s": 3600}
