@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page
 
-from tests.e2e.conftest import Federation
+from tests.e2e.conftest import Federation, wait_until_written
 from tests.e2e.test_prediction_http import (  # a small real predictor; requests that vary
     artifact,  # noqa: F401
     send_varied,
@@ -206,10 +207,10 @@ def test_dashboard_live_drilldown_and_values(
     assert shown_completed == shown("completed", completed)
 
     # Prediction error per site: the table refreshes by itself and matches the API.
-    drift = api(federation, "/admin/api/drift", window_s=3600)["summary"]
-    assert {row["site"] for row in drift} == set(SITES)
     deadline = time.monotonic() + 30
     while True:
+        drift = api(federation, "/admin/api/drift", window_s=3600)["summary"]
+        assert {row["site"] for row in drift} == set(SITES)
         rows = page.eval_on_selector_all(
             "#drift tbody tr[data-site]",
             "rows => rows.map(r => [r.dataset.site, Object.fromEntries([...r.querySelectorAll("
@@ -217,7 +218,7 @@ def test_dashboard_live_drilldown_and_values(
         )
         expected = [
             [row["site"], {f: shown(f, row[f]) for f in ("count",)} | {
-                f: f"{row[f]:.1f}" for f in ("mean_predicted", "mean_actual", "bias", "mae")
+                f: to_fixed(row[f], 1) for f in ("mean_predicted", "mean_actual", "bias", "mae")
             }]
             for row in drift
         ]  # fmt: skip
@@ -234,15 +235,34 @@ def test_dashboard_live_drilldown_and_values(
     assert status == 401
 
 
+def to_fixed(value: float, digits: int) -> str:
+    """JavaScript's Number.prototype.toFixed: the exact binary value, ties away from zero
+    (Python's format rounds ties to even: 14.25 is "14.3" on the page and "14.2" in Python)."""
+    exact = Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    return f"{exact:.{digits}f}"
+
+
+def settle_rolling_error(federation: Federation, at_least: int) -> None:
+    """Waits until the rolling error counts `at_least` samples and stops moving: every answer
+    written, then the same count over more than one refresh (GATEWAY_DRIFT_REFRESH_S = 0.5 s),
+    so the page and a later API read see the same snapshot."""
+    wait_until_written(federation.base_url)
+    deadline = time.monotonic() + 20
+    last = -1
+    while True:
+        rolling = api(federation, "/admin/api/predictors")["models"][0]["rolling"] or {}
+        samples = int(rolling.get("samples", 0))
+        if samples >= at_least and samples == last:
+            return
+        assert time.monotonic() < deadline, f"the rolling error still moves ({last} -> {samples})"
+        last = samples
+        time.sleep(0.8)
+
+
 def test_predictor_drift_panel_shows_the_apis_numbers(federation: Federation, page: Page) -> None:
     """The drift panel lists the served model with the rolling error the admin API reports."""
     send_varied(federation.base_url, 24)
-    deadline = time.monotonic() + 20
-    while (api(federation, "/admin/api/predictors")["models"][0]["rolling"] or {}).get(
-        "samples", 0
-    ) < 24:
-        assert time.monotonic() < deadline, "the rolling error did not count the requests"
-        time.sleep(0.3)
+    settle_rolling_error(federation, at_least=24)
     page.goto(f"{federation.base_url}/admin/login")
     page.fill("#token", TOKEN)
     page.click("button[type=submit]")
@@ -258,10 +278,10 @@ def test_predictor_drift_panel_shows_the_apis_numbers(federation: Federation, pa
     rolling = model["rolling"]
     assert cells == {
         "samples": str(rolling["samples"]),
-        "mae_tokens": f"{rolling['mae_tokens']:.1f}",
-        "served_mean_mae_tokens": f"{rolling['served_mean_mae_tokens']:.1f}",
-        "mae_ratio": f"{rolling['mae_ratio']:.2f}" if rolling["mae_ratio"] is not None else "–",
-        "spearman": f"{rolling['spearman']:.3f}",
+        "mae_tokens": to_fixed(rolling["mae_tokens"], 1),
+        "served_mean_mae_tokens": to_fixed(rolling["served_mean_mae_tokens"], 1),
+        "mae_ratio": to_fixed(rolling["mae_ratio"], 2) if rolling["mae_ratio"] is not None else "–",
+        "spearman": to_fixed(rolling["spearman"], 3),
         "drifted": "drifted" if model["drifted"] else "ok",
         "version": model["window_version"],
     }
