@@ -15,7 +15,7 @@ import pytest
 
 from devtools.launch import start_gateway
 from tests.e2e.batch_client import all_results, item, wait_for
-from tests.e2e.conftest import write_federation
+from tests.e2e.conftest import wait_until_written, write_federation
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 ITEMS, TOKENS = 16, 200
@@ -111,6 +111,9 @@ def test_new_gateway_resumes_a_batch_exactly_once(
         assert [r["custom_id"] for r in results] == [i["custom_id"] for i in items]
         assert all(r["response"]["usage"]["completion_tokens"] == TOKENS for r in results)
 
+        # The rows below are the successor's to write (federation.query waits on the killed
+        # gateway, which writes nothing more): wait until its request log has written them.
+        wait_until_written(f"http://127.0.0.1:{successor.port}")
         after = items_by_custom_id(federation, batch["id"])
         for cid in done_before:  # recorded complete: never started again
             assert after[cid] == before[cid]
