@@ -122,19 +122,28 @@ def test_new_gateway_resumes_a_batch_exactly_once(
 
         # An item that was not in flight ran once. One that was has a second row unless the
         # kill came before it reached a site, and that row may even say completed: the site
-        # finished it just before the kill, but the batch had not recorded it.
+        # finished it just before the kill, but the batch had not recorded it. An item the
+        # killed gateway completed has its one row, but the row's outcome may still say
+        # dispatched: the request log is written behind the answers, and a crash loses its
+        # last flush interval (docs/reliability.md); the item's own record is complete.
         runs: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for row in federation.rows("r.api = 'batch'"):
             detail = row["routing_detail"]
             detail = json.loads(detail) if isinstance(detail, str) else detail
             runs[detail["custom_id"]].append((str(row["id"]), str(row["status"])))
+        outcome_lost = []
         for cid, (_, request_id, _) in after.items():
             completed = [rid for rid, status in runs[cid] if status == "completed"]
             if cid in in_flight:
                 assert request_id in completed, (cid, runs[cid])
                 assert len(runs[cid]) in (1, 2), (cid, runs[cid])
+            elif cid in done_before and runs[cid] == [(request_id, "dispatched")]:
+                outcome_lost.append(cid)
             else:
                 assert runs[cid] == [(request_id, "completed")], (cid, runs[cid])
+        # One item per site at a time, ~200 tokens each: at most one finish per site fits in
+        # the moments before the kill.
+        assert len(outcome_lost) <= 2, outcome_lost
     finally:
         if successor is not None:
             successor.stop()
