@@ -19,7 +19,8 @@ from tests.support.migrated import run_migrated
 
 pytestmark = pytest.mark.postgres
 REFUSE = (
-    """CREATE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+    # OR REPLACE: the session's database is shared with other modules' refusing triggers.
+    """CREATE OR REPLACE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
       RAISE EXCEPTION 'terminating connection due to administrator command'
         USING ERRCODE = '57P01';

@@ -239,7 +239,9 @@ def test_a_silent_gateways_slots_come_back(postgres_url: str) -> None:
 REFUSE_UPDATES = (
     # The slots given back are refused, after the settlements of the same write went through:
     # the write must then apply none of them (they are all kept, and written again).
-    """CREATE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+    # OR REPLACE, and dropped below: the session's database is shared, and another module makes
+    # a function of the same name (in whichever order the workers run them).
+    """CREATE OR REPLACE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
       RAISE EXCEPTION 'terminating connection due to administrator command'
         USING ERRCODE = '57P01';
@@ -276,6 +278,7 @@ def test_writes_the_database_refuses_are_kept_until_it_takes_them(postgres_url: 
             assert first.pending == 1 + 3 + 4
             async with engine.begin() as connection:
                 await connection.execute(text("DROP TRIGGER refuse_writes ON key_in_flight_holds"))
+                await connection.execute(text("DROP FUNCTION refuse_writes()"))
             assert await first.write()
             assert first.pending == 0
             row = await KeyLimitStore(engine, "c" * 32).read(key.id)
