@@ -7,6 +7,11 @@ BIN := $(VENV)/bin
 DEPS_SUM := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.run-installed-$(DEPS_SUM)
 STAMP := $(VENV)/.installed-$(DEPS_SUM)
+# The gateway as its container image runs it: its own dependencies and no torch. The end-to-end
+# tests start their gateways here (devtools/launch.py), which also keeps torch out of the gateway
+# for real (transformers imports it, when present, with every tokenizer it loads: ~2 s a start).
+GATEWAY_VENV ?= .venv-gateway
+GATEWAY_STAMP := $(GATEWAY_VENV)/.installed-$(DEPS_SUM)
 DATA_DIR ?= ../shared/datasets
 TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
@@ -36,9 +41,17 @@ $(RUN_STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.run-installed-*
 	touch $@
 
-$(STAMP): $(RUN_STAMP)
+$(STAMP): $(RUN_STAMP) $(GATEWAY_STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(GATEWAY_STAMP): pyproject.toml constraints.txt
+	test -d $(GATEWAY_VENV) || $(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/pip install --quiet --upgrade pip
+	$(GATEWAY_VENV)/bin/pip install --quiet -c constraints.txt -e .
+	! $(GATEWAY_VENV)/bin/python -c 'import torch' 2>/dev/null
+	rm -f $(GATEWAY_VENV)/.installed-*
 	touch $@
 
 demo: setup-run
@@ -55,16 +68,18 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# GPU tests run on a CUDA machine with `make test-gpu`; everything else runs here and in CI.
+# GPU tests run on a CUDA machine with `make test-gpu`; everything else runs here and in CI, on
+# two pytest-xdist workers, one test file per worker at a time (a module's sites and gateway start
+# once). The end-to-end tests' gateways run in $(GATEWAY_VENV), as the gateway image has it.
+TEST_WORKERS ?= 2
+PYTEST := FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
 test: lint
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The same tests on two workers (pytest-xdist), one test file per worker at a time so a module's
-# sites and gateway start once: 14.3 min against 21.3 serially on the 2-core dev machine. CI runs
-# `make test` (serial: fewer timing-sensitive end-to-end tests competing for the two cores).
-.PHONY: test-parallel
-test-parallel: lint infra-check
-	$(BIN)/python -m pytest -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
+# The same tests one at a time (a failure's log reads in order; twice the wall time).
+.PHONY: test-serial
+test-serial: lint infra-check
+	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
 
 # The static security scan of the deployment (issue 8): checkov over the Terraform (with the example
 # site map) and the Dockerfiles, in its own virtualenv because its pins conflict with the project's.
@@ -93,7 +108,7 @@ test-gpu:
 	python3 -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 unit: setup
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 bench-engine-cpu: setup
 	$(BIN)/python -m bench.engine.cpu --tokenizer-dir $(TOKENIZER_DIR) $(if $(DATA_DIR),--data-dir $(DATA_DIR))

@@ -21,6 +21,10 @@ import httpx
 # Not anchored at the line's end (another thread's log line can land right after the number), but
 # the number must be followed by something, so a half-written line is not read as a shorter port.
 _READY = re.compile(r"^READY port=(\d+)(?=\D)", re.MULTILINE)
+# The interpreter `python -m gateway` runs with, where it is not this one: an environment with the
+# gateway's own dependencies and no torch, as its container image has (`make setup` builds one in
+# .venv-gateway and `make test` names it here). Unset: this interpreter.
+GATEWAY_PYTHON_ENV = "FEDLLM_GATEWAY_PYTHON"
 
 
 class LaunchError(RuntimeError):
@@ -62,10 +66,28 @@ class ManagedProcess:
             self.popen.kill()
             self.popen.wait(timeout=timeout_s)
 
+    def terminate(self) -> None:
+        """Asks the process to stop (SIGTERM) without waiting; `stop` waits."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+
     def kill(self) -> None:
         if self.alive():
             self.popen.kill()
             self.popen.wait(timeout=10)
+
+
+def stop_all(processes: Sequence[ManagedProcess], timeout_s: float = 10.0) -> None:
+    """Stops every process at once (each shuts down while the others do), in the order given."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.stop(timeout_s)
+
+
+def gateway_python() -> str:
+    """The interpreter the gateway runs with (GATEWAY_PYTHON_ENV, else this one)."""
+    return os.environ.get(GATEWAY_PYTHON_ENV) or sys.executable
 
 
 def _spawn(
@@ -74,12 +96,14 @@ def _spawn(
     log_path: Path,
     env: Mapping[str, str] | None = None,
     wrapper: Sequence[str] = (),
+    python: str | None = None,
 ) -> ManagedProcess:
-    """`wrapper` runs before the interpreter (a tracer such as `strace -f -o FILE`)."""
+    """`wrapper` runs before the interpreter (a tracer such as `strace -f -o FILE`); `python`
+    names another interpreter than this one."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         popen = subprocess.Popen(
-            [*wrapper, sys.executable, *args],
+            [*wrapper, python or sys.executable, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -169,8 +193,11 @@ def start_gateway(
     expect_healthy_sites: int = 1,
     timeout_s: float = 120.0,
     wrapper: Sequence[str] = (),
+    python: str | None = None,
 ) -> ManagedProcess:
-    """Starts `python -m gateway` and waits until /readyz reports enough healthy sites."""
+    """Starts `python -m gateway` and waits until /readyz reports enough healthy sites. `python`:
+    the interpreter (default: gateway_python(); a gateway that runs retrain jobs needs one with
+    the training extras, as the trainer image has)."""
     port = port or free_port()
     gateway_env = {
         "GATEWAY_FEDERATION_FILE": str(federation_file),
@@ -179,7 +206,14 @@ def start_gateway(
         "GATEWAY_HEALTH_INTERVAL_S": "0.5",
         **(env or {}),
     }
-    process = _spawn("gateway", ["-m", "gateway"], log_dir / "gateway.log", gateway_env, wrapper)
+    process = _spawn(
+        "gateway",
+        ["-m", "gateway"],
+        log_dir / "gateway.log",
+        gateway_env,
+        wrapper,
+        python or gateway_python(),
+    )
     process.port = port
     _wait_for_gateway(process, expect_healthy_sites, timeout_s)
     return process

@@ -12,7 +12,14 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from devtools.launch import ManagedProcess, free_port, spawn_site, start_gateway, wait_until_serving
+from devtools.launch import (
+    ManagedProcess,
+    free_port,
+    spawn_site,
+    start_gateway,
+    stop_all,
+    wait_until_serving,
+)
 from gateway.db.migrate import sync_url
 
 # The gateway writes its request log behind the answers, every GATEWAY_REQUEST_LOG_FLUSH_MS
@@ -118,6 +125,7 @@ def start_federation(
         database_url: str | None = None,
         env: dict[str, str] | None = None,
         model_options: dict[str, str] | None = None,
+        python: str | None = None,
     ) -> Federation:
         work = tmp_path_factory.mktemp("federation")
         sites = {
@@ -140,10 +148,10 @@ def start_federation(
             log_dir=work,
             expect_healthy_sites=len(live),
             env=env,
+            python=python,
         )
         started.append(gateway)
         return Federation(gateway, sites, url)
 
     yield start
-    for process in reversed(started):
-        process.stop()
+    stop_all(list(reversed(started)))

@@ -149,11 +149,12 @@ def test_a_broken_artifact_stops_the_gateway_with_a_clear_message(start_federati
     broken.mkdir()
     (broken / "manifest.json").write_text("{not json")
     with pytest.raises(LaunchError, match="cannot load the length predictor"):
-        start_federation(live=["gcp-euw4"], env={"GATEWAY_PREDICTOR_DIR": str(broken)})
+        # No live site: the gateway must stop at the predictor, before it needs one.
+        start_federation(live=[], dead=("gcp-euw4",), env={"GATEWAY_PREDICTOR_DIR": str(broken)})
 
 
 def test_a_broken_model_artifact_stops_the_gateway_naming_the_model(start_federation, tmp_path):
     broken = tmp_path / "broken-own"
     broken.mkdir()
     with pytest.raises(LaunchError, match="length predictor of model tiny"):
-        start_federation(live=["gcp-euw4"], model_options={"predictor": str(broken)})
+        start_federation(live=[], dead=("gcp-euw4",), model_options={"predictor": str(broken)})

@@ -5,6 +5,7 @@ subprocess and finishes with a registered version and the gate's decision."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,9 @@ def federation(start_federation, tmp_path_factory: pytest.TempPathFactory) -> Fe
     work = tmp_path_factory.mktemp("drift")
     return start_federation(
         live=["aws-use1"],
+        # This gateway runs retrain jobs (subprocesses of its interpreter): it needs the training
+        # extras, as the trainer image has.
+        python=sys.executable,
         env={
             "GATEWAY_ADMIN_TOKEN": TOKEN,
             "GATEWAY_PREDICTOR_DIR": str(small_artifact(work / "base")),

@@ -27,6 +27,7 @@ from devtools.launch import (
     free_port,
     spawn_site,
     start_gateway,
+    stop_all,
     wait_until_serving,
 )
 from gateway.db.migrate import sync_url
@@ -194,7 +195,5 @@ class Cluster:
     def stop(self) -> None:
         for name in list(self.stopped):
             self.thaw(name)
-        if self.gateway is not None:
-            self.gateway.stop()
-        for process in self.sites.values():
-            process.stop()
+        gateway = [self.gateway] if self.gateway is not None else []
+        stop_all([*gateway, *self.sites.values()])

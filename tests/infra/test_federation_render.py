@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from devtools.launch import ManagedProcess, free_port, spawn_site, wait_until_serving
+from devtools.launch import (
+    GATEWAY_PYTHON_ENV,
+    ManagedProcess,
+    free_port,
+    gateway_python,
+    spawn_site,
+    wait_until_serving,
+)
 from fedllm_contract.env_settings import variables
 from gateway.db.migrate import downgrade
 from gateway.federation import load_federation, parse_federation
@@ -245,9 +251,10 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
             (state / "models").mkdir(parents=True, exist_ok=True)
             (state / "models" / model).symlink_to(tiny_llama_dir)
         port = free_port()
+        python = gateway_python()  # as the image has it: the gateway's dependencies, no torch
         env.update(
             {
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                "PATH": f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}",
                 "GATEWAY_FEDERATION_FILE": str(state / "federation.json"),
                 "GATEWAY_DATABASE_URL": postgres_url,
                 "GATEWAY_HOST": "127.0.0.1",
@@ -258,11 +265,13 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
         log = tmp_path / "gateway.log"
         with log.open("wb") as output:
             popen = subprocess.Popen(
-                ["sh", str(GATEWAY_ENTRYPOINT), sys.executable, "-m", "gateway"],
+                ["sh", str(GATEWAY_ENTRYPOINT), python, "-m", "gateway"],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
+                # What a container gets: no variable of the test run's own (the interpreter
+                # choice above is one).
+                env={**{k: v for k, v in os.environ.items() if k != GATEWAY_PYTHON_ENV}, **env},
             )
         gateway = ManagedProcess("gateway", popen, log, port)
         started.append(gateway)
@@ -280,7 +289,7 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
         # The image's HEALTHCHECK (and ECS's copy of it) passes against this gateway.
         probe = exec_form(one(DOCKER_DIR / "gateway.Dockerfile", "HEALTHCHECK"))
         checked = subprocess.run(
-            [sys.executable, *probe[1:]], env={**os.environ, "GATEWAY_PORT": str(port)}, timeout=30
+            [python, *probe[1:]], env={**os.environ, "GATEWAY_PORT": str(port)}, timeout=30
         )
         assert checked.returncode == 0
 

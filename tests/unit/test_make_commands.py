@@ -31,7 +31,7 @@ def test_make_demo_passes_only_arguments_the_demo_accepts() -> None:
     assert args.data_dir == Path("../shared/datasets")
 
 
-@pytest.mark.parametrize("target", ["test", "test-parallel"])
+@pytest.mark.parametrize("target", ["test", "test-serial"])
 def test_make_test_runs_pytest_without_gpu_tests(target: str) -> None:
     lines = make_dry_run(target)
     assert any(re.search(r"-m pytest -m \"not gpu\"", line) for line in lines), lines
