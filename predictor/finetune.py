@@ -50,9 +50,22 @@ class FinetuneConfig:
     # validation split it lowered the MAE for both presets over three seeds each
     # (bench/results/predictor_gpu_sweep.md); artifacts trained without it still load.
     prompt_length_feature: bool = True
+    # With a warm start: the share of the starting weights kept after training (the final
+    # weights are keep * start + (1 - keep) * fine-tuned, a weight-space interpolation that keeps
+    # some of what the start knew; 0 keeps the fine-tuned weights as they are).
+    warm_start_keep: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.warm_start_keep < 1.0:
+            raise ValueError(f"warm_start_keep must be within [0, 1), got {self.warm_start_keep}")
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        data = asdict(self)
+        # Left out at its default, so artifacts built before it keep their configuration (and
+        # stay reusable: predictor.training.reusable_artifact compares configurations).
+        if data["warm_start_keep"] == 0.0:
+            del data["warm_start_keep"]
+        return data
 
 
 # Named configurations. "cpu" is the default artifact's (minutes on two cores). "gpu" is the best
@@ -198,8 +211,11 @@ def finetune(
             loss_ema = value if step == 1 else 0.95 * loss_ema + 0.05 * value
             _report(progress, step, total, loss_ema, time.monotonic() - started)
     model.eval()
+    model = model.cpu()
+    if warm_start is not None and config.warm_start_keep > 0:
+        interpolate_weights(model, warm_start, config.warm_start_keep)
     stats = FinetuneStats(len(prompts) * config.epochs, step, time.monotonic() - started, loss_ema)
-    return model.cpu(), stats
+    return model, stats
 
 
 def save_weights(model: LengthClassifier, path: Path) -> None:
@@ -218,6 +234,17 @@ def load_weights(model: LengthClassifier, path: Path) -> None:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:  # other layers, buckets or inputs than the base was trained with
         raise ValueError(f"cannot warm-start from {path}: {exc}") from exc
+
+
+def interpolate_weights(model: LengthClassifier, start: Path, keep: float) -> None:
+    """model <- keep * start + (1 - keep) * model, tensor by tensor (floating tensors only)."""
+    from safetensors.torch import load_file
+
+    initial = load_file(str(start))
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                tensor.mul_(1.0 - keep).add_(initial[name].to(tensor.dtype), alpha=keep)
 
 
 def _report(progress: Progress, step: int, total: int, loss: float, elapsed: float) -> None:

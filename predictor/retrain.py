@@ -33,10 +33,10 @@ from typing import Literal
 
 import numpy as np
 
-from predictor.artifact import WEIGHTS_FILE
+from predictor.artifact import WEIGHTS_FILE, Manifest
 from predictor.calibrate import write_calibrated
 from predictor.calibration import MIN_SAMPLES, fit_calibration
-from predictor.finetune import subsample
+from predictor.finetune import FinetuneConfig, subsample
 from predictor.gate import (
     GATE_FRACTION,
     GateDecision,
@@ -55,8 +55,46 @@ Mode = Literal["retrain", "calibrate"]
 MODES: tuple[Mode, ...] = ("retrain", "calibrate")
 VALIDATION_FRACTION = 0.15  # of the non-gate samples: the model choice of a retrain
 MIN_GATE_SAMPLES = 10
-# Fine-tuning examples a retrain aims for: few samples get more epochs (up to 8), many get 2.
-_EXAMPLES_GOAL = 2400
+CalibrationSamples = Literal["fit", "validation"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetrainConfig:
+    """How a retrain fine-tunes (mode "retrain"); the rest of the configuration (layers, input
+    length, prompt-length input) is the base artifact's, so its weights can warm-start it."""
+
+    # Fine-tuning examples aimed for: few samples get more epochs (up to max_epochs), many fewer.
+    examples_goal: int = 2400
+    min_epochs: int = 2
+    max_epochs: int = 8
+    learning_rate: float = 1e-4
+    head_learning_rate: float = 2e-3
+    freeze_embeddings: bool = True
+    length_loss_weight: float = 0.0  # the expected-length term (predictor.finetune.length_loss)
+    warm_start_keep: float = 0.0  # share of the base's weights kept (FinetuneConfig)
+    # The samples the calibration map is fitted on: all non-gate samples ("fit": the model
+    # trained on most of them) or the validation share only (held out from the fine-tune).
+    calibration_samples: CalibrationSamples = "fit"
+
+    def epochs(self, examples: int) -> int:
+        wanted = math.ceil(self.examples_goal / max(examples, 1))
+        return max(self.min_epochs, min(self.max_epochs, wanted))
+
+    def finetune(self, base: FinetuneConfig, examples: int, device: str) -> FinetuneConfig:
+        return replace(
+            base,
+            epochs=self.epochs(examples),
+            max_train=0,
+            learning_rate=self.learning_rate,
+            head_learning_rate=self.head_learning_rate,
+            freeze_embeddings=self.freeze_embeddings,
+            length_loss_weight=self.length_loss_weight,
+            warm_start_keep=self.warm_start_keep,
+            device=device,
+        )
+
+
+DEFAULT_RETRAIN = RetrainConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +163,14 @@ def split_samples(
     return fit, gate
 
 
-def _finetune_spec(spec: TrainSpec, n: int) -> TrainSpec:
-    epochs = max(2, min(8, math.ceil(_EXAMPLES_GOAL / max(n, 1))))
-    return replace(spec, finetune=replace(spec.finetune, epochs=epochs, max_train=0))
+def base_finetune_config(manifest: Manifest) -> FinetuneConfig:
+    """The base artifact's model shape (layers, input length, prompt-length input), which a warm
+    start must match; FinetuneConfig's defaults for what its manifest does not say."""
+    training = manifest.training.get("config")
+    model = training.get("model") if isinstance(training, dict) else None
+    shape = ("layers", "max_tokens", "prompt_length_feature")
+    known = {k: model[k] for k in shape if isinstance(model, dict) and k in model}
+    return replace(FinetuneConfig(), **known)
 
 
 def _training_records(
@@ -145,6 +188,8 @@ def _training_records(
 class _Options:
     mix_base_data: bool
     spec: TrainSpec | None
+    config: RetrainConfig
+    device: str
     warm_start: bool
     data_dir: str | Path | None
     tokenizer_dir: str | Path | None
@@ -157,7 +202,7 @@ def _retrained(
 ) -> tuple[Path, int]:
     """A fine-tuned model of the base's kind and edges in `work` (not yet calibrated)."""
     manifest = base.manifest
-    spec = o.spec or TrainSpec(manifest.kind, manifest.scheme.name)
+    spec = o.spec or TrainSpec(manifest.kind, manifest.scheme.name, base_finetune_config(manifest))
     spec = replace(spec, scheme_name=manifest.scheme.name)
     corpora = (
         prepare(o.data_dir, o.tokenizer_dir, o.cache_dir, o.progress).train
@@ -168,7 +213,8 @@ def _retrained(
     validation = [r for r in fit if is_held_out(r.prompt, VALIDATION_FRACTION)] or train
     records = _training_records(train, corpora, spec)
     if spec.kind == "minilm" and o.spec is None:
-        spec = _finetune_spec(spec, len(records))
+        finetune = o.config.finetune(spec.finetune, len(records), o.device)
+        spec = replace(spec, finetune=finetune)
     weights = base_dir / WEIGHTS_FILE
     warm = weights if o.warm_start and spec.kind == "minilm" and weights.is_file() else None
     o.progress(
@@ -212,6 +258,15 @@ def _gate(
     return decide(predictions_of(candidate), rivals, actual)
 
 
+def _calibration_records(
+    fit: list[LabeledRecord], mode: Mode, config: RetrainConfig
+) -> list[LabeledRecord]:
+    if mode == "calibrate" or config.calibration_samples == "fit":
+        return fit
+    held_out = [r for r in fit if is_held_out(r.prompt, VALIDATION_FRACTION)]
+    return held_out if len(held_out) >= MIN_SAMPLES else fit
+
+
 def retrain(
     samples: list[tuple[str, int]],
     base_artifact: Path,
@@ -221,6 +276,8 @@ def retrain(
     mix_base_data: bool = False,
     gate_fraction: float = GATE_FRACTION,
     spec: TrainSpec | None = None,
+    config: RetrainConfig = DEFAULT_RETRAIN,
+    device: str = "cpu",
     warm_start: bool = True,
     data_dir: str | Path | None = None,
     tokenizer_dir: str | Path | None = None,
@@ -228,7 +285,10 @@ def retrain(
     progress: Progress = print,
 ) -> RetrainReport:
     """Builds a candidate from the samples (see the module docstring), writes it to `out`, and
-    gates it against the base (the active version), the served mean and TF-IDF."""
+    gates it against the base (the active version), the served mean and TF-IDF.
+
+    `config` says how a retrain fine-tunes, `device` where ("cpu", or "cuda"); `spec` replaces
+    both with a whole training specification (epochs and all; tests use tiny ones)."""
     started = time.monotonic()
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -238,7 +298,15 @@ def retrain(
     fit, gate = split_samples(records, gate_fraction)
     base = LengthPredictor.load(base_artifact, threads=2)
     options = _Options(
-        mix_base_data, spec, warm_start, data_dir, tokenizer_dir, cache_dir, progress
+        mix_base_data,
+        spec,
+        config,
+        device,
+        warm_start,
+        data_dir,
+        tokenizer_dir,
+        cache_dir,
+        progress,
     )
     mixed = 0
     with tempfile.TemporaryDirectory(prefix="predictor-retrain-") as tmp:
@@ -246,8 +314,11 @@ def retrain(
         if mode == "retrain":
             model_dir, mixed = _retrained(fit, base, Path(base_artifact), Path(tmp) / "m", options)
         model = base if mode == "calibrate" else LengthPredictor.load(model_dir, threads=2)
-        raw = model.raw_expected([r.prompt for r in fit])
-        calibration = fit_calibration(raw, [r.length for r in fit], f"{len(fit)} served samples")
+        mapped = _calibration_records(fit, mode, config)
+        raw = model.raw_expected([r.prompt for r in mapped])
+        calibration = fit_calibration(
+            raw, [r.length for r in mapped], f"{len(mapped)} served samples"
+        )
         write_calibrated(model_dir, out, calibration, parent_version=base.version)
     candidate = LengthPredictor.load(out, threads=2)
     decision = _gate(candidate, base, fit, gate)

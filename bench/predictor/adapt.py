@@ -1,13 +1,17 @@
 """How fast the length predictor learns a served model from its traffic, and recovers from drift.
 
     python -m bench.predictor.adapt [--labels predictor/labels/smollm2-135m-instruct]
-        [--checkpoints 0,100,300,600,2000] [--test-prompts 1500]
+        [--checkpoints 0,100,300,600,2000] [--test-prompts 1500] [--base default|4k]
+        [--device cpu|cuda]
 
 The "served traffic" is the served model's own labels (predictor.label_served: SmolLM2's greedy
 answer lengths), arriving in a fixed shuffled order from the labels' train split. The base is a
 predictor that never saw that model: trained on the corpora's reference answers (GPT-2 tokens of
-text-davinci-003 and others), like a deployment's first version. After every checkpoint's number
-of samples, in one run:
+text-davinci-003 and others), like a deployment's first version. By default it is trained like
+the default predictor (predictor.build_default), the version a deployment starts from; `--base
+4k` is that configuration on 4,000 prompts (a proxy that builds in minutes on two cores).
+`--device cuda` fine-tunes the base and every retrain on a GPU (minutes in all; on two CPU cores
+the default base alone takes ~20 minutes). After every checkpoint's number of samples, in one run:
 - `retrain`: predictor.retrain mode "retrain" (warm-started fine-tune, then calibration);
 - `calibration`: mode "calibrate" (the base model, a new calibration map);
 - `tfidf`: TF-IDF + ridge fitted on the samples so far;
@@ -15,10 +19,13 @@ of samples, in one run:
 - `served`: what a gateway would serve, the newest candidate the gate activated (else the one
   before, starting from the base),
 all scored on a fixed test split (the labels' test split: prompts no method trained or chose on).
+The base and the retrain's configuration were chosen on a validation split of the labels' train
+split (bench.predictor.adapt_sweep, bench/results/predictor_adapt_sweep.md).
 
 Drift: the stream then shifts corpus (Alpaca -> Dolly -> LIMA + GSM8K, 600 samples each); at each
-phase's end, a calibration fitted on Alpaca alone (stale) and one refitted on the last 600
-samples are scored on that phase's test prompts, with the window's served mean.
+phase's end, on that phase's test prompts: a calibration fitted on Alpaca alone (stale) and one
+refitted on the last 600 samples; the model retrained on Alpaca alone (stale) and one retrained
+on the last 600 samples (warm-started from the base); the window's served mean.
 
 Writes bench/results/predictor_adapt.{json,md,png}.
 """
@@ -30,29 +37,41 @@ import random
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.common import RESULTS_DIR, markdown_table, write_results
-from predictor.build_default import DEFAULT_SPEC
+from predictor.build_default import DEFAULT_OUT, DEFAULT_SPEC
 from predictor.calibrate import write_calibrated
-from predictor.calibration import fit_calibration
+from predictor.calibration import Calibration, fit_calibration
 from predictor.gate import constant_rival, score
 from predictor.prepare import LabeledRecord, prepare, training_fingerprint
-from predictor.retrain import retrain
+from predictor.retrain import DEFAULT_RETRAIN, RetrainConfig, retrain
 from predictor.runtime import LengthPredictor
 from predictor.served_build import DEFAULT_LABELS, served_records
 from predictor.tfidf_length import fit_tfidf_length
-from predictor.training import reusable_artifact, train_artifact
+from predictor.training import TrainSpec, reusable_artifact, train_artifact
 
 _REPO = Path(__file__).resolve().parents[2]
-BASE_DIR = _REPO / "var" / "predictor" / "reference-4k"
-# The default predictor's configuration on 4,000 reference prompts: a base that ranks prompts
-# like the default does, built in minutes on two cores (the full default takes ~20 minutes).
-BASE_SPEC = replace(DEFAULT_SPEC, finetune=replace(DEFAULT_SPEC.finetune, max_train=4000))
+# The bases a run can start from, both trained on the corpora's reference answers:
+# - "default": the default predictor's own configuration (predictor.build_default: 20,000
+#   reference prompts, one epoch), the version a deployment starts from (~20 minutes on two
+#   cores, under a minute on a GPU);
+# - "4k": that configuration on 4,000 prompts, a proxy built in minutes on two cores.
+BASE_SPECS = {
+    "default": DEFAULT_SPEC,
+    "4k": replace(DEFAULT_SPEC, finetune=replace(DEFAULT_SPEC.finetune, max_train=4000)),
+}
+DEFAULT_BASE = "default"
+# The default base is the demo's artifact directory: one that `python -m predictor.build_default`
+# (`make demo`) built from the same data is reused, and one built here is what it would build.
+BASE_DIRS = {
+    "default": DEFAULT_OUT,
+    "4k": _REPO / "var" / "predictor" / "reference-4k",
+}
 METHODS = ("retrain", "calibration", "tfidf", "served_mean", "served")
 DRIFT_PHASES = (("alpaca",), ("dolly",), ("lima", "gsm8k"))
 PHASE_SAMPLES = 600
@@ -64,14 +83,23 @@ def quiet(_: str) -> None:
     pass
 
 
-def base_predictor(data_dir: Path | None) -> Path:
+def base_spec(name: str = DEFAULT_BASE, device: str = "cpu") -> TrainSpec:
+    spec = BASE_SPECS[name]
+    return replace(spec, finetune=replace(spec.finetune, device=device))
+
+
+def base_predictor(data_dir: Path | None, name: str = DEFAULT_BASE, device: str = "cpu") -> Path:
+    """The base artifact (built, or reused when its data and configuration are the same)."""
     data = prepare(data_dir, None, None, quiet)
-    if reusable_artifact(BASE_DIR, BASE_SPEC, training_fingerprint(data.train)) is None:
+    spec, out = base_spec(name, device), BASE_DIRS[name]
+    if device != "cpu":  # a GPU-trained base is not the demo's artifact: a directory of its own
+        out = out.with_name(f"{out.name}-{device}")
+    if reusable_artifact(out, spec, training_fingerprint(data.train)) is None:
         from predictor.train import training_set
 
-        print(f"building the reference base predictor in {BASE_DIR}", flush=True)
-        train_artifact(BASE_SPEC, training_set(data, data_dir), BASE_DIR, progress=print)
-    return BASE_DIR
+        print(f"building the reference base predictor ({name}) in {out}", flush=True)
+        train_artifact(spec, training_set(data, data_dir), out, progress=print)
+    return out
 
 
 def scored(expected: np.ndarray, p90: np.ndarray, test: Sequence[LabeledRecord]) -> Row:
@@ -99,6 +127,8 @@ def learning_curves(
     base: Path,
     checkpoints: list[int],
     work: Path,
+    device: str = "cpu",
+    config: RetrainConfig = DEFAULT_RETRAIN,
 ) -> tuple[dict[str, list[Row]], list[Row]]:
     curves: dict[str, list[Row]] = {m: [] for m in METHODS}
     decisions: list[Row] = []
@@ -114,7 +144,15 @@ def learning_curves(
         samples = [(r.prompt, r.length) for r in seen]
         for method, mode in (("calibration", "calibrate"), ("retrain", RETRAIN_MODE)):
             out = work / f"{mode}-{n}"
-            report = retrain(samples, base, out, mode=mode, progress=quiet)  # type: ignore[arg-type]
+            report = retrain(
+                samples,
+                base,
+                out,
+                mode=mode,  # type: ignore[arg-type]
+                config=config,
+                device=device,
+                progress=quiet,
+            )
             curves[method].append(
                 {"samples": n, **artifact_scores(out, test), "seconds": report.seconds}
             )
@@ -142,10 +180,18 @@ def drift(
     work: Path,
     seed: int,
     phase_samples: int = PHASE_SAMPLES,
+    device: str = "cpu",
+    config: RetrainConfig = DEFAULT_RETRAIN,
 ) -> list[Row]:
+    """At each phase's end, on that phase's test prompts: the calibration fitted in the first
+    phase (stale) and one refitted on the window of the last `phase_samples` samples; the model
+    retrained in the first phase (stale) and one retrained on the window (warm-started from the
+    base, as the gateway's retrain after drift does); the window's mean."""
     rng = random.Random(seed)
     predictor = LengthPredictor.load(base, threads=2)
-    phases, stale, rows = [], None, []
+    stale: Calibration | None = None
+    stale_model: Path | None = None
+    rows: list[Row] = []
     seen: list[LabeledRecord] = []
     for corpora in DRIFT_PHASES:
         pool = [r for r in train if r.corpus in corpora]
@@ -165,12 +211,24 @@ def drift(
         test_raw = predictor.raw_expected([r.prompt for r in phase_test])
         for label, calibration in (("stale_calibration", stale), ("recalibrated", fresh)):
             row[label] = scored(*calibration.apply(test_raw), phase_test)
+        write_calibrated(base, work / f"drift-{name}", fresh)  # the artifact loads like any other
+        retrained = work / f"drift-retrain-{name}"
+        report = retrain(
+            [(r.prompt, r.length) for r in window],
+            base,
+            retrained,
+            mode=RETRAIN_MODE,  # type: ignore[arg-type]
+            config=config,
+            device=device,
+            progress=quiet,
+        )
+        stale_model = stale_model or retrained
+        row["stale_retrained"] = artifact_scores(stale_model, phase_test)
+        row["retrained"] = {**artifact_scores(retrained, phase_test), "activated": report.better}
         row["window_mean"] = scored(
             *constant_rival([r.length for r in window], len(phase_test)), phase_test
         )
-        write_calibrated(base, work / f"drift-{name}", fresh)  # the artifact loads like any other
         rows.append(row)
-        phases.append(name)
     return rows
 
 
@@ -200,13 +258,18 @@ def plot(curves: dict[str, list[Row]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def markdown(curves: dict[str, list[Row]], decisions: list[Row], drift_rows: list[Row]) -> str:
+def markdown(
+    curves: dict[str, list[Row]], decisions: list[Row], drift_rows: list[Row], notes: str = ""
+) -> str:
     rows = [
         [method, p["samples"], p["spearman"], p["mae_tokens"], p["p90_coverage"]]
         for method, points in curves.items()
         for p in points
     ]
-    parts = [markdown_table(["method", "samples", "Spearman", "MAE tokens", "p90 coverage"], rows)]
+    parts = [notes] if notes else []
+    parts.append(
+        markdown_table(["method", "samples", "Spearman", "MAE tokens", "p90 coverage"], rows)
+    )
     parts.append("\nGate decisions (gate split of the samples seen, never trained on):\n")
     parts.append(
         markdown_table(
@@ -214,27 +277,32 @@ def markdown(curves: dict[str, list[Row]], decisions: list[Row], drift_rows: lis
             [[d["samples"], d["method"], d["activate"], d["reason"]] for d in decisions],
         )
     )
-    parts.append("\nDrift (600 samples per phase; scored on that phase's test prompts):\n")
+    parts.append(
+        "\nDrift (600 samples per phase; scored on that phase's test prompts). Stale: fitted in"
+        " the first phase (Alpaca); recalibrated / retrained: on the window of the last 600"
+        " samples (the retrain warm-started from the base):\n"
+    )
+    drift_methods = (
+        ("stale_calibration", "stale calibration"),
+        ("recalibrated", "recalibrated"),
+        ("stale_retrained", "stale retrain"),
+        ("retrained", "retrained"),
+        ("window_mean", "window mean"),
+    )
     parts.append(
         markdown_table(
-            [
-                "phase",
-                "stale MAE",
-                "recalibrated MAE",
-                "window mean MAE",
-                "stale p90 cov",
-                "recalibrated p90 cov",
-            ],
+            ["phase", "method", "Spearman", "MAE tokens", "p90 coverage"],
             [
                 [
                     r["phase"],
-                    r["stale_calibration"]["mae_tokens"],
-                    r["recalibrated"]["mae_tokens"],
-                    r["window_mean"]["mae_tokens"],
-                    r["stale_calibration"]["p90_coverage"],
-                    r["recalibrated"]["p90_coverage"],
+                    label,
+                    r[key]["spearman"],
+                    r[key]["mae_tokens"],
+                    r[key]["p90_coverage"],
                 ]
                 for r in drift_rows
+                for key, label in drift_methods
+                if key in r
             ],
         )
     )
@@ -253,9 +321,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoints", default="0,100,300,600,2000")
     parser.add_argument("--test-prompts", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--base",
+        choices=sorted(BASE_SPECS),
+        default=DEFAULT_BASE,
+        help="the reference predictor every method starts from (see BASE_SPECS)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the base and the retrains are fine-tuned: cpu (two cores: hours) or cuda",
+    )
     args = parser.parse_args(argv)
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
-    base = base_predictor(args.data_dir)
+    base = base_predictor(args.data_dir, args.base, args.device)
     splits = served_records(args.labels, args.data_dir)
     rng = random.Random(args.seed)
     stream = list(splits["train"])
@@ -264,8 +343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng.shuffle(test)
     test = test[: args.test_prompts]
     with tempfile.TemporaryDirectory(prefix="adapt-") as tmp:
-        curves, decisions = learning_curves(stream, test, base, checkpoints, Path(tmp))
-        drift_rows = drift(splits["train"], splits["test"], base, Path(tmp), args.seed)
+        work = Path(tmp)
+        curves, decisions = learning_curves(
+            stream, test, base, checkpoints, work, device=args.device
+        )
+        drift_rows = drift(
+            splits["train"], splits["test"], base, work, args.seed, device=args.device
+        )
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     plot(curves, RESULTS_DIR / "predictor_adapt.png")
     payload = {
@@ -274,9 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "drift": drift_rows,
         "base": {
             "version": LengthPredictor.load(base).version,
-            "spec": BASE_SPEC.config_json(),
+            "name": args.base,
+            "spec": base_spec(args.base, args.device).config_json(),
             "trained_on": "the corpora's reference answers (GPT-2 tokens)",
         },
+        "retrain_config": asdict(DEFAULT_RETRAIN),
+        "device": args.device,
         "labels": str(args.labels),
         "test_prompts": len(test),
         "stream": "labels' train split, shuffled (seed)",
@@ -285,8 +372,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     given = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(["python -m bench.predictor.adapt", *given])
-    write_results("predictor_adapt", payload, markdown(curves, decisions, drift_rows), command)
-    print(markdown(curves, decisions, drift_rows))
+    notes = (
+        f"Base: `{args.base}` ({BASE_SPECS[args.base].finetune.max_train} reference prompts,"
+        f" {BASE_SPECS[args.base].finetune.epochs} epoch), fine-tuned on `{args.device}` like"
+        f" every retrain; {len(test)} test prompts (the labels' test split), served samples from"
+        " the labels' train split. The base and the retrain configuration were chosen on a"
+        " validation split carved from the labels' train split, never on this test split"
+        " (`python -m bench.predictor.adapt_sweep`, predictor_adapt_sweep.md).\n"
+    )
+    text = markdown(curves, decisions, drift_rows, notes)
+    write_results("predictor_adapt", payload, text, command)
+    print(text)
     return 0
 
 

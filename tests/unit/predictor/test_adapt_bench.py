@@ -28,9 +28,15 @@ def test_curves_drift_table_and_plot(sklearn_artifact, tmp_path, monkeypatch):
     base, calibrated = curves["calibration"][0], curves["calibration"][-1]
     assert calibrated["mae_tokens"] < base["mae_tokens"]  # the base is 3x too short
     assert {d["method"] for d in decisions} == {"calibration", "retrain"}
-    rows = drift(stream, test, sklearn_artifact, tmp_path, seed=0, phase_samples=40)
+    # 150 samples per corpus: each phase's window leaves enough gate samples for a retrain.
+    rows = drift(traffic(600, seed=3), test, sklearn_artifact, tmp_path, seed=0, phase_samples=120)
     assert [r["phase"] for r in rows] == ["alpaca", "dolly", "lima+gsm8k"]
     assert all(r["recalibrated"]["mae_tokens"] > 0 for r in rows)
+    assert all(r["retrained"]["mae_tokens"] > 0 for r in rows)
+    # The stale retrain is the first phase's: the same model as that phase's retrained one.
+    assert rows[0]["stale_retrained"]["mae_tokens"] == rows[0]["retrained"]["mae_tokens"]
     plot(curves, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 10_000
-    assert "| calibration | 150 |" in markdown(curves, decisions, rows)
+    table = markdown(curves, decisions, rows)
+    assert "| calibration | 150 |" in table
+    assert "| dolly | retrained |" in table

@@ -8,8 +8,19 @@ import random
 import pytest
 
 from predictor.artifact import WEIGHTS_FILE, load_manifest
+from predictor.calibration import MIN_SAMPLES
+from predictor.finetune import FinetuneConfig
 from predictor.gate import in_gate_split
-from predictor.retrain import RetrainReport, retrain
+from predictor.retrain import (
+    VALIDATION_FRACTION,
+    RetrainConfig,
+    RetrainReport,
+    _calibration_records,
+    _checked,
+    base_finetune_config,
+    is_held_out,
+    retrain,
+)
 from predictor.runtime import LengthPredictor
 from predictor.training import TrainSpec
 from tests.unit.predictor.conftest import TINY_FINETUNE, synthetic_records
@@ -112,3 +123,42 @@ def test_bad_requests_are_clear_errors(sklearn_artifact, tmp_path, kwargs, messa
 def test_retrain_never_overwrites_its_base(sklearn_artifact):
     with pytest.raises(ValueError, match="must differ"):
         retrain(_samples(60, 1), sklearn_artifact, sklearn_artifact, mode="calibrate")
+
+
+def test_retrain_config_sets_epochs_by_the_examples_goal():
+    config = RetrainConfig(examples_goal=2400, min_epochs=2, max_epochs=8)
+    assert [config.epochs(n) for n in (100, 600, 1000, 5000)] == [8, 4, 3, 2]
+    finetune = config.finetune(TINY_FINETUNE, 600, "cuda")
+    assert (finetune.epochs, finetune.device, finetune.max_train) == (4, "cuda", 0)
+    assert finetune.layers == TINY_FINETUNE.layers  # the shape stays the base's
+
+
+def test_a_retrain_by_config_takes_the_base_shape(minilm_artifact, tmp_path):
+    """Without a whole spec (the gateway's call), the fine-tune gets the base's layers, input
+    length and inputs, so the base's weights warm-start it; the config sets the epochs."""
+    base = load_manifest(minilm_artifact)
+    assert base_finetune_config(base).layers == TINY_FINETUNE.layers != FinetuneConfig().layers
+    config = RetrainConfig(examples_goal=1, min_epochs=1, max_epochs=1, warm_start_keep=0.5)
+    retrain(_samples(120, seed=3), minilm_artifact, tmp_path / "v2", config=config,
+            progress=quiet)  # fmt: skip
+    model = LengthPredictor.load(tmp_path / "v2").manifest.training["config"]["model"]
+    assert model["epochs"] == 1
+    assert model["warm_start_keep"] == 0.5
+    shape = ("layers", "max_tokens", "prompt_length_feature")
+    assert {k: model[k] for k in shape} == {k: base.training["config"]["model"][k] for k in shape}
+
+
+def test_calibration_on_the_validation_share(sklearn_artifact, tmp_path):
+    """calibration_samples="validation" fits the map on the held-out share of the non-gate
+    samples only (when it has enough); a calibrate run always uses them all."""
+    samples = _samples(400, seed=5)
+    fit = [p for p, _ in samples if not in_gate_split(p)]
+    held_out = sum(is_held_out(p, VALIDATION_FRACTION) for p in fit)
+    assert held_out >= MIN_SAMPLES
+    config = RetrainConfig(calibration_samples="validation")
+    records = _checked(samples)
+    fit_records = [r for r in records if not in_gate_split(r.prompt)]
+    assert len(_calibration_records(fit_records, "retrain", config)) == held_out
+    assert len(_calibration_records(fit_records, "calibrate", config)) == len(fit)
+    few = fit_records[:100]  # too few held out: the whole fit share
+    assert len(_calibration_records(few, "retrain", config)) == len(few)

@@ -9,7 +9,14 @@ import torch
 
 from predictor.artifact import load_manifest
 from predictor.baseline import SklearnConfig
-from predictor.finetune import PRESETS, finetune, length_batches, length_loss, subsample
+from predictor.finetune import (
+    PRESETS,
+    FinetuneConfig,
+    finetune,
+    length_batches,
+    length_loss,
+    subsample,
+)
 from predictor.prepare import training_fingerprint
 from predictor.train import add_model_arguments, spec_from_args
 from predictor.training import TrainSpec, reusable_artifact
@@ -105,3 +112,30 @@ def test_train_command_switches_the_length_input_and_int8_scales(argv, length_fe
     # Either choice is part of the configuration a cached artifact is reused for.
     assert spec.config_json()["model"]["prompt_length_feature"] is length_feature
     assert spec.config_json().get("int8_per_channel", False) is per_channel
+
+
+def test_warm_start_keep_is_left_out_of_the_configuration_at_its_default():
+    """Artifacts built before the option keep their recorded configuration (and stay reusable);
+    a value outside [0, 1) is refused."""
+    assert "warm_start_keep" not in FinetuneConfig().to_json()
+    assert FinetuneConfig(warm_start_keep=0.3).to_json()["warm_start_keep"] == 0.3
+    with pytest.raises(ValueError, match="warm_start_keep"):
+        FinetuneConfig(warm_start_keep=1.0)
+
+
+def test_interpolate_weights_mixes_the_start_back_in(minilm_artifact):
+    from predictor.artifact import WEIGHTS_FILE
+    from predictor.finetune import interpolate_weights, load_weights
+    from predictor.minilm import build_classifier
+
+    start = minilm_artifact / WEIGHTS_FILE
+    model = build_classifier(10, layers=1, length_feature=False)
+    load_weights(model, start)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    interpolate_weights(model, start, keep=0.25)
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.allclose(tensor, initial[name] + 0.75, atol=1e-5), name
