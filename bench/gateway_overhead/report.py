@@ -70,12 +70,9 @@ def goals(fedllm: dict[str, Any], anchor: dict[str, Any], high: int) -> dict[str
     return out
 
 
+# LiteLLM's CPU per request in ../shared/gwbench/reference (non-stream, stream).
+REFERENCE_LITELLM_CPU_MS = (13.2, 23.2)
 NOTES = [
-    "- The machine has 2 vCPUs shared with other agents' work (tests, CI): the calibration "
-    "columns of each run's summary.md show the vCPU speed moving up to 2x within minutes. Only "
-    "ratios of runs made back to back are meaningful; absolute req/s are not comparable with "
-    "../shared/gwbench/reference (there LiteLLM cost 13.2 / 23.2 ms of CPU per request "
-    "non-stream / stream, here 1.25x to 1.75x that).",
     "- Added latency at c=1 is fedllm's whole path (HTTP in, gRPC out to fake_site.py, which "
     "costs ~1.5 ms of Python grpc.aio CPU per request on the load generator's core) minus the "
     "direct HTTP fake backend (~0.3 ms): the fake site's share is in it.",
@@ -86,7 +83,33 @@ NOTES = [
     "- CPU ms/req is /proc CPU of the gateway process tree (10 ms ticks) over a run's requests; "
     "at c=1 nothing is batched (the length prediction, ~1 ms here, and the request log's "
     "transactions), at c=32 they are.",
+    "- The gateway runs in the checkout's .venv-gateway when it has one (its own dependencies, "
+    "no torch, as its container image), else in .venv (see each run's meta.json).",
 ]
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """The fixed notes, after one on the host's speed with LiteLLM's cost here vs the kit's."""
+    high = result["high_concurrency"]
+    litellm = result["runs"].get("litellm-1.106.2")
+    cost = ""
+    if litellm is not None:
+        here = [
+            litellm["figures"][mode][f"cpu_ms_per_req_c{high}"] for mode in ("non_stream", "stream")
+        ]
+        ratios = [h / r for h, r in zip(here, REFERENCE_LITELLM_CPU_MS, strict=True)]
+        cost = (
+            f" (there LiteLLM cost {REFERENCE_LITELLM_CPU_MS[0]} / {REFERENCE_LITELLM_CPU_MS[1]} "
+            f"ms of CPU per request non-stream / stream, here {here[0]:.1f} / {here[1]:.1f} at "
+            f"c={high}: {ratios[0]:.2f}x / {ratios[1]:.2f}x)"
+        )
+    speed = (
+        "- The machine has 2 vCPUs shared with other agents' work (tests, CI): the calibration "
+        "columns of each run's summary.md show the vCPU speed moving up to 2x within minutes. "
+        "Only ratios of runs made back to back are meaningful; absolute req/s are not comparable "
+        f"with ../shared/gwbench/reference{cost}."
+    )
+    return [speed, *NOTES]
 
 
 def figures_table(runs: dict[str, Any], high: int) -> str:
@@ -142,7 +165,7 @@ def markdown(result: dict[str, Any]) -> str:
     if baseline:
         lines += ["", f"## Before: {baseline['label']}", "", baseline["how"], ""]
         lines.append(figures_table(baseline["runs"], high))
-    lines += ["", "## Notes", "", *NOTES]
+    lines += ["", "## Notes", "", *notes(result)]
     return "\n".join(lines) + "\n"
 
 
