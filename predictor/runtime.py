@@ -106,17 +106,22 @@ class LengthPredictor:
         if not prompts:
             return []
         probs = self.probabilities(prompts)
-        table = self._manifest.lengths
-        expected = expected_tokens(probs, table)
-        if self._manifest.calibration is not None:
-            expected, p90 = self._manifest.calibration.apply(expected)
-        else:
-            p90 = p90_tokens(probs, table)
+        expected, p90 = self.served_lengths(probs)
         buckets = self._manifest.decision.apply(probs)
         return [
             LengthPrediction(int(b), tuple(float(p) for p in row), float(e), int(q), self.version)
             for b, row, e, q in zip(buckets, probs, expected, p90, strict=True)
         ]
+
+    def served_lengths(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Expected and p90 lengths of bucket probabilities, as served: through the artifact's
+        calibration when it has one."""
+        table = self._manifest.lengths
+        expected = expected_tokens(probs, table)
+        if self._manifest.calibration is not None:
+            calibrated, p90 = self._manifest.calibration.apply(expected)
+            return calibrated, np.asarray(p90, dtype=np.float64)
+        return expected, np.asarray(p90_tokens(probs, table), dtype=np.float64)
 
     def raw_expected(self, prompts: Sequence[str]) -> np.ndarray:
         """Expected lengths before the artifact's calibration (what a new calibration maps)."""

@@ -59,7 +59,7 @@ def _federation(work: Path, kit: Kit) -> Path:
     return path
 
 
-def gateway_python(checkout: Path) -> Path:
+def checkout_gateway_python(checkout: Path) -> Path:
     """The gateway as its image runs it (`make setup`'s .venv-gateway: no torch, which
     transformers would otherwise import, growing the heap every full collection walks), else
     the development environment."""
@@ -83,7 +83,7 @@ def gateway_command(checkout: Path, work: Path, kit: Kit, database_url: str | No
     if database_url is not None:
         env["GATEWAY_DATABASE_URL"] = database_url
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    python = gateway_python(checkout)
+    python = checkout_gateway_python(checkout)
     unset = "-u GATEWAY_DATABASE_URL -u GATEWAY_PREDICTOR_DIR"
     return f"cd {shlex.quote(str(work))} && exec env {unset} {assignments} {python} -m gateway"
 

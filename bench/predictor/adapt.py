@@ -49,7 +49,7 @@ from predictor.calibrate import write_calibrated
 from predictor.calibration import Calibration, fit_calibration
 from predictor.gate import constant_rival, score
 from predictor.prepare import LabeledRecord, prepare, training_fingerprint
-from predictor.retrain import DEFAULT_RETRAIN, RetrainConfig, retrain
+from predictor.retrain import DEFAULT_RETRAIN, Mode, RetrainConfig, RetrainReport, retrain
 from predictor.runtime import LengthPredictor
 from predictor.served_build import DEFAULT_LABELS, served_records
 from predictor.tfidf_length import fit_tfidf_length
@@ -75,7 +75,7 @@ BASE_DIRS = {
 METHODS = ("retrain", "calibration", "tfidf", "served_mean", "served")
 DRIFT_PHASES = (("alpaca",), ("dolly",), ("lima", "gsm8k"))
 PHASE_SAMPLES = 600
-RETRAIN_MODE = "retrain"  # the retrain curve's mode (a test of the pipeline swaps it)
+RETRAIN_MODE: Mode = "retrain"  # the retrain curve's mode (a test of the pipeline swaps it)
 Row = dict[str, Any]
 
 
@@ -100,6 +100,27 @@ def base_predictor(data_dir: Path | None, name: str = DEFAULT_BASE, device: str 
         print(f"building the reference base predictor ({name}) in {out}", flush=True)
         train_artifact(spec, training_set(data, data_dir), out, progress=print)
     return out
+
+
+def served_stream(train: Sequence[LabeledRecord], rng: random.Random) -> list[LabeledRecord]:
+    """The "served traffic": the labels' train split in the seed's first shuffle (the sweep that
+    chose the bench's configuration reads the same order)."""
+    stream = list(train)
+    rng.shuffle(stream)
+    return stream
+
+
+def retrained(
+    samples: Sequence[LabeledRecord],
+    base: Path,
+    out: Path,
+    mode: Mode,
+    device: str,
+    config: RetrainConfig = DEFAULT_RETRAIN,
+) -> RetrainReport:
+    """predictor.retrain on the samples, quietly."""
+    pairs = [(r.prompt, r.length) for r in samples]
+    return retrain(pairs, base, out, mode=mode, config=config, device=device, progress=quiet)
 
 
 def scored(expected: np.ndarray, p90: np.ndarray, test: Sequence[LabeledRecord]) -> Row:
@@ -141,18 +162,13 @@ def learning_curves(
                 curves[method].append({"samples": 0, **base_scores})
             continue
         seen = stream[:n]
-        samples = [(r.prompt, r.length) for r in seen]
-        for method, mode in (("calibration", "calibrate"), ("retrain", RETRAIN_MODE)):
+        modes: tuple[tuple[str, Mode], ...] = (
+            ("calibration", "calibrate"),
+            ("retrain", RETRAIN_MODE),
+        )
+        for method, mode in modes:
             out = work / f"{mode}-{n}"
-            report = retrain(
-                samples,
-                base,
-                out,
-                mode=mode,  # type: ignore[arg-type]
-                config=config,
-                device=device,
-                progress=quiet,
-            )
+            report = retrained(seen, base, out, mode, device, config)
             curves[method].append(
                 {"samples": n, **artifact_scores(out, test), "seconds": report.seconds}
             )
@@ -212,19 +228,11 @@ def drift(
         for label, calibration in (("stale_calibration", stale), ("recalibrated", fresh)):
             row[label] = scored(*calibration.apply(test_raw), phase_test)
         write_calibrated(base, work / f"drift-{name}", fresh)  # the artifact loads like any other
-        retrained = work / f"drift-retrain-{name}"
-        report = retrain(
-            [(r.prompt, r.length) for r in window],
-            base,
-            retrained,
-            mode=RETRAIN_MODE,  # type: ignore[arg-type]
-            config=config,
-            device=device,
-            progress=quiet,
-        )
-        stale_model = stale_model or retrained
+        window_model = work / f"drift-retrain-{name}"
+        report = retrained(window, base, window_model, RETRAIN_MODE, device, config)
+        stale_model = stale_model or window_model
         row["stale_retrained"] = artifact_scores(stale_model, phase_test)
-        row["retrained"] = {**artifact_scores(retrained, phase_test), "activated": report.better}
+        row["retrained"] = {**artifact_scores(window_model, phase_test), "activated": report.better}
         row["window_mean"] = scored(
             *constant_rival([r.length for r in window], len(phase_test)), phase_test
         )
@@ -337,8 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = base_predictor(args.data_dir, args.base, args.device)
     splits = served_records(args.labels, args.data_dir)
     rng = random.Random(args.seed)
-    stream = list(splits["train"])
-    rng.shuffle(stream)
+    stream = served_stream(splits["train"], rng)
     test = list(splits["test"])
     rng.shuffle(test)
     test = test[: args.test_prompts]

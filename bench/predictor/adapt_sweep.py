@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS_DIR, markdown_table
-from bench.predictor.adapt import base_predictor, base_spec, scored
-from predictor.distribution import expected_tokens, p90_tokens
+from bench.predictor.adapt import base_predictor, base_spec, retrained, scored, served_stream
+from predictor.distribution import expected_tokens
 from predictor.evaluate import spearman
 from predictor.gate import constant_rival
 from predictor.prepare import LabeledRecord
-from predictor.retrain import RetrainConfig, retrain
+from predictor.retrain import RetrainConfig
 from predictor.runtime import LengthPredictor
 from predictor.served_build import DEFAULT_LABELS, served_records
 from predictor.tfidf_length import fit_tfidf_length
@@ -85,22 +85,13 @@ SECOND_STREAM_START = 2000  # the bench's curves read stream[:2000]
 Row = dict[str, Any]
 
 
-def quiet(_: str) -> None:
-    pass
-
-
 def dev_scores(path: Path, dev: Sequence[LabeledRecord], threads: int) -> Row:
     """What the gateway would serve (calibrated when the artifact holds a calibration), plus
     the raw expected length's Spearman."""
     predictor = LengthPredictor.load(path, threads=threads)
     probs = predictor.probabilities([r.prompt for r in dev])
-    table = predictor.manifest.lengths
-    raw = expected_tokens(probs, table)
-    if predictor.manifest.calibration is not None:
-        expected, p90 = predictor.manifest.calibration.apply(raw)
-    else:
-        expected, p90 = raw, p90_tokens(probs, table)
-    row = scored(expected, np.asarray(p90, dtype=np.float64), dev)
+    raw = expected_tokens(probs, predictor.manifest.lengths)
+    row = scored(*predictor.served_lengths(probs), dev)
     row["raw_spearman"] = spearman(raw, np.array([r.length for r in dev], dtype=np.float64))
     return row
 
@@ -189,8 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     started = time.monotonic()
     splits = served_records(args.labels, args.data_dir)
-    stream = list(splits["train"])
-    random.Random(args.seed).shuffle(stream)  # the bench's stream (same seed, same order)
+    stream = served_stream(splits["train"], random.Random(args.seed))  # the bench's order
     dev = stream[-args.dev_prompts :]
     sets = sample_sets(stream, args.samples)
     assert not {r.prompt for s in sets for r in s} & {r.prompt for r in dev}
@@ -229,8 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in bases_needed:
             for i, samples in enumerate(sets):
                 out = Path(tmp) / f"{name}-calibrate-{i}"
-                pairs = [(r.prompt, r.length) for r in samples]
-                retrain(pairs, bases[name], out, mode="calibrate", progress=quiet)
+                retrained(samples, bases[name], out, "calibrate", args.device)
                 payload["rows"].append(
                     {"variant": f"{name}/calibration", "set": i, **dev_scores(out, dev, 2)}
                 )
@@ -241,15 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base_name, config = VARIANTS[name]
             for i, samples in enumerate(sets):
                 out = Path(tmp) / f"{name.replace('/', '-')}-{i}"
-                pairs = [(r.prompt, r.length) for r in samples]
-                report = retrain(
-                    pairs,
-                    bases[base_name],
-                    out,
-                    config=config,
-                    device=args.device,
-                    progress=quiet,
-                )
+                report = retrained(samples, bases[base_name], out, "retrain", args.device, config)
                 row = {
                     "variant": name,
                     "set": i,
