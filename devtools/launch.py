@@ -5,18 +5,23 @@ Used by the demo and by the end-to-end tests, so both exercise exactly what an o
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from devtools.forkserver import FORK_SERVER_ENV, ForkedChild, ForkServer
 
 # Not anchored at the line's end (another thread's log line can land right after the number), but
 # the number must be followed by something, so a half-written line is not read as a shorter port.
@@ -25,6 +30,19 @@ _READY = re.compile(r"^READY port=(\d+)(?=\D)", re.MULTILINE)
 # gateway's own dependencies and no torch, as its container image has (`make setup` builds one in
 # .venv-gateway and `make test` names it here). Unset: this interpreter.
 GATEWAY_PYTHON_ENV = "FEDLLM_GATEWAY_PYTHON"
+# The programs a fork server can launch, with what it imports for them once: the __main__ module
+# (which imports the program) and what the program imports later, while it starts.
+_FORKABLE: dict[str, tuple[str, ...]] = {
+    "site_engine": ("site_engine.__main__",),
+    "gateway": (
+        "gateway.__main__",
+        "uvloop",
+        "uvicorn.protocols.http.httptools_impl",
+        "onnxruntime",
+    ),
+}
+_fork_servers: dict[tuple[str, str], ForkServer] = {}
+_fork_servers_lock = threading.Lock()
 
 
 class LaunchError(RuntimeError):
@@ -41,7 +59,7 @@ def free_port() -> int:
 @dataclass
 class ManagedProcess:
     name: str
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedChild
     log_path: Path
     port: int = 0
     extra: dict[str, str] = field(default_factory=dict)
@@ -101,15 +119,48 @@ def _spawn(
     """`wrapper` runs before the interpreter (a tracer such as `strace -f -o FILE`); `python`
     names another interpreter than this one."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    server = None if wrapper else _fork_server(python or sys.executable, args)
+    if server is not None:
+        return ManagedProcess(name, server.spawn(list(args[2:]), full_env, log_path), log_path)
     with log_path.open("wb") as log_file:
         popen = subprocess.Popen(
             [*wrapper, python or sys.executable, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env=full_env,
         )
     return ManagedProcess(name, popen, log_path)
+
+
+def _fork_server(python: str, args: Sequence[str]) -> ForkServer | None:
+    """The fork server that launches `python -m MODULE` (started on first use), or None where
+    launches are not forked (FORK_SERVER_ENV unset, or a program it does not know)."""
+    if os.environ.get(FORK_SERVER_ENV) != "1" or len(args) < 2 or args[0] != "-m":
+        return None
+    module = args[1]
+    if module not in _FORKABLE:
+        return None
+    with _fork_servers_lock:
+        server = _fork_servers.get((python, module))
+        if server is None:
+            log_fd, log_name = tempfile.mkstemp(prefix=f"fedllm-fork-{module}-", suffix=".log")
+            os.close(log_fd)
+            server = ForkServer(python, module, _FORKABLE[module], Path(log_name))
+            _fork_servers[(python, module)] = server
+    return server
+
+
+def close_fork_servers() -> None:
+    """Ends every fork server this process started, and whatever they launched that still runs."""
+    with _fork_servers_lock:
+        for server in _fork_servers.values():
+            server.close()
+        _fork_servers.clear()
+
+
+atexit.register(close_fork_servers)
 
 
 def _wait_for_ready_line(process: ManagedProcess, timeout_s: float) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from devtools.forkserver import FORK_SERVER_ENV
 from devtools.launch import (
     GATEWAY_PYTHON_ENV,
     ManagedProcess,
@@ -41,6 +42,10 @@ from tests.infra.deployment import (
 from tests.infra.gateway_render import gateway_container_env, gateway_secrets
 from tests.infra.hcl_tree import ModuleConfig
 from tests.support.tls_certs import make_pki
+
+# Variables of the test run itself (which interpreter runs gateways, how they are launched), not
+# of a container's environment.
+TEST_RUN_ONLY = (GATEWAY_PYTHON_ENV, FORK_SERVER_ENV)
 
 GATEWAY_ENTRYPOINT = DOCKER_DIR / "gateway-entrypoint.sh"
 
@@ -271,7 +276,7 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
                 stdin=subprocess.DEVNULL,
                 # What a container gets: no variable of the test run's own (the interpreter
                 # choice above is one).
-                env={**{k: v for k, v in os.environ.items() if k != GATEWAY_PYTHON_ENV}, **env},
+                env={**{k: v for k, v in os.environ.items() if k not in TEST_RUN_ONLY}, **env},
             )
         gateway = ManagedProcess("gateway", popen, log, port)
         started.append(gateway)
