@@ -16,7 +16,7 @@ from gateway.api.admin_pages import admin_router
 from gateway.api.batch_routes import BatchesController
 from gateway.api.chat_routes import ChatController
 from gateway.api.client_auth import authenticate_caller
-from gateway.api.completion_routes import CompletionsController
+from gateway.api.completion_routes import CompletionsController, provide_completion_call
 from gateway.api.database_errors import DATABASE_EXCEPTION_HANDLERS
 from gateway.api.file_routes import FilesController
 from gateway.api.key_routes import AdminKeysController
@@ -31,9 +31,7 @@ from gateway.settings import GatewaySettings
 PROVIDED = (
     "settings",
     "tokenizers",
-    "tokenize_pool",
     "completions",
-    "chat",
     "files",
     "batches",
     "idempotency",
@@ -89,6 +87,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             **{name: _provider(name) for name in PROVIDED},
             # The client APIs' caller: 401 before anything else for a key that is not allowed.
             "caller": Provide(authenticate_caller),
+            "completion_call": Provide(provide_completion_call),
         },
         exception_handlers={**EXCEPTION_HANDLERS, **DATABASE_EXCEPTION_HANDLERS},
         middleware=[HttpMetricsMiddleware],

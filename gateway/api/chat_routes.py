@@ -9,14 +9,9 @@ from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from gateway.api.chat_schemas import ChatCompletion, ChatCompletionRequest, decode_chat_request
-from gateway.api.completion_routes import OpenAIAnswer, answer
+from gateway.api.completion_routes import CompletionCall, OpenAIAnswer, answer
 from gateway.api.openai_format import chat_completion_events, collect_chat_completion
 from gateway.api.openapi_body import json_body
-from gateway.chat.service import ChatService
-from gateway.completions.service import CompletionService
-from gateway.idempotency import Idempotency
-from gateway.tenancy.admission import Caller
-from gateway.tokenize_pool import TokenizePool
 
 
 class ChatController(Controller):
@@ -32,14 +27,12 @@ class ChatController(Controller):
     async def create_chat_completion(
         self,
         request: Request[Any, Any, Any],
-        chat: NamedDependency[ChatService],
-        completions: NamedDependency[CompletionService],
-        tokenize_pool: NamedDependency[TokenizePool],
-        idempotency: NamedDependency[Idempotency],
-        caller: NamedDependency[Caller],
+        completion_call: NamedDependency[CompletionCall],
     ) -> Response[ChatCompletion] | Stream:
         body = await request.body()
-        prepared = await tokenize_pool.run(chat.prepare, decode_chat_request(body), len(body))
+        prepared = await completion_call.tokenize_pool.run(
+            completion_call.chat.prepare, decode_chat_request(body), len(body)
+        )
         return await answer(
             OpenAIAnswer(
                 "/v1/chat/completions",
@@ -50,7 +43,5 @@ class ChatController(Controller):
             request,
             body,
             prepared,
-            completions,
-            idempotency,
-            caller,
+            completion_call,
         )

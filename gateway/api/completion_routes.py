@@ -11,9 +11,11 @@ from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from gateway.api.body import decode_body
+from gateway.api.client_auth import authenticate_caller
 from gateway.api.completion_schemas import Completion, CompletionRequest
 from gateway.api.openai_format import collect_completion, completion_events
 from gateway.api.openapi_body import json_body
+from gateway.chat.service import ChatService
 from gateway.completions.service import CompletionService, PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.idempotency import HEADER, REPLAYED_HEADER, Idempotency
@@ -22,6 +24,33 @@ from gateway.tokenize_pool import TokenizePool
 
 SITE_HEADER = "X-Fedllm-Site"
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCall:
+    """What the completion and chat endpoints use, resolved as one litestar dependency (named
+    `completion_call`): litestar resolves a handler's independent dependencies as concurrent
+    tasks, a task group and a task each per request, which cost these endpoints more than all
+    the lookups they make."""
+
+    caller: Caller
+    completions: CompletionService
+    chat: ChatService
+    tokenize_pool: TokenizePool
+    idempotency: Idempotency
+
+
+async def provide_completion_call(request: Request[Any, Any, Any]) -> CompletionCall:
+    """The `completion_call` dependency: 401 first for a key that is not allowed."""
+    caller = await authenticate_caller(request)
+    services = request.app.state.assembly
+    return CompletionCall(
+        caller,
+        services.completions,
+        services.chat,
+        services.tokenize_pool,
+        services.idempotency,
+    )
 
 
 class CompletionsController(Controller):
@@ -37,23 +66,18 @@ class CompletionsController(Controller):
     async def create_completion(
         self,
         request: Request[Any, Any, Any],
-        completions: NamedDependency[CompletionService],
-        tokenize_pool: NamedDependency[TokenizePool],
-        idempotency: NamedDependency[Idempotency],
-        caller: NamedDependency[Caller],
+        completion_call: NamedDependency[CompletionCall],
     ) -> Response[Completion] | Stream:
         body = await request.body()
-        prepared = await tokenize_pool.run(
-            completions.prepare, decode_body(body, CompletionRequest), len(body)
+        prepared = await completion_call.tokenize_pool.run(
+            completion_call.completions.prepare, decode_body(body, CompletionRequest), len(body)
         )
         return await answer(
             OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion),
             request,
             body,
             prepared,
-            completions,
-            idempotency,
-            caller,
+            completion_call,
         )
 
 
@@ -73,12 +97,11 @@ async def answer(
     request: Request[Any, Any, Any],
     body: bytes,
     prepared: PreparedCompletion,
-    completions: CompletionService,
-    idempotency: Idempotency,
-    caller: Caller,
+    call: CompletionCall,
 ) -> Response[T] | Stream:
     """What the completion endpoints share after preparing the request: the Idempotency-Key,
     then a stream, or the whole answer (stored for retries under its key)."""
+    completions, idempotency, caller = call.completions, call.idempotency, call.caller
     claim = await idempotency.claim(
         request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prepared.stream
     )

@@ -106,8 +106,12 @@ class Dispatch:
     _cancelling: set[asyncio.Task[bool]] = field(default_factory=set)
     # Why the last site could not take it (said in the 503 when no site is left).
     _last_failure: str = ""
+    # The answer length routing planned with: the ledger's charge counts down from it (fixed
+    # per request; read once, not at every chunk).
+    _answer_plan: int = 0
 
     def __post_init__(self) -> None:
+        self._answer_plan = self.prepared.routing.answer_tokens
         reservation = self.site.reserve(self._planned_charge(self.params))
         self._reservation = reservation
         self._unused = weakref.finalize(self, reservation.release)
@@ -295,7 +299,7 @@ class Dispatch:
         self._charged = charge
 
     def _planned_charge(self, params: GenerateParams) -> int:
-        remaining = max(self.prepared.routing.answer_tokens - self.completion_tokens, 0)
+        remaining = max(self._answer_plan - self.completion_tokens, 0)
         return len(params.prompt_token_ids) + remaining
 
     def _observe(self, chunk: SiteChunk) -> SiteChunk:
@@ -327,8 +331,9 @@ class Dispatch:
                 )
             if finish_reason == "cancelled":
                 raise upstream_failed(f"site {self.site.name} cancelled the request")
-        return replace(
-            chunk,
+        return SiteChunk(  # not dataclasses.replace: this runs for every token
+            accepted=chunk.accepted,
+            token_ids=chunk.token_ids,
             text=text,
             finish_reason=finish_reason,
             prompt_tokens=len(self.prepared.params.prompt_token_ids),
