@@ -211,6 +211,10 @@ class ForkServer:
         request["cwd"] = os.getcwd()
         return ForkedChild(self, int(self._ask(request)["pid"]), args)
 
+    @property
+    def alive(self) -> bool:
+        return self._popen.poll() is None
+
     def returncode(self, pid: int) -> int | None:
         code = self._ask({"op": "poll", "pid": pid})["returncode"]
         return None if code is None else int(code)

@@ -144,7 +144,8 @@ def _fork_server(python: str, args: Sequence[str]) -> ForkServer | None:
         return None
     with _fork_servers_lock:
         server = _fork_servers.get((python, module))
-        if server is None:
+        # One that died (its log says why) is replaced; what it launched fails on its own.
+        if server is None or not server.alive:
             log_fd, log_name = tempfile.mkstemp(prefix=f"fedllm-fork-{module}-", suffix=".log")
             os.close(log_fd)
             server = ForkServer(python, module, _FORKABLE[module], Path(log_name))

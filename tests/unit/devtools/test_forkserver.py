@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.forkserver import ForkServer, ForkServerError
+from devtools.forkserver import FORK_SERVER_ENV, ForkServer, ForkServerError
 
 PROGRAM = "tests.support.forked_program"
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -98,3 +98,28 @@ def test_a_server_that_cannot_import_its_program_fails_loudly(tmp_path: Path) ->
     with pytest.raises(ForkServerError, match="did not start"):
         ForkServer(sys.executable, "no_such_program", ("no_such_program",), tmp_path / "s.log")
     assert "ModuleNotFoundError" in (tmp_path / "s.log").read_text()
+
+
+def test_a_server_that_died_is_replaced_for_the_next_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from devtools import launch
+
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setenv(FORK_SERVER_ENV, "1")
+    monkeypatch.setitem(launch._FORKABLE, PROGRAM, (PROGRAM,))
+    args = ["-m", PROGRAM, "exit", "0"]
+    first = launch._fork_server(sys.executable, args)
+    assert first is not None
+    assert launch._fork_server(sys.executable, args) is first
+    first._popen.kill()
+    first._popen.wait()
+    second = launch._fork_server(sys.executable, args)
+    assert second is not None
+    assert second is not first
+    assert second.alive
+    try:
+        process = launch._spawn("forked", args, tmp_path / "child.log")
+        assert process.popen.wait(timeout=30) == 0
+    finally:  # only this test's server: others of this worker may have children running
+        launch._fork_servers.pop((sys.executable, PROGRAM)).close()
