@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.engine import CursorResult, Result
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, utcnow
-from gateway.stores.batch_records import settled_status
+from gateway.db.models import (
+    BatchItem,
+    BatchItemStatus,
+    BatchJob,
+    BatchStatus,
+    InferenceRequest,
+    RequestStatus,
+    utcnow,
+)
+from gateway.stores.batch_records import ItemResult, settled_status
 
 OPEN_BATCH = (
     BatchStatus.VALIDATING,
@@ -93,3 +101,44 @@ def settle(batch: BatchJob) -> None:
         batch.finalizing_at = utcnow()
         if batch.status != BatchStatus.CANCELLING:
             batch.status = BatchStatus.FINALIZING
+
+
+_REQUEST_STATUS = {
+    BatchItemStatus.COMPLETED: RequestStatus.COMPLETED,
+    BatchItemStatus.FAILED: RequestStatus.FAILED,
+    BatchItemStatus.CANCELLED: RequestStatus.CANCELLED,
+}
+
+
+async def settle_request_row(
+    session: AsyncSession, batch_id: str, index: int, result: ItemResult
+) -> None:
+    """Gives the request row of the item's last start the item's final status, in the
+    transaction that records the item. Its full outcome (first token, attempts, ...) comes
+    through the request log, written behind in batches: a gateway that stops in between
+    would otherwise leave the row `dispatched` beside a final item, and the key's usage
+    without the answer's tokens. A row already final is left as it is."""
+    usage = (result.completion or {}).get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    choices = (result.completion or {}).get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    reason = first.get("finish_reason") if isinstance(first, dict) else None
+    started_as = (
+        select(BatchItem.request_id)
+        .where(BatchItem.batch_id == batch_id, BatchItem.item_index == index)
+        .scalar_subquery()
+    )
+    await session.execute(
+        update(InferenceRequest)
+        .where(
+            InferenceRequest.id == started_as,
+            InferenceRequest.status == RequestStatus.DISPATCHED,
+        )
+        .values(
+            status=_REQUEST_STATUS[result.status],
+            completion_tokens=tokens if isinstance(tokens, int) else None,
+            finish_reason=reason if isinstance(reason, str) else None,
+            error=None if result.error is None else str(result.error.get("message", "")),
+            finished_at=utcnow(),
+        )
+    )

@@ -40,6 +40,7 @@ from gateway.stores.batch_settling import (
     expire_in,
     rowcount,
     settle,
+    settle_request_row,
 )
 from gateway.stores.file_store import file_exists, owned_by
 
@@ -321,6 +322,8 @@ class BatchStore:
             )
             if rowcount(written) != 1:
                 return False
+            if started:
+                await settle_request_row(session, batch_id, index, result)
             batch = await session.get(
                 BatchJob, batch_id, with_for_update=True, populate_existing=True
             )

@@ -10,10 +10,17 @@ from datetime import timedelta
 from functools import partial
 
 import pytest
+from sqlalchemy import select
 
 from gateway.batches.output import render
 from gateway.db.migrate import downgrade, upgrade
-from gateway.db.models import BatchItemStatus, BatchStatus, utcnow
+from gateway.db.models import (
+    BatchItemStatus,
+    BatchStatus,
+    InferenceRequest,
+    RequestStatus,
+    utcnow,
+)
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.federation import SiteConfig
 from gateway.stores.batch_finalize import BatchFinalizer
@@ -21,6 +28,7 @@ from gateway.stores.batch_leases import BatchLeases
 from gateway.stores.batch_records import BatchView, ItemAssignment, ItemResult, NewBatch, NewItem
 from gateway.stores.batch_settling import CANCELLED_ERROR
 from gateway.stores.batch_store import BatchStore
+from gateway.stores.request_log import NewRequest, Outcome, RequestLog
 from gateway.stores.site_store import sync_sites
 
 DATABASES = ["sqlite_url", pytest.param("postgres_url", marks=pytest.mark.postgres)]
@@ -323,3 +331,55 @@ def test_a_lane_reads_the_longest_planned_answers_first_page_by_page(run) -> Non
         assert [q.index for q in rest] == [0, 2, 5]
 
     run(scenario)
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_a_final_item_settles_its_request_row_in_the_same_transaction(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    """The request log writes an item's full outcome behind, in batches; the item's own final
+    write already gives its row the final status (a gateway stopped in between left it
+    `dispatched`), and leaves a row the request log finalized first as it is."""
+    url = request.getfixturevalue(database)
+    upgrade(url)
+    answer = ItemResult(
+        BatchItemStatus.COMPLETED,
+        completion={"usage": {"completion_tokens": 9}, "choices": [{"finish_reason": "length"}]},
+    )
+
+    async def scenario() -> dict[str, tuple[object, ...]]:
+        engine = create_engine(url)
+        try:
+            sessions = create_sessionmaker(engine)
+            sites = await sync_sites(sessions, SITES)
+            store, log = BatchStore(sessions), RequestLog(sessions)
+            await in_progress(store, "batch_r", 3, sites["a"])
+            for index in range(3):
+                assert await store.start_item("batch_r", index, 0, f"cmpl-r{index}")
+                rid = f"cmpl-r{index}"
+                new = NewRequest(rid, "batch", "m", False, None, 3, 16, "b", sites["a"])
+                await log.accepted(new)
+            outcome = Outcome(RequestStatus.COMPLETED, sites["a"], 1, 7, "stop")
+            await log.finished("cmpl-r2", outcome)  # the request log was first for this one
+            assert await store.finish_item("batch_r", 0, 1, answer)
+            assert await store.finish_item("batch_r", 1, 1, BROKEN)
+            assert await store.finish_item("batch_r", 2, 1, answer)
+            async with sessions() as session:
+                rows = (await session.execute(select(InferenceRequest))).scalars()
+                return {
+                    r.id: (r.status, r.completion_tokens, r.finish_reason, r.error,
+                           r.finished_at is not None)
+                    for r in rows
+                }  # fmt: skip
+        finally:
+            await engine.dispose()
+
+    try:
+        rows = asyncio.run(scenario())
+    finally:
+        downgrade(url)
+    assert rows == {
+        "cmpl-r0": (RequestStatus.COMPLETED, 9, "length", None, True),
+        "cmpl-r1": (RequestStatus.FAILED, None, None, "boom", True),
+        "cmpl-r2": (RequestStatus.COMPLETED, 7, "stop", None, True),
+    }
