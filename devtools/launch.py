@@ -1,6 +1,9 @@
 """Starting site engines and the gateway as real processes on this machine.
 
-Used by the demo and by the end-to-end tests, so both exercise exactly what an operator runs.
+Used by the demo and by the end-to-end tests, so both run the programs an operator runs. The
+demo starts each with `python -m`; the tests (FORK_SERVER_ENV=1) start them as forks of a parent
+that imported the program once (devtools/forkserver.py), the same program's main with its own
+arguments, environment and log, without its seconds of imports.
 """
 
 from __future__ import annotations
