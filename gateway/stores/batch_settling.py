@@ -118,9 +118,10 @@ async def settle_request_row(
     through the request log, written behind in batches: a gateway that stops in between
     would otherwise leave the row `dispatched` beside a final item, and the key's usage
     without the answer's tokens. A row already final is left as it is."""
-    usage = (result.completion or {}).get("usage")
+    completion = result.completion or {}
+    usage = completion.get("usage")
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    choices = (result.completion or {}).get("choices")
+    choices = completion.get("choices")
     first = choices[0] if isinstance(choices, list) and choices else None
     reason = first.get("finish_reason") if isinstance(first, dict) else None
     started_as = (
