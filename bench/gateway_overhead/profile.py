@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LOAD_PY = "/tmp/gwbench/venv/bin/python"
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
+    """Returns once `url` answers 200; raises if `process` exits first or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -89,7 +90,7 @@ def profile(args: argparse.Namespace, kit: Kit) -> Path:
         gateway = subprocess.Popen(
             ["taskset", "-c", "1", "bash", "-c", gw_cmd], stdout=logs[1], stderr=subprocess.STDOUT
         )
-        _wait_ready(f"http://127.0.0.1:{GW_PORT}/readyz", gateway)
+        wait_ready(f"http://127.0.0.1:{GW_PORT}/readyz", gateway)
         subprocess.run(_load(kit, 8, 300, args.stream), check=True, capture_output=True)
         raw = out / "profile.txt"
         spy = subprocess.Popen(

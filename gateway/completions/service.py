@@ -411,3 +411,4 @@ class CompletionService:
 
     async def drain(self) -> None:
         await self.recorder.drain()
+        await self.request_log.close()

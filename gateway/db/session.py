@@ -9,18 +9,20 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 
+# One writer at a time on SQLite: wait for the lock instead of failing under load.
+SQLITE_CONNECT_ARGS = {"timeout": 30}
+
 
 def create_engine(database_url: str) -> AsyncEngine:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
-        # One writer at a time on SQLite: wait for the lock instead of failing under load.
-        engine = create_async_engine(url, connect_args={"timeout": 30})
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        engine = create_async_engine(url, connect_args=SQLITE_CONNECT_ARGS)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
     return create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")

@@ -2,8 +2,10 @@
 
 `accepted`, `offloaded` and `finished` write one request at once (batch items, tests);
 `write` takes what the write-behind queue (gateway/stores/request_writer.py) gathered from many
-requests and writes it in one transaction, a statement per kind of row. Timings observed in
-between (first token) are carried in memory and written with the outcome.
+requests and writes it in one transaction, a statement per kind of row, as one call on a
+worker thread (gateway/db/transaction_thread.py: one hand-off per batch, not one per driver
+call). Timings observed in between (first token) are carried in memory and written with the
+outcome.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, update
+from sqlalchemy import Connection, Table, bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import (
@@ -22,6 +24,7 @@ from gateway.db.models import (
     RequestStatus,
     utcnow,
 )
+from gateway.db.transaction_thread import TransactionThread
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +172,25 @@ def sample_row(request_id: str, sample: NewSample, now: datetime) -> dict[str, A
     }
 
 
+def write_batch(connection: Connection, batch: LogBatch) -> None:
+    """The batch's statements, in the order LogBatch gives (inside the caller's transaction)."""
+    if batch.inserts:
+        connection.execute(insert(_REQUESTS), batch.inserts)
+    if batch.offloads:
+        connection.execute(insert(_OFFLOADS), batch.offloads)
+    if batch.moves:
+        connection.execute(_MOVE, batch.moves)
+    if batch.outcomes:
+        connection.execute(_FINISH, batch.outcomes)
+    if batch.samples:
+        connection.execute(insert(_SAMPLES), batch.samples)
+
+
 class RequestLog:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
+        # The batches' own thread and connection on the same database (close() ends them).
+        self._transactions = TransactionThread.beside(sessions)
 
     async def accepted(self, new: NewRequest) -> None:
         now = utcnow()
@@ -248,14 +267,7 @@ class RequestLog:
 
     async def write(self, batch: LogBatch) -> None:
         """Writes the batch in one transaction, each kind of row in one statement."""
-        async with self._sessions.begin() as session:
-            if batch.inserts:
-                await session.execute(insert(_REQUESTS), batch.inserts)
-            if batch.offloads:
-                await session.execute(insert(_OFFLOADS), batch.offloads)
-            if batch.moves:
-                await session.execute(_MOVE, batch.moves)
-            if batch.outcomes:
-                await session.execute(_FINISH, batch.outcomes)
-            if batch.samples:
-                await session.execute(insert(_SAMPLES), batch.samples)
+        await self._transactions.run(lambda connection: write_batch(connection, batch))
+
+    async def close(self) -> None:
+        await self._transactions.close()
