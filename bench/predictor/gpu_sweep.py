@@ -80,6 +80,15 @@ VARIANTS: dict[str, Variant] = {
         for chars in (False, True)
         for seed in (0, 1, 2)
     },
+    # The default artifact's recipe (cpu_chars_s*) with fewer encoder layers: the prediction
+    # streams its int8 weights from memory on every lone request, ~1/3 fewer bytes per layer cut.
+    **{
+        f"cpu_chars_l{layers}_s{seed}": Variant(
+            replace(CPU_DEFAULT, layers=layers, seed=seed, prompt_length_feature=True)
+        )
+        for layers in (1, 2)
+        for seed in (0, 1, 2)
+    },
 }
 
 
