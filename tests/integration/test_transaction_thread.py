@@ -74,6 +74,8 @@ def test_transactions_commit_roll_back_and_keep_their_order(
                 rows = (await connection.execute(text("SELECT n FROM numbers"))).scalars()
                 assert sorted(rows) == list(range(1, 21))  # 99 was rolled back with its failure
         finally:
+            # The PostgreSQL database is the session's (shared by the tests of this worker).
+            await thread.run(lambda c: c.execute(text("DROP TABLE IF EXISTS numbers")))
             await thread.close()
             await engine.dispose()
         with pytest.raises(RuntimeError):
