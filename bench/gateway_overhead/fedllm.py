@@ -67,12 +67,21 @@ def checkout_gateway_python(checkout: Path) -> Path:
     return own if own.exists() else checkout / ".venv" / "bin" / "python"
 
 
-def gateway_command(checkout: Path, work: Path, kit: Kit, database_url: str | None) -> str:
+def gateway_command(
+    checkout: Path,
+    work: Path,
+    kit: Kit,
+    database_url: str | None,
+    port: int = GW_PORT,
+    extra_env: dict[str, str] | None = None,
+) -> str:
+    """The shell command that starts the gateway in `work`; `extra_env` adds or overrides
+    environment variables (GATEWAY_* settings)."""
     env = {
         "PYTHONPATH": str(checkout),
         "GATEWAY_FEDERATION_FILE": str(_federation(work, kit)),
         "GATEWAY_HOST": "127.0.0.1",
-        "GATEWAY_PORT": str(GW_PORT),
+        "GATEWAY_PORT": str(port),
         "GATEWAY_ROUTING_POLICY": kit.routing,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -82,6 +91,7 @@ def gateway_command(checkout: Path, work: Path, kit: Kit, database_url: str | No
         env["GATEWAY_PREDICTOR_DIR"] = str(kit.predictor)
     if database_url is not None:
         env["GATEWAY_DATABASE_URL"] = database_url
+    env |= extra_env or {}
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     python = checkout_gateway_python(checkout)
     unset = "-u GATEWAY_DATABASE_URL -u GATEWAY_PREDICTOR_DIR"

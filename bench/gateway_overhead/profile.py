@@ -49,10 +49,20 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 18
     raise RuntimeError(f"{url} not ready after {timeout_s}s")
 
 
-def _load(kit: Kit, concurrency: int, requests: int, stream: bool) -> list[str]:
-    args = [LOAD_PY, str(kit.gwbench / "load.py"), "--url", f"http://127.0.0.1:{GW_PORT}/v1"]
+def load_command(
+    kit: Kit,
+    concurrency: int,
+    requests: int,
+    stream: bool,
+    port: int = GW_PORT,
+    sut_pid: int | None = None,
+) -> list[str]:
+    """The kit's load generator (cpu 0) against the gateway on `port`; `sut_pid` makes it
+    report that process's CPU per request."""
+    args = [LOAD_PY, str(kit.gwbench / "load.py"), "--url", f"http://127.0.0.1:{port}/v1"]
     args += ["--model", "fake-model", "-c", str(concurrency), "-n", str(requests)]
     args += ["--duration", "120", "--cpu", "0"]
+    args += ["--sut-pid", str(sut_pid)] if sut_pid is not None else []
     return [*args, "--stream"] if stream else args
 
 
@@ -91,7 +101,7 @@ def profile(args: argparse.Namespace, kit: Kit) -> Path:
             ["taskset", "-c", "1", "bash", "-c", gw_cmd], stdout=logs[1], stderr=subprocess.STDOUT
         )
         wait_ready(f"http://127.0.0.1:{GW_PORT}/readyz", gateway)
-        subprocess.run(_load(kit, 8, 300, args.stream), check=True, capture_output=True)
+        subprocess.run(load_command(kit, 8, 300, args.stream), check=True, capture_output=True)
         raw = out / "profile.txt"
         spy = subprocess.Popen(
             [
@@ -113,7 +123,7 @@ def profile(args: argparse.Namespace, kit: Kit) -> Path:
             stderr=(out / "py-spy.log").open("w"),
         )
         time.sleep(1)
-        load = _load(kit, args.concurrency, args.requests, args.stream)
+        load = load_command(kit, args.concurrency, args.requests, args.stream)
         result = subprocess.run(load, check=True, capture_output=True, text=True)
         (out / "load.json").write_text(result.stdout)
         spy.send_signal(2)  # SIGINT: py-spy writes the profile and exits

@@ -33,10 +33,9 @@ from typing import Any
 
 from bench.common import markdown_table, write_results
 from bench.gateway_overhead.fedllm import GW_PORT, Kit, gateway_command, site_command
-from bench.gateway_overhead.profile import wait_ready
+from bench.gateway_overhead.profile import load_command, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
-LOAD_PY = "/tmp/gwbench/venv/bin/python"
 
 
 @dataclass(frozen=True)
@@ -64,23 +63,16 @@ def parse_variant(spec: str, port: int) -> Variant:
 def _load(
     kit: Kit, port: int, concurrency: int, requests: int, stream: bool, pid: int | None
 ) -> dict[str, Any]:
-    args = [LOAD_PY, str(kit.gwbench / "load.py"), "--url", f"http://127.0.0.1:{port}/v1"]
-    args += ["--model", "fake-model", "-c", str(concurrency), "-n", str(requests)]
-    args += ["--duration", "60", "--cpu", "0"]
-    args += ["--sut-pid", str(pid)] if pid is not None else []
-    args += ["--stream"] if stream else []
-    result = subprocess.run(args, check=True, capture_output=True, text=True)
+    command = load_command(kit, concurrency, requests, stream, port, pid)
+    result = subprocess.run(command, check=True, capture_output=True, text=True)
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def _start(variant: Variant, kit: Kit, database: str | None, work: Path) -> subprocess.Popen[bytes]:
     (work / "var").mkdir(parents=True)
     env = dict(variant.env)
-    command = gateway_command(variant.checkout, work, kit, env.pop("DB", database))
-    command = command.replace(f"GATEWAY_PORT={GW_PORT}", f"GATEWAY_PORT={variant.port}")
-    extra = " ".join(f"{key}={value}" for key, value in env.items())
-    if extra:
-        command = command.replace("-u GATEWAY_PREDICTOR_DIR ", f"-u GATEWAY_PREDICTOR_DIR {extra} ")
+    database = env.pop("DB", database)
+    command = gateway_command(variant.checkout, work, kit, database, variant.port, env)
     log = (work / "gateway.log").open("w")
     return subprocess.Popen(["taskset", "-c", "1", "bash", "-c", command], stdout=log, stderr=log)
 
