@@ -1,9 +1,9 @@
-"""Two or more gateways at concurrency 1, measured side by side: a change's effect on a lone
-request's latency, told apart from the host's drift.
+"""Two or more gateways under the same load, measured side by side: a change's effect on a lone
+request's latency (or, with --concurrency, on throughput), told apart from the host's drift.
 
     python -m bench.gateway_overhead.side_by_side --variant base=DIR --variant new=DIR[:K=V,...]
-        [--rounds 10] [--requests 600] [--stream] [--database URL] [--predictor DIR]
-        [--name gateway_side_by_side]
+        [--rounds 10] [--requests 600] [--concurrency 1] [--stream] [--database URL]
+        [--predictor DIR] [--name gateway_side_by_side]
 
 The overhead benchmark runs one gateway after another; on this shared 2-vCPU machine the vCPU
 speed moves up to ~1.7x within minutes, more than most changes move a lone request's latency.
@@ -94,9 +94,10 @@ def measure(args: argparse.Namespace, variants: list[Variant], kit: Kit) -> dict
             order = variants if round_index % 2 == 0 else variants[::-1]
             for variant in order:
                 pid = gateways[variant.name].pid
-                result = _load(kit, variant.port, 1, args.requests, args.stream, pid)
+                result = _load(kit, variant.port, args.concurrency, args.requests, args.stream, pid)
                 runs[variant.name].append(
                     {
+                        "rps": result["rps"],
                         "p50_ms": result[key]["p50"],
                         "p90_ms": result[key]["p90"],
                         "cpu_ms_per_request": result.get("sut_cpu_ms_per_req") or 0.0,
@@ -124,6 +125,7 @@ def summarize(
                 "variant": variant.name,
                 "checkout": str(variant.checkout),
                 "env": variant.env,
+                "rps": statistics.median(r["rps"] for r in own),
                 "p50_ms": statistics.median(r["p50_ms"] for r in own),
                 "p90_ms": statistics.median(r["p90_ms"] for r in own),
                 "cpu_ms_per_request": statistics.median(r["cpu_ms_per_request"] for r in own),
@@ -140,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", required=True, help="NAME=CHECKOUT[:K=V]")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=600, help="per variant and round")
+    parser.add_argument("--concurrency", type=int, default=1, help="the load's concurrency")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--database", help="GATEWAY_DATABASE_URL (default: SQLite)")
     parser.add_argument("--predictor", type=Path, default=ROOT / "var" / "predictor" / "default")
@@ -153,17 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(variants, measured["runs"])
     first = variants[0].name
     table = markdown_table(
-        ["variant", "p50 ms", "p90 ms", "CPU ms/req", f"paired p50 diff vs {first}",
+        ["variant", "req/s", "p50 ms", "p90 ms", "CPU ms/req", f"paired p50 diff vs {first}",
          "rounds lower", "failed"],
         [
-            [r["variant"], r["p50_ms"], r["p90_ms"], r["cpu_ms_per_request"],
+            [r["variant"], r["rps"], r["p50_ms"], r["p90_ms"], r["cpu_ms_per_request"],
              r["paired_p50_diff_ms"], f"{r['rounds_lower']}/{args.rounds}", r["failed"]]
             for r in rows
         ],
     )  # fmt: skip
     what = "TTFT" if args.stream else "latency"
     text = (
-        f"Concurrency 1, {'stream' if args.stream else 'non-stream'} ({what}), "
+        f"Concurrency {args.concurrency}, {'stream' if args.stream else 'non-stream'} ({what}), "
         f"{args.rounds} rounds x {args.requests} requests per variant, "
         f"database {args.database or 'SQLite'}; medians over rounds.\n\n{table}\n"
     )

@@ -309,7 +309,11 @@ class CompletionService:
         self, prepared: PreparedCompletion, admission: Admission | None
     ) -> Dispatch:
         started = time.monotonic()
-        prediction = await self.predictors.predict(prepared.model, prepared.prompt_text)
+        # The one request in flight may have its prompt predicted on the loop: nobody waits.
+        alone = self.bound.in_flight == 1
+        prediction = await self.predictors.predict(
+            prepared.model, prepared.prompt_text, alone=alone
+        )
         if prediction is not None:
             tokens = min(prediction.tokens, prepared.params.max_tokens)
             prepared = replace(

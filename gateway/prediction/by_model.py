@@ -48,8 +48,8 @@ class ModelPredictors:
     def version(self, model: str) -> str | None:
         return self.for_model(model).version
 
-    async def predict(self, model: str, prompt: str) -> Prediction | None:
-        return await self.for_model(model).predict(prompt)
+    async def predict(self, model: str, prompt: str, *, alone: bool = False) -> Prediction | None:
+        return await self.for_model(model).predict(prompt, alone=alone)
 
     def models(self) -> Iterable[str]:
         """The registry keys with a service here ("" for the default)."""

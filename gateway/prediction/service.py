@@ -2,10 +2,20 @@
 
 The prompts that arrive while a batch is being predicted are the next batch (up to `max_batch`;
 `max_wait_s` > 0 waits that long for more after the first), predicted in one onnxruntime call
-on a worker thread, so the event loop never runs the model. By default nothing waits: a lone
-request is predicted at once, and under load batches form by themselves. Without a
-predictor, or if it fails on a batch, requests go on without a prediction (the engines then plan
-with max_tokens): a prediction improves routing but is never a reason to refuse work.
+on a worker thread, so the event loop does not run the model for long. By default nothing
+waits: a lone request is predicted at once, and under load batches form by themselves.
+
+The prompt of a request the gateway serves alone (the caller says so), if short (at most
+`inline_chars` characters) and the predictor is idle, is predicted on the event loop itself:
+the hand-off to the worker thread and back costs about 0.1 ms, an eighth of the prediction, and
+nobody waits on the loop meanwhile. Under load it would cost more than it saves: each prompt
+would find the predictor idle and run alone, and batches would no longer form (at concurrency
+32: 745 -> 520 req/s, bench/results/predictor_inline.md). About a millisecond on the loop is
+what the tokenize pool allows one request as well.
+
+Without a predictor, or if it fails on a batch, requests go on without a prediction (the
+engines then plan with max_tokens): a prediction improves routing but is never a reason to
+refuse work.
 """
 
 from __future__ import annotations
@@ -23,6 +33,10 @@ from typing import Protocol
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
+
+# Up to ~1 ms of prediction on one core (32 BERT tokens or so; 128 characters: 1.2 ms with the
+# weights out of the caches, 0.9 ms for 64): bench/results/predictor_inline.md.
+INLINE_CHARS = 128
 
 
 class LengthPredictionLike(Protocol):
@@ -76,6 +90,7 @@ class PredictorService:
         loader: Callable[[Path], PredictorLike] | None = None,
         max_batch: int = 32,
         max_wait_s: float = 0.0,
+        inline_chars: int = INLINE_CHARS,
         metrics: GatewayMetrics | None = None,
     ) -> None:
         self._predictor = predictor
@@ -85,7 +100,9 @@ class PredictorService:
         self._loader = loader
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
+        self._inline_chars = inline_chars
         self._waiting: deque[_Pending] = deque()
+        self._batch_running = False
         # Resolved when a prompt arrives for a runner that has none.
         self._arrived: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -106,16 +123,24 @@ class PredictorService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def predict(self, prompt: str) -> Prediction | None:
+    async def predict(self, prompt: str, *, alone: bool = False) -> Prediction | None:
+        """The prompt's predicted length, None without a predictor or if it failed. `alone`:
+        no other request is in flight at the gateway (the prompt may be predicted inline)."""
         if self._predictor is None or self._task is None:
             self.metrics.prediction_fallbacks.labels("no_predictor").inc()
             return None
         started = time.perf_counter()
-        future: asyncio.Future[Prediction | None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Pending(prompt, future))
-        if self._arrived is not None and not self._arrived.done():
-            self._arrived.set_result(None)
-        result = await future
+        inline = alone and len(prompt) <= self._inline_chars
+        if inline and not self._waiting and not self._batch_running:
+            outcome = _run_batch(self._predictor, [prompt])
+            self._account(outcome)
+            result = outcome.results[0]
+        else:
+            future: asyncio.Future[Prediction | None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(_Pending(prompt, future))
+            if self._arrived is not None and not self._arrived.done():
+                self._arrived.set_result(None)
+            result = await future
         self.metrics.prediction_seconds.observe(time.perf_counter() - started)
         if result is None:
             self.metrics.prediction_fallbacks.labels("error").inc()
@@ -157,20 +182,45 @@ class PredictorService:
         predictor = self._predictor
         results: list[Prediction | None] = [None] * len(batch)
         if predictor is not None:
-            started = time.perf_counter()
+            self._batch_running = True
             try:
-                raw = await asyncio.to_thread(predictor.predict_batch, [p.prompt for p in batch])
-                results = [
-                    Prediction(max(1, round(r.expected_tokens)), r.p90_tokens, r.bucket,
-                               predictor.version)
-                    for r in raw
-                ]  # fmt: skip
-                self._predictions += len(batch)
-            except Exception:  # a broken predictor must not fail requests: they go on without
-                log.exception("length prediction failed for a batch of %d", len(batch))
-                self._failures += len(batch)
-            self._batch_ms.append((time.perf_counter() - started) * 1000)
-            self.metrics.predictor_batch_seconds.observe(self._batch_ms[-1] / 1000)
+                outcome = await asyncio.to_thread(_run_batch, predictor, [p.prompt for p in batch])
+            finally:
+                self._batch_running = False
+            self._account(outcome)
+            results = outcome.results
         for pending, result in zip(batch, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)
+
+    def _account(self, outcome: _Outcome) -> None:
+        if outcome.failed:
+            self._failures += len(outcome.results)
+        else:
+            self._predictions += len(outcome.results)
+        self._batch_ms.append(outcome.seconds * 1000)
+        self.metrics.predictor_batch_seconds.observe(outcome.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    results: list[Prediction | None]
+    failed: bool
+    seconds: float
+
+
+def _run_batch(predictor: PredictorLike, prompts: list[str]) -> _Outcome:
+    """One onnxruntime call for `prompts`, on whichever thread calls it (it touches nothing of
+    the service's); None for every prompt if the predictor fails."""
+    started = time.perf_counter()
+    try:
+        raw = predictor.predict_batch(prompts)
+        results: list[Prediction | None] = [
+            Prediction(max(1, round(r.expected_tokens)), r.p90_tokens, r.bucket, predictor.version)
+            for r in raw
+        ]
+        failed = False
+    except Exception:  # a broken predictor must not fail requests: they go on without
+        log.exception("length prediction failed for a batch of %d", len(prompts))
+        results, failed = [None] * len(prompts), True
+    return _Outcome(results, failed, time.perf_counter() - started)

@@ -17,6 +17,8 @@ from gateway.db.models import RequestStatus
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig, SiteConfig
+from gateway.prediction.by_model import ModelPredictors
+from gateway.prediction.service import PredictorService
 from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings, LimitsSettings
 from gateway.sites.grpc_client import GrpcSiteClient
@@ -126,3 +128,41 @@ def test_new_requests_wait_while_unwritten_outcomes_fill_their_backlog(
         await backlog.drain(timeout_s=0.1)
 
     asyncio.run(run())
+
+
+class RecordsAlone(ModelPredictors):
+    """Predicts nothing; remembers whether each request was said to be alone in the gateway."""
+
+    def __init__(self) -> None:
+        super().__init__(PredictorService(None))
+        self.alone: list[bool] = []
+
+    async def predict(self, model: str, prompt: str, *, alone: bool = False) -> None:
+        self.alone.append(alone)
+
+
+@pytest.mark.parametrize(("others_in_flight", "alone"), [(0, True), (1, False), (5, False)])
+def test_the_predictor_hears_whether_a_request_is_alone(
+    gpt2_tokenizer_dir: Path, others_in_flight: int, alone: bool
+) -> None:
+    """A lone request's prompt may be predicted on the event loop (gateway/prediction/service.py):
+    only when the in-flight bound holds no other request."""
+    predictors = RecordsAlone()
+    service = CompletionService(
+        GatewaySettings(federation_file=Path("unused.json")),
+        SiteRegistry([]),
+        ModelTokenizers((ModelConfig("m", gpt2_tokenizer_dir),)),
+        build_policy("round_robin"),
+        RequestLog(create_sessionmaker(create_engine("sqlite+aiosqlite://"))),
+        predictors,
+    )
+    prepared = service.prepare_tokens("m", [1, 2], "hi", Sampling(max_tokens=2), Delivery())
+    service.bound.in_flight = others_in_flight
+
+    async def run() -> None:
+        with pytest.raises((OpenAIError, GatewayError)):  # no site to route to: 503
+            await service.dispatch(prepared)
+        await service.writer.drain(timeout_s=0.1)
+
+    asyncio.run(run())
+    assert predictors.alone == [alone]

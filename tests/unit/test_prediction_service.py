@@ -1,4 +1,5 @@
-"""PredictorService logic: micro-batching, fallback, failure isolation, hot swap.
+"""PredictorService logic: micro-batching, inline prediction of a lone short prompt, fallback,
+failure isolation, hot swap.
 
 The predictor here is a small deterministic stand-in that records its batches, so batching is
 observable; the real ONNX predictor is exercised through the gateway in the end-to-end tests.
@@ -7,6 +8,7 @@ observable; the real ONNX predictor is exercised through the gateway in the end-
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +31,11 @@ class LengthByWords:
     version: str = "v1"
     fail: bool = False
     batches: list[list[str]] = field(default_factory=list)
+    on_loop_thread: list[bool] = field(default_factory=list)
 
     def predict_batch(self, prompts: list[str]) -> list[FixedPrediction]:
         self.batches.append(list(prompts))
+        self.on_loop_thread.append(threading.current_thread() is threading.main_thread())
         if self.fail:
             raise RuntimeError("model exploded")
         return [FixedPrediction(0, 10.0 * len(p.split()), 20 * len(p.split())) for p in prompts]
@@ -60,6 +64,72 @@ def test_batches_are_capped() -> None:
     service = PredictorService(predictor, max_batch=2, max_wait_s=0.05)
     asyncio.run(run(service, ["a"] * 5))
     assert [len(b) for b in predictor.batches] == [2, 2, 1]
+
+
+LONG = "x " * 100  # longer than any inline bound below: always the worker thread
+
+
+@pytest.mark.parametrize(
+    ("inline_chars", "prompt", "alone", "busy", "expected_on_loop"),
+    [
+        (128, "short prompt", True, False, True),  # alone, short, idle: predicted on the loop
+        (128, "x" * 128, True, False, True),  # the bound is inclusive
+        (128, "x" * 129, True, False, False),  # longer: the worker thread
+        (128, "short prompt", False, False, False),  # other requests in flight: the thread
+        (0, "short prompt", True, False, False),  # inline prediction off
+        (128, "short prompt", True, True, False),  # a batch is being predicted: queued behind
+    ],
+)
+def test_where_a_prompt_is_predicted(
+    inline_chars: int, prompt: str, alone: bool, busy: bool, expected_on_loop: bool
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @dataclass
+    class HoldsTheLongPrompt(LengthByWords):
+        def predict_batch(self, prompts: list[str]) -> list[FixedPrediction]:
+            if prompts == [LONG]:
+                started.set()
+                release.wait(5)
+            return super().predict_batch(prompts)
+
+    async def scenario() -> list[bool]:
+        predictor = HoldsTheLongPrompt()
+        service = PredictorService(predictor, inline_chars=inline_chars)
+        service.start()
+        try:
+            if busy:
+                held = asyncio.ensure_future(service.predict(LONG))
+                assert await asyncio.to_thread(started.wait, 5)
+                asyncio.get_running_loop().call_later(0.02, release.set)
+            result = await service.predict(prompt, alone=alone)
+            assert result is not None
+            assert result.tokens == 10 * len(prompt.split())
+            if busy:
+                await held
+            return [
+                on_loop
+                for batch, on_loop in zip(predictor.batches, predictor.on_loop_thread, strict=True)
+                if batch == [prompt]
+            ]
+        finally:
+            release.set()
+            await service.stop()
+
+    assert asyncio.run(scenario()) == [expected_on_loop]
+
+
+def test_an_inline_prediction_is_counted_like_a_batch() -> None:
+    async def scenario() -> PredictorService:
+        service = PredictorService(LengthByWords(fail=True))
+        service.start()
+        assert await service.predict("a", alone=True) is None  # the failure is contained
+        await service.stop()
+        return service
+
+    status = asyncio.run(scenario()).status()
+    assert (status.predictions, status.failures) == (0, 1)
+    assert status.batch_p50_ms is not None
 
 
 def test_fallback_mode_predicts_nothing() -> None:

@@ -37,7 +37,13 @@ def test_each_round_is_compared_with_the_first_variants_run_of_that_round() -> N
     variants = [Variant("a", Path("/a"), {}, 1), Variant("b", Path("/b"), {}, 2)]
 
     def run(p50: float) -> dict[str, float]:
-        return {"p50_ms": p50, "p90_ms": p50 + 1, "cpu_ms_per_request": p50 - 0.5, "failed": 0}
+        return {
+            "rps": 1000 / p50,
+            "p50_ms": p50,
+            "p90_ms": p50 + 1,
+            "cpu_ms_per_request": p50 - 0.5,
+            "failed": 0,
+        }
 
     # The host slows down over the rounds; b is 0.2 ms faster in every round but one.
     runs = {
@@ -50,3 +56,4 @@ def test_each_round_is_compared_with_the_first_variants_run_of_that_round() -> N
     assert b["rounds_lower"] == 2
     assert b["p50_ms"] == 3.8
     assert b["cpu_ms_per_request"] == 3.3
+    assert b["rps"] == pytest.approx(1000 / 3.8)
