@@ -38,6 +38,11 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     warmup_fraction: float = 0.06
     layers: int = DEFAULT_LAYERS
+    # Each kept layer narrowed to this many feed-forward neurons / attention heads (None: MiniLM's
+    # 1,536 / 12), the units that weigh least in the pretrained weights dropped before training
+    # (predictor.minilm.narrow_layer): fewer weight bytes per prediction at the gateway.
+    ffn_width: int | None = None
+    heads: int | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     freeze_embeddings: bool = True
     threads: int = 2
@@ -61,10 +66,11 @@ class FinetuneConfig:
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
-        # Left out at its default, so artifacts built before it keep their configuration (and
-        # stay reusable: predictor.training.reusable_artifact compares configurations).
-        if data["warm_start_keep"] == 0.0:
-            del data["warm_start_keep"]
+        # Left out at their defaults, so artifacts built before them keep their configuration
+        # (and stay reusable: predictor.training.reusable_artifact compares configurations).
+        for name, default in (("warm_start_keep", 0.0), ("ffn_width", None), ("heads", None)):
+            if data[name] == default:
+                del data[name]
         return data
 
 
@@ -173,7 +179,14 @@ def finetune(
         raise ValueError("length_loss_weight > 0 needs the lengths and bucket representatives")
     torch.set_num_threads(config.threads)
     device = torch.device(config.device)
-    model = build_classifier(n_buckets, config.layers, config.seed, config.prompt_length_feature)
+    model = build_classifier(
+        n_buckets,
+        config.layers,
+        config.seed,
+        config.prompt_length_feature,
+        ffn_width=config.ffn_width,
+        heads=config.heads,
+    )
     if warm_start is not None:
         load_weights(model, warm_start)
     model = model.to(device)

@@ -83,10 +83,65 @@ class _Probabilities(nn.Module):
         return torch.softmax(self.classifier(*inputs), dim=-1)
 
 
+def _linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    layer.weight.data, layer.bias.data = weight.detach().clone(), bias.detach().clone()
+    return layer
+
+
+def narrow_layer(layer: nn.Module, ffn_width: int | None, heads: int | None) -> None:
+    """Keeps the `ffn_width` feed-forward neurons and the `heads` attention heads of one BERT
+    layer that weigh most in it (a unit's weight: the norm of what it reads times the norm of
+    what it writes), in their order. None keeps them all. Fine-tuning then adapts what is left;
+    the gateway streams fewer weight bytes per prediction."""
+    module = cast(Any, layer)
+    with torch.no_grad():
+        if ffn_width is not None:
+            _narrow_feed_forward(module, ffn_width)
+        if heads is not None:
+            _narrow_attention(module.attention, heads)
+
+
+def _narrow_feed_forward(module: Any, width: int) -> None:
+    read, write = module.intermediate.dense, module.output.dense
+    if not 1 <= width <= read.out_features:
+        raise ValueError(f"ffn_width must be within 1..{read.out_features}, got {width}")
+    weight = read.weight.norm(dim=1) * write.weight.norm(dim=0)
+    keep = weight.topk(width).indices.sort().values
+    module.intermediate.dense = _linear(read.weight[keep], read.bias[keep])
+    module.output.dense = _linear(write.weight[:, keep], write.bias)
+
+
+def _narrow_attention(attention: Any, heads: int) -> None:
+    own, out = attention.self, attention.output.dense
+    size = own.attention_head_size
+    count = own.query.out_features // size
+    if not 1 <= heads <= count:
+        raise ValueError(f"heads must be within 1..{count}, got {heads}")
+    projections = (own.query, own.key, own.value)
+    reads = sum(m.weight.view(count, size, -1).flatten(1).norm(dim=1) for m in projections)
+    writes = out.weight.view(out.out_features, count, size).transpose(0, 1).flatten(1).norm(dim=1)
+    kept = (reads * writes).topk(heads).indices.sort().values
+    rows = (kept[:, None] * size + torch.arange(size)).flatten()
+    for name in ("query", "key", "value"):
+        projection = getattr(own, name)
+        setattr(own, name, _linear(projection.weight[rows], projection.bias[rows]))
+    attention.output.dense = _linear(out.weight[:, rows], out.bias)
+    # The forward pass infers the head count from the projections' width; these keep the
+    # module's description true.
+    own.num_attention_heads, own.all_head_size = heads, heads * size
+
+
 def build_classifier(
-    n_buckets: int, layers: int = ENCODER_LAYERS, seed: int = 0, length_feature: bool = False
+    n_buckets: int,
+    layers: int = ENCODER_LAYERS,
+    seed: int = 0,
+    length_feature: bool = False,
+    ffn_width: int | None = None,
+    heads: int | None = None,
 ) -> LengthClassifier:
-    """The pretrained encoder (first `layers` layers) with a freshly initialised head."""
+    """The pretrained encoder (first `layers` layers, each narrowed to `ffn_width` feed-forward
+    neurons and `heads` attention heads when given) with a freshly initialised head."""
     if not 1 <= layers <= ENCODER_LAYERS:
         raise ValueError(f"layers must be within 1..{ENCODER_LAYERS}, got {layers}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model hub is never reachable here
@@ -103,7 +158,15 @@ def build_classifier(
     encoder.encoder.layer = encoder.encoder.layer[:layers]
     encoder.config.num_hidden_layers = layers
     hidden = int(encoder.config.hidden_size)
-    return LengthClassifier(encoder, hidden, n_buckets, length_feature)
+    classifier = LengthClassifier(encoder, hidden, n_buckets, length_feature)
+    narrow(classifier, ffn_width, heads)
+    return classifier
+
+
+def narrow(model: LengthClassifier, ffn_width: int | None, heads: int | None) -> None:
+    """narrow_layer on every encoder layer of `model`."""
+    for layer in cast(Any, model.encoder).encoder.layer:
+        narrow_layer(layer, ffn_width, heads)
 
 
 def export_onnx(model: LengthClassifier, path: Path) -> None:

@@ -164,11 +164,12 @@ def split_samples(
 
 
 def base_finetune_config(manifest: Manifest) -> FinetuneConfig:
-    """The base artifact's model shape (layers, input length, prompt-length input), which a warm
-    start must match; FinetuneConfig's defaults for what its manifest does not say."""
+    """The base artifact's model shape (layers and their widths, input length, prompt-length
+    input), which a warm start must match; FinetuneConfig's defaults for what its manifest does
+    not say."""
     training = manifest.training.get("config")
     model = training.get("model") if isinstance(training, dict) else None
-    shape = ("layers", "max_tokens", "prompt_length_feature")
+    shape = ("layers", "ffn_width", "heads", "max_tokens", "prompt_length_feature")
     known = {k: model[k] for k in shape if isinstance(model, dict) and k in model}
     return replace(FinetuneConfig(), **known)
 

@@ -89,6 +89,15 @@ VARIANTS: dict[str, Variant] = {
         for layers in (1, 2)
         for seed in (0, 1, 2)
     },
+    # The same recipe with its three layers narrowed (predictor.minilm.narrow_layer): feed-forward
+    # neurons kept / attention heads kept, of MiniLM's 1,536 / 12.
+    **{
+        f"cpu_chars_f{ffn}h{heads}_s{seed}": Variant(
+            replace(CPU_DEFAULT, ffn_width=ffn, heads=heads, seed=seed, prompt_length_feature=True)
+        )
+        for ffn, heads in ((768, 8), (512, 6))
+        for seed in (0, 1, 2)
+    },
 }
 
 

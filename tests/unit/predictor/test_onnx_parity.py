@@ -24,15 +24,21 @@ PROMPTS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("length_feature", [False, True], ids=["ids_only", "with_prompt_chars"])
-def test_minilm_onnx_matches_torch(tmp_path, length_feature):
+@pytest.mark.parametrize(
+    ("length_feature", "widths"),
+    [(False, {}), (True, {}), (True, {"ffn_width": 256, "heads": 4})],
+    ids=["ids_only", "with_prompt_chars", "narrowed"],
+)
+def test_minilm_onnx_matches_torch(tmp_path, length_feature, widths):
     from predictor.finetune import finetune, predict_torch
     from predictor.minilm import export_onnx
 
     records = synthetic_records(48)
     scheme = equal_width(10, 1024)
     encoder = PromptEncoder.from_dir(pretrained_dir(), TINY_FINETUNE.max_tokens)
-    config = replace(TINY_FINETUNE, layers=2, epochs=1, prompt_length_feature=length_feature)
+    config = replace(
+        TINY_FINETUNE, layers=2, epochs=1, prompt_length_feature=length_feature, **widths
+    )
     model, stats = finetune(
         [r.prompt for r in records],
         scheme.buckets_of([r.length for r in records]),
