@@ -49,6 +49,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     return "\n".join(lines)
 
 
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """How a benchmark was invoked, for its results file: `python -m MODULE ARGS` (the process's
+    own arguments when `argv` is None)."""
+    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
 def write_results(name: str, payload: dict[str, Any], markdown: str, command: str) -> Path:
     """Writes bench/results/NAME.json and NAME.md (the command that made them included)."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

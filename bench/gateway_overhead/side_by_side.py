@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import markdown_table, write_results
+from bench.common import command_line, markdown_table, write_results
 from bench.gateway_overhead.fedllm import GW_PORT, Kit, gateway_command, site_command
 from bench.gateway_overhead.profile import load_command, wait_ready
 
@@ -170,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds} rounds x {args.requests} requests per variant, "
         f"database {args.database or 'SQLite'}; medians over rounds.\n\n{table}\n"
     )
-    command = "python -m bench.gateway_overhead.side_by_side " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("bench.gateway_overhead.side_by_side", argv)
     write_results(args.name, {"variants": rows, **measured}, text, command)
     print(text)
     return 0

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from bench.common import markdown_table, write_results
+from bench.common import command_line, markdown_table, write_results
 from predictor.artifact import WEIGHTS_FILE, load_manifest
 from predictor.encoding import PromptEncoder, prompt_chars
 
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         f"before each call; medians of {args.repeats}. Copies of {args.predictor}'s layers "
         "narrowed without retraining: cost only.\n\n" + table + "\n"
     )
-    command = "python -m bench.predictor.narrow_speed " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = command_line("bench.predictor.narrow_speed", argv)
     write_results(args.name, {"rows": rows}, text, command)
     print(text)
     return 0

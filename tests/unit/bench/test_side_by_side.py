@@ -57,3 +57,16 @@ def test_each_round_is_compared_with_the_first_variants_run_of_that_round() -> N
     assert b["p50_ms"] == 3.8
     assert b["cpu_ms_per_request"] == 3.3
     assert b["rps"] == pytest.approx(1000 / 3.8)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--rounds", "3"], "python -m bench.x --rounds 3"),
+        ([], "python -m bench.x "),
+    ],
+)
+def test_the_results_name_the_command_that_made_them(argv: list[str], expected: str) -> None:
+    from bench.common import command_line
+
+    assert command_line("bench.x", argv) == expected
