@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -105,6 +106,26 @@ def site_command(checkout: Path, kit: Kit) -> str:
         f"--model-name fake-model --tokenizer {kit.tokenizer} "
         "--stubs-module fedllm_contract.proto --tokenizer-module fedllm_contract.tokenizer"
     )
+
+
+def start_site(
+    checkout: Path, kit: Kit, output: Any = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
+    """The kit's fake site on cpu 0, returned once its port takes connections (it imports grpc
+    and loads its tokenizer first); stopped again if it exits or is not up within a minute."""
+    # taskset and bash exec what they run: the pid is the Python process itself.
+    command = ["taskset", "-c", "0", "bash", "-c", site_command(checkout, kit)]
+    site = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while site.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", SITE_PORT), timeout=1).close()
+            return site
+        except OSError:
+            time.sleep(0.2)
+    site.kill()
+    site.wait()
+    raise RuntimeError(f"the fake site did not open 127.0.0.1:{SITE_PORT} (exit {site.returncode})")
 
 
 def run_bench(name: str, out: Path, gw_cmd: str, aux_cmd: str, kit: Kit) -> None:

@@ -20,12 +20,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import command_line, markdown_table, write_results
-from bench.gateway_overhead.fedllm import SITE_PORT, Kit, site_command
+from bench.gateway_overhead.fedllm import SITE_PORT, Kit, start_site
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,14 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = args.experiments or ["event_engine_client", "-event_engine_client"]
     kit = Kit(args.gwbench.resolve(), args.tokenizer.resolve(), None)
-    site = subprocess.Popen(
-        ["taskset", "-c", "0", "bash", "-c", site_command(ROOT, kit)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
+    site = start_site(ROOT, kit)
     runs: dict[str, list[dict[str, Any]]] = {setting: [] for setting in settings}
     try:
-        time.sleep(5)  # the fake site imports grpc and loads its tokenizer
         for round_index in range(args.rounds):
             for setting in settings if round_index % 2 == 0 else settings[::-1]:
                 runs[setting].append(_call(setting, args.calls))

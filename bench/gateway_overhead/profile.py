@@ -26,7 +26,7 @@ from bench.gateway_overhead.fedllm import (
     SITE_PORT,
     Kit,
     gateway_command,
-    site_command,
+    start_site,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,12 +90,9 @@ def profile(args: argparse.Namespace, kit: Kit) -> Path:
     (work / "var").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     logs = (out / "site.log").open("w"), (out / "gateway.log").open("w")
-    # taskset and bash exec what they run: each pid is the Python process itself.
-    site_cmd = ["taskset", "-c", "0", "bash", "-c", site_command(args.checkout, kit)]
-    site = subprocess.Popen(site_cmd, stdout=logs[0], stderr=subprocess.STDOUT)
+    site = start_site(args.checkout, kit, logs[0])
     gateway: subprocess.Popen[bytes] | None = None
     try:
-        time.sleep(3)  # the site imports grpc and loads its tokenizer
         gw_cmd = gateway_command(args.checkout, work, kit, args.database)
         gateway = subprocess.Popen(
             ["taskset", "-c", "1", "bash", "-c", gw_cmd], stdout=logs[1], stderr=subprocess.STDOUT

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import command_line, markdown_table, write_results
-from bench.gateway_overhead.fedllm import GW_PORT, Kit, gateway_command, site_command
+from bench.gateway_overhead.fedllm import GW_PORT, Kit, gateway_command, start_site
 from bench.gateway_overhead.profile import load_command, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,13 +79,11 @@ def _start(variant: Variant, kit: Kit, database: str | None, work: Path) -> subp
 
 def measure(args: argparse.Namespace, variants: list[Variant], kit: Kit) -> dict[str, Any]:
     work = Path(f"/tmp/gwbench/side-by-side-{int(time.time())}")
-    site_cmd = ["taskset", "-c", "0", "bash", "-c", site_command(ROOT, kit)]
-    site = subprocess.Popen(site_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    site = start_site(ROOT, kit)
     gateways: dict[str, subprocess.Popen[bytes]] = {}
     key = "ttft_ms" if args.stream else "latency_ms"
     runs: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
     try:
-        time.sleep(4)  # the fake site imports grpc and loads its tokenizer
         for variant in variants:
             gateways[variant.name] = _start(variant, kit, args.database, work / variant.name)
             wait_ready(f"http://127.0.0.1:{variant.port}/readyz", gateways[variant.name])
