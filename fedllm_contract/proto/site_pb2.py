@@ -24,41 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedllm_contract/proto/site.proto\x12\x0e\x66\x65\x64llm.site.v1\"\xa0\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x18\n\x10generated_before\x18\x07 \x01(\rB\x07\n\x05_seed\"\x9b\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.fedllm.site.v1.SamplingParams\x12\x18\n\x10predicted_tokens\x18\x05 \x01(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xb1\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x33\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1c.fedllm.site.v1.FinishReason\x12$\n\x05usage\x18\x06 \x01(\x0b\x32\x15.fedllm.site.v1.Usage\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\",\n\x14ReleaseQueuedRequest\x12\x14\n\x0cmax_requests\x18\x01 \x01(\r\"V\n\x0fReleasedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x18\n\x10predicted_tokens\x18\x03 \x01(\r\"J\n\x15ReleaseQueuedResponse\x12\x31\n\x08released\x18\x01 \x03(\x0b\x32\x1f.fedllm.site.v1.ReleasedRequest\"\r\n\x0bInfoRequest\"\xfc\x01\n\x08SiteInfo\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x15\n\rkv_block_size\x18\x08 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x0e\n\x06\x65ngine\x18\x0b \x01(\t\x12\x0f\n\x07version\x18\x0c \x01(\t\"(\n\x11LoadStreamRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\xf0\x02\n\nLoadReport\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x04\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\r\x12\x18\n\x10running_requests\x18\x05 \x01(\r\x12\x1c\n\x14queued_prompt_tokens\x18\x06 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x07 \x01(\x04\x12\"\n\x1apredicted_remaining_tokens\x18\x08 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\t \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x0b \x01(\x01\x12\x12\n\niterations\x18\x0c \x01(\x04\x12\x1b\n\x13kv_block_iterations\x18\r \x01(\x04\x12\x1b\n\x13kv_token_iterations\x18\x0e \x01(\x04*\x98\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x1a\n\x16\x46INISH_REASON_RELEASED\x10\x04\x32\x8f\x03\n\nSiteEngine\x12L\n\x08Generate\x12\x1f.fedllm.site.v1.GenerateRequest\x1a\x1d.fedllm.site.v1.GenerateChunk0\x01\x12G\n\x06\x43\x61ncel\x12\x1d.fedllm.site.v1.CancelRequest\x1a\x1e.fedllm.site.v1.CancelResponse\x12\\\n\rReleaseQueued\x12$.fedllm.site.v1.ReleaseQueuedRequest\x1a%.fedllm.site.v1.ReleaseQueuedResponse\x12=\n\x04Info\x12\x1b.fedllm.site.v1.InfoRequest\x1a\x18.fedllm.site.v1.SiteInfo\x12M\n\nStreamLoad\x12!.fedllm.site.v1.LoadStreamRequest\x1a\x1a.fedllm.site.v1.LoadReport0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedllm_contract/proto/site.proto\x12\x0e\x66\x65\x64llm.site.v1\"\xa0\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x18\n\x10generated_before\x18\x07 \x01(\rB\x07\n\x05_seed\"\xaf\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.fedllm.site.v1.SamplingParams\x12\x18\n\x10predicted_tokens\x18\x05 \x01(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xb1\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x33\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1c.fedllm.site.v1.FinishReason\x12$\n\x05usage\x18\x06 \x01(\x0b\x32\x15.fedllm.site.v1.Usage\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\",\n\x14ReleaseQueuedRequest\x12\x14\n\x0cmax_requests\x18\x01 \x01(\r\"V\n\x0fReleasedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x18\n\x10predicted_tokens\x18\x03 \x01(\r\"J\n\x15ReleaseQueuedResponse\x12\x31\n\x08released\x18\x01 \x03(\x0b\x32\x1f.fedllm.site.v1.ReleasedRequest\"\r\n\x0bInfoRequest\"\xc7\x02\n\x08SiteInfo\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x15\n\rkv_block_size\x18\x08 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x0e\n\x06\x65ngine\x18\x0b \x01(\t\x12\x0f\n\x07version\x18\x0c \x01(\t\x12\x16\n\x0eprefix_caching\x18\r \x01(\x08\x12\x19\n\x11\x62lock_hash_scheme\x18\x0e \x01(\t\x12\x16\n\x0ehost_kv_blocks\x18\x0f \x01(\r\">\n\x11LoadStreamRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61\x63he_events\x18\x02 \x01(\x08\"\xfc\x03\n\nLoadReport\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x04\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\r\x12\x18\n\x10running_requests\x18\x05 \x01(\r\x12\x1c\n\x14queued_prompt_tokens\x18\x06 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x07 \x01(\x04\x12\"\n\x1apredicted_remaining_tokens\x18\x08 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\t \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x0b \x01(\x01\x12\x12\n\niterations\x18\x0c \x01(\x04\x12\x1b\n\x13kv_block_iterations\x18\r \x01(\x04\x12\x1b\n\x13kv_token_iterations\x18\x0e \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\x0f \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x10 \x01(\x04\x12\x1e\n\x16prefix_cache_host_hits\x18\x11 \x01(\x04\x12\x31\n\x0c\x63\x61\x63he_events\x18\x12 \x01(\x0b\x32\x1b.fedllm.site.v1.CacheEvents\"\xc3\x01\n\nCacheEvent\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.fedllm.site.v1.CacheEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12\x19\n\x11parent_block_hash\x18\x03 \x01(\x06\x12\'\n\x04tier\x18\x04 \x01(\x0e\x32\x19.fedllm.site.v1.CacheTier\",\n\x04Kind\x12\n\n\x06STORED\x10\x00\x12\x0b\n\x07REMOVED\x10\x01\x12\x0b\n\x07\x43LEARED\x10\x02\"\x80\x01\n\x0b\x43\x61\x63heEvents\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12*\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x1a.fedllm.site.v1.CacheEvent*\x98\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x1a\n\x16\x46INISH_REASON_RELEASED\x10\x04*7\n\tCacheTier\x12\x15\n\x11\x43\x41\x43HE_TIER_DEVICE\x10\x00\x12\x13\n\x0f\x43\x41\x43HE_TIER_HOST\x10\x01\x32\x8f\x03\n\nSiteEngine\x12L\n\x08Generate\x12\x1f.fedllm.site.v1.GenerateRequest\x1a\x1d.fedllm.site.v1.GenerateChunk0\x01\x12G\n\x06\x43\x61ncel\x12\x1d.fedllm.site.v1.CancelRequest\x1a\x1e.fedllm.site.v1.CancelResponse\x12\\\n\rReleaseQueued\x12$.fedllm.site.v1.ReleaseQueuedRequest\x1a%.fedllm.site.v1.ReleaseQueuedResponse\x12=\n\x04Info\x12\x1b.fedllm.site.v1.InfoRequest\x1a\x18.fedllm.site.v1.SiteInfo\x12M\n\nStreamLoad\x12!.fedllm.site.v1.LoadStreamRequest\x1a\x1a.fedllm.site.v1.LoadReport0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedllm_contract.proto.site_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1580
-  _globals['_FINISHREASON']._serialized_end=1732
+  _globals['_FINISHREASON']._serialized_start=2196
+  _globals['_FINISHREASON']._serialized_end=2348
+  _globals['_CACHETIER']._serialized_start=2350
+  _globals['_CACHETIER']._serialized_end=2405
   _globals['_SAMPLINGPARAMS']._serialized_start=53
   _globals['_SAMPLINGPARAMS']._serialized_end=213
   _globals['_GENERATEREQUEST']._serialized_start=216
-  _globals['_GENERATEREQUEST']._serialized_end=371
-  _globals['_USAGE']._serialized_start=373
-  _globals['_USAGE']._serialized_end=430
-  _globals['_GENERATECHUNK']._serialized_start=433
-  _globals['_GENERATECHUNK']._serialized_end=610
-  _globals['_CANCELREQUEST']._serialized_start=612
-  _globals['_CANCELREQUEST']._serialized_end=647
-  _globals['_CANCELRESPONSE']._serialized_start=649
-  _globals['_CANCELRESPONSE']._serialized_end=684
-  _globals['_RELEASEQUEUEDREQUEST']._serialized_start=686
-  _globals['_RELEASEQUEUEDREQUEST']._serialized_end=730
-  _globals['_RELEASEDREQUEST']._serialized_start=732
-  _globals['_RELEASEDREQUEST']._serialized_end=818
-  _globals['_RELEASEQUEUEDRESPONSE']._serialized_start=820
-  _globals['_RELEASEQUEUEDRESPONSE']._serialized_end=894
-  _globals['_INFOREQUEST']._serialized_start=896
-  _globals['_INFOREQUEST']._serialized_end=909
-  _globals['_SITEINFO']._serialized_start=912
-  _globals['_SITEINFO']._serialized_end=1164
-  _globals['_LOADSTREAMREQUEST']._serialized_start=1166
-  _globals['_LOADSTREAMREQUEST']._serialized_end=1206
-  _globals['_LOADREPORT']._serialized_start=1209
-  _globals['_LOADREPORT']._serialized_end=1577
-  _globals['_SITEENGINE']._serialized_start=1735
-  _globals['_SITEENGINE']._serialized_end=2134
+  _globals['_GENERATEREQUEST']._serialized_end=391
+  _globals['_USAGE']._serialized_start=393
+  _globals['_USAGE']._serialized_end=480
+  _globals['_GENERATECHUNK']._serialized_start=483
+  _globals['_GENERATECHUNK']._serialized_end=660
+  _globals['_CANCELREQUEST']._serialized_start=662
+  _globals['_CANCELREQUEST']._serialized_end=697
+  _globals['_CANCELRESPONSE']._serialized_start=699
+  _globals['_CANCELRESPONSE']._serialized_end=734
+  _globals['_RELEASEQUEUEDREQUEST']._serialized_start=736
+  _globals['_RELEASEQUEUEDREQUEST']._serialized_end=780
+  _globals['_RELEASEDREQUEST']._serialized_start=782
+  _globals['_RELEASEDREQUEST']._serialized_end=868
+  _globals['_RELEASEQUEUEDRESPONSE']._serialized_start=870
+  _globals['_RELEASEQUEUEDRESPONSE']._serialized_end=944
+  _globals['_INFOREQUEST']._serialized_start=946
+  _globals['_INFOREQUEST']._serialized_end=959
+  _globals['_SITEINFO']._serialized_start=962
+  _globals['_SITEINFO']._serialized_end=1289
+  _globals['_LOADSTREAMREQUEST']._serialized_start=1291
+  _globals['_LOADSTREAMREQUEST']._serialized_end=1353
+  _globals['_LOADREPORT']._serialized_start=1356
+  _globals['_LOADREPORT']._serialized_end=1864
+  _globals['_CACHEEVENT']._serialized_start=1867
+  _globals['_CACHEEVENT']._serialized_end=2062
+  _globals['_CACHEEVENT_KIND']._serialized_start=2018
+  _globals['_CACHEEVENT_KIND']._serialized_end=2062
+  _globals['_CACHEEVENTS']._serialized_start=2065
+  _globals['_CACHEEVENTS']._serialized_end=2193
+  _globals['_SITEENGINE']._serialized_start=2408
+  _globals['_SITEENGINE']._serialized_end=2807
 # @@protoc_insertion_point(module_scope)

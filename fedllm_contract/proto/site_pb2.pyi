@@ -44,6 +44,22 @@ FINISH_REASON_CANCELLED: FinishReason.ValueType  # 3
 FINISH_REASON_RELEASED: FinishReason.ValueType  # 4
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
+class _CacheTier:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CacheTierEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CacheTier.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CACHE_TIER_DEVICE: _CacheTier.ValueType  # 0
+    CACHE_TIER_HOST: _CacheTier.ValueType  # 1
+
+class CacheTier(_CacheTier, metaclass=_CacheTierEnumTypeWrapper):
+    """Where a cached block lives."""
+
+CACHE_TIER_DEVICE: CacheTier.ValueType  # 0
+CACHE_TIER_HOST: CacheTier.ValueType  # 1
+Global___CacheTier: _TypeAlias = CacheTier  # noqa: Y015
+
 @_typing.final
 class SamplingParams(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -100,11 +116,16 @@ class GenerateRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     PREDICTED_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     prompt: _builtins.str
     """Either the prompt text or its token ids in the site's tokenizer; ids win when both are set."""
     predicted_tokens: _builtins.int
     """The gateway's prediction of the response length in tokens; 0 when there is none."""
+    cache_salt: _builtins.str
+    """Mixed into the prefix cache's block ids (fedllm_contract/block_hash.py): requests with
+    different salts never share cached blocks. The gateway salts per API key by default.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -117,10 +138,11 @@ class GenerateRequest(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         sampling: Global___SamplingParams | None = ...,
         predicted_tokens: _builtins.int = ...,
+        cache_salt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["predicted_tokens", b"predicted_tokens", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "predicted_tokens", b"predicted_tokens", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,17 +154,21 @@ class Usage(_message.Message):
 
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     prompt_tokens: _builtins.int
     completion_tokens: _builtins.int
+    cached_prompt_tokens: _builtins.int
+    """Prompt tokens whose KV came from the prefix cache instead of being computed."""
     def __init__(
         self,
         *,
         prompt_tokens: _builtins.int = ...,
         completion_tokens: _builtins.int = ...,
+        cached_prompt_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_prompt_tokens", b"cached_prompt_tokens", "completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -321,6 +347,9 @@ class SiteInfo(_message.Message):
     MAX_NUM_SEQS_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHING_FIELD_NUMBER: _builtins.int
+    BLOCK_HASH_SCHEME_FIELD_NUMBER: _builtins.int
+    HOST_KV_BLOCKS_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     model: _builtins.str
     max_model_len: _builtins.int
@@ -336,6 +365,14 @@ class SiteInfo(_message.Message):
     max_num_seqs: _builtins.int
     engine: _builtins.str
     version: _builtins.str
+    prefix_caching: _builtins.bool
+    """Whether the site caches prompt prefixes, and how its block ids are computed
+    (fedllm_contract.block_hash.HASH_SCHEME); the gateway indexes a site's cache events only
+    when the scheme is its own.
+    """
+    block_hash_scheme: _builtins.str
+    host_kv_blocks: _builtins.int
+    """KV blocks of the host-memory tier (0: none)."""
     def __init__(
         self,
         *,
@@ -351,10 +388,13 @@ class SiteInfo(_message.Message):
         max_num_seqs: _builtins.int = ...,
         engine: _builtins.str = ...,
         version: _builtins.str = ...,
+        prefix_caching: _builtins.bool = ...,
+        block_hash_scheme: _builtins.str = ...,
+        host_kv_blocks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "dtype", b"dtype", "engine", b"engine", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "site_name", b"site_name", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -365,15 +405,19 @@ class LoadStreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    CACHE_EVENTS_FIELD_NUMBER: _builtins.int
     interval_ms: _builtins.int
+    cache_events: _builtins.bool
+    """Send prefix-cache events: the first report then carries a snapshot of every block held."""
     def __init__(
         self,
         *,
         interval_ms: _builtins.int = ...,
+        cache_events: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["interval_ms", b"interval_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events", "interval_ms", b"interval_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -397,6 +441,10 @@ class LoadReport(_message.Message):
     ITERATIONS_FIELD_NUMBER: _builtins.int
     KV_BLOCK_ITERATIONS_FIELD_NUMBER: _builtins.int
     KV_TOKEN_ITERATIONS_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_HOST_HITS_FIELD_NUMBER: _builtins.int
+    CACHE_EVENTS_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     timestamp_ms: _builtins.int
     """Site clock, milliseconds since the Unix epoch."""
@@ -415,6 +463,17 @@ class LoadReport(_message.Message):
     iteration (sampled after it). Differences between two reports give a run's KV consumption.
     """
     kv_token_iterations: _builtins.int
+    prefix_cache_queries: _builtins.int
+    """Prefix cache, cumulative since the site started (vLLM's prefix_cache_queries / _hits):
+    prompt tokens looked up at admission, and of them those found cached (either tier).
+    """
+    prefix_cache_hits: _builtins.int
+    prefix_cache_host_hits: _builtins.int
+    """Of the hits, tokens brought back from the host-memory tier."""
+    @_builtins.property
+    def cache_events(self) -> Global___CacheEvents:
+        """What changed in the cache since the previous report of this stream (only when asked)."""
+
     def __init__(
         self,
         *,
@@ -432,11 +491,108 @@ class LoadReport(_message.Message):
         iterations: _builtins.int = ...,
         kv_block_iterations: _builtins.int = ...,
         kv_token_iterations: _builtins.int = ...,
+        prefix_cache_queries: _builtins.int = ...,
+        prefix_cache_hits: _builtins.int = ...,
+        prefix_cache_host_hits: _builtins.int = ...,
+        cache_events: Global___CacheEvents | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoadReport: _TypeAlias = LoadReport  # noqa: Y015
+
+@_typing.final
+class CacheEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Kind:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[CacheEvent._Kind.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        STORED: CacheEvent._Kind.ValueType  # 0
+        """Blocks now held in `tier`, in chain order; parent_block_hash is the block before the
+        first one (0 when the first starts a chain).
+        """
+        REMOVED: CacheEvent._Kind.ValueType  # 1
+        """Blocks no longer held in `tier`."""
+        CLEARED: CacheEvent._Kind.ValueType  # 2
+        """Every block of every tier dropped."""
+
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
+    STORED: CacheEvent.Kind.ValueType  # 0
+    """Blocks now held in `tier`, in chain order; parent_block_hash is the block before the
+    first one (0 when the first starts a chain).
+    """
+    REMOVED: CacheEvent.Kind.ValueType  # 1
+    """Blocks no longer held in `tier`."""
+    CLEARED: CacheEvent.Kind.ValueType  # 2
+    """Every block of every tier dropped."""
+
+    KIND_FIELD_NUMBER: _builtins.int
+    BLOCK_HASHES_FIELD_NUMBER: _builtins.int
+    PARENT_BLOCK_HASH_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    kind: Global___CacheEvent.Kind.ValueType
+    parent_block_hash: _builtins.int
+    tier: Global___CacheTier.ValueType
+    @_builtins.property
+    def block_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        kind: Global___CacheEvent.Kind.ValueType = ...,
+        block_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        parent_block_hash: _builtins.int = ...,
+        tier: Global___CacheTier.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hashes", b"block_hashes", "kind", b"kind", "parent_block_hash", b"parent_block_hash", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CacheEvent: _TypeAlias = CacheEvent  # noqa: Y015
+
+@_typing.final
+class CacheEvents(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """Changes whenever the site's cache starts empty (a restart, a clear): an index holding ids of
+    an older epoch must drop them.
+    """
+    block_size: _builtins.int
+    snapshot: _builtins.bool
+    """True on the first report of a stream: the events list every block held now, and replace
+    whatever the receiver knew of this site.
+    """
+    sequence: _builtins.int
+    """Numbers this stream's event batches 1, 2, ...: a receiver that sees a gap re-subscribes."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___CacheEvent]: ...
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        block_size: _builtins.int = ...,
+        snapshot: _builtins.bool = ...,
+        sequence: _builtins.int = ...,
+        events: _abc.Iterable[Global___CacheEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "epoch", b"epoch", "events", b"events", "sequence", b"sequence", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CacheEvents: _TypeAlias = CacheEvents  # noqa: Y015

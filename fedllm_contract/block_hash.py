@@ -1,0 +1,86 @@
+"""Prefix-cache block ids that the gateway and every site compute alike.
+
+A token sequence is cut into blocks of `block_size` tokens; only full blocks get an id (the
+partial last block is always computed, never shared). The id of block i is a chained hash:
+
+    root      = xxh3_64(utf-8 JSON of [HASH_SCHEME, model, cache_salt])
+    id(0)     = xxh3_64(tokens of block 0, seed=root)
+    id(i)     = xxh3_64(tokens of block i, seed=id(i-1))
+
+where a block's tokens are encoded as little-endian uint32. So an id names the block's tokens
+*and* everything before them, the served model and the tenant's cache salt (mixed in through
+the root, hence into every block of the chain, as vLLM's `cache_salt` enters its first block).
+The result is the same in every process and on every machine: no Python `hash()`, no
+per-process seed. xxh3 is not a cryptographic hash: a 64-bit id suffices because ids never leave
+the operator's own machines (sites report them to the gateway only), and with N blocks held the
+chance of any accidental collision is about N^2 / 2^65 (1e-8 at a million blocks).
+
+Sites (site_engine/engine/prefix_cache.py) key their cached KV blocks by these ids; the gateway
+computes the same ids from the prompt it routes, to know how much of it a site already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from array import array
+from collections.abc import Sequence
+
+import xxhash
+
+HASH_SCHEME = "fedllm-xxh3-64-v1"
+_MAX_TOKEN_ID = (1 << 32) - 1
+_ITEM = array("I").itemsize
+
+
+def root_hash(model: str, cache_salt: str = "") -> int:
+    """The seed of a chain: the served model and the cache salt ("": shared by every tenant)."""
+    key = json.dumps([HASH_SCHEME, model, cache_salt], ensure_ascii=False, separators=(",", ":"))
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8"))
+
+
+def _encode(token_ids: Sequence[int]) -> bytes:
+    try:
+        encoded = array("I", token_ids)
+    except OverflowError as exc:
+        raise ValueError(f"token ids must be in [0, {_MAX_TOKEN_ID}]") from exc
+    if encoded.itemsize != 4:  # pragma: no cover - every platform we run on has a 4-byte uint
+        raise RuntimeError(f"array('I') is {encoded.itemsize} bytes here, the encoding needs 4")
+    if sys.byteorder == "big":  # pragma: no cover - the encoding is little-endian everywhere
+        encoded.byteswap()
+    return encoded.tobytes()
+
+
+def chain_hash(parent: int, block_token_ids: Sequence[int]) -> int:
+    """The id of one full block whose predecessor's id (or the root) is `parent`."""
+    return xxhash.xxh3_64_intdigest(_encode(block_token_ids), seed=parent)
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int, start_block: int = 0
+) -> list[int]:
+    """Ids of the full blocks of `token_ids` from block `start_block` on, chained from `parent`
+    (the root for start_block 0, else the id of block start_block - 1)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if start_block < 0:
+        raise ValueError(f"start_block must be >= 0, got {start_block}")
+    first = start_block * block_size
+    full_end = first + (len(token_ids) - first) // block_size * block_size
+    if full_end <= first:
+        return []
+    data = memoryview(_encode(token_ids[first:full_end]))
+    step = block_size * _ITEM
+    hashes: list[int] = []
+    digest = xxhash.xxh3_64_intdigest
+    for offset in range(0, len(data), step):
+        parent = digest(data[offset : offset + step], seed=parent)
+        hashes.append(parent)
+    return hashes
+
+
+def prompt_block_hashes(
+    token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = ""
+) -> list[int]:
+    """Ids of every full block of a prompt, from its first token."""
+    return block_hashes(token_ids, block_size, root_hash(model, cache_salt))
