@@ -158,6 +158,7 @@ class GatewayAssembly:
                 settings.routing.policy,
                 settings.routing.site_max_queued_requests or None,
                 settings.routing.site_max_queued_tokens or None,
+                federation.routing_profiles,
             ),
             RequestLog(sessions),
             predictor,

@@ -27,6 +27,16 @@ A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`
 
 Its tokens are counted with its model's tokenizer (one model, one tokenizer: predictions and
 continuations across sites of both kinds count the same tokens).
+
+`routing_profiles` (optional) defines routing profiles beyond the built-in ones (filters, weighted
+scorers, a picker, by their registered names: gateway/routing/catalogue.py); GATEWAY_ROUTING_POLICY
+picks one by name. A part is a name or {"name", "params", "weight" (scorers)}:
+
+    "routing_profiles": [{"name": "sticky_cost",
+      "filters": ["serves_model", "healthy", "fits_context", "not_draining", "queue_bound",
+                  "kv_room", {"name": "hot_spot_guard", "params": {"ratio": 3.0}}],
+      "scorers": [{"name": "completion_cost"}, {"name": "session_affinity", "weight": 0.5}],
+      "picker": "max_score"}]
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
+
+from gateway.routing.catalogue import BUILT_IN, build_profile
+from gateway.routing.profile_settings import ParamValue, PartSettings, ProfileSettings
 
 _NAME = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 _ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -92,9 +105,29 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     request_token_ids: bool = True
 
 
+class _PartEntry(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    params: dict[str, ParamValue] = msgspec.field(default_factory=dict)
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+
+    def settings(self) -> PartSettings:
+        return PartSettings(self.name, tuple(sorted(self.params.items())), self.weight)
+
+
+_Part = str | _PartEntry
+
+
+class _ProfileEntry(msgspec.Struct, forbid_unknown_fields=True):
+    name: _NAME
+    filters: list[_Part]
+    scorers: list[_Part] = msgspec.field(default_factory=list)
+    picker: _Part = "max_score"
+
+
 class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
     models: list[_ModelEntry]
     sites: list[_SiteEntry]
+    routing_profiles: list[_ProfileEntry] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +172,7 @@ class SiteConfig:
 class FederationConfig:
     models: tuple[ModelConfig, ...]
     sites: tuple[SiteConfig, ...]
+    routing_profiles: tuple[ProfileSettings, ...] = ()
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -160,7 +194,35 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
     )
     sites = tuple(_site(s, base_dir) for s in raw.sites)
     _check(models, sites)
-    return FederationConfig(models, sites)
+    return FederationConfig(models, sites, _profiles(raw.routing_profiles))
+
+
+def _part(entry: _Part) -> PartSettings:
+    return PartSettings(entry) if isinstance(entry, str) else entry.settings()
+
+
+def _profiles(entries: list[_ProfileEntry]) -> tuple[ProfileSettings, ...]:
+    profiles = tuple(
+        ProfileSettings(
+            entry.name,
+            tuple(_part(f) for f in entry.filters),
+            tuple(_part(s) for s in entry.scorers),
+            _part(entry.picker),
+        )
+        for entry in entries
+    )
+    names = [profile.name for profile in profiles]
+    taken = sorted({n for n in names if names.count(n) > 1 or n in BUILT_IN})
+    if taken:
+        raise FederationConfigError(
+            f"routing profile names must be new and unique: {taken} (built-in: {sorted(BUILT_IN)})"
+        )
+    for profile in profiles:
+        try:
+            build_profile(profile)  # every part and parameter is checked now, not at a request
+        except ValueError as exc:
+            raise FederationConfigError(str(exc)) from exc
+    return profiles
 
 
 def _site(entry: _SiteEntry, base_dir: Path) -> SiteConfig:

@@ -27,6 +27,7 @@ from fedllm_contract.env_settings import (
 )
 from gateway.batch_settings import BatchSettings, FileSettings
 from gateway.drift_settings import DriftSettings, RetrainSettings
+from gateway.federation import FederationConfigError, load_federation
 from gateway.routing.policy import POLICY_NAMES
 from gateway.routing.types import UNPREDICTED_PLANS, UnpredictedPlan
 from gateway.security_settings import AccessSettings, AdminSettings, SiteTlsSettings
@@ -119,8 +120,9 @@ class RoutingSettings:
     policy: str = setting(
         "round_robin",
         env="ROUTING_POLICY",
-        help="`round_robin`, `least_requests`, `least_tokens`, `least_tokens_guess`, `mico` or "
-        "`least_latency`",
+        help="a built-in routing profile (`round_robin`, `least_requests`, `least_tokens`, "
+        "`least_tokens_guess`, `mico`, `least_latency`) or one the federation file's "
+        "`routing_profiles` defines",
     )
     plan_without_prediction: UnpredictedPlan = setting(
         "max_tokens",
@@ -139,10 +141,6 @@ class RoutingSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.policy not in ROUTING_POLICIES:
-            raise SettingsError(
-                f"GATEWAY_ROUTING_POLICY must be one of {ROUTING_POLICIES}, got {self.policy!r}"
-            )
         if self.plan_without_prediction not in UNPREDICTED_PLANS:
             raise SettingsError(
                 f"GATEWAY_PLAN_WITHOUT_PREDICTION must be one of {UNPREDICTED_PLANS}, "
@@ -299,6 +297,23 @@ class HistorySettings:
             )
 
 
+def _check_policy(policy: str, federation_file: Path) -> None:
+    """A built-in profile, or one the federation file defines (read here only for such a name)."""
+    if policy in ROUTING_POLICIES:
+        return
+    try:
+        custom = [profile.name for profile in load_federation(federation_file).routing_profiles]
+    except FederationConfigError as exc:
+        custom, why = [], f" ({exc})"
+    else:
+        why = ""
+    if policy not in custom:
+        raise SettingsError(
+            f"GATEWAY_ROUTING_POLICY must be a built-in routing profile {ROUTING_POLICIES} or one "
+            f"of the federation file's routing_profiles {custom}{why}, got {policy!r}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
     ENV_PREFIX: ClassVar[str] = "GATEWAY_"
@@ -324,6 +339,7 @@ class GatewaySettings:
     site_tls: SiteTlsSettings = field(default_factory=SiteTlsSettings)
 
     def __post_init__(self) -> None:
+        _check_policy(self.routing.policy, self.federation_file)
         access, host = self.access, self.server.host
         if not (access.require_api_keys or access.allow_open_access or is_loopback(host)):
             raise SettingsError(

@@ -140,12 +140,12 @@ class LatencyModel:
 
 
 @dataclass(frozen=True, slots=True)
-class LeastLatencyScorer:
+class PredictedCompletionCost:
     """Contract: the request's predicted completion time on the site in seconds (LatencyModel),
     lower is better; reads only site.latency and the request."""
 
     model: LatencyModel = LatencyModel()
     name: str = "least_latency"
 
-    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
+    def cost(self, request: RoutingRequest, site: RoutableSite) -> float:
         return self.model.predict(request, site.latency).completion_s

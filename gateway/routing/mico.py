@@ -1,5 +1,5 @@
-"""MICO token-balanced assignment: the batch form (`mico_assign`) and the online form
-(`MicoOnlinePicker`, policy `mico`).
+"""MICO token-balanced assignment: the batch form (`mico_assign`); the online form is the routing
+profile `mico` (gateway/routing/catalogue.py).
 
 Both balance token load, not request count: a query weighs prompt + predicted answer tokens, a
 site's load is its token sum divided by its capacity weight, and a query is only placed where
@@ -37,21 +37,20 @@ one turn scan per query: linear in the number of queries for a fixed number of s
 
 Online form, for queries arriving one at a time: place the query on the site with the smallest
 capacity-normalized token load after placement, (outstanding + query tokens) / weight, among the
-sites where it fits the free KV. Ties take turns (round robin in name order) with one turn
-counter per (model, bucket), so equal sites alternate within each bucket just as borrowed
-queries go round robin in the batch form. Without a batch there is nothing to group or borrow:
-the online form is the batch form's step 4 applied to each arrival.
+sites where it fits the free KV (all of them when none does now: it waits in a queue; the
+`kv_bound` filter). Ties take turns (round robin in name order) with one turn counter per
+(model, bucket), so equal sites alternate within each bucket just as borrowed queries go round
+robin in the batch form. Without a batch there is nothing to group or borrow: the online form is
+the batch form's step 4 applied to each arrival.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.routing.load import fits, free_kv_tokens, is_tie, normalized
-from gateway.routing.pickers import MinScorePicker
-from gateway.routing.scorers import LeastTokensScorer
-from gateway.routing.types import Pick, RoutableSite, RoutingRequest, S
+from gateway.routing.types import RoutableSite
 
 # Float slack when a query is compared with a water-filling target computed by division.
 _TARGET_SLACK = 1e-9
@@ -272,30 +271,3 @@ def _within(room: dict[str, float], query: BatchQuery) -> Callable[[_Site], bool
 
 def _holds(room: float, tokens: int) -> bool:
     return tokens <= room * (1 + _TARGET_SLACK) + _TARGET_SLACK
-
-
-def _model_and_bucket(request: RoutingRequest) -> Hashable:
-    return (request.model, request.predicted_bucket)
-
-
-@dataclass(slots=True)
-class MicoOnlinePicker:
-    """Contract: among the candidates whose free KV holds the request's prompt + planned answer
-    (unknown capacity holds anything), or all candidates when none holds it now (it will wait in
-    a queue), picks the one with the smallest capacity-normalized token load after placement,
-    (outstanding_tokens + prompt + planned answer) / capacity_weight; ties take turns in name
-    order, one turn counter per (model, predicted bucket). Scores of the candidates considered
-    come back with the pick; None when there is no candidate."""
-
-    name: str = "mico"
-    _by_load: MinScorePicker = field(
-        default_factory=lambda: MinScorePicker(LeastTokensScorer(), tie_key=_model_and_bucket)
-    )
-
-    def pick(self, request: RoutingRequest, sites: Sequence[S]) -> S | None:
-        return self.choose(request, sites).site
-
-    def choose(self, request: RoutingRequest, sites: Sequence[S]) -> Pick[S]:
-        need = request.total_tokens
-        fitting = [s for s in sites if fits(need, free_kv_tokens(s))]
-        return self._by_load.choose(request, fitting or list(sites))

@@ -1,46 +1,53 @@
-"""Site scorers: a number per (request, site), lower is better, read by MinScorePicker."""
+"""Site scorers: one value in [0, 1] per candidate, higher is better; a profile sums them with
+weights (gateway/routing/profile.py), as the Gateway API Inference Extension's scheduler does.
+
+Most scorers normalize a cost (gateway/routing/costs.py) over the candidates of one decision:
+- "range": (worst - cost) / (worst - best); every candidate whose cost ties the best (up to float
+  rounding) scores exactly 1, so a profile of one such scorer picks what the lowest cost picks.
+  Scale-free: it ranks, but a 1% difference spans the whole range.
+- "ratio": best / cost; keeps proportions (a site twice as slow scores 0.5), which is what a
+  weighted sum with another scorer needs. For costs > 0 (seconds of completion).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from gateway.routing.load import normalized
-from gateway.routing.types import RoutableSite, RoutingRequest
+from gateway.routing.load import is_tie
+from gateway.routing.types import RoutableSite, RoutingRequest, Scored, SiteCost
 
-
-@dataclass(frozen=True, slots=True)
-class LeastRequestsScorer:
-    """Contract: in_flight / capacity_weight, the request-count baseline; it ignores how long
-    the requests are, which is exactly what token-based policies are measured against."""
-
-    name: str = "least_requests"
-
-    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
-        return normalized(site.in_flight, site.capacity_weight)
+Normalization = Literal["range", "ratio"]
+NORMALIZATIONS: tuple[Normalization, ...] = ("range", "ratio")
 
 
-@dataclass(frozen=True, slots=True)
-class LeastTokensScorer:
-    """Contract: (outstanding_tokens + prompt + planned answer) / capacity_weight: the site's
-    capacity-normalized token load after this request is placed there. Adding the request
-    matters only between sites of unequal weight, where it favours the bigger one, as it should:
-    the same request raises a small site's normalized load more."""
-
-    name: str = "least_tokens"
-
-    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
-        return normalized(site.outstanding_tokens + request.total_tokens, site.capacity_weight)
+def normalize_costs(costs: Sequence[float], how: Normalization) -> tuple[float, ...]:
+    """Contract: one value in [0, 1] per cost, as the module docstring defines; costs that tie
+    the lowest score exactly 1.0; an empty input gives an empty output."""
+    if not costs:
+        return ()
+    best, worst = min(costs), max(costs)
+    if how == "ratio":
+        return tuple(
+            1.0 if is_tie(c, best) or c <= 0 else min(1.0, max(0.0, best / c)) for c in costs
+        )
+    span = worst - best
+    return tuple(1.0 if is_tie(c, best) else (worst - c) / span for c in costs)
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerTokensScorer:
-    """Contract: (ledger_tokens + prompt + planned answer) / capacity_weight: least_tokens over
-    the gateway's own ledger alone, never the site's reports. This is the token balancing of
-    routers without a length predictor (llm-d's pending-tokens scorer, AIBrix's token_load): what
-    they charge a site is what they sent it, with the answer guessed, not what the site says.
-    Paired with GATEWAY_PLAN_WITHOUT_PREDICTION=prompt_ratio, the guess is 1.5x the prompt."""
+class LowestCost:
+    """Contract: scores each candidate by its cost, normalized over the candidates
+    (normalize_costs); the raw costs come back with the values. Named after its cost."""
 
-    name: str = "least_tokens_guess"
+    cost: SiteCost
+    normalize: Normalization = "range"
 
-    def score(self, request: RoutingRequest, site: RoutableSite) -> float:
-        return normalized(site.ledger_tokens + request.total_tokens, site.capacity_weight)
+    @property
+    def name(self) -> str:
+        return self.cost.name
+
+    def score(self, request: RoutingRequest, sites: Sequence[RoutableSite]) -> Scored:
+        costs = tuple(self.cost.cost(request, site) for site in sites)
+        return Scored(normalize_costs(costs, self.normalize), costs)

@@ -1,5 +1,7 @@
-"""Contracts of routing: a policy is filters (who may take the request) then a picker (who does);
-a scoring picker ranks the survivors with a scorer (lower is better).
+"""Contracts of routing: a policy is a profile (gateway/routing/profile.py): filters (who may take
+the request), weighted scorers (how good each survivor is, a number in [0, 1], higher is better)
+and a picker (who takes it). A scorer often normalizes a cost (requests, tokens, seconds: lower
+is better, in its own unit; gateway/routing/costs.py).
 
 Every part reads only in-memory state, so a routing decision never waits on I/O.
 """
@@ -7,9 +9,11 @@ Every part reads only in-memory state, so a routing decision never waits on I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
+
+from fedllm_contract.block_hash import prompt_block_hashes
 
 
 class RoutableSite(Protocol):
@@ -150,6 +154,28 @@ class RoutingRequest:
     # The predictor's length bucket; MICO alternates equally loaded sites per bucket.
     predicted_bucket: int | None = None
     unpredicted: UnpredictedPlan = "max_tokens"
+    # The prompt itself (empty: unknown, nothing can be matched against a prefix cache) and the
+    # cache salt its blocks are hashed with (fedllm_contract/block_hash.py).
+    prompt_token_ids: tuple[int, ...] = ()
+    cache_salt: str = ""
+    # Whose conversation this is (session_id, user or prompt_cache_key): optional affinity.
+    session_key: str | None = None
+    # Block ids by block size, computed on first use: sites of one block size share them.
+    _block_ids: dict[int, tuple[int, ...]] = field(
+        init=False, default_factory=dict, compare=False, repr=False
+    )
+
+    def block_ids(self, block_size: int) -> tuple[int, ...]:
+        """Contract: the ids of the prompt's full blocks of `block_size` tokens, as every site
+        computes them (fedllm_contract.block_hash.prompt_block_hashes over model and cache
+        salt); computed once per block size."""
+        ids = self._block_ids.get(block_size)
+        if ids is None:
+            ids = tuple(
+                prompt_block_hashes(self.prompt_token_ids, block_size, self.model, self.cache_salt)
+            )
+            self._block_ids[block_size] = ids
+        return ids
 
     @property
     def answer_tokens(self) -> int:
@@ -165,12 +191,56 @@ class RoutingRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Pick(Generic[T]):
-    """A picker's answer: the chosen site (None when there was no candidate) and, for scoring
-    pickers, every candidate's score by site name, so the decision can be explained later."""
+class PrefixMatch:
+    """How much of a prompt a site holds: the longest run of the prompt's full blocks from its
+    first one, each held in some tier (cached_tokens), and of that run the blocks held in device
+    memory (device_tokens <= cached_tokens); the others are in the host tier and come back over
+    PCIe. Only whole blocks count: the partial last block is always computed."""
 
-    site: T | None
-    scores: Mapping[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0
+    device_tokens: int = 0
+
+
+NO_MATCH = PrefixMatch()
+
+
+class PrefixView(Protocol):
+    """A site's prefix cache as routing sees it (gateway/routing/prefix/site_prefix.py)."""
+
+    def match(self, request: RoutingRequest) -> PrefixMatch: ...
+
+    def routed(self, request: RoutingRequest) -> None:
+        """The request was routed to this site (what an index without cache events learns)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A scorer's answer for the candidates, in their order: values in [0, 1], higher is better;
+    costs, when the scorer normalizes a cost, are the raw costs behind them (lower is better,
+    in the cost's unit), kept to explain the decision."""
+
+    values: tuple[float, ...]
+    costs: tuple[float, ...] | None = None
+
+
+class SiteCost(Protocol):
+    """A cost of placing the request on a site, lower is better, in its own unit (requests,
+    tokens, seconds). Pure: the same inputs give the same cost."""
+
+    @property
+    def name(self) -> str: ...
+
+    def cost(self, request: RoutingRequest, site: RoutableSite) -> float: ...
+
+
+class SiteScorer(Protocol):
+    """Scores every candidate for a request: one value in [0, 1] per site, higher is better."""
+
+    @property
+    def name(self) -> str: ...
+
+    def score(self, request: RoutingRequest, sites: Sequence[RoutableSite]) -> Scored: ...
 
 
 class SiteFilter(Protocol):
@@ -183,21 +253,19 @@ class SiteFilter(Protocol):
 
 
 class SitePicker(Protocol):
-    """Chooses one site among the filtered candidates, or None when there are none. `pick` is
-    `choose(...).site`; `choose` also returns the scores behind the choice."""
+    """Chooses one site among the filtered candidates from their weighted total scores (one per
+    candidate, in their order), or None when there are none."""
 
     @property
     def name(self) -> str: ...
 
-    def pick(self, request: RoutingRequest, sites: Sequence[S]) -> S | None: ...
+    def pick(
+        self, request: RoutingRequest, sites: Sequence[S], totals: Sequence[float]
+    ) -> S | None: ...
 
-    def choose(self, request: RoutingRequest, sites: Sequence[S]) -> Pick[S]: ...
 
+@runtime_checkable
+class RoutingObserver(Protocol):
+    """A part that learns from each decision (a session's last site, what a site was sent)."""
 
-class SiteScorer(Protocol):
-    """Scores a site for a request; lower is better. Pure: the same inputs give the same score."""
-
-    @property
-    def name(self) -> str: ...
-
-    def score(self, request: RoutingRequest, site: RoutableSite) -> float: ...
+    def routed(self, request: RoutingRequest, site: RoutableSite) -> None: ...

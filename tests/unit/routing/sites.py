@@ -4,7 +4,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.routing.types import RoutingRequest, SiteLatency
+from gateway.routing.pickers import MaxScorePicker
+from gateway.routing.profile import RoutingProfile, WeightedScorer
+from gateway.routing.scorers import LowestCost
+from gateway.routing.types import (
+    NO_MATCH,
+    PrefixMatch,
+    PrefixView,
+    RoutingRequest,
+    SiteCost,
+    SiteLatency,
+)
+
+
+@dataclass(frozen=True)
+class KnownPrefix:
+    """A site's cache as a fixed answer: `cached` tokens of every prompt, `device` of them in
+    device memory; what was routed there is counted."""
+
+    cached: int = 0
+    device: int | None = None
+    routed_requests: list[RoutingRequest] = field(default_factory=list, compare=False)
+
+    def match(self, request: RoutingRequest) -> PrefixMatch:
+        if not self.cached:
+            return NO_MATCH
+        device = self.cached if self.device is None else self.device
+        return PrefixMatch(self.cached, device)
+
+    def routed(self, request: RoutingRequest) -> None:
+        self.routed_requests.append(request)
 
 
 @dataclass(frozen=True)
@@ -22,6 +51,8 @@ class Site:
     queued_tokens: int = 0
     ledger_tokens: int = 0
     latency: SiteLatency = field(default_factory=SiteLatency)
+    prefix: PrefixView = field(default_factory=KnownPrefix)
+    prefill_tokens_per_s: float | None = None
 
 
 def request(
@@ -30,6 +61,7 @@ def request(
     model: str = "m",
     predicted: int | None = None,
     bucket: int | None = None,
+    session: str | None = None,
 ) -> RoutingRequest:
     return RoutingRequest(
         model=model,
@@ -37,4 +69,10 @@ def request(
         max_tokens=max_tokens,
         predicted_tokens=predicted,
         predicted_bucket=bucket,
+        session_key=session,
     )
+
+
+def lowest(cost: SiteCost) -> RoutingProfile:
+    """A profile with no filter that picks the lowest `cost` (its decisions record the costs)."""
+    return RoutingProfile("lowest", (), (WeightedScorer(LowestCost(cost), 1.0),), MaxScorePicker())

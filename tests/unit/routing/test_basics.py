@@ -62,18 +62,19 @@ def test_filters(site_filter, req, sites, kept) -> None:
 )
 def test_round_robin_cycles_by_name(rounds, candidates, expected) -> None:
     picker = RoundRobinPicker()
-    assert [picker.pick(request(), candidates) for _ in range(rounds)] == expected
+    totals = [0.0] * len(candidates)
+    assert [picker.pick(request(), candidates, totals) for _ in range(rounds)] == expected
 
 
 def test_round_robin_keeps_separate_turns_per_model() -> None:
-    picker = RoundRobinPicker()
-    assert picker.pick(request(model="m"), [A, B]) == A
-    assert picker.pick(request(model="x"), [A, B]) == A
-    assert picker.pick(request(model="m"), [A, B]) == B
+    picker, totals = RoundRobinPicker(), [0.0, 0.0]
+    assert picker.pick(request(model="m"), [A, B], totals) == A
+    assert picker.pick(request(model="x"), [A, B], totals) == A
+    assert picker.pick(request(model="m"), [A, B], totals) == B
 
 
-def test_round_robin_choice_carries_no_scores() -> None:
-    assert RoundRobinPicker().choose(request(), [A, B]).scores == {}
+def test_round_robin_decision_carries_no_scores() -> None:
+    assert build_policy("round_robin").route(request(), [A, B]).scores == {}
 
 
 def test_policy_explains_an_empty_answer() -> None:

@@ -1,5 +1,6 @@
 """Table-driven tests of latency-aware routing: the round-trip and step-time estimators, the
-latency model, the scorer, the ledger-only token scorer and the prompt-ratio answer guess."""
+latency model, the completion-time cost, the ledger-only token cost and the prompt-ratio answer
+guess."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import math
 
 import pytest
 
-from gateway.routing.latency import LatencyModel, LeastLatencyScorer, RttEstimator, StepTimeModel
-from gateway.routing.pickers import MinScorePicker
+from gateway.routing.costs import LedgerTokensCost
+from gateway.routing.latency import (
+    LatencyModel,
+    PredictedCompletionCost,
+    RttEstimator,
+    StepTimeModel,
+)
 from gateway.routing.policy import build_policy
-from gateway.routing.scorers import LedgerTokensScorer
 from gateway.routing.types import RoutingRequest, SiteLatency, StepTime, planned_answer_tokens
-from tests.unit.routing.sites import Site, request
+from tests.unit.routing.sites import Site, lowest, request
 
 STEP = StepTime(0.01)  # 10 ms a step whatever the batch
 MODEL = LatencyModel(prior_step=StepTime(0.02), prefill_chunk_tokens=100)
@@ -150,7 +155,7 @@ FULL_FAST = Site(
     ],
 )
 def test_least_latency_scorer_picks_the_earliest_completion(req, sites, chosen) -> None:
-    pick = MinScorePicker(LeastLatencyScorer(MODEL)).choose(req, sites)
+    pick = lowest(PredictedCompletionCost(MODEL)).route(req, sites)
     assert pick.site is not None
     assert pick.site.name == chosen
     assert set(pick.scores) == {site.name for site in sites}
@@ -179,8 +184,8 @@ def test_least_latency_policy_is_bounded_by_kv_room() -> None:
         (request(prompt=10, max_tokens=50), Site("a", ledger_tokens=40, capacity_weight=2.0), 50),
     ],
 )
-def test_ledger_tokens_scorer(req, site, score) -> None:
-    assert LedgerTokensScorer().score(req, site) == score
+def test_ledger_tokens_cost(req, site, score) -> None:
+    assert LedgerTokensCost().cost(req, site) == score
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Table-driven tests of MICO's online form (one query at a time)."""
+"""Table-driven tests of MICO's online form (one query at a time): the `mico` profile."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.routing.mico import MicoOnlinePicker
+from gateway.routing.policy import build_policy
 from tests.unit.routing.sites import Site, request
 
 A, B = Site("a"), Site("b")
@@ -36,7 +36,7 @@ NEW = Site("new", outstanding_tokens=900, kv_capacity_tokens=None)
     ],
 )
 def test_online_pick(sites, chosen, scores) -> None:
-    pick = MicoOnlinePicker().choose(request(prompt=10, max_tokens=10), sites)
+    pick = build_policy("mico").route(request(prompt=10, max_tokens=10), sites)
     assert (pick.site.name if pick.site else None, pick.scores) == (chosen, scores)
 
 
@@ -49,16 +49,16 @@ def test_online_pick(sites, chosen, scores) -> None:
     ],
 )
 def test_equal_sites_alternate_within_a_bucket(buckets, expected) -> None:
-    picker = MicoOnlinePicker()
-    picks = [picker.pick(request(bucket=bucket), [B, A]) for bucket in buckets]
+    policy = build_policy("mico")
+    picks = [policy.route(request(bucket=bucket), [B, A]).site for bucket in buckets]
     assert [site.name if site else None for site in picks] == expected
 
 
 def test_online_form_keeps_equal_sites_within_one_query() -> None:
-    picker, sites = MicoOnlinePicker(), [Site("a"), Site("b"), Site("c")]
+    policy, sites = build_policy("mico"), [Site("a"), Site("b"), Site("c")]
     for _ in range(50):
         req = request(prompt=30, max_tokens=70, bucket=3)
-        chosen = picker.pick(req, sites)
+        chosen = policy.route(req, sites).site
         assert chosen is not None
         sites = [
             replace(s, outstanding_tokens=s.outstanding_tokens + 100) if s == chosen else s

@@ -1,0 +1,165 @@
+"""Routing profiles from configuration: the registered parts (filters, scorers, pickers) by name,
+the built-in profiles, and `build_profile`, which turns a ProfileSettings into a RoutingProfile.
+
+Adding a policy is adding a profile here (or in the federation file), not a branch in code. The
+built-in profiles keep the names GATEWAY_ROUTING_POLICY has always taken; each is built fresh,
+with its own turn counters and tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from gateway.routing.costs import LedgerTokensCost, RequestCountCost, TokenLoadCost
+from gateway.routing.filters import (
+    FitsContextFilter,
+    HealthyFilter,
+    KvBoundFilter,
+    NotDrainingFilter,
+    QueueBoundFilter,
+    ServesModelFilter,
+)
+from gateway.routing.latency import LatencyModel, PredictedCompletionCost
+from gateway.routing.pickers import TIE_KEYS, MaxScorePicker, RoundRobinPicker
+from gateway.routing.profile import RoutingProfile, WeightedScorer
+from gateway.routing.profile_settings import Params, PartSettings, ProfileSettings
+from gateway.routing.scorers import NORMALIZATIONS, LowestCost, Normalization
+from gateway.routing.types import RoutingObserver, SiteCost, SiteFilter, SitePicker, SiteScorer
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What the gateway's settings give every profile: the queue bounds (None: unbounded)."""
+
+    max_site_queue: int | None = None
+    max_site_queued_tokens: int | None = None
+
+
+P = TypeVar("P")
+FilterFactory = Callable[[Params, BuildContext], SiteFilter]
+ScorerFactory = Callable[[Params, BuildContext], SiteScorer]
+PickerFactory = Callable[[Params, BuildContext], SitePicker]
+
+
+def _lowest(cost: Callable[[Params], SiteCost]) -> ScorerFactory:
+    def build(params: Params, context: BuildContext) -> SiteScorer:
+        how: Normalization = "range"
+        if params.choice("normalize", "range", NORMALIZATIONS) == "ratio":
+            how = "ratio"
+        return LowestCost(cost(params), how)
+
+    return build
+
+
+def _latency_cost(params: Params) -> SiteCost:
+    chunk = params.integer("prefill_chunk_tokens", LatencyModel().prefill_chunk_tokens, minimum=1)
+    return PredictedCompletionCost(LatencyModel(prefill_chunk_tokens=chunk or 1))
+
+
+FILTERS: dict[str, FilterFactory] = {
+    "serves_model": lambda p, c: ServesModelFilter(),
+    "healthy": lambda p, c: HealthyFilter(),
+    "fits_context": lambda p, c: FitsContextFilter(),
+    "not_draining": lambda p, c: NotDrainingFilter(),
+    "queue_bound": lambda p, c: QueueBoundFilter(
+        p.integer("max_requests", c.max_site_queue, minimum=1),
+        p.integer("max_tokens", c.max_site_queued_tokens, minimum=1),
+    ),
+    "kv_bound": lambda p, c: KvBoundFilter(),
+}
+SCORERS: dict[str, ScorerFactory] = {
+    "least_requests": _lowest(lambda p: RequestCountCost()),
+    "least_tokens": _lowest(lambda p: TokenLoadCost()),
+    "least_tokens_guess": _lowest(lambda p: LedgerTokensCost()),
+    "least_latency": _lowest(_latency_cost),
+}
+PICKERS: dict[str, PickerFactory] = {
+    "round_robin": lambda p, c: RoundRobinPicker(),
+    "max_score": lambda p, c: MaxScorePicker(TIE_KEYS[p.choice("ties", "model", tuple(TIE_KEYS))]),
+}
+
+# Every built-in profile starts with these: the request's model, healthy, its context fits, not
+# drained by an operator, and the site's queue below the gateway's bounds.
+BASE_FILTERS = (
+    PartSettings("serves_model"),
+    PartSettings("healthy"),
+    PartSettings("fits_context"),
+    PartSettings("not_draining"),
+    PartSettings("queue_bound"),
+)
+_KV_BOUND = PartSettings("kv_bound")
+
+
+def _one_scorer(name: str, *extra_filters: PartSettings, ties: str = "model") -> ProfileSettings:
+    return ProfileSettings(
+        name,
+        (*BASE_FILTERS, *extra_filters),
+        (PartSettings(name),),
+        PartSettings.of("max_score", ties=ties),
+    )
+
+
+BUILT_IN: dict[str, ProfileSettings] = {
+    profile.name: profile
+    for profile in (
+        ProfileSettings("round_robin", BASE_FILTERS, (), PartSettings("round_robin")),
+        _one_scorer("least_requests"),
+        _one_scorer("least_tokens"),
+        _one_scorer("least_tokens_guess"),
+        # MICO's online form: token balance within the KV bound, equal sites alternating per
+        # predicted length bucket (gateway/routing/mico.py).
+        ProfileSettings(
+            "mico",
+            (*BASE_FILTERS, _KV_BOUND),
+            (PartSettings("least_tokens"),),
+            PartSettings.of("max_score", ties="model_bucket"),
+        ),
+        _one_scorer("least_latency", _KV_BOUND),
+    )
+}
+
+
+def _built(
+    kind: str,
+    registry: Mapping[str, Callable[[Params, BuildContext], P]],
+    spec: PartSettings,
+    context: BuildContext,
+) -> P:
+    factory = registry.get(spec.name)
+    if factory is None:
+        raise ValueError(f"unknown {kind} {spec.name!r}; known: {sorted(registry)}")
+    params = Params(f"{kind} {spec.name}", spec.param_map)
+    part = factory(params, context)
+    params.done()
+    return part
+
+
+def build_profile(settings: ProfileSettings, context: BuildContext | None = None) -> RoutingProfile:
+    """Contract: the profile `settings` describes, every part fresh (its own turn counters and
+    tables); parts that learn from decisions observe them. ValueError naming the profile for an
+    unknown part, a bad or unknown parameter or a weight <= 0."""
+    context = context or BuildContext()
+    try:
+        filters = [_built("filter", FILTERS, spec, context) for spec in settings.filters]
+        scorers = [
+            WeightedScorer(_built("scorer", SCORERS, spec, context), spec.weight)
+            for spec in settings.scorers
+        ]
+        picker = _built("picker", PICKERS, settings.picker, context)
+    except ValueError as exc:
+        raise ValueError(f"routing profile {settings.name!r}: {exc}") from exc
+    parts: list[object] = [*filters, *(w.scorer for w in scorers), picker]
+    return RoutingProfile(
+        settings.name,
+        tuple(filters),
+        tuple(scorers),
+        picker,
+        tuple(part for part in parts if isinstance(part, RoutingObserver)),
+    )
+
+
+def profile_names(custom: Sequence[ProfileSettings] = ()) -> tuple[str, ...]:
+    """The built-in profiles' names, then the custom ones'."""
+    return (*BUILT_IN, *(p.name for p in custom))
