@@ -34,12 +34,14 @@ from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
 from gateway.prediction.lifecycle import follow_registry, start_predictors
 from gateway.routing.policy import build_policy
+from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.settings import GatewaySettings
 from gateway.sites.factory import site_client
 from gateway.sites.health import HealthMonitor
 from gateway.sites.load_reports import LoadReportListener
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.sites.tls import load_site_tls
+from gateway.sites.vllm_kv_events import kv_event_followers
 from gateway.stores.admin_sessions import AdminSessionStore
 from gateway.stores.file_store import FileStore
 from gateway.stores.idempotency_records import IdempotencyStore
@@ -134,6 +136,7 @@ class GatewayAssembly:
                 config=site,
                 site_id=site_ids[site.name],
                 client=site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+                prefix=SitePrefix(settings.routing.prefix_index_max_blocks),
             )
             for site in federation.sites
         )
@@ -233,6 +236,7 @@ class GatewayAssembly:
             "predictor-drift": health.run(),
             "site-drain": drainer.run(),
             "file-retention": files.delete_expired_forever(),
+            **kv_event_followers(registry.all()),
         }
         missing = missing_training_stack()
         if settings.retrain.worker and missing:

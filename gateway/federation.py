@@ -23,7 +23,9 @@ A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`
     {"name": "vllm-use1", "cloud": "aws", "region": "us-east-1", "model": "tiny-llama",
      "kind": "openai", "base_url": "http://10.0.0.9:8000/v1", "engine_model": "meta/llama",
      "api_key_file": "secrets/vllm.key", "metrics_url": "http://10.0.0.9:8000/metrics",
-     "metrics_dialect": "vllm", "max_model_len": 8192, "max_num_seqs": 256}
+     "metrics_dialect": "vllm", "max_model_len": 8192, "max_num_seqs": 256,
+     "kv_events_endpoint": "tcp://10.0.0.9:5557", "kv_events_replay_endpoint":
+     "tcp://10.0.0.9:5558", "kv_block_size": 16}
 
 Its tokens are counted with its model's tokenizer (one model, one tokenizer: predictions and
 continuations across sites of both kinds count the same tokens).
@@ -54,6 +56,7 @@ from gateway.routing.profile_settings import ParamValue, PartSettings, ProfileSe
 _NAME = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 _ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+_ZMQ_URL = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:*]+:\d{1,5}$")
 SiteKind = Literal["grpc", "openai"]
 MetricsDialect = Literal["vllm", "sglang", "tgi", "none"]
 _DNS_NAME = Annotated[
@@ -86,6 +89,9 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     # grpc: host:port of the site engine.
     endpoint: str | None = None
     capacity_weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Prompt tokens the site computes per second, as the operator measured it (the cost model's
+    # prefill rate; llm-d's prefix-cache-affinity filter takes the same figure per deployment).
+    prefill_tokens_per_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     # With mutual TLS: the name the site's certificate must carry, when not the endpoint's host.
     tls_server_name: _DNS_NAME | None = None
     # openai: the server's API root (ending in /v1), the model's name there (default: the
@@ -103,6 +109,13 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     # Ask for the answer's token ids (vLLM's `return_token_ids`, our engine's HTTP face) so a
     # continuation elsewhere resumes from the exact tokens; off: the text is re-tokenized.
     request_token_ids: bool = True
+    # vLLM's KV cache events (its --kv-events-config: publisher endpoint, replay endpoint and
+    # topic) and its --block-size: the site's prefix index follows them (else it is the
+    # gateway's own routing history).
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
+    kv_block_size: _POSITIVE = 16
 
 
 class _PartEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -152,6 +165,10 @@ class OpenAISiteConfig:
     max_num_seqs: int | None = None
     kv_capacity_tokens: int | None = None
     request_token_ids: bool = True
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
+    kv_block_size: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +183,7 @@ class SiteConfig:
     tls_server_name: str | None = None
     kind: SiteKind = "grpc"
     openai: OpenAISiteConfig | None = None
+    prefill_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +247,14 @@ def _site(entry: _SiteEntry, base_dir: Path) -> SiteConfig:
     if entry.kind == "grpc":
         openai_fields = [
             name
-            for name in ("base_url", "engine_model", "api_key_file", "metrics_url")
+            for name in (
+                "base_url",
+                "engine_model",
+                "api_key_file",
+                "metrics_url",
+                "kv_events_endpoint",
+                "kv_events_replay_endpoint",
+            )
             if getattr(entry, name) is not None
         ]
         if entry.endpoint is None or openai_fields:
@@ -240,6 +265,7 @@ def _site(entry: _SiteEntry, base_dir: Path) -> SiteConfig:
         return SiteConfig(
             entry.name, entry.cloud, entry.region, entry.endpoint, entry.model,
             entry.capacity_weight, entry.tls_server_name,
+            prefill_tokens_per_s=entry.prefill_tokens_per_s,
         )  # fmt: skip
     openai = _openai_site(entry, base_dir)
     return SiteConfig(
@@ -251,6 +277,7 @@ def _site(entry: _SiteEntry, base_dir: Path) -> SiteConfig:
         entry.capacity_weight,
         kind="openai",
         openai=openai,
+        prefill_tokens_per_s=entry.prefill_tokens_per_s,
     )
 
 
@@ -261,6 +288,16 @@ def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
     for field, url in (("base_url", entry.base_url), ("metrics_url", entry.metrics_url)):
         if (url is not None or field == "base_url") and not _URL.match(url or ""):
             raise FederationConfigError(f"{where}: {field} must be an http(s) URL, got {url!r}")
+    for field, zmq_url in (
+        ("kv_events_endpoint", entry.kv_events_endpoint),
+        ("kv_events_replay_endpoint", entry.kv_events_replay_endpoint),
+    ):
+        if zmq_url is not None and not _ZMQ_URL.match(zmq_url):
+            raise FederationConfigError(
+                f"{where}: {field} must be tcp://host:port, got {zmq_url!r}"
+            )
+    if entry.kv_events_replay_endpoint is not None and entry.kv_events_endpoint is None:
+        raise FederationConfigError(f"{where}: kv_events_replay_endpoint needs kv_events_endpoint")
     if (entry.metrics_url is None) != (entry.metrics_dialect == "none"):
         raise FederationConfigError(
             f"{where}: 'metrics_url' and a 'metrics_dialect' (vllm, sglang, tgi) go together"
@@ -278,6 +315,10 @@ def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
         max_num_seqs=entry.max_num_seqs,
         kv_capacity_tokens=entry.kv_capacity_tokens,
         request_token_ids=entry.request_token_ids,
+        kv_events_endpoint=entry.kv_events_endpoint,
+        kv_events_replay_endpoint=entry.kv_events_replay_endpoint,
+        kv_events_topic=entry.kv_events_topic,
+        kv_block_size=entry.kv_block_size,
     )
 
 

@@ -69,6 +69,21 @@ _SITE_GAUGES = (
         "This gateway's requests at the site not finished yet",
         lambda s: s.in_flight,
     ),
+    _SiteGauge(
+        "prefix_index_blocks",
+        "Prefix-cache block ids the gateway keeps for the site (bounded memory)",
+        lambda s: s.prefix.blocks,
+    ),
+    _SiteGauge(
+        "prefix_index_events",
+        "1 if the site's prefix index follows its cache events, 0 if it is this gateway's history",
+        lambda s: s.prefix.mode == "events",
+    ),
+    _SiteGauge(
+        "prefix_index_stale",
+        "1 while the site's event index waits for a snapshot (a batch was lost): no match",
+        lambda s: s.prefix.stale,
+    ),
 )
 # From the site's last pushed load report: absent until the site has reported.
 _REPORT_GAUGES = (

@@ -29,6 +29,7 @@ from gateway.batch_settings import BatchSettings, FileSettings
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.federation import FederationConfigError, load_federation
 from gateway.routing.policy import POLICY_NAMES
+from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS
 from gateway.routing.types import UNPREDICTED_PLANS, UnpredictedPlan
 from gateway.security_settings import AccessSettings, AdminSettings, SiteTlsSettings
 
@@ -139,6 +140,12 @@ class RoutingSettings:
         0,
         help="the same bound on a site's queued prompt tokens (0: no bound)",
     )
+    prefix_index_max_blocks: int = setting(
+        DEFAULT_PREFIX_INDEX_BLOCKS,
+        help="prefix-cache block ids kept per site (from its cache events, else from what this "
+        "gateway sent it): ~90 bytes each; beyond, new ones are not recorded (events) or the "
+        "least recently sent are forgotten (history)",
+    )
 
     def __post_init__(self) -> None:
         if self.plan_without_prediction not in UNPREDICTED_PLANS:
@@ -147,6 +154,7 @@ class RoutingSettings:
                 f"got {self.plan_without_prediction!r}"
             )
         require_at_least(self, 0, "site_max_queued_requests", "site_max_queued_tokens")
+        require_at_least(self, 1, "prefix_index_max_blocks")
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,17 @@ class RoutableSite(Protocol):
         occupancy (SiteLatency)."""
         ...
 
+    @property
+    def prefix(self) -> PrefixView:
+        """What the gateway knows of the site's prefix cache (gateway/routing/prefix/)."""
+        ...
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens the site computes per second (the federation file's, measured by the
+        operator as llm-d's peakPrefillThroughput is); None: not configured."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StepTime:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from gateway.federation import SiteConfig
 from gateway.routing.latency import RttEstimator, StepTimeModel
+from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS, SitePrefix
 from gateway.routing.types import SiteLatency
 from gateway.sites.interface import LoadView, SiteClient, SiteInfoView
 
@@ -34,6 +35,8 @@ class SiteState:
     # Latency-aware routing: round trips of the health checks, step times of the load reports.
     rtt: RttEstimator = field(default_factory=RttEstimator)
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    # What the gateway knows of the site's prefix cache (its cache events, else its history).
+    prefix: SitePrefix = field(default_factory=lambda: SitePrefix(DEFAULT_PREFIX_INDEX_BLOCKS))
 
     @property
     def outstanding_tokens(self) -> int:
@@ -84,6 +87,10 @@ class SiteState:
         return self.config.capacity_weight
 
     @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.config.prefill_tokens_per_s
+
+    @property
     def kv_capacity_tokens(self) -> int | None:
         """None when unknown: no info yet, or an engine that does not say (0 blocks)."""
         info = self.info
@@ -106,6 +113,7 @@ class SiteState:
     def mark_healthy(self, info: SiteInfoView) -> None:
         self.healthy, self.info, self.last_error = True, info, None
         self.checked_at = time.monotonic()
+        self.prefix.history.set_capacity_tokens(self.kv_capacity_tokens)
 
     def mark_unhealthy(self, reason: str) -> None:
         self.healthy, self.last_error = False, reason

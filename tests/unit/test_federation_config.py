@@ -106,6 +106,23 @@ def test_an_openai_site_resolves_its_key_file_and_keeps_its_engine_model(tmp_pat
     assert site.openai.api_key_file == (tmp_path / "secrets" / "key").resolve()
     assert site.endpoint == site.openai.base_url  # what the sites table records
     assert config.sites[0].kind == "grpc"
+    assert (site.openai.kv_events_endpoint, site.openai.kv_block_size) == (None, 16)
+
+
+def test_an_openai_site_may_name_vllms_kv_events_and_its_prefill_rate(tmp_path: Path) -> None:
+    events = {"kv_events_endpoint": "tcp://10.0.0.9:5557", "kv_events_topic": "kv",
+              "kv_events_replay_endpoint": "tcp://10.0.0.9:5558", "kv_block_size": 32,
+              "prefill_tokens_per_s": 20000.0}  # fmt: skip
+    site = parse_federation(with_site({**OPENAI_SITE, **events}), tmp_path).sites[2]
+    assert site.openai is not None
+    assert site.prefill_tokens_per_s == 20000.0
+    assert (site.openai.kv_events_endpoint, site.openai.kv_events_replay_endpoint) == (
+        "tcp://10.0.0.9:5557",
+        "tcp://10.0.0.9:5558",
+    )
+    assert (site.openai.kv_events_topic, site.openai.kv_block_size) == ("kv", 32)
+    with pytest.raises(FederationConfigError, match="takes none of the openai fields"):
+        parse_federation(variant(sites__0__kv_events_endpoint="tcp://h:1"), tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -117,6 +134,10 @@ def test_an_openai_site_resolves_its_key_file_and_keeps_its_engine_model(tmp_pat
         ({"endpoint": "10.0.0.9:50051"}, "takes 'base_url'"),
         ({"metrics_dialect": "triton"}, "invalid federation file"),
         ({"kind": "grpc"}, "needs 'endpoint'"),
+        ({"kv_events_endpoint": "10.0.0.9:5557"}, "kv_events_endpoint must be tcp://"),
+        ({"kv_events_replay_endpoint": "tcp://10.0.0.9:5558"}, "needs kv_events_endpoint"),
+        ({"kv_block_size": 0}, "invalid federation file"),
+        ({"prefill_tokens_per_s": 0}, "invalid federation file"),
     ],
 )
 def test_openai_site_mistakes_are_refused(changes: dict[str, object], message: str) -> None:
