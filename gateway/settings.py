@@ -122,8 +122,9 @@ class RoutingSettings:
         "round_robin",
         env="ROUTING_POLICY",
         help="a built-in routing profile (`round_robin`, `least_requests`, `least_tokens`, "
-        "`least_tokens_guess`, `mico`, `least_latency`) or one the federation file's "
-        "`routing_profiles` defines",
+        "`least_tokens_guess`, `mico`, `least_latency`, `completion_cost`: the lowest estimated "
+        "completion time with what each site caches, `prefix_affinity`, `dynamo_cost`) or one "
+        "the federation file's `routing_profiles` defines",
     )
     plan_without_prediction: UnpredictedPlan = setting(
         "max_tokens",

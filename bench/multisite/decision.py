@@ -5,6 +5,13 @@ objects (`SiteState` with a site configuration, an info answer and a load report
 the registry holds while serving). Between decisions the chosen site's ledger grows by the
 request's tokens and every site's pushed load report changes, so no decision sees the same
 state twice. Each decision is timed alone with perf_counter_ns.
+
+Every site follows cache events: its prefix index holds `index_blocks / sites` block ids of 16
+tokens (1M over 9 sites by default), some of them the blocks of a few hot 2,048-token prompts
+(each on a few sites), the rest other chains. Every request carries its 2,304 prompt tokens:
+half continue a hot prompt (a long match on the sites that hold it), half are new. The
+decision computes the request's block ids (144 of them) itself, as the first policy reading
+prefixes does on the request path.
 """
 
 from __future__ import annotations
@@ -15,14 +22,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedllm_contract.block_hash import prompt_block_hashes
 from gateway.federation import SiteConfig
 from gateway.routing.policy import POLICY_NAMES, build_policy
+from gateway.routing.prefix.events import CHAIN_START, BlocksStored, CacheEventBatch
+from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.routing.types import RoutingRequest
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import LoadView, SiteInfoView
 from gateway.sites.registry import SiteState
 
 MODEL = "tiny"
+BLOCK = 16
+HOT_PROMPTS = 32
+PROMPT = 2048
+SUFFIX = 256
+INDEX_BLOCKS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +70,7 @@ def _info(name: str) -> SiteInfoView:
     return SiteInfoView(
         site_name=name,
         model=MODEL,
-        max_model_len=1024,
+        max_model_len=8192,
         vocab_size=50257,
         tokenizer_fingerprint="bench",
         device="cpu",
@@ -88,40 +103,81 @@ def _percentile(sorted_values: list[float], share: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(share * len(sorted_values)))]
 
 
-async def _time_policy(policy_name: str, sites: int, decisions: int, seed: int) -> DecisionTimes:
-    rng = random.Random(seed)
+def _hot_prompts(rng: random.Random) -> list[tuple[int, ...]]:
+    return [tuple(rng.randrange(50257) for _ in range(PROMPT)) for _ in range(HOT_PROMPTS)]
+
+
+def _prefix(rng: random.Random, hot: list[tuple[int, ...]], blocks: int) -> SitePrefix:
+    """A site's index after a snapshot: a third of the hot prompts' blocks, and other chains of
+    128 blocks up to `blocks` ids."""
+    prefix = SitePrefix(max_blocks=blocks + 1)
+    events = [
+        BlocksStored(tuple(prompt_block_hashes(p, BLOCK, MODEL)), CHAIN_START)
+        for p in rng.sample(hot, HOT_PROMPTS // 3)
+    ]
+    held = sum(len(e.block_ids) for e in events)
+    while held < blocks:
+        length = min(128, blocks - held)
+        events.append(BlocksStored(tuple(rng.getrandbits(64) for _ in range(length)), CHAIN_START))
+        held += length
+    prefix.apply(CacheEventBatch(1, BLOCK, 1, tuple(events), snapshot=True))
+    return prefix
+
+
+def _states(sites: int, rng: random.Random, index_blocks: int) -> list[SiteState]:
+    hot = _hot_prompts(random.Random(1))
     states = []
     for i in range(sites):
         name = f"site-{i + 1}"
         config = SiteConfig(name, "cloud", "region", f"127.0.0.1:{1 + i}", MODEL, 1.0 + i % 3)
-        state = SiteState(config, i + 1, GrpcSiteClient(name, config.endpoint, 1.0))
+        state = SiteState(
+            config,
+            i + 1,
+            GrpcSiteClient(name, config.endpoint, 1.0),
+            prefix=_prefix(rng, hot, index_blocks // sites),
+        )
         state.mark_healthy(_info(name))
         state.apply_report(_report(rng, 0))
         states.append(state)
+    return states
+
+
+def _request(rng: random.Random, hot: list[tuple[int, ...]]) -> RoutingRequest:
+    fresh = rng.random() >= 0.5
+    head = tuple(rng.randrange(50257) for _ in range(PROMPT)) if fresh else rng.choice(hot)
+    tokens = (*head, *(rng.randrange(50257) for _ in range(SUFFIX)))
+    return RoutingRequest(
+        model=MODEL,
+        prompt_tokens=len(tokens),
+        max_tokens=rng.randrange(16, 600),
+        predicted_tokens=rng.randrange(1, 400),
+        predicted_bucket=rng.randrange(0, 10),
+        prompt_token_ids=tokens,
+    )
+
+
+async def _time_policy(
+    policy_name: str, states: list[SiteState], decisions: int, seed: int
+) -> DecisionTimes:
+    rng = random.Random(seed)
+    hot = _hot_prompts(random.Random(1))
+    requests = [_request(rng, hot) for _ in range(decisions)]
     policy = build_policy(policy_name)
+    for state in states:
+        state.ledger_tokens, state.in_flight = 0, 0
     elapsed: list[float] = []
     cpu: list[float] = []
-    try:
-        for n in range(decisions):
-            request = RoutingRequest(
-                model=MODEL,
-                prompt_tokens=rng.randrange(4, 200),
-                max_tokens=rng.randrange(16, 600),
-                predicted_tokens=rng.randrange(1, 400),
-                predicted_bucket=rng.randrange(0, 10),
-            )
-            started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            decision = policy.route(request, states)
-            cpu.append((time.thread_time_ns() - started_cpu) / 1e6)
-            elapsed.append((time.perf_counter_ns() - started) / 1e6)
-            if decision.site is not None:
-                decision.site.ledger_tokens += request.total_tokens
-                decision.site.in_flight += 1
-            reporter = states[n % sites]
-            reporter.apply_report(_report(rng, n + 1))
-    finally:
-        for state in states:
-            await state.client.close()
+    sites = len(states)
+    for n, request in enumerate(requests):
+        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
+        decision = policy.route(request, states)
+        cpu.append((time.thread_time_ns() - started_cpu) / 1e6)
+        elapsed.append((time.perf_counter_ns() - started) / 1e6)
+        if decision.site is not None:
+            decision.site.ledger_tokens += request.total_tokens
+            decision.site.in_flight += 1
+        reporter = states[n % sites]
+        reporter.apply_report(_report(rng, n + 1))
     elapsed.sort()
     cpu.sort()
     return DecisionTimes(
@@ -141,15 +197,21 @@ def time_decisions(
     decisions: int = 20_000,
     seed: int = 0,
     policies: Sequence[str] = POLICY_NAMES,
+    index_blocks: int = INDEX_BLOCKS,
 ) -> list[DecisionTimes]:
     """Each policy (default: every configurable one), `decisions` timed decisions each (after
-    1,000 warm-up ones)."""
+    1,000 warm-up ones), over `sites` sites whose indexes hold `index_blocks` ids together."""
 
     async def all_policies() -> list[DecisionTimes]:
-        results = []
-        for name in policies:
-            await _time_policy(name, sites, 1_000, seed)  # warm-up
-            results.append(await _time_policy(name, sites, decisions, seed))
-        return results
+        states = _states(sites, random.Random(seed), index_blocks)
+        try:
+            results = []
+            for name in policies:
+                await _time_policy(name, states, 1_000, seed + 1)  # warm-up
+                results.append(await _time_policy(name, states, decisions, seed))
+            return results
+        finally:
+            for state in states:
+                await state.client.close()
 
     return asyncio.run(all_policies())

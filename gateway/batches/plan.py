@@ -1,5 +1,6 @@
-"""What the batch runner decides, as pure functions: where MICO's group-wise assignment puts each
-item of a batch, and how long to wait before an item's next try. (When a batch is settled is the
+"""What the batch runner decides, as pure functions: where the group-wise assignment puts each
+item of a batch (MICO's, or the cost model's when the gateway's routing profile routes by it),
+and how long to wait before an item's next try. (When a batch is settled is the
 batch store's rule, gateway/stores/batch_records.py; which failures are tried again is the
 error's own, GatewayError.retryable.)"""
 
@@ -9,8 +10,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.routing.mico import BatchQuery, BatchSite, mico_assign
-from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
+from gateway.routing.batch_cost import CostQuery, cost_assign
+from gateway.routing.completion_cost import CompletionCostModel
+from gateway.routing.mico import Assignment, BatchQuery, BatchSite, mico_assign
+from gateway.routing.types import (
+    RoutableSite,
+    RoutingRequest,
+    UnpredictedPlan,
+    planned_answer_tokens,
+)
 
 # Items without a prediction (no predictor, or it failed on them) share one length group.
 NO_PREDICTION_BUCKET = 0
@@ -39,6 +47,10 @@ class AssignableSite(Protocol):
     def outstanding_tokens(self) -> int: ...
 
 
+class CostAssignableSite(AssignableSite, RoutableSite, Protocol):
+    """What assignment by the cost model reads: everything routing reads, and the site's id."""
+
+
 @dataclass(frozen=True, slots=True)
 class PlanItem:
     """An item as assignment sees it. predicted_tokens is the prediction capped at max_tokens
@@ -50,10 +62,17 @@ class PlanItem:
     predicted_tokens: int | None = None
     predicted_bucket: int | None = None
     unpredicted: UnpredictedPlan = "max_tokens"
+    # The prompt, when at hand: the cost model then sees what each site (and the batch's own
+    # earlier items) already cache of it.
+    prompt_token_ids: tuple[int, ...] = ()
 
     @property
     def planned_tokens(self) -> int:
         return planned_answer_tokens(self.predicted_tokens, self.max_tokens, self.unpredicted)
+
+    @property
+    def bucket(self) -> int:
+        return NO_PREDICTION_BUCKET if self.predicted_bucket is None else self.predicted_bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,25 +93,63 @@ def plan_batch(
     reason; it is then placed by the routing policy when it starts."""
     serving = [site for site in sites if site.healthy and site.model == model]
     if not serving:
-        reason = f"no healthy site served model '{model}' at assignment: routed when started"
-        return [Placement(item.index, None, reason) for item in items]
-    ids = {site.name: site.site_id for site in serving}
+        return _unplaced(model, items)
     queries = [
-        BatchQuery(
-            id=str(item.index),
-            prompt_tokens=item.prompt_tokens,
-            predicted_tokens=item.planned_tokens,
-            bucket=NO_PREDICTION_BUCKET if item.predicted_bucket is None else item.predicted_bucket,
-        )
+        BatchQuery(str(item.index), item.prompt_tokens, item.planned_tokens, item.bucket)
         for item in items
     ]
     batch_sites = [
         BatchSite(site.name, site.capacity_weight, site.outstanding_tokens, kv_free_tokens=None)
         for site in serving
     ]
+    return _placements(items, serving, mico_assign(queries, batch_sites), "mico batch")
+
+
+def plan_batch_by_cost(
+    model: str,
+    items: Sequence[PlanItem],
+    sites: Sequence[CostAssignableSite],
+    cost: CompletionCostModel,
+) -> list[Placement]:
+    """Contract: as plan_batch, by the cost model's group-wise rule (cost_assign): each item
+    where it would complete soonest given what the batch already put on each site."""
+    serving = [site for site in sites if site.healthy and site.model == model]
+    if not serving:
+        return _unplaced(model, items)
+    queries = [
+        CostQuery(
+            str(item.index),
+            RoutingRequest(
+                model,
+                item.prompt_tokens,
+                item.max_tokens,
+                item.predicted_tokens,
+                item.predicted_bucket,
+                item.unpredicted,
+                prompt_token_ids=item.prompt_token_ids,
+            ),
+            item.bucket,
+        )
+        for item in items
+    ]
+    return _placements(items, serving, cost_assign(queries, serving, cost), "cost batch")
+
+
+def _unplaced(model: str, items: Sequence[PlanItem]) -> list[Placement]:
+    reason = f"no healthy site served model '{model}' at assignment: routed when started"
+    return [Placement(item.index, None, reason) for item in items]
+
+
+def _placements(
+    items: Sequence[PlanItem],
+    serving: Sequence[AssignableSite],
+    assignments: Sequence[Assignment],
+    rule: str,
+) -> list[Placement]:
+    ids = {site.name: site.site_id for site in serving}
     return [
-        Placement(item.index, ids[a.site] if a.site is not None else None, f"mico batch: {a.why}")
-        for item, a in zip(items, mico_assign(queries, batch_sites), strict=True)
+        Placement(item.index, ids[a.site] if a.site is not None else None, f"{rule}: {a.why}")
+        for item, a in zip(items, assignments, strict=True)
     ]
 
 

@@ -40,7 +40,7 @@ from gateway.batches.item_runner import BatchRun, ItemRunner, StatusOf
 from gateway.batches.items import ItemPreparer
 from gateway.batches.lanes import LaneCursor
 from gateway.batches.output import render
-from gateway.batches.plan import PlanItem, plan_batch
+from gateway.batches.plan import PlanItem, plan_batch, plan_batch_by_cost
 from gateway.completions.service import CompletionService
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import GatewayError
@@ -248,7 +248,13 @@ class BatchRunner:
                 plan.append(_plan_item(queued, prediction, unpredicted))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
-        placements = plan_batch(run.model, plan, self._registry.all())
+        cost = self._completions.policy.batch_cost
+        sites = self._registry.all()
+        placements = (
+            plan_batch(run.model, plan, sites)
+            if cost is None
+            else plan_batch_by_cost(run.model, plan, sites, cost)
+        )
         assignments = [
             ItemAssignment(
                 index=item.index,

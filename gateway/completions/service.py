@@ -380,6 +380,11 @@ class CompletionService:
             )
         )
 
+    @property
+    def policy(self) -> RoutingPolicy:
+        """The routing profile requests are placed by (the batch API assigns by its cost)."""
+        return self._policy
+
     def reroute(
         self,
         prepared: PreparedCompletion,

@@ -56,4 +56,6 @@ class PreparedCompletion:
             predicted_tokens=params.predicted_tokens,
             predicted_bucket=self.predicted_bucket,
             unpredicted=self.unpredicted,
+            prompt_token_ids=params.prompt_token_ids,
+            session_key=self.user,
         )

@@ -12,6 +12,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gateway.routing.affinity import (
+    DynamoCost,
+    PrefixMatchScorer,
+    RecordPrefix,
+    SessionAffinity,
+    reads_prefix,
+)
+from gateway.routing.completion_cost import (
+    DEFAULT_HOST_RATIO,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    CompletionCost,
+    CompletionCostModel,
+    HotSpotGuard,
+    KvRoomFilter,
+)
 from gateway.routing.costs import LedgerTokensCost, RequestCountCost, TokenLoadCost
 from gateway.routing.filters import (
     FitsContextFilter,
@@ -53,6 +68,30 @@ def _lowest(cost: Callable[[Params], SiteCost]) -> ScorerFactory:
     return build
 
 
+def _cost_model(params: Params) -> CompletionCostModel:
+    return CompletionCostModel(
+        prefill_tokens_per_s=params.number(
+            "prefill_tokens_per_s", DEFAULT_PREFILL_TOKENS_PER_S, minimum=1.0
+        ),
+        host_ratio=params.number("host_ratio", DEFAULT_HOST_RATIO),
+    )
+
+
+def _dynamo_cost(params: Params) -> SiteCost:
+    block_tokens = params.integer("block_tokens", 16, minimum=1)
+    return DynamoCost(params.number("overlap_weight", 1.0), block_tokens or 16)
+
+
+def _ratio_default(cost: Callable[[Params], SiteCost]) -> ScorerFactory:
+    """A cost scorer normalized by ratio unless the profile says otherwise."""
+
+    def build(params: Params, context: BuildContext) -> SiteScorer:
+        how = params.choice("normalize", "ratio", NORMALIZATIONS)
+        return LowestCost(cost(params), "ratio" if how == "ratio" else "range")
+
+    return build
+
+
 def _latency_cost(params: Params) -> SiteCost:
     chunk = params.integer("prefill_chunk_tokens", LatencyModel().prefill_chunk_tokens, minimum=1)
     return PredictedCompletionCost(LatencyModel(prefill_chunk_tokens=chunk or 1))
@@ -68,12 +107,22 @@ FILTERS: dict[str, FilterFactory] = {
         p.integer("max_tokens", c.max_site_queued_tokens, minimum=1),
     ),
     "kv_bound": lambda p, c: KvBoundFilter(),
+    "kv_room": lambda p, c: KvRoomFilter(),
+    "hot_spot_guard": lambda p, c: HotSpotGuard(
+        _cost_model(p), p.number("ratio", 2.0, minimum=1.0), p.number("margin_s", 1.0)
+    ),
 }
 SCORERS: dict[str, ScorerFactory] = {
     "least_requests": _lowest(lambda p: RequestCountCost()),
     "least_tokens": _lowest(lambda p: TokenLoadCost()),
     "least_tokens_guess": _lowest(lambda p: LedgerTokensCost()),
     "least_latency": _lowest(_latency_cost),
+    "completion_cost": _ratio_default(lambda p: CompletionCost(_cost_model(p))),
+    "prefix_match": lambda p, c: PrefixMatchScorer(),
+    "dynamo_cost": _lowest(_dynamo_cost),
+    "session_affinity": lambda p, c: SessionAffinity(
+        p.integer("max_sessions", 100_000, minimum=1) or 1
+    ),
 }
 PICKERS: dict[str, PickerFactory] = {
     "round_robin": lambda p, c: RoundRobinPicker(),
@@ -92,11 +141,14 @@ BASE_FILTERS = (
 _KV_BOUND = PartSettings("kv_bound")
 
 
-def _one_scorer(name: str, *extra_filters: PartSettings, ties: str = "model") -> ProfileSettings:
+def _one_scorer(
+    name: str, *extra_filters: PartSettings, ties: str = "model", scorer: str | None = None
+) -> ProfileSettings:
+    """The base filters (and `extra_filters`), one scorer (named as the profile by default)."""
     return ProfileSettings(
         name,
         (*BASE_FILTERS, *extra_filters),
-        (PartSettings(name),),
+        (PartSettings(scorer or name),),
         PartSettings.of("max_score", ties=ties),
     )
 
@@ -117,6 +169,17 @@ BUILT_IN: dict[str, ProfileSettings] = {
             PartSettings.of("max_score", ties="model_bucket"),
         ),
         _one_scorer("least_latency", _KV_BOUND),
+        # The federation's own (gateway/routing/completion_cost.py): the lowest estimated
+        # completion time with what each site caches, within KV room, no hot spot, and a
+        # conversation kept on its site while that costs at most a third more.
+        ProfileSettings(
+            "completion_cost",
+            (*BASE_FILTERS, PartSettings("kv_room"), PartSettings("hot_spot_guard")),
+            (PartSettings("completion_cost"), PartSettings("session_affinity", weight=0.25)),
+        ),
+        # The peers' rules, for comparison (gateway/routing/affinity.py).
+        _one_scorer("prefix_affinity", scorer="prefix_match"),
+        _one_scorer("dynamo_cost"),
     )
 }
 
@@ -151,12 +214,13 @@ def build_profile(settings: ProfileSettings, context: BuildContext | None = None
     except ValueError as exc:
         raise ValueError(f"routing profile {settings.name!r}: {exc}") from exc
     parts: list[object] = [*filters, *(w.scorer for w in scorers), picker]
+    observers: list[RoutingObserver] = [p for p in parts if isinstance(p, RoutingObserver)]
+    if any(reads_prefix(part) for part in parts):
+        observers.append(RecordPrefix())
+    costs = [w.scorer.cost for w in scorers if isinstance(w.scorer, LowestCost)]
+    batch_cost = next((c.model for c in costs if isinstance(c, CompletionCost)), None)
     return RoutingProfile(
-        settings.name,
-        tuple(filters),
-        tuple(scorers),
-        picker,
-        tuple(part for part in parts if isinstance(part, RoutingObserver)),
+        settings.name, tuple(filters), tuple(scorers), picker, tuple(observers), batch_cost
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gateway.routing.completion_cost import CompletionCostModel
 from gateway.routing.types import (
     RoutingObserver,
     RoutingRequest,
@@ -62,6 +63,8 @@ class RoutingProfile:
     scorers: tuple[WeightedScorer, ...]
     picker: SitePicker
     observers: tuple[RoutingObserver, ...] = ()
+    # The cost model a profile routes by, when it has one: the batch API assigns by it too.
+    batch_cost: CompletionCostModel | None = None
 
     def route(self, request: RoutingRequest, sites: Sequence[S]) -> Decision[S]:
         """Contract: applies the filters in order, scores what survives, lets the picker choose

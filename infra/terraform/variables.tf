@@ -129,7 +129,8 @@ variable "gateway" {
       certificate_arn ACM certificate for domain_name, in region
       route53_zone_id hosted zone to create domain_name in (null: point a CNAME yourself)
       routing_policy  round_robin | least_requests | least_tokens | least_tokens_guess | mico |
-                      least_latency (default mico)
+                      least_latency | completion_cost | prefix_affinity | dynamo_cost
+                      (default completion_cost: docs/federation-bench.md)
       cpu, memory     task size (default 2048 CPU units, 8192 MiB)
       vpc_cidr        the gateway VPC (default 10.40.0.0/16)
       availability_zones  the two or more zones of the gateway VPC (default <region>a, <region>b)
@@ -146,7 +147,7 @@ variable "gateway" {
     domain_name        = string
     certificate_arn    = string
     route53_zone_id    = optional(string)
-    routing_policy     = optional(string, "mico")
+    routing_policy     = optional(string, "completion_cost")
     cpu                = optional(number, 2048)
     memory             = optional(number, 8192)
     vpc_cidr           = optional(string, "10.40.0.0/16")
@@ -157,8 +158,8 @@ variable "gateway" {
     settings           = optional(map(string), {})
   })
   validation {
-    condition     = contains(["round_robin", "least_requests", "least_tokens", "least_tokens_guess", "mico", "least_latency"], var.gateway.routing_policy)
-    error_message = "gateway.routing_policy must be round_robin, least_requests, least_tokens, least_tokens_guess, mico or least_latency."
+    condition     = contains(["round_robin", "least_requests", "least_tokens", "least_tokens_guess", "mico", "least_latency", "completion_cost", "prefix_affinity", "dynamo_cost"], var.gateway.routing_policy)
+    error_message = "gateway.routing_policy must be round_robin, least_requests, least_tokens, least_tokens_guess, mico, least_latency, completion_cost, prefix_affinity or dynamo_cost."
   }
   validation {
     condition     = alltrue([for key, value in var.gateway.settings : can(regex("^GATEWAY_[A-Z0-9_]+$", key)) && !contains(["GATEWAY_DATABASE_URL", "GATEWAY_HOST", "GATEWAY_PORT", "GATEWAY_FEDERATION_FILE", "GATEWAY_ROUTING_POLICY", "GATEWAY_PREDICTOR_DIR", "GATEWAY_ADMIN_TOKEN", "GATEWAY_SITE_TLS_CA", "GATEWAY_SITE_TLS_CERT", "GATEWAY_SITE_TLS_KEY", "GATEWAY_REQUIRE_API_KEYS", "GATEWAY_ALLOW_OPEN_ACCESS"], key)])

@@ -28,6 +28,10 @@ class SitePrefix:
         self.max_blocks = max_blocks
         self.history = RoutingHistory(max_blocks)
         self.index: SiteCacheIndex | None = None
+        # One decision asks a site's match for the same request from several parts (filters,
+        # scorers): the last answer is kept until the request or what is known changes.
+        self._changes = 0
+        self._last: tuple[RoutingRequest, int, PrefixMatch] | None = None
 
     @property
     def mode(self) -> str:
@@ -49,13 +53,23 @@ class SitePrefix:
         if self.index is None:
             self.index = SiteCacheIndex(self.max_blocks)
             self.history = RoutingHistory(self.max_blocks)
+            self._changes += 1
         return self.index
 
     def apply(self, batch: CacheEventBatch) -> ApplyOutcome:
         """A batch of the site's cache events (follow_events first); GAP: re-subscribe."""
+        self._changes += 1
         return self.follow_events().apply(batch)
 
     def match(self, request: RoutingRequest) -> PrefixMatch:
+        last = self._last
+        if last is not None and last[0] is request and last[1] == self._changes:
+            return last[2]
+        found = self._match(request)
+        self._last = (request, self._changes, found)
+        return found
+
+    def _match(self, request: RoutingRequest) -> PrefixMatch:
         if not request.prompt_token_ids:
             return NO_MATCH
         index = self.index
@@ -72,3 +86,4 @@ class SitePrefix:
     def routed(self, request: RoutingRequest) -> None:
         if self.index is None and request.prompt_token_ids:
             self.history.record(request.block_ids(HISTORY_BLOCK_TOKENS))
+            self._changes += 1

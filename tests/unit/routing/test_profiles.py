@@ -19,7 +19,7 @@ from gateway.routing.profile import RoutingProfile, WeightedScorer
 from gateway.routing.profile_settings import PartSettings, ProfileSettings
 from gateway.routing.types import RoutableSite, RoutingRequest, Scored
 from gateway.settings import GatewaySettings, SettingsError
-from tests.unit.routing.sites import Site, request
+from tests.unit.routing.sites import KnownPrefix, Site, request
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,16 @@ def test_every_built_in_profile_keeps_its_policy_name() -> None:
 
 def test_every_registered_scorer_answers_in_the_unit_range() -> None:
     sites = [
-        Site("a", in_flight=2, outstanding_tokens=100, ledger_tokens=50),
+        Site("a", in_flight=2, outstanding_tokens=100, ledger_tokens=50, prefix=KnownPrefix(16)),
         Site("b", in_flight=7, outstanding_tokens=900, ledger_tokens=10, capacity_weight=3.0),
-        Site("c"),
+        Site("c", queued_tokens=500),
     ]
+    req = request(50, 20, predicted=10, session="s")
     for name in SCORERS:
         profile = build_profile(ProfileSettings("p", (), (PartSettings(name),)))
-        values = profile.scorers[0].scorer.score(request(50, 20, predicted=10), sites).values
+        for observer in profile.observers:
+            observer.routed(req, sites[1])
+        values = profile.scorers[0].scorer.score(req, sites).values
         assert len(values) == 3, name
         assert all(0.0 <= v <= 1.0 for v in values), (name, values)
         assert max(values) == 1.0, name  # the best candidate scores 1

@@ -1,0 +1,153 @@
+"""The federation's cost model: a request's estimated completion time on each site, with what the
+site already caches, its wide-area round trip, its queue and its speed, and the predicted answer.
+
+For a request with prompt P and planned answer A (the predictor's, capped at max_tokens) on a
+site with measured round trip rtt, prefill rate F (prompt tokens per second: the federation
+file's per-site figure, else the profile's) and step time t(b) at batch b (fitted to its load
+reports, gateway/routing/latency.py), S batch slots and n requests present:
+
+    cached    = the longest run of P's blocks the site holds (its prefix index), at most P - 1:
+                the last prompt token is always computed; of it, `host` tokens are in host memory
+    uncached  = P - cached
+    queue     = queued prompt tokens / F                    (prefills ahead of it)
+              + (n + 1 - S) * R * t(S) / S  when n >= S      (a slot to free: R the mean answer
+                                                              left of the requests there)
+    prefill   = (uncached + host * host_ratio) / F           (host blocks come back over PCIe:
+                                                              host_ratio of a computed token)
+    decode    = (A - 1) * t(min(S, n + 1))
+    ECT       = rtt + queue + prefill + decode
+
+The lowest ECT wins (`completion_cost` scorer, ratio-normalized: a site twice as slow scores
+half). Its KV bound is the `kv_room` filter (the blocks it shares with what the site caches on
+the device are resident already, so need = P + A - cached on device) and the `hot_spot_guard`
+filter keeps a site out while its queue is far above the least loaded one's (a shared first
+block would otherwise draw every request to one site: every cache-aware router carries such a
+guard). MICO's token balance is the special case of no reuse and equal rates; least_latency's
+model is this one without prefill rate and reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.routing.latency import LatencyModel
+from gateway.routing.load import fits, free_kv_tokens
+from gateway.routing.types import PrefixMatch, RoutableSite, RoutingRequest, S, StepTime
+
+# A site whose prefill rate nobody configured is assumed this fast (prompt tokens / s).
+DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
+# A token brought back from host memory costs this share of computing it (a 512-token block of
+# a 1B model: ~0.3 ms over PCIe 5 against 3-5 ms of prefill; issue 33).
+DEFAULT_HOST_RATIO = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One site's estimate for one request (seconds; tokens)."""
+
+    rtt_s: float
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    cached_tokens: int
+    device_tokens: int
+
+    @property
+    def completion_s(self) -> float:
+        return self.rtt_s + self.queue_s + self.prefill_s + self.decode_s
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCostModel:
+    prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
+    host_ratio: float = DEFAULT_HOST_RATIO
+    prior_step: StepTime = LatencyModel().prior_step
+
+    def prefill_rate(self, site: RoutableSite) -> float:
+        return site.prefill_tokens_per_s or self.prefill_tokens_per_s
+
+    def queue_s(self, site: RoutableSite) -> float:
+        """Contract: the module docstring's queue term: the site's work ahead of a new request,
+        in seconds (it does not depend on the request)."""
+        latency = site.latency
+        step = latency.step or self.prior_step
+        wait = site.queued_tokens / self.prefill_rate(site)
+        slots, present = latency.batch_slots, max(latency.requests, 0)
+        if slots is not None and present >= slots > 0:
+            mean_left = latency.remaining_answer_tokens / present
+            wait += (present + 1 - slots) * mean_left * step.at(slots) / slots
+        return wait
+
+    def estimate(
+        self, request: RoutingRequest, site: RoutableSite, match: PrefixMatch | None = None
+    ) -> Estimate:
+        """Contract: the module docstring's ECT terms for `request` on `site`; `match` is what
+        the site caches of the prompt (read from site.prefix when not given)."""
+        match = site.prefix.match(request) if match is None else match
+        latency = site.latency
+        step = latency.step or self.prior_step
+        cached = max(0, min(match.cached_tokens, request.prompt_tokens - 1))
+        device = min(match.device_tokens, cached)
+        uncached = request.prompt_tokens - cached
+        rate = self.prefill_rate(site)
+        prefill = (uncached + (cached - device) * self.host_ratio) / rate
+        slots, present = latency.batch_slots, max(latency.requests, 0)
+        joins = present + 1 if slots is None else min(slots, present + 1)
+        decode = max(request.answer_tokens - 1, 0) * step.at(joins)
+        return Estimate(latency.rtt_s or 0.0, self.queue_s(site), prefill, decode, cached, device)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCost:
+    """Contract: the request's estimated completion time on the site, seconds (> 0 whenever the
+    site steps in > 0 s); lower is better."""
+
+    model: CompletionCostModel = CompletionCostModel()
+    name: str = "completion_cost"
+    reads_prefix: bool = True
+
+    def cost(self, request: RoutingRequest, site: RoutableSite) -> float:
+        return self.model.estimate(request, site).completion_s
+
+
+@dataclass(frozen=True, slots=True)
+class KvRoomFilter:
+    """Contract: keeps the sites whose free KV holds the request's prompt + planned answer less
+    what it shares with blocks the site holds on the device (they are resident already); when
+    none does now, the sites whose whole KV capacity could (it waits in a queue there), as
+    KvBoundFilter does. A site whose capacity is unknown is kept."""
+
+    name: str = "kv_room"
+    reads_prefix: bool = True
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        needs = [request.total_tokens - s.prefix.match(request).device_tokens for s in sites]
+        now = [s for s, need in zip(sites, needs, strict=True) if fits(need, free_kv_tokens(s))]
+        if now:
+            return now
+        return [s for s, need in zip(sites, needs, strict=True) if fits(need, s.kv_capacity_tokens)]
+
+
+@dataclass(frozen=True, slots=True)
+class HotSpotGuard:
+    """Contract: leaves out every site whose queue (CompletionCostModel.queue_s, seconds of work
+    ahead of a new request) is both more than `ratio` times and more than `margin_s` above the
+    least queued candidate's; never leaves out the least queued one. SGLang's router switches to
+    the least loaded worker on the same two-sided test (64 requests and 1.5x)."""
+
+    model: CompletionCostModel = CompletionCostModel()
+    ratio: float = 2.0
+    margin_s: float = 1.0
+    name: str = "hot_spot_guard"
+
+    def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
+        if len(sites) < 2:
+            return list(sites)
+        queues = [self.model.queue_s(site) for site in sites]
+        least = min(queues)
+        return [
+            site
+            for site, queue in zip(sites, queues, strict=True)
+            if not (queue > self.ratio * least and queue - least > self.margin_s)
+        ]
