@@ -1,17 +1,20 @@
 """The processes of one federation: site engines, the latency injector in front of them, and one
 gateway per compared policy, all real processes started through their command lines
-(`python -m site_engine`, `python -m bench.federation.wan`, `python -m gateway`).
+(`python -m site_engine`, `python -m bench.federation.wan`, `python -m gateway`); and, for the
+`sglang_router` arm, SGLang's own router (`python -m bench.federation.sglang_arm`, the
+`sglang-router` wheel) in front of the sites' OpenAI HTTP faces.
 
 Every gateway names the sites by their injector ports, so all its gRPC (health checks, load
-reports, generation) crosses the injected network. Gateways are started together once, each with
-its own SQLite database and settings, and are measured one at a time; offload is off in every
-gateway except where a scenario turns it on (a gateway's offload would release requests that
-another gateway sent).
+reports, generation) crosses the injected network; SGLang's router reaches the sites' HTTP faces
+through the injector too. Gateways are started together once, each with its own SQLite database
+and settings, and are measured one at a time; offload is off in every gateway except where a
+scenario turns it on (a gateway's offload would release requests that another gateway sent).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from bench.federation.topology import ROUTED_MODEL, Preset, SiteSpec
 from devtools.launch import (
@@ -30,6 +35,7 @@ from devtools.launch import (
     wait_until_serving,
 )
 
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 _PLACES = (
     ("aws", "us-east-1"),
     ("gcp", "europe-west4"),
@@ -41,13 +47,15 @@ _PLACES = (
 @dataclass(frozen=True, slots=True)
 class Arm:
     """A compared configuration: a routing policy and what its gateway knows of answer lengths.
-    predictor: serve the length predictor; plan: GATEWAY_PLAN_WITHOUT_PREDICTION."""
+    predictor: serve the length predictor; plan: GATEWAY_PLAN_WITHOUT_PREDICTION. router:
+    "gateway" (ours) or "sglang" (SGLang's own router, policy cache_aware; `policy` names it)."""
 
     name: str
     policy: str
     predictor: bool
     plan: str = "max_tokens"
     note: str = ""
+    router: str = "gateway"
 
 
 ARMS: dict[str, Arm] = {
@@ -66,8 +74,45 @@ ARMS: dict[str, Arm] = {
         Arm("mico_oracle", "mico", False, note="token balance planning the true lengths"),
         Arm("least_latency", "least_latency", True, note="predicted completion, predictor"),
         Arm("least_latency_oracle", "least_latency", False, note="least_latency, true lengths"),
+        Arm(
+            "completion_cost",
+            "completion_cost",
+            True,
+            note="the federation's cost model, with what each site caches; predictor",
+        ),
+        Arm(
+            "completion_cost_oracle", "completion_cost", False, note="completion_cost, true lengths"
+        ),
+        Arm("prefix_affinity", "prefix_affinity", False, note="peer rule: longest cached prefix"),
+        Arm(
+            "dynamo_cost",
+            "dynamo_cost",
+            False,
+            "prompt_only",
+            "peer rule (NVIDIA Dynamo): prefill blocks + active blocks, the gateway's ledger",
+        ),
+        Arm(
+            "sglang_router",
+            "cache_aware",
+            False,
+            note="SGLang's own router (sglang-router wheel) in front of the sites' HTTP faces",
+            router="sglang",
+        ),
     )
 }
+# The arms of the prefix-reuse workloads (issue 34); peers are the arms compared with the
+# federation's policy (`goodput_vs_best_peer`).
+PREFIX_ARMS = (
+    "round_robin",
+    "least_requests",
+    "mico",
+    "prefix_affinity",
+    "dynamo_cost",
+    "sglang_router",
+    "completion_cost",
+    "completion_cost_oracle",
+)
+PEER_ARMS = ("sglang_router", "prefix_affinity", "dynamo_cost")
 DEFAULT_ARMS = (
     "round_robin",
     "least_requests",
@@ -84,10 +129,12 @@ OFFLOAD = {"GATEWAY_OFFLOAD_ENABLED": "true", "GATEWAY_OFFLOAD_INTERVAL_S": "0.2
 
 @dataclass
 class Gateway:
+    """What an arm's requests are sent to: one of our gateways, or SGLang's router."""
+
     arm: Arm
     label: str
     process: ManagedProcess
-    database_url: str
+    database_url: str = ""
 
     @property
     def base_url(self) -> str:
@@ -107,6 +154,13 @@ class Federation:
     site_ports: dict[str, int] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)
     proxy_ports: dict[str, int] = field(default_factory=dict)
+    # The sites' OpenAI HTTP faces, and the injector's ports in front of them.
+    http_ports: dict[str, int] = field(default_factory=dict)
+    http_proxy_ports: dict[str, int] = field(default_factory=dict)
+    # Per site, what the federation file says beyond its place (prefill_tokens_per_s).
+    site_extras: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Extra site flags (the host-memory tier, when the engine has it).
+    site_args: tuple[str, ...] = ()
     proxy: subprocess.Popen[bytes] | None = None
     gateways: list[Gateway] = field(default_factory=list)
 
@@ -117,7 +171,10 @@ class Federation:
         for spec in specs:
             port = self.site_ports.setdefault(spec.name, free_port())
             metrics = self.metrics_ports.setdefault(spec.name, free_port())
+            http = self.http_ports.setdefault(spec.name, free_port())
             self.proxy_ports.setdefault(spec.name, free_port())
+            self.http_proxy_ports.setdefault(spec.name, free_port())
+            flags = [*spec.args(), "--metrics-port", str(metrics), "--http-port", str(http)]
             spawned.append(
                 spawn_site(
                     model_dir=self.model_dirs[spec.shape],
@@ -125,7 +182,7 @@ class Federation:
                     model_name=ROUTED_MODEL,
                     log_dir=self.work_dir / "logs",
                     port=port,
-                    extra_args=[*spec.args(), "--metrics-port", str(metrics)],
+                    extra_args=[*flags, *self.site_args],
                 )
             )
         for process in spawned:
@@ -136,6 +193,10 @@ class Federation:
     def _start_proxy(self) -> None:
         routes = [
             f"{s.name}:{self.proxy_ports[s.name]}:{self.site_ports[s.name]}:{s.rtt_ms}:{s.jitter_ms}"
+            for s in self.preset.sites
+        ] + [
+            f"{s.name}-http:{self.http_proxy_ports[s.name]}:{self.http_ports[s.name]}:"
+            f"{s.rtt_ms}:{s.jitter_ms}"
             for s in self.preset.sites
         ]
         log_path = self.work_dir / "logs" / "wan.log"
@@ -162,6 +223,7 @@ class Federation:
                     "endpoint": f"127.0.0.1:{self.proxy_ports[spec.name]}",
                     "model": ROUTED_MODEL,
                     "capacity_weight": weights[spec.name],
+                    **self.site_extras.get(spec.name, {}),
                 }
                 for i, spec in enumerate(self.preset.sites)
             ],
@@ -211,6 +273,37 @@ class Federation:
             timeout_s=300,
         )
         gateway = Gateway(arm, label, process, database_url)
+        self.gateways.append(gateway)
+        return gateway
+
+    def start_sglang_router(self, arm: Arm, router_path: Path) -> Gateway:
+        """SGLang's router (its Rust policy `arm.policy`) over the sites' HTTP faces, through
+        the injector; `router_path` holds the installed sglang-router wheel."""
+        port = free_port()
+        folder = self.work_dir / "gateways" / arm.name
+        folder.mkdir(parents=True, exist_ok=True)
+        log_path = folder / "router.log"
+        workers = [f"http://127.0.0.1:{self.http_proxy_ports[s.name]}" for s in self.preset.sites]
+        args = [sys.executable, "-m", "bench.federation.sglang_arm", "--worker-urls", *workers]
+        args += ["--policy", arm.policy, "--host", "127.0.0.1", "--port", str(port)]
+        args += ["--health-check-endpoint", "/health", "--log-level", "warn"]
+        paths = [str(router_path), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        with log_path.open("wb") as log_file:
+            popen = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        process = ManagedProcess(arm.name, popen, log_path, port)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if not process.alive() or time.monotonic() > deadline:
+                process.kill()
+                raise LaunchError(f"SGLang's router did not start:\n{process.log_tail()}")
+            time.sleep(0.3)
+        gateway = Gateway(arm, arm.name, process)
         self.gateways.append(gateway)
         return gateway
 

@@ -5,10 +5,14 @@
 # tokenizers, onnxruntime, numpy, httpx, anyio, jinja2, prometheus-client, rich, click, pyyaml,
 # multidict, typing-extensions: /work/.library/device/KINDS.md). Versions are constraints.txt's;
 # grpcio and protobuf travel too because the generated site_pb2 needs protobuf 7 and
-# grpcio-health-checking needs its own grpcio.
+# grpcio-health-checking needs its own grpcio; pyzmq for the gateway (vLLM KV events); and
+# SGLang's router (the sglang-router wheel, its Rust router: the `sglang_router` arm).
 # 2. .fedcarry/: SmolLM2's tokenizer (tokenizer files of var/models/SmolLM2-*, no weights), the
-# Dolly file of the shared datasets, and the served model's predictor artifact
-# (var/predictor/smollm2-135m-instruct: `python -m predictor.served_build` makes it).
+# Dolly file of the shared datasets, the Mooncake synthetic trace and MT-Bench's questions
+# (traces/), and the served model's predictor artifact (FEDLLM_BENCH_PREDICTOR, default
+# var/predictor/smollm2-135m-instruct: `python -m predictor.served_build` makes it; with
+# SGLang's 30 MB wheel the MiniLM one may not fit the 64 MiB carry: the TF-IDF one,
+# `python -m predictor.served_build --fast`, is var/predictor/smollm2-135m-instruct-tfidf).
 # ../shared is not sent with the working tree, so these travel in a carried folder.
 #
 # Run from the repository root:
@@ -28,7 +32,7 @@ pin() { grep -i "^$1==" constraints.txt | head -1; }
 # Gateway (litestar app, SQLAlchemy + SQLite/Postgres, Alembic) and the gRPC contract.
 PACKAGES=(litestar litestar-htmx msgspec multipart polyfactory Faker rich-click uvicorn
     SQLAlchemy greenlet aiosqlite alembic Mako psycopg psycopg-binary
-    grpcio grpcio-health-checking protobuf typing_extensions annotated-doc sniffio)
+    grpcio grpcio-health-checking protobuf typing_extensions annotated-doc sniffio pyzmq xxhash)
 for name in "${PACKAGES[@]}"; do
     spec="$(pin "$name")"
     [[ -n "$spec" ]] || { echo "no pin for $name in constraints.txt" >&2; exit 1; }
@@ -36,16 +40,28 @@ for name in "${PACKAGES[@]}"; do
         --implementation cp "${platform_args[@]}" -d .whl "$spec"
 done
 
-rm -rf .fedcarry && mkdir -p .fedcarry/tokenizer .fedcarry/datasets
+# SGLang's router: a benchmark arm only (not a dependency of the project).
+$PIP download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${platform_args[@]}" -d .whl "sglang-router==${SGLANG_ROUTER_VERSION:-0.3.2}"
+
+rm -rf .fedcarry && mkdir -p .fedcarry/tokenizer .fedcarry/datasets/traces
 tokenizer="$(ls -d var/models/SmolLM2-135M-Instruct-*/ | head -1)"
 [[ -n "$tokenizer" ]] || { echo "no var/models/SmolLM2-*: run the tests' smollm2_dir once" >&2; exit 1; }
 cp "$tokenizer"/tokenizer.json "$tokenizer"/tokenizer_config.json .fedcarry/tokenizer/
 cp "$tokenizer"/chat_template.jinja .fedcarry/tokenizer/ 2>/dev/null || true
 cp "${FEDLLM_DATA_DIR:-../shared/datasets}/dolly_3k.json" .fedcarry/datasets/
-predictor=var/predictor/smollm2-135m-instruct
+for trace in mooncake_fast25_synthetic_trace.jsonl mt_bench_question.jsonl; do
+    cp "${FEDLLM_DATA_DIR:-../shared/datasets}/traces/$trace" .fedcarry/datasets/traces/
+done
+predictor="${FEDLLM_BENCH_PREDICTOR:-var/predictor/smollm2-135m-instruct}"
 [[ -f "$predictor/manifest.json" ]] || { echo "no $predictor: python -m predictor.served_build" >&2; exit 1; }
 # Serving reads the ONNX model, its tokenizer and the manifest; the torch weights (35 MB) only
 # warm-start a retrain and stay here.
 mkdir -p .fedcarry/predictor
 cp "$predictor"/manifest.json "$predictor"/model.onnx "$predictor"/tokenizer.json .fedcarry/predictor/
 du -sh .whl .fedcarry
+total=$(du -sm .whl .fedcarry | awk '{s += $1} END {print s}')
+if (( total > 63 )); then
+    echo "carry is ${total} MiB, over the 64 MiB a device call takes: FEDLLM_BENCH_PREDICTOR=var/predictor/smollm2-135m-instruct-tfidf" >&2
+    exit 1
+fi

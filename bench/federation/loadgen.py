@@ -61,14 +61,18 @@ class RunOutcomes:
 
 
 def body(request: Request) -> dict[str, object]:
+    prompt: object = request.prompt_text
+    if prompt is None:
+        prompt = list(request.prompt_token_ids)
     return {
         "model": ROUTED_MODEL,
-        "prompt": list(request.prompt_token_ids),
+        "prompt": prompt,
         "max_tokens": request.answer_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **({"user": request.session} if request.session else {}),
     }
 
 

@@ -45,6 +45,7 @@ class RunSummary:
     requests: int
     completed: int
     ttft_p50_s: float
+    ttft_p90_s: float
     ttft_p99_s: float
     e2e_p50_s: float
     e2e_p99_s: float
@@ -76,7 +77,11 @@ class RunSummary:
             "requests": self.requests,
             "completed": self.completed,
             "holds_slo": self.holds_slo,
-            "ttft_s": {"p50": num(self.ttft_p50_s), "p99": num(self.ttft_p99_s)},
+            "ttft_s": {
+                "p50": num(self.ttft_p50_s),
+                "p90": num(self.ttft_p90_s),
+                "p99": num(self.ttft_p99_s),
+            },
             "e2e_s": {"p50": num(self.e2e_p50_s), "p99": num(self.e2e_p99_s)},
             "tpot_s": {"p50": num(self.tpot_p50_s), "p99": num(self.tpot_p99_s)},
             "slo_attained_rps": round(self.slo_attained_rps, 3),
@@ -122,6 +127,7 @@ def summarize(
         requests=len(outcomes),
         completed=len(done),
         ttft_p50_s=percentile(ttft, 0.5),
+        ttft_p90_s=percentile(ttft, 0.9),
         ttft_p99_s=percentile(ttft, 0.99),
         e2e_p50_s=percentile(e2e, 0.5),
         e2e_p99_s=percentile(e2e, 0.99),

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.common import RESULTS_DIR
-from bench.federation.cluster import ARMS, DEFAULT_ARMS
-from bench.federation.topology import PRESETS, Preset
+from bench.federation.cluster import ARMS, DEFAULT_ARMS, PREFIX_ARMS
+from bench.federation.topology import PRESETS, PrefixRuns, Preset
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_PREDICTOR = REPO_ROOT / "var" / "predictor" / "smollm2-135m-instruct"
 PHASES = ("sweep", "scenarios", "decision")
+# `longprompt`: issue 21's long-prompt mix with its arms, a fixed grid of rates and the offload
+# scenarios; the others (issue 34): prompts sent as text, the prefix arms, the knee bisected.
+WORKLOADS = ("longprompt", "sharegpt", "trace", "shared_prefix")
+SHARED = REPO_ROOT.parent / "shared" / "datasets" / "traces"
+DEFAULT_SGLANG_ROUTER = REPO_ROOT / "var" / "sglang-router"
 
 
 def default_tokenizer() -> Path | None:
@@ -36,6 +42,18 @@ class Options:
     seed: int
     quick: bool
     decisions: int
+    workload: str = "longprompt"
+    prefix: PrefixRuns | None = None
+    trace_file: Path = SHARED / "mooncake_fast25_synthetic_trace.jsonl"
+    mt_bench_file: Path = SHARED / "mt_bench_question.jsonl"
+    # Where the sglang-router wheel is installed (`pip install --target`); None: not found, the
+    # arm is left out and the report says so.
+    sglang_router: Path | None = None
+
+    @property
+    def reuse(self) -> bool:
+        """The issue-34 workloads (text prompts, prefix arms, bisected knee)."""
+        return self.workload != "longprompt"
 
     def __post_init__(self) -> None:
         if "least_requests" not in self.arms and "sweep" in self.phases:
@@ -66,6 +84,18 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--name", help="result file name (default federation_<preset>)")
     parser.add_argument("--decisions", type=int, default=20_000, help="timed routing decisions")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", choices=WORKLOADS, default="longprompt")
+    parser.add_argument("--bisections", type=int, help="rates bisected per arm at its knee")
+    parser.add_argument(
+        "--trace-file", type=Path, default=SHARED / "mooncake_fast25_synthetic_trace.jsonl"
+    )
+    parser.add_argument("--mt-bench-file", type=Path, default=SHARED / "mt_bench_question.jsonl")
+    parser.add_argument(
+        "--sglang-router",
+        type=Path,
+        help="the sglang-router wheel installed with pip --target (default var/sglang-router; "
+        "on the GPU machine it is importable from PYTHONPATH)",
+    )
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     if args.quick:
@@ -76,15 +106,25 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         duration_s=args.duration_s or preset.duration_s,
         drain_s=args.drain_s if args.drain_s is not None else preset.drain_s,
     )
+    prefix = _prefix_runs(args, preset)
     tokenizer = args.tokenizer_dir or default_tokenizer()
     if tokenizer is None:
         parser.error("no SmolLM2 tokenizer in var/models: pass --tokenizer-dir")
     predictor = None
     if not args.no_predictor and (args.predictor_dir / "manifest.json").is_file():
         predictor = args.predictor_dir.resolve()
-    quick_arms = ("least_requests", "least_latency")
-    arms = tuple(args.arms or (quick_arms if args.quick else DEFAULT_ARMS))
-    phases = frozenset(args.only or (("sweep", "decision") if args.quick else PHASES))
+    reuse = args.workload != "longprompt"
+    quick_arms = (
+        ("least_requests", "prefix_affinity", "completion_cost")
+        if reuse
+        else ("least_requests", "least_latency")
+    )
+    default_arms = PREFIX_ARMS if reuse else DEFAULT_ARMS
+    arms = tuple(args.arms or (quick_arms if args.quick else default_arms))
+    router = _sglang_router(args.sglang_router)
+    if router is None and not args.arms:
+        arms = tuple(arm for arm in arms if ARMS[arm].router != "sglang")
+    phases = frozenset(args.only or (("sweep", "decision") if args.quick or reuse else PHASES))
     return Options(
         preset=preset,
         arms=arms,
@@ -94,8 +134,48 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         predictor_dir=predictor,
         work_dir=args.work_dir.resolve(),
         out_dir=args.out_dir,
-        name=args.name or f"federation_{preset.name}{'_quick' if args.quick else ''}",
+        name=args.name or _name(preset.name, args.workload, bool(args.quick)),
         seed=args.seed,
         quick=bool(args.quick),
         decisions=2_000 if args.quick else args.decisions,
+        workload=args.workload,
+        prefix=prefix,
+        trace_file=args.trace_file,
+        mt_bench_file=args.mt_bench_file,
+        sglang_router=router,
     )
+
+
+def _name(preset: str, workload: str, quick: bool) -> str:
+    base = "federation" if workload == "longprompt" else f"federation_{workload}"
+    return f"{base}_{preset}{'_quick' if quick else ''}"
+
+
+def _prefix_runs(args: argparse.Namespace, preset: Preset) -> PrefixRuns | None:
+    """The preset's prefix runs, as the command line changes them (--quick: one short rate)."""
+    runs = preset.prefix
+    if runs is None or args.workload == "longprompt":
+        return runs
+    rates = runs.rates[args.workload]
+    if args.quick:
+        runs = replace(runs, duration_s=6.0, drain_s=20.0, bisections=0)
+        rates = rates[:1]
+    return replace(
+        runs,
+        rates={**runs.rates, args.workload: tuple(args.rates or rates)},
+        duration_s=args.duration_s or runs.duration_s,
+        drain_s=args.drain_s if args.drain_s is not None else runs.drain_s,
+        bisections=runs.bisections if args.bisections is None else args.bisections,
+    )
+
+
+def _sglang_router(path: Path | None) -> Path | None:
+    """Where sglang_router imports from: the given folder, var/sglang-router, or already on
+    PYTHONPATH (the GPU machine's wheels); None when nowhere."""
+    for folder in (path, DEFAULT_SGLANG_ROUTER):
+        if folder is not None and (folder / "sglang_router" / "router.py").is_file():
+            return folder.resolve()
+    found = importlib.util.find_spec("sglang_router")
+    if found is not None and found.origin is not None:
+        return Path(found.origin).resolve().parent.parent
+    return None

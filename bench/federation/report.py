@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,13 @@ from bench.federation.metrics import (
     ratio,
     tokens_per_capacity,
 )
+from bench.multisite.decision import time_decisions
 
 BASELINE = "least_requests"
+# The federation's own policy (with the predictor, with true lengths) and the peers' arms it is
+# compared with (goodput_vs_best_peer).
+OURS = ("completion_cost", "completion_cost_oracle")
+PEERS = ("sglang_router", "prefix_affinity", "dynamo_cost")
 
 
 def sweep_payload(
@@ -45,10 +50,22 @@ def derive_sweep(
         for arm, arm_runs in runs.items()
     }
     base = goodput.get(BASELINE, 0.0)
+    peers = [goodput[arm] for arm in PEERS if arm in goodput]
+    best_peer = max(peers, default=0.0)
     return {
         "slo": {"ttft_p99_s": TTFT_SLO_S, "tpot_p99_s": TPOT_SLO_S, "network": "included"},
         "goodput_rps": goodput,
         "goodput_vs_least_requests": {arm: ratio(g, base) for arm, g in goodput.items()},
+        "goodput_vs_best_peer": {
+            arm: ratio(goodput[arm], best_peer) for arm in OURS if arm in goodput and peers
+        },
+        "rates_run": {arm: [run["rate_rps"] for run in arm_runs] for arm, arm_runs in runs.items()},
+        # The prefix-reuse runs (they count each site's requests themselves).
+        "at_goodput": {
+            arm: _at_goodput(arm_runs, goodput[arm])
+            for arm, arm_runs in runs.items()
+            if any("site_requests" in run for run in arm_runs)
+        },
         "best_slo_attained_rps": best_attained,
         "slo_attained_vs_least_requests": {
             arm: ratio(v, best_attained.get(BASELINE, 0.0)) for arm, v in best_attained.items()
@@ -58,6 +75,28 @@ def derive_sweep(
             for arm, arm_runs in runs.items()
         },
         "runs": {arm: list(arm_runs) for arm, arm_runs in runs.items()},
+    }
+
+
+def _at_goodput(runs: Sequence[Mapping[str, Any]], goodput: float) -> dict[str, Any]:
+    """An arm at its goodput rate (its lowest rate when it held none): latency, hit rates and
+    where its requests went."""
+    chosen = [run for run in runs if run["rate_rps"] == goodput] or sorted(
+        runs, key=lambda run: run["rate_rps"]
+    )[:1]
+    if not chosen:
+        return {}
+    run = chosen[0]
+    sites = run.get("site_requests") or run.get("requests_per_site", {})
+    total = sum(sites.values())
+    return {
+        "rate_rps": run["rate_rps"],
+        "ttft_s": run["ttft_s"],
+        "hit_rate_simulated": run.get("hit_rate_simulated", {}).get("all"),
+        "hit_rate_measured": run.get("hit_rate_measured"),
+        "request_share_per_site": {k: round(v / total, 3) for k, v in sites.items()}
+        if total
+        else {},
     }
 
 
@@ -119,6 +158,8 @@ def markdown(payload: Mapping[str, Any]) -> str:
                 goodput_rows,
             )
         )
+    if sweep and sweep.get("at_goodput"):
+        parts.append(_reuse_table(sweep))
     for title, key in (("Slowed site", "slowed_site"), ("Killed site", "killed_site")):
         scenario = payload.get("scenarios", {}).get(key)
         if scenario:
@@ -142,12 +183,51 @@ def markdown(payload: Mapping[str, Any]) -> str:
             parts.append(f"## {title}\n\n{facts}\n\n" + markdown_table(head, rows))
     decision = payload.get("decision_time_ms")
     if decision:
-        rows = [[d["policy"], d["sites"], d["p50_ms"], d["p99_ms"]] for d in decision]
+        rows = [
+            [d["policy"], d["sites"], d["p50_ms"], d["p99_ms"], d.get("cpu_p99_ms", "-")]
+            for d in decision
+        ]
         parts.append(
-            "## Routing decision time (9 sites)\n\n"
-            + markdown_table(["policy", "sites", "p50 ms", "p99 ms"], rows)
+            "## Routing decision time (9 sites; prefix indexes of 1M blocks together)\n\n"
+            "CPU p99: the deciding thread's own time (wall time counts another process's turn "
+            "on a shared core).\n\n"
+            + markdown_table(["policy", "sites", "p50 ms", "p99 ms", "CPU p99 ms"], rows)
         )
     return "\n\n".join(parts)
+
+
+def _reuse_table(sweep: Mapping[str, Any]) -> str:
+    rows = []
+    for arm, at in sweep["at_goodput"].items():
+        if not at:
+            continue
+        measured = at.get("hit_rate_measured") or {}
+        known = [v for v in measured.values() if v is not None]
+        rows.append(
+            [
+                arm,
+                sweep["goodput_rps"][arm],
+                sweep["goodput_vs_least_requests"][arm],
+                sweep.get("goodput_vs_best_peer", {}).get(arm, "-"),
+                " ".join(f"{r:g}" for r in sweep["rates_run"][arm]),
+                at["rate_rps"],
+                _s(at["ttft_s"]["p50"]),
+                _s(at["ttft_s"].get("p90")),
+                "-" if at["hit_rate_simulated"] is None else at["hit_rate_simulated"],
+                " ".join(f"{v:g}" for v in known) if known else "n/a",
+                " ".join(f"{k}={v}" for k, v in at["request_share_per_site"].items()),
+            ]
+        )
+    header = ["arm", "goodput rps", "vs least_requests", "vs best peer", "rates run"]
+    header += ["at rate", "TTFT p50 s", "TTFT p90 s", "hit (simulated LRU)"]
+    header += ["hit (sites' counters)", "requests per site"]
+    return (
+        "## Per arm at its goodput rate (prefix reuse)\n\n"
+        "Hit rates are shares of prompt tokens: simulated = an LRU of each site's KV capacity fed "
+        "what the arm sent it (SGLang's router does not say where a request went: -); sites' "
+        "counters = the engines' own prefix-cache hits (n/a: the engines do not cache).\n\n"
+        + markdown_table(header, rows)
+    )
 
 
 def plot(payload: Mapping[str, Any], path: Path, title: str) -> Path | None:
@@ -197,6 +277,8 @@ def with_headline(stored: dict[str, Any]) -> dict[str, Any]:
     read them (`goodput_vs_least_requests`: arm -> ratio, from the same run)."""
     if "sweep" in stored:
         stored["goodput_vs_least_requests"] = stored["sweep"]["goodput_vs_least_requests"]
+        if stored["sweep"].get("goodput_vs_best_peer"):
+            stored["goodput_vs_best_peer"] = stored["sweep"]["goodput_vs_best_peer"]
     return stored
 
 
@@ -224,3 +306,24 @@ def write_pages(json_path: Path, stored: Mapping[str, Any], title: str) -> None:
         f"# {json_path.stem}\n\n{stored.get('label', '')}\n\nCommand: `{stored['command']}`\n\n"
         f"Machine: {stored['machine']}\n\n{figure}{markdown(stored)}\n"
     )
+
+
+def finish(
+    options_phases: frozenset[str],
+    decisions: int,
+    out_dir: Path,
+    name: str,
+    command: str,
+    payload: dict[str, Any],
+    elapsed_s: float,
+    log: Callable[[str], None],
+) -> Path:
+    """The decision-time phase when asked (9 sites, prefix indexes of 1M blocks), then the
+    result files."""
+    if "decision" in options_phases:
+        log("routing decision time, 9 sites")
+        payload["decision_time_ms"] = [t.to_json() for t in time_decisions(9, decisions)]
+    payload["elapsed_s"] = round(elapsed_s, 1)
+    path = write(out_dir, name, command, payload, name)
+    log(f"wrote {path} ({payload['elapsed_s']:.0f}s)")
+    return path

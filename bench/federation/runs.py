@@ -15,11 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from bench.federation.cluster import ADMIN_TOKEN, OFFLOAD, Arm, Federation, Gateway
-from bench.federation.loadgen import CUT_OFF, run_open_loop
+from bench.federation.hit_rate import measured_hit_rate, prefix_counters, simulated_hit_rate
+from bench.federation.loadgen import CUT_OFF, RunOutcomes, run_open_loop
 from bench.federation.metrics import RunSummary, summarize
 from bench.federation.workload import Request
 from bench.multisite.throttle import Throttle
@@ -36,14 +38,21 @@ def prometheus_sums(text: str) -> dict[str, float]:
     return sums
 
 
+def site_metrics(metrics_ports: Mapping[str, int]) -> dict[str, str]:
+    """Each site's Prometheus exposition (unreachable sites are left out)."""
+    texts: dict[str, str] = {}
+    for name, port in metrics_ports.items():
+        try:
+            texts[name] = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+    return texts
+
+
 def site_busy(metrics_ports: Mapping[str, int]) -> dict[str, float]:
     """Requests waiting or running at each site (unreachable sites are left out)."""
     busy: dict[str, float] = {}
-    for name, port in metrics_ports.items():
-        try:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        except httpx.HTTPError:
-            continue
+    for name, text in site_metrics(metrics_ports).items():
         sums = prometheus_sums(text)
         busy[name] = sums.get("fedllm_site_waiting_requests", 0.0) + sums.get(
             "fedllm_site_running_requests", 0.0
@@ -61,7 +70,24 @@ def wait_idle(metrics_ports: Mapping[str, int], timeout_s: float = 300.0) -> flo
     raise TimeoutError(f"sites still busy after {timeout_s:.0f}s: {site_busy(metrics_ports)}")
 
 
+def site_snapshot(metrics_ports: Mapping[str, int]) -> dict[str, SiteCounters]:
+    """Each site's finished requests and prefix-cache counters (unreachable sites left out)."""
+    snapshot: dict[str, SiteCounters] = {}
+    for name, text in site_metrics(metrics_ports).items():
+        finished = prometheus_sums(text).get("fedllm_site_requests_finished_total", 0.0)
+        snapshot[name] = SiteCounters(finished, prefix_counters(text))
+    return snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SiteCounters:
+    finished: float
+    prefix: tuple[float, float] | None  # (queries, hits), None: the site does not cache
+
+
 def gateway_counters(gateway: Gateway) -> dict[str, float]:
+    if gateway.arm.router != "gateway":
+        return {}  # SGLang's router: no offload, failover or continuation to count
     response = httpx.get(
         f"{gateway.base_url}/metrics",
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
@@ -83,6 +109,8 @@ class Runner:
     drain_s: float
     duration_s: float
     log: Callable[[str], None]
+    # Each site's KV capacity in tokens: the simulated hit rate's caches (None: not computed).
+    capacity_tokens: Mapping[str, int] | None = None
 
     def run(
         self,
@@ -97,6 +125,7 @@ class Runner:
         kill), from a timer thread."""
         waited = wait_idle(self.metrics_ports)
         before = gateway_counters(gateway)
+        sites_before = site_snapshot(self.metrics_ports)
         timer = threading.Timer(during_at_s, during) if during is not None else None
         if timer is not None:
             timer.start()
@@ -107,6 +136,7 @@ class Runner:
                 timer.cancel()
         after = gateway_counters(gateway)
         moved = {key: after[key] - before[key] for key in after}
+        moved.update(self._site_view(requests, outcomes, sites_before))
         summary = summarize(
             label or gateway.arm.name,
             rate,
@@ -120,11 +150,41 @@ class Runner:
         )
         self.log(
             f"  {summary.arm:<22} {rate:>6g} rps: {summary.completed}/{summary.requests} ok, "
+            f"hit {summary.extra.get('hit_rate_simulated', {}).get('all', '-')}, "
             f"TTFT p50/p99 {summary.ttft_p50_s:.2f}/{summary.ttft_p99_s:.2f}s, "
             f"TPOT p99 {1000 * summary.tpot_p99_s:.0f}ms, "
             f"SLO {'held' if summary.holds_slo else 'missed'}"
         )
         return summary
+
+    def _site_view(
+        self,
+        requests: Sequence[Request],
+        outcomes: RunOutcomes,
+        before: Mapping[str, SiteCounters],
+    ) -> dict[str, Any]:
+        """What the sites did during the run: requests finished each (SGLang's router does not
+        say where it sent a request; the sites do), the measured and simulated hit rates."""
+        after = site_snapshot(self.metrics_ports)
+        view: dict[str, Any] = {
+            "site_requests": {
+                site: round(after[site].finished - before[site].finished)
+                for site in sorted(after)
+                if site in before
+            },
+            "hit_rate_measured": measured_hit_rate(
+                {site: c.prefix for site, c in before.items()},
+                {site: c.prefix for site, c in after.items()},
+            ),
+        }
+        served = [
+            (outcome.site, request)
+            for outcome, request in zip(outcomes.outcomes, requests, strict=True)
+            if outcome.site is not None
+        ]
+        if self.capacity_tokens is not None and served:
+            view["hit_rate_simulated"] = simulated_hit_rate(served, self.capacity_tokens)
+        return view
 
 
 def sweep(

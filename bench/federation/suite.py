@@ -22,11 +22,10 @@ from typing import Any
 from bench.federation.cluster import ARMS, Federation, Gateway
 from bench.federation.metrics import RunSummary
 from bench.federation.options import Options, parse_options
-from bench.federation.report import sweep_payload, write
+from bench.federation.report import finish, sweep_payload, write
 from bench.federation.runs import Runner, killed_site, slowed_site, sweep
 from bench.federation.topology import write_model
 from bench.federation.workload import Pools, Request, arrivals, describe, load_pools
-from bench.multisite.decision import time_decisions
 from bench.multisite.throttle import stop_all
 from fedllm_contract.tokenizer import load_tokenizer
 
@@ -129,13 +128,11 @@ def run(options: Options, command: str) -> Path:
     finally:
         stop_all()
         federation.close()
-    if "decision" in options.phases:
-        log("routing decision time, 9 sites")
-        payload["decision_time_ms"] = [t.to_json() for t in time_decisions(9, options.decisions)]
-    payload["elapsed_s"] = round(time.monotonic() - started, 1)
-    path = write(options.out_dir, options.name, command, payload, options.name)
-    log(f"wrote {path} ({payload['elapsed_s']:.0f}s)")
-    return path
+    elapsed = time.monotonic() - started
+    return finish(
+        options.phases, options.decisions, options.out_dir, options.name, command, payload,
+        elapsed, log,
+    )  # fmt: skip
 
 
 def _start_gateways(
@@ -173,5 +170,11 @@ def _scenarios(
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     options = parse_options(args)
-    run(options, shlex.join(["python", "-m", "bench.federation", *args]))
+    command = shlex.join(["python", "-m", "bench.federation", *args])
+    if options.reuse:
+        from bench.federation.reuse_suite import run_reuse
+
+        run_reuse(options, command)
+    else:
+        run(options, command)
     return 0

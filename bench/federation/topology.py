@@ -20,6 +20,7 @@ from pathlib import Path
 
 from transformers import LlamaConfig
 
+from bench.federation.prefix_workloads import Shape
 from fedllm_contract.tokenizer import CHATML_TEMPLATE, load_tokenizer
 from site_engine.make_model import build_random_model
 
@@ -83,6 +84,21 @@ class SiteSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixRuns:
+    """How the prefix-reuse workloads run on a preset (bench/federation/prefix_workloads.py):
+    the shape of their prompts, the coarse rates per workload before the knee is bisected,
+    arrivals and drain per run, and the sites' host-memory tier (when the engine has one)."""
+
+    shape: Shape
+    rates: dict[str, tuple[float, ...]]
+    duration_s: float
+    drain_s: float
+    bisections: int = 2
+    host_kv_gib: float = 0.0
+    calibration_tokens: int = 2048
+
+
+@dataclass(frozen=True, slots=True)
 class Preset:
     name: str
     shapes: tuple[ModelShape, ...]
@@ -93,6 +109,7 @@ class Preset:
     answer_scale: float  # answers are replayed at this share of their length
     max_prompt_tokens: int
     max_answer_tokens: int
+    prefix: PrefixRuns | None = None
 
     def shape(self, name: str) -> ModelShape:
         return next(shape for shape in self.shapes if shape.name == name)
@@ -155,6 +172,19 @@ PRESETS: dict[str, Preset] = {
         answer_scale=0.125,
         max_prompt_tokens=512,
         max_answer_tokens=256,
+        # Tiny contexts (1,024): a trace block id stands for 16 tokens, not 512 (every input
+        # scaled alike), the system prompt is 256 tokens, answers an eighth of their length.
+        prefix=PrefixRuns(
+            shape=Shape(16, 960, 64, 0.125, 256),
+            rates={
+                "trace": (2.0, 4.0, 8.0),
+                "shared_prefix": (2.0, 4.0, 8.0),
+                "sharegpt": (4.0, 8.0, 12.0),
+            },
+            duration_s=15.0,
+            drain_s=20.0,
+            calibration_tokens=256,
+        ),
     ),
     "h200": Preset(
         name="h200",
@@ -167,6 +197,21 @@ PRESETS: dict[str, Preset] = {
         answer_scale=1.0,
         max_prompt_tokens=3072,
         max_answer_tokens=1024,
+        # A trace block id is 512 tokens as in the trace, prompts are cut at the context less
+        # the longest answer (8,192 - 1,024), the system prompt is 4,096 tokens. One device
+        # call per workload of at most ~9.5 minutes: 8 arms, 4 coarse rates and 2 bisections,
+        # 6 s of arrivals and at most 8 s of drain a run.
+        prefix=PrefixRuns(
+            shape=Shape(512, 7168, 1024, 1.0, 4096),
+            rates={
+                "trace": (2.0, 4.0, 8.0, 16.0),
+                "shared_prefix": (4.0, 8.0, 16.0, 32.0),
+                "sharegpt": (8.0, 16.0, 24.0, 32.0),
+            },
+            duration_s=6.0,
+            drain_s=8.0,
+            host_kv_gib=4.0,
+        ),
     ),
 }
 
@@ -174,6 +219,8 @@ PRESETS: dict[str, Preset] = {
 PRESETS["h200x4"] = replace(
     PRESETS["h200"], name="h200x4", sites=_gpu_sites(("cuda:0", "cuda:1", "cuda:2", "cuda:3"))
 )
+# One H100 (about 78 GiB): the same four sites sharing it.
+PRESETS["h100"] = replace(PRESETS["h200"], name="h100")
 
 
 def write_model(out: Path, shape: ModelShape, tokenizer_dir: Path, seed: int = 0) -> Path:

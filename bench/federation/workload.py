@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.federation.text_tokens import WordTokens
 from predictor.datasets import load_corpus
 from predictor.prepare import split_of
 from predictor.served_labels import join_records, read_labels
@@ -44,10 +45,15 @@ LABELS_DIR = (
 @dataclass(frozen=True, slots=True)
 class Request:
     id: str
-    source: str  # "dolly_context" or "synthetic_lognormal"
+    source: str  # "dolly_context", "synthetic_lognormal", "mooncake_trace", "mt_bench_turn1", ...
     prompt_token_ids: tuple[int, ...]
     answer_tokens: int
     at_s: float  # arrival offset from the start of the run
+    # Sent as text when given (routers that read text need it), else as the token ids; the text
+    # encodes to exactly prompt_token_ids.
+    prompt_text: str | None = None
+    # The conversation it belongs to (sent as `user`: the session key of session affinity).
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +103,11 @@ def arrivals(
     answer_scale: float,
     max_prompt_tokens: int,
     max_answer_tokens: int,
+    words: WordTokens | None = None,
 ) -> list[Request]:
     """Poisson arrivals at `rate_rps` for `duration_s`; the same (rate, seed) gives the same
-    requests at the same offsets."""
+    requests at the same offsets. With `words`, every prompt is text too (a synthetic prompt of
+    word tokens; a Dolly one its cut text, its ids re-encoded from it)."""
     if rate_rps <= 0 or duration_s <= 0:
         raise ValueError("the rate and the duration must be > 0")
     rng = random.Random(f"federation-{seed}-{rate_rps}")
@@ -107,15 +115,25 @@ def arrivals(
     at = rng.expovariate(rate_rps)
     while at < duration_s:
         i = len(requests)
+        text: str | None = None
         if i % 2 == 0:
             prompt, answer = rng.choice(pools.dolly)
             source = "dolly_context"
+            if words is not None:
+                text = words.decode_ids(prompt)
+                prompt = tuple(words.encode_text(text))
         else:
             length = synthetic_length(rng, max_prompt_tokens)
-            prompt = tuple(rng.randrange(pools.vocab) for _ in range(length))
+            if words is None:
+                prompt = tuple(rng.randrange(pools.vocab) for _ in range(length))
+            else:
+                prompt = words.draw(rng, length)
+                text = words.text(prompt, check=False)
             answer, source = rng.choice(pools.answers), "synthetic_lognormal"
         answer = scaled(answer, answer_scale, max_answer_tokens)
-        requests.append(Request(f"r{seed}-{rate_rps:g}-{i}", source, prompt, answer, at))
+        requests.append(
+            Request(f"r{seed}-{rate_rps:g}-{i}", source, prompt, answer, at, prompt_text=text)
+        )
         at += rng.expovariate(rate_rps)
     return requests
 
