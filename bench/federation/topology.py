@@ -177,8 +177,8 @@ PRESETS: dict[str, Preset] = {
         prefix=PrefixRuns(
             shape=Shape(16, 960, 64, 0.125, 256),
             rates={
-                "trace": (2.0, 4.0, 8.0),
-                "shared_prefix": (2.0, 4.0, 8.0),
+                "trace": (6.0, 16.0, 32.0),
+                "shared_prefix": (4.0, 12.0, 24.0),
                 "sharegpt": (4.0, 8.0, 12.0),
             },
             duration_s=15.0,
@@ -199,17 +199,18 @@ PRESETS: dict[str, Preset] = {
         max_answer_tokens=1024,
         # A trace block id is 512 tokens as in the trace, prompts are cut at the context less
         # the longest answer (8,192 - 1,024), the system prompt is 4,096 tokens. One device
-        # call per workload of at most ~9.5 minutes: 8 arms, 4 coarse rates and 2 bisections,
-        # 6 s of arrivals and at most 8 s of drain a run.
+        # call per workload of at most ~9.5 minutes: ~2.5 min to start 4 sites, 7 gateways and
+        # SGLang's router, then 8 arms x at most 5 rates (3 coarse, 2 bisected) of 5 s of
+        # arrivals and at most 6 s of drain.
         prefix=PrefixRuns(
             shape=Shape(512, 7168, 1024, 1.0, 4096),
             rates={
-                "trace": (2.0, 4.0, 8.0, 16.0),
-                "shared_prefix": (4.0, 8.0, 16.0, 32.0),
-                "sharegpt": (8.0, 16.0, 24.0, 32.0),
+                "trace": (3.0, 6.0, 12.0),
+                "shared_prefix": (4.0, 10.0, 24.0),
+                "sharegpt": (8.0, 16.0, 32.0),
             },
-            duration_s=6.0,
-            drain_s=8.0,
+            duration_s=5.0,
+            drain_s=6.0,
             host_kv_gib=4.0,
         ),
     ),
