@@ -144,8 +144,8 @@ class RoutingSettings:
     prefix_index_max_blocks: int = setting(
         DEFAULT_PREFIX_INDEX_BLOCKS,
         help="prefix-cache block ids kept per site (from its cache events, else from what this "
-        "gateway sent it): ~90 bytes each; beyond, new ones are not recorded (events) or the "
-        "least recently sent are forgotten (history)",
+        "gateway sent it): ~70 bytes each (a dict entry and its 64-bit id); beyond, new ones "
+        "are not recorded (events) or the least recently sent are forgotten (history)",
     )
 
     def __post_init__(self) -> None:

@@ -20,7 +20,8 @@ does not hold. Hence the rules:
 
 Matching a prompt is the longest *consecutive* run of its block ids from the first that the site
 holds in any tier (llm-d's longest-prefix scorer), and how many of those are on the device.
-Memory: one dict entry per block held (~90 bytes with its int key).
+Memory: one dict entry per block held: ~70 bytes with its 64-bit key (1M blocks: 33 MB of
+dict, measured with tracemalloc, plus the keys).
 """
 
 from __future__ import annotations
