@@ -61,6 +61,8 @@ def run_baseline(
             "--drain-s", str(args.drain_s), "--max-num-seqs", str(args.max_num_seqs),
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--deadline-s", str(args.baseline_timeout_s - 30), "--reserve-s", "0",
+            "--context-cap", str(args.context_cap), "--slo-ttft-ms", str(args.slo_ttft_ms),
+            "--slo-tpot-ms", str(args.slo_tpot_ms),
         ] + (["--small"] if args.small else []) + (
             ["--long-context"] if args.long_context else []) + (
             ["--traces-dir", str(traces_dir)] if traces_dir is not None else [])  # fmt: skip

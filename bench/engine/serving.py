@@ -109,6 +109,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--mixes", nargs="+", default=list(MIXES), choices=SWEEP_MIXES, help="swept mixes")
     add("--long-context", action="store_true", help="the 1B shape with 131,072 positions")
     add("--baseline-phases", default="steps,burst", help="what --baseline-engine runs")
+    add("--context-cap", type=int, default=0, help="longctx: prompt + answer cap (0: the model's)")
+    add("--slo-ttft-ms", type=float, default=Slo().ttft_p99_ms, help="TTFT p99 limit")
+    add("--slo-tpot-ms", type=float, default=Slo().tpot_p99_ms, help="TPOT p99 limit")
     add("--baseline-timeout-s", type=float, default=400.0)
     add("--profile-steps", action="store_true", help="print the first step shape's profiles")
     add("--baseline-engine", type=Path, default=None, help="an older site_engine/engine folder")
@@ -159,6 +162,7 @@ class Run:
         self._pools: PromptPools | None = None
         self._traces: TraceLengths | None = None
         self.context = 0  # the model's max length, set once it is loaded
+        self.slo = Slo(ttft_p99_ms=args.slo_ttft_ms, tpot_p99_ms=args.slo_tpot_ms)
 
     def requests(self, mix: str, count: int, seed: int) -> list[WorkloadRequest]:
         """`count` requests of a swept mix."""
@@ -167,6 +171,8 @@ class Run:
         if self._traces is None:
             self._traces = load_trace_lengths(self.traces_dir)
         context = 64 if self.args.small else self.context
+        if self.args.context_cap:
+            context = min(context, self.args.context_cap)
         return build_trace_mix(self._traces, count, seed, vocab=self.pools().vocab,
                                context=context)  # fmt: skip
 
@@ -227,7 +233,7 @@ def sweep_phase(run: Run, loaded: LoadedModel) -> None:
     pools = run.pools()
     config = EngineConfig(max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
-    run.payload["slo"] = asdict(Slo())
+    run.payload["slo"] = asdict(run.slo)
     run.payload["engine_config"] = asdict(config)
     run.payload["mixes"] = {
         mix: describe_mix(run.requests(mix, 2000, args.seed)) for mix in args.mixes
@@ -263,7 +269,7 @@ def _sweep_mix(
         return sweep(
             engine, loaded, config, lambda count, seed: run.requests(mix, count, seed),
             mix=mix, rates=rates, duration_s=args.duration_s, drain_s=args.drain_s,
-            seed=args.seed, slo=Slo(), log=run.log, stop_after_failures=1,
+            seed=args.seed, slo=run.slo, log=run.log, stop_after_failures=1,
             time_left=lambda: run.time_left(reserve_s),
         )  # fmt: skip
 
