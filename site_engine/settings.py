@@ -32,8 +32,10 @@ class SiteSettings:
     port: int = 50051
     device: str = "cpu"
     dtype: str = "float32"
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
+    # None: chosen from the device at start (site_engine/engine/memory_plan.batch_defaults:
+    # 16 and 2,048 on CPU, vLLM's defaults on a GPU) and logged.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     block_size: int = 16
     # KV cache budget in MiB; 0 sizes the cache from free device memory (GPU) or a default (CPU).
     kv_cache_mib: int = 0
@@ -114,7 +116,8 @@ class SiteSettings:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SettingsError(f"SITE_DEVICE must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "torch_threads"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise SettingsError(f"SITE_{name.upper()} must be >= 1")
         if self.kv_cache_mib < 0 or self.load_report_interval_ms < 10:
             raise SettingsError(

@@ -86,11 +86,13 @@ class ModelRunner:
         sampler: Sampler | None = None,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
+        only_largest_graphs: bool = False,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
         of up to that many tokens (and that many sequences) are captured as well, as one flat
-        batch. Larger steps run eagerly."""
+        batch. Larger steps run eagerly. only_largest_graphs: one graph of each kind, the
+        largest (the memory trial's runner: every step runs, padded, through those two)."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -114,6 +116,12 @@ class ModelRunner:
         if use_graphs:
             from site_engine.engine.cuda.graphs import DecodeGraphs
 
+            # One float32 logits buffer that every graph writes into (cuda/graphs.py says why).
+            logits_out = torch.empty(
+                (cuda_graph_max_batch, self.flat_model.vocab_size),
+                dtype=torch.float32,
+                device=device,
+            )
             self.graphs = DecodeGraphs(
                 self.flat_model,
                 self.attention,
@@ -121,6 +129,8 @@ class ModelRunner:
                 max_batch=cuda_graph_max_batch,
                 max_blocks_per_seq=-(-self._max_model_len // block_size),
                 scratch_block=num_blocks,
+                logits_out=logits_out,
+                only_largest=only_largest_graphs,
             )
             self.graphs.capture()
         self.step_graphs: FlatStepGraphs | None = None
@@ -135,8 +145,23 @@ class ModelRunner:
                 max_seqs=cuda_graph_max_batch,
                 max_blocks_per_seq=-(-self._max_model_len // block_size),
                 scratch_block=num_blocks,
+                logits_out=logits_out,
+                only_largest=only_largest_graphs,
             )
             self.step_graphs.capture()
+
+    @property
+    def num_graphs(self) -> int:
+        """CUDA graphs captured (decode and flat step graphs together)."""
+        return sum(g.num_graphs for g in (self.graphs, self.step_graphs) if g is not None)
+
+    def close(self) -> None:
+        """Frees the graphs and the KV cache now; the runner cannot run steps afterwards."""
+        for graphs in (self.graphs, self.step_graphs):
+            if graphs is not None:
+                graphs.close()
+        self.graphs = self.step_graphs = None
+        self.kv_cache.release()
 
     @property
     def num_blocks(self) -> int:

@@ -25,6 +25,14 @@ from site_engine.engine.api import (
 )
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
+from site_engine.engine.memory_plan import (
+    GIB,
+    KvPlan,
+    blocks_for,
+    plan_from_budget,
+    plan_kv_cache,
+    startup_report,
+)
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
@@ -35,9 +43,6 @@ from site_engine.model_loading import LoadedModel
 MIB = 1 << 20
 # On CPU without an explicit budget: room for this many full-length sequences.
 _CPU_DEFAULT_FULL_SEQUENCES = 4
-# On CUDA without an explicit budget: what is free after the weights and a trial forward pass at
-# the largest step, less this share of the device kept for the allocator, graphs and sampling.
-_CUDA_SAFETY_SHARE = 0.08
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +50,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     block_size: int = 16
-    # KV cache budget in bytes; 0 chooses one from the device (see kv_cache_blocks).
+    # KV cache budget in bytes; 0 chooses one from the device (see plan_kv).
     kv_cache_bytes: int = 0
     policy: PolicyName = "fcfs"
     # CUDA only: replay decode steps of up to max_num_seqs sequences from CUDA graphs, and steps
@@ -56,51 +61,42 @@ class EngineConfig:
     async_scheduling: bool | None = None
 
 
-def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
-    """Blocks for the configured budget, or a device-derived default."""
+def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
+    """The KV cache's blocks. On CUDA from a memory trial of the largest step, graphs and
+    sampler (site_engine/engine/memory_trial.py), refusing settings that cannot fit; elsewhere
+    the configured budget or room for a few full-length sequences."""
     spec = KVCacheSpec.from_config(loaded.model.config)
     per_block = kv_cache_bytes_per_block(spec, config.block_size, loaded.dtype)
-    if config.kv_cache_bytes > 0:
-        budget = config.kv_cache_bytes
-    elif loaded.device.type == "cuda":
-        budget = _cuda_kv_budget(loaded, config)
-    else:
-        full = -(-loaded.max_model_len // config.block_size)
-        return full * min(config.max_num_seqs, _CPU_DEFAULT_FULL_SEQUENCES)
-    blocks = budget // per_block
-    if blocks < 1:
-        raise ValueError(
-            f"a KV budget of {budget / MIB:.1f} MiB holds no block of {per_block} bytes"
+    sizes = {"bytes_per_block": per_block, "block_size": config.block_size,
+             "max_model_len": loaded.max_model_len}  # fmt: skip
+    if loaded.device.type == "cuda":
+        from site_engine.engine.memory_trial import run_trial
+
+        measurement = run_trial(
+            loaded,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+            cuda_graphs=config.cuda_graphs,
         )
-    return int(blocks)
+        return plan_kv_cache(measurement, requested_bytes=config.kv_cache_bytes, **sizes)
+    if config.kv_cache_bytes > 0:
+        return plan_from_budget(config.kv_cache_bytes, **sizes)
+    full = blocks_for(loaded.max_model_len, config.block_size)
+    blocks = full * min(config.max_num_seqs, _CPU_DEFAULT_FULL_SEQUENCES)
+    return KvPlan(blocks, config.block_size, per_block, loaded.max_model_len, None, 0)
 
 
-@torch.inference_mode()
-def _cuda_kv_budget(loaded: LoadedModel, config: EngineConfig) -> int:
-    """Free memory after a trial forward of the largest step, minus a safety share.
-
-    The trial runs the transformers model on max_num_batched_tokens tokens (its activations are
-    at least ours) and adds the float32 logits of a full decode batch, so a step at the maximum
-    batch cannot run out of memory once the cache has taken the rest.
-    """
-    device = loaded.device
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    tokens = min(config.max_num_batched_tokens, loaded.max_model_len)
-    trial = torch.zeros((1, tokens), dtype=torch.long, device=device)
-    loaded.model(input_ids=trial, use_cache=False, logits_to_keep=1)
-    activations = torch.cuda.max_memory_allocated(device) - before
-    logits = config.max_num_seqs * loaded.vocab_size * 4 * 2  # logits and their softmax
-    del trial
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free - activations - logits - total * _CUDA_SAFETY_SHARE)
+def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
+    """Blocks for the configured budget, or a device-derived default."""
+    return plan_kv(loaded, config).num_blocks
 
 
 class PagedEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        num_blocks = kv_cache_blocks(loaded, config)
+        self._plan = plan_kv(loaded, config)
+        num_blocks = self._plan.num_blocks
+        before = _device_memory(loaded.device)
         self._runner = ModelRunner(
             loaded.model,
             num_blocks=num_blocks,
@@ -131,6 +127,42 @@ class PagedEngine:
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
+        self._graphs_note = self._describe_graphs(before, _device_memory(loaded.device))
+        self._closed = False
+
+    def _describe_graphs(self, before: tuple[int, int], after: tuple[int, int]) -> str:
+        count = self._runner.num_graphs
+        if not count:
+            return "no CUDA graphs"
+        reserved = after[0] - before[0] - self._runner.kv_cache.num_bytes
+        driver = (after[1] - after[0]) - (before[1] - before[0])
+        return (
+            f"{count} CUDA graphs captured, {reserved / GIB:.2f} GiB in torch's pools and "
+            f"buffers + {max(driver, 0) / GIB:.2f} GiB outside them"
+        )
+
+    @property
+    def kv_plan(self) -> KvPlan:
+        return self._plan
+
+    @property
+    def startup_report(self) -> str:
+        """One line: the KV cache (blocks, tokens, GiB, full-length sequences that fit), the
+        graphs and their memory, and where the device's memory went."""
+        return startup_report(self._plan, self._graphs_note)
+
+    def close(self) -> None:
+        """Frees the KV cache and the CUDA graphs now, so that another engine in this process
+        finds the device as this one found it. The engine cannot step afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        self._in_flight = None
+        self._runner.close()
+        if self._runner.device.type == "cuda":
+            from site_engine.engine.memory_trial import release_unreachable
+
+            release_unreachable(self._runner.device)
 
     @property
     def limits(self) -> EngineLimits:
@@ -163,6 +195,8 @@ class PagedEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule and launch a step; return the outputs of the step that completed: this one
         (synchronous), or the one launched by the previous call (async scheduling)."""
+        if self._closed:
+            raise RuntimeError("the engine was closed")
         scheduled = self._scheduler.schedule()
         previous = self._in_flight
         launched = self._runner.launch(scheduled, previous[1] if previous else None)
@@ -198,6 +232,15 @@ class PagedEngine:
             iterations=stats.iterations,
             num_preemptions=stats.num_preemptions,
         )
+
+
+def _device_memory(device: torch.device) -> tuple[int, int]:
+    """(bytes torch has reserved, bytes in use on the device), or zeros off CUDA."""
+    if device.type != "cuda":
+        return 0, 0
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return torch.cuda.memory_reserved(device), total - free
 
 
 def _as_request(seq: Sequence) -> EngineRequest:
