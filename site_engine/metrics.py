@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.api import (
     Engine,
     EngineLimits,
@@ -179,6 +180,12 @@ class MeteredEngine:
 
     def stats(self) -> EngineStats:
         return self._engine.stats()
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        return self._engine.take_cache_events()
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        return self._engine.cache_snapshot()
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.api import (
     EngineLimits,
     EngineRequest,
@@ -54,6 +55,12 @@ class EngineConfig:
     # Schedule step N+1 while step N runs. None: on for CUDA, off elsewhere (a CPU step does its
     # work before returning, so there is nothing to overlap; True still works there, for tests).
     async_scheduling: bool | None = None
+    # Automatic prefix caching (site_engine/engine/block_manager.py); block ids are seeded by
+    # `model_name`, the name the gateway routes by, so that it computes the same ids.
+    prefix_caching: bool = True
+    model_name: str = ""
+    # Bytes of host memory for the prefix cache's second tier (0: none; needs prefix_caching).
+    host_kv_cache_bytes: int = 0
 
 
 def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
@@ -101,6 +108,15 @@ def _cuda_kv_budget(loaded: LoadedModel, config: EngineConfig) -> int:
 class PagedEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         num_blocks = kv_cache_blocks(loaded, config)
+        block_bytes = kv_cache_bytes_per_block(
+            KVCacheSpec.from_config(loaded.model.config), config.block_size, loaded.dtype
+        )
+        host_blocks = config.host_kv_cache_bytes // block_bytes
+        if config.host_kv_cache_bytes and not (config.prefix_caching and host_blocks):
+            raise ValueError(
+                f"a host KV tier of {config.host_kv_cache_bytes} bytes needs prefix caching and "
+                f"room for at least one block of {block_bytes} bytes"
+            )
         self._runner = ModelRunner(
             loaded.model,
             num_blocks=num_blocks,
@@ -109,6 +125,7 @@ class PagedEngine:
             dtype=loaded.dtype,
             cuda_graph_max_batch=config.max_num_seqs if config.cuda_graphs else 0,
             cuda_graph_max_tokens=config.max_num_batched_tokens if config.cuda_graphs else 0,
+            host_kv_slots=host_blocks,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(
@@ -119,6 +136,9 @@ class PagedEngine:
                 max_model_len=loaded.max_model_len,
                 policy=config.policy,
                 eos_token_ids=loaded.eos_token_ids,
+                prefix_caching=config.prefix_caching,
+                model_name=config.model_name,
+                host_kv_blocks=host_blocks,
             )
         )
         self._limits = EngineLimits(
@@ -127,6 +147,9 @@ class PagedEngine:
             kv_blocks_total=num_blocks,
             max_num_seqs=config.max_num_seqs,
             name=f"paged-{config.policy}",
+            prefix_caching=config.prefix_caching,
+            host_kv_blocks=host_blocks,
+            kv_block_bytes=block_bytes,
         )
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
@@ -147,6 +170,7 @@ class PagedEngine:
                 request.prompt_token_ids,
                 request.sampling,
                 request.predicted_tokens,
+                request.cache_salt,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -163,20 +187,34 @@ class PagedEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule and launch a step; return the outputs of the step that completed: this one
         (synchronous), or the one launched by the previous call (async scheduling)."""
-        scheduled = self._scheduler.schedule()
-        previous = self._in_flight
-        launched = self._runner.launch(scheduled, previous[1] if previous else None)
-        self._in_flight = (scheduled, launched)
-        outputs = self._apply(*previous) if previous is not None else []
-        if not self._async or scheduled.is_empty:
-            # An empty step has nothing to overlap with; applying it now lets the loop end.
-            outputs += self._apply(scheduled, launched)
-            self._in_flight = None
+        try:
+            scheduled = self._scheduler.schedule()
+            previous = self._in_flight
+            launched = self._runner.launch(scheduled, previous[1] if previous else None)
+            self._in_flight = (scheduled, launched)
+            outputs = self._apply(*previous) if previous is not None else []
+            if not self._async or scheduled.is_empty:
+                # An empty step has nothing to overlap with; applying it now lets the loop end.
+                outputs += self._apply(scheduled, launched)
+                self._in_flight = None
+        except Exception:
+            # A failed step may have left cached blocks half written: none may be shared again.
+            self._scheduler.clear_prefix_cache()
+            raise
         return outputs
 
     def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
         updates = self._scheduler.update(scheduled, launched.result())
-        return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
+        return [
+            RequestOutput(u.request_id, u.new_token_ids, u.finish_reason, u.cached_prompt_tokens)
+            for u in updates
+        ]
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        return self._scheduler.take_cache_events()
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        return self._scheduler.cache_snapshot()
 
     def queue_lengths(self) -> tuple[int, int]:
         """(waiting, running) requests, cheap enough to read after every step."""
@@ -197,6 +235,13 @@ class PagedEngine:
             kv_blocks_total=stats.kv_blocks_total,
             iterations=stats.iterations,
             num_preemptions=stats.num_preemptions,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_host_hits=stats.prefix_cache_host_hits,
+            prompt_tokens_computed=stats.prompt_tokens_computed,
+            kv_blocks_cached=stats.kv_blocks_cached,
+            host_kv_blocks_offloaded=stats.host_kv_blocks_offloaded,
+            host_kv_blocks_onloaded=stats.host_kv_blocks_onloaded,
         )
 
 
@@ -206,4 +251,5 @@ def _as_request(seq: Sequence) -> EngineRequest:
         prompt_token_ids=seq.prompt_token_ids,
         sampling=seq.sampling,
         predicted_tokens=seq.predicted_tokens,
+        cache_salt=seq.cache_salt,
     )
