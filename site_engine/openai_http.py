@@ -5,7 +5,8 @@ gRPC port by the same process and the same EngineService.
 So a site can be used on its own like `vllm serve`, and a gateway can reach it as a site of kind
 `openai` (gateway/sites/openai_client.py). Its /metrics publishes the engine's load under vLLM's
 documented names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
-`vllm:kv_cache_usage_perc`, `vllm:generation_tokens_total`, `vllm:cache_config_info`), so the
+`vllm:kv_cache_usage_perc`, `vllm:generation_tokens_total`, `vllm:cache_config_info`,
+`vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`, in tokens), so the
 gateway reads it with the `vllm` metrics dialect. Errors have OpenAI's shape.
 """
 
@@ -53,13 +54,26 @@ class VllmNamedMetrics(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
             gauge.add_metric(label, float(value))
             yield gauge
-        counter = CounterMetricFamily(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            labels=["model_name"],
-        )
-        counter.add_metric(label, float(self._service.generated_tokens_total()))
-        yield counter
+        for name, doc, total in (
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                self._service.generated_tokens_total(),
+            ),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                stats.prefix_cache_hits,
+            ),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric(label, float(total))
+            yield counter
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

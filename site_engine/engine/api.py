@@ -56,8 +56,9 @@ class EngineStats:
     prefix_cache_host_hits: int = 0
     prompt_tokens_computed: int = 0
     kv_blocks_cached: int = 0
-    host_kv_blocks_offloaded: int = 0
-    host_kv_blocks_onloaded: int = 0
+    # Bytes copied to and back from the prefix cache's host tier since start.
+    host_kv_bytes_offloaded: int = 0
+    host_kv_bytes_onloaded: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,8 +240,8 @@ class PagedEngine:
             prefix_cache_host_hits=stats.prefix_cache_host_hits,
             prompt_tokens_computed=stats.prompt_tokens_computed,
             kv_blocks_cached=stats.kv_blocks_cached,
-            host_kv_blocks_offloaded=stats.host_kv_blocks_offloaded,
-            host_kv_blocks_onloaded=stats.host_kv_blocks_onloaded,
+            host_kv_bytes_offloaded=stats.host_kv_blocks_offloaded * self._limits.kv_block_bytes,
+            host_kv_bytes_onloaded=stats.host_kv_blocks_onloaded * self._limits.kv_block_bytes,
         )
 
 

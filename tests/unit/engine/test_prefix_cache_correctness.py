@@ -163,7 +163,7 @@ def check_caching_on_off_host_tier_and_generate_agree(
     assert on.prefix_cache_hits > 0
     assert on.prompt_tokens_computed < off.prompt_tokens_computed
     assert host.prefix_cache_host_hits > 0
-    assert host.host_kv_blocks_onloaded > 0
+    assert host.host_kv_bytes_onloaded > 0
     assert host.prompt_tokens_computed < on.prompt_tokens_computed
     assert on.num_preemptions + host.num_preemptions > 0
     # Usage: what each request's first admission found cached, never its last prompt token.
