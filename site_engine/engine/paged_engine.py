@@ -12,7 +12,7 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -209,6 +209,25 @@ class PagedEngine:
             RequestOutput(u.request_id, u.new_token_ids, u.finish_reason, u.cached_prompt_tokens)
             for u in updates
         ]
+
+    def restart_scheduler(self, *, prefix_caching: bool, host_tier: bool) -> None:
+        """An idle engine starts over with an empty scheduler and cache index on the same runner
+        (its CUDA graphs stay captured): a benchmark's arms with caching off, on, and with the
+        host tier (if the runner has one) compare on one warmed-up engine."""
+        if self.has_unfinished():
+            raise RuntimeError("restart_scheduler needs an idle engine")
+        host_blocks = self._runner.host_kv.num_slots if host_tier and self._runner.host_kv else 0
+        if host_tier and not host_blocks:
+            raise ValueError("this engine was built without a host KV tier")
+        config = replace(
+            self._scheduler.config,
+            prefix_caching=prefix_caching,
+            host_kv_blocks=host_blocks if prefix_caching else 0,
+        )
+        self._scheduler = Scheduler(config)
+        self._limits = replace(
+            self._limits, prefix_caching=prefix_caching, host_kv_blocks=config.host_kv_blocks
+        )
 
     def take_cache_events(self) -> list[CacheEvent]:
         return self._scheduler.take_cache_events()
