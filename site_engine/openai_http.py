@@ -153,13 +153,13 @@ class HttpFace:
     async def _stream(
         self, events: AsyncIterator[StreamEvent], answer: Answer, face: FaceRequest
     ) -> AsyncIterator[str]:
-        tokens = 0
+        tokens = cached = 0
         if face.chat:
             yield _sse({**answer.chunk("", (), None), "choices": [
                 {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})  # fmt: skip
         try:
             async for event in events:
-                tokens = event.completion_tokens
+                tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 reason = event.finish_reason.value if event.finish_reason else None
                 if event.text or event.token_ids or reason:
                     yield _sse(answer.chunk(event.text, event.token_ids, reason))
@@ -167,22 +167,23 @@ class HttpFace:
             yield _sse(error_body(str(exc), "internal_error"))
             return
         if face.include_usage:
-            yield _sse(answer.usage_chunk(tokens))
+            yield _sse(answer.usage_chunk(tokens, cached))
         yield "data: [DONE]\n\n"
 
     async def _whole(self, events: AsyncIterator[StreamEvent], answer: Answer) -> Response[Any]:
         text: list[str] = []
         ids: list[int] = []
-        reason, tokens = "stop", 0
+        reason, tokens, cached = "stop", 0, 0
         try:
             async for event in events:
                 text.append(event.text)
                 ids.extend(event.token_ids)
-                tokens = event.completion_tokens
+                tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 reason = event.finish_reason.value if event.finish_reason else reason
         except EngineFailure as exc:
             return Response(error_body(str(exc), "internal_error"), status_code=500)
-        return Response(answer.whole("".join(text), tuple(ids), reason, tokens), status_code=200)
+        body = answer.whole("".join(text), tuple(ids), reason, tokens, cached)
+        return Response(body, status_code=200)
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from pathlib import Path
 
+import httpx
 import pytest
 
 from devtools.launch import ManagedProcess, free_port, start_site
@@ -156,3 +157,13 @@ def test_without_prefix_caching_nothing_is_cached_or_reported(
         asyncio.run(run())
     finally:
         site.stop()
+
+
+def test_the_http_face_reports_cached_tokens(site: ManagedProcess, http_port: int) -> None:
+    body = {"model": "tiny", "prompt": list(range(3000, 3022)), "max_tokens": 2, "temperature": 0}
+    cached = []
+    for _ in range(2):
+        response = httpx.post(f"http://127.0.0.1:{http_port}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        cached.append(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached == [0, 5 * BLOCK]
