@@ -1,8 +1,16 @@
-"""The prefix-caching benchmark's results files: JSON, a Markdown report and a PNG of the curves."""
+"""The prefix-caching benchmark's results files: JSON, a Markdown report and a PNG of the curves.
+
+The GPU machine may lack matplotlib: the PNG is then left out, and
+`python -m bench.engine.prefix_report bench/results/engine_prefix_h100.json` writes the Markdown
+and the PNG again from the JSON, here.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,8 @@ def save(args: argparse.Namespace, name: str, payload: dict[str, Any], command: 
         path = common.write_results(name, payload, report(payload), command)
     finally:
         common.RESULTS_DIR = previous
-    plot(payload, path.with_suffix(".png"))
+    if importlib.util.find_spec("matplotlib") is not None:
+        plot(payload, path.with_suffix(".png"))
     return path
 
 
@@ -156,3 +165,19 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    """Markdown and PNG again from a results JSON (written next to it)."""
+    path = Path(argv[0])
+    payload = json.loads(path.read_text())
+    markdown = report(payload)
+    path.with_suffix(".md").write_text(
+        f"# {path.stem}\n\nCommand: `{payload['command']}`\n\nMachine: {payload['machine']}"
+        f"\n\n{markdown}\n"
+    )
+    plot(payload, path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
