@@ -8,6 +8,9 @@
                  "endpoint": "10.0.0.5:50051", "model": "tiny-llama", "capacity_weight": 1.0}]
     }
 
+A model's `share_prefix_cache` (default false) lets its sites share cached prompt blocks across
+API keys, which a common system prompt gains from, at a cost: a tenant's time to first token then
+tells whether a prefix was sent by another (gateway/completions/cache_salt.py).
 `chat_template` (a Jinja file) is optional: gateway/chat/templates.py says what is used without
 it. `predictor` (optional) is the model's own length-predictor artifact, trained on that model's
 answers; a model without one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and
@@ -59,6 +62,8 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     chat_template: str | None = None
     # The model's own length-predictor artifact (a directory); absent: the gateway's default.
     predictor: str | None = None
+    # Its sites share cached prompt blocks across API keys (gateway/completions/cache_salt.py).
+    share_prefix_cache: bool = False
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -103,6 +108,7 @@ class ModelConfig:
     tokenizer: Path
     chat_template: Path | None = None
     predictor: Path | None = None
+    share_prefix_cache: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +161,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             (base_dir / m.tokenizer).resolve(),
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
+            m.share_prefix_cache,
         )
         for m in raw.models
     )

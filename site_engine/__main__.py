@@ -53,6 +53,18 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--kv-cache-mib", type=int)
     parser.add_argument("--policy", help="fcfs, spf or static")
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        default=None,
+        help="compute every prompt from its first token (prefix caching is on by default)",
+    )
+    parser.add_argument(
+        "--host-kv-cache-gib",
+        type=float,
+        help="host memory for the prefix cache's second tier (GiB, pinned on CUDA; 0: none)",
+    )
     parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
     parser.add_argument(
@@ -99,6 +111,9 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         block_size=settings.block_size,
         kv_cache_bytes=settings.kv_cache_mib * MIB,
         policy=settings.policy,
+        prefix_caching=settings.prefix_caching,
+        model_name=settings.model_name,
+        host_kv_cache_bytes=int(settings.host_kv_cache_gib * (1 << 30)),
     )
 
 

@@ -40,6 +40,10 @@ class SiteSettings:
     # KV cache budget in MiB; 0 sizes the cache from free device memory (GPU) or a default (CPU).
     kv_cache_mib: int = 0
     policy: PolicyName = "fcfs"
+    # Automatic prefix caching (site_engine/engine/block_manager.py); --no-prefix-caching: off.
+    prefix_caching: bool = True
+    # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
+    host_kv_cache_gib: float = 0.0
     load_report_interval_ms: int = 500
     # Intra-op threads for CPU execution. Several sites often share one host in tests and demos;
     # more threads than free cores makes every step slower (measured: 38 ms vs 5 ms per token).
@@ -119,6 +123,10 @@ class SiteSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SettingsError(f"SITE_{name.upper()} must be >= 1")
+        if self.host_kv_cache_gib < 0 or (self.host_kv_cache_gib and not self.prefix_caching):
+            raise SettingsError(
+                "SITE_HOST_KV_CACHE_GIB must be >= 0, and a host tier needs prefix caching"
+            )
         if self.kv_cache_mib < 0 or self.load_report_interval_ms < 10:
             raise SettingsError(
                 "SITE_KV_CACHE_MIB must be >= 0, SITE_LOAD_REPORT_INTERVAL_MS >= 10"

@@ -21,6 +21,7 @@ from site_engine.engine.attention import (
     AttentionMetadata,
     TorchReferenceAttention,
 )
+from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.launched_step import LaunchedStep, no_pending_rows
 from site_engine.engine.model_config import eos_token_ids, max_model_len
@@ -87,12 +88,15 @@ class ModelRunner:
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
         only_largest_graphs: bool = False,
+        host_kv_slots: int = 0,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
         of up to that many tokens (and that many sequences) are captured as well, as one flat
         batch. Larger steps run eagerly. only_largest_graphs: one graph of each kind, the
-        largest (the memory trial's runner: every step runs, padded, through those two)."""
+        largest (the memory trial's runner: every step runs, padded, through those two).
+        host_kv_slots > 0 adds the prefix cache's host tier (site_engine/engine/host_kv.py),
+        whose copies each step's SchedulerOutput lists."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -111,6 +115,7 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        self.host_kv = HostKvPool(self.kv_cache, host_kv_slots) if host_kv_slots else None
         self.sampler = sampler or Sampler()
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
@@ -191,6 +196,12 @@ class ModelRunner:
         input tokens are (async scheduling); device order makes its results visible here.
         """
         self.sampler.forget(output.finished_request_ids)
+        if output.kv_copies:
+            if self.host_kv is None:
+                raise ValueError("the step lists host KV copies but the runner has no host tier")
+            self.host_kv.run(output.kv_copies, output.kv_copies_before_step)
+        elif self.host_kv is not None:
+            self.host_kv.run((), 0)  # the previous step's copies still bind this step
         if output.is_empty:
             return LaunchedStep.nothing_sampled()
         if self._flat_graphed(output.chunks):

@@ -12,10 +12,11 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.api import (
     EngineLimits,
     EngineRequest,
@@ -59,6 +60,12 @@ class EngineConfig:
     # Schedule step N+1 while step N runs. None: on for CUDA, off elsewhere (a CPU step does its
     # work before returning, so there is nothing to overlap; True still works there, for tests).
     async_scheduling: bool | None = None
+    # Automatic prefix caching (site_engine/engine/block_manager.py); block ids are seeded by
+    # `model_name`, the name the gateway routes by, so that it computes the same ids.
+    prefix_caching: bool = True
+    model_name: str = ""
+    # Bytes of host memory for the prefix cache's second tier (0: none; needs prefix_caching).
+    host_kv_cache_bytes: int = 0
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -96,6 +103,13 @@ class PagedEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self._plan = plan_kv(loaded, config)
         num_blocks = self._plan.num_blocks
+        block_bytes = self._plan.bytes_per_block
+        host_blocks = config.host_kv_cache_bytes // block_bytes
+        if config.host_kv_cache_bytes and not (config.prefix_caching and host_blocks):
+            raise ValueError(
+                f"a host KV tier of {config.host_kv_cache_bytes} bytes needs prefix caching and "
+                f"room for at least one block of {block_bytes} bytes"
+            )
         before = _device_memory(loaded.device)
         self._runner = ModelRunner(
             loaded.model,
@@ -105,6 +119,7 @@ class PagedEngine:
             dtype=loaded.dtype,
             cuda_graph_max_batch=config.max_num_seqs if config.cuda_graphs else 0,
             cuda_graph_max_tokens=config.max_num_batched_tokens if config.cuda_graphs else 0,
+            host_kv_slots=host_blocks,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(
@@ -115,6 +130,9 @@ class PagedEngine:
                 max_model_len=loaded.max_model_len,
                 policy=config.policy,
                 eos_token_ids=loaded.eos_token_ids,
+                prefix_caching=config.prefix_caching,
+                model_name=config.model_name,
+                host_kv_blocks=host_blocks,
             )
         )
         self._limits = EngineLimits(
@@ -123,6 +141,9 @@ class PagedEngine:
             kv_blocks_total=num_blocks,
             max_num_seqs=config.max_num_seqs,
             name=f"paged-{config.policy}",
+            prefix_caching=config.prefix_caching,
+            host_kv_blocks=host_blocks,
+            kv_block_bytes=block_bytes,
         )
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
@@ -148,8 +169,17 @@ class PagedEngine:
     @property
     def startup_report(self) -> str:
         """One line: the KV cache (blocks, tokens, GiB, full-length sequences that fit), the
-        graphs and their memory, and where the device's memory went."""
-        return startup_report(self._plan, self._graphs_note)
+        graphs and their memory, where the device's memory went, and the prefix cache."""
+        limits = self._limits
+        if not limits.prefix_caching:
+            cache = "prefix caching off"
+        elif limits.host_kv_blocks:
+            host_gib = limits.host_kv_blocks * limits.kv_block_bytes / (1 << 30)
+            blocks = limits.host_kv_blocks
+            cache = f"prefix caching on, host tier {blocks:,} blocks ({host_gib:.2f} GiB)"
+        else:
+            cache = "prefix caching on, no host tier"
+        return f"{startup_report(self._plan, self._graphs_note)}; {cache}"
 
     def close(self) -> None:
         """Frees the KV cache and the CUDA graphs now, so that another engine in this process
@@ -179,6 +209,7 @@ class PagedEngine:
                 request.prompt_token_ids,
                 request.sampling,
                 request.predicted_tokens,
+                request.cache_salt,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -197,20 +228,53 @@ class PagedEngine:
         (synchronous), or the one launched by the previous call (async scheduling)."""
         if self._closed:
             raise RuntimeError("the engine was closed")
-        scheduled = self._scheduler.schedule()
-        previous = self._in_flight
-        launched = self._runner.launch(scheduled, previous[1] if previous else None)
-        self._in_flight = (scheduled, launched)
-        outputs = self._apply(*previous) if previous is not None else []
-        if not self._async or scheduled.is_empty:
-            # An empty step has nothing to overlap with; applying it now lets the loop end.
-            outputs += self._apply(scheduled, launched)
-            self._in_flight = None
+        try:
+            scheduled = self._scheduler.schedule()
+            previous = self._in_flight
+            launched = self._runner.launch(scheduled, previous[1] if previous else None)
+            self._in_flight = (scheduled, launched)
+            outputs = self._apply(*previous) if previous is not None else []
+            if not self._async or scheduled.is_empty:
+                # An empty step has nothing to overlap with; applying it now lets the loop end.
+                outputs += self._apply(scheduled, launched)
+                self._in_flight = None
+        except Exception:
+            # A failed step may have left cached blocks half written: none may be shared again.
+            self._scheduler.clear_prefix_cache()
+            raise
         return outputs
 
     def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
         updates = self._scheduler.update(scheduled, launched.result())
-        return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
+        return [
+            RequestOutput(u.request_id, u.new_token_ids, u.finish_reason, u.cached_prompt_tokens)
+            for u in updates
+        ]
+
+    def restart_scheduler(self, *, prefix_caching: bool, host_tier: bool) -> None:
+        """An idle engine starts over with an empty scheduler and cache index on the same runner
+        (its CUDA graphs stay captured): a benchmark's arms with caching off, on, and with the
+        host tier (if the runner has one) compare on one warmed-up engine."""
+        if self.has_unfinished():
+            raise RuntimeError("restart_scheduler needs an idle engine")
+        host_blocks = self._runner.host_kv.num_slots if host_tier and self._runner.host_kv else 0
+        if host_tier and not host_blocks:
+            raise ValueError("this engine was built without a host KV tier")
+        config = replace(
+            self._scheduler.config,
+            prefix_caching=prefix_caching,
+            host_kv_blocks=host_blocks if prefix_caching else 0,
+        )
+        self._scheduler = Scheduler(config)
+        self._limits = replace(
+            self._limits, prefix_caching=prefix_caching, host_kv_blocks=config.host_kv_blocks
+        )
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        return self._scheduler.take_cache_events()
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        return self._scheduler.cache_snapshot()
 
     def queue_lengths(self) -> tuple[int, int]:
         """(waiting, running) requests, cheap enough to read after every step."""
@@ -231,6 +295,13 @@ class PagedEngine:
             kv_blocks_total=stats.kv_blocks_total,
             iterations=stats.iterations,
             num_preemptions=stats.num_preemptions,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_host_hits=stats.prefix_cache_host_hits,
+            prompt_tokens_computed=stats.prompt_tokens_computed,
+            kv_blocks_cached=stats.kv_blocks_cached,
+            host_kv_bytes_offloaded=stats.host_kv_blocks_offloaded * self._limits.kv_block_bytes,
+            host_kv_bytes_onloaded=stats.host_kv_blocks_onloaded * self._limits.kv_block_bytes,
         )
 
 
@@ -249,4 +320,5 @@ def _as_request(seq: Sequence) -> EngineRequest:
         prompt_token_ids=seq.prompt_token_ids,
         sampling=seq.sampling,
         predicted_tokens=seq.predicted_tokens,
+        cache_salt=seq.cache_salt,
     )
