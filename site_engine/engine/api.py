@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
 
 
 class RequestRejected(ValueError):
@@ -23,6 +23,8 @@ class EngineRequest:
     sampling: SamplingParams
     # The gateway's response-length prediction in tokens, if it made one.
     predicted_tokens: int | None = None
+    # False for one choice of a request with several (they are never released for offload).
+    releasable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,8 @@ class RequestOutput:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    # The sampled token's log probability, when the request asked for logprobs.
+    logprobs: TokenLogprob | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
 from site_engine.engine.sequence import Sequence
+from site_engine.engine.structured_output import GrammarCompiler, UnenforceableConstraint
 from site_engine.engine.types import FinishReason, SchedulerOutput
 from site_engine.model_loading import LoadedModel
 
@@ -128,6 +129,8 @@ class PagedEngine:
             max_num_seqs=config.max_num_seqs,
             name=f"paged-{config.policy}",
         )
+        self._loaded = loaded
+        self._grammars: GrammarCompiler | None = None
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
@@ -140,13 +143,29 @@ class PagedEngine:
     def runner(self) -> ModelRunner:
         return self._runner
 
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of constrained requests' grammars, built on first use (it reads the
+        whole vocabulary once, ~1.5 s for SmolLM2's); a site warms it at start-up."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self._loaded.tokenizer, self._runner.vocab_size, self._loaded.eos_token_ids
+            )
+        return self._grammars
+
     def add_request(self, request: EngineRequest) -> None:
+        constraint = request.sampling.constraint
+        try:
+            guide = self.grammars().guide(constraint) if constraint is not None else None
+        except UnenforceableConstraint as exc:
+            raise RequestRejected(f"the answer's constraint cannot be enforced: {exc}") from exc
         try:
             self._scheduler.add(
                 request.request_id,
                 request.prompt_token_ids,
                 request.sampling,
                 request.predicted_tokens,
+                guide=guide,
+                releasable=request.releasable,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -165,9 +184,18 @@ class PagedEngine:
         (synchronous), or the one launched by the previous call (async scheduling)."""
         scheduled = self._scheduler.schedule()
         previous = self._in_flight
-        launched = self._runner.launch(scheduled, previous[1] if previous else None)
+        step = self._runner.launch_logits(scheduled, previous[1] if previous else None)
+        outputs: list[RequestOutput] = []
+        if previous is not None and step.reads_host_state:
+            # Constrained or penalized rows sample from what the previous step's tokens make of
+            # their grammar and history: that step is applied first, while the device runs this
+            # step's model. Steps without such rows never wait here (see _apply's docstring).
+            outputs = self._apply(*previous)
+            previous = None
+        launched = self._runner.sample(step)
         self._in_flight = (scheduled, launched)
-        outputs = self._apply(*previous) if previous is not None else []
+        if previous is not None:
+            outputs = self._apply(*previous)
         if not self._async or scheduled.is_empty:
             # An empty step has nothing to overlap with; applying it now lets the loop end.
             outputs += self._apply(scheduled, launched)
@@ -175,8 +203,26 @@ class PagedEngine:
         return outputs
 
     def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
-        updates = self._scheduler.update(scheduled, launched.result())
-        return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
+        """Applies a step's tokens (the scheduler's update advances grammars and histories).
+
+        With async scheduling a step N+1 with constrained or penalized rows needs step N's
+        tokens on the host before it samples: its model work is queued first, then N is
+        applied (the host waits for N's tokens while the device runs N+1's forward), then
+        N+1's masks are computed and its sampling queued. The device idles only for the mask
+        computation (microseconds per row, bench/results/grammar_engines.md) and only in steps
+        that hold such rows; steps without them overlap fully, as before.
+        """
+        result = launched.result()
+        updates = self._scheduler.update(scheduled, result)
+        return [
+            RequestOutput(
+                u.request_id,
+                u.new_token_ids,
+                u.finish_reason,
+                result.logprobs.get(u.request_id),
+            )
+            for u in updates
+        ]
 
     def queue_lengths(self) -> tuple[int, int]:
         """(waiting, running) requests, cheap enough to read after every step."""

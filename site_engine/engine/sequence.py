@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from site_engine.engine.types import PENDING_TOKEN, FinishReason, SamplingParams
+from site_engine.engine.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -43,6 +43,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     ever_scheduled: bool = False
+    # The grammar its answer must follow (constrained decoding), advanced token by token.
+    guide: Guide | None = None
+    # False for one choice of a request with several: offload never splits such a request.
+    releasable: bool = True
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
