@@ -31,6 +31,7 @@ continuations across sites of both kinds count the same tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ _ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 SiteKind = Literal["grpc", "openai"]
 MetricsDialect = Literal["vllm", "sglang", "tgi", "none"]
+StructuredDialect = Literal["vllm", "sglang", "none"]
 _DNS_NAME = Annotated[
     str, msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
 ]
@@ -52,6 +54,15 @@ class FederationConfigError(ValueError):
     """The federation file is unreadable or inconsistent; the message says where."""
 
 
+class ToolCallFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a model writes a tool call: each call a JSON object {"name", "arguments"} between
+    `begin` and `end`. The default is Hermes' (NousResearch), which Qwen2.5 and many fine-tunes
+    use and small instruct models follow when their system prompt shows it."""
+
+    begin: Annotated[str, msgspec.Meta(min_length=1)] = "<tool_call>\n"
+    end: Annotated[str, msgspec.Meta(min_length=1)] = "\n</tool_call>"
+
+
 class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     name: _NAME
     tokenizer: str
@@ -59,6 +70,8 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     chat_template: str | None = None
     # The model's own length-predictor artifact (a directory); absent: the gateway's default.
     predictor: str | None = None
+    # How the model writes tool calls; absent: Hermes-style JSON in <tool_call> tags.
+    tool_call_format: ToolCallFormat | None = None
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -90,6 +103,7 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     # Ask for the answer's token ids (vLLM's `return_token_ids`, our engine's HTTP face) so a
     # continuation elsewhere resumes from the exact tokens; off: the text is re-tokenized.
     request_token_ids: bool = True
+    structured_outputs: StructuredDialect = "vllm"
 
 
 class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -103,6 +117,7 @@ class ModelConfig:
     tokenizer: Path
     chat_template: Path | None = None
     predictor: Path | None = None
+    tool_call_format: ToolCallFormat = dataclasses.field(default_factory=ToolCallFormat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,10 @@ class OpenAISiteConfig:
     max_num_seqs: int | None = None
     kv_capacity_tokens: int | None = None
     request_token_ids: bool = True
+    # How the engine takes a JSON schema on /v1/completions: "vllm" (structured_outputs,
+    # vLLM >= 0.10.2 and this project's own HTTP face), "sglang" (json_schema), or "none"
+    # (constrained requests are not sent to it).
+    structured_outputs: StructuredDialect = "vllm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +174,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             (base_dir / m.tokenizer).resolve(),
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
+            m.tool_call_format or ToolCallFormat(),
         )
         for m in raw.models
     )
@@ -216,6 +236,7 @@ def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
         max_num_seqs=entry.max_num_seqs,
         kv_capacity_tokens=entry.kv_capacity_tokens,
         request_token_ids=entry.request_token_ids,
+        structured_outputs=entry.structured_outputs,
     )
 
 

@@ -41,6 +41,10 @@ class PreparedCompletion:
     predicted_bucket: int | None = None
     api: Api = "completions"
     unpredicted: UnpredictedPlan = "max_tokens"
+    # /v1/completions with echo: the prompt text, put before each choice's answer.
+    echo: str | None = None
+    # Chat with tools: how the model writes tool calls (its answer is parsed into tool_calls).
+    tool_calls: ToolCallParsing | None = None
 
     @property
     def routing(self) -> RoutingRequest:
@@ -49,11 +53,25 @@ class PreparedCompletion:
     def routing_for(self, params: GenerateParams) -> RoutingRequest:
         """What routing weighs for these params (a continuation's prompt holds the answer so
         far, its max_tokens what is left)."""
+        # n choices share the prompt (the site's prefix cache) and each writes its own answer:
+        # routing plans n answers.
+        n = params.n
+        predicted = params.predicted_tokens
         return RoutingRequest(
             model=self.model,
             prompt_tokens=len(params.prompt_token_ids),
-            max_tokens=params.max_tokens,
-            predicted_tokens=params.predicted_tokens,
+            max_tokens=params.max_tokens * n,
+            predicted_tokens=predicted * n if predicted is not None else None,
             predicted_bucket=self.predicted_bucket,
             unpredicted=self.unpredicted,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallParsing:
+    """What it takes to find tool calls in an answer: the model's tags around each call, and
+    the functions the request offered (a call naming another is left as text)."""
+
+    begin: str
+    end: str
+    names: frozenset[str]

@@ -94,10 +94,10 @@ def batch(*items: dict[str, object], **extra: object) -> dict[str, object]:
             "requests[1] (custom_id 'b'): max_tokens must be at least 1",
         ),
         (
-            batch(GOOD, {**GOOD, "custom_id": "b", "n": 2}),
+            batch(GOOD, {**GOOD, "custom_id": "b", "n": 99}),
             400,
             "requests[1].n",
-            "'n' is not supported",
+            "n must be between 1 and 8",
         ),
         (
             batch({**GOOD, "stop": ["1", "2", "3", "4", "5"]}),
@@ -126,7 +126,7 @@ def batch(*items: dict[str, object], **extra: object) -> dict[str, object]:
         "too large",
         "duplicate custom_id",
         "max_tokens",
-        "unsupported n",
+        "n beyond the bound",
         "stop",
         "empty prompt",
         "token id out of range",
