@@ -25,13 +25,13 @@ def checked(spec: ConstraintSpec, param: str, what: str) -> ConstraintSpec:
     try:
         grammar(spec)
     except UnenforceableConstraint as exc:
-        raise invalid_request(f"{what} cannot be enforced: {exc}", param=param) from exc
+        raise invalid_request(f"{param}: {what} cannot be enforced: {exc}", param=param) from exc
     return spec
 
 
 def schema_text(schema: object, param: str) -> str:
     if not isinstance(schema, dict):
-        raise invalid_request("a JSON schema is a JSON object", param=param)
+        raise invalid_request(f"{param}: a JSON schema is a JSON object", param=param)
     return json.dumps(schema, sort_keys=True)
 
 

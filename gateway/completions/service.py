@@ -365,7 +365,7 @@ class CompletionService:
             )
         if admission is not None:
             routing = prepared.routing
-            most = routing.prompt_tokens + routing.max_tokens
+            most = routing.prompt_tokens + routing.max_tokens * routing.n
             # ignore_eos answers run to max_tokens whatever was predicted: charged as such.
             charged = most if prepared.params.ignore_eos else routing.total_tokens
             await admission.charge(charged, most)

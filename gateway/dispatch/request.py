@@ -53,17 +53,14 @@ class PreparedCompletion:
     def routing_for(self, params: GenerateParams) -> RoutingRequest:
         """What routing weighs for these params (a continuation's prompt holds the answer so
         far, its max_tokens what is left)."""
-        # n choices share the prompt (the site's prefix cache) and each writes its own answer:
-        # routing plans n answers.
-        n = params.n
-        predicted = params.predicted_tokens
         return RoutingRequest(
             model=self.model,
             prompt_tokens=len(params.prompt_token_ids),
-            max_tokens=params.max_tokens * n,
-            predicted_tokens=predicted * n if predicted is not None else None,
+            max_tokens=params.max_tokens,
+            predicted_tokens=params.predicted_tokens,
             predicted_bucket=self.predicted_bucket,
             unpredicted=self.unpredicted,
+            n=params.n,
         )
 
 

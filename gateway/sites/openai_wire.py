@@ -160,6 +160,14 @@ def parse_event(data: str) -> StreamEvent:
     )
 
 
+def _token(text: str) -> tuple[int | None, str | None]:
+    """An alternative as (id, text): vLLM writes "token_id:<id>" with return_tokens_as_token_ids
+    (and our engine's face always does)."""
+    if text.startswith("token_id:") and text[9:].isdigit():
+        return int(text[9:]), None
+    return None, text
+
+
 def _logprobs(value: object) -> tuple[TokenLogprob, ...]:
     """A completion choice's logprobs ({"token_logprobs": [...], "top_logprobs": [{text:
     logprob}]}) as the interface's values (alternatives known by their text)."""
@@ -172,7 +180,7 @@ def _logprobs(value: object) -> tuple[TokenLogprob, ...]:
     out = []
     for i, logprob in enumerate(chosen):
         top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
-        alternatives = tuple((None, str(t), float(lp)) for t, lp in top.items())
+        alternatives = tuple((*_token(str(t)), float(lp)) for t, lp in top.items())
         out.append(TokenLogprob(float(logprob or 0.0), alternatives))
     return tuple(out)
 
