@@ -5,8 +5,11 @@ parameter schemas. The grammar-engine comparison and the structured-output bench
 
 from __future__ import annotations
 
+import json
+import sys
 from datetime import date
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -145,3 +148,13 @@ def edge_schemas() -> dict[str, dict[str, Any]]:
                       "format": "date-time"}}, "required": ["at"]},
         "contains": {"type": "array", "contains": {"const": 3}, "items": {"type": "integer"}},
     }  # fmt: skip
+
+
+# The schemas as JSON, for machines without pydantic (the GPU machine's image has none):
+# `python -m bench.structured.schemas` rewrites it; a unit test keeps it in step.
+SCHEMAS_FILE = Path(__file__).with_name("client_schemas.json")
+
+
+if __name__ == "__main__":
+    SCHEMAS_FILE.write_text(json.dumps(realistic_schemas(), indent=1, sort_keys=True) + "\n")
+    sys.stdout.write(f"wrote {SCHEMAS_FILE}\n")
