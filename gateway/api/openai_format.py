@@ -38,6 +38,8 @@ __all__ = [
     "collect_chat_completion",
     "collect_completion",
     "completion_events",
+    "merged_completion",
+    "prompt_list_events",
 ]
 
 
@@ -93,6 +95,48 @@ async def completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
             yield _event(_chunk(prepared, [], usage(dispatch)))
     except (OpenAIError, GatewayError) as exc:
         yield _event(error_envelope(exc))
+    yield b"data: [DONE]\n\n"
+
+
+def merged_completion(answers: list[Completion], n: int) -> Completion:
+    """One completion of a list of prompts' answers: choices numbered prompt * n + choice,
+    usage summed (OpenAI's shape for a list prompt)."""
+    choices = [
+        msgspec.structs.replace(choice, index=i * n + choice.index)
+        for i, answer in enumerate(answers)
+        for choice in answer.choices
+    ]
+    prompt = sum(a.usage.prompt_tokens for a in answers if a.usage is not None)
+    completion = sum(a.usage.completion_tokens for a in answers if a.usage is not None)
+    first = answers[0]
+    return Completion(
+        first.id, first.object, first.created, first.model, choices,
+        Usage(prompt, completion, prompt + completion),
+    )  # fmt: skip
+
+
+async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]:
+    """The SSE stream of a list of prompts: each prompt's chunks in turn (under the first
+    request's id, choices renumbered prompt * n + choice), one usage chunk for all, [DONE]."""
+    first = dispatches[0].prepared
+    n = first.params.n
+    try:
+        for number, dispatch in enumerate(dispatches):
+            state = _CompletionStream()
+            async for chunk in dispatch.events():
+                choice = state.choice(dispatch, chunk)
+                choice.index = number * n + choice.index
+                yield _event(_chunk(first, [choice]))
+        if first.include_usage:
+            totals = [usage(dispatch) for dispatch in dispatches]
+            prompt = sum(u.prompt_tokens for u in totals)
+            completion = sum(u.completion_tokens for u in totals)
+            yield _event(_chunk(first, [], Usage(prompt, completion, prompt + completion)))
+    except (OpenAIError, GatewayError) as exc:
+        yield _event(error_envelope(exc))
+    finally:
+        for dispatch in dispatches:  # prompts not reached (client gone): their slots back
+            dispatch.abandon()
     yield b"data: [DONE]\n\n"
 
 

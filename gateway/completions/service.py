@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from gateway.completions.overload import InFlightBound
 from gateway.completions.request import CompletionRequest
 from gateway.completions.sampling_options import (
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4
 # Stop strings are matched after every token; the site refuses longer ones (MAX_STOP_CHARS there).
 MAX_STOP_CHARS = 1024
+# Prompts of one /v1/completions request (a list): each is a request of its own at the sites.
+MAX_PROMPTS = 64
 _ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
 # The request parameter behind each site capability, for the 400 of a request no site can do.
 _CAPABILITY_PARAM = {
@@ -211,6 +215,17 @@ class CompletionService:
         delivery = Delivery(stream=req.stream, include_usage=include_usage, user=req.user)
         prepared = self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
         return replace(prepared, echo=prompt_text if req.echo else None)
+
+    def prepare_prompts(self, req: CompletionRequest) -> list[PreparedCompletion]:
+        """A request with a list of prompts as one prepared request per prompt (OpenAI answers
+        them as one completion whose choices run prompt by prompt); a single prompt as one."""
+        prompt = req.prompt
+        several = isinstance(prompt, list) and len(prompt) > 1
+        if not several or any(isinstance(item, int) for item in prompt):
+            return [self.prepare(req)]
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid_request(f"a request takes at most {MAX_PROMPTS} prompts", param="prompt")
+        return [self.prepare(msgspec.structs.replace(req, prompt=[one])) for one in prompt]
 
     def prepare_tokens(
         self,
