@@ -382,6 +382,16 @@ class Dispatch:
             generated_before=kept,
         )
         next_site = await self._site_to_continue_on(params)
+        if (
+            next_site is not None
+            and base.constraint is not None
+            and "continue_constraint" not in next_site.client.capabilities
+        ):
+            # Its grammar would start over on the answer's second half: never a loose answer.
+            raise upstream_failed(
+                f"{failure} mid-stream, and site {next_site.name} cannot continue a "
+                f"constrained answer (request {self.prepared.request_id})"
+            )
         if next_site is None:
             raise service_unavailable(
                 f"{failure} mid-stream, and no other site can continue request "

@@ -16,11 +16,29 @@ from typing import Literal, Protocol
 from fedllm_contract.grammar import ConstraintSpec
 
 # What a request may need of its site beyond plain generation; a site says which it has.
+# "continue_constraint": it continues a constrained answer from the tokens produced elsewhere
+# (its grammar goes on from them: generated_before).
 Capability = Literal[
-    "n", "logprobs", "penalties", "logit_bias", "json_schema", "json_object", "tagged_json"
+    "n",
+    "logprobs",
+    "penalties",
+    "logit_bias",
+    "json_schema",
+    "json_object",
+    "tagged_json",
+    "continue_constraint",
 ]
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(
-    ("n", "logprobs", "penalties", "logit_bias", "json_schema", "json_object", "tagged_json")
+    (
+        "n",
+        "logprobs",
+        "penalties",
+        "logit_bias",
+        "json_schema",
+        "json_object",
+        "tagged_json",
+        "continue_constraint",
+    )
 )
 
 

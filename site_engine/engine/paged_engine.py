@@ -158,6 +158,12 @@ class PagedEngine:
             guide = self.grammars().guide(constraint) if constraint is not None else None
         except UnenforceableConstraint as exc:
             raise RequestRejected(f"the answer's constraint cannot be enforced: {exc}") from exc
+        before = request.sampling.generated_before
+        if guide is not None and before:
+            # A continuation: the answer so far ends the prompt; its grammar goes on from there.
+            earlier = request.prompt_token_ids[-before:]
+            if before > len(request.prompt_token_ids) or not all(map(guide.consume, earlier)):
+                raise RequestRejected("the answer so far does not follow its constraint")
         try:
             self._scheduler.add(
                 request.request_id,

@@ -6,6 +6,7 @@ constrained requests share their batch, with synchronous and with async (overlap
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import jsonschema_rs
 import pytest
@@ -130,3 +131,23 @@ def test_tool_calls_in_tags_follow_their_schema(loaded: LoadedModel) -> None:
     body = json.loads(answer.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
     assert body["name"] == "get_weather"
     assert isinstance(body["arguments"]["city"], str)
+
+
+def test_a_continued_constrained_answer_goes_on_where_it_stopped(loaded: LoadedModel) -> None:
+    """A site that continues an answer begun elsewhere (prompt + the answer so far,
+    generated_before) carries its grammar on from there: greedy, the two halves are the
+    uninterrupted answer; an answer so far that breaks the grammar is refused."""
+    spec = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
+    whole = run(engine(loaded, False), [constrained(loaded, "whole", spec)])["whole"]
+    prompt = chat_ids(loaded, JSON_PROMPT)
+    kept = whole[:7]
+    sampling = SamplingParams(
+        max_tokens=60 - len(kept), temperature=0.0, constraint=spec, generated_before=len(kept)
+    )
+    rest = run(engine(loaded, False), [EngineRequest("rest", prompt + tuple(kept), sampling)])
+    assert kept + rest["rest"] == whole
+    broken = prompt + tuple(loaded.tokenizer.encode("nope", add_special_tokens=False))
+    with pytest.raises(RequestRejected, match="does not follow its constraint"):
+        engine(loaded, False).add_request(
+            EngineRequest("bad", broken, replace(sampling, generated_before=2))
+        )
