@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from fedllm_contract.grammar import ConstraintSpec
 
@@ -28,18 +28,7 @@ Capability = Literal[
     "tagged_json",
     "continue_constraint",
 ]
-ALL_CAPABILITIES: frozenset[Capability] = frozenset(
-    (
-        "n",
-        "logprobs",
-        "penalties",
-        "logit_bias",
-        "json_schema",
-        "json_object",
-        "tagged_json",
-        "continue_constraint",
-    )
-)
+ALL_CAPABILITIES: frozenset[Capability] = frozenset(get_args(Capability))
 
 
 class SiteCallError(Exception):
