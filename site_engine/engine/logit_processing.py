@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from site_engine.engine.structured_output import fill_masks
 from site_engine.engine.types import ScheduledChunk
 
 _BITS = 32
@@ -87,14 +88,9 @@ def grammar_masks(chunks: Sequence[ScheduledChunk], vocab: int) -> tuple[list[in
     filled by each row's guide on the host. A guide whose answer is complete allows every
     token: its row's token is never used (the scheduler finished it)."""
     rows = [row for row, chunk in enumerate(chunks) if chunk.guide is not None]
-    words = np.full((len(rows), mask_words(vocab)), -1, dtype=np.int32)
-    for out, row in enumerate(rows):
-        guide = chunks[row].guide
-        assert guide is not None
-        if not guide.is_finished():
-            guide.fill_mask(words[out])
-            if not words[out].any():  # a guide in error: the scheduler fails its request
-                words[out] = -1
+    words = np.empty((len(rows), mask_words(vocab)), dtype=np.int32)
+    guides = [chunks[row].guide for row in rows]
+    fill_masks([guide for guide in guides if guide is not None], words)
     return rows, words
 
 

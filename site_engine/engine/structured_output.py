@@ -13,14 +13,17 @@ Imports no torch: the masks are written into int32 buffers the sampler owns.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import llguidance
 import llguidance.hf
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract.grammar import ConstraintSpec, UnenforceableConstraint, grammar
+from site_engine.engine.types import Guide
 
-__all__ = ["GrammarCompiler", "LlgGuide", "UnenforceableConstraint"]
+__all__ = ["GrammarCompiler", "LlgGuide", "UnenforceableConstraint", "fill_masks"]
 
 DEFAULT_CACHE_SIZE = 256
 
@@ -45,8 +48,38 @@ class LlgGuide:
         return bool(self._matcher.is_stopped())
 
     @property
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._matcher
+
+    @property
     def error(self) -> str:
         return str(self._matcher.get_error())
+
+
+_executor: llguidance.LLExecutor | None = None
+
+
+def fill_masks(guides: Sequence[Guide], words: np.ndarray) -> None:
+    """Writes row i of `words` ([len(guides), ceil(vocab / 32)] int32) with guides[i]'s mask
+    of allowed next tokens. llguidance's guides are computed together on its thread pool (the
+    host's share of a constrained step: one call, not a Python loop of them); a guide whose
+    answer is complete, or in error, allows every token (its row's token is never used: the
+    scheduler ended or fails it)."""
+    global _executor
+    words.fill(-1)
+    batch: list[tuple[llguidance.LLMatcher, int]] = []
+    for row, guide in enumerate(guides):
+        if guide.is_finished():
+            continue
+        if isinstance(guide, LlgGuide):
+            batch.append((guide.matcher, row))
+        else:
+            guide.fill_mask(words[row])
+    if batch:
+        if _executor is None:
+            _executor = llguidance.LLExecutor()
+        _executor.unsafe_compute_mask_ptr(batch, words.ctypes.data, words.shape[1] * 4, len(words))
+    words[~words.any(axis=1)] = -1
 
 
 class GrammarCompiler:
