@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import llguidance
-
 if TYPE_CHECKING:  # a TypedDict of the stubs only
     from llguidance._lib import JsonCompileOptions
 
@@ -74,6 +72,10 @@ def _tagged_lark(spec: ConstraintSpec) -> str:
 def grammar(spec: ConstraintSpec) -> str:
     """The llguidance grammar of a constraint; UnenforceableConstraint if it is not one the
     engine can enforce (checked without a tokenizer: the same verdict at the gateway)."""
+    # Imported here: the engine's modules import this one, and a machine that never serves a
+    # constrained request (a GPU benchmark of plain decoding) need not have llguidance.
+    import llguidance
+
     if spec.kind == "json_object":
         text = llguidance.LLMatcher.grammar_from_json_schema(ANY_OBJECT, JSON_OPTIONS)
     elif spec.kind == "json_schema":

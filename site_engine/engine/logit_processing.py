@@ -15,7 +15,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from site_engine.engine.structured_output import fill_masks
 from site_engine.engine.types import ScheduledChunk
 
 _BITS = 32
@@ -87,6 +86,8 @@ def grammar_masks(chunks: Sequence[ScheduledChunk], vocab: int) -> tuple[list[in
     """The rows with a grammar and their masks ([G, words] int32, bit t = token t allowed),
     filled by each row's guide on the host. A guide whose answer is complete allows every
     token: its row's token is never used (the scheduler finished it)."""
+    from site_engine.engine.structured_output import fill_masks  # only with constrained rows
+
     rows = [row for row, chunk in enumerate(chunks) if chunk.guide is not None]
     words = np.empty((len(rows), mask_words(vocab)), dtype=np.int32)
     guides = [chunks[row].guide for row in rows]
@@ -96,10 +97,10 @@ def grammar_masks(chunks: Sequence[ScheduledChunk], vocab: int) -> tuple[list[in
 
 def apply_grammar_masks(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
     """Sets the logits of every token a row's grammar forbids to -inf, in place."""
+    if all(chunk.guide is None for chunk in chunks):
+        return
     vocab = logits.shape[1]
     rows, words = grammar_masks(chunks, vocab)
-    if not rows:
-        return
     device = logits.device
     packed = torch.from_numpy(words)
     if device.type == "cuda":

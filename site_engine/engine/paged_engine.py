@@ -13,9 +13,11 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from fedllm_contract.grammar import UnenforceableConstraint
 from site_engine.engine.api import (
     EngineLimits,
     EngineRequest,
@@ -29,8 +31,10 @@ from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
 from site_engine.engine.sequence import Sequence
-from site_engine.engine.structured_output import GrammarCompiler, UnenforceableConstraint
 from site_engine.engine.types import FinishReason, SchedulerOutput
+
+if TYPE_CHECKING:
+    from site_engine.engine.structured_output import GrammarCompiler
 from site_engine.model_loading import LoadedModel
 
 MIB = 1 << 20
@@ -147,6 +151,9 @@ class PagedEngine:
         """The compiler of constrained requests' grammars, built on first use (it reads the
         whole vocabulary once, ~1.5 s for SmolLM2's); a site warms it at start-up."""
         if self._grammars is None:
+            # Imported on first use: llguidance is needed only where constraints are served.
+            from site_engine.engine.structured_output import GrammarCompiler
+
             self._grammars = GrammarCompiler(
                 self._loaded.tokenizer, self._runner.vocab_size, self._loaded.eos_token_ids
             )
