@@ -197,6 +197,16 @@ def _measure(
     return result
 
 
+def _stored(result: SchemaResult) -> dict[str, Any]:
+    """A schema's result as the JSON file keeps it: mask times summarised, not every step."""
+    stored = asdict(result)
+    times = stored.pop("mask_us")
+    stored["mask_steps"] = len(times)
+    stored["mask_us_median"] = statistics.median(times) if times else None
+    stored["mask_us_p99"] = float(np.percentile(times, 99)) if times else None
+    return stored
+
+
 def _summary(results: list[SchemaResult]) -> dict[str, Any]:
     taken = [r for r in results if r.taken]
     masks = [t for r in taken for t in r.mask_us]
@@ -251,7 +261,7 @@ def _markdown(report: dict[str, Any]) -> str:
             if not r["taken"]:
                 cells.append("refused")
                 continue
-            mask = statistics.median(r["mask_us"]) if r["mask_us"] else 0.0
+            mask = r["mask_us_median"] or 0.0
             cells.append(f"{r['compile_ms']:.1f} ms, {mask:.0f} us, {r['invalid']}/{r['finished']}")
         lines.append(f"| {schema} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -277,7 +287,7 @@ def main() -> None:
             _measure(engine, schema_name, schema, tokenizer, closers, args.walks)
             for schema_name, schema in schemas.items()
         ]
-        engines[name] = {"summary": _summary(results), "results": [asdict(r) for r in results]}
+        engines[name] = {"summary": _summary(results), "results": [_stored(r) for r in results]}
         print(name, json.dumps(engines[name]["summary"], indent=1))
     report = {
         "command": f"python -m bench.structured.grammar_engines --tokenizer {args.tokenizer} "
