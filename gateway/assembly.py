@@ -174,7 +174,8 @@ class GatewayAssembly:
             request_timeout_s=settings.limits.request_timeout_s,
         )
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
-        chat = ChatService(chat_templates, tokenizers, completions)
+        tool_formats = {model.name: model.tool_call_format for model in federation.models}
+        chat = ChatService(chat_templates, tokenizers, completions, tool_formats)
         files = FileService(settings, FileStore(sessions), tokenize_pool)
         batches = BatchService.build(
             settings,

@@ -34,6 +34,7 @@ continuations across sites of both kinds count the same tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ _ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 SiteKind = Literal["grpc", "openai"]
 MetricsDialect = Literal["vllm", "sglang", "tgi", "none"]
+StructuredDialect = Literal["vllm", "sglang", "none"]
 _DNS_NAME = Annotated[
     str, msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
 ]
@@ -53,6 +55,15 @@ _DNS_NAME = Annotated[
 
 class FederationConfigError(ValueError):
     """The federation file is unreadable or inconsistent; the message says where."""
+
+
+class ToolCallFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a model writes a tool call: each call a JSON object {"name", "arguments"} between
+    `begin` and `end`. The default is Hermes' (NousResearch), which Qwen2.5 and many fine-tunes
+    use and small instruct models follow when their system prompt shows it."""
+
+    begin: Annotated[str, msgspec.Meta(min_length=1)] = "<tool_call>\n"
+    end: Annotated[str, msgspec.Meta(min_length=1)] = "\n</tool_call>"
 
 
 class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -64,6 +75,8 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     predictor: str | None = None
     # Its sites share cached prompt blocks across API keys (gateway/completions/cache_salt.py).
     share_prefix_cache: bool = False
+    # How the model writes tool calls; absent: Hermes-style JSON in <tool_call> tags.
+    tool_call_format: ToolCallFormat | None = None
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -95,6 +108,7 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     # Ask for the answer's token ids (vLLM's `return_token_ids`, our engine's HTTP face) so a
     # continuation elsewhere resumes from the exact tokens; off: the text is re-tokenized.
     request_token_ids: bool = True
+    structured_outputs: StructuredDialect = "vllm"
 
 
 class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -109,6 +123,7 @@ class ModelConfig:
     chat_template: Path | None = None
     predictor: Path | None = None
     share_prefix_cache: bool = False
+    tool_call_format: ToolCallFormat = dataclasses.field(default_factory=ToolCallFormat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +140,10 @@ class OpenAISiteConfig:
     max_num_seqs: int | None = None
     kv_capacity_tokens: int | None = None
     request_token_ids: bool = True
+    # How the engine takes a JSON schema on /v1/completions: "vllm" (structured_outputs,
+    # vLLM >= 0.10.2 and this project's own HTTP face), "sglang" (json_schema), or "none"
+    # (constrained requests are not sent to it).
+    structured_outputs: StructuredDialect = "vllm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +181,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
             m.share_prefix_cache,
+            m.tool_call_format or ToolCallFormat(),
         )
         for m in raw.models
     )
@@ -223,6 +243,7 @@ def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
         max_num_seqs=entry.max_num_seqs,
         kv_capacity_tokens=entry.kv_capacity_tokens,
         request_token_ids=entry.request_token_ids,
+        structured_outputs=entry.structured_outputs,
     )
 
 

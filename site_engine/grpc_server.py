@@ -16,10 +16,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedllm_contract.block_hash import HASH_SCHEME
 from fedllm_contract.cache_events import CacheEventBatch, CacheEventKind, CacheTier
+from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.api import EngineRequest, RequestRejected
-from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
 from site_engine.engine_service import (
     DuplicateRequest,
     EngineFailure,
@@ -41,6 +42,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 # The gateway sends a fixed-length digest; anything far longer is a misuse of the field.
 MAX_CACHE_SALT_CHARS = 256
+# Choices of one request, and logit_bias entries: bounded as the gateway bounds them (looser).
+MAX_CHOICES = 128
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 _KIND_TO_PROTO = {
     CacheEventKind.STORED: site_pb2.CacheEvent.STORED,
@@ -74,11 +78,38 @@ class InvalidRequest(ValueError):
     pass
 
 
-def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
+def _constraint_from_proto(message: site_pb2.SamplingParams) -> ConstraintSpec | None:
+    if not message.HasField("constraint"):
+        return None
+    constraint = message.constraint
+    kind = constraint.WhichOneof("kind")
+    if kind == "json_schema":
+        return ConstraintSpec("json_schema", schema=constraint.json_schema)
+    if kind == "json_object":
+        return ConstraintSpec("json_object")
+    if kind == "tagged_json":
+        tagged = constraint.tagged_json
+        return ConstraintSpec(
+            "tagged_json",
+            schema=tagged.json_schema,
+            begin=tagged.begin,
+            end=tagged.end,
+            separator=tagged.separator,
+            min_items=tagged.min_items,
+            max_items=tagged.max_items,
+        )
+    raise InvalidRequest("the constraint has no kind this site knows")
+
+
+def _sampling_from_proto(message: site_pb2.SamplingParams, vocab_size: int) -> SamplingParams:
     if len(message.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in message.stop):
         raise InvalidRequest(
             f"stop takes up to {MAX_STOP_STRINGS} strings of up to {MAX_STOP_CHARS} characters"
         )
+    if len(message.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(f"logit_bias takes up to {MAX_LOGIT_BIAS_ENTRIES} entries")
+    if any(entry.token_id >= vocab_size for entry in message.logit_bias):
+        raise InvalidRequest(f"logit_bias names a token id >= the vocabulary size {vocab_size}")
     try:
         return SamplingParams(
             max_tokens=message.max_tokens,
@@ -88,9 +119,23 @@ def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
             stop=tuple(message.stop),
             ignore_eos=message.ignore_eos,
             generated_before=message.generated_before,
+            presence_penalty=message.presence_penalty,
+            frequency_penalty=message.frequency_penalty,
+            repetition_penalty=message.repetition_penalty or 1.0,
+            logit_bias=tuple((entry.token_id, entry.bias) for entry in message.logit_bias),
+            logprobs=message.logprobs,
+            top_logprobs=message.top_logprobs,
+            constraint=_constraint_from_proto(message),
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
+
+
+def _logprob_to_proto(value: TokenLogprob) -> site_pb2.TokenLogprob:
+    return site_pb2.TokenLogprob(
+        logprob=value.logprob,
+        top=[site_pb2.TopLogprob(token_id=t, logprob=lp) for t, lp in value.top],
+    )
 
 
 def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChunk:
@@ -99,6 +144,8 @@ def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChu
         accepted=event.accepted,
         token_ids=event.token_ids,
         text=event.text,
+        index=event.index,
+        logprobs=[_logprob_to_proto(value) for value in event.logprobs],
     )
     if event.finish_reason is not None:
         chunk.finish_reason = _FINISH_TO_PROTO[event.finish_reason]
@@ -136,7 +183,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
     def _to_engine_request(self, request: site_pb2.GenerateRequest) -> EngineRequest:
         if not request.request_id or len(request.request_id) > MAX_REQUEST_ID_LEN:
             raise InvalidRequest(f"request_id must be 1..{MAX_REQUEST_ID_LEN} characters")
-        sampling = _sampling_from_proto(request.sampling)
+        sampling = _sampling_from_proto(request.sampling, self._identity.vocab_size)
         if request.prompt_token_ids:
             prompt_ids = tuple(request.prompt_token_ids)
             if max(prompt_ids) >= self._identity.vocab_size:
@@ -163,7 +210,10 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
     ) -> AsyncIterator[site_pb2.GenerateChunk]:
         try:
             engine_request = self._to_engine_request(request)
-            stream = self._service.generate(engine_request, stop=engine_request.sampling.stop)
+            n = request.sampling.n or 1
+            if n > MAX_CHOICES:
+                raise InvalidRequest(f"n takes up to {MAX_CHOICES} choices")
+            stream = self._service.generate(engine_request, engine_request.sampling.stop, n)
             async for event in stream:
                 yield _event_to_proto(request.request_id, event)
         except (InvalidRequest, RequestRejected) as exc:

@@ -30,7 +30,14 @@ from prometheus_client.registry import Collector
 
 from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine_service import EngineFailure, EngineService, QueueFull, StreamEvent
-from site_engine.openai_wire import Answer, BadRequest, FaceRequest, error_body, parse_request
+from site_engine.openai_wire import (
+    Answer,
+    BadRequest,
+    FaceRequest,
+    WholeChoice,
+    error_body,
+    parse_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +144,8 @@ class HttpFace:
             return _error(exc)
         events = self._service.generate(
             EngineRequest(f"http-{uuid.uuid4().hex}", face.prompt_token_ids, face.sampling),
-            stop=face.sampling.stop,
+            face.sampling.stop,
+            face.n,
         )
         try:
             await anext(events)  # the engine took it (or refused it: answered here, not mid-SSE)
@@ -155,14 +163,16 @@ class HttpFace:
     ) -> AsyncIterator[str]:
         tokens = cached = 0
         if face.chat:
-            yield _sse({**answer.chunk("", (), None), "choices": [
-                {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})  # fmt: skip
+            for index in range(face.n):
+                role = {"index": index, "delta": {"role": "assistant"}, "finish_reason": None}
+                yield _sse({**answer.chunk("", (), None), "choices": [role]})
         try:
             async for event in events:
                 tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 reason = event.finish_reason.value if event.finish_reason else None
                 if event.text or event.token_ids or reason:
-                    yield _sse(answer.chunk(event.text, event.token_ids, reason))
+                    yield _sse(answer.chunk(event.text, event.token_ids, reason, event.index,
+                                            event.logprobs))  # fmt: skip
         except EngineFailure as exc:
             yield _sse(error_body(str(exc), "internal_error"))
             return
@@ -171,19 +181,20 @@ class HttpFace:
         yield "data: [DONE]\n\n"
 
     async def _whole(self, events: AsyncIterator[StreamEvent], answer: Answer) -> Response[Any]:
-        text: list[str] = []
-        ids: list[int] = []
-        reason, tokens, cached = "stop", 0, 0
+        choices = [WholeChoice() for _ in range(answer.request.n)]
+        tokens = cached = 0
         try:
             async for event in events:
-                text.append(event.text)
-                ids.extend(event.token_ids)
+                choice = choices[event.index]
+                choice.text += event.text
+                choice.ids.extend(event.token_ids)
+                choice.logprobs.extend(event.logprobs)
                 tokens, cached = event.completion_tokens, event.cached_prompt_tokens
-                reason = event.finish_reason.value if event.finish_reason else reason
+                if event.finish_reason is not None:
+                    choice.reason = event.finish_reason.value
         except EngineFailure as exc:
             return Response(error_body(str(exc), "internal_error"), status_code=500)
-        body = answer.whole("".join(text), tuple(ids), reason, tokens, cached)
-        return Response(body, status_code=200)
+        return Response(answer.whole(choices, tokens, cached), status_code=200)
 
 
 @dataclass(slots=True)

@@ -43,6 +43,10 @@ class PreparedCompletion:
     unpredicted: UnpredictedPlan = "max_tokens"
     # The client's own cache_salt; params.cache_salt, once salted for its key, mixes it in.
     client_cache_salt: str | None = None
+    # /v1/completions with echo: the prompt text, put before each choice's answer.
+    echo: str | None = None
+    # Chat with tools: how the model writes tool calls (its answer is parsed into tool_calls).
+    tool_calls: ToolCallParsing | None = None
 
     @property
     def routing(self) -> RoutingRequest:
@@ -58,4 +62,15 @@ class PreparedCompletion:
             predicted_tokens=params.predicted_tokens,
             predicted_bucket=self.predicted_bucket,
             unpredicted=self.unpredicted,
+            n=params.n,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallParsing:
+    """What it takes to find tool calls in an answer: the model's tags around each call, and
+    the functions the request offered (a call naming another is left as text)."""
+
+    begin: str
+    end: str
+    names: frozenset[str]

@@ -15,8 +15,10 @@ from fedllm_contract.cache_events import (
     CacheEventKind,
     CacheTier,
 )
+from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from gateway.sites.interface import (
+    ALL_CAPABILITIES,
     GenerateParams,
     LoadView,
     SiteBusy,
@@ -27,6 +29,7 @@ from gateway.sites.interface import (
     SiteRejected,
     SiteTimedOut,
     SiteUnavailable,
+    TokenLogprob,
 )
 from gateway.sites.tls import SiteTls, open_channel
 
@@ -56,6 +59,22 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
 
 
+def _constraint(spec: ConstraintSpec) -> site_pb2.Constraint:
+    if spec.kind == "json_object":
+        return site_pb2.Constraint(json_object=True)
+    if spec.kind == "json_schema":
+        return site_pb2.Constraint(json_schema=spec.schema)
+    tagged = site_pb2.TaggedJson(
+        begin=spec.begin,
+        end=spec.end,
+        json_schema=spec.schema,
+        min_items=spec.min_items,
+        max_items=spec.max_items,
+        separator=spec.separator,
+    )
+    return site_pb2.Constraint(tagged_json=tagged)
+
+
 def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
     sampling = site_pb2.SamplingParams(
         max_tokens=params.max_tokens,
@@ -64,9 +83,17 @@ def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
         stop=params.stop,
         ignore_eos=params.ignore_eos,
         generated_before=params.generated_before,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        logit_bias=[site_pb2.LogitBias(token_id=t, bias=b) for t, b in params.logit_bias],
+        logprobs=params.logprobs,
+        top_logprobs=params.top_logprobs,
+        n=params.n,
     )
     if params.seed is not None:
         sampling.seed = params.seed
+    if params.constraint is not None:
+        sampling.constraint.CopyFrom(_constraint(params.constraint))
     return site_pb2.GenerateRequest(
         request_id=params.request_id,
         prompt_token_ids=params.prompt_token_ids,
@@ -85,6 +112,11 @@ def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
         prompt_tokens=chunk.usage.prompt_tokens,
         completion_tokens=chunk.usage.completion_tokens,
         cached_prompt_tokens=chunk.usage.cached_prompt_tokens,
+        index=chunk.index,
+        logprobs=tuple(
+            TokenLogprob(lp.logprob, tuple((t.token_id, None, t.logprob) for t in lp.top))
+            for lp in chunk.logprobs
+        ),
     )
 
 
@@ -138,6 +170,7 @@ class GrpcSiteClient:
     """A site engine of this project, over gRPC (fedllm_contract/proto/site.proto)."""
 
     can_release_queued = True
+    capabilities = ALL_CAPABILITIES
 
     def __init__(
         self,

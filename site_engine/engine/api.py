@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fedllm_contract.cache_events import CacheEvent
-from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
 
 
 class RequestRejected(ValueError):
@@ -26,6 +26,8 @@ class EngineRequest:
     predicted_tokens: int | None = None
     # Mixed into the prefix cache's block ids: only requests of one salt share cached blocks.
     cache_salt: str = ""
+    # False for one choice of a request with several (they are never released for offload).
+    releasable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,8 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     # Prompt tokens whose KV came from the prefix cache (known from the first output on).
     cached_prompt_tokens: int = 0
+    # The sampled token's log probability, when the request asked for logprobs.
+    logprobs: TokenLogprob | None = None
 
 
 @dataclass(frozen=True, slots=True)

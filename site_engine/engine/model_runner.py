@@ -35,6 +35,21 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class StepLogits:
+    """A step whose model work is queued and whose sampling is not: the logits of its sampled
+    chunks. `sample` may wait until the host knows what those chunks' sampling reads (grammar
+    states and answer tokens that the previous step's update advances)."""
+
+    logits: torch.Tensor | None  # [N, vocab] float32; None if nothing is sampled
+    chunks: tuple[ScheduledChunk, ...] = ()
+
+    @property
+    def reads_host_state(self) -> bool:
+        """Whether sampling reads state that the previous step's update changes."""
+        return any(c.guide is not None or c.sampling.penalized for c in self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
 class StepInputs:
     """Device tensors of one step, built from the scheduled chunks."""
 
@@ -195,6 +210,21 @@ class ModelRunner:
         `previous` is the step launched just before, whose sampled tokens this step's pending
         input tokens are (async scheduling); device order makes its results visible here.
         """
+        return self.sample(self.launch_logits(output, previous))
+
+    def sample(self, step: StepLogits) -> LaunchedStep:
+        """Queue the sampling of a step whose logits are queued."""
+        if step.logits is None:
+            return LaunchedStep.nothing_sampled()
+        with torch.inference_mode():
+            return LaunchedStep.start(
+                step.chunks, self.sampler.sample_step(step.logits, step.chunks)
+            )
+
+    def launch_logits(
+        self, output: SchedulerOutput, previous: LaunchedStep | None = None
+    ) -> StepLogits:
+        """`launch` up to the logits: the model's work is queued, sampling is left to `sample`."""
         self.sampler.forget(output.finished_request_ids)
         if output.kv_copies:
             if self.host_kv is None:
@@ -203,7 +233,7 @@ class ModelRunner:
         elif self.host_kv is not None:
             self.host_kv.run((), 0)  # the previous step's copies still bind this step
         if output.is_empty:
-            return LaunchedStep.nothing_sampled()
+            return StepLogits(None)
         if self._flat_graphed(output.chunks):
             return self._launch_flat(output.chunks, previous)
         graphed, eager = self._split(output.chunks)
@@ -223,9 +253,9 @@ class ModelRunner:
                 logits_parts.append(self.graphs.run(graphed, rows, source))
                 sampled.extend(graphed)
             if not sampled:
-                return LaunchedStep.nothing_sampled()
+                return StepLogits(None)
             logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
-            return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
+            return StepLogits(logits, tuple(sampled))
 
     def _flat_graphed(self, chunks: Sequence[ScheduledChunk]) -> bool:
         """A step with prefill chunks that the flat step graphs can take whole."""
@@ -235,7 +265,7 @@ class ModelRunner:
 
     def _launch_flat(
         self, chunks: Sequence[ScheduledChunk], previous: LaunchedStep | None
-    ) -> LaunchedStep:
+    ) -> StepLogits:
         """The whole step (prefill chunks and decode rows) as one replay of a flat step graph."""
         assert self.step_graphs is not None
         decode = [chunk for chunk in chunks if _is_decode(chunk)]
@@ -249,8 +279,8 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.step_graphs.run(chunks, rows, source)
             if not sampled:
-                return LaunchedStep.nothing_sampled()
-            return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
+                return StepLogits(None)
+            return StepLogits(logits, tuple(sampled))
 
     def _split(
         self, chunks: Sequence[ScheduledChunk]

@@ -13,10 +13,12 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from fedllm_contract.cache_events import CacheEvent
+from fedllm_contract.grammar import UnenforceableConstraint
 from site_engine.engine.api import (
     EngineLimits,
     EngineRequest,
@@ -39,6 +41,9 @@ from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerSt
 from site_engine.engine.scheduling_policy import PolicyName
 from site_engine.engine.sequence import Sequence
 from site_engine.engine.types import FinishReason, SchedulerOutput
+
+if TYPE_CHECKING:
+    from site_engine.engine.structured_output import GrammarCompiler
 from site_engine.model_loading import LoadedModel
 
 MIB = 1 << 20
@@ -145,6 +150,8 @@ class PagedEngine:
             host_kv_blocks=host_blocks,
             kv_block_bytes=block_bytes,
         )
+        self._loaded = loaded
+        self._grammars: GrammarCompiler | None = None
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
@@ -202,14 +209,39 @@ class PagedEngine:
     def runner(self) -> ModelRunner:
         return self._runner
 
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of constrained requests' grammars, built on first use (it reads the
+        whole vocabulary once, ~1.5 s for SmolLM2's); a site warms it at start-up."""
+        if self._grammars is None:
+            # Imported on first use: llguidance is needed only where constraints are served.
+            from site_engine.engine.structured_output import GrammarCompiler
+
+            self._grammars = GrammarCompiler(
+                self._loaded.tokenizer, self._runner.vocab_size, self._loaded.eos_token_ids
+            )
+        return self._grammars
+
     def add_request(self, request: EngineRequest) -> None:
+        constraint = request.sampling.constraint
+        try:
+            guide = self.grammars().guide(constraint) if constraint is not None else None
+        except UnenforceableConstraint as exc:
+            raise RequestRejected(f"the answer's constraint cannot be enforced: {exc}") from exc
+        before = request.sampling.generated_before
+        if guide is not None and before:
+            # A continuation: the answer so far ends the prompt; its grammar goes on from there.
+            earlier = request.prompt_token_ids[-before:]
+            if before > len(request.prompt_token_ids) or not all(map(guide.consume, earlier)):
+                raise RequestRejected("the answer so far does not follow its constraint")
         try:
             self._scheduler.add(
                 request.request_id,
                 request.prompt_token_ids,
                 request.sampling,
                 request.predicted_tokens,
-                request.cache_salt,
+                cache_salt=request.cache_salt,
+                guide=guide,
+                releasable=request.releasable,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -229,25 +261,53 @@ class PagedEngine:
         if self._closed:
             raise RuntimeError("the engine was closed")
         try:
-            scheduled = self._scheduler.schedule()
-            previous = self._in_flight
-            launched = self._runner.launch(scheduled, previous[1] if previous else None)
-            self._in_flight = (scheduled, launched)
-            outputs = self._apply(*previous) if previous is not None else []
-            if not self._async or scheduled.is_empty:
-                # An empty step has nothing to overlap with; applying it now lets the loop end.
-                outputs += self._apply(scheduled, launched)
-                self._in_flight = None
+            return self._step()
         except Exception:
             # A failed step may have left cached blocks half written: none may be shared again.
             self._scheduler.clear_prefix_cache()
             raise
+
+    def _step(self) -> list[RequestOutput]:
+        scheduled = self._scheduler.schedule()
+        previous = self._in_flight
+        step = self._runner.launch_logits(scheduled, previous[1] if previous else None)
+        outputs: list[RequestOutput] = []
+        if previous is not None and step.reads_host_state:
+            # Constrained or penalized rows sample from what the previous step's tokens make of
+            # their grammar and history: that step is applied first, while the device runs this
+            # step's model. Steps without such rows never wait here (see _apply's docstring).
+            outputs = self._apply(*previous)
+            previous = None
+        launched = self._runner.sample(step)
+        self._in_flight = (scheduled, launched)
+        if previous is not None:
+            outputs = self._apply(*previous)
+        if not self._async or scheduled.is_empty:
+            # An empty step has nothing to overlap with; applying it now lets the loop end.
+            outputs += self._apply(scheduled, launched)
+            self._in_flight = None
         return outputs
 
     def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
-        updates = self._scheduler.update(scheduled, launched.result())
+        """Applies a step's tokens (the scheduler's update advances grammars and histories).
+
+        With async scheduling a step N+1 with constrained or penalized rows needs step N's
+        tokens on the host before it samples: its model work is queued first, then N is
+        applied (the host waits for N's tokens while the device runs N+1's forward), then
+        N+1's masks are computed and its sampling queued. The device idles only for the mask
+        computation (microseconds per row, bench/results/grammar_engines.md) and only in steps
+        that hold such rows; steps without them overlap fully, as before.
+        """
+        result = launched.result()
+        updates = self._scheduler.update(scheduled, result)
         return [
-            RequestOutput(u.request_id, u.new_token_ids, u.finish_reason, u.cached_prompt_tokens)
+            RequestOutput(
+                u.request_id,
+                u.new_token_ids,
+                u.finish_reason,
+                cached_prompt_tokens=u.cached_prompt_tokens,
+                logprobs=result.logprobs.get(u.request_id),
+            )
             for u in updates
         ]
 

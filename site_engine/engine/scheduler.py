@@ -39,6 +39,7 @@ the batch ends, which is what a padded static batch costs in memory.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from fedllm_contract.block_hash import root_hash
@@ -50,6 +51,7 @@ from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.sequence_cache import SequenceCache
 from site_engine.engine.types import (
     FinishReason,
+    Guide,
     ModelRunnerOutput,
     SamplingParams,
     ScheduledChunk,
@@ -57,6 +59,7 @@ from site_engine.engine.types import (
 )
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
+log = logging.getLogger(__name__)
 
 # Finishing for these reasons is the batch's own doing; a static batch keeps such a member's
 # blocks. Cancelled or released members are gone for good and free theirs at once.
@@ -96,10 +99,16 @@ class Scheduler:
         sampling: SamplingParams,
         predicted_tokens: int | None = None,
         cache_salt: str = "",
+        guide: Guide | None = None,
+        releasable: bool = True,
     ) -> Sequence:
         """Queue a request; ValueError (and no state change) if it can never be served.
-        `cache_salt` keeps its cached blocks apart from those of other salts."""
+        `cache_salt` keeps its cached blocks apart from those of other salts; `guide`: the
+        grammar its answer must follow (advanced here, in `update`); `releasable` False keeps
+        it out of release_queued (one choice of several: they leave together)."""
         seq = Sequence(request_id, tuple(prompt_token_ids), sampling, predicted_tokens)
+        seq.guide = guide
+        seq.releasable = releasable
         self._check_admissible(seq)
         seq.cache_salt = cache_salt
         if self.config.prefix_caching:
@@ -162,7 +171,7 @@ class Scheduler:
         if max_requests == 0:
             return []
         order = admission_order(self._waiting, self.config.policy, self.config.spf_aging)
-        fresh = [seq for seq in order if not seq.ever_scheduled]
+        fresh = [seq for seq in order if not seq.ever_scheduled and seq.releasable]
         released = fresh[-max_requests:]
         for seq in released:
             self._retire(seq, FinishReason.RELEASED)
@@ -306,6 +315,9 @@ class Scheduler:
             sample=end == seq.num_tokens,
             sampling=seq.sampling,
             num_generated=seq.num_output_tokens,
+            guide=seq.guide,
+            history=seq.output_token_ids if seq.sampling.penalized else (),
+            prompt_token_ids=seq.prompt_token_ids if seq.sampling.penalized else (),
         )
         seq.num_computed_tokens = end
         self._cache.computed(seq, start, end)
@@ -349,7 +361,7 @@ class Scheduler:
             seq.output_token_ids.append(token)
             if seq.status is SequenceStatus.RUNNING:
                 self._cache.register(seq)
-            reason = self._stop_reason(seq, token)
+            reason = self._advance_guide(seq, token) or self._stop_reason(seq, token)
             if reason is not None:
                 self._retire(seq, reason)
             updates.append(
@@ -357,6 +369,18 @@ class Scheduler:
             )
         self._end_static_batch_if_done()
         return updates
+
+    def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Moves a constrained sequence's grammar past `token`; STOP once the grammar says the
+        answer is complete (nothing but the end may follow)."""
+        guide = seq.guide
+        if guide is None or token in self.config.eos_token_ids:
+            return None
+        if not guide.consume(token):
+            # The sampler's mask allows only what the grammar does: this is a bug, not input.
+            log.error("request %s: token %d is not allowed by its grammar", seq.request_id, token)
+            return FinishReason.STOP
+        return FinishReason.STOP if guide.is_finished() else None
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         """Why `seq` stops at `token`, its newest known token (pending ones come after it)."""

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from fedllm_contract.block_hash import block_hashes
-from site_engine.engine.types import PENDING_TOKEN, FinishReason, SamplingParams
+from site_engine.engine.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -52,6 +52,10 @@ class Sequence:
     root_hash: int = 0
     block_hashes: list[int] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
+    # The grammar its answer must follow (constrained decoding), advanced token by token.
+    guide: Guide | None = None
+    # False for one choice of a request with several: offload never splits such a request.
+    releasable: bool = True
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

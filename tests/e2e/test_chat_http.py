@@ -127,14 +127,27 @@ def test_seed_makes_sampling_reproducible(client) -> None:
 
 
 BAD_INPUTS = [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-    ({"n": 2}, 400, "n"),
-    ({"logprobs": True}, 400, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+        400,
+        "tools[0].function.parameters",
+    ),
+    ({"n": 99}, 400, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nope"}},
+            }
+        },
+        400,
+        "response_format.json_schema.schema",
+    ),
     ({"max_tokens": 3, "max_completion_tokens": 4}, 400, "max_completion_tokens"),
     ({"max_completion_tokens": 10_000_000}, 400, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, None),
-    ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "c1"}]}, 400, None),
+    ({"messages": [{"role": "tool", "content": "42"}]}, 400, "messages[0].tool_call_id"),
     ({"model": "gpt-17"}, 404, "model"),
 ]
 
