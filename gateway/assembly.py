@@ -166,6 +166,7 @@ class GatewayAssembly:
             RequestLog(sessions),
             predictor,
             metrics,
+            frozenset(m.name for m in federation.models if m.share_prefix_cache),
         )
         key_limits = _key_limits(settings.database.url, metrics)
         drainer = SiteDrainer(registry, settings.offload.interval_s)
@@ -177,7 +178,8 @@ class GatewayAssembly:
             request_timeout_s=settings.limits.request_timeout_s,
         )
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
-        chat = ChatService(chat_templates, tokenizers, completions)
+        tool_formats = {model.name: model.tool_call_format for model in federation.models}
+        chat = ChatService(chat_templates, tokenizers, completions, tool_formats)
         files = FileService(settings, FileStore(sessions), tokenize_pool)
         batches = BatchService.build(
             settings,

@@ -8,6 +8,9 @@
                  "endpoint": "10.0.0.5:50051", "model": "tiny-llama", "capacity_weight": 1.0}]
     }
 
+A model's `share_prefix_cache` (default false) lets its sites share cached prompt blocks across
+API keys, which a common system prompt gains from, at a cost: a tenant's time to first token then
+tells whether a prefix was sent by another (gateway/completions/cache_salt.py).
 `chat_template` (a Jinja file) is optional: gateway/chat/templates.py says what is used without
 it. `predictor` (optional) is the model's own length-predictor artifact, trained on that model's
 answers; a model without one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and
@@ -43,6 +46,7 @@ picks one by name. A part is a name or {"name", "params", "weight" (scorers)}:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +63,7 @@ _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 _ZMQ_URL = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:*]+:\d{1,5}$")
 SiteKind = Literal["grpc", "openai"]
 MetricsDialect = Literal["vllm", "sglang", "tgi", "none"]
+StructuredDialect = Literal["vllm", "sglang", "none"]
 _DNS_NAME = Annotated[
     str, msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
 ]
@@ -68,6 +73,15 @@ class FederationConfigError(ValueError):
     """The federation file is unreadable or inconsistent; the message says where."""
 
 
+class ToolCallFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a model writes a tool call: each call a JSON object {"name", "arguments"} between
+    `begin` and `end`. The default is Hermes' (NousResearch), which Qwen2.5 and many fine-tunes
+    use and small instruct models follow when their system prompt shows it."""
+
+    begin: Annotated[str, msgspec.Meta(min_length=1)] = "<tool_call>\n"
+    end: Annotated[str, msgspec.Meta(min_length=1)] = "\n</tool_call>"
+
+
 class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     name: _NAME
     tokenizer: str
@@ -75,6 +89,10 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     chat_template: str | None = None
     # The model's own length-predictor artifact (a directory); absent: the gateway's default.
     predictor: str | None = None
+    # Its sites share cached prompt blocks across API keys (gateway/completions/cache_salt.py).
+    share_prefix_cache: bool = False
+    # How the model writes tool calls; absent: Hermes-style JSON in <tool_call> tags.
+    tool_call_format: ToolCallFormat | None = None
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -116,6 +134,7 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_block_size: _POSITIVE = 16
+    structured_outputs: StructuredDialect = "vllm"
 
 
 class _PartEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -149,6 +168,8 @@ class ModelConfig:
     tokenizer: Path
     chat_template: Path | None = None
     predictor: Path | None = None
+    share_prefix_cache: bool = False
+    tool_call_format: ToolCallFormat = dataclasses.field(default_factory=ToolCallFormat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +190,10 @@ class OpenAISiteConfig:
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_block_size: int = 16
+    # How the engine takes a JSON schema on /v1/completions: "vllm" (structured_outputs,
+    # vLLM >= 0.10.2 and this project's own HTTP face), "sglang" (json_schema), or "none"
+    # (constrained requests are not sent to it).
+    structured_outputs: StructuredDialect = "vllm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +232,8 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             (base_dir / m.tokenizer).resolve(),
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
+            m.share_prefix_cache,
+            m.tool_call_format or ToolCallFormat(),
         )
         for m in raw.models
     )
@@ -319,6 +346,7 @@ def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
         kv_events_replay_endpoint=entry.kv_events_replay_endpoint,
         kv_events_topic=entry.kv_events_topic,
         kv_block_size=entry.kv_block_size,
+        structured_outputs=entry.structured_outputs,
     )
 
 

@@ -234,7 +234,14 @@ class LimitsSettings:
         help="a prompt (or rendered chat) longer than this many characters per token of the "
         "model's context is refused (400 `context_length_exceeded`) before it is tokenized",
     )
-    default_max_tokens: int = setting(16, help="OpenAI's default when `max_tokens` is absent")
+    default_max_tokens: int = setting(
+        16,
+        help="/v1/completions' default when `max_tokens` is absent (OpenAI's); a chat "
+        "completion without it runs to its end or the model's context",
+    )
+    max_choices: int = setting(
+        8, help="the most choices (`n`) one request may ask for; more get 400 naming `n`"
+    )
     send_stall_timeout_s: float = setting(
         30.0,
         help="a client that takes none of its answer for this long (it stopped reading) is cut "
@@ -250,7 +257,7 @@ class LimitsSettings:
     def __post_init__(self) -> None:
         require_positive(self, "request_timeout_s", "send_stall_timeout_s")
         require_at_least(self, 0, "max_continuations")
-        require_at_least(self, 1, "outcome_backlog_max")
+        require_at_least(self, 1, "outcome_backlog_max", "max_choices")
         if self.max_in_flight < 1 or self.idempotency_ttl_s <= 0:
             raise SettingsError("GATEWAY_MAX_IN_FLIGHT >= 1, GATEWAY_IDEMPOTENCY_TTL_S > 0")
         if self.max_prompt_chars_per_token < 1:

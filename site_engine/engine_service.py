@@ -16,14 +16,15 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from site_engine.cache_event_journal import CacheEventJournal, Snapshot
 from site_engine.detokenizer import IncrementalDetokenizer
 from site_engine.engine.api import Engine, EngineRequest, EngineStats, RequestOutput
-from site_engine.engine.types import FinishReason
+from site_engine.engine.types import FinishReason, TokenLogprob, choice_seed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,7 +46,11 @@ class EngineFailure(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One message for a Generate stream; the first has accepted=True and no tokens."""
+    """One message for a Generate stream; the first has accepted=True and no tokens.
+
+    `index` says which choice the tokens are of (a request with n choices); completion_tokens
+    counts that choice's tokens so far, except on a finishing event as `generate` yields it,
+    where it counts every choice's (the request's usage, once the last choice finishes)."""
 
     token_ids: tuple[int, ...] = ()
     text: str = ""
@@ -54,15 +59,22 @@ class StreamEvent:
     completion_tokens: int = 0
     accepted: bool = False
     error: str | None = None
+    cached_prompt_tokens: int = 0
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(slots=True)
 class _Stream:
+    """One choice's stream; the choices of one request share the asyncio queue."""
+
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[StreamEvent]
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    index: int = 0
 
     def emit(self, event: StreamEvent) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -73,6 +85,8 @@ class _Stream:
                 finish_reason=reason,
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
+                cached_prompt_tokens=self.cached_prompt_tokens,
+                index=self.index,
             )
         )
 
@@ -82,8 +96,27 @@ class _Stream:
                 error=message,
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
+                index=self.index,
             )
         )
+
+
+def choice_requests(request: EngineRequest, n: int) -> list[EngineRequest]:
+    """The engine requests of a request's n choices: choice 0 keeps its id and seed, choice i
+    is `<id>#i` with a seed of its own; several choices are never released for offload (they
+    leave a site together or not at all)."""
+    if n == 1:
+        return [request]
+    seed = request.sampling.seed
+    return [
+        replace(
+            request,
+            request_id=request.request_id if i == 0 else f"{request.request_id}#{i}",
+            sampling=replace(request.sampling, seed=choice_seed(seed, i)),
+            releasable=False,
+        )
+        for i in range(n)
+    ]
 
 
 @dataclass(slots=True)
@@ -131,13 +164,16 @@ class EngineService:
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
             queue.SimpleQueue()
         )
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, _Stream] = {}  # by engine request id (one per choice)
+        self._choices: dict[str, list[str]] = {}  # request id -> its choices' engine ids
         self._throughput = _Throughput()
         # Tokens generated since start (a Prometheus counter of the HTTP face reads it).
         self._generated_total = 0
         self._stats: EngineStats = engine.stats()
         # Replaced whole (never mutated) so the asyncio side reads a consistent pair.
         self._cumulative_kv = CumulativeKv()
+        # Prefix-cache events for the load streams that ask for them (grpc_server.py).
+        self.cache_journal = CacheEventJournal(engine.limits.kv_block_size)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -151,31 +187,41 @@ class EngineService:
 
     # ---- asyncio side ----------------------------------------------------------------------
     async def generate(
-        self, request: EngineRequest, stop: tuple[str, ...] = ()
+        self, request: EngineRequest, stop: tuple[str, ...] = (), n: int = 1
     ) -> AsyncIterator[StreamEvent]:
-        """Queues the request and yields its events; abandoning the iterator cancels it."""
+        """Queues the request (n choices of it) and yields its events until every choice has
+        finished; abandoning the iterator cancels it."""
         loop = asyncio.get_running_loop()
-        stream = _Stream(
-            loop=loop,
-            events=asyncio.Queue(),
-            detokenizer=IncrementalDetokenizer(self.tokenizer, stop=stop),
-            prompt_tokens=len(request.prompt_token_ids),
-        )
-        await self._call(lambda: self._add(request, stream))
-        finished = False
+        events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        prompt_tokens = len(request.prompt_token_ids)
+        choices = choice_requests(request, n)
+        streams = [
+            _Stream(
+                loop,
+                events,
+                IncrementalDetokenizer(self.tokenizer, stop=stop),
+                prompt_tokens,
+                index=i,
+            )
+            for i in range(len(choices))
+        ]
+        await self._call(lambda: self._add(request.request_id, choices, streams))
+        left = len(choices)
+        tokens = [0] * len(choices)
         try:
-            yield StreamEvent(accepted=True, prompt_tokens=stream.prompt_tokens)
-            while True:
-                event = await stream.events.get()
+            yield StreamEvent(accepted=True, prompt_tokens=prompt_tokens)
+            while left:
+                event = await events.get()
                 if event.error is not None:
-                    finished = True
+                    left = 0
                     raise EngineFailure(event.error)
-                finished = event.finish_reason is not None
+                tokens[event.index] = event.completion_tokens
+                if event.finish_reason is not None:
+                    left -= 1
+                    event = replace(event, completion_tokens=sum(tokens))
                 yield event
-                if finished:
-                    return
         finally:
-            if not finished:
+            if left:
                 # The consumer went away (client disconnect, deadline): free the site's memory.
                 self._submit(lambda: self._abort(request.request_id, FinishReason.CANCELLED))
 
@@ -196,6 +242,11 @@ class EngineService:
     def generated_tokens_total(self) -> int:
         return self._generated_total
 
+    async def cache_snapshot(self) -> Snapshot:
+        """Every cached block id with the journal position it is current at (engine thread)."""
+        result: Snapshot = await self._call(self._take_snapshot)
+        return result
+
     def decode_tokens_per_s(self) -> float:
         return self._throughput.rate(time.monotonic())
 
@@ -208,25 +259,48 @@ class EngineService:
         return future
 
     # ---- engine thread ---------------------------------------------------------------------
-    def _add(self, request: EngineRequest, stream: _Stream) -> None:
-        if request.request_id in self._streams:
-            raise DuplicateRequest(f"request {request.request_id!r} is already at this site")
+    def _add(self, request_id: str, choices: list[EngineRequest], streams: list[_Stream]) -> None:
+        if request_id in self._choices or any(c.request_id in self._streams for c in choices):
+            raise DuplicateRequest(f"request {request_id!r} is already at this site")
         # Counted here, on the engine thread, so a burst between two steps cannot overshoot.
-        if self.engine.stats().num_waiting >= self._max_waiting:
+        if self.engine.stats().num_waiting + len(choices) > self._max_waiting:
             raise QueueFull(f"the site's queue is full ({self._max_waiting} waiting requests)")
-        self.engine.add_request(request)
-        self._streams[request.request_id] = stream
+        added: list[str] = []
+        try:
+            for choice, stream in zip(choices, streams, strict=True):
+                self.engine.add_request(choice)
+                added.append(choice.request_id)
+                self._streams[choice.request_id] = stream
+        except Exception:
+            for engine_id in added:  # all choices or none
+                self.engine.abort(engine_id, FinishReason.CANCELLED)
+                del self._streams[engine_id]
+            raise
+        self._choices[request_id] = [choice.request_id for choice in choices]
 
     def _abort(self, request_id: str, reason: FinishReason) -> bool:
-        stream = self._streams.pop(request_id, None)
-        aborted = self.engine.abort(request_id, reason)
-        if stream is not None:
-            stream.finish(reason)
+        aborted = False
+        for engine_id in self._choices.pop(request_id, [request_id]):
+            stream = self._streams.pop(engine_id, None)
+            aborted = self.engine.abort(engine_id, reason) or aborted
+            if stream is not None:
+                stream.finish(reason)
         return aborted
+
+    def _take_snapshot(self) -> Snapshot:
+        self._record_cache_events()
+        journal = self.cache_journal
+        return Snapshot(self.engine.cache_snapshot(), journal.position, journal.epoch)
+
+    def _record_cache_events(self) -> None:
+        events = self.engine.take_cache_events()
+        if events:
+            self.cache_journal.append(events)
 
     def _release(self, max_requests: int) -> list[EngineRequest]:
         released = self.engine.release_queued(max_requests)
         for request in released:
+            self._choices.pop(request.request_id, None)
             stream = self._streams.pop(request.request_id, None)
             if stream is not None:
                 stream.finish(FinishReason.RELEASED)
@@ -241,8 +315,10 @@ class EngineService:
                 except Exception as exc:
                     log.exception("engine step failed; failing the requests it held")
                     self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                    self._record_cache_events()
                     continue
                 self._route(outputs)
+                self._record_cache_events()
             stats = self.engine.stats()
             if stats.iterations > self._stats.iterations:
                 self._cumulative_kv = self._cumulative_kv.after(stats)
@@ -275,6 +351,7 @@ class EngineService:
                 continue
             produced += len(output.new_token_ids)
             stream.completion_tokens += len(output.new_token_ids)
+            stream.cached_prompt_tokens = output.cached_prompt_tokens
             text = stream.detokenizer.push(output.new_token_ids)
             reason = output.finish_reason
             if reason is None and stream.detokenizer.stopped:
@@ -289,16 +366,28 @@ class EngineService:
                     finish_reason=reason,
                     prompt_tokens=stream.prompt_tokens,
                     completion_tokens=stream.completion_tokens,
+                    cached_prompt_tokens=stream.cached_prompt_tokens,
+                    index=stream.index,
+                    logprobs=(output.logprobs,) if output.logprobs is not None else (),
                 )
             )
             if reason is not None:
                 del self._streams[output.request_id]
+                self._forget_choice(output.request_id, stream.index)
         if produced:
             self._throughput.add(time.monotonic(), produced)
             self._generated_total += produced
+
+    def _forget_choice(self, engine_id: str, index: int) -> None:
+        """A choice finished: its request is gone from the site once every choice is."""
+        request_id = engine_id if index == 0 else engine_id.rsplit("#", 1)[0]
+        ids = self._choices.get(request_id)
+        if ids is not None and not any(i in self._streams for i in ids):
+            del self._choices[request_id]
 
     def _fail_all(self, message: str) -> None:
         for request_id, stream in list(self._streams.items()):
             self.engine.abort(request_id, FinishReason.CANCELLED)
             stream.fail(message)
         self._streams.clear()
+        self._choices.clear()

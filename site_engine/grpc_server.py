@@ -14,9 +14,13 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedllm_contract.block_hash import HASH_SCHEME
+from fedllm_contract.cache_events import CacheEventBatch, CacheEventKind, CacheTier
+from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.api import EngineRequest, RequestRejected
-from site_engine.engine.types import FinishReason, SamplingParams
+from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
 from site_engine.engine_service import (
     DuplicateRequest,
     EngineFailure,
@@ -36,7 +40,21 @@ MAX_RECEIVE_MESSAGE_BYTES = 4 << 20
 # decoding slow for everyone in its batch. Looser than the gateway's own limits.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
+# The gateway sends a fixed-length digest; anything far longer is a misuse of the field.
+MAX_CACHE_SALT_CHARS = 256
+# Choices of one request, and logit_bias entries: bounded as the gateway bounds them (looser).
+MAX_CHOICES = 128
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
+_KIND_TO_PROTO = {
+    CacheEventKind.STORED: site_pb2.CacheEvent.STORED,
+    CacheEventKind.REMOVED: site_pb2.CacheEvent.REMOVED,
+    CacheEventKind.CLEARED: site_pb2.CacheEvent.CLEARED,
+}
+_TIER_TO_PROTO = {
+    CacheTier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
+    CacheTier.HOST: site_pb2.CACHE_TIER_HOST,
+}
 _FINISH_TO_PROTO = {
     FinishReason.STOP: site_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: site_pb2.FINISH_REASON_LENGTH,
@@ -60,11 +78,38 @@ class InvalidRequest(ValueError):
     pass
 
 
-def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
+def _constraint_from_proto(message: site_pb2.SamplingParams) -> ConstraintSpec | None:
+    if not message.HasField("constraint"):
+        return None
+    constraint = message.constraint
+    kind = constraint.WhichOneof("kind")
+    if kind == "json_schema":
+        return ConstraintSpec("json_schema", schema=constraint.json_schema)
+    if kind == "json_object":
+        return ConstraintSpec("json_object")
+    if kind == "tagged_json":
+        tagged = constraint.tagged_json
+        return ConstraintSpec(
+            "tagged_json",
+            schema=tagged.json_schema,
+            begin=tagged.begin,
+            end=tagged.end,
+            separator=tagged.separator,
+            min_items=tagged.min_items,
+            max_items=tagged.max_items,
+        )
+    raise InvalidRequest("the constraint has no kind this site knows")
+
+
+def _sampling_from_proto(message: site_pb2.SamplingParams, vocab_size: int) -> SamplingParams:
     if len(message.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in message.stop):
         raise InvalidRequest(
             f"stop takes up to {MAX_STOP_STRINGS} strings of up to {MAX_STOP_CHARS} characters"
         )
+    if len(message.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(f"logit_bias takes up to {MAX_LOGIT_BIAS_ENTRIES} entries")
+    if any(entry.token_id >= vocab_size for entry in message.logit_bias):
+        raise InvalidRequest(f"logit_bias names a token id >= the vocabulary size {vocab_size}")
     try:
         return SamplingParams(
             max_tokens=message.max_tokens,
@@ -74,9 +119,23 @@ def _sampling_from_proto(message: site_pb2.SamplingParams) -> SamplingParams:
             stop=tuple(message.stop),
             ignore_eos=message.ignore_eos,
             generated_before=message.generated_before,
+            presence_penalty=message.presence_penalty,
+            frequency_penalty=message.frequency_penalty,
+            repetition_penalty=message.repetition_penalty or 1.0,
+            logit_bias=tuple((entry.token_id, entry.bias) for entry in message.logit_bias),
+            logprobs=message.logprobs,
+            top_logprobs=message.top_logprobs,
+            constraint=_constraint_from_proto(message),
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
+
+
+def _logprob_to_proto(value: TokenLogprob) -> site_pb2.TokenLogprob:
+    return site_pb2.TokenLogprob(
+        logprob=value.logprob,
+        top=[site_pb2.TopLogprob(token_id=t, logprob=lp) for t, lp in value.top],
+    )
 
 
 def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChunk:
@@ -85,12 +144,33 @@ def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChu
         accepted=event.accepted,
         token_ids=event.token_ids,
         text=event.text,
+        index=event.index,
+        logprobs=[_logprob_to_proto(value) for value in event.logprobs],
     )
     if event.finish_reason is not None:
         chunk.finish_reason = _FINISH_TO_PROTO[event.finish_reason]
         chunk.usage.prompt_tokens = event.prompt_tokens
         chunk.usage.completion_tokens = event.completion_tokens
+        chunk.usage.cached_prompt_tokens = event.cached_prompt_tokens
     return chunk
+
+
+def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
+    return site_pb2.CacheEvents(
+        epoch=batch.epoch,
+        block_size=batch.block_size,
+        snapshot=batch.snapshot,
+        sequence=batch.sequence,
+        events=[
+            site_pb2.CacheEvent(
+                kind=_KIND_TO_PROTO[event.kind],
+                block_hashes=event.block_hashes,
+                parent_block_hash=event.parent_block_hash,
+                tier=_TIER_TO_PROTO[event.tier],
+            )
+            for event in batch.events
+        ],
+    )
 
 
 class SiteServicer(site_pb2_grpc.SiteEngineServicer):
@@ -103,7 +183,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
     def _to_engine_request(self, request: site_pb2.GenerateRequest) -> EngineRequest:
         if not request.request_id or len(request.request_id) > MAX_REQUEST_ID_LEN:
             raise InvalidRequest(f"request_id must be 1..{MAX_REQUEST_ID_LEN} characters")
-        sampling = _sampling_from_proto(request.sampling)
+        sampling = _sampling_from_proto(request.sampling, self._identity.vocab_size)
         if request.prompt_token_ids:
             prompt_ids = tuple(request.prompt_token_ids)
             if max(prompt_ids) >= self._identity.vocab_size:
@@ -115,11 +195,14 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             prompt_ids = tuple(self._tokenizer.encode(request.prompt))
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty")
+        if len(request.cache_salt) > MAX_CACHE_SALT_CHARS:
+            raise InvalidRequest(f"cache_salt takes up to {MAX_CACHE_SALT_CHARS} characters")
         return EngineRequest(
             request_id=request.request_id,
             prompt_token_ids=prompt_ids,
             sampling=sampling,
             predicted_tokens=request.predicted_tokens or None,
+            cache_salt=request.cache_salt,
         )
 
     async def Generate(
@@ -127,7 +210,10 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
     ) -> AsyncIterator[site_pb2.GenerateChunk]:
         try:
             engine_request = self._to_engine_request(request)
-            stream = self._service.generate(engine_request, stop=engine_request.sampling.stop)
+            n = request.sampling.n or 1
+            if n > MAX_CHOICES:
+                raise InvalidRequest(f"n takes up to {MAX_CHOICES} choices")
+            stream = self._service.generate(engine_request, engine_request.sampling.stop, n)
             async for event in stream:
                 yield _event_to_proto(request.request_id, event)
         except (InvalidRequest, RequestRejected) as exc:
@@ -178,6 +264,9 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             max_num_seqs=limits.max_num_seqs,
             engine=limits.name,
             version=ident.version,
+            prefix_caching=limits.prefix_caching,
+            block_hash_scheme=HASH_SCHEME if limits.prefix_caching else "",
+            host_kv_blocks=limits.host_kv_blocks,
         )
 
     def load_report(self) -> site_pb2.LoadReport:
@@ -199,14 +288,25 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             iterations=stats.iterations,
             kv_block_iterations=cumulative_kv.block_iterations,
             kv_token_iterations=cumulative_kv.token_iterations,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_host_hits=stats.prefix_cache_host_hits,
         )
 
     async def StreamLoad(
         self, request: site_pb2.LoadStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[site_pb2.LoadReport]:
         interval_s = max(request.interval_ms, 10) / 1000
+        events = (
+            CacheEventStream(self._service.cache_journal, self._service.cache_snapshot)
+            if request.cache_events
+            else None
+        )
         while True:
-            yield self.load_report()
+            report = self.load_report()
+            if events is not None:
+                report.cache_events.CopyFrom(_cache_events_to_proto(await events.next_batch()))
+            yield report
             await asyncio.sleep(interval_s)
 
 

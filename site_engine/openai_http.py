@@ -5,7 +5,8 @@ gRPC port by the same process and the same EngineService.
 So a site can be used on its own like `vllm serve`, and a gateway can reach it as a site of kind
 `openai` (gateway/sites/openai_client.py). Its /metrics publishes the engine's load under vLLM's
 documented names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
-`vllm:kv_cache_usage_perc`, `vllm:generation_tokens_total`, `vllm:cache_config_info`), so the
+`vllm:kv_cache_usage_perc`, `vllm:generation_tokens_total`, `vllm:cache_config_info`,
+`vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`, in tokens), so the
 gateway reads it with the `vllm` metrics dialect. Errors have OpenAI's shape.
 """
 
@@ -29,7 +30,14 @@ from prometheus_client.registry import Collector
 
 from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine_service import EngineFailure, EngineService, QueueFull, StreamEvent
-from site_engine.openai_wire import Answer, BadRequest, FaceRequest, error_body, parse_request
+from site_engine.openai_wire import (
+    Answer,
+    BadRequest,
+    FaceRequest,
+    WholeChoice,
+    error_body,
+    parse_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +61,26 @@ class VllmNamedMetrics(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
             gauge.add_metric(label, float(value))
             yield gauge
-        counter = CounterMetricFamily(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            labels=["model_name"],
-        )
-        counter.add_metric(label, float(self._service.generated_tokens_total()))
-        yield counter
+        for name, doc, total in (
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                self._service.generated_tokens_total(),
+            ),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                stats.prefix_cache_hits,
+            ),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric(label, float(total))
+            yield counter
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -123,7 +144,8 @@ class HttpFace:
             return _error(exc)
         events = self._service.generate(
             EngineRequest(f"http-{uuid.uuid4().hex}", face.prompt_token_ids, face.sampling),
-            stop=face.sampling.stop,
+            face.sampling.stop,
+            face.n,
         )
         try:
             await anext(events)  # the engine took it (or refused it: answered here, not mid-SSE)
@@ -139,36 +161,40 @@ class HttpFace:
     async def _stream(
         self, events: AsyncIterator[StreamEvent], answer: Answer, face: FaceRequest
     ) -> AsyncIterator[str]:
-        tokens = 0
+        tokens = cached = 0
         if face.chat:
-            yield _sse({**answer.chunk("", (), None), "choices": [
-                {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})  # fmt: skip
+            for index in range(face.n):
+                role = {"index": index, "delta": {"role": "assistant"}, "finish_reason": None}
+                yield _sse({**answer.chunk("", (), None), "choices": [role]})
         try:
             async for event in events:
-                tokens = event.completion_tokens
+                tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 reason = event.finish_reason.value if event.finish_reason else None
                 if event.text or event.token_ids or reason:
-                    yield _sse(answer.chunk(event.text, event.token_ids, reason))
+                    yield _sse(answer.chunk(event.text, event.token_ids, reason, event.index,
+                                            event.logprobs))  # fmt: skip
         except EngineFailure as exc:
             yield _sse(error_body(str(exc), "internal_error"))
             return
         if face.include_usage:
-            yield _sse(answer.usage_chunk(tokens))
+            yield _sse(answer.usage_chunk(tokens, cached))
         yield "data: [DONE]\n\n"
 
     async def _whole(self, events: AsyncIterator[StreamEvent], answer: Answer) -> Response[Any]:
-        text: list[str] = []
-        ids: list[int] = []
-        reason, tokens = "stop", 0
+        choices = [WholeChoice() for _ in range(answer.request.n)]
+        tokens = cached = 0
         try:
             async for event in events:
-                text.append(event.text)
-                ids.extend(event.token_ids)
-                tokens = event.completion_tokens
-                reason = event.finish_reason.value if event.finish_reason else reason
+                choice = choices[event.index]
+                choice.text += event.text
+                choice.ids.extend(event.token_ids)
+                choice.logprobs.extend(event.logprobs)
+                tokens, cached = event.completion_tokens, event.cached_prompt_tokens
+                if event.finish_reason is not None:
+                    choice.reason = event.finish_reason.value
         except EngineFailure as exc:
             return Response(error_body(str(exc), "internal_error"), status_code=500)
-        return Response(answer.whole("".join(text), tuple(ids), reason, tokens), status_code=200)
+        return Response(answer.whole(choices, tokens, cached), status_code=200)
 
 
 @dataclass(slots=True)

@@ -10,14 +10,16 @@ continuation counts its sampler on from there).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from site_engine.engine.types import SamplingParams
+from fedllm_contract.grammar import ConstraintSpec
+from site_engine.engine.types import SamplingParams, TokenLogprob
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
@@ -35,6 +37,9 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+MAX_CHOICES = 128
+
+
 @dataclass(frozen=True, slots=True)
 class FaceRequest:
     prompt_token_ids: tuple[int, ...]
@@ -43,6 +48,54 @@ class FaceRequest:
     include_usage: bool
     return_token_ids: bool
     chat: bool
+    n: int = 1
+
+
+def _constraint(body: dict[str, Any]) -> ConstraintSpec | None:
+    """vLLM's structured_outputs ({"json": schema} or {"json_object": true}) or OpenAI's
+    response_format; anything else it could ask for is refused, never ignored."""
+    structured = body.get("structured_outputs")
+    if isinstance(structured, dict):
+        if set(structured) - {"json", "json_object"}:
+            raise BadRequest("structured_outputs takes json or json_object", "structured_outputs")
+        if "json" in structured:
+            schema = structured["json"]
+            text = schema if isinstance(schema, str) else json.dumps(schema)
+            return ConstraintSpec("json_schema", schema=text)
+        if structured.get("json_object"):
+            return ConstraintSpec("json_object")
+    elif structured is not None:
+        raise BadRequest("structured_outputs must be an object", "structured_outputs")
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_object":
+        return ConstraintSpec("json_object")
+    spec = fmt.get("json_schema")
+    if fmt.get("type") == "json_schema" and isinstance(spec, dict):
+        return ConstraintSpec("json_schema", schema=json.dumps(spec.get("schema", {})))
+    raise BadRequest("response_format is text, json_object or json_schema", "response_format")
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, dict):
+        raise BadRequest("logit_bias maps token ids to numbers", "logit_bias")
+    try:
+        return tuple((int(token), float(value)) for token, value in bias.items())
+    except (TypeError, ValueError) as exc:
+        raise BadRequest("logit_bias maps token ids to numbers", "logit_bias") from exc
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> tuple[bool, int]:
+    """(logprobs, top_logprobs): completions take a count, chat a flag and top_logprobs."""
+    value = body.get("logprobs")
+    if chat:
+        top = body.get("top_logprobs") or 0
+        return bool(value), int(top) if isinstance(top, int) else -1
+    if value is None or value is False:
+        return False, 0
+    return True, int(value) if isinstance(value, int) else -1
 
 
 def _number(body: dict[str, Any], name: str, default: float) -> float:
@@ -54,7 +107,7 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
-def _sampling(body: dict[str, Any]) -> SamplingParams:
+def _sampling(body: dict[str, Any], chat: bool = False) -> SamplingParams:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens")) or DEFAULT_MAX_TOKENS
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
@@ -63,6 +116,7 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
         raise BadRequest("max_tokens must be an integer and stop strings", "max_tokens")
     if not isinstance(seed, int | None) or not isinstance(before, int):
         raise BadRequest("seed and generated_before must be integers", "seed")
+    logprobs, top = _logprobs(body, chat)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -72,6 +126,13 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
             stop=tuple(stop),
             ignore_eos=bool(body.get("ignore_eos", False)),
             generated_before=before,
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0),
+            logit_bias=_logit_bias(body),
+            logprobs=logprobs,
+            top_logprobs=top,
+            constraint=_constraint(body),
         )
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
@@ -114,8 +175,9 @@ def parse_request(
         raise BadRequest("the body must be a JSON object")
     if body.get("model") != model:
         raise BadRequest(f"The model `{body.get('model')}` does not exist.", "model", 404)
-    if body.get("n", 1) != 1:
-        raise BadRequest("only n=1 is supported", "n")
+    n = body.get("n") or 1
+    if not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise BadRequest(f"n must be between 1 and {MAX_CHOICES}", "n")
     options = body.get("stream_options") or {}
     ids = (
         _chat_ids(body.get("messages"), tokenizer)
@@ -124,11 +186,12 @@ def parse_request(
     )
     return FaceRequest(
         prompt_token_ids=ids,
-        sampling=_sampling(body),
+        sampling=_sampling(body, chat),
         stream=bool(body.get("stream", False)),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         return_token_ids=bool(body.get("return_token_ids", False)),
         chat=chat,
+        n=n,
     )
 
 
@@ -151,8 +214,18 @@ class Answer:
             return "chat.completion.chunk" if chunk else "chat.completion"
         return "text_completion"
 
-    def _choice(self, text: str, ids: tuple[int, ...], reason: str | None, chunk: bool) -> Any:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+    def _choice(
+        self,
+        text: str,
+        ids: tuple[int, ...],
+        reason: str | None,
+        chunk: bool,
+        index: int = 0,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> Any:
+        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": None}
+        if self.request.sampling.logprobs and logprobs:
+            choice["logprobs"] = self._logprobs(ids, logprobs)
         if not self.request.chat:
             choice["text"] = text
         elif chunk:
@@ -167,17 +240,57 @@ class Answer:
         return {"id": self.id, "object": self._object(chunk), "created": self.created,
                 "model": self.model}  # fmt: skip
 
-    def chunk(self, text: str, ids: tuple[int, ...], reason: str | None) -> dict[str, Any]:
-        return {**self._head(True), "choices": [self._choice(text, ids, reason, True)]}
+    def _logprobs(self, ids: tuple[int, ...], values: tuple[TokenLogprob, ...]) -> Any:
+        """vLLM's shape of a completion's logprobs, tokens written as token ids
+        ("token_id:<id>", vLLM's return_tokens_as_token_ids); chat gets the same content."""
+        tokens = [f"token_id:{i}" for i in ids]
+        tops = [{f"token_id:{t}": lp for t, lp in value.top} for value in values]
+        if self.request.chat:
+            return {"content": [
+                {"token": token, "logprob": value.logprob, "bytes": None,
+                 "top_logprobs": [{"token": t, "logprob": lp, "bytes": None}
+                                  for t, lp in top.items()]}
+                for token, value, top in zip(tokens, values, tops, strict=False)]}  # fmt: skip
+        return {"tokens": tokens, "token_logprobs": [v.logprob for v in values],
+                "top_logprobs": tops, "text_offset": []}  # fmt: skip
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def chunk(
+        self,
+        text: str,
+        ids: tuple[int, ...],
+        reason: str | None,
+        index: int = 0,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> dict[str, Any]:
+        choice = self._choice(text, ids, reason, True, index, logprobs)
+        return {**self._head(True), "choices": [choice]}
+
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
         prompt = len(self.request.prompt_token_ids)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}  # fmt: skip
+                "total_tokens": prompt + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}  # fmt: skip
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
-        return {**self._head(True), "choices": [], "usage": self.usage(completion_tokens)}
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        usage = self.usage(completion_tokens, cached_tokens)
+        return {**self._head(True), "choices": [], "usage": usage}
 
-    def whole(self, text: str, ids: tuple[int, ...], reason: str, tokens: int) -> dict[str, Any]:
-        choice = self._choice(text, ids, reason, False)
-        return {**self._head(False), "choices": [choice], "usage": self.usage(tokens)}
+    def whole(
+        self, choices: list[WholeChoice], tokens: int, cached_tokens: int = 0
+    ) -> dict[str, Any]:
+        out = [
+            self._choice(c.text, tuple(c.ids), c.reason, False, i, tuple(c.logprobs))
+            for i, c in enumerate(choices)
+        ]
+        usage = self.usage(tokens, cached_tokens)
+        return {**self._head(False), "choices": out, "usage": usage}
+
+
+@dataclass(slots=True)
+class WholeChoice:
+    """One choice of a whole (not streamed) answer, gathered from its events."""
+
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    reason: str = "stop"

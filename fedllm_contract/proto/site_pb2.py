@@ -24,49 +24,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedllm_contract/proto/site.proto\x12\x0e\x66\x65\x64llm.site.v1\"\xa0\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x18\n\x10generated_before\x18\x07 \x01(\rB\x07\n\x05_seed\"\xaf\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.fedllm.site.v1.SamplingParams\x12\x18\n\x10predicted_tokens\x18\x05 \x01(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xb1\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x33\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1c.fedllm.site.v1.FinishReason\x12$\n\x05usage\x18\x06 \x01(\x0b\x32\x15.fedllm.site.v1.Usage\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\",\n\x14ReleaseQueuedRequest\x12\x14\n\x0cmax_requests\x18\x01 \x01(\r\"V\n\x0fReleasedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x18\n\x10predicted_tokens\x18\x03 \x01(\r\"J\n\x15ReleaseQueuedResponse\x12\x31\n\x08released\x18\x01 \x03(\x0b\x32\x1f.fedllm.site.v1.ReleasedRequest\"\r\n\x0bInfoRequest\"\xc7\x02\n\x08SiteInfo\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x15\n\rkv_block_size\x18\x08 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x0e\n\x06\x65ngine\x18\x0b \x01(\t\x12\x0f\n\x07version\x18\x0c \x01(\t\x12\x16\n\x0eprefix_caching\x18\r \x01(\x08\x12\x19\n\x11\x62lock_hash_scheme\x18\x0e \x01(\t\x12\x16\n\x0ehost_kv_blocks\x18\x0f \x01(\r\">\n\x11LoadStreamRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61\x63he_events\x18\x02 \x01(\x08\"\xfc\x03\n\nLoadReport\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x04\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\r\x12\x18\n\x10running_requests\x18\x05 \x01(\r\x12\x1c\n\x14queued_prompt_tokens\x18\x06 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x07 \x01(\x04\x12\"\n\x1apredicted_remaining_tokens\x18\x08 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\t \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x0b \x01(\x01\x12\x12\n\niterations\x18\x0c \x01(\x04\x12\x1b\n\x13kv_block_iterations\x18\r \x01(\x04\x12\x1b\n\x13kv_token_iterations\x18\x0e \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\x0f \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x10 \x01(\x04\x12\x1e\n\x16prefix_cache_host_hits\x18\x11 \x01(\x04\x12\x31\n\x0c\x63\x61\x63he_events\x18\x12 \x01(\x0b\x32\x1b.fedllm.site.v1.CacheEvents\"\xc3\x01\n\nCacheEvent\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.fedllm.site.v1.CacheEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12\x19\n\x11parent_block_hash\x18\x03 \x01(\x06\x12\'\n\x04tier\x18\x04 \x01(\x0e\x32\x19.fedllm.site.v1.CacheTier\",\n\x04Kind\x12\n\n\x06STORED\x10\x00\x12\x0b\n\x07REMOVED\x10\x01\x12\x0b\n\x07\x43LEARED\x10\x02\"\x80\x01\n\x0b\x43\x61\x63heEvents\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12*\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x1a.fedllm.site.v1.CacheEvent*\x98\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x1a\n\x16\x46INISH_REASON_RELEASED\x10\x04*7\n\tCacheTier\x12\x15\n\x11\x43\x41\x43HE_TIER_DEVICE\x10\x00\x12\x13\n\x0f\x43\x41\x43HE_TIER_HOST\x10\x01\x32\x8f\x03\n\nSiteEngine\x12L\n\x08Generate\x12\x1f.fedllm.site.v1.GenerateRequest\x1a\x1d.fedllm.site.v1.GenerateChunk0\x01\x12G\n\x06\x43\x61ncel\x12\x1d.fedllm.site.v1.CancelRequest\x1a\x1e.fedllm.site.v1.CancelResponse\x12\\\n\rReleaseQueued\x12$.fedllm.site.v1.ReleaseQueuedRequest\x1a%.fedllm.site.v1.ReleaseQueuedResponse\x12=\n\x04Info\x12\x1b.fedllm.site.v1.InfoRequest\x1a\x18.fedllm.site.v1.SiteInfo\x12M\n\nStreamLoad\x12!.fedllm.site.v1.LoadStreamRequest\x1a\x1a.fedllm.site.v1.LoadReport0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedllm_contract/proto/site.proto\x12\x0e\x66\x65\x64llm.site.v1\"\x83\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x18\n\x10generated_before\x18\x07 \x01(\r\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\n \x01(\x02\x12-\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x19.fedllm.site.v1.LogitBias\x12\x10\n\x08logprobs\x18\x0c \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\r \x01(\r\x12.\n\nconstraint\x18\x0e \x01(\x0b\x32\x1a.fedllm.site.v1.Constraint\x12\t\n\x01n\x18\x0f \x01(\rB\x07\n\x05_seed\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\"u\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x31\n\x0btagged_json\x18\x03 \x01(\x0b\x32\x1a.fedllm.site.v1.TaggedJsonH\x00\x42\x06\n\x04kind\"v\n\nTaggedJson\x12\r\n\x05\x62\x65gin\x18\x01 \x01(\t\x12\x0b\n\x03\x65nd\x18\x02 \x01(\t\x12\x13\n\x0bjson_schema\x18\x03 \x01(\t\x12\x11\n\tmin_items\x18\x04 \x01(\r\x12\x11\n\tmax_items\x18\x05 \x01(\r\x12\x11\n\tseparator\x18\x06 \x01(\t\"\xaf\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.fedllm.site.v1.SamplingParams\x12\x18\n\x10predicted_tokens\x18\x05 \x01(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"\xf0\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x33\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1c.fedllm.site.v1.FinishReason\x12$\n\x05usage\x18\x06 \x01(\x0b\x32\x15.fedllm.site.v1.Usage\x12.\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1c.fedllm.site.v1.TokenLogprob\x12\r\n\x05index\x18\x08 \x01(\r\"H\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\'\n\x03top\x18\x02 \x03(\x0b\x32\x1a.fedllm.site.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\",\n\x14ReleaseQueuedRequest\x12\x14\n\x0cmax_requests\x18\x01 \x01(\r\"V\n\x0fReleasedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x18\n\x10predicted_tokens\x18\x03 \x01(\r\"J\n\x15ReleaseQueuedResponse\x12\x31\n\x08released\x18\x01 \x03(\x0b\x32\x1f.fedllm.site.v1.ReleasedRequest\"\r\n\x0bInfoRequest\"\xc7\x02\n\x08SiteInfo\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x15\n\rkv_block_size\x18\x08 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\n \x01(\r\x12\x0e\n\x06\x65ngine\x18\x0b \x01(\t\x12\x0f\n\x07version\x18\x0c \x01(\t\x12\x16\n\x0eprefix_caching\x18\r \x01(\x08\x12\x19\n\x11\x62lock_hash_scheme\x18\x0e \x01(\t\x12\x16\n\x0ehost_kv_blocks\x18\x0f \x01(\r\">\n\x11LoadStreamRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61\x63he_events\x18\x02 \x01(\x08\"\xfc\x03\n\nLoadReport\x12\x11\n\tsite_name\x18\x01 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x04\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\r\x12\x18\n\x10running_requests\x18\x05 \x01(\r\x12\x1c\n\x14queued_prompt_tokens\x18\x06 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x07 \x01(\x04\x12\"\n\x1apredicted_remaining_tokens\x18\x08 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\t \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x0b \x01(\x01\x12\x12\n\niterations\x18\x0c \x01(\x04\x12\x1b\n\x13kv_block_iterations\x18\r \x01(\x04\x12\x1b\n\x13kv_token_iterations\x18\x0e \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\x0f \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x10 \x01(\x04\x12\x1e\n\x16prefix_cache_host_hits\x18\x11 \x01(\x04\x12\x31\n\x0c\x63\x61\x63he_events\x18\x12 \x01(\x0b\x32\x1b.fedllm.site.v1.CacheEvents\"\xc3\x01\n\nCacheEvent\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.fedllm.site.v1.CacheEvent.Kind\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12\x19\n\x11parent_block_hash\x18\x03 \x01(\x06\x12\'\n\x04tier\x18\x04 \x01(\x0e\x32\x19.fedllm.site.v1.CacheTier\",\n\x04Kind\x12\n\n\x06STORED\x10\x00\x12\x0b\n\x07REMOVED\x10\x01\x12\x0b\n\x07\x43LEARED\x10\x02\"\x80\x01\n\x0b\x43\x61\x63heEvents\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12*\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x1a.fedllm.site.v1.CacheEvent*\x98\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x1a\n\x16\x46INISH_REASON_RELEASED\x10\x04*7\n\tCacheTier\x12\x15\n\x11\x43\x41\x43HE_TIER_DEVICE\x10\x00\x12\x13\n\x0f\x43\x41\x43HE_TIER_HOST\x10\x01\x32\x8f\x03\n\nSiteEngine\x12L\n\x08Generate\x12\x1f.fedllm.site.v1.GenerateRequest\x1a\x1d.fedllm.site.v1.GenerateChunk0\x01\x12G\n\x06\x43\x61ncel\x12\x1d.fedllm.site.v1.CancelRequest\x1a\x1e.fedllm.site.v1.CancelResponse\x12\\\n\rReleaseQueued\x12$.fedllm.site.v1.ReleaseQueuedRequest\x1a%.fedllm.site.v1.ReleaseQueuedResponse\x12=\n\x04Info\x12\x1b.fedllm.site.v1.InfoRequest\x1a\x18.fedllm.site.v1.SiteInfo\x12M\n\nStreamLoad\x12!.fedllm.site.v1.LoadStreamRequest\x1a\x1a.fedllm.site.v1.LoadReport0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedllm_contract.proto.site_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2196
-  _globals['_FINISHREASON']._serialized_end=2348
-  _globals['_CACHETIER']._serialized_start=2350
-  _globals['_CACHETIER']._serialized_end=2405
+  _globals['_FINISHREASON']._serialized_start=2893
+  _globals['_FINISHREASON']._serialized_end=3045
+  _globals['_CACHETIER']._serialized_start=3047
+  _globals['_CACHETIER']._serialized_end=3102
   _globals['_SAMPLINGPARAMS']._serialized_start=53
-  _globals['_SAMPLINGPARAMS']._serialized_end=213
-  _globals['_GENERATEREQUEST']._serialized_start=216
-  _globals['_GENERATEREQUEST']._serialized_end=391
-  _globals['_USAGE']._serialized_start=393
-  _globals['_USAGE']._serialized_end=480
-  _globals['_GENERATECHUNK']._serialized_start=483
-  _globals['_GENERATECHUNK']._serialized_end=660
-  _globals['_CANCELREQUEST']._serialized_start=662
-  _globals['_CANCELREQUEST']._serialized_end=697
-  _globals['_CANCELRESPONSE']._serialized_start=699
-  _globals['_CANCELRESPONSE']._serialized_end=734
-  _globals['_RELEASEQUEUEDREQUEST']._serialized_start=736
-  _globals['_RELEASEQUEUEDREQUEST']._serialized_end=780
-  _globals['_RELEASEDREQUEST']._serialized_start=782
-  _globals['_RELEASEDREQUEST']._serialized_end=868
-  _globals['_RELEASEQUEUEDRESPONSE']._serialized_start=870
-  _globals['_RELEASEQUEUEDRESPONSE']._serialized_end=944
-  _globals['_INFOREQUEST']._serialized_start=946
-  _globals['_INFOREQUEST']._serialized_end=959
-  _globals['_SITEINFO']._serialized_start=962
-  _globals['_SITEINFO']._serialized_end=1289
-  _globals['_LOADSTREAMREQUEST']._serialized_start=1291
-  _globals['_LOADSTREAMREQUEST']._serialized_end=1353
-  _globals['_LOADREPORT']._serialized_start=1356
-  _globals['_LOADREPORT']._serialized_end=1864
-  _globals['_CACHEEVENT']._serialized_start=1867
-  _globals['_CACHEEVENT']._serialized_end=2062
-  _globals['_CACHEEVENT_KIND']._serialized_start=2018
-  _globals['_CACHEEVENT_KIND']._serialized_end=2062
-  _globals['_CACHEEVENTS']._serialized_start=2065
-  _globals['_CACHEEVENTS']._serialized_end=2193
-  _globals['_SITEENGINE']._serialized_start=2408
-  _globals['_SITEENGINE']._serialized_end=2807
+  _globals['_SAMPLINGPARAMS']._serialized_end=440
+  _globals['_LOGITBIAS']._serialized_start=442
+  _globals['_LOGITBIAS']._serialized_end=485
+  _globals['_CONSTRAINT']._serialized_start=487
+  _globals['_CONSTRAINT']._serialized_end=604
+  _globals['_TAGGEDJSON']._serialized_start=606
+  _globals['_TAGGEDJSON']._serialized_end=724
+  _globals['_GENERATEREQUEST']._serialized_start=727
+  _globals['_GENERATEREQUEST']._serialized_end=902
+  _globals['_USAGE']._serialized_start=904
+  _globals['_USAGE']._serialized_end=991
+  _globals['_GENERATECHUNK']._serialized_start=994
+  _globals['_GENERATECHUNK']._serialized_end=1234
+  _globals['_TOKENLOGPROB']._serialized_start=1236
+  _globals['_TOKENLOGPROB']._serialized_end=1308
+  _globals['_TOPLOGPROB']._serialized_start=1310
+  _globals['_TOPLOGPROB']._serialized_end=1357
+  _globals['_CANCELREQUEST']._serialized_start=1359
+  _globals['_CANCELREQUEST']._serialized_end=1394
+  _globals['_CANCELRESPONSE']._serialized_start=1396
+  _globals['_CANCELRESPONSE']._serialized_end=1431
+  _globals['_RELEASEQUEUEDREQUEST']._serialized_start=1433
+  _globals['_RELEASEQUEUEDREQUEST']._serialized_end=1477
+  _globals['_RELEASEDREQUEST']._serialized_start=1479
+  _globals['_RELEASEDREQUEST']._serialized_end=1565
+  _globals['_RELEASEQUEUEDRESPONSE']._serialized_start=1567
+  _globals['_RELEASEQUEUEDRESPONSE']._serialized_end=1641
+  _globals['_INFOREQUEST']._serialized_start=1643
+  _globals['_INFOREQUEST']._serialized_end=1656
+  _globals['_SITEINFO']._serialized_start=1659
+  _globals['_SITEINFO']._serialized_end=1986
+  _globals['_LOADSTREAMREQUEST']._serialized_start=1988
+  _globals['_LOADSTREAMREQUEST']._serialized_end=2050
+  _globals['_LOADREPORT']._serialized_start=2053
+  _globals['_LOADREPORT']._serialized_end=2561
+  _globals['_CACHEEVENT']._serialized_start=2564
+  _globals['_CACHEEVENT']._serialized_end=2759
+  _globals['_CACHEEVENT_KIND']._serialized_start=2715
+  _globals['_CACHEEVENT_KIND']._serialized_end=2759
+  _globals['_CACHEEVENTS']._serialized_start=2762
+  _globals['_CACHEEVENTS']._serialized_end=2890
+  _globals['_SITEENGINE']._serialized_start=3105
+  _globals['_SITEENGINE']._serialized_end=3504
 # @@protoc_insertion_point(module_scope)

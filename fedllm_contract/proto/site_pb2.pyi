@@ -71,6 +71,14 @@ class SamplingParams(_message.Message):
     STOP_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
     GENERATED_BEFORE_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
+    LOGIT_BIAS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    CONSTRAINT_FIELD_NUMBER: _builtins.int
+    N_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     temperature: _builtins.float
     """0 means greedy."""
@@ -84,8 +92,34 @@ class SamplingParams(_message.Message):
     mid-stream on another site, with those tokens appended to the prompt. A seeded sampler counts
     its steps from here, so the continued answer is the one an uninterrupted run would give.
     """
+    presence_penalty: _builtins.float
+    """OpenAI's penalties on tokens already generated: presence subtracts presence_penalty from
+    every token that appeared at least once, frequency subtracts frequency_penalty per
+    occurrence (both in [-2, 2]; 0: off). repetition_penalty (vLLM's, > 0; 0 or 1: off) divides
+    positive logits and multiplies negative ones of tokens in the prompt or the answer.
+    """
+    frequency_penalty: _builtins.float
+    repetition_penalty: _builtins.float
+    logprobs: _builtins.bool
+    """Report the log probability of each sampled token (float32 log-softmax of the raw logits),
+    and of the top_logprobs most likely tokens at each position (0..20).
+    """
+    top_logprobs: _builtins.int
+    n: _builtins.int
+    """Choices generated for this one prompt (OpenAI's n; 0 is read as 1). Each is its own
+    sequence with its own random stream (a seeded request's choice i > 0 seeds from
+    (seed, i)); chunks carry the choice's index.
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def logit_bias(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogitBias]:
+        """Added to the logits of these token ids before sampling (OpenAI's logit_bias, [-100, 100])."""
+
+    @_builtins.property
+    def constraint(self) -> Global___Constraint:
+        """What the answer's tokens must follow (constrained decoding); unset: free text."""
+
     def __init__(
         self,
         *,
@@ -96,16 +130,122 @@ class SamplingParams(_message.Message):
         stop: _abc.Iterable[_builtins.str] | None = ...,
         ignore_eos: _builtins.bool = ...,
         generated_before: _builtins.int = ...,
+        presence_penalty: _builtins.float = ...,
+        frequency_penalty: _builtins.float = ...,
+        repetition_penalty: _builtins.float = ...,
+        logit_bias: _abc.Iterable[Global___LogitBias] | None = ...,
+        logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int = ...,
+        constraint: Global___Constraint | None = ...,
+        n: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "constraint", b"constraint", "seed", b"seed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "generated_before", b"generated_before", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "constraint", b"constraint", "frequency_penalty", b"frequency_penalty", "generated_before", b"generated_before", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "n", b"n", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
 
 Global___SamplingParams: _TypeAlias = SamplingParams  # noqa: Y015
+
+@_typing.final
+class LogitBias(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    BIAS_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.int
+    bias: _builtins.float
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.int = ...,
+        bias: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bias", b"bias", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogitBias: _TypeAlias = LogitBias  # noqa: Y015
+
+@_typing.final
+class Constraint(_message.Message):
+    """A grammar the answer must follow, token by token. The site refuses (INVALID_ARGUMENT, naming
+    the feature) a constraint it cannot enforce; it never answers without enforcing it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    JSON_OBJECT_FIELD_NUMBER: _builtins.int
+    TAGGED_JSON_FIELD_NUMBER: _builtins.int
+    json_schema: _builtins.str
+    """A JSON schema (as JSON text) the answer must validate against."""
+    json_object: _builtins.bool
+    """Any JSON object."""
+    @_builtins.property
+    def tagged_json(self) -> Global___TaggedJson:
+        """JSON values wrapped in tags (tool calls in the model's tool-call format)."""
+
+    def __init__(
+        self,
+        *,
+        json_schema: _builtins.str = ...,
+        json_object: _builtins.bool = ...,
+        tagged_json: Global___TaggedJson | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind", "tagged_json", b"tagged_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind", "tagged_json", b"tagged_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["json_schema", "json_object", "tagged_json"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___Constraint: _TypeAlias = Constraint  # noqa: Y015
+
+@_typing.final
+class TaggedJson(_message.Message):
+    """Text made of min_items..max_items JSON values, each written as begin + value + end, separated
+    by `separator`: e.g. Hermes-style tool calls, begin "<tool_call>\\n", end "\\n</tool_call>",
+    each value an object {"name": ..., "arguments": {...}} valid against json_schema.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BEGIN_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_ITEMS_FIELD_NUMBER: _builtins.int
+    MAX_ITEMS_FIELD_NUMBER: _builtins.int
+    SEPARATOR_FIELD_NUMBER: _builtins.int
+    begin: _builtins.str
+    end: _builtins.str
+    json_schema: _builtins.str
+    min_items: _builtins.int
+    max_items: _builtins.int
+    """0: no upper bound."""
+    separator: _builtins.str
+    def __init__(
+        self,
+        *,
+        begin: _builtins.str = ...,
+        end: _builtins.str = ...,
+        json_schema: _builtins.str = ...,
+        min_items: _builtins.int = ...,
+        max_items: _builtins.int = ...,
+        separator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin", b"begin", "end", b"end", "json_schema", b"json_schema", "max_items", b"max_items", "min_items", b"min_items", "separator", b"separator"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaggedJson: _TypeAlias = TaggedJson  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
@@ -184,6 +324,8 @@ class GenerateChunk(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     accepted: _builtins.bool
     text: _builtins.str
@@ -191,10 +333,19 @@ class GenerateChunk(_message.Message):
     incomplete). Stop strings are cut from it.
     """
     finish_reason: Global___FinishReason.ValueType
+    index: _builtins.int
+    """Which choice these tokens belong to (0..n-1). A request with n choices streams each until its
+    own finish_reason; usage on a finishing chunk counts the prompt once and the completion
+    tokens of every choice so far, so the last finishing chunk carries the request's totals.
+    """
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def usage(self) -> Global___Usage: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
+        """With SamplingParams.logprobs: one entry per id of token_ids, in order."""
+
     def __init__(
         self,
         *,
@@ -204,14 +355,63 @@ class GenerateChunk(_message.Message):
         text: _builtins.str = ...,
         finish_reason: Global___FinishReason.ValueType = ...,
         usage: Global___Usage | None = ...,
+        logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
+        index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "finish_reason", b"finish_reason", "request_id", b"request_id", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "request_id", b"request_id", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateChunk: _TypeAlias = GenerateChunk  # noqa: Y015
+
+@_typing.final
+class TokenLogprob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    TOP_FIELD_NUMBER: _builtins.int
+    logprob: _builtins.float
+    @_builtins.property
+    def top(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprob]:
+        """The top_logprobs most likely tokens at this position, most likely first."""
+
+    def __init__(
+        self,
+        *,
+        logprob: _builtins.float = ...,
+        top: _abc.Iterable[Global___TopLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "top", b"top"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
+class TopLogprob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.int
+    logprob: _builtins.float
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.int = ...,
+        logprob: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprob: _TypeAlias = TopLogprob  # noqa: Y015
 
 @_typing.final
 class CancelRequest(_message.Message):

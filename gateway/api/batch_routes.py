@@ -19,6 +19,7 @@ from gateway.api.batch_schemas import (
     BatchList,
     BatchResult,
     BatchResultList,
+    BatchUsage,
     ItemAssignment,
     RequestCounts,
 )
@@ -67,6 +68,11 @@ def _batch(view: BatchView) -> Batch:
         expired_at=_unix(view.expired_at) if view.status == BatchStatus.EXPIRED else None,
         cancelling_at=_unix(view.cancelling_at),
         cancelled_at=ended(BatchStatus.CANCELLED),
+        usage=BatchUsage(
+            view.usage.input_tokens,
+            view.usage.output_tokens,
+            view.usage.input_tokens + view.usage.output_tokens,
+        ),
     )
 
 

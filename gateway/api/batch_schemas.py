@@ -31,6 +31,24 @@ class RequestCounts(msgspec.Struct):
     failed: int
 
 
+class InputTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(msgspec.Struct):
+    """OpenAI's batch usage: the tokens of the answered requests."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: InputTokensDetails = msgspec.field(default_factory=InputTokensDetails)
+    output_tokens_details: OutputTokensDetails = msgspec.field(default_factory=OutputTokensDetails)
+
+
 class Batch(msgspec.Struct):
     """OpenAI's batch object. An inline batch (this gateway's extension) has no input file
     and, unless it asked for one, no completion window."""
@@ -56,9 +74,12 @@ class Batch(msgspec.Struct):
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
-    # Validation errors of the input file: this gateway refuses such a batch at creation
-    # (400 naming the line), so a batch it created never has any.
+    # Validation errors of the input file as a whole (a malformed file, lines for another
+    # endpoint or model): this gateway refuses such a batch at creation (400 naming the line),
+    # so a batch it created never has any. A line its endpoint refuses is that line's entry
+    # in the error file instead.
     errors: None = None
+    usage: BatchUsage | None = None
     object: Literal["batch"] = "batch"
 
 

@@ -21,6 +21,7 @@ from gateway.chat.request import ChatMessage as ChatMessage
 from gateway.chat.result import ChatChoice as ChatChoice
 from gateway.chat.result import ChatCompletion as ChatCompletion
 from gateway.chat.result import ChatResponseMessage as ChatResponseMessage
+from gateway.completions.logprobs import ChatLogprobs
 from gateway.completions.result import FinishReason as FinishReason
 from gateway.completions.result import Usage
 
@@ -43,16 +44,31 @@ def decode_chat_request(body: bytes) -> ChatCompletionRequest:
         ) from exc
 
 
+class FunctionDelta(msgspec.Struct):
+    name: str
+    arguments: str
+
+
+class ToolCallDelta(msgspec.Struct):
+    """A whole call in one delta (the SDKs accumulate deltas by index; one is enough)."""
+
+    index: int
+    id: str
+    function: FunctionDelta
+    type: Literal["function"] = "function"
+
+
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):
     delta: ChatDelta
     finish_reason: FinishReason | None = None
     index: int = 0
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):

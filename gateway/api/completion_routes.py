@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -13,7 +14,12 @@ from litestar.response import Stream
 from gateway.api.body import decode_body
 from gateway.api.client_auth import authenticate_caller
 from gateway.api.completion_schemas import Completion, CompletionRequest
-from gateway.api.openai_format import collect_completion, completion_events
+from gateway.api.openai_format import (
+    collect_completion,
+    completion_events,
+    merged_completion,
+    prompt_list_events,
+)
 from gateway.api.openapi_body import json_body
 from gateway.chat.service import ChatService
 from gateway.completions.service import CompletionService, PreparedCompletion
@@ -70,15 +76,14 @@ class CompletionsController(Controller):
     ) -> Response[Completion] | Stream:
         body = await request.body()
         prepared = await completion_call.tokenize_pool.run(
-            completion_call.completions.prepare, decode_body(body, CompletionRequest), len(body)
+            completion_call.completions.prepare_prompts,
+            decode_body(body, CompletionRequest),
+            len(body),
         )
-        return await answer(
-            OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion),
-            request,
-            body,
-            prepared,
-            completion_call,
-        )
+        shape = OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion)
+        if len(prepared) > 1:
+            return await answer_prompts(shape, request, body, prepared, completion_call)
+        return await answer(shape, request, body, prepared[0], completion_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +132,36 @@ async def answer(
 def answer_headers(sites: list[str], replayed: bool) -> dict[str, str]:
     """The site that finished the answer; a replay names none (it ran earlier)."""
     return {REPLAYED_HEADER: "true"} if replayed else {SITE_HEADER: sites[-1]}
+
+
+async def answer_prompts(
+    shape: OpenAIAnswer[Completion],
+    request: Request[Any, Any, Any],
+    body: bytes,
+    prompts: list[PreparedCompletion],
+    call: CompletionCall,
+) -> Response[Completion] | Stream:
+    """A list of prompts: each dispatched as its own request, answered as one completion whose
+    choices are numbered prompt by prompt (OpenAI's `index` = prompt * n + choice). A stream
+    sends each prompt's events in turn."""
+    completions, caller = call.completions, call.caller
+    claim = await call.idempotency.claim(
+        request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prompts[0].stream
+    )
+    if prompts[0].stream:
+        dispatches = [await completions.dispatch(p, caller.admission()) for p in prompts]
+        return Stream(
+            prompt_list_events(dispatches),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", SITE_HEADER: dispatches[0].site.name},
+        )
+    sites: list[str] = []
+
+    async def run() -> Completion:
+        dispatches = [await completions.dispatch(p, caller.admission()) for p in prompts]
+        answers = await asyncio.gather(*(collect_completion(d) for d in dispatches))
+        sites.append(dispatches[-1].site.name)
+        return merged_completion(answers, prompts[0].params.n)
+
+    answered, replayed = await call.idempotency.once(claim, Completion, run)
+    return Response(answered, headers=answer_headers(sites, replayed))

@@ -8,6 +8,7 @@ from litestar.di import NamedDependency
 from gateway.admin.readiness import Readiness
 from gateway.api.client_auth import require_client_key
 from gateway.api.completion_schemas import ModelCard, ModelList
+from gateway.errors import model_not_found
 from gateway.tokenizers import ModelTokenizers
 
 
@@ -23,6 +24,19 @@ class ModelsController(Controller):
     )
     async def list_models(self, tokenizers: NamedDependency[ModelTokenizers]) -> ModelList:
         return ModelList(data=[ModelCard(id=name) for name in tokenizers.models()])
+
+    @get(
+        "/models/{model_id:path}",
+        guards=[require_client_key],
+        summary="One model served by at least one configured site",
+    )
+    async def get_model(
+        self, tokenizers: NamedDependency[ModelTokenizers], model_id: str
+    ) -> ModelCard:
+        name = model_id.lstrip("/")  # a path parameter keeps ids with '/' (org/model) whole
+        if name not in tokenizers.models():
+            raise model_not_found(name)
+        return ModelCard(id=name)
 
 
 class HealthController(Controller):

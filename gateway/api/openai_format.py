@@ -4,29 +4,42 @@ body, or SSE events."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import msgspec
 
-from gateway.api.chat_schemas import ChatChunkChoice, ChatCompletionChunk, ChatDelta
+from gateway.api.chat_schemas import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    FunctionDelta,
+    ToolCallDelta,
+)
 from gateway.api.openai_errors import OpenAIError, error_envelope
 from gateway.chat.result import collect_chat_completion
+from gateway.chat.tool_calls import ToolCall, ToolCallScanner
+from gateway.completions.logprobs import ChatLogprobs, chat_logprobs, completion_logprobs
 from gateway.completions.result import (
     Completion,
     CompletionChoice,
     Usage,
     collect_completion,
     finish_reason,
+    token_decoder,
     usage,
 )
 from gateway.completions.service import PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.errors import GatewayError
+from gateway.sites.interface import SiteChunk
 
 __all__ = [
     "chat_completion_events",
     "collect_chat_completion",
     "collect_completion",
     "completion_events",
+    "merged_completion",
+    "prompt_list_events",
 ]
 
 
@@ -42,6 +55,31 @@ def _event(payload: msgspec.Struct) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
+@dataclass(slots=True)
+class _CompletionStream:
+    """Per choice: whether its echo went out, and where its text stands (logprobs offsets)."""
+
+    started: set[int] = field(default_factory=set)
+    offsets: dict[int, int] = field(default_factory=dict)
+
+    def choice(self, dispatch: Dispatch, chunk: SiteChunk) -> CompletionChoice:
+        prepared = dispatch.prepared
+        text = chunk.text
+        if chunk.index not in self.started:
+            self.started.add(chunk.index)
+            text = (prepared.echo or "") + text
+            self.offsets[chunk.index] = len(prepared.echo or "")
+        logprobs = None
+        if prepared.params.logprobs and chunk.logprobs:
+            offset = self.offsets[chunk.index]
+            logprobs = completion_logprobs(
+                chunk.token_ids, chunk.logprobs, token_decoder(dispatch), offset
+            )
+        self.offsets[chunk.index] += len(chunk.text)
+        reason = finish_reason(chunk.finish_reason)
+        return CompletionChoice(text, chunk.index, logprobs, reason)
+
+
 async def completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
     """SSE stream: one event per site chunk, an optional usage event, then [DONE].
 
@@ -49,16 +87,56 @@ async def completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
     error event (the shape OpenAI uses), followed by [DONE].
     """
     prepared = dispatch.prepared
+    state = _CompletionStream()
     try:
         async for chunk in dispatch.events():
-            choice = CompletionChoice(
-                text=chunk.text, finish_reason=finish_reason(chunk.finish_reason)
-            )
-            yield _event(_chunk(prepared, [choice]))
+            yield _event(_chunk(prepared, [state.choice(dispatch, chunk)]))
         if prepared.include_usage:
             yield _event(_chunk(prepared, [], usage(dispatch)))
     except (OpenAIError, GatewayError) as exc:
         yield _event(error_envelope(exc))
+    yield b"data: [DONE]\n\n"
+
+
+def merged_completion(answers: list[Completion], n: int) -> Completion:
+    """One completion of a list of prompts' answers: choices numbered prompt * n + choice,
+    usage summed (OpenAI's shape for a list prompt)."""
+    choices = [
+        msgspec.structs.replace(choice, index=i * n + choice.index)
+        for i, answer in enumerate(answers)
+        for choice in answer.choices
+    ]
+    prompt = sum(a.usage.prompt_tokens for a in answers if a.usage is not None)
+    completion = sum(a.usage.completion_tokens for a in answers if a.usage is not None)
+    first = answers[0]
+    return Completion(
+        first.id, first.object, first.created, first.model, choices,
+        Usage(prompt, completion, prompt + completion),
+    )  # fmt: skip
+
+
+async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]:
+    """The SSE stream of a list of prompts: each prompt's chunks in turn (under the first
+    request's id, choices renumbered prompt * n + choice), one usage chunk for all, [DONE]."""
+    first = dispatches[0].prepared
+    n = first.params.n
+    try:
+        for number, dispatch in enumerate(dispatches):
+            state = _CompletionStream()
+            async for chunk in dispatch.events():
+                choice = state.choice(dispatch, chunk)
+                choice.index = number * n + choice.index
+                yield _event(_chunk(first, [choice]))
+        if first.include_usage:
+            totals = [usage(dispatch) for dispatch in dispatches]
+            prompt = sum(u.prompt_tokens for u in totals)
+            completion = sum(u.completion_tokens for u in totals)
+            yield _event(_chunk(first, [], Usage(prompt, completion, prompt + completion)))
+    except (OpenAIError, GatewayError) as exc:
+        yield _event(error_envelope(exc))
+    finally:
+        for dispatch in dispatches:  # prompts not reached (client gone): their slots back
+            dispatch.abandon()
     yield b"data: [DONE]\n\n"
 
 
@@ -74,28 +152,71 @@ def _chat_chunk(
     )
 
 
-async def chat_completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
-    """SSE stream of chat.completion.chunk objects: the assistant role, content deltas, a chunk
-    with the finish reason, an optional usage chunk, then [DONE]; errors as in
-    completion_events.
+def _delta(part: str | ToolCall, number: int) -> ChatDelta:
+    if isinstance(part, str):
+        return ChatDelta(content=part)
+    function = FunctionDelta(part.function.name, part.function.arguments)
+    return ChatDelta(tool_calls=[ToolCallDelta(number, part.id, function)])
 
-    The role chunk waits for the site's first chunk so that everything is sent from inside
+
+@dataclass(slots=True)
+class _ChatStream:
+    """Per choice: its tool-call scanner (when the request has tools) and calls so far."""
+
+    dispatch: Dispatch
+    scanners: dict[int, ToolCallScanner] = field(default_factory=dict)
+
+    def deltas(self, chunk: SiteChunk) -> list[ChatChunkChoice]:
+        """The chunk's choice deltas: content, tool calls as they complete, logprobs, and at
+        the end its finish reason ("tool_calls" when it called any)."""
+        prepared = self.dispatch.prepared
+        parsing = prepared.tool_calls
+        out: list[ChatChunkChoice] = []
+        index = chunk.index
+        if parsing is None:
+            parts: list[str | ToolCall] = [chunk.text] if chunk.text else []
+        else:
+            scanner = self.scanners.setdefault(index, ToolCallScanner(parsing))
+            parts = scanner.feed(chunk.text)
+            if chunk.finish_reason is not None and (rest := scanner.flush()):
+                parts.append(rest)
+        calls = self.scanners[index].calls if index in self.scanners else []
+        for part in parts:
+            number = calls.index(part) if isinstance(part, ToolCall) else 0
+            out.append(ChatChunkChoice(_delta(part, number), index=index))
+        if prepared.params.logprobs and chunk.logprobs:
+            decode = token_decoder(self.dispatch)
+            values = ChatLogprobs(chat_logprobs(chunk.token_ids, chunk.logprobs, decode))
+            if not out:
+                out.append(ChatChunkChoice(ChatDelta(), index=index))
+            out[-1].logprobs = values
+        if chunk.finish_reason is not None:
+            reason = finish_reason(chunk.finish_reason)
+            if calls and reason == "stop":
+                reason = "tool_calls"
+            out.append(ChatChunkChoice(ChatDelta(), finish_reason=reason, index=index))
+        return out
+
+
+async def chat_completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
+    """SSE stream of chat.completion.chunk objects: per choice the assistant role, content and
+    tool-call deltas, a chunk with the finish reason; an optional usage chunk, then [DONE];
+    errors as in completion_events.
+
+    The role chunk waits for the choice's first chunk so that everything is sent from inside
     dispatch.events(), which records the request as cancelled if the client goes away.
     """
     prepared = dispatch.prepared
-    started = False
+    started: set[int] = set()
+    state = _ChatStream(dispatch)
     try:
         async for chunk in dispatch.events():
-            if not started:
-                started = True
+            if chunk.index not in started:
+                started.add(chunk.index)
                 role = ChatDelta(role="assistant", content="")
-                yield _event(_chat_chunk(prepared, [ChatChunkChoice(role)]))
-            if chunk.text:
-                content = ChatDelta(content=chunk.text)
-                yield _event(_chat_chunk(prepared, [ChatChunkChoice(content)]))
-            if chunk.finish_reason is not None:
-                end = ChatChunkChoice(ChatDelta(), finish_reason=finish_reason(chunk.finish_reason))
-                yield _event(_chat_chunk(prepared, [end]))
+                yield _event(_chat_chunk(prepared, [ChatChunkChoice(role, index=chunk.index)]))
+            for choice in state.deltas(chunk):
+                yield _event(_chat_chunk(prepared, [choice]))
         if prepared.include_usage:
             yield _event(_chat_chunk(prepared, [], usage(dispatch)))
     except (OpenAIError, GatewayError) as exc:

@@ -8,7 +8,7 @@ tokenize pool (gateway/tokenize_pool.py), a slice of items at a time, never on t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -120,9 +120,15 @@ def _refuse(line: InputLine, where: str, message: str, param: str) -> NoReturn:
 
 
 class ItemPreparer:
-    def __init__(self, completions: CompletionService, chat: ChatService) -> None:
+    def __init__(
+        self,
+        completions: CompletionService,
+        chat: ChatService,
+        status_of: Callable[[GatewayError], int] = lambda exc: 400,
+    ) -> None:
         self._completions = completions
         self._chat = chat
+        self._status_of = status_of
 
     def prepare(self, endpoint: str, model: str, body: dict[str, Any]) -> PreparedCompletion:
         """A stored item as its endpoint's prepared request; raises GatewayError (4xx)."""
@@ -131,8 +137,10 @@ class ItemPreparer:
         return self._completions.prepare(completion_request(model, body))
 
     def validate(self, endpoint: str, model: str, entries: Sequence[Entry]) -> list[NewItem]:
-        """The entries as items to store, or 4xx naming the first bad one (a model nobody
-        serves is the batch's 404)."""
+        """The entries as items to store. An entry its endpoint refuses (bad parameters, a
+        prompt longer than the context) is stored failed, with the error that endpoint would
+        have answered: that line's entry in the batch's error file, as OpenAI does. A model
+        nobody serves is the batch's 404."""
         items = []
         for entry in entries:
             try:
@@ -140,11 +148,18 @@ class ItemPreparer:
             except GatewayError as exc:
                 if exc.code == "model_not_found":
                     raise model_not_found(model) from exc
-                raise item_error(entry.where, entry.custom_id, exc) from exc
+                failed = NewItem(
+                    entry.custom_id, entry.body, 0, 0, exc.fields(), self._status_of(exc)
+                )
+                items.append(failed)
+                continue
             params = prepared.params
             items.append(
                 NewItem(
-                    entry.custom_id, entry.body, len(params.prompt_token_ids), params.max_tokens
+                    entry.custom_id,
+                    entry.body,
+                    len(params.prompt_token_ids),
+                    params.max_tokens * params.n,
                 )
             )
         return items

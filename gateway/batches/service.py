@@ -4,15 +4,18 @@ list, results and cancel, each scoped to the caller's key. Running batches is th
 
 A batch is submitted in OpenAI's form (an uploaded JSONL file, its endpoint and completion
 window) or inline (the model and the requests themselves). Either way every item is validated
-by its endpoint's own preparation (gateway/batches/items.py), tokenizing on the tokenize pool,
-so a batch is accepted only if every item would have been; otherwise nothing is written and
-the error names the item (`requests[i]`, or the line of the file).
+by its endpoint's own preparation (gateway/batches/items.py), tokenizing on the tokenize pool.
+An item its endpoint refuses (bad parameters, too long for the context) is stored failed with
+that endpoint's error, as OpenAI does: that line's entry in the error file. A malformed batch
+(or a line that is not a request of the batch's endpoint and model) is refused whole, nothing
+written, the error naming the item (`requests[i]`, or the line of the file).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 
@@ -97,7 +100,7 @@ class BatchService:
         status_of: StatusOf,
     ) -> BatchService:
         store = BatchStore(sessions)
-        preparer = ItemPreparer(completions, chat)
+        preparer = ItemPreparer(completions, chat, status_of)
         runner = BatchRunner(
             settings,
             store,
@@ -150,11 +153,12 @@ class BatchService:
                 param="input_file_id",
             )
         items = await self._validate(endpoint, model, entries)
-        if not any(s.healthy and s.model == model for s in self._registry.all()):
+        runnable = [item for item in items if item.error is None]
+        if runnable and not any(s.healthy and s.model == model for s in self._registry.all()):
             # As /v1/completions answers: retry later, rather than a batch that waits unseen.
             raise service_unavailable(f"no site can serve model '{model}' now")
         if admit is not None:
-            await admit([(item.prompt_tokens, item.max_tokens) for item in items])
+            await admit([(item.prompt_tokens, item.max_tokens) for item in runnable])
         new = NewBatch(
             id=f"batch_{uuid.uuid4().hex}",
             owner=owner,
@@ -247,14 +251,19 @@ class BatchService:
         batch = await self._store.get(batch_id, owner)
         if batch is None:
             raise not_found(batch_id)
-        return batch
+        return (await self.with_usage([batch]))[0]
+
+    async def with_usage(self, batches: list[BatchView]) -> list[BatchView]:
+        """The batches with the tokens their answered items took (OpenAI's batch usage)."""
+        usage = await self._store.usage([batch.id for batch in batches])
+        return [replace(b, usage=usage[b.id]) if b.id in usage else b for b in batches]
 
     async def list_batches(self, owner: Owner, after: str | None, limit: int) -> Page[BatchView]:
         check_limit(limit, MAX_BATCH_PAGE)
         page = await self._store.list_batches(owner, after, limit)
         if page is None:
             raise invalid_request(f"after: no batch with id '{after}'", param="after")
-        return page
+        return replace(page, data=await self.with_usage(list(page.data)))
 
     async def results(
         self, batch_id: str, owner: Owner, after: str | None, limit: int
@@ -280,4 +289,4 @@ class BatchService:
                 code="batch_not_cancellable",
             )
         self.runner.cancel(batch_id)
-        return batch
+        return (await self.with_usage([batch]))[0]

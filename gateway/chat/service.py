@@ -4,42 +4,25 @@ tokenize, then share every later step (sampling checks, routing, dispatch) with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from gateway.chat.request import ChatCompletionRequest, ChatMessage
+from fedllm_contract.grammar import ConstraintSpec
+from gateway.chat.request import ChatCompletionRequest
+from gateway.chat.response_format import response_constraint
 from gateway.chat.templates import ChatRenderError, ChatTemplates, NoChatTemplate
+from gateway.chat.tools import check_tools, tool_constraint, tools_prompt
+from gateway.chat.turns import TemplateAbilities, Turn, conversation
+from gateway.completions.sampling_options import RequestedOptions, check_stream_options
 from gateway.completions.service import CompletionService, Delivery, PreparedCompletion, Sampling
+from gateway.dispatch.request import ToolCallParsing
 from gateway.errors import invalid_request, model_not_found
+from gateway.federation import ToolCallFormat
 from gateway.tokenizers import ModelTokenizers
-
-ROLES = ("system", "user", "assistant")
-# Message fields refused unless null: tool use, audio, refusals and participant names are not
-# served (chat templates have no place for them).
-_MESSAGE_FIELDS_REFUSED = (
-    "name",
-    "tool_calls",
-    "tool_call_id",
-    "function_call",
-    "audio",
-    "refusal",
-)
-
-
-def _neutral_response_format(value: dict[str, Any] | None) -> bool:
-    return value is None or value == {"type": "text"}
-
 
 # param -> (is the value one this gateway honours, what to say when it is not)
 _NEUTRAL_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v in (None, 1), "only n=1 is supported"),
-    "logprobs": (lambda v: not v, "logprobs are not supported"),
-    "top_logprobs": (lambda v: v is None, "logprobs are not supported"),
-    "presence_penalty": (lambda v: not v, "presence_penalty is not supported"),
-    "frequency_penalty": (lambda v: not v, "frequency_penalty is not supported"),
-    "logit_bias": (lambda v: not v, "logit_bias is not supported"),
-    "response_format": (_neutral_response_format, "only response_format {'type': 'text'}"),
-    "tool_choice": (lambda v: v in (None, "none"), "tools are not supported"),
     "store": (lambda v: not v, "stored completions are not supported"),
     "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not offered"),
     "modalities": (lambda v: v in (None, ["text"]), "only the text modality is supported"),
@@ -54,62 +37,17 @@ def reject_unsupported(req: ChatCompletionRequest) -> None:
                 f"'{param}' is not supported by this gateway: {reason} (got {value!r})",
                 param=param,
             )
+    check_stream_options(req.stream, req.stream_options)
 
 
-def _content_text(message: ChatMessage, where: str) -> str:
-    content = message.content
-    if isinstance(content, str):
-        return content
-    if content is None:
-        raise invalid_request(f"{where}.content is required", param=f"{where}.content")
-    texts = []
-    for i, part in enumerate(content):
-        param = f"{where}.content[{i}]"
-        kind = part.get("type")
-        if kind != "text":
-            raise invalid_request(
-                f"content parts of type {kind!r} are not supported: only 'text' parts", param=param
-            )
-        if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-            raise invalid_request(
-                "a text part is exactly {'type': 'text', 'text': <string>}", param=param
-            )
-        texts.append(part["text"])
-    # Parts are joined with newlines, as vLLM does, so that separate paragraphs stay separate.
-    return "\n".join(texts)
-
-
-def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as chat templates read them: [{"role", "content"}], content as plain text."""
-    if not messages:
-        raise invalid_request("messages must hold at least one message", param="messages")
-    turns = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if message.role not in ROLES:
-            raise invalid_request(
-                f"role {message.role!r} is not supported: use one of {', '.join(ROLES)} "
-                "(tool and function messages are not served)",
-                param=f"{where}.role",
-            )
-        for name in _MESSAGE_FIELDS_REFUSED:
-            if getattr(message, name) is not None:
-                raise invalid_request(
-                    f"'{name}' on messages is not supported by this gateway",
-                    param=f"{where}.{name}",
-                )
-        turns.append({"role": message.role, "content": _content_text(message, where)})
-    return turns
-
-
-def _predictor_text(turns: list[dict[str, str]]) -> str:
+def _predictor_text(turns: list[Turn]) -> str:
     # The length predictor was trained on single prompts: an answer's length follows the
     # question it answers, the last user message, not the template's markup.
     users = [turn["content"] for turn in turns if turn["role"] == "user"]
     return users[-1] if users else "\n".join(turn["content"] for turn in turns)
 
 
-def _sampling(req: ChatCompletionRequest) -> Sampling:
+def _sampling(req: ChatCompletionRequest, constraint: ConstraintSpec | None) -> Sampling:
     limits = {"max_tokens": req.max_tokens, "max_completion_tokens": req.max_completion_tokens}
     given = {name: value for name, value in limits.items() if value is not None}
     if len(set(given.values())) > 1:
@@ -127,6 +65,16 @@ def _sampling(req: ChatCompletionRequest) -> Sampling:
         seed=req.seed,
         ignore_eos=req.ignore_eos,
         max_tokens_param=param,
+        options=RequestedOptions(
+            n=req.n,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=req.logit_bias,
+            logprobs=bool(req.logprobs),
+            top_logprobs=req.top_logprobs,
+            constraint=constraint,
+        ),
+        to_context_end=True,
     )
 
 
@@ -136,7 +84,9 @@ class ChatService:
         templates: ChatTemplates,
         tokenizers: ModelTokenizers,
         completions: CompletionService,
+        tool_formats: Mapping[str, ToolCallFormat] | None = None,
     ) -> None:
+        self._tool_formats = dict(tool_formats or {})
         self._templates = templates
         self._tokenizers = tokenizers
         self._completions = completions
@@ -147,10 +97,19 @@ class ChatService:
         if req.model not in self._templates or req.model not in self._tokenizers:
             raise model_not_found(req.model)
         reject_unsupported(req)
-        turns = conversation(req.messages)
-        sampling = _sampling(req)
+        tools = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        fmt = self._tool_formats.get(req.model, ToolCallFormat())
+        constraint = response_constraint(req.response_format)
+        if tools is not None:
+            constraint = tool_constraint(tools, fmt) or constraint
+        sampling = _sampling(req, constraint)
         try:
-            prompt = self._templates[req.model].render(turns, add_generation_prompt=True)
+            template = self._templates[req.model]
+            abilities = TemplateAbilities(template.knows("tools"), template.knows("developer"))
+            shown = tools_prompt(tools, fmt) if tools and not abilities.tools else None
+            turns = conversation(req.messages, abilities, fmt, shown)
+            listed = list(tools.tools) if tools and abilities.tools else None
+            prompt = template.render(turns, add_generation_prompt=True, tools=listed)
         except ChatRenderError as exc:
             raise invalid_request(
                 f"the chat template of model '{req.model}' refused these messages: {exc}",
@@ -167,7 +126,15 @@ class ChatService:
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        delivery = Delivery(stream=bool(req.stream), include_usage=include_usage, user=req.user)
-        return self._completions.prepare_tokens(
+        delivery = Delivery(
+            stream=bool(req.stream),
+            include_usage=include_usage,
+            user=req.user,
+            cache_salt=req.cache_salt,
+        )
+        prepared = self._completions.prepare_tokens(
             req.model, prompt_ids, _predictor_text(turns), sampling, delivery, "chat.completions"
         )
+        if tools is None:
+            return prepared
+        return replace(prepared, tool_calls=ToolCallParsing(fmt.begin, fmt.end, tools.names))

@@ -123,14 +123,22 @@ class ChatTemplate:
         tokens = {name: (special_tokens or {}).get(name, "") for name in SPECIAL_TOKENS}
         return cls(source, origin, tokens, compiled)
 
+    def knows(self, variable: str) -> bool:
+        """Whether the template's source mentions `variable` (e.g. `tools`, `developer`): how
+        the gateway tells a template that renders tools or a developer turn itself."""
+        return variable in self.source
+
     def render(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         try:
             return self._compiled.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
+                tools=[dict(t) for t in tools] if tools else None,
                 documents=None,
                 **self.special_tokens,
             )

@@ -12,10 +12,18 @@ import time
 import uuid
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+import msgspec
+
+from gateway.completions.cache_salt import cache_salt
 from gateway.completions.overload import InFlightBound
 from gateway.completions.request import CompletionRequest
+from gateway.completions.sampling_options import (
+    RequestedOptions,
+    check_options,
+    check_stream_options,
+)
 from gateway.db.models import RequestStatus
 from gateway.dispatch.accounting import DispatchLimits, OutcomeRecorder
 from gateway.dispatch.request import Admission as Admission
@@ -45,7 +53,16 @@ log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4
 # Stop strings are matched after every token; the site refuses longer ones (MAX_STOP_CHARS there).
 MAX_STOP_CHARS = 1024
+# Prompts of one /v1/completions request (a list): each is a request of its own at the sites.
+MAX_PROMPTS = 64
 _ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
+# The request parameter behind each site capability, for the 400 of a request no site can do.
+_CAPABILITY_PARAM = {
+    "penalties": "presence_penalty",
+    "json_schema": "response_format",
+    "json_object": "response_format",
+    "tagged_json": "tool_choice",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +77,10 @@ class Sampling:
     ignore_eos: bool = False
     # The wire name of the length limit the client used (chat has two), for error messages.
     max_tokens_param: str = "max_tokens"
+    # n, penalties, logit_bias, logprobs and the decoding constraint, as the client sent them.
+    options: RequestedOptions = field(default_factory=RequestedOptions)
+    # Without max_tokens: the API's default (completions) or the rest of the context (chat).
+    to_context_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +90,34 @@ class Delivery:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    cache_salt: str | None = None
 
 
 def _reject_unsupported(req: CompletionRequest) -> None:
     unsupported = {
-        "n": req.n != 1,
-        "best_of": req.best_of not in (None, 1),
-        "logprobs": req.logprobs is not None,
-        "echo": req.echo,
+        "best_of": req.best_of not in (None, 1, req.n),
         "suffix": req.suffix is not None,
-        "presence_penalty": req.presence_penalty != 0,
-        "frequency_penalty": req.frequency_penalty != 0,
-        "logit_bias": bool(req.logit_bias),
+        # Prompt logprobs (echo with logprobs) are not computed by the sites.
+        "echo": req.echo and req.logprobs is not None,
     }
     for param, used in unsupported.items():
         if used:
             raise invalid_request(f"'{param}' is not supported by this gateway", param=param)
+    check_stream_options(req.stream, req.stream_options)
+
+
+def completion_options(req: CompletionRequest) -> RequestedOptions:
+    """A completion's options: its `logprobs` is the number of alternatives (0..20 here: vLLM's
+    bound; OpenAI's is 5)."""
+    return RequestedOptions(
+        n=req.n,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        logit_bias=req.logit_bias,
+        logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs,
+        top_logprobs_param="logprobs",
+    )
 
 
 def accepted_request(
@@ -130,8 +163,12 @@ class CompletionService:
         request_log: RequestLog,
         predictors: ModelPredictors | None = None,
         metrics: GatewayMetrics | None = None,
+        shared_prefix_cache_models: frozenset[str] = frozenset(),
     ) -> None:
+        """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
+        API keys (the federation file's `share_prefix_cache`)."""
         self.settings = settings
+        self._shared_prefix_cache_models = shared_prefix_cache_models
         self.predictors = predictors or ModelPredictors(PredictorService(None))
         self.metrics = metrics or GatewayMetrics()
         self._registry = registry
@@ -178,10 +215,25 @@ class CompletionService:
             stop=req.stop,
             seed=req.seed,
             ignore_eos=req.ignore_eos,
+            options=completion_options(req),
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        delivery = Delivery(stream=req.stream, include_usage=include_usage, user=req.user)
-        return self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
+        delivery = Delivery(
+            stream=req.stream, include_usage=include_usage, user=req.user, cache_salt=req.cache_salt
+        )
+        prepared = self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
+        return replace(prepared, echo=prompt_text if req.echo else None)
+
+    def prepare_prompts(self, req: CompletionRequest) -> list[PreparedCompletion]:
+        """A request with a list of prompts as one prepared request per prompt (OpenAI answers
+        them as one completion whose choices run prompt by prompt); a single prompt as one."""
+        prompt = req.prompt
+        several = isinstance(prompt, list) and len(prompt) > 1
+        if not several or any(isinstance(item, int) for item in prompt):
+            return [self.prepare(req)]
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid_request(f"a request takes at most {MAX_PROMPTS} prompts", param="prompt")
+        return [self.prepare(msgspec.structs.replace(req, prompt=[one])) for one in prompt]
 
     def prepare_tokens(
         self,
@@ -198,12 +250,15 @@ class CompletionService:
         if model not in self._tokenizers:
             raise model_not_found(model)
         param = sampling.max_tokens_param
+        context = self._registry.max_model_len(model)
         max_tokens = self.settings.limits.default_max_tokens
         if sampling.max_tokens is not None:
             max_tokens = sampling.max_tokens
+        elif sampling.to_context_end and context is not None:
+            # OpenAI's chat default: the answer runs to its end or the context's.
+            max_tokens = max(context - len(prompt_ids), 1)
         if max_tokens < 1:
             raise invalid_request(f"{param} must be at least 1", param=param)
-        context = self._registry.max_model_len(model)
         if context is not None and len(prompt_ids) + max_tokens > context:
             raise invalid_request(
                 f"This model's maximum context length is {context} tokens. However, you "
@@ -220,6 +275,9 @@ class CompletionService:
             )
         if sampling.seed is not None and not 0 <= sampling.seed < 2**63:
             raise invalid_request("seed must be in [0, 2^63)", param="seed")
+        options = check_options(
+            sampling.options, self._tokenizers.vocab_size(model), self.settings.limits.max_choices
+        )
         params = GenerateParams(
             request_id=f"{_ID_PREFIX[api]}{uuid.uuid4().hex}",
             prompt_token_ids=tuple(prompt_ids),
@@ -229,6 +287,13 @@ class CompletionService:
             seed=sampling.seed,
             stop=stop,
             ignore_eos=sampling.ignore_eos,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            logit_bias=options.logit_bias,
+            logprobs=options.logprobs,
+            top_logprobs=options.top_logprobs,
+            constraint=options.constraint,
+            n=options.n,
         )
         return PreparedCompletion(
             request_id=params.request_id,
@@ -241,7 +306,18 @@ class CompletionService:
             prompt_text=prompt_text,
             api=api,
             unpredicted=self.settings.routing.plan_without_prediction,
+            client_cache_salt=delivery.cache_salt,
         )
+
+    def salted(self, prepared: PreparedCompletion, api_key_id: int | None) -> PreparedCompletion:
+        """The request with the prefix-cache salt of its key (gateway/completions/cache_salt.py);
+        set before routing, which may weigh what a site holds under that salt."""
+        salt = cache_salt(
+            api_key_id,
+            prepared.client_cache_salt,
+            prepared.model in self._shared_prefix_cache_models,
+        )
+        return replace(prepared, params=replace(prepared.params, cache_salt=salt))
 
     def check_prompt_chars(self, model: str, text: str, param: str) -> None:
         """400 for a prompt that cannot fit the model's context whatever its tokens, before it
@@ -309,6 +385,7 @@ class CompletionService:
         self, prepared: PreparedCompletion, admission: Admission | None
     ) -> Dispatch:
         started = time.monotonic()
+        prepared = self.salted(prepared, admission.api_key_id if admission is not None else None)
         # The one request in flight may have its prompt predicted on the loop: nobody waits.
         alone = self.bound.in_flight == 1
         prediction = await self.predictors.predict(
@@ -323,11 +400,11 @@ class CompletionService:
             )
         if admission is not None:
             routing = prepared.routing
-            most = routing.prompt_tokens + routing.max_tokens
+            most = routing.prompt_tokens + routing.max_tokens * routing.n
             # ignore_eos answers run to max_tokens whatever was predicted: charged as such.
             charged = most if prepared.params.ignore_eos else routing.total_tokens
             await admission.charge(charged, most)
-        decision = self._policy.route(prepared.routing, self._registry.all())
+        decision = self._policy.route(prepared.routing, self._able_sites(prepared))
         site = decision.site
         self.metrics.routed(self._policy.name, site.name if site is not None else None)
         # Built (and counted on its site) before the next await: the next request of a burst
@@ -355,6 +432,27 @@ class CompletionService:
                 prepared.prompt_text,
             )
         return dispatch
+
+    def _able_sites(self, prepared: PreparedCompletion) -> list[SiteState]:
+        """The sites that can do what the request needs (n, logprobs, a constraint...); 400
+        naming what, and which sites of the model cannot, when none of them can: the gateway
+        refuses only what the sites it would choose from cannot do."""
+        sites = self._registry.all()
+        needs = prepared.params.needs()
+        if not needs:
+            return sites
+        able = [site for site in sites if needs <= site.client.capabilities]
+        serving = [site for site in sites if site.model == prepared.model]
+        if serving and not any(site.model == prepared.model for site in able):
+            missing = sorted(needs - frozenset.intersection(
+                *(site.client.capabilities for site in serving)))  # fmt: skip
+            names = ", ".join(site.name for site in serving)
+            raise invalid_request(
+                f"no site serving model '{prepared.model}' ({names}) can do what this request "
+                f"asks: {', '.join(missing)}",
+                param=_CAPABILITY_PARAM.get(missing[0], missing[0]),
+            )
+        return able
 
     def _record_accepted(
         self,
@@ -393,7 +491,7 @@ class CompletionService:
     ) -> SiteState | None:
         """Another site for the request, not one of `excluded` (`routing`: a continuation's
         prompt and answer left)."""
-        others = [site for site in self._registry.all() if site.name not in excluded]
+        others = [site for site in self._able_sites(prepared) if site.name not in excluded]
         return self._policy.route(routing or prepared.routing, others).site
 
     def decode_answer(self, model: str, token_ids: Sequence[int]) -> str:

@@ -41,6 +41,12 @@ class PreparedCompletion:
     predicted_bucket: int | None = None
     api: Api = "completions"
     unpredicted: UnpredictedPlan = "max_tokens"
+    # The client's own cache_salt; params.cache_salt, once salted for its key, mixes it in.
+    client_cache_salt: str | None = None
+    # /v1/completions with echo: the prompt text, put before each choice's answer.
+    echo: str | None = None
+    # Chat with tools: how the model writes tool calls (its answer is parsed into tool_calls).
+    tool_calls: ToolCallParsing | None = None
 
     @property
     def routing(self) -> RoutingRequest:
@@ -57,5 +63,17 @@ class PreparedCompletion:
             predicted_bucket=self.predicted_bucket,
             unpredicted=self.unpredicted,
             prompt_token_ids=params.prompt_token_ids,
+            cache_salt=params.cache_salt,
             session_key=self.user,
+            n=params.n,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallParsing:
+    """What it takes to find tool calls in an answer: the model's tags around each call, and
+    the functions the request offered (a call naming another is left as text)."""
+
+    begin: str
+    end: str
+    names: frozenset[str]

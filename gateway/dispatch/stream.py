@@ -74,6 +74,8 @@ class Dispatch:
     attempts: int = 1
     # Answer tokens over every site (the client's usage); at the end, the sites' own counts.
     completion_tokens: int = 0
+    # Prompt tokens the (last) site took from its prefix cache, as its final chunk says.
+    cached_prompt_tokens: int = 0
     finish_reason: str | None = None
     first_token_at: datetime | None = None
     tried: set[str] = field(default_factory=set)
@@ -109,9 +111,12 @@ class Dispatch:
     # The answer length routing planned with: the ledger's charge counts down from it (fixed
     # per request; read once, not at every chunk).
     _answer_plan: int = 0
+    # Choices not finished yet (n > 1: the request ends when every one has).
+    _choices_left: int = 1
 
     def __post_init__(self) -> None:
         self._answer_plan = self.prepared.routing.answer_tokens
+        self._choices_left = self.prepared.params.n
         reservation = self.site.reserve(self._planned_charge(self.params))
         self._reservation = reservation
         self._unused = weakref.finalize(self, reservation.release)
@@ -237,7 +242,9 @@ class Dispatch:
                         if chunk.token_ids or chunk.text or chunk.finish_reason:
                             yield chunk
                         if chunk.finish_reason is not None:
-                            return
+                            self._choices_left -= 1
+                            if self._choices_left == 0:
+                                return
             except SiteUnavailable as exc:
                 self._last_failure = str(exc)
                 self.failed.add(self.site.name)
@@ -251,7 +258,7 @@ class Dispatch:
                 raise self._timed_out() from exc
             except SiteFailed as exc:
                 self.failed.add(self.site.name)
-                if not self._answer_ids:
+                if not self._answer_ids and self._choices_left == self.params.n:
                     # Accepted but not started (queued at the site) when the site broke: the
                     # caller has seen nothing, so the request simply goes elsewhere.
                     self.site.mark_unhealthy(exc.detail)
@@ -260,7 +267,8 @@ class Dispatch:
                                 self.prepared.request_id)  # fmt: skip
                     self._move_elsewhere()
                     continue
-                if len(self.continuations) >= self.limits.max_continuations:
+                if len(self.continuations) >= self.limits.max_continuations or self.params.n > 1:
+                    # Several choices are one answer each: they do not continue elsewhere.
                     raise upstream_failed(str(exc)) from exc
                 # The site broke under a started answer (died, lost its connection, its engine
                 # failed): the rest of the answer is generated elsewhere.
@@ -324,6 +332,9 @@ class Dispatch:
                 # The site's own count is authoritative (it includes tokens cut by a stop
                 # string); a continuation's site counts only what it generated.
                 self.completion_tokens = self._before + chunk.completion_tokens
+                # Of the client's prompt: a continuation's site also had answer tokens cached.
+                prompt = len(self.prepared.params.prompt_token_ids)
+                self.cached_prompt_tokens = min(chunk.cached_prompt_tokens, prompt)
             self.finish_reason = finish_reason
             if finish_reason == "cancelled" and self._revoked:
                 raise Unauthenticated(
@@ -338,6 +349,8 @@ class Dispatch:
             finish_reason=finish_reason,
             prompt_tokens=len(self.prepared.params.prompt_token_ids),
             completion_tokens=self.completion_tokens,
+            index=chunk.index,
+            logprobs=chunk.logprobs,
         )
 
     async def _continue_elsewhere(self, failure: SiteCallError) -> SiteChunk | None:
@@ -374,6 +387,16 @@ class Dispatch:
             generated_before=kept,
         )
         next_site = await self._site_to_continue_on(params)
+        if (
+            next_site is not None
+            and base.constraint is not None
+            and "continue_constraint" not in next_site.client.capabilities
+        ):
+            # Its grammar would start over on the answer's second half: never a loose answer.
+            raise upstream_failed(
+                f"{failure} mid-stream, and site {next_site.name} cannot continue a "
+                f"constrained answer (request {self.prepared.request_id})"
+            )
         if next_site is None:
             raise service_unavailable(
                 f"{failure} mid-stream, and no other site can continue request "

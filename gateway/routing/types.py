@@ -187,13 +187,17 @@ class RoutingRequest:
             )
             self._block_ids[block_size] = ids
         return ids
+    # Choices of the prompt (OpenAI's n): each needs max_tokens of context, and routing plans
+    # n answers (they share the prompt's KV through the site's prefix cache).
+    n: int = 1
 
     @property
     def answer_tokens(self) -> int:
-        """The answer length routing plans with (planned_answer_tokens)."""
-        return planned_answer_tokens(
+        """The answer length routing plans with (planned_answer_tokens), over every choice."""
+        one = planned_answer_tokens(
             self.predicted_tokens, self.max_tokens, self.unpredicted, self.prompt_tokens
         )
+        return one * self.n
 
     @property
     def total_tokens(self) -> int:

@@ -11,7 +11,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
+
+from fedllm_contract.cache_events import CacheEventBatch
+from fedllm_contract.grammar import ConstraintSpec
+
+# What a request may need of its site beyond plain generation; a site says which it has.
+# "continue_constraint": it continues a constrained answer from the tokens produced elsewhere
+# (its grammar goes on from them: generated_before).
+Capability = Literal[
+    "n",
+    "logprobs",
+    "penalties",
+    "logit_bias",
+    "json_schema",
+    "json_object",
+    "tagged_json",
+    "continue_constraint",
+]
+ALL_CAPABILITIES: frozenset[Capability] = frozenset(get_args(Capability))
 
 
 class SiteCallError(Exception):
@@ -57,6 +75,11 @@ class SiteInfoView:
     max_num_seqs: int
     engine: str
     version: str
+    # Prefix caching: whether the site caches, the scheme of its block ids
+    # (fedllm_contract.block_hash.HASH_SCHEME), and the blocks of its host-memory tier.
+    prefix_caching: bool = False
+    block_hash_scheme: str = ""
+    host_kv_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +99,13 @@ class LoadView:
     # Cumulative KV use since the site started (sum over iterations); benchmarks diff them.
     kv_block_iterations: int = 0
     kv_token_iterations: int = 0
+    # Prefix cache, cumulative since the site started, in prompt tokens: looked up at admission,
+    # found cached (either tier), of those copied back from the host tier.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_host_hits: int = 0
+    # What changed in the site's cache since the previous report (only when asked for).
+    cache_events: CacheEventBatch | None = None
 
     @property
     def token_load(self) -> int:
@@ -96,6 +126,43 @@ class GenerateParams:
     predicted_tokens: int | None = None
     # Answer tokens produced on another site before this call (a continuation; see dispatch.py).
     generated_before: int = 0
+    # Mixed into the site's prefix-cache block ids: only requests of one salt share blocks.
+    cache_salt: str = ""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # Report each sampled token's log probability, and top_logprobs alternatives (0..20).
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # What the answer's tokens must follow (structured outputs, tool calls).
+    constraint: ConstraintSpec | None = None
+    # Choices of this prompt (OpenAI's n), each with its own random stream.
+    n: int = 1
+
+    def needs(self) -> frozenset[Capability]:
+        """What this request needs of its site beyond plain generation."""
+        needed: set[Capability] = set()
+        if self.n > 1:
+            needed.add("n")
+        if self.logprobs:
+            needed.add("logprobs")
+        if self.presence_penalty or self.frequency_penalty:
+            needed.add("penalties")
+        if self.logit_bias:
+            needed.add("logit_bias")
+        if self.constraint is not None:
+            needed.add(self.constraint.kind)
+        return frozenset(needed)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log probability and the most likely alternatives at its position, each
+    as (token id, or None when the site said only its text; its text, or None when the site
+    said only its id; log probability)."""
+
+    logprob: float
+    top: tuple[tuple[int | None, str | None, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +173,11 @@ class SiteChunk:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    # Prompt tokens the site took from its prefix cache (on the last chunk).
+    cached_prompt_tokens: int = 0
+    # Which choice the chunk is of (n > 1); its tokens' logprobs when they were asked for.
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class SiteClient(Protocol):
@@ -114,6 +186,8 @@ class SiteClient(Protocol):
     name: str
     # Optional capability: the site can hand back queued, not-started requests (offload, drain).
     can_release_queued: bool
+    # What the site can do beyond plain generation (a request needing more is not sent there).
+    capabilities: frozenset[Capability]
 
     def generate(self, params: GenerateParams, timeout_s: float) -> AsyncGenerator[SiteChunk, None]:
         """Streams the answer; closing the iterator early cancels the request at the site. The
@@ -128,8 +202,12 @@ class SiteClient(Protocol):
         """What the site serves (model, context, tokenizer fingerprint, capacity)."""
         ...
 
-    def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
-        """The site's load reports as it pushes them; raises SiteUnavailable when they stop."""
+    def load_reports(
+        self, interval_ms: int, cache_events: bool = False
+    ) -> AsyncGenerator[LoadView, None]:
+        """The site's load reports as it pushes them; raises SiteUnavailable when they stop.
+        With `cache_events`, a site that caches prefixes adds its cache events to each report
+        (the first one a snapshot); a site that cannot leaves them out."""
         ...
 
     async def release_queued(self, max_requests: int) -> list[str]:

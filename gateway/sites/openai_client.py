@@ -33,6 +33,7 @@ from gateway.sites.openai_wire import (
     DONE,
     MalformedStream,
     StreamEvent,
+    capabilities,
     completion_body,
     http_failure,
     is_finished,
@@ -96,6 +97,7 @@ class OpenAISiteClient:
             transport=transport,
         )
         self.ledger = OpenAILedger()
+        self.capabilities = capabilities(config.structured_outputs)
         self._models: dict[str, dict[str, Any]] | None = None
         self._open: dict[str, httpx.Response] = {}
         self._cancelled: set[str] = set()
@@ -188,7 +190,10 @@ class OpenAISiteClient:
     async def _stream(
         self, params: GenerateParams, timeout_s: float
     ) -> AsyncGenerator[SiteChunk, None]:
-        body = completion_body(params, self._config.engine_model, self._config.request_token_ids)
+        config = self._config
+        body = completion_body(
+            params, config.engine_model, config.request_token_ids, config.structured_outputs
+        )
         timeout = httpx.Timeout(timeout_s, connect=min(self._timeout, timeout_s))
         async with self._http.stream(
             "POST", f"{self.endpoint}/completions", json=body, timeout=timeout
@@ -206,7 +211,8 @@ class OpenAISiteClient:
     async def _chunks(
         self, params: GenerateParams, response: httpx.Response, deadline: float
     ) -> AsyncGenerator[SiteChunk, None]:
-        produced, finish, usage = 0, None, None
+        produced, usage = 0, None
+        finishes: dict[int, str] = {}  # per choice
         async for data in sse_data(response.aiter_lines()):
             if data == DONE:
                 break
@@ -222,21 +228,28 @@ class OpenAISiteClient:
             if ids or event.text:
                 produced += len(ids)
                 self.ledger.produced(params.request_id, len(ids))
-                yield SiteChunk(True, ids, event.text, None, len(params.prompt_token_ids), produced)
-            finish = event.finish_reason or finish
-        if finish is None:
+                prompt = len(params.prompt_token_ids)
+                yield SiteChunk(True, ids, event.text, None, prompt, produced,
+                                index=event.index, logprobs=event.logprobs)  # fmt: skip
+            if event.finish_reason is not None:
+                finishes[event.index] = event.finish_reason
+        if len(finishes) < params.n:
             raise MalformedStream("the stream ended before the answer did")
         # The engine's own count when it gave one (it includes an EOS and tokens a stop string
-        # cut), else the tokens the gateway counted.
-        yield self._final(params, finish, usage if usage is not None else produced)
+        # cut), else the tokens the gateway counted; the last choice's final chunk carries it.
+        total = usage if usage is not None else produced
+        for index, finish in sorted(finishes.items()):
+            yield self._final(params, finish, total, index)
 
     def _token_ids(self, event: StreamEvent) -> tuple[int, ...]:
         if event.token_ids is not None:
             return event.token_ids
         return tuple(self._tokenizers.encode(self._model, event.text)) if event.text else ()
 
-    def _final(self, params: GenerateParams, finish: str | None, tokens: int) -> SiteChunk:
-        return SiteChunk(True, (), "", finish, len(params.prompt_token_ids), tokens)
+    def _final(
+        self, params: GenerateParams, finish: str | None, tokens: int, index: int = 0
+    ) -> SiteChunk:
+        return SiteChunk(True, (), "", finish, len(params.prompt_token_ids), tokens, index=index)
 
     async def cancel(self, request_id: str) -> bool:
         """Closes the request's upstream stream: the engine aborts it, its stream here ends
@@ -252,9 +265,13 @@ class OpenAISiteClient:
         raise SiteCallError(self.name, "an OpenAI-compatible engine cannot hand back queued work")
 
     # ---- load ---------------------------------------------------------------------------------
-    async def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
+    async def load_reports(
+        self, interval_ms: int, cache_events: bool = False
+    ) -> AsyncGenerator[LoadView, None]:
         """A report every interval from the ledger and the last scrape; raises SiteUnavailable
-        when the metrics could not be read _SCRAPE_FAILURES times in a row."""
+        when the metrics could not be read _SCRAPE_FAILURES times in a row. No cache events:
+        an OpenAI-compatible server does not say which blocks it holds."""
+        del cache_events
         failures, scraped_at = 0, float("-inf")
         scrape_every_s = self._config.metrics_interval_ms / 1000
         while True:

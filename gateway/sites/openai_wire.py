@@ -12,13 +12,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.federation import StructuredDialect
 from gateway.sites.interface import (
+    Capability,
     GenerateParams,
     SiteBusy,
     SiteCallError,
     SiteFailed,
     SiteRejected,
     SiteUnavailable,
+    TokenLogprob,
 )
 
 DONE = "[DONE]"
@@ -42,10 +45,54 @@ class StreamEvent:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+_PLAIN_CAPABILITIES: frozenset[Capability] = frozenset(("n", "logprobs", "penalties", "logit_bias"))
+
+
+def capabilities(dialect: StructuredDialect) -> frozenset[Capability]:
+    """What an OpenAI-compatible engine takes on /v1/completions: n, logprobs, penalties and
+    logit_bias always (vLLM, SGLang and TGI all do); JSON schemas in its structured-output
+    dialect; never tagged JSON (tool calls are constrained only on our own gRPC sites)."""
+    if dialect == "none":
+        return _PLAIN_CAPABILITIES
+    return _PLAIN_CAPABILITIES | {"json_schema", "json_object"}
+
+
+def _structured(params: GenerateParams, dialect: StructuredDialect) -> dict[str, Any]:
+    spec = params.constraint
+    if spec is None or dialect == "none":
+        return {}
+    schema = spec.schema if spec.kind == "json_schema" else '{"type": "object"}'
+    if dialect == "sglang":
+        return {"json_schema": schema}
+    if spec.kind == "json_object":
+        return {"structured_outputs": {"json_object": True}}
+    return {"structured_outputs": {"json": json.loads(schema)}}
+
+
+def _sampling_extras(params: GenerateParams) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if params.n > 1:
+        body["n"] = params.n
+    if params.presence_penalty:
+        body["presence_penalty"] = params.presence_penalty
+    if params.frequency_penalty:
+        body["frequency_penalty"] = params.frequency_penalty
+    if params.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
+    if params.logprobs:
+        body["logprobs"] = params.top_logprobs  # completions: the sampled one plus k more
+    return body
 
 
 def completion_body(
-    params: GenerateParams, engine_model: str, request_token_ids: bool
+    params: GenerateParams,
+    engine_model: str,
+    request_token_ids: bool,
+    dialect: StructuredDialect = "vllm",
 ) -> dict[str, Any]:
     """A streaming /v1/completions request for the params. The prompt goes as token ids (the
     gateway tokenized it; vLLM, SGLang and our engine take them), so the engine sees exactly the
@@ -70,7 +117,7 @@ def completion_body(
     if params.generated_before:
         # Our engine's seeded sampler counts on from here; other engines ignore the field.
         body["generated_before"] = params.generated_before
-    return body
+    return {**body, **_sampling_extras(params), **_structured(params, dialect)}
 
 
 def _int_or_none(value: object) -> int | None:
@@ -108,7 +155,34 @@ def parse_event(data: str) -> StreamEvent:
         finish_reason=reason if isinstance(reason, str) else None,
         prompt_tokens=_int_or_none(prompt),
         completion_tokens=_int_or_none(completion),
+        index=_int_or_none(choice.get("index")) or 0,
+        logprobs=_logprobs(choice.get("logprobs")),
     )
+
+
+def _token(text: str) -> tuple[int | None, str | None]:
+    """An alternative as (id, text): vLLM writes "token_id:<id>" with return_tokens_as_token_ids
+    (and our engine's face always does)."""
+    if text.startswith("token_id:") and text[9:].isdigit():
+        return int(text[9:]), None
+    return None, text
+
+
+def _logprobs(value: object) -> tuple[TokenLogprob, ...]:
+    """A completion choice's logprobs ({"token_logprobs": [...], "top_logprobs": [{text:
+    logprob}]}) as the interface's values (alternatives known by their text)."""
+    if not isinstance(value, dict):
+        return ()
+    chosen = value.get("token_logprobs")
+    tops = value.get("top_logprobs") or []
+    if not isinstance(chosen, list) or not isinstance(tops, list):
+        raise MalformedStream("a choice's logprobs are not lists")
+    out = []
+    for i, logprob in enumerate(chosen):
+        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        alternatives = tuple((*_token(str(t)), float(lp)) for t, lp in top.items())
+        out.append(TokenLogprob(float(logprob or 0.0), alternatives))
+    return tuple(out)
 
 
 def is_finished(reason: str | None) -> bool:

@@ -25,6 +25,18 @@ class NewItem:
     body: dict[str, object]  # the item's request body, less custom_id and model
     prompt_tokens: int
     max_tokens: int
+    # An item its endpoint refused at submission (OpenAI's way: that line's entry in the error
+    # file, not a 400 for the batch): the error body and the status the endpoint would answer.
+    error: dict[str, object] | None = None
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """The tokens a batch's answered items took (OpenAI's batch `usage`)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +74,7 @@ class BatchView:
     finalizing_at: datetime | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    usage: TokenUsage = TokenUsage()
 
 
 @dataclass(frozen=True, slots=True)

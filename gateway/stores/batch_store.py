@@ -32,6 +32,7 @@ from gateway.stores.batch_records import (
     Owner,
     Page,
     QueuedItem,
+    TokenUsage,
     batch_view,
     queued_item,
 )
@@ -78,7 +79,7 @@ class BatchStore:
                 meta=new.metadata,
                 total=len(items),
                 completed=0,
-                failed=0,
+                failed=sum(1 for item in items if item.error is not None),
                 cancelled=0,
                 created_at=utcnow(),
             )
@@ -93,15 +94,41 @@ class BatchStore:
                             "item_index": start + offset,
                             "custom_id": item.custom_id,
                             "body": item.body,
-                            "status": BatchItemStatus.QUEUED,
+                            "status": BatchItemStatus.QUEUED
+                            if item.error is None
+                            else BatchItemStatus.FAILED,
                             "prompt_tokens": item.prompt_tokens,
                             "max_tokens": item.max_tokens,
                             "attempts": 0,
+                            "error": item.error,
+                            "status_code": item.status_code,
+                            "finished_at": None if item.error is None else utcnow(),
                         }
                         for offset, item in enumerate(items[start : start + _CHUNK])
                     ],
                 )
             return batch_view(row)
+
+    async def usage(self, batch_ids: Sequence[str]) -> dict[str, TokenUsage]:
+        """The tokens each batch's answered items took, from their stored answers' usage."""
+        if not batch_ids:
+            return {}
+        usage = BatchItem.completion["usage"]
+        query = (
+            select(
+                BatchItem.batch_id,
+                func.coalesce(func.sum(usage["prompt_tokens"].as_integer()), 0),
+                func.coalesce(func.sum(usage["completion_tokens"].as_integer()), 0),
+            )
+            .where(
+                BatchItem.batch_id.in_(batch_ids),
+                BatchItem.status == BatchItemStatus.COMPLETED,
+            )
+            .group_by(BatchItem.batch_id)
+        )
+        async with self._sessions() as session:
+            rows = (await session.execute(query)).all()
+        return {row[0]: TokenUsage(int(row[1]), int(row[2])) for row in rows}
 
     async def get(self, batch_id: str, owner: Owner) -> BatchView | None:
         """The owner's batch; None for one that does not exist or is another key's."""

@@ -13,7 +13,22 @@ from dataclasses import dataclass
 
 import torch
 
-from site_engine.engine.types import PENDING_TOKEN, ModelRunnerOutput, ScheduledChunk
+from site_engine.engine.sampler import SampledTokens
+from site_engine.engine.types import (
+    PENDING_TOKEN,
+    ModelRunnerOutput,
+    ScheduledChunk,
+    TokenLogprob,
+)
+
+
+def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A pinned host copy of a device tensor, queued behind the step (None stays None)."""
+    if tensor is None or tensor.device.type != "cuda":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,22 +37,41 @@ class LaunchedStep:
     sampled: torch.Tensor | None  # [N] int64 on the model's device; None if nothing was sampled
     host: torch.Tensor | None = None  # pinned copy of `sampled` (CUDA), filled asynchronously
     ready: torch.cuda.Event | None = None  # recorded after that copy
+    # Logprobs of the rows that asked (host copies, filled with `host`): the sampled token's,
+    # and the top alternatives' ids and values.
+    logprobs: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] | None = None
+    wants_logprobs: tuple[int, ...] = ()  # the rows that asked, and how many alternatives
+    top_counts: tuple[int, ...] = ()
 
     @classmethod
     def nothing_sampled(cls) -> LaunchedStep:
         return cls(rows={}, sampled=None)
 
     @classmethod
-    def start(cls, chunks: Sequence[ScheduledChunk], sampled: torch.Tensor) -> LaunchedStep:
-        """Queue the device-to-host copy of `sampled` (one row per chunk) behind the step."""
+    def start(
+        cls, chunks: Sequence[ScheduledChunk], sampled: torch.Tensor | SampledTokens
+    ) -> LaunchedStep:
+        """Queue the device-to-host copy of the samples (one row per chunk) behind the step."""
+        tokens = sampled if isinstance(sampled, SampledTokens) else SampledTokens(sampled)
         rows = {chunk.request_id: row for row, chunk in enumerate(chunks)}
-        if sampled.device.type != "cuda":
-            return cls(rows=rows, sampled=sampled)
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-        host.copy_(sampled, non_blocking=True)
+        logprobs = None
+        wants: tuple[int, ...] = ()
+        tops: tuple[int, ...] = ()
+        if tokens.logprobs is not None:
+            wants = tuple(row for row, c in enumerate(chunks) if c.sampling.logprobs)
+            tops = tuple(chunks[row].sampling.top_logprobs for row in wants)
+            logprobs = (
+                _to_host(tokens.logprobs),
+                _to_host(tokens.top_ids),
+                _to_host(tokens.top_logprobs),
+            )
+        ids = tokens.ids
+        if ids.device.type != "cuda":
+            return cls(rows, ids, logprobs=logprobs, wants_logprobs=wants, top_counts=tops)
+        host = _to_host(ids)
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
-        return cls(rows=rows, sampled=sampled, host=host, ready=ready)
+        return cls(rows, ids, host, ready, logprobs, wants, tops)
 
     def result(self) -> ModelRunnerOutput:
         """The sampled token of every sampled chunk; waits for the device if it must."""
@@ -46,7 +80,26 @@ class LaunchedStep:
         if self.ready is not None:
             self.ready.synchronize()
         values = (self.host if self.host is not None else self.sampled).tolist()
-        return ModelRunnerOutput(sampled_token_ids=dict(zip(self.rows, values, strict=True)))
+        ids = dict(zip(self.rows, values, strict=True))
+        return ModelRunnerOutput(sampled_token_ids=ids, logprobs=self._logprobs())
+
+    def _logprobs(self) -> dict[str, TokenLogprob]:
+        if self.logprobs is None or not self.wants_logprobs:
+            return {}
+        chosen, top_ids, top_values = self.logprobs
+        if chosen is None:
+            return {}
+        names = list(self.rows)
+        chosen_list = chosen.tolist()
+        ids_list = top_ids.tolist() if top_ids is not None else None
+        values_list = top_values.tolist() if top_values is not None else None
+        out: dict[str, TokenLogprob] = {}
+        for row, count in zip(self.wants_logprobs, self.top_counts, strict=True):
+            top: tuple[tuple[int, float], ...] = ()
+            if count and ids_list is not None and values_list is not None:
+                top = tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True))
+            out[names[row]] = TokenLogprob(chosen_list[row], top)
+        return out
 
     def pending_rows(self, chunks: Sequence[ScheduledChunk]) -> list[int]:
         """Per chunk: the row of `sampled` its pending input token comes from, or -1."""

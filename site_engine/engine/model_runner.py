@@ -21,6 +21,7 @@ from site_engine.engine.attention import (
     AttentionMetadata,
     TorchReferenceAttention,
 )
+from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.launched_step import LaunchedStep, no_pending_rows
 from site_engine.engine.model_config import eos_token_ids, max_model_len
@@ -31,6 +32,21 @@ from site_engine.engine.types import ModelRunnerOutput, ScheduledChunk, Schedule
 if TYPE_CHECKING:
     from site_engine.engine.cuda.graphs import DecodeGraphs
     from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+
+
+@dataclass(frozen=True, slots=True)
+class StepLogits:
+    """A step whose model work is queued and whose sampling is not: the logits of its sampled
+    chunks. `sample` may wait until the host knows what those chunks' sampling reads (grammar
+    states and answer tokens that the previous step's update advances)."""
+
+    logits: torch.Tensor | None  # [N, vocab] float32; None if nothing is sampled
+    chunks: tuple[ScheduledChunk, ...] = ()
+
+    @property
+    def reads_host_state(self) -> bool:
+        """Whether sampling reads state that the previous step's update changes."""
+        return any(c.guide is not None or c.sampling.penalized for c in self.chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +102,16 @@ class ModelRunner:
         sampler: Sampler | None = None,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
+        only_largest_graphs: bool = False,
+        host_kv_slots: int = 0,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
         of up to that many tokens (and that many sequences) are captured as well, as one flat
-        batch. Larger steps run eagerly."""
+        batch. Larger steps run eagerly. only_largest_graphs: one graph of each kind, the
+        largest (the memory trial's runner: every step runs, padded, through those two).
+        host_kv_slots > 0 adds the prefix cache's host tier (site_engine/engine/host_kv.py),
+        whose copies each step's SchedulerOutput lists."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -109,11 +130,18 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        self.host_kv = HostKvPool(self.kv_cache, host_kv_slots) if host_kv_slots else None
         self.sampler = sampler or Sampler()
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             from site_engine.engine.cuda.graphs import DecodeGraphs
 
+            # One float32 logits buffer that every graph writes into (cuda/graphs.py says why).
+            logits_out = torch.empty(
+                (cuda_graph_max_batch, self.flat_model.vocab_size),
+                dtype=torch.float32,
+                device=device,
+            )
             self.graphs = DecodeGraphs(
                 self.flat_model,
                 self.attention,
@@ -121,6 +149,8 @@ class ModelRunner:
                 max_batch=cuda_graph_max_batch,
                 max_blocks_per_seq=-(-self._max_model_len // block_size),
                 scratch_block=num_blocks,
+                logits_out=logits_out,
+                only_largest=only_largest_graphs,
             )
             self.graphs.capture()
         self.step_graphs: FlatStepGraphs | None = None
@@ -135,8 +165,23 @@ class ModelRunner:
                 max_seqs=cuda_graph_max_batch,
                 max_blocks_per_seq=-(-self._max_model_len // block_size),
                 scratch_block=num_blocks,
+                logits_out=logits_out,
+                only_largest=only_largest_graphs,
             )
             self.step_graphs.capture()
+
+    @property
+    def num_graphs(self) -> int:
+        """CUDA graphs captured (decode and flat step graphs together)."""
+        return sum(g.num_graphs for g in (self.graphs, self.step_graphs) if g is not None)
+
+    def close(self) -> None:
+        """Frees the graphs and the KV cache now; the runner cannot run steps afterwards."""
+        for graphs in (self.graphs, self.step_graphs):
+            if graphs is not None:
+                graphs.close()
+        self.graphs = self.step_graphs = None
+        self.kv_cache.release()
 
     @property
     def num_blocks(self) -> int:
@@ -165,9 +210,30 @@ class ModelRunner:
         `previous` is the step launched just before, whose sampled tokens this step's pending
         input tokens are (async scheduling); device order makes its results visible here.
         """
-        self.sampler.forget(output.finished_request_ids)
-        if output.is_empty:
+        return self.sample(self.launch_logits(output, previous))
+
+    def sample(self, step: StepLogits) -> LaunchedStep:
+        """Queue the sampling of a step whose logits are queued."""
+        if step.logits is None:
             return LaunchedStep.nothing_sampled()
+        with torch.inference_mode():
+            return LaunchedStep.start(
+                step.chunks, self.sampler.sample_step(step.logits, step.chunks)
+            )
+
+    def launch_logits(
+        self, output: SchedulerOutput, previous: LaunchedStep | None = None
+    ) -> StepLogits:
+        """`launch` up to the logits: the model's work is queued, sampling is left to `sample`."""
+        self.sampler.forget(output.finished_request_ids)
+        if output.kv_copies:
+            if self.host_kv is None:
+                raise ValueError("the step lists host KV copies but the runner has no host tier")
+            self.host_kv.run(output.kv_copies, output.kv_copies_before_step)
+        elif self.host_kv is not None:
+            self.host_kv.run((), 0)  # the previous step's copies still bind this step
+        if output.is_empty:
+            return StepLogits(None)
         if self._flat_graphed(output.chunks):
             return self._launch_flat(output.chunks, previous)
         graphed, eager = self._split(output.chunks)
@@ -187,9 +253,9 @@ class ModelRunner:
                 logits_parts.append(self.graphs.run(graphed, rows, source))
                 sampled.extend(graphed)
             if not sampled:
-                return LaunchedStep.nothing_sampled()
+                return StepLogits(None)
             logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
-            return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
+            return StepLogits(logits, tuple(sampled))
 
     def _flat_graphed(self, chunks: Sequence[ScheduledChunk]) -> bool:
         """A step with prefill chunks that the flat step graphs can take whole."""
@@ -199,7 +265,7 @@ class ModelRunner:
 
     def _launch_flat(
         self, chunks: Sequence[ScheduledChunk], previous: LaunchedStep | None
-    ) -> LaunchedStep:
+    ) -> StepLogits:
         """The whole step (prefill chunks and decode rows) as one replay of a flat step graph."""
         assert self.step_graphs is not None
         decode = [chunk for chunk in chunks if _is_decode(chunk)]
@@ -213,8 +279,8 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.step_graphs.run(chunks, rows, source)
             if not sampled:
-                return LaunchedStep.nothing_sampled()
-            return LaunchedStep.start(sampled, self.sampler.sample_tensor(logits, sampled))
+                return StepLogits(None)
+            return StepLogits(logits, tuple(sampled))
 
     def _split(
         self, chunks: Sequence[ScheduledChunk]

@@ -12,9 +12,15 @@ recompute, and does not change with the batch the request happens to share.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from site_engine.engine.logit_processing import (
+    apply_grammar_masks,
+    apply_logit_bias,
+    apply_penalties,
+)
 from site_engine.engine.types import ScheduledChunk
 
 _MASK64 = (1 << 64) - 1
@@ -50,6 +56,31 @@ def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
+@dataclass(frozen=True, slots=True)
+class SampledTokens:
+    """One step's samples, on the logits' device: a token id per row and, when some row asked
+    for logprobs, every row's sampled-token log probability and top alternatives."""
+
+    ids: torch.Tensor  # [N] int64
+    logprobs: torch.Tensor | None = None  # [N] float32
+    top_ids: torch.Tensor | None = None  # [N, k] int64, k = the largest top_logprobs asked
+    top_logprobs: torch.Tensor | None = None  # [N, k] float32
+
+
+def _logprobs(
+    raw: torch.Tensor, ids: torch.Tensor, chunks: Sequence[ScheduledChunk]
+) -> SampledTokens:
+    """Log probabilities as OpenAI and vLLM report them: float32 log-softmax of the raw logits
+    (before bias, penalties, masks and temperature)."""
+    logprobs = torch.log_softmax(raw.float(), dim=-1)
+    chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
+    k = max(chunk.sampling.top_logprobs for chunk in chunks)
+    if k == 0:
+        return SampledTokens(ids, chosen)
+    top = logprobs.topk(k, dim=-1)
+    return SampledTokens(ids, chosen, top.indices, top.values)
+
+
 class Sampler:
     """Samples one token per row of float32 logits, following each chunk's SamplingParams.
 
@@ -77,8 +108,26 @@ class Sampler:
     def sample_tensor(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         """Like `sample`, but the N token ids stay on the logits' device (int64): no sync, so
         the next step can be launched before the host knows them."""
+        return self.sample_step(logits, chunks).ids
+
+    def sample_step(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> SampledTokens:
+        """Samples every row; rows that ask for logit processing (bias, penalties, a grammar)
+        get it first, and logprobs when any row asks for them. Rows that ask for none of it
+        (`SamplingParams.plain`) take the path they took before any of it existed."""
         if logits.shape[0] != len(chunks):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(chunks)} chunks")
+        if all(chunk.sampling.plain for chunk in chunks):
+            return SampledTokens(self._sample(logits, chunks))
+        processed = logits.clone()  # the raw logits stay as they are (logprobs, graph buffers)
+        apply_logit_bias(processed, chunks)
+        apply_penalties(processed, chunks)
+        apply_grammar_masks(processed, chunks)
+        ids = self._sample(processed, chunks)
+        if not any(chunk.sampling.logprobs for chunk in chunks):
+            return SampledTokens(ids)
+        return _logprobs(logits, ids, chunks)
+
+    def _sample(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         greedy_ids = logits.argmax(dim=-1)
         params = [chunk.sampling for chunk in chunks]
         if all(p.greedy for p in params):

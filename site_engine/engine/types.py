@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from fedllm_contract.grammar import ConstraintSpec
 
 # A token id the host does not know yet: the token its sequence sampled in the step still running
 # on the device (async scheduling). The model runner reads it from that step's sampled tokens.
@@ -25,12 +29,44 @@ class FinishReason(enum.Enum):
     RELEASED = "released"  # handed back before it started, to be offloaded to another site
 
 
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The log probability of one sampled token (float32 log-softmax of the raw logits), and the
+    most likely tokens at its position as (token id, log probability), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Guide(Protocol):
+    """A request's grammar state: which tokens may come next. The scheduler advances it with each
+    token in `update`; the sampler reads its mask before sampling the next one."""
+
+    def consume(self, token: int) -> bool:
+        """Advance by one sampled token; False if the grammar does not allow it."""
+
+    def fill_mask(self, words: object) -> None:
+        """Write the allowed next tokens into `words` (a writable int32 buffer, one bit per
+        token id) ."""
+
+    def is_finished(self) -> bool:
+        """The answer is complete: nothing but the end may follow."""
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick the next token of one request.
 
     temperature == 0 means greedy. top_p in (0, 1]. A seed makes sampling reproducible for that
-    request regardless of what else shares the batch.
+    request regardless of what else shares the batch. Penalties follow OpenAI (presence,
+    frequency: on answer tokens, in [-2, 2]) and vLLM (repetition: > 0, 1 is off, on prompt and
+    answer tokens); logit_bias adds to the logits of token ids; logprobs reports each sampled
+    token's log probability and top_logprobs alternatives; a constraint restricts every token to
+    what its grammar allows.
     """
 
     max_tokens: int
@@ -42,6 +78,13 @@ class SamplingParams:
     # Answer tokens generated elsewhere before this request (a continuation whose prompt ends
     # with them): a seeded sampler's step count starts here, so the answer stays reproducible.
     generated_before: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    constraint: ConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -52,10 +95,50 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.generated_before < 0:
             raise ValueError(f"generated_before must be >= 0, got {self.generated_before}")
+        self._check_logit_processing()
+
+    def _check_logit_processing(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:  # NaN fails too
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias takes token ids >= 0 and biases in [-100, 100], "
+                    f"got {token}: {bias}"
+                )
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens so far (penalties)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
+
+    @property
+    def plain(self) -> bool:
+        """Nothing but temperature, top-p and seed: the sampler's fast path."""
+        return not (
+            self.penalized or self.logit_bias or self.logprobs or self.constraint is not None
+        )
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request with n choices: choice 0 keeps the request's, so
+    n=1 answers as before; the others get unrelated streams of their own."""
+    if seed is None or index == 0:
+        return seed
+    mixed = (seed ^ (index * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1)
+    return mixed >> 1  # torch wants < 2**63
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +166,13 @@ class ScheduledChunk:
     sample: bool
     sampling: SamplingParams
     num_generated: int
+    # What the sampler reads besides the logits, for requests that need it: the grammar state
+    # and the answer's known tokens (both the sequence's own objects, advanced by the
+    # scheduler's update, so a sampler that runs after the previous step's update sees them
+    # whole) and the prompt (repetition penalty).
+    guide: Guide | None = None
+    history: Sequence[int] = ()
+    prompt_token_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +184,16 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCopy:
+    """One KV block copied between the device cache and the host tier's pool (prefix caching):
+    `to_host` copies device block `block` into host slot `slot`, else slot into block."""
+
+    to_host: bool
+    block: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     """Everything the model runner needs for one step, and nothing it must decide itself.
 
@@ -102,12 +202,18 @@ class SchedulerOutput:
     previous step (finished, cancelled, released, or preempted), so the runner can drop any
     per-request state it keeps (e.g. seeded random generators). `step_id` numbers the scheduler's
     steps so that results are applied exactly once and in order.
+    `kv_copies` run in this order before the step's forward pass reads or writes those blocks;
+    the forward pass must wait for the first `kv_copies_before_step` of them (copies back from
+    the host, and copies of blocks this step overwrites); the others are copied ahead of an
+    eviction and need only be done before the next step.
     """
 
     chunks: tuple[ScheduledChunk, ...]
     finished_request_ids: frozenset[str] = field(default_factory=frozenset)
     preempted_request_ids: frozenset[str] = field(default_factory=frozenset)
     step_id: int = 0
+    kv_copies: tuple[KvCopy, ...] = ()
+    kv_copies_before_step: int = 0
 
     @property
     def num_batched_tokens(self) -> int:
@@ -123,3 +229,5 @@ class ModelRunnerOutput:
     """What one step produced: the sampled token of every chunk whose `sample` was True."""
 
     sampled_token_ids: dict[str, int]
+    # For the requests that asked for logprobs: the sampled token's.
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)

@@ -33,7 +33,12 @@ def test_completion(client, federation: Federation) -> None:
     assert body["object"] == "text_completion"
     assert body["id"].startswith("cmpl-")
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 7, "total_tokens": 9}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 7,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0},  # two tokens: not a full block
+    }
     (row,) = federation.rows(f"r.id = '{body['id']}'")
     assert row["status"] == "completed"
     assert row["site_name"] == response.headers["x-fedllm-site"]
@@ -65,7 +70,8 @@ def test_streaming_completion(client, federation: Federation) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == 6
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     streamed = "".join(c["choices"][0]["text"] for c in chunks[:-1])
-    same = client.post("/v1/completions", json={**body, "stream": False}).json()
+    whole = {k: v for k, v in body.items() if k != "stream_options"}  # OpenAI: 400 without stream
+    same = client.post("/v1/completions", json={**whole, "stream": False}).json()
     assert streamed == same["choices"][0]["text"]  # greedy: the same answer either way
     (row,) = federation.rows(f"r.id = '{chunks[0]['id']}'")
     assert row["status"] == "completed"
@@ -96,7 +102,7 @@ BAD_INPUTS = [
     (b'{"model": "tiny", "prompt": "hi", "max_tokens": -5}', 400, "max_tokens"),
     (b'{"model": "tiny", "prompt": "hi", "max_tokens": 10000000}', 400, "max_tokens"),
     (b'{"model": "gpt-17", "prompt": "hi"}', 404, "model"),
-    (b'{"model": "tiny", "prompt": "hi", "n": 3}', 400, "n"),
+    (b'{"model": "tiny", "prompt": "hi", "n": 99}', 400, "n"),
     (b'{"model": "tiny", "prompt": "hi", "tools": [{}]}', 400, None),
 ]
 
@@ -123,3 +129,37 @@ def test_oversized_body_is_refused(client, federation) -> None:
     assert response.status_code == 413
     assert "error" in response.json()
     assert len(federation.rows()) == before
+
+
+def test_a_list_of_prompts_answers_each_with_n_choices(client) -> None:
+    """OpenAI's list prompt: choices numbered prompt * n + choice, usage summed; greedy answers
+    equal the single-prompt ones; streamed, the same choices arrive prompt by prompt."""
+    prompts = ["Once upon a time", "The moon"]
+    body = {"model": "tiny", "prompt": prompts, "n": 2, "max_tokens": 3, "temperature": 0,
+            "echo": True}  # fmt: skip
+    answer = client.post("/v1/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    answer = answer.json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+    singles = [
+        client.post("/v1/completions", json={**body, "prompt": p, "n": 1}).json() for p in prompts
+    ]
+    texts = [c["text"] for c in answer["choices"]]
+    expected = [single["choices"][0]["text"] for single in singles for _ in range(2)]
+    assert texts == expected
+    assert all(
+        t.startswith(p)
+        for t, p in zip(texts, [prompts[0], prompts[0], *prompts[1:] * 2], strict=True)
+    )
+    assert answer["usage"]["completion_tokens"] == 12
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=stream) as response:
+        assert response.status_code == 200
+        events = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+    streamed = ["", "", "", ""]
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            streamed[choice["index"]] += choice["text"]
+    assert streamed == texts
+    assert events[-1]["usage"]["completion_tokens"] == 12

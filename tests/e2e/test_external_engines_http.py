@@ -231,3 +231,55 @@ def test_engine_metrics_in_vllm_and_sglang_names_reach_the_dashboard(
             assert httpx.get(f"{base}/healthz").status_code == 200
         finally:
             gateway.stop()
+
+
+FLAG = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+def test_parameters_travel_to_both_site_kinds(mixed) -> None:
+    """n, logprobs, penalties, logit_bias and a JSON schema reach the gRPC site and the openai
+    site alike (round robin alternates them); a required tool call, which an OpenAI-compatible
+    engine cannot be asked to enforce, goes only to the gRPC site."""
+    gateway, _ = mixed()
+    url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+    fmt = {"type": "json_schema", "json_schema": {"name": "flag", "schema": FLAG}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "ok?"}],
+        "response_format": fmt,
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "presence_penalty": 0.5,
+        "logit_bias": {"11": -5},
+        "max_tokens": 200,
+        "seed": 3,
+    }
+    sites = set()
+    for _ in range(4):
+        response = httpx.post(url, json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        sites.add(response.headers["x-fedllm-site"])
+        answer = response.json()
+        assert [c["index"] for c in answer["choices"]] == [0, 1]
+        for choice in answer["choices"]:
+            assert set(json.loads(choice["message"]["content"])) == {"ok"}
+            content = choice["logprobs"]["content"]
+            assert content
+            assert all(len(token["top_logprobs"]) == 2 for token in content)
+    assert sites == {"grpc-a", "openai-b"}
+    tool = {"type": "function", "function": {"name": "f", "parameters": FLAG}}
+    call = {"model": "tiny", "messages": [{"role": "user", "content": "call f"}],
+            "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False,
+            "max_tokens": 200}  # fmt: skip
+    for _ in range(3):
+        response = httpx.post(url, json=call, timeout=120)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-fedllm-site"] == "grpc-a"
+        (called,) = response.json()["choices"][0]["message"]["tool_calls"]
+        assert set(json.loads(called["function"]["arguments"])) == {"ok"}

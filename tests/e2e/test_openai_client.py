@@ -134,13 +134,13 @@ def test_completions_streaming_and_not(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"n": 99}, "n"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-            "tools",
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+            "tools[0].function.parameters",
         ),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
     ],
 )
@@ -159,7 +159,7 @@ def test_unsupported_parameter_is_a_bad_request_naming_it(
 
 def test_unsupported_completions_parameter_is_a_bad_request(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model="tiny", prompt="hi", n=2)
+        client.completions.create(model="tiny", prompt="hi", n=99)
     assert caught.value.param == "n"
 
 

@@ -4,62 +4,25 @@ inside that file, and answers that end at the model's own EOS."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from devtools.launch import LaunchError, ManagedProcess, spawn_site, start_gateway
+from devtools.launch import LaunchError, spawn_site
 from devtools.launch import wait_until_serving as wait_serving
-from tests.e2e.conftest import SITE_PLACES
+from tests.e2e.smollm2_federation import MODEL, smollm2_federation
 
 pytestmark = pytest.mark.slow
-MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
 def real_federation(
     smollm2_gguf: Path, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    work = tmp_path_factory.mktemp("real-model")
-    # The sites find the converted directory that the smollm2_dir fixture made (same cache).
-    env = {"FEDLLM_MODEL_CACHE": str(smollm2_dir.parent)}
-    names = ["aws-use1", "gcp-euw4"]
-    sites = [
-        spawn_site(model_dir=smollm2_gguf, site_name=name, model_name=MODEL, log_dir=work, env=env)
-        for name in names
-    ]
-    processes: list[ManagedProcess] = list(sites)
-    try:
-        for site in sites:
-            wait_serving(site, timeout_s=180)
-        federation = work / "federation.json"
-        entries = [
-            {
-                "name": name,
-                "cloud": SITE_PLACES[name][0],
-                "region": SITE_PLACES[name][1],
-                "endpoint": f"127.0.0.1:{site.port}",
-                "model": MODEL,
-            }
-            for name, site in zip(names, sites, strict=True)
-        ]
-        models = [{"name": MODEL, "tokenizer": str(smollm2_dir)}]
-        federation.write_text(json.dumps({"models": models, "sites": entries}))
-        gateway = start_gateway(
-            federation_file=federation,
-            database_url=f"sqlite+aiosqlite:///{work / 'gateway.db'}",
-            log_dir=work,
-            expect_healthy_sites=2,
-            env={"GATEWAY_ROUTING_POLICY": "mico"},
-        )
-        processes.append(gateway)
-        yield f"http://127.0.0.1:{gateway.port}"
-    finally:
-        for process in reversed(processes):
-            process.stop()
+    with smollm2_federation(smollm2_gguf, smollm2_dir, tmp_path_factory.mktemp("real")) as fed:
+        yield fed.base_url
 
 
 def test_chat_answers_for_real_and_stops_at_eos(real_federation: str) -> None:

@@ -68,12 +68,11 @@ def refusal(chat: ChatService, **fields: object) -> OpenAIError:
     return to_openai(caught.value)
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 REFUSED = [
     # Unknown to the schema: refused at decoding, by name.
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
-    ({"parallel_tool_calls": True}, "parallel_tool_calls"),
     ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
@@ -81,26 +80,70 @@ REFUSED = [
     ({"metadata": {"k": "v"}}, "metadata"),
     ({"stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
     ({"messages": [{**USER, "cache_control": {}}]}, "messages[0].cache_control"),
-    # Declared, honoured only at the neutral value.
-    ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": -1}, "frequency_penalty"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+    # Served, with OpenAI's bounds: a bad value is a 400 naming the parameter.
+    ({"n": 99}, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 3}, "logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"logit_bias": {"99999999": -100}}, "logit_bias"),
+    ({"logit_bias": {"one": 1}}, "logit_bias"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {}}},
+        "response_format.json_schema.name",
+    ),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "foo"}},
+            }
+        },
+        "response_format.json_schema.schema",
+    ),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "array", "uniqueItems": True}},
+            }
+        },
+        "response_format.json_schema.schema",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "properties": 5}},
+                }
+            ]
+        },
+        "tools[0].function.parameters",
+    ),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
+    (
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+        "tool_choice",
+    ),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
     ({"store": True}, "store"),
     ({"service_tier": "flex"}, "service_tier"),
     ({"modalities": ["text", "audio"]}, "modalities"),
-    # Messages: roles, parts and fields that are not served.
+    # Messages: roles, parts and fields that are not served, or malformed.
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [USER, {"role": "assistant", "tool_calls": []}]}, "messages[1].tool_calls"),
-    ({"messages": [{**USER, "name": "bob"}]}, "messages[0].name"),
+    ({"messages": [{**USER, "tool_calls": []}]}, "messages[0].tool_calls"),
+    (
+        {"messages": [USER, {"role": "assistant", "tool_calls": [{"x": 1}]}]},
+        "messages[1].tool_calls[0]",
+    ),
     ({"messages": [{"role": "assistant", "refusal": "no"}]}, "messages[0].refusal"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     (
@@ -192,7 +235,7 @@ def test_the_prompt_is_the_rendered_template_tokenized(chat, tokenizers) -> None
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({}, 16),  # the gateway default, as for /v1/completions
+        ({}, 16),  # no site says the context: the gateway default, as for /v1/completions
         ({"max_tokens": 7}, 7),
         ({"max_completion_tokens": 9}, 9),
         ({"max_tokens": 4, "max_completion_tokens": 4}, 4),

@@ -144,3 +144,26 @@ def test_openai_site_mistakes_are_refused(changes: dict[str, object], message: s
     site = {k: v for k, v in {**OPENAI_SITE, **changes}.items() if v is not None}
     with pytest.raises(FederationConfigError, match=message):
         parse_federation(with_site(site), Path("."))
+
+
+def test_tool_call_format_and_structured_output_dialect(tmp_path: Path) -> None:
+    config = parse_federation(with_site(OPENAI_SITE), tmp_path)
+    model = config.model("m")
+    assert model is not None
+    assert (model.tool_call_format.begin, model.tool_call_format.end) == (
+        "<tool_call>\n",
+        "\n</tool_call>",
+    )
+    assert config.sites[2].openai is not None
+    assert config.sites[2].openai.structured_outputs == "vllm"
+    custom = variant(models__0__tool_call_format={"begin": "<|python_tag|>", "end": "<|eom_id|>"})
+    model = parse_federation(custom, tmp_path).model("m")
+    assert model is not None
+    assert model.tool_call_format.begin == "<|python_tag|>"
+    sglang = parse_federation(with_site({**OPENAI_SITE, "structured_outputs": "sglang"}), tmp_path)
+    assert sglang.sites[2].openai is not None
+    assert sglang.sites[2].openai.structured_outputs == "sglang"
+    with pytest.raises(FederationConfigError, match="invalid federation file"):
+        parse_federation(variant(models__0__tool_call_format={"begin": ""}), tmp_path)
+    with pytest.raises(FederationConfigError, match="invalid federation file"):
+        parse_federation(with_site({**OPENAI_SITE, "structured_outputs": "outlines"}), tmp_path)

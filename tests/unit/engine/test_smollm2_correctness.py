@@ -8,7 +8,6 @@ tokens, real EOS included (no ignore_eos: the model decides where its answers en
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,11 @@ from transformers import AutoModelForCausalLM
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import FinishReason, SamplingParams
-from site_engine.model_loading import LoadedModel, load_model
+from site_engine.model_loading import LoadedModel
+from tests.unit.engine.smollm2 import chat_ids, loaded
 
 pytestmark = pytest.mark.slow
+__all__ = ["loaded"]  # the module-scoped fixture, shared with the other SmolLM2 tests
 
 PROMPTS = (
     "Give three tips for staying healthy.",
@@ -38,21 +39,6 @@ PROMPTS = (
     "Hi",
 )
 MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def loaded(smollm2_dir: Path) -> Iterator[LoadedModel]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield load_model(smollm2_dir)
-    torch.set_num_threads(previous)
-
-
-def chat_ids(loaded: LoadedModel, prompt: str) -> tuple[int, ...]:
-    text = loaded.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-    )
-    return tuple(loaded.tokenizer.encode(str(text), add_special_tokens=False))
 
 
 def test_gguf_model_answers_like_generate(loaded: LoadedModel, smollm2_dir: Path) -> None:

@@ -1,0 +1,153 @@
+"""Constrained decoding on real weights (SmolLM2-135M-Instruct, float32 on the CPU): answers
+that follow their JSON schema, grammars compiled once per schema, a schema the engine cannot
+enforce refused by name, and unconstrained greedy answers token-identical whether or not
+constrained requests share their batch, with synchronous and with async (overlapped) steps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import jsonschema_rs
+import pytest
+
+from fedllm_contract.grammar import ConstraintSpec
+from site_engine.engine.api import EngineRequest, RequestRejected
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.engine.types import SamplingParams
+from site_engine.model_loading import LoadedModel
+from tests.unit.engine.smollm2 import chat_ids, loaded
+
+pytestmark = pytest.mark.slow
+__all__ = ["loaded"]  # the module-scoped fixture, shared with the other SmolLM2 tests
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+FREE_PROMPTS = ("What is the capital of France?", "Give two tips for sleeping well.")
+JSON_PROMPT = "Describe a person as JSON with name, age and city."
+
+
+def run(engine: PagedEngine, requests: list[EngineRequest]) -> dict[str, list[int]]:
+    for request in requests:
+        engine.add_request(request)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    while engine.has_unfinished():
+        for output in engine.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+    return tokens
+
+
+def engine(loaded: LoadedModel, overlap: bool) -> PagedEngine:
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, async_scheduling=overlap)
+    return PagedEngine(loaded, config)
+
+
+def free(loaded: LoadedModel, i: int) -> EngineRequest:
+    sampling = SamplingParams(max_tokens=24, temperature=0.0)
+    return EngineRequest(f"free-{i}", chat_ids(loaded, FREE_PROMPTS[i]), sampling)
+
+
+def constrained(loaded: LoadedModel, name: str, spec: ConstraintSpec) -> EngineRequest:
+    sampling = SamplingParams(max_tokens=60, temperature=0.0, constraint=spec)
+    return EngineRequest(name, chat_ids(loaded, JSON_PROMPT), sampling)
+
+
+def text(loaded: LoadedModel, ids: list[int]) -> str:
+    return str(loaded.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_constrained_answers_validate_and_free_answers_do_not_change(
+    loaded: LoadedModel, overlap: bool
+) -> None:
+    alone = run(engine(loaded, overlap), [free(loaded, 0), free(loaded, 1)])
+    schema = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
+    sampled = SamplingParams(max_tokens=60, temperature=0.9, seed=5, constraint=schema)
+    mixed_engine = engine(loaded, overlap)
+    requests = [
+        free(loaded, 0),
+        constrained(loaded, "json-greedy", schema),
+        free(loaded, 1),
+        EngineRequest("json-sampled", chat_ids(loaded, JSON_PROMPT), sampled),
+        constrained(loaded, "object", ConstraintSpec("json_object")),
+    ]
+    mixed = run(mixed_engine, requests)
+    assert mixed["free-0"] == alone["free-0"]
+    assert mixed["free-1"] == alone["free-1"]
+    validator = jsonschema_rs.validator_for(PERSON)
+    for name in ("json-greedy", "json-sampled"):
+        answer = json.loads(text(loaded, mixed[name]))
+        assert validator.is_valid(answer), answer
+    assert isinstance(json.loads(text(loaded, mixed["object"])), dict)
+    # One compile per distinct constraint, however many requests use it.
+    assert mixed_engine.grammars().compiled == 2
+
+
+def test_a_schema_feature_the_engine_cannot_enforce_is_refused_by_name(
+    loaded: LoadedModel,
+) -> None:
+    unenforceable = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    spec = ConstraintSpec("json_schema", schema=json.dumps(unenforceable))
+    paged = engine(loaded, False)
+    with pytest.raises(RequestRejected, match="uniqueItems"):
+        paged.add_request(constrained(loaded, "bad", spec))
+    assert not paged.has_unfinished()
+
+
+def test_tool_calls_in_tags_follow_their_schema(loaded: LoadedModel) -> None:
+    call = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    spec = ConstraintSpec(
+        "tagged_json",
+        schema=json.dumps(call),
+        begin="<tool_call>\n",
+        end="\n</tool_call>",
+        min_items=1,
+        max_items=1,
+    )
+    answer = text(loaded, run(engine(loaded, True), [constrained(loaded, "tool", spec)])["tool"])
+    assert answer.startswith("<tool_call>\n")
+    assert answer.endswith("\n</tool_call>")
+    body = json.loads(answer.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert body["name"] == "get_weather"
+    assert isinstance(body["arguments"]["city"], str)
+
+
+def test_a_continued_constrained_answer_goes_on_where_it_stopped(loaded: LoadedModel) -> None:
+    """A site that continues an answer begun elsewhere (prompt + the answer so far,
+    generated_before) carries its grammar on from there: greedy, the two halves are the
+    uninterrupted answer; an answer so far that breaks the grammar is refused."""
+    spec = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
+    whole = run(engine(loaded, False), [constrained(loaded, "whole", spec)])["whole"]
+    prompt = chat_ids(loaded, JSON_PROMPT)
+    kept = whole[:7]
+    sampling = SamplingParams(
+        max_tokens=60 - len(kept), temperature=0.0, constraint=spec, generated_before=len(kept)
+    )
+    rest = run(engine(loaded, False), [EngineRequest("rest", prompt + tuple(kept), sampling)])
+    assert kept + rest["rest"] == whole
+    broken = prompt + tuple(loaded.tokenizer.encode("nope", add_special_tokens=False))
+    with pytest.raises(RequestRejected, match="does not follow its constraint"):
+        engine(loaded, False).add_request(
+            EngineRequest("bad", broken, replace(sampling, generated_before=2))
+        )
