@@ -132,6 +132,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--traces-dir", type=Path, default=None, help="default: ../shared/datasets/traces")
     add("--host-kv-cache-gib", type=float, default=None)
     add("--trace-requests", type=int, default=None, help="the trace's last N requests (0: all)")
+    add("--shared-rates", type=float, nargs="+", default=None, help="conversations/s")
     add("--deadline-s", type=float, default=None)
     add("--results-dir", type=Path, default=None)
     add("--name", default=None, help="default: engine_prefix_<device>")
@@ -143,6 +144,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             args.p[key] = getattr(args, key)
     if args.trace_requests is not None:
         args.p["trace_requests"] = args.trace_requests or None
+    if args.shared_rates:
+        args.p["shared_rates"] = sorted(args.shared_rates)
     args.workloads = [w for w in args.workloads.split(",") if w]
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown:

@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PIP="${PIP:-.venv/bin/python -m pip}"
 rm -rf .whl && mkdir -p .whl
-PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64
+PLATFORMS=(manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64
     manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 platform_args=()
 for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
@@ -32,7 +32,8 @@ pin() { grep -i "^$1==" constraints.txt | head -1; }
 # Gateway (litestar app, SQLAlchemy + SQLite/Postgres, Alembic) and the gRPC contract.
 PACKAGES=(litestar litestar-htmx msgspec multipart polyfactory Faker rich-click uvicorn
     SQLAlchemy greenlet aiosqlite alembic Mako psycopg psycopg-binary
-    grpcio grpcio-health-checking protobuf typing_extensions annotated-doc sniffio pyzmq xxhash)
+    grpcio grpcio-health-checking protobuf typing_extensions annotated-doc sniffio pyzmq xxhash
+    llguidance httptools)
 for name in "${PACKAGES[@]}"; do
     spec="$(pin "$name")"
     [[ -n "$spec" ]] || { echo "no pin for $name in constraints.txt" >&2; exit 1; }
