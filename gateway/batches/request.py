@@ -11,14 +11,14 @@ request it stands for.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 
 from gateway.chat.request import ChatCompletionRequest
 from gateway.completions.request import CompletionFields, CompletionRequest
 from gateway.errors import GatewayError, invalid_request
-from gateway.files.batch_input import MAX_CUSTOM_ID, Endpoint
+from gateway.files.batch_input import CustomId, Endpoint
 
 T = TypeVar("T")
 COMPLETIONS: Endpoint = "/v1/completions"
@@ -33,7 +33,7 @@ class BatchRequestItem(CompletionFields, kw_only=True, omit_defaults=True):
     /v1/completions, less `model` (the batch names it) and streaming (results are collected,
     not streamed). Validated exactly as /v1/completions validates them."""
 
-    custom_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CUSTOM_ID)]
+    custom_id: CustomId
 
 
 class BatchCreateRequest(msgspec.Struct, forbid_unknown_fields=True):
