@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gateway import client_json
 from gateway.errors import GatewayError, invalid_request
 
 Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
@@ -98,7 +99,7 @@ def parse_lines(
 
 def _parse(number: int, raw: bytes, param: str) -> InputLine:
     try:
-        line = _decoder.decode(raw)
+        line = client_json.decode_with(_decoder, raw)
     except msgspec.ValidationError as exc:
         raise _line_error(
             number,
