@@ -175,6 +175,7 @@ class GatewayAssembly:
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
         chat = ChatService(chat_templates, tokenizers, completions)
         files = FileService(settings, FileStore(sessions), tokenize_pool)
+        tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         batches = BatchService.build(
             settings,
             sessions,
@@ -184,8 +185,8 @@ class GatewayAssembly:
             files,
             tokenize_pool,
             status_of=http_status,
+            tenancy=tenancy,
         )
-        tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         tenancy.add_revoke_hook(batches.runner.key_revoked)  # a revoked key's batches stop
         served_models = [model.name for model in federation.models]
         retrain_jobs = RetrainJobStore(sessions)

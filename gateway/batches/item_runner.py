@@ -30,6 +30,7 @@ from gateway.stores.batch_records import ItemResult, QueuedItem
 from gateway.stores.batch_settling import CANCELLED_ERROR
 from gateway.stores.batch_store import BatchStore
 from gateway.stores.request_log import Outcome
+from gateway.tenancy.keys import KeyRecord
 from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class BatchRun:
     model: str = ""
     endpoint: str = COMPLETIONS
     api_key_id: int | None = None
+    # The key's record (its concurrency cap bounds the batch's items too); None without a key.
+    key: KeyRecord | None = None
     expires_at: datetime | None = None
     task: asyncio.Task[None] | None = None
     # Set when the batch itself is stopped (cancelled, expired), as opposed to this gateway

@@ -41,6 +41,11 @@ class KeyLimits(Protocol):
         concurrency slots; or refuses and charges nothing."""
         ...
 
+    async def take_slot(self, key: KeyRecord) -> Hold | InFlightRefusal:
+        """One of the key's concurrency slots alone (work charged already: a batch item), or
+        the refusal of a key at its cap; a key without a cap holds nothing."""
+        ...
+
     def forget(self, key_id: int) -> None:
         """Drops what is kept for a revoked key."""
         ...
@@ -78,6 +83,19 @@ def never_fits(limits: Limits, requests: int, tokens: int) -> Refusal | None:
         if limit is not None and wanted > limit:
             return Refusal(kind, limit, 0, wanted, None)
     return None
+
+
+@dataclass(slots=True)
+class SlotHold:
+    """A concurrency slot taken alone (LocalKeyLimits.take_slot)."""
+
+    slot: Slot
+
+    def settle(self, tokens: int) -> None:
+        self.slot.release()
+
+    def release(self) -> None:
+        self.slot.release()
 
 
 @dataclass(slots=True)
@@ -120,6 +138,14 @@ class LocalKeyLimits:
                 taken.release()
             return outcome
         return LocalHold(self.limiter, outcome, taken)
+
+    async def take_slot(self, key: KeyRecord) -> Hold | InFlightRefusal:
+        cap = key.max_concurrent_requests
+        if cap is None:
+            return NO_HOLD
+        if not self.in_flight.try_enter(key.id, cap):
+            return InFlightRefusal(cap)
+        return SlotHold(Slot(self.in_flight, key.id))
 
     def forget(self, key_id: int) -> None:
         self.limiter.forget(key_id)

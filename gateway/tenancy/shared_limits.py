@@ -34,6 +34,7 @@ from gateway.tenancy.key_limits import (
     NO_HOLD,
     Admitted,
     InFlightRefusal,
+    NoHold,
     never_fits,
     unlimited,
 )
@@ -131,6 +132,23 @@ class SharedKeyLimits:
         if limits.requests_per_minute is not None:
             return Refusal("requests", limits.requests_per_minute, 0, requests, 1.0)
         return InFlightRefusal(key.max_concurrent_requests or 0)
+
+    async def take_slot(self, key: KeyRecord) -> SharedHold | NoHold | InFlightRefusal:
+        cap = key.max_concurrent_requests
+        if cap is None:
+            return NO_HOLD
+        for _ in range(2):
+            clock = MinuteClock.at(self._clock())
+            # No requests or tokens and no limit but the cap: only the slot is checked and taken.
+            slot_only = Admit(
+                key.id, None, None, cap, clock.minute, clock.previous_weight, 0, 0, True
+            )
+            if await self._store.admit(slot_only):
+                return SharedHold(self, key.id, clock.minute, 0, counted=False, slot=True)
+            if not self._releases[key.id]:
+                break
+            await self.write()  # this gateway's given-back slots first, then once more
+        return InFlightRefusal(cap)
 
     async def _explain(
         self, key: KeyRecord, clock: MinuteClock, requests: int, tokens: int, slot: bool

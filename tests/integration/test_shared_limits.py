@@ -201,6 +201,32 @@ def test_the_concurrency_cap_holds_over_two_gateways_under_a_race(postgres_url: 
     asyncio.run(run())
 
 
+def test_a_slot_alone_shares_the_cap_and_charges_nothing(postgres_url: str) -> None:
+    """What a batch item takes (its requests and tokens were charged at submission): a slot
+    under the cap, whatever the key's minute holds, and nothing else."""
+
+    async def run() -> None:
+        async with database(postgres_url) as (engine, keys):
+            key = (await keys.create("k", 1, 100, max_concurrent_requests=2)).record
+            first, second = gateways(engine, Clock(MINUTE * 60))
+            request = await first.admit(key, 1, 100, slot=True)  # the minute's whole budget
+            assert isinstance(request, SharedHold)
+            item = await second.take_slot(key)  # the cap's second slot: still free
+            assert isinstance(item, SharedHold)
+            assert await first.take_slot(key) == InFlightRefusal(2)
+            item.release()
+            assert await second.write()
+            again = await first.take_slot(key)
+            assert isinstance(again, SharedHold)
+            row = await first._store.read(key.id)
+            assert row is not None
+            assert (row.requests, row.tokens, row.in_flight) == (1, 100, 2)
+            uncapped = (await keys.create("u", 1, 100)).record
+            assert not isinstance(await first.take_slot(uncapped), (SharedHold, InFlightRefusal))
+
+    asyncio.run(run())
+
+
 def test_a_gateways_own_slots_given_back_count_before_it_refuses(postgres_url: str) -> None:
     async def run() -> None:
         async with database(postgres_url) as (engine, keys):
