@@ -173,7 +173,14 @@ class GatewayAssembly:
             request_timeout_s=settings.limits.request_timeout_s,
         )
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
-        chat = ChatService(chat_templates, tokenizers, completions)
+        chat = ChatService(
+            chat_templates,
+            tokenizers,
+            completions,
+            parse_special_tokens=[
+                model.name for model in federation.models if model.parse_special_tokens_in_messages
+            ],
+        )
         files = FileService(settings, FileStore(sessions), tokenize_pool)
         tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         batches = BatchService.build(

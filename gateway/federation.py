@@ -9,12 +9,15 @@
     }
 
 `chat_template` (a Jinja file) is optional: gateway/chat/templates.py says what is used without
-it. `predictor` (optional) is the model's own length-predictor artifact, trained on that model's
-answers; a model without one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and
-a version the registry activates for the model replaces either (gateway/prediction/lifecycle.py).
-A site's optional `tls_server_name` is the name its TLS certificate carries when the endpoint's
-host is not it (docs/security.md). Relative paths are resolved against the file's
-folder. Terraform renders this file for real deployments (infra/terraform), so it is plain JSON.
+it. `parse_special_tokens_in_messages` (default false) lets the text of a special token in a chat
+message be that control token, as before issue 32 (a client can then write turns of any role):
+only for deployments whose clients are trusted with the prompt format. `predictor` (optional)
+is the model's own length-predictor artifact, trained on that model's answers; a model without
+one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and a version the registry
+activates for the model replaces either (gateway/prediction/lifecycle.py). A site's optional
+`tls_server_name` is the name its TLS certificate carries when the endpoint's host is not it
+(docs/security.md). Relative paths are resolved against the file's folder. Terraform renders
+this file for real deployments (infra/terraform), so it is plain JSON.
 
 A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`) or `openai`
 (any OpenAI-compatible server: vLLM, SGLang, TGI, or our engine's HTTP face), which names
@@ -59,6 +62,9 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     chat_template: str | None = None
     # The model's own length-predictor artifact (a directory); absent: the gateway's default.
     predictor: str | None = None
+    # true: the text of a special token in a chat message is that control token (a client can
+    # write turns of any role); false (default): it is text (gateway/chat/templates.py).
+    parse_special_tokens_in_messages: bool = False
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -103,6 +109,7 @@ class ModelConfig:
     tokenizer: Path
     chat_template: Path | None = None
     predictor: Path | None = None
+    parse_special_tokens_in_messages: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +162,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             (base_dir / m.tokenizer).resolve(),
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
+            m.parse_special_tokens_in_messages,
         )
         for m in raw.models
     )

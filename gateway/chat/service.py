@@ -4,11 +4,17 @@ tokenize, then share every later step (sampling checks, routing, dispatch) with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from gateway.chat.request import ChatCompletionRequest, ChatMessage
-from gateway.chat.templates import ChatRenderError, ChatTemplates, NoChatTemplate
+from gateway.chat.templates import (
+    ChatRenderError,
+    ChatTemplates,
+    NoChatTemplate,
+    RenderedChat,
+    render_messages_as_text,
+)
 from gateway.completions.service import CompletionService, Delivery, PreparedCompletion, Sampling
 from gateway.errors import invalid_request, model_not_found
 from gateway.tokenizers import ModelTokenizers
@@ -136,10 +142,22 @@ class ChatService:
         templates: ChatTemplates,
         tokenizers: ModelTokenizers,
         completions: CompletionService,
+        parse_special_tokens: Collection[str] = (),
     ) -> None:
         self._templates = templates
         self._tokenizers = tokenizers
         self._completions = completions
+        # Models whose messages may carry control tokens (the federation file's
+        # parse_special_tokens_in_messages); the others' message content is text.
+        self._parse_special_tokens = frozenset(parse_special_tokens)
+
+    def _render(self, model: str, turns: list[dict[str, str]]) -> RenderedChat:
+        template = self._templates[model]
+        if model in self._parse_special_tokens:
+            text = template.render(turns, add_generation_prompt=True)
+            return RenderedChat(text, ((text, False),))
+        specials = self._tokenizers.special_tokens(model)
+        return render_messages_as_text(template, turns, specials, add_generation_prompt=True)
 
     def prepare(self, req: ChatCompletionRequest) -> PreparedCompletion:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
@@ -150,7 +168,7 @@ class ChatService:
         turns = conversation(req.messages)
         sampling = _sampling(req)
         try:
-            prompt = self._templates[req.model].render(turns, add_generation_prompt=True)
+            rendered = self._render(req.model, turns)
         except ChatRenderError as exc:
             raise invalid_request(
                 f"the chat template of model '{req.model}' refused these messages: {exc}",
@@ -162,8 +180,8 @@ class ChatService:
                 "federation file names none): send a prompt to /v1/completions instead",
                 param="model",
             ) from exc
-        self._completions.check_prompt_chars(req.model, prompt, "messages")
-        prompt_ids = self._tokenizers.encode(req.model, prompt)
+        self._completions.check_prompt_chars(req.model, rendered.text, "messages")
+        prompt_ids = self._tokenizers.encode_pieces(req.model, rendered.pieces)
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
