@@ -52,6 +52,7 @@ from gateway.stores.site_store import sync_sites
 from gateway.tenancy.admission import Tenancy
 from gateway.tenancy.key_limits import KeyLimits, LocalKeyLimits
 from gateway.tenancy.keys import KeyService
+from gateway.tenancy.limiter import SlidingWindowLimiter
 from gateway.tenancy.shared_limits import SharedKeyLimits
 from gateway.tokenize_pool import TokenizePool
 from gateway.tokenizers import ModelTokenizers
@@ -65,13 +66,13 @@ def _ensure_sqlite_dir(database_url: str) -> None:
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
 
 
-def _key_limits(database_url: str, metrics: GatewayMetrics) -> KeyLimits:
+def _key_limits(database_url: str, overshoot: float, metrics: GatewayMetrics) -> KeyLimits:
     """On PostgreSQL, which several gateways may share, a key's limits hold across all of them;
     SQLite serves one gateway, which counts them in memory."""
     if make_url(database_url).get_backend_name() != "postgresql":
-        return LocalKeyLimits()
+        return LocalKeyLimits(SlidingWindowLimiter(overshoot=overshoot))
     store = KeyLimitStore(create_counter_engine(database_url), gateway_id=uuid.uuid4().hex)
-    limits = SharedKeyLimits(store)
+    limits = SharedKeyLimits(store, overshoot=overshoot)
     metrics.watch_backlog(
         "shared_limits_pending",
         "Settlements and concurrency slots of API keys not yet written to the shared counters "
@@ -163,7 +164,9 @@ class GatewayAssembly:
             predictor,
             metrics,
         )
-        key_limits = _key_limits(settings.database.url, metrics)
+        key_limits = _key_limits(
+            settings.database.url, settings.limits.token_limit_overshoot, metrics
+        )
         drainer = SiteDrainer(registry, settings.offload.interval_s)
         sampler = LoadSampler(
             registry,

@@ -253,6 +253,14 @@ class LimitsSettings:
     body_min_bytes_per_s: int = setting(
         16384, help="the slowest a request body may arrive after its first `GATEWAY_BODY_TIMEOUT_S`"
     )
+    token_limit_overshoot: float = setting(
+        1.2,
+        help="what the requests a key has admitted within a minute may take together, as a "
+        "multiple of its `tokens_per_minute`, whatever their answers' predicted lengths: a "
+        "request is admitted only if its prompt + `max_tokens` fits beside the minute's tokens "
+        "and what its key's unfinished requests may still take (under-predicted answers cannot "
+        "run a key past it)",
+    )
     outcome_backlog_max: int = setting(
         100_000,
         help="requests whose rows or outcomes the database has not taken yet, kept in memory "
@@ -274,6 +282,8 @@ class LimitsSettings:
         require_at_least(self, 1, "outcome_backlog_max")
         if self.max_in_flight < 1 or self.idempotency_ttl_s <= 0:
             raise SettingsError("GATEWAY_MAX_IN_FLIGHT >= 1, GATEWAY_IDEMPOTENCY_TTL_S > 0")
+        if self.token_limit_overshoot < 1:
+            raise SettingsError("GATEWAY_TOKEN_LIMIT_OVERSHOOT >= 1")
         if self.max_prompt_chars_per_token < 1:
             raise SettingsError("GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN >= 1")
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:

@@ -94,7 +94,7 @@ class KeyAdmission:
         limit = self.key.limits.tokens_per_minute
         if limit is not None and most_tokens > limit:
             raise rate_limited(self.key, Refusal("tokens", limit, 0, most_tokens, None))
-        outcome = await self.limits.admit(self.key, 1, tokens, slot=True)
+        outcome = await self.limits.admit(self.key, 1, tokens, slot=True, most_tokens=most_tokens)
         if isinstance(outcome, InFlightRefusal):
             raise too_many_in_flight(self.key, outcome.limit)
         if isinstance(outcome, Refusal):

@@ -36,9 +36,18 @@ Admitted = Hold | Refusal | InFlightRefusal
 
 
 class KeyLimits(Protocol):
-    async def admit(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
+    async def admit(
+        self,
+        key: KeyRecord,
+        requests: int,
+        tokens: int,
+        slot: bool,
+        most_tokens: int | None = None,
+    ) -> Admitted:
         """Charges `requests` and `tokens` to the key and, if `slot`, takes one of its
-        concurrency slots; or refuses and charges nothing."""
+        concurrency slots; or refuses and charges nothing. `most_tokens` (prompt + max_tokens)
+        is the most the request can take: it must fit beside what the key's unsettled requests
+        may still take, within the overshoot allowed (gateway/tenancy/limiter.py)."""
         ...
 
     async def take_slot(self, key: KeyRecord) -> Hold | InFlightRefusal:
@@ -122,17 +131,21 @@ class LocalKeyLimits:
         self.limiter = limiter or SlidingWindowLimiter()
         self.in_flight = in_flight or InFlightCounter()
 
-    async def admit(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
-        return self.admit_now(key, requests, tokens, slot)
-
-    def admit_now(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
+    async def admit(
+        self,
+        key: KeyRecord,
+        requests: int,
+        tokens: int,
+        slot: bool,
+        most_tokens: int | None = None,
+    ) -> Admitted:
         taken: Slot | None = None
         if slot:
             cap = key.max_concurrent_requests
             if not self.in_flight.try_enter(key.id, cap):
                 return InFlightRefusal(cap or 0)
             taken = Slot(self.in_flight, key.id)
-        outcome = self.limiter.admit(key.id, key.limits, requests, tokens)
+        outcome = self.limiter.admit(key.id, key.limits, requests, tokens, most_tokens)
         if isinstance(outcome, Refusal):
             if taken is not None:
                 taken.release()
