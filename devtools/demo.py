@@ -34,6 +34,7 @@ from devtools.launch import (
     free_port,
     spawn_site,
     start_gateway,
+    stopping_on_signals,
     wait_until_serving,
 )
 from gateway.db.session import create_engine, create_sessionmaker
@@ -287,6 +288,12 @@ def start_sites(model_dir: Path, work_dir: Path, mixed: bool = False) -> list[Ma
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM and SIGHUP stop the demo as Ctrl-C does, services included (issue 32).
+    with stopping_on_signals():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     work_dir = args.work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -330,7 +337,10 @@ def run(args: argparse.Namespace) -> int:
         for failure in (a for a in answers if not a.ok):
             print(f"  failed: {failure.detail}", file=sys.stderr)
         if args.keep_running:
-            print(f"services keep running: {base_url} (logs in {work_dir}); Ctrl-C stops them")
+            print(
+                f"services keep running: {base_url} (logs in {work_dir}); Ctrl-C (or SIGTERM) "
+                "stops them"
+            )
             print(f"dashboard: {base_url}/admin  sign in with the admin token: {admin_token}")
             _wait_forever()
         return 0 if ok == len(answers) else 1
