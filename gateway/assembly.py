@@ -225,7 +225,9 @@ class GatewayAssembly:
             retraining=Retraining(
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
             ),
-            readiness=Readiness(registry, sessions, predictor, drainer, completions.writer),
+            readiness=Readiness(
+                registry, sessions, predictor, drainer, completions.writer, served_models
+            ),
             admin_sessions=AdminSessionStore(sessions),
             login_failures=LoginFailureStore(sessions),
             metrics=metrics,
