@@ -70,7 +70,7 @@ def _plan_item(
 ) -> PlanItem:
     if prediction is None:
         return PlanItem(item.index, item.prompt_tokens, item.max_tokens, unpredicted=unpredicted)
-    tokens = min(prediction.tokens, item.max_tokens)  # the site stops at max_tokens anyway
+    tokens = prediction.within(item.max_tokens)  # the site stops at max_tokens anyway
     return PlanItem(item.index, item.prompt_tokens, item.max_tokens, tokens, prediction.bucket)
 
 
