@@ -55,18 +55,26 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
-def write_results(name: str, payload: dict[str, Any], markdown: str, command: str) -> Path:
-    """Writes bench/results/NAME.json and NAME.md (the command that made them included)."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+def write_results(
+    name: str,
+    payload: dict[str, Any],
+    markdown: str,
+    command: str,
+    directory: Path | None = None,
+) -> Path:
+    """Writes bench/results/NAME.json and NAME.md (the command that made them included), or
+    into `directory` when given."""
+    results_dir = directory if directory is not None else RESULTS_DIR
+    results_dir.mkdir(parents=True, exist_ok=True)
     stamped = {
         "command": command,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         **payload,
     }
-    json_path = RESULTS_DIR / f"{name}.json"
+    json_path = results_dir / f"{name}.json"
     json_path.write_text(json.dumps(stamped, indent=2) + "\n")
-    (RESULTS_DIR / f"{name}.md").write_text(
+    (results_dir / f"{name}.md").write_text(
         f"# {name}\n\nCommand: `{command}`\n\nMachine: {stamped['machine']}\n\n{markdown}\n"
     )
     return json_path

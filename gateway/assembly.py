@@ -163,6 +163,7 @@ class GatewayAssembly:
             RequestLog(sessions),
             predictor,
             metrics,
+            frozenset(m.name for m in federation.models if m.share_prefix_cache),
         )
         key_limits = _key_limits(
             settings.database.url, settings.limits.token_limit_overshoot, metrics

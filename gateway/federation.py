@@ -8,6 +8,9 @@
                  "endpoint": "10.0.0.5:50051", "model": "tiny-llama", "capacity_weight": 1.0}]
     }
 
+A model's `share_prefix_cache` (default false) lets its sites share cached prompt blocks across
+API keys, which a common system prompt gains from, at a cost: a tenant's time to first token then
+tells whether a prefix was sent by another (gateway/completions/cache_salt.py).
 `chat_template` (a Jinja file) is optional: gateway/chat/templates.py says what is used without
 it. `parse_special_tokens_in_messages` (default false) lets the text of a special token in a chat
 message be that control token, as before issue 32 (a client can then write turns of any role):
@@ -62,6 +65,8 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     chat_template: str | None = None
     # The model's own length-predictor artifact (a directory); absent: the gateway's default.
     predictor: str | None = None
+    # Its sites share cached prompt blocks across API keys (gateway/completions/cache_salt.py).
+    share_prefix_cache: bool = False
     # true: the text of a special token in a chat message is that control token (a client can
     # write turns of any role); false (default): it is text (gateway/chat/templates.py).
     parse_special_tokens_in_messages: bool = False
@@ -109,6 +114,7 @@ class ModelConfig:
     tokenizer: Path
     chat_template: Path | None = None
     predictor: Path | None = None
+    share_prefix_cache: bool = False
     parse_special_tokens_in_messages: bool = False
 
 
@@ -162,6 +168,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             (base_dir / m.tokenizer).resolve(),
             None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
+            m.share_prefix_cache,
             m.parse_special_tokens_in_messages,
         )
         for m in raw.models

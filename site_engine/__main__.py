@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2
 
 from fedllm_contract.tokenizer import tokenizer_fingerprint
 from site_engine.engine.api import Engine
+from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
@@ -52,6 +53,18 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--kv-cache-mib", type=int)
     parser.add_argument("--policy", help="fcfs, spf or static")
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        default=None,
+        help="compute every prompt from its first token (prefix caching is on by default)",
+    )
+    parser.add_argument(
+        "--host-kv-cache-gib",
+        type=float,
+        help="host memory for the prefix cache's second tier (GiB, pinned on CUDA; 0: none)",
+    )
     parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
     parser.add_argument(
@@ -74,6 +87,36 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     return SiteSettings.load(**vars(args))
 
 
+def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
+    """The engine's settings; batch limits the operator left unset come from the device (vLLM's
+    defaults on a GPU), and the log says which were chosen and why."""
+    total, name = 0, ""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        name = torch.cuda.get_device_name(device)
+    defaults = batch_defaults(device.type, total, name)
+    seqs, tokens = settings.max_num_seqs, settings.max_num_batched_tokens
+    if seqs is None or tokens is None:
+        seqs = defaults.max_num_seqs if seqs is None else seqs
+        tokens = defaults.max_num_batched_tokens if tokens is None else tokens
+        log.info(
+            "batch limits: max_num_seqs=%d, max_num_batched_tokens=%d (%s, for what was not set)",
+            seqs,
+            tokens,
+            defaults.reason,
+        )
+    return EngineConfig(
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        block_size=settings.block_size,
+        kv_cache_bytes=settings.kv_cache_mib * MIB,
+        policy=settings.policy,
+        prefix_caching=settings.prefix_caching,
+        model_name=settings.model_name,
+        host_kv_cache_bytes=int(settings.host_kv_cache_gib * (1 << 30)),
+    )
+
+
 def _package_version() -> str:
     try:
         return version("fedllm")
@@ -90,16 +133,9 @@ async def serve(settings: SiteSettings) -> None:
         dtype=settings.dtype,
         tokenizer_dir=settings.tokenizer_dir,
     )
-    engine: Engine = PagedEngine(
-        loaded,
-        EngineConfig(
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            block_size=settings.block_size,
-            kv_cache_bytes=settings.kv_cache_mib * MIB,
-            policy=settings.policy,
-        ),
-    )
+    paged = PagedEngine(loaded, engine_config(settings, loaded.device))
+    log.info("%s", paged.startup_report)
+    engine: Engine = paged
     metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
     if metrics is not None:
         engine = MeteredEngine(engine, metrics)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from site_engine.cache_event_journal import CacheEventJournal, Snapshot
 from site_engine.detokenizer import IncrementalDetokenizer
 from site_engine.engine.api import Engine, EngineRequest, EngineStats, RequestOutput
 from site_engine.engine.types import FinishReason
@@ -54,6 +55,7 @@ class StreamEvent:
     completion_tokens: int = 0
     accepted: bool = False
     error: str | None = None
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -63,6 +65,7 @@ class _Stream:
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
     def emit(self, event: StreamEvent) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -73,6 +76,7 @@ class _Stream:
                 finish_reason=reason,
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
+                cached_prompt_tokens=self.cached_prompt_tokens,
             )
         )
 
@@ -138,6 +142,8 @@ class EngineService:
         self._stats: EngineStats = engine.stats()
         # Replaced whole (never mutated) so the asyncio side reads a consistent pair.
         self._cumulative_kv = CumulativeKv()
+        # Prefix-cache events for the load streams that ask for them (grpc_server.py).
+        self.cache_journal = CacheEventJournal(engine.limits.kv_block_size)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -196,6 +202,11 @@ class EngineService:
     def generated_tokens_total(self) -> int:
         return self._generated_total
 
+    async def cache_snapshot(self) -> Snapshot:
+        """Every cached block id with the journal position it is current at (engine thread)."""
+        result: Snapshot = await self._call(self._take_snapshot)
+        return result
+
     def decode_tokens_per_s(self) -> float:
         return self._throughput.rate(time.monotonic())
 
@@ -224,6 +235,16 @@ class EngineService:
             stream.finish(reason)
         return aborted
 
+    def _take_snapshot(self) -> Snapshot:
+        self._record_cache_events()
+        journal = self.cache_journal
+        return Snapshot(self.engine.cache_snapshot(), journal.position, journal.epoch)
+
+    def _record_cache_events(self) -> None:
+        events = self.engine.take_cache_events()
+        if events:
+            self.cache_journal.append(events)
+
     def _release(self, max_requests: int) -> list[EngineRequest]:
         released = self.engine.release_queued(max_requests)
         for request in released:
@@ -241,8 +262,10 @@ class EngineService:
                 except Exception as exc:
                     log.exception("engine step failed; failing the requests it held")
                     self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+                    self._record_cache_events()
                     continue
                 self._route(outputs)
+                self._record_cache_events()
             stats = self.engine.stats()
             if stats.iterations > self._stats.iterations:
                 self._cumulative_kv = self._cumulative_kv.after(stats)
@@ -275,6 +298,7 @@ class EngineService:
                 continue
             produced += len(output.new_token_ids)
             stream.completion_tokens += len(output.new_token_ids)
+            stream.cached_prompt_tokens = output.cached_prompt_tokens
             text = stream.detokenizer.push(output.new_token_ids)
             reason = output.finish_reason
             if reason is None and stream.detokenizer.stopped:
@@ -289,6 +313,7 @@ class EngineService:
                     finish_reason=reason,
                     prompt_tokens=stream.prompt_tokens,
                     completion_tokens=stream.completion_tokens,
+                    cached_prompt_tokens=stream.cached_prompt_tokens,
                 )
             )
             if reason is not None:

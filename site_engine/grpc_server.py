@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedllm_contract.block_hash import HASH_SCHEME
+from fedllm_contract.cache_events import CacheEventBatch, CacheEventKind, CacheTier
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.engine_service import (
@@ -36,7 +39,18 @@ MAX_RECEIVE_MESSAGE_BYTES = 4 << 20
 # decoding slow for everyone in its batch. Looser than the gateway's own limits.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
+# The gateway sends a fixed-length digest; anything far longer is a misuse of the field.
+MAX_CACHE_SALT_CHARS = 256
 
+_KIND_TO_PROTO = {
+    CacheEventKind.STORED: site_pb2.CacheEvent.STORED,
+    CacheEventKind.REMOVED: site_pb2.CacheEvent.REMOVED,
+    CacheEventKind.CLEARED: site_pb2.CacheEvent.CLEARED,
+}
+_TIER_TO_PROTO = {
+    CacheTier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
+    CacheTier.HOST: site_pb2.CACHE_TIER_HOST,
+}
 _FINISH_TO_PROTO = {
     FinishReason.STOP: site_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: site_pb2.FINISH_REASON_LENGTH,
@@ -90,7 +104,26 @@ def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChu
         chunk.finish_reason = _FINISH_TO_PROTO[event.finish_reason]
         chunk.usage.prompt_tokens = event.prompt_tokens
         chunk.usage.completion_tokens = event.completion_tokens
+        chunk.usage.cached_prompt_tokens = event.cached_prompt_tokens
     return chunk
+
+
+def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
+    return site_pb2.CacheEvents(
+        epoch=batch.epoch,
+        block_size=batch.block_size,
+        snapshot=batch.snapshot,
+        sequence=batch.sequence,
+        events=[
+            site_pb2.CacheEvent(
+                kind=_KIND_TO_PROTO[event.kind],
+                block_hashes=event.block_hashes,
+                parent_block_hash=event.parent_block_hash,
+                tier=_TIER_TO_PROTO[event.tier],
+            )
+            for event in batch.events
+        ],
+    )
 
 
 class SiteServicer(site_pb2_grpc.SiteEngineServicer):
@@ -115,11 +148,14 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             prompt_ids = tuple(self._tokenizer.encode(request.prompt))
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty")
+        if len(request.cache_salt) > MAX_CACHE_SALT_CHARS:
+            raise InvalidRequest(f"cache_salt takes up to {MAX_CACHE_SALT_CHARS} characters")
         return EngineRequest(
             request_id=request.request_id,
             prompt_token_ids=prompt_ids,
             sampling=sampling,
             predicted_tokens=request.predicted_tokens or None,
+            cache_salt=request.cache_salt,
         )
 
     async def Generate(
@@ -178,6 +214,9 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             max_num_seqs=limits.max_num_seqs,
             engine=limits.name,
             version=ident.version,
+            prefix_caching=limits.prefix_caching,
+            block_hash_scheme=HASH_SCHEME if limits.prefix_caching else "",
+            host_kv_blocks=limits.host_kv_blocks,
         )
 
     def load_report(self) -> site_pb2.LoadReport:
@@ -199,14 +238,25 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             iterations=stats.iterations,
             kv_block_iterations=cumulative_kv.block_iterations,
             kv_token_iterations=cumulative_kv.token_iterations,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_host_hits=stats.prefix_cache_host_hits,
         )
 
     async def StreamLoad(
         self, request: site_pb2.LoadStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[site_pb2.LoadReport]:
         interval_s = max(request.interval_ms, 10) / 1000
+        events = (
+            CacheEventStream(self._service.cache_journal, self._service.cache_snapshot)
+            if request.cache_events
+            else None
+        )
         while True:
-            yield self.load_report()
+            report = self.load_report()
+            if events is not None:
+                report.cache_events.CopyFrom(_cache_events_to_proto(await events.next_batch()))
+            yield report
             await asyncio.sleep(interval_s)
 
 

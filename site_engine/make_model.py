@@ -11,6 +11,7 @@ exactly as a user's real model directory would be.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -80,6 +81,43 @@ def make_model_dir(
     return out
 
 
+# Llama-3.1's rope scaling, as its config.json spells it (`rope_scaling` next to `rope_theta`):
+# positions past `original_max_position_embeddings` get their low frequencies stretched by
+# `factor`, which is how 8k-position training serves 128k positions.
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def make_long_context_dir(
+    out: Path,
+    tokenizer_dir: Path,
+    *,
+    max_positions: int = 131072,
+    original_positions: int = 8192,
+    seed: int = 0,
+) -> Path:
+    """A tiny Llama whose config.json reads like Llama-3.1's: `max_positions` positions through
+    rope scaling of type "llama3" over `original_positions` trained ones, `rope_theta` 500,000,
+    written in the hub's spelling so that loading converts it as it would a real checkpoint."""
+    make_model_dir(out, "llama", tokenizer_dir, seed=seed)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("rope_parameters", None)
+    config["max_position_embeddings"] = max_positions
+    config["rope_theta"] = 500000.0
+    config["rope_scaling"] = {
+        **LLAMA3_ROPE_SCALING,
+        "original_max_position_embeddings": original_positions,
+    }
+    path.write_text(json.dumps(config, indent=2))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", choices=ARCHS, default="llama")
@@ -88,10 +126,22 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    path = make_model_dir(
-        args.out, args.arch, args.tokenizer, hidden=args.hidden, layers=args.layers, seed=args.seed
+    parser.add_argument(
+        "--long-context",
+        type=int,
+        default=0,
+        help="a Llama of this many positions through Llama-3.1 rope scaling (--arch llama)",
     )
+    args = parser.parse_args()
+    if args.long_context:
+        path = make_long_context_dir(
+            args.out, args.tokenizer, max_positions=args.long_context, seed=args.seed
+        )
+    else:
+        path = make_model_dir(
+            args.out, args.arch, args.tokenizer, hidden=args.hidden, layers=args.layers,
+            seed=args.seed,
+        )  # fmt: skip
     print(path)
 
 

@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.api import (
     Engine,
     EngineLimits,
@@ -107,7 +108,47 @@ _STATS_GAUGES = (
     ),
     _StatsGauge("kv_blocks_used", "KV-cache blocks in use", lambda s: s.kv_blocks_used),
     _StatsGauge("kv_blocks_total", "KV-cache blocks in all", lambda s: s.kv_blocks_total),
+    _StatsGauge(
+        "kv_blocks_cached",
+        "KV-cache blocks indexed by the prefix cache (held or free)",
+        lambda s: s.kv_blocks_cached,
+    ),
 )
+
+
+def _prefix_cache_counters(stats: EngineStats) -> tuple[tuple[str, str, int], ...]:
+    return (
+        (
+            "prefix_cache_queries_tokens",
+            "Prompt tokens looked up in the prefix cache at admission",
+            stats.prefix_cache_queries,
+        ),
+        (
+            "prefix_cache_hits_tokens",
+            "Of them, tokens found cached (either tier)",
+            stats.prefix_cache_hits,
+        ),
+        (
+            "prefix_cache_host_hits_tokens",
+            "Of the hits, tokens copied back from the host-memory tier",
+            stats.prefix_cache_host_hits,
+        ),
+        (
+            "prompt_tokens_computed",
+            "Prompt positions the model computed (cached ones are not)",
+            stats.prompt_tokens_computed,
+        ),
+        (
+            "host_kv_offloaded_bytes",
+            "Bytes of KV blocks copied to the host tier",
+            stats.host_kv_bytes_offloaded,
+        ),
+        (
+            "host_kv_onloaded_bytes",
+            "Bytes of KV blocks copied back from the host tier",
+            stats.host_kv_bytes_onloaded,
+        ),
+    )
 
 
 class EngineStatsCollector(Collector):
@@ -132,6 +173,7 @@ class EngineStatsCollector(Collector):
         for name, doc, value in (
             ("iterations", "Engine iterations since start", stats.iterations),
             ("preemptions", "Sequences preempted for KV memory since start", stats.num_preemptions),
+            *_prefix_cache_counters(stats),
         ):
             counter = CounterMetricFamily(f"fedllm_site_{name}", doc, labels=["site"])
             counter.add_metric(labels, float(value))
@@ -179,6 +221,12 @@ class MeteredEngine:
 
     def stats(self) -> EngineStats:
         return self._engine.stats()
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        return self._engine.take_cache_events()
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        return self._engine.cache_snapshot()
 
 
 @dataclass(slots=True)

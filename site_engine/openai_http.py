@@ -5,7 +5,8 @@ gRPC port by the same process and the same EngineService.
 So a site can be used on its own like `vllm serve`, and a gateway can reach it as a site of kind
 `openai` (gateway/sites/openai_client.py). Its /metrics publishes the engine's load under vLLM's
 documented names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
-`vllm:kv_cache_usage_perc`, `vllm:generation_tokens_total`, `vllm:cache_config_info`), so the
+`vllm:kv_cache_usage_perc`, `vllm:generation_tokens_total`, `vllm:cache_config_info`,
+`vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total`, in tokens), so the
 gateway reads it with the `vllm` metrics dialect. Errors have OpenAI's shape.
 """
 
@@ -53,13 +54,26 @@ class VllmNamedMetrics(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
             gauge.add_metric(label, float(value))
             yield gauge
-        counter = CounterMetricFamily(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            labels=["model_name"],
-        )
-        counter.add_metric(label, float(self._service.generated_tokens_total()))
-        yield counter
+        for name, doc, total in (
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                self._service.generated_tokens_total(),
+            ),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                stats.prefix_cache_hits,
+            ),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric(label, float(total))
+            yield counter
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -139,13 +153,13 @@ class HttpFace:
     async def _stream(
         self, events: AsyncIterator[StreamEvent], answer: Answer, face: FaceRequest
     ) -> AsyncIterator[str]:
-        tokens = 0
+        tokens = cached = 0
         if face.chat:
             yield _sse({**answer.chunk("", (), None), "choices": [
                 {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})  # fmt: skip
         try:
             async for event in events:
-                tokens = event.completion_tokens
+                tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 reason = event.finish_reason.value if event.finish_reason else None
                 if event.text or event.token_ids or reason:
                     yield _sse(answer.chunk(event.text, event.token_ids, reason))
@@ -153,22 +167,23 @@ class HttpFace:
             yield _sse(error_body(str(exc), "internal_error"))
             return
         if face.include_usage:
-            yield _sse(answer.usage_chunk(tokens))
+            yield _sse(answer.usage_chunk(tokens, cached))
         yield "data: [DONE]\n\n"
 
     async def _whole(self, events: AsyncIterator[StreamEvent], answer: Answer) -> Response[Any]:
         text: list[str] = []
         ids: list[int] = []
-        reason, tokens = "stop", 0
+        reason, tokens, cached = "stop", 0, 0
         try:
             async for event in events:
                 text.append(event.text)
                 ids.extend(event.token_ids)
-                tokens = event.completion_tokens
+                tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 reason = event.finish_reason.value if event.finish_reason else reason
         except EngineFailure as exc:
             return Response(error_body(str(exc), "internal_error"), status_code=500)
-        return Response(answer.whole("".join(text), tuple(ids), reason, tokens), status_code=200)
+        body = answer.whole("".join(text), tuple(ids), reason, tokens, cached)
+        return Response(body, status_code=200)
 
 
 @dataclass(slots=True)

@@ -170,14 +170,19 @@ class Answer:
     def chunk(self, text: str, ids: tuple[int, ...], reason: str | None) -> dict[str, Any]:
         return {**self._head(True), "choices": [self._choice(text, ids, reason, True)]}
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
         prompt = len(self.request.prompt_token_ids)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}  # fmt: skip
+                "total_tokens": prompt + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}  # fmt: skip
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
-        return {**self._head(True), "choices": [], "usage": self.usage(completion_tokens)}
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        usage = self.usage(completion_tokens, cached_tokens)
+        return {**self._head(True), "choices": [], "usage": usage}
 
-    def whole(self, text: str, ids: tuple[int, ...], reason: str, tokens: int) -> dict[str, Any]:
+    def whole(
+        self, text: str, ids: tuple[int, ...], reason: str, tokens: int, cached_tokens: int = 0
+    ) -> dict[str, Any]:
         choice = self._choice(text, ids, reason, False)
-        return {**self._head(False), "choices": [choice], "usage": self.usage(tokens)}
+        usage = self.usage(tokens, cached_tokens)
+        return {**self._head(False), "choices": [choice], "usage": usage}

@@ -32,12 +32,18 @@ class SiteSettings:
     port: int = 50051
     device: str = "cpu"
     dtype: str = "float32"
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
+    # None: chosen from the device at start (site_engine/engine/memory_plan.batch_defaults:
+    # 16 and 2,048 on CPU, vLLM's defaults on a GPU) and logged.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     block_size: int = 16
     # KV cache budget in MiB; 0 sizes the cache from free device memory (GPU) or a default (CPU).
     kv_cache_mib: int = 0
     policy: PolicyName = "fcfs"
+    # Automatic prefix caching (site_engine/engine/block_manager.py); --no-prefix-caching: off.
+    prefix_caching: bool = True
+    # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
+    host_kv_cache_gib: float = 0.0
     load_report_interval_ms: int = 500
     # Intra-op threads for CPU execution. Several sites often share one host in tests and demos;
     # more threads than free cores makes every step slower (measured: 38 ms vs 5 ms per token).
@@ -114,8 +120,13 @@ class SiteSettings:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SettingsError(f"SITE_DEVICE must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "torch_threads"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise SettingsError(f"SITE_{name.upper()} must be >= 1")
+        if self.host_kv_cache_gib < 0 or (self.host_kv_cache_gib and not self.prefix_caching):
+            raise SettingsError(
+                "SITE_HOST_KV_CACHE_GIB must be >= 0, and a host tier needs prefix caching"
+            )
         if self.kv_cache_mib < 0 or self.load_report_interval_ms < 10:
             raise SettingsError(
                 "SITE_KV_CACHE_MIB must be >= 0, SITE_LOAD_REPORT_INTERVAL_MS >= 10"

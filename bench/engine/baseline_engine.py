@@ -3,7 +3,7 @@
 The baseline is another commit's `site_engine/engine` folder (on the GPU machine, the checkout
 the device was given, while this tree is the change under test). A copy of this checkout's
 benchmark and site code is made with that engine package in place of this one, and
-`python -m bench.engine.serving --phases steps,burst` runs there in a subprocess on the same
+`python -m bench.engine.serving --phases <--baseline-phases>` runs there in a subprocess on the same
 model directory: the same measurement code, only the engine differs. Its results come back as
 the "baseline" section of this run's payload.
 """
@@ -39,32 +39,48 @@ def hybrid_tree(baseline_engine: Path, into: Path) -> Path:
 
 
 def run_baseline(
-    args: argparse.Namespace, tokenizer_dir: Path, data_dir: Path, log: Any
+    args: argparse.Namespace,
+    tokenizer_dir: Path,
+    data_dir: Path,
+    log: Any,
+    traces_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Runs the phases "steps" and "burst" with the baseline engine; never raises."""
+    """Runs the phases --baseline-phases with the baseline engine, on the same model, mixes,
+    rates and limits; never raises."""
     with tempfile.TemporaryDirectory(prefix="fedllm-baseline-") as tmp:
         root = Path(tmp)
         command = [
-            sys.executable, "-m", "bench.engine.serving", "--phases", "steps,burst",
+            sys.executable, "-m", "bench.engine.serving", "--phases", args.baseline_phases,
             "--model-dir", str(args.model_dir.resolve()),
             "--tokenizer-dir", str(tokenizer_dir.resolve()),
             "--data-dir", str(data_dir.resolve()),
             "--results-dir", str(root / "results"), "--name", "baseline",
             "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
-            "--step-reps", str(args.step_reps),
-        ] + (["--small"] if args.small else [])  # fmt: skip
+            "--step-reps", str(args.step_reps), "--mixes", *args.mixes,
+            "--rates", *map(str, args.rates), "--duration-s", str(args.duration_s),
+            "--drain-s", str(args.drain_s), "--max-num-seqs", str(args.max_num_seqs),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--deadline-s", str(args.baseline_timeout_s - 30), "--reserve-s", "0",
+            "--context-cap", str(args.context_cap), "--slo-ttft-ms", str(args.slo_ttft_ms),
+            "--slo-tpot-ms", str(args.slo_tpot_ms),
+        ] + (["--small"] if args.small else []) + (
+            ["--long-context"] if args.long_context else []) + (
+            ["--traces-dir", str(traces_dir)] if traces_dir is not None else [])  # fmt: skip
         result: dict[str, Any] = {
             "engine_dir": str(args.baseline_engine),
             "command": " ".join(command[1:]),
         }
         try:
             tree = hybrid_tree(args.baseline_engine.resolve(), root / "tree")
-            log(f"baseline engine from {args.baseline_engine}: steps and burst in a subprocess")
+            log(f"baseline engine from {args.baseline_engine}: {args.baseline_phases} in a "
+                "subprocess")  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
-            done = subprocess.run(command, cwd=tree, env=env, timeout=400, check=False)
+            done = subprocess.run(command, cwd=tree, env=env, timeout=args.baseline_timeout_s,
+                                  check=False)  # fmt: skip
             result["returncode"] = done.returncode
             payload = json.loads((root / "results" / "baseline.json").read_text())
-            for key in ("step_shapes", "mixed_vs_parts", "burst", "errors"):
+            for key in ("step_shapes", "mixed_vs_parts", "burst", "errors", "sweeps",
+                        "goodput_rate_rps", "goodput_output_tok_s", "mixes"):  # fmt: skip
                 result[key] = payload.get(key)
         except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {exc}"

@@ -35,6 +35,35 @@ LLAMA_1B_SHAPE: dict[str, Any] = {
     "tie_word_embeddings": True,
     "rms_norm_eps": 1e-5,
 }
+# Llama-3.2-1B with its real context: 131,072 positions through Llama-3.1's rope scaling.
+LLAMA_3_ROPE_SCALING: dict[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+LLAMA_1B_LONG_SHAPE: dict[str, Any] = {
+    **LLAMA_1B_SHAPE,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rope_scaling": LLAMA_3_ROPE_SCALING,
+}
+# Llama-3.1-8B's shape and context.
+LLAMA_8B_SHAPE: dict[str, Any] = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {**LLAMA_3_ROPE_SCALING, "factor": 8.0},
+}
 SMALL_SHAPE: dict[str, Any] = {
     **LLAMA_1B_SHAPE,
     "hidden_size": 256,

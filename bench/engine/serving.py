@@ -15,9 +15,21 @@ Phases (--phases picks some; results are rewritten after each, "complete": false
   through one warmed-up engine, until a rate misses the SLO, then one rate between the last
   that held and the first that missed; the goodput per mix ("goodput_rate_rps");
 - burst: the 1,000-request Alpaca+LIMA burst of engine_h200 (same trace and engine settings);
-  with --baseline-engine, first the same phases "steps" and "burst" with that engine package
-  (another commit's site_engine/engine) in a subprocess, then this engine's burst, back to back;
 - hf: transformers continuous batching with the requests and arrival times of the goodput rate.
+
+With --baseline-engine DIR (another commit's site_engine/engine), the phases --baseline-phases
+("steps,burst" unless given) first run with that engine package in a subprocess on the same model
+and loads, then this engine's phases: a before and after in one run.
+
+--mixes picks the prompt mixes of the sweep: short and long (chat-sized, bench.engine.
+serving_workload), and longctx (lengths of the Azure conversation and Mooncake traces,
+bench.engine.serving_traces), which needs --long-context: the Llama-3.2-1B shape with its real
+131,072-position context (Llama-3.1 rope scaling) instead of 4,096 positions. For example:
+
+    python -m bench.engine.serving --long-context --phases sweep --mixes longctx \
+        --max-num-seqs 1024 --max-num-batched-tokens 8192 --rates 1 2 4 6 8 12 16 \
+        --baseline-engine .bench_baseline/site_engine/engine --baseline-phases sweep \
+        --name engine_serving_longctx_h100
 """
 
 from __future__ import annotations
@@ -36,26 +48,27 @@ from bench.engine.baseline_engine import run_baseline
 from bench.engine.engine_runs import engine_config, run_engine, warm_up
 from bench.engine.harness import Deadline, Progress, exit_if_threads_linger, free_device_memory
 from bench.engine.hf_open_loop import run_hf_open_loop
-from bench.engine.model_setup import LLAMA_1B_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.model_setup import LLAMA_1B_LONG_SHAPE, LLAMA_1B_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.open_loop import Slo, goodput, sweep
 from bench.engine.paths import resolve_data_dir, shared_path
 from bench.engine.report import versions
 from bench.engine.serving_report import save
+from bench.engine.serving_traces import TraceLengths, build_trace_mix, load_trace_lengths
 from bench.engine.serving_workload import (
     MIXES,
-    Mix,
     PromptPools,
     build_mix,
     describe_mix,
     load_pools,
 )
 from bench.engine.step_shapes import SHAPES, PrefillChunk, StepShape, measure_shapes
-from bench.engine.workload import WorkloadSpec, load_workload, poisson_arrivals
+from bench.engine.workload import WorkloadRequest, WorkloadSpec, load_workload, poisson_arrivals
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
 
 PHASES = ("steps", "decode", "sweep", "burst", "hf")
+SWEEP_MIXES = (*MIXES, "longctx")
 SMALL_SHAPES = (StepShape("tiny", "a continuing chunk, a fresh one, 3 decode rows", 3, 20,
                           (PrefillChunk(10, 6), PrefillChunk(0, 5))),)  # fmt: skip
 FULL: dict[str, Any] = {
@@ -93,11 +106,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--step-reps", type=int, help="timed repetitions per step shape")
     add("--hf-budget-s", type=float, help="seconds transformers runs at the goodput rate")
     add("--hf-mixes", nargs="*", default=["short", "long"], choices=MIXES)
+    add("--mixes", nargs="+", default=list(MIXES), choices=SWEEP_MIXES, help="swept mixes")
+    add("--long-context", action="store_true", help="the 1B shape with 131,072 positions")
+    add("--baseline-phases", default="steps,burst", help="what --baseline-engine runs")
+    add("--context-cap", type=int, default=0, help="longctx: prompt + answer cap (0: the model's)")
+    add("--slo-ttft-ms", type=float, default=Slo().ttft_p99_ms, help="TTFT p99 limit")
+    add("--slo-tpot-ms", type=float, default=Slo().tpot_p99_ms, help="TPOT p99 limit")
+    add("--baseline-timeout-s", type=float, default=400.0)
     add("--profile-steps", action="store_true", help="print the first step shape's profiles")
     add("--baseline-engine", type=Path, default=None, help="an older site_engine/engine folder")
-    add("--model-dir", type=Path, default=Path("/tmp/fedllm-bench-llama1b"))
+    add("--model-dir", type=Path, default=None, help="built there when it holds no model")
     add("--tokenizer-dir", type=Path, default=None)
     add("--data-dir", type=Path, default=None)
+    add("--traces-dir", type=Path, default=None, help="../shared/datasets/traces")
     add("--results-dir", type=Path, default=None)
     add("--name", default=None)
     add("--seed", type=int, default=0)
@@ -113,6 +134,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s) {sorted(unknown)}")
+    if "longctx" in args.mixes and not (args.long_context or args.small):
+        parser.error("the longctx mix needs --long-context (a model of 131,072 positions)")
+    if args.model_dir is None:
+        args.model_dir = Path("/tmp/fedllm-bench-llama1b-long" if args.long_context
+                              else "/tmp/fedllm-bench-llama1b")  # fmt: skip
     return args
 
 
@@ -126,6 +152,7 @@ class Run:
         self.phases = set(args.phases.split(","))
         self.tokenizer_dir = shared_path(args.tokenizer_dir, "tokenizers", "gpt2")
         self.data_dir = resolve_data_dir(args.data_dir)
+        self.traces_dir = shared_path(args.traces_dir, "datasets", "traces").resolve()
         self.payload: dict[str, Any] = {
             "complete": False,
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -133,6 +160,21 @@ class Run:
             "errors": {},
         }
         self._pools: PromptPools | None = None
+        self._traces: TraceLengths | None = None
+        self.context = 0  # the model's max length, set once it is loaded
+        self.slo = Slo(ttft_p99_ms=args.slo_ttft_ms, tpot_p99_ms=args.slo_tpot_ms)
+
+    def requests(self, mix: str, count: int, seed: int) -> list[WorkloadRequest]:
+        """`count` requests of a swept mix."""
+        if mix != "longctx":
+            return build_mix(self.pools(), mix, count, seed)  # type: ignore[arg-type]
+        if self._traces is None:
+            self._traces = load_trace_lengths(self.traces_dir)
+        context = 64 if self.args.small else self.context
+        if self.args.context_cap:
+            context = min(context, self.args.context_cap)
+        return build_trace_mix(self._traces, count, seed, vocab=self.pools().vocab,
+                               context=context)  # fmt: skip
 
     def pools(self) -> PromptPools:
         """The encoded prompt pools, loaded once (the sweeps and transformers share them)."""
@@ -191,10 +233,10 @@ def sweep_phase(run: Run, loaded: LoadedModel) -> None:
     pools = run.pools()
     config = EngineConfig(max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
-    run.payload["slo"] = asdict(Slo())
+    run.payload["slo"] = asdict(run.slo)
     run.payload["engine_config"] = asdict(config)
     run.payload["mixes"] = {
-        mix: describe_mix(build_mix(pools, mix, 2000, args.seed)) for mix in MIXES
+        mix: describe_mix(run.requests(mix, 2000, args.seed)) for mix in args.mixes
     }
     sweeps: dict[str, list[dict[str, Any]]] = run.payload.setdefault("sweeps", {})
     engine = PagedEngine(loaded, config)
@@ -202,9 +244,9 @@ def sweep_phase(run: Run, loaded: LoadedModel) -> None:
     # The burst (with its baseline) and transformers phases come after the sweeps; the mixes
     # share what is left before them equally.
     reserve = 0.0 if args.small else args.reserve_s
-    share = run.time_left(reserve) / len(MIXES)
-    for index, mix in enumerate(MIXES):
-        later = (len(MIXES) - index - 1) * share + reserve
+    share = run.time_left(reserve) / len(args.mixes)
+    for index, mix in enumerate(args.mixes):
+        later = (len(args.mixes) - index - 1) * share + reserve
         sweeps[mix] = _sweep_mix(run, engine, loaded, config, mix, later)
         run.save(f"sweep {mix}")
     del engine
@@ -217,17 +259,17 @@ def _sweep_mix(
     engine: PagedEngine,
     loaded: LoadedModel,
     config: EngineConfig,
-    mix: Mix,
+    mix: str,
     reserve_s: float,
 ) -> list[dict[str, Any]]:
     """The ascending sweep of one mix, then one rate between the last held and first missed."""
-    args, pools = run.args, run.pools()
+    args = run.args
 
     def rates_run(rates: Sequence[float]) -> list[dict[str, Any]]:
         return sweep(
-            engine, loaded, config, lambda count, seed: build_mix(pools, mix, count, seed),
+            engine, loaded, config, lambda count, seed: run.requests(mix, count, seed),
             mix=mix, rates=rates, duration_s=args.duration_s, drain_s=args.drain_s,
-            seed=args.seed, slo=Slo(), log=run.log, stop_after_failures=1,
+            seed=args.seed, slo=run.slo, log=run.log, stop_after_failures=1,
             time_left=lambda: run.time_left(reserve_s),
         )  # fmt: skip
 
@@ -310,17 +352,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit("CUDA is not available: run on the GPU machine or pass --device cpu")
     if device.type == "cuda":
         run.log(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}")
-    shape = SMALL_SHAPE if args.small else LLAMA_1B_SHAPE
+    shape = SMALL_SHAPE if args.small else LLAMA_1B_LONG_SHAPE if args.long_context else (
+        LLAMA_1B_SHAPE)  # fmt: skip
     loaded = ensure_model(args.model_dir, shape, run.tokenizer_dir, run.log, dtype=args.dtype,
                           device=args.device, seed=args.seed)  # fmt: skip
+    run.context = loaded.max_model_len
     run.payload["model"] = {"shape": shape, "dtype": args.dtype, "dir": str(args.model_dir)}
+    if args.baseline_engine is not None:
+        run.payload["baseline"] = run_baseline(
+            args, run.tokenizer_dir, run.data_dir, run.log, run.traces_dir
+        )
+        run.save("baseline")
     for name, phase in (("steps", steps_phase), ("decode", decode_phase),
                         ("sweep", sweep_phase)):  # fmt: skip
         if name in run.phases:
             _guarded(run, name, phase, loaded)
     if "burst" in run.phases:
-        if args.baseline_engine is not None:
-            run.payload["baseline"] = run_baseline(args, run.tokenizer_dir, run.data_dir, run.log)
         _guarded(run, "burst", burst_phase, loaded)
     if "hf" in run.phases:
         _guarded(run, "hf", hf_phase, loaded)

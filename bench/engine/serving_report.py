@@ -52,17 +52,24 @@ def _headline(payload: dict[str, Any]) -> list[str]:
     rates = payload.get("goodput_rate_rps") or {}
     tok_s = payload.get("goodput_output_tok_s") or {}
     slo = payload.get("slo") or {}
+    before = payload.get("baseline") or {}
+    before_rates = before.get("goodput_rate_rps") or {}
+    before_tok_s = before.get("goodput_output_tok_s") or {}
     rows = [
-        (mix, fmt(rates.get(mix), 0), fmt(tok_s.get(mix), 0)) for mix in ("short", "long")
-        if mix in rates
+        (mix, fmt(rates.get(mix), 0), fmt(tok_s.get(mix), 0), fmt(before_rates.get(mix), 0),
+         fmt(before_tok_s.get(mix), 0))
+        for mix in ("short", "long", "longctx") if mix in rates
     ]  # fmt: skip
     parts = ["## Goodput\n"]
     if rows:
         parts.append(
             f"Highest swept rate holding TTFT p99 <= {fmt(slo.get('ttft_p99_ms'), 0)} ms and "
-            f"TPOT p99 <= {fmt(slo.get('tpot_p99_ms'), 0)} ms (every lower rate holding too):\n"
+            f"TPOT p99 <= {fmt(slo.get('tpot_p99_ms'), 0)} ms (every lower rate holding too); "
+            "before: the --baseline-engine's sweep in the same run, when it ran one:\n"
         )
-        parts.append(markdown_table(("prompt mix", "goodput req/s", "output tok/s"), rows))
+        header = ("prompt mix", "goodput req/s", "output tok/s", "before: req/s",
+                  "before: tok/s")  # fmt: skip
+        parts.append(markdown_table(header, rows))
         ratio = payload.get("goodput_long_vs_short")
         parts.append(
             f"\nLong-prompt goodput over short-prompt goodput (output tok/s): {fmt(ratio, 2)}"

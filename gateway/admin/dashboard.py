@@ -82,7 +82,15 @@ def _site_now(site: SiteState, stats: RecentStats | None) -> SiteNow:
         draining=site.draining,
         kind=site.kind,
         can_release_queued=site.can_release_queued,
+        prefix_cache_hit_rate=_hit_rate(site),
     )
+
+
+def _hit_rate(site: SiteState) -> float | None:
+    report = site.report
+    if report is None or not report.prefix_cache_queries:
+        return None
+    return round(report.prefix_cache_hits / report.prefix_cache_queries, 3)
 
 
 def _clouds(sites: list[SiteState], stats: dict[int, RecentStats]) -> list[CloudNow]:

@@ -43,6 +43,9 @@ class SiteNow(msgspec.Struct, frozen=True):
     # OpenAI-compatible engine owns its queue: it cannot).
     kind: str = "grpc"
     can_release_queued: bool = True
+    # Of the prompt tokens the site looked up in its prefix cache since it started, the share
+    # it found cached (either tier); None before it looked any up, or when it cannot say.
+    prefix_cache_hit_rate: float | None = None
 
 
 class CloudNow(msgspec.Struct, frozen=True):

@@ -169,6 +169,7 @@ class ItemRunner:
         length its assignment planned."""
         prepare = partial(self._preparer.prepare, run.endpoint, run.model)
         prepared = await self._pool.run(prepare, item.body)
+        prepared = self._completions.salted(prepared, run.api_key_id)
         if item.predicted_tokens is None:
             return prepared
         params = replace(prepared.params, predicted_tokens=item.predicted_tokens)

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from gateway.completions.cache_salt import MAX_CLIENT_SALT_CHARS
 from gateway.completions.request import StreamOptions
 
 MAX_MESSAGES = 2048
@@ -57,3 +58,5 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     modalities: list[str] | None = None
     # Not OpenAI: replay an exact response length (benchmarks), as in /v1/completions.
     ignore_eos: bool = False
+    # vLLM's: split this key's prefix cache further (gateway/completions/cache_salt.py).
+    cache_salt: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_SALT_CHARS)] | None = None

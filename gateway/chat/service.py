@@ -185,7 +185,12 @@ class ChatService:
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        delivery = Delivery(stream=bool(req.stream), include_usage=include_usage, user=req.user)
+        delivery = Delivery(
+            stream=bool(req.stream),
+            include_usage=include_usage,
+            user=req.user,
+            cache_salt=req.cache_salt,
+        )
         return self._completions.prepare_tokens(
             req.model, prompt_ids, _predictor_text(turns), sampling, delivery, "chat.completions"
         )

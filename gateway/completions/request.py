@@ -8,6 +8,8 @@ from typing import Annotated
 
 import msgspec
 
+from gateway.completions.cache_salt import MAX_CLIENT_SALT_CHARS
+
 # OpenAI accepts a string, a list of strings, a list of token ids or a list of id lists;
 # msgspec allows one array type per union, so the list is checked for homogeneity in prepare().
 Prompt = str | list[str | int | list[int]]
@@ -38,6 +40,8 @@ class CompletionFields(msgspec.Struct, forbid_unknown_fields=True):
     logit_bias: dict[str, float] | None = None
     # Not OpenAI: replay an exact response length (benchmarks).
     ignore_eos: bool = False
+    # vLLM's: split this key's prefix cache further (gateway/completions/cache_salt.py).
+    cache_salt: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_SALT_CHARS)] | None = None
 
 
 class CompletionRequest(CompletionFields, kw_only=True):

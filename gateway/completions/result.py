@@ -12,10 +12,16 @@ from gateway.dispatch.stream import Dispatch
 FinishReason = Literal["stop", "length"]
 
 
+class PromptTokensDetails(msgspec.Struct):
+    # Prompt tokens the site took from its prefix cache instead of computing them.
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class CompletionChoice(msgspec.Struct):
@@ -43,7 +49,10 @@ def usage(dispatch: Dispatch) -> Usage:
     prompt = len(dispatch.prepared.params.prompt_token_ids)
     completion = dispatch.completion_tokens
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=dispatch.cached_prompt_tokens),
     )
 
 

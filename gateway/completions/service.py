@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gateway.completions.cache_salt import cache_salt
 from gateway.completions.overload import InFlightBound
 from gateway.completions.request import CompletionRequest
 from gateway.db.models import RequestStatus
@@ -69,6 +70,7 @@ class Delivery:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    cache_salt: str | None = None
 
 
 def _reject_unsupported(req: CompletionRequest) -> None:
@@ -130,8 +132,12 @@ class CompletionService:
         request_log: RequestLog,
         predictors: ModelPredictors | None = None,
         metrics: GatewayMetrics | None = None,
+        shared_prefix_cache_models: frozenset[str] = frozenset(),
     ) -> None:
+        """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
+        API keys (the federation file's `share_prefix_cache`)."""
         self.settings = settings
+        self._shared_prefix_cache_models = shared_prefix_cache_models
         self.predictors = predictors or ModelPredictors(PredictorService(None))
         self.metrics = metrics or GatewayMetrics()
         self._registry = registry
@@ -180,7 +186,9 @@ class CompletionService:
             ignore_eos=req.ignore_eos,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        delivery = Delivery(stream=req.stream, include_usage=include_usage, user=req.user)
+        delivery = Delivery(
+            stream=req.stream, include_usage=include_usage, user=req.user, cache_salt=req.cache_salt
+        )
         return self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
 
     def prepare_tokens(
@@ -241,7 +249,18 @@ class CompletionService:
             prompt_text=prompt_text,
             api=api,
             unpredicted=self.settings.routing.plan_without_prediction,
+            client_cache_salt=delivery.cache_salt,
         )
+
+    def salted(self, prepared: PreparedCompletion, api_key_id: int | None) -> PreparedCompletion:
+        """The request with the prefix-cache salt of its key (gateway/completions/cache_salt.py);
+        set before routing, which may weigh what a site holds under that salt."""
+        salt = cache_salt(
+            api_key_id,
+            prepared.client_cache_salt,
+            prepared.model in self._shared_prefix_cache_models,
+        )
+        return replace(prepared, params=replace(prepared.params, cache_salt=salt))
 
     def check_prompt_chars(self, model: str, text: str, param: str) -> None:
         """400 for a prompt that cannot fit the model's context whatever its tokens, before it
@@ -309,6 +328,7 @@ class CompletionService:
         self, prepared: PreparedCompletion, admission: Admission | None
     ) -> Dispatch:
         started = time.monotonic()
+        prepared = self.salted(prepared, admission.api_key_id if admission is not None else None)
         # The one request in flight may have its prompt predicted on the loop: nobody waits.
         alone = self.bound.in_flight == 1
         prediction = await self.predictors.predict(

@@ -41,6 +41,8 @@ class PreparedCompletion:
     predicted_bucket: int | None = None
     api: Api = "completions"
     unpredicted: UnpredictedPlan = "max_tokens"
+    # The client's own cache_salt; params.cache_salt, once salted for its key, mixes it in.
+    client_cache_salt: str | None = None
 
     @property
     def routing(self) -> RoutingRequest:

@@ -74,6 +74,8 @@ class Dispatch:
     attempts: int = 1
     # Answer tokens over every site (the client's usage); at the end, the sites' own counts.
     completion_tokens: int = 0
+    # Prompt tokens the (last) site took from its prefix cache, as its final chunk says.
+    cached_prompt_tokens: int = 0
     finish_reason: str | None = None
     first_token_at: datetime | None = None
     tried: set[str] = field(default_factory=set)
@@ -324,6 +326,9 @@ class Dispatch:
                 # The site's own count is authoritative (it includes tokens cut by a stop
                 # string); a continuation's site counts only what it generated.
                 self.completion_tokens = self._before + chunk.completion_tokens
+                # Of the client's prompt: a continuation's site also had answer tokens cached.
+                prompt = len(self.prepared.params.prompt_token_ids)
+                self.cached_prompt_tokens = min(chunk.cached_prompt_tokens, prompt)
             self.finish_reason = finish_reason
             if finish_reason == "cancelled" and self._revoked:
                 raise Unauthenticated(

@@ -9,6 +9,12 @@ from collections.abc import AsyncGenerator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedllm_contract.cache_events import (
+    CacheEvent,
+    CacheEventBatch,
+    CacheEventKind,
+    CacheTier,
+)
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from gateway.sites.interface import (
     GenerateParams,
@@ -31,6 +37,15 @@ _FINISH_FROM_PROTO = {
     site_pb2.FINISH_REASON_LENGTH: "length",
     site_pb2.FINISH_REASON_CANCELLED: "cancelled",
     site_pb2.FINISH_REASON_RELEASED: "released",
+}
+_KIND_FROM_PROTO = {
+    site_pb2.CacheEvent.STORED: CacheEventKind.STORED,
+    site_pb2.CacheEvent.REMOVED: CacheEventKind.REMOVED,
+    site_pb2.CacheEvent.CLEARED: CacheEventKind.CLEARED,
+}
+_TIER_FROM_PROTO = {
+    site_pb2.CACHE_TIER_DEVICE: CacheTier.DEVICE,
+    site_pb2.CACHE_TIER_HOST: CacheTier.HOST,
 }
 _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 200),
@@ -57,6 +72,7 @@ def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
         prompt_token_ids=params.prompt_token_ids,
         sampling=sampling,
         predicted_tokens=params.predicted_tokens or 0,
+        cache_salt=params.cache_salt,
     )
 
 
@@ -68,6 +84,53 @@ def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
         finish_reason=_FINISH_FROM_PROTO.get(chunk.finish_reason),
         prompt_tokens=chunk.usage.prompt_tokens,
         completion_tokens=chunk.usage.completion_tokens,
+        cached_prompt_tokens=chunk.usage.cached_prompt_tokens,
+    )
+
+
+def _cache_events_from_proto(message: site_pb2.CacheEvents) -> CacheEventBatch:
+    """Typed events; a kind or tier this gateway does not know drops the event (an index
+    must never learn a block from an event it cannot read)."""
+    return CacheEventBatch(
+        epoch=message.epoch,
+        block_size=message.block_size,
+        snapshot=message.snapshot,
+        sequence=message.sequence,
+        events=tuple(
+            CacheEvent(
+                kind=_KIND_FROM_PROTO[event.kind],
+                block_hashes=tuple(event.block_hashes),
+                parent_block_hash=event.parent_block_hash,
+                tier=_TIER_FROM_PROTO[event.tier],
+            )
+            for event in message.events
+            if event.kind in _KIND_FROM_PROTO and event.tier in _TIER_FROM_PROTO
+        ),
+    )
+
+
+def _load_from_proto(report: site_pb2.LoadReport) -> LoadView:
+    return LoadView(
+        queued_requests=report.queued_requests,
+        running_requests=report.running_requests,
+        queued_prompt_tokens=report.queued_prompt_tokens,
+        running_tokens=report.running_tokens,
+        predicted_remaining_tokens=report.predicted_remaining_tokens,
+        kv_blocks_used=report.kv_blocks_used,
+        kv_blocks_total=report.kv_blocks_total,
+        decode_tokens_per_s=report.decode_tokens_per_s,
+        iterations=report.iterations,
+        sequence=report.sequence,
+        kv_block_iterations=report.kv_block_iterations,
+        kv_token_iterations=report.kv_token_iterations,
+        prefix_cache_queries=report.prefix_cache_queries,
+        prefix_cache_hits=report.prefix_cache_hits,
+        prefix_cache_host_hits=report.prefix_cache_host_hits,
+        cache_events=(
+            _cache_events_from_proto(report.cache_events)
+            if report.HasField("cache_events")
+            else None
+        ),
     )
 
 
@@ -135,6 +198,9 @@ class GrpcSiteClient:
             max_num_seqs=info.max_num_seqs,
             engine=info.engine,
             version=info.version,
+            prefix_caching=info.prefix_caching,
+            block_hash_scheme=info.block_hash_scheme,
+            host_kv_blocks=info.host_kv_blocks,
         )
 
     async def generate(
@@ -161,25 +227,16 @@ class GrpcSiteClient:
             raise self._error(exc) from exc
         return bool(response.cancelled)
 
-    async def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
+    async def load_reports(
+        self, interval_ms: int, cache_events: bool = False
+    ) -> AsyncGenerator[LoadView, None]:
         """The site's load report stream; raises SiteUnavailable when it breaks."""
-        call = self._stub.StreamLoad(site_pb2.LoadStreamRequest(interval_ms=interval_ms))
+        call = self._stub.StreamLoad(
+            site_pb2.LoadStreamRequest(interval_ms=interval_ms, cache_events=cache_events)
+        )
         try:
             async for report in call:
-                yield LoadView(
-                    queued_requests=report.queued_requests,
-                    running_requests=report.running_requests,
-                    queued_prompt_tokens=report.queued_prompt_tokens,
-                    running_tokens=report.running_tokens,
-                    predicted_remaining_tokens=report.predicted_remaining_tokens,
-                    kv_blocks_used=report.kv_blocks_used,
-                    kv_blocks_total=report.kv_blocks_total,
-                    decode_tokens_per_s=report.decode_tokens_per_s,
-                    iterations=report.iterations,
-                    sequence=report.sequence,
-                    kv_block_iterations=report.kv_block_iterations,
-                    kv_token_iterations=report.kv_token_iterations,
-                )
+                yield _load_from_proto(report)
         except grpc.aio.AioRpcError as exc:
             raise SiteUnavailable(self.name, f"load report stream: {exc.code().name}") from exc
         finally:

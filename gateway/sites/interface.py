@@ -13,6 +13,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
+from fedllm_contract.cache_events import CacheEventBatch
+
 
 class SiteCallError(Exception):
     def __init__(self, site: str, message: str) -> None:
@@ -57,6 +59,11 @@ class SiteInfoView:
     max_num_seqs: int
     engine: str
     version: str
+    # Prefix caching: whether the site caches, the scheme of its block ids
+    # (fedllm_contract.block_hash.HASH_SCHEME), and the blocks of its host-memory tier.
+    prefix_caching: bool = False
+    block_hash_scheme: str = ""
+    host_kv_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,13 @@ class LoadView:
     # Cumulative KV use since the site started (sum over iterations); benchmarks diff them.
     kv_block_iterations: int = 0
     kv_token_iterations: int = 0
+    # Prefix cache, cumulative since the site started, in prompt tokens: looked up at admission,
+    # found cached (either tier), of those copied back from the host tier.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_host_hits: int = 0
+    # What changed in the site's cache since the previous report (only when asked for).
+    cache_events: CacheEventBatch | None = None
 
     @property
     def token_load(self) -> int:
@@ -96,6 +110,8 @@ class GenerateParams:
     predicted_tokens: int | None = None
     # Answer tokens produced on another site before this call (a continuation; see dispatch.py).
     generated_before: int = 0
+    # Mixed into the site's prefix-cache block ids: only requests of one salt share blocks.
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +122,8 @@ class SiteChunk:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    # Prompt tokens the site took from its prefix cache (on the last chunk).
+    cached_prompt_tokens: int = 0
 
 
 class SiteClient(Protocol):
@@ -128,8 +146,12 @@ class SiteClient(Protocol):
         """What the site serves (model, context, tokenizer fingerprint, capacity)."""
         ...
 
-    def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
-        """The site's load reports as it pushes them; raises SiteUnavailable when they stop."""
+    def load_reports(
+        self, interval_ms: int, cache_events: bool = False
+    ) -> AsyncGenerator[LoadView, None]:
+        """The site's load reports as it pushes them; raises SiteUnavailable when they stop.
+        With `cache_events`, a site that caches prefixes adds its cache events to each report
+        (the first one a snapshot); a site that cannot leaves them out."""
         ...
 
     async def release_queued(self, max_requests: int) -> list[str]:

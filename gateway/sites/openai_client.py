@@ -252,9 +252,13 @@ class OpenAISiteClient:
         raise SiteCallError(self.name, "an OpenAI-compatible engine cannot hand back queued work")
 
     # ---- load ---------------------------------------------------------------------------------
-    async def load_reports(self, interval_ms: int) -> AsyncGenerator[LoadView, None]:
+    async def load_reports(
+        self, interval_ms: int, cache_events: bool = False
+    ) -> AsyncGenerator[LoadView, None]:
         """A report every interval from the ledger and the last scrape; raises SiteUnavailable
-        when the metrics could not be read _SCRAPE_FAILURES times in a row."""
+        when the metrics could not be read _SCRAPE_FAILURES times in a row. No cache events:
+        an OpenAI-compatible server does not say which blocks it holds."""
+        del cache_events
         failures, scraped_at = 0, float("-inf")
         scrape_every_s = self._config.metrics_interval_ms / 1000
         while True:

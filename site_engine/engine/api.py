@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.types import FinishReason, SamplingParams
 
 
@@ -23,6 +24,8 @@ class EngineRequest:
     sampling: SamplingParams
     # The gateway's response-length prediction in tokens, if it made one.
     predicted_tokens: int | None = None
+    # Mixed into the prefix cache's block ids: only requests of one salt share cached blocks.
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,8 @@ class RequestOutput:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    # Prompt tokens whose KV came from the prefix cache (known from the first output on).
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,15 @@ class EngineStats:
     kv_blocks_total: int
     iterations: int
     num_preemptions: int = 0
+    # The prefix cache's cumulative counters, in tokens (site_engine/engine/scheduler_config.py).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_host_hits: int = 0
+    prompt_tokens_computed: int = 0
+    kv_blocks_cached: int = 0
+    # Bytes copied to and back from the prefix cache's host tier since start.
+    host_kv_bytes_offloaded: int = 0
+    host_kv_bytes_onloaded: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +68,10 @@ class EngineLimits:
     kv_blocks_total: int
     max_num_seqs: int
     name: str
+    prefix_caching: bool = False
+    host_kv_blocks: int = 0
+    # Bytes of one KV block (all layers, K and V): what a host-tier copy moves.
+    kv_block_bytes: int = 0
 
 
 class Engine(Protocol):
@@ -75,3 +93,9 @@ class Engine(Protocol):
     def has_unfinished(self) -> bool: ...
 
     def stats(self) -> EngineStats: ...
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        """Prefix-cache changes since the last call (none without prefix caching)."""
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        """Every cached block id held now, as STORED events."""

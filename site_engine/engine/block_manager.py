@@ -1,15 +1,36 @@
-"""Which physical KV blocks each sequence holds: block tables, a free list and refcounts.
+"""Which physical KV blocks each sequence holds: block tables, a free queue, refcounts and, with
+prefix caching, which blocks hold which block ids.
 
 A sequence's memory grows with its real tokens: `grow` only allocates the blocks missing to cover
-the requested number of token slots. Physical blocks come from a FIFO free list, so a table is in
-general not contiguous; the model runner addresses the cache through the table and does not care.
-Refcounts are kept per block (not a per-table "owned" flag) so that blocks can later be shared
-between tables, e.g. by prefix caching, without changing the accounting.
+the requested number of token slots. Physical blocks come from the head of a free queue, so a
+table is in general not contiguous; the model runner addresses the cache through the table.
+
+Prefix caching (vLLM's automatic prefix caching; block ids from fedllm_contract/block_hash.py):
+a full block whose tokens are known is indexed by its id (`register`). When its last holder
+frees it, it keeps its contents and its id and joins the free queue's tail, a table's last
+blocks first, so the queue's head is the least recently used block and, of one request, its
+deepest block goes first (a prefix outlives its extensions). Blocks that hold no id go to the
+head: reusing them costs nothing. A block is evicted (its id forgotten) only when it is handed
+out again. At admission `lookup` finds the longest chain of a prompt's ids that is held, and
+`admit` shares those blocks by reference count.
+
+With a host tier (site_engine/engine/host_tier.py) the chain goes on in host memory where the
+device's ends: those blocks get fresh device blocks and a copy back before the step runs. Blocks
+near the head of the free queue are copied to the host ahead of their eviction (`offload_ahead`),
+so evicting them costs the step nothing; one evicted without such a copy is copied before the
+step that overwrites it. Every copy is listed (`take_copies`) for the model runner.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fedllm_contract.cache_events import CacheEvent, CacheTier
+from site_engine.engine.host_tier import HostTier
+from site_engine.engine.prefix_cache import BlockIndex, CacheEventRecorder, snapshot_events
+from site_engine.engine.types import KvCopy
 
 
 class OutOfBlocks(RuntimeError):
@@ -24,19 +45,47 @@ class OutOfBlocks(RuntimeError):
         self.free = free
 
 
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """The leading blocks of a prompt found cached: on the device, then in the host tier."""
+
+    device_blocks: tuple[int, ...] = ()
+    host_slots: tuple[int, ...] = ()
+    # The ids of those blocks, device ones first.
+    hashes: tuple[int, ...] = ()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes)
+
+
+NO_HIT = CacheHit()
+
+
 class BlockManager:
     """Fixed-size KV blocks handed out to per-sequence block tables."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, caching: bool = False, host_slots: int = 0
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if host_slots and not caching:
+            raise ValueError("a host tier needs prefix caching")
         self._num_blocks = num_blocks
         self._block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refcounts = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
+        self.events = CacheEventRecorder()
+        self._index = BlockIndex(CacheTier.DEVICE, self.events) if caching else None
+        self._host = HostTier(host_slots, self.events) if host_slots else None
+        # Per table: how many leading blocks `register` has seen (indexed, or left as duplicates).
+        self._registered: dict[str, int] = {}
+        self._copies: list[KvCopy] = []
+        self._copies_before_step = 0
 
     @property
     def num_blocks(self) -> int:
@@ -47,12 +96,26 @@ class BlockManager:
         return self._block_size
 
     @property
+    def caching(self) -> bool:
+        return self._index is not None
+
+    @property
+    def host_slots(self) -> int:
+        return self._host.num_slots if self._host is not None else 0
+
+    @property
     def num_free_blocks(self) -> int:
+        """Blocks no table holds, cached ones included (they are evicted when handed out)."""
         return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
         return self._num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Device blocks indexed by an id, held or free."""
+        return len(self._index) if self._index is not None else 0
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that cover `num_tokens` token slots."""
@@ -71,6 +134,14 @@ class BlockManager:
         """The physical blocks of `request_id` in logical order; KeyError if it has no table."""
         return tuple(self._tables[request_id])
 
+    def refcount(self, block: int) -> int:
+        return self._refcounts[block]
+
+    def cached_hash(self, block: int) -> int | None:
+        """The id `block` is indexed by on the device, if any."""
+        return self._index.hash_at(block) if self._index is not None else None
+
+    # ---- allocation ------------------------------------------------------------------------
     def _missing_blocks(self, request_id: str, num_tokens_total: int) -> int:
         held = len(self._tables.get(request_id, ()))
         if held * self._block_size >= num_tokens_total >= 0:
@@ -91,32 +162,160 @@ class BlockManager:
         if missing > len(self._free):
             raise OutOfBlocks(request_id, missing, len(self._free))
         table = self._tables.setdefault(request_id, [])
+        self._registered.setdefault(request_id, 0)
         for _ in range(missing):
-            block = self._free.popleft()
-            self._refcounts[block] += 1
-            table.append(block)
+            table.append(self._take_free_block())
         return tuple(table)
 
+    def _take_free_block(self) -> int:
+        """The head of the free queue, its id evicted (and copied to the host tier if it has
+        none there: before this step, since the step may overwrite it)."""
+        block, _ = self._free.popitem(last=False)
+        self._refcounts[block] += 1
+        if self._index is not None and (block_hash := self._index.hash_at(block)) is not None:
+            parent = self._index.parent_of(block_hash)
+            self._index.remove_at(block)
+            if self._host is not None and block_hash not in self._host:
+                slot = self._host.store(block_hash, parent)
+                if slot is not None:
+                    self._copies.append(KvCopy(to_host=True, block=block, slot=slot))
+                    self._copies_before_step = len(self._copies)
+        return block
+
     def free(self, request_id: str) -> int:
-        """Drop the table of `request_id`; returns how many blocks went back to the free list.
+        """Drop the table of `request_id`; returns how many blocks went back to the free queue.
 
         KeyError for an id without a table: a double free is a caller bug and must be loud.
         """
         table = self._tables.pop(request_id)
+        del self._registered[request_id]
         released = 0
-        for block in table:
+        # Last blocks first: of one request's cached blocks, the deepest is evicted first.
+        for block in reversed(table) if self._index is not None else table:
             self._refcounts[block] -= 1
             if self._refcounts[block] == 0:
-                self._free.append(block)
+                self._free[block] = None
+                if self._index is not None and self._index.hash_at(block) is None:
+                    self._free.move_to_end(block, last=False)
                 released += 1
         return released
 
+    # ---- prefix caching --------------------------------------------------------------------
+    def lookup(self, hashes: Sequence[int]) -> CacheHit:
+        """The longest run of `hashes` (a prompt's leading block ids, in order) held in the
+        device cache, continued in the host tier. Changes nothing."""
+        if self._index is None:
+            return NO_HIT
+        device: list[int] = []
+        for block_hash in hashes:
+            block = self._index.place_of(block_hash)
+            if block is None:
+                break
+            device.append(block)
+        slots: list[int] = []
+        if self._host is not None:
+            for block_hash in hashes[len(device) :]:
+                slot = self._host.find(block_hash)
+                if slot is None:
+                    break
+                slots.append(slot)
+        return CacheHit(tuple(device), tuple(slots), tuple(hashes[: len(device) + len(slots)]))
+
+    def shared_in_use(self, hit: CacheHit) -> int:
+        """Blocks of `hit` that running sequences already hold (they cost no new memory)."""
+        return sum(1 for block in hit.device_blocks if self._refcounts[block] > 0)
+
+    def can_admit(self, hit: CacheHit, num_tokens_total: int) -> bool:
+        """Whether `admit(_, hit, num_tokens_total)` would succeed now."""
+        idle_hits = len(hit.device_blocks) - self.shared_in_use(hit)
+        fresh = max(self.blocks_needed(num_tokens_total) - len(hit.device_blocks), 0)
+        return fresh <= len(self._free) - idle_hits
+
+    def admit(self, request_id: str, hit: CacheHit, num_tokens_total: int) -> tuple[int, ...]:
+        """Start the table of `request_id` with the blocks of `hit` (shared; host ones copied
+        into fresh blocks) and grow it to `num_tokens_total` slots."""
+        if request_id in self._tables:
+            raise ValueError(f"request {request_id!r} already holds a table")
+        if not self.can_admit(hit, num_tokens_total):
+            raise OutOfBlocks(request_id, self.blocks_needed(num_tokens_total), len(self._free))
+        table: list[int] = []
+        for block in hit.device_blocks:
+            if self._refcounts[block] == 0:
+                del self._free[block]
+            self._refcounts[block] += 1
+            table.append(block)
+        if hit.host_slots:
+            assert self._index is not None
+            assert self._host is not None
+            self._host.pin(hit.host_slots)  # evictions below must not reuse a slot we read
+            for i, slot in enumerate(hit.host_slots, start=len(hit.device_blocks)):
+                block = self._take_free_block()
+                parent = hit.hashes[i - 1] if i else 0
+                # Left unindexed if a later block of the chain is on the device after all.
+                self._index.add(hit.hashes[i], parent, block)
+                self._host.touch(slot)
+                self._copies.append(KvCopy(to_host=False, block=block, slot=slot))
+                self._copies_before_step = len(self._copies)
+                table.append(block)
+            self._host.unpin()
+        self._tables[request_id] = table
+        self._registered[request_id] = hit.num_blocks
+        return self.grow(request_id, num_tokens_total)
+
+    def register(self, request_id: str, hashes: Sequence[int], num_full: int) -> None:
+        """Index the first `num_full` blocks of the table by `hashes` (the sequence's block ids):
+        their KV is written, or being written by a scheduled step, and their tokens are known."""
+        if self._index is None:
+            return
+        done = self._registered[request_id]
+        if num_full <= done:
+            return
+        table = self._tables[request_id]
+        for i in range(done, num_full):
+            # False for a duplicate (another block holds this id): it stays unindexed.
+            self._index.add(hashes[i], hashes[i - 1] if i else 0, table[i])
+        self._registered[request_id] = num_full
+
+    def offload_ahead(self, lookahead: int) -> None:
+        """Copy to the host tier the cached blocks among the next `lookahead` blocks to be
+        handed out, so that their eviction later needs no copy on a step's critical path."""
+        if self._host is None or self._index is None:
+            return
+        for n, block in enumerate(self._free):
+            if n >= lookahead:
+                break
+            block_hash = self._index.hash_at(block)
+            if block_hash is None or block_hash in self._host:
+                continue
+            slot = self._host.store(block_hash, self._index.parent_of(block_hash))
+            if slot is None:
+                break
+            self._copies.append(KvCopy(to_host=True, block=block, slot=slot))
+
+    def take_copies(self) -> tuple[tuple[KvCopy, ...], int]:
+        """The copies decided since the last call, in the order they must run, and how many of
+        the leading ones the next step's forward pass must wait for."""
+        copies, before = tuple(self._copies), self._copies_before_step
+        self._copies.clear()
+        self._copies_before_step = 0
+        return copies, before
+
+    def snapshot_events(self) -> list[CacheEvent]:
+        """STORED events listing every block id held, device tier first."""
+        indexes = [index for index in (self._index, self._host and self._host.index) if index]
+        return snapshot_events(indexes)
+
+    def clear_cache(self) -> None:
+        """Forget every id of every tier (blocks keep their holders); one CLEARED event."""
+        if self._index is None:
+            return
+        self._index.clear()
+        if self._host is not None:
+            self._host.clear()
+        self.events.cleared()
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (used by tests)."""
-        free_counts = Counter(self._free)
-        twice = sorted(block for block, count in free_counts.items() if count > 1)
-        if twice:
-            raise AssertionError(f"blocks on the free list more than once: {twice}")
         holders: Counter[int] = Counter()
         for table in self._tables.values():
             holders.update(table)
@@ -126,11 +325,13 @@ class BlockManager:
                 raise AssertionError(
                     f"block {block}: refcount {refcount} but held by {holders[block]} table(s)"
                 )
-            if (block in free_counts) == (refcount > 0):
+            if (block in self._free) == (refcount > 0):
                 state = "free and referenced" if refcount else "neither free nor referenced"
                 raise AssertionError(f"block {block} is {state}")
-        used = sum(1 for count in self._refcounts if count > 0)
-        if used + len(self._free) != self._num_blocks:
-            raise AssertionError(
-                f"{used} used + {len(self._free)} free != {self._num_blocks} blocks"
-            )
+        if set(self._registered) != set(self._tables):
+            raise AssertionError("registration counts out of step with the tables")
+        for request_id, table in self._tables.items():
+            if self._registered[request_id] > len(table):
+                raise AssertionError(f"{request_id!r}: more blocks registered than held")
+        if self._host is not None:
+            self._host.check_invariants()

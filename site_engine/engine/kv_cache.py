@@ -87,6 +87,12 @@ class PagedKVCache:
         # their V by 0, and uninitialised memory may hold NaN, which would survive that product.
         self.tensor = torch.zeros(shape, dtype=dtype, device=device)
 
+    def release(self) -> None:
+        """Frees the storage at once (an engine that shuts down must not wait for the collector
+        to find every reference); the cache holds no block afterwards."""
+        self.tensor = torch.empty(0, dtype=self.tensor.dtype, device=self.tensor.device)
+        self.num_blocks = 0
+
     @property
     def dtype(self) -> torch.dtype:
         return self.tensor.dtype

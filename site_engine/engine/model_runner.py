@@ -21,6 +21,7 @@ from site_engine.engine.attention import (
     AttentionMetadata,
     TorchReferenceAttention,
 )
+from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.launched_step import LaunchedStep, no_pending_rows
 from site_engine.engine.model_config import eos_token_ids, max_model_len
@@ -86,11 +87,16 @@ class ModelRunner:
         sampler: Sampler | None = None,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_tokens: int = 0,
+        only_largest_graphs: bool = False,
+        host_kv_slots: int = 0,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
         of up to that many tokens (and that many sequences) are captured as well, as one flat
-        batch. Larger steps run eagerly."""
+        batch. Larger steps run eagerly. only_largest_graphs: one graph of each kind, the
+        largest (the memory trial's runner: every step runs, padded, through those two).
+        host_kv_slots > 0 adds the prefix cache's host tier (site_engine/engine/host_kv.py),
+        whose copies each step's SchedulerOutput lists."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -109,11 +115,18 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        self.host_kv = HostKvPool(self.kv_cache, host_kv_slots) if host_kv_slots else None
         self.sampler = sampler or Sampler()
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             from site_engine.engine.cuda.graphs import DecodeGraphs
 
+            # One float32 logits buffer that every graph writes into (cuda/graphs.py says why).
+            logits_out = torch.empty(
+                (cuda_graph_max_batch, self.flat_model.vocab_size),
+                dtype=torch.float32,
+                device=device,
+            )
             self.graphs = DecodeGraphs(
                 self.flat_model,
                 self.attention,
@@ -121,6 +134,8 @@ class ModelRunner:
                 max_batch=cuda_graph_max_batch,
                 max_blocks_per_seq=-(-self._max_model_len // block_size),
                 scratch_block=num_blocks,
+                logits_out=logits_out,
+                only_largest=only_largest_graphs,
             )
             self.graphs.capture()
         self.step_graphs: FlatStepGraphs | None = None
@@ -135,8 +150,23 @@ class ModelRunner:
                 max_seqs=cuda_graph_max_batch,
                 max_blocks_per_seq=-(-self._max_model_len // block_size),
                 scratch_block=num_blocks,
+                logits_out=logits_out,
+                only_largest=only_largest_graphs,
             )
             self.step_graphs.capture()
+
+    @property
+    def num_graphs(self) -> int:
+        """CUDA graphs captured (decode and flat step graphs together)."""
+        return sum(g.num_graphs for g in (self.graphs, self.step_graphs) if g is not None)
+
+    def close(self) -> None:
+        """Frees the graphs and the KV cache now; the runner cannot run steps afterwards."""
+        for graphs in (self.graphs, self.step_graphs):
+            if graphs is not None:
+                graphs.close()
+        self.graphs = self.step_graphs = None
+        self.kv_cache.release()
 
     @property
     def num_blocks(self) -> int:
@@ -166,6 +196,12 @@ class ModelRunner:
         input tokens are (async scheduling); device order makes its results visible here.
         """
         self.sampler.forget(output.finished_request_ids)
+        if output.kv_copies:
+            if self.host_kv is None:
+                raise ValueError("the step lists host KV copies but the runner has no host tier")
+            self.host_kv.run(output.kv_copies, output.kv_copies_before_step)
+        elif self.host_kv is not None:
+            self.host_kv.run((), 0)  # the previous step's copies still bind this step
         if output.is_empty:
             return LaunchedStep.nothing_sampled()
         if self._flat_graphed(output.chunks):

@@ -12,10 +12,11 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.api import (
     EngineLimits,
     EngineRequest,
@@ -25,6 +26,14 @@ from site_engine.engine.api import (
 )
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
+from site_engine.engine.memory_plan import (
+    GIB,
+    KvPlan,
+    blocks_for,
+    plan_from_budget,
+    plan_kv_cache,
+    startup_report,
+)
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
@@ -35,9 +44,6 @@ from site_engine.model_loading import LoadedModel
 MIB = 1 << 20
 # On CPU without an explicit budget: room for this many full-length sequences.
 _CPU_DEFAULT_FULL_SEQUENCES = 4
-# On CUDA without an explicit budget: what is free after the weights and a trial forward pass at
-# the largest step, less this share of the device kept for the allocator, graphs and sampling.
-_CUDA_SAFETY_SHARE = 0.08
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +51,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     block_size: int = 16
-    # KV cache budget in bytes; 0 chooses one from the device (see kv_cache_blocks).
+    # KV cache budget in bytes; 0 chooses one from the device (see plan_kv).
     kv_cache_bytes: int = 0
     policy: PolicyName = "fcfs"
     # CUDA only: replay decode steps of up to max_num_seqs sequences from CUDA graphs, and steps
@@ -54,53 +60,57 @@ class EngineConfig:
     # Schedule step N+1 while step N runs. None: on for CUDA, off elsewhere (a CPU step does its
     # work before returning, so there is nothing to overlap; True still works there, for tests).
     async_scheduling: bool | None = None
+    # Automatic prefix caching (site_engine/engine/block_manager.py); block ids are seeded by
+    # `model_name`, the name the gateway routes by, so that it computes the same ids.
+    prefix_caching: bool = True
+    model_name: str = ""
+    # Bytes of host memory for the prefix cache's second tier (0: none; needs prefix_caching).
+    host_kv_cache_bytes: int = 0
+
+
+def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
+    """The KV cache's blocks. On CUDA from a memory trial of the largest step, graphs and
+    sampler (site_engine/engine/memory_trial.py), refusing settings that cannot fit; elsewhere
+    the configured budget or room for a few full-length sequences."""
+    spec = KVCacheSpec.from_config(loaded.model.config)
+    per_block = kv_cache_bytes_per_block(spec, config.block_size, loaded.dtype)
+    sizes = {"bytes_per_block": per_block, "block_size": config.block_size,
+             "max_model_len": loaded.max_model_len}  # fmt: skip
+    if loaded.device.type == "cuda":
+        from site_engine.engine.memory_trial import run_trial
+
+        measurement = run_trial(
+            loaded,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+            cuda_graphs=config.cuda_graphs,
+        )
+        return plan_kv_cache(measurement, requested_bytes=config.kv_cache_bytes, **sizes)
+    if config.kv_cache_bytes > 0:
+        return plan_from_budget(config.kv_cache_bytes, **sizes)
+    full = blocks_for(loaded.max_model_len, config.block_size)
+    blocks = full * min(config.max_num_seqs, _CPU_DEFAULT_FULL_SEQUENCES)
+    return KvPlan(blocks, config.block_size, per_block, loaded.max_model_len, None, 0)
 
 
 def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
     """Blocks for the configured budget, or a device-derived default."""
-    spec = KVCacheSpec.from_config(loaded.model.config)
-    per_block = kv_cache_bytes_per_block(spec, config.block_size, loaded.dtype)
-    if config.kv_cache_bytes > 0:
-        budget = config.kv_cache_bytes
-    elif loaded.device.type == "cuda":
-        budget = _cuda_kv_budget(loaded, config)
-    else:
-        full = -(-loaded.max_model_len // config.block_size)
-        return full * min(config.max_num_seqs, _CPU_DEFAULT_FULL_SEQUENCES)
-    blocks = budget // per_block
-    if blocks < 1:
-        raise ValueError(
-            f"a KV budget of {budget / MIB:.1f} MiB holds no block of {per_block} bytes"
-        )
-    return int(blocks)
-
-
-@torch.inference_mode()
-def _cuda_kv_budget(loaded: LoadedModel, config: EngineConfig) -> int:
-    """Free memory after a trial forward of the largest step, minus a safety share.
-
-    The trial runs the transformers model on max_num_batched_tokens tokens (its activations are
-    at least ours) and adds the float32 logits of a full decode batch, so a step at the maximum
-    batch cannot run out of memory once the cache has taken the rest.
-    """
-    device = loaded.device
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    tokens = min(config.max_num_batched_tokens, loaded.max_model_len)
-    trial = torch.zeros((1, tokens), dtype=torch.long, device=device)
-    loaded.model(input_ids=trial, use_cache=False, logits_to_keep=1)
-    activations = torch.cuda.max_memory_allocated(device) - before
-    logits = config.max_num_seqs * loaded.vocab_size * 4 * 2  # logits and their softmax
-    del trial
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free - activations - logits - total * _CUDA_SAFETY_SHARE)
+    return plan_kv(loaded, config).num_blocks
 
 
 class PagedEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        num_blocks = kv_cache_blocks(loaded, config)
+        self._plan = plan_kv(loaded, config)
+        num_blocks = self._plan.num_blocks
+        block_bytes = self._plan.bytes_per_block
+        host_blocks = config.host_kv_cache_bytes // block_bytes
+        if config.host_kv_cache_bytes and not (config.prefix_caching and host_blocks):
+            raise ValueError(
+                f"a host KV tier of {config.host_kv_cache_bytes} bytes needs prefix caching and "
+                f"room for at least one block of {block_bytes} bytes"
+            )
+        before = _device_memory(loaded.device)
         self._runner = ModelRunner(
             loaded.model,
             num_blocks=num_blocks,
@@ -109,6 +119,7 @@ class PagedEngine:
             dtype=loaded.dtype,
             cuda_graph_max_batch=config.max_num_seqs if config.cuda_graphs else 0,
             cuda_graph_max_tokens=config.max_num_batched_tokens if config.cuda_graphs else 0,
+            host_kv_slots=host_blocks,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(
@@ -119,6 +130,9 @@ class PagedEngine:
                 max_model_len=loaded.max_model_len,
                 policy=config.policy,
                 eos_token_ids=loaded.eos_token_ids,
+                prefix_caching=config.prefix_caching,
+                model_name=config.model_name,
+                host_kv_blocks=host_blocks,
             )
         )
         self._limits = EngineLimits(
@@ -127,10 +141,58 @@ class PagedEngine:
             kv_blocks_total=num_blocks,
             max_num_seqs=config.max_num_seqs,
             name=f"paged-{config.policy}",
+            prefix_caching=config.prefix_caching,
+            host_kv_blocks=host_blocks,
+            kv_block_bytes=block_bytes,
         )
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
+        self._graphs_note = self._describe_graphs(before, _device_memory(loaded.device))
+        self._closed = False
+
+    def _describe_graphs(self, before: tuple[int, int], after: tuple[int, int]) -> str:
+        count = self._runner.num_graphs
+        if not count:
+            return "no CUDA graphs"
+        reserved = after[0] - before[0] - self._runner.kv_cache.num_bytes
+        driver = (after[1] - after[0]) - (before[1] - before[0])
+        return (
+            f"{count} CUDA graphs captured, {reserved / GIB:.2f} GiB in torch's pools and "
+            f"buffers + {max(driver, 0) / GIB:.2f} GiB outside them"
+        )
+
+    @property
+    def kv_plan(self) -> KvPlan:
+        return self._plan
+
+    @property
+    def startup_report(self) -> str:
+        """One line: the KV cache (blocks, tokens, GiB, full-length sequences that fit), the
+        graphs and their memory, where the device's memory went, and the prefix cache."""
+        limits = self._limits
+        if not limits.prefix_caching:
+            cache = "prefix caching off"
+        elif limits.host_kv_blocks:
+            host_gib = limits.host_kv_blocks * limits.kv_block_bytes / (1 << 30)
+            blocks = limits.host_kv_blocks
+            cache = f"prefix caching on, host tier {blocks:,} blocks ({host_gib:.2f} GiB)"
+        else:
+            cache = "prefix caching on, no host tier"
+        return f"{startup_report(self._plan, self._graphs_note)}; {cache}"
+
+    def close(self) -> None:
+        """Frees the KV cache and the CUDA graphs now, so that another engine in this process
+        finds the device as this one found it. The engine cannot step afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        self._in_flight = None
+        self._runner.close()
+        if self._runner.device.type == "cuda":
+            from site_engine.engine.memory_trial import release_unreachable
+
+            release_unreachable(self._runner.device)
 
     @property
     def limits(self) -> EngineLimits:
@@ -147,6 +209,7 @@ class PagedEngine:
                 request.prompt_token_ids,
                 request.sampling,
                 request.predicted_tokens,
+                request.cache_salt,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -163,20 +226,55 @@ class PagedEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule and launch a step; return the outputs of the step that completed: this one
         (synchronous), or the one launched by the previous call (async scheduling)."""
-        scheduled = self._scheduler.schedule()
-        previous = self._in_flight
-        launched = self._runner.launch(scheduled, previous[1] if previous else None)
-        self._in_flight = (scheduled, launched)
-        outputs = self._apply(*previous) if previous is not None else []
-        if not self._async or scheduled.is_empty:
-            # An empty step has nothing to overlap with; applying it now lets the loop end.
-            outputs += self._apply(scheduled, launched)
-            self._in_flight = None
+        if self._closed:
+            raise RuntimeError("the engine was closed")
+        try:
+            scheduled = self._scheduler.schedule()
+            previous = self._in_flight
+            launched = self._runner.launch(scheduled, previous[1] if previous else None)
+            self._in_flight = (scheduled, launched)
+            outputs = self._apply(*previous) if previous is not None else []
+            if not self._async or scheduled.is_empty:
+                # An empty step has nothing to overlap with; applying it now lets the loop end.
+                outputs += self._apply(scheduled, launched)
+                self._in_flight = None
+        except Exception:
+            # A failed step may have left cached blocks half written: none may be shared again.
+            self._scheduler.clear_prefix_cache()
+            raise
         return outputs
 
     def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
         updates = self._scheduler.update(scheduled, launched.result())
-        return [RequestOutput(u.request_id, u.new_token_ids, u.finish_reason) for u in updates]
+        return [
+            RequestOutput(u.request_id, u.new_token_ids, u.finish_reason, u.cached_prompt_tokens)
+            for u in updates
+        ]
+
+    def restart_scheduler(self, *, prefix_caching: bool, host_tier: bool) -> None:
+        """An idle engine starts over with an empty scheduler and cache index on the same runner
+        (its CUDA graphs stay captured): a benchmark's arms with caching off, on, and with the
+        host tier (if the runner has one) compare on one warmed-up engine."""
+        if self.has_unfinished():
+            raise RuntimeError("restart_scheduler needs an idle engine")
+        host_blocks = self._runner.host_kv.num_slots if host_tier and self._runner.host_kv else 0
+        if host_tier and not host_blocks:
+            raise ValueError("this engine was built without a host KV tier")
+        config = replace(
+            self._scheduler.config,
+            prefix_caching=prefix_caching,
+            host_kv_blocks=host_blocks if prefix_caching else 0,
+        )
+        self._scheduler = Scheduler(config)
+        self._limits = replace(
+            self._limits, prefix_caching=prefix_caching, host_kv_blocks=config.host_kv_blocks
+        )
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        return self._scheduler.take_cache_events()
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        return self._scheduler.cache_snapshot()
 
     def queue_lengths(self) -> tuple[int, int]:
         """(waiting, running) requests, cheap enough to read after every step."""
@@ -197,7 +295,23 @@ class PagedEngine:
             kv_blocks_total=stats.kv_blocks_total,
             iterations=stats.iterations,
             num_preemptions=stats.num_preemptions,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_host_hits=stats.prefix_cache_host_hits,
+            prompt_tokens_computed=stats.prompt_tokens_computed,
+            kv_blocks_cached=stats.kv_blocks_cached,
+            host_kv_bytes_offloaded=stats.host_kv_blocks_offloaded * self._limits.kv_block_bytes,
+            host_kv_bytes_onloaded=stats.host_kv_blocks_onloaded * self._limits.kv_block_bytes,
         )
+
+
+def _device_memory(device: torch.device) -> tuple[int, int]:
+    """(bytes torch has reserved, bytes in use on the device), or zeros off CUDA."""
+    if device.type != "cuda":
+        return 0, 0
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return torch.cuda.memory_reserved(device), total - free
 
 
 def _as_request(seq: Sequence) -> EngineRequest:
@@ -206,4 +320,5 @@ def _as_request(seq: Sequence) -> EngineRequest:
         prompt_token_ids=seq.prompt_token_ids,
         sampling=seq.sampling,
         predicted_tokens=seq.predicted_tokens,
+        cache_salt=seq.cache_salt,
     )

@@ -22,6 +22,16 @@ sequences. A sequence that finishes on EOS therefore computes one extra token th
 away; one that reaches max_tokens is never scheduled past it. Called strictly as
 schedule -> update -> schedule, nothing is ever pending when a step is scheduled.
 
+Prefix caching (config.prefix_caching): at admission the longest chain of the sequence's full
+blocks held in the cache (site_engine/engine/block_manager.py) is shared instead of computed,
+never the whole sequence: its last token is always computed, for its logits (vLLM caps a hit at
+num_tokens - 1 the same way). Only the uncached tokens count against the step's token budget, and
+the admission plan counts a block that running sequences already hold once. Full blocks are
+indexed by `update` once the step that writes their KV is launched and their tokens are known
+(a generated block's last token may still be on the device when its KV is scheduled, with async
+scheduling). A block indexed while that step still runs on the device is safe to share: every
+later step is queued behind it.
+
 "static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
 until its longest member is done; finished members stop computing but keep their blocks until
 the batch ends, which is what a padded static batch costs in memory.
@@ -30,11 +40,14 @@ the batch ends, which is what a padded static batch costs in memory.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from fedllm_contract.block_hash import root_hash
+from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.block_manager import BlockManager
-from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName, admission_order
+from site_engine.engine.scheduler_config import SchedulerConfig, SchedulerStats
+from site_engine.engine.scheduling_policy import admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
+from site_engine.engine.sequence_cache import SequenceCache
 from site_engine.engine.types import (
     FinishReason,
     ModelRunnerOutput,
@@ -43,69 +56,11 @@ from site_engine.engine.types import (
     SchedulerOutput,
 )
 
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
+
 # Finishing for these reasons is the batch's own doing; a static batch keeps such a member's
 # blocks. Cancelled or released members are gone for good and free theirs at once.
 _NATURAL_FINISH = frozenset({FinishReason.STOP, FinishReason.LENGTH})
-_POSITIVE_INT_FIELDS = (
-    "num_blocks",
-    "block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """Limits of one engine. `watermark` is the fraction of blocks kept out of admission plans
-    so that newly admitted sequences are not preempted at their first decode steps."""
-
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    policy: PolicyName = "fcfs"
-    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
-    watermark: float = 0.01
-    spf_aging: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in _POSITIVE_INT_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"policy must be one of {sorted(POLICY_NAMES)}, got {self.policy!r}")
-        if not isinstance(self.eos_token_ids, frozenset):
-            raise TypeError(f"eos_token_ids must be a frozenset, got {self.eos_token_ids!r}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-        if self.spf_aging < 0:
-            raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
-
-    @property
-    def watermark_blocks(self) -> int:
-        return int(self.num_blocks * self.watermark)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
-    """A snapshot of the scheduler's load, e.g. for the gateway's routing signals.
-
-    `queued_prompt_tokens` counts what waiting sequences must prefill when admitted (prompt, plus
-    generated tokens for a preempted one). `cached_tokens` counts tokens whose KV is held now.
-    """
-
-    num_waiting: int
-    num_running: int
-    queued_prompt_tokens: int
-    predicted_remaining_tokens: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    cached_tokens: int
-    iterations: int
-    num_preemptions: int
 
 
 class Scheduler:
@@ -113,7 +68,12 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self._blocks = BlockManager(config.num_blocks, config.block_size)
+        self._blocks = BlockManager(
+            config.num_blocks,
+            config.block_size,
+            caching=config.prefix_caching,
+            host_slots=config.host_kv_blocks,
+        )
         self._static = config.policy == "static"
         self._live: dict[str, Sequence] = {}
         self._waiting: list[Sequence] = []
@@ -127,6 +87,7 @@ class Scheduler:
         self._next_arrival = 0
         self._iterations = 0
         self._num_preemptions = 0
+        self._cache = SequenceCache(self._blocks)
 
     def add(
         self,
@@ -134,10 +95,15 @@ class Scheduler:
         prompt_token_ids: Iterable[int],
         sampling: SamplingParams,
         predicted_tokens: int | None = None,
+        cache_salt: str = "",
     ) -> Sequence:
-        """Queue a request; ValueError (and no state change) if it can never be served."""
+        """Queue a request; ValueError (and no state change) if it can never be served.
+        `cache_salt` keeps its cached blocks apart from those of other salts."""
         seq = Sequence(request_id, tuple(prompt_token_ids), sampling, predicted_tokens)
         self._check_admissible(seq)
+        seq.cache_salt = cache_salt
+        if self.config.prefix_caching:
+            seq.root_hash = root_hash(self.config.model_name, cache_salt)
         seq.arrival_index = self._next_arrival
         self._next_arrival += 1
         self._live[request_id] = seq
@@ -229,11 +195,14 @@ class Scheduler:
         step_id = self._next_step_id
         self._next_step_id += 1
         self._in_flight[step_id] = frozenset(chunk.request_id for chunk in chunks)
+        copies, before_step = self._cache.take_copies(self.config.max_blocks_per_step)
         return SchedulerOutput(
             chunks=tuple(chunks),
             finished_request_ids=left,
             preempted_request_ids=frozenset(preempted),
             step_id=step_id,
+            kv_copies=copies,
+            kv_copies_before_step=before_step,
         )
 
     def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
@@ -282,7 +251,11 @@ class Scheduler:
         if not self._waiting or len(self._running) >= cfg.max_num_seqs:
             return  # skip sorting the queue when nobody can be admitted anyway
         plan_limit = cfg.num_blocks - cfg.watermark_blocks
-        planned = sum(self._planned_blocks(seq) for seq in (*self._running, *self._held))
+        # Blocks held now (a shared one once) plus what each holder is still planned to grow by.
+        planned = self._blocks.num_used_blocks + sum(
+            self._planned_blocks(seq) - len(self._blocks.block_table(seq.request_id))
+            for seq in (*self._running, *self._held)
+        )
         admitted = False
         for seq in admission_order(self._waiting, cfg.policy, cfg.spf_aging):
             # A static batch may take members beyond this step's token budget: they prefill in
@@ -291,13 +264,17 @@ class Scheduler:
                 break
             if seq.num_pending:
                 break  # preempted with a token still on the device: re-prefill needs its value
-            need = self._planned_blocks(seq)
+            hit = self._cache.lookup(seq)
+            need = self._planned_blocks(seq) - self._blocks.shared_in_use(hit)
             if self._running and planned + need > plan_limit:
                 break  # strict policy order: nobody overtakes a candidate that does not fit
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._blocks.can_grow(seq.request_id, num_new):
+            cached = hit.num_blocks * cfg.block_size
+            num_new = min(seq.num_tokens - cached, budget)
+            if not self._blocks.can_admit(hit, cached + num_new):
                 break
-            self._blocks.grow(seq.request_id, num_new)
+            self._blocks.admit(seq.request_id, hit, cached + num_new)
+            self._cache.admitted(seq, hit)
+            seq.num_computed_tokens = cached
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
             self._running.append(seq)
@@ -331,6 +308,7 @@ class Scheduler:
             num_generated=seq.num_output_tokens,
         )
         seq.num_computed_tokens = end
+        self._cache.computed(seq, start, end)
         if chunk.sample:
             seq.num_pending += 1
         return chunk
@@ -354,6 +332,14 @@ class Scheduler:
         if missing:
             raise ValueError(f"no sampled token for request(s) {sorted(missing)}")
         del self._in_flight[output.step_id]
+        if self._blocks.caching:
+            # Indexed only now, once the step that writes them is launched: a block indexed in
+            # `schedule` could be hit by a chunk of the same step, which the runner may run
+            # before the chunk that writes it (eager prefill before the decode graphs).
+            for chunk in output.chunks:
+                seq = self._live.get(chunk.request_id)
+                if not chunk.sample and seq is not None and seq.status is SequenceStatus.RUNNING:
+                    self._cache.register(seq)
         updates: list[SequenceUpdate] = []
         for chunk in chunks:
             seq = self._live[chunk.request_id]
@@ -361,10 +347,14 @@ class Scheduler:
             token = sampled[chunk.request_id]
             seq.num_pending -= 1
             seq.output_token_ids.append(token)
+            if seq.status is SequenceStatus.RUNNING:
+                self._cache.register(seq)
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 self._retire(seq, reason)
-            updates.append(SequenceUpdate(seq.request_id, (token,), reason))
+            updates.append(
+                SequenceUpdate(seq.request_id, (token,), reason, seq.num_cached_prompt_tokens)
+            )
         self._end_static_batch_if_done()
         return updates
 
@@ -415,7 +405,22 @@ class Scheduler:
             cached_tokens=sum(s.num_computed_tokens for s in (*self._running, *self._held)),
             iterations=self._iterations,
             num_preemptions=self._num_preemptions,
+            kv_blocks_cached=self._blocks.num_cached_blocks,
+            **self._cache.counters,
         )
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        """What changed in the prefix cache since the last call (site_engine/engine/
+        prefix_cache.py); empty without prefix caching."""
+        return self._blocks.events.take()
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        """Every block id the prefix cache holds now, as STORED events."""
+        return self._blocks.snapshot_events()
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached block id (after a failed step, whose KV may be incomplete)."""
+        self._blocks.clear_cache()
 
     def check_invariants(self) -> None:
         """Raise AssertionError if queues, sequences and block tables disagree (used by tests)."""
@@ -437,3 +442,6 @@ class Scheduler:
         live = {seq.request_id for seq in (*self._waiting, *self._running)}
         if live != set(self._live):
             raise AssertionError("live index out of step with the queues")
+        if self._blocks.caching:
+            for seq in (*self._running, *self._held):
+                self._cache.check(seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from fedllm_contract.block_hash import block_hashes
 from site_engine.engine.types import PENDING_TOKEN, FinishReason, SamplingParams
 
 
@@ -29,6 +30,10 @@ class Sequence:
     (async scheduling runs step N+1 before step N's tokens reach the host); they follow
     `output_token_ids` in position order.
     `predicted_tokens` is the gateway's prediction of the response length (None: no prediction).
+    Prefix caching: `root_hash` seeds the ids of its blocks (model and cache salt,
+    fedllm_contract/block_hash.py), `block_hashes` holds the ids of its full blocks of known
+    tokens computed so far, and `num_cached_prompt_tokens` the prompt tokens its first admission
+    found cached (the client's usage reports them).
     """
 
     request_id: str
@@ -43,6 +48,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     ever_scheduled: bool = False
+    cache_salt: str = ""
+    root_hash: int = 0
+    block_hashes: list[int] = field(default_factory=list)
+    num_cached_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -118,6 +127,22 @@ class Sequence:
         still_allowed = max(self.sampling.max_tokens - generated, 0)
         return min(max(self.expected_output_tokens - generated, 1), still_allowed)
 
+    def full_block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
+        """The ids of the first `num_blocks` blocks (their tokens must be known), extending the
+        ones computed before; the list returned is the sequence's own, not a copy."""
+        done = len(self.block_hashes)
+        if num_blocks > done:
+            tokens = self.token_ids_between(done * block_size, num_blocks * block_size)
+            assert PENDING_TOKEN not in tokens, "a block id needs every token of the block"
+            parent = self.block_hashes[-1] if done else self.root_hash
+            self.block_hashes.extend(block_hashes(tokens, block_size, parent))
+        return self.block_hashes
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Prompt and generated tokens whose values the host knows."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
     def token_ids_between(self, start: int, end: int) -> tuple[int, ...]:
         """Tokens at positions [start, end) of prompt + output, without copying the whole seq;
         PENDING_TOKEN for positions whose token is still on the device."""
@@ -141,3 +166,4 @@ class SequenceUpdate:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    cached_prompt_tokens: int = 0

@@ -94,6 +94,16 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCopy:
+    """One KV block copied between the device cache and the host tier's pool (prefix caching):
+    `to_host` copies device block `block` into host slot `slot`, else slot into block."""
+
+    to_host: bool
+    block: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     """Everything the model runner needs for one step, and nothing it must decide itself.
 
@@ -102,12 +112,18 @@ class SchedulerOutput:
     previous step (finished, cancelled, released, or preempted), so the runner can drop any
     per-request state it keeps (e.g. seeded random generators). `step_id` numbers the scheduler's
     steps so that results are applied exactly once and in order.
+    `kv_copies` run in this order before the step's forward pass reads or writes those blocks;
+    the forward pass must wait for the first `kv_copies_before_step` of them (copies back from
+    the host, and copies of blocks this step overwrites); the others are copied ahead of an
+    eviction and need only be done before the next step.
     """
 
     chunks: tuple[ScheduledChunk, ...]
     finished_request_ids: frozenset[str] = field(default_factory=frozenset)
     preempted_request_ids: frozenset[str] = field(default_factory=frozenset)
     step_id: int = 0
+    kv_copies: tuple[KvCopy, ...] = ()
+    kv_copies_before_step: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

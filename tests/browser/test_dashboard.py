@@ -48,6 +48,8 @@ def shown(field: str, value: Any) -> str:
         return "–"
     if field in FLOATS:
         return f"{value:.{FLOATS[field]}f}"
+    if field == "prefix_cache_hit_rate":
+        return f"{100 * value:.1f}%"
     return f"{value:,}"
 
 

@@ -33,7 +33,12 @@ def test_completion(client, federation: Federation) -> None:
     assert body["object"] == "text_completion"
     assert body["id"].startswith("cmpl-")
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 7, "total_tokens": 9}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 7,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0},  # two tokens: not a full block
+    }
     (row,) = federation.rows(f"r.id = '{body['id']}'")
     assert row["status"] == "completed"
     assert row["site_name"] == response.headers["x-fedllm-site"]

@@ -25,6 +25,13 @@ CASES = [
     (((0, 40), (61, 29), (100, 1), (3, 3)), 14, 2, 64, 32, None, torch.float16),
     (((0, 90), (120, 45), (150, 1)), 8, 2, 64, 16, 37, torch.bfloat16),
     (((0, 33), (40, 25), (60, 1), (17, 2)), 8, 8, 64, 16, None, torch.float32),
+    # Long cached prefixes: many unmasked KV tiles before the diagonal, several query tiles.
+    (((1000, 200), (0, 300), (777, 1)), 32, 8, 64, 16, None, torch.float16),
+    (((500, 100), (0, 129)), 16, 4, 128, 16, None, torch.float16),
+    (((2100, 300), (4000, 1)), 32, 8, 64, 16, None, torch.bfloat16),
+    # A window inside a long context: masked lower edge, unmasked middle, masked diagonal.
+    (((0, 150), (200, 90), (300, 1), (61, 70)), 8, 2, 64, 16, 40, torch.float16),
+    (((600, 200), (0, 300)), 32, 8, 64, 16, 129, torch.float32),
 ]
 
 

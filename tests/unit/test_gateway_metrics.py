@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,7 +38,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 IDLE = LoadView(0, 0, 0, 0, 0, 0, 0, decode_tokens_per_s=42.5, iterations=0, sequence=1)
 
 
-def report(**fields: int) -> LoadView:
+def report(**fields: Any) -> LoadView:
     return replace(IDLE, **fields)
 
 

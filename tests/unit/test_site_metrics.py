@@ -118,6 +118,10 @@ def test_endpoint_serves_live_queue_and_token_gauges(loaded: LoadedModel) -> Non
     assert scalar(idle, "fedllm_site_iterations_total") == stats.iterations >= 300
     assert scalar(idle, "fedllm_site_kv_blocks_total") == stats.kv_blocks_total > 0
     assert scalar(idle, "fedllm_site_preemptions_total") == stats.num_preemptions
+    # Two 4-token prompts looked up; no full block of 16 to share.
+    assert scalar(idle, "fedllm_site_prefix_cache_queries_tokens_total") == 8
+    assert scalar(idle, "fedllm_site_prefix_cache_hits_tokens_total") == 0
+    assert scalar(idle, "fedllm_site_prompt_tokens_computed_total") == 8
 
 
 def wait_for(url: str, condition: Callable[[Samples], bool], timeout_s: float = 60.0) -> Samples:
@@ -148,3 +152,15 @@ def test_metrics_are_off_unless_a_port_is_set() -> None:
     assert (
         SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_METRICS_PORT": "9100"}).metrics_port == 9100
     )
+
+
+def test_prefix_caching_settings() -> None:
+    assert SiteSettings.load({"SITE_MODEL_DIR": "m"}).prefix_caching
+    off = SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_PREFIX_CACHING": "false"})
+    assert not off.prefix_caching
+    with pytest.raises(SettingsError, match="host tier needs prefix caching"):
+        SiteSettings.load(
+            {"SITE_MODEL_DIR": "m", "SITE_PREFIX_CACHING": "false", "SITE_HOST_KV_CACHE_GIB": "1"}
+        )
+    with pytest.raises(SettingsError, match="SITE_HOST_KV_CACHE_GIB"):
+        SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_HOST_KV_CACHE_GIB": "-1"})

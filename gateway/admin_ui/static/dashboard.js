@@ -9,9 +9,10 @@ const PALETTE = ["#8e44ad", "#c0392b", "#27ae60", "#7f8c8d", "#d35400", "#2c3e50
 const SITE_COLUMNS = [
   "queued_requests", "running_requests", "queued_tokens", "running_tokens",
   "predicted_remaining_tokens", "token_load", "requests_per_min", "ttft_ms", "e2e_ms",
+  "prefix_cache_hit_rate",
 ];
 const FORMATS = {
-  requests_per_min: fmt2, ttft_ms: fmt1, e2e_ms: fmt1,
+  requests_per_min: fmt2, ttft_ms: fmt1, e2e_ms: fmt1, prefix_cache_hit_rate: fmtPct,
 };
 
 const state = {
@@ -28,6 +29,7 @@ const state = {
 function fmtInt(v) { return v == null ? "–" : Math.round(v).toLocaleString("en-US"); }
 function fmt1(v) { return v == null ? "–" : v.toFixed(1); }
 function fmt2(v) { return v == null ? "–" : v.toFixed(2); }
+function fmtPct(v) { return v == null ? "–" : `${(100 * v).toFixed(1)}%`; }
 function fmtField(field, v) { return (FORMATS[field] || fmtInt)(v); }
 function fmtTime(epoch) { return new Date(epoch * 1000).toLocaleTimeString("en-GB"); }
 function compact(v) {
@@ -270,6 +272,7 @@ const DETAIL_NOW = [
   ["running tok", "running_tokens"], ["predicted tok", "predicted_remaining_tokens"],
   ["queued", "queued_requests"], ["running", "running_requests"], ["in flight (gateway)", "in_flight"],
   ["ledger tok", "ledger_tokens"], ["req/min", "requests_per_min"], ["TTFT ms", "ttft_ms"], ["E2E ms", "e2e_ms"],
+  ["prefix cache hits", "prefix_cache_hit_rate"],
 ];
 
 function renderDetailNow(site, at) {

@@ -10,6 +10,12 @@ that no sequence owns.
 With async scheduling the host writes step N+1's inputs while step N may still be copying its
 own: the pinned staging buffers alternate between two sets, and a set is reused only two steps
 later, after the engine has waited for the step that used it.
+
+Every bucket's graph writes its float32 logits into one static buffer (`logits_out`, shared with
+the flat step graphs): were each graph to keep its own output, the outputs alone would hold
+(sum of the bucket sizes) x vocabulary x 4 bytes, 3.3 GB for 1,024 sequences and a 128k
+vocabulary. The sampler reads a step's logits before the next step's replay writes them (one
+stream), so one buffer serves every step.
 """
 
 from __future__ import annotations
@@ -34,23 +40,38 @@ def capture_buckets(
 ) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
     """One CUDA graph of `forward(size)` per size, with its output tensor; largest first so the
     smaller ones reuse its memory pool. Two eager warm-ups first (Triton compiles, cuBLAS picks
-    its kernels) on a side stream, as capture requires."""
+    its kernels) on a side stream, as capture requires.
+
+    Warm-ups and captures all run on one side stream per device, kept for the process: cuBLAS
+    keeps a workspace per stream it ever ran on (tens of MiB each, never freed), so a fresh
+    stream per graph would leave up to one workspace per pooled stream behind (~1 GiB) that no
+    memory trial sees."""
     pool = None
     captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+    stream = _capture_stream()
     for size in sorted(sizes, reverse=True):
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 forward(size)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
             output = forward(size)
         pool = graph.pool()
         captured[size] = (graph, output)
     torch.cuda.synchronize()
     return captured
+
+
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _capture_stream() -> torch.cuda.Stream:
+    device = torch.cuda.current_device()
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    return _CAPTURE_STREAMS[device]
 
 
 def input_tokens(
@@ -68,9 +89,19 @@ def input_tokens(
     return torch.where(source_rows >= 0, taken, known)
 
 
-def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+def bucket_sizes(max_batch: int, only_largest: bool = False) -> tuple[int, ...]:
+    """The batch sizes captured; `only_largest`: the largest alone (what a memory trial needs:
+    the smaller graphs share its memory pool)."""
+    if only_largest:
+        return (max_batch,)
     sizes = [b for b in _BUCKETS if b < max_batch]
     return (*sizes, max_batch)
+
+
+def release_graphs(graphs: Sequence[torch.cuda.CUDAGraph]) -> None:
+    """Frees captured graphs (their instantiated form and their hold on the memory pool)."""
+    for graph in graphs:
+        graph.reset()
 
 
 @dataclass(slots=True)
@@ -89,9 +120,13 @@ class DecodeGraphs:
         max_batch: int,
         max_blocks_per_seq: int,
         scratch_block: int,
+        logits_out: torch.Tensor | None = None,
+        only_largest: bool = False,
     ) -> None:
+        """logits_out: [>= max_batch, vocab] float32 that every graph writes its logits into
+        (allocated here when not given)."""
         self._model, self._attention, self._kv_cache = model, attention, kv_cache
-        self.buckets = bucket_sizes(max_batch)
+        self.buckets = bucket_sizes(max_batch, only_largest)
         self._max_blocks = max_blocks_per_seq
         self._scratch_block = scratch_block
         self._block_size = kv_cache.block_size
@@ -114,6 +149,10 @@ class DecodeGraphs:
         ]
         self._turn = 0
         self._staged = torch.zeros((max_batch, 5), dtype=torch.long, device=device)
+        if logits_out is None:
+            vocab = int(model.vocab_size)
+            logits_out = torch.empty((max_batch, vocab), dtype=torch.float32, device=device)
+        self._logits_out = logits_out
         self._captured: dict[int, _Captured] = {}
 
     @property
@@ -138,7 +177,7 @@ class DecodeGraphs:
         hidden = self._model.forward(
             self._input_ids[:batch], self._positions[:batch], self._kv_cache, metadata
         )
-        return self._model.compute_logits(hidden)
+        return self._model.compute_logits(hidden, out=self._logits_out[:batch])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -147,6 +186,14 @@ class DecodeGraphs:
         captured = capture_buckets(self.buckets, lambda b: self._forward(b, metadata[b]))
         for batch, (graph, logits) in captured.items():
             self._captured[batch] = _Captured(graph, logits)
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._captured)
+
+    def close(self) -> None:
+        release_graphs([captured.graph for captured in self._captured.values()])
+        self._captured.clear()
 
     def _reset_padding(self, start: int) -> None:
         scratch_slot = self._scratch_block * self._block_size

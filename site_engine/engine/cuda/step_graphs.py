@@ -18,7 +18,8 @@ with sequences of zero query tokens, which the kernel skips.
 Inputs are staged on the host in numpy arrays (pinned when on CUDA) and reach the device in one
 copy per array; with async scheduling a decode row's input token may still be on the device
 (it is taken from the previous step's samples there). Two staging sets alternate, as in
-graphs.py. Without `capture` (CPU tests) the same static-buffer forward runs eagerly.
+graphs.py. Without `capture` (CPU tests) the same static-buffer forward runs eagerly. The logits
+go into one static buffer shared with the decode graphs (graphs.py says why).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
-from site_engine.engine.cuda.graphs import capture_buckets, input_tokens
+from site_engine.engine.cuda.graphs import capture_buckets, input_tokens, release_graphs
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.models import FlatCausalLM
 from site_engine.engine.types import ScheduledChunk
@@ -45,7 +46,10 @@ _BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 179
 _TOKEN_COLS, _SEQ_COLS = 4, 3
 
 
-def token_buckets(max_tokens: int) -> tuple[int, ...]:
+def token_buckets(max_tokens: int, only_largest: bool = False) -> tuple[int, ...]:
+    """The step sizes captured; `only_largest`: the largest alone (for a memory trial)."""
+    if only_largest:
+        return (max_tokens,)
     return (*(b for b in _BUCKETS if b < max_tokens), max_tokens)
 
 
@@ -67,11 +71,15 @@ class FlatStepGraphs:
         max_blocks_per_seq: int,
         scratch_block: int,
         capture: bool = True,
+        logits_out: torch.Tensor | None = None,
+        only_largest: bool = False,
     ) -> None:
+        """logits_out: [>= min(max_tokens, max_seqs), vocab] float32 that every bucket writes
+        its logits into (allocated here when not given)."""
         if max_tokens < 2:
             raise ValueError("flat step graphs need room for at least 2 tokens per step")
         self._model, self._attention, self._kv_cache = model, attention, kv_cache
-        self.buckets = token_buckets(max_tokens)
+        self.buckets = token_buckets(max_tokens, only_largest)
         self.max_seqs = max_seqs
         self._capture = capture
         self._block_size = kv_cache.block_size
@@ -100,11 +108,23 @@ class FlatStepGraphs:
             for _ in range(2)
         ]
         self._turn = 0
+        if logits_out is None:
+            rows, vocab = min(max_tokens, max_seqs), int(model.vocab_size)
+            logits_out = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+        self._logits_out = logits_out
         self._captured: dict[int, _Bucket] = {}
 
     @property
     def max_tokens(self) -> int:
         return self.buckets[-1]
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._captured)
+
+    def close(self) -> None:
+        release_graphs([b.graph for b in self._captured.values() if b.graph is not None])
+        self._captured.clear()
 
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
         return len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
@@ -129,8 +149,10 @@ class FlatStepGraphs:
         hidden = self._model.forward(
             self._input_ids[:tokens], self._positions[:tokens], self._kv_cache, metadata
         )
-        rows = self._sample_rows[: min(tokens, self.max_seqs)]
-        return self._model.compute_logits(hidden.index_select(0, rows))
+        count = min(tokens, self.max_seqs)
+        rows = self._sample_rows[:count]
+        return self._model.compute_logits(hidden.index_select(0, rows),
+                                          out=self._logits_out[:count])  # fmt: skip
 
     @torch.inference_mode()
     def capture(self) -> None:

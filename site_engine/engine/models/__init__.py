@@ -22,6 +22,7 @@ class FlatCausalLM(Protocol):
     """A decoder that runs one flat batch of tokens from many sequences."""
 
     spec: KVCacheSpec
+    vocab_size: int  # rows of the lm_head: the width of compute_logits' output
 
     def forward(
         self,
@@ -33,8 +34,11 @@ class FlatCausalLM(Protocol):
         """input_ids, positions: [T] int64 -> final (normed) hidden states [T, hidden]."""
         ...
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> float32 logits [N, vocab]; the runner passes only rows it samples."""
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[N, hidden] -> float32 logits [N, vocab]; the runner passes only rows it samples.
+        With `out` ([N, vocab] float32) the logits are written there and it is returned."""
         ...
 
 
@@ -69,10 +73,23 @@ def float_attr(module: nn.Module, name: str) -> float:
     return float(value)
 
 
-def lm_head_logits(lm_head: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """float32 logits of the rows given: the one compute_logits of every flat model."""
+def lm_head_logits(
+    lm_head: nn.Module, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 logits of the rows given: the one compute_logits of every flat model. Into `out`
+    when given: the conversion to float32 writes there instead of into a new tensor."""
     logits: torch.Tensor = lm_head(hidden_states)
-    return logits.float()
+    if out is None:
+        return logits.float()
+    return out.copy_(logits)
+
+
+def lm_head_rows(lm_head: nn.Module) -> int:
+    """The vocabulary width of the lm_head's output."""
+    weight = lm_head._parameters.get("weight")
+    if weight is None:
+        raise TypeError(f"{type(lm_head).__name__} has no weight")
+    return int(weight.shape[0])
 
 
 def _build_llama(model: PreTrainedModel, attention: AttentionBackend) -> FlatCausalLM:

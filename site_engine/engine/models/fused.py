@@ -54,20 +54,51 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def fuse_linears(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenates the weights (and biases) of linears with the same input along the output
-    dimension; each module's parameters become views of the fused tensors."""
+    dimension; each module's parameters become views of the fused tensors.
+
+    Fusing modules that an earlier call already fused returns that call's tensors: a second
+    engine on the same loaded model (or the memory trial before the engine) then neither copies
+    the weights again nor holds two copies while it builds."""
     linears = [m for m in modules if isinstance(m, nn.Linear)]
     if len(linears) != len(modules):
         raise TypeError("only nn.Linear modules can be fused")
+    previous = _already_fused(linears)
+    if previous is not None:
+        return previous
     weight = torch.cat([m.weight.detach() for m in linears], dim=0)
     sizes = [m.out_features for m in linears]
     for module, piece in zip(linears, torch.split(weight, sizes, dim=0), strict=True):
         module.weight = nn.Parameter(piece, requires_grad=False)
     biases = [m.bias for m in linears]
-    if all(b is None for b in biases):
-        return weight, None
-    if any(b is None for b in biases):
-        raise TypeError("cannot fuse linears where only some have a bias")
-    bias = torch.cat([b.detach() for b in biases if b is not None])
-    for module, piece in zip(linears, torch.split(bias, sizes), strict=True):
-        module.bias = nn.Parameter(piece, requires_grad=False)
+    bias = None
+    if any(b is not None for b in biases):
+        if any(b is None for b in biases):
+            raise TypeError("cannot fuse linears where only some have a bias")
+        bias = torch.cat([b.detach() for b in biases if b is not None])
+        for module, piece in zip(linears, torch.split(bias, sizes), strict=True):
+            module.bias = nn.Parameter(piece, requires_grad=False)
+    linears[0].__dict__[_FUSED] = (weight, bias)
     return weight, bias
+
+
+_FUSED = "_fedllm_fused"
+
+
+def _already_fused(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The tensors of an earlier fuse_linears over these modules, if their parameters are still
+    the views it made (nobody replaced them since)."""
+    fused = linears[0].__dict__.get(_FUSED)
+    if fused is None:
+        return None
+    weight, bias = fused
+    offset = 0
+    for module in linears:
+        rows = module.out_features
+        if module.weight.data_ptr() != weight[offset : offset + rows].data_ptr():
+            return None
+        if bias is not None and (
+            module.bias is None or module.bias.data_ptr() != bias[offset : offset + rows].data_ptr()
+        ):
+            return None
+        offset += rows
+    return (weight, bias) if offset == weight.shape[0] else None

@@ -15,7 +15,13 @@ from transformers import PreTrainedModel
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.models import child, child_list, float_attr, lm_head_logits
+from site_engine.engine.models import (
+    child,
+    child_list,
+    float_attr,
+    lm_head_logits,
+    lm_head_rows,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class GPT2FlatModel:
         self.wpe = child(transformer, "wpe")
         self.ln_f = child(transformer, "ln_f")
         self.lm_head = child(hf_model, "lm_head")
+        self.vocab_size = lm_head_rows(self.lm_head)
         self.blocks = [_block(block) for block in child_list(transformer, "h")]
 
     def forward(
@@ -85,5 +92,7 @@ class GPT2FlatModel:
         out: torch.Tensor = self.ln_f(hidden)
         return out
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return lm_head_logits(self.lm_head, hidden_states)
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return lm_head_logits(self.lm_head, hidden_states, out)

@@ -18,7 +18,13 @@ from transformers import PreTrainedModel
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.models import child, child_list, float_attr, lm_head_logits
+from site_engine.engine.models import (
+    child,
+    child_list,
+    float_attr,
+    lm_head_logits,
+    lm_head_rows,
+)
 
 
 def sliding_window_of(config: Any, layer_idx: int) -> int | None:
@@ -82,6 +88,7 @@ class LlamaFlatModel:
         self.rotary_emb = child(inner, "rotary_emb")
         self.norm = child(inner, "norm")
         self.lm_head = child(hf_model, "lm_head")
+        self.vocab_size = lm_head_rows(self.lm_head)
         hf_layers = child_list(inner, "layers")[: self.spec.num_layers]
         self.layers = [_decoder_layer(layer, i, config) for i, layer in enumerate(hf_layers)]
 
@@ -131,5 +138,7 @@ class LlamaFlatModel:
         )
         return attended.reshape(num_tokens, -1)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return lm_head_logits(self.lm_head, hidden_states)
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return lm_head_logits(self.lm_head, hidden_states, out)

@@ -16,7 +16,13 @@ from torch.nn import functional
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.models import child, child_list, float_attr, lm_head_logits
+from site_engine.engine.models import (
+    child,
+    child_list,
+    float_attr,
+    lm_head_logits,
+    lm_head_rows,
+)
 from site_engine.engine.models.fused import (
     add_rms_norm,
     compiled,
@@ -93,6 +99,7 @@ class LlamaFusedFlatModel:
         self.rotary_emb = child(inner, "rotary_emb")
         self.final_norm, self.final_eps = _norm_parts(child(inner, "norm"))
         self.lm_head = child(hf_model, "lm_head")
+        self.vocab_size = lm_head_rows(self.lm_head)
         hf_layers = child_list(inner, "layers")[: self.spec.num_layers]
         self.layers = [_layer(layer, i, self.spec, config) for i, layer in enumerate(hf_layers)]
 
@@ -152,5 +159,7 @@ class LlamaFusedFlatModel:
         )
         return attended.reshape(tokens, -1)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return lm_head_logits(self.lm_head, hidden_states)
+    def compute_logits(
+        self, hidden_states: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return lm_head_logits(self.lm_head, hidden_states, out)

@@ -25,18 +25,19 @@ from site_engine.engine.types import (
 EOS = 0
 MAX_MODEL_LEN = 16
 
-configs = st.builds(
-    SchedulerConfig,
-    num_blocks=st.integers(3, 6),
-    block_size=st.integers(1, 3),
-    max_num_seqs=st.integers(1, 4).map(lambda n: 5 - n),
-    max_num_batched_tokens=st.integers(1, 12),
-    max_model_len=st.just(MAX_MODEL_LEN),
-    policy=st.sampled_from(["fcfs", "spf", "static"]),
-    eos_token_ids=st.just(frozenset({EOS})),
-    watermark=st.sampled_from([0.0, 0.2]),
-    spf_aging=st.sampled_from([0.0, 1.0]),
-)
+# The fields' strategies, by name: test_prefix_cache_properties.py adds the cache's.
+CONFIG_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "num_blocks": st.integers(3, 6),
+    "block_size": st.integers(1, 3),
+    "max_num_seqs": st.integers(1, 4).map(lambda n: 5 - n),
+    "max_num_batched_tokens": st.integers(1, 12),
+    "max_model_len": st.just(MAX_MODEL_LEN),
+    "policy": st.sampled_from(["fcfs", "spf", "static"]),
+    "eos_token_ids": st.just(frozenset({EOS})),
+    "watermark": st.sampled_from([0.0, 0.2]),
+    "spf_aging": st.sampled_from([0.0, 1.0]),
+}
+configs = st.builds(SchedulerConfig, **CONFIG_FIELDS)
 operations = st.sampled_from(["burst", "burst", "step", "step", "step", "add", "cancel", "release"])
 
 
@@ -79,20 +80,31 @@ class Driver:
             if any_size
             else st.integers(1, longest).map(lambda n: longest + 1 - n)
         )
-        prompt = draw(st.lists(st.integers(1, 9), min_size=num_prompt, max_size=num_prompt))
+        prompt = self.draw_prompt(num_prompt)
         sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=draw(st.booleans()))
         # Short predictions over-admit, which is what drives preemption. (Hypothesis favours the
         # first element of sampled_from and small integers; the orders here rely on that.)
         predicted = draw(st.sampled_from([1, 0, 2, None]) | st.integers(0, 10))
         before = self.sched.stats()
         try:
-            seq = self.sched.add(request_id, prompt, sampling, predicted_tokens=predicted)
+            seq = self.sched.add(
+                request_id, prompt, sampling, predicted_tokens=predicted, **self.add_options()
+            )
         except ValueError:
             assert self.sched.stats() == before
             return
         self.next_id += 1
         self.seqs[request_id] = seq
         self.streamed[request_id] = []
+
+    def draw_prompt(self, num_prompt: int) -> list[int]:
+        return self.data.draw(st.lists(st.integers(1, 9), min_size=num_prompt, max_size=num_prompt))
+
+    def add_options(self) -> dict[str, Any]:
+        return {}
+
+    def scheduled(self, out: SchedulerOutput) -> None:
+        """Called with every step as soon as it is scheduled and checked."""
 
     def burst(self) -> None:
         # Several arrivals between two steps are admitted together: that over-commits the cache.
@@ -117,6 +129,7 @@ class Driver:
             if PENDING_TOKEN in chunk.token_ids:
                 assert self.lookahead
                 assert chunk.token_ids == (PENDING_TOKEN,)
+        self.scheduled(out)
         if draw_tokens and out.chunks and self.data.draw(st.integers(0, 7)) == 7:
             # A cancel that lands while the step runs: its chunk must be ignored by update().
             victim = self.data.draw(st.sampled_from(out.chunks)).request_id

@@ -89,13 +89,16 @@ def test_free_returns_blocks_and_double_free_raises() -> None:
 
 
 def test_refcounts_follow_tables() -> None:
-    bm = BlockManager(num_blocks=3, block_size=1)
+    bm = BlockManager(num_blocks=3, block_size=1, caching=True)
     bm.grow("a", 2)
+    bm.register("a", [11, 12], 2)
     bm.check_invariants()
-    # A shared block (as prefix caching would create) stays used until its last holder frees it.
+    # A shared block (a prefix cache hit) stays used until its last holder frees it.
     shared = bm.block_table("a")[0]
-    bm._tables["b"] = [shared]
-    bm._refcounts[shared] += 1
+    hit = bm.lookup([11, 99])
+    assert hit.device_blocks == (shared,)
+    assert bm.admit("b", hit, 1) == (shared,)
+    assert bm.refcount(shared) == 2
     bm.check_invariants()
     assert bm.free("a") == 1
     assert shared not in bm._free
@@ -127,10 +130,10 @@ def test_non_contiguous_tables_are_handed_out() -> None:
 @pytest.mark.parametrize(
     ("corrupt", "message"),
     [
-        (lambda bm: bm._free.append(bm._free[0]), "more than once"),
+        (lambda bm: bm._free.__setitem__(bm.block_table("a")[0], None), "free and referenced"),
         (lambda bm: bm._refcounts.__setitem__(bm.block_table("a")[0], 2), "refcount 2"),
-        (lambda bm: bm._tables.__setitem__("ghost", [bm._free[0]]), "refcount 0"),
-        (lambda bm: bm._free.popleft(), "neither free nor referenced"),
+        (lambda bm: bm._tables.__setitem__("ghost", [next(iter(bm._free))]), "refcount 0"),
+        (lambda bm: bm._free.popitem(last=False), "neither free nor referenced"),
     ],
 )
 def test_check_invariants_detects_corruption(

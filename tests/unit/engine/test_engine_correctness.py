@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.api import EngineRequest
@@ -77,6 +83,11 @@ def make_requests(seed: int) -> list[EngineRequest]:
 
 def reference(model_dir: Path, request: EngineRequest) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return generate_tokens(model, request)
+
+
+def generate_tokens(model: PreTrainedModel, request: EngineRequest) -> list[int]:
+    """Greedy `generate` of `request`'s answer tokens."""
     prompt = torch.tensor([request.prompt_token_ids])
     out = model.generate(
         prompt,

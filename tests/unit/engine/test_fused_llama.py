@@ -50,6 +50,32 @@ def test_fuse_linears_keeps_values_and_shares_memory() -> None:
     assert torch.allclose(torch.cat([a(x), b(x)], dim=-1), expected)
 
 
+def test_fusing_again_reuses_the_fused_tensors() -> None:
+    """A second engine (or the memory trial's runner before the engine's) on the same model
+    neither copies the weights again nor holds two copies while it builds."""
+    a, b = torch.nn.Linear(8, 3, bias=False), torch.nn.Linear(8, 5, bias=False)
+    weight, _ = fuse_linears([a, b])
+    again, _ = fuse_linears([a, b])
+    assert again is weight
+    b.weight = torch.nn.Parameter(torch.randn(5, 8))  # replaced since: fused anew
+    third, _ = fuse_linears([a, b])
+    assert third is not weight
+    assert torch.equal(third[3:], b.weight)
+
+
+def test_compute_logits_writes_into_the_buffer_given() -> None:
+    model = build_random_model(LlamaConfig(**DIMS), seed=2)
+    flat = llama_fused.LlamaFusedFlatModel(model, TorchReferenceAttention())
+    hidden = torch.randn(3, int(DIMS["hidden_size"]))
+    out = torch.full((3, flat.vocab_size), float("nan"))
+    with torch.inference_mode():
+        got = flat.compute_logits(hidden, out=out)
+        expected = flat.compute_logits(hidden)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(out, expected)
+    assert flat.vocab_size == DIMS["vocab_size"]
+
+
 @pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config])
 def test_fused_forward_matches_transformers(config_class) -> None:
     model = build_random_model(config_class(**DIMS), seed=2)

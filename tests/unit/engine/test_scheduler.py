@@ -563,6 +563,7 @@ def test_stats() -> None:
         cached_tokens=5,
         iterations=1,
         num_preemptions=0,
+        prompt_tokens_computed=5,
     )
     sched.finish("a", FinishReason.CANCELLED)
     sched.finish("b", FinishReason.CANCELLED)

@@ -1,0 +1,96 @@
+"""The scheduler's limits (SchedulerConfig) and the load snapshot it reports (SchedulerStats)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
+
+_POSITIVE_INT_FIELDS = (
+    "num_blocks",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits of one engine. `watermark` is the fraction of blocks kept out of admission plans
+    so that newly admitted sequences are not preempted at their first decode steps.
+    `prefix_caching` shares cached prompt blocks between sequences (site_engine/engine/
+    block_manager.py), their ids seeded by `model_name` and each request's cache salt;
+    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    policy: PolicyName = "fcfs"
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    watermark: float = 0.01
+    spf_aging: float = 1.0
+    prefix_caching: bool = False
+    model_name: str = ""
+    host_kv_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {sorted(POLICY_NAMES)}, got {self.policy!r}")
+        if not isinstance(self.eos_token_ids, frozenset):
+            raise TypeError(f"eos_token_ids must be a frozenset, got {self.eos_token_ids!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.spf_aging < 0:
+            raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
+        if self.host_kv_blocks < 0 or (self.host_kv_blocks and not self.prefix_caching):
+            raise ValueError(
+                f"host_kv_blocks must be >= 0 and needs prefix_caching, got {self.host_kv_blocks}"
+            )
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.num_blocks * self.watermark)
+
+    @property
+    def max_blocks_per_step(self) -> int:
+        """The most blocks one step can take from the free queue: every scheduled token in a
+        fresh block of its own sequence, at worst."""
+        return -(-self.max_num_batched_tokens // self.block_size) + self.max_num_seqs
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of the scheduler's load, e.g. for the gateway's routing signals.
+
+    `queued_prompt_tokens` counts what waiting sequences must prefill when admitted (prompt, plus
+    generated tokens for a preempted one). `cached_tokens` counts tokens whose KV is held now.
+    The prefix cache's counters are cumulative since start, in tokens (vLLM's
+    prefix_cache_queries / _hits): tokens looked up at each admission, those found cached in
+    either tier, and of them those copied back from the host tier. `prompt_tokens_computed`
+    counts prompt positions the model ran (recomputed ones again), `host_kv_blocks_offloaded` /
+    `_onloaded` the blocks copied to / from the host tier.
+    """
+
+    num_waiting: int
+    num_running: int
+    queued_prompt_tokens: int
+    predicted_remaining_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    cached_tokens: int
+    iterations: int
+    num_preemptions: int
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_host_hits: int = 0
+    prompt_tokens_computed: int = 0
+    kv_blocks_cached: int = 0
+    host_kv_blocks_offloaded: int = 0
+    host_kv_blocks_onloaded: int = 0

@@ -1,0 +1,83 @@
+"""How the scheduler uses the prefix cache for its sequences: the lookup at admission, indexing
+full blocks once their KV is launched, the host tier's copies, and the counters it reports.
+
+The rules (site_engine/engine/scheduler.py says why): a hit never covers a sequence's last token;
+only full blocks of known tokens whose KV a launched step writes are indexed. Pure Python.
+"""
+
+from __future__ import annotations
+
+from site_engine.engine.block_manager import NO_HIT, BlockManager, CacheHit
+from site_engine.engine.sequence import Sequence
+from site_engine.engine.types import KvCopy
+
+# SchedulerStats' cumulative counters (site_engine/engine/scheduler_config.py), by name.
+COUNTERS = (
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefix_cache_host_hits",
+    "prompt_tokens_computed",
+    "host_kv_blocks_offloaded",
+    "host_kv_blocks_onloaded",
+)
+
+
+class SequenceCache:
+    def __init__(self, blocks: BlockManager) -> None:
+        self._blocks = blocks
+        self._size = blocks.block_size
+        self.counters = dict.fromkeys(COUNTERS, 0)
+
+    def lookup(self, seq: Sequence) -> CacheHit:
+        """The cached leading blocks of a waiting sequence (no pending tokens), short of its
+        last token, which is always computed for its logits."""
+        if not self._blocks.caching:
+            return NO_HIT
+        num_blocks = (seq.num_tokens - 1) // self._size
+        hashes = seq.full_block_hashes(self._size, num_blocks)
+        return self._blocks.lookup(hashes[:num_blocks])
+
+    def admitted(self, seq: Sequence, hit: CacheHit) -> None:
+        """Count an admission's lookup (vLLM's queries and hits, in tokens)."""
+        if not self._blocks.caching:
+            return
+        cached = hit.num_blocks * self._size
+        self.counters["prefix_cache_queries"] += seq.num_tokens
+        self.counters["prefix_cache_hits"] += cached
+        self.counters["prefix_cache_host_hits"] += len(hit.host_slots) * self._size
+        if not seq.ever_scheduled:
+            seq.num_cached_prompt_tokens = min(cached, seq.num_prompt_tokens)
+
+    def computed(self, seq: Sequence, start: int, end: int) -> None:
+        """Positions [start, end) of `seq` are scheduled: count the prompt ones."""
+        if start < seq.num_prompt_tokens:
+            self.counters["prompt_tokens_computed"] += min(end, seq.num_prompt_tokens) - start
+
+    def register(self, seq: Sequence) -> None:
+        """Index the full blocks of a running sequence whose KV is launched and whose tokens
+        are known."""
+        if not self._blocks.caching:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_known_tokens) // self._size
+        self._blocks.register(seq.request_id, seq.full_block_hashes(self._size, num_full), num_full)
+
+    def take_copies(self, lookahead: int) -> tuple[tuple[KvCopy, ...], int]:
+        """A step's host-tier copies, those ahead of eviction (`lookahead` blocks) included."""
+        self._blocks.offload_ahead(lookahead)
+        copies, before_step = self._blocks.take_copies()
+        onloaded = sum(1 for copy in copies if not copy.to_host)
+        self.counters["host_kv_blocks_onloaded"] += onloaded
+        self.counters["host_kv_blocks_offloaded"] += len(copies) - onloaded
+        return copies, before_step
+
+    def check(self, seq: Sequence) -> None:
+        """Raise AssertionError unless a block held by several sequences is a full block of
+        computed, known tokens of each, and an indexed block of `seq` holds `seq`'s own id."""
+        num_full = min(seq.num_computed_tokens, seq.num_known_tokens) // self._size
+        hashes = seq.full_block_hashes(self._size, num_full)
+        for i, block in enumerate(self._blocks.block_table(seq.request_id)):
+            indexed = self._blocks.cached_hash(block)
+            if self._blocks.refcount(block) > 1 and i >= num_full:
+                raise AssertionError(f"{seq.request_id!r}: shares block {i}, not full yet")
+            if indexed is not None and (i >= num_full or indexed != hashes[i]):
+                raise AssertionError(f"{seq.request_id!r}: block {i} is indexed by another id")
