@@ -18,6 +18,7 @@ import random
 import secrets
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from devtools.demo_report import (
     prediction_error,
     print_answers,
     print_prediction_error,
+    print_predictions,
     print_site_table,
 )
 from devtools.launch import (
@@ -34,6 +36,7 @@ from devtools.launch import (
     free_port,
     spawn_site,
     start_gateway,
+    stopping_on_signals,
     wait_until_serving,
 )
 from gateway.db.session import create_engine, create_sessionmaker
@@ -165,24 +168,26 @@ def _chat_body(record: PromptRecord, max_tokens: int, stream: bool) -> dict[str,
     return body
 
 
-def _read_stream(payload: bytes) -> tuple[str, str, int]:
-    text, finish, tokens = [], "", 0
+def _read_stream(payload: bytes) -> tuple[str, str, int, str]:
+    text, finish, tokens, request_id = [], "", 0, ""
     for line in payload.decode().splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         chunk = json.loads(line[len("data: ") :])
+        request_id = chunk.get("id") or request_id
         for choice in chunk.get("choices") or []:
             text.append(choice.get("delta", {}).get("content") or "")
             finish = choice.get("finish_reason") or finish
         if chunk.get("usage"):
             tokens = int(chunk["usage"]["completion_tokens"])
-    return "".join(text), finish, tokens
+    return "".join(text), finish, tokens, request_id
 
 
-def _read_body(payload: bytes) -> tuple[str, str, int]:
+def _read_body(payload: bytes) -> tuple[str, str, int, str]:
     body = json.loads(payload)
     choice = body["choices"][0]
-    return choice["message"]["content"], choice["finish_reason"], body["usage"]["completion_tokens"]
+    tokens = body["usage"]["completion_tokens"]
+    return choice["message"]["content"], choice["finish_reason"], tokens, body["id"]
 
 
 async def send_all(
@@ -207,10 +212,13 @@ async def send_all(
                 if response.status_code != 200 or b'"error"' in payload:
                     detail = payload.decode(errors="replace")[:200]
                     return DemoAnswer(False, site, stream, elapsed, record.prompt, detail=detail)
-                answer, finish, tokens = (_read_stream if stream else _read_body)(payload)
-                return DemoAnswer(
-                    True, site, stream, elapsed, record.prompt, answer, finish, tokens
+                answer, finish, tokens, request_id = (_read_stream if stream else _read_body)(
+                    payload
                 )
+                return DemoAnswer(
+                    True, site, stream, elapsed, record.prompt, answer, finish, tokens,
+                    request_id=request_id,
+                )  # fmt: skip
 
         return await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
 
@@ -231,13 +239,16 @@ def report(
     args: argparse.Namespace,
     predictor_dir: Path | None,
 ) -> None:
+    predicted = {pair.request_id: pair.predicted_tokens for pair in pairs}
+    answers = [replace(a, predicted_tokens=predicted.get(a.request_id)) for a in answers]
     print_answers(answers, args.answers)
+    print_predictions(answers)
     per_site = {
         site: error
         for site in {p.site for p in pairs}
         if (error := prediction_error([p for p in pairs if p.site == site])) is not None
     }
-    print_site_table(totals, per_site)
+    print_site_table(totals, per_site, prediction_error(pairs))
     print()
     print_prediction_error(prediction_error(pairs), str(predictor_dir) if predictor_dir else "off")
 
@@ -287,6 +298,12 @@ def start_sites(model_dir: Path, work_dir: Path, mixed: bool = False) -> list[Ma
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM and SIGHUP stop the demo as Ctrl-C does, services included (issue 32).
+    with stopping_on_signals():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     work_dir = args.work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -330,7 +347,10 @@ def run(args: argparse.Namespace) -> int:
         for failure in (a for a in answers if not a.ok):
             print(f"  failed: {failure.detail}", file=sys.stderr)
         if args.keep_running:
-            print(f"services keep running: {base_url} (logs in {work_dir}); Ctrl-C stops them")
+            print(
+                f"services keep running: {base_url} (logs in {work_dir}); Ctrl-C (or SIGTERM) "
+                "stops them"
+            )
             print(f"dashboard: {base_url}/admin  sign in with the admin token: {admin_token}")
             _wait_forever()
         return 0 if ok == len(answers) else 1

@@ -1,5 +1,6 @@
-"""What the demo prints: a few real answers, per-site totals, and the predictor's error on the
-requests it just served (predicted vs actual answer tokens)."""
+"""What the demo prints: a few real answers, every answer's predicted and actual length, per-site
+totals, and the predictor's error on the requests it just served (predicted vs actual answer
+tokens, over those answers alone: the dashboard's figures cover other sets, each says which)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ class DemoAnswer:
     finish_reason: str = ""
     completion_tokens: int = 0
     detail: str = ""
+    request_id: str = ""
+    # What the gateway predicted for it (its request row), when it predicted.
+    predicted_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +48,55 @@ def print_answers(answers: Sequence[DemoAnswer], count: int, width: int = 100) -
     shown = [a for a in answers if a.ok][:count]
     for answer in shown:
         print(f"> {_one_line(answer.prompt, width - 2)}")
-        print(f"  [{answer.site}: {answer.completion_tokens} tokens, {answer.finish_reason}]")
+        predicted = "-" if answer.predicted_tokens is None else answer.predicted_tokens
+        print(
+            f"  [{answer.site}: {answer.completion_tokens} tokens (predicted {predicted}), "
+            f"{answer.finish_reason}]"
+        )
         print(f"  {_one_line(answer.answer, 2 * width)}")
     if shown:
         print()
+
+
+def print_predictions(answers: Sequence[DemoAnswer], width: int = 48) -> None:
+    """One line per answer: the length predicted before it was routed, and the real one."""
+    rows = [
+        (
+            str(n),
+            a.site,
+            "-" if a.predicted_tokens is None else str(a.predicted_tokens),
+            str(a.completion_tokens),
+            "-" if a.predicted_tokens is None else str(a.predicted_tokens - a.completion_tokens),
+            a.finish_reason,
+            _one_line(a.prompt, width),
+        )
+        for n, a in enumerate(answers, 1)
+        if a.ok
+    ]
+    _table(
+        ("#", "site", "predicted", "actual", "error", "finish", "prompt"),
+        rows,
+        numeric=(0, 2, 3, 4),
+    )
+    print()
+
+
+def _table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    numeric: Sequence[int],
+    ruled: Sequence[int] = (),
+) -> None:
+    """Aligned columns, a rule under the header and above the rows numbered in `ruled`."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for index, row in enumerate((header, *rows)):
+        if index == 1 or index - 1 in ruled:
+            print("-+-".join("-" * w for w in widths))
+        cells = (
+            cell.rjust(w) if i in numeric else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        print(" | ".join(cells).rstrip())
 
 
 def prediction_error(pairs: Sequence[PredictionPair]) -> PredictionError | None:
@@ -77,7 +126,11 @@ def print_prediction_error(error: PredictionError | None, predictor: str) -> Non
     )
 
 
-def print_site_table(totals: Sequence[SiteTotals], errors: dict[str, PredictionError]) -> None:
+def print_site_table(
+    totals: Sequence[SiteTotals],
+    errors: dict[str, PredictionError],
+    overall: PredictionError | None = None,
+) -> None:
     header = (
         "site",
         "cloud",
@@ -103,16 +156,6 @@ def print_site_table(totals: Sequence[SiteTotals], errors: dict[str, PredictionE
         )
         for t in totals
     ]
-    total = ("total", "", "", *(str(sum(int(r[i]) for r in rows)) for i in range(3, 8)), "")
-    all_rows = [*rows, total]
-    widths = [max(len(row[i]) for row in (header, *all_rows)) for i in range(len(header))]
-    line = "-+-".join("-" * w for w in widths)
-    for index, row in enumerate((header, *all_rows)):
-        if index in (1, len(all_rows)):
-            print(line)
-        print(
-            " | ".join(
-                cell.ljust(w) if i < 3 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    mae = f"{overall.mae_tokens:.1f}" if overall is not None else "-"
+    total = ("total", "", "", *(str(sum(int(r[i]) for r in rows)) for i in range(3, 8)), mae)
+    _table(header, [*rows, total], numeric=range(3, len(header)), ruled=(len(rows),))

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +97,26 @@ class ManagedProcess:
         if self.alive():
             self.popen.kill()
             self.popen.wait(timeout=10)
+
+
+@contextmanager
+def stopping_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise SystemExit (as Ctrl-C raises
+    KeyboardInterrupt), so that the block's `finally` stops the processes it started when the
+    program is asked to stop (`kill`, a closed terminal, a CI timeout) instead of leaving them
+    running. A second signal while they stop is ignored."""
+
+    def exit_now(signum: int, _frame: object) -> None:
+        for each in signals:
+            signal.signal(each, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = {each: signal.signal(each, exit_now) for each in signals}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
 
 
 def stop_all(processes: Sequence[ManagedProcess], timeout_s: float = 10.0) -> None:

@@ -7,7 +7,7 @@ import logging
 
 import uvicorn
 
-from gateway.api.slow_readers import stall_bounded_protocol
+from gateway.api.http_protocol import bounded_protocol
 from gateway.app import create_app
 from gateway.log_setup import configure_logging
 from gateway.settings import GatewaySettings, is_loopback
@@ -38,7 +38,9 @@ def main() -> None:
         # uvloop and httptools: the event loop and HTTP parser in C, a fifth of the gateway's
         # CPU per request less than asyncio's loop with h11 (bench/results/gateway_overhead.md).
         loop="uvloop",
-        http=stall_bounded_protocol(settings.limits.send_stall_timeout_s, "httptools"),
+        http=bounded_protocol(settings.limits),
+        # Idle connections (new ones too, gateway/api/http_protocol.py) close after this long.
+        timeout_keep_alive=settings.limits.keep_alive_timeout_s,
     )
 
 

@@ -54,6 +54,7 @@ from gateway.stores.site_store import sync_sites
 from gateway.tenancy.admission import Tenancy
 from gateway.tenancy.key_limits import KeyLimits, LocalKeyLimits
 from gateway.tenancy.keys import KeyService
+from gateway.tenancy.limiter import SlidingWindowLimiter
 from gateway.tenancy.shared_limits import SharedKeyLimits
 from gateway.tokenize_pool import TokenizePool
 from gateway.tokenizers import ModelTokenizers
@@ -67,13 +68,13 @@ def _ensure_sqlite_dir(database_url: str) -> None:
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
 
 
-def _key_limits(database_url: str, metrics: GatewayMetrics) -> KeyLimits:
+def _key_limits(database_url: str, overshoot: float, metrics: GatewayMetrics) -> KeyLimits:
     """On PostgreSQL, which several gateways may share, a key's limits hold across all of them;
     SQLite serves one gateway, which counts them in memory."""
     if make_url(database_url).get_backend_name() != "postgresql":
-        return LocalKeyLimits()
+        return LocalKeyLimits(SlidingWindowLimiter(overshoot=overshoot))
     store = KeyLimitStore(create_counter_engine(database_url), gateway_id=uuid.uuid4().hex)
-    limits = SharedKeyLimits(store)
+    limits = SharedKeyLimits(store, overshoot=overshoot)
     metrics.watch_backlog(
         "shared_limits_pending",
         "Settlements and concurrency slots of API keys not yet written to the shared counters "
@@ -168,7 +169,9 @@ class GatewayAssembly:
             metrics,
             frozenset(m.name for m in federation.models if m.share_prefix_cache),
         )
-        key_limits = _key_limits(settings.database.url, metrics)
+        key_limits = _key_limits(
+            settings.database.url, settings.limits.token_limit_overshoot, metrics
+        )
         drainer = SiteDrainer(registry, settings.offload.interval_s)
         sampler = LoadSampler(
             registry,
@@ -179,8 +182,17 @@ class GatewayAssembly:
         )
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
         tool_formats = {model.name: model.tool_call_format for model in federation.models}
-        chat = ChatService(chat_templates, tokenizers, completions, tool_formats)
+        chat = ChatService(
+            chat_templates,
+            tokenizers,
+            completions,
+            tool_formats,
+            parse_special_tokens=[
+                model.name for model in federation.models if model.parse_special_tokens_in_messages
+            ],
+        )
         files = FileService(settings, FileStore(sessions), tokenize_pool)
+        tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         batches = BatchService.build(
             settings,
             sessions,
@@ -190,8 +202,8 @@ class GatewayAssembly:
             files,
             tokenize_pool,
             status_of=http_status,
+            tenancy=tenancy,
         )
-        tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         tenancy.add_revoke_hook(batches.runner.key_revoked)  # a revoked key's batches stop
         served_models = [model.name for model in federation.models]
         retrain_jobs = RetrainJobStore(sessions)
@@ -220,7 +232,9 @@ class GatewayAssembly:
             retraining=Retraining(
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
             ),
-            readiness=Readiness(registry, sessions, predictor, drainer, completions.writer),
+            readiness=Readiness(
+                registry, sessions, predictor, drainer, completions.writer, served_models
+            ),
             admin_sessions=AdminSessionStore(sessions),
             login_failures=LoginFailureStore(sessions),
             metrics=metrics,

@@ -33,14 +33,24 @@ class BatchSettings:
     )
     uploads_in_flight: int = setting(
         4,
-        help="files and batches one gateway receives and validates at once (a key: half of them, "
-        "at least one); beyond, 429 `gateway_overloaded` with `Retry-After` before the body is "
-        "read",
+        help="files and batches one gateway receives and validates at once; beyond, 429 "
+        "`gateway_overloaded` with `Retry-After` before the body is read (a slow body is cut "
+        "by `GATEWAY_BODY_TIMEOUT_S`)",
+    )
+    uploads_per_key: int = setting(
+        1,
+        help="of those, what one key may have at once (429 beyond, before the body is read)",
     )
 
     def __post_init__(self) -> None:
         require_at_least(
-            self, 1, "max_items", "site_concurrency", "max_attempts", "uploads_in_flight"
+            self,
+            1,
+            "max_items",
+            "site_concurrency",
+            "max_attempts",
+            "uploads_in_flight",
+            "uploads_per_key",
         )
         if self.max_body_bytes < 1024 or self.lease_s <= 0:
             raise SettingsError("GATEWAY_BATCH_MAX_BODY_BYTES >= 1024, GATEWAY_BATCH_LEASE_S > 0")

@@ -12,12 +12,15 @@ A model's `share_prefix_cache` (default false) lets its sites share cached promp
 API keys, which a common system prompt gains from, at a cost: a tenant's time to first token then
 tells whether a prefix was sent by another (gateway/completions/cache_salt.py).
 `chat_template` (a Jinja file) is optional: gateway/chat/templates.py says what is used without
-it. `predictor` (optional) is the model's own length-predictor artifact, trained on that model's
-answers; a model without one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and
-a version the registry activates for the model replaces either (gateway/prediction/lifecycle.py).
-A site's optional `tls_server_name` is the name its TLS certificate carries when the endpoint's
-host is not it (docs/security.md). Relative paths are resolved against the file's
-folder. Terraform renders this file for real deployments (infra/terraform), so it is plain JSON.
+it. `parse_special_tokens_in_messages` (default false) lets the text of a special token in a chat
+message be that control token, as before issue 32 (a client can then write turns of any role):
+only for deployments whose clients are trusted with the prompt format. `predictor` (optional)
+is the model's own length-predictor artifact, trained on that model's answers; a model without
+one is predicted by the gateway's default (GATEWAY_PREDICTOR_DIR), and a version the registry
+activates for the model replaces either (gateway/prediction/lifecycle.py). A site's optional
+`tls_server_name` is the name its TLS certificate carries when the endpoint's host is not it
+(docs/security.md). Relative paths are resolved against the file's folder. Terraform renders
+this file for real deployments (infra/terraform), so it is plain JSON.
 
 A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`) or `openai`
 (any OpenAI-compatible server: vLLM, SGLang, TGI, or our engine's HTTP face), which names
@@ -93,6 +96,9 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     share_prefix_cache: bool = False
     # How the model writes tool calls; absent: Hermes-style JSON in <tool_call> tags.
     tool_call_format: ToolCallFormat | None = None
+    # true: the text of a special token in a chat message is that control token (a client can
+    # write turns of any role); false (default): it is text (gateway/chat/templates.py).
+    parse_special_tokens_in_messages: bool = False
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -170,6 +176,7 @@ class ModelConfig:
     predictor: Path | None = None
     share_prefix_cache: bool = False
     tool_call_format: ToolCallFormat = dataclasses.field(default_factory=ToolCallFormat)
+    parse_special_tokens_in_messages: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +241,7 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
             None if m.predictor is None else (base_dir / m.predictor).resolve(),
             m.share_prefix_cache,
             m.tool_call_format or ToolCallFormat(),
+            m.parse_special_tokens_in_messages,
         )
         for m in raw.models
     )

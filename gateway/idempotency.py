@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import msgspec
 from sqlalchemy.exc import DBAPIError
 
+from gateway import client_json
 from gateway.db.models import IdempotencyStatus
 from gateway.errors import Conflict, Mismatch, invalid_request
 from gateway.stores.idempotency_records import IdempotencyStore
@@ -66,7 +67,7 @@ class Replay:
 
 
 def _request_hash(endpoint: str, body: bytes) -> str:
-    canonical = msgspec.json.encode(msgspec.json.decode(body), order="sorted")
+    canonical = msgspec.json.encode(client_json.decode_any(body), order="sorted")
     return hashlib.sha256(endpoint.encode() + b"\0" + canonical).hexdigest()
 
 

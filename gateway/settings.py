@@ -247,6 +247,34 @@ class LimitsSettings:
         help="a client that takes none of its answer for this long (it stopped reading) is cut "
         "off and its request cancelled, which frees its gateway and key slots",
     )
+    header_timeout_s: float = setting(
+        10.0,
+        help="a request's headers must be complete this long after its connection opened or "
+        "its previous answer ended; else 408 `request_timeout` and the connection is closed",
+    )
+    keep_alive_timeout_s: int = setting(
+        5,
+        help="a connection with no request under way (a new one included) that sends nothing "
+        "for this long is closed",
+    )
+    body_timeout_s: float = setting(
+        10.0,
+        help="a request body gets this long, plus a second per `GATEWAY_BODY_MIN_BYTES_PER_S` "
+        "bytes it has sent (time the gateway is not reading does not count); a slower one gets "
+        "408 `request_timeout` and its connection is closed, freeing what its request held (an "
+        "upload slot)",
+    )
+    body_min_bytes_per_s: int = setting(
+        16384, help="the slowest a request body may arrive after its first `GATEWAY_BODY_TIMEOUT_S`"
+    )
+    token_limit_overshoot: float = setting(
+        1.2,
+        help="what the requests a key has admitted within a minute may take together, as a "
+        "multiple of its `tokens_per_minute`, whatever their answers' predicted lengths: a "
+        "request is admitted only if its prompt + `max_tokens` fits beside the minute's tokens "
+        "and what its key's unfinished requests may still take (under-predicted answers cannot "
+        "run a key past it)",
+    )
     outcome_backlog_max: int = setting(
         100_000,
         help="requests whose rows or outcomes the database has not taken yet, kept in memory "
@@ -255,11 +283,21 @@ class LimitsSettings:
     )
 
     def __post_init__(self) -> None:
-        require_positive(self, "request_timeout_s", "send_stall_timeout_s")
+        require_positive(
+            self,
+            "request_timeout_s",
+            "send_stall_timeout_s",
+            "header_timeout_s",
+            "keep_alive_timeout_s",
+            "body_timeout_s",
+            "body_min_bytes_per_s",
+        )
         require_at_least(self, 0, "max_continuations")
         require_at_least(self, 1, "outcome_backlog_max", "max_choices")
         if self.max_in_flight < 1 or self.idempotency_ttl_s <= 0:
             raise SettingsError("GATEWAY_MAX_IN_FLIGHT >= 1, GATEWAY_IDEMPOTENCY_TTL_S > 0")
+        if self.token_limit_overshoot < 1:
+            raise SettingsError("GATEWAY_TOKEN_LIMIT_OVERSHOOT >= 1")
         if self.max_prompt_chars_per_token < 1:
             raise SettingsError("GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN >= 1")
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:

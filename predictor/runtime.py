@@ -113,6 +113,11 @@ class LengthPredictor:
             for b, row, e, q in zip(buckets, probs, expected, p90, strict=True)
         ]
 
+    @property
+    def bucket_representatives(self) -> tuple[float, ...]:
+        """Each bucket's mean training length (the expected length weighs them)."""
+        return self._manifest.lengths.representatives
+
     def served_lengths(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected and p90 lengths of bucket probabilities, as served: through the artifact's
         calibration when it has one."""

@@ -29,7 +29,13 @@ from gateway.admin.views import (
 from gateway.db.models import utcnow
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState
-from gateway.stores.load_history import Sessions, Window, load_buckets, site_directory
+from gateway.stores.load_history import (
+    Sessions,
+    Window,
+    load_buckets,
+    oldest_history,
+    site_directory,
+)
 from gateway.stores.request_history import (
     RecentStats,
     drift_buckets,
@@ -144,6 +150,7 @@ class Dashboard:
         max_age = timedelta(seconds=self._settings.limits.request_timeout_s)
         stats = await recent_stats(self._sessions, since, now, max_age)
         offloads, _ = await offloads_since(self._sessions, since, limit=0)
+        oldest = await oldest_history(self._sessions)
         sites = self._sites()
         return Overview(
             at=round(now.timestamp(), 3),
@@ -153,6 +160,7 @@ class Dashboard:
             clouds=_clouds(sites, stats),
             sites=[_site_now(s, stats.get(s.site_id)) for s in sites],
             offloads_recent=offloads,
+            history_since=round(oldest.timestamp(), 3) if oldest is not None else None,
         )
 
     def default_step(self, window_s: int) -> int:

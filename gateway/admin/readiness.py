@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,8 +22,10 @@ class Readiness:
         predictors: ModelPredictors,
         drainer: SiteDrainer,
         request_log: RequestLogWriter,
+        served_models: Sequence[str] = (),
     ) -> None:
         self._registry = registry
+        self._served_models = tuple(served_models)
         self._request_log = request_log
         self._sessions = sessions
         self._predictors = predictors
@@ -49,14 +53,25 @@ class Readiness:
                 "queued": len(self._request_log),
                 "oldest_s": round(self._request_log.oldest_s(), 3),
             },
-            "predictor": {
-                "mode": predictors[DEFAULT_MODEL].mode,
-                "version": predictors[DEFAULT_MODEL].version,
-            },
+            "predictor": self._prediction(),
             # Served models with a predictor of their own (the default predicts the others).
             "model_predictors": {
                 model: status.version
                 for model, status in predictors.items()
                 if model != DEFAULT_MODEL
             },
+        }
+
+    def _prediction(self) -> dict[str, object]:
+        """Whether the served models are predicted: `mode` active (all of them, by their own
+        predictor or the default), partial or fallback (none); `models` the version predicting
+        each; `version` the default's (None: no default, which is no harm while every served
+        model has its own)."""
+        serving = {model: self._predictors.version(model) for model in self._served_models}
+        predicted = sum(version is not None for version in serving.values())
+        mode = "active" if predicted == len(serving) else "partial" if predicted else "fallback"
+        return {
+            "mode": mode,
+            "version": self._predictors.status()[DEFAULT_MODEL].version,
+            "models": serving,
         }

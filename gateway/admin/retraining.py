@@ -48,6 +48,9 @@ class ModelPredictorView(msgspec.Struct, frozen=True):
     window_version: str | None  # the version the window's requests were predicted by
     rolling: RollingErrorView | None
     drifted: bool
+    # "drifted", "ok", or "not judged" (fewer samples than GATEWAY_DRIFT_MIN_SAMPLES: the
+    # figures are shown, but no verdict is drawn from them).
+    verdict: str
     reason: str
     last_job: RetrainJobView | None
 
@@ -61,6 +64,8 @@ class PredictorsView(msgspec.Struct, frozen=True):
     min_spearman: float
     retrain_on_drift: bool
     models: list[ModelPredictorView]
+    # Whether answers cut at max_tokens count in the window (GATEWAY_DRIFT_INCLUDE_CENSORED).
+    include_censored: bool = False
 
 
 class RetrainRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -71,6 +76,14 @@ class RetrainRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def _epoch(at: datetime | None) -> float | None:
     return round(at.timestamp(), 3) if at is not None else None
+
+
+def _verdict(drifted: bool, rolling: dict[str, object] | None, min_samples: int) -> str:
+    if drifted:
+        return "drifted"
+    samples = (rolling or {}).get("samples")
+    judged = isinstance(samples, (int, float)) and samples >= min_samples
+    return "ok" if judged else "not judged"
 
 
 def job_view(job: JobRecord) -> RetrainJobView:
@@ -112,6 +125,7 @@ class Retraining:
                     window_version=item.version,
                     rolling=msgspec.convert(rolling, RollingErrorView) if rolling else None,
                     drifted=item.drifted,
+                    verdict=_verdict(item.drifted, rolling, self._drift.min_samples),
                     reason=item.reason,
                     last_job=job_view(job) if job is not None else None,
                 )
@@ -119,7 +133,7 @@ class Retraining:
         d = self._drift
         return PredictorsView(
             self.health.refreshed_at, d.window_samples, d.window_s, d.min_samples,
-            d.max_mae_ratio, d.min_spearman, self._retrain.on_drift, views,
+            d.max_mae_ratio, d.min_spearman, self._retrain.on_drift, views, d.include_censored,
         )  # fmt: skip
 
     async def enqueue(self, request: RetrainRequest) -> RetrainJobView:

@@ -72,6 +72,9 @@ class Overview(msgspec.Struct, frozen=True):
     clouds: list[CloudNow]
     sites: list[SiteNow]
     offloads_recent: int  # offloads over the last `recent_s` seconds
+    # Epoch seconds of the oldest history kept (None: none yet): the page opens on the
+    # shortest window that shows all of it.
+    history_since: float | None = None
 
 
 class Series(msgspec.Struct, frozen=True):

@@ -25,11 +25,16 @@ from litestar.response import Redirect
 
 from gateway.api.admin_auth import (
     ADMIN_COOKIE,
+    DEVICE_COOKIE,
+    DEVICE_TTL_S,
     admin_access,
     bearer_is_admin,
     cookie_session,
+    device_cookie,
+    guesser,
     is_operator,
     new_session_id,
+    refuse_cross_site,
     session_cookie,
 )
 from gateway.api.admin_routes import AdminApiController
@@ -126,10 +131,6 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
-def _client_address(request: AnyRequest) -> str:
-    return request.client.host if request.client is not None else "unknown"
-
-
 def admin_pages(assets: AdminAssets) -> type[Controller]:
 
     class AdminPages(Controller):
@@ -148,15 +149,17 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
 
         @post("/login", status_code=303)
         async def login(self, request: AnyRequest) -> Response[str] | Redirect:
+            refuse_cross_site(request, json_body=False)
             access = admin_access(request)
             admin_token = access.token
             if not admin_token:
                 return _html(
                     assets.login_page("GATEWAY_ADMIN_TOKEN is not set on this gateway."), 401
                 )
-            address, now = _client_address(request), datetime.now(UTC)
+            # This browser's device if it signed in before, else its address.
+            who, now = guesser(request, admin_token), datetime.now(UTC)
             throttle = access.login_throttle
-            wait_s = await throttle.retry_after_s(address, now)
+            wait_s = await throttle.retry_after_s(who, now)
             if wait_s is not None:
                 retry = str(math.ceil(wait_s))
                 page = assets.login_page(f"Too many failed sign-ins; try again in {retry} s.")
@@ -164,30 +167,37 @@ def admin_pages(assets: AdminAssets) -> type[Controller]:
             form = await request.form()
             token = str(form.get("token", "")).strip()
             if not token or not bearer_is_admin(admin_token, f"Bearer {token}"):
-                await throttle.failed(address, now)
+                await throttle.failed(who, now)
                 return _html(assets.login_page("Wrong admin token."), 401)
-            await throttle.succeeded(address)
+            await throttle.succeeded(who)
             session_id, issued = new_session_id(), int(time.time())
             ttl_s = access.session_ttl_s
             expires = datetime.fromtimestamp(issued, UTC) + timedelta(seconds=ttl_s)
             await access.sessions.open(session_id, expires)
             response = Redirect("/admin", status_code=303, headers=HSTS)
-            response.set_cookie(
-                ADMIN_COOKIE,
-                session_cookie(admin_token, session_id, issued),
-                max_age=math.ceil(ttl_s),
-                path="/",
-                httponly=True,
-                samesite="strict",
-                # Behind a load balancer the scheme seen here is http: off loopback, always.
-                secure=request.url.scheme == "https" or not is_loopback(access.host),
-            )
+            # Behind a load balancer the scheme seen here is http: off loopback, always.
+            secure = request.url.scheme == "https" or not is_loopback(access.host)
+            cookies = {
+                ADMIN_COOKIE: (session_cookie(admin_token, session_id, issued), ttl_s),
+                DEVICE_COOKIE: (device_cookie(admin_token, issued), DEVICE_TTL_S),
+            }
+            for name, (value, max_age_s) in cookies.items():
+                response.set_cookie(
+                    name,
+                    value,
+                    max_age=math.ceil(max_age_s),
+                    path="/",
+                    httponly=True,
+                    samesite="strict",
+                    secure=secure,
+                )
             return response
 
         @post("/logout", status_code=303)
         async def logout(self, request: AnyRequest) -> Redirect:
             """Revokes the session on the server (a copy of the cookie kept elsewhere is dead
-            too), then clears the browser's."""
+            too), then clears the browser's (the device cookie stays: it is no credential)."""
+            refuse_cross_site(request, json_body=False)
             access = admin_access(request)
             admin_token = access.token
             cookie = request.cookies.get(ADMIN_COOKIE)

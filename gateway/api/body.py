@@ -7,6 +7,7 @@ from typing import TypeVar
 
 import msgspec
 
+from gateway import client_json
 from gateway.api.openai_errors import invalid_request
 
 T = TypeVar("T")
@@ -18,7 +19,7 @@ def decode_body(body: bytes, schema: type[T]) -> T:
     if not body:
         raise invalid_request("the request body is empty; send a JSON object")
     try:
-        return msgspec.json.decode(body, type=schema)
+        return client_json.decode(body, schema)
     except UnicodeDecodeError as exc:
         raise invalid_request("the request body is not valid UTF-8") from exc
     except msgspec.ValidationError as exc:

@@ -12,10 +12,9 @@ does: cancelled at its site, recorded as cancelled, its slots given back. A clie
 however slowly, resumes the writes and is never cut; one that trickles too little to drain the
 buffer is cut, its stream being no more use to it than to the others it would hold up.
 
-This is uvicorn's HTTP/1.1 protocol with the bound added (uvicorn takes the protocol class as
-its `http` option): httptools' (C, what `python -m gateway` serves: about 0.3 ms less CPU per
-request than h11's pure-Python parser) or, where httptools is not installed, h11's. Both call
-the same flow-control hooks.
+StallBound is mixed into uvicorn's HTTP/1.1 protocol (httptools': C, about 0.3 ms less CPU per
+request than h11's pure-Python parser), with the deadlines on what clients send, by
+gateway/api/http_protocol.py's bounded_protocol(), the class uvicorn takes as its `http` option.
 """
 
 from __future__ import annotations
@@ -24,20 +23,13 @@ import asyncio
 import logging
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
-try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # httptools not installed
-    HttpToolsProtocol = None  # type: ignore[assignment,misc]
-
 log = logging.getLogger(__name__)
 
 
 class StallBound:
     """Mixed into a uvicorn HTTP protocol class (before it)."""
 
-    # Set per server by stall_bounded_protocol().
+    # Set per server by gateway/api/http_protocol.py's bounded_protocol().
     stall_timeout_s: float = 30.0
     _stall: asyncio.TimerHandle | None = None
     loop: asyncio.AbstractEventLoop
@@ -72,15 +64,3 @@ class StallBound:
             self.stall_timeout_s,
         )
         self.transport.abort()
-
-
-def stall_bounded_protocol(stall_timeout_s: float, parser: str = "auto") -> type[asyncio.Protocol]:
-    """The protocol class to give uvicorn (`http=`), cutting stalled clients after the bound.
-    `parser`: "httptools", "h11", or "auto" (httptools when installed)."""
-    base: type = H11Protocol
-    if parser in ("auto", "httptools") and HttpToolsProtocol is not None:
-        base = HttpToolsProtocol
-    elif parser == "httptools":
-        raise RuntimeError("httptools is not installed")
-    name = f"StallBounded{base.__name__}"
-    return type(name, (StallBound, base), {"stall_timeout_s": stall_timeout_s})

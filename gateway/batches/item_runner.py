@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from datetime import datetime
 from functools import partial
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -30,12 +31,31 @@ from gateway.stores.batch_records import ItemResult, QueuedItem
 from gateway.stores.batch_settling import CANCELLED_ERROR
 from gateway.stores.batch_store import BatchStore
 from gateway.stores.request_log import Outcome
+from gateway.tenancy.keys import KeyRecord
 from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 ROUTING_POLICY = "mico_batch"
 # The HTTP status a failed item's endpoint would have answered (the API layer's mapping).
 StatusOf = Callable[[GatewayError], int]
+
+
+async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
+    """Runs `work` to its end even when the caller is cancelled meanwhile (it is a write that
+    must land whole); the caller's cancellation is raised once it has ended."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the work itself was cancelled (the loop is closing)
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
 
 
 @dataclass(slots=True)
@@ -47,6 +67,8 @@ class BatchRun:
     model: str = ""
     endpoint: str = COMPLETIONS
     api_key_id: int | None = None
+    # The key's record (its concurrency cap bounds the batch's items too); None without a key.
+    key: KeyRecord | None = None
     expires_at: datetime | None = None
     task: asyncio.Task[None] | None = None
     # Set when the batch itself is stopped (cancelled, expired), as opposed to this gateway
@@ -78,15 +100,20 @@ class ItemRunner:
 
     async def run(self, run: BatchRun, item: QueuedItem) -> None:
         """Starts the item, again after a server-side failure, until it is recorded final;
-        writes nothing once the item was cancelled or started by another gateway."""
+        writes nothing once the item was cancelled or started by another gateway.
+
+        One outcome wins, in the item and in its request row alike: the answer's, once its
+        dispatch has ended (completed, or failed for good), even if the batch is cancelled while
+        the item is being recorded; the cancel's, if it stops the answer first (the dispatch
+        then records its request cancelled, with the tokens it took)."""
         attempts, started = item.attempts, False
         try:
             while True:
                 try:
                     prepared = await self.prepare(run, item)
                 except GatewayError as exc:  # the gateway's configuration changed since submit
-                    await self._finish(run, item, attempts, self._failed(exc), started=started)
-                    return
+                    result = self._failed(exc)
+                    break
                 if not await self._store.start_item(
                     run.batch_id, item.index, attempts, prepared.request_id
                 ):
@@ -94,18 +121,20 @@ class ItemRunner:
                 attempts, started = attempts + 1, True
                 outcome = await self._attempt(run, item, prepared)
                 if isinstance(outcome, ItemResult):
-                    await self._finish(run, item, attempts, outcome)
-                    return
+                    result = outcome
+                    break
                 if not outcome.retryable or attempts >= self._settings.batches.max_attempts:
-                    await self._finish(run, item, attempts, self._failed(outcome))
-                    return
+                    result = self._failed(outcome)
+                    break
                 log.warning("batch %s item %d: %s; again", run.batch_id, item.index, outcome)
                 await asyncio.sleep(retry_delay_s(attempts))
         except asyncio.CancelledError:
             if run.cancelling and started:
-                result = ItemResult(BatchItemStatus.CANCELLED, error=run.stop_error)
-                await self._finish(run, item, attempts, result)
+                stopped = ItemResult(BatchItemStatus.CANCELLED, error=run.stop_error)
+                await to_the_end(self._finish(run, item, attempts, stopped))
             raise
+        # From here on the outcome is reached: a cancel arriving now waits for it to be recorded.
+        await to_the_end(self._finish(run, item, attempts, result, started=started))
 
     def _failed(self, exc: GatewayError) -> ItemResult:
         return ItemResult(

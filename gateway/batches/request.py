@@ -11,14 +11,15 @@ request it stands for.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 
+from gateway import client_json
 from gateway.chat.request import ChatCompletionRequest
 from gateway.completions.request import CompletionFields, CompletionRequest
 from gateway.errors import GatewayError, invalid_request
-from gateway.files.batch_input import MAX_CUSTOM_ID, Endpoint
+from gateway.files.batch_input import CustomId, Endpoint
 
 T = TypeVar("T")
 COMPLETIONS: Endpoint = "/v1/completions"
@@ -33,7 +34,7 @@ class BatchRequestItem(CompletionFields, kw_only=True, omit_defaults=True):
     /v1/completions, less `model` (the batch names it) and streaming (results are collected,
     not streamed). Validated exactly as /v1/completions validates them."""
 
-    custom_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CUSTOM_ID)]
+    custom_id: CustomId
 
 
 class BatchCreateRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -85,8 +86,8 @@ def decode_item(where: str, raw: msgspec.Raw, max_bytes: int) -> BatchRequestIte
             code="request_too_large",
         )
     try:
-        return msgspec.json.decode(raw, type=BatchRequestItem)
-    except msgspec.ValidationError as exc:
+        return client_json.decode(raw, BatchRequestItem)
+    except msgspec.DecodeError as exc:  # (ValidationError is one)
         raise invalid_request(f"{where}: invalid request: {exc}", param=where) from exc
 
 
@@ -109,7 +110,7 @@ def chat_request(model: str, body: dict[str, Any]) -> ChatCompletionRequest:
 
 def _convert(model: str, body: dict[str, Any], schema: type[T]) -> T:
     try:
-        return msgspec.convert({**body, "model": model}, schema)
+        return client_json.convert({**body, "model": model}, schema)
     except msgspec.ValidationError as exc:
         raise invalid_request(f"invalid request: {exc}") from exc
 
@@ -117,7 +118,7 @@ def _convert(model: str, body: dict[str, Any], schema: type[T]) -> T:
 def line_body(raw: msgspec.Raw) -> dict[str, Any]:
     """A file line's body as a JSON object (batch_input checked that it is one)."""
     try:
-        body = msgspec.json.decode(raw)
+        body = client_json.decode_any(raw)
     except msgspec.DecodeError as exc:  # checked at upload; a file is never changed after
         raise invalid_request(f"body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):

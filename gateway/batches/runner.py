@@ -16,7 +16,9 @@ A batch goes through three steps, each restartable from what the database holds:
    settles (gateway/stores/batch_finalize.py).
 
 Items are prepared (validated and tokenized) again at each start, on the tokenize pool, never on
-the event loop. Each item's request row carries the batch's key, so usage per key counts it.
+the event loop. Each item's request row carries the batch's key, so usage per key counts it, and
+each running item holds one of the key's concurrency slots (max_concurrent_requests), waiting
+for one while the key is at its cap.
 
 Cancellation stops a batch's tasks; items that were running are then recorded cancelled. So
 does the end of its completion window (the batch then ends `expired`) and the revocation of its
@@ -53,6 +55,7 @@ from gateway.stores.batch_leases import BatchLeases
 from gateway.stores.batch_records import ItemAssignment, QueuedItem
 from gateway.stores.batch_settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
 from gateway.stores.batch_store import BatchStore
+from gateway.tenancy.admission import Tenancy
 from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,7 @@ def _plan_item(
 ) -> PlanItem:
     if prediction is None:
         return PlanItem(item.index, item.prompt_tokens, item.max_tokens, unpredicted=unpredicted)
-    tokens = min(prediction.tokens, item.max_tokens)  # the site stops at max_tokens anyway
+    tokens = prediction.within(item.max_tokens)  # the site stops at max_tokens anyway
     return PlanItem(item.index, item.prompt_tokens, item.max_tokens, tokens, prediction.bucket)
 
 
@@ -84,8 +87,10 @@ class BatchRunner:
         pool: TokenizePool,
         finalizer: BatchFinalizer,
         status_of: StatusOf,
+        tenancy: Tenancy,
     ) -> None:
         self._settings = settings
+        self._tenancy = tenancy
         self._store = store
         self._leases = leases
         self._completions = completions
@@ -212,6 +217,8 @@ class BatchRunner:
         if batch is None or batch.status not in OPEN_BATCH:
             return
         run.model, run.endpoint, run.api_key_id = batch.model, batch.endpoint, batch.owner
+        if batch.owner is not None:
+            run.key = await self._tenancy.keys.get(batch.owner)
         run.expires_at = None if batch.expired_at is not None else batch.expires_at
         run.cancelling = batch.status == BatchStatus.CANCELLING or batch.expired_at is not None
         if batch.status == BatchStatus.VALIDATING:
@@ -291,7 +298,9 @@ class BatchRunner:
 
         async def worker() -> None:
             while (item := await cursor.next()) is not None:
-                async with slots:
+                # The key's slot first (it may wait), then the site's: a capped key's items
+                # waiting for their key hold no site slot from the other batches.
+                async with self._tenancy.key_slot(run.key), slots:
                     await self._items.run(run, item)
 
         async with asyncio.TaskGroup() as workers:

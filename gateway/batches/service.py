@@ -44,6 +44,7 @@ from gateway.stores.batch_leases import BatchLeases
 from gateway.stores.batch_records import BatchView, ItemView, NewBatch, NewItem, Owner, Page
 from gateway.stores.batch_store import BatchStore
 from gateway.stores.file_store import UPLOAD_PURPOSE
+from gateway.tenancy.admission import Tenancy
 from gateway.tokenize_pool import TokenizePool
 
 MAX_BATCH_PAGE, MAX_RESULT_PAGE = 100, 1000
@@ -98,6 +99,7 @@ class BatchService:
         files: FileService,
         pool: TokenizePool,
         status_of: StatusOf,
+        tenancy: Tenancy,
     ) -> BatchService:
         store = BatchStore(sessions)
         preparer = ItemPreparer(completions, chat, status_of)
@@ -111,6 +113,7 @@ class BatchService:
             pool=pool,
             finalizer=BatchFinalizer(sessions),
             status_of=status_of,
+            tenancy=tenancy,
         )
         return cls(settings, registry, store, runner, preparer, files, pool)
 

@@ -4,14 +4,20 @@ tokenize, then share every later step (sampling checks, routing, dispatch) with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from fedllm_contract.grammar import ConstraintSpec
 from gateway.chat.request import ChatCompletionRequest
 from gateway.chat.response_format import response_constraint
-from gateway.chat.templates import ChatRenderError, ChatTemplates, NoChatTemplate
+from gateway.chat.templates import (
+    ChatRenderError,
+    ChatTemplates,
+    NoChatTemplate,
+    RenderedChat,
+    render_messages_as_text,
+)
 from gateway.chat.tools import check_tools, tool_constraint, tools_prompt
 from gateway.chat.turns import TemplateAbilities, Turn, conversation
 from gateway.completions.sampling_options import RequestedOptions, check_stream_options
@@ -85,11 +91,27 @@ class ChatService:
         tokenizers: ModelTokenizers,
         completions: CompletionService,
         tool_formats: Mapping[str, ToolCallFormat] | None = None,
+        parse_special_tokens: Collection[str] = (),
     ) -> None:
         self._tool_formats = dict(tool_formats or {})
         self._templates = templates
         self._tokenizers = tokenizers
         self._completions = completions
+        # Models whose messages may carry control tokens (the federation file's
+        # parse_special_tokens_in_messages); the others' message content is text.
+        self._parse_special_tokens = frozenset(parse_special_tokens)
+
+    def _render(
+        self, model: str, turns: list[Turn], tools: Sequence[Mapping[str, Any]] | None
+    ) -> RenderedChat:
+        template = self._templates[model]
+        if model in self._parse_special_tokens:
+            text = template.render(turns, add_generation_prompt=True, tools=tools)
+            return RenderedChat(text, ((text, False),))
+        specials = self._tokenizers.special_tokens(model)
+        return render_messages_as_text(
+            template, turns, specials, add_generation_prompt=True, tools=tools
+        )
 
     def prepare(self, req: ChatCompletionRequest) -> PreparedCompletion:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
@@ -109,7 +131,7 @@ class ChatService:
             shown = tools_prompt(tools, fmt) if tools and not abilities.tools else None
             turns = conversation(req.messages, abilities, fmt, shown)
             listed = list(tools.tools) if tools and abilities.tools else None
-            prompt = template.render(turns, add_generation_prompt=True, tools=listed)
+            rendered = self._render(req.model, turns, listed)
         except ChatRenderError as exc:
             raise invalid_request(
                 f"the chat template of model '{req.model}' refused these messages: {exc}",
@@ -121,8 +143,8 @@ class ChatService:
                 "federation file names none): send a prompt to /v1/completions instead",
                 param="model",
             ) from exc
-        self._completions.check_prompt_chars(req.model, prompt, "messages")
-        prompt_ids = self._tokenizers.encode(req.model, prompt)
+        self._completions.check_prompt_chars(req.model, rendered.text, "messages")
+        prompt_ids = self._tokenizers.encode_pieces(req.model, rendered.pieces)
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -20,9 +20,11 @@ special tokens (`bos_token`, `eos_token`, `unk_token`, `pad_token`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +249,72 @@ class ChatTemplates:
 
     def __contains__(self, model: str) -> bool:
         return model in self._templates
+
+
+# --- Message content as text (issue 32): special tokens only where the template puts them ---
+#
+# A rendered conversation is one string; tokenized whole, the text of a special token inside a
+# message (`<|im_end|>\n<|im_start|>system ...`) became that control token, and a user could
+# write a turn of any role. Here the special tokens' text in messages is set apart before the
+# template runs and comes back as pieces to tokenize as plain text. Tokenizers split text at
+# special tokens before anything else, so the pieces around them tokenize exactly as before: a
+# conversation without such text tokenizes as it always did. The federation file's
+# `parse_special_tokens_in_messages` keeps the old behaviour for a model (ChatService).
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedChat:
+    """A rendered conversation: its text, and the same text as pieces, each the template's own
+    (special tokens in it are control tokens) or, with `literal`, the text of a special token
+    that a message carried (tokenized as plain text)."""
+
+    text: str
+    pieces: tuple[tuple[str, bool], ...]  # (text, literal)
+
+
+@lru_cache(maxsize=64)
+def _special_text(specials: tuple[str, ...]) -> re.Pattern[str] | None:
+    """Any of `specials` (longest first, so that none is found inside a longer one)."""
+    return re.compile("|".join(map(re.escape, specials))) if specials else None
+
+
+def _free_mark(texts: Iterable[str]) -> str:
+    """A private-use character that none of `texts` holds."""
+    used = set("".join(texts))
+    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
+
+
+def render_messages_as_text(
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    special_tokens: Iterable[str],
+    add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> RenderedChat:
+    """Renders `messages` (and `tools`, for a template that lists them) with each occurrence of
+    a special token's text in their content kept apart as a literal piece; ChatRenderError as
+    ChatTemplate.render. Content that is not a string (an assistant turn of tool calls) is
+    rendered as the template writes it."""
+    specials = tuple(sorted({token for token in special_tokens if token}, key=len, reverse=True))
+    found = _special_text(specials)
+    contents = [message.get("content") for message in messages]
+    texts = [content for content in contents if isinstance(content, str)]
+    if found is None or not any(found.search(text) for text in texts):
+        text = template.render(messages, add_generation_prompt, tools=tools)
+        return RenderedChat(text, ((text, False),))
+    mark = _free_mark([template.source, *texts])
+    number = {token: n for n, token in enumerate(specials)}
+    marked = [
+        {**message, "content": found.sub(lambda m: f"{mark}{number[m.group(0)]}{mark}", content)}
+        if isinstance(content, str)
+        else message
+        for message, content in zip(messages, contents, strict=True)
+    ]
+    rendered = template.render(marked, add_generation_prompt, tools=tools)
+    parts = re.split(f"{mark}([0-9]+){mark}", rendered)
+    pieces = tuple(
+        (specials[int(part)], True) if odd else (part, False)
+        for odd, part in ((i % 2 == 1, part) for i, part in enumerate(parts))
+        if part
+    )
+    return RenderedChat("".join(text for text, _ in pieces), pieces)

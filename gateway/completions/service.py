@@ -392,7 +392,7 @@ class CompletionService:
             prepared.model, prepared.prompt_text, alone=alone
         )
         if prediction is not None:
-            tokens = min(prediction.tokens, prepared.params.max_tokens)
+            tokens = prediction.within(prepared.params.max_tokens)
             prepared = replace(
                 prepared,
                 params=replace(prepared.params, predicted_tokens=tokens),

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from gateway.db.session import SQLITE_CONNECT_ARGS, sqlite_pragmas
+from gateway.db.session import SQLITE_CONNECT_ARGS, postgres_text, sqlite_pragmas
 
 T = TypeVar("T")
 # The synchronous driver of each backend the gateway runs on (its async URLs name aiosqlite or
@@ -49,7 +49,9 @@ def _sync_engine(database_url: str | URL) -> Engine:
         event.listen(engine, "connect", sqlite_pragmas)
         return engine
     # One thread uses it: one connection, checked before use (the server may have restarted).
-    return create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
+    engine = create_engine(url, pool_pre_ping=True, pool_size=1, max_overflow=0)
+    event.listen(engine, "connect", postgres_text)
+    return engine
 
 
 class TransactionThread:

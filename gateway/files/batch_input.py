@@ -14,16 +14,21 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gateway import client_json
 from gateway.errors import GatewayError, invalid_request
 
 Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
 ENDPOINTS: tuple[Endpoint, ...] = ("/v1/completions", "/v1/chat/completions")
-# custom_id as stored with each batch item (batch_items.custom_id).
+# custom_id as stored with each batch item (batch_items.custom_id): it names the item's result
+# as the client sent it, so one a database column cannot hold as it is (U+0000) is refused.
 MAX_CUSTOM_ID = 256
+CustomId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_CUSTOM_ID, pattern="^[^\x00]*$")
+]
 
 
 class _Line(msgspec.Struct, forbid_unknown_fields=True):
-    custom_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CUSTOM_ID)]
+    custom_id: CustomId
     method: str
     url: str
     body: msgspec.Raw
@@ -94,7 +99,7 @@ def parse_lines(
 
 def _parse(number: int, raw: bytes, param: str) -> InputLine:
     try:
-        line = _decoder.decode(raw)
+        line = client_json.decode_with(_decoder, raw)
     except msgspec.ValidationError as exc:
         raise _line_error(
             number,

@@ -50,7 +50,9 @@ class FileService:
         self.store = store
         self._pool = pool
         # Uploads received and validated at once (files and inline batches alike).
-        self.uploads = UploadGate(settings.batches.uploads_in_flight)
+        self.uploads = UploadGate(
+            settings.batches.uploads_in_flight, settings.batches.uploads_per_key
+        )
 
     def expiry(self, expires_after_s: int | None) -> datetime:
         """When a file made now expires: after `expires_after_s` if given (OpenAI's bounds),

@@ -1,7 +1,9 @@
 """A cap on the uploads one gateway receives and validates at once: files and batches, each up
 to tens of MiB held in memory while it is parsed and its requests tokenized. Over the cap the
-caller gets 429 with Retry-After before its body is read. One key holds at most half the slots
-(at least one), so a single client, slow or not, cannot take them all."""
+caller gets 429 with Retry-After before its body is read. One key holds at most `per_key` of them
+(GATEWAY_BATCH_UPLOADS_PER_KEY, one by default), so a few clients, slow or not, cannot take them
+all; a body that stops arriving is cut by the connection's body deadline (GATEWAY_BODY_TIMEOUT_S,
+gateway/api/http_protocol.py), which gives its slot back."""
 
 from __future__ import annotations
 
@@ -16,12 +18,9 @@ from gateway.errors import gateway_overloaded
 @dataclass(slots=True)
 class UploadGate:
     limit: int
+    per_key: int = 1
     in_flight: int = 0
     _by_key: Counter[int | None] = field(default_factory=Counter)
-
-    @property
-    def per_key(self) -> int:
-        return max(1, self.limit // 2)
 
     @contextmanager
     def admit(self, key_id: int | None) -> Iterator[None]:
@@ -32,7 +31,7 @@ class UploadGate:
             )
         if self._by_key[key_id] >= self.per_key:
             raise gateway_overloaded(
-                f"this key has {self.per_key} batch uploads in progress, its limit on this "
+                f"this key has {self.per_key} batch upload(s) in progress, its limit on this "
                 "gateway; retry when one ends"
             )
         self.in_flight += 1

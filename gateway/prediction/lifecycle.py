@@ -74,6 +74,7 @@ async def start_predictors(
     """The default predictor and each served model's own, as the registry or the configuration
     names them."""
     active = await registry.active_by_model()
+    served = [model.name for model in models]
     configured: dict[str, Path | None] = {DEFAULT_MODEL: settings.predictor.default_dir}
     configured |= {model.name: model.predictor for model in models}
     services: dict[str, PredictorService] = {}
@@ -82,8 +83,13 @@ async def start_predictors(
         if service is not None:
             services[model] = service
     default = services.pop(DEFAULT_MODEL, None) or PredictorService(None, loader=load_predictor)
-    if default.version is None:
-        log.warning("no default length predictor: models without their own go without one")
+    unpredicted = [name for name in served if name not in services]
+    if default.version is None and unpredicted:
+        log.warning(
+            "no length predictor for %s (neither its own nor a default): its requests go "
+            "without predictions",
+            ", ".join(unpredicted),
+        )
     return ModelPredictors(default, services, loader=load_predictor)
 
 

@@ -49,10 +49,18 @@ class LengthPredictionLike(Protocol):
     @property
     def p90_tokens(self) -> int: ...
 
+    @property
+    def probabilities(self) -> tuple[float, ...]: ...
+
 
 class PredictorLike(Protocol):
     @property
     def version(self) -> str: ...
+
+    @property
+    def bucket_representatives(self) -> tuple[float, ...]:
+        """Each bucket's mean length (what `probabilities` weigh into the expected length)."""
+        ...
 
     def predict_batch(self, prompts: list[str]) -> Sequence[LengthPredictionLike]: ...
 
@@ -63,6 +71,25 @@ class Prediction:
     p90_tokens: int
     bucket: int
     version: str
+    # The length distribution behind `tokens`: each bucket's probability and mean length (raw,
+    # before the artifact's calibration); empty when the predictor gives none.
+    probabilities: tuple[float, ...] = ()
+    representatives: tuple[float, ...] = ()
+
+    def within(self, max_tokens: int) -> int:
+        """The expected length of the answer as it will be served, cut at `max_tokens`:
+        E[min(L, max_tokens)] over the distribution, at the served scale (the calibration's
+        ratio to the raw expectation). Capping the expectation instead, min(E[L], max_tokens),
+        over-predicts every request whose max_tokens is below the longest answers (issue 32:
+        the demo's TF-IDF predictor, trained on answers up to 1,024 tokens, served at 256:
+        mean 213 predicted, 141 actual; on the labels' validation split at 256 tokens: mean
+        219 capped against 160 cut and 159 true, MAE 66.6 against 54.5)."""
+        pairs = tuple(zip(self.probabilities, self.representatives, strict=False))
+        full = sum(p * length for p, length in pairs)
+        if len(self.probabilities) != len(self.representatives) or not pairs or full <= 0:
+            return max(1, min(self.tokens, max_tokens))
+        cut = sum(p * min(length, max_tokens) for p, length in pairs)
+        return max(1, min(max_tokens, round(cut * self.tokens / full)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +242,16 @@ def _run_batch(predictor: PredictorLike, prompts: list[str]) -> _Outcome:
     started = time.perf_counter()
     try:
         raw = predictor.predict_batch(prompts)
+        lengths = predictor.bucket_representatives
         results: list[Prediction | None] = [
-            Prediction(max(1, round(r.expected_tokens)), r.p90_tokens, r.bucket, predictor.version)
+            Prediction(
+                max(1, round(r.expected_tokens)),
+                r.p90_tokens,
+                r.bucket,
+                predictor.version,
+                r.probabilities,
+                lengths,
+            )
             for r in raw
         ]
         failed = False

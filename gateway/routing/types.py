@@ -187,6 +187,7 @@ class RoutingRequest:
             )
             self._block_ids[block_size] = ids
         return ids
+
     # Choices of the prompt (OpenAI's n): each needs max_tokens of context, and routing plans
     # n answers (they share the prompt's KV through the site's prefix cache).
     n: int = 1

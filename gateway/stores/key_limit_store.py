@@ -32,39 +32,43 @@ def _rolled(column: str) -> tuple[str, str]:
 
 
 @cache
-def _admit_sql(requests_limited: bool, tokens_limited: bool, capped: bool) -> str:
+def _admit_sql(requests_limited: bool, tokens_limited: bool, capped: bool, bounded: bool) -> str:
     previous_requests, current_requests = _rolled("requests")
     previous_tokens, current_tokens = _rolled("tokens")
+    tokens_now = f"({previous_tokens}) * :previous_weight + ({current_tokens})"
     checks = ["TRUE"]
     if requests_limited:
         checks.append(
             f"({previous_requests}) * :previous_weight + ({current_requests}) + :requests <= :rpm"
         )
     if tokens_limited:
-        checks.append(
-            f"({previous_tokens}) * :previous_weight + ({current_tokens}) + :tokens <= :tpm"
-        )
+        checks.append(f"{tokens_now} + :tokens <= :tpm")
+    if bounded:  # the request's most beside the key's unsettled margins, within the overshoot
+        checks.append(f"{tokens_now} + w.margin + :most <= :tokens_most")
     if capped:
         checks.append("w.in_flight + :slot <= :cap")
+    # This gateway's share of the key's requests in flight and of their margins.
     hold = (
         ", held AS (INSERT INTO key_in_flight_holds AS h "
-        "(api_key_id, gateway_id, in_flight, renewed_at) "
-        "SELECT api_key_id, CAST(:gateway AS VARCHAR), 1, now() FROM admitted WHERE :slot = 1 "
+        "(api_key_id, gateway_id, in_flight, margin, renewed_at) "
+        "SELECT api_key_id, CAST(:gateway AS VARCHAR), :slot, :margin, now() FROM admitted "
+        "WHERE :slot = 1 OR :margin > 0 "
         "ON CONFLICT (api_key_id, gateway_id) DO UPDATE "
-        "SET in_flight = h.in_flight + 1, renewed_at = now())"
+        "SET in_flight = h.in_flight + :slot, margin = h.margin + :margin, renewed_at = now())"
     )
     return f"""
 WITH admitted AS (
   INSERT INTO key_limit_windows AS w
-    (api_key_id, minute, requests, tokens, previous_requests, previous_tokens, in_flight)
-  VALUES (:key, :minute, :requests, :tokens, 0, 0, :slot)
+    (api_key_id, minute, requests, tokens, previous_requests, previous_tokens, in_flight, margin)
+  VALUES (:key, :minute, :requests, :tokens, 0, 0, :slot, :margin)
   ON CONFLICT (api_key_id) DO UPDATE SET
     minute = GREATEST(w.minute, :minute),
     previous_requests = {previous_requests},
     previous_tokens = {previous_tokens},
     requests = {current_requests} + :requests,
     tokens = {current_tokens} + :tokens,
-    in_flight = w.in_flight + :slot
+    in_flight = w.in_flight + :slot,
+    margin = w.margin + :margin
   WHERE {" AND ".join(checks)}
   RETURNING w.api_key_id
 ){hold}
@@ -93,26 +97,30 @@ WHERE w.api_key_id = :key"""
 _SETTLE = text(_settle_sql())
 _RELEASE = text("""
 WITH released AS (
-  UPDATE key_in_flight_holds SET in_flight = in_flight - :count
+  UPDATE key_in_flight_holds SET in_flight = in_flight - :count, margin = margin - :margin
   WHERE api_key_id = :key AND gateway_id = :gateway AND in_flight >= :count
+    AND margin >= :margin
   RETURNING api_key_id
 )
-UPDATE key_limit_windows SET in_flight = GREATEST(in_flight - :count, 0)
+UPDATE key_limit_windows SET in_flight = GREATEST(in_flight - :count, 0),
+  margin = GREATEST(margin - :margin, 0)
 WHERE api_key_id IN (SELECT api_key_id FROM released)""")
 _RENEW = text("UPDATE key_in_flight_holds SET renewed_at = now() WHERE gateway_id = :gateway")
 _REAP = text("""
 WITH lapsed AS (
   DELETE FROM key_in_flight_holds
   WHERE renewed_at < now() - make_interval(secs => :lease_s) AND gateway_id <> :gateway
-  RETURNING api_key_id, in_flight
+  RETURNING api_key_id, in_flight, margin
 ), per_key AS (
-  SELECT api_key_id, sum(in_flight) AS in_flight FROM lapsed GROUP BY api_key_id
+  SELECT api_key_id, sum(in_flight) AS in_flight, sum(margin) AS margin
+  FROM lapsed GROUP BY api_key_id
 )
-UPDATE key_limit_windows AS w SET in_flight = GREATEST(w.in_flight - per_key.in_flight, 0)
+UPDATE key_limit_windows AS w SET in_flight = GREATEST(w.in_flight - per_key.in_flight, 0),
+  margin = GREATEST(w.margin - per_key.margin, 0)
 FROM per_key WHERE w.api_key_id = per_key.api_key_id
 RETURNING w.api_key_id""")
 _READ = text(
-    "SELECT minute, requests, tokens, previous_requests, previous_tokens, in_flight "
+    "SELECT minute, requests, tokens, previous_requests, previous_tokens, in_flight, margin "
     "FROM key_limit_windows WHERE api_key_id = :key"
 )
 
@@ -132,6 +140,17 @@ class Admit:
     requests: int
     tokens: int
     slot: bool
+    # The most the request may take (prompt + max_tokens) and the key's ceiling for it beside
+    # its unsettled margins (tokens_per_minute x the overshoot allowed); None: not bounded.
+    most: int | None = None
+    tokens_most: int | None = None
+
+    @property
+    def margin(self) -> int:
+        """What the request may take beyond its charge, held until it is settled."""
+        if self.most is None or self.tokens_per_minute is None:
+            return 0
+        return max(self.most - self.tokens, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +161,7 @@ class KeyLimitsRow:
     previous_requests: int
     previous_tokens: int
     in_flight: int
+    margin: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +186,7 @@ class KeyLimitStore:
             admit.requests_per_minute is not None,
             admit.tokens_per_minute is not None,
             admit.max_in_flight is not None and admit.slot,
+            admit.most is not None and admit.tokens_most is not None,
         )
         params = {
             "key": admit.key_id,
@@ -177,6 +198,9 @@ class KeyLimitStore:
             "rpm": admit.requests_per_minute,
             "tpm": admit.tokens_per_minute,
             "cap": admit.max_in_flight,
+            "most": admit.most,
+            "tokens_most": admit.tokens_most,
+            "margin": admit.margin,
             "gateway": self.gateway_id,
         }
         try:
@@ -199,10 +223,14 @@ class KeyLimitStore:
         return None if row is None else KeyLimitsRow(*row)
 
     async def write(
-        self, minute: int, settlements: Sequence[Settlement], releases: dict[int, int]
+        self,
+        minute: int,
+        settlements: Sequence[Settlement],
+        releases: Mapping[int, tuple[int, int]],
     ) -> None:
-        """Applies token corrections and gives back concurrency slots, in one transaction: all
-        of them or none (the caller keeps them all to retry)."""
+        """Applies token corrections and gives back concurrency slots and margins (per key:
+        slots, margin), in one transaction: all of them or none (the caller keeps them all to
+        retry)."""
         async with self._engine.connect() as autocommit:
             connection = await autocommit.execution_options(isolation_level="READ COMMITTED")
             await connection.begin()
@@ -218,8 +246,13 @@ class KeyLimitStore:
                 await connection.execute(
                     _RELEASE,
                     [
-                        {"key": key_id, "count": count, "gateway": self.gateway_id}
-                        for key_id, count in releases.items()
+                        {
+                            "key": key_id,
+                            "count": count,
+                            "margin": margin,
+                            "gateway": self.gateway_id,
+                        }
+                        for key_id, (count, margin) in releases.items()
                     ],
                 )
             await connection.commit()

@@ -216,6 +216,15 @@ async def rolled_until(sessions: Sessions) -> datetime | None:
     return None if last is None else last + timedelta(seconds=ROLLUP_S)
 
 
+async def oldest_history(sessions: Sessions) -> datetime | None:
+    """When the oldest history kept begins (a rollup's period or a sample; None: none)."""
+    async with sessions() as session:
+        rolled = await session.scalar(select(func.min(LoadRollup.period_at)))
+        sampled = await session.scalar(select(func.min(LoadSample.bucket_at)))
+    found = [at for at in (rolled, sampled) if at is not None]
+    return min(found) if found else None
+
+
 async def roll_up(sessions: Sessions, until: datetime) -> int:
     """Sums the samples of every period after the last rolled-up one and ending by `until`
     into load_rollups (one INSERT ... SELECT); returns how many rows it wrote."""

@@ -102,6 +102,10 @@ OUTCOME_COLUMNS = (
     "continuations",
     "finished_at",
 )
+# A row's columns that hold free-form data (the client's `user`, routing and error details): a
+# row the database refuses for what it holds is written again without them, so that what usage
+# is summed from (key, tokens, status) is never dropped with them.
+FREE_FORM_COLUMNS = ("user", "routing_detail", "error", "continuations")
 _REQUESTS = cast(Table, InferenceRequest.__table__)
 _OFFLOADS = cast(Table, OffloadEvent.__table__)
 _SAMPLES = cast(Table, LengthSample.__table__)
@@ -142,6 +146,13 @@ def request_row(new: NewRequest, now: datetime) -> dict[str, Any]:
         "first_token_at": None,
         "finished_at": None,
     }
+
+
+def accounting_only(values: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A row's or an outcome's columns with the free-form ones emptied."""
+    if values is None:
+        return None
+    return values | {name: None for name in FREE_FORM_COLUMNS if name in values}
 
 
 def outcome_values(outcome: Outcome, now: datetime) -> dict[str, Any]:

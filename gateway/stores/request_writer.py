@@ -13,7 +13,9 @@ wait (the gateway takes no new request while it is full: CompletionService answe
 it has accepted is never dropped), and length samples (retraining data, not accounting) are
 dropped once the waiting ones pass `sample_bytes`. A row the database refuses for what it holds
 (not for being away) is written alone and, if refused again, logged and dropped, so that it
-cannot hold every other request's row back. /metrics shows the queue
+cannot hold every other request's row back; before it is dropped it is written once more without
+its free-form columns (`user`, routing and error details) and its length sample, so that a
+request is billed whatever text it carried. /metrics shows the queue
 (fedllm_gateway_outcome_backlog, fedllm_gateway_outcome_backlog_oldest_seconds); at shutdown it
 is written out, and what the database still refuses is logged request by request.
 """
@@ -38,6 +40,7 @@ from gateway.stores.request_log import (
     NewSample,
     Outcome,
     RequestLog,
+    accounting_only,
     outcome_values,
     request_row,
     sample_row,
@@ -80,6 +83,19 @@ class _Entry:
 
     def sample_size(self) -> int:
         return len(self.sample["prompt"].encode()) if self.sample is not None else 0
+
+    def for_accounting(self) -> _Entry:
+        """The same writes less what a database may refuse for its content: the free-form
+        columns and the length sample (retraining data, not accounting)."""
+        return _Entry(
+            self.request_id,
+            self.first_seq,
+            self.since,
+            row=accounting_only(self.row),
+            outcome=accounting_only(self.outcome),
+            offloads=self.offloads,
+            moved_to=self.moved_to,
+        )
 
 
 def _batch(entries: Iterable[_Entry]) -> LogBatch:
@@ -235,22 +251,29 @@ class RequestLogWriter:
         except _AWAY:
             raise
         except SQLAlchemyError:
-            if len(self._in_flight) > 1:
-                await self._write_one_by_one()
-            else:
-                log.exception("the request log refused %s; dropped", self._in_flight[0].request_id)
+            await self._write_one_by_one()
+            return
         self._sample_bytes -= sum(entry.sample_size() for entry in self._in_flight)
         self._in_flight = []
 
     async def _write_one_by_one(self) -> None:
         while self._in_flight:
             entry = self._in_flight[0]
-            try:
-                await self._request_log.write(_batch([entry]))
-            except _AWAY:
-                raise
-            except SQLAlchemyError:
-                log.exception("the request log refused %s; dropped", entry.request_id)
+            for attempt in (entry, entry.for_accounting()):
+                try:
+                    await self._request_log.write(_batch([attempt]))
+                    break
+                except _AWAY:
+                    raise
+                except SQLAlchemyError:
+                    if attempt is not entry:
+                        log.exception("the request log refused %s; dropped", entry.request_id)
+                    else:
+                        log.warning(
+                            "the request log refused %s for what it holds; writing its usage "
+                            "without its free-form columns",
+                            entry.request_id,
+                        )
             self._sample_bytes -= entry.sample_size()
             self._in_flight.pop(0)
 

@@ -55,12 +55,18 @@ class PredictionPair:
     site: str
     predicted_tokens: int
     completion_tokens: int
+    request_id: str = ""
 
 
 async def prediction_pairs(sessions: async_sessionmaker[AsyncSession]) -> list[PredictionPair]:
     """Completed requests that carried a length prediction: predicted vs actual answer tokens."""
     query = (
-        select(Site.name, InferenceRequest.predicted_tokens, InferenceRequest.completion_tokens)
+        select(
+            Site.name,
+            InferenceRequest.predicted_tokens,
+            InferenceRequest.completion_tokens,
+            InferenceRequest.id,
+        )
         .join(Site, InferenceRequest.site_id == Site.id)
         .where(
             InferenceRequest.status == RequestStatus.COMPLETED,
@@ -72,7 +78,7 @@ async def prediction_pairs(sessions: async_sessionmaker[AsyncSession]) -> list[P
     async with sessions() as session:
         rows = (await session.execute(query)).all()
     return [
-        PredictionPair(name, predicted, actual)
-        for name, predicted, actual in rows
+        PredictionPair(name, predicted, actual, request_id)
+        for name, predicted, actual, request_id in rows
         if predicted is not None and actual is not None  # the query's filter, for the types
     ]

@@ -11,9 +11,11 @@ not settled: its items run later, outside the window that charge counts in.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from gateway.errors import GatewayError, RateLimited, Unauthenticated
@@ -22,6 +24,9 @@ from gateway.tenancy.keys import DISPLAY_PREFIX_CHARS, KEY_SCHEME, KeyRecord, Ke
 from gateway.tenancy.limiter import Refusal
 
 log = logging.getLogger(__name__)
+# How often work that waits for one of its key's concurrency slots looks again (at most).
+SLOT_POLL_FIRST_S = 0.05
+SLOT_POLL_MOST_S = 0.5
 # Called with a revoked key's id (for work other than client requests: queued batch items).
 RevokeHook = Callable[[int], None]
 
@@ -89,7 +94,7 @@ class KeyAdmission:
         limit = self.key.limits.tokens_per_minute
         if limit is not None and most_tokens > limit:
             raise rate_limited(self.key, Refusal("tokens", limit, 0, most_tokens, None))
-        outcome = await self.limits.admit(self.key, 1, tokens, slot=True)
+        outcome = await self.limits.admit(self.key, 1, tokens, slot=True, most_tokens=most_tokens)
         if isinstance(outcome, InFlightRefusal):
             raise too_many_in_flight(self.key, outcome.limit)
         if isinstance(outcome, Refusal):
@@ -184,6 +189,23 @@ class Tenancy:
         if key.revoked:
             raise invalid_api_key(f"API key {key.prefix}... ('{key.name}') has been revoked")
         return Caller(self, key)
+
+    @asynccontextmanager
+    async def key_slot(self, key: KeyRecord | None) -> AsyncIterator[None]:
+        """Holds one of the key's concurrency slots for work it was charged for already (a
+        batch item), waiting while the key is at its cap: a key's cap bounds its batch items
+        as it bounds its requests. No key, or no cap: nothing is held."""
+        if key is None:
+            yield
+            return
+        delay = SLOT_POLL_FIRST_S
+        while isinstance(held := await self.limits.take_slot(key), InFlightRefusal):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, SLOT_POLL_MOST_S)
+        try:
+            yield
+        finally:
+            held.release()
 
     async def revoke(self, key_id: int) -> KeyRecord | None:
         key = await self.keys.revoke(key_id)

@@ -36,9 +36,23 @@ Admitted = Hold | Refusal | InFlightRefusal
 
 
 class KeyLimits(Protocol):
-    async def admit(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
+    async def admit(
+        self,
+        key: KeyRecord,
+        requests: int,
+        tokens: int,
+        slot: bool,
+        most_tokens: int | None = None,
+    ) -> Admitted:
         """Charges `requests` and `tokens` to the key and, if `slot`, takes one of its
-        concurrency slots; or refuses and charges nothing."""
+        concurrency slots; or refuses and charges nothing. `most_tokens` (prompt + max_tokens)
+        is the most the request can take: it must fit beside what the key's unsettled requests
+        may still take, within the overshoot allowed (gateway/tenancy/limiter.py)."""
+        ...
+
+    async def take_slot(self, key: KeyRecord) -> Hold | InFlightRefusal:
+        """One of the key's concurrency slots alone (work charged already: a batch item), or
+        the refusal of a key at its cap; a key without a cap holds nothing."""
         ...
 
     def forget(self, key_id: int) -> None:
@@ -81,6 +95,19 @@ def never_fits(limits: Limits, requests: int, tokens: int) -> Refusal | None:
 
 
 @dataclass(slots=True)
+class SlotHold:
+    """A concurrency slot taken alone (LocalKeyLimits.take_slot)."""
+
+    slot: Slot
+
+    def settle(self, tokens: int) -> None:
+        self.slot.release()
+
+    def release(self) -> None:
+        self.slot.release()
+
+
+@dataclass(slots=True)
 class LocalHold:
     limiter: SlidingWindowLimiter
     charge: Charge
@@ -104,22 +131,34 @@ class LocalKeyLimits:
         self.limiter = limiter or SlidingWindowLimiter()
         self.in_flight = in_flight or InFlightCounter()
 
-    async def admit(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
-        return self.admit_now(key, requests, tokens, slot)
-
-    def admit_now(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
+    async def admit(
+        self,
+        key: KeyRecord,
+        requests: int,
+        tokens: int,
+        slot: bool,
+        most_tokens: int | None = None,
+    ) -> Admitted:
         taken: Slot | None = None
         if slot:
             cap = key.max_concurrent_requests
             if not self.in_flight.try_enter(key.id, cap):
                 return InFlightRefusal(cap or 0)
             taken = Slot(self.in_flight, key.id)
-        outcome = self.limiter.admit(key.id, key.limits, requests, tokens)
+        outcome = self.limiter.admit(key.id, key.limits, requests, tokens, most_tokens)
         if isinstance(outcome, Refusal):
             if taken is not None:
                 taken.release()
             return outcome
         return LocalHold(self.limiter, outcome, taken)
+
+    async def take_slot(self, key: KeyRecord) -> Hold | InFlightRefusal:
+        cap = key.max_concurrent_requests
+        if cap is None:
+            return NO_HOLD
+        if not self.in_flight.try_enter(key.id, cap):
+            return InFlightRefusal(cap)
+        return SlotHold(Slot(self.in_flight, key.id))
 
     def forget(self, key_id: int) -> None:
         self.limiter.forget(key_id)

@@ -12,8 +12,10 @@ in /metrics (fedllm_gateway_shared_limits_pending).
 
 A gateway's slots are "holds" renewed every RENEW_S; when a gateway stops renewing (it
 crashed), the others hand its slots back after LEASE_S, so a dead replica cannot keep a key at
-its cap. Counting windows use the gateways' wall clocks (kept in step by NTP); a gateway whose
-clock lags sees the counts as they are rather than rolling them back.
+its cap. The same holds carry the margins of its unsettled requests (what each may still take
+beyond its charge: gateway/tenancy/limiter.py), checked beside the minute's tokens against the
+overshoot allowed. Counting windows use the gateways' wall clocks (kept in step by NTP); a
+gateway whose clock lags sees the counts as they are rather than rolling them back.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from gateway.tenancy.key_limits import (
     NO_HOLD,
     Admitted,
     InFlightRefusal,
+    NoHold,
     never_fits,
     unlimited,
 )
 from gateway.tenancy.keys import KeyRecord
-from gateway.tenancy.limiter import LimitKind, Refusal
+from gateway.tenancy.limiter import DEFAULT_OVERSHOOT, LimitKind, Refusal
 from gateway.tenancy.minute_windows import MinuteClock, MinuteCounts, refusal
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,8 @@ class SharedHold:
     # Whether the tokens are counted (the key has a tokens limit) and whether a slot is held.
     counted: bool
     slot: bool
+    # What the request may still take beyond its charge, held until it is settled.
+    margin: int = 0
 
     def settle(self, tokens: int) -> None:
         if self.counted and tokens != self.tokens:
@@ -69,26 +74,44 @@ class SharedHold:
         self.release()
 
     def release(self) -> None:
-        if self.slot:
-            self.slot = False
-            self.limits.queue_release(self.key_id)
+        if self.slot or self.margin:
+            self.limits.queue_release(self.key_id, int(self.slot), self.margin)
+            self.slot, self.margin = False, 0
 
 
 class SharedKeyLimits:
-    def __init__(self, store: KeyLimitStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: KeyLimitStore,
+        clock: Callable[[], float] = time.time,
+        overshoot: float = DEFAULT_OVERSHOOT,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._overshoot = overshoot
         self._settlements: Counter[tuple[int, int]] = Counter()
         self._releases: Counter[int] = Counter()
+        self._margins: Counter[int] = Counter()
         self._wake = asyncio.Event()
         self.write_failures = 0
 
     @property
     def pending(self) -> int:
-        """Settlements and slot releases not yet written."""
-        return len(self._settlements) + sum(self._releases.values())
+        """Settlements, slot releases and keys' margins not yet written."""
+        return len(self._settlements) + sum(self._releases.values()) + len(+self._margins)
 
-    async def admit(self, key: KeyRecord, requests: int, tokens: int, slot: bool) -> Admitted:
+    def _tokens_most(self, key: KeyRecord) -> int | None:
+        tpm = key.limits.tokens_per_minute
+        return None if tpm is None else math.floor(self._overshoot * tpm)
+
+    async def admit(
+        self,
+        key: KeyRecord,
+        requests: int,
+        tokens: int,
+        slot: bool,
+        most_tokens: int | None = None,
+    ) -> Admitted:
         slot = slot and key.max_concurrent_requests is not None
         if unlimited(key, slot):
             return NO_HOLD
@@ -98,26 +121,26 @@ class SharedKeyLimits:
         why: Refusal | InFlightRefusal | None = None
         for _ in range(2):  # a refusal nothing explains raced a settlement: one more try
             clock = MinuteClock.at(self._clock())
-            admitted = await self._store.admit(
-                Admit(
-                    key_id=key.id,
-                    requests_per_minute=key.limits.requests_per_minute,
-                    tokens_per_minute=key.limits.tokens_per_minute,
-                    max_in_flight=key.max_concurrent_requests if slot else None,
-                    minute=clock.minute,
-                    previous_weight=clock.previous_weight,
-                    requests=requests,
-                    tokens=tokens,
-                    slot=slot,
-                )
+            admit = Admit(
+                key_id=key.id,
+                requests_per_minute=key.limits.requests_per_minute,
+                tokens_per_minute=key.limits.tokens_per_minute,
+                max_in_flight=key.max_concurrent_requests if slot else None,
+                minute=clock.minute,
+                previous_weight=clock.previous_weight,
+                requests=requests,
+                tokens=tokens,
+                slot=slot,
+                most=most_tokens,
+                tokens_most=self._tokens_most(key),
             )
-            if admitted:
+            if await self._store.admit(admit):
                 counted = key.limits.tokens_per_minute is not None
-                return SharedHold(self, key.id, clock.minute, tokens, counted, slot)
-            why = await self._explain(key, clock, requests, tokens, slot)
-            if isinstance(why, InFlightRefusal) and self._releases[key.id]:
-                # Slots this gateway's finished requests gave back are still on their way
-                # (written behind the request path): written now, then one more try.
+                return SharedHold(self, key.id, clock.minute, tokens, counted, slot, admit.margin)
+            why = await self._explain(key, clock, requests, tokens, slot, most_tokens)
+            if self._releases[key.id] or self._margins[key.id]:
+                # Slots and margins this gateway's finished requests gave back are still on
+                # their way (written behind the request path): written now, then one more try.
                 await self.write()
                 continue
             if why is not None:
@@ -132,8 +155,31 @@ class SharedKeyLimits:
             return Refusal("requests", limits.requests_per_minute, 0, requests, 1.0)
         return InFlightRefusal(key.max_concurrent_requests or 0)
 
+    async def take_slot(self, key: KeyRecord) -> SharedHold | NoHold | InFlightRefusal:
+        cap = key.max_concurrent_requests
+        if cap is None:
+            return NO_HOLD
+        for _ in range(2):
+            clock = MinuteClock.at(self._clock())
+            # No requests or tokens and no limit but the cap: only the slot is checked and taken.
+            slot_only = Admit(
+                key.id, None, None, cap, clock.minute, clock.previous_weight, 0, 0, True
+            )
+            if await self._store.admit(slot_only):
+                return SharedHold(self, key.id, clock.minute, 0, counted=False, slot=True)
+            if not self._releases[key.id]:
+                break
+            await self.write()  # this gateway's given-back slots first, then once more
+        return InFlightRefusal(cap)
+
     async def _explain(
-        self, key: KeyRecord, clock: MinuteClock, requests: int, tokens: int, slot: bool
+        self,
+        key: KeyRecord,
+        clock: MinuteClock,
+        requests: int,
+        tokens: int,
+        slot: bool,
+        most_tokens: int | None = None,
     ) -> Refusal | InFlightRefusal | None:
         """Which limit refused the request, read back from the counters."""
         row = await self._store.read(key.id)
@@ -155,6 +201,12 @@ class SharedKeyLimits:
             if limit is not None
             and (refused := refusal(counts, clock, kind, limit, wanted)) is not None
         ]
+        tokens_most, tpm = self._tokens_most(key), key.limits.tokens_per_minute
+        if tpm is not None and tokens_most is not None and most_tokens is not None:
+            held = counts.at(clock.minute).estimate("tokens", clock) + row.margin
+            if held + most_tokens > tokens_most:
+                # It fits once unfinished requests of the key end: retry shortly.
+                found.append(Refusal("tokens", tpm, math.ceil(held), most_tokens, 1.0))
         # The binding limit is the one that frees last (or never).
         return max(found, key=_wait) if found else None
 
@@ -162,8 +214,9 @@ class SharedKeyLimits:
         self._settlements[(key_id, minute)] += delta
         self._wake.set()
 
-    def queue_release(self, key_id: int) -> None:
-        self._releases[key_id] += 1
+    def queue_release(self, key_id: int, slots: int = 1, margin: int = 0) -> None:
+        self._releases[key_id] += slots
+        self._margins[key_id] += margin
         self._wake.set()
 
     def forget(self, key_id: int) -> None:
@@ -173,14 +226,16 @@ class SharedKeyLimits:
         """Writes what is pending; False (and it stays pending) if the database refused."""
         settlements, self._settlements = self._settlements, Counter()
         releases, self._releases = self._releases, Counter()
-        if not settlements and not releases:
+        margins, self._margins = self._margins, Counter()
+        if not settlements and not +releases and not +margins:
             return True
         minute = MinuteClock.at(self._clock()).minute
+        given_back = {key: (releases[key], margins[key]) for key in {*+releases, *+margins}}
         try:
             await self._store.write(
                 minute,
                 [Settlement(key, charged, delta) for (key, charged), delta in settlements.items()],
-                dict(releases),
+                given_back,
             )
         except (SQLAlchemyError, OSError) as exc:
             self.write_failures += 1
@@ -194,6 +249,7 @@ class SharedKeyLimits:
                 )
             self._settlements.update(_fold_old(settlements, minute))
             self._releases.update(releases)
+            self._margins.update(margins)
             return False
         return True
 

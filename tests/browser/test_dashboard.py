@@ -174,6 +174,12 @@ def test_dashboard_live_drilldown_and_values(
     assert page.locator("#cloud-chart canvas").count() == 1  # uPlot drew the headline chart
     assert page.inner_text("#policy") == "routing: least_tokens"
     assert set(cloud_loads(page)) == {"aws", "gcp", "azure"}
+    # A gateway minutes old opens on the window that shows its history, not an hour's sliver.
+    assert page.input_value("#window") == "900"
+    assert "15 min" in page.inner_text("#drift-scope")
+    # No sample yet: the figures are not judged (the page said "ok" whatever they were).
+    verdict = page.locator('#predictors tbody [data-field="drifted"]').text_content()
+    assert verdict == "not judged"
 
     peaks: dict[str, int] = dict.fromkeys(cloud_loads(page), 0)
     with Traffic(federation.base_url) as traffic:
@@ -202,7 +208,8 @@ def test_dashboard_live_drilldown_and_values(
     assert page.locator("#detail canvas").count() == 4
     assert_page_matches_overview(page, federation, detail="gcp-euw4")
 
-    detail = api(federation, "/admin/api/sites/gcp-euw4", window_s=3600)
+    window_s = int(page.input_value("#window"))
+    detail = api(federation, "/admin/api/sites/gcp-euw4", window_s=window_s)
     completed = sum(v or 0 for v in detail["history"]["series"][0]["completed"])
     assert completed > 0
     shown_completed = page.inner_text("#detail-stats [data-field=completed_window]")
@@ -211,7 +218,7 @@ def test_dashboard_live_drilldown_and_values(
     # Prediction error per site: the table refreshes by itself and matches the API.
     deadline = time.monotonic() + 30
     while True:
-        drift = api(federation, "/admin/api/drift", window_s=3600)["summary"]
+        drift = api(federation, "/admin/api/drift", window_s=window_s)["summary"]
         assert {row["site"] for row in drift} == set(SITES)
         rows = page.eval_on_selector_all(
             "#drift tbody tr[data-site]",
@@ -284,6 +291,6 @@ def test_predictor_drift_panel_shows_the_apis_numbers(federation: Federation, pa
         "served_mean_mae_tokens": to_fixed(rolling["served_mean_mae_tokens"], 1),
         "mae_ratio": to_fixed(rolling["mae_ratio"], 2) if rolling["mae_ratio"] is not None else "–",
         "spearman": to_fixed(rolling["spearman"], 3),
-        "drifted": "drifted" if model["drifted"] else "ok",
+        "drifted": model["verdict"],
         "version": model["window_version"],
     }

@@ -158,3 +158,18 @@ def test_a_broken_model_artifact_stops_the_gateway_naming_the_model(start_federa
     broken.mkdir()
     with pytest.raises(LaunchError, match="length predictor of model tiny"):
         start_federation(live=[], dead=("gcp-euw4",), model_options={"predictor": str(broken)})
+
+
+def test_readyz_reports_what_predicts_the_served_models(start_federation, artifact: Path) -> None:
+    """Issue 32, a newcomer's first hour: the demo serves its model's own predictor and no
+    default, and /readyz said `predictor: {"mode": "fallback"}` while the gateway warned "no
+    default length predictor" at every start. The mode is now whether the served models are
+    predicted; the default is reported apart, and its absence is no warning when every served
+    model has its own."""
+    federation = start_federation(live=["aws-use1"], model_options={"predictor": str(artifact)})
+    predictor = httpx.get(f"{federation.base_url}/readyz", timeout=5).json()["predictor"]
+    own = httpx.get(f"{federation.base_url}/readyz", timeout=5).json()["model_predictors"]["tiny"]
+    assert predictor["mode"] == "active", predictor
+    assert predictor["models"] == {"tiny": own}
+    assert predictor["version"] is None  # no default
+    assert "no default length predictor" not in federation.gateway.log_path.read_text()

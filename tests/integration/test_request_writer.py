@@ -141,3 +141,42 @@ async def _offload_before_the_row(url: str) -> None:
 
 def test_an_offload_before_the_row_is_written_lands_in_the_row(sqlite_url: str) -> None:
     run_migrated(sqlite_url, _offload_before_the_row)
+
+
+async def _free_text_refused(url: str) -> None:
+    engine = create_engine(url)
+    sessions = create_sessionmaker(engine)
+    try:
+        async with sessions.begin() as session:
+            session.add(Site(id=1, name="s1", cloud="c", region="r", endpoint="e", model="m"))
+        writer = RequestLogWriter(RequestLog(sessions), flush_s=0.01)
+        # PostgreSQL's json refuses NaN: the row as a whole is refused for what it holds.
+        odd = NewRequest(
+            "odd", "completions", "m", False, "someone", 3, 16, "mico", 1,
+            routing_detail={"scores": {"s1": float("nan")}},
+        )  # fmt: skip
+        writer.accepted(odd)
+        writer.finished("odd", DONE, NewSample("m", "p", 3, 7, False, 5))
+        writer.accepted(_new("fine"))
+        await writer.flush()
+        async with sessions() as session:
+            rows = {row.id: row for row in await session.scalars(select(InferenceRequest))}
+        assert set(rows) == {"odd", "fine"}
+        kept = rows["odd"]
+        # What usage is summed from is written; the free-form columns are left out.
+        assert (kept.status, kept.completion_tokens, kept.prompt_tokens) == (
+            RequestStatus.COMPLETED,
+            7,
+            3,
+        )
+        assert (kept.routing_detail, kept.user) == (None, None)
+        await writer.drain(timeout_s=1)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_row_refused_for_what_it_holds_is_still_written_for_its_usage(
+    postgres_url: str,
+) -> None:
+    run_migrated(postgres_url, _free_text_refused)

@@ -201,6 +201,69 @@ def test_the_concurrency_cap_holds_over_two_gateways_under_a_race(postgres_url: 
     asyncio.run(run())
 
 
+def test_under_predicted_requests_cannot_run_a_key_past_the_overshoot(postgres_url: str) -> None:
+    """Issue 32's probe on the shared counters: 700 tokens/min, requests charged 142 that may
+    take 420; over two gateways, what is admitted stays within 1.2x the limit until the
+    requests end and give their margins back."""
+
+    async def run() -> None:
+        async with database(postgres_url) as (engine, keys):
+            key = (await keys.create("k", None, 700)).record
+            clock = Clock(MINUTE * 60 + 1)
+            first, second = (
+                SharedKeyLimits(KeyLimitStore(engine, name * 32), clock, overshoot=1.2)
+                for name in "ab"
+            )
+            held = []
+            for gateway in (first, second):
+                hold = await gateway.admit(key, 1, 142, False, 420)
+                assert isinstance(hold, SharedHold)
+                held.append(hold)
+            refused = await first.admit(key, 1, 142, False, 420)
+            assert isinstance(refused, Refusal)
+            assert (refused.kind, refused.requested, refused.retry_after_s) == ("tokens", 420, 1.0)
+            row = await first._store.read(key.id)
+            assert row is not None
+            assert (row.tokens, row.margin) == (284, 556)
+            held[0].settle(150)  # it ended early: its margin back, its tokens corrected
+            assert await first.write()
+            row = await first._store.read(key.id)
+            assert row is not None
+            assert (row.tokens, row.margin) == (292, 278)
+            # 292 taken + 278 the other may still take + 420: more than 840.
+            assert isinstance(await second.admit(key, 1, 142, False, 420), Refusal)
+            held[1].settle(150)
+            assert isinstance(await second.admit(key, 1, 142, False, 420), SharedHold)
+
+    asyncio.run(run())
+
+
+def test_a_slot_alone_shares_the_cap_and_charges_nothing(postgres_url: str) -> None:
+    """What a batch item takes (its requests and tokens were charged at submission): a slot
+    under the cap, whatever the key's minute holds, and nothing else."""
+
+    async def run() -> None:
+        async with database(postgres_url) as (engine, keys):
+            key = (await keys.create("k", 1, 100, max_concurrent_requests=2)).record
+            first, second = gateways(engine, Clock(MINUTE * 60))
+            request = await first.admit(key, 1, 100, slot=True)  # the minute's whole budget
+            assert isinstance(request, SharedHold)
+            item = await second.take_slot(key)  # the cap's second slot: still free
+            assert isinstance(item, SharedHold)
+            assert await first.take_slot(key) == InFlightRefusal(2)
+            item.release()
+            assert await second.write()
+            again = await first.take_slot(key)
+            assert isinstance(again, SharedHold)
+            row = await first._store.read(key.id)
+            assert row is not None
+            assert (row.requests, row.tokens, row.in_flight) == (1, 100, 2)
+            uncapped = (await keys.create("u", 1, 100)).record
+            assert not isinstance(await first.take_slot(uncapped), (SharedHold, InFlightRefusal))
+
+    asyncio.run(run())
+
+
 def test_a_gateways_own_slots_given_back_count_before_it_refuses(postgres_url: str) -> None:
     async def run() -> None:
         async with database(postgres_url) as (engine, keys):

@@ -6,7 +6,7 @@ and validated at once, each held in memory.
 Now every item is validated on the tokenize pool, a bounded slice at a time; an item is at most
 GATEWAY_MAX_BODY_BYTES (the body limit of the endpoint it names), refused before it is
 tokenized; and a gateway receives at most GATEWAY_BATCH_UPLOADS_IN_FLIGHT uploads at once, one
-key at most half of them (429 beyond).
+key at most GATEWAY_BATCH_UPLOADS_PER_KEY of them (429 beyond; issue 32 made it one).
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
-from gateway.db.migrate import downgrade, sync_url
+from gateway.db.migrate import downgrade
 from tests.e2e.conftest import Federation
 from tests.support.api_keys import make_key
+from tests.support.migrated import execute_sql
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 ADMIN = "admin-token-for-the-usage-tests"
@@ -46,25 +46,15 @@ CLEAN_UP = (
 )
 
 
-def _execute(url: str, *statements: str) -> None:
-    engine = create_engine(sync_url(url))
-    try:
-        with engine.begin() as connection:
-            for statement in statements:
-                connection.execute(text(statement))
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture(scope="module")
 def federation(start_federation, postgres_url: str) -> Iterator[Federation]:
     env = {"GATEWAY_ADMIN_TOKEN": ADMIN, "GATEWAY_REQUIRE_API_KEYS": "true"}
     started: Federation = start_federation(live=["aws-use1"], database_url=postgres_url, env=env)
     try:
-        _execute(postgres_url, *OUTAGE)
+        execute_sql(postgres_url, *OUTAGE)
         yield started
     finally:
-        _execute(postgres_url, *CLEAN_UP)
+        execute_sql(postgres_url, *CLEAN_UP)
         started.gateway.stop()
         downgrade(postgres_url)  # the session's database is shared: leave it empty
 
@@ -83,7 +73,7 @@ def test_usage_served_during_an_outage_is_counted_once_the_database_is_back(
     federation: Federation,
 ) -> None:
     key = make_key(federation.base_url, ADMIN, "counted")
-    _execute(federation.database_url, "INSERT INTO outage VALUES (now())")
+    execute_sql(federation.database_url, "INSERT INTO outage VALUES (now())")
     answers = [
         httpx.post(
             f"{federation.base_url}/v1/completions",
@@ -102,7 +92,7 @@ def test_usage_served_during_an_outage_is_counted_once_the_database_is_back(
     assert backlog(federation) == 3  # served, not yet counted: visible to the operator
     time.sleep(OUTAGE_S)
     assert backlog(federation) == 3  # still kept, not given up
-    _execute(federation.database_url, "DELETE FROM outage")
+    execute_sql(federation.database_url, "DELETE FROM outage")
     deadline = time.monotonic() + 30
     while backlog(federation) and time.monotonic() < deadline:
         time.sleep(0.5)

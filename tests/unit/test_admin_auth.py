@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gateway.api.admin_auth import (
+    DEVICE_TTL_S,
     bearer_is_admin,
+    cookie_device,
     cookie_session,
+    device_cookie,
+    same_origin,
     session_cookie,
 )
 from gateway.settings import GatewaySettings, SettingsError
@@ -61,3 +65,36 @@ def test_a_forged_or_altered_cookie_names_nothing(cookie: str | None) -> None:
 def test_short_admin_token_is_refused_loudly() -> None:
     with pytest.raises(SettingsError, match="GATEWAY_ADMIN_TOKEN"):
         GatewaySettings.from_env({"GATEWAY_FEDERATION_FILE": "f.json", "GATEWAY_ADMIN_TOKEN": "x"})
+
+
+def test_a_device_cookie_is_signed_and_no_session_cookie() -> None:
+    device = device_cookie(TOKEN, NOW)
+    name = cookie_device(TOKEN, device, NOW + 5)
+    assert name is not None
+    assert len(name) == 32
+    assert device_cookie(TOKEN, NOW) != device  # a new device id each time
+    assert cookie_device(TOKEN, device, NOW + DEVICE_TTL_S) is None
+    assert cookie_device("another-token-value", device, NOW + 5) is None
+    # A session cookie is not a device cookie, nor the reverse (their signatures differ).
+    assert cookie_device(TOKEN, session_cookie(TOKEN, "abc", NOW), NOW + 5) is None
+    assert cookie_session(TOKEN, device, NOW + 5, TTL_S) is None
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "expected"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", True),
+        ("https://gw.example.com", "gw.example.com", True),  # TLS ended at the load balancer
+        ("https://gw.example.com", "gw.example.com:443", True),
+        ("http://gw.example.com:80", "gw.example.com", True),
+        ("HTTPS://GW.example.com", "gw.EXAMPLE.com", True),
+        ("http://127.0.0.1:8001", "127.0.0.1:8000", False),
+        ("https://attacker.example", "gw.example.com", False),
+        ("https://gw.example.com.attacker.example", "gw.example.com", False),
+        ("null", "gw.example.com", False),
+        ("file://", "gw.example.com", False),
+        ("https://gw.example.com", None, False),
+    ],
+)
+def test_same_origin(origin: str, host: str | None, expected: bool) -> None:
+    assert same_origin(origin, host) is expected

@@ -152,9 +152,9 @@ def test_slices_are_bounded_in_bytes_and_items() -> None:
 
 
 def test_uploads_in_flight_are_capped_in_all_and_per_key() -> None:
-    gate = UploadGate(limit=4)
+    gate = UploadGate(limit=4, per_key=2)
     with gate.admit(1), gate.admit(1):
-        with pytest.raises(Overloaded, match="this key has 2 batch uploads"):
+        with pytest.raises(Overloaded, match="this key has 2 batch upload"):
             gate.admit(1).__enter__()
         with gate.admit(2), gate.admit(None):
             assert gate.in_flight == 4
@@ -163,4 +163,4 @@ def test_uploads_in_flight_are_capped_in_all_and_per_key() -> None:
     assert gate.in_flight == 0
     with gate.admit(1), gate.admit(1):  # given back: the key's share is whole again
         pass
-    assert UploadGate(limit=1).per_key == 1
+    assert UploadGate(limit=4).per_key == 1  # the default: four keys to fill a gateway

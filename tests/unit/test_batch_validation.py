@@ -34,6 +34,9 @@ from gateway.settings import BatchSettings, GatewaySettings, LimitsSettings
 from gateway.sites.registry import SiteRegistry
 from gateway.stores.file_store import FileStore
 from gateway.stores.request_log import RequestLog
+from gateway.tenancy.admission import Tenancy
+from gateway.tenancy.key_limits import LocalKeyLimits
+from gateway.tenancy.keys import KeyService
 from gateway.tokenize_pool import TokenizePool
 from gateway.tokenizers import ModelTokenizers
 
@@ -58,8 +61,17 @@ def service(gpt2_tokenizer_dir: Path) -> BatchService:
     chat = ChatService(ChatTemplates({}), tokenizers, completions)
     pool = TokenizePool(1)
     files = FileService(settings, FileStore(sessions), pool)
+    tenancy = Tenancy(KeyService(sessions), LocalKeyLimits(), require_keys=False)
     return BatchService.build(
-        settings, sessions, completions, chat, registry, files, pool, status_of=http_status
+        settings,
+        sessions,
+        completions,
+        chat,
+        registry,
+        files,
+        pool,
+        status_of=http_status,
+        tenancy=tenancy,
     )
 
 

@@ -162,3 +162,47 @@ def test_a_forgotten_key_starts_empty_and_its_old_charges_settle_harmlessly() ->
     limiter.forget(3)  # the key was revoked
     limiter.settle(charge, 10)  # its in-flight request ends later
     assert limiter.used(3) == (0, 0)
+
+
+def test_under_predicted_requests_cannot_run_a_key_past_the_overshoot() -> None:
+    """Issue 32's probe: a 700 tokens/min key, requests of 20 prompt tokens predicted at 122
+    answer tokens (charged 142) that generate 400 (max_tokens). Charged by their predictions
+    alone, four fit at once and took 1,680 tokens (2.4x); with their most held as margins, what
+    is admitted stays within 1.2x the limit (840)."""
+    clock = FakeClock()
+    limits = Limits(None, 700)
+    unbounded = SlidingWindowLimiter(clock, overshoot=float("inf"))
+    assert all(isinstance(unbounded.admit(1, limits, 1, 142, 420), Charge) for _ in range(4))
+    limiter = SlidingWindowLimiter(clock, overshoot=1.2)
+    first = limiter.admit(1, limits, 1, 142, 420)
+    second = limiter.admit(1, limits, 1, 142, 420)
+    assert isinstance(first, Charge)
+    assert isinstance(second, Charge)
+    third = limiter.admit(1, limits, 1, 142, 420)
+    assert isinstance(third, Refusal)
+    assert (third.kind, third.used, third.requested) == ("tokens", 840, 420)
+    assert third.retry_after_s is not None
+    clock.now += 25
+    limiter.settle(first, 420)
+    limiter.settle(second, 420)
+    assert limiter.used(1) == (2, 840)  # what they took: within 1.2x, and nothing more fits
+    assert isinstance(limiter.admit(1, limits, 1, 10, 20), Refusal)
+    clock.now += 60  # the window moved on: the key's whole limit again
+    assert isinstance(limiter.admit(1, limits, 1, 142, 420), Charge)
+
+
+def test_margins_go_with_settlement_and_need_a_most_and_a_tokens_limit() -> None:
+    clock = FakeClock()
+    limiter = SlidingWindowLimiter(clock, overshoot=1.0)
+    limits = Limits(None, 1000)
+    big = limiter.admit(1, limits, 1, 100, 900)  # margin 800: 100 + 800 + most fit 1000
+    assert isinstance(big, Charge)
+    assert big.margin == 800
+    assert isinstance(limiter.admit(1, limits, 1, 50, 150), Refusal)
+    limiter.settle(big, 120)  # it ended early: its margin comes back at once
+    assert isinstance(limiter.admit(1, limits, 1, 50, 150), Charge)
+    # Without a most (a batch charged whole) or without a tokens limit, nothing is held.
+    assert isinstance(limiter.admit(1, limits, 1, 100), Charge)
+    free = limiter.admit(2, Limits(10, None), 1, 100, 10_000)
+    assert isinstance(free, Charge)
+    assert free.margin == 0

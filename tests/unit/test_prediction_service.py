@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.prediction.service import PredictorService
+from gateway.prediction.service import Prediction, PredictorService
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class FixedPrediction:
     bucket: int
     expected_tokens: float
     p90_tokens: int
+    probabilities: tuple[float, ...] = ()
 
 
 @dataclass
@@ -29,6 +30,7 @@ class LengthByWords:
     """Predicts 10 tokens per prompt word; remembers the batches it was given."""
 
     version: str = "v1"
+    bucket_representatives: tuple[float, ...] = ()
     fail: bool = False
     batches: list[list[str]] = field(default_factory=list)
     on_loop_thread: list[bool] = field(default_factory=list)
@@ -163,3 +165,16 @@ def test_hot_swap_serves_the_new_version_and_a_bad_artifact_keeps_the_old() -> N
         return [p.version if p else None for p in (before, after, still)]
 
     assert asyncio.run(scenario()) == ["v1", "v2", "v2"]
+
+
+def test_the_expected_length_is_cut_at_max_tokens_over_the_distribution() -> None:
+    """E[min(L, max_tokens)], not min(E[L], max_tokens): half the answers end at 100 tokens, half
+    run to 1,000 (E[L] = 550); cut at 256 they average 178, not 256."""
+    spread = Prediction(550, 1000, 1, "v", (0.5, 0.5), (100.0, 1000.0))
+    assert spread.within(256) == 178
+    assert spread.within(2048) == 550
+    assert spread.within(50) == 50
+    # A calibrated artifact (its served expectation 20% above the raw one) keeps its ratio.
+    calibrated = Prediction(660, 1000, 1, "v", (0.5, 0.5), (100.0, 1000.0))
+    assert calibrated.within(256) == round(178 * 1.2)
+    assert Prediction(550, 1000, 1, "v").within(256) == 256  # no distribution: capped

@@ -136,3 +136,36 @@ def test_requiring_keys_needs_the_admin_credential() -> None:
     settings = GatewaySettings.from_env({**env, "GATEWAY_ADMIN_TOKEN": "x" * 16})
     assert settings.access.require_api_keys
     assert not GatewaySettings(federation_file=Path("f.json")).access.require_api_keys
+
+
+def test_work_charged_already_waits_for_a_slot_of_its_capped_key() -> None:
+    """A batch item holds one of its key's concurrency slots while it runs; over the cap it
+    waits for one (it was charged at submission) instead of failing."""
+
+    async def run() -> None:
+        key = KeyRecord(7, "team-a", "fk-abcdefgh", None, None, datetime.now(UTC), None, 1)
+        tenancy = Tenancy(UnreachableKeys(), LocalKeyLimits(), require_keys=True)
+        order: list[str] = []
+        first_in, first_out = asyncio.Event(), asyncio.Event()
+
+        async def item(name: str, hold_until: asyncio.Event | None) -> None:
+            async with tenancy.key_slot(key):
+                order.append(f"{name} runs")
+                first_in.set()
+                if hold_until is not None:
+                    await hold_until.wait()
+                order.append(f"{name} ends")
+
+        first = asyncio.create_task(item("first", first_out))
+        await first_in.wait()
+        second = asyncio.create_task(item("second", None))
+        for _ in range(20):  # the second keeps looking while the first runs
+            await asyncio.sleep(0)
+        assert order == ["first runs"]
+        first_out.set()
+        await asyncio.gather(first, second)
+        assert order == ["first runs", "first ends", "second runs", "second ends"]
+        async with tenancy.key_slot(None):  # no key: nothing to hold
+            pass
+
+    asyncio.run(run())

@@ -230,8 +230,15 @@ async function loadHistory() {
   })), headlineData(), { height: 280 });
 }
 
+function windowLabel() {
+  const select = document.getElementById("window");
+  return select.options[select.selectedIndex].textContent;
+}
+
 async function loadDrift() {
   const d = await api(`/admin/api/drift?window_s=${state.windowS}&series=false`);
+  document.getElementById("drift-scope").textContent =
+    `per site and model, over the requests completed in the last ${windowLabel()} (the history window)`;
   const body = document.querySelector("#drift tbody");
   body.replaceChildren(...d.summary.map((s) => el("tr", { "data-site": s.site, "data-model": s.model },
     el("td", {}, s.site), el("td", {}, s.model),
@@ -335,11 +342,22 @@ async function loadWindow() {
   if (state.detail) await openDetail(state.detail);
 }
 
+// The shortest window that shows all the history there is (a demo's minutes are not a sliver
+// of an hour); the longest when there is more.
+function fittingWindow(select, overview) {
+  const windows = [...select.options].map((o) => Number(o.value));
+  if (overview.history_since == null) return windows[0];
+  const age = overview.at - overview.history_since;
+  return windows.find((w) => w >= age) ?? windows[windows.length - 1];
+}
+
 async function main() {
   const select = document.getElementById("window");
-  // ?window=<seconds> picks the history window (the page keeps it in the URL when changed).
+  // ?window=<seconds> picks the history window (the page keeps it in the URL when changed);
+  // without it, the window that fits the history kept.
   const asked = new URLSearchParams(location.search).get("window");
   if (asked && [...select.options].some((o) => o.value === asked)) select.value = asked;
+  else select.value = String(fittingWindow(select, await api("/admin/api/overview")));
   state.windowS = Number(select.value);
   select.addEventListener("change", () => {
     state.windowS = Number(select.value);

@@ -30,8 +30,9 @@ function row(m) {
   tr.dataset.drifted = String(m.drifted);
   tr.append(cell("model", m.model), cell("version", m.window_version ?? m.serving_version ?? "–", { class: "mono" }));
   for (const [field, get, fmt] of FIELDS) tr.append(cell(field, fmt(get(m.rolling)), { class: "num" }));
-  const drift = cell("drifted", m.drifted ? "drifted" : "ok", { title: m.reason });
-  drift.className = m.drifted ? "bad" : "good";
+  // The API's verdict: "not judged" while the window holds fewer samples than the rule needs.
+  const drift = cell("drifted", m.verdict, { title: m.reason });
+  drift.className = { drifted: "bad", ok: "good" }[m.verdict] ?? "muted";
   tr.append(drift, cell("last_job", jobText(m.last_job), { title: m.last_job?.error ?? "" }));
   return tr;
 }
@@ -41,7 +42,11 @@ export async function loadPredictors(api) {
   const body = document.querySelector("#predictors tbody");
   body.replaceChildren(...p.models.map(row));
   body.dataset.refreshedAt = String(p.refreshed_at ?? "");
+  const days = p.window_s > 0 ? ` of the last ${+(p.window_s / 86400).toFixed(1)} days` : "";
   document.getElementById("predictors-rule").textContent =
-    `last ${p.window_samples} requests per model · drifted at MAE ≥ ${p.max_mae_ratio}× the served mean's ` +
-    `or Spearman < ${p.min_spearman} (≥ ${p.min_samples} samples)` + (p.retrain_on_drift ? " · retrains on drift" : "");
+    `each model's last ${p.window_samples} finished requests${days}, predicted by the version shown` +
+    (p.include_censored ? "" : ", answers cut at max_tokens left out") +
+    ` (not the history window) · drifted at MAE ≥ ${p.max_mae_ratio}× the served mean's ` +
+    `or Spearman < ${p.min_spearman}, judged from ${p.min_samples} samples` +
+    (p.retrain_on_drift ? " · retrains on drift" : "");
 }

@@ -14,6 +14,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -108,6 +109,9 @@ class KeyLimitWindow(Base):
     previous_tokens: Mapped[int] = mapped_column(BigInteger)
     # Requests of the key in flight on every gateway together (the sum of its holds).
     in_flight: Mapped[int] = mapped_column(Integer)
+    # What the key's unsettled requests may still take beyond their charges (prompt +
+    # max_tokens less prompt + prediction), on every gateway together (the sum of its holds).
+    margin: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class KeyInFlightHold(Base):
@@ -122,6 +126,7 @@ class KeyInFlightHold(Base):
     )
     gateway_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     in_flight: Mapped[int] = mapped_column(Integer)
+    margin: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     renewed_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
 
 

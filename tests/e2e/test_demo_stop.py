@@ -1,0 +1,105 @@
+"""`make demo` stopped with SIGTERM (a terminal closed, `kill`, a CI timeout) left the gateway and
+its three sites running (issue 32, a newcomer's first hour): only Ctrl-C stopped them.
+
+The real demo (`python -m devtools.demo`, SmolLM2 sites on CPU, one short request, services kept
+running), sent SIGTERM: it exits and none of the processes it started is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from devtools.forkserver import FORK_SERVER_ENV
+from tests.conftest import REPO_ROOT, SHARED
+
+pytestmark = pytest.mark.slow
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+def test_sigterm_stops_the_demo_and_everything_it_started(
+    tmp_path: Path, smollm2_dir: Path
+) -> None:
+    env = {
+        **os.environ,
+        FORK_SERVER_ENV: "0",  # as `make demo` starts them: `python -m`
+        "FEDLLM_MODEL_CACHE": str(smollm2_dir.parent),
+    }
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devtools.demo",
+            "--requests",
+            "1",
+            "--max-tokens",
+            "2",
+            "--answers",
+            "0",
+            "--no-predictor",
+            "--keep-running",
+            "--work-dir",
+            str(tmp_path),
+            "--data-dir",
+            str(SHARED / "datasets"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started: set[int] = set()
+    try:
+        assert demo.stdout is not None
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("services keep running"):
+                break
+        else:
+            pytest.fail("the demo ended before keeping its services running:\n" + "".join(lines))
+        started = _children(demo.pid)
+        assert len(started) == 4, "".join(lines)  # three sites and the gateway
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) != 0
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in started):
+            assert time.monotonic() < deadline, [pid for pid in started if _alive(pid)]
+            time.sleep(0.2)
+    finally:
+        if demo.poll() is None:
+            started |= _children(demo.pid)
+            demo.kill()
+        for pid in started:  # what the demo left behind (before the fix: all four)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

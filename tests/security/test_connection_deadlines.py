@@ -1,0 +1,172 @@
+"""Issue 32, findings 4 and 5: connections that hold the gateway without sending.
+
+4. Upload slots: two keys sending a multipart upload's headers and no body held every
+   `POST /v1/files` and `POST /v1/batches` slot (a key could take half of them) for as long as
+   the connections stayed open: every other key's uploads got 429 (40 s+, no timeout).
+5. Idle connections: a connection that sends nothing, or headers a line at a time, was never
+   closed (75 s+; 2,000 held).
+
+Raw sockets against a real gateway. A key now holds one upload at a time (2 keys, 4 slots:
+another key still uploads); a body must keep arriving (GATEWAY_BODY_TIMEOUT_S, then at least
+GATEWAY_BODY_MIN_BYTES_PER_S): the slow senders get 408 and their slots come back; a
+connection's request headers must be complete within GATEWAY_HEADER_TIMEOUT_S (408), and a
+connection with no request in progress is closed after GATEWAY_KEEP_ALIVE_TIMEOUT_S of silence.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Federation
+from tests.security.batch_keys import KEYS_REQUIRED, make_key
+
+pytestmark = pytest.mark.slow
+# Short bounds, so that the test waits seconds; the assertions only need the connection to end.
+HEADER_S, KEEP_ALIVE_S, BODY_S = 2, 1, 2
+# A connection the gateway never closes is seen open after this long (the bounds are far below).
+GIVE_UP_S = 30
+
+
+@pytest.fixture(scope="module")
+def federation(start_federation) -> Federation:
+    return start_federation(
+        live=["aws-use1"],
+        env={
+            **KEYS_REQUIRED,
+            "GATEWAY_HEADER_TIMEOUT_S": str(HEADER_S),
+            "GATEWAY_KEEP_ALIVE_TIMEOUT_S": str(KEEP_ALIVE_S),
+            "GATEWAY_BODY_TIMEOUT_S": str(BODY_S),
+        },
+    )
+
+
+def _connect(federation: Federation) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", federation.gateway.port), timeout=GIVE_UP_S)
+
+
+def _ending(sock: socket.socket) -> tuple[str, bytes]:
+    """How the gateway ends the connection ("closed" or "reset"), with what it sent first;
+    ("open", ...) if it is still open after GIVE_UP_S."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        return "reset", received
+    except TimeoutError:
+        return "open", received
+    return "closed", received
+
+
+@contextmanager
+def _stalled_upload(federation: Federation, key: str) -> Iterator[socket.socket]:
+    """An upload whose headers promise a body that never comes."""
+    sock = _connect(federation)
+    head = (
+        "POST /v1/files HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {key}\r\n"
+        "Content-Type: multipart/form-data; boundary=xyz\r\nContent-Length: 100000\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def _upload(federation: Federation, key: str) -> httpx.Response:
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "tiny", "prompt": "x", "max_tokens": 1}}  # fmt: skip
+    return httpx.post(
+        f"{federation.base_url}/v1/files",
+        files={"file": ("in.jsonl", io.BytesIO(json.dumps(line).encode()))},
+        data={"purpose": "batch"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
+def _wait_for_upload_slot(federation: Federation, key: str) -> None:
+    """The previous test's stalled uploads have ended (408) and given their slots back."""
+    deadline = time.monotonic() + GIVE_UP_S
+    while (answer := _upload(federation, key)).status_code == 429:
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.2)
+
+
+def test_slow_uploads_of_two_keys_leave_other_keys_their_uploads(federation: Federation) -> None:
+    attackers = [make_key(federation, f"stall-{n}")["key"] for n in range(2)]
+    victim = make_key(federation, "victim")["key"]
+    with ExitStack() as stack:
+        stalled = [
+            stack.enter_context(_stalled_upload(federation, key))
+            for key in attackers
+            for _ in range(2)
+        ]
+        time.sleep(0.5)  # not a synchronisation: the victim's upload must succeed either way
+        answer = _upload(federation, victim)
+        assert answer.status_code == 200, answer.text
+        # The slow bodies are cut: 408 in the OpenAI shape, then the connection closes.
+        endings = [_ending(sock) for sock in stalled]
+    answered = [received for how, received in endings if how == "closed" and received]
+    assert any(b" 408 " in received.split(b"\r\n", 1)[0] for received in answered), endings
+    assert all(how != "open" for how, _ in endings), endings
+    for key in attackers:  # their slots came back
+        _wait_for_upload_slot(federation, key)
+
+
+def test_a_silent_connection_is_closed(federation: Federation) -> None:
+    sock = _connect(federation)
+    how, received = _ending(sock)
+    assert (how, received) == ("closed", b"")
+
+
+def test_headers_sent_a_line_at_a_time_get_408(federation: Federation) -> None:
+    sock = _connect(federation)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n")
+    sock.settimeout(1)
+    started = time.monotonic()
+    ended = None
+    while time.monotonic() - started < GIVE_UP_S:
+        try:
+            sock.sendall(b"X-Trickle: 1\r\n")  # each line under the keep-alive bound
+        except OSError:
+            break
+        try:
+            ended = sock.recv(65536)
+            break
+        except TimeoutError:
+            continue
+    assert ended is not None, "still open"
+    assert ended.startswith(b"HTTP/1.1 408 "), ended
+
+
+def test_an_idle_keep_alive_connection_is_closed(federation: Federation) -> None:
+    sock = _connect(federation)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
+    sock.settimeout(GIVE_UP_S)
+    first = sock.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200 "), first
+    how, _ = _ending(sock)
+    assert how == "closed"
+
+
+def test_many_silent_connections_all_close_and_the_gateway_serves_meanwhile(
+    federation: Federation,
+) -> None:
+    socks = [_connect(federation) for _ in range(300)]
+    try:
+        healthy = httpx.get(f"{federation.base_url}/healthz", timeout=10)
+        assert healthy.status_code == 200
+        assert all(_ending(sock)[0] == "closed" for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
