@@ -121,12 +121,17 @@ def choice_requests(request: EngineRequest, n: int) -> list[EngineRequest]:
 
 @dataclass(slots=True)
 class _Throughput:
-    """Decode tokens per second over a short sliding window."""
+    """Decode tokens per second of stepping over a short sliding window: the tokens the steps in
+    the window produced over the time those steps took. Idle time is left out on purpose: the
+    gateway reads running / rate as the site's step time (gateway/routing/latency.py), and a
+    rate averaged over an idle window made a site that had just answered a short request look
+    many times slower than it steps (6 tokens in a 2 s window: a 330 ms "step" for 10 ms)."""
 
-    samples: deque[tuple[float, int]] = field(default_factory=deque)
+    samples: deque[tuple[float, int, float]] = field(default_factory=deque)
 
-    def add(self, now: float, tokens: int) -> None:
-        self.samples.append((now, tokens))
+    def add(self, now: float, tokens: int, busy_s: float) -> None:
+        """One engine step that ended at `now`, produced `tokens` and took `busy_s` seconds."""
+        self.samples.append((now, tokens, busy_s))
         while self.samples and now - self.samples[0][0] > _RATE_WINDOW_S:
             self.samples.popleft()
 
@@ -134,8 +139,10 @@ class _Throughput:
         # Called from the asyncio thread while the engine thread appends: tuple() copies the
         # deque in one C call under the GIL; iterating it directly raised "deque mutated during
         # iteration" and broke the load-report stream.
-        recent = [n for t, n in tuple(self.samples) if now - t <= _RATE_WINDOW_S]
-        return sum(recent) / _RATE_WINDOW_S if recent else 0.0
+        recent = [(n, busy) for t, n, busy in tuple(self.samples) if now - t <= _RATE_WINDOW_S]
+        tokens = sum(n for n, _ in recent)
+        busy = sum(b for _, b in recent)
+        return tokens / busy if tokens and busy > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +317,7 @@ class EngineService:
         while not self._stopping.is_set():
             self._drain_commands(block=not self.engine.has_unfinished())
             if self.engine.has_unfinished():
+                began = time.monotonic()
                 try:
                     outputs = self.engine.step()
                 except Exception as exc:
@@ -317,7 +325,7 @@ class EngineService:
                     self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
                     self._record_cache_events()
                     continue
-                self._route(outputs)
+                self._route(outputs, began)
                 self._record_cache_events()
             stats = self.engine.stats()
             if stats.iterations > self._stats.iterations:
@@ -343,7 +351,8 @@ class EngineService:
             except queue.Empty:
                 return
 
-    def _route(self, outputs: list[RequestOutput]) -> None:
+    def _route(self, outputs: list[RequestOutput], began: float) -> None:
+        """Hands a step's outputs to their streams; `began`: when the step started (monotonic)."""
         produced = 0
         for output in outputs:
             stream = self._streams.get(output.request_id)
@@ -374,9 +383,9 @@ class EngineService:
             if reason is not None:
                 del self._streams[output.request_id]
                 self._forget_choice(output.request_id, stream.index)
-        if produced:
-            self._throughput.add(time.monotonic(), produced)
-            self._generated_total += produced
+        now = time.monotonic()
+        self._throughput.add(now, produced, now - began)
+        self._generated_total += produced
 
     def _forget_choice(self, engine_id: str, index: int) -> None:
         """A choice finished: its request is gone from the site once every choice is."""

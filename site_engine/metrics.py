@@ -165,7 +165,7 @@ class EngineStatsCollector(Collector):
             yield family
         rate = GaugeMetricFamily(
             "fedllm_site_decode_tokens_per_second",
-            "Decode throughput over the last seconds",
+            "Decode tokens per second of stepping over the last 2 s (idle time left out)",
             labels=["site"],
         )
         rate.add_metric(labels, self._source.decode_tokens_per_s())

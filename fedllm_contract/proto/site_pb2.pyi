@@ -657,6 +657,9 @@ class LoadReport(_message.Message):
     kv_blocks_used: _builtins.int
     kv_blocks_total: _builtins.int
     decode_tokens_per_s: _builtins.float
+    """Tokens generated per second of stepping over the last seconds: idle time left out, so
+    running_requests / decode_tokens_per_s is the site's step time at its current batch.
+    """
     iterations: _builtins.int
     kv_block_iterations: _builtins.int
     """Cumulative since the site started: KV blocks held and tokens cached, summed over every

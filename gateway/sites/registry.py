@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from gateway.federation import SiteConfig
 from gateway.routing.latency import RttEstimator, StepTimeModel
 from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS, SitePrefix
-from gateway.routing.types import SiteLatency
+from gateway.routing.types import SiteLatency, StepTime
 from gateway.sites.interface import LoadView, SiteClient, SiteInfoView
 
 
@@ -35,6 +35,12 @@ class SiteState:
     # Latency-aware routing: round trips of the health checks, step times of the load reports.
     rtt: RttEstimator = field(default_factory=RttEstimator)
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    # The step models of the other sites serving the same model (set by SiteRegistry): a site
+    # that has not reported decoding yet is assumed to step as the median of those that have.
+    # Against a fixed prior, a site that had just served (and so was measured) lost to one that
+    # never had whenever the prior was the faster: the next turn of a conversation left the
+    # site holding its prefix.
+    peer_steps: tuple[StepTimeModel, ...] = ()
     # What the gateway knows of the site's prefix cache (its cache events, else its history).
     prefix: SitePrefix = field(default_factory=lambda: SitePrefix(DEFAULT_PREFIX_INDEX_BLOCKS))
 
@@ -68,7 +74,7 @@ class SiteState:
         reported = report.running_requests + report.queued_requests if report else 0
         return SiteLatency(
             rtt_s=self.rtt.value,
-            step=self.step_time.fit(),
+            step=self.step_time.fit() or median_step(peer.fit() for peer in self.peer_steps),
             batch_slots=self.info.max_num_seqs if self.info is not None else None,
             requests=max(reported, self.in_flight),
             remaining_answer_tokens=report.predicted_remaining_tokens if report else 0,
@@ -144,9 +150,22 @@ class Reservation:
             self.site.ledger_tokens -= self.tokens
 
 
+def median_step(steps: Iterable[StepTime | None]) -> StepTime | None:
+    """The measured step line whose one-sequence step is the median (the lower of the two
+    middle ones); None when none is measured."""
+    measured = sorted((s for s in steps if s is not None), key=lambda s: s.at(1))
+    return measured[(len(measured) - 1) // 2] if measured else None
+
+
 class SiteRegistry:
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
+        for site in self._sites.values():
+            site.peer_steps = tuple(
+                other.step_time
+                for other in self._sites.values()
+                if other is not site and other.config.model == site.config.model
+            )
 
     def all(self) -> list[SiteState]:
         return list(self._sites.values())
