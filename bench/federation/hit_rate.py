@@ -24,18 +24,24 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+|NaN)
 
 
 def prefix_counters(metrics_text: str) -> tuple[float, float] | None:
-    """(queries, hits) in tokens, summed over labels; None when the site exports neither."""
-    queries = hits = 0.0
-    seen = False
+    """(queries, hits) in tokens, summed over labels; None when the site exports neither. Our
+    sites' metrics port names them `fedllm_site_prefix_cache_{queries,hits}_tokens_total`, their
+    HTTP face and vLLM `vllm:prefix_cache_{queries,hits}_total`; where an exposition has both
+    spellings, vLLM's is read (once: the two count the same tokens)."""
+    counters: dict[str, list[float]] = {}  # family prefix -> [queries, hits]
     for name, _labels, value in _SAMPLE.findall(metrics_text):
         if value == "NaN":
             continue
-        base = name.removesuffix("_total")
-        if base.endswith("prefix_cache_queries"):
-            queries, seen = queries + float(value), True
-        elif base.endswith("prefix_cache_hits"):
-            hits, seen = hits + float(value), True
-    return (queries, hits) if seen else None
+        base = name.removesuffix("_total").removesuffix("_tokens")
+        for slot, suffix in enumerate(("prefix_cache_queries", "prefix_cache_hits")):
+            if base.endswith(suffix):
+                family = counters.setdefault(base.removesuffix(suffix), [0.0, 0.0])
+                family[slot] += float(value)
+    if not counters:
+        return None
+    family = "vllm:" if "vllm:" in counters else min(counters)
+    queries, hits = counters[family]
+    return queries, hits
 
 
 def measured_hit_rate(

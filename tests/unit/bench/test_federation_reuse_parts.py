@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.federation.hit_rate import measured_hit_rate, prefix_counters, simulated_hit_rate
 from bench.federation.knee import next_rate
@@ -23,6 +25,8 @@ from bench.federation.prefix_workloads import (
 from bench.federation.text_tokens import WordTokens
 from bench.federation.workload import Request
 from fedllm_contract.tokenizer import load_tokenizer
+from site_engine.engine.api import EngineStats
+from site_engine.metrics import EngineStatsCollector
 from tests.conftest import SHARED
 
 
@@ -144,6 +148,8 @@ fedllm_site_running_requests{site="a"} 0.0
 
 def test_prefix_counters_and_measured_hit_rate() -> None:
     assert prefix_counters(METRICS) == (1000.0, 250.0)
+    both = METRICS + 'fedllm_site_prefix_cache_queries_tokens_total{site="a"} 1000.0\n'
+    assert prefix_counters(both) == (1000.0, 250.0)  # one count, not two
     assert prefix_counters("fedllm_site_running_requests 1\n") is None
     rates = measured_hit_rate({"a": (1000.0, 250.0), "b": None}, {"a": (3000.0, 1250.0), "b": None})
     assert rates == {"a": 0.5, "b": None}
@@ -162,3 +168,16 @@ def test_simulated_hit_rate_counts_runs_from_the_first_block() -> None:
     assert rates["b"] == 0.0
     small = simulated_hit_rate(served[:2], {"a": 32})  # 2 blocks fit: the first 2 of 4 stay
     assert small["a"] == pytest.approx(32 / 128, abs=1e-4)
+
+
+def test_prefix_counters_read_our_sites_metrics_port() -> None:
+    """What the benchmark scrapes: a site's own exposition (it reported "n/a" on the H100 run,
+    when the parser knew only vLLM's spelling)."""
+    source = SimpleNamespace(
+        stats=lambda: EngineStats(0, 0, 0, 0, 0, 0, 10, 3, prefix_cache_queries=900,
+                                  prefix_cache_hits=600, prefix_cache_host_hits=100),
+        decode_tokens_per_s=lambda: 0.0,
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector("a", source))
+    assert prefix_counters(generate_latest(registry).decode()) == (900.0, 600.0)
