@@ -154,6 +154,8 @@ class ChatService:
             include_usage=include_usage,
             user=req.user,
             cache_salt=req.cache_salt,
+            session_id=req.session_id,
+            prompt_cache_key=req.prompt_cache_key,
         )
         prepared = self._completions.preparer.prepare_tokens(
             req.model, prompt_ids, _predictor_text(turns), sampling, delivery, "chat.completions"

@@ -63,6 +63,16 @@ class Delivery:
     include_usage: bool = False
     user: str | None = None
     cache_salt: str | None = None
+    # The client's own names for its conversation (see session_key).
+    session_id: str | None = None
+    prompt_cache_key: str | None = None
+
+
+def session_key(delivery: Delivery) -> str | None:
+    """The key session affinity follows (gateway/routing/affinity.py): the first given of
+    `session_id` (vLLM's and llm-d's clients), `prompt_cache_key` (OpenAI's cache-routing key)
+    and `user`; None without any (an empty string is none)."""
+    return delivery.session_id or delivery.prompt_cache_key or delivery.user or None
 
 
 def _reject_unsupported(req: CompletionRequest) -> None:
@@ -131,6 +141,8 @@ class Preparer:
             include_usage=include_usage,
             user=req.user,
             cache_salt=req.cache_salt,
+            session_id=req.session_id,
+            prompt_cache_key=req.prompt_cache_key,
         )
         prepared = self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
         return replace(prepared, echo=prompt_text if req.echo else None)
@@ -200,6 +212,7 @@ class Preparer:
             api=api,
             unpredicted=self._settings.routing.plan_without_prediction,
             client_cache_salt=delivery.cache_salt,
+            session_key=session_key(delivery),
         )
 
     def _max_tokens(self, model: str, prompt_tokens: int, sampling: Sampling) -> int:
