@@ -25,7 +25,6 @@ from gateway.api.openai_errors import http_status
 from gateway.batches.service import BatchService
 from gateway.chat.service import ChatService
 from gateway.chat.templates import ChatTemplates
-from gateway.completions.service import CompletionService
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_counter_engine, create_engine, create_sessionmaker
 from gateway.federation import load_federation
@@ -33,6 +32,7 @@ from gateway.files.service import FileService
 from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
 from gateway.prediction.lifecycle import follow_registry, start_predictors
+from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.settings import GatewaySettings
@@ -233,7 +233,7 @@ class GatewayAssembly:
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
             ),
             readiness=Readiness(
-                registry, sessions, predictor, drainer, completions.writer, served_models
+                registry, sessions, predictor, drainer, completions.records.writer, served_models
             ),
             admin_sessions=AdminSessionStore(sessions),
             login_failures=LoginFailureStore(sessions),
@@ -281,7 +281,7 @@ class GatewayAssembly:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.completions.predictors.stop()
+        await self.completions.prediction.predictors.stop()
         await self.completions.drain()
         if isinstance(self.tenancy.limits, SharedKeyLimits):
             await self.tenancy.limits.close()  # its engine with it

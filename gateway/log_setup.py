@@ -1,7 +1,7 @@
 """The gateway process's logging: level from GATEWAY_LOG_LEVEL, and no payloads in the logs.
 
 What this gateway logs itself never carries API keys, the admin token or TLS key material, and
-carries prompts only with GATEWAY_LOG_PROMPTS on (gateway/completions/service.py). Libraries
+carries prompts only with GATEWAY_LOG_PROMPTS on (gateway/request_path/record.py). Libraries
 are another matter: aiosqlite logs every database call at DEBUG with its SQL parameters (the
 prompts of predictor samples among them), so it is held at INFO whatever the level.
 """

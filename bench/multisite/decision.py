@@ -30,6 +30,7 @@ from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.routing.types import RoutingRequest
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import LoadView, SiteInfoView
+from gateway.sites.lease import SiteLease
 from gateway.sites.registry import SiteState
 
 MODEL = "tiny"
@@ -163,8 +164,7 @@ async def _time_policy(
     hot = _hot_prompts(random.Random(1))
     requests = [_request(rng, hot) for _ in range(decisions)]
     policy = build_policy(policy_name)
-    for state in states:
-        state.ledger_tokens, state.in_flight = 0, 0
+    leases: list[SiteLease] = []
     elapsed: list[float] = []
     cpu: list[float] = []
     sites = len(states)
@@ -173,11 +173,12 @@ async def _time_policy(
         decision = policy.route(request, states)
         cpu.append((time.thread_time_ns() - started_cpu) / 1e6)
         elapsed.append((time.perf_counter_ns() - started) / 1e6)
-        if decision.site is not None:
-            decision.site.ledger_tokens += request.total_tokens
-            decision.site.in_flight += 1
+        if decision.site is not None:  # counted on its site, as a dispatch would be
+            leases.append(SiteLease.take(decision.site, request.total_tokens))
         reporter = states[n % sites]
         reporter.apply_report(_report(rng, n + 1))
+    for lease in leases:  # the next policy starts from idle sites
+        lease.release()
     elapsed.sort()
     cpu.sort()
     return DecisionTimes(

@@ -22,9 +22,10 @@ from gateway.api.openai_format import (
 )
 from gateway.api.openapi_body import json_body
 from gateway.chat.service import ChatService
-from gateway.completions.service import CompletionService, PreparedCompletion
+from gateway.dispatch.request import PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.idempotency import HEADER, REPLAYED_HEADER, Idempotency
+from gateway.request_path.service import CompletionService
 from gateway.tenancy.admission import Caller
 from gateway.tokenize_pool import TokenizePool
 

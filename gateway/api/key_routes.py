@@ -22,8 +22,8 @@ from gateway.api.key_schemas import (
 from gateway.api.openai_errors import OpenAIError, invalid_request
 from gateway.api.openapi_body import json_body
 from gateway.api.row_ids import row_id
-from gateway.completions.service import CompletionService
 from gateway.db.models import utcnow
+from gateway.request_path.service import CompletionService
 from gateway.tenancy.admission import Tenancy
 from gateway.tenancy.keys import KeyRecord
 
@@ -100,7 +100,7 @@ class AdminKeysController(Controller):
             raise _not_found(key_id)
         # The request log is written behind the answers: what was answered before this call
         # is counted (unless the database refuses writes: then what it holds so far).
-        await completions.writer.settle(USAGE_SETTLE_S)
+        await completions.records.writer.settle(USAGE_SETTLE_S)
         usage = await tenancy.keys.usage(key_id, utcnow() - timedelta(seconds=window_s))
         return ApiKeyUsage(
             api_key_id=key_id,

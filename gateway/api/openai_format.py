@@ -28,7 +28,7 @@ from gateway.completions.result import (
     token_decoder,
     usage,
 )
-from gateway.completions.service import PreparedCompletion
+from gateway.dispatch.request import PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.errors import GatewayError
 from gateway.sites.interface import SiteChunk

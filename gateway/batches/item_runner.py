@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime
 from functools import partial
@@ -22,9 +22,12 @@ from gateway.batches.plan import retry_delay_s
 from gateway.batches.request import CHAT, COMPLETIONS
 from gateway.chat.result import collect_chat_completion
 from gateway.completions.result import collect_completion
-from gateway.completions.service import CompletionService, PreparedCompletion, accepted_request
 from gateway.db.models import BatchItemStatus, RequestStatus
+from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError, InternalFailure, service_unavailable
+from gateway.request_path.predict import with_predicted_length
+from gateway.request_path.record import accepted_request
+from gateway.request_path.service import CompletionService
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.batch_records import ItemResult, QueuedItem
@@ -169,11 +172,10 @@ class ItemRunner:
         length its assignment planned."""
         prepare = partial(self._preparer.prepare, run.endpoint, run.model)
         prepared = await self._pool.run(prepare, item.body)
-        prepared = self._completions.salted(prepared, run.api_key_id)
+        prepared = self._completions.preparer.salted(prepared, run.api_key_id)
         if item.predicted_tokens is None:
             return prepared
-        params = replace(prepared.params, predicted_tokens=item.predicted_tokens)
-        return replace(prepared, params=params, predicted_bucket=item.predicted_bucket)
+        return with_predicted_length(prepared, item.predicted_tokens, item.predicted_bucket)
 
     def _site(self, item: QueuedItem, prepared: PreparedCompletion) -> SiteState | None:
         """The assigned site while it is healthy and not drained; else what the routing policy
@@ -182,7 +184,7 @@ class ItemRunner:
         if assigned is not None and assigned.healthy and not assigned.draining:
             return assigned
         tried = {assigned.name} if assigned is not None else set()
-        return self._completions.reroute(prepared, tried)
+        return self._completions.router.reroute(prepared, tried)
 
     async def _dispatch(
         self, run: BatchRun, item: QueuedItem, prepared: PreparedCompletion
@@ -191,7 +193,7 @@ class ItemRunner:
         site = self._site(item, prepared)
         if site is None:
             raise service_unavailable(f"no site can serve model '{run.model}' now")
-        accepted = self._completions.request_log.accepted(
+        accepted = self._completions.records.request_log.accepted(
             accepted_request(
                 prepared,
                 api="batch",
@@ -212,7 +214,7 @@ class ItemRunner:
         except asyncio.CancelledError:
             # The row may be written already; Dispatch records cancellations only from here on.
             outcome = Outcome(RequestStatus.CANCELLED, site.site_id, 1, error="batch cancelled")
-            self._completions.recorder.record_finished(prepared.request_id, outcome)
+            self._completions.records.outcomes.record_finished(prepared.request_id, outcome)
             raise
         dispatch = self._completions.open_dispatch(prepared, site)
         if run.endpoint == CHAT:

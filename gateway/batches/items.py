@@ -24,9 +24,10 @@ from gateway.batches.request import (
     line_body,
 )
 from gateway.chat.service import ChatService
-from gateway.completions.service import CompletionService, PreparedCompletion
+from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.files.batch_input import Endpoint, InputLine
+from gateway.request_path.service import CompletionService
 from gateway.stores.batch_records import NewItem
 
 # A slice of items validated in one turn of the tokenize pool: bounded in bytes, so that one

@@ -43,10 +43,10 @@ from gateway.batches.items import ItemPreparer
 from gateway.batches.lanes import LaneCursor
 from gateway.batches.output import render
 from gateway.batches.plan import PlanItem, plan_batch, plan_batch_by_cost
-from gateway.completions.service import CompletionService
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import GatewayError
 from gateway.prediction.service import Prediction
+from gateway.request_path.service import CompletionService
 from gateway.routing.types import UnpredictedPlan
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
@@ -255,7 +255,7 @@ class BatchRunner:
                 plan.append(_plan_item(queued, prediction, unpredicted))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
-        cost = self._completions.policy.batch_cost
+        cost = self._completions.router.policy.batch_cost
         sites = self._registry.all()
         placements = (
             plan_batch(run.model, plan, sites)
@@ -276,7 +276,7 @@ class BatchRunner:
         await self._store.assign(run.batch_id, assignments)
 
     async def _predict(self, run: BatchRun, item: QueuedItem) -> Prediction | None:
-        predictors = self._completions.predictors
+        predictors = self._completions.prediction.predictors
         if predictors.version(run.model) is None:
             return None  # fallback mode: no need to tokenize the prompt again
         try:

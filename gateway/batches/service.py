@@ -26,7 +26,6 @@ from gateway.batches.items import Entry, ItemPreparer, file_entries, inline_entr
 from gateway.batches.request import COMPLETIONS, BatchCreateRequest, window_hours
 from gateway.batches.runner import BatchRunner
 from gateway.chat.service import ChatService
-from gateway.completions.service import CompletionService
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import (
     Conflict,
@@ -37,6 +36,7 @@ from gateway.errors import (
 )
 from gateway.files.batch_input import ENDPOINTS, parse_lines
 from gateway.files.service import FileService, file_not_found
+from gateway.request_path.service import CompletionService
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
 from gateway.stores.batch_finalize import BatchFinalizer

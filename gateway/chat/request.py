@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import msgspec
 
 from gateway.completions.cache_salt import MAX_CLIENT_SALT_CHARS
-from gateway.completions.request import StreamOptions
+from gateway.completions.request import SessionKey, StreamOptions
 
 MAX_MESSAGES = 2048
 MAX_TOOLS = 128  # OpenAI's bound
@@ -67,3 +67,7 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     ignore_eos: bool = False
     # vLLM's: split this key's prefix cache further (gateway/completions/cache_salt.py).
     cache_salt: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_SALT_CHARS)] | None = None
+    # Whose conversation this is, for session affinity (gateway/request_path/prepare.py):
+    # OpenAI's cache-routing key, and the session id vLLM's and llm-d's clients send.
+    prompt_cache_key: SessionKey | None = None
+    session_id: SessionKey | None = None

@@ -1,6 +1,6 @@
 """From a chat request to a prepared completion: validate, render the model's chat template,
 tokenize, then share every later step (sampling checks, routing, dispatch) with
-/v1/completions through CompletionService."""
+/v1/completions through the request path (gateway/request_path/)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from gateway.chat.templates import (
 from gateway.chat.tools import check_tools, tool_constraint, tools_prompt
 from gateway.chat.turns import TemplateAbilities, Turn, conversation
 from gateway.completions.sampling_options import RequestedOptions, check_stream_options
-from gateway.completions.service import CompletionService, Delivery, PreparedCompletion, Sampling
-from gateway.dispatch.request import ToolCallParsing
+from gateway.dispatch.request import PreparedCompletion, ToolCallParsing
 from gateway.errors import invalid_request, model_not_found
 from gateway.federation import ToolCallFormat
+from gateway.request_path.prepare import Delivery, Sampling
+from gateway.request_path.service import CompletionService
 from gateway.tokenizers import ModelTokenizers
 
 # param -> (is the value one this gateway honours, what to say when it is not)
@@ -143,7 +144,7 @@ class ChatService:
                 "federation file names none): send a prompt to /v1/completions instead",
                 param="model",
             ) from exc
-        self._completions.check_prompt_chars(req.model, rendered.text, "messages")
+        self._completions.preparer.check_prompt_chars(req.model, rendered.text, "messages")
         prompt_ids = self._tokenizers.encode_pieces(req.model, rendered.pieces)
         if not prompt_ids:
             raise invalid_request("the messages render to an empty prompt", param="messages")
@@ -153,8 +154,10 @@ class ChatService:
             include_usage=include_usage,
             user=req.user,
             cache_salt=req.cache_salt,
+            session_id=req.session_id,
+            prompt_cache_key=req.prompt_cache_key,
         )
-        prepared = self._completions.prepare_tokens(
+        prepared = self._completions.preparer.prepare_tokens(
             req.model, prompt_ids, _predictor_text(turns), sampling, delivery, "chat.completions"
         )
         if tools is None:

@@ -10,6 +10,10 @@ import msgspec
 
 from gateway.completions.cache_salt import MAX_CLIENT_SALT_CHARS
 
+# What a session key (session_id, prompt_cache_key) may hold: it is only compared, never stored.
+MAX_SESSION_KEY_CHARS = 256
+SessionKey = Annotated[str, msgspec.Meta(max_length=MAX_SESSION_KEY_CHARS)]
+
 # OpenAI accepts a string, a list of strings, a list of token ids or a list of id lists;
 # msgspec allows one array type per union, so the list is checked for homogeneity in prepare().
 Prompt = str | list[str | int | list[int]]
@@ -42,6 +46,10 @@ class CompletionFields(msgspec.Struct, forbid_unknown_fields=True):
     ignore_eos: bool = False
     # vLLM's: split this key's prefix cache further (gateway/completions/cache_salt.py).
     cache_salt: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_SALT_CHARS)] | None = None
+    # Whose conversation this is, for session affinity (gateway/request_path/prepare.py):
+    # OpenAI's cache-routing key, and the session id vLLM's and llm-d's clients send.
+    prompt_cache_key: SessionKey | None = None
+    session_id: SessionKey | None = None
 
 
 class CompletionRequest(CompletionFields, kw_only=True):

@@ -31,7 +31,8 @@ class DispatchLimits:
 
 
 class Placement(Protocol):
-    """What a dispatch asks of the service that routed it (CompletionService provides it)."""
+    """What a dispatch asks of the stage that routed it (gateway/request_path/route.py's Router
+    provides it)."""
 
     def reroute(
         self,

@@ -47,6 +47,8 @@ class PreparedCompletion:
     echo: str | None = None
     # Chat with tools: how the model writes tool calls (its answer is parsed into tool_calls).
     tool_calls: ToolCallParsing | None = None
+    # Whose conversation this is (gateway/request_path/prepare.py: session_key), for affinity.
+    session_key: str | None = None
 
     @property
     def routing(self) -> RoutingRequest:
@@ -64,7 +66,7 @@ class PreparedCompletion:
             unpredicted=self.unpredicted,
             prompt_token_ids=params.prompt_token_ids,
             cache_salt=params.cache_salt,
-            session_key=self.user,
+            session_key=self.session_key,
             n=params.n,
         )
 

@@ -37,7 +37,8 @@ from gateway.sites.interface import (
     SiteTimedOut,
     SiteUnavailable,
 )
-from gateway.sites.registry import Reservation, SiteState
+from gateway.sites.lease import SiteLease
+from gateway.sites.registry import SiteState
 from gateway.stores.request_log import NewSample, Outcome
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,6 @@ class Dispatch:
     # Sites that failed this request (unavailable, or broke mid-answer): it never goes back
     # there. A site that only released it (offload, drain) may take it again later.
     failed: set[str] = field(default_factory=set)
-    _charged: int = 0
     # Monotonic seconds when the request was dispatched (prediction included): TTFT's origin,
     # and the start of its deadline (GATEWAY_REQUEST_TIMEOUT_S, over every site it tries).
     started_at: float = field(default_factory=time.monotonic)
@@ -99,10 +99,13 @@ class Dispatch:
     # The caller's slot in the gateway's in-flight bound, freed when the request ends (or, if
     # its stream is never consumed, when the object goes away).
     slot: weakref.finalize[[], Dispatch] | None = None
-    # The site's ledger counts the request from its creation (right after routing), so that
-    # the next decision of a burst sees it; the first attempt takes the place over.
-    _reservation: Reservation | None = None
+    # The request's place in its site's counters, from its creation (right after routing: the
+    # next decision of a burst must see it) to its end, moved with the request from site to
+    # site. Released by a finalizer if the request is dropped before it streams.
+    _lease: SiteLease = field(init=False)
     _unused: weakref.finalize[[], Dispatch] | None = None
+    # Its stream has begun: the lease is the stream's to move and release from then on.
+    _streaming: bool = False
     # Its key was revoked while it ran: the site was told to cancel it.
     _revoked: bool = False
     _cancelling: set[asyncio.Task[bool]] = field(default_factory=set)
@@ -117,16 +120,15 @@ class Dispatch:
     def __post_init__(self) -> None:
         self._answer_plan = self.prepared.routing.answer_tokens
         self._choices_left = self.prepared.params.n
-        reservation = self.site.reserve(self._planned_charge(self.params))
-        self._reservation = reservation
-        self._unused = weakref.finalize(self, reservation.release)
+        self._lease = SiteLease.take(self.site, self._planned_charge(self.params))
+        self._unused = weakref.finalize(self, self._lease.release)
 
     def abandon(self) -> None:
-        """Gives the reserved place back: the request will not be streamed (e.g. it could not
-        be recorded)."""
-        if self._reservation is not None:
-            self._reservation.release()
-            self._reservation = None
+        """Gives the site's place back if the request has not begun to stream (it will not be:
+        e.g. it could not be recorded, or its client went away first); a stream gives its own
+        back when it ends."""
+        if not self._streaming:
+            self._lease.release()
 
     @property
     def params(self) -> GenerateParams:
@@ -224,12 +226,10 @@ class Dispatch:
                 self.recorder.record_offload(self.prepared.request_id, released_from, self.site)
                 released_from = None
             self.tried.add(self.site.name)
-            # The site of this attempt: handlers below may already point self.site at the next
-            # one, and the bookkeeping in `finally` belongs to this one.
-            attempt_site = self.site
-            self.abandon()  # the attempt's own count replaces it, with no await in between
-            attempt_site.in_flight += 1
-            self._recharge()
+            self._streaming = True
+            # Counted on this attempt's site (the one routing placed it on, or the next),
+            # with no await since the last site gave its place back.
+            self._lease.move(self.site, self._planned_charge(self.params))
             try:
                 timeout_s = self._time_left_s()
                 async with aclosing(self.site.client.generate(self.params, timeout_s)) as chunks:
@@ -281,9 +281,8 @@ class Dispatch:
                     return
                 continue
             finally:
-                attempt_site.in_flight -= 1
-                attempt_site.ledger_tokens -= self._charged
-                self._charged = 0
+                # This attempt's site, though a handler may already point self.site elsewhere.
+                self._lease.release()
             self._move_elsewhere()
 
     def _time_left_s(self) -> float:
@@ -302,9 +301,7 @@ class Dispatch:
 
     def _recharge(self) -> None:
         """Keeps the site's outstanding-token ledger at prompt + predicted remaining answer."""
-        charge = self._planned_charge(self.params)
-        self.site.ledger_tokens += charge - self._charged
-        self._charged = charge
+        self._lease.recharge(self._planned_charge(self.params))
 
     def _planned_charge(self, params: GenerateParams) -> int:
         remaining = max(self._answer_plan - self.completion_tokens, 0)

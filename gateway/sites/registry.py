@@ -24,7 +24,7 @@ class SiteState:
     checked_at: float = 0.0
     # Requests this gateway has sent to the site that have not finished yet, and their token
     # load as this gateway sees it: prompt + planned answer tokens, less what has streamed back.
-    # (Merging in the site's own load reports comes with the load-report stream.)
+    # Changed only through requests' leases (gateway/sites/lease.py).
     in_flight: int = 0
     ledger_tokens: int = 0
     # The site's last pushed load report, and when it came (monotonic seconds).
@@ -124,30 +124,6 @@ class SiteState:
     def mark_unhealthy(self, reason: str) -> None:
         self.healthy, self.last_error = False, reason
         self.checked_at = time.monotonic()
-
-    def reserve(self, tokens: int) -> Reservation:
-        """Counts a request on this site from the moment routing picks it, before anything is
-        awaited: the decisions for the rest of a burst must already see it."""
-        self.in_flight += 1
-        self.ledger_tokens += tokens
-        return Reservation(self, tokens)
-
-
-@dataclass(slots=True)
-class Reservation:
-    """A routed request's place in its site's ledger until its stream there starts (and takes
-    the place over) or the request is dropped before it starts. Releasing twice is harmless, so
-    a finalizer may release what the normal path already has."""
-
-    site: SiteState
-    tokens: int
-    held: bool = True
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.site.in_flight -= 1
-            self.site.ledger_tokens -= self.tokens
 
 
 def median_step(steps: Iterable[StepTime | None]) -> StepTime | None:

@@ -9,9 +9,10 @@ insert, and a batch of requests one transaction.
 What is queued is never given up while the gateway runs: a batch the database refuses (it is
 restarting, failing over, refusing connections) goes back to the front of the queue and is
 written again, backing off from 0.5 s to 10 s. Memory is bounded: at most `capacity` requests
-wait (the gateway takes no new request while it is full: CompletionService answers 503, so what
-it has accepted is never dropped), and length samples (retraining data, not accounting) are
-dropped once the waiting ones pass `sample_bytes`. A row the database refuses for what it holds
+wait (the gateway takes no new request while it is full: the request path's admit stage,
+gateway/request_path/admit.py, answers 503, so what it has accepted is never dropped), and
+length samples (retraining data, not accounting) are dropped once the waiting ones pass
+`sample_bytes`. A row the database refuses for what it holds
 (not for being away) is written alone and, if refused again, logged and dropped, so that it
 cannot hold every other request's row back; before it is dropped it is written once more without
 its free-form columns (`user`, routing and error details) and its length sample, so that a

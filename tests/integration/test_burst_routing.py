@@ -14,11 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.api.body import decode_body
 from gateway.api.completion_schemas import CompletionRequest
-from gateway.completions.service import CompletionService, PreparedCompletion
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig, SiteConfig
+from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings
 from gateway.sites.grpc_client import GrpcSiteClient
@@ -79,7 +80,7 @@ def test_a_burst_is_spread_and_unused_dispatches_give_their_place_back(
     async def burst() -> None:
         upgrade(sqlite_url)
         service, engine = await _service(sqlite_url, policy, gpt2_tokenizer_dir)
-        sites = service._registry.all()
+        sites = service.router.registry.all()
         try:
             dispatches = await asyncio.gather(
                 *(service.dispatch(_request(service)) for _ in range(9))
@@ -94,7 +95,7 @@ def test_a_burst_is_spread_and_unused_dispatches_give_their_place_back(
             await asyncio.sleep(0)  # the gathered tasks, which hold them too, are let go
             gc.collect()
             assert [(s.in_flight, s.ledger_tokens) for s in sites] == [(0, 0)] * 3
-            assert service.bound.in_flight == 0
+            assert service.admitter.bound.in_flight == 0
         finally:
             await _close(sites, engine)
 
@@ -110,18 +111,19 @@ def test_a_request_refused_while_the_request_log_is_behind_takes_no_place(
     async def refused() -> None:
         upgrade(sqlite_url)
         service, engine = await _service(sqlite_url, "least_tokens", gpt2_tokenizer_dir)
-        sites = service._registry.all()
+        sites = service.router.registry.all()
         try:
             first = await service.dispatch(_request(service))
-            service.writer.capacity = len(service.writer)  # full: nothing written yet
+            writer = service.records.writer
+            writer.capacity = len(writer)  # full: nothing written yet
             with pytest.raises(GatewayError) as behind:
                 await service.dispatch(_request(service))
             assert behind.value.retry_after_s is not None
             held = [(s.in_flight, s.ledger_tokens) for s in sites]
             assert sorted(count for count, _ in held) == [0, 0, 1]
-            assert sum(tokens for _, tokens in held) == first._reservation.tokens  # type: ignore[union-attr]
-            await service.writer.flush()  # written: there is room again
-            assert not service.writer.full
+            assert sum(tokens for _, tokens in held) == first._lease.tokens
+            await writer.flush()  # written: there is room again
+            assert not writer.full
             second = await service.dispatch(_request(service))
             assert sum(s.in_flight for s in sites) == 2
             del first, second

@@ -24,11 +24,11 @@ from gateway.batches.request import (
 from gateway.batches.service import BatchService
 from gateway.chat.service import ChatService
 from gateway.chat.templates import ChatTemplates
-from gateway.completions.service import CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig
 from gateway.files.service import FileService
+from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.settings import BatchSettings, GatewaySettings, LimitsSettings
 from gateway.sites.registry import SiteRegistry

@@ -14,10 +14,10 @@ from gateway.api.completion_schemas import CompletionRequest
 from gateway.api.openai_errors import OpenAIError, to_openai
 from gateway.chat.service import ChatService
 from gateway.chat.templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
-from gateway.completions.service import CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig
+from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry

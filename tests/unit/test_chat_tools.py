@@ -12,10 +12,10 @@ from gateway.api.chat_schemas import decode_chat_request
 from gateway.chat.service import ChatService
 from gateway.chat.templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
 from gateway.chat.tool_calls import ToolCall, ToolCallScanner, split_answer
-from gateway.completions.service import CompletionService
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.dispatch.request import ToolCallParsing
 from gateway.federation import ModelConfig
+from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from gateway.api.openai_errors import OpenAIError, to_openai
-from gateway.completions.overload import InFlightBound
-from gateway.completions.service import CompletionService, Delivery, Sampling
 from gateway.db.models import RequestStatus
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig, SiteConfig
 from gateway.prediction.by_model import ModelPredictors
 from gateway.prediction.service import PredictorService
+from gateway.request_path.admit import InFlightBound
+from gateway.request_path.prepare import Delivery, Sampling
+from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings, LimitsSettings
 from gateway.sites.grpc_client import GrpcSiteClient
@@ -113,10 +114,12 @@ def test_new_requests_wait_while_unwritten_outcomes_fill_their_backlog(
         build_policy("round_robin"),
         unwritable,
     )
-    prepared = service.prepare_tokens("m", [1, 2], "hi", Sampling(max_tokens=2), Delivery())
+    prepared = service.preparer.prepare_tokens(
+        "m", [1, 2], "hi", Sampling(max_tokens=2), Delivery()
+    )
 
     async def run() -> None:
-        backlog = service.writer
+        backlog = service.records.writer
         backlog.finished("earlier", Outcome(RequestStatus.COMPLETED, None, 1, 2))
         assert backlog.full
         with pytest.raises((OpenAIError, GatewayError)) as refused:
@@ -124,7 +127,7 @@ def test_new_requests_wait_while_unwritten_outcomes_fill_their_backlog(
         error = to_openai(refused.value)
         assert (error.status, error.retry_after_s) == (503, 1)
         assert "request log is behind" in error.body.message
-        assert service.bound.in_flight == 0  # refused before taking a slot
+        assert service.admitter.bound.in_flight == 0  # refused before taking a slot
         await backlog.drain(timeout_s=0.1)
 
     asyncio.run(run())
@@ -156,13 +159,15 @@ def test_the_predictor_hears_whether_a_request_is_alone(
         RequestLog(create_sessionmaker(create_engine("sqlite+aiosqlite://"))),
         predictors,
     )
-    prepared = service.prepare_tokens("m", [1, 2], "hi", Sampling(max_tokens=2), Delivery())
-    service.bound.in_flight = others_in_flight
+    prepared = service.preparer.prepare_tokens(
+        "m", [1, 2], "hi", Sampling(max_tokens=2), Delivery()
+    )
+    service.admitter.bound.in_flight = others_in_flight
 
     async def run() -> None:
         with pytest.raises((OpenAIError, GatewayError)):  # no site to route to: 503
             await service.dispatch(prepared)
-        await service.writer.drain(timeout_s=0.1)
+        await service.records.writer.drain(timeout_s=0.1)
 
     asyncio.run(run())
     assert predictors.alone == [alone]

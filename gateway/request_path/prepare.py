@@ -1,0 +1,288 @@
+"""Stage 1, prepare: from a request as the client sent it to a PreparedCompletion, checking
+everything that can be checked without a site (so bad input changes nothing): the prompt, its
+tokens, the sampling fields against the model's context and vocabulary, and, once the caller's
+key is known, the prefix-cache salt routing weighs what sites hold under.
+
+Chat renders its template first (gateway/chat/service.py) and joins here at prepare_tokens.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import msgspec
+
+from gateway.completions.cache_salt import cache_salt
+from gateway.completions.request import CompletionRequest
+from gateway.completions.sampling_options import (
+    RequestedOptions,
+    check_options,
+    check_stream_options,
+)
+from gateway.dispatch.request import Api, PreparedCompletion
+from gateway.errors import invalid_request, model_not_found
+from gateway.settings import GatewaySettings
+from gateway.sites.interface import GenerateParams
+from gateway.sites.registry import SiteRegistry
+from gateway.tokenizers import ModelTokenizers
+
+MAX_STOP_SEQUENCES = 4
+# Stop strings are matched after every token; the site refuses longer ones (MAX_STOP_CHARS there).
+MAX_STOP_CHARS = 1024
+# Prompts of one /v1/completions request (a list): each is a request of its own at the sites.
+MAX_PROMPTS = 64
+_ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The generation fields every API shares, as the client sent them (validated here)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: str | Sequence[str] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    # The wire name of the length limit the client used (chat has two), for error messages.
+    max_tokens_param: str = "max_tokens"
+    # n, penalties, logit_bias, logprobs and the decoding constraint, as the client sent them.
+    options: RequestedOptions = field(default_factory=RequestedOptions)
+    # Without max_tokens: the API's default (completions) or the rest of the context (chat).
+    to_context_end: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How the answer goes back and whom it is for."""
+
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    cache_salt: str | None = None
+    # The client's own names for its conversation (see session_key).
+    session_id: str | None = None
+    prompt_cache_key: str | None = None
+
+
+def session_key(delivery: Delivery) -> str | None:
+    """The key session affinity follows (gateway/routing/affinity.py): the first given of
+    `session_id` (vLLM's and llm-d's clients), `prompt_cache_key` (OpenAI's cache-routing key)
+    and `user`; None without any (an empty string is none)."""
+    return delivery.session_id or delivery.prompt_cache_key or delivery.user or None
+
+
+def _reject_unsupported(req: CompletionRequest) -> None:
+    unsupported = {
+        "best_of": req.best_of not in (None, 1, req.n),
+        "suffix": req.suffix is not None,
+        # Prompt logprobs (echo with logprobs) are not computed by the sites.
+        "echo": req.echo and req.logprobs is not None,
+    }
+    for param, used in unsupported.items():
+        if used:
+            raise invalid_request(f"'{param}' is not supported by this gateway", param=param)
+    check_stream_options(req.stream, req.stream_options)
+
+
+def completion_options(req: CompletionRequest) -> RequestedOptions:
+    """A completion's options: its `logprobs` is the number of alternatives (0..20 here: vLLM's
+    bound; OpenAI's is 5)."""
+    return RequestedOptions(
+        n=req.n,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        logit_bias=req.logit_bias,
+        logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs,
+        top_logprobs_param="logprobs",
+    )
+
+
+class Preparer:
+    """Prepares requests for one federation's models; raises GatewayError (4xx) without touching
+    any state."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        registry: SiteRegistry,
+        tokenizers: ModelTokenizers,
+        shared_prefix_cache_models: frozenset[str] = frozenset(),
+    ) -> None:
+        """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
+        API keys (the federation file's `share_prefix_cache`)."""
+        self._settings = settings
+        self._registry = registry
+        self._tokenizers = tokenizers
+        self._shared_prefix_cache_models = shared_prefix_cache_models
+
+    def prepare(self, req: CompletionRequest) -> PreparedCompletion:
+        """A /v1/completions request: validated and tokenized."""
+        if req.model not in self._tokenizers:
+            raise model_not_found(req.model)
+        _reject_unsupported(req)
+        prompt_ids, prompt_text = self._prompt(req)
+        sampling = Sampling(
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=req.stop,
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+            options=completion_options(req),
+        )
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        delivery = Delivery(
+            stream=req.stream,
+            include_usage=include_usage,
+            user=req.user,
+            cache_salt=req.cache_salt,
+            session_id=req.session_id,
+            prompt_cache_key=req.prompt_cache_key,
+        )
+        prepared = self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
+        return replace(prepared, echo=prompt_text if req.echo else None)
+
+    def prepare_prompts(self, req: CompletionRequest) -> list[PreparedCompletion]:
+        """A request with a list of prompts as one prepared request per prompt (OpenAI answers
+        them as one completion whose choices run prompt by prompt); a single prompt as one."""
+        prompt = req.prompt
+        several = isinstance(prompt, list) and len(prompt) > 1
+        if not several or any(isinstance(item, int) for item in prompt):
+            return [self.prepare(req)]
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid_request(f"a request takes at most {MAX_PROMPTS} prompts", param="prompt")
+        return [self.prepare(msgspec.structs.replace(req, prompt=[one])) for one in prompt]
+
+    def prepare_tokens(
+        self,
+        model: str,
+        prompt_ids: Sequence[int],
+        prompt_text: str,
+        sampling: Sampling,
+        delivery: Delivery,
+        api: Api = "completions",
+    ) -> PreparedCompletion:
+        """Validates the sampling fields against an already tokenized prompt (what every API
+        shares). `prompt_text` is what the length predictor reads."""
+        if model not in self._tokenizers:
+            raise model_not_found(model)
+        max_tokens = self._max_tokens(model, len(prompt_ids), sampling)
+        stop = (sampling.stop,) if isinstance(sampling.stop, str) else tuple(sampling.stop or ())
+        if len(stop) > MAX_STOP_SEQUENCES or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stop):
+            raise invalid_request(
+                f"stop takes up to 4 non-empty strings of up to {MAX_STOP_CHARS} characters",
+                param="stop",
+            )
+        if sampling.seed is not None and not 0 <= sampling.seed < 2**63:
+            raise invalid_request("seed must be in [0, 2^63)", param="seed")
+        options = check_options(
+            sampling.options, self._tokenizers.vocab_size(model), self._settings.limits.max_choices
+        )
+        params = GenerateParams(
+            request_id=f"{_ID_PREFIX[api]}{uuid.uuid4().hex}",
+            prompt_token_ids=tuple(prompt_ids),
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=stop,
+            ignore_eos=sampling.ignore_eos,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            logit_bias=options.logit_bias,
+            logprobs=options.logprobs,
+            top_logprobs=options.top_logprobs,
+            constraint=options.constraint,
+            n=options.n,
+        )
+        return PreparedCompletion(
+            request_id=params.request_id,
+            created=int(time.time()),
+            model=model,
+            params=params,
+            stream=delivery.stream,
+            include_usage=delivery.include_usage,
+            user=delivery.user,
+            prompt_text=prompt_text,
+            api=api,
+            unpredicted=self._settings.routing.plan_without_prediction,
+            client_cache_salt=delivery.cache_salt,
+            session_key=session_key(delivery),
+        )
+
+    def _max_tokens(self, model: str, prompt_tokens: int, sampling: Sampling) -> int:
+        """The answer's length limit: the client's, else the API's default; 400 when it does not
+        fit the model's context with the prompt."""
+        param = sampling.max_tokens_param
+        context = self._registry.max_model_len(model)
+        max_tokens = self._settings.limits.default_max_tokens
+        if sampling.max_tokens is not None:
+            max_tokens = sampling.max_tokens
+        elif sampling.to_context_end and context is not None:
+            # OpenAI's chat default: the answer runs to its end or the context's.
+            max_tokens = max(context - prompt_tokens, 1)
+        if max_tokens < 1:
+            raise invalid_request(f"{param} must be at least 1", param=param)
+        if context is not None and prompt_tokens + max_tokens > context:
+            raise invalid_request(
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"prompt, {max_tokens} for the completion).",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return max_tokens
+
+    def salted(self, prepared: PreparedCompletion, api_key_id: int | None) -> PreparedCompletion:
+        """The request with the prefix-cache salt of its key (gateway/completions/cache_salt.py);
+        set before routing, which may weigh what a site holds under that salt."""
+        salt = cache_salt(
+            api_key_id,
+            prepared.client_cache_salt,
+            prepared.model in self._shared_prefix_cache_models,
+        )
+        return replace(prepared, params=replace(prepared.params, cache_salt=salt))
+
+    def check_prompt_chars(self, model: str, text: str, param: str) -> None:
+        """400 for a prompt that cannot fit the model's context whatever its tokens, before it
+        is tokenized (tokenizing runs on the event loop: ~1 s per MiB held every stream)."""
+        context = self._registry.max_model_len(model)
+        most = (
+            None if context is None else context * self._settings.limits.max_prompt_chars_per_token
+        )
+        if most is not None and len(text) > most:
+            raise invalid_request(
+                f"This model's maximum context length is {context} tokens; a prompt of "
+                f"{len(text)} characters cannot fit (at most {most} are read).",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:
+        prompt = req.prompt
+        if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
+            # A list of prompts: one per request here.
+            if len(prompt) != 1:
+                raise invalid_request(
+                    "one prompt per request: send a string or a list of token ids", param="prompt"
+                )
+            prompt = prompt[0]  # type: ignore[assignment]
+        if isinstance(prompt, str):
+            self.check_prompt_chars(req.model, prompt, "prompt")
+            ids, text = self._tokenizers.encode(req.model, prompt), prompt
+        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            ids = [int(t) for t in prompt]  # type: ignore[arg-type]
+            vocab = self._tokenizers.vocab_size(req.model)
+            if any(not 0 <= t < vocab for t in ids):
+                raise invalid_request(f"token ids must be in [0, {vocab})", param="prompt")
+            text = self._tokenizers.decode(req.model, ids)
+        else:
+            raise invalid_request("prompt must be a string or a list of token ids", param="prompt")
+        if not ids:
+            raise invalid_request("the prompt is empty", param="prompt")
+        return ids, text
