@@ -35,12 +35,12 @@ def prefix_counters(metrics_text: str) -> tuple[float, float] | None:
         base = name.removesuffix("_total").removesuffix("_tokens")
         for slot, suffix in enumerate(("prefix_cache_queries", "prefix_cache_hits")):
             if base.endswith(suffix):
-                family = counters.setdefault(base.removesuffix(suffix), [0.0, 0.0])
-                family[slot] += float(value)
+                pair = counters.setdefault(base.removesuffix(suffix), [0.0, 0.0])
+                pair[slot] += float(value)
     if not counters:
         return None
-    family = "vllm:" if "vllm:" in counters else min(counters)
-    queries, hits = counters[family]
+    prefix = "vllm:" if "vllm:" in counters else min(counters)
+    queries, hits = counters[prefix]
     return queries, hits
 
 

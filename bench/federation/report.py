@@ -226,8 +226,7 @@ def _reuse_table(sweep: Mapping[str, Any]) -> str:
         "Hit rates are shares of prompt tokens: simulated = an LRU of each site's KV capacity fed "
         "what the arm sent it (SGLang's router does not say where a request went: -); sites' "
         "counters = the engines' own prefix-cache hits over the run, per site that served any "
-        "(n/a: no site exports prefix-cache counters).\n\n"
-        + markdown_table(header, rows)
+        "(n/a: no site exports prefix-cache counters).\n\n" + markdown_table(header, rows)
     )
 
 
