@@ -239,14 +239,21 @@ class Preparer:
         return max_tokens
 
     def salted(self, prepared: PreparedCompletion, api_key_id: int | None) -> PreparedCompletion:
-        """The request with the prefix-cache salt of its key (gateway/completions/cache_salt.py);
-        set before routing, which may weigh what a site holds under that salt."""
+        """The request scoped to its API key before routing: the prefix-cache salt of its key
+        (gateway/completions/cache_salt.py; routing weighs what a site holds under that salt),
+        and its session key prefixed with the key's id, so that two tenants who pick the same
+        session id do not steer each other's requests."""
         salt = cache_salt(
             api_key_id,
             prepared.client_cache_salt,
             prepared.model in self._shared_prefix_cache_models,
         )
-        return replace(prepared, params=replace(prepared.params, cache_salt=salt))
+        session = prepared.session_key
+        if session is not None and api_key_id is not None:
+            session = f"{api_key_id}:{session}"
+        return replace(
+            prepared, params=replace(prepared.params, cache_salt=salt), session_key=session
+        )
 
     def check_prompt_chars(self, model: str, text: str, param: str) -> None:
         """400 for a prompt that cannot fit the model's context whatever its tokens, before it

@@ -131,3 +131,16 @@ def test_a_session_key_that_is_not_a_bounded_string_is_a_400_naming_it(
 def test_a_session_key_at_its_bound_is_taken(completions: CompletionService) -> None:
     longest = "x" * MAX_SESSION_KEY_CHARS
     assert _completion(completions, {"session_id": longest}).routing.session_key == longest
+
+
+def test_a_session_key_is_scoped_to_its_api_key(completions: CompletionService) -> None:
+    """Two tenants that pick the same session id share no affinity entry; without a key (an
+    open gateway) the client's key is used as sent."""
+    prepared = _completion(completions, {"session_id": "chat-1"})
+    first = completions.preparer.salted(prepared, 7).routing.session_key
+    second = completions.preparer.salted(prepared, 8).routing.session_key
+    assert first == "7:chat-1"
+    assert second == "8:chat-1"
+    assert completions.preparer.salted(prepared, None).routing.session_key == "chat-1"
+    anonymous = _completion(completions, {})
+    assert completions.preparer.salted(anonymous, 7).routing.session_key is None
