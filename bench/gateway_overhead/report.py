@@ -76,10 +76,6 @@ NOTES = [
     "- Added latency at c=1 is fedllm's whole path (HTTP in, gRPC out to fake_site.py, which "
     "costs ~1.5 ms of Python grpc.aio CPU per request on the load generator's core) minus the "
     "direct HTTP fake backend (~0.3 ms): the fake site's share is in it.",
-    "- The predictor artifact has the default's architecture (MiniLM cut to 3 layers, int8, "
-    "`mico_n10_l1024`) but was fine-tuned on 640 prompts (`python -m predictor.train --kind "
-    "minilm --max-train 640`: the default's 20,000 take about an hour on this loaded machine); "
-    "serving it costs the same (~1 ms for one short prompt here, ~0.6 ms each in a batch).",
     "- CPU ms/req is /proc CPU of the gateway process tree (10 ms ticks) over a run's requests; "
     "at c=1 nothing is batched (the length prediction, ~1 ms here, and the request log's "
     "transactions), at c=32 they are.",
@@ -109,7 +105,14 @@ def notes(result: dict[str, Any]) -> list[str]:
         "Only ratios of runs made back to back are meaningful; absolute req/s are not comparable "
         f"with ../shared/gwbench/reference{cost}."
     )
-    return [speed, *NOTES]
+    predictor = result.get("predictor")
+    artifact = (
+        f"- The length predictor served is the artifact in `{predictor}` (its kind sets most of "
+        "a lone request's cost: ~1 ms for the MiniLM int8 default on one short prompt here)."
+        if predictor
+        else "- No length predictor was served."
+    )
+    return [speed, NOTES[0], artifact, *NOTES[1:]]
 
 
 def figures_table(runs: dict[str, Any], high: int) -> str:
