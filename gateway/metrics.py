@@ -111,6 +111,11 @@ _REPORT_GAUGES = (
         "Decode throughput the site reports",
         lambda r: r.decode_tokens_per_s,
     ),
+    _ReportGauge(
+        "prefill_tokens_per_second",
+        "Prompt tokens per second of prefilling the site reports (0: none lately)",
+        lambda r: r.prefill_tokens_per_s,
+    ),
 )
 
 

@@ -374,7 +374,8 @@ class GatewaySettings:
 
     federation_file: Path = setting(
         help="JSON file of models (name, tokenizer dir, optional `chat_template` file) and sites "
-        "(name, cloud, region, endpoint, model, capacity_weight)"
+        "(name, cloud, region, endpoint, model, capacity_weight, optional `prefill_tokens_per_s`: "
+        "the site's prefill speed for the cost model, else what its load reports measure)"
     )
     server: ServerSettings = field(default_factory=ServerSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)

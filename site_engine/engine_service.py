@@ -13,10 +13,9 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
@@ -25,11 +24,11 @@ from site_engine.cache_event_journal import CacheEventJournal, Snapshot
 from site_engine.detokenizer import IncrementalDetokenizer
 from site_engine.engine.api import Engine, EngineRequest, EngineStats, RequestOutput
 from site_engine.engine.types import FinishReason, TokenLogprob, choice_seed
+from site_engine.step_rates import StepRates, StepWork
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _IDLE_WAIT_S = 0.05
-_RATE_WINDOW_S = 2.0
 
 
 class DuplicateRequest(ValueError):
@@ -119,32 +118,6 @@ def choice_requests(request: EngineRequest, n: int) -> list[EngineRequest]:
     ]
 
 
-@dataclass(slots=True)
-class _Throughput:
-    """Decode tokens per second of stepping over a short sliding window: the tokens the steps in
-    the window produced over the time those steps took. Idle time is left out on purpose: the
-    gateway reads running / rate as the site's step time (gateway/routing/latency.py), and a
-    rate averaged over an idle window made a site that had just answered a short request look
-    many times slower than it steps (6 tokens in a 2 s window: a 330 ms "step" for 10 ms)."""
-
-    samples: deque[tuple[float, int, float]] = field(default_factory=deque)
-
-    def add(self, now: float, tokens: int, busy_s: float) -> None:
-        """One engine step that ended at `now`, produced `tokens` and took `busy_s` seconds."""
-        self.samples.append((now, tokens, busy_s))
-        while self.samples and now - self.samples[0][0] > _RATE_WINDOW_S:
-            self.samples.popleft()
-
-    def rate(self, now: float) -> float:
-        # Called from the asyncio thread while the engine thread appends: tuple() copies the
-        # deque in one C call under the GIL; iterating it directly raised "deque mutated during
-        # iteration" and broke the load-report stream.
-        recent = [(n, busy) for t, n, busy in tuple(self.samples) if now - t <= _RATE_WINDOW_S]
-        tokens = sum(n for n, _ in recent)
-        busy = sum(b for _, b in recent)
-        return tokens / busy if tokens and busy > 0 else 0.0
-
-
 @dataclass(frozen=True, slots=True)
 class CumulativeKv:
     """KV use summed over every engine iteration since start, sampled after each iteration:
@@ -173,7 +146,7 @@ class EngineService:
         )
         self._streams: dict[str, _Stream] = {}  # by engine request id (one per choice)
         self._choices: dict[str, list[str]] = {}  # request id -> its choices' engine ids
-        self._throughput = _Throughput()
+        self._rates = StepRates()
         # Tokens generated since start (a Prometheus counter of the HTTP face reads it).
         self._generated_total = 0
         self._stats: EngineStats = engine.stats()
@@ -255,7 +228,10 @@ class EngineService:
         return result
 
     def decode_tokens_per_s(self) -> float:
-        return self._throughput.rate(time.monotonic())
+        return self._rates.decode_tokens_per_s(time.monotonic())
+
+    def prefill_tokens_per_s(self) -> float:
+        return self._rates.prefill_tokens_per_s(time.monotonic())
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self._submit(fn))
@@ -317,6 +293,7 @@ class EngineService:
         while not self._stopping.is_set():
             self._drain_commands(block=not self.engine.has_unfinished())
             if self.engine.has_unfinished():
+                decoding = any(s.completion_tokens > 0 for s in self._streams.values())
                 began = time.monotonic()
                 try:
                     outputs = self.engine.step()
@@ -325,9 +302,14 @@ class EngineService:
                     self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
                     self._record_cache_events()
                     continue
-                self._route(outputs, began)
+                decoded = self._route(outputs)
                 self._record_cache_events()
-            stats = self.engine.stats()
+                stats = self.engine.stats()
+                ended = time.monotonic()
+                prefilled = stats.prompt_tokens_computed - self._stats.prompt_tokens_computed
+                self._rates.add(StepWork(ended, ended - began, decoded, decoding, prefilled))
+            else:
+                stats = self.engine.stats()
             if stats.iterations > self._stats.iterations:
                 self._cumulative_kv = self._cumulative_kv.after(stats)
             self._stats = stats
@@ -351,14 +333,17 @@ class EngineService:
             except queue.Empty:
                 return
 
-    def _route(self, outputs: list[RequestOutput], began: float) -> None:
-        """Hands a step's outputs to their streams; `began`: when the step started (monotonic)."""
-        produced = 0
+    def _route(self, outputs: list[RequestOutput]) -> int:
+        """Hands a step's outputs to their streams; returns the tokens it decoded (those of
+        sequences past their first token: a first token is the prefill's)."""
+        produced = decoded = 0
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
             produced += len(output.new_token_ids)
+            if stream.completion_tokens > 0:
+                decoded += len(output.new_token_ids)
             stream.completion_tokens += len(output.new_token_ids)
             stream.cached_prompt_tokens = output.cached_prompt_tokens
             text = stream.detokenizer.push(output.new_token_ids)
@@ -383,9 +368,8 @@ class EngineService:
             if reason is not None:
                 del self._streams[output.request_id]
                 self._forget_choice(output.request_id, stream.index)
-        now = time.monotonic()
-        self._throughput.add(now, produced, now - began)
         self._generated_total += produced
+        return decoded
 
     def _forget_choice(self, engine_id: str, index: int) -> None:
         """A choice finished: its request is gone from the site once every choice is."""

@@ -285,6 +285,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             kv_blocks_used=stats.kv_blocks_used,
             kv_blocks_total=stats.kv_blocks_total,
             decode_tokens_per_s=self._service.decode_tokens_per_s(),
+            prefill_tokens_per_s=self._service.prefill_tokens_per_s(),
             iterations=stats.iterations,
             kv_block_iterations=cumulative_kv.block_iterations,
             kv_token_iterations=cumulative_kv.token_iterations,

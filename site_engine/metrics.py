@@ -49,6 +49,8 @@ class StatsSource(Protocol):
 
     def decode_tokens_per_s(self) -> float: ...
 
+    def prefill_tokens_per_s(self) -> float: ...
+
 
 class SiteMetrics:
     """The site's metrics in a registry of its own (never the process-global default)."""
@@ -163,13 +165,18 @@ class EngineStatsCollector(Collector):
             family = GaugeMetricFamily(f"fedllm_site_{gauge.name}", gauge.doc, labels=["site"])
             family.add_metric(labels, float(gauge.value(stats)))
             yield family
-        rate = GaugeMetricFamily(
-            "fedllm_site_decode_tokens_per_second",
-            "Decode tokens per second of stepping over the last 2 s (idle time left out)",
-            labels=["site"],
-        )
-        rate.add_metric(labels, self._source.decode_tokens_per_s())
-        yield rate
+        source = self._source
+        for name, doc, rate_of in (
+            ("decode", "Decode tokens per second of decoding steps", source.decode_tokens_per_s),
+            ("prefill", "Prompt tokens per second of prefill steps", source.prefill_tokens_per_s),
+        ):
+            rate = GaugeMetricFamily(
+                f"fedllm_site_{name}_tokens_per_second",
+                f"{doc} over the last 2 s (idle time left out)",
+                labels=["site"],
+            )
+            rate.add_metric(labels, rate_of())
+            yield rate
         for name, doc, value in (
             ("iterations", "Engine iterations since start", stats.iterations),
             ("preemptions", "Sequences preempted for KV memory since start", stats.num_preemptions),

@@ -645,6 +645,7 @@ class LoadReport(_message.Message):
     PREFIX_CACHE_HITS_FIELD_NUMBER: _builtins.int
     PREFIX_CACHE_HOST_HITS_FIELD_NUMBER: _builtins.int
     CACHE_EVENTS_FIELD_NUMBER: _builtins.int
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     timestamp_ms: _builtins.int
     """Site clock, milliseconds since the Unix epoch."""
@@ -657,8 +658,9 @@ class LoadReport(_message.Message):
     kv_blocks_used: _builtins.int
     kv_blocks_total: _builtins.int
     decode_tokens_per_s: _builtins.float
-    """Tokens generated per second of stepping over the last seconds: idle time left out, so
-    running_requests / decode_tokens_per_s is the site's step time at its current batch.
+    """Tokens decoded per second of the steps during which some sequence was decoding, over the
+    last seconds (idle time and lone prefills left out), so running_requests /
+    decode_tokens_per_s is the site's step time at its current batch.
     """
     iterations: _builtins.int
     kv_block_iterations: _builtins.int
@@ -673,6 +675,11 @@ class LoadReport(_message.Message):
     prefix_cache_hits: _builtins.int
     prefix_cache_host_hits: _builtins.int
     """Of the hits, tokens brought back from the host-memory tier."""
+    prefill_tokens_per_s: _builtins.float
+    """Prompt tokens computed per second of the steps that computed some over the last seconds
+    (idle time left out; 0 when none did): how fast the site prefills, so a router values the
+    prompt tokens a site has cached at what computing them would cost there.
+    """
     @_builtins.property
     def cache_events(self) -> Global___CacheEvents:
         """What changed in the cache since the previous report of this stream (only when asked)."""
@@ -698,10 +705,11 @@ class LoadReport(_message.Message):
         prefix_cache_hits: _builtins.int = ...,
         prefix_cache_host_hits: _builtins.int = ...,
         cache_events: Global___CacheEvents | None = ...,
+        prefill_tokens_per_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

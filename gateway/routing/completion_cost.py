@@ -3,8 +3,9 @@ site already caches, its wide-area round trip, its queue and its speed, and the 
 
 For a request with prompt P and planned answer A (the predictor's, capped at max_tokens) on a
 site with measured round trip rtt, prefill rate F (prompt tokens per second: the federation
-file's per-site figure, else the profile's) and step time t(b) at batch b (fitted to its load
-reports, gateway/routing/latency.py), S batch slots and n requests present:
+file's per-site figure, else the rate its load reports measure, else its same-model peers',
+else the profile's) and step time t(b) at batch b (fitted to its load reports,
+gateway/routing/latency.py), S batch slots and n requests present:
 
     cached    = the longest run of P's blocks the site holds (its prefix index), at most P - 1:
                 the last prompt token is always computed; of it, `host` tokens are in host memory

@@ -104,6 +104,28 @@ class StepTimeModel:
         return StepTime(base, slope)
 
 
+@dataclass(slots=True)
+class RateEstimate:
+    """Contract: `observe(rate)` takes one reported rate; a rate <= 0 (the report's window held
+    no such work) teaches nothing and is ignored. `value` is None before the first useful
+    report, else the mean of those observed, each older one weighing exp(-1/_STEP_MEMORY) less
+    (as StepTimeModel weighs its reports)."""
+
+    _w: float = 0.0
+    _sum: float = 0.0
+
+    def observe(self, rate: float) -> None:
+        if rate <= 0:
+            return
+        keep = math.exp(-1.0 / _STEP_MEMORY)
+        self._w = keep * self._w + 1.0
+        self._sum = keep * self._sum + rate
+
+    @property
+    def value(self) -> float | None:
+        return self._sum / self._w if self._w > 0.0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class PredictedLatency:
     ttft_s: float

@@ -91,8 +91,9 @@ class RoutableSite(Protocol):
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
-        """Prompt tokens the site computes per second (the federation file's, measured by the
-        operator as llm-d's peakPrefillThroughput is); None: not configured."""
+        """Prompt tokens the site computes per second: the federation file's (measured by the
+        operator, as llm-d's peakPrefillThroughput is), else what the site's load reports
+        measured; None: neither (the routing profile's figure applies)."""
         ...
 
 

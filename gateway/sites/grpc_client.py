@@ -158,6 +158,7 @@ def _load_from_proto(report: site_pb2.LoadReport) -> LoadView:
         prefix_cache_queries=report.prefix_cache_queries,
         prefix_cache_hits=report.prefix_cache_hits,
         prefix_cache_host_hits=report.prefix_cache_host_hits,
+        prefill_tokens_per_s=report.prefill_tokens_per_s,
         cache_events=(
             _cache_events_from_proto(report.cache_events)
             if report.HasField("cache_events")

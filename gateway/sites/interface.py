@@ -106,6 +106,9 @@ class LoadView:
     prefix_cache_host_hits: int = 0
     # What changed in the site's cache since the previous report (only when asked for).
     cache_events: CacheEventBatch | None = None
+    # Prompt tokens computed per second of the steps that computed some (0: none lately, or an
+    # engine that does not say).
+    prefill_tokens_per_s: float = 0.0
 
     @property
     def token_load(self) -> int:

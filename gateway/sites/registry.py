@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from statistics import median_low
 
 from gateway.federation import SiteConfig
-from gateway.routing.latency import RttEstimator, StepTimeModel
+from gateway.routing.latency import RateEstimate, RttEstimator, StepTimeModel
 from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS, SitePrefix
 from gateway.routing.types import SiteLatency, StepTime
 from gateway.sites.interface import LoadView, SiteClient, SiteInfoView
@@ -32,15 +33,18 @@ class SiteState:
     report_at: float = 0.0
     # Set by an operator's drain (gateway/admin/drain.py): the site takes nothing new.
     draining: bool = False
-    # Latency-aware routing: round trips of the health checks, step times of the load reports.
+    # Latency-aware routing: round trips of the health checks, step times and prefill rates of
+    # the load reports.
     rtt: RttEstimator = field(default_factory=RttEstimator)
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
-    # The step models of the other sites serving the same model (set by SiteRegistry): a site
-    # that has not reported decoding yet is assumed to step as the median of those that have.
-    # Against a fixed prior, a site that had just served (and so was measured) lost to one that
-    # never had whenever the prior was the faster: the next turn of a conversation left the
-    # site holding its prefix.
+    prefill_rate: RateEstimate = field(default_factory=RateEstimate)
+    # The same of the other sites serving the same model (set by SiteRegistry): a site that has
+    # not reported decoding (prefilling) yet is assumed to step (prefill) as the median of those
+    # that have. Against a fixed prior, a site that had just served (and so was measured) lost
+    # to one that never had whenever the prior was the faster: the next turn of a conversation
+    # left the site holding its prefix.
     peer_steps: tuple[StepTimeModel, ...] = ()
+    peer_prefill: tuple[RateEstimate, ...] = ()
     # What the gateway knows of the site's prefix cache (its cache events, else its history).
     prefix: SitePrefix = field(default_factory=lambda: SitePrefix(DEFAULT_PREFIX_INDEX_BLOCKS))
 
@@ -67,6 +71,7 @@ class SiteState:
     def apply_report(self, report: LoadView) -> None:
         self.report, self.report_at = report, time.monotonic()
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
+        self.prefill_rate.observe(report.prefill_tokens_per_s)
 
     @property
     def latency(self) -> SiteLatency:
@@ -94,7 +99,14 @@ class SiteState:
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
-        return self.config.prefill_tokens_per_s
+        """The federation file's figure (the operator's word), else the site's measured rate,
+        else its measured same-model peers' median; None when nobody has measured one."""
+        if self.config.prefill_tokens_per_s is not None:
+            return self.config.prefill_tokens_per_s
+        if (measured := self.prefill_rate.value) is not None:
+            return measured
+        peers = [rate for p in self.peer_prefill if (rate := p.value) is not None]
+        return median_low(peers) if peers else None
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -137,11 +149,13 @@ class SiteRegistry:
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
         for site in self._sites.values():
-            site.peer_steps = tuple(
-                other.step_time
+            peers = [
+                other
                 for other in self._sites.values()
                 if other is not site and other.config.model == site.config.model
-            )
+            ]
+            site.peer_steps = tuple(other.step_time for other in peers)
+            site.peer_prefill = tuple(other.prefill_rate for other in peers)
 
     def all(self) -> list[SiteState]:
         return list(self._sites.values())

@@ -32,8 +32,13 @@ ENV = {
     "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100",
     "GATEWAY_ADMIN_TOKEN": ADMIN,
 }
-# Long enough that the cached part dominates the prefill cost of the next turn.
-SYSTEM = "You answer questions about the weather on {topic} in exactly one short sentence. " * 8
+# Long enough (~870 tokens of the 1024 the tiny model holds) that computing it again costs the
+# next turn more than the two sites' measured step times can differ by over its five decode
+# steps. At the ~160 tokens this once had, the cached prefix saved ~10 ms on the tiny model, and
+# on a loaded machine the sites' step estimates differed by more often enough to move a turn.
+# The topic comes first so that conversations share no block: where each first turn goes is up
+# to the sites' load, and both sites get measured (the case that once went wrong).
+SYSTEM = "{topic}: " + "you answer questions about its weather in one short sentence. " * 70
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ site whenever the prior was faster than the measurement."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from gateway.federation import SiteConfig
 from gateway.routing.types import StepTime
@@ -23,8 +24,9 @@ def site(name: str, model: str = "tiny") -> SiteState:
     )
 
 
-def report(running: int, decode_tokens_per_s: float) -> LoadView:
-    return LoadView(0, running, 0, 0, 0, 1, 10, decode_tokens_per_s, 1, 1)
+def report(running: int, decode_tokens_per_s: float, prefill: float = 0.0) -> LoadView:
+    return LoadView(0, running, 0, 0, 0, 1, 10, decode_tokens_per_s, 1, 1,
+                    prefill_tokens_per_s=prefill)  # fmt: skip
 
 
 def test_median_step_takes_the_middle_measurement() -> None:
@@ -59,3 +61,18 @@ def test_a_measured_site_keeps_its_own_step() -> None:
     a.apply_report(report(1, 10.0))
     assert a.latency.step == StepTime(0.1)
     assert b.latency.step == StepTime(0.01)
+
+
+def test_the_prefill_rate_is_the_operators_else_measured_else_the_peers() -> None:
+    a, b, c, configured = sites("a", "b", "c", "configured")
+    configured.config = replace(configured.config, prefill_tokens_per_s=500.0)
+    SiteRegistry([a, b, c, configured])
+    assert a.prefill_tokens_per_s is None  # nobody measured: the routing profile's figure
+    a.apply_report(report(0, 0.0, prefill=4000.0))
+    a.apply_report(report(0, 0.0, prefill=0.0))  # an idle window says nothing
+    b.apply_report(report(0, 0.0, prefill=2000.0))
+    assert a.prefill_tokens_per_s == 4000.0
+    assert b.prefill_tokens_per_s == 2000.0
+    assert c.prefill_tokens_per_s == 2000.0  # the lower middle of the measured peers'
+    configured.apply_report(report(0, 0.0, prefill=9000.0))
+    assert configured.prefill_tokens_per_s == 500.0  # the federation file has the last word

@@ -177,6 +177,7 @@ def test_prefix_counters_read_our_sites_metrics_port() -> None:
         stats=lambda: EngineStats(0, 0, 0, 0, 0, 0, 10, 3, prefix_cache_queries=900,
                                   prefix_cache_hits=600, prefix_cache_host_hits=100),
         decode_tokens_per_s=lambda: 0.0,
+        prefill_tokens_per_s=lambda: 0.0,
     )  # fmt: skip
     registry = CollectorRegistry()
     registry.register(EngineStatsCollector("a", source))
