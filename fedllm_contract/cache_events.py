@@ -1,15 +1,14 @@
 """Prefix-cache events as typed values: what a site reports of the KV blocks it holds.
 
-The site engine records them (site_engine/engine/prefix_cache.py), its gRPC adapter sends them in
-the load stream (site.proto's CacheEvents), and the gateway's adapter hands them on as these same
-values (gateway/sites/grpc_client.py): protobuf stops at the two adapters, and both sides share
-one definition. Block ids are fedllm_contract.block_hash ids.
+The one definition both sides share. The site engine records them
+(site_engine/engine/prefix_cache.py), its gRPC adapter sends them in the load stream (site.proto's
+CacheEvents), the gateway's adapter builds these same values from the protobuf
+(gateway/sites/grpc_client.py), vLLM's KV events are translated into them
+(gateway/routing/prefix/vllm_events.py), and the prefix index applies them
+(gateway/routing/prefix/site_index.py): protobuf and msgpack stop at the adapters, so the index
+never sees either, and the two sides cannot drift. Block ids are fedllm_contract.block_hash ids.
 
-Semantics (vLLM's KV events: BlockStored / BlockRemoved / AllBlocksCleared):
-- STORED: `block_hashes` are now held in `tier`, in chain order; `parent_block_hash` is the id of
-  the block before the first one, 0 when the first one starts its chain (block 0 of a prompt).
-- REMOVED: `block_hashes` are no longer held in `tier` (order carries no meaning).
-- CLEARED: every block of every tier is gone.
+The events follow vLLM's KV events (BlockStored / BlockRemoved / AllBlocksCleared): see each class.
 A batch carries the site's `epoch`: it changes whenever the cache starts empty (a restart, a
 clear), so a receiver holding ids of another epoch drops them. A `snapshot` batch lists every
 block held at that moment and replaces whatever the receiver knew of the site.
@@ -17,36 +16,60 @@ block held at that moment and replaces whatever the receiver knew of the site.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
+from enum import IntEnum
+
+# A BlocksStored whose first block starts a chain (block 0 of a prompt) names this parent (the
+# proto's 0).
+CHAIN_START = 0
 
 
-class CacheTier(enum.Enum):
-    DEVICE = "device"
-    HOST = "host"
+class Tier(IntEnum):
+    """Where a cached block lives (the proto's CacheTier); the values are the index's bits."""
 
-
-class CacheEventKind(enum.Enum):
-    STORED = "stored"
-    REMOVED = "removed"
-    CLEARED = "cleared"
+    DEVICE = 1
+    HOST = 2
 
 
 @dataclass(frozen=True, slots=True)
-class CacheEvent:
-    kind: CacheEventKind
-    block_hashes: tuple[int, ...] = ()
-    parent_block_hash: int = 0
-    tier: CacheTier = CacheTier.DEVICE
+class BlocksStored:
+    """Blocks now held in `tier`, in chain order; `parent` is the id of the block before the
+    first one (CHAIN_START when the first starts a chain). A site stores a block only while the
+    block before it is held (it was computed from it); one that does not is indexed as unknown."""
+
+    block_ids: tuple[int, ...]
+    parent: int = CHAIN_START
+    tier: Tier = Tier.DEVICE
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksRemoved:
+    """Blocks no longer held in `tier` (their order carries no meaning)."""
+
+    block_ids: tuple[int, ...]
+    tier: Tier = Tier.DEVICE
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """Every block of every tier dropped."""
+
+
+CacheEvent = BlocksStored | BlocksRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True, slots=True)
 class CacheEventBatch:
-    """The cache events of one load report (see the module docstring)."""
+    """The cache events of one load report (or of one translated vLLM batch).
+
+    epoch changes whenever the site's cache starts empty (a restart, a clear), and a batch's
+    events all belong to its epoch; block_size is the tokens per block its ids are computed
+    over; a snapshot lists every block held now and replaces what the receiver knew; sequence
+    numbers a stream's batches 1, 2, ... so that a receiver can tell a lost batch (a gap: it
+    must re-subscribe) from a repeated one."""
 
     epoch: int
     block_size: int
-    snapshot: bool
-    # Numbers a stream's batches 1, 2, ...: a receiver that sees a gap must re-subscribe.
     sequence: int
-    events: tuple[CacheEvent, ...]
+    events: tuple[CacheEvent, ...] = ()
+    snapshot: bool = False

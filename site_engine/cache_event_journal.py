@@ -8,7 +8,7 @@ keeps, or that sees the epoch change (the cache was cleared), starts over with a
 which replaces what its receiver knew. The epoch is new at every start (random, never 0).
 
 A stream's batches are cut to at most `max_ids` block ids, so that a large snapshot goes out over
-several reports (the first one marked snapshot, the rest plain STORED events): a load report
+several reports (the first one marked snapshot, the rest plain BlocksStored events): a load report
 stays far below gRPC's message bound.
 """
 
@@ -18,9 +18,14 @@ import secrets
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from fedllm_contract.cache_events import CacheEvent, CacheEventBatch, CacheEventKind
+from fedllm_contract.cache_events import (
+    AllBlocksCleared,
+    BlocksStored,
+    CacheEvent,
+    CacheEventBatch,
+)
 
 # Block ids the journal keeps (~36 bytes each in Python); a reader further behind re-snapshots.
 JOURNAL_IDS = 200_000
@@ -58,7 +63,7 @@ class CacheEventJournal:
         """Called on the engine thread with what the engine changed, in order."""
         with self._lock:
             for event in events:
-                if event.kind is CacheEventKind.CLEARED:
+                if isinstance(event, AllBlocksCleared):
                     # Readers of the old epoch start over from a snapshot; nothing before matters.
                     self._first += len(self._events)
                     self._events.clear()
@@ -66,10 +71,10 @@ class CacheEventJournal:
                     self._epoch = _new_epoch()
                     continue
                 self._events.append(event)
-                self._ids += max(len(event.block_hashes), 1)
+                self._ids += _weight(event)
             while self._ids > self._max_ids and self._events:
                 dropped = self._events.popleft()
-                self._ids -= max(len(dropped.block_hashes), 1)
+                self._ids -= _weight(dropped)
                 self._first += 1
 
     def read(self, position: int, epoch: int) -> tuple[list[CacheEvent], int] | None:
@@ -84,6 +89,12 @@ class CacheEventJournal:
 
 def _new_epoch() -> int:
     return secrets.randbits(63) + 1
+
+
+def _weight(event: CacheEvent) -> int:
+    """What an event counts against a bound: its ids, and never less than one, so that a bound
+    on ids also bounds the number of events."""
+    return 1 if isinstance(event, AllBlocksCleared) else max(len(event.block_ids), 1)
 
 
 class CacheEventStream:
@@ -130,12 +141,15 @@ class CacheEventStream:
         room = self._max_ids
         while self._backlog and room > 0:
             event = self._backlog.popleft()
-            if len(event.block_hashes) > room:
-                # Split a long run: the rest continues the chain from the last id sent.
-                head, rest = event.block_hashes[:room], event.block_hashes[room:]
-                parent = head[-1] if event.kind is CacheEventKind.STORED else 0
-                self._backlog.appendleft(CacheEvent(event.kind, rest, parent, event.tier))
-                event = CacheEvent(event.kind, head, event.parent_block_hash, event.tier)
+            if not isinstance(event, AllBlocksCleared) and len(event.block_ids) > room:
+                # Split a long run: the rest of a chain continues from the last id sent.
+                head, rest = event.block_ids[:room], event.block_ids[room:]
+                self._backlog.appendleft(
+                    replace(event, block_ids=rest, parent=head[-1])
+                    if isinstance(event, BlocksStored)
+                    else replace(event, block_ids=rest)
+                )
+                event = replace(event, block_ids=head)
             taken.append(event)
-            room -= max(len(event.block_hashes), 1)
+            room -= _weight(event)
         return tuple(taken)

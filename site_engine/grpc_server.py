@@ -15,7 +15,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedllm_contract.block_hash import HASH_SCHEME
-from fedllm_contract.cache_events import CacheEventBatch, CacheEventKind, CacheTier
+from fedllm_contract.cache_events import (
+    BlocksRemoved,
+    BlocksStored,
+    CacheEvent,
+    CacheEventBatch,
+    Tier,
+)
 from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from site_engine.cache_event_journal import CacheEventStream
@@ -46,14 +52,9 @@ MAX_CACHE_SALT_CHARS = 256
 MAX_CHOICES = 128
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
-_KIND_TO_PROTO = {
-    CacheEventKind.STORED: site_pb2.CacheEvent.STORED,
-    CacheEventKind.REMOVED: site_pb2.CacheEvent.REMOVED,
-    CacheEventKind.CLEARED: site_pb2.CacheEvent.CLEARED,
-}
 _TIER_TO_PROTO = {
-    CacheTier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
-    CacheTier.HOST: site_pb2.CACHE_TIER_HOST,
+    Tier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
+    Tier.HOST: site_pb2.CACHE_TIER_HOST,
 }
 _FINISH_TO_PROTO = {
     FinishReason.STOP: site_pb2.FINISH_REASON_STOP,
@@ -155,21 +156,30 @@ def _event_to_proto(request_id: str, event: StreamEvent) -> site_pb2.GenerateChu
     return chunk
 
 
+def _cache_event_to_proto(event: CacheEvent) -> site_pb2.CacheEvent:
+    if isinstance(event, BlocksStored):
+        return site_pb2.CacheEvent(
+            kind=site_pb2.CacheEvent.STORED,
+            block_hashes=event.block_ids,
+            parent_block_hash=event.parent,
+            tier=_TIER_TO_PROTO[event.tier],
+        )
+    if isinstance(event, BlocksRemoved):
+        return site_pb2.CacheEvent(
+            kind=site_pb2.CacheEvent.REMOVED,
+            block_hashes=event.block_ids,
+            tier=_TIER_TO_PROTO[event.tier],
+        )
+    return site_pb2.CacheEvent(kind=site_pb2.CacheEvent.CLEARED)
+
+
 def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
     return site_pb2.CacheEvents(
         epoch=batch.epoch,
         block_size=batch.block_size,
         snapshot=batch.snapshot,
         sequence=batch.sequence,
-        events=[
-            site_pb2.CacheEvent(
-                kind=_KIND_TO_PROTO[event.kind],
-                block_hashes=event.block_hashes,
-                parent_block_hash=event.parent_block_hash,
-                tier=_TIER_TO_PROTO[event.tier],
-            )
-            for event in batch.events
-        ],
+        events=[_cache_event_to_proto(event) for event in batch.events],
     )
 
 

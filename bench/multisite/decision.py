@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedllm_contract.block_hash import prompt_block_hashes
+from fedllm_contract.cache_events import CHAIN_START, BlocksStored, CacheEventBatch
 from gateway.federation import SiteConfig
 from gateway.routing.policy import POLICY_NAMES, build_policy
-from gateway.routing.prefix.events import CHAIN_START, BlocksStored, CacheEventBatch
 from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.routing.types import RoutingRequest
 from gateway.sites.grpc_client import GrpcSiteClient

@@ -10,10 +10,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fedllm_contract.cache_events import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
     CacheEvent,
     CacheEventBatch,
-    CacheEventKind,
-    CacheTier,
+    Tier,
 )
 from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
@@ -41,14 +43,9 @@ _FINISH_FROM_PROTO = {
     site_pb2.FINISH_REASON_CANCELLED: "cancelled",
     site_pb2.FINISH_REASON_RELEASED: "released",
 }
-_KIND_FROM_PROTO = {
-    site_pb2.CacheEvent.STORED: CacheEventKind.STORED,
-    site_pb2.CacheEvent.REMOVED: CacheEventKind.REMOVED,
-    site_pb2.CacheEvent.CLEARED: CacheEventKind.CLEARED,
-}
 _TIER_FROM_PROTO = {
-    site_pb2.CACHE_TIER_DEVICE: CacheTier.DEVICE,
-    site_pb2.CACHE_TIER_HOST: CacheTier.HOST,
+    site_pb2.CACHE_TIER_DEVICE: Tier.DEVICE,
+    site_pb2.CACHE_TIER_HOST: Tier.HOST,
 }
 _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 200),
@@ -120,24 +117,30 @@ def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
     )
 
 
+def _cache_event_from_proto(event: site_pb2.CacheEvent) -> CacheEvent | None:
+    """None for a kind or tier this gateway does not know (an index must never learn a block
+    from an event it cannot read)."""
+    tier = _TIER_FROM_PROTO.get(event.tier)
+    if tier is None:
+        return None
+    if event.kind == site_pb2.CacheEvent.STORED:
+        return BlocksStored(tuple(event.block_hashes), event.parent_block_hash, tier)
+    if event.kind == site_pb2.CacheEvent.REMOVED:
+        return BlocksRemoved(tuple(event.block_hashes), tier)
+    if event.kind == site_pb2.CacheEvent.CLEARED:
+        return AllBlocksCleared()
+    return None
+
+
 def _cache_events_from_proto(message: site_pb2.CacheEvents) -> CacheEventBatch:
-    """Typed events; a kind or tier this gateway does not know drops the event (an index
-    must never learn a block from an event it cannot read)."""
+    """Typed events, dropping those _cache_event_from_proto cannot read."""
+    events = (_cache_event_from_proto(event) for event in message.events)
     return CacheEventBatch(
         epoch=message.epoch,
         block_size=message.block_size,
-        snapshot=message.snapshot,
         sequence=message.sequence,
-        events=tuple(
-            CacheEvent(
-                kind=_KIND_FROM_PROTO[event.kind],
-                block_hashes=tuple(event.block_hashes),
-                parent_block_hash=event.parent_block_hash,
-                tier=_TIER_FROM_PROTO[event.tier],
-            )
-            for event in message.events
-            if event.kind in _KIND_FROM_PROTO and event.tier in _TIER_FROM_PROTO
-        ),
+        events=tuple(event for event in events if event is not None),
+        snapshot=message.snapshot,
     )
 
 

@@ -8,38 +8,13 @@ import asyncio
 import logging
 import time
 
-from fedllm_contract import cache_events as contract
 from fedllm_contract.block_hash import HASH_SCHEME
-from gateway.routing.prefix import events as index_events
 from gateway.routing.prefix.site_index import ApplyOutcome
 from gateway.sites.interface import SiteCallError
 from gateway.sites.registry import SiteRegistry, SiteState
 
 log = logging.getLogger(__name__)
 _RETRY_S = 1.0
-_TIER = {
-    contract.CacheTier.DEVICE: index_events.Tier.DEVICE,
-    contract.CacheTier.HOST: index_events.Tier.HOST,
-}
-
-
-def index_batch(batch: contract.CacheEventBatch) -> index_events.CacheEventBatch:
-    """A site's cache events as the prefix index takes them."""
-    events: list[index_events.CacheEvent] = []
-    for event in batch.events:
-        if event.kind is contract.CacheEventKind.CLEARED:
-            events.append(index_events.AllBlocksCleared())
-        elif event.kind is contract.CacheEventKind.STORED:
-            events.append(
-                index_events.BlocksStored(
-                    event.block_hashes, event.parent_block_hash, _TIER[event.tier]
-                )
-            )
-        else:
-            events.append(index_events.BlocksRemoved(event.block_hashes, _TIER[event.tier]))
-    return index_events.CacheEventBatch(
-        batch.epoch, batch.block_size, batch.sequence, tuple(events), batch.snapshot
-    )
 
 
 def wants_cache_events(site: SiteState) -> bool:
@@ -74,7 +49,7 @@ class LoadReportListener:
         async for report in site.client.load_reports(self._interval_ms, cache_events=events):
             site.apply_report(report)
             batch = report.cache_events if events else None
-            if batch is not None and site.prefix.apply(index_batch(batch)) is ApplyOutcome.GAP:
+            if batch is not None and site.prefix.apply(batch) is ApplyOutcome.GAP:
                 log.info("site %s: cache events out of sequence; re-subscribing", site.name)
                 return
             if wants_cache_events(site) != events:

@@ -102,4 +102,4 @@ class Engine(Protocol):
         """Prefix-cache changes since the last call (none without prefix caching)."""
 
     def cache_snapshot(self) -> list[CacheEvent]:
-        """Every cached block id held now, as STORED events."""
+        """Every cached block id held now, as BlocksStored events."""

@@ -27,7 +27,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fedllm_contract.cache_events import CacheEvent, CacheTier
+from fedllm_contract.cache_events import CacheEvent, Tier
 from site_engine.engine.host_tier import HostTier
 from site_engine.engine.prefix_cache import BlockIndex, CacheEventRecorder, snapshot_events
 from site_engine.engine.types import KvCopy
@@ -80,7 +80,7 @@ class BlockManager:
         self._refcounts = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
         self.events = CacheEventRecorder()
-        self._index = BlockIndex(CacheTier.DEVICE, self.events) if caching else None
+        self._index = BlockIndex(Tier.DEVICE, self.events) if caching else None
         self._host = HostTier(host_slots, self.events) if host_slots else None
         # Per table: how many leading blocks `register` has seen (indexed, or left as duplicates).
         self._registered: dict[str, int] = {}
@@ -301,12 +301,12 @@ class BlockManager:
         return copies, before
 
     def snapshot_events(self) -> list[CacheEvent]:
-        """STORED events listing every block id held, device tier first."""
+        """BlocksStored events listing every block id held, device tier first."""
         indexes = [index for index in (self._index, self._host and self._host.index) if index]
         return snapshot_events(indexes)
 
     def clear_cache(self) -> None:
-        """Forget every id of every tier (blocks keep their holders); one CLEARED event."""
+        """Forget every id of every tier (blocks keep their holders); one AllBlocksCleared event."""
         if self._index is None:
             return
         self._index.clear()

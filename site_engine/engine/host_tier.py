@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from fedllm_contract.cache_events import CacheTier
+from fedllm_contract.cache_events import Tier
 from site_engine.engine.prefix_cache import BlockIndex, CacheEventRecorder
 
 
@@ -23,7 +23,7 @@ class HostTier:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.num_slots = num_slots
-        self.index = BlockIndex(CacheTier.HOST, events)
+        self.index = BlockIndex(Tier.HOST, events)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._lru: OrderedDict[int, None] = OrderedDict()  # slots holding an id, LRU first
         self._pinned: frozenset[int] = frozenset()

@@ -9,7 +9,7 @@ listed as chains for a snapshot. One id names one place: a second block that fil
 tokens (two requests computing one prefix side by side) stays unindexed, as vLLM leaves duplicate
 blocks out of its lookups.
 
-`CacheEventRecorder` collects what changed (vLLM's BlockStored / BlockRemoved / AllBlocksCleared),
+`CacheEventRecorder` collects what changed (BlocksStored / BlocksRemoved / AllBlocksCleared),
 merging a run of stored blocks of one chain, or of removals, into one event. Pure Python, no torch.
 """
 
@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from fedllm_contract.cache_events import CacheEvent, CacheEventKind, CacheTier
+from fedllm_contract.cache_events import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    CacheEvent,
+    Tier,
+)
 
 
 class CacheEventRecorder:
@@ -26,35 +32,23 @@ class CacheEventRecorder:
     def __init__(self) -> None:
         self._events: list[CacheEvent] = []
 
-    def stored(self, tier: CacheTier, block_hash: int, parent: int) -> None:
+    def stored(self, tier: Tier, block_hash: int, parent: int) -> None:
         last = self._events[-1] if self._events else None
-        if (
-            last is not None
-            and last.kind is CacheEventKind.STORED
-            and last.tier is tier
-            and last.block_hashes[-1] == parent
-        ):
-            self._events[-1] = CacheEvent(
-                CacheEventKind.STORED,
-                (*last.block_hashes, block_hash),
-                last.parent_block_hash,
-                tier,
-            )
+        if isinstance(last, BlocksStored) and last.tier is tier and last.block_ids[-1] == parent:
+            self._events[-1] = BlocksStored((*last.block_ids, block_hash), last.parent, tier)
             return
-        self._events.append(CacheEvent(CacheEventKind.STORED, (block_hash,), parent, tier))
+        self._events.append(BlocksStored((block_hash,), parent, tier))
 
-    def removed(self, tier: CacheTier, block_hash: int) -> None:
+    def removed(self, tier: Tier, block_hash: int) -> None:
         last = self._events[-1] if self._events else None
-        if last is not None and last.kind is CacheEventKind.REMOVED and last.tier is tier:
-            self._events[-1] = CacheEvent(
-                CacheEventKind.REMOVED, (*last.block_hashes, block_hash), 0, tier
-            )
+        if isinstance(last, BlocksRemoved) and last.tier is tier:
+            self._events[-1] = BlocksRemoved((*last.block_ids, block_hash), tier)
             return
-        self._events.append(CacheEvent(CacheEventKind.REMOVED, (block_hash,), 0, tier))
+        self._events.append(BlocksRemoved((block_hash,), tier))
 
     def cleared(self) -> None:
-        # Whatever came before is moot: a receiver drops everything on CLEARED.
-        self._events = [CacheEvent(CacheEventKind.CLEARED)]
+        # Whatever came before is moot: a receiver drops everything on AllBlocksCleared.
+        self._events = [AllBlocksCleared()]
 
     def take(self) -> list[CacheEvent]:
         events, self._events = self._events, []
@@ -64,7 +58,7 @@ class CacheEventRecorder:
 class BlockIndex:
     """Block id <-> place (device block or host slot) of one tier, with each id's parent."""
 
-    def __init__(self, tier: CacheTier, events: CacheEventRecorder) -> None:
+    def __init__(self, tier: Tier, events: CacheEventRecorder) -> None:
         self.tier = tier
         self._events = events
         self._place_of: dict[int, int] = {}
@@ -137,9 +131,7 @@ class BlockIndex:
 
 
 def snapshot_events(indexes: Iterable[BlockIndex]) -> list[CacheEvent]:
-    """STORED events listing every block the indexes hold, chain by chain."""
+    """BlocksStored events listing every block the indexes hold, chain by chain."""
     return [
-        CacheEvent(CacheEventKind.STORED, run, parent, index.tier)
-        for index in indexes
-        for parent, run in index.chains()
+        BlocksStored(run, parent, index.tier) for index in indexes for parent, run in index.chains()
     ]

@@ -439,7 +439,7 @@ class Scheduler:
         return self._blocks.events.take()
 
     def cache_snapshot(self) -> list[CacheEvent]:
-        """Every block id the prefix cache holds now, as STORED events."""
+        """Every block id the prefix cache holds now, as BlocksStored events."""
         return self._blocks.snapshot_events()
 
     def clear_prefix_cache(self) -> None:

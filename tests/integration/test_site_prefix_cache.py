@@ -1,6 +1,6 @@
 """A real site process with prefix caching, over real gRPC, read through the gateway's adapter.
 
-What the site says about its cache must be what the gateway can compute on its own: STORED ids
+What the site says about its cache must be what the gateway can compute on its own: stored ids
 are fedllm_contract.block_hash ids of the prompt under the served model's name and the
 request's salt, in chain order with their parent; a new subscriber's first report is a snapshot
 of every block held; a request that repeats a prompt reports its cached tokens in its usage; the
@@ -21,7 +21,13 @@ import pytest
 
 from devtools.launch import ManagedProcess, free_port, start_site
 from fedllm_contract.block_hash import HASH_SCHEME, prompt_block_hashes
-from fedllm_contract.cache_events import CacheEventBatch, CacheEventKind, CacheTier
+from fedllm_contract.cache_events import (
+    CHAIN_START,
+    BlocksRemoved,
+    BlocksStored,
+    CacheEventBatch,
+    Tier,
+)
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import GenerateParams, LoadView, SiteChunk
 
@@ -69,7 +75,7 @@ async def _generate(client: GrpcSiteClient, request_id: str, salt: str = "") -> 
 async def _batches_until(
     reports: AsyncGenerator[LoadView, None], stored: set[int]
 ) -> list[CacheEventBatch]:
-    """Reads reports until the device ids STORED (and not REMOVED since) include `stored`."""
+    """Reads reports until the device ids stored (and not removed since) include `stored`."""
     held: set[int] = set()
     batches: list[CacheEventBatch] = []
     while not stored <= held:
@@ -77,12 +83,10 @@ async def _batches_until(
         assert report.cache_events is not None
         batches.append(report.cache_events)
         for event in report.cache_events.events:
-            if event.tier is not CacheTier.DEVICE:
-                continue
-            if event.kind is CacheEventKind.STORED:
-                held.update(event.block_hashes)
-            elif event.kind is CacheEventKind.REMOVED:
-                held.difference_update(event.block_hashes)
+            if isinstance(event, BlocksStored) and event.tier is Tier.DEVICE:
+                held.update(event.block_ids)
+            elif isinstance(event, BlocksRemoved) and event.tier is Tier.DEVICE:
+                held.difference_update(event.block_ids)
     return batches
 
 
@@ -104,10 +108,10 @@ def test_cache_events_usage_and_counters(site: ManagedProcess, http_port: int) -
                 batches = await _batches_until(reports, set(expected))
                 assert [b.sequence for b in batches] == list(range(2, 2 + len(batches)))
                 assert {b.epoch for b in batches} == {first.cache_events.epoch}
-                stored = [e for b in batches for e in b.events if e.kind is CacheEventKind.STORED]
-                chain = [h for e in stored for h in e.block_hashes]
+                stored = [e for b in batches for e in b.events if isinstance(e, BlocksStored)]
+                chain = [h for e in stored for h in e.block_ids]
                 assert chain[: len(expected)] == expected
-                assert stored[0].parent_block_hash == 0
+                assert stored[0].parent == CHAIN_START
                 # The prompt is cached: all five full blocks (its last token is computed).
                 assert (await _generate(client, "p-2")).cached_prompt_tokens == 5 * BLOCK
                 # Another salt shares nothing, and its ids are its own.
@@ -121,7 +125,9 @@ def test_cache_events_usage_and_counters(site: ManagedProcess, http_port: int) -
                 snap = await anext(again)
                 assert snap.cache_events is not None
                 assert snap.cache_events.snapshot
-                held = {h for e in snap.cache_events.events for h in e.block_hashes}
+                events = snap.cache_events.events
+                assert all(isinstance(e, BlocksStored) for e in events)
+                held = {h for e in events if isinstance(e, BlocksStored) for h in e.block_ids}
                 assert set(expected) | set(salted) <= held
         finally:
             await client.close()

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from itertools import takewhile
 
-from gateway.routing.prefix.events import (
+from fedllm_contract.cache_events import (
     CHAIN_START,
     AllBlocksCleared,
     BlocksRemoved,

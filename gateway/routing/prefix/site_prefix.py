@@ -14,7 +14,7 @@ about 1/n of what a site was sent.
 
 from __future__ import annotations
 
-from gateway.routing.prefix.events import CacheEventBatch
+from fedllm_contract.cache_events import CacheEventBatch
 from gateway.routing.prefix.history import HISTORY_BLOCK_TOKENS, RoutingHistory
 from gateway.routing.prefix.site_index import ApplyOutcome, SiteCacheIndex
 from gateway.routing.types import NO_MATCH, PrefixMatch, RoutingRequest

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from fedllm_contract.block_hash import block_hashes, root_hash
-from gateway.routing.prefix.events import (
+from fedllm_contract.cache_events import (
     CHAIN_START,
     AllBlocksCleared,
     BlocksRemoved,

@@ -5,23 +5,38 @@ from __future__ import annotations
 
 import asyncio
 
-from fedllm_contract.cache_events import CacheEvent, CacheEventKind, CacheTier
+from fedllm_contract.cache_events import (
+    CHAIN_START,
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    CacheEvent,
+    Tier,
+)
 from site_engine.cache_event_journal import CacheEventJournal, CacheEventStream, Snapshot
 from site_engine.engine.block_manager import BlockManager
 
-STORED, REMOVED, CLEARED = CacheEventKind.STORED, CacheEventKind.REMOVED, CacheEventKind.CLEARED
-DEVICE, HOST = CacheTier.DEVICE, CacheTier.HOST
+DEVICE, HOST = Tier.DEVICE, Tier.HOST
 
 
 def cached(num_blocks: int = 6, host_slots: int = 0) -> BlockManager:
     return BlockManager(num_blocks, 2, caching=True, host_slots=host_slots)
 
 
+def runs(events: list[CacheEvent]) -> set[tuple[int, tuple[int, ...]]]:
+    """(parent, ids) of each event, every one of which must be a BlocksStored."""
+    found = set()
+    for event in events:
+        assert isinstance(event, BlocksStored)
+        found.add((event.parent, event.block_ids))
+    return found
+
+
 def test_a_registered_chain_is_one_stored_event_and_eviction_removes_lru_first() -> None:
     bm = cached()
     bm.grow("a", 6)
     bm.register("a", [11, 12, 13], 3)
-    assert bm.events.take() == [CacheEvent(STORED, (11, 12, 13), 0, DEVICE)]
+    assert bm.events.take() == [BlocksStored((11, 12, 13), CHAIN_START, DEVICE)]
     table_a = bm.block_table("a")
     bm.free("a")
     bm.grow("b", 6)  # 3 blocks were never used: b takes those, nothing is evicted
@@ -29,7 +44,7 @@ def test_a_registered_chain_is_one_stored_event_and_eviction_removes_lru_first()
     assert not set(bm.block_table("b")) & set(table_a)
     bm.grow("c", 2)  # the next block comes from a's: its deepest block goes first
     assert bm.block_table("c") == (table_a[2],)
-    assert bm.events.take() == [CacheEvent(REMOVED, (13,), 0, DEVICE)]
+    assert bm.events.take() == [BlocksRemoved((13,), DEVICE)]
     assert bm.lookup([11, 12, 13]).device_blocks == table_a[:2]
     bm.check_invariants()
 
@@ -55,13 +70,12 @@ def test_snapshot_lists_every_chain_with_its_parent_including_branches() -> None
     bm.register("b", [1, 2, 9], 3)  # a second child of block 2
     bm.grow("c", 2)
     bm.register("c", [7], 1)
-    runs = {(e.parent_block_hash, e.block_hashes) for e in bm.snapshot_events()}
-    assert runs in (
+    assert runs(bm.snapshot_events()) in (
         {(0, (1, 2, 3)), (2, (9,)), (0, (7,))},
         {(0, (1, 2, 9)), (2, (3,)), (0, (7,))},
     )
     bm.clear_cache()
-    assert bm.events.take()[-1:] == [CacheEvent(CLEARED)]
+    assert bm.events.take()[-1:] == [AllBlocksCleared()]
     assert bm.snapshot_events() == []
     assert bm.lookup([1]).num_blocks == 0
 
@@ -77,8 +91,8 @@ def test_host_tier_events_and_copies() -> None:
     assert [(c.to_host, c.slot) for c in copies] == [(True, 0)]
     assert before_step == 1
     assert bm.events.take() == [
-        CacheEvent(REMOVED, (5,), 0, DEVICE),
-        CacheEvent(STORED, (5,), 0, HOST),
+        BlocksRemoved((5,), DEVICE),
+        BlocksStored((5,), CHAIN_START, HOST),
     ]
     hit = bm.lookup([5])
     assert (hit.device_blocks, hit.host_slots) == ((), (0,))
@@ -88,8 +102,8 @@ def test_host_tier_events_and_copies() -> None:
     bm.free("c")
     bm.offload_ahead(2)  # 6 is next to be evicted: copied ahead, and 5 leaves the one slot
     assert bm.events.take()[-2:] == [
-        CacheEvent(REMOVED, (5,), 0, HOST),
-        CacheEvent(STORED, (6,), 0, HOST),
+        BlocksRemoved((5,), HOST),
+        BlocksStored((6,), CHAIN_START, HOST),
     ]
     assert bm.take_copies()[1] == 0  # ahead of eviction: no step waits for it
     bm.check_invariants()
@@ -98,12 +112,12 @@ def test_host_tier_events_and_copies() -> None:
 def test_journal_reads_from_a_position_and_refuses_lost_or_cleared_ones() -> None:
     journal = CacheEventJournal(block_size=16, max_ids=4)
     epoch = journal.epoch
-    journal.append([CacheEvent(STORED, (1, 2), 0, DEVICE)])
-    assert journal.read(0, epoch) == ([CacheEvent(STORED, (1, 2), 0, DEVICE)], 1)
-    journal.append([CacheEvent(STORED, (3, 4, 5), 2, DEVICE)])  # 5 ids: the first event goes
+    journal.append([BlocksStored((1, 2), CHAIN_START, DEVICE)])
+    assert journal.read(0, epoch) == ([BlocksStored((1, 2), CHAIN_START, DEVICE)], 1)
+    journal.append([BlocksStored((3, 4, 5), 2, DEVICE)])  # 5 ids: the first event goes
     assert journal.read(0, epoch) is None
-    assert journal.read(1, epoch) == ([CacheEvent(STORED, (3, 4, 5), 2, DEVICE)], 2)
-    journal.append([CacheEvent(CLEARED)])
+    assert journal.read(1, epoch) == ([BlocksStored((3, 4, 5), 2, DEVICE)], 2)
+    journal.append([AllBlocksCleared()])
     assert journal.epoch != epoch
     assert journal.read(2, epoch) is None
     assert journal.read(2, journal.epoch) == ([], 2)
@@ -111,7 +125,7 @@ def test_journal_reads_from_a_position_and_refuses_lost_or_cleared_ones() -> Non
 
 def test_stream_starts_with_a_snapshot_splits_long_runs_and_resnapshots() -> None:
     journal = CacheEventJournal(block_size=16, max_ids=6)
-    held = [CacheEvent(STORED, (1, 2, 3, 4, 5), 0, DEVICE)]
+    held = [BlocksStored((1, 2, 3, 4, 5), CHAIN_START, DEVICE)]
     snapshots = 0
 
     async def snapshot() -> Snapshot:
@@ -123,19 +137,35 @@ def test_stream_starts_with_a_snapshot_splits_long_runs_and_resnapshots() -> Non
         stream = CacheEventStream(journal, snapshot, max_ids=3)
         first = await stream.next_batch()
         assert (first.snapshot, first.sequence) == (True, 1)
-        assert first.events == (CacheEvent(STORED, (1, 2, 3), 0, DEVICE),)
-        journal.append([CacheEvent(REMOVED, (1,), 0, DEVICE)])
+        assert first.events == (BlocksStored((1, 2, 3), CHAIN_START, DEVICE),)
+        journal.append([BlocksRemoved((1,), DEVICE)])
         rest = await stream.next_batch()  # the snapshot's rest, chained from 3, before news
         assert (rest.snapshot, rest.sequence) == (False, 2)
-        assert rest.events == (CacheEvent(STORED, (4, 5), 3, DEVICE),)
+        assert rest.events == (BlocksStored((4, 5), 3, DEVICE),)
         news = await stream.next_batch()
-        assert news.events == (CacheEvent(REMOVED, (1,), 0, DEVICE),)
+        assert news.events == (BlocksRemoved((1,), DEVICE),)
         assert (await stream.next_batch()).events == ()
-        journal.append([CacheEvent(STORED, tuple(range(10, 17)), 0, DEVICE)])  # > 6 ids kept
-        journal.append([CacheEvent(STORED, (20,), 0, DEVICE)])
+        journal.append([BlocksStored(tuple(range(10, 17)), CHAIN_START, DEVICE)])  # > 6 ids kept
+        journal.append([BlocksStored((20,), CHAIN_START, DEVICE)])
         behind = await stream.next_batch()
         assert behind.snapshot  # fell behind the journal: starts over
         assert snapshots == 2
         assert [b.epoch for b in (first, behind)] == [journal.epoch] * 2
+
+    asyncio.run(run())
+
+
+def test_stream_splits_a_long_removal_across_batches() -> None:
+    journal = CacheEventJournal(block_size=16, max_ids=16)
+
+    async def snapshot() -> Snapshot:
+        return Snapshot([], journal.position, journal.epoch)
+
+    async def run() -> None:
+        stream = CacheEventStream(journal, snapshot, max_ids=2)
+        assert (await stream.next_batch()).events == ()
+        journal.append([BlocksRemoved((1, 2, 3), HOST)])
+        assert (await stream.next_batch()).events == (BlocksRemoved((1, 2), HOST),)
+        assert (await stream.next_batch()).events == (BlocksRemoved((3,), HOST),)
 
     asyncio.run(run())

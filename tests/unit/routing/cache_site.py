@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.routing.prefix.events import (
+from fedllm_contract.cache_events import (
     CHAIN_START,
     AllBlocksCleared,
     BlocksRemoved,

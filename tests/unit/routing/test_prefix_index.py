@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedllm_contract.block_hash import prompt_block_hashes
-from gateway.routing.prefix.events import (
+from fedllm_contract.cache_events import (
     CHAIN_START,
     AllBlocksCleared,
     BlocksRemoved,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.routing.prefix.events import CHAIN_START, CacheEventBatch, Tier
+from fedllm_contract.cache_events import CHAIN_START, CacheEventBatch, Tier
 from gateway.routing.prefix.site_index import ApplyOutcome, SiteCacheIndex
 from tests.unit.routing.cache_site import CacheSite, Stream
 

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from fedllm_contract.block_hash import prompt_block_hashes
-from gateway.routing.prefix.events import (
+from fedllm_contract.cache_events import (
     CHAIN_START,
     AllBlocksCleared,
     BlocksRemoved,
