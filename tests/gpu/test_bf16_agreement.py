@@ -24,6 +24,7 @@ from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import SamplingParams
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
+from tests.support.engine_runs import generate_all
 
 pytestmark = pytest.mark.gpu
 NEAR_TIE = 0.15
@@ -55,12 +56,7 @@ def test_engine_agrees_with_transformers_in_bf16(model_dir: Path, cuda_device: s
         )
         for i, n in enumerate(lengths)
     ]
-    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    for request in requests:
-        engine.add_request(request)
-    while engine.has_unfinished():
-        for output in engine.step():
-            outputs[output.request_id].extend(output.new_token_ids)
+    outputs = generate_all(engine, requests)
 
     reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).cuda()
     ties = 0

@@ -14,6 +14,7 @@ from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import load_model
+from tests.support.engine_runs import generate_all
 
 FLAG = {
     "type": "object",
@@ -21,16 +22,6 @@ FLAG = {
     "required": ["ok", "n"],
     "additionalProperties": False,
 }
-
-
-def run(engine: PagedEngine, requests: list[EngineRequest]) -> dict[str, list[int]]:
-    for request in requests:
-        engine.add_request(request)
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    while engine.has_unfinished():
-        for output in engine.step():
-            tokens[output.request_id].extend(output.new_token_ids)
-    return tokens
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
@@ -55,11 +46,11 @@ def test_masks_on_graphed_steps(overlap: bool, cuda_device: str, tiny_llama_dir:
 
     free_engine = PagedEngine(loaded, config)
     assert free_engine.runner.graphs is not None
-    free = run(free_engine, requests(False))
+    free = generate_all(free_engine, requests(False))
     # The engine sizes its KV cache from the free memory: the second one needs the first's back.
     free_engine.close()
     mixed_engine = PagedEngine(loaded, config)
-    mixed = run(mixed_engine, requests(True))
+    mixed = generate_all(mixed_engine, requests(True))
     mixed_engine.close()
     tokenizer = loaded.tokenizer
     for i in range(1, 8, 2):

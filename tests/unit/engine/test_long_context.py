@@ -21,6 +21,7 @@ from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import SamplingParams
 from site_engine.make_model import make_long_context_dir
 from site_engine.model_loading import load_model
+from tests.support.engine_runs import generate_all
 
 # Small numbers with the real structure: the scaling starts past 256 positions, the prompt
 # reaches 1,500, the model declares 65,536.
@@ -59,11 +60,7 @@ def test_engine_matches_transformers_past_the_original_context(long_dir: Path) -
     # 256-token steps: the prompt's later chunks attend over a cached prefix past ORIGINAL.
     engine = PagedEngine(loaded, EngineConfig(max_num_seqs=2, max_num_batched_tokens=256))
     sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    engine.add_request(EngineRequest("long", tuple(prompt), sampling))
-    got: list[int] = []
-    while engine.has_unfinished():
-        for output in engine.step():
-            got.extend(output.new_token_ids)
+    got = generate_all(engine, [EngineRequest("long", tuple(prompt), sampling)])["long"]
 
     reference = AutoModelForCausalLM.from_pretrained(str(long_dir), dtype=torch.float32).eval()
     assert got == _greedy(reference, prompt, 8)

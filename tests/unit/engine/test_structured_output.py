@@ -16,6 +16,7 @@ from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import LoadedModel
+from tests.support.engine_runs import generate_all
 from tests.unit.engine.smollm2 import chat_ids, loaded
 
 pytestmark = pytest.mark.slow
@@ -33,16 +34,6 @@ PERSON = {
 }
 FREE_PROMPTS = ("What is the capital of France?", "Give two tips for sleeping well.")
 JSON_PROMPT = "Describe a person as JSON with name, age and city."
-
-
-def run(engine: PagedEngine, requests: list[EngineRequest]) -> dict[str, list[int]]:
-    for request in requests:
-        engine.add_request(request)
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    while engine.has_unfinished():
-        for output in engine.step():
-            tokens[output.request_id].extend(output.new_token_ids)
-    return tokens
 
 
 def engine(loaded: LoadedModel, overlap: bool) -> PagedEngine:
@@ -68,7 +59,7 @@ def text(loaded: LoadedModel, ids: list[int]) -> str:
 def test_constrained_answers_validate_and_free_answers_do_not_change(
     loaded: LoadedModel, overlap: bool
 ) -> None:
-    alone = run(engine(loaded, overlap), [free(loaded, 0), free(loaded, 1)])
+    alone = generate_all(engine(loaded, overlap), [free(loaded, 0), free(loaded, 1)])
     schema = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
     sampled = SamplingParams(max_tokens=60, temperature=0.9, seed=5, constraint=schema)
     mixed_engine = engine(loaded, overlap)
@@ -79,7 +70,7 @@ def test_constrained_answers_validate_and_free_answers_do_not_change(
         EngineRequest("json-sampled", chat_ids(loaded, JSON_PROMPT), sampled),
         constrained(loaded, "object", ConstraintSpec("json_object")),
     ]
-    mixed = run(mixed_engine, requests)
+    mixed = generate_all(mixed_engine, requests)
     assert mixed["free-0"] == alone["free-0"]
     assert mixed["free-1"] == alone["free-1"]
     validator = jsonschema_rs.validator_for(PERSON)
@@ -125,7 +116,9 @@ def test_tool_calls_in_tags_follow_their_schema(loaded: LoadedModel) -> None:
         min_items=1,
         max_items=1,
     )
-    answer = text(loaded, run(engine(loaded, True), [constrained(loaded, "tool", spec)])["tool"])
+    answer = text(
+        loaded, generate_all(engine(loaded, True), [constrained(loaded, "tool", spec)])["tool"]
+    )
     assert answer.startswith("<tool_call>\n")
     assert answer.endswith("\n</tool_call>")
     body = json.loads(answer.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
@@ -138,13 +131,15 @@ def test_a_continued_constrained_answer_goes_on_where_it_stopped(loaded: LoadedM
     generated_before) carries its grammar on from there: greedy, the two halves are the
     uninterrupted answer; an answer so far that breaks the grammar is refused."""
     spec = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
-    whole = run(engine(loaded, False), [constrained(loaded, "whole", spec)])["whole"]
+    whole = generate_all(engine(loaded, False), [constrained(loaded, "whole", spec)])["whole"]
     prompt = chat_ids(loaded, JSON_PROMPT)
     kept = whole[:7]
     sampling = SamplingParams(
         max_tokens=60 - len(kept), temperature=0.0, constraint=spec, generated_before=len(kept)
     )
-    rest = run(engine(loaded, False), [EngineRequest("rest", prompt + tuple(kept), sampling)])
+    rest = generate_all(
+        engine(loaded, False), [EngineRequest("rest", prompt + tuple(kept), sampling)]
+    )
     assert kept + rest["rest"] == whole
     broken = prompt + tuple(loaded.tokenizer.encode("nope", add_special_tokens=False))
     with pytest.raises(RequestRejected, match="does not follow its constraint"):
