@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -20,6 +21,8 @@ from sklearn.pipeline import Pipeline
 from predictor.encoding import DEFAULT_MAX_TOKENS
 
 ONNX_OPSET = 17
+# 2: the TF-IDF rows are L2-normalized by LpNormalization (_fast_l2_normalizer).
+ONNX_EXPORT_REVISION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +35,9 @@ class SklearnConfig:
     max_tokens: int = DEFAULT_MAX_TOKENS
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        # The export's revision is part of what an artifact was built with: a build finding an
+        # artifact of an older export trains a new one instead of reusing it.
+        return {**asdict(self), "onnx_export": ONNX_EXPORT_REVISION}
 
 
 def train_sklearn(id_strings: Sequence[str], labels: np.ndarray, config: SklearnConfig) -> Pipeline:
@@ -74,4 +79,25 @@ def export_sklearn_onnx(pipeline: Pipeline, path: Path) -> None:
         },
         target_opset=ONNX_OPSET,
     )
+    _fast_l2_normalizer(model)
     path.write_bytes(model.SerializeToString())
+
+
+def _fast_l2_normalizer(model: Any) -> None:
+    """Swaps skl2onnx's L2 `Normalizer` (ai.onnx.ml) of the TF-IDF rows for the standard
+    `LpNormalization(p=2, axis=1)`: the same function on the same dense (N, max_features) rows,
+    but onnxruntime runs the ML operator element by element, and it was 71% of the graph's time
+    (3.5 ms of 4.9 ms for 32 short prompts at 50,000 features) and a third of the gateway's CPU
+    per request. An all-zero row (no known n-gram) stays all zero either way."""
+    from onnx import helper
+
+    nodes = model.graph.node
+    for i, node in enumerate(nodes):
+        norm = next((a.s for a in node.attribute if a.name == "norm"), b"")
+        if node.domain == "ai.onnx.ml" and node.op_type == "Normalizer" and norm == b"L2":
+            nodes[i].CopyFrom(
+                helper.make_node(
+                    "LpNormalization", list(node.input), list(node.output), name=node.name,
+                    axis=1, p=2,
+                )
+            )  # fmt: skip

@@ -1,7 +1,8 @@
 """A CPU profile of fedllm's gateway under gwbench load: where its time per request goes.
 
     python -m bench.gateway_overhead.profile [--checkout DIR] [--predictor DIR] [--database URL]
-        [--concurrency 32] [--requests 3000] [--stream] [--out bench/results/gateway_profile]
+        [--routing mico] [--concurrency 32] [--requests 3000] [--stream]
+        [--out bench/results/gateway_profile]
 
 Starts the fake gRPC site (cpu 0) and the gateway (cpu 1) as the overhead benchmark does, warms
 the gateway up, then samples it with py-spy (`record --format raw`, every thread, idle samples
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared/tokenizers/gpt2")
     parser.add_argument("--predictor", type=Path, default=ROOT / "var" / "predictor" / "default")
     parser.add_argument("--no-predictor", action="store_true")
+    parser.add_argument("--routing", default="mico", help="GATEWAY_ROUTING_POLICY")
     parser.add_argument("--database", help="GATEWAY_DATABASE_URL (default: SQLite)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=3000)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.checkout = args.checkout.resolve()
     predictor = None if args.no_predictor else args.predictor.resolve()
-    kit = Kit(args.gwbench.resolve(), args.tokenizer.resolve(), predictor)
+    kit = Kit(args.gwbench.resolve(), args.tokenizer.resolve(), predictor, routing=args.routing)
     print(profile(args, kit).read_text())
     return 0
 

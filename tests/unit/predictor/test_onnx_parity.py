@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -80,9 +81,14 @@ def test_sklearn_onnx_matches_predict_proba(tmp_path):
     export_sklearn_onnx(pipeline, path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     queries = encoder.id_strings(PROMPTS + [r.prompt for r in records[:20]])
+    # No n-gram the vectorizer knows: an all-zero row, which normalizing must leave at zero.
+    queries += ["", "999999 999998"]
     feed = np.array(queries, dtype=object).reshape(-1, 1)
     _, probabilities = session.run(None, {"text": feed})
     np.testing.assert_allclose(probabilities, pipeline.predict_proba(queries), atol=1e-5)
+    # The rows are normalized by the standard operator, not the ML one onnxruntime runs slowly.
+    ops = {(node.domain, node.op_type) for node in onnx.load(str(path)).graph.node}
+    assert ("", "LpNormalization") in ops
 
 
 def test_sklearn_refuses_a_single_class():
