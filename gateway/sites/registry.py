@@ -38,13 +38,12 @@ class SiteState:
     rtt: RttEstimator = field(default_factory=RttEstimator)
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     prefill_rate: RateEstimate = field(default_factory=RateEstimate)
-    # The same of the other sites serving the same model (set by SiteRegistry): a site that has
-    # not reported decoding (prefilling) yet is assumed to step (prefill) as the median of those
-    # that have. Against a fixed prior, a site that had just served (and so was measured) lost
-    # to one that never had whenever the prior was the faster: the next turn of a conversation
-    # left the site holding its prefix.
-    peer_steps: tuple[StepTimeModel, ...] = ()
-    peer_prefill: tuple[RateEstimate, ...] = ()
+    # The other sites serving the same model (set by SiteRegistry): a site that has not reported
+    # decoding (prefilling) yet is assumed to step (prefill) as the median of those that have.
+    # Against a fixed prior, a site that had just served (and so was measured) lost to one that
+    # never had whenever the prior was the faster: the next turn of a conversation left the
+    # site holding its prefix. Left out of == and repr: peers name each other.
+    peers: tuple[SiteState, ...] = field(default=(), compare=False, repr=False)
     # What the gateway knows of the site's prefix cache (its cache events, else its history).
     prefix: SitePrefix = field(default_factory=lambda: SitePrefix(DEFAULT_PREFIX_INDEX_BLOCKS))
 
@@ -79,7 +78,7 @@ class SiteState:
         reported = report.running_requests + report.queued_requests if report else 0
         return SiteLatency(
             rtt_s=self.rtt.value,
-            step=self.step_time.fit() or median_step(peer.fit() for peer in self.peer_steps),
+            step=self.step_time.fit() or median_step(p.step_time.fit() for p in self.peers),
             batch_slots=self.info.max_num_seqs if self.info is not None else None,
             requests=max(reported, self.in_flight),
             remaining_answer_tokens=report.predicted_remaining_tokens if report else 0,
@@ -105,7 +104,7 @@ class SiteState:
             return self.config.prefill_tokens_per_s
         if (measured := self.prefill_rate.value) is not None:
             return measured
-        peers = [rate for p in self.peer_prefill if (rate := p.value) is not None]
+        peers = [rate for p in self.peers if (rate := p.prefill_rate.value) is not None]
         return median_low(peers) if peers else None
 
     @property
@@ -149,13 +148,11 @@ class SiteRegistry:
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
         for site in self._sites.values():
-            peers = [
+            site.peers = tuple(
                 other
                 for other in self._sites.values()
                 if other is not site and other.config.model == site.config.model
-            ]
-            site.peer_steps = tuple(other.step_time for other in peers)
-            site.peer_prefill = tuple(other.prefill_rate for other in peers)
+            )
 
     def all(self) -> list[SiteState]:
         return list(self._sites.values())
