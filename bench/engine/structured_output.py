@@ -23,6 +23,7 @@ import json
 import statistics
 import tempfile
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,23 +90,22 @@ def constraints() -> list[ConstraintSpec]:
     return specs
 
 
-def requests(loaded: LoadedModel, batch: int, max_tokens: int, mixed: bool) -> list[EngineRequest]:
+def request(loaded: LoadedModel, index: int, max_tokens: int, constrained: bool) -> EngineRequest:
     specs = constraints()
-    base = loaded.tokenizer.encode(PROMPT, add_special_tokens=False)
-    out = []
-    for i in range(batch):
-        prompt = tuple(base) + tuple(
-            loaded.tokenizer.encode(f" Record {i}.", add_special_tokens=False)
-        )
-        constrained = mixed and i % 2 == 1
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0,
-            ignore_eos=not constrained,  # free rows run their full length
-            constraint=specs[i // 2 % len(specs)] if constrained else None,
-        )
-        out.append(EngineRequest(f"r{i}", prompt, sampling))
-    return out
+    prompt = tuple(loaded.tokenizer.encode(PROMPT, add_special_tokens=False)) + tuple(
+        loaded.tokenizer.encode(f" Record {index}.", add_special_tokens=False)
+    )
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        ignore_eos=not constrained,  # free rows run their full length
+        constraint=specs[index // 2 % len(specs)] if constrained else None,
+    )
+    return EngineRequest(f"r{index}", prompt, sampling)
+
+
+def requests(loaded: LoadedModel, batch: int, max_tokens: int, mixed: bool) -> list[EngineRequest]:
+    return [request(loaded, i, max_tokens, mixed and i % 2 == 1) for i in range(batch)]
 
 
 def _sync(loaded: LoadedModel) -> None:
@@ -113,16 +113,77 @@ def _sync(loaded: LoadedModel) -> None:
         torch.cuda.synchronize(loaded.device)
 
 
+class PhaseClock:
+    """Host wall time per phase of `PagedEngine.step`, by wrapping the engine's parts (the
+    scheduler's and runner's methods on the instances, the mask fill and the wait for sampled
+    tokens where they are defined): where a step with constrained rows spends its extra."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._undo: list[tuple[object, str, object]] = []
+
+    def wrap(self, owner: object, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+        totals = self.totals
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                totals[phase] = totals.get(phase, 0.0) + time.perf_counter() - start
+
+        self._undo.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def attach(self, engine: PagedEngine) -> None:
+        from site_engine.engine import host_staging, launched_step, sampler, structured_output
+
+        scheduler, runner = engine._scheduler, engine._runner
+        self.wrap(sampler, "apply_grammar_masks", "masks (filled and applied)")
+        self.wrap(host_staging.HostStaging, "to_device", "host-to-device copies")
+        self.wrap(scheduler, "schedule", "schedule")
+        self.wrap(scheduler, "advance_guides", "advance grammars")
+        self.wrap(scheduler, "update", "update")
+        self.wrap(runner, "launch_logits", "launch model")
+        self.wrap(runner, "sample", "sample (masks included)")
+        self.wrap(structured_output, "fill_masks", "fill masks")
+        self.wrap(launched_step.LaunchedStep, "result", "wait for tokens")
+
+    def detach(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            if isinstance(owner, (type, types.ModuleType)):
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # the instance attribute hid the class's method
+        self._undo.clear()
+
+
 def run(
     loaded: LoadedModel, config: EngineConfig, batch: int, max_tokens: int, mixed: bool
 ) -> dict[str, Any]:
-    """One run: decode step times while the whole batch runs, and every request's tokens."""
+    """One run: decode step times while the whole batch runs, and every request's tokens.
+
+    A constrained answer ends at its JSON's end, long before the free rows' `max_tokens`: each
+    one that finishes is replaced by a new constrained request (the next schema, odd index) as
+    long as free rows run, so the mixed batch stays half constrained for as many steps as the
+    free one runs, grammars at every stage of their answers as on a serving site, not only
+    their first tokens."""
     engine = PagedEngine(loaded, config)
     if mixed:
         engine.grammars()  # the tokenizer's token trie is built once per site, at start-up
-    for request in requests(loaded, batch, max_tokens, mixed):
-        engine.add_request(request)
+    clock = PhaseClock()
+    clock.attach(engine)
+    steps_run = 0
+    for req in requests(loaded, batch, max_tokens, mixed):
+        engine.add_request(req)
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(batch)}
+    free_left = {f"r{i}" for i in range(batch) if not (mixed and i % 2 == 1)}
+    next_index = batch + 1  # odd: constrained, as in requests()
+    # Free tokens each free row had when the batch first changed (a constrained row finished):
+    # later steps run other batch shapes, whose kernels round bf16 differently, so only the
+    # tokens before it can be compared with the free run's.
+    stable: int | None = None
     times: list[float] = []
     _sync(loaded)
     while engine.has_unfinished():
@@ -130,11 +191,24 @@ def run(
         start = time.perf_counter()
         outputs = engine.step()
         elapsed = time.perf_counter() - start
+        steps_run += 1
         full = waiting == 0 and running == batch and len(outputs) == batch
         if full and all(o.finish_reason is None for o in outputs):
             times.append(elapsed)
         for output in outputs:
-            tokens[output.request_id].extend(output.new_token_ids)
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+            if output.finish_reason is None:
+                continue
+            free_left.discard(output.request_id)
+            constrained = mixed and int(output.request_id[1:]) % 2 == 1
+            if constrained and stable is None:
+                stable = min(len(tokens[f"r{i}"]) for i in range(0, batch, 2))
+            if constrained and free_left:
+                engine.add_request(request(loaded, next_index, max_tokens, True))
+                next_index += 2
+    clock.detach()
+    compiled = engine.grammars().compiled if mixed else 0
+    engine.close()
     steps = times[2:]  # the first steps after prefill warm the graphs and allocator
     return {
         "mixed": mixed,
@@ -142,14 +216,18 @@ def run(
         "timed_steps": len(steps),
         "step_ms_median": statistics.median(steps) * 1000 if steps else None,
         "step_ms_mean": statistics.fmean(steps) * 1000 if steps else None,
-        "grammars_compiled": engine.grammars().compiled if mixed else 0,
+        "constrained_answers": (next_index - batch - 1) // 2 + batch // 2 if mixed else 0,
+        "grammars_compiled": compiled,
         "tokens": tokens,
+        "stable_tokens": stable,
+        "phases_ms_per_step": {k: v * 1000 / steps_run for k, v in clock.totals.items()},
     }
 
 
 def compare(none: dict[str, Any], mixed: dict[str, Any]) -> dict[str, Any]:
     free = [rid for rid in none["tokens"] if int(rid[1:]) % 2 == 0]
-    same = [rid for rid in free if none["tokens"][rid] == mixed["tokens"][rid]]
+    upto = mixed["stable_tokens"]
+    same = [rid for rid in free if none["tokens"][rid][:upto] == mixed["tokens"][rid][:upto]]
     overhead = None
     if none["step_ms_median"] and mixed["step_ms_median"]:
         overhead = mixed["step_ms_median"] / none["step_ms_median"] - 1
@@ -162,8 +240,31 @@ def compare(none: dict[str, Any], mixed: dict[str, Any]) -> dict[str, Any]:
         "goal_met": overhead is not None and overhead <= 0.10,
         "free_requests": len(free),
         "free_token_identical": len(same),
+        "free_tokens_compared": upto,
         "grammars_compiled": mixed["grammars_compiled"],
+        "constrained_answers": mixed["constrained_answers"],
+        "phases_ms_per_step": {
+            "none": none["phases_ms_per_step"],
+            "mixed": mixed["phases_ms_per_step"],
+        },
     }
+
+
+def profile_run(
+    loaded: LoadedModel, config: EngineConfig, batch: int, max_tokens: int, path: Path
+) -> None:
+    """Where the host's time goes in a mixed run: the functions by own time and by total."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(run, loaded, config, batch, max_tokens, True)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    path.write_text(text.getvalue())
 
 
 def device_name(loaded: LoadedModel) -> str:
@@ -182,13 +283,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"Model: random {report['shape']} Llama, {report['dtype']}, SmolLM2's tokenizer and "
         f"{report['vocab']}-token vocabulary; {report['max_tokens']} greedy tokens per request; "
         "mixed = every other request constrained (12 client schemas, any JSON object, a tool "
-        "call). Step: schedule to sampled tokens on the host, median over the decode steps in "
+        "call), each finished constrained answer replaced by a new one while free rows run. "
+        "Free rows are compared over the tokens they had when the first constrained answer "
+        "ended (later steps run other batch shapes). "
+        "Step: schedule to sampled tokens on the host, median over the decode steps in "
         "which the whole batch runs; each run repeated, the fastest kept. Goal: mask overhead "
         "<= 10% of the step.",
         "",
         "| batch | step ms, none | step ms, mixed | mask overhead | goal | free requests "
-        "token-identical | grammars compiled |",
-        "|---|---|---|---|---|---|---|",
+        "token-identical | constrained answers | timed steps (none, mixed) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         overhead = row["mask_overhead"]
@@ -196,8 +300,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {row['batch']} | {row['step_ms_none']:.2f} | {row['step_ms_mixed']:.2f} "
             f"| {overhead * 100:+.1f}% | {'met' if row['goal_met'] else 'NOT met'} "
             f"| {row['free_token_identical']}/{row['free_requests']} "
-            f"| {row['grammars_compiled']} |"
+            f"(first {row['free_tokens_compared']} tokens) "
+            f"| {row['constrained_answers']} | {row['timed_steps'][0]}, {row['timed_steps'][1]} |"
         )
+    if report.get("profile"):
+        lines += [
+            "",
+            f"Host profile of one mixed run (batch {report['profile_batch']}): "
+            f"`{report['profile']}`.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +318,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, fastest kept")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="also profile one mixed run of the largest batch on the host (cProfile, .prof.txt)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     preset = PRESETS[args.preset or ("gpu" if device == "cuda" else "cpu")]
@@ -236,6 +351,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ) and all(r["tokens"] == mixeds[0]["tokens"] for r in mixeds)
         print(json.dumps(rows[-1]), flush=True)
     name = device_name(loaded)
+    out = args.out or RESULTS / f"structured_output_{name}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile = None
+    if args.profile:
+        profile = out.with_suffix(".prof.txt")
+        batch = preset.batches[-1]
+        config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * 32))
+        profile_run(loaded, config, batch, preset.max_tokens, profile)
     report = {
         "command": "python -m bench.engine.structured_output --tokenizer <SmolLM2 tokenizer>"
         + (f" --preset {args.preset}" if args.preset else "")
@@ -247,9 +370,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_tokens": preset.max_tokens,
         "machine": machine(),
         "rows": rows,
+        "profile": profile.name if profile else None,
+        "profile_batch": preset.batches[-1],
     }
-    out = args.out or RESULTS / f"structured_output_{name}"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))

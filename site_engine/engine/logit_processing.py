@@ -6,6 +6,10 @@ nothing but being skipped. The order is vLLM's and OpenAI's: bias, then penaltie
 grammar mask last, so that no bias or penalty can bring back a token the grammar forbids.
 Masks are applied to the logits a step produced, after the model (and its CUDA graph) ran, so
 constrained rows ride in graphed steps like any other.
+
+Every host value reaches the device through the sampler's pinned staging (host_staging.py):
+the logits are still being computed when this runs (async scheduling queues the model's work
+first), and a plain `torch.tensor(..., device=cuda)` copy would wait for it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from site_engine.engine.host_staging import HostStaging
 from site_engine.engine.types import ScheduledChunk
 
 _BITS = 32
 
 
-def apply_logit_bias(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
+def apply_logit_bias(
+    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], staging: HostStaging
+) -> None:
     """Adds each row's logit_bias in place (one index_put over every biased entry)."""
     rows: list[int] = []
     cols: list[int] = []
@@ -34,17 +41,20 @@ def apply_logit_bias(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> 
                 values.append(bias)
     if not rows:
         return
-    device = logits.device
-    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-    logits.index_put_(index, torch.tensor(values, device=device), accumulate=True)
+    index = (staging.values("bias rows", rows, torch.long),
+             staging.values("bias tokens", cols, torch.long))  # fmt: skip
+    logits.index_put_(index, staging.values("bias", values, logits.dtype), accumulate=True)
 
 
-def _padded(histories: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
+def _padded(
+    histories: Sequence[Sequence[int]], pad: int, staging: HostStaging, kind: str
+) -> torch.Tensor:
     width = max((len(h) for h in histories), default=0) or 1
-    table = np.full((len(histories), width), pad, dtype=np.int64)
+    table = staging.host_buffer(kind, (len(histories), width), torch.long)
+    table.fill(pad)
     for row, history in enumerate(histories):
         table[row, : len(history)] = history
-    return torch.from_numpy(table).to(device, non_blocking=True)
+    return staging.to_device(kind, table)
 
 
 def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -54,25 +64,29 @@ def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     return counts[:, :vocab]
 
 
-def apply_penalties(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
+def apply_penalties(
+    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], staging: HostStaging
+) -> None:
     """OpenAI's presence and frequency penalties (answer tokens) and vLLM's repetition penalty
     (prompt and answer tokens), in place, on the rows that set any."""
     rows = [row for row, chunk in enumerate(chunks) if chunk.sampling.penalized]
     if not rows:
         return
-    device, vocab = logits.device, logits.shape[1]
+    vocab = logits.shape[1]
     picked = [chunks[row] for row in rows]
-    index = torch.tensor(rows, device=device)
+    index = staging.values("penalized rows", rows, torch.long)
     sub = logits.index_select(0, index)
-    answers = _counts(_padded([c.history for c in picked], vocab, device), vocab)
-    presence = torch.tensor([c.sampling.presence_penalty for c in picked], device=device)
-    frequency = torch.tensor([c.sampling.frequency_penalty for c in picked], device=device)
+    answers = _counts(_padded([c.history for c in picked], vocab, staging, "answers"), vocab)
+    presence = staging.values("presence", [c.sampling.presence_penalty for c in picked], sub.dtype)
+    frequency = staging.values(
+        "frequency", [c.sampling.frequency_penalty for c in picked], sub.dtype
+    )
     sub -= frequency.unsqueeze(1) * answers + presence.unsqueeze(1) * (answers > 0)
     repetition = [c.sampling.repetition_penalty for c in picked]
     if any(r != 1.0 for r in repetition):
-        prompts = _counts(_padded([c.prompt_token_ids for c in picked], vocab, device), vocab)
-        seen = (answers + prompts) > 0
-        penalty = torch.tensor(repetition, device=device).unsqueeze(1).expand_as(sub)
+        prompts = _padded([c.prompt_token_ids for c in picked], vocab, staging, "prompts")
+        seen = (answers + _counts(prompts, vocab)) > 0
+        penalty = staging.values("repetition", repetition, sub.dtype).unsqueeze(1).expand_as(sub)
         factor = torch.where(sub > 0, 1.0 / penalty, penalty)
         sub = torch.where(seen, sub * factor, sub)
     logits.index_copy_(0, index, sub)
@@ -82,32 +96,34 @@ def mask_words(vocab: int) -> int:
     return (vocab + _BITS - 1) // _BITS
 
 
-def grammar_masks(chunks: Sequence[ScheduledChunk], vocab: int) -> tuple[list[int], np.ndarray]:
-    """The rows with a grammar and their masks ([G, words] int32, bit t = token t allowed),
-    filled by each row's guide on the host. A guide whose answer is complete allows every
-    token: its row's token is never used (the scheduler finished it)."""
+def apply_grammar_masks(
+    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], staging: HostStaging
+) -> None:
+    """Sets the logits of every token a row's grammar forbids to -inf, in place.
+
+    Each constrained row's guide fills its mask ([G, vocab / 32] int32, bit t = token t
+    allowed; a guide whose answer is complete allows every token, its row's token is never
+    used) straight into pinned memory; the packed masks travel to the device as they are and are
+    unpacked there, a copy 32x smaller than a boolean mask. On the CPU one `np.unpackbits` pass
+    unpacks them (bit t of a little-endian word is byte t // 8's bit t % 8)."""
     from site_engine.engine.structured_output import fill_masks  # only with constrained rows
 
     rows = [row for row, chunk in enumerate(chunks) if chunk.guide is not None]
-    words = np.empty((len(rows), mask_words(vocab)), dtype=np.int32)
-    guides = [chunks[row].guide for row in rows]
-    fill_masks([guide for guide in guides if guide is not None], words)
-    return rows, words
-
-
-def apply_grammar_masks(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
-    """Sets the logits of every token a row's grammar forbids to -inf, in place."""
-    if all(chunk.guide is None for chunk in chunks):
+    if not rows:
         return
-    vocab = logits.shape[1]
-    rows, words = grammar_masks(chunks, vocab)
-    device = logits.device
-    packed = torch.from_numpy(words)
+    vocab, device = logits.shape[1], logits.device
+    words = staging.host_buffer("masks", (len(rows), mask_words(vocab)), torch.int32)
+    fill_masks([guide for row in rows if (guide := chunks[row].guide) is not None], words)
     if device.type == "cuda":
-        packed = packed.pin_memory()
-    packed = packed.to(device, non_blocking=True)
-    shifts = torch.arange(_BITS, device=device, dtype=torch.int32)
-    allowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()
-    index = torch.tensor(rows, device=device)
-    sub = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
+        packed = staging.to_device("masks", words)
+        shifts = torch.arange(_BITS, device=device, dtype=torch.int32)
+        forbidden = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab] == 0
+    else:
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+        forbidden = torch.from_numpy(bits == 0)
+    if len(rows) == logits.shape[0]:
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
+    index = staging.values("masked rows", rows, torch.long)
+    sub = logits.index_select(0, index).masked_fill_(forbidden, float("-inf"))
     logits.index_copy_(0, index, sub)

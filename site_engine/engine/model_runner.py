@@ -48,6 +48,11 @@ class StepLogits:
         """Whether sampling reads state that the previous step's update changes."""
         return any(c.guide is not None or c.sampling.penalized for c in self.chunks)
 
+    @property
+    def reads_history(self) -> bool:
+        """Whether sampling reads rows' answer tokens (penalties): the whole previous update."""
+        return any(c.sampling.penalized for c in self.chunks)
+
 
 @dataclass(frozen=True, slots=True)
 class StepInputs:
@@ -360,6 +365,9 @@ class ModelRunner:
         )
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Pinned: a copy from pageable memory can wait for the work already queued on the device.
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()
         return tensor.to(self.device, non_blocking=True)
 
     def _validate_decode(self, chunks: Sequence[ScheduledChunk]) -> None:

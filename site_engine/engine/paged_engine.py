@@ -40,7 +40,7 @@ from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
 from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import FinishReason, SchedulerOutput
+from site_engine.engine.types import FinishReason, ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from site_engine.engine.structured_output import GrammarCompiler
@@ -272,41 +272,54 @@ class PagedEngine:
         previous = self._in_flight
         step = self._runner.launch_logits(scheduled, previous[1] if previous else None)
         outputs: list[RequestOutput] = []
+        known: ModelRunnerOutput | None = None
         if previous is not None and step.reads_host_state:
             # Constrained or penalized rows sample from what the previous step's tokens make of
-            # their grammar and history: that step is applied first, while the device runs this
-            # step's model. Steps without such rows never wait here (see _apply's docstring).
-            outputs = self._apply(*previous)
-            previous = None
+            # their grammar and history, while the device runs this step's model (see _apply's
+            # docstring). Grammars alone need only their own advance before sampling; the rest
+            # of the previous update waits until this step's sampling is queued.
+            if step.reads_history:
+                outputs = self._apply(*previous)
+                previous = None
+            else:
+                known = previous[1].result()
+                self._scheduler.advance_guides(previous[0], known)
         launched = self._runner.sample(step)
         self._in_flight = (scheduled, launched)
         if previous is not None:
-            outputs = self._apply(*previous)
+            outputs = self._apply(*previous, known)
         if not self._async or scheduled.is_empty:
             # An empty step has nothing to overlap with; applying it now lets the loop end.
             outputs += self._apply(scheduled, launched)
             self._in_flight = None
         return outputs
 
-    def _apply(self, scheduled: SchedulerOutput, launched: LaunchedStep) -> list[RequestOutput]:
+    def _apply(
+        self,
+        scheduled: SchedulerOutput,
+        launched: LaunchedStep,
+        known: ModelRunnerOutput | None = None,
+    ) -> list[RequestOutput]:
         """Applies a step's tokens (the scheduler's update advances grammars and histories).
 
         With async scheduling a step N+1 with constrained or penalized rows needs step N's
-        tokens on the host before it samples: its model work is queued first, then N is
-        applied (the host waits for N's tokens while the device runs N+1's forward), then
-        N+1's masks are computed and its sampling queued. The device idles only for the mask
-        computation (microseconds per row, bench/results/grammar_engines.md) and only in steps
-        that hold such rows; steps without them overlap fully, as before.
+        tokens on the host before it samples: its model work is queued first, then the host
+        waits for N's tokens (the device runs N+1's forward meanwhile) and advances what N+1's
+        sampling reads, then N+1's masks are computed and its sampling queued. Grammars are
+        advanced alone (Scheduler.advance_guides, all rows in one llguidance call) and every
+        other row's update follows N+1's sampling; penalized rows read whole histories, so N's
+        full update comes first for them. Steps without such rows overlap fully, as before.
         """
-        result = launched.result()
-        updates = self._scheduler.update(scheduled, result)
+        if known is None:
+            known = launched.result()
+        updates = self._scheduler.update(scheduled, known)
         return [
             RequestOutput(
                 u.request_id,
                 u.new_token_ids,
                 u.finish_reason,
                 cached_prompt_tokens=u.cached_prompt_tokens,
-                logprobs=result.logprobs.get(u.request_id),
+                logprobs=known.logprobs.get(u.request_id),
             )
             for u in updates
         ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from site_engine.engine.host_staging import HostStaging
 from site_engine.engine.logit_processing import (
     apply_grammar_masks,
     apply_logit_bias,
@@ -91,6 +92,13 @@ class Sampler:
         self._generator = generator
         # Reused Generator objects of seeded requests, to avoid allocating one per step.
         self._seeded: dict[str, torch.Generator] = {}
+        self._staging: dict[torch.device, HostStaging] = {}
+
+    def _staging_for(self, device: torch.device) -> HostStaging:
+        staging = self._staging.get(device)
+        if staging is None:
+            staging = self._staging[device] = HostStaging(device)
+        return staging
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop per-request state of requests that left the engine."""
@@ -110,7 +118,11 @@ class Sampler:
         the next step can be launched before the host knows them."""
         return self.sample_step(logits, chunks).ids
 
-    def sample_step(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> SampledTokens:
+    def sample_step(
+        self,
+        logits: torch.Tensor,
+        chunks: Sequence[ScheduledChunk],
+    ) -> SampledTokens:
         """Samples every row; rows that ask for logit processing (bias, penalties, a grammar)
         get it first, and logprobs when any row asks for them. Rows that ask for none of it
         (`SamplingParams.plain`) take the path they took before any of it existed."""
@@ -119,9 +131,10 @@ class Sampler:
         if all(chunk.sampling.plain for chunk in chunks):
             return SampledTokens(self._sample(logits, chunks))
         processed = logits.clone()  # the raw logits stay as they are (logprobs, graph buffers)
-        apply_logit_bias(processed, chunks)
-        apply_penalties(processed, chunks)
-        apply_grammar_masks(processed, chunks)
+        staging = self._staging_for(logits.device)
+        apply_logit_bias(processed, chunks, staging)
+        apply_penalties(processed, chunks, staging)
+        apply_grammar_masks(processed, chunks, staging)
         ids = self._sample(processed, chunks)
         if not any(chunk.sampling.logprobs for chunk in chunks):
             return SampledTokens(ids)
@@ -133,14 +146,15 @@ class Sampler:
         if all(p.greedy for p in params):
             return greedy_ids
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)
+        staging = self._staging_for(device)
+        temperature = staging.values("temperature", [p.temperature for p in params], logits.dtype)
         is_greedy = temperature == 0.0
         # Greedy rows take argmax of the raw logits below; dividing them by 1 keeps them finite.
         divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         divisor = divisor.clamp_min(MIN_TEMPERATURE)
         probs = torch.softmax(logits / divisor.unsqueeze(1), dim=-1)
         if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], device=device)
+            top_p = staging.values("top_p", [p.top_p for p in params], logits.dtype)
             probs = apply_top_p(probs, top_p)
         noise = self._exponential_noise(probs, chunks)
         sampled = (probs / noise).argmax(dim=-1)

@@ -571,3 +571,56 @@ def test_stats() -> None:
     assert sched.schedule().is_empty
     assert sched.stats().iterations == 1
     assert not sched.has_unfinished()
+
+
+class CountingGuide:
+    """A grammar that allows tokens below `limit` and is complete after `length` of them."""
+
+    def __init__(self, length: int, limit: int = 1000) -> None:
+        self.length, self.limit = length, limit
+        self.consumed: list[int] = []
+
+    def consume(self, token: int) -> bool:
+        self.consumed.append(token)
+        return token < self.limit
+
+    def fill_mask(self, words: object) -> None:
+        raise AssertionError("the scheduler never reads masks")
+
+    def is_finished(self) -> bool:
+        return len(self.consumed) >= self.length
+
+
+def test_advance_guides_moves_grammars_once_and_update_keeps_its_verdicts() -> None:
+    sched = make()
+    guide, stray = CountingGuide(length=2), CountingGuide(length=5, limit=150)
+    sched.add("g", [1, 2, 3], sp(10), guide=guide)
+    sched.add("s", [4, 5, 6], sp(10), guide=stray)
+    sched.add("free", [7, 8, 9], sp(3))
+    for expected in ([100], [100, 101]):
+        out = sched.schedule()
+        result = ModelRunnerOutput(
+            {c.request_id: (200 if c.request_id == "s" else fake_token(c)) for c in out.chunks}
+        )
+        sched.advance_guides(out, result)
+        assert guide.consumed == expected  # before update: the next step's mask reads it
+        updates = {u.request_id: u for u in sched.update(out, result)}
+        assert guide.consumed == expected  # update took the verdict, it did not consume again
+        sched.check_invariants()
+        if expected == [100]:
+            # A token its grammar refused ends the request (a sampler bug, logged), once.
+            assert updates["s"].finish_reason is FinishReason.STOP
+            assert stray.consumed == [200]
+    assert updates["g"].finish_reason is FinishReason.STOP  # complete after two tokens
+    assert updates["free"].finish_reason is None
+
+
+def test_advance_guides_refuses_a_step_out_of_order() -> None:
+    sched = make()
+    sched.add("g", [1, 2, 3], sp(10), guide=CountingGuide(length=3))
+    first = sched.schedule()
+    second = sched.schedule()
+    with pytest.raises(ValueError, match="oldest"):
+        sched.advance_guides(second, ModelRunnerOutput({"g": 100}))
+    sched.advance_guides(first, ModelRunnerOutput({"g": 100}))
+    sched.update(first, ModelRunnerOutput({"g": 100}))
