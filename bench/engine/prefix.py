@@ -67,7 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kv_cache_gib": 0.0,  # what the GPU has after the weights and a trial step
         "host_kv_cache_gib": 16.0,
         "system_tokens": 4096,
-        "shared_rates": [2.0, 4.0, 8.0, 16.0, 32.0],
+        "shared_rates": [16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 160.0, 192.0],
         "shared_answers": (64, 192),
         "window_s": 3.0,
         "drain_s": 8.0,
@@ -133,6 +133,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--host-kv-cache-gib", type=float, default=None)
     add("--trace-requests", type=int, default=None, help="the trace's last N requests (0: all)")
     add("--shared-rates", type=float, nargs="+", default=None, help="conversations/s")
+    add("--trace-cap", type=int, default=None, help="input tokens kept of each trace request")
+    add("--trace-rates", type=float, nargs="+", default=None, help="requests/s, one per part")
     add("--deadline-s", type=float, default=None)
     add("--results-dir", type=Path, default=None)
     add("--name", default=None, help="default: engine_prefix_<device>")
@@ -146,6 +148,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.p["trace_requests"] = args.trace_requests or None
     if args.shared_rates:
         args.p["shared_rates"] = sorted(args.shared_rates)
+    if args.trace_rates:
+        args.p["trace_rates"] = sorted(args.trace_rates)
+    if args.trace_cap is not None:
+        if args.trace_cap < 1:
+            parser.error("--trace-cap must be positive")
+        args.p["trace_cap"] = args.trace_cap
     args.workloads = [w for w in args.workloads.split(",") if w]
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown:
