@@ -5,10 +5,11 @@ Such values must reach the device without waiting for the work queued there: wit
 scheduling the model's forward is still running when the sampler prepares them, and a copy from
 ordinary (pageable) memory can wait for it, or, through `torch.tensor(..., device=cuda)`, waits
 for the whole stream, leaving the device idle while the host schedules the next step. Pinning a
-fresh buffer each time costs as much as the copy saves (a pinned allocation per call, measured
-at over a millisecond per step of constrained rows on the H100 machine's host), so each kind of
-value keeps a small ring of pinned buffers, grown when a step needs more; a buffer is refilled
-only after the copy out of it has run (an event per buffer).
+fresh buffer per copy allocates every time: sampling a step of 256 rows, 128 of them
+constrained, took 1.66 ms of host time besides filling the masks with `pin_memory()` per copy,
+0.69 ms with these rings, on the H100 machine (bench/results/gpu_runs_2026-11-25.md). So each
+kind of value keeps a small ring of pinned buffers, grown when a step needs more; a buffer is
+refilled only after the copy out of it has run (an event per buffer).
 """
 
 from __future__ import annotations

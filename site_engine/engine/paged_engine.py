@@ -306,8 +306,8 @@ class PagedEngine:
         tokens on the host before it samples: its model work is queued first, then the host
         waits for N's tokens (the device runs N+1's forward meanwhile) and advances what N+1's
         sampling reads, then N+1's masks are computed and its sampling queued. Grammars are
-        advanced alone (Scheduler.advance_guides, all rows in one llguidance call) and every
-        other row's update follows N+1's sampling; penalized rows read whole histories, so N's
+        advanced alone (Scheduler.advance_guides) and every other row's update follows N+1's
+        sampling; penalized rows read whole histories, so N's
         full update comes first for them. Steps without such rows overlap fully, as before.
         """
         if known is None:

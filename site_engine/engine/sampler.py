@@ -118,11 +118,7 @@ class Sampler:
         the next step can be launched before the host knows them."""
         return self.sample_step(logits, chunks).ids
 
-    def sample_step(
-        self,
-        logits: torch.Tensor,
-        chunks: Sequence[ScheduledChunk],
-    ) -> SampledTokens:
+    def sample_step(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> SampledTokens:
         """Samples every row; rows that ask for logit processing (bias, penalties, a grammar)
         get it first, and logprobs when any row asks for them. Rows that ask for none of it
         (`SamplingParams.plain`) take the path they took before any of it existed."""

@@ -327,37 +327,21 @@ class Scheduler:
             seq.num_pending += 1
         return chunk
 
-    def guided_rows(self, output: SchedulerOutput) -> list[tuple[str, Guide]]:
-        """The sampled rows of `output` whose sequences are live and constrained, with their
-        guides: what advancing the step's grammars touches (grammar_work.py)."""
-        rows: list[tuple[str, Guide]] = []
-        for chunk in output.chunks:
-            seq = self._live.get(chunk.request_id)
-            if chunk.sample and seq is not None and seq.guide is not None:
-                rows.append((chunk.request_id, seq.guide))
-        return rows
-
     def advance_guides(self, output: SchedulerOutput, result: ModelRunnerOutput) -> None:
         """Moves the grammars of `output`'s constrained rows past the tokens it sampled, before
         `update`: the next step's masks read them, and the rest of the update (every row's
         bookkeeping) can then run after that step's sampling is queued (PagedEngine._step).
         `update` of the same step takes these verdicts instead of advancing again."""
-        eos, sampled = self.config.eos_token_ids, result.sampled_token_ids
-        verdicts = {
-            request_id: advance_guide(guide, sampled[request_id], eos, request_id)
-            for request_id, guide in self.guided_rows(output)
-            if request_id in sampled  # a missing token is update()'s error to raise
-        }
-        self.accept_guide_verdicts(output, verdicts)
-
-    def accept_guide_verdicts(
-        self, output: SchedulerOutput, verdicts: dict[str, FinishReason | None]
-    ) -> None:
-        """Verdicts of `output`'s grammars, advanced elsewhere (advance_guides, or a worker:
-        grammar_work.py), for `update` to take."""
         oldest = next(iter(self._in_flight), None)
         if output.step_id != oldest:
             raise ValueError(f"step {output.step_id} is not the oldest awaiting results ({oldest})")
+        sampled = result.sampled_token_ids
+        verdicts: dict[str, FinishReason | None] = {}
+        for chunk in output.chunks:
+            seq = self._live.get(chunk.request_id)
+            # A missing token is update()'s error to raise.
+            if chunk.sample and seq is not None and seq.guide and chunk.request_id in sampled:
+                verdicts[chunk.request_id] = self._advance_guide(seq, sampled[chunk.request_id])
         self._guided = (output.step_id, verdicts)
 
     def update(self, output: SchedulerOutput, result: ModelRunnerOutput) -> list[SequenceUpdate]:
@@ -414,9 +398,16 @@ class Scheduler:
         return updates
 
     def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
-        if seq.guide is None:
+        """Moves a constrained sequence's grammar past `token`; STOP once the grammar says the
+        answer is complete (nothing but the end may follow)."""
+        guide = seq.guide
+        if guide is None or token in self.config.eos_token_ids:
             return None
-        return advance_guide(seq.guide, token, self.config.eos_token_ids, seq.request_id)
+        if not guide.consume(token):
+            # The sampler's mask allows only what the grammar does: this is a bug, not input.
+            log.error("request %s: token %d is not allowed by its grammar", seq.request_id, token)
+            return FinishReason.STOP
+        return FinishReason.STOP if guide.is_finished() else None
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         """Why `seq` stops at `token`, its newest known token (pending ones come after it)."""
@@ -505,17 +496,3 @@ class Scheduler:
         if self._blocks.caching:
             for seq in (*self._running, *self._held):
                 self._cache.check(seq)
-
-
-def advance_guide(
-    guide: Guide, token: int, eos_token_ids: frozenset[int], request_id: str
-) -> FinishReason | None:
-    """Moves a constrained sequence's grammar past `token`; STOP once the grammar says the
-    answer is complete (nothing but the end may follow). EOS is not the grammar's to judge."""
-    if token in eos_token_ids:
-        return None
-    if not guide.consume(token):
-        # The sampler's mask allows only what the grammar does: this is a bug, not input.
-        log.error("request %s: token %d is not allowed by its grammar", request_id, token)
-        return FinishReason.STOP
-    return FinishReason.STOP if guide.is_finished() else None
