@@ -147,7 +147,9 @@ class PhaseClock:
         self.wrap(scheduler, "update", "update")
         self.wrap(runner, "launch_logits", "launch model")
         self.wrap(runner, "sample", "sample (masks included)")
-        self.wrap(structured_output, "fill_masks", "fill masks")
+        self.wrap(structured_output, "fill_masks", "fill masks (inline)")
+        self.wrap(runner, "prepare_masks", "prepare masks (fill begun or done)")
+        self.wrap(structured_output.MaskFiller, "wait", "wait for the filler thread")
         self.wrap(launched_step.LaunchedStep, "result", "wait for tokens")
 
     def detach(self) -> None:
@@ -160,7 +162,13 @@ class PhaseClock:
 
 
 def run(
-    loaded: LoadedModel, config: EngineConfig, batch: int, max_tokens: int, mixed: bool
+    loaded: LoadedModel,
+    config: EngineConfig,
+    batch: int,
+    max_tokens: int,
+    mixed: bool,
+    inline: bool = False,
+    matched: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One run: decode step times while the whole batch runs, and every request's tokens.
 
@@ -168,43 +176,67 @@ def run(
     one that finishes is replaced by a new constrained request (the next schema, odd index) as
     long as free rows run, so the mixed batch stays half constrained for as many steps as the
     free one runs, grammars at every stage of their answers as on a serving site, not only
-    their first tokens."""
+    their first tokens.
+
+    `inline`: the masks fill on the engine's own thread, not the sampler's filler thread (the
+    engine's way before it had one), to compare the two in one run.
+
+    `matched` (a mixed run's constrained answer lengths, by request id): the baseline without
+    masks that runs the same batch shapes. The odd rows are free but end after as many tokens
+    as the mixed run's constrained answers did and are replaced the same way, so its steps
+    prefill the same new requests at the same steps: without it the mixed run's replacement
+    prefills would count as mask overhead."""
     engine = PagedEngine(loaded, config)
+    if inline:
+        runner = engine._runner
+        fill_here = type(runner).prepare_masks
+        runner.prepare_masks = lambda step, background=False: fill_here(runner, step, False)  # type: ignore[method-assign]
     if mixed:
         engine.grammars()  # the tokenizer's token trie is built once per site, at start-up
     clock = PhaseClock()
     clock.attach(engine)
-    steps_run = 0
-    for req in requests(loaded, batch, max_tokens, mixed):
-        engine.add_request(req)
+    replaced = mixed or matched is not None
+
+    def slot_request(index: int) -> EngineRequest:
+        if matched is None:
+            return request(loaded, index, max_tokens, mixed and index % 2 == 1)
+        if index % 2 == 0:
+            return request(loaded, index, max_tokens, False)
+        return request(loaded, index, matched.get(f"r{index}", max_tokens), False)
+
+    for index in range(batch):
+        engine.add_request(slot_request(index))
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(batch)}
-    free_left = {f"r{i}" for i in range(batch) if not (mixed and i % 2 == 1)}
+    free_left = {f"r{i}" for i in range(batch) if not (replaced and i % 2 == 1)}
     next_index = batch + 1  # odd: constrained, as in requests()
     # Free tokens each free row had when the batch first changed (a constrained row finished):
     # later steps run other batch shapes, whose kernels round bf16 differently, so only the
     # tokens before it can be compared with the free run's.
     stable: int | None = None
     times: list[float] = []
+    timed: dict[str, float] = {}  # host time per phase in the timed steps
     _sync(loaded)
     while engine.has_unfinished():
         waiting, running = engine.queue_lengths()
+        before = dict(clock.totals)
         start = time.perf_counter()
         outputs = engine.step()
         elapsed = time.perf_counter() - start
-        steps_run += 1
         full = waiting == 0 and running == batch and len(outputs) == batch
         if full and all(o.finish_reason is None for o in outputs):
             times.append(elapsed)
+            for phase, total in clock.totals.items():
+                timed[phase] = timed.get(phase, 0.0) + total - before.get(phase, 0.0)
         for output in outputs:
             tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
             if output.finish_reason is None:
                 continue
             free_left.discard(output.request_id)
-            constrained = mixed and int(output.request_id[1:]) % 2 == 1
+            constrained = replaced and int(output.request_id[1:]) % 2 == 1
             if constrained and stable is None:
                 stable = min(len(tokens[f"r{i}"]) for i in range(0, batch, 2))
             if constrained and free_left:
-                engine.add_request(request(loaded, next_index, max_tokens, True))
+                engine.add_request(slot_request(next_index))
                 next_index += 2
     clock.detach()
     compiled = engine.grammars().compiled if mixed else 0
@@ -217,35 +249,59 @@ def run(
         "step_ms_median": statistics.median(steps) * 1000 if steps else None,
         "step_ms_mean": statistics.fmean(steps) * 1000 if steps else None,
         "constrained_answers": (next_index - batch - 1) // 2 + batch // 2 if mixed else 0,
+        "answer_lengths": {rid: len(ids) for rid, ids in tokens.items() if int(rid[1:]) % 2},
         "grammars_compiled": compiled,
         "tokens": tokens,
         "stable_tokens": stable,
-        "phases_ms_per_step": {k: v * 1000 / steps_run for k, v in clock.totals.items()},
+        # Over the timed steps (all of them, the two warm-up ones included): the phases of
+        # the steps the median is taken over, not of the batch's tail.
+        "phases_ms_per_step": {k: v * 1000 / len(times) for k, v in timed.items()} if times else {},
     }
 
 
-def compare(none: dict[str, Any], mixed: dict[str, Any]) -> dict[str, Any]:
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any]) -> float | None:
+    if a is None or not a["step_ms_median"] or not b["step_ms_median"]:
+        return None
+    return float(a["step_ms_median"] / b["step_ms_median"] - 1)
+
+
+def compare(
+    none: dict[str, Any],
+    mixed: dict[str, Any],
+    matched: dict[str, Any],
+    inline: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The mask overhead: the mixed run's step over the matched run's (no masks, the same
+    batch shapes), the goal's measure; over the plain free run's too (which has no
+    replacement prefills, so that figure also counts them)."""
     free = [rid for rid in none["tokens"] if int(rid[1:]) % 2 == 0]
     upto = mixed["stable_tokens"]
     same = [rid for rid in free if none["tokens"][rid][:upto] == mixed["tokens"][rid][:upto]]
-    overhead = None
-    if none["step_ms_median"] and mixed["step_ms_median"]:
-        overhead = mixed["step_ms_median"] / none["step_ms_median"] - 1
+    # The matched run has the mixed run's batch shapes at every step: whole answers compare.
+    same_whole = [rid for rid in free if matched["tokens"][rid] == mixed["tokens"][rid]]
+    overhead = _ratio(mixed, matched)
     return {
         "batch": none["batch"],
         "step_ms_none": none["step_ms_median"],
+        "step_ms_matched": matched["step_ms_median"],
         "step_ms_mixed": mixed["step_ms_median"],
-        "timed_steps": [none["timed_steps"], mixed["timed_steps"]],
+        "step_ms_mixed_inline": inline["step_ms_median"] if inline else None,
         "mask_overhead": overhead,
+        "mask_overhead_inline": _ratio(inline, matched),
+        "mixed_over_plain_none": _ratio(mixed, none),
+        "timed_steps": [none["timed_steps"], matched["timed_steps"], mixed["timed_steps"]],
         "goal_met": overhead is not None and overhead <= 0.10,
         "free_requests": len(free),
         "free_token_identical": len(same),
         "free_tokens_compared": upto,
+        "free_identical_whole_answers_vs_matched": len(same_whole),
         "grammars_compiled": mixed["grammars_compiled"],
         "constrained_answers": mixed["constrained_answers"],
         "phases_ms_per_step": {
             "none": none["phases_ms_per_step"],
+            "matched": matched["phases_ms_per_step"],
             "mixed": mixed["phases_ms_per_step"],
+            **({"mixed_inline": inline["phases_ms_per_step"]} if inline else {}),
         },
     }
 
@@ -267,6 +323,10 @@ def profile_run(
     path.write_text(text.getvalue())
 
 
+def fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(runs, key=lambda r: r["step_ms_median"] or float("inf"))
+
+
 def device_name(loaded: LoadedModel) -> str:
     if loaded.device.type != "cuda":
         return "cpu"
@@ -284,24 +344,36 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['vocab']}-token vocabulary; {report['max_tokens']} greedy tokens per request; "
         "mixed = every other request constrained (12 client schemas, any JSON object, a tool "
         "call), each finished constrained answer replaced by a new one while free rows run. "
-        "Free rows are compared over the tokens they had when the first constrained answer "
-        "ended (later steps run other batch shapes). "
+        "Matched = the same without masks: the odd rows free, ending after as many tokens as "
+        "the mixed run's constrained answers and replaced the same way, so both run the same "
+        "batch shapes (the same replacement prefills) at every step; mask overhead = mixed / "
+        "matched - 1. None = every request free, no replacements. Mixed, inline: the masks "
+        "filled on the engine's thread instead of the sampler's filler thread (the engine "
+        "before the filler). "
         "Step: schedule to sampled tokens on the host, median over the decode steps in "
-        "which the whole batch runs; each run repeated, the fastest kept. Goal: mask overhead "
-        "<= 10% of the step.",
+        "which the whole batch runs; each run repeated, the fastest kept; all arms in one run. "
+        "Goal: mask overhead <= 10% of the step.",
         "",
-        "| batch | step ms, none | step ms, mixed | mask overhead | goal | free requests "
-        "token-identical | constrained answers | timed steps (none, mixed) |",
+        "| batch | step ms: none / matched / mixed | mask overhead | goal | mixed, inline "
+        "(overhead) | free answers identical: vs matched (whole) / vs none (first tokens) "
+        "| constrained answers | timed steps (none, matched, mixed) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         overhead = row["mask_overhead"]
+        inline = "-"
+        if row.get("step_ms_mixed_inline") is not None:
+            share = row["mask_overhead_inline"] * 100
+            inline = f"{row['step_ms_mixed_inline']:.2f} ({share:+.1f}%)"
+        steps = ", ".join(str(n) for n in row["timed_steps"])
         lines.append(
-            f"| {row['batch']} | {row['step_ms_none']:.2f} | {row['step_ms_mixed']:.2f} "
-            f"| {overhead * 100:+.1f}% | {'met' if row['goal_met'] else 'NOT met'} "
-            f"| {row['free_token_identical']}/{row['free_requests']} "
-            f"(first {row['free_tokens_compared']} tokens) "
-            f"| {row['constrained_answers']} | {row['timed_steps'][0]}, {row['timed_steps'][1]} |"
+            f"| {row['batch']} | {row['step_ms_none']:.2f} / {row['step_ms_matched']:.2f} / "
+            f"{row['step_ms_mixed']:.2f} | {overhead * 100:+.1f}% "
+            f"| {'met' if row['goal_met'] else 'NOT met'} | {inline} "
+            f"| {row['free_identical_whole_answers_vs_matched']}/{row['free_requests']} / "
+            f"{row['free_token_identical']}/{row['free_requests']} "
+            f"(first {row['free_tokens_compared']}) "
+            f"| {row['constrained_answers']} | {steps} |"
         )
     if report.get("profile"):
         lines += [
@@ -339,16 +411,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run(loaded, config, batch, preset.max_tokens, mixed=False)  # warm-up, not counted
         # Alternated, each kept at its fastest of `repeats`: a shared machine's noise slows
         # runs, it never speeds one up.
-        nones, mixeds = [], []
+        nones, mixeds, matcheds, inlines = [], [], [], []
         for _ in range(args.repeats):
             nones.append(run(loaded, config, batch, preset.max_tokens, mixed=False))
             mixeds.append(run(loaded, config, batch, preset.max_tokens, mixed=True))
-        none = min(nones, key=lambda r: r["step_ms_median"] or float("inf"))
-        mixed = min(mixeds, key=lambda r: r["step_ms_median"] or float("inf"))
-        rows.append(compare(none, mixed))
+            lengths = mixeds[-1]["answer_lengths"]
+            matcheds.append(run(loaded, config, batch, preset.max_tokens, False, matched=lengths))
+            if loaded.device.type == "cuda":  # elsewhere steps are synchronous: always inline
+                inlines.append(run(loaded, config, batch, preset.max_tokens, True, inline=True))
+        rows.append(
+            compare(
+                fastest(nones),
+                fastest(mixeds),
+                fastest(matcheds),
+                fastest(inlines) if inlines else None,
+            )
+        )
         rows[-1]["same_tokens_every_run"] = all(
             r["tokens"] == nones[0]["tokens"] for r in nones
-        ) and all(r["tokens"] == mixeds[0]["tokens"] for r in mixeds)
+        ) and all(r["tokens"] == mixeds[0]["tokens"] for r in mixeds + inlines)
+        rows[-1]["same_tokens_every_run"] &= all(
+            r["tokens"] == matcheds[0]["tokens"] for r in matcheds
+        )
         print(json.dumps(rows[-1]), flush=True)
     name = device_name(loaded)
     out = args.out or RESULTS / f"structured_output_{name}"

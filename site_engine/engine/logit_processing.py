@@ -15,12 +15,17 @@ first), and a plain `torch.tensor(..., device=cuda)` copy would wait for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from site_engine.engine.host_staging import HostStaging
 from site_engine.engine.types import ScheduledChunk
+
+if TYPE_CHECKING:
+    from site_engine.engine.structured_output import MaskFiller
 
 _BITS = 32
 
@@ -96,34 +101,78 @@ def mask_words(vocab: int) -> int:
     return (vocab + _BITS - 1) // _BITS
 
 
-def apply_grammar_masks(
-    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], staging: HostStaging
-) -> None:
-    """Sets the logits of every token a row's grammar forbids to -inf, in place.
+@dataclass(slots=True)
+class GrammarMasks:
+    """A step's grammar masks in pinned host memory ([G, vocab / 32] int32, bit t = token t
+    allowed; row g for `request_ids[g]`), being filled by `filler` until `ready`."""
 
-    Each constrained row's guide fills its mask ([G, vocab / 32] int32, bit t = token t
-    allowed; a guide whose answer is complete allows every token, its row's token is never
-    used) straight into pinned memory; the packed masks travel to the device as they are and are
-    unpacked there, a copy 32x smaller than a boolean mask. On the CPU one `np.unpackbits` pass
-    unpacks them (bit t of a little-endian word is byte t // 8's bit t % 8)."""
+    request_ids: tuple[str, ...]
+    words: np.ndarray
+    filler: MaskFiller | None = None
+
+    def ready(self) -> np.ndarray:
+        if self.filler is not None:
+            self.filler.wait()
+            self.filler = None
+        return self.words
+
+
+def prepare_grammar_masks(
+    chunks: Sequence[ScheduledChunk],
+    vocab: int,
+    staging: HostStaging,
+    filler: MaskFiller | None = None,
+) -> GrammarMasks | None:
+    """The masks of the constrained rows among `chunks`, filled here, or begun on `filler`'s
+    thread (the caller goes on with other host work and `apply_grammar_masks` waits for them).
+
+    Each guide writes its mask (a guide whose answer is complete allows every token: its row's
+    token is never used) straight into the pinned buffer the masks travel to the device from."""
     from site_engine.engine.structured_output import fill_masks  # only with constrained rows
 
-    rows = [row for row, chunk in enumerate(chunks) if chunk.guide is not None]
-    if not rows:
-        return
-    vocab, device = logits.shape[1], logits.device
-    words = staging.host_buffer("masks", (len(rows), mask_words(vocab)), torch.int32)
-    fill_masks([guide for row in rows if (guide := chunks[row].guide) is not None], words)
-    if device.type == "cuda":
-        packed = staging.to_device("masks", words)
-        shifts = torch.arange(_BITS, device=device, dtype=torch.int32)
-        forbidden = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab] == 0
+    guided = [(chunk.request_id, chunk.guide) for chunk in chunks if chunk.guide is not None]
+    if not guided:
+        return None
+    words = staging.host_buffer("masks", (len(guided), mask_words(vocab)), torch.int32)
+    guides = [guide for _, guide in guided]
+    if filler is None:
+        fill_masks(guides, words)
     else:
-        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-        forbidden = torch.from_numpy(bits == 0)
-    if len(rows) == logits.shape[0]:
-        logits.masked_fill_(forbidden, float("-inf"))
+        filler.start(guides, words)
+    return GrammarMasks(tuple(rid for rid, _ in guided), words, filler)
+
+
+def apply_grammar_masks(
+    logits: torch.Tensor,
+    chunks: Sequence[ScheduledChunk],
+    staging: HostStaging,
+    masks: GrammarMasks | None = None,
+) -> None:
+    """Sets the logits of every token a row's grammar forbids to -inf, in place, from `masks`
+    (prepared for these chunks, in any row order) or masks filled now.
+
+    The packed masks travel to the device as they are, a copy 32x smaller than a boolean
+    mask, and one kernel unpacks them into the rows they belong to; on the CPU one
+    `np.unpackbits` pass unpacks them (bit t of a little-endian word is byte t // 8's bit
+    t % 8)."""
+    if masks is None:
+        masks = prepare_grammar_masks(chunks, logits.shape[1], staging)
+        if masks is None:
+            return
+    row_of = {chunk.request_id: row for row, chunk in enumerate(chunks) if chunk.guide is not None}
+    if set(row_of) != set(masks.request_ids):
+        raise ValueError("the grammar masks were prepared for other rows than these")
+    rows = [row_of[rid] for rid in masks.request_ids]
+    words = masks.ready()
+    vocab, device = logits.shape[1], logits.device
+    if device.type == "cuda":
+        from site_engine.engine.cuda.grammar_mask import mask_logits
+
+        packed = staging.to_device("masks", words)
+        mask_logits(logits, packed, staging.values("masked rows", rows, torch.int32))
         return
-    index = staging.values("masked rows", rows, torch.long)
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    forbidden = torch.from_numpy(bits == 0)
+    index = torch.tensor(rows, dtype=torch.long)
     sub = logits.index_select(0, index).masked_fill_(forbidden, float("-inf"))
     logits.index_copy_(0, index, sub)

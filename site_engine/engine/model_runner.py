@@ -24,6 +24,7 @@ from site_engine.engine.attention import (
 from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.launched_step import LaunchedStep, no_pending_rows
+from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.model_config import eos_token_ids, max_model_len
 from site_engine.engine.models import FlatCausalLM, build_flat_model
 from site_engine.engine.sampler import Sampler
@@ -187,6 +188,7 @@ class ModelRunner:
                 graphs.close()
         self.graphs = self.step_graphs = None
         self.kv_cache.release()
+        self.sampler.close()
 
     @property
     def num_blocks(self) -> int:
@@ -217,13 +219,18 @@ class ModelRunner:
         """
         return self.sample(self.launch_logits(output, previous))
 
-    def sample(self, step: StepLogits) -> LaunchedStep:
+    def prepare_masks(self, step: StepLogits, background: bool = False) -> GrammarMasks | None:
+        """The grammar masks of the step's constrained rows, for `sample`
+        (Sampler.prepare_masks)."""
+        return self.sampler.prepare_masks(step.chunks, self.vocab_size, self.device, background)
+
+    def sample(self, step: StepLogits, masks: GrammarMasks | None = None) -> LaunchedStep:
         """Queue the sampling of a step whose logits are queued."""
         if step.logits is None:
             return LaunchedStep.nothing_sampled()
         with torch.inference_mode():
             return LaunchedStep.start(
-                step.chunks, self.sampler.sample_step(step.logits, step.chunks)
+                step.chunks, self.sampler.sample_step(step.logits, step.chunks, masks)
             )
 
     def launch_logits(

@@ -28,6 +28,7 @@ from site_engine.engine.api import (
 )
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
+from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.memory_plan import (
     GIB,
     KvPlan,
@@ -272,22 +273,23 @@ class PagedEngine:
         previous = self._in_flight
         step = self._runner.launch_logits(scheduled, previous[1] if previous else None)
         outputs: list[RequestOutput] = []
-        known: ModelRunnerOutput | None = None
+        masks: GrammarMasks | None = None
         if previous is not None and step.reads_host_state:
             # Constrained or penalized rows sample from what the previous step's tokens make of
             # their grammar and history, while the device runs this step's model (see _apply's
-            # docstring). Grammars alone need only their own advance before sampling; the rest
-            # of the previous update waits until this step's sampling is queued.
-            if step.reads_history:
-                outputs = self._apply(*previous)
-                previous = None
-            else:
-                known = previous[1].result()
+            # docstring): the previous step is applied before this one samples. Grammars are
+            # advanced first, and their masks fill on the sampler's thread while this thread
+            # applies the rest of that update.
+            known = previous[1].result()
+            if not step.reads_history:
                 self._scheduler.advance_guides(previous[0], known)
-        launched = self._runner.sample(step)
+                masks = self._runner.prepare_masks(step, background=True)
+            outputs = self._apply(*previous, known)
+            previous = None
+        launched = self._runner.sample(step, masks)
         self._in_flight = (scheduled, launched)
         if previous is not None:
-            outputs = self._apply(*previous, known)
+            outputs = self._apply(*previous)
         if not self._async or scheduled.is_empty:
             # An empty step has nothing to overlap with; applying it now lets the loop end.
             outputs += self._apply(scheduled, launched)
@@ -304,11 +306,10 @@ class PagedEngine:
 
         With async scheduling a step N+1 with constrained or penalized rows needs step N's
         tokens on the host before it samples: its model work is queued first, then the host
-        waits for N's tokens (the device runs N+1's forward meanwhile) and advances what N+1's
-        sampling reads, then N+1's masks are computed and its sampling queued. Grammars are
-        advanced alone (Scheduler.advance_guides) and every other row's update follows N+1's
-        sampling; penalized rows read whole histories, so N's
-        full update comes first for them. Steps without such rows overlap fully, as before.
+        waits for N's tokens (the device runs N+1's forward meanwhile) and applies N, then
+        N+1's sampling is queued. Grammars are advanced first (Scheduler.advance_guides), so
+        that N+1's masks fill on another thread (llguidance, without the GIL) while N's update
+        runs here. Steps without such rows overlap fully: N is applied after N+1's sampling.
         """
         if known is None:
             known = launched.result()

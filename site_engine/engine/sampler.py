@@ -13,16 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from site_engine.engine.host_staging import HostStaging
 from site_engine.engine.logit_processing import (
+    GrammarMasks,
     apply_grammar_masks,
     apply_logit_bias,
     apply_penalties,
+    prepare_grammar_masks,
 )
 from site_engine.engine.types import ScheduledChunk
+
+if TYPE_CHECKING:
+    from site_engine.engine.structured_output import MaskFiller
 
 _MASK64 = (1 << 64) - 1
 # Temperatures below this sample as if they were this: already argmax in practice, and logits
@@ -93,8 +99,36 @@ class Sampler:
         # Reused Generator objects of seeded requests, to avoid allocating one per step.
         self._seeded: dict[str, torch.Generator] = {}
         self._staging: dict[torch.device, HostStaging] = {}
+        self._filler: MaskFiller | None = None  # started by the first background fill
+
+    def prepare_masks(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        vocab: int,
+        device: torch.device,
+        background: bool = False,
+    ) -> GrammarMasks | None:
+        """The grammar masks `sample_step` will apply to these chunks' rows; with `background`
+        they fill on a thread of their own while the caller does other host work."""
+        filler = None
+        if background and any(chunk.guide is not None for chunk in chunks):
+            if self._filler is None:
+                from site_engine.engine.structured_output import MaskFiller
+
+                self._filler = MaskFiller()
+            filler = self._filler
+        return prepare_grammar_masks(chunks, vocab, self._staging_for(device), filler)
+
+    def close(self) -> None:
+        """Stops the mask filler's thread, if one was started."""
+        if self._filler is not None:
+            self._filler.close()
+            self._filler = None
 
     def _staging_for(self, device: torch.device) -> HostStaging:
+        if device.type == "cuda" and device.index is None:
+            # One staging per GPU, whether it is named "cuda" (the runner) or "cuda:0" (logits).
+            device = torch.device("cuda", torch.cuda.current_device())
         staging = self._staging.get(device)
         if staging is None:
             staging = self._staging[device] = HostStaging(device)
@@ -118,10 +152,16 @@ class Sampler:
         the next step can be launched before the host knows them."""
         return self.sample_step(logits, chunks).ids
 
-    def sample_step(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> SampledTokens:
+    def sample_step(
+        self,
+        logits: torch.Tensor,
+        chunks: Sequence[ScheduledChunk],
+        masks: GrammarMasks | None = None,
+    ) -> SampledTokens:
         """Samples every row; rows that ask for logit processing (bias, penalties, a grammar)
         get it first, and logprobs when any row asks for them. Rows that ask for none of it
-        (`SamplingParams.plain`) take the path they took before any of it existed."""
+        (`SamplingParams.plain`) take the path they took before any of it existed. `masks`:
+        the constrained rows' masks from `prepare_masks`, else they are filled here."""
         if logits.shape[0] != len(chunks):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(chunks)} chunks")
         if all(chunk.sampling.plain for chunk in chunks):
@@ -130,7 +170,7 @@ class Sampler:
         staging = self._staging_for(logits.device)
         apply_logit_bias(processed, chunks, staging)
         apply_penalties(processed, chunks, staging)
-        apply_grammar_masks(processed, chunks, staging)
+        apply_grammar_masks(processed, chunks, staging, masks)
         ids = self._sample(processed, chunks)
         if not any(chunk.sampling.logprobs for chunk in chunks):
             return SampledTokens(ids)

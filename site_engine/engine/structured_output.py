@@ -12,6 +12,7 @@ Imports no torch: the masks are written into int32 buffers the sampler owns.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -23,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from fedllm_contract.grammar import ConstraintSpec, UnenforceableConstraint, grammar
 from site_engine.engine.types import Guide
 
-__all__ = ["GrammarCompiler", "LlgGuide", "UnenforceableConstraint", "fill_masks"]
+__all__ = ["GrammarCompiler", "LlgGuide", "MaskFiller", "UnenforceableConstraint", "fill_masks"]
 
 DEFAULT_CACHE_SIZE = 256
 
@@ -59,15 +60,21 @@ class LlgGuide:
 _executor: llguidance.LLExecutor | None = None
 
 
-def fill_masks(guides: Sequence[Guide], words: np.ndarray) -> None:
-    """Writes row i of `words` ([len(guides), ceil(vocab / 32)] int32) with guides[i]'s mask
-    of allowed next tokens. llguidance's guides are computed together on its thread pool (the
-    host's share of a constrained step: one call, not a Python loop of them); a guide whose
-    answer is complete, or in error, allows every token (its row's token is never used: the
-    scheduler ended or fails it)."""
+def _shared_executor() -> llguidance.LLExecutor:
     global _executor
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    return _executor
+
+
+_Batch = list[tuple[llguidance.LLMatcher, int]]
+
+
+def _mask_batch(guides: Sequence[Guide], words: np.ndarray) -> _Batch:
+    """Readies `words` for guides' masks: every row allows all tokens until filled, guides that
+    are not llguidance's fill theirs here, and llguidance's are returned for one batched call."""
     words.fill(-1)
-    batch: list[tuple[llguidance.LLMatcher, int]] = []
+    batch: _Batch = []
     for row, guide in enumerate(guides):
         if guide.is_finished():
             continue
@@ -75,11 +82,96 @@ def fill_masks(guides: Sequence[Guide], words: np.ndarray) -> None:
             batch.append((guide.matcher, row))
         else:
             guide.fill_mask(words[row])
+    return batch
+
+
+def _fill_batch(batch: _Batch, words: np.ndarray) -> None:
     if batch:
-        if _executor is None:
-            _executor = llguidance.LLExecutor()
-        _executor.unsafe_compute_mask_ptr(batch, words.ctypes.data, words.shape[1] * 4, len(words))
+        _shared_executor().unsafe_compute_mask_ptr(
+            batch, words.ctypes.data, words.shape[1] * 4, len(words)
+        )
+
+
+def _finish(words: np.ndarray) -> None:
+    # A row with no token allowed would sample garbage; its guide is finished or in error and
+    # the scheduler ends or fails that row, so any token will do.
     words[~words.any(axis=1)] = -1
+
+
+def fill_masks(guides: Sequence[Guide], words: np.ndarray) -> None:
+    """Writes row i of `words` ([len(guides), ceil(vocab / 32)] int32) with guides[i]'s mask
+    of allowed next tokens. llguidance's guides are computed together on its thread pool (the
+    host's share of a constrained step: one call, not a Python loop of them); a guide whose
+    answer is complete, or in error, allows every token (its row's token is never used: the
+    scheduler ended or fails it)."""
+    _fill_batch(_mask_batch(guides, words), words)
+    _finish(words)
+
+
+class MaskFiller:
+    """Fills masks on a thread of its own while the caller goes on: llguidance computes them
+    without holding the GIL, so the engine's other host work for a step (the previous step's
+    update) runs at the same time instead of after them.
+
+    One fill at a time. The thread's only Python is handing over: `start` blocks until the
+    thread is inside llguidance (so it never waits for the GIL while the caller runs Python,
+    which would stall both), and the thread returns the GIL only when `wait` releases it. A
+    worker that also advanced grammars and built its own batches was tried and lost to GIL
+    contention (bench/results/gpu_runs_2026-11-25.md)."""
+
+    def __init__(self) -> None:
+        self._go = threading.Semaphore(0)
+        self._started = threading.Semaphore(0)
+        self._done = threading.Semaphore(0)
+        self._job: tuple[_Batch, np.ndarray] | None = None
+        self._error: BaseException | None = None
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="grammar-masks", daemon=True)
+        self._thread.start()
+
+    def start(self, guides: Sequence[Guide], words: np.ndarray) -> None:
+        """Begins `fill_masks(guides, words)`; `words` must stay untouched until `wait`."""
+        if self._busy:
+            raise RuntimeError("a mask fill is already running")
+        if not self._thread.is_alive():
+            raise RuntimeError("the mask filler was closed")
+        self._job = (_mask_batch(guides, words), words)
+        self._busy = True
+        self._go.release()
+        self._started.acquire()
+
+    def wait(self) -> None:
+        """Returns once the fill `start` began has written every row."""
+        if not self._busy:
+            return
+        self._done.acquire()
+        self._busy = False
+        job, self._job = self._job, None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        assert job is not None
+        _finish(job[1])
+
+    def close(self) -> None:
+        self.wait()
+        if self._thread.is_alive():
+            self._job = None
+            self._go.release()
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            job = self._job
+            if job is None:
+                return
+            self._started.release()
+            try:
+                _fill_batch(*job)
+            except BaseException as exc:  # handed to the caller's wait()
+                self._error = exc
+            self._done.release()
 
 
 class GrammarCompiler:

@@ -61,3 +61,26 @@ def test_masks_on_graphed_steps(overlap: bool, cuda_device: str, tiny_llama_dir:
     shortest = min(len(mixed[f"r{i}"]) for i in range(1, 8, 2))
     for i in range(0, 8, 2):
         assert mixed[f"r{i}"][:shortest] == free[f"r{i}"][:shortest]
+
+
+@pytest.mark.parametrize("vocab", [49152, 128_256, 1000])
+def test_mask_kernel_matches_unpacking_the_words(vocab: int, cuda_device: str) -> None:
+    """The one-kernel mask application (site_engine/engine/cuda/grammar_mask.py) forbids exactly
+    the tokens whose bit is 0, in the rows named, and leaves every other row and token alone."""
+    import torch
+
+    from site_engine.engine.cuda.grammar_mask import mask_logits
+
+    gen = torch.Generator(device=cuda_device).manual_seed(vocab)
+    logits = torch.randn(9, vocab, device=cuda_device, generator=gen)
+    width = (vocab + 31) // 32
+    words = torch.randint(-(2**31), 2**31 - 1, (4, width), device=cuda_device, dtype=torch.int32,
+                          generator=gen)  # fmt: skip
+    rows = torch.tensor([7, 0, 3, 8], device=cuda_device, dtype=torch.int32)
+    expected = logits.clone()
+    shifts = torch.arange(32, device=cuda_device, dtype=torch.int32)
+    bits = ((words.unsqueeze(-1) >> shifts) & 1).view(4, -1)[:, :vocab]
+    for g, row in enumerate(rows.tolist()):
+        expected[row] = expected[row].masked_fill(bits[g] == 0, float("-inf"))
+    mask_logits(logits, words, rows)
+    assert torch.equal(logits, expected)

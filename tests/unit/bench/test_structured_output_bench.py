@@ -28,13 +28,17 @@ def test_cpu_preset_reports_overhead_and_identical_free_answers(
     assert [row["batch"] for row in report["rows"]] == [8, 16]
     for row in report["rows"]:
         assert row["free_token_identical"] == row["free_requests"] == row["batch"] // 2
+        # The matched baseline runs the mixed run's batch shapes: whole free answers agree.
+        assert row["free_identical_whole_answers_vs_matched"] == row["free_requests"]
+        assert row["timed_steps"][1] > 0
+        assert row["mask_overhead"] == row["step_ms_mixed"] / row["step_ms_matched"] - 1
         assert row["timed_steps"][0] > 0
         assert row["timed_steps"][1] > 0
         # Finished constrained answers are replaced while free rows run; their constraints
         # cycle, each compiled once.
         assert row["constrained_answers"] >= row["batch"] // 2
         assert row["grammars_compiled"] == min(row["constrained_answers"], len(constraints()))
-        assert {"schedule", "fill masks"} <= set(row["phases_ms_per_step"]["mixed"])
-        assert "fill masks" not in row["phases_ms_per_step"]["none"]
+        assert {"schedule", "fill masks (inline)"} <= set(row["phases_ms_per_step"]["mixed"])
+        assert "fill masks (inline)" not in row["phases_ms_per_step"]["none"]
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == report["rows"]
     assert "mask overhead" in out.with_suffix(".md").read_text()

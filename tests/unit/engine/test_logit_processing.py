@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedllm_contract.grammar import ConstraintSpec
 from site_engine.engine.sampler import Sampler
 from site_engine.engine.types import SamplingParams, ScheduledChunk
 
@@ -118,3 +119,59 @@ def test_sampling_params_refuse_out_of_range_values() -> None:
         SamplingParams(max_tokens=1, logit_bias=((1, 101.0),))
     with pytest.raises(ValueError, match="top_logprobs"):
         SamplingParams(max_tokens=1, top_logprobs=21)
+
+
+class AllowOnly:
+    """A grammar that allows exactly `tokens` next (not llguidance's: filled row by row)."""
+
+    def __init__(self, *tokens: int) -> None:
+        self.tokens = tokens
+
+    def consume(self, token: int) -> bool:
+        return token in self.tokens
+
+    def fill_mask(self, words: object) -> None:
+        row = words
+        row[:] = 0  # type: ignore[index]
+        for token in self.tokens:
+            row[token // 32] |= 1 << (token % 32)  # type: ignore[index]
+
+    def is_finished(self) -> bool:
+        return False
+
+
+CONSTRAINED = SamplingParams(
+    max_tokens=1, temperature=0.0, constraint=ConstraintSpec("json_object")
+)
+
+
+def guided(request_id: str, guide: AllowOnly) -> ScheduledChunk:
+    base = chunk(request_id, CONSTRAINED)
+    return ScheduledChunk(
+        base.request_id, base.token_ids, base.start_position, base.block_table, base.sample,
+        base.sampling, base.num_generated, guide=guide,
+    )  # fmt: skip
+
+
+def test_masks_prepared_in_another_row_order_reach_their_own_rows() -> None:
+    """The engine prepares masks in the scheduler's chunk order and the logits come in the
+    runner's row order (graphed rows first): each mask lands on its request's row."""
+    raw = logits(4, vocab=70)
+    chunks = [chunk("free", GREEDY), guided("a", AllowOnly(5, 40)), guided("b", AllowOnly(66))]
+    sampler = Sampler()
+    masks = sampler.prepare_masks(list(reversed(chunks)), 70, raw.device)
+    assert masks is not None
+    assert masks.request_ids == ("b", "a")
+    ids = sampler.sample(raw[:3], chunks)
+    expected_a = 5 if raw[1, 5] > raw[1, 40] else 40
+    assert ids == [int(raw[0].argmax()), expected_a, 66]
+    reordered = Sampler().sample_step(raw[:3].clone(), chunks, masks).ids.tolist()
+    assert reordered == ids
+
+
+def test_masks_for_other_rows_are_refused() -> None:
+    raw = logits(2, vocab=70)
+    sampler = Sampler()
+    masks = sampler.prepare_masks([guided("x", AllowOnly(1))], 70, raw.device)
+    with pytest.raises(ValueError, match="other rows"):
+        sampler.sample_step(raw, [chunk("free", GREEDY), guided("y", AllowOnly(1))], masks)

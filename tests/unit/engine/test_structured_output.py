@@ -146,3 +146,40 @@ def test_a_continued_constrained_answer_goes_on_where_it_stopped(loaded: LoadedM
         engine(loaded, False).add_request(
             EngineRequest("bad", broken, replace(sampling, generated_before=2))
         )
+
+
+def test_masks_filled_on_the_filler_thread_equal_masks_filled_inline(loaded: LoadedModel) -> None:
+    """The engine's async steps fill masks on MaskFiller's thread: the same words as filling
+    them inline, for guides at different points of their answers and a finished one, fill after
+    fill; a second fill may not start while one runs, and a closed filler takes no more."""
+    import numpy as np
+
+    from site_engine.engine.structured_output import MaskFiller, fill_masks
+
+    compiler = PagedEngine(loaded, EngineConfig(max_num_seqs=2)).grammars()
+    person = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
+    specs = [person, ConstraintSpec("json_object")]
+    guides = [compiler.guide(specs[i % 2]) for i in range(6)]
+    for steps, guide in enumerate(guides):
+        for token in loaded.tokenizer.encode('{"name": "Ann', add_special_tokens=False)[:steps]:
+            assert guide.consume(token)
+    done = compiler.guide(ConstraintSpec("json_object"))
+    for token in loaded.tokenizer.encode("{}", add_special_tokens=False):
+        assert done.consume(token)
+    guides.append(done)
+    width = (compiler.vocab_size + 31) // 32
+    filler = MaskFiller()
+    for _ in range(3):
+        inline = np.zeros((len(guides), width), dtype=np.int32)
+        fill_masks(guides, inline)
+        threaded = np.zeros_like(inline)
+        filler.start(guides, threaded)
+        with pytest.raises(RuntimeError, match="already running"):
+            filler.start(guides, np.zeros_like(inline))
+        filler.wait()
+        assert (threaded == inline).all()
+        assert (inline[-1] == -1).all()  # a complete answer's row allows everything
+        assert len({row.tobytes() for row in inline}) > 2
+    filler.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        filler.start(guides, np.zeros((len(guides), width), dtype=np.int32))
