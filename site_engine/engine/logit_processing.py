@@ -108,6 +108,9 @@ class GrammarMasks:
 
     request_ids: tuple[str, ...]
     words: np.ndarray
+    # The pinned buffer `words` begins; the rows' logits indices follow the words in it, so
+    # that one copy takes both to the device.
+    buffer: np.ndarray
     filler: MaskFiller | None = None
 
     def ready(self) -> np.ndarray:
@@ -133,13 +136,15 @@ def prepare_grammar_masks(
     guided = [(chunk.request_id, chunk.guide) for chunk in chunks if chunk.guide is not None]
     if not guided:
         return None
-    words = staging.host_buffer("masks", (len(guided), mask_words(vocab)), torch.int32)
+    count, width = len(guided), mask_words(vocab)
+    buffer = staging.host_buffer("masks", (count * width + count,), torch.int32)
+    words = buffer[: count * width].reshape(count, width)
     guides = [guide for _, guide in guided]
     if filler is None:
         fill_masks(guides, words)
     else:
         filler.start(guides, words)
-    return GrammarMasks(tuple(rid for rid, _ in guided), words, filler)
+    return GrammarMasks(tuple(rid for rid, _ in guided), words, buffer, filler)
 
 
 def apply_grammar_masks(
@@ -168,8 +173,10 @@ def apply_grammar_masks(
     if device.type == "cuda":
         from site_engine.engine.cuda.grammar_mask import mask_logits
 
-        packed = staging.to_device("masks", words)
-        mask_logits(logits, packed, staging.values("masked rows", rows, torch.int32))
+        size = words.size
+        masks.buffer[size:] = rows
+        packed = staging.to_device("masks", masks.buffer)
+        mask_logits(logits, packed[:size].view(words.shape), packed[size:])
         return
     bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
     forbidden = torch.from_numpy(bits == 0)

@@ -284,7 +284,12 @@ class PagedEngine:
             if not step.reads_history:
                 self._scheduler.advance_guides(previous[0], known)
                 masks = self._runner.prepare_masks(step, background=True)
-            outputs = self._apply(*previous, known)
+            try:
+                outputs = self._apply(*previous, known)
+            except BaseException:
+                if masks is not None:
+                    masks.ready()  # the filler is free again for the steps after this failure
+                raise
             previous = None
         launched = self._runner.sample(step, masks)
         self._in_flight = (scheduled, launched)

@@ -183,3 +183,35 @@ def test_masks_filled_on_the_filler_thread_equal_masks_filled_inline(loaded: Loa
     filler.close()
     with pytest.raises(RuntimeError, match="closed"):
         filler.start(guides, np.zeros((len(guides), width), dtype=np.int32))
+
+
+def test_a_step_that_fails_while_masks_fill_leaves_the_filler_free(loaded: LoadedModel) -> None:
+    """The async engine applies step N while step N+1's masks fill on the filler thread; if
+    that fails, the step's error surfaces and the filler is not left holding a fill, so the
+    site (which fails the requests it held and goes on, engine_service) can serve the next
+    constrained request."""
+    spec = ConstraintSpec("json_schema", schema=json.dumps(PERSON))
+    site = engine(loaded, True)
+    site.add_request(constrained(loaded, "first", spec))
+    scheduler = site._scheduler
+    real_update = scheduler.update
+    calls = {"n": 0}
+
+    def failing_update(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("update failed")
+        return real_update(*args, **kwargs)  # type: ignore[arg-type]
+
+    scheduler.update = failing_update  # type: ignore[method-assign,assignment]
+
+    def steps() -> None:
+        for _ in range(10):
+            site.step()
+
+    with pytest.raises(RuntimeError, match="update failed"):
+        steps()
+    filler = site.runner.sampler._filler
+    assert filler is not None
+    assert not filler._busy
+    site.close()
