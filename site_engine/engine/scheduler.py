@@ -329,9 +329,9 @@ class Scheduler:
 
     def advance_guides(self, output: SchedulerOutput, result: ModelRunnerOutput) -> None:
         """Moves the grammars of `output`'s constrained rows past the tokens it sampled, before
-        `update`: the next step's masks read them, and the rest of the update (every row's
-        bookkeeping) can then run after that step's sampling is queued (PagedEngine._step).
-        `update` of the same step takes these verdicts instead of advancing again."""
+        `update`: the next step's masks read them, and can fill on another thread while the
+        rest of the update (every row's bookkeeping) runs (PagedEngine._step). `update` of the
+        same step takes these verdicts instead of advancing again."""
         oldest = next(iter(self._in_flight), None)
         if output.step_id != oldest:
             raise ValueError(f"step {output.step_id} is not the oldest awaiting results ({oldest})")
