@@ -107,11 +107,16 @@ class GrammarMasks:
     allowed; row g for `request_ids[g]`), being filled by `filler` until `ready`."""
 
     request_ids: tuple[str, ...]
-    words: np.ndarray
-    # The pinned buffer `words` begins; the rows' logits indices follow the words in it, so
-    # that one copy takes both to the device.
+    # G masks of `width` words, then room for the G rows' logits indices: one copy takes both
+    # to the device.
     buffer: np.ndarray
+    width: int
     filler: MaskFiller | None = None
+
+    @property
+    def words(self) -> np.ndarray:
+        count = len(self.request_ids)
+        return self.buffer[: count * self.width].reshape(count, self.width)
 
     def ready(self) -> np.ndarray:
         if self.filler is not None:
@@ -138,13 +143,13 @@ def prepare_grammar_masks(
         return None
     count, width = len(guided), mask_words(vocab)
     buffer = staging.host_buffer("masks", (count * width + count,), torch.int32)
-    words = buffer[: count * width].reshape(count, width)
+    masks = GrammarMasks(tuple(rid for rid, _ in guided), buffer, width, filler)
     guides = [guide for _, guide in guided]
     if filler is None:
-        fill_masks(guides, words)
+        fill_masks(guides, masks.words)
     else:
-        filler.start(guides, words)
-    return GrammarMasks(tuple(rid for rid, _ in guided), words, buffer, filler)
+        filler.start(guides, masks.words)
+    return masks
 
 
 def apply_grammar_masks(

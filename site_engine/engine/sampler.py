@@ -110,13 +110,11 @@ class Sampler:
     ) -> GrammarMasks | None:
         """The grammar masks `sample_step` will apply to these chunks' rows; with `background`
         they fill on a thread of their own while the caller does other host work."""
-        filler = None
-        if background and any(chunk.guide is not None for chunk in chunks):
-            if self._filler is None:
-                from site_engine.engine.structured_output import MaskFiller
+        if background and self._filler is None:
+            from site_engine.engine.structured_output import MaskFiller
 
-                self._filler = MaskFiller()
-            filler = self._filler
+            self._filler = MaskFiller()
+        filler = self._filler if background else None
         return prepare_grammar_masks(chunks, vocab, self._staging_for(device), filler)
 
     def close(self) -> None:

@@ -125,9 +125,12 @@ class MaskFiller:
         self._done = threading.Semaphore(0)
         self._job: tuple[_Batch, np.ndarray] | None = None
         self._error: BaseException | None = None
-        self._busy = False
         self._thread = threading.Thread(target=self._run, name="grammar-masks", daemon=True)
         self._thread.start()
+
+    @property
+    def _busy(self) -> bool:
+        return self._job is not None
 
     def start(self, guides: Sequence[Guide], words: np.ndarray) -> None:
         """Begins `fill_masks(guides, words)`; `words` must stay untouched until `wait`."""
@@ -136,7 +139,6 @@ class MaskFiller:
         if not self._thread.is_alive():
             raise RuntimeError("the mask filler was closed")
         self._job = (_mask_batch(guides, words), words)
-        self._busy = True
         self._go.release()
         self._started.acquire()
 
@@ -145,19 +147,17 @@ class MaskFiller:
         if not self._busy:
             return
         self._done.acquire()
-        self._busy = False
-        job, self._job = self._job, None
+        assert self._job is not None
+        words, self._job = self._job[1], None
         error, self._error = self._error, None
         if error is not None:
             raise error
-        assert job is not None
-        _finish(job[1])
+        _finish(words)
 
     def close(self) -> None:
         self.wait()
         if self._thread.is_alive():
-            self._job = None
-            self._go.release()
+            self._go.release()  # no job: the thread ends
             self._thread.join()
 
     def _run(self) -> None:
