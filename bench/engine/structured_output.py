@@ -104,8 +104,25 @@ def request(loaded: LoadedModel, index: int, max_tokens: int, constrained: bool)
     return EngineRequest(f"r{index}", prompt, sampling)
 
 
-def requests(loaded: LoadedModel, batch: int, max_tokens: int, mixed: bool) -> list[EngineRequest]:
-    return [request(loaded, i, max_tokens, mixed and i % 2 == 1) for i in range(batch)]
+def slot_request(
+    loaded: LoadedModel,
+    index: int,
+    max_tokens: int,
+    mixed: bool,
+    matched: dict[str, int] | None,
+) -> EngineRequest:
+    """Request `index` of a run: odd ones constrained in a mixed run; in a matched run free,
+    ending where the mixed run's constrained answer of that index ended."""
+    if matched is None or index % 2 == 0:
+        return request(loaded, index, max_tokens, mixed and index % 2 == 1)
+    return request(loaded, index, matched.get(f"r{index}", max_tokens), False)
+
+
+def fill_masks_inline(engine: PagedEngine) -> None:
+    """Makes `engine` fill its masks on its own thread, as before the sampler's filler."""
+    runner = engine._runner
+    fill_here = type(runner).prepare_masks
+    runner.prepare_masks = lambda step, background=False: fill_here(runner, step, False)  # type: ignore[method-assign]
 
 
 def _sync(loaded: LoadedModel) -> None:
@@ -188,27 +205,17 @@ def run(
     prefills would count as mask overhead."""
     engine = PagedEngine(loaded, config)
     if inline:
-        runner = engine._runner
-        fill_here = type(runner).prepare_masks
-        runner.prepare_masks = lambda step, background=False: fill_here(runner, step, False)  # type: ignore[method-assign]
+        fill_masks_inline(engine)
     if mixed:
         engine.grammars()  # the tokenizer's token trie is built once per site, at start-up
     clock = PhaseClock()
     clock.attach(engine)
     replaced = mixed or matched is not None
-
-    def slot_request(index: int) -> EngineRequest:
-        if matched is None:
-            return request(loaded, index, max_tokens, mixed and index % 2 == 1)
-        if index % 2 == 0:
-            return request(loaded, index, max_tokens, False)
-        return request(loaded, index, matched.get(f"r{index}", max_tokens), False)
-
     for index in range(batch):
-        engine.add_request(slot_request(index))
+        engine.add_request(slot_request(loaded, index, max_tokens, mixed, matched))
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(batch)}
     free_left = {f"r{i}" for i in range(batch) if not (replaced and i % 2 == 1)}
-    next_index = batch + 1  # odd: constrained, as in requests()
+    next_index = batch + 1  # odd: constrained, as in slot_request()
     # Free tokens each free row had when the batch first changed (a constrained row finished):
     # later steps run other batch shapes, whose kernels round bf16 differently, so only the
     # tokens before it can be compared with the free run's.
@@ -236,7 +243,7 @@ def run(
             if constrained and stable is None:
                 stable = min(len(tokens[f"r{i}"]) for i in range(0, batch, 2))
             if constrained and free_left:
-                engine.add_request(slot_request(next_index))
+                engine.add_request(slot_request(loaded, next_index, max_tokens, mixed, matched))
                 next_index += 2
     clock.detach()
     compiled = engine.grammars().compiled if mixed else 0
