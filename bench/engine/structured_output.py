@@ -8,11 +8,16 @@ both runs time steps of the same rows), from schedule to the sampled tokens on t
 mask overhead is mixed / none - 1 (goal: <= 10% of the step). Checked: the free requests'
 greedy tokens are the same in both runs (masks touch constrained rows only).
 
-The model: random weights (seeded) of Llama-3.2-1B's shape (--shape 1b, the GPU default) or a
-two-layer one (--shape small, the CPU preset), with SmolLM2's tokenizer and vocabulary (49,152
-tokens), so masks are as wide as SmolLM2's. Results: bench/results/structured_output_<device>.
+The model: random weights (seeded) of Llama-3.2-1B's shape (--shape 1b, the GPU default),
+Llama-3.1-8B's (--shape 8b) or a two-layer one (--shape small, the CPU preset), its vocabulary
+the tokenizer's, so masks are as wide as that tokenizer's: SmolLM2's (49,152 tokens) or Qwen2's
+(151,643, wider than Llama-3's 128,256). A 1B model's decode step is mostly host work at these
+batches, so every host microsecond the masks add shows; an 8B model's is mostly GPU work, which
+the mask work overlaps (it runs while the step's forward does). Results:
+bench/results/structured_output_<device>[_<shape>].
 
     python -m bench.engine.structured_output --tokenizer var/models/SmolLM2-135M-Instruct-*
+    python -m bench.engine.structured_output --shape 8b --tokenizer ../shared/tokenizers/qwen2
     python -m bench.engine.structured_output --preset cpu --tokenizer ...
 """
 
@@ -31,7 +36,7 @@ from typing import Any
 import torch
 
 from bench.common import machine
-from bench.engine.model_setup import LLAMA_1B_SHAPE, SMALL_SHAPE, build_model_dir
+from bench.engine.model_setup import LLAMA_1B_SHAPE, LLAMA_8B_SHAPE, SMALL_SHAPE, build_model_dir
 from fedllm_contract.grammar import ConstraintSpec
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
@@ -59,6 +64,13 @@ class Preset:
     dtype: str
 
 
+SHAPES: dict[str, dict[str, Any]] = {
+    "1b": LLAMA_1B_SHAPE,
+    # 8,192 positions (the rope scaling's original length): the answers are short, the rope
+    # variant does not change a step's cost, and 131,072 would size the memory trial for nothing.
+    "8b": {**LLAMA_8B_SHAPE, "max_position_embeddings": 8192},
+    "small": SMALL_SHAPE,
+}
 PRESETS = {
     "gpu": Preset("1b", (64, 256), 64, "bfloat16"),
     "cpu": Preset("small", (8, 16), 24, "float32"),
@@ -347,7 +359,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`{report['command']}`",
         "",
-        f"Model: random {report['shape']} Llama, {report['dtype']}, SmolLM2's tokenizer and "
+        f"Model: random {report['shape']} Llama, {report['dtype']}, {report['tokenizer']}'s "
+        "tokenizer and "
         f"{report['vocab']}-token vocabulary; {report['max_tokens']} greedy tokens per request; "
         "mixed = every other request constrained (12 client schemas, any JSON object, a tool "
         "call), each finished constrained answer replaced by a new one while free rows run. "
@@ -393,8 +406,10 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="SmolLM2's tokenizer dir")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="a tokenizer dir")
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="the preset's")
+    parser.add_argument("--tokenizer-name", default=None, help="for the report (its dir's name)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, fastest kept")
     parser.add_argument(
@@ -404,7 +419,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     preset = PRESETS[args.preset or ("gpu" if device == "cuda" else "cpu")]
-    shape = dict(LLAMA_1B_SHAPE if preset.shape == "1b" else SMALL_SHAPE)
+    shape_name = args.shape or preset.shape
+    shape = dict(SHAPES[shape_name])
     with tempfile.TemporaryDirectory() as tmp:
         from fedllm_contract.tokenizer import load_tokenizer
 
@@ -442,7 +458,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         print(json.dumps(rows[-1]), flush=True)
     name = device_name(loaded)
-    out = args.out or RESULTS / f"structured_output_{name}"
+    tokenizer = args.tokenizer_name or args.tokenizer.resolve().name
+    suffix = "" if shape_name == preset.shape else f"_{shape_name}"
+    out = args.out or RESULTS / f"structured_output_{name}{suffix}"
     out.parent.mkdir(parents=True, exist_ok=True)
     profile = None
     if args.profile:
@@ -451,11 +469,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * 32))
         profile_run(loaded, config, batch, preset.max_tokens, profile)
     report = {
-        "command": "python -m bench.engine.structured_output --tokenizer <SmolLM2 tokenizer>"
+        "command": f"python -m bench.engine.structured_output --tokenizer <{tokenizer} tokenizer>"
         + (f" --preset {args.preset}" if args.preset else "")
+        + (f" --shape {args.shape}" if args.shape else "")
         + f" --repeats {args.repeats}",
         "device": name,
-        "shape": preset.shape,
+        "shape": shape_name,
+        "tokenizer": tokenizer,
         "dtype": preset.dtype,
         "vocab": shape["vocab_size"],
         "max_tokens": preset.max_tokens,
