@@ -34,6 +34,8 @@ from devtools.launch import (
     start_gateway,
     wait_until_serving,
 )
+from gateway.routing.catalogue import BUILT_IN
+from gateway.routing.profile_settings import PartSettings, ProfileSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 _PLACES = (
@@ -83,6 +85,18 @@ ARMS: dict[str, Arm] = {
         Arm(
             "completion_cost_oracle", "completion_cost", False, note="completion_cost, true lengths"
         ),
+        Arm(
+            "completion_cost_own",
+            "completion_cost_own",
+            True,
+            note="completion_cost without the delay it adds to others (its own ECT), predictor",
+        ),
+        Arm(
+            "completion_cost_balanced",
+            "completion_cost_balanced",
+            True,
+            note="completion_cost and least_tokens, equal weights, predictor",
+        ),
         Arm("prefix_affinity", "prefix_affinity", False, note="peer rule: longest cached prefix"),
         Arm(
             "dynamo_cost",
@@ -121,6 +135,53 @@ DEFAULT_ARMS = (
     "mico_oracle",
     "least_latency",
 )
+
+
+def _with_params(part: PartSettings, **params: float) -> PartSettings:
+    return PartSettings(part.name, tuple(sorted({**part.param_map, **params}.items())), part.weight)
+
+
+def _own_ect() -> ProfileSettings:
+    """completion_cost with others_weight 0: the ablation of the delay a request adds to the
+    requests already at a site (gateway/routing/completion_cost.py)."""
+    base = BUILT_IN["completion_cost"]
+    scorers = tuple(
+        _with_params(s, others_weight=0.0) if s.name == "completion_cost" else s
+        for s in base.scorers
+    )
+    return ProfileSettings("completion_cost_own", base.filters, scorers, base.picker)
+
+
+def _balanced() -> ProfileSettings:
+    """completion_cost with least_tokens (mico's token balance per unit of capacity) as a second
+    scorer of equal weight, both ratio-normalized: a hedge for when the cost model's inputs
+    (predicted lengths, configured rates) are wrong."""
+    base = BUILT_IN["completion_cost"]
+    balance = PartSettings.of("least_tokens", normalize="ratio")
+    return ProfileSettings(
+        "completion_cost_balanced", base.filters, (*base.scorers, balance), base.picker
+    )
+
+
+# Profiles the bench adds to every gateway's federation file (`routing_profiles`), for arms
+# that are not built in.
+BENCH_PROFILES = (_own_ect(), _balanced())
+
+
+def _part_entry(part: PartSettings) -> dict[str, object]:
+    return {"name": part.name, "params": part.param_map, "weight": part.weight}
+
+
+def profile_entry(profile: ProfileSettings) -> dict[str, object]:
+    """A profile as the federation file's `routing_profiles` entry (gateway/federation.py)."""
+    return {
+        "name": profile.name,
+        "filters": [{"name": f.name, "params": f.param_map} for f in profile.filters],
+        "scorers": [_part_entry(s) for s in profile.scorers],
+        "picker": {"name": profile.picker.name, "params": profile.picker.param_map},
+    }
+
+
 NO_OFFLOAD = {"GATEWAY_OFFLOAD_ENABLED": "false"}
 # The benchmark reads each gateway's /metrics (offloads, failovers) as an operator does.
 ADMIN_TOKEN = "federation-bench-admin-credential"
@@ -227,6 +288,7 @@ class Federation:
                 }
                 for i, spec in enumerate(self.preset.sites)
             ],
+            "routing_profiles": [profile_entry(p) for p in BENCH_PROFILES],
         }
 
     def start_gateway(

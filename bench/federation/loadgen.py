@@ -4,7 +4,11 @@ with usage), so the client sees its first token and every answer's end.
 
 Times are the client's own (perf_counter): TTFT is from sending to the first content event,
 end-to-end from sending to `[DONE]`; the gateway-to-site network (the injector) is inside both.
-A request still open `drain_s` after the last arrival is cut off and counted as missing its SLO.
+A request still open `drain_s` after the last arrival is cut off. The SLO is on TTFT and TPOT,
+so a request cut off while streaming is judged by what it showed: its TTFT, and its TPOT from
+the first token to the cut over the content events that came (a lower bound on its tokens when
+the gateway sends several in one event, so an upper bound on its TPOT). One cut off before its
+first token misses both (it waited at least `drain_s`).
 """
 
 from __future__ import annotations
@@ -39,14 +43,24 @@ class Outcome:
     e2e_s: float | None
     completion_tokens: int
     error: str | None = None
+    content_events: int = 0  # events that carried answer text (one or more tokens each)
+    open_s: float | None = None  # from sending to the answer's end or the cut
 
     @property
     def ok(self) -> bool:
         return self.status == 200 and self.error is None and self.e2e_s is not None
 
     @property
+    def cut_off_streaming(self) -> bool:
+        """Cut off at the drain's end after its first token: judged on what it streamed."""
+        return self.error == CUT_OFF and self.status == 200 and self.ttft_s is not None
+
+    @property
     def tpot_s(self) -> float | None:
-        """Mean time per output token after the first."""
+        """Mean time per output token after the first; for a request cut off while streaming,
+        over the events it got until the cut (an upper bound)."""
+        if self.cut_off_streaming and self.ttft_s is not None and self.open_s is not None:
+            return (self.open_s - self.ttft_s) / max(self.content_events - 1, 1)
         if not self.ok or self.ttft_s is None or self.e2e_s is None:
             return None
         if self.completion_tokens <= 1:
@@ -80,7 +94,7 @@ async def _one(client: httpx.AsyncClient, request: Request, start: float) -> Out
     await asyncio.sleep(max(0.0, start + request.at_s - time.perf_counter()))
     sent = time.perf_counter()
     first: float | None = None
-    tokens = 0
+    tokens = events = 0
     site: str | None = None
     status = 0
     error: str | None = None
@@ -96,8 +110,10 @@ async def _one(client: httpx.AsyncClient, request: Request, start: float) -> Out
                     event = json.loads(line[6:])
                     if "error" in event:
                         error = str(event["error"])[:300]
-                    elif event.get("choices") and first is None:
-                        first = time.perf_counter()
+                    elif event.get("choices"):
+                        events += 1
+                        if first is None:
+                            first = time.perf_counter()
                     if event.get("usage"):
                         tokens = int(event["usage"]["completion_tokens"])
     except (httpx.HTTPError, ValueError) as exc:
@@ -118,6 +134,8 @@ async def _one(client: httpx.AsyncClient, request: Request, start: float) -> Out
         (end - sent) if done else None,
         tokens,
         error,
+        events,
+        end - sent,
     )
 
 

@@ -149,7 +149,8 @@ class Runner:
             **moved,
         )
         self.log(
-            f"  {summary.arm:<22} {rate:>6g} rps: {summary.completed}/{summary.requests} ok, "
+            f"  {summary.arm:<22} {rate:>6g} rps: {summary.completed}/{summary.requests} ok "
+            f"(+{summary.cut_off_streaming} streaming at the cut), "
             f"hit {summary.extra.get('hit_rate_simulated', {}).get('all', '-')}, "
             f"TTFT p50/p99 {summary.ttft_p50_s:.2f}/{summary.ttft_p99_s:.2f}s, "
             f"TPOT p99 {1000 * summary.tpot_p99_s:.0f}ms, "

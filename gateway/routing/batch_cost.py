@@ -2,8 +2,9 @@
 (gateway/routing/completion_cost.py), for profiles that route by it.
 
 MICO's order (gateway/routing/mico.py): length buckets longest first, longer queries first within
-one; each query then goes to the site where it would complete soonest *given what this batch
-already put there*: each placement adds its own work to its site (its prefill, and its share of
+one; each query then goes to the site of the lowest cost (its completion time plus the delay it
+adds to the requests already running there, as online) *given what this batch already put
+there*: each placement adds its own work to its site (its prefill, and its share of
 decode steps at a full batch), and its prompt's blocks count as cached there for the queries
 after it (items sharing a prefix gather on one site, unless the added work outweighs it). Pure
 and deterministic: ties go to the site placed on least recently, then by name.
@@ -64,7 +65,7 @@ def cost_assign(
         estimates = [(p, model.estimate(request, p.site, p.match(request))) for p in placed]
         best, estimate = min(
             estimates,
-            key=lambda pe: (pe[1].completion_s + pe[0].work_s, pe[0].served, pe[0].site.name),
+            key=lambda pe: (pe[1].cost_s + pe[0].work_s, pe[0].served, pe[0].site.name),
         )
         step_share = estimate.decode_s / max(1, best.site.latency.batch_slots or 1)
         best.work_s += estimate.prefill_s + step_share

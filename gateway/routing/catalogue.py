@@ -21,6 +21,7 @@ from gateway.routing.affinity import (
 )
 from gateway.routing.completion_cost import (
     DEFAULT_HOST_RATIO,
+    DEFAULT_OTHERS_WEIGHT,
     DEFAULT_PREFILL_TOKENS_PER_S,
     CompletionCost,
     CompletionCostModel,
@@ -74,6 +75,7 @@ def _cost_model(params: Params) -> CompletionCostModel:
             "prefill_tokens_per_s", DEFAULT_PREFILL_TOKENS_PER_S, minimum=1.0
         ),
         host_ratio=params.number("host_ratio", DEFAULT_HOST_RATIO),
+        others_weight=params.number("others_weight", DEFAULT_OTHERS_WEIGHT),
     )
 
 

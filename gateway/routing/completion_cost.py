@@ -18,8 +18,22 @@ gateway/routing/latency.py), S batch slots and n requests present:
     decode    = (A - 1) * t(min(S, n + 1))
     ECT       = rtt + queue + prefill + decode
 
-The lowest ECT wins (`completion_cost` scorer, ratio-normalized: a site twice as slow scores
-half). Its KV bound is the `kv_room` filter (the blocks it shares with what the site caches on
+A request also slows the ones already running there (r = min(n, S) of them, R answer tokens
+left on average), and the router owns that cost too: greedy ECT alone sends work to the fastest
+site until every request on it runs slower, each new one blind to what it does to the others:
+
+    others    = r * prefill                      (its prefill stalls their decoding: chunked
+                                                   prefill runs inside their steps)
+              + r * min(A - 1, R) * (t(min(S, n + 1)) - t(r))
+                                                 (a batch one larger while both decode;
+                                                   nothing when it waits for a slot)
+    cost      = ECT + others_weight * others
+
+The lowest cost wins (`completion_cost` scorer, ratio-normalized: a site twice as slow scores
+half); others_weight 1 minimizes the total time the federation's requests spend (their own and
+what each adds to the others'), 0 is the request's own ECT.
+
+Its KV bound is the `kv_room` filter (the blocks it shares with what the site caches on
 the device are resident already, so need = P + A - cached on device) and the `hot_spot_guard`
 filter keeps a site out while its queue is far above the least loaded one's (a shared first
 block would otherwise draw every request to one site: every cache-aware router carries such a
@@ -41,6 +55,8 @@ DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 # A token brought back from host memory costs this share of computing it (a 512-token block of
 # a 1B model: ~0.3 ms over PCIe 5 against 3-5 ms of prefill; issue 33).
 DEFAULT_HOST_RATIO = 0.1
+# The delay a request adds to the requests already at a site counts as much as its own.
+DEFAULT_OTHERS_WEIGHT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +69,15 @@ class Estimate:
     decode_s: float
     cached_tokens: int
     device_tokens: int
+    others_s: float = 0.0  # the delay it adds to the site's running requests, weighted
 
     @property
     def completion_s(self) -> float:
         return self.rtt_s + self.queue_s + self.prefill_s + self.decode_s
+
+    @property
+    def cost_s(self) -> float:
+        return self.completion_s + self.others_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +85,7 @@ class CompletionCostModel:
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     host_ratio: float = DEFAULT_HOST_RATIO
     prior_step: StepTime = LatencyModel().prior_step
+    others_weight: float = DEFAULT_OTHERS_WEIGHT
 
     def prefill_rate(self, site: RoutableSite) -> float:
         return site.prefill_tokens_per_s or self.prefill_tokens_per_s
@@ -95,21 +117,30 @@ class CompletionCostModel:
         prefill = (uncached + (cached - device) * self.host_ratio) / rate
         slots, present = latency.batch_slots, max(latency.requests, 0)
         joins = present + 1 if slots is None else min(slots, present + 1)
-        decode = max(request.answer_tokens - 1, 0) * step.at(joins)
-        return Estimate(latency.rtt_s or 0.0, self.queue_s(site), prefill, decode, cached, device)
+        answer = max(request.answer_tokens - 1, 0)
+        decode = answer * step.at(joins)
+        others = 0.0
+        running = present if slots is None else min(slots, present)
+        if self.others_weight and running:
+            mean_left = latency.remaining_answer_tokens / present
+            slower = step.at(joins) - step.at(running)  # 0 when it waits for a slot
+            others = running * (prefill + min(answer, mean_left) * slower) * self.others_weight
+        rtt = latency.rtt_s or 0.0
+        return Estimate(rtt, self.queue_s(site), prefill, decode, cached, device, others)
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionCost:
-    """Contract: the request's estimated completion time on the site, seconds (> 0 whenever the
-    site steps in > 0 s); lower is better."""
+    """Contract: the request's estimated completion time on the site plus the weighted delay it
+    adds to the site's running requests (Estimate.cost_s), seconds (> 0 whenever the site steps
+    in > 0 s); lower is better."""
 
     model: CompletionCostModel = CompletionCostModel()
     name: str = "completion_cost"
     reads_prefix: bool = True
 
     def cost(self, request: RoutingRequest, site: RoutableSite) -> float:
-        return self.model.estimate(request, site).completion_s
+        return self.model.estimate(request, site).cost_s
 
 
 @dataclass(frozen=True, slots=True)

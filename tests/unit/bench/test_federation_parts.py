@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench.federation.loadgen import Outcome, RunOutcomes
+from bench.federation.loadgen import CUT_OFF, Outcome, RunOutcomes
 from bench.federation.metrics import goodput_rps, summarize, tokens_per_capacity
 from bench.federation.report import derive_sweep, with_headline
 from bench.federation.runs import prometheus_sums
@@ -153,6 +153,43 @@ def test_a_run_holds_the_slo_only_within_both_bounds() -> None:
     assert run(1.9, 0.09)
     assert not run(2.5, 0.05)
     assert not run(0.5, 0.2)
+
+
+def _cut(ttft: float | None, open_s: float, events: int) -> Outcome:
+    # Cut off at the drain's end: HTTP 200 if the stream had begun, no usage event yet.
+    return Outcome("cut", "x", 10, 1024, 0.0, 200, "a", ttft, None, 0, CUT_OFF, events, open_s)
+
+
+@pytest.mark.parametrize(
+    ("cut", "holds", "tpot"),
+    [
+        # streaming at 17 ms a token when the drain ended: it met the SLO so far
+        (_cut(0.2, 10.2, 589), True, 10.0 / 588),
+        # streaming, but 300 ms a token: a TPOT miss
+        (_cut(0.2, 10.2, 34), False, 10.0 / 33),
+        # one event, then nothing until the cut: the whole wait is its TPOT
+        (_cut(0.2, 10.2, 1), False, 10.0),
+        # never got a first token: misses both
+        (_cut(None, 10.2, 0), False, None),
+    ],
+)
+def test_a_request_cut_off_while_streaming_is_judged_on_what_it_streamed(cut, holds, tpot) -> None:
+    done = [_outcome(i, 0.1, 1.0, 11, "a") for i in range(49)]  # p99 of 50 is the worst
+    run = summarize("arm", 1.0, 10.0, RunOutcomes((*done, cut), 12.0))
+    assert cut.tpot_s == (None if tpot is None else pytest.approx(tpot))
+    assert run.holds_slo is holds
+    assert run.completed == 49
+    assert run.cut_off_streaming == (1 if cut.ttft_s is not None else 0)
+    assert math.isinf(run.e2e_p99_s) or run.e2e_p99_s == pytest.approx(1.0)
+    assert run.slo_attained_rps == pytest.approx((49 + holds) / 10.0)
+
+
+def test_a_failed_request_is_not_judged_on_its_stream() -> None:
+    failed = Outcome("f", "x", 10, 100, 0.0, 200, "a", 0.2, None, 0, "site failed", 50, 3.0)
+    assert not failed.cut_off_streaming
+    assert failed.tpot_s is None
+    run = summarize("arm", 1.0, 10.0, RunOutcomes((failed,), 3.0))
+    assert not run.holds_slo
 
 
 def test_tokens_per_capacity_is_a_share_of_the_mean() -> None:

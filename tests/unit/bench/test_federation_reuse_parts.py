@@ -182,3 +182,35 @@ def test_prefix_counters_read_our_sites_metrics_port() -> None:
     registry = CollectorRegistry()
     registry.register(EngineStatsCollector("a", source))
     assert prefix_counters(generate_latest(registry).decode()) == (900.0, 600.0)
+
+
+def test_the_bench_profiles_load_from_a_federation_file(tmp_path: Path) -> None:
+    from bench.federation.cluster import ARMS, BENCH_PROFILES, profile_entry
+    from gateway.federation import load_federation
+
+    document = {
+        "models": [{"name": "m", "tokenizer": str(SHARED / "tokenizers" / "gpt2")}],
+        "sites": [
+            {
+                "name": "a",
+                "cloud": "aws",
+                "region": "us-east-1",
+                "endpoint": "127.0.0.1:1",
+                "model": "m",
+            }
+        ],
+        "routing_profiles": [profile_entry(p) for p in BENCH_PROFILES],
+    }
+    path = tmp_path / "federation.json"
+    path.write_text(json.dumps(document))
+    loaded = {p.name: p for p in load_federation(path).routing_profiles}
+    assert (
+        set(loaded)
+        == {p.name for p in BENCH_PROFILES}
+        == {"completion_cost_own", "completion_cost_balanced"}
+    )
+    own = loaded["completion_cost_own"]
+    assert ARMS["completion_cost_own"].policy == "completion_cost_own"
+    assert [s.param_map for s in own.scorers if s.name == "completion_cost"] == [
+        {"others_weight": 0.0}
+    ]

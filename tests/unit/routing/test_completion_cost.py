@@ -56,7 +56,56 @@ def test_completion_cost_terms(req, site, terms) -> None:
     estimate = MODEL.estimate(req, site)
     got = (estimate.rtt_s, estimate.queue_s, estimate.prefill_s, estimate.decode_s)
     assert got == pytest.approx(terms)
-    assert CompletionCost(MODEL).cost(req, site) == pytest.approx(sum(terms))
+    assert CompletionCost(MODEL).cost(req, site) == pytest.approx(sum(terms) + estimate.others_s)
+
+
+SLOPED = StepTime(0.01, 0.001)  # 10 ms + 1 ms a sequence
+
+
+def running(n: int, left: int, slots: int = 8, cached: int = 0) -> Site:
+    latency = SiteLatency(step=SLOPED, batch_slots=slots, requests=n, remaining_answer_tokens=left)
+    return Site("busy", latency=latency, prefix=KnownPrefix(cached))
+
+
+@pytest.mark.parametrize(
+    ("site", "weight", "others"),
+    [
+        (IDLE, 1.0, 0.0),  # nobody there to slow down
+        # 4 running, 100 answer tokens left each: each waits out its 0.5 s prefill, then runs
+        # its 9 decode steps at batch 5 instead of 4 (1 ms more a step)
+        (running(4, 400), 1.0, 4 * (0.5 + 9 * 0.001)),
+        (running(4, 400), 0.5, 2 * (0.5 + 9 * 0.001)),
+        (running(4, 400), 0.0, 0.0),
+        # they have 2 tokens left each: slowed for 2 steps, not 9
+        (running(4, 8), 1.0, 4 * (0.5 + 2 * 0.001)),
+        # 400 of the prompt cached: a 0.1 s prefill stalls them
+        (running(4, 400, cached=400), 1.0, 4 * (0.1 + 9 * 0.001)),
+        # a full batch (2 slots, 4 present): it waits for a slot, the batch stays at 2, only
+        # its prefill stalls the 2 running
+        (running(4, 400, slots=2), 1.0, 2 * 0.5),
+    ],
+)  # fmt: skip
+def test_the_delay_it_adds_to_the_running_requests(site, weight, others) -> None:
+    model = replace(MODEL, others_weight=weight)
+    estimate = model.estimate(request(500, 10), site)
+    assert estimate.others_s == pytest.approx(others)
+    assert estimate.cost_s == pytest.approx(estimate.completion_s + others)
+
+
+def test_a_long_prompt_goes_where_it_stalls_fewer_requests() -> None:
+    # The busy site steps faster (its own ECT is lower), but its 2 s prefill would stall 30
+    # running requests there against 2 at the quiet one.
+    busy = Site("busy", latency=SiteLatency(step=StepTime(0.008), batch_slots=64, requests=30,
+                                            remaining_answer_tokens=3000))  # fmt: skip
+    quiet = Site("quiet", latency=SiteLatency(step=StepTime(0.012), batch_slots=64, requests=2,
+                                              remaining_answer_tokens=200))  # fmt: skip
+    req = request(2000, 200)
+    assert MODEL.estimate(req, busy).completion_s < MODEL.estimate(req, quiet).completion_s
+    for weight, chosen in ((1.0, "quiet"), (0.0, "busy")):
+        cost = CompletionCost(replace(MODEL, others_weight=weight))
+        decision = lowest(cost).route(req, [busy, quiet])
+        assert decision.site is not None
+        assert decision.site.name == chosen
 
 
 NEAR_BUSY = Site("near", queued_tokens=3000, latency=SiteLatency(rtt_s=0.005, step=STEP))
