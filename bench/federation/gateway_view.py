@@ -1,10 +1,12 @@
 """The sweep as the gateways recorded it: every request's row, whatever the client saw.
 
-The load generator cuts off what is still streaming `drain_s` after the last arrival, and its
-headline rule counts such a request as missing the SLO even when its first token came at once
-and it was streaming at full speed (a 1,024-token answer sent near the end of the arrivals
-outlasts a 12 s drain). The issue's SLO is about time to first token and time per output
-token, so this view reads each arm's own request log instead: a request with a first token
+The load generator cuts off what is still streaming `drain_s` after the last arrival. Its
+headline rule used to count such a request as missing the SLO even when its first token came at
+once and it was streaming at full speed (a 1,024-token answer sent near the end of the arrivals
+outlasts a 12 s drain); it now judges it on its TTFT and its TPOT until the cut, from the
+client's side (bench/federation/metrics.py). This view gives the same judgement from the
+gateway's side, over the tokens the gateway counted rather than the events the client got. It
+reads each arm's own request log: a request with a first token
 counts with its real TTFT, and its TPOT over the tokens it had produced when it ended or was
 cut off; a request with no first token counts as missing both. The gateway's times include the
 wide-area hop to the sites (the latency injector sits between gateway and sites); the client is
