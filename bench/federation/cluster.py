@@ -137,16 +137,14 @@ DEFAULT_ARMS = (
 )
 
 
-def _with_params(part: PartSettings, **params: float) -> PartSettings:
-    return PartSettings(part.name, tuple(sorted({**part.param_map, **params}.items())), part.weight)
-
-
 def _own_ect() -> ProfileSettings:
     """completion_cost with others_weight 0: the ablation of the delay a request adds to the
     requests already at a site (gateway/routing/completion_cost.py)."""
     base = BUILT_IN["completion_cost"]
     scorers = tuple(
-        _with_params(s, others_weight=0.0) if s.name == "completion_cost" else s
+        PartSettings.of(s.name, s.weight, **{**s.param_map, "others_weight": 0.0})
+        if s.name == "completion_cost"
+        else s
         for s in base.scorers
     )
     return ProfileSettings("completion_cost_own", base.filters, scorers, base.picker)
@@ -176,9 +174,9 @@ def profile_entry(profile: ProfileSettings) -> dict[str, object]:
     """A profile as the federation file's `routing_profiles` entry (gateway/federation.py)."""
     return {
         "name": profile.name,
-        "filters": [{"name": f.name, "params": f.param_map} for f in profile.filters],
+        "filters": [_part_entry(f) for f in profile.filters],
         "scorers": [_part_entry(s) for s in profile.scorers],
-        "picker": {"name": profile.picker.name, "params": profile.picker.param_map},
+        "picker": _part_entry(profile.picker),
     }
 
 
