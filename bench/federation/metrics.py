@@ -26,6 +26,8 @@ from bench.federation.loadgen import Outcome, RunOutcomes
 
 TTFT_SLO_S = 2.0
 TPOT_SLO_S = 0.100
+# Requests listed per run by how late their first token came (a run's p99 is one or two of them).
+SLOWEST_SHOWN = 5
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -62,6 +64,8 @@ class RunSummary:
     errors: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
     cut_off_streaming: int = 0  # of the requests not completed
+    # The requests with the latest first tokens (where a p99 comes from: one or two of them).
+    slowest: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def holds_slo(self) -> bool:
@@ -95,6 +99,7 @@ class RunSummary:
             "tokens_per_site": dict(self.tokens_per_site),
             "requests_per_site": dict(self.requests_per_site),
             "errors": list(self.errors[:5]),
+            "slowest_first_tokens": list(self.slowest),
             **dict(self.extra),
         }
 
@@ -107,6 +112,28 @@ def _meets(outcome: Outcome) -> bool:
         and outcome.ttft_s <= TTFT_SLO_S
         and tpot is not None
         and tpot <= TPOT_SLO_S
+    )
+
+
+def slowest_first_tokens(outcomes: Sequence[Outcome], count: int) -> tuple[dict[str, Any], ...]:
+    """The `count` requests whose first token came last (none at all first): where each went,
+    when it was sent, its prompt and answer, its TTFT (None: never came) and how it ended."""
+
+    def ttft(outcome: Outcome) -> float:
+        return math.inf if outcome.ttft_s is None else outcome.ttft_s
+
+    ranked = sorted(outcomes, key=ttft, reverse=True)[:count]
+    return tuple(
+        {
+            "id": o.id,
+            "site": o.site,
+            "sent_s": round(o.sent_s, 3),
+            "prompt_tokens": o.prompt_tokens,
+            "answer_tokens": o.answer_tokens,
+            "ttft_s": None if o.ttft_s is None else round(o.ttft_s, 3),
+            "ended": "ok" if o.ok else (o.error or f"HTTP {o.status}")[:80],
+        }
+        for o in ranked
     )
 
 
@@ -147,6 +174,7 @@ def summarize(
         errors=tuple(o.error for o in outcomes if o.error),
         extra=extra,
         cut_off_streaming=sum(o.cut_off_streaming for o in outcomes),
+        slowest=slowest_first_tokens(outcomes, SLOWEST_SHOWN),
     )
 
 

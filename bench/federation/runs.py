@@ -22,7 +22,7 @@ import httpx
 from bench.federation.cluster import ADMIN_TOKEN, OFFLOAD, Arm, Federation, Gateway
 from bench.federation.hit_rate import measured_hit_rate, prefix_counters, simulated_hit_rate
 from bench.federation.loadgen import CUT_OFF, RunOutcomes, run_open_loop
-from bench.federation.metrics import RunSummary, summarize
+from bench.federation.metrics import TTFT_SLO_S, RunSummary, summarize
 from bench.federation.workload import Request
 from bench.multisite.throttle import Throttle
 
@@ -156,6 +156,13 @@ class Runner:
             f"TPOT p99 {1000 * summary.tpot_p99_s:.0f}ms, "
             f"SLO {'held' if summary.holds_slo else 'missed'}"
         )
+        late = [r for r in summary.slowest if r["ttft_s"] is None or r["ttft_s"] > TTFT_SLO_S]
+        for row in late:
+            self.log(
+                f"    late first token: {row['site']} sent at {row['sent_s']:.2f}s, prompt "
+                f"{row['prompt_tokens']}, answer {row['answer_tokens']}, TTFT {row['ttft_s']}, "
+                f"{row['ended']}"
+            )
         return summary
 
     def _site_view(

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from fedllm_contract.block_hash import block_hashes
+from site_engine.engine.remaining import remaining_tokens
 from site_engine.engine.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
 
 
@@ -120,16 +121,12 @@ class Sequence:
 
     @property
     def remaining_predicted_tokens(self) -> int:
-        """Output tokens still expected; 0 once finished.
-
-        An unfinished sequence that has outrun its prediction still counts 1 (it will produce at
-        least one more token), never more than max_tokens allows.
-        """
+        """Output tokens still expected (site_engine/engine/remaining.py); 0 once finished."""
         if self.is_finished:
             return 0
-        generated = self.num_output_tokens
-        still_allowed = max(self.sampling.max_tokens - generated, 0)
-        return min(max(self.expected_output_tokens - generated, 1), still_allowed)
+        return remaining_tokens(
+            self.expected_output_tokens, self.num_output_tokens, self.sampling.max_tokens
+        )
 
     def full_block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
         """The ids of the first `num_blocks` blocks (their tokens must be known), extending the

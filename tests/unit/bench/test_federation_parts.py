@@ -130,6 +130,18 @@ def test_summary_counts_a_missing_answer_as_slower_than_any() -> None:
     assert not one_miss.holds_slo  # but every request must be answered
 
 
+def test_summary_lists_the_latest_first_tokens_none_first() -> None:
+    outcomes = [_outcome(i, 0.1 * (i + 1), 5.0, 11, "a") for i in range(10)]
+    outcomes.append(_outcome(10, None, None, 0, "b"))
+    run = summarize("arm", 1.0, 10.0, RunOutcomes(tuple(outcomes), 12.0))
+    assert [row["id"] for row in run.slowest] == ["r10", "r9", "r8", "r7", "r6"]
+    assert run.slowest[0]["ttft_s"] is None
+    assert run.slowest[0]["site"] == "b"
+    assert run.slowest[1]["ttft_s"] == pytest.approx(1.0)
+    assert run.slowest[1]["ended"] == "ok"
+    assert run.to_json()["slowest_first_tokens"][1]["id"] == "r9"
+
+
 @pytest.mark.parametrize(
     ("points", "goodput"),
     [
