@@ -97,6 +97,12 @@ ARMS: dict[str, Arm] = {
             True,
             note="completion_cost and least_tokens, equal weights, predictor",
         ),
+        Arm(
+            "completion_cost_queues",
+            "completion_cost_queues",
+            True,
+            note="completion_cost without slot_room (may queue at a full site), predictor",
+        ),
         Arm("prefix_affinity", "prefix_affinity", False, note="peer rule: longest cached prefix"),
         Arm(
             "dynamo_cost",
@@ -161,9 +167,17 @@ def _balanced() -> ProfileSettings:
     )
 
 
+def _queues() -> ProfileSettings:
+    """completion_cost without the slot_room filter: the ablation (it may queue a request at a
+    full site while another has a free batch slot, when the cost model says so)."""
+    base = BUILT_IN["completion_cost"]
+    filters = tuple(f for f in base.filters if f.name != "slot_room")
+    return ProfileSettings("completion_cost_queues", filters, base.scorers, base.picker)
+
+
 # Profiles the bench adds to every gateway's federation file (`routing_profiles`), for arms
 # that are not built in.
-BENCH_PROFILES = (_own_ect(), _balanced())
+BENCH_PROFILES = (_own_ect(), _balanced(), _queues())
 
 
 def _part_entry(part: PartSettings) -> dict[str, object]:

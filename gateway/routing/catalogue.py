@@ -36,6 +36,7 @@ from gateway.routing.filters import (
     NotDrainingFilter,
     QueueBoundFilter,
     ServesModelFilter,
+    SlotRoomFilter,
 )
 from gateway.routing.latency import LatencyModel, PredictedCompletionCost
 from gateway.routing.pickers import TIE_KEYS, MaxScorePicker, RoundRobinPicker
@@ -110,6 +111,7 @@ FILTERS: dict[str, FilterFactory] = {
     ),
     "kv_bound": lambda p, c: KvBoundFilter(),
     "kv_room": lambda p, c: KvRoomFilter(),
+    "slot_room": lambda p, c: SlotRoomFilter(),
     "hot_spot_guard": lambda p, c: HotSpotGuard(
         _cost_model(p), p.number("ratio", 2.0, minimum=1.0), p.number("margin_s", 1.0)
     ),
@@ -172,11 +174,17 @@ BUILT_IN: dict[str, ProfileSettings] = {
         ),
         _one_scorer("least_latency", _KV_BOUND),
         # The federation's own (gateway/routing/completion_cost.py): the lowest estimated
-        # completion time with what each site caches, within KV room, no hot spot, and a
-        # conversation kept on its site while that costs at most a third more.
+        # completion time with what each site caches, within KV room, no hot spot, no full
+        # site while another has a free batch slot, and a conversation kept on its site while
+        # that costs at most a third more.
         ProfileSettings(
             "completion_cost",
-            (*BASE_FILTERS, PartSettings("kv_room"), PartSettings("hot_spot_guard")),
+            (
+                *BASE_FILTERS,
+                PartSettings("kv_room"),
+                PartSettings("hot_spot_guard"),
+                PartSettings("slot_room"),
+            ),
             (PartSettings("completion_cost"), PartSettings("session_affinity", weight=0.25)),
         ),
         # The peers' rules, for comparison (gateway/routing/affinity.py).

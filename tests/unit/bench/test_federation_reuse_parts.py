@@ -207,8 +207,9 @@ def test_the_bench_profiles_load_from_a_federation_file(tmp_path: Path) -> None:
     assert (
         set(loaded)
         == {p.name for p in BENCH_PROFILES}
-        == {"completion_cost_own", "completion_cost_balanced"}
+        == {"completion_cost_own", "completion_cost_balanced", "completion_cost_queues"}
     )
+    assert "slot_room" not in [f.name for f in loaded["completion_cost_queues"].filters]
     own = loaded["completion_cost_own"]
     assert ARMS["completion_cost_own"].policy == "completion_cost_own"
     assert [s.param_map for s in own.scorers if s.name == "completion_cost"] == [

@@ -15,6 +15,7 @@ from gateway.routing.completion_cost import (
     HotSpotGuard,
     KvRoomFilter,
 )
+from gateway.routing.filters import SlotRoomFilter
 from gateway.routing.policy import build_policy
 from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.routing.types import RoutingRequest, SiteLatency, StepTime
@@ -251,3 +252,24 @@ def test_pure_prefix_affinity_makes_the_hot_spot_it_is_known_for() -> None:
         assert site is not None
         chosen.add(site.name)
     assert len(chosen) == 1
+
+
+def _at(name: str, present: int, slots: int | None) -> Site:
+    return Site(name, latency=SiteLatency(step=STEP, batch_slots=slots, requests=present))
+
+
+@pytest.mark.parametrize(
+    ("sites", "kept"),
+    [
+        # a full site is left out while another has a free slot
+        ([_at("full", 16, 16), _at("room", 63, 64)], ["room"]),
+        ([_at("over", 20, 16), _at("room", 0, 8), _at("room2", 7, 8)], ["room", "room2"]),
+        # every site full: all stay (the cost model's queue term chooses where to wait)
+        ([_at("a", 16, 16), _at("b", 70, 64)], ["a", "b"]),
+        # slots unknown (no info yet): counts as room
+        ([_at("full", 8, 8), _at("unknown", 100, None)], ["unknown"]),
+        ([], []),
+    ],
+)
+def test_slot_room_keeps_the_sites_with_a_free_batch_slot(sites, kept) -> None:
+    assert [s.name for s in SlotRoomFilter()(request(), sites)] == kept
