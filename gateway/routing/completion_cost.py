@@ -96,8 +96,8 @@ class CompletionCostModel:
         latency = site.latency
         step = latency.step or self.prior_step
         wait = site.queued_tokens / self.prefill_rate(site)
-        slots, present = latency.batch_slots, max(latency.requests, 0)
-        if slots is not None and present >= slots > 0:
+        slots, present = latency.batch_slots, latency.requests
+        if latency.full and slots is not None:
             mean_left = latency.remaining_answer_tokens / present
             wait += (present + 1 - slots) * mean_left * step.at(slots) / slots
         return wait

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.routing.load import fits, free_kv_tokens
-from gateway.routing.types import RoutingRequest, S, SiteLatency
+from gateway.routing.types import RoutingRequest, S
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +90,8 @@ class QueueBoundFilter:
 
 @dataclass(frozen=True, slots=True)
 class SlotRoomFilter:
-    """Contract: keeps the sites with a free batch slot (requests there, running + queued, below
-    its max_num_seqs; SiteLatency.requests) when any candidate has one, else every candidate;
+    """Contract: keeps the sites with a free batch slot (not SiteLatency.full: requests there,
+    running + queued, below its max_num_seqs) when any candidate has one, else every candidate;
     a site whose batch slots are unknown counts as having room.
 
     Why: a request sent to a full site waits for one of its answers to end, and answers are
@@ -104,9 +104,5 @@ class SlotRoomFilter:
     name: str = "slot_room"
 
     def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
-        free = [s for s in sites if _has_free_slot(s.latency)]
+        free = [s for s in sites if not s.latency.full]
         return free or list(sites)
-
-
-def _has_free_slot(latency: SiteLatency) -> bool:
-    return latency.batch_slots is None or latency.requests < latency.batch_slots

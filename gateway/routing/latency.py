@@ -151,7 +151,7 @@ class LatencyModel:
         answer = max(request.answer_tokens, 1)
         queue_s = 0.0
         joins = present + 1
-        if slots is not None and present >= slots:
+        if site.full and slots is not None:
             mean_remaining = site.remaining_answer_tokens / present
             queue_s = (present + 1 - slots) * mean_remaining * step.at(slots) / slots
             joins = slots

@@ -123,6 +123,13 @@ class SiteLatency:
     requests: int = 0
     remaining_answer_tokens: int = 0
 
+    @property
+    def full(self) -> bool:
+        """Every batch slot taken: a new request waits for one. Never when the slots are
+        unknown (None, or 0 from an engine that does not say)."""
+        slots = self.batch_slots
+        return slots is not None and slots > 0 and self.requests >= slots
+
 
 S = TypeVar("S", bound=RoutableSite)
 T = TypeVar("T")

@@ -268,6 +268,7 @@ def _at(name: str, present: int, slots: int | None) -> Site:
         ([_at("a", 16, 16), _at("b", 70, 64)], ["a", "b"]),
         # slots unknown (no info yet): counts as room
         ([_at("full", 8, 8), _at("unknown", 100, None)], ["unknown"]),
+        ([_at("full", 8, 8), _at("says_zero", 5, 0)], ["says_zero"]),  # an engine that does not say
         ([], []),
     ],
 )
