@@ -21,6 +21,9 @@ TOKENIZER_FILE = "tokenizer.json"
 # Text averages 4-5 characters per wordpiece token; cutting at 16 per token leaves a wide margin,
 # so the first max_tokens tokens of the cut text are those of the whole text.
 _CHARS_PER_TOKEN_BOUND = 16
+# No wordpiece in PromptEncoder.token_ids: [CLS], [SEP] and padding (the TF-IDF graph's
+# vocabulary holds only ids, so no n-gram with it is known).
+NO_TOKEN = -1
 
 
 def pretrained_dir() -> Path:
@@ -40,6 +43,11 @@ def pretrained_dir() -> Path:
 
 # The length-feature models' third graph input (predictor.minilm).
 PROMPT_CHARS_INPUT = "prompt_chars"
+# The TF-IDF graph's input: (N, W) int64 wordpiece ids, NO_TOKEN where there is none
+# (PromptEncoder.token_ids); artifacts of export revision 2 and older read TEXT_INPUT, (N, 1)
+# strings (PromptEncoder.id_strings).
+TOKEN_IDS_INPUT = "token_ids"
+TEXT_INPUT = "text"
 
 
 def prompt_chars(prompts: Sequence[str]) -> np.ndarray:
@@ -92,6 +100,16 @@ class PromptEncoder:
         return [
             " ".join(str(i) for i in row[m == 1][1:-1]) for row, m in zip(ids, mask, strict=True)
         ]
+
+    def token_ids(self, prompts: Sequence[str]) -> np.ndarray:
+        """The ids of id_strings, int64 (len(prompts), longest + 2), NO_TOKEN where id_strings
+        has nothing: in place of [CLS], [SEP] and padding."""
+        ids, mask = self.encode(prompts)
+        if ids.size:
+            ids[:, 0] = NO_TOKEN
+            ids[np.arange(len(ids)), mask.sum(axis=1) - 1] = NO_TOKEN
+            ids[mask == 0] = NO_TOKEN
+        return ids
 
     def save(self, directory: Path) -> None:
         self._tokenizer.save(str(directory / TOKENIZER_FILE))

@@ -22,7 +22,13 @@ import onnxruntime as ort
 
 from predictor.artifact import MODEL_FILE, ArtifactError, Manifest, load_manifest
 from predictor.distribution import expected_tokens, p90_tokens
-from predictor.encoding import PROMPT_CHARS_INPUT, PromptEncoder, prompt_chars
+from predictor.encoding import (
+    PROMPT_CHARS_INPUT,
+    TEXT_INPUT,
+    TOKEN_IDS_INPUT,
+    PromptEncoder,
+    prompt_chars,
+)
 
 # Prompts run in groups of similar token length: padding a short prompt to the longest one in a
 # batch of 32 costs more than the extra session calls.
@@ -74,6 +80,8 @@ class LengthPredictor:
         # artifacts from before it have two.
         inputs = {node.name for node in self._session.get_inputs()}
         self._reads_chars = PROMPT_CHARS_INPUT in inputs
+        # TF-IDF artifacts of export revision 3 read the ids; older ones a string per prompt.
+        self._reads_token_ids = TOKEN_IDS_INPUT in inputs
 
     @classmethod
     def load(cls, path: str | Path, threads: int = 1) -> LengthPredictor:
@@ -139,8 +147,13 @@ class LengthPredictor:
         if not prompts:
             return out
         if self._manifest.kind == "sklearn":
+            if self._reads_token_ids:
+                out[:, self._columns] = self._run(
+                    {TOKEN_IDS_INPUT: self._encoder.token_ids(prompts)}
+                )
+                return out
             text = np.array(self._encoder.id_strings(prompts), dtype=object).reshape(-1, 1)
-            out[:, self._columns] = self._run({"text": text})
+            out[:, self._columns] = self._run({TEXT_INPUT: text})
             return out
         ids, mask = self._encoder.encode(prompts)
         chars = prompt_chars(prompts)

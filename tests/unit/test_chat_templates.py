@@ -4,6 +4,7 @@ transformers' apply_chat_template produces from the same tokenizer directory."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from gateway.chat.templates import (
 )
 from gateway.federation import ModelConfig, parse_federation
 from gateway.tokenizers import ModelTokenizers
+from tests.conftest import SHARED
 
 # Qwen2-Instruct's template, as shipped in its tokenizer_config.json.
 QWEN2 = (
@@ -272,3 +274,47 @@ def test_a_conversation_without_special_text_tokenizes_as_before(
         assert tokenizers.encode_pieces("m", rendered.pieces) == tokenizers.encode(
             "m", rendered.text
         )
+
+
+@pytest.fixture(params=["chatml", "qwen2"])
+def any_tokenizer_dir(request, chatml_tokenizer_dir: Path) -> Path:
+    return chatml_tokenizer_dir if request.param == "chatml" else SHARED / "tokenizers" / "qwen2"
+
+
+PIECES = [
+    ("<|im_start|>user\n", False),
+    (FORGED + " déjà vu, 東京 🙂 \t  x", True),
+    ("<|im_end|>\n<|im_start|>assistant\n", False),
+    ("", True),
+]
+
+
+def test_pieces_encode_as_transformers_does_piece_by_piece(any_tokenizer_dir: Path) -> None:
+    tokenizers = ModelTokenizers((ModelConfig("m", any_tokenizer_dir),))
+    reference = load_tokenizer(any_tokenizer_dir)
+    expected: list[int] = []
+    for text, literal in PIECES:
+        expected += reference.encode(text, add_special_tokens=False, split_special_tokens=literal)
+    assert tokenizers.encode_pieces("m", PIECES) == expected
+    whole = "".join(text for text, _ in PIECES)
+    assert tokenizers.encode("m", whole) == reference.encode(whole, add_special_tokens=False)
+
+
+def test_literal_and_control_pieces_from_many_threads_never_mix(chatml_tokenizer_dir: Path) -> None:
+    """The tokenize pool encodes several prompts at once: a client's forged markers stay text
+    and the template's stay control tokens whatever the other threads encode meanwhile."""
+    tokenizers = ModelTokenizers((ModelConfig("m", chatml_tokenizer_dir),))
+    literal = [(FORGED * 20, True)]
+    control = [("<|im_start|>user\n" * 20, False)]
+    expected = {
+        True: tokenizers.encode_pieces("m", literal),
+        False: tokenizers.encode_pieces("m", control),
+    }
+    assert expected[True] != expected[False]
+
+    def encode(i: int) -> bool:
+        pieces = literal if i % 2 else control
+        return tokenizers.encode_pieces("m", pieces) == expected[bool(i % 2)]
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(encode, range(2000)))

@@ -11,7 +11,13 @@ import pytest
 
 from predictor.baseline import SklearnConfig, export_sklearn_onnx, train_sklearn
 from predictor.buckets import equal_width
-from predictor.encoding import PromptEncoder, pretrained_dir, prompt_chars
+from predictor.encoding import (
+    NO_TOKEN,
+    TOKEN_IDS_INPUT,
+    PromptEncoder,
+    pretrained_dir,
+    prompt_chars,
+)
 from tests.unit.predictor.conftest import TINY_FINETUNE, synthetic_records
 
 PROMPTS = [
@@ -69,9 +75,10 @@ def test_minilm_onnx_matches_torch(tmp_path, length_feature, widths):
         np.testing.assert_allclose(alone[0], reference[i], atol=1e-5)
 
 
-def test_sklearn_onnx_matches_predict_proba(tmp_path):
+@pytest.mark.parametrize("classes", [10, 2])
+def test_sklearn_onnx_matches_predict_proba(tmp_path, classes):
     records = synthetic_records(120)
-    scheme = equal_width(10, 1024)
+    scheme = equal_width(classes, 1024)
     encoder = PromptEncoder.from_dir(pretrained_dir())
     texts = encoder.id_strings([r.prompt for r in records])
     pipeline = train_sklearn(
@@ -80,15 +87,30 @@ def test_sklearn_onnx_matches_predict_proba(tmp_path):
     path = tmp_path / "model.onnx"
     export_sklearn_onnx(pipeline, path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    queries = encoder.id_strings(PROMPTS + [r.prompt for r in records[:20]])
-    # No n-gram the vectorizer knows: an all-zero row, which normalizing must leave at zero.
-    queries += ["", "999999 999998"]
-    feed = np.array(queries, dtype=object).reshape(-1, 1)
-    _, probabilities = session.run(None, {"text": feed})
-    np.testing.assert_allclose(probabilities, pipeline.predict_proba(queries), atol=1e-5)
-    # The rows are normalized by the standard operator, not the ML one onnxruntime runs slowly.
-    ops = {(node.domain, node.op_type) for node in onnx.load(str(path)).graph.node}
-    assert ("", "LpNormalization") in ops
+    prompts = PROMPTS + [r.prompt for r in records[:20]] + [""]
+    # Padded to the longest prompt: NO_TOKEN stands where id_strings has nothing.
+    ids = encoder.token_ids(prompts)
+    labels, probabilities = session.run(None, {TOKEN_IDS_INPUT: ids})
+    expected = pipeline.predict_proba(encoder.id_strings(prompts))
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+    np.testing.assert_array_equal(labels, pipeline.predict(encoder.id_strings(prompts)))
+    # No n-gram the vectorizer knows (unknown ids, or none): all-zero rows, which the norm must
+    # leave at zero, so the intercepts alone decide, as in scikit-learn.
+    unknown = np.array([[999_999, 999_998], [NO_TOKEN, NO_TOKEN]], dtype=np.int64)
+    _, probabilities = session.run(None, {TOKEN_IDS_INPUT: unknown})
+    np.testing.assert_allclose(
+        probabilities, pipeline.predict_proba(["999999 999998", ""]), atol=1e-5
+    )
+    # Every bigram is counted, none filed among the unigrams (skl2onnx's export missed some).
+    vectorizer = pipeline.named_steps["tfidf"]
+    bigram = next(gram for gram in vectorizer.vocabulary_ if " " in gram)
+    pair = np.array([[int(token) for token in bigram.split(" ")]], dtype=np.int64)
+    _, probabilities = session.run(None, {TOKEN_IDS_INPUT: pair})
+    np.testing.assert_allclose(probabilities, pipeline.predict_proba([bigram]), atol=1e-5)
+    # Numbers only: no string operator left for onnxruntime to run per prompt.
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert "Tokenizer" not in ops
+    assert "TfIdfVectorizer" in ops
 
 
 def test_sklearn_refuses_a_single_class():

@@ -1,12 +1,18 @@
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
+from predictor.artifact import MANIFEST_FILE, MODEL_FILE
 from predictor.distribution import expected_tokens, p90_tokens
 from predictor.encoding import PromptEncoder
 from predictor.runtime import LengthPrediction, LengthPredictor
@@ -118,3 +124,38 @@ def test_importing_the_runtime_does_not_import_torch():
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr.decode()
+
+
+def _string_input_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph of a TF-IDF artifact of export revision 2 (skl2onnx's): one string of ids per
+    prompt, split on spaces by the com.microsoft Tokenizer, the n-grams as strings."""
+    graph = model.graph
+    vectorizer = next(n for n in graph.node if n.op_type == "TfIdfVectorizer")
+    attributes = {a.name: helper.get_attribute_value(a) for a in vectorizer.attribute}
+    attributes["pool_strings"] = [str(i) for i in attributes.pop("pool_int64s")]
+    vectorizer.CopyFrom(
+        helper.make_node("TfIdfVectorizer", ["flattened"], list(vectorizer.output), **attributes)
+    )
+    split = helper.make_node(
+        "Tokenizer", ["text"], ["tokenized"], domain="com.microsoft", mark=0, mincharnum=1,
+        pad_value="#", separators=[" "],
+    )  # fmt: skip
+    flatten = helper.make_node("Flatten", ["tokenized"], ["flattened"])
+    graph.node.insert(0, flatten)
+    graph.node.insert(0, split)
+    del graph.input[:]
+    graph.input.append(helper.make_tensor_value_info("text", onnx.TensorProto.STRING, [None, 1]))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def test_a_tf_idf_artifact_of_the_string_input_export_still_serves(sklearn_artifact, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(sklearn_artifact, old)
+    onnx.save(_string_input_graph(onnx.load(str(old / MODEL_FILE))), str(old / MODEL_FILE))
+    manifest = json.loads((old / MANIFEST_FILE).read_text())
+    manifest["model"]["sha256"] = hashlib.sha256((old / MODEL_FILE).read_bytes()).hexdigest()
+    (old / MANIFEST_FILE).write_text(json.dumps(manifest))
+    prompts = ["Write a long essay about the sea.", "hi", "", "Say hello. " * 50]
+    now = LengthPredictor.load(sklearn_artifact).probabilities(prompts)
+    np.testing.assert_allclose(LengthPredictor.load(old).probabilities(prompts), now, atol=1e-6)
