@@ -103,12 +103,14 @@ class PromptEncoder:
 
     def token_ids(self, prompts: Sequence[str]) -> np.ndarray:
         """The ids of id_strings, int64 (len(prompts), longest + 2), NO_TOKEN where id_strings
-        has nothing: in place of [CLS], [SEP] and padding."""
-        ids, mask = self.encode(prompts)
-        if ids.size:
-            ids[:, 0] = NO_TOKEN
-            ids[np.arange(len(ids)), mask.sum(axis=1) - 1] = NO_TOKEN
-            ids[mask == 0] = NO_TOKEN
+        has nothing: in place of [CLS], [SEP] and padding.
+
+        One prompt at a time, not encode_batch: the gateway predicts on one core, where the
+        batch call's thread pool only adds hand-offs (its idle workers yield in a loop)."""
+        rows = [self._tokenizer.encode(self._cut(p)).ids for p in prompts]
+        ids = np.full((len(rows), max((len(r) for r in rows), default=0)), NO_TOKEN, np.int64)
+        for i, row in enumerate(rows):
+            ids[i, 1 : len(row) - 1] = row[1:-1]
         return ids
 
     def save(self, directory: Path) -> None:
