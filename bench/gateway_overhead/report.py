@@ -164,6 +164,17 @@ def markdown(result: dict[str, Any]) -> str:
     goal_header = ["fedllm on", "mode", "req/s vs LiteLLM", ">= 5x", "added p50 <= 3 ms",
                    f"p99 <= 3x p50 (c={high})"]  # fmt: skip
     lines.append(markdown_table(goal_header, goal_rows))
+    if result.get("rounds"):
+        lines += ["", f"## Rounds ({len(result['rounds'])} fedllm/LiteLLM pairs in turn)", ""]
+        lines.append("The table above is the round with the median non-stream ratio.")
+        lines.append("")
+        round_rows = [
+            [i + 1, name, mode.replace("_", "-"), ratio]
+            for i, r in enumerate(result["rounds"])
+            for name, modes in r["ratios"].items()
+            for mode, ratio in modes.items()
+        ]
+        lines.append(markdown_table(["round", "fedllm on", "mode", "req/s vs LiteLLM"], round_rows))
     baseline = result.get("baseline")
     if baseline:
         lines += ["", f"## Before: {baseline['label']}", "", baseline["how"], ""]
