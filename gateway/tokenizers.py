@@ -5,7 +5,11 @@ token's text as that token (the chat template's control pieces) and one that rea
 text (what a client wrote): transformers switches one shared tokenizer between the two per call
 (`split_special_tokens`), which two threads of the tokenize pool could interleave, letting a
 client's text become control tokens, and its Python wrapper cost as much as the encoding (50 us
-against 23 us for a three-piece chat prompt with the gpt2 tokenizer)."""
+against 23 us for a three-piece chat prompt with the gpt2 tokenizer).
+
+A long piece goes through encode_batch, which releases the GIL while it works (encode holds it:
+a megabyte of prompt on a tokenize-pool thread then held the event loop, /healthz included,
+for a second); a short one through encode, whose hand-off costs less than the batch call's."""
 
 from __future__ import annotations
 
@@ -17,6 +21,18 @@ from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract.tokenizer import load_tokenizer, tokenizer_fingerprint
 from gateway.federation import ModelConfig
+
+# About a millisecond of encoding (a second per MiB): longer pieces release the GIL meanwhile.
+GIL_FREE_CHARS = 1024
+
+
+def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    if len(text) > GIL_FREE_CHARS:
+        (encoding,) = tokenizer.encode_batch([text], add_special_tokens=False)
+    else:
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+    ids: list[int] = encoding.ids
+    return ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +72,7 @@ class ModelTokenizers:
     def encode(self, model: str, text: str) -> list[int]:
         """`text` with its special tokens' text read as those tokens (a raw completions prompt
         or a site's answer text)."""
-        ids: list[int] = self._encoders[model].control.encode(text, add_special_tokens=False).ids
-        return ids
+        return _ids(self._encoders[model].control, text)
 
     def encode_pieces(self, model: str, pieces: Iterable[tuple[str, bool]]) -> list[int]:
         """Pieces of one prompt, each tokenized on its own: `literal` ones as plain text, the
@@ -67,7 +82,7 @@ class ModelTokenizers:
         ids: list[int] = []
         for text, literal in pieces:
             encoder = encoders.literal if literal else encoders.control
-            ids += encoder.encode(text, add_special_tokens=False).ids
+            ids += _ids(encoder, text)
         return ids
 
     def special_tokens(self, model: str) -> tuple[str, ...]:

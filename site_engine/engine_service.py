@@ -302,17 +302,23 @@ class EngineService:
                     self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
                     self._record_cache_events()
                     continue
+                stats = self.engine.stats()
+                prefilled = stats.prompt_tokens_computed - self._stats.prompt_tokens_computed
+                # Published before the step's tokens leave: a client holding a token must find
+                # the step in the site's load (its request running, its blocks taken), not the
+                # load from before it, whatever the thread switch between the two.
+                self._publish(stats)
                 decoded = self._route(outputs)
                 self._record_cache_events()
-                stats = self.engine.stats()
                 ended = time.monotonic()
-                prefilled = stats.prompt_tokens_computed - self._stats.prompt_tokens_computed
                 self._rates.add(StepWork(ended, ended - began, decoded, decoding, prefilled))
             else:
-                stats = self.engine.stats()
-            if stats.iterations > self._stats.iterations:
-                self._cumulative_kv = self._cumulative_kv.after(stats)
-            self._stats = stats
+                self._publish(self.engine.stats())
+
+    def _publish(self, stats: EngineStats) -> None:
+        if stats.iterations > self._stats.iterations:
+            self._cumulative_kv = self._cumulative_kv.after(stats)
+        self._stats = stats
 
     def _drain_commands(self, block: bool) -> None:
         try:
