@@ -42,9 +42,8 @@ class _Encoders:
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase) -> _Encoders:
-        backend: Tokenizer = tokenizer.backend_tokenizer
-        copies = (Tokenizer.from_str(backend.to_str()) for _ in range(2))
-        control, literal = copies
+        source = tokenizer.backend_tokenizer.to_str()
+        control, literal = Tokenizer.from_str(source), Tokenizer.from_str(source)
         for copy in (control, literal):
             copy.no_truncation()
             copy.no_padding()

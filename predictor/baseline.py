@@ -82,7 +82,7 @@ def export_sklearn_onnx(pipeline: Pipeline, path: Path) -> None:
 
     vectorizer: TfidfVectorizer = pipeline.named_steps["tfidf"]
     classifier: LogisticRegression = pipeline.named_steps["logreg"]
-    pool, counts, indexes = _ngram_pool(vectorizer.vocabulary_)
+    pool, starts, indexes = _ngram_pool(vectorizer.vocabulary_)
     idf = np.asarray(vectorizer.idf_, dtype=np.float32)
     coefficients = np.asarray(classifier.coef_, dtype=np.float32)
     intercepts = np.asarray(classifier.intercept_, dtype=np.float32)
@@ -98,8 +98,8 @@ def export_sklearn_onnx(pipeline: Pipeline, path: Path) -> None:
     nodes = [
         helper.make_node(
             "TfIdfVectorizer", [TOKEN_IDS_INPUT], ["tfidf"], mode="TFIDF",
-            min_gram_length=1, max_gram_length=max(counts.keys()), max_skip_count=0,
-            ngram_counts=[counts[n] for n in sorted(counts)], ngram_indexes=indexes,
+            min_gram_length=1, max_gram_length=len(starts), max_skip_count=0,
+            ngram_counts=starts, ngram_indexes=indexes,
             pool_int64s=pool, weights=idf[indexes].tolist(),  # in pool order, not feature
         ),
         helper.make_node("MatMul", ["tfidf", "coefficients"], ["scores"]),
@@ -128,19 +128,19 @@ def export_sklearn_onnx(pipeline: Pipeline, path: Path) -> None:
     path.write_bytes(model.SerializeToString())
 
 
-def _ngram_pool(vocabulary: dict[str, int]) -> tuple[list[int], dict[int, int], list[int]]:
+def _ngram_pool(vocabulary: dict[str, int]) -> tuple[list[int], list[int], list[int]]:
     """The vocabulary ("101 2023": a bigram of wordpiece ids) as TfIdfVectorizer attributes:
-    the pool of ids, n-grams grouped by length (shortest first, each as its n ids), where
-    each length starts in the pool, and each n-gram's feature index in pool order."""
+    the pool of ids (n-grams grouped by length, shortest first, each as its n ids), where each
+    length n = 1, 2, ... starts in the pool, and each n-gram's feature index in pool order."""
     by_length: dict[int, list[tuple[list[int], int]]] = {}
     for ngram, index in vocabulary.items():
         ids = [int(token) for token in ngram.split(" ")]
         by_length.setdefault(len(ids), []).append((ids, index))
     pool: list[int] = []
-    starts: dict[int, int] = {}
+    starts: list[int] = []
     indexes: list[int] = []
     for length in range(1, max(by_length) + 1):
-        starts[length] = len(pool)
+        starts.append(len(pool))
         for ids, index in sorted(by_length.get(length, [])):
             pool += ids
             indexes.append(index)

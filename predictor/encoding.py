@@ -21,8 +21,8 @@ TOKENIZER_FILE = "tokenizer.json"
 # Text averages 4-5 characters per wordpiece token; cutting at 16 per token leaves a wide margin,
 # so the first max_tokens tokens of the cut text are those of the whole text.
 _CHARS_PER_TOKEN_BOUND = 16
-# No wordpiece in PromptEncoder.token_ids: [CLS], [SEP] and padding (the TF-IDF graph's
-# vocabulary holds only ids, so no n-gram with it is known).
+# No wordpiece in PromptEncoder.token_ids: the padding after a prompt's last (the TF-IDF
+# graph's vocabulary holds only ids, so no n-gram with it is known).
 NO_TOKEN = -1
 
 
@@ -90,27 +90,25 @@ class PromptEncoder:
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         return ids, mask.reshape(ids.shape)
 
-    def id_strings(self, prompts: Sequence[str]) -> list[str]:
-        """Each prompt as its wordpiece ids joined by spaces, [CLS]/[SEP]/padding left out.
-
-        The TF-IDF baseline reads these: ONNX's string tokenizer cannot reproduce scikit-learn's
-        regular expressions on arbitrary text, but it splits digits on spaces exactly alike.
-        """
-        ids, mask = self.encode(prompts)
-        return [
-            " ".join(str(i) for i in row[m == 1][1:-1]) for row, m in zip(ids, mask, strict=True)
-        ]
-
-    def token_ids(self, prompts: Sequence[str]) -> np.ndarray:
-        """The ids of id_strings, int64 (len(prompts), longest + 2), NO_TOKEN where id_strings
-        has nothing: in place of [CLS], [SEP] and padding.
+    def wordpieces(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Each prompt's wordpiece ids, truncated as encode does, [CLS] and [SEP] left out.
 
         One prompt at a time, not encode_batch: the gateway predicts on one core, where the
         batch call's thread pool only adds hand-offs (its idle workers yield in a loop)."""
-        rows = [self._tokenizer.encode(self._cut(p)).ids for p in prompts]
-        ids = np.full((len(rows), max((len(r) for r in rows), default=0)), NO_TOKEN, np.int64)
+        return [self._tokenizer.encode(self._cut(p)).ids[1:-1] for p in prompts]
+
+    def id_strings(self, prompts: Sequence[str]) -> list[str]:
+        """Each prompt's wordpieces as digits joined by spaces: what scikit-learn's TF-IDF
+        baseline trains on (its regular expressions split them exactly as the ids)."""
+        return [" ".join(map(str, row)) for row in self.wordpieces(prompts)]
+
+    def token_ids(self, prompts: Sequence[str]) -> np.ndarray:
+        """The wordpieces as an int64 (len(prompts), at least 1) matrix, NO_TOKEN after each
+        prompt's last: the TF-IDF graph's input."""
+        rows = self.wordpieces(prompts)
+        ids = np.full((len(rows), max([1, *map(len, rows)])), NO_TOKEN, dtype=np.int64)
         for i, row in enumerate(rows):
-            ids[i, 1 : len(row) - 1] = row[1:-1]
+            ids[i, : len(row)] = row
         return ids
 
     def save(self, directory: Path) -> None:

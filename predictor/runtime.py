@@ -148,12 +148,11 @@ class LengthPredictor:
             return out
         if self._manifest.kind == "sklearn":
             if self._reads_token_ids:
-                out[:, self._columns] = self._run(
-                    {TOKEN_IDS_INPUT: self._encoder.token_ids(prompts)}
-                )
-                return out
-            text = np.array(self._encoder.id_strings(prompts), dtype=object).reshape(-1, 1)
-            out[:, self._columns] = self._run({TEXT_INPUT: text})
+                feeds = {TOKEN_IDS_INPUT: self._encoder.token_ids(prompts)}
+            else:
+                text = self._encoder.id_strings(prompts)
+                feeds = {TEXT_INPUT: np.array(text, dtype=object).reshape(-1, 1)}
+            out[:, self._columns] = self._run(feeds)
             return out
         ids, mask = self._encoder.encode(prompts)
         chars = prompt_chars(prompts)
