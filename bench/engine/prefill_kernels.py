@@ -211,17 +211,15 @@ def _load_landed(path: Path) -> Callable[..., torch.Tensor]:
 
 
 def candidates(configs: Sequence[str], landed: Path | None) -> dict[str, Candidate]:
-    """Every candidate by name; configs are 'BLOCK_MxTILE:warps:stages' of the Triton kernel."""
+    """Every candidate by name; configs are the Triton kernel's 'BLOCK_MxTILE:warps:stages[:...]'
+    (paged_prefill.parse_tiles)."""
     from torch.nn.attention import SDPBackend
 
-    from site_engine.engine.cuda.paged_prefill import PrefillTiles, paged_prefill_attention
+    from site_engine.engine.cuda.paged_prefill import paged_prefill_attention, parse_tiles
 
     found: dict[str, Candidate] = {}
     for config in configs:
-        shape, warps, stages = config.split(":")
-        block_m, tile = (int(v) for v in shape.split("x"))
-        tiles = PrefillTiles(block_m=block_m, tile=tile, num_warps=int(warps),
-                             num_stages=int(stages))  # fmt: skip
+        tiles = parse_tiles(config)
         found[f"triton[{config}]"] = _paged_candidate(paged_prefill_attention, tiles=tiles)
     if landed is not None:
         found["landed"] = _paged_candidate(_load_landed(landed))

@@ -322,12 +322,10 @@ def _profile_path(args: argparse.Namespace, what: str) -> Path | None:
 
 
 def _use_tiles(spec: str) -> None:
-    """Every later engine uses these varlen-kernel tiles ('BLOCK_MxTILE:warps:stages')."""
+    """Every later engine uses these varlen-kernel tiles ('BLOCK_MxTILE:warps:stages[:exp]')."""
     from site_engine.engine.cuda import paged_prefill
 
-    shape, warps, stages = spec.split(":")
-    block_m, tile = (int(v) for v in shape.split("x"))
-    tiles = paged_prefill.PrefillTiles(block_m, tile, int(warps), int(stages))
+    tiles = paged_prefill.parse_tiles(spec)
     paged_prefill.default_tiles = lambda head_dim: tiles
 
 

@@ -56,6 +56,24 @@ def _metadata(chunks, tables, block, device) -> AttentionMetadata:
     )
 
 
+def _random_inputs(case, seed: int, device: str):
+    """(query, k_cache, v_cache, tables, metadata) for a case: fresh random numbers, block
+    tables shuffled over a cache with spare blocks."""
+    chunks, heads, kv_heads, dim, block, _, dtype = case
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    max_ctx = max(c + n for c, n in chunks)
+    blocks_per_seq = -(-max_ctx // block)
+    num_blocks = len(chunks) * blocks_per_seq + 3
+    order = torch.randperm(num_blocks, generator=generator)[: len(chunks) * blocks_per_seq]
+    tables = order.view(len(chunks), blocks_per_seq).to(torch.int32).to(device)
+    shape = (num_blocks, block, kv_heads, dim)
+    k_cache = torch.randn(shape, generator=generator).to(dtype).to(device)
+    v_cache = torch.randn(shape, generator=generator).to(dtype).to(device)
+    num_tokens = sum(n for _, n in chunks)
+    query = torch.randn(num_tokens, heads, dim, generator=generator).to(dtype).to(device)
+    return query, k_cache, v_cache, tables, _metadata(chunks, tables, block, device)
+
+
 @pytest.mark.parametrize(
     "case",
     CASES,
@@ -70,20 +88,12 @@ def test_kernel_matches_reference(case, split: bool, kernel_device: str) -> None
     from site_engine.engine.cuda.paged_decode import paged_decode_attention
     from site_engine.engine.cuda.paged_prefill import paged_prefill_attention
 
-    chunks, heads, kv_heads, dim, block, window, dtype = case
+    chunks, heads, _, dim, _, window, dtype = case
     skip_bf16_in_interpreter(kernel_device, dtype)
-    generator = torch.Generator(device="cpu").manual_seed(sum(c + n for c, n in chunks) + heads)
-    max_ctx = max(c + n for c, n in chunks)
-    blocks_per_seq = -(-max_ctx // block)
-    num_blocks = len(chunks) * blocks_per_seq + 3
-    order = torch.randperm(num_blocks, generator=generator)[: len(chunks) * blocks_per_seq]
-    tables = order.view(len(chunks), blocks_per_seq).to(torch.int32).to(kernel_device)
-    shape = (num_blocks, block, kv_heads, dim)
-    k_cache = torch.randn(shape, generator=generator).to(dtype).to(kernel_device)
-    v_cache = torch.randn(shape, generator=generator).to(dtype).to(kernel_device)
-    num_tokens = sum(n for _, n in chunks)
-    query = torch.randn(num_tokens, heads, dim, generator=generator).to(dtype).to(kernel_device)
-    metadata = _metadata(chunks, tables, block, kernel_device)
+    query, k_cache, v_cache, tables, metadata = _random_inputs(
+        case, sum(c + n for c, n in chunks) + heads, kernel_device
+    )
+    num_tokens = query.shape[0]
     scale = dim**-0.5
     out = torch.full_like(query, float("nan"))
     paged_prefill_attention(
@@ -99,4 +109,29 @@ def test_kernel_matches_reference(case, split: bool, kernel_device: str) -> None
             sliding_window=window, out=out, query_start_loc=metadata.query_start_loc,
         )  # fmt: skip
 
+    assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=scale, window=window)
+
+
+@pytest.mark.parametrize("case", CASES[:4] + CASES[6:10], ids=lambda c: f"{c[0]}-{c[6]}")
+@pytest.mark.parametrize("exp", ["split", "bf16"])
+def test_approximate_exponentials_match_reference(case, exp: str, kernel_device: str) -> None:
+    """The kernel's other exponential paths (polynomial on half of each tile, packed bf16x2)
+    stay within the same tolerance of the float64 reference."""
+    from site_engine.engine.cuda.paged_prefill import PrefillTiles, paged_prefill_attention
+
+    chunks, _, _, dim, _, window, dtype = case
+    skip_bf16_in_interpreter(kernel_device, dtype)
+    if exp == "bf16" and kernel_device == "cpu":
+        pytest.skip("inline PTX does not run in Triton's interpreter")
+    query, k_cache, v_cache, tables, metadata = _random_inputs(
+        case, sum(c + n for c, n in chunks) + 7, kernel_device
+    )
+    num_tokens = query.shape[0]
+    scale = dim**-0.5
+    out = torch.full_like(query, float("nan"))
+    paged_prefill_attention(
+        query, k_cache, v_cache, tables, metadata.query_start_loc, metadata.context_lens,
+        num_tokens=num_tokens, scale=scale, sliding_window=window, out=out,
+        tiles=PrefillTiles(exp=exp),
+    )  # fmt: skip
     assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=scale, window=window)
