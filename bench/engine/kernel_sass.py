@@ -50,9 +50,6 @@ def compile_sass(config: str, head_dim: int, group: int, block_size: int) -> str
         "SKIP_SINGLE": False, "HAS_WINDOW": False,
     }  # fmt: skip
     kernel = paged_prefill._paged_prefill_kernel
-    for name in kernel.arg_names:
-        if name not in signature and name not in constants:
-            constants[name] = _extra_constant(name, tiles)
     signature.update(dict.fromkeys(constants, "constexpr"))
     names = list(kernel.arg_names)
     source = ASTSource(
@@ -72,19 +69,6 @@ def compile_sass(config: str, head_dim: int, group: int, block_size: int) -> str
     return subprocess.run(
         [str(tools / "nvdisasm"), "-c", str(cubin)], check=True, capture_output=True, text=True
     ).stdout
-
-
-def _extra_constant(name: str, tiles: Any) -> Any:
-    """The experimental variants' switches (bench/results/engine_prefill_long_h100_notes.md)."""
-    import torch
-
-    from site_engine.engine.cuda import paged_prefill
-
-    if name == "EXP":
-        return paged_prefill._exp_mode(tiles.exp, torch.bfloat16)
-    if name == "WS":
-        return tiles.warp_specialize
-    raise ValueError(f"kernel argument {name!r} is not known to this tool")
 
 
 _OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")

@@ -211,7 +211,7 @@ def _load_landed(path: Path) -> Callable[..., torch.Tensor]:
 
 
 def candidates(configs: Sequence[str], landed: Path | None) -> dict[str, Candidate]:
-    """Every candidate by name; configs are the Triton kernel's 'BLOCK_MxTILE:warps:stages[:...]'
+    """Every candidate by name; configs are the Triton kernel's 'BLOCK_MxTILE:warps:stages'
     (paged_prefill.parse_tiles)."""
     from torch.nn.attention import SDPBackend
 

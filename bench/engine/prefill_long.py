@@ -322,7 +322,7 @@ def _profile_path(args: argparse.Namespace, what: str) -> Path | None:
 
 
 def _use_tiles(spec: str) -> None:
-    """Every later engine uses these varlen-kernel tiles ('BLOCK_MxTILE:warps:stages[:exp]')."""
+    """Every later engine uses these varlen-kernel tiles ('BLOCK_MxTILE:warps:stages')."""
     from site_engine.engine.cuda import paged_prefill
 
     tiles = paged_prefill.parse_tiles(spec)

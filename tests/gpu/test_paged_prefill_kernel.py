@@ -110,28 +110,3 @@ def test_kernel_matches_reference(case, split: bool, kernel_device: str) -> None
         )  # fmt: skip
 
     assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=scale, window=window)
-
-
-@pytest.mark.parametrize("case", CASES[:4] + CASES[6:10], ids=lambda c: f"{c[0]}-{c[6]}")
-@pytest.mark.parametrize("exp", ["split", "bf16"])
-def test_approximate_exponentials_match_reference(case, exp: str, kernel_device: str) -> None:
-    """The kernel's other exponential paths (polynomial on half of each tile, packed bf16x2)
-    stay within the same tolerance of the float64 reference."""
-    from site_engine.engine.cuda.paged_prefill import PrefillTiles, paged_prefill_attention
-
-    chunks, _, _, dim, _, window, dtype = case
-    skip_bf16_in_interpreter(kernel_device, dtype)
-    if exp == "bf16" and kernel_device == "cpu":
-        pytest.skip("inline PTX does not run in Triton's interpreter")
-    query, k_cache, v_cache, tables, metadata = _random_inputs(
-        case, sum(c + n for c, n in chunks) + 7, kernel_device
-    )
-    num_tokens = query.shape[0]
-    scale = dim**-0.5
-    out = torch.full_like(query, float("nan"))
-    paged_prefill_attention(
-        query, k_cache, v_cache, tables, metadata.query_start_loc, metadata.context_lens,
-        num_tokens=num_tokens, scale=scale, sliding_window=window, out=out,
-        tiles=PrefillTiles(exp=exp),
-    )  # fmt: skip
-    assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=scale, window=window)

@@ -47,27 +47,13 @@ class PrefillTiles:
     tile: int = 64  # KV positions per loop iteration
     num_warps: int = 8
     num_stages: int = 2
-    # How the unmasked tiles take their exponentials: "mufu" (exp2 on the special-function
-    # unit), "split" (half of each tile's positions by a polynomial on the FMA units, so the
-    # two units share the work), "bf16" (the special-function unit's packed bf16x2 exp2).
-    exp: str = "mufu"
-    # Triton's warp specialization of the unmasked loop (producer warps load, consumers compute).
-    warp_specialize: bool = False
-
-
-_EXP_MODES = {"mufu": 0, "split": 1, "bf16": 2}
 
 
 def parse_tiles(spec: str) -> PrefillTiles:
-    """'BLOCK_MxTILE:warps:stages[:exp][:ws]' (as the benches name configurations)."""
-    shape, warps, stages, *rest = spec.split(":")
+    """'BLOCK_MxTILE:warps:stages', as the benches name configurations."""
+    shape, warps, stages = spec.split(":")
     block_m, tile = (int(v) for v in shape.split("x"))
-    exp = [r for r in rest if r != "ws"]
-    tiles = PrefillTiles(block_m, tile, int(warps), int(stages), exp=exp[0] if exp else "mufu",
-                         warp_specialize="ws" in rest)  # fmt: skip
-    if tiles.exp not in _EXP_MODES:
-        raise ValueError(f"exp must be one of {sorted(_EXP_MODES)}, not {tiles.exp!r}")
-    return tiles
+    return PrefillTiles(block_m, tile, int(warps), int(stages))
 
 
 def default_tiles(head_dim: int) -> PrefillTiles:
@@ -94,80 +80,12 @@ def _find_sequence(query_start_ptr, tile_index, num_seqs, BLOCK_Q: tl.constexpr)
     return low
 
 
-# 2^f on [-0.5, 0.5] to 7.5e-5 relative (degree 3, fitted for relative error): far inside
-# bf16's 3.9e-3, which the probabilities are rounded to before the PV product.
-_P0 = tl.constexpr(0.9999282956123352)
-_P1 = tl.constexpr(0.693260908126831)
-_P2 = tl.constexpr(0.2426077425479889)
-_P3 = tl.constexpr(0.055170297622680664)
-# 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
-_ROUND = tl.constexpr(12582912.0)
-_ROUND_BITS = tl.constexpr(0x4B400000)
-
-
-@triton.jit
-def _exp2_fma(x):
-    """2^x for x <= 0 on the FMA/ALU pipes only (FlashAttention-4's trick): x = j + f with j an
-    integer, 2^f by a polynomial, j added to the exponent bits."""
-    x = tl.maximum(x, -126.0)
-    t = x + _ROUND
-    f = x - (t - _ROUND)
-    p = _P0 + f * (_P1 + f * (_P2 + f * _P3))
-    j = t.to(tl.int32, bitcast=True) - _ROUND_BITS
-    return (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_bf16(x):
-    """2^x rounded to bf16, two at a time on the special-function unit."""
-    return tl.inline_asm_elementwise(
-        "ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
-        dtype=tl.bfloat16, is_pure=True, pack=2,
-    )  # fmt: skip
-
-
-@triton.jit
-def _attend_split(
-    acc, l_i, m_i, q, k_base, v_base, table_ptr, stride_block, stride_slot, start, stop, qk_scale,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PRECISION: tl.constexpr, WS: tl.constexpr,
-):  # fmt: skip
-    """_attend's unmasked loop with each tile taken as two halves: the first half's
-    exponentials on the special-function unit, the second's by _exp2_fma."""
-    offs_h = tl.arange(0, TILE // 2)
-    offs_d = tl.arange(0, HEAD_DIM)
-    for kv_start in tl.range(start, stop, TILE, warp_specialize=WS):
-        pos_a = kv_start + offs_h
-        pos_b = pos_a + TILE // 2
-        block_a = tl.load(table_ptr + pos_a // BLOCK_SIZE).to(tl.int64)
-        block_b = tl.load(table_ptr + pos_b // BLOCK_SIZE).to(tl.int64)
-        rows_a = block_a[:, None] * stride_block + (pos_a % BLOCK_SIZE)[:, None] * stride_slot
-        rows_b = block_b[:, None] * stride_block + (pos_b % BLOCK_SIZE)[:, None] * stride_slot
-        k_a = tl.load(k_base + rows_a + offs_d[None, :])
-        k_b = tl.load(k_base + rows_b + offs_d[None, :])
-        s_a = tl.dot(q, tl.trans(k_a), input_precision=PRECISION)
-        s_b = tl.dot(q, tl.trans(k_b), input_precision=PRECISION)
-        m_new = tl.maximum(m_i, tl.maximum(tl.max(s_a, 1), tl.max(s_b, 1)) * qk_scale)
-        p_a = tl.math.exp2(s_a * qk_scale - m_new[:, None])
-        p_b = _exp2_fma(s_b * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p_a, 1) + tl.sum(p_b, 1)
-        v_a = tl.load(v_base + rows_a + offs_d[None, :])
-        v_b = tl.load(v_base + rows_b + offs_d[None, :])
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p_a.to(v_a.dtype), v_a, acc, input_precision=PRECISION)
-        acc = tl.dot(p_b.to(v_b.dtype), v_b, acc, input_precision=PRECISION)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
 @triton.jit
 def _attend(
     acc, l_i, m_i, q, q_position, k_base, v_base, table_ptr, stride_block, stride_slot,
     start, stop, window, qk_scale,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PRECISION: tl.constexpr, MASKED: tl.constexpr, EXP: tl.constexpr = 0,
-    WS: tl.constexpr = False,
+    PRECISION: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over KV positions [start, stop) of one sequence (start a multiple of
     TILE). MASKED: apply the causal and window masks and stop at `stop`; otherwise every row
@@ -175,7 +93,7 @@ def _attend(
     cache tensor)."""
     offs_t = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM)
-    for kv_start in tl.range(start, stop, TILE, warp_specialize=WS):
+    for kv_start in range(start, stop, TILE):
         pos = kv_start + offs_t
         if MASKED:
             kv_ok = pos < stop
@@ -204,14 +122,9 @@ def _attend(
         else:
             m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale)
             m_safe = m_new
-        if EXP == 2:
-            p = _exp2_bf16(scores * qk_scale - m_safe[:, None])
-            l_tile = tl.sum(p.to(tl.float32), 1)
-        else:
-            p = tl.math.exp2(scores * qk_scale - m_safe[:, None])
-            l_tile = tl.sum(p, 1)
+        p = tl.math.exp2(scores * qk_scale - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + l_tile
+        l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
             v = tl.load(v_ptrs + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
         else:
@@ -234,8 +147,7 @@ def _paged_prefill_kernel(
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    SKIP_SINGLE: tl.constexpr, HAS_WINDOW: tl.constexpr, EXP: tl.constexpr,
-    WS: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):  # fmt: skip
     tile_index = tl.num_programs(0) - 1 - tl.program_id(0)  # the last (longest) tiles first
     kv_head = tl.program_id(1)
@@ -296,16 +208,9 @@ def _paged_prefill_kernel(
                                 stride_kv_block, stride_kv_slot, low, full_start, window,
                                 qk_scale, BLOCK_SIZE, TILE, HEAD_DIM, PRECISION, True)  # fmt: skip
     # Unmasked: the positions every row sees; then the masked diagonal.
-    if EXP == 1:
-        acc, l_i, m_i = _attend_split(acc, l_i, m_i, q, k_base, v_base, table_ptr,
-                                      stride_kv_block, stride_kv_slot, full_start, full_end,
-                                      qk_scale, BLOCK_SIZE, TILE, HEAD_DIM, PRECISION,
-                                      WS)  # fmt: skip
-    else:
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_position, k_base, v_base, table_ptr,
-                                stride_kv_block, stride_kv_slot, full_start, full_end, window,
-                                qk_scale, BLOCK_SIZE, TILE, HEAD_DIM, PRECISION, False,
-                                EXP, WS)  # fmt: skip
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_position, k_base, v_base, table_ptr,
+                            stride_kv_block, stride_kv_slot, full_start, full_end, window,
+                            qk_scale, BLOCK_SIZE, TILE, HEAD_DIM, PRECISION, False)  # fmt: skip
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_position, k_base, v_base, table_ptr,
                             stride_kv_block, stride_kv_slot, full_end, end, window,
                             qk_scale, BLOCK_SIZE, TILE, HEAD_DIM, PRECISION, True)  # fmt: skip
@@ -316,13 +221,6 @@ def _paged_prefill_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None],
     )  # fmt: skip
-
-
-def _exp_mode(exp: str, dtype: torch.dtype) -> int:
-    """float32 keeps the exact exponentials; the bf16x2 unit rounds to bf16 (not fp16)."""
-    if dtype == torch.float32 or (exp == "bf16" and dtype != torch.bfloat16):
-        return 0
-    return _EXP_MODES[exp]
 
 
 def query_tile_size(
@@ -379,7 +277,6 @@ def paged_prefill_attention(
         # float32 gets exact float32 products (tf32 would change greedy choices).
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         SKIP_SINGLE=skip_single, HAS_WINDOW=sliding_window is not None,
-        EXP=_exp_mode(tiles.exp, query.dtype), WS=tiles.warp_specialize,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

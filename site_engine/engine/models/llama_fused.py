@@ -1,8 +1,9 @@
 """The Llama-family forward pass with fused projections and compiled elementwise chains (CUDA).
 
 Same contract and same arithmetic as LlamaFlatModel, fewer kernels per layer: one QKV GEMM,
-rotary + residual/RMSNorm + gated activation as compiled kernels, one gate/up GEMM. Used when
-the model lives on a CUDA device; see fused.py for why.
+residual/RMSNorm as compiled kernels, rotary and the SiLU gate as Triton kernels with the head
+sizes fixed (cuda/elementwise.py; other activations compiled), one gate/up GEMM. Used when the
+model lives on a CUDA device; see fused.py for why.
 """
 
 from __future__ import annotations
@@ -35,8 +36,32 @@ from site_engine.engine.models.llama import sliding_window_of
 
 _add_rms_norm = compiled(add_rms_norm)
 _rms_norm = compiled(rms_norm)
-_rotate_qk = compiled(rotate_qk)
-_gated_act = compiled(gated_act)
+_rotate_qk_compiled = compiled(rotate_qk)
+_gated_act_compiled = compiled(gated_act)
+
+
+def _rotate_qk(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On CUDA the Triton kernel with the head sizes fixed (cuda/elementwise.py says why)."""
+    if query.is_cuda:
+        from site_engine.engine.cuda import elementwise
+
+        if elementwise.rotary_supported(query.shape[-1]):
+            return elementwise.rotate_qk(query, key, cos, sin)
+    result: tuple[torch.Tensor, torch.Tensor] = _rotate_qk_compiled(query, key, cos, sin)
+    return result
+
+
+def _gated_act(
+    gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], act_is_silu: bool
+) -> torch.Tensor:
+    if gate_up.is_cuda and act_is_silu:
+        from site_engine.engine.cuda import elementwise
+
+        return elementwise.silu_mul(gate_up)
+    result: torch.Tensor = _gated_act_compiled(gate_up, act)
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +74,7 @@ class _Layer:
     gate_up_weight: torch.Tensor
     gate_up_bias: torch.Tensor | None
     act: Callable[[torch.Tensor], torch.Tensor]
+    act_is_silu: bool
     down_proj: nn.Module
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -62,6 +88,17 @@ def _norm_parts(module: nn.Module) -> tuple[torch.Tensor, float]:
     if weight is None:
         raise TypeError(f"{type(module).__name__} has no weight")
     return weight, float_attr(module, "variance_epsilon")
+
+
+def _is_silu(act: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Whether the activation module computes SiLU (transformers' own class or torch's), by what
+    it returns rather than by its class name."""
+    probe = torch.tensor([-6.0, -1.5, -0.25, 0.0, 0.5, 2.0, 9.0])
+    try:
+        with torch.no_grad():
+            return bool(torch.allclose(act(probe), functional.silu(probe), atol=1e-6))
+    except Exception:
+        return False
 
 
 def _layer(layer: nn.Module, index: int, spec: KVCacheSpec, config: object) -> _Layer:
@@ -80,6 +117,7 @@ def _layer(layer: nn.Module, index: int, spec: KVCacheSpec, config: object) -> _
         gate_up_weight=gate_up_weight,
         gate_up_bias=gate_up_bias,
         act=child(mlp, "act_fn"),
+        act_is_silu=_is_silu(child(mlp, "act_fn")),
         down_proj=child(mlp, "down_proj"),
         input_norm=input_norm,
         post_norm=post_norm,
@@ -121,7 +159,7 @@ class LlamaFusedFlatModel:
                 layer.o_proj(attended), residual, layer.post_norm, layer.eps
             )
             gate_up = functional.linear(normed, layer.gate_up_weight, layer.gate_up_bias)
-            mlp_out = layer.down_proj(_gated_act(gate_up, layer.act))
+            mlp_out = layer.down_proj(_gated_act(gate_up, layer.act, layer.act_is_silu))
             if index + 1 < len(self.layers):
                 following = self.layers[index + 1]
                 normed, residual = _add_rms_norm(

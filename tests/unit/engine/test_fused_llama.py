@@ -34,8 +34,8 @@ DIMS = {
 def _uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llama_fused, "_add_rms_norm", fused.add_rms_norm)
     monkeypatch.setattr(llama_fused, "_rms_norm", fused.rms_norm)
-    monkeypatch.setattr(llama_fused, "_rotate_qk", fused.rotate_qk)
-    monkeypatch.setattr(llama_fused, "_gated_act", fused.gated_act)
+    monkeypatch.setattr(llama_fused, "_rotate_qk_compiled", fused.rotate_qk)
+    monkeypatch.setattr(llama_fused, "_gated_act_compiled", fused.gated_act)
 
 
 def test_fuse_linears_keeps_values_and_shares_memory() -> None:
@@ -103,3 +103,12 @@ def test_fused_forward_matches_transformers(config_class) -> None:
         hidden = flat.forward(inputs.input_ids, inputs.positions, cache, inputs.metadata)
         got = flat.compute_logits(hidden[-1:])[0]
     assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_silu_kernel_is_chosen_by_what_the_activation_computes() -> None:
+    from transformers.activations import ACT2FN
+
+    assert llama_fused._is_silu(ACT2FN["silu"])
+    assert llama_fused._is_silu(torch.nn.SiLU())
+    assert not llama_fused._is_silu(ACT2FN["gelu_pytorch_tanh"])
+    assert not llama_fused._is_silu(torch.nn.ReLU())
