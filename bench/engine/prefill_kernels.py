@@ -155,49 +155,78 @@ def _fa2_varlen(x: _Inputs, plan: Sequence[tuple[int, int]], scale: float) -> to
     return out
 
 
-def _cudnn_chunked() -> Candidate:
-    """Per chunk, cuDNN over the gathered context: the cached prefix (no mask) and the chunk
-    itself (causal, square) apart, merged by their log-sum-exps. (One causal call with fewer
-    queries than keys is wrong here: torch's cuDNN path aligns the mask top-left.)"""
+PrefixStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+
+
+def _cudnn_per_chunk(
+    x: _Inputs, plan: Sequence[tuple[int, int]], scale: float, with_prefix: PrefixStep
+) -> torch.Tensor:
+    """Per chunk, the context gathered out of the paged cache; a chunk with no cached prefix is
+    one causal cuDNN call, the others go to `with_prefix(q, k, v, cached, scale)`."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def run(x: _Inputs, plan: Sequence[tuple[int, int]], scale: float) -> torch.Tensor:
-        out = torch.empty_like(x.query)
-        for cached, new in plan:
-            context = cached + new
-            k, v = (part.transpose(0, 1)[None] for part in _gathered(x, context))
-            q = x.query[cached:context].transpose(0, 1)[None]
-            if cached == 0:
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    o = torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, is_causal=True, scale=scale, enable_gqa=True
-                    )
-            else:
-                group = q.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-                attend = torch.ops.aten._scaled_dot_product_cudnn_attention
-                o1, lse1 = attend(
-                    q,
-                    k[:, :, :cached],
-                    v[:, :, :cached],
-                    None,
-                    True,
-                    0.0,
-                    False,
-                    False,
-                    scale=scale,
-                )[:2]
-                o2, lse2 = attend(
-                    q, k[:, :, cached:], v[:, :, cached:], None, True, 0.0, True, False, scale=scale
-                )[:2]
-                lse1, lse2 = lse1.reshape(*o1.shape[:3], 1), lse2.reshape(*o2.shape[:3], 1)
-                top = torch.maximum(lse1, lse2)
-                w1, w2 = (lse1 - top).exp(), (lse2 - top).exp()
-                o = ((o1 * w1 + o2 * w2) / (w1 + w2)).to(q.dtype)
-            out[cached:context] = o[0].transpose(0, 1)
-        return out
+    out = torch.empty_like(x.query)
+    for cached, new in plan:
+        context = cached + new
+        k, v = (part.transpose(0, 1)[None] for part in _gathered(x, context))
+        q = x.query[cached:context].transpose(0, 1)[None]
+        if cached == 0:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=scale, enable_gqa=True
+                )
+        else:
+            o = with_prefix(q, k, v, cached, scale)
+        out[cached:context] = o[0].transpose(0, 1)
+    return out
 
-    return run
+
+def _cudnn_two_calls(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o_prefix, lse_prefix, o_chunk, lse_chunk): the cached prefix unmasked, the chunk itself
+    causal and square, each with its log-sum-exp [B, H, Lq, 1]."""
+    attend = torch.ops.aten._scaled_dot_product_cudnn_attention
+    o1, lse1 = attend(q, k[:, :, :cached], v[:, :, :cached], None, True, 0.0, False, False,
+                      scale=scale)[:2]  # fmt: skip
+    o2, lse2 = attend(q, k[:, :, cached:], v[:, :, cached:], None, True, 0.0, True, False,
+                      scale=scale)[:2]  # fmt: skip
+    return o1, lse1.reshape(*o1.shape[:3], 1), o2, lse2.reshape(*o2.shape[:3], 1)
+
+
+def _cudnn_chunked() -> Candidate:
+    """Per chunk, cuDNN over the gathered context: the cached prefix (no mask) and the chunk
+    itself (causal, square) apart, K/V repeated to every query head, merged by their
+    log-sum-exps. (One causal call with fewer queries than keys is wrong here: torch's cuDNN
+    path aligns the mask top-left.)"""
+
+    def with_prefix(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached: int, scale: float
+    ) -> torch.Tensor:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        o1, lse1, o2, lse2 = _cudnn_two_calls(q, k, v, cached, scale)
+        top = torch.maximum(lse1, lse2)
+        w1, w2 = (lse1 - top).exp(), (lse2 - top).exp()
+        return ((o1 * w1 + o2 * w2) / (w1 + w2)).to(q.dtype)
+
+    return functools.partial(_cudnn_per_chunk, with_prefix=with_prefix)
+
+
+def _cudnn_merged(expand: bool) -> Candidate:
+    """cudnn_chunked with fewer copies: the K/V heads as they are (unless `expand`: cuDNN takes
+    GQA), the two parts merged by the weight sigmoid(lse_prefix - lse_chunk), in float32."""
+
+    def with_prefix(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached: int, scale: float
+    ) -> torch.Tensor:
+        if expand:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        o1, lse1, o2, lse2 = _cudnn_two_calls(q, k, v, cached, scale)
+        return torch.lerp(o2.float(), o1.float(), torch.sigmoid(lse1 - lse2)).to(q.dtype)
+
+    return functools.partial(_cudnn_per_chunk, with_prefix=with_prefix)
 
 
 def _load_landed(path: Path) -> Callable[..., torch.Tensor]:
@@ -229,6 +258,8 @@ def candidates(configs: Sequence[str], landed: Path | None) -> dict[str, Candida
     found["sdpa_flash_expanded"] = _sdpa_candidate(SDPBackend.FLASH_ATTENTION, expand=True)
     found["fa2_varlen"] = _fa2_varlen
     found["cudnn_chunked"] = _cudnn_chunked()
+    found["cudnn_merged"] = _cudnn_merged(expand=False)
+    found["cudnn_merged_expanded"] = _cudnn_merged(expand=True)
     return found
 
 

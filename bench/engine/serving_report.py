@@ -56,7 +56,7 @@ def _headline(payload: dict[str, Any]) -> list[str]:
     before_rates = before.get("goodput_rate_rps") or {}
     before_tok_s = before.get("goodput_output_tok_s") or {}
     rows = [
-        (mix, fmt(rates.get(mix), 0), fmt(tok_s.get(mix), 0), fmt(before_rates.get(mix), 0),
+        (mix, _rate(rates.get(mix)), fmt(tok_s.get(mix), 0), _rate(before_rates.get(mix)),
          fmt(before_tok_s.get(mix), 0))
         for mix in ("short", "long", "longctx") if mix in rates
     ]  # fmt: skip
@@ -79,6 +79,11 @@ def _headline(payload: dict[str, Any]) -> list[str]:
         text = ", ".join(f"{name} x{value:.2f}" for name, value in ratios.items())
         parts.append(f"\nMixed step over the sum of its parts: {text}")
     return parts
+
+
+def _rate(value: float | None) -> str:
+    """A swept rate as given (1.5 req/s, not "2"): bisected rates are fractions."""
+    return "-" if value is None else f"{value:g}"
 
 
 def _steps_section(payload: dict[str, Any]) -> list[str]:
@@ -114,7 +119,7 @@ def _steps_section(payload: dict[str, Any]) -> list[str]:
 def _sweep_section(mix: str, rows: list[dict[str, Any]], payload: dict[str, Any]) -> list[str]:
     table = [
         (
-            fmt(r["rate_rps"], 0), fmt(r["output_tok_s"], 0),
+            _rate(r["rate_rps"]), fmt(r["output_tok_s"], 0),
             fmt(r.get("offered_output_tok_s"), 0), fmt(r["ttft_p50_ms"], 0),
             fmt(r["ttft_p99_ms"], 0), fmt(r["tpot_p50_ms"], 1), fmt(r["tpot_p99_ms"], 1),
             fmt(r["queue_depth_mean"], 1), fmt(r["queue_depth_max"]),
