@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -25,7 +26,8 @@ ONNX_OPSET = 17
 ONNX_IR_VERSION = 8
 # 2: the TF-IDF rows are L2-normalized by LpNormalization, not the ML Normalizer.
 # 3: the graph is built from the pipeline (export_sklearn_onnx), reading the ids as int64.
-ONNX_EXPORT_REVISION = 3
+# 4: sparse: n-gram keys through a LabelEncoder instead of the dense TfIdfVectorizer.
+ONNX_EXPORT_REVISION = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,48 +71,26 @@ def output_buckets(pipeline: Pipeline) -> tuple[int, ...]:
 def export_sklearn_onnx(pipeline: Pipeline, path: Path) -> None:
     """ONNX graph: token_ids (N, W) int64 -> label (N,), probabilities (N, classes).
 
-    Built from the fitted pipeline rather than by skl2onnx, whose graph was slow at serving
-    (55 us a short prompt for 50,000 features, the gateway's largest cost of a prediction): it
-    split one string per prompt with a string tokenizer and ran three dense (N, features)
-    passes after the vectorizer (IDF product, L2 normalization, an element-by-element linear
-    classifier). Here the vectorizer counts the id n-grams and weighs them by IDF itself, one
-    matrix product gives the class scores, and the L2 norm divides those few scores: the
-    normalization is a scalar per row, so x/|x| . W = (x . W)/|x|. An all-zero row (no known
-    n-gram) keeps scores 0, so its probabilities are the softmax of the intercepts, as in
-    scikit-learn."""
-    from onnx import TensorProto, helper, numpy_helper
+    Sparse from end to end: each prompt position gives its unigram and its bigram with the next
+    id as one int64 key each, a LabelEncoder (a hash table) turns the keys into feature indexes
+    (the vectorizer's vocabulary; unknown n-grams and padding go to an extra feature whose IDF
+    and weights are zero), and the class scores are the sum over the prompt's n-grams of
+    IDF x weights gathered by feature: x . W = sum_f count_f idf_f W_f. The L2 norm of the
+    TF-IDF row divides those few scores (x/|x| . W = (x . W)/|x|); |x|^2 = sum_f (count_f
+    idf_f)^2 is summed over positions, each weighted by how many positions share its feature
+    (an equality test among the row's at most 2 x max_tokens n-grams). An all-zero row keeps
+    scores 0, so its probabilities are the softmax of the intercepts, as in scikit-learn.
+
+    Revision 3 ran onnxruntime's TfIdfVectorizer instead: its dense (N, 50,000) output alone cost
+    ~65 us a chat prompt on the gateway's core, most of a prediction."""
+    from onnx import TensorProto, helper
 
     vectorizer: TfidfVectorizer = pipeline.named_steps["tfidf"]
     classifier: LogisticRegression = pipeline.named_steps["logreg"]
-    pool, starts, indexes = _ngram_pool(vectorizer.vocabulary_)
-    idf = np.asarray(vectorizer.idf_, dtype=np.float32)
-    coefficients = np.asarray(classifier.coef_, dtype=np.float32)
-    intercepts = np.asarray(classifier.intercept_, dtype=np.float32)
-    if coefficients.shape[0] == 1:  # two classes: scikit-learn scores the second only
-        coefficients = np.vstack([np.zeros_like(coefficients), coefficients])
-        intercepts = np.concatenate([np.zeros_like(intercepts), intercepts])
-    constants = [
-        numpy_helper.from_array(np.ascontiguousarray(coefficients.T), "coefficients"),
-        numpy_helper.from_array(intercepts, "intercepts"),
-        numpy_helper.from_array(np.array([np.finfo(np.float32).tiny], np.float32), "tiny"),
-        numpy_helper.from_array(np.asarray(classifier.classes_, dtype=np.int64), "classes"),
-    ]
-    nodes = [
-        helper.make_node(
-            "TfIdfVectorizer", [TOKEN_IDS_INPUT], ["tfidf"], mode="TFIDF",
-            min_gram_length=1, max_gram_length=len(starts), max_skip_count=0,
-            ngram_counts=starts, ngram_indexes=indexes,
-            pool_int64s=pool, weights=idf[indexes].tolist(),  # in pool order, not feature
-        ),
-        helper.make_node("MatMul", ["tfidf", "coefficients"], ["scores"]),
-        helper.make_node("ReduceL2", ["tfidf"], ["norm"], axes=[1], keepdims=1),
-        helper.make_node("Max", ["norm", "tiny"], ["divisor"]),
-        helper.make_node("Div", ["scores", "divisor"], ["scaled"]),
-        helper.make_node("Add", ["scaled", "intercepts"], ["logits"]),
-        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
-        helper.make_node("ArgMax", ["logits"], ["best"], axis=1, keepdims=0),
-        helper.make_node("Gather", ["classes", "best"], ["label"]),
-    ]  # fmt: skip
+    keys, features = _ngram_keys(vectorizer.vocabulary_)
+    # The extra feature of unknown n-grams and padding: zero IDF, zero weights.
+    nodes = _sparse_nodes(keys, features, unknown=len(vectorizer.idf_))
+    constants = _sparse_constants(vectorizer, classifier)
     graph = helper.make_graph(
         nodes,
         "tfidf_logreg",
@@ -123,25 +103,104 @@ def export_sklearn_onnx(pipeline: Pipeline, path: Path) -> None:
         ],
         constants,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    opsets = [helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid("ai.onnx.ml", 2)]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = ONNX_IR_VERSION
     path.write_bytes(model.SerializeToString())
 
 
-def _ngram_pool(vocabulary: dict[str, int]) -> tuple[list[int], list[int], list[int]]:
-    """The vocabulary ("101 2023": a bigram of wordpiece ids) as TfIdfVectorizer attributes:
-    the pool of ids (n-grams grouped by length, shortest first, each as its n ids), where each
-    length n = 1, 2, ... starts in the pool, and each n-gram's feature index in pool order."""
-    by_length: dict[int, list[tuple[list[int], int]]] = {}
-    for ngram, index in vocabulary.items():
+def _sparse_constants(vectorizer: TfidfVectorizer, classifier: LogisticRegression) -> list[Any]:
+    """The graph's initializers: IDF and IDF x weights by feature (the unknown feature last, all
+    zero), the intercepts, the classes and the small constants the nodes index with."""
+    from onnx import numpy_helper
+
+    idf = np.append(np.asarray(vectorizer.idf_, dtype=np.float32), np.float32(0.0))
+    coefficients = np.asarray(classifier.coef_, dtype=np.float32)
+    intercepts = np.asarray(classifier.intercept_, dtype=np.float32)
+    if coefficients.shape[0] == 1:  # two classes: scikit-learn scores the second only
+        coefficients = np.vstack([np.zeros_like(coefficients), coefficients])
+        intercepts = np.concatenate([np.zeros_like(intercepts), intercepts])
+    weighted = np.vstack([coefficients.T, np.zeros((1, coefficients.shape[0]), np.float32)])
+    weighted *= idf[:, None]
+    values = {
+        "idf": idf,
+        "weighted": weighted,
+        "intercepts": intercepts,
+        "tiny": np.array([np.finfo(np.float32).tiny], np.float32),
+        "classes": np.asarray(classifier.classes_, dtype=np.int64),
+        "zero": np.array(0, np.int64),
+        "one": np.array(1, np.int64),
+        "none": np.array(-1, np.int64),
+        "id_limit": np.array(_ID_LIMIT, np.int64),
+        "axis1": np.array([1], np.int64),
+        "axis2": np.array([2], np.int64),
+        "first": np.array([0], np.int64),
+        "second": np.array([1], np.int64),
+        "last": np.array([-1], np.int64),
+        "end": np.array([np.iinfo(np.int64).max], np.int64),
+    }
+    return [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in values.items()]
+
+
+def _sparse_nodes(keys: list[int], features: list[int], unknown: int) -> list[Any]:
+    """token_ids -> n-gram keys -> features -> scores and norm -> probabilities and label."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node
+    return [
+        # Ids outside [0, 2^20) (padding, or none the vocabulary can hold) key nothing.
+        node("GreaterOrEqual", [TOKEN_IDS_INPUT, "zero"], ["nonnegative"]),
+        node("Less", [TOKEN_IDS_INPUT, "id_limit"], ["small"]),
+        node("And", ["nonnegative", "small"], ["valid"]),
+        node("Where", ["valid", TOKEN_IDS_INPUT, "none"], ["unigrams"]),
+        node("Slice", ["unigrams", "first", "last", "second"], ["left"]),
+        node("Slice", ["unigrams", "second", "end", "second"], ["right"]),
+        node("Add", ["left", "one"], ["left_plus"]),
+        node("Mul", ["left_plus", "id_limit"], ["shifted"]),
+        node("Add", ["shifted", "right"], ["pair_keys"]),
+        node("Min", ["left", "right"], ["pair_min"]),
+        node("Less", ["pair_min", "zero"], ["pair_invalid"]),
+        node("Where", ["pair_invalid", "none", "pair_keys"], ["bigrams"]),
+        node("Concat", ["unigrams", "bigrams"], ["keys"], axis=1),
+        node("LabelEncoder", ["keys"], ["features"], domain="ai.onnx.ml",
+             keys_int64s=keys, values_int64s=features, default_int64=unknown),
+        # Scores: sum over the row's n-grams of idf x weights.
+        node("Gather", ["weighted", "features"], ["rows"], axis=0),
+        node("ReduceSum", ["rows", "axis1"], ["scores"], keepdims=0),
+        # |x|^2: each position's idf^2 times the count of positions sharing its feature.
+        node("Unsqueeze", ["features", "axis2"], ["column"]),
+        node("Unsqueeze", ["features", "axis1"], ["row"]),
+        node("Equal", ["column", "row"], ["same"]),
+        node("Cast", ["same"], ["same_f"], to=TensorProto.FLOAT),
+        node("ReduceSum", ["same_f", "axis2"], ["counts"], keepdims=0),
+        node("Gather", ["idf", "features"], ["idfs"], axis=0),
+        node("Mul", ["idfs", "idfs"], ["idf_sq"]),
+        node("Mul", ["idf_sq", "counts"], ["squares"]),
+        node("ReduceSum", ["squares", "axis1"], ["norm_sq"], keepdims=1),
+        node("Sqrt", ["norm_sq"], ["norm"]),
+        node("Max", ["norm", "tiny"], ["divisor"]),
+        node("Div", ["scores", "divisor"], ["scaled"]),
+        node("Add", ["scaled", "intercepts"], ["logits"]),
+        node("Softmax", ["logits"], ["probabilities"], axis=1),
+        node("ArgMax", ["logits"], ["best"], axis=1, keepdims=0),
+        node("Gather", ["classes", "best"], ["label"]),
+    ]  # fmt: skip
+
+
+# Wordpiece ids are below this (BERT's vocabulary has 30,522); a bigram's key is
+# (left + 1) x 2^20 + right, above every unigram's.
+_ID_LIMIT = 1 << 20
+
+
+def _ngram_keys(vocabulary: dict[str, int]) -> tuple[list[int], list[int]]:
+    """The vocabulary ("101 2023": a bigram of wordpiece ids) as LabelEncoder keys (a unigram's
+    id, a bigram's (left + 1) x 2^20 + right) and their feature indexes."""
+    keys: list[int] = []
+    features: list[int] = []
+    for ngram, index in sorted(vocabulary.items(), key=lambda item: item[1]):
         ids = [int(token) for token in ngram.split(" ")]
-        by_length.setdefault(len(ids), []).append((ids, index))
-    pool: list[int] = []
-    starts: list[int] = []
-    indexes: list[int] = []
-    for length in range(1, max(by_length) + 1):
-        starts.append(len(pool))
-        for ids, index in sorted(by_length.get(length, [])):
-            pool += ids
-            indexes.append(index)
-    return pool, starts, indexes
+        if len(ids) > 2 or not all(0 <= i < _ID_LIMIT for i in ids):
+            raise ValueError(f"the export keys unigrams and bigrams of ids < 2^20, not {ngram!r}")
+        keys.append(ids[0] if len(ids) == 1 else (ids[0] + 1) * _ID_LIMIT + ids[1])
+        features.append(index)
+    return keys, features

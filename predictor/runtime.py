@@ -80,7 +80,8 @@ class LengthPredictor:
         # artifacts from before it have two.
         inputs = {node.name for node in self._session.get_inputs()}
         self._reads_chars = PROMPT_CHARS_INPUT in inputs
-        # TF-IDF artifacts of export revision 3 read the ids; older ones a string per prompt.
+        # TF-IDF artifacts of export revision 3 and later read the ids; older ones a string per
+        # prompt.
         self._reads_token_ids = TOKEN_IDS_INPUT in inputs
 
     @classmethod

@@ -127,26 +127,58 @@ def test_importing_the_runtime_does_not_import_torch():
 
 
 def _string_input_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph of a TF-IDF artifact of export revision 2 (skl2onnx's): one string of ids per
-    prompt, split on spaces by the com.microsoft Tokenizer, the n-grams as strings."""
+    """The graph of a TF-IDF artifact of export revision 2 (skl2onnx's era), rebuilt from a
+    current artifact's vocabulary and weights: one string of ids per prompt, split on spaces by
+    the com.microsoft Tokenizer, n-grams as strings counted by the dense TfIdfVectorizer."""
     graph = model.graph
-    vectorizer = next(n for n in graph.node if n.op_type == "TfIdfVectorizer")
-    attributes = {a.name: helper.get_attribute_value(a) for a in vectorizer.attribute}
-    attributes["pool_strings"] = [str(i) for i in attributes.pop("pool_int64s")]
-    vectorizer.CopyFrom(
-        helper.make_node("TfIdfVectorizer", ["flattened"], list(vectorizer.output), **attributes)
-    )
-    split = helper.make_node(
-        "Tokenizer", ["text"], ["tokenized"], domain="com.microsoft", mark=0, mincharnum=1,
-        pad_value="#", separators=[" "],
-    )  # fmt: skip
-    flatten = helper.make_node("Flatten", ["tokenized"], ["flattened"])
-    graph.node.insert(0, flatten)
-    graph.node.insert(0, split)
-    del graph.input[:]
-    graph.input.append(helper.make_tensor_value_info("text", onnx.TensorProto.STRING, [None, 1]))
-    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return model
+    encoder = next(n for n in graph.node if n.op_type == "LabelEncoder")
+    attributes = {a.name: helper.get_attribute_value(a) for a in encoder.attribute}
+    limit = 1 << 20
+    by_length: dict[int, list[tuple[list[str], int]]] = {1: [], 2: []}
+    for key, feature in zip(attributes["keys_int64s"], attributes["values_int64s"], strict=True):
+        ids = [key] if key < limit else [key // limit - 1, key % limit]
+        by_length[len(ids)].append(([str(i) for i in ids], feature))
+    pool: list[str] = []
+    starts: list[int] = []
+    indexes: list[int] = []
+    for length in (1, 2):
+        starts.append(len(pool))
+        for ids, feature in sorted(by_length[length]):
+            pool += ids
+            indexes.append(feature)
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    idf = values["idf"][:-1]
+    coefficients = (values["weighted"][:-1] / idf[:, None]).astype(np.float32)
+    nodes = [
+        helper.make_node(
+            "Tokenizer", ["text"], ["tokenized"], domain="com.microsoft", mark=0, mincharnum=1,
+            pad_value="#", separators=[" "],
+        ),
+        helper.make_node("Flatten", ["tokenized"], ["flattened"]),
+        helper.make_node(
+            "TfIdfVectorizer", ["flattened"], ["tfidf"], mode="TFIDF", min_gram_length=1,
+            max_gram_length=2, max_skip_count=0, ngram_counts=starts, ngram_indexes=indexes,
+            pool_strings=pool, weights=idf[indexes].tolist(),
+        ),
+        helper.make_node("MatMul", ["tfidf", "coefficients"], ["scores"]),
+        helper.make_node("ReduceL2", ["tfidf"], ["norm"], axes=[1], keepdims=1),
+        helper.make_node("Max", ["norm", "tiny"], ["divisor"]),
+        helper.make_node("Div", ["scores", "divisor"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "intercepts"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        helper.make_node("ArgMax", ["logits"], ["best"], axis=1, keepdims=0),
+        helper.make_node("Gather", ["classes", "best"], ["label"]),
+    ]  # fmt: skip
+    constants = [
+        onnx.numpy_helper.from_array(coefficients, "coefficients"),
+        *(t for t in graph.initializer if t.name in ("intercepts", "tiny", "classes")),
+    ]
+    text = helper.make_tensor_value_info("text", onnx.TensorProto.STRING, [None, 1])
+    old = helper.make_graph(nodes, "tfidf_logreg", [text], list(graph.output), constants)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    rebuilt = helper.make_model(old, opset_imports=opsets)
+    rebuilt.ir_version = model.ir_version
+    return rebuilt
 
 
 def test_a_tf_idf_artifact_of_the_string_input_export_still_serves(sklearn_artifact, tmp_path):
