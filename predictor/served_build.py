@@ -2,10 +2,14 @@
 made by predictor.label_served), built once and reused, like the default artifact.
 
     python -m predictor.served_build [--labels predictor/labels/smollm2-135m-instruct] \
-        [--out var/predictor/smollm2-135m-instruct] [--data-dir D] [--force] [--fast]
+        [--out var/predictor/smollm2-135m-instruct] [--data-dir D] [--force] [--fast] \
+        [--exclude-corpus NAME ...]
 
 `--fast` trains the TF-IDF + logistic regression artifact instead of the MiniLM fine-tune
 (seconds instead of ~11 minutes on two cores; a little worse on the test split).
+`--exclude-corpus` leaves a corpus's prompts out of training and validation: the predictor of a
+deployment whose traffic is a kind of prompt it never saw (the federation bench's `text`
+workload adapts one from served traffic).
 
 Splits are the usual ones (SHA-256 of the prompt: train 80% / validation 10% / test 10%), so a
 prompt never trains the model that is scored on it. An answer that ran to `max_tokens` is kept
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,15 +47,24 @@ DEFAULT_FAST_OUT = _REPO / "var" / "predictor" / "smollm2-135m-instruct-tfidf"
 
 
 def served_records(
-    labels_dir: Path, data_dir: str | Path | None = None
+    labels_dir: Path, data_dir: str | Path | None = None, exclude: Collection[str] = ()
 ) -> dict[str, list[LabeledRecord]]:
-    """Labelled prompts by split ("train", "validation", "test"), lengths in served tokens."""
+    """Labelled prompts by split ("train", "validation", "test"), lengths in served tokens,
+    without the corpora named in `exclude`."""
     manifest = read_manifest(labels_dir)
     labels = read_labels(labels_dir)
     if not labels:
         raise LabelFileError(f"{labels_dir} holds no labels yet: run predictor.label_served")
+    unknown = set(exclude) - set(manifest.corpora)
+    if unknown or set(exclude) >= set(manifest.corpora):
+        raise LabelFileError(
+            f"cannot exclude {sorted(exclude)}: the labels cover {list(manifest.corpora)}, "
+            "and at least one must stay"
+        )
     splits: dict[str, list[LabeledRecord]] = {"train": [], "validation": [], "test": []}
     for corpus in manifest.corpora:
+        if corpus in exclude:
+            continue
         records = load_corpus(corpus, data_dir)  # type: ignore[arg-type]
         for record, label in join_records(records, labels):
             labeled = LabeledRecord(
@@ -78,6 +91,7 @@ def build_served_predictor(
     data_dir: str | Path | None = None,
     force: bool = False,
     spec: TrainSpec = SERVED_SPEC,
+    exclude: Collection[str] = (),
 ) -> Path:
     """Trains (or reuses) the artifact at `out` from the labels; its manifest names the model."""
 
@@ -85,7 +99,7 @@ def build_served_predictor(
         print(message, flush=True)
 
     model = read_manifest(labels_dir).model
-    splits = served_records(labels_dir, data_dir)
+    splits = served_records(labels_dir, data_dir, exclude)
     existing = (
         None if force else reusable_artifact(out, spec, training_fingerprint(splits["train"]))
     )
@@ -97,6 +111,7 @@ def build_served_predictor(
         "labels": str(labels_dir),
         "length_unit": f"{model} tokens (its own greedy answers, EOS included)",
         "splits": "sha256(prompt) -> train 80% / validation 10% / test 10%",
+        **({"excluded_corpora": sorted(exclude)} if exclude else {}),
     }
     progress(f"training the {model} length predictor on {len(splits['train'])} labelled prompts")
     train_artifact(
@@ -125,11 +140,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the TF-IDF artifact (seconds to train) instead of MiniLM; "
         f"default --out {DEFAULT_FAST_OUT}",
     )
+    parser.add_argument(
+        "--exclude-corpus",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this corpus out of training and validation (repeatable)",
+    )
     args = parser.parse_args(argv)
     spec = SERVED_FAST_SPEC if args.fast else SERVED_SPEC
     out = DEFAULT_FAST_OUT if args.fast and args.out == DEFAULT_OUT else args.out
+    if args.exclude_corpus and args.out == DEFAULT_OUT:
+        parser.error("--exclude-corpus needs its own --out (the default is the served predictor)")
     try:
-        build_served_predictor(out, args.labels, args.data_dir, args.force, spec)
+        build_served_predictor(
+            out, args.labels, args.data_dir, args.force, spec, args.exclude_corpus
+        )
     except (LabelFileError, DatasetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,7 +49,8 @@ _PLACES = (
 @dataclass(frozen=True, slots=True)
 class Arm:
     """A compared configuration: a routing policy and what its gateway knows of answer lengths.
-    predictor: serve the length predictor; plan: GATEWAY_PLAN_WITHOUT_PREDICTION. router:
+    predictor: serve the length predictor (`source`: the base one, or the one adapted from
+    served traffic, bench/federation/adapt.py); plan: GATEWAY_PLAN_WITHOUT_PREDICTION. router:
     "gateway" (ours) or "sglang" (SGLang's own router, policy cache_aware; `policy` names it)."""
 
     name: str
@@ -58,6 +59,7 @@ class Arm:
     plan: str = "max_tokens"
     note: str = ""
     router: str = "gateway"
+    source: str = "base"
 
 
 ARMS: dict[str, Arm] = {
@@ -84,6 +86,20 @@ ARMS: dict[str, Arm] = {
         ),
         Arm(
             "completion_cost_oracle", "completion_cost", False, note="completion_cost, true lengths"
+        ),
+        Arm(
+            "completion_cost_guess",
+            "completion_cost",
+            False,
+            "prompt_ratio",
+            "completion_cost without a predictor: the answer guessed 1.5x the prompt",
+        ),
+        Arm(
+            "completion_cost_adapted",
+            "completion_cost",
+            True,
+            note="completion_cost with the predictor retrained from served traffic",
+            source="adapted",
         ),
         Arm(
             "completion_cost_own",
@@ -223,6 +239,8 @@ class Federation:
     model_dirs: Mapping[str, Path]  # shape name -> model directory
     tokenizer_dir: Path
     predictor_dir: Path | None
+    # The predictor adapted from served traffic (adapt.py), once it exists.
+    adapted_predictor_dir: Path | None = None
     sites: dict[str, ManagedProcess] = field(default_factory=dict)
     site_ports: dict[str, int] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)
@@ -331,11 +349,7 @@ class Federation:
             "GATEWAY_COLLECT_SAMPLES": "false",
             "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
             **NO_OFFLOAD,
-            **(
-                {"GATEWAY_PREDICTOR_DIR": str(self.predictor_dir)}
-                if arm.predictor and self.predictor_dir is not None
-                else {}
-            ),
+            **self._predictor_setting(arm),
             **(env or {}),
         }
         process = start_gateway(
@@ -349,6 +363,17 @@ class Federation:
         gateway = Gateway(arm, label, process, database_url)
         self.gateways.append(gateway)
         return gateway
+
+    def _predictor_setting(self, arm: Arm) -> dict[str, str]:
+        if not arm.predictor:
+            return {}
+        if arm.source == "adapted":
+            if self.adapted_predictor_dir is None:
+                raise ValueError(f"arm {arm.name} needs the adapted predictor: none was built")
+            return {"GATEWAY_PREDICTOR_DIR": str(self.adapted_predictor_dir)}
+        if self.predictor_dir is None:
+            return {}
+        return {"GATEWAY_PREDICTOR_DIR": str(self.predictor_dir)}
 
     def start_sglang_router(self, arm: Arm, router_path: Path) -> Gateway:
         """SGLang's router (its Rust policy `arm.policy`) over the sites' HTTP faces, through

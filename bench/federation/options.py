@@ -17,7 +17,17 @@ DEFAULT_PREDICTOR = REPO_ROOT / "var" / "predictor" / "smollm2-135m-instruct"
 PHASES = ("sweep", "scenarios", "decision")
 # `longprompt`: issue 21's long-prompt mix with its arms, a fixed grid of rates and the offload
 # scenarios; the others (issue 34): prompts sent as text, the prefix arms, the knee bisected.
-WORKLOADS = ("longprompt", "sharegpt", "trace", "shared_prefix")
+WORKLOADS = ("longprompt", "sharegpt", "trace", "shared_prefix", "text")
+# `text` (the predictor's share): no predictor, the base one, the one adapted from served traffic
+# and the true lengths, all with completion_cost; least_requests and mico beside them.
+TEXT_ARMS = (
+    "least_requests",
+    "mico",
+    "completion_cost_guess",
+    "completion_cost",
+    "completion_cost_adapted",
+    "completion_cost_oracle",
+)
 SHARED = REPO_ROOT.parent / "shared" / "datasets" / "traces"
 DEFAULT_SGLANG_ROUTER = REPO_ROOT / "var" / "sglang-router"
 
@@ -49,6 +59,14 @@ class Options:
     # Where the sglang-router wheel is installed (`pip install --target`); None: not found, the
     # arm is left out and the report says so.
     sglang_router: Path | None = None
+    # The `text` workload's adaptation (adapt.py): train-split requests served before the sweep
+    # and the retrain's mode; only when an arm serves the adapted predictor.
+    adapt_samples: int = 600
+    adapt_mode: str = "retrain"
+
+    @property
+    def adapts(self) -> bool:
+        return any(ARMS[name].source == "adapted" for name in self.arms)
 
     @property
     def reuse(self) -> bool:
@@ -61,6 +79,13 @@ class Options:
         unknown = set(self.arms) - set(ARMS)
         if unknown:
             raise ValueError(f"unknown arms {sorted(unknown)}; known: {sorted(ARMS)}")
+        if self.adapts and (self.workload != "text" or self.predictor_dir is None):
+            raise ValueError(
+                "completion_cost_adapted adapts the base predictor (--predictor-dir) from the "
+                "text workload's train split: it needs --workload text and a predictor"
+            )
+        if self.adapts and self.adapt_samples < 100:
+            raise ValueError(f"--adapt-samples must be >= 100, got {self.adapt_samples}")
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
@@ -91,6 +116,13 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
     parser.add_argument("--mt-bench-file", type=Path, default=SHARED / "mt_bench_question.jsonl")
     parser.add_argument(
+        "--adapt-samples",
+        type=int,
+        default=600,
+        help="text workload: train-split requests served before the sweep, to adapt from",
+    )
+    parser.add_argument("--adapt-mode", choices=("retrain", "calibrate"), default="retrain")
+    parser.add_argument(
         "--sglang-router",
         type=Path,
         help="the sglang-router wheel installed with pip --target (default var/sglang-router; "
@@ -115,11 +147,13 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         predictor = args.predictor_dir.resolve()
     reuse = args.workload != "longprompt"
     quick_arms = (
-        ("least_requests", "prefix_affinity", "completion_cost")
+        ("least_requests", "completion_cost", "completion_cost_adapted")
+        if args.workload == "text"
+        else ("least_requests", "prefix_affinity", "completion_cost")
         if reuse
         else ("least_requests", "least_latency")
     )
-    default_arms = PREFIX_ARMS if reuse else DEFAULT_ARMS
+    default_arms = TEXT_ARMS if args.workload == "text" else PREFIX_ARMS if reuse else DEFAULT_ARMS
     arms = tuple(args.arms or (quick_arms if args.quick else default_arms))
     router = _sglang_router(args.sglang_router)
     if router is None and not args.arms:
@@ -143,6 +177,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         trace_file=args.trace_file,
         mt_bench_file=args.mt_bench_file,
         sglang_router=router,
+        adapt_samples=args.adapt_samples,
+        adapt_mode=args.adapt_mode,
     )
 
 

@@ -169,6 +169,8 @@ def markdown(payload: Mapping[str, Any]) -> str:
         )
     if sweep and sweep.get("at_goodput"):
         parts.append(_reuse_table(sweep))
+    if payload.get("adaptation"):
+        parts.append(_adaptation(payload["adaptation"]))
     for title, key in (("Slowed site", "slowed_site"), ("Killed site", "killed_site")):
         scenario = payload.get("scenarios", {}).get(key)
         if scenario:
@@ -203,6 +205,24 @@ def markdown(payload: Mapping[str, Any]) -> str:
             + markdown_table(["policy", "sites", "p50 ms", "p99 ms", "CPU p99 ms"], rows)
         )
     return "\n\n".join(parts)
+
+
+def _adaptation(adaptation: Mapping[str, Any]) -> str:
+    """What the retrain-from-served-traffic path made of the train split (adapt.py)."""
+    scores = adaptation["offline_on_test_split"]
+    keys = ("spearman", "mae_tokens", "mean_expected")
+    rows = [[name, *(row[k] for k in keys)] for name, row in scores.items()]
+    said = "\n".join(f"    {line}" for line in adaptation["retrain_output"])
+    return (
+        f"## The predictor adapted from served traffic\n\n{adaptation['answered']} of "
+        f"{adaptation['served_requests']} train-split requests answered through a gateway with "
+        f"the base predictor ({adaptation['base']}), then `gateway.retrain_predictor --mode "
+        f"{adaptation['mode']}` on its samples ({adaptation['seconds']:g} s in all). The "
+        "completion_cost_adapted arm serves the candidate whatever the gate said; the gate "
+        f"(its last lines):\n\n{said}\n\nOn the measured test split's prompts, against the "
+        "lengths the sites replay:\n\n"
+        + markdown_table(["predictor", "Spearman", "MAE tokens", "mean expected"], rows)
+    )
 
 
 def _reuse_table(sweep: Mapping[str, Any]) -> str:

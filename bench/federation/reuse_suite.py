@@ -1,17 +1,21 @@
-"""The prefix-reuse runs of `python -m bench.federation --workload trace|shared_prefix|sharegpt`
-(issue 34): one federation, every arm (our gateways with their routing profiles, SGLang's router
-in front of the same sites), the knee of each bisected (knee.py), hit rates and load per site.
+"""The prefix-reuse runs of `python -m bench.federation --workload
+trace|shared_prefix|sharegpt|text` (issue 34): one federation, every arm (our gateways with their
+routing profiles, SGLang's router in front of the same sites), the knee of each bisected
+(knee.py), hit rates and load per site.
 
 1. Models, sites (each with its OpenAI HTTP face for SGLang's router, and its host-memory tier
    when the engine has one), the latency injector.
 2. What each site says of itself (KV blocks and tokens, host tier), then its prefill rate,
    measured on the idle site (calibrate.py) and written into every gateway's federation file,
    as an operator would (`prefill_tokens_per_s`; only the cost-model profiles read it).
-3. Every arm started, the sweep, the decision-time phase, the result files.
+3. With the `text` workload and an arm that serves the adapted predictor: the train split served
+   through a sample-collecting gateway and the predictor retrained from it (adapt.py).
+4. Every arm started, the sweep, the decision-time phase, the result files.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from bench.federation.adapt import offline_scores, serve_and_retrain
 from bench.federation.calibrate import prefill_rates, site_facts
 from bench.federation.cluster import ARMS, Federation, Gateway
 from bench.federation.knee import knee_sweep
@@ -39,8 +44,9 @@ from bench.federation.prefix_workloads import (
 from bench.federation.report import finish, sweep_payload, write
 from bench.federation.runs import Runner
 from bench.federation.text_tokens import WordTokens
+from bench.federation.text_workload import TextPrompt, text_prompts, text_requests
 from bench.federation.topology import PrefixRuns, write_model
-from bench.federation.workload import Pools, Request, arrivals, describe, load_pools
+from bench.federation.workload import Pools, Request, arrivals, describe, load_pools, scaled
 from bench.multisite.throttle import stop_all
 from fedllm_contract.tokenizer import load_tokenizer
 
@@ -59,6 +65,32 @@ class Source:
         self._options, self._runs, self._words, self._vocab = options, runs, words, vocab
         self._build = cache(self._requests)
         self._pools = cache(self._load_pools)
+        self._text = cache(self._text_prompts)
+
+    def _text_prompts(self, split: str) -> tuple[TextPrompt, ...]:
+        cap = self._runs.shape.max_prompt_tokens - 8  # room for the run's marker
+        return text_prompts(self._words, split, cap, data_dir=self._options.data_dir)
+
+    @property
+    def words(self) -> WordTokens:
+        return self._words
+
+    def replayed(self, split: str) -> dict[str, int]:
+        """Each of the split's prompts (as sent) and its answer length as the sites replay it."""
+        shape = self._runs.shape
+        return {
+            p.text: scaled(p.answer_tokens, shape.answer_scale, shape.max_answer_tokens)
+            for p in self._text(split)
+        }
+
+    def text_split(self, split: str, rate: float, duration_s: float) -> list[Request]:
+        """The `text` workload's requests of one split (train: what adapt.py serves)."""
+        shape = self._runs.shape
+        return text_requests(
+            self._text(split), rate, duration_s, self._options.seed,
+            answer_scale=shape.answer_scale, max_answer_tokens=shape.max_answer_tokens,
+            split=split,
+        )  # fmt: skip
 
     def _load_pools(self) -> Pools:
         return load_pools(
@@ -74,6 +106,8 @@ class Source:
         if options.workload == "trace":
             records = read_trace(options.trace_file)
             return tuple(trace_requests(records, words, rate, runs.duration_s, seed, shape))
+        if options.workload == "text":
+            return tuple(self.text_split("test", rate, runs.duration_s))
         if options.workload == "shared_prefix":
             questions = read_mt_bench(options.mt_bench_file)
             answers = served_answer_lengths()
@@ -151,6 +185,31 @@ def _start_arms(
     return sorted(started, key=lambda g: order[g.arm.name])
 
 
+def _adapt(
+    federation: Federation, options: Options, source: Source, weights: Mapping[str, float]
+) -> dict[str, Any]:
+    """The predictor adapted from served train-split traffic (adapt.py), scored offline on the
+    measured (test-split) prompts beside the base."""
+    runs, base = options.prefix, options.predictor_dir
+    if runs is None or base is None:  # Options checks both
+        raise ValueError("the adaptation needs the prefix runs and a base predictor")
+    rate = runs.rates[options.workload][0]
+    served = source.text_split("train", rate, options.adapt_samples / rate)
+    out = options.work_dir / "predictor-adapted"
+    shutil.rmtree(out, ignore_errors=True)  # a candidate of an earlier run in this work dir
+    report = serve_and_retrain(
+        federation, weights, for_run(served, source.words, "adapt"), base=base, out=out,
+        mode=options.adapt_mode, drain_s=runs.drain_s, log=log,
+    )  # fmt: skip
+    federation.adapted_predictor_dir = out
+    prompts = source.replayed("test")
+    report["offline_on_test_split"] = offline_scores(
+        {"base": base, "adapted": out}, list(prompts), list(prompts.values())
+    )
+    report["test_prompts_scored"] = len(prompts)
+    return report
+
+
 def run_reuse(options: Options, command: str) -> Path:
     runs = options.prefix
     if runs is None:
@@ -206,6 +265,8 @@ def run_reuse(options: Options, command: str) -> Path:
             }
             for site in preset.sites
         ]
+        if options.adapts:
+            payload["adaptation"] = _adapt(federation, options, source, weights)
         gateways = _start_arms(federation, options, weights)
         capacity = {name: int(str(f["kv_tokens"])) for name, f in facts.items()}
         runner = Runner(
