@@ -365,15 +365,11 @@ class Federation:
         return gateway
 
     def _predictor_setting(self, arm: Arm) -> dict[str, str]:
-        if not arm.predictor:
-            return {}
-        if arm.source == "adapted":
-            if self.adapted_predictor_dir is None:
-                raise ValueError(f"arm {arm.name} needs the adapted predictor: none was built")
-            return {"GATEWAY_PREDICTOR_DIR": str(self.adapted_predictor_dir)}
-        if self.predictor_dir is None:
-            return {}
-        return {"GATEWAY_PREDICTOR_DIR": str(self.predictor_dir)}
+        adapted = arm.source == "adapted"
+        folder = self.adapted_predictor_dir if adapted else self.predictor_dir
+        if adapted and folder is None:
+            raise ValueError(f"arm {arm.name} needs the adapted predictor: none was built")
+        return {"GATEWAY_PREDICTOR_DIR": str(folder)} if arm.predictor and folder else {}
 
     def start_sglang_router(self, arm: Arm, router_path: Path) -> Gateway:
         """SGLang's router (its Rust policy `arm.policy`) over the sites' HTTP faces, through

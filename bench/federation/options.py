@@ -28,6 +28,7 @@ TEXT_ARMS = (
     "completion_cost_adapted",
     "completion_cost_oracle",
 )
+ADAPT_SAMPLES = 600  # train-split requests served before the text workload's sweep
 SHARED = REPO_ROOT.parent / "shared" / "datasets" / "traces"
 DEFAULT_SGLANG_ROUTER = REPO_ROOT / "var" / "sglang-router"
 
@@ -61,7 +62,7 @@ class Options:
     sglang_router: Path | None = None
     # The `text` workload's adaptation (adapt.py): train-split requests served before the sweep
     # and the retrain's mode; only when an arm serves the adapted predictor.
-    adapt_samples: int = 600
+    adapt_samples: int = ADAPT_SAMPLES
     adapt_mode: str = "retrain"
 
     @property
@@ -118,7 +119,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--adapt-samples",
         type=int,
-        default=600,
+        default=ADAPT_SAMPLES,
         help="text workload: train-split requests served before the sweep, to adapt from",
     )
     parser.add_argument("--adapt-mode", choices=("retrain", "calibrate"), default="retrain")
@@ -146,15 +147,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     if not args.no_predictor and (args.predictor_dir / "manifest.json").is_file():
         predictor = args.predictor_dir.resolve()
     reuse = args.workload != "longprompt"
-    quick_arms = (
-        ("least_requests", "completion_cost", "completion_cost_adapted")
-        if args.workload == "text"
-        else ("least_requests", "prefix_affinity", "completion_cost")
-        if reuse
-        else ("least_requests", "least_latency")
-    )
-    default_arms = TEXT_ARMS if args.workload == "text" else PREFIX_ARMS if reuse else DEFAULT_ARMS
-    arms = tuple(args.arms or (quick_arms if args.quick else default_arms))
+    arms = tuple(args.arms or _default_arms(args.workload, bool(args.quick)))
     router = _sglang_router(args.sglang_router)
     if router is None and not args.arms:
         arms = tuple(arm for arm in arms if ARMS[arm].router != "sglang")
@@ -180,6 +173,19 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         adapt_samples=args.adapt_samples,
         adapt_mode=args.adapt_mode,
     )
+
+
+def _default_arms(workload: str, quick: bool) -> tuple[str, ...]:
+    """The workload's arms; --quick: a smoke test's few."""
+    quick_arms: tuple[str, ...]
+    arms: tuple[str, ...]
+    if workload == "text":
+        quick_arms, arms = ("completion_cost", "completion_cost_adapted"), TEXT_ARMS
+    elif workload != "longprompt":
+        quick_arms, arms = ("prefix_affinity", "completion_cost"), PREFIX_ARMS
+    else:
+        quick_arms, arms = ("least_latency",), DEFAULT_ARMS
+    return ("least_requests", *quick_arms) if quick else arms
 
 
 def _name(preset: str, workload: str, quick: bool) -> str:
