@@ -123,7 +123,12 @@ Before = Callable[[VllmEngine, Publisher], Awaitable[None]]
 
 def run(body: Body, buffer: int = 1000, before: Before | None = None) -> None:
     """A publisher (and what it published `before` the gateway listens), then `body` once the
-    subscriber has applied its first live message."""
+    subscriber has applied a message published after it started listening.
+
+    Not merely once `last_sequence` is set: the start-up replay applies the buffered batches one
+    by one and awaits the socket between them, so `last_sequence` is set by the first replayed
+    batch while later ones (a removal, say) are still on their way (seen once in CI: a block
+    stored, then removed before the gateway listened, still matched)."""
 
     async def main() -> None:
         context = zmq.asyncio.Context()
@@ -131,8 +136,13 @@ def run(body: Body, buffer: int = 1000, before: Before | None = None) -> None:
         try:
             if before is not None:
                 await before(engine, publisher)
+            live = publisher.sequence  # the first sequence published after the gateway listens
             async with listening(publisher, context) as (prefix, subscriber):
-                await until(lambda: subscriber.last_sequence is not None, publisher)
+
+                def following() -> bool:
+                    return subscriber.last_sequence is not None and subscriber.last_sequence >= live
+
+                await until(following, publisher)
                 await body(engine, publisher, prefix, subscriber)
         finally:
             await publisher.close()
