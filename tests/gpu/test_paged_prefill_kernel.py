@@ -110,3 +110,38 @@ def test_kernel_matches_reference(case, split: bool, kernel_device: str) -> None
         )  # fmt: skip
 
     assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=scale, window=window)
+
+
+@pytest.mark.parametrize("padding", [(0, 7), (45, 300)], ids=["seqs-only", "tokens-and-seqs"])
+def test_a_captured_steps_padding_changes_nothing(padding, kernel_device: str) -> None:
+    """As a flat step graph launches it: the token rows padded up to the bucket, belonging to
+    no sequence, and the sequence arrays padded with sequences of zero query tokens (with stale
+    context lengths and tables). The real rows match the reference and the padded rows stay
+    unwritten; the padding programs exit before the sequence search (`_past_the_chunks`)."""
+    from site_engine.engine.cuda.paged_prefill import paged_prefill_attention
+
+    extra_tokens, extra_seqs = padding
+    case = CASES[1]
+    _, heads, _, dim, _, window, _ = case
+    dtype = torch.float16 if kernel_device == "cpu" else torch.bfloat16
+    query, k_cache, v_cache, tables, metadata = _random_inputs(
+        (*case[:-1], dtype), 11 + extra_seqs, kernel_device
+    )
+    real = query.shape[0]
+    generator = torch.Generator(device="cpu").manual_seed(extra_tokens)
+    padded_query = torch.cat(
+        [query, torch.randn(extra_tokens, heads, dim, generator=generator).to(query)]
+    )
+    starts = torch.cat([metadata.query_start_loc, metadata.query_start_loc[-1:].repeat(extra_seqs)])
+    stale_contexts = torch.randint(1, 500, (extra_seqs,), generator=generator, dtype=torch.int32)
+    contexts = torch.cat([metadata.context_lens, stale_contexts.to(kernel_device)])
+    padded_tables = torch.cat([tables, tables[:1].repeat(extra_seqs, 1)])
+    out = torch.full_like(padded_query, float("nan"))
+    paged_prefill_attention(
+        padded_query, k_cache, v_cache, padded_tables, starts, contexts,
+        num_tokens=real + extra_tokens, scale=dim**-0.5, sliding_window=window, out=out,
+    )  # fmt: skip
+    assert torch.isnan(out[real:]).all()
+    assert_matches_reference(
+        out[:real], query, k_cache, v_cache, metadata, scale=dim**-0.5, window=window
+    )

@@ -81,6 +81,25 @@ def _find_sequence(query_start_ptr, tile_index, num_seqs, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
+def _past_the_chunks(query_start_ptr, tile_index, num_seqs, BLOCK_Q: tl.constexpr):
+    """Whether global tile `tile_index` lies past every chunk's tiles, told with two loads.
+
+    A captured step's grid is sized for its bucket: the token count padded up and max_num_seqs
+    sequences, the unused ones with zero query tokens at the end. At the GPU default of 1,024
+    sequences almost every program of a step is such a tile, and they start first (the grid
+    runs from its top), so a binary search each would delay the real tiles. With T the step's
+    real tokens (query_start[num_seqs]) and j = tile_index - T // BLOCK_Q: if sequence j - 1
+    starts at T, it and every later one are empty, and every earlier sequence's tiles end at
+    index (T - 1) // BLOCK_Q + j - 2 or before."""
+    total = tl.load(query_start_ptr + num_seqs)
+    j = tile_index - total // BLOCK_Q
+    past = j > num_seqs
+    if (j >= 1) & (j <= num_seqs):
+        past = tl.load(query_start_ptr + j - 1) == total
+    return past
+
+
+@triton.jit
 def _attend(
     acc, l_i, m_i, q, q_position, k_base, v_base, table_ptr, stride_block, stride_slot,
     start, stop, window, qk_scale,
@@ -151,6 +170,8 @@ def _paged_prefill_kernel(
 ):  # fmt: skip
     tile_index = tl.num_programs(0) - 1 - tl.program_id(0)  # the last (longest) tiles first
     kv_head = tl.program_id(1)
+    if _past_the_chunks(query_start_ptr, tile_index, num_seqs, BLOCK_Q):
+        return
     seq = _find_sequence(query_start_ptr, tile_index, num_seqs - 1, BLOCK_Q)
     query_start = tl.load(query_start_ptr + seq)
     query_len = tl.load(query_start_ptr + seq + 1) - query_start
