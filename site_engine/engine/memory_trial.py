@@ -31,12 +31,23 @@ _HUNGRY = SamplingParams(max_tokens=2, temperature=0.7, top_p=0.9, ignore_eos=Tr
 _HUNGRY_SEEDED = SamplingParams(max_tokens=2, temperature=0.7, top_p=0.9, seed=1, ignore_eos=True)
 
 
+def graph_counts(
+    max_num_seqs: int, max_num_batched_tokens: int, cuda_graphs: bool
+) -> tuple[int, int]:
+    """(graphs of every layer: decode steps and flat-step bodies, lm_head graphs of the flat
+    steps) that a runner with these limits captures."""
+    if not cuda_graphs:
+        return 0, 0
+    decode = len(bucket_sizes(max_num_seqs))
+    if max_num_batched_tokens < 2:
+        return decode, 0
+    heads = len(bucket_sizes(min(max_num_seqs, max_num_batched_tokens)))
+    return decode + len(token_buckets(max_num_batched_tokens)), heads
+
+
 def graph_count(max_num_seqs: int, max_num_batched_tokens: int, cuda_graphs: bool) -> int:
     """How many CUDA graphs a runner with these limits captures."""
-    if not cuda_graphs:
-        return 0
-    flat = len(token_buckets(max_num_batched_tokens)) if max_num_batched_tokens >= 2 else 0
-    return len(bucket_sizes(max_num_seqs)) + flat
+    return sum(graph_counts(max_num_seqs, max_num_batched_tokens, cuda_graphs))
 
 
 def release_unreachable(device: torch.device) -> None:
@@ -93,12 +104,13 @@ def run_trial(
     release_unreachable(device)
     free, total = torch.cuda.mem_get_info(device)
     layers = int(loaded.model.config.num_hidden_layers)
-    graphs = graph_count(max_num_seqs, max_num_batched_tokens, cuda_graphs)
+    layered, heads = graph_counts(max_num_seqs, max_num_batched_tokens, cuda_graphs)
     return TrialMeasurement(
         total=int(total),
         free=int(free),
         weights=int(weights),
         step_and_sampler=max(0, int(peak - torch.cuda.memory_reserved(device) - trial_cache)),
-        graph_driver=graphs * layers * GRAPH_BYTES_PER_LAYER,
-        graphs=graphs,
+        # An lm_head graph's few nodes are counted as one layer's.
+        graph_driver=(layered * layers + heads) * GRAPH_BYTES_PER_LAYER,
+        graphs=layered + heads,
     )

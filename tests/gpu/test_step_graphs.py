@@ -39,8 +39,11 @@ CONFIG = LlamaConfig(
 )  # fmt: skip
 
 
-def _chunk(rid: str, tokens: list[int], start: int, table: list[int], generated: int = 0):
-    return ScheduledChunk(rid, tuple(tokens), start, tuple(table), True, GREEDY, generated)
+def _chunk(
+    rid: str, tokens: list[int], start: int, table: list[int], generated: int = 0,
+    sample: bool = True,
+) -> ScheduledChunk:  # fmt: skip
+    return ScheduledChunk(rid, tuple(tokens), start, tuple(table), sample, GREEDY, generated)
 
 
 def test_token_buckets_end_at_the_step_budget() -> None:
@@ -84,6 +87,14 @@ def test_flat_step_matches_the_eager_path(kernel_device: str) -> None:
             _chunk("d", prompt(15), 0, table(15)),
         ],
         [_chunk("e", prompt(3), 0, table(3)), _chunk("a", prompt(1), 18, tables["a"], 2)],
+        # A chunk that does not end its prompt samples nothing: the sampled rows' logits come
+        # from the lm_head graph of their count, whatever the other chunks are.
+        [
+            _chunk("f", prompt(20), 0, table(40), sample=False),
+            _chunk("a", prompt(1), 19, tables["a"], 3),
+            _chunk("c", prompt(3), 22, tables["c"]),
+        ],
+        [_chunk("g", prompt(30), 0, table(40), sample=False)],
     ]
     for chunks in steps:
         pending = previous.pending_rows(chunks)

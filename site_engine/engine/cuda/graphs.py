@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256
 
 
 def capture_buckets(
-    sizes: Sequence[int], forward: Callable[[int], torch.Tensor]
+    sizes: Sequence[int], forward: Callable[[int], torch.Tensor], pool: Any = None
 ) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
     """One CUDA graph of `forward(size)` per size, with its output tensor; largest first so the
     smaller ones reuse its memory pool. Two eager warm-ups first (Triton compiles, cuBLAS picks
@@ -45,8 +46,8 @@ def capture_buckets(
     Warm-ups and captures all run on one side stream per device, kept for the process: cuBLAS
     keeps a workspace per stream it ever ran on (tens of MiB each, never freed), so a fresh
     stream per graph would leave up to one workspace per pooled stream behind (~1 GiB) that no
-    memory trial sees."""
-    pool = None
+    memory trial sees. `pool`: another capture's memory pool to share (what the graphs of both
+    captures allocate inside must never be live at once: they are replayed one after another)."""
     captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
     stream = _capture_stream()
     for size in sorted(sizes, reverse=True):

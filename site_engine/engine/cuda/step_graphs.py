@@ -10,6 +10,14 @@ bucket's token count, and the bucket's captured forward pass is replayed: embedd
 lm_head of the sampled rows. Decode rows share the prefill tokens' matrix products, so a mixed
 step reads the weights once.
 
+The lm_head is a graph of its own, one per count of sampled rows (the decode graphs' sizes): a
+bucket's body gathers the hidden states of the rows a step samples into one static buffer, and
+the smallest lm_head graph that holds them turns those into logits. Inside the body's graph the
+lm_head would have to cover the most rows a bucket can sample, min(tokens, max_num_seqs): at the
+GPU default of 1,024 sequences, 1,024 rows of a 128k-vocabulary lm_head (~0.5 TFLOP on a 1B
+model, ~1 ms on an H100) for a prefill step that samples one row, or none (a chunk that does
+not end its prompt).
+
 Padding, and why it is harmless: padded token rows belong to no sequence (the kernel never
 attends from or to them), write their K/V into a scratch block that no sequence owns, and every
 other operation is row-wise, so they cannot reach a real row. The per-sequence arrays are padded
@@ -32,7 +40,12 @@ import numpy as np
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
-from site_engine.engine.cuda.graphs import capture_buckets, input_tokens, release_graphs
+from site_engine.engine.cuda.graphs import (
+    bucket_sizes,
+    capture_buckets,
+    input_tokens,
+    release_graphs,
+)
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.models import FlatCausalLM
 from site_engine.engine.types import ScheduledChunk
@@ -56,7 +69,7 @@ def token_buckets(max_tokens: int, only_largest: bool = False) -> tuple[int, ...
 @dataclass(slots=True)
 class _Bucket:
     graph: torch.cuda.CUDAGraph | None
-    logits: torch.Tensor | None  # the captured output; None until captured (or eager)
+    output: torch.Tensor | None  # the captured output; None until captured (or eager)
 
 
 class FlatStepGraphs:
@@ -112,7 +125,12 @@ class FlatStepGraphs:
             rows, vocab = min(max_tokens, max_seqs), int(model.vocab_size)
             logits_out = torch.empty((rows, vocab), dtype=torch.float32, device=device)
         self._logits_out = logits_out
+        # Sampled rows per lm_head graph; the hidden states of a step's sampled rows, gathered
+        # by the body (allocated by the first body, a warm-up, when the hidden width is known).
+        self.row_buckets = bucket_sizes(min(max_tokens, max_seqs), only_largest)
+        self._sampled_hidden: torch.Tensor | None = None
         self._captured: dict[int, _Bucket] = {}
+        self._lm_head: dict[int, _Bucket] = {}
 
     @property
     def max_tokens(self) -> int:
@@ -120,11 +138,13 @@ class FlatStepGraphs:
 
     @property
     def num_graphs(self) -> int:
-        return len(self._captured)
+        return len(self._captured) + len(self._lm_head)
 
     def close(self) -> None:
-        release_graphs([b.graph for b in self._captured.values() if b.graph is not None])
+        buckets = (*self._captured.values(), *self._lm_head.values())
+        release_graphs([b.graph for b in buckets if b.graph is not None])
         self._captured.clear()
+        self._lm_head.clear()
 
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
         return len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
@@ -143,23 +163,39 @@ class FlatStepGraphs:
             context_lens_host=(1,) * self.max_seqs,
         )
 
-    def _forward(self, tokens: int) -> torch.Tensor:
+    def _body(self, tokens: int) -> torch.Tensor:
+        """The forward pass of a bucket, up to the sampled rows' hidden states (gathered into
+        the static buffer, every row a bucket could sample)."""
         metadata = self._metadata(tokens)
         self._attention.prepare(metadata)
         hidden = self._model.forward(
             self._input_ids[:tokens], self._positions[:tokens], self._kv_cache, metadata
         )
+        if self._sampled_hidden is None:
+            rows = self.row_buckets[-1]
+            self._sampled_hidden = hidden.new_zeros((rows, hidden.shape[1]))
         count = min(tokens, self.max_seqs)
-        rows = self._sample_rows[:count]
-        return self._model.compute_logits(hidden.index_select(0, rows),
-                                          out=self._logits_out[:count])  # fmt: skip
+        out = self._sampled_hidden[:count]
+        return torch.index_select(hidden, 0, self._sample_rows[:count], out=out)
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        """The lm_head of the first `rows` gathered hidden states."""
+        assert self._sampled_hidden is not None, "a body runs before any lm_head"
+        return self._model.compute_logits(self._sampled_hidden[:rows],
+                                          out=self._logits_out[:rows])  # fmt: skip
 
     @torch.inference_mode()
     def capture(self) -> None:
         if not self._capture:
             return
-        for tokens, (graph, logits) in capture_buckets(self.buckets, self._forward).items():
-            self._captured[tokens] = _Bucket(graph, logits)
+        bodies = capture_buckets(self.buckets, self._body)
+        for tokens, (graph, hidden) in bodies.items():
+            self._captured[tokens] = _Bucket(graph, hidden)
+        # The same memory pool: a step replays its body, then its lm_head, never both at once.
+        pool = bodies[self.buckets[-1]][0].pool()
+        for rows, (graph, logits) in capture_buckets(self.row_buckets, self._logits,
+                                                     pool=pool).items():  # fmt: skip
+            self._lm_head[rows] = _Bucket(graph, logits)
 
     def _stage(
         self, chunks: Sequence[ScheduledChunk], pending_rows: Sequence[int], tokens: int
@@ -222,9 +258,14 @@ class FlatStepGraphs:
         self._sample_rows.copy_(self._staged_seqs[: self.max_seqs, 2])
         bucket = self._captured.get(tokens)
         if bucket is None or bucket.graph is None:
-            logits = self._forward(tokens)  # not captured: the same computation, eagerly
+            self._body(tokens)  # not captured: the same computation, eagerly
         else:
             bucket.graph.replay()
-            assert bucket.logits is not None
-            logits = bucket.logits
-        return logits[:sampled]
+        if sampled == 0:  # chunks that do not end their prompts: no logits to compute
+            return self._logits_out[:0]
+        rows = self.row_buckets[bisect.bisect_left(self.row_buckets, sampled)]
+        head = self._lm_head.get(rows)
+        if head is None or head.graph is None:
+            return self._logits(sampled)
+        head.graph.replay()
+        return self._logits_out[:sampled]

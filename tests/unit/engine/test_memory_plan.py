@@ -98,7 +98,9 @@ def test_startup_report_names_blocks_tokens_gib_fit_and_graphs() -> None:
 
 
 def test_graph_count_matches_the_buckets() -> None:
-    assert graph_count(1024, 8192, cuda_graphs=True) == 25 + 23
+    # decode graphs, flat-step bodies, and lm_head graphs for up to min(1024, 8192) rows
+    assert graph_count(1024, 8192, cuda_graphs=True) == 25 + 23 + 25
+    assert graph_count(256, 96, cuda_graphs=True) == 17 + 4 + 11
     assert graph_count(256, 2048, cuda_graphs=False) == 0
     assert graph_count(4, 1, cuda_graphs=True) == 3  # no flat step graphs under 2 tokens
 
