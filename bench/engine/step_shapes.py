@@ -224,12 +224,16 @@ def step_limits(shapes: Sequence[StepShape]) -> tuple[int, int]:
     )
 
 
-def step_engine(loaded: LoadedModel, shapes: Sequence[StepShape], kv_gib: float) -> PagedEngine:
+def step_engine(
+    loaded: LoadedModel, shapes: Sequence[StepShape], kv_gib: float, max_num_seqs: int = 0
+) -> PagedEngine:
+    """max_num_seqs: the engine's batch limit when above what the shapes need (a site's
+    default on a large GPU, 1,024, sizes the captured steps' sequence arrays)."""
     max_seqs, max_tokens = step_limits(shapes)
     return PagedEngine(
         loaded,
         EngineConfig(
-            max_num_seqs=max_seqs,
+            max_num_seqs=max(max_seqs, max_num_seqs),
             max_num_batched_tokens=max_tokens,
             kv_cache_bytes=int(kv_gib * GIB),
         ),
@@ -245,8 +249,9 @@ def measure_shapes(
     kv_gib: float = 8.0,
     log: Progress | None = None,
     profile: bool = False,
+    max_num_seqs: int = 0,
 ) -> list[dict[str, Any]]:
-    engine = step_engine(loaded, shapes, kv_gib)
+    engine = step_engine(loaded, shapes, kv_gib, max_num_seqs)
     rows = []
     for index, shape in enumerate(shapes):
         row = measure_shape(engine.runner, shape, reps=reps, warmup=warmup, seed=index)
@@ -298,12 +303,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--label", default="this tree")
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=0,
+        help="engine batch limit, if above what the shapes need (1024: the H100 default)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     log = Progress()
     loaded = ensure_model(args.model_dir, LLAMA_1B_SHAPE, args.tokenizer_dir, log)
-    rows = measure_shapes(loaded, reps=args.reps, log=log, profile=args.profile)
+    rows = measure_shapes(loaded, reps=args.reps, log=log, profile=args.profile,
+                          max_num_seqs=args.max_num_seqs)  # fmt: skip
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps({"label": args.label, "rows": rows}, indent=2))
+        payload = {"label": args.label, "max_num_seqs": args.max_num_seqs, "rows": rows}
+        args.json_out.write_text(json.dumps(payload, indent=2))
     for row in rows:
         print(
             f"{args.label}: {row['shape']}: x{row['mixed_vs_parts']:.2f} "
