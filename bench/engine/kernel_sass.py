@@ -47,7 +47,7 @@ def compile_sass(config: str, head_dim: int, group: int, block_size: int) -> str
     constants: dict[str, Any] = {
         "GROUP": group, "BLOCK_Q": block_m // group, "BLOCK_M": block_m, "HEAD_DIM": head_dim,
         "BLOCK_SIZE": block_size, "TILE": max(tiles.tile, block_size), "PRECISION": "tf32",
-        "SKIP_SINGLE": False, "HAS_WINDOW": False, "HEADS_FASTEST": False,
+        "SKIP_SINGLE": False, "HAS_WINDOW": False,
     }  # fmt: skip
     kernel = paged_prefill._paged_prefill_kernel
     signature.update(dict.fromkeys(constants, "constexpr"))

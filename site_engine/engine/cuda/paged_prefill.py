@@ -166,14 +166,13 @@ def _paged_prefill_kernel(
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    SKIP_SINGLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HEADS_FASTEST: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):  # fmt: skip
-    if HEADS_FASTEST:
-        tile_index = tl.num_programs(1) - 1 - tl.program_id(1)  # the last (longest) tiles first
-        kv_head = tl.program_id(0)
-    else:
-        tile_index = tl.num_programs(0) - 1 - tl.program_id(0)
-        kv_head = tl.program_id(1)
+    # The last (longest) tiles first. The KV head is the slow axis: with the heads fastest
+    # (a step's programs spread over all heads' K/V at once) the kernel was 6-14% slower
+    # (bench/results/engine_prefill_in_engine_h100_32000.md).
+    tile_index = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
     if _past_the_chunks(query_start_ptr, tile_index, num_seqs, BLOCK_Q):
         return
     seq = _find_sequence(query_start_ptr, tile_index, num_seqs - 1, BLOCK_Q)
@@ -271,7 +270,6 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     skip_single: bool = False,
     tiles: PrefillTiles | None = None,
-    heads_fastest: bool = False,
 ) -> torch.Tensor:
     """query [T, Hq, D] for the chunks of a step, their K/V already in the cache;
     caches [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32;
@@ -290,8 +288,7 @@ def paged_prefill_attention(
         raise ValueError("the K and V caches must share their layout (views of one cache)")
     if out is None:
         out = torch.empty_like(query)
-    tiles_bound = num_tokens // block_q + num_seqs
-    grid = (num_kv_heads, tiles_bound) if heads_fastest else (tiles_bound, num_kv_heads)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out,
         scale * _LOG2E, sliding_window or _NO_WINDOW, num_seqs,
@@ -304,7 +301,6 @@ def paged_prefill_attention(
         # float32 gets exact float32 products (tf32 would change greedy choices).
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         SKIP_SINGLE=skip_single, HAS_WINDOW=sliding_window is not None,
-        HEADS_FASTEST=heads_fastest,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out
