@@ -17,7 +17,9 @@ engine's launch in one respect (triton's do_bench, median, L2 flushed before eac
 - shuffled: the same blocks scattered over that small cache at random (prefill_kernels' layout);
 - random_values: shuffled, with fresh standard-normal query, keys and values;
 - graph, graph padded_1024: the engine's launch (and the padded one) replayed from a captured
-  CUDA graph.
+  CUDA graph;
+- after the MLP's GEMMs: the engine's launch right after the chunk's MLP matrix products, the
+  products' own time subtracted.
 
 (b16c3b9 also timed a grid with the KV heads as its fastest axis: 5.10 against 4.49 ms at 32k;
 that run's results files hold its rows.)
@@ -195,7 +197,38 @@ def measure(x: Inputs, reps_ms: int = 300) -> list[dict[str, Any]]:
             float((real - reference).norm() / reference.norm())  # fmt: skip
         rows.append({"variant": name, "ms": ms, "tflops": flops / ms / 1e9,
                      "rel_error_vs_engine": error})  # fmt: skip
+    rows.append(_after_gemms(_launch(x, torch.empty_like(x["query"])), tokens, flops, reps_ms))
     return rows
+
+
+def _after_gemms(
+    launch: Callable[[], torch.Tensor], tokens: int, flops: float, reps_ms: int
+) -> dict[str, Any]:
+    """The engine's launch right after the chunk's MLP matrix products (1B shape: gate-up
+    2,048 -> 16,384 and down 8,192 -> 2,048 over the chunk's rows), timed as (GEMMs + kernel) -
+    GEMMs: whether the tensor-core load before each attention launch in a forward pass (clocks,
+    power, L2) slows the kernel."""
+    import triton.testing
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    hidden, gate_up, down_in = rand(tokens, 2048), rand(2048, 16384), rand(tokens, 8192)
+    down = rand(8192, 2048)
+
+    def gemms() -> None:
+        torch.mm(hidden, gate_up)
+        torch.mm(down_in, down)
+
+    def both() -> None:
+        gemms()
+        launch()
+
+    alone = float(triton.testing.do_bench(gemms, warmup=50, rep=reps_ms, return_mode="median"))
+    together = float(triton.testing.do_bench(both, warmup=50, rep=reps_ms, return_mode="median"))
+    ms = together - alone
+    return {"variant": f"after the MLP's GEMMs ({alone:.3f} ms, subtracted)", "ms": ms,
+            "tflops": flops / ms / 1e9, "rel_error_vs_engine": None}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
