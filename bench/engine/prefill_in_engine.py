@@ -45,6 +45,7 @@ from bench.common import markdown_table
 from bench.engine.harness import Progress
 from bench.engine.model_setup import LLAMA_1B_LONG_SHAPE, ensure_model
 from bench.engine.paths import shared_path
+from bench.engine.prefill_kernels import HeadLayout, attention_flops
 from bench.engine.prefill_long import _prompt
 from bench.engine.report import versions
 from site_engine.engine.api import EngineRequest
@@ -150,14 +151,10 @@ def _compact(x: Inputs, shuffle: bool, random_values: bool) -> Inputs:
 
 
 def _graphed(launch: Callable[[], torch.Tensor]) -> Callable[[], object]:
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
+    """The launch captured as the engine captures its steps (warm-ups, side stream)."""
+    from site_engine.engine.cuda.graphs import capture_buckets
+
+    graph, _ = capture_buckets((1,), lambda _size: launch())[1]
     return graph.replay
 
 
@@ -177,9 +174,9 @@ def measure(x: Inputs, reps_ms: int = 300) -> list[dict[str, Any]]:
         "shuffled": _compact(x, shuffle=True, random_values=False),
         "random_values": _compact(x, shuffle=True, random_values=True),
     }
-    heads, dim = x["query"].shape[1], x["query"].shape[2]
-    context = int(x["context_lens"][0])
-    flops = 4.0 * dim * heads * (tokens * (context - tokens) + tokens * (tokens + 1) // 2)
+    layout = HeadLayout(x["query"].shape[1], x["key_cache"].shape[2], x["query"].shape[2])
+    cached = int(x["context_lens"][0]) - tokens
+    flops = attention_flops([(cached, tokens)], layout)
     reference: torch.Tensor | None = None
     rows = []
     graphed = {"graph": x, "graph, padded_1024": variants["padded_1024"]}
