@@ -10,6 +10,7 @@ in `prepare`, which the runner calls once per step before the forward pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +36,8 @@ class AttentionMetadata:
     # Host copies, so a reference or a kernel launcher can loop without device syncs.
     query_start_loc_host: tuple[int, ...]
     context_lens_host: tuple[int, ...]
+    # A captured step graph's metadata: the host tuples are its bounds, not its chunks.
+    for_graph: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -50,6 +53,15 @@ class AttentionBackend(Protocol):
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         """Called once per step, before any layer runs, with that step's metadata."""
+
+    def needs_eager(self, chunks: Sequence[tuple[int, int]]) -> bool:
+        """Whether a step with these chunks ((new tokens, context length after the step) each)
+        must run eagerly (a path whose shapes a captured graph cannot hold)."""
+        ...
+
+    def describe(self) -> str:
+        """The kernels this backend runs, for the start-up report."""
+        ...
 
     def forward(
         self,
@@ -122,6 +134,13 @@ class TorchReferenceAttention:
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         del metadata  # nothing to plan for the reference path
+
+    def needs_eager(self, chunks: Sequence[tuple[int, int]]) -> bool:
+        del chunks
+        return False
+
+    def describe(self) -> str:
+        return "attention: torch SDPA per sequence (reference)"
 
     def forward(
         self,

@@ -187,7 +187,8 @@ class PagedEngine:
             cache = f"prefix caching on, host tier {blocks:,} blocks ({host_gib:.2f} GiB)"
         else:
             cache = "prefix caching on, no host tier"
-        return f"{startup_report(self._plan, self._graphs_note)}; {cache}"
+        attention = self._runner.attention.describe()
+        return f"{startup_report(self._plan, self._graphs_note)}; {cache}; {attention}"
 
     def close(self) -> None:
         """Frees the KV cache and the CUDA graphs now, so that another engine in this process

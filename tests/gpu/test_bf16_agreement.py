@@ -43,9 +43,26 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_tokenizer_dir: Path
     return path
 
 
-def test_engine_agrees_with_transformers_in_bf16(model_dir: Path, cuda_device: str) -> None:
+@pytest.mark.parametrize("long_chunks", ["triton", "cudnn"])
+def test_engine_agrees_with_transformers_in_bf16(
+    model_dir: Path, cuda_device: str, long_chunks: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cudnn: chunks of 32+ tokens from 64 positions on take cuDNN's path (as 4k-token chunks
+    of long prompts do when served), in 128-token steps with decode rows in them."""
+    from site_engine.engine.cuda.cudnn_prefill import CudnnLongPrefill
+
+    config = EngineConfig(max_num_seqs=32, kv_cache_bytes=1 << 30)
+    if long_chunks == "cudnn":
+        if CudnnLongPrefill.create() is None:
+            pytest.skip("cudnn-frontend or cuDNN >= 9.7 is missing")
+        create = CudnnLongPrefill.create
+        monkeypatch.setattr(CudnnLongPrefill, "create",
+                            lambda *_, **__: create(min_tokens=32, min_context=64))  # fmt: skip
+        config = EngineConfig(max_num_seqs=32, max_num_batched_tokens=128,
+                              kv_cache_bytes=1 << 30)  # fmt: skip
     loaded = load_model(model_dir, device=cuda_device, dtype="bfloat16")
-    engine = PagedEngine(loaded, EngineConfig(max_num_seqs=32, kv_cache_bytes=1 << 30))
+    engine = PagedEngine(loaded, config)
+    assert ("cuDNN" in engine.startup_report) == (long_chunks == "cudnn")
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(4, 300, (24,), generator=generator).tolist()
     requests = [
@@ -73,6 +90,9 @@ def test_engine_agrees_with_transformers_in_bf16(model_dir: Path, cuda_device: s
         ties += int((gap > 0).sum())
     # Near-ties happen, but rarely: most steps pick transformers' own argmax.
     assert ties <= 0.05 * 48 * len(requests), ties
+    if long_chunks == "cudnn":
+        long_prefill = engine._runner.attention.long_prefill  # type: ignore[attr-defined]
+        assert long_prefill.num_graphs > 0  # the path ran
 
 
 def test_prefill_logits_match(model_dir: Path, cuda_device: str) -> None:

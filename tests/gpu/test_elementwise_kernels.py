@@ -65,3 +65,36 @@ def test_silu_mul_matches_the_compiled_chain(
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert got.shape == (tokens, width)
     torch.testing.assert_close(got.cpu().float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "width", "dtype"),
+    [(1, 2048, torch.bfloat16), (37, 4096, torch.bfloat16), (9, 576, torch.float16),
+     (5, 3000, torch.float32)],
+)  # fmt: skip
+@pytest.mark.parametrize("add", [False, True], ids=["norm", "add-norm"])
+def test_rms_norm_matches_the_compiled_chain(
+    tokens: int, width: int, dtype: torch.dtype, add: bool, kernel_device: str
+) -> None:
+    """Both forms the forward uses: the first layer's norm, and residual + x then the norm (the
+    new residual returned too), on rows with a wider stride than their width."""
+    from site_engine.engine.cuda.elementwise import add_rms_norm, rms_norm
+
+    skip_bf16_in_interpreter(kernel_device, dtype)
+    generator = torch.Generator().manual_seed(tokens + width)
+    wide = (torch.randn(tokens, width + 8, generator=generator) * 3).to(dtype)
+    x = wide[:, :width]
+    residual = torch.randn(tokens, width, generator=generator).to(dtype)
+    weight = (torch.rand(width, generator=generator) + 0.5).to(dtype)
+    eps = 1e-5
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    device = kernel_device
+    if add:
+        want, want_hidden = fused.add_rms_norm(x, residual, weight, eps)
+        got, hidden = add_rms_norm(x.to(device), residual.to(device), weight.to(device), eps)
+        assert torch.equal(hidden.cpu(), want_hidden)  # the sum rounded once, like torch's
+    else:
+        want = fused.rms_norm(x, weight, eps)
+        got = rms_norm(x.to(device), weight.to(device), eps)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=tolerance, rtol=tolerance)

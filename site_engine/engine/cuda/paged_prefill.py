@@ -159,14 +159,14 @@ def _attend(
 @triton.jit(do_not_specialize=["window", "num_seqs"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_ptr, context_lens_ptr, out_ptr,
-    qk_scale, window, num_seqs,
+    qk_scale, window, num_seqs, long_from, long_context,
     stride_q_tok, stride_q_head,
     stride_kv_block, stride_kv_slot, stride_kv_head,
     stride_bt_seq,
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
-    SKIP_SINGLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr, SKIP_LONG: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):  # fmt: skip
     # The last (longest) tiles first. The KV head is the slow axis: with the heads fastest
     # (a step's programs spread over all heads' K/V at once) the kernel was 6-14% slower
@@ -185,6 +185,9 @@ def _paged_prefill_kernel(
         if query_len == 1:
             return  # one-token chunks go to the decode kernel (GQA rows, not query tiles)
     context_len = tl.load(context_lens_ptr + seq)
+    if SKIP_LONG:  # noqa: SIM102
+        if (query_len >= long_from) & (context_len >= long_context):
+            return  # long chunks go to cuDNN (cudnn_prefill.py)
     # Absolute position of the chunk's first query token: the cache holds every position before.
     first_position = context_len - query_len
 
@@ -269,6 +272,7 @@ def paged_prefill_attention(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
     skip_single: bool = False,
+    skip_long: tuple[int, int] | None = None,
     tiles: PrefillTiles | None = None,
 ) -> torch.Tensor:
     """query [T, Hq, D] for the chunks of a step, their K/V already in the cache;
@@ -277,7 +281,9 @@ def paged_prefill_attention(
     query_start_loc[i]:query_start_loc[i+1]); context_lens [B] int32 (KV length of each sequence
     after this step, so chunk i holds its last positions). `num_tokens` is T, known on the host.
     Returns [T, Hq, D]; with `skip_single` the rows of one-token chunks are left unwritten (for
-    paged_decode_attention's flat mode, far cheaper for them than a query tile each)."""
+    paged_decode_attention's flat mode, far cheaper for them than a query tile each); with
+    `skip_long` (n, c) the rows of chunks of n tokens or more that end at c positions or more
+    are left unwritten too (cudnn_prefill's path for long chunks)."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_seqs = context_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -291,7 +297,7 @@ def paged_prefill_attention(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out,
-        scale * _LOG2E, sliding_window or _NO_WINDOW, num_seqs,
+        scale * _LOG2E, sliding_window or _NO_WINDOW, num_seqs, *(skip_long or (_NO_WINDOW, 0)),
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
@@ -300,7 +306,8 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size, TILE=tile,
         # float32 gets exact float32 products (tf32 would change greedy choices).
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        SKIP_SINGLE=skip_single, HAS_WINDOW=sliding_window is not None,
+        SKIP_SINGLE=skip_single, SKIP_LONG=skip_long is not None,
+        HAS_WINDOW=sliding_window is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

@@ -161,6 +161,7 @@ class FlatStepGraphs:
             max_context_len=self._block_tables.shape[1] * self._block_size,
             query_start_loc_host=(0,) * self.max_seqs + (tokens,),
             context_lens_host=(1,) * self.max_seqs,
+            for_graph=True,
         )
 
     def _body(self, tokens: int) -> torch.Tensor:

@@ -40,6 +40,29 @@ _rotate_qk_compiled = compiled(rotate_qk)
 _gated_act_compiled = compiled(gated_act)
 
 
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """On CUDA a Triton launch (cuda/elementwise.rms_norm says why)."""
+    if x.is_cuda:
+        from site_engine.engine.cuda import elementwise
+
+        if elementwise.rms_norm_supported(x.shape[-1]):
+            return elementwise.rms_norm(x, weight, eps)
+    result: torch.Tensor = _rms_norm(x, weight, eps)
+    return result
+
+
+def _add_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.is_cuda:
+        from site_engine.engine.cuda import elementwise
+
+        if elementwise.rms_norm_supported(x.shape[-1]):
+            return elementwise.add_rms_norm(x, residual, weight, eps)
+    result: tuple[torch.Tensor, torch.Tensor] = _add_rms_norm(x, residual, weight, eps)
+    return result
+
+
 def _rotate_qk(
     query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,21 +175,19 @@ class LlamaFusedFlatModel:
         cos, sin = self.rotary_emb(residual, positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)
         first = self.layers[0]
-        normed: torch.Tensor = _rms_norm(residual, first.input_norm, first.eps)
+        normed = _norm(residual, first.input_norm, first.eps)
         for index, layer in enumerate(self.layers):
             attended = self._attention(layer, index, normed, cos, sin, kv_cache, metadata)
-            normed, residual = _add_rms_norm(
+            normed, residual = _add_norm(
                 layer.o_proj(attended), residual, layer.post_norm, layer.eps
             )
             gate_up = functional.linear(normed, layer.gate_up_weight, layer.gate_up_bias)
             mlp_out = layer.down_proj(_gated_act(gate_up, layer.act, layer.act_is_silu))
             if index + 1 < len(self.layers):
                 following = self.layers[index + 1]
-                normed, residual = _add_rms_norm(
-                    mlp_out, residual, following.input_norm, following.eps
-                )
+                normed, residual = _add_norm(mlp_out, residual, following.input_norm, following.eps)
             else:
-                normed, residual = _add_rms_norm(mlp_out, residual, self.final_norm, self.final_eps)
+                normed, residual = _add_norm(mlp_out, residual, self.final_norm, self.final_eps)
         return normed
 
     def _attention(

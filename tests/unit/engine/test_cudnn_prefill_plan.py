@@ -1,0 +1,77 @@
+"""The host side of the cuDNN path for long chunks: which chunks it takes and what it hands cuDNN
+(lengths, ragged offsets, page tables, the blocks to gather), with no GPU."""
+
+from __future__ import annotations
+
+import torch
+
+from site_engine.engine.attention import AttentionMetadata
+from site_engine.engine.cuda.cudnn_prefill import plan_long_chunks
+
+BLOCK = 16
+
+
+def _metadata(chunks: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMetadata:
+    starts = [0]
+    for _, new in chunks:
+        starts.append(starts[-1] + new)
+    contexts = [cached + new for cached, new in chunks]
+    width = max(len(t) for t in tables)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    unused = torch.empty(0, dtype=torch.int32)
+    return AttentionMetadata(
+        slot_mapping=unused,
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        context_lens=torch.tensor(contexts, dtype=torch.int32),
+        block_tables=torch.tensor(padded, dtype=torch.int32),
+        max_query_len=max(n for _, n in chunks),
+        max_context_len=max(contexts),
+        query_start_loc_host=tuple(starts),
+        context_lens_host=tuple(contexts),
+    )
+
+
+def _table(first: int, context: int) -> list[int]:
+    return list(range(first, first + -(-context // BLOCK)))
+
+
+def test_only_chunks_long_in_both_senses_are_taken() -> None:
+    # (cached, new): long and deep; short; a decode row; long but shallow; long and deep.
+    chunks = [(100, 300), (0, 20), (500, 1), (0, 200), (1000, 129)]
+    tables = [_table(1000 * i, c + n) for i, (c, n) in enumerate(chunks)]
+    plan = plan_long_chunks(_metadata(chunks, tables), min_tokens=128, min_context=250,
+                            block_size=BLOCK, gather=True)  # fmt: skip
+    assert plan is not None
+    assert plan.rows == (0, 4)
+    assert plan.query_starts.flatten().tolist() == [0, 521, 650]  # each chunk's start, then end
+    assert plan.seq_len_q.flatten().tolist() == [300, 129]
+    assert plan.seq_len_kv.flatten().tolist() == [400, 1129]
+    assert plan.query_bucket == 512  # the longest chunk, up to a power of two
+    assert plan.page_bucket == 128  # 71 blocks for 1,129 positions, up to a power of two
+    assert plan.tables.shape == (2, 1, 128, 1)
+    assert plan.tables[0, 0, :25, 0].tolist() == tables[0]
+    assert plan.tables[0, 0, 25:, 0].eq(0).all()
+    assert plan.tables[1, 0, :71, 0].tolist() == tables[4]
+    # Gathered mode: every block of both contexts in order, chunk after chunk.
+    assert plan.gather_blocks is not None
+    assert plan.kv_starts is not None
+    assert plan.gather_blocks.tolist() == tables[0] + tables[4]
+    assert plan.kv_starts.flatten().tolist() == [0, 25 * BLOCK, (25 + 71) * BLOCK]
+    assert (plan.min_tokens, plan.min_context) == (128, 250)
+
+
+def test_a_step_without_long_chunks_plans_nothing() -> None:
+    chunks = [(0, 100), (5000, 1), (10, 127)]
+    tables = [_table(100 * i, c + n) for i, (c, n) in enumerate(chunks)]
+    assert plan_long_chunks(_metadata(chunks, tables), 128, 0, BLOCK) is None
+    # Long enough, but no context reaches the depth asked for.
+    assert plan_long_chunks(_metadata([(0, 300)], [_table(0, 300)]), 128, 301, BLOCK) is None
+
+
+def test_paged_mode_gathers_nothing() -> None:
+    plan = plan_long_chunks(_metadata([(0, 300)], [_table(7, 300)]), 128, 0, BLOCK)
+    assert plan is not None
+    assert plan.gather_blocks is None
+    assert plan.kv_starts is None
+    assert plan.page_bucket == 64  # the smallest bucket
+    assert plan.query_bucket == 512
