@@ -15,7 +15,14 @@ chunk, one layer's heads) and checks its last query rows against a float32 refer
   then FlashAttention-2's varlen kernel (aten._flash_attention_forward, bottom-right causal);
   its time includes the gather;
 - cudnn_chunked: per chunk, the context gathered likewise, then cuDNN twice (cached prefix
-  unmasked, the chunk causal) merged by log-sum-exp; its time includes gather and merge.
+  unmasked, the chunk causal) merged by log-sum-exp; its time includes gather and merge;
+- cudnn_paged: the engine's path for long chunks (site_engine/engine/cuda/cudnn_prefill.py):
+  per chunk, one cuDNN graph call with the diagonal anchored bottom-right, reading the paged
+  cache through the block table; each chunk's plan is made before the timing (the engine makes
+  one per step for all its layers);
+- cudnn_gathered: the same graph over the context's blocks copied out of the cache in order
+  (what the engine runs by default: the paged mode is slower with 16-token blocks); its time
+  includes the copy.
 
 Attention FLOPs count each (query, visible key) pair once: 4 * head_dim * query heads per pair.
 """
@@ -229,6 +236,43 @@ def _cudnn_merged(expand: bool) -> Candidate:
     return functools.partial(_cudnn_per_chunk, with_prefix=with_prefix)
 
 
+def _cudnn_long(gather: bool) -> Candidate:
+    from site_engine.engine.attention import AttentionMetadata
+    from site_engine.engine.cuda.cudnn_prefill import CudnnLongPrefill
+
+    long_prefill = CudnnLongPrefill.create(min_tokens=1, min_context=1, gather=gather)
+    if long_prefill is None:
+        raise RuntimeError("cudnn-frontend or cuDNN >= 9.7 is missing")
+
+    plans: dict[tuple[int, int, int], Any] = {}
+
+    def chunk_plan(x: _Inputs, cached: int, new: int) -> Any:
+        """Made once per chunk, outside the timed loop: the engine makes one per step and
+        shares it across its layers."""
+        key = (id(x), cached, new)
+        if key not in plans:
+            unused = torch.empty(0, dtype=torch.int32, device=x.query.device)
+            metadata = AttentionMetadata(
+                slot_mapping=unused, query_start_loc=unused, context_lens=unused,
+                block_tables=x.table, max_query_len=new, max_context_len=cached + new,
+                query_start_loc_host=(0, new), context_lens_host=(cached + new,),
+            )  # fmt: skip
+            plans[key] = long_prefill.plan(metadata, x.block_size)
+        return plans[key]
+
+    def run(x: _Inputs, plan: Sequence[tuple[int, int]], scale: float) -> torch.Tensor:
+        out = torch.empty_like(x.query)
+        for cached, new in plan:
+            rows = slice(cached, cached + new)
+            done = long_prefill.run(x.query[rows], x.k_cache, x.v_cache, out[rows],
+                                    chunk_plan(x, cached, new), scale=scale)  # fmt: skip
+            if not done:
+                raise RuntimeError("cuDNN has no plan for this chunk")
+        return out
+
+    return run
+
+
 def _load_landed(path: Path) -> Callable[..., torch.Tensor]:
     spec = importlib.util.spec_from_file_location("landed_paged_prefill", path)
     assert spec is not None
@@ -260,6 +304,11 @@ def candidates(configs: Sequence[str], landed: Path | None) -> dict[str, Candida
     found["cudnn_chunked"] = _cudnn_chunked()
     found["cudnn_merged"] = _cudnn_merged(expand=False)
     found["cudnn_merged_expanded"] = _cudnn_merged(expand=True)
+    try:
+        found["cudnn_paged"] = _cudnn_long(gather=False)
+        found["cudnn_gathered"] = _cudnn_long(gather=True)
+    except (ImportError, RuntimeError) as exc:
+        print(f"  cudnn_paged/cudnn_gathered not measured: {exc}")
     return found
 
 

@@ -149,16 +149,20 @@ def hf_phase(
     return results
 
 
-def profile_table(run: Callable[[], object], device: torch.device) -> str:
-    """The kernels of one run by device time (torch.profiler), top 25."""
+def profile_table(run: Callable[[], object], device: torch.device, host: bool = False) -> str:
+    """The kernels of one run by device time (torch.profiler), top 25; with `host`, the host's
+    operations by their own time (launches, copies, synchronizations)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
     sync(device)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]
+    if host and cuda:
+        activities.append(ProfilerActivity.CPU)
+    with profile(activities=activities) as prof:
         run()
         sync(device)
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    key = "self_device_time_total" if cuda and not host else "self_cpu_time_total"
     return str(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=90))
 
 
@@ -198,6 +202,8 @@ def engine_phase(
     if profile_to is not None:
         table = profile_table(lambda: prefill("profiled", max(prompts), 99), device)
         profile_to.write_text(table)
+        host = profile_table(lambda: prefill("profiled-host", max(prompts), 98), device, True)
+        profile_to.with_name(profile_to.stem + "_host.txt").write_text(host)
     close = getattr(engine, "close", None)  # a baseline engine may predate close()
     if close is not None:
         close()
@@ -329,6 +335,24 @@ def _use_tiles(spec: str) -> None:
     paged_prefill.default_tiles = lambda head_dim: tiles
 
 
+def _use_long_prefill(spec: str) -> None:
+    """Every later engine sends long chunks to cuDNN from 'MIN_TOKENS:MIN_CONTEXT' on, or
+    never ('off'): CudaPagedAttention's cudnn_prefill path, as the runner builds it."""
+    from site_engine.engine.cuda import cudnn_prefill
+
+    cls = cudnn_prefill.CudnnLongPrefill
+    original = getattr(cls, "_bench_original_create", cls.create)
+    cls._bench_original_create = original  # type: ignore[attr-defined]
+
+    def create(*_: Any, **__: Any) -> cudnn_prefill.CudnnLongPrefill | None:
+        if spec == "off":
+            return None
+        tokens, context = (int(v) for v in spec.split(":"))
+        return original(min_tokens=tokens, min_context=context)
+
+    cls.create = create  # type: ignore[method-assign]
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.engine.prefill_long")
     add = parser.add_argument
@@ -339,7 +363,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--max-num-seqs", type=int, default=256, help="engine batch limit (prefill: 1)")
     add("--configs", nargs="*", default=list(DEFAULT_CONFIGS), help="Triton tile configs")
     add("--profile", action="store_true", help="kernel tables of one run at the longest prompt")
+    add("--eager", action="store_true", help="the engine without CUDA graphs")
     add("--engine-tiles", nargs="*", default=[], help="engine runs again with these tiles")
+    add(
+        "--long-prefill",
+        nargs="*",
+        default=[],
+        help="engine runs again with long chunks on cuDNN from MIN_TOKENS:MIN_CONTEXT, or off",
+    )
     add("--landed-kernel", type=Path, default=None, help="an older paged_prefill.py")
     add("--baseline-engine", type=Path, default=None, help="an older site_engine/engine folder")
     add("--model-dir", type=Path, default=None, help="built there when it holds no model")
@@ -396,16 +427,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if phases & {"hf", "engine"}:
         loaded = ensure_model(args.model_dir, shape, tokenizer, log, dtype=args.dtype,
                               device=args.device)  # fmt: skip
+        # The engine first, in a process that has run nothing else (as the baseline's
+        # subprocess does): after the HF phase the first engine's short prompts measured 30-45%
+        # slower than the same engine run second (bench/results/engine_prefill_long_h100_notes.md).
+        if "engine" in phases:
+            config = EngineConfig(max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=args.chunk,
+                                  cuda_graphs=not args.eager)  # fmt: skip
+            payload["engine_config"] = {k: getattr(config, k) for k in config.__slots__}
+            payload["engine"] = engine_phase(loaded, args.prompts, args.reps, config, log,
+                                             _profile_path(args, "engine"))  # fmt: skip
+            save(args, payload, command)
         if "hf" in phases:
             payload["hf"] = hf_phase(loaded, args.prompts, args.reps, log,
                                      _profile_path(args, "hf"))  # fmt: skip
             save(args, payload, command)
         if "engine" in phases:
-            config = EngineConfig(max_num_seqs=args.max_num_seqs,
-                                  max_num_batched_tokens=args.chunk)  # fmt: skip
-            payload["engine_config"] = {k: getattr(config, k) for k in config.__slots__}
-            payload["engine"] = engine_phase(loaded, args.prompts, args.reps, config, log,
-                                             _profile_path(args, "engine"))  # fmt: skip
+            for spec in args.long_prefill:
+                _use_long_prefill(spec)
+                payload[f"engine_long_prefill[{spec}]"] = engine_phase(
+                    loaded, args.prompts, args.reps, config, log
+                )
             for tiles in args.engine_tiles:
                 _use_tiles(tiles)
                 payload[f"engine_tiles[{tiles}]"] = engine_phase(
