@@ -63,6 +63,10 @@ class AttentionBackend(Protocol):
         """The kernels this backend runs, for the start-up report."""
         ...
 
+    def close(self) -> None:
+        """Frees what the backend holds on the device (library handles, built plans)."""
+        ...
+
     def forward(
         self,
         query: torch.Tensor,
@@ -141,6 +145,9 @@ class TorchReferenceAttention:
 
     def describe(self) -> str:
         return "attention: torch SDPA per sequence (reference)"
+
+    def close(self) -> None:
+        return None  # holds nothing beyond the step
 
     def forward(
         self,

@@ -191,6 +191,7 @@ class ModelRunner:
         self.graphs = self.step_graphs = None
         self.kv_cache.release()
         self.sampler.close()
+        self.attention.close()
 
     @property
     def num_blocks(self) -> int:

@@ -43,6 +43,11 @@ class CudaPagedAttention:
             return f"{kernels}, no cuDNN frontend (long chunks on Triton too)"
         return f"{kernels}; {self.long_prefill.describe()}"
 
+    def close(self) -> None:
+        self._metadata = self._plan = None
+        if self.long_prefill is not None:
+            self.long_prefill.close()
+
     def prepare(self, metadata: AttentionMetadata) -> None:
         self._decode_only = metadata.max_query_len == 1
         # A captured step's host tuples are bounds, not its chunks: no cuDNN plan for them.

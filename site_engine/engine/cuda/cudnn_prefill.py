@@ -206,6 +206,13 @@ class CudnnLongPrefill:
             f">= {self.min_tokens:,} tokens at >= {self.min_context:,} positions (eager steps)"
         )
 
+    def close(self) -> None:
+        """Drops the built graphs and destroys the cuDNN handle (engine shutdown)."""
+        self._graphs.clear()
+        if self._handle is not None:
+            self._cudnn.destroy_handle(self._handle)
+            self._handle = None
+
     @property
     def num_graphs(self) -> int:
         return sum(built is not None for built in self._graphs.values())
