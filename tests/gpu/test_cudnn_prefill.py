@@ -39,6 +39,16 @@ def _fused_view(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return view
 
 
+def _step(backend, query, k_cache, v_cache, metadata, scale: float) -> torch.Tensor:
+    """One layer of a step as the models run it: prepare, then forward with the step's new K/V
+    (here the cache's own values at the step's slots, so the write changes nothing)."""
+    kv_heads, dim = k_cache.shape[-2:]
+    slots = metadata.slot_mapping
+    flat_k = k_cache.view(-1, kv_heads, dim)[slots]
+    flat_v = v_cache.view(-1, kv_heads, dim)[slots]
+    return backend.forward(query, flat_k, flat_v, k_cache, v_cache, metadata, scale=scale)
+
+
 def _cuda_or_skip() -> None:
     if not torch.cuda.is_available():
         pytest.skip("cuDNN's attention runs on a GPU only")
@@ -67,10 +77,7 @@ def test_step_with_long_chunks_matches_reference(case, gather: bool) -> None:
     backend = CudaPagedAttention(_long_prefill(gather))
     assert backend.needs_eager([(n, c + n) for c, n in chunks])
     backend.prepare(metadata)
-    slots = metadata.slot_mapping
-    flat_k = k_cache.view(-1, kv_heads, dim)[slots]
-    flat_v = v_cache.view(-1, kv_heads, dim)[slots]
-    out = backend.forward(query, flat_k, flat_v, k_cache, v_cache, metadata, scale=dim**-0.5)
+    out = _step(backend, query, k_cache, v_cache, metadata, dim**-0.5)
     assert backend.long_prefill is not None
     assert backend.long_prefill.num_graphs == 1
     assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=dim**-0.5,
@@ -110,10 +117,7 @@ def test_one_graph_serves_steps_of_one_bucket() -> None:
         case = (chunks, 32, 8, 64, 16, None, torch.bfloat16)
         query, k_cache, v_cache, _, metadata = _random_inputs(case, sum(chunks[0]), "cuda")
         backend.prepare(metadata)
-        slots = metadata.slot_mapping
-        flat_k = k_cache.view(-1, 8, 64)[slots]
-        flat_v = v_cache.view(-1, 8, 64)[slots]
-        out = backend.forward(query, flat_k, flat_v, k_cache, v_cache, metadata, scale=0.125)
+        out = _step(backend, query, k_cache, v_cache, metadata, 0.125)
         assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=0.125, window=None)
     assert backend.long_prefill is not None
     assert backend.long_prefill.num_graphs == 1
@@ -131,10 +135,29 @@ def test_captured_steps_never_take_the_cudnn_path() -> None:
     query, k_cache, v_cache, _, metadata = _random_inputs(case, 5, "cuda")
     backend = CudaPagedAttention(_long_prefill())
     backend.prepare(dataclasses.replace(metadata, for_graph=True))
-    slots = metadata.slot_mapping
-    flat_k = k_cache.view(-1, 8, 64)[slots]
-    flat_v = v_cache.view(-1, 8, 64)[slots]
-    out = backend.forward(query, flat_k, flat_v, k_cache, v_cache, metadata, scale=0.125)
+    out = _step(backend, query, k_cache, v_cache, metadata, 0.125)
     assert backend.long_prefill is not None
     assert backend.long_prefill.num_graphs == 0
     assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=0.125, window=None)
+
+
+def test_a_whole_chunk_takes_an_exact_graph() -> None:
+    """A step of one chunk whose lengths are multiples of 1,024 (a full chunk of a long prompt
+    prefilled alone) runs a graph of its exact dims, decode rows beside it or not; the result
+    matches the reference, and a chunk of other lengths goes the ragged way."""
+    from site_engine.engine.cuda.attention import CudaPagedAttention
+    from site_engine.engine.cuda.cudnn_graphs import ExactKey, RaggedKey
+
+    _cuda_or_skip()
+    backend = CudaPagedAttention(_long_prefill())
+    long_prefill = backend.long_prefill
+    assert long_prefill is not None
+    for chunks in (((1024, 1024),), ((1024, 1024), (30, 1)), ((1000, 1048),)):
+        case = (chunks, 32, 8, 64, 16, None, torch.bfloat16)
+        query, k_cache, v_cache, _, metadata = _random_inputs(case, 9 + len(chunks), "cuda")
+        query = _fused_view(query, 8)
+        backend.prepare(metadata)
+        out = _step(backend, query, k_cache, v_cache, metadata, 0.125)
+        assert_matches_reference(out, query, k_cache, v_cache, metadata, scale=0.125, window=None)
+    kinds = sorted(type(key).__name__ for key in long_prefill._graphs)
+    assert kinds == sorted([ExactKey.__name__, RaggedKey.__name__])

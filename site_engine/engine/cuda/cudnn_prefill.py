@@ -1,4 +1,4 @@
-"""Long prompt chunks through cuDNN's fused attention, reading the paged cache in place.
+"""Long prompt chunks through cuDNN's fused attention.
 
 Why a second kernel: at head_dim 64 the varlen Triton kernel (paged_prefill.py) runs a long
 prompt's attention at ~60% of the speed of cuDNN's Hopper SDPA kernel, the one torch's SDPA (and
@@ -8,14 +8,18 @@ warpgroup MMAs that let cuDNN overlap the exponentials with the tensor cores. to
 cuDNN's kernel only with the causal diagonal anchored top-left, which is wrong for a chunk that
 continues cached positions; cudnn-frontend's graph API (the `nvidia-cudnn-frontend` package, on
 the cuDNN library torch already loads) exposes what a chunked prefill needs: the diagonal
-anchored bottom-right, K/V read through page tables (the engine's own cache and block tables, no
-gathered copy), ragged query and output rows (the step's flat layout), and the actual query and
-KV lengths as device tensors.
+anchored bottom-right, ragged query and output rows (the step's flat layout), the actual query
+and KV lengths as device tensors, and K/V either read through page tables or gathered. Gathered
+is the default: each layer copies the chunks' contexts out of the cache in order (8 MB at 32k
+positions for the 1B shape; at most ~0.5 GB for two 128k contexts, inside the memory plan's
+reserve), and cuDNN's paged mode is slower with the engine's 16-token blocks (12.6 against 9.9
+ms a layer at 32k).
 
-cuDNN builds a graph for fixed dimensions. The lengths, offsets and tables are tensors, so one
-graph serves every step with the same number of long chunks, query rows up to a power-of-two
-bucket and KV pages up to another; graphs are built on first use (cuDNN's kernels are
-precompiled: a build costs milliseconds) and kept.
+cuDNN builds a graph for fixed dimensions (~40 ms a graph; cudnn_graphs.py declares them). The
+lengths, offsets and tables are tensors, so one ragged graph serves every step with the same
+number of long chunks, query rows up to a power-of-two bucket and KV pages up to another; the
+full chunks of a long prompt prefilled alone, whose shapes repeat, get graphs of their exact
+dims, ~10% faster. Graphs are built on first use and kept.
 
 Only chunks of at least `min_tokens` query tokens take this path; the rest of the step (shorter
 chunks, decode rows) stays on the Triton kernels, which skip the long chunks. A step with a long
@@ -26,12 +30,19 @@ thousands of tokens the launch overhead is noise.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from site_engine.engine.attention import AttentionMetadata
+from site_engine.engine.cuda.cudnn_graphs import (
+    Built,
+    ExactKey,
+    RaggedKey,
+    build_exact,
+    build_ragged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +76,8 @@ class LongChunkPlan:
     page_bucket: int
     min_tokens: int
     min_context: int
+    # (first query row, new tokens, context length) of each chunk, on the host.
+    shapes: tuple[tuple[int, int, int], ...] = ()
 
 
 def _next_power_of_two(value: int, floor: int) -> int:
@@ -72,6 +85,14 @@ def _next_power_of_two(value: int, floor: int) -> int:
     while bucket < value:
         bucket *= 2
     return bucket
+
+
+def is_whole_chunk(new: int, context: int) -> bool:
+    """A chunk whose query and context lengths are multiples of 1,024: the full chunks a long
+    prompt is cut into when it prefills without decode rows beside it (k x the step budget).
+    Such shapes repeat, so they get graphs of their exact dims (cudnn_graphs.build_exact);
+    every other shape would cost a ~40 ms build, most of them once."""
+    return new % 1024 == 0 and context % 1024 == 0
 
 
 def plan_long_chunks(
@@ -133,32 +154,9 @@ def plan_long_chunks(
         min_tokens=min_tokens,
         min_context=min_context,
         gather_blocks=gather_blocks,
+        shapes=tuple((starts[i], n, c) for i, n, c in zip(rows, lens_q, lens_kv, strict=True)),
         kv_starts=fields[3].view(count + 1, 1, 1, 1) if gather else None,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _GraphKey:
-    chunks: int
-    query_bucket: int
-    page_bucket: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    query_row_stride: int
-    out_row_stride: int
-    cache_shape: tuple[int, ...]
-    cache_stride: tuple[int, ...]
-    scale: float
-    gather: bool
-
-
-@dataclass(slots=True)
-class _Built:
-    graph: Any
-    tensors: dict[str, Any]
-    workspace_bytes: int
 
 
 class CudnnLongPrefill:
@@ -176,7 +174,7 @@ class CudnnLongPrefill:
         self.min_context = min_context
         self.gather = gather
         self._handle: Any = None
-        self._graphs: dict[_GraphKey, _Built | None] = {}
+        self._graphs: dict[RaggedKey | ExactKey, Built | None] = {}
 
     @classmethod
     def create(
@@ -255,7 +253,9 @@ class CudnnLongPrefill:
     ) -> bool:
         """Writes the long chunks' rows of `out`; False (nothing written) when cuDNN has no
         plan for this shape, so the caller runs them through the Triton kernel."""
-        key = _GraphKey(
+        if self.gather and len(plan.shapes) == 1 and is_whole_chunk(*plan.shapes[0][1:]):
+            return self._run_exact(query, key_cache, value_cache, out, plan, scale)
+        key = RaggedKey(
             chunks=len(plan.rows), query_bucket=plan.query_bucket, page_bucket=plan.page_bucket,
             heads=query.shape[1], kv_heads=key_cache.shape[2], head_dim=query.shape[2],
             dtype=query.dtype, query_row_stride=query.stride(0), out_row_stride=out.stride(0),
@@ -264,7 +264,7 @@ class CudnnLongPrefill:
         )  # fmt: skip
         built = self._graphs.get(key, ...)
         if built is ...:
-            built = self._build(key, key_cache.shape[1])
+            built = build_ragged(self._cudnn, self._stream_handle(), key, key_cache.shape[1])
             self._graphs[key] = built
         if built is None:
             return False
@@ -295,97 +295,38 @@ class CudnnLongPrefill:
         built.graph.execute(pack, workspace, handle=handle)
         return True
 
+    def _run_exact(self, query: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, out: torch.Tensor, plan: LongChunkPlan,
+                   scale: float) -> bool:  # fmt: skip
+        """One whole chunk (is_whole_chunk) through a graph of its exact dims
+        (cudnn_graphs.build_exact); a shape cuDNN refuses goes the ragged way."""
+        start, new, context = plan.shapes[0]
+        assert plan.gather_blocks is not None
+        key = ExactKey(new, context, query.shape[1], key_cache.shape[2], query.shape[2],
+                       query.dtype, query.stride(0), out.stride(0), scale)  # fmt: skip
+        built = self._graphs.get(key, ...)
+        if built is ...:
+            built = build_exact(self._cudnn, self._stream_handle(), key)
+            self._graphs[key] = built
+        if built is None:
+            return self.run(query, key_cache, value_cache, out, replace(plan, shapes=()),
+                            scale=scale)  # fmt: skip
+        rows = slice(start, start + new)
+        tensors = built.tensors
+        pack = {
+            tensors["q"]: query[rows],
+            tensors["o"]: out[rows],
+            tensors["k"]: key_cache.index_select(0, plan.gather_blocks),
+            tensors["v"]: value_cache.index_select(0, plan.gather_blocks),
+        }
+        workspace = torch.empty(max(built.workspace_bytes, 1), dtype=torch.uint8,
+                                device=query.device)  # fmt: skip
+        built.graph.execute(pack, workspace, handle=self._stream_handle())
+        return True
+
     def _stream_handle(self) -> Any:
         cudnn = self._cudnn
         if self._handle is None:
             self._handle = cudnn.create_handle()
         cudnn.set_stream(handle=self._handle, stream=torch.cuda.current_stream().cuda_stream)
         return self._handle
-
-    def _build(self, key: _GraphKey, block_size: int) -> _Built | None:
-        cudnn = self._cudnn
-        io_type = cudnn.data_type.BFLOAT16 if key.dtype is torch.bfloat16 else (
-            cudnn.data_type.HALF)  # fmt: skip
-        graph = cudnn.pygraph(
-            io_data_type=io_type,
-            intermediate_data_type=cudnn.data_type.FLOAT,
-            compute_data_type=cudnn.data_type.FLOAT,
-            handle=self._stream_handle(),
-        )
-        b, s_q, d = key.chunks, key.query_bucket, key.head_dim
-
-        def index_tensor(name: str, dim: list[int]) -> Any:
-            strides = [1] * len(dim)
-            for i in range(len(dim) - 2, -1, -1):
-                strides[i] = strides[i + 1] * dim[i + 1]
-            return graph.tensor(name=name, dim=dim, stride=strides,
-                                data_type=cudnn.data_type.INT32)  # fmt: skip
-
-        q = graph.tensor(name="q", dim=[b, key.heads, s_q, d],
-                         stride=[s_q * key.query_row_stride, d, key.query_row_stride, 1],
-                         data_type=io_type)  # fmt: skip
-        q_offsets = index_tensor("q_offsets", [b + 1, 1, 1, 1])
-        q.set_ragged_offset(q_offsets)
-        blocks, _, kv_heads, _ = key.cache_shape
-        block_stride, slot_stride, head_stride, _ = key.cache_stride
-        tensors: dict[str, Any] = {}
-        paged: dict[str, Any] = {}
-        if key.gather:
-            # The gathered contexts are [positions, kv_heads, head_dim] rows, chunk after chunk.
-            s_kv, row = key.page_bucket * block_size, kv_heads * d
-            gathered = {"dim": [b, kv_heads, s_kv, d], "stride": [s_kv * row, d, row, 1],
-                        "data_type": io_type}  # fmt: skip
-            k = graph.tensor(name="k", **gathered)
-            v = graph.tensor(name="v", **gathered)
-            tensors["kv_offsets"] = index_tensor("kv_offsets", [b + 1, 1, 1, 1])
-            k.set_ragged_offset(tensors["kv_offsets"])
-            v.set_ragged_offset(tensors["kv_offsets"])
-        else:
-            # The cache is [blocks, block_size, kv_heads, head_dim]; cuDNN's paged container is
-            # [blocks, kv_heads, block_size, head_dim]: the same memory with two strides swapped.
-            container = {"dim": [blocks, kv_heads, block_size, d],
-                         "stride": [block_stride, head_stride, slot_stride, 1],
-                         "data_type": io_type}  # fmt: skip
-            k = graph.tensor(name="k", **container)
-            v = graph.tensor(name="v", **container)
-            tensors["table_k"] = index_tensor("table_k", [b, 1, key.page_bucket, 1])
-            tensors["table_v"] = index_tensor("table_v", [b, 1, key.page_bucket, 1])
-            paged = {
-                "paged_attention_k_table": tensors["table_k"],
-                "paged_attention_v_table": tensors["table_v"],
-                "paged_attention_max_seq_len_kv": key.page_bucket * block_size,
-            }
-        seq_len_q = index_tensor("seq_len_q", [b, 1, 1, 1])
-        seq_len_kv = index_tensor("seq_len_kv", [b, 1, 1, 1])
-        o, _ = graph.sdpa(
-            name="long_prefill",
-            q=q, k=k, v=v,
-            generate_stats=False,
-            attn_scale=key.scale,
-            use_padding_mask=True,
-            seq_len_q=seq_len_q,
-            seq_len_kv=seq_len_kv,
-            diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
-            diagonal_band_right_bound=0,
-            **paged,
-        )  # fmt: skip
-        o_offsets = index_tensor("o_offsets", [b + 1, 1, 1, 1])
-        o.set_output(True).set_dim([b, key.heads, s_q, d]).set_stride(
-            [s_q * key.out_row_stride, d, key.out_row_stride, 1]
-        ).set_ragged_offset(o_offsets)
-        try:
-            graph.validate()
-            graph.build_operation_graph()
-            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            graph.check_support()
-            # The heuristics' first plan: timing every plan on the step's inputs never found
-            # a faster one (bench/results/engine_cudnn_shapes_h100.md).
-            graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
-        except Exception as exc:  # cuDNN reports unsupported shapes as several error types
-            log.warning("cuDNN has no attention plan for %s (%s): those chunks use the Triton "
-                        "kernel", key, exc)  # fmt: skip
-            return None
-        tensors.update({"q": q, "k": k, "v": v, "o": o, "q_offsets": q_offsets,
-                        "o_offsets": o_offsets, "seq_len_q": seq_len_q,
-                        "seq_len_kv": seq_len_kv})  # fmt: skip
-        return _Built(graph, tensors, int(graph.get_workspace_size()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from site_engine.engine.attention import AttentionMetadata
-from site_engine.engine.cuda.cudnn_prefill import plan_long_chunks
+from site_engine.engine.cuda.cudnn_prefill import is_whole_chunk, plan_long_chunks
 
 BLOCK = 16
 
@@ -58,6 +58,16 @@ def test_only_chunks_long_in_both_senses_are_taken() -> None:
     assert plan.gather_blocks.tolist() == tables[0] + tables[4]
     assert plan.kv_starts.flatten().tolist() == [0, 25 * BLOCK, (25 + 71) * BLOCK]
     assert (plan.min_tokens, plan.min_context) == (128, 250)
+    assert plan.shapes == ((0, 300, 400), (521, 129, 1129))  # (first row, new, context)
+
+
+def test_whole_chunks_are_those_of_repeating_shapes() -> None:
+    """Full 8,192-token chunks of a long prompt prefilled alone get exact-dims graphs; a last
+    chunk, or one shortened by decode rows beside it, does not."""
+    assert is_whole_chunk(8192, 8192)
+    assert is_whole_chunk(8192, 24576)
+    assert not is_whole_chunk(7424, 32000)
+    assert not is_whole_chunk(8150, 16384)
 
 
 def test_a_step_without_long_chunks_plans_nothing() -> None:
