@@ -85,13 +85,16 @@ def _is_decode(chunk: ScheduledChunk) -> bool:
     return chunk.num_tokens == 1 and chunk.sample and chunk.start_position > 0
 
 
-def _default_attention(device: torch.device) -> AttentionBackend:
+def _default_attention(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     if device.type == "cuda":
         # Imported only here: Triton exists only where CUDA does.
         from site_engine.engine.cuda.attention import CudaPagedAttention
         from site_engine.engine.cuda.cudnn_prefill import CudnnLongPrefill
 
-        return CudaPagedAttention(CudnnLongPrefill.create())
+        # cuDNN's attention takes half precision only; a float32 model keeps its long-chunk
+        # steps in the captured graphs.
+        half = dtype in (torch.bfloat16, torch.float16)
+        return CudaPagedAttention(CudnnLongPrefill.create() if half else None)
     return TorchReferenceAttention()
 
 
@@ -126,7 +129,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self._max_model_len = max_model_len(model.config)
-        self.attention: AttentionBackend = attention or _default_attention(device)
+        self.attention: AttentionBackend = attention or _default_attention(device, dtype)
         self.flat_model: FlatCausalLM = build_flat_model(model, self.attention)
         use_graphs = device.type == "cuda" and cuda_graph_max_batch > 0
         self._num_blocks = num_blocks

@@ -40,7 +40,7 @@ class CudaPagedAttention:
     def describe(self) -> str:
         kernels = "attention: Triton paged kernels"
         if self.long_prefill is None:
-            return f"{kernels}, no cuDNN frontend (long chunks on Triton too)"
+            return f"{kernels}, long chunks too (no cuDNN frontend, or not a half-precision model)"
         return f"{kernels}; {self.long_prefill.describe()}"
 
     def close(self) -> None:
