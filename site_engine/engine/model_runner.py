@@ -279,11 +279,15 @@ class ModelRunner:
         """A step with prefill chunks that the flat step graphs can take whole."""
         if self.step_graphs is None or not self.step_graphs.fits(chunks):
             return False
-        if self.attention.needs_eager(
-            [(chunk.num_tokens, chunk.start_position + chunk.num_tokens) for chunk in chunks]
-        ):
+        if self._attention_needs_eager(chunks):
             return False
         return any(not _is_decode(chunk) for chunk in chunks)
+
+    def _attention_needs_eager(self, chunks: Sequence[ScheduledChunk]) -> bool:
+        """A chunk the attention backend runs outside captured graphs (cuDNN's long chunks)."""
+        return self.attention.needs_eager(
+            [(chunk.num_tokens, chunk.start_position + chunk.num_tokens) for chunk in chunks]
+        )
 
     def _launch_flat(
         self, chunks: Sequence[ScheduledChunk], previous: LaunchedStep | None
@@ -314,9 +318,7 @@ class ModelRunner:
         eager: list[ScheduledChunk] = []
         for chunk in chunks:
             (graphed if _is_decode(chunk) else eager).append(chunk)
-        if len(graphed) > self.graphs.max_batch or self.attention.needs_eager(
-            [(chunk.num_tokens, chunk.start_position + chunk.num_tokens) for chunk in eager]
-        ):
+        if len(graphed) > self.graphs.max_batch or self._attention_needs_eager(eager):
             # A long chunk for the attention's eager path: the decode rows join its forward
             # rather than reading every weight again in a decode graph.
             return [], list(chunks)

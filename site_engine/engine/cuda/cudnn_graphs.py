@@ -28,33 +28,42 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class RaggedKey:
-    chunks: int
-    query_bucket: int
-    page_bucket: int
+class Layout:
+    """What every graph of a layer's call shares: heads, dtype, the query's and output's row
+    strides (the query is a view of fused QKV rows), the softmax scale."""
+
     heads: int
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
     query_row_stride: int
     out_row_stride: int
+    scale: float
+
+    @classmethod
+    def of(cls, query: torch.Tensor, key_cache: torch.Tensor, out: torch.Tensor,
+           scale: float) -> Layout:  # fmt: skip
+        """query and out [T, heads, head_dim]; key_cache [blocks, block_size, kv_heads, _]."""
+        return cls(query.shape[1], key_cache.shape[2], query.shape[2], query.dtype,
+                   query.stride(0), out.stride(0), scale)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RaggedKey:
+    layout: Layout
+    chunks: int
+    query_bucket: int
+    page_bucket: int
     cache_shape: tuple[int, ...]
     cache_stride: tuple[int, ...]
-    scale: float
     gather: bool
 
 
 @dataclass(frozen=True, slots=True)
 class ExactKey:
+    layout: Layout
     new: int
     context: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    query_row_stride: int
-    out_row_stride: int
-    scale: float
 
 
 @dataclass(slots=True)
@@ -82,6 +91,31 @@ def _index_tensor(cudnn: Any, graph: Any, name: str, dim: list[int]) -> Any:
     return graph.tensor(name=name, dim=dim, stride=strides, data_type=cudnn.data_type.INT32)
 
 
+def _query(graph: Any, layout: Layout, chunks: int, rows: int, io_type: Any) -> Any:
+    """[chunks, heads, rows, head_dim] over the step's [T, heads, head_dim] query rows."""
+    d, row = layout.head_dim, layout.query_row_stride
+    return graph.tensor(name="q", dim=[chunks, layout.heads, rows, d],
+                        stride=[rows * row, d, row, 1], data_type=io_type)  # fmt: skip
+
+
+def _output(o: Any, layout: Layout, chunks: int, rows: int) -> Any:
+    d, row = layout.head_dim, layout.out_row_stride
+    return (
+        o.set_output(True)
+        .set_dim([chunks, layout.heads, rows, d])
+        .set_stride([rows * row, d, row, 1])
+    )
+
+
+def _contiguous_kv(graph: Any, chunks: int, kv_heads: int, positions: int, head_dim: int,
+                   io_type: Any) -> tuple[Any, Any]:  # fmt: skip
+    """K and V as [positions, kv_heads, head_dim] rows (the gathered contexts)."""
+    row = kv_heads * head_dim
+    kv = {"dim": [chunks, kv_heads, positions, head_dim],
+          "stride": [positions * row, head_dim, row, 1], "data_type": io_type}  # fmt: skip
+    return graph.tensor(name="k", **kv), graph.tensor(name="v", **kv)
+
+
 def _finish(cudnn: Any, graph: Any, key: object, tensors: dict[str, Any]) -> Built | None:
     try:
         graph.validate()
@@ -99,15 +133,12 @@ def _finish(cudnn: Any, graph: Any, key: object, tensors: dict[str, Any]) -> Bui
 def _kv_tensors(cudnn: Any, graph: Any, key: RaggedKey, block_size: int, io_type: Any,
                 tensors: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:  # fmt: skip
     """K and V of a ragged graph, and the sdpa arguments of paged mode."""
-    b, d = key.chunks, key.head_dim
+    b, d = key.chunks, key.layout.head_dim
     blocks, _, kv_heads, _ = key.cache_shape
     block_stride, slot_stride, head_stride, _ = key.cache_stride
     if key.gather:
-        # The gathered contexts are [positions, kv_heads, head_dim] rows, chunk after chunk.
-        s_kv, row = key.page_bucket * block_size, kv_heads * d
-        gathered = {"dim": [b, kv_heads, s_kv, d], "stride": [s_kv * row, d, row, 1],
-                    "data_type": io_type}  # fmt: skip
-        k, v = graph.tensor(name="k", **gathered), graph.tensor(name="v", **gathered)
+        # The gathered contexts, chunk after chunk, each located by its ragged offset.
+        k, v = _contiguous_kv(graph, b, kv_heads, key.page_bucket * block_size, d, io_type)
         tensors["kv_offsets"] = _index_tensor(cudnn, graph, "kv_offsets", [b + 1, 1, 1, 1])
         k.set_ragged_offset(tensors["kv_offsets"])
         v.set_ragged_offset(tensors["kv_offsets"])
@@ -131,11 +162,10 @@ def _kv_tensors(cudnn: Any, graph: Any, key: RaggedKey, block_size: int, io_type
 
 
 def build_ragged(cudnn: Any, handle: Any, key: RaggedKey, block_size: int) -> Built | None:
-    graph, io_type = _new_graph(cudnn, handle, key.dtype)
-    b, s_q, d = key.chunks, key.query_bucket, key.head_dim
-    q = graph.tensor(name="q", dim=[b, key.heads, s_q, d],
-                     stride=[s_q * key.query_row_stride, d, key.query_row_stride, 1],
-                     data_type=io_type)  # fmt: skip
+    layout = key.layout
+    graph, io_type = _new_graph(cudnn, handle, layout.dtype)
+    b, s_q = key.chunks, key.query_bucket
+    q = _query(graph, layout, b, s_q, io_type)
     tensors: dict[str, Any] = {"q": q}
     tensors["q_offsets"] = _index_tensor(cudnn, graph, "q_offsets", [b + 1, 1, 1, 1])
     q.set_ragged_offset(tensors["q_offsets"])
@@ -143,33 +173,25 @@ def build_ragged(cudnn: Any, handle: Any, key: RaggedKey, block_size: int) -> Bu
     for name in ("seq_len_q", "seq_len_kv"):
         tensors[name] = _index_tensor(cudnn, graph, name, [b, 1, 1, 1])
     o, _ = graph.sdpa(
-        name="long_prefill", q=q, k=k, v=v, generate_stats=False, attn_scale=key.scale,
+        name="long_prefill", q=q, k=k, v=v, generate_stats=False, attn_scale=layout.scale,
         use_padding_mask=True, seq_len_q=tensors["seq_len_q"], seq_len_kv=tensors["seq_len_kv"],
         diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, diagonal_band_right_bound=0,
         **paged,
     )  # fmt: skip
     tensors["o_offsets"] = _index_tensor(cudnn, graph, "o_offsets", [b + 1, 1, 1, 1])
-    o.set_output(True).set_dim([b, key.heads, s_q, d]).set_stride(
-        [s_q * key.out_row_stride, d, key.out_row_stride, 1]
-    ).set_ragged_offset(tensors["o_offsets"])
+    _output(o, layout, b, s_q).set_ragged_offset(tensors["o_offsets"])
     tensors.update({"k": k, "v": v, "o": o})
     return _finish(cudnn, graph, key, tensors)
 
 
 def build_exact(cudnn: Any, handle: Any, key: ExactKey) -> Built | None:
-    graph, io_type = _new_graph(cudnn, handle, key.dtype)
-    h, hkv, d, s_q, s_kv = key.heads, key.kv_heads, key.head_dim, key.new, key.context
-    q = graph.tensor(name="q", dim=[1, h, s_q, d],
-                     stride=[s_q * key.query_row_stride, d, key.query_row_stride, 1],
-                     data_type=io_type)  # fmt: skip
-    kv = {"dim": [1, hkv, s_kv, d], "stride": [s_kv * hkv * d, d, hkv * d, 1],
-          "data_type": io_type}  # fmt: skip
-    k, v = graph.tensor(name="k", **kv), graph.tensor(name="v", **kv)
+    layout = key.layout
+    graph, io_type = _new_graph(cudnn, handle, layout.dtype)
+    q = _query(graph, layout, 1, key.new, io_type)
+    k, v = _contiguous_kv(graph, 1, layout.kv_heads, key.context, layout.head_dim, io_type)
     o, _ = graph.sdpa(name="exact_prefill", q=q, k=k, v=v, generate_stats=False,
-                      attn_scale=key.scale,
+                      attn_scale=layout.scale,
                       diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
                       diagonal_band_right_bound=0)  # fmt: skip
-    o.set_output(True).set_dim([1, h, s_q, d]).set_stride(
-        [s_q * key.out_row_stride, d, key.out_row_stride, 1]
-    )
+    _output(o, layout, 1, key.new)
     return _finish(cudnn, graph, key, {"q": q, "k": k, "v": v, "o": o})

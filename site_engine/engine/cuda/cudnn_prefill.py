@@ -30,6 +30,7 @@ thousands of tokens the launch overhead is noise.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +40,7 @@ from site_engine.engine.attention import AttentionMetadata
 from site_engine.engine.cuda.cudnn_graphs import (
     Built,
     ExactKey,
+    Layout,
     RaggedKey,
     build_exact,
     build_ragged,
@@ -256,16 +258,13 @@ class CudnnLongPrefill:
         if self.gather and len(plan.shapes) == 1 and is_whole_chunk(*plan.shapes[0][1:]):
             return self._run_exact(query, key_cache, value_cache, out, plan, scale)
         key = RaggedKey(
-            chunks=len(plan.rows), query_bucket=plan.query_bucket, page_bucket=plan.page_bucket,
-            heads=query.shape[1], kv_heads=key_cache.shape[2], head_dim=query.shape[2],
-            dtype=query.dtype, query_row_stride=query.stride(0), out_row_stride=out.stride(0),
+            Layout.of(query, key_cache, out, scale), chunks=len(plan.rows),
+            query_bucket=plan.query_bucket, page_bucket=plan.page_bucket,
             cache_shape=tuple(key_cache.shape), cache_stride=tuple(key_cache.stride()),
-            scale=scale, gather=self.gather,
+            gather=self.gather,
         )  # fmt: skip
-        built = self._graphs.get(key, ...)
-        if built is ...:
-            built = build_ragged(self._cudnn, self._stream_handle(), key, key_cache.shape[1])
-            self._graphs[key] = built
+        built = self._graph(key, lambda handle: build_ragged(self._cudnn, handle, key,
+                                                             key_cache.shape[1]))  # fmt: skip
         if built is None:
             return False
         handle = self._stream_handle()
@@ -302,12 +301,8 @@ class CudnnLongPrefill:
         (cudnn_graphs.build_exact); a shape cuDNN refuses goes the ragged way."""
         start, new, context = plan.shapes[0]
         assert plan.gather_blocks is not None
-        key = ExactKey(new, context, query.shape[1], key_cache.shape[2], query.shape[2],
-                       query.dtype, query.stride(0), out.stride(0), scale)  # fmt: skip
-        built = self._graphs.get(key, ...)
-        if built is ...:
-            built = build_exact(self._cudnn, self._stream_handle(), key)
-            self._graphs[key] = built
+        key = ExactKey(Layout.of(query, key_cache, out, scale), new, context)
+        built = self._graph(key, lambda handle: build_exact(self._cudnn, handle, key))
         if built is None:
             return self.run(query, key_cache, value_cache, out, replace(plan, shapes=()),
                             scale=scale)  # fmt: skip
@@ -323,6 +318,14 @@ class CudnnLongPrefill:
                                 device=query.device)  # fmt: skip
         built.graph.execute(pack, workspace, handle=self._stream_handle())
         return True
+
+    def _graph(
+        self, key: RaggedKey | ExactKey, build: Callable[[Any], Built | None]
+    ) -> Built | None:
+        """The graph of `key`, built on first use (None: cuDNN has no plan for it, also kept)."""
+        if key not in self._graphs:
+            self._graphs[key] = build(self._stream_handle())
+        return self._graphs[key]
 
     def _stream_handle(self) -> Any:
         cudnn = self._cudnn
