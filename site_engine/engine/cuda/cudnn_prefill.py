@@ -10,10 +10,10 @@ continues cached positions; cudnn-frontend's graph API (the `nvidia-cudnn-fronte
 the cuDNN library torch already loads) exposes what a chunked prefill needs: the diagonal
 anchored bottom-right, ragged query and output rows (the step's flat layout), the actual query
 and KV lengths as device tensors, and K/V either read through page tables or gathered. Gathered
-is the default: each layer copies the chunks' contexts out of the cache in order (8 MB at 32k
-positions for the 1B shape; at most ~0.5 GB for two 128k contexts, inside the memory plan's
-reserve), and cuDNN's paged mode is slower with the engine's 16-token blocks (12.6 against 9.9
-ms a layer at 32k).
+is the default: each layer copies the chunks' contexts out of the cache in order (66 MB of K
+and V at 32k positions with 8 KV heads of 64; at most ~0.5 GB for two 128k contexts, inside
+the memory plan's reserve), and cuDNN's paged mode is slower with the engine's 16-token blocks
+(12.6 against 9.9 ms a layer at 32k).
 
 cuDNN builds a graph for fixed dimensions (~40 ms a graph; cudnn_graphs.py declares them). The
 lengths, offsets and tables are tensors, so one ragged graph serves every step with the same
