@@ -7,8 +7,9 @@ A Llama-3.2-1B-shaped random model with its real context (131,072 positions, Lla
 scaling), bf16, is built, saved and loaded back through site_engine.model_loading. For each
 prompt length (2k, 8k, 16k, 32k tokens; random token ids, a fresh prompt for every repetition):
 
-- hf: one transformers forward over the whole prompt (torch SDPA, FlashAttention underneath), as
-  `generate` runs a prefill: `logits_to_keep=1` (only the last row's logits) and a KV cache. This
+- hf: one transformers forward over the whole prompt (torch SDPA with the backend it picks:
+  cuDNN's on an H100 with torch 2.11; `hf_flash` forces FlashAttention-2), as `generate` runs a
+  prefill: `logits_to_keep=1` (only the last row's logits) and a KV cache. This
   is the comparison `engine_over_hf` uses. `hf_full_logits` is the same forward computing the
   logits of every position (transformers' default without `logits_to_keep`): it does ~13% more
   work at these lengths, and is reported apart, never used for the ratio.
@@ -21,7 +22,8 @@ token, causal attention (4 x head_dim x heads per visible (query, key) pair and 
 lm_head of one row; the share of peak divides by a bf16 8192^3 matrix product measured in the same
 run. The `kernels` phase times the attention alone (bench.engine.prefill_kernels), and
 `--baseline-engine DIR` runs the engine phase with another commit's site_engine/engine first, in a
-subprocess (the before of a before/after).
+subprocess (the before of a before/after). `--long-prefill`, `--engine-tiles` and `--engine-chunks`
+run the engine phase again in the same process with one thing changed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +305,7 @@ def markdown(payload: dict[str, Any]) -> str:
         markdown_table(header, table),
         "",
     ]
+    parts += _variants_markdown(payload)
     kernels = payload.get("kernels")
     if kernels:
         parts += ["## Attention alone, one layer, whole prompt in chunks\n",
@@ -314,6 +318,28 @@ def markdown(payload: dict[str, Any]) -> str:
               ("model", "engine_config", "kernel_environment", "versions")}, indent=1,
               default=str), "```"]  # fmt: skip
     return "\n".join(parts)
+
+
+def _variants_markdown(payload: dict[str, Any]) -> list[str]:
+    """The engine's reruns in this process (other long-chunk rules, tiles or step budgets):
+    ms per prompt, and HF ms over it."""
+    runs = {f"as above ({payload.get('chunk')} tokens a step)": payload.get("engine", {})}
+    runs.update({k: v for k, v in payload.items() if k.startswith("engine_") and "[" in k})
+    if len(runs) == 1:
+        return []
+    hf = payload.get("hf", {})
+    prompts = list(payload.get("table", {}))
+    table = []
+    for name, result in runs.items():
+        cells = []
+        for p in prompts:
+            ms = result.get(p, {}).get("engine_ms")
+            hf_ms = hf.get(p, {}).get("hf_ms")
+            cells.append(fmt(ms, 1) + (f" ({hf_ms / ms:.2f})" if ms and hf_ms else ""))
+        table.append([name, *cells])
+    header = ["engine run", *(f"{int(p):,}: ms (HF / engine)" for p in prompts)]
+    return ["## The engine again in the same process, one thing changed\n",
+            markdown_table(header, table), ""]  # fmt: skip
 
 
 def save(args: argparse.Namespace, payload: dict[str, Any], command: str) -> Path:
@@ -365,6 +391,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--profile", action="store_true", help="kernel tables of one run at the longest prompt")
     add("--eager", action="store_true", help="the engine without CUDA graphs")
     add("--engine-tiles", nargs="*", default=[], help="engine runs again with these tiles")
+    add(
+        "--engine-chunks",
+        type=int,
+        nargs="*",
+        default=[],
+        help="engine runs again with these tokens per step (max_num_batched_tokens)",
+    )
     add(
         "--long-prefill",
         nargs="*",
@@ -452,6 +485,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 _use_tiles(tiles)
                 payload[f"engine_tiles[{tiles}]"] = engine_phase(
                     loaded, args.prompts, args.reps, config, log
+                )
+            for chunk in args.engine_chunks:
+                payload[f"engine_chunk[{chunk}]"] = engine_phase(
+                    loaded,
+                    args.prompts,
+                    args.reps,
+                    replace(config, max_num_batched_tokens=chunk),
+                    log,
                 )
     summarize(payload, shape)
     payload["complete"] = True

@@ -59,10 +59,14 @@ def test_small_run_writes_results(tmp_path: Path, gpt2_tokenizer_dir: Path) -> N
     payload = prefill_long.main([
         "--small", "--device", "cpu", "--dtype", "float32", "--reps", "1", "--phases", "hf,engine",
         "--results-dir", str(tmp_path), "--model-dir", str(tmp_path / "model"),
-        "--tokenizer-dir", str(gpt2_tokenizer_dir), "--name", "smoke",
+        "--tokenizer-dir", str(gpt2_tokenizer_dir), "--name", "smoke", "--engine-chunks", "96",
     ])  # fmt: skip
     assert payload["complete"]
     assert set(payload["engine_over_hf"]) == {"64", "200"}
     written = json.loads((tmp_path / "smoke.json").read_text())
     assert written["table"]["200"]["engine_ms"] > 0
-    assert "engine / HF" in (tmp_path / "smoke.md").read_text()
+    # The rerun with 96 tokens a step prefills the 200-token prompt in 3 steps instead of 5.
+    assert written["engine_chunk[96]"]["200"]["engine_ms"] > 0
+    text = (tmp_path / "smoke.md").read_text()
+    assert "engine / HF" in text
+    assert "| engine_chunk[96] |" in text
