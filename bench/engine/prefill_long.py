@@ -476,6 +476,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                      _profile_path(args, "hf"))  # fmt: skip
             save(args, payload, command)
         if "engine" in phases:
+            # Step budgets first: the rules and tiles below patch every later engine.
+            for chunk in args.engine_chunks:
+                payload[f"engine_chunk[{chunk}]"] = engine_phase(
+                    loaded,
+                    args.prompts,
+                    args.reps,
+                    replace(config, max_num_batched_tokens=chunk),
+                    log,
+                )
             for spec in args.long_prefill:
                 _use_long_prefill(spec)
                 payload[f"engine_long_prefill[{spec}]"] = engine_phase(
@@ -485,14 +494,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 _use_tiles(tiles)
                 payload[f"engine_tiles[{tiles}]"] = engine_phase(
                     loaded, args.prompts, args.reps, config, log
-                )
-            for chunk in args.engine_chunks:
-                payload[f"engine_chunk[{chunk}]"] = engine_phase(
-                    loaded,
-                    args.prompts,
-                    args.reps,
-                    replace(config, max_num_batched_tokens=chunk),
-                    log,
                 )
     summarize(payload, shape)
     payload["complete"] = True
