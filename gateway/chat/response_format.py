@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from fedllm_contract.grammar import ConstraintSpec, UnenforceableConstraint, grammar
+from fedllm_contract.grammar import ConstraintSpec, refusal
 from gateway.errors import invalid_request
 
 # OpenAI's rule for a schema's (and a function's) name.
@@ -22,17 +22,19 @@ PARAM = "response_format"
 
 def checked(spec: ConstraintSpec, param: str, what: str) -> ConstraintSpec:
     """`spec`, or a 400 at `param` when the grammar engine cannot enforce it."""
-    try:
-        grammar(spec)
-    except UnenforceableConstraint as exc:
-        raise invalid_request(f"{param}: {what} cannot be enforced: {exc}", param=param) from exc
+    why = refusal(spec)
+    if why:
+        raise invalid_request(f"{param}: {what} cannot be enforced: {why}", param=param)
     return spec
 
 
 def schema_text(schema: object, param: str) -> str:
+    """The schema as JSON text, its keys in the client's order: the grammar writes an object's
+    properties in the order its schema lists them (as OpenAI does; sorted, a schema's
+    `reasoning` would come after its `answer`)."""
     if not isinstance(schema, dict):
         raise invalid_request(f"{param}: a JSON schema is a JSON object", param=param)
-    return json.dumps(schema, sort_keys=True)
+    return json.dumps(schema)
 
 
 def response_constraint(value: dict[str, Any] | None) -> ConstraintSpec | None:

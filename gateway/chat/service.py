@@ -10,7 +10,7 @@ from typing import Any
 
 from fedllm_contract.grammar import ConstraintSpec
 from gateway.chat.request import ChatCompletionRequest
-from gateway.chat.response_format import response_constraint
+from gateway.chat.response_format import checked, response_constraint
 from gateway.chat.templates import (
     ChatRenderError,
     ChatTemplates,
@@ -123,8 +123,11 @@ class ChatService:
         tools = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
         fmt = self._tool_formats.get(req.model, ToolCallFormat())
         constraint = response_constraint(req.response_format)
-        if tools is not None:
-            constraint = tool_constraint(tools, fmt) or constraint
+        calls = tool_constraint(tools, fmt) if tools is not None else None
+        if calls is not None:
+            # Checked whole, as the site will compile it: each tool's parameters passing alone
+            # does not make their calls' grammar one the site can enforce (its size, say).
+            constraint = checked(calls, "tools", "the tool calls these tools ask for")
         sampling = _sampling(req, constraint)
         try:
             template = self._templates[req.model]

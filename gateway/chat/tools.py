@@ -112,9 +112,12 @@ def check_tools(
 
 def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
     function = tool["function"]
+    # The parameters as a schema resource of their own ($id), so that their local references
+    # ("#/$defs/...", as pydantic writes them) resolve inside them, not at this schema's root.
+    arguments = {"$id": f"urn:fedllm:tool:{function['name']}", **function["parameters"]}
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]}, "arguments": function["parameters"]},
+        "properties": {"name": {"const": function["name"]}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }

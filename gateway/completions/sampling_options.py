@@ -3,7 +3,8 @@
 parameter, before anything is routed.
 
 Shared by /v1/completions and /v1/chat/completions (and the batch items of both); the decoding
-constraint (response_format, tools) is checked by its own module and joins the options here.
+constraint (response_format, tools) is checked by its own module and joins the options here,
+where it is checked once more as it will be dispatched.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedllm_contract.grammar import ConstraintSpec
+from fedllm_contract.grammar import ConstraintSpec, refusal
 from gateway.errors import invalid_request
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat's top_logprobs
@@ -93,6 +94,12 @@ def check_options(asked: RequestedOptions, vocab: int, max_choices: int) -> Samp
         raise invalid_request(f"{param} must be between 0 and 20 (got {top})", param=param)
     if asked.top_logprobs is not None and not asked.logprobs and param == "top_logprobs":
         raise invalid_request("top_logprobs needs logprobs: true", param="logprobs")
+    # Whatever built it (response_format, tools) checked it by name; this is the same verdict
+    # (remembered, so free here) on exactly what is dispatched: a constraint the sites would
+    # refuse never reaches one.
+    why = refusal(asked.constraint) if asked.constraint is not None else ""
+    if why:
+        raise invalid_request(f"the answer's constraint cannot be enforced: {why}")
     return SamplingOptions(
         n=n,
         presence_penalty=_penalty(asked.presence_penalty, "presence_penalty"),
