@@ -12,6 +12,7 @@ import gc
 import logging
 import signal
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -82,6 +83,14 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument(
         "--max-queued-requests", type=int, help="waiting requests before RESOURCE_EXHAUSTED"
     )
+    parser.add_argument(
+        "--grammar-compile-threads", type=int, help="threads compiling grammars (default 2)"
+    )
+    parser.add_argument(
+        "--grammar-compile-timeout-s",
+        type=float,
+        help="a grammar compiling longer fails its requests (400; default 5)",
+    )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -114,6 +123,8 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         prefix_caching=settings.prefix_caching,
         model_name=settings.model_name,
         host_kv_cache_bytes=int(settings.host_kv_cache_gib * (1 << 30)),
+        grammar_compile_threads=settings.grammar_compile_threads,
+        grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
     )
 
 
@@ -135,6 +146,11 @@ async def serve(settings: SiteSettings) -> None:
     )
     paged = PagedEngine(loaded, engine_config(settings, loaded.device))
     log.info("%s", paged.startup_report)
+    # Now rather than for the first constrained request: it reads the whole vocabulary holding
+    # the GIL (~1 s), which would hold up every request on the site then.
+    began = time.monotonic()
+    paged.grammars()
+    log.info("grammar compiler ready in %.2f s", time.monotonic() - began)
     engine: Engine = paged
     metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
     if metrics is not None:

@@ -22,7 +22,13 @@ from transformers import PreTrainedTokenizerBase
 
 from site_engine.cache_event_journal import CacheEventJournal, Snapshot
 from site_engine.detokenizer import IncrementalDetokenizer
-from site_engine.engine.api import Engine, EngineRequest, EngineStats, RequestOutput
+from site_engine.engine.api import (
+    Engine,
+    EngineRequest,
+    EngineStats,
+    RequestOutput,
+    RequestRejected,
+)
 from site_engine.engine.types import FinishReason, TokenLogprob, choice_seed
 from site_engine.step_rates import StepRates, StepWork
 
@@ -58,6 +64,8 @@ class StreamEvent:
     completion_tokens: int = 0
     accepted: bool = False
     error: str | None = None
+    # With error: the request's own fault (its constraint failed it), not the engine's.
+    rejected: bool = False
     cached_prompt_tokens: int = 0
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
@@ -89,10 +97,11 @@ class _Stream:
             )
         )
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, rejected: bool = False) -> None:
         self.emit(
             StreamEvent(
                 error=message,
+                rejected=rejected,
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
                 index=self.index,
@@ -170,7 +179,9 @@ class EngineService:
         self, request: EngineRequest, stop: tuple[str, ...] = (), n: int = 1
     ) -> AsyncIterator[StreamEvent]:
         """Queues the request (n choices of it) and yields its events until every choice has
-        finished; abandoning the iterator cancels it."""
+        finished; abandoning the iterator cancels it. RequestRejected when the engine refuses
+        it, at once or later (its constraint failed it: the choices still running end too);
+        EngineFailure when the engine broke under it."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         prompt_tokens = len(request.prompt_token_ids)
@@ -192,8 +203,10 @@ class EngineService:
             yield StreamEvent(accepted=True, prompt_tokens=prompt_tokens)
             while left:
                 event = await events.get()
+                if event.rejected:
+                    raise RequestRejected(event.error or "the request was refused")
                 if event.error is not None:
-                    left = 0
+                    left = 0  # the engine failed every request it held
                     raise EngineFailure(event.error)
                 tokens[event.index] = event.completion_tokens
                 if event.finish_reason is not None:
@@ -346,6 +359,13 @@ class EngineService:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
+                continue
+            if output.finish_reason is FinishReason.ERROR:
+                # No answer: what came so far was no complete one. The choice is gone from the
+                # engine; generate() ends the request's other choices.
+                stream.fail(output.error, rejected=True)
+                del self._streams[output.request_id]
+                self._forget_choice(output.request_id, stream.index)
                 continue
             produced += len(output.new_token_ids)
             if stream.completion_tokens > 0:

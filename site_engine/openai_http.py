@@ -173,6 +173,9 @@ class HttpFace:
                 if event.text or event.token_ids or reason:
                     yield _sse(answer.chunk(event.text, event.token_ids, reason, event.index,
                                             event.logprobs))  # fmt: skip
+        except RequestRejected as exc:  # its constraint failed it after the first event
+            yield _sse(error_body(str(exc), "invalid_request_error"))
+            return
         except EngineFailure as exc:
             yield _sse(error_body(str(exc), "internal_error"))
             return
@@ -192,6 +195,8 @@ class HttpFace:
                 tokens, cached = event.completion_tokens, event.cached_prompt_tokens
                 if event.finish_reason is not None:
                     choice.reason = event.finish_reason.value
+        except RequestRejected as exc:
+            return _error(BadRequest(str(exc)))
         except EngineFailure as exc:
             return Response(error_body(str(exc), "internal_error"), status_code=500)
         return Response(answer.whole(choices, tokens, cached), status_code=200)

@@ -64,6 +64,10 @@ class SiteSettings:
     # Requests waiting for a batch slot; one more is refused with RESOURCE_EXHAUSTED (the
     # gateway then tries another site, or answers 503 with Retry-After).
     max_queued_requests: int = 1024
+    # Structured outputs: grammars compile on this many threads, off the step loop; a compile
+    # that runs longer than the timeout fails its requests with INVALID_ARGUMENT (a 400).
+    grammar_compile_threads: int = 2
+    grammar_compile_timeout_s: float = 5.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -109,6 +113,10 @@ class SiteSettings:
             )
         if self.max_queued_requests < 1:
             raise SettingsError("SITE_MAX_QUEUED_REQUESTS must be >= 1")
+        if self.grammar_compile_threads < 1 or not self.grammar_compile_timeout_s > 0:
+            raise SettingsError(
+                "SITE_GRAMMAR_COMPILE_THREADS must be >= 1, SITE_GRAMMAR_COMPILE_TIMEOUT_S > 0"
+            )
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"

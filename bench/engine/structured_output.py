@@ -219,7 +219,11 @@ def run(
     if inline:
         fill_masks_inline(engine)
     if mixed:
-        engine.grammars()  # the tokenizer's token trie is built once per site, at start-up
+        # The token trie is built once per site, at start-up; the schemas are compiled ahead
+        # too (off the step loop, a new one would keep its request waiting a few steps and
+        # change the batches the two runs compare).
+        for spec in constraints():
+            engine.grammars().guide(spec)
     clock = PhaseClock()
     clock.attach(engine)
     replaced = mixed or matched is not None

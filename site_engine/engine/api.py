@@ -41,6 +41,8 @@ class RequestOutput:
     cached_prompt_tokens: int = 0
     # The sampled token's log probability, when the request asked for logprobs.
     logprobs: TokenLogprob | None = None
+    # With FinishReason.ERROR: why the request failed (the client's error message).
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)

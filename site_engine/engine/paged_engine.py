@@ -12,6 +12,7 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -41,13 +42,22 @@ from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName
 from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import FinishReason, ModelRunnerOutput, SchedulerOutput
+from site_engine.engine.types import (
+    FinishReason,
+    ModelRunnerOutput,
+    SamplingParams,
+    SchedulerOutput,
+)
 
 if TYPE_CHECKING:
-    from site_engine.engine.structured_output import GrammarCompiler
+    from site_engine.engine.grammar_compiler import Compilation, GrammarCompiler
+    from site_engine.engine.types import Guide
 from site_engine.model_loading import LoadedModel
 
 MIB = 1 << 20
+# With nothing to step but requests waiting for their grammars, a step waits this long at most
+# for a compile to finish (the engine's commands, an abort say, are taken between steps).
+_GRAMMAR_WAIT_S = 0.01
 # On CPU without an explicit budget: room for this many full-length sequences.
 _CPU_DEFAULT_FULL_SEQUENCES = 4
 
@@ -72,6 +82,10 @@ class EngineConfig:
     model_name: str = ""
     # Bytes of host memory for the prefix cache's second tier (0: none; needs prefix_caching).
     host_kv_cache_bytes: int = 0
+    # Constrained requests' grammars compile on this many threads of their own, off the step
+    # loop; one that takes longer than the timeout fails its requests (a 400 for the client).
+    grammar_compile_threads: int = 2
+    grammar_compile_timeout_s: float = 5.0
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -152,7 +166,10 @@ class PagedEngine:
             kv_block_bytes=block_bytes,
         )
         self._loaded = loaded
+        self._config = config
         self._grammars: GrammarCompiler | None = None
+        # Requests whose grammar is compiling (they wait in the scheduler's queue), by id.
+        self._compiling: dict[str, Compilation] = {}
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
@@ -197,6 +214,8 @@ class PagedEngine:
             return
         self._closed = True
         self._in_flight = None
+        if self._grammars is not None:
+            self._grammars.close()
         self._runner.close()
         if self._runner.device.type == "cuda":
             from site_engine.engine.memory_trial import release_unreachable
@@ -213,28 +232,28 @@ class PagedEngine:
 
     def grammars(self) -> GrammarCompiler:
         """The compiler of constrained requests' grammars, built on first use (it reads the
-        whole vocabulary once, ~1.5 s for SmolLM2's); a site warms it at start-up."""
+        whole vocabulary once, ~1.5 s for SmolLM2's); a site builds it at start-up."""
         if self._grammars is None:
             # Imported on first use: llguidance is needed only where constraints are served.
-            from site_engine.engine.structured_output import GrammarCompiler
+            from site_engine.engine.grammar_compiler import GrammarCompiler
 
             self._grammars = GrammarCompiler(
-                self._loaded.tokenizer, self._runner.vocab_size, self._loaded.eos_token_ids
+                self._loaded.tokenizer,
+                self._runner.vocab_size,
+                self._loaded.eos_token_ids,
+                threads=self._config.grammar_compile_threads,
+                timeout_s=self._config.grammar_compile_timeout_s,
             )
         return self._grammars
 
     def add_request(self, request: EngineRequest) -> None:
+        """Queues a request. A constrained one whose grammar is not compiled yet waits for it
+        in the queue (its compile runs off this thread): a failed compile ends it later, with
+        FinishReason.ERROR, where a cached grammar's failures are refused here."""
         constraint = request.sampling.constraint
-        try:
-            guide = self.grammars().guide(constraint) if constraint is not None else None
-        except UnenforceableConstraint as exc:
-            raise RequestRejected(f"the answer's constraint cannot be enforced: {exc}") from exc
-        before = request.sampling.generated_before
-        if guide is not None and before:
-            # A continuation: the answer so far ends the prompt; its grammar goes on from there.
-            earlier = request.prompt_token_ids[-before:]
-            if before > len(request.prompt_token_ids) or not all(map(guide.consume, earlier)):
-                raise RequestRejected("the answer so far does not follow its constraint")
+        guide = self.grammars().cached(constraint) if constraint is not None else None
+        if guide is not None:
+            _follow_answer_so_far(guide, request.prompt_token_ids, request.sampling)
         try:
             self._scheduler.add(
                 request.request_id,
@@ -244,18 +263,53 @@ class PagedEngine:
                 cache_salt=request.cache_salt,
                 guide=guide,
                 releasable=request.releasable,
+                awaiting_guide=constraint is not None and guide is None,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
+        if constraint is not None and guide is None:
+            self._compiling[request.request_id] = self.grammars().submit(constraint)
 
     def abort(self, request_id: str, reason: FinishReason) -> bool:
+        self._compiling.pop(request_id, None)
         return self._scheduler.finish(request_id, reason)
 
     def release_queued(self, max_requests: int) -> list[EngineRequest]:
-        return [_as_request(seq) for seq in self._scheduler.release_queued(max_requests)]
+        released = self._scheduler.release_queued(max_requests)
+        for seq in released:
+            self._compiling.pop(seq.request_id, None)
+        return [_as_request(seq) for seq in released]
 
     def has_unfinished(self) -> bool:
         return self._scheduler.has_unfinished() or self._in_flight is not None
+
+    def _take_grammars(self) -> list[RequestOutput]:
+        """Hands the grammars compiled since the last step to their requests (now admissible)
+        and ends those whose compile failed or ran past its time: their outputs."""
+        if not self._compiling:
+            return []
+        grammars = self.grammars()
+        grammars.collect()
+        now = time.monotonic()
+        failed: list[RequestOutput] = []
+        for request_id, compilation in list(self._compiling.items()):
+            seq = self._scheduler.get(request_id)
+            if seq is None:  # it left while its grammar compiled
+                del self._compiling[request_id]
+                continue
+            try:
+                guide = grammars.outcome(compilation, now)
+                if guide is None:
+                    continue
+                _follow_answer_so_far(guide, seq.prompt_token_ids, seq.sampling)
+            except (UnenforceableConstraint, RequestRejected) as exc:
+                del self._compiling[request_id]
+                self._scheduler.finish(request_id, FinishReason.ERROR)
+                failed.append(RequestOutput(request_id, (), FinishReason.ERROR, error=_why(exc)))
+                continue
+            del self._compiling[request_id]
+            self._scheduler.set_guide(request_id, guide)
+        return failed
 
     def step(self) -> list[RequestOutput]:
         """Schedule and launch a step; return the outputs of the step that completed: this one
@@ -270,7 +324,14 @@ class PagedEngine:
             raise
 
     def _step(self) -> list[RequestOutput]:
+        failed = self._take_grammars()
         scheduled = self._scheduler.schedule()
+        if scheduled.is_empty and self._in_flight is None and self._compiling and not failed:
+            # Nothing to run but requests waiting for their grammars: wait for one (briefly).
+            self.grammars().wait(self._compiling.values(), _GRAMMAR_WAIT_S)
+        return failed + self._run_step(scheduled)
+
+    def _run_step(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         previous = self._in_flight
         step = self._runner.launch_logits(scheduled, previous[1] if previous else None)
         outputs: list[RequestOutput] = []
@@ -327,6 +388,7 @@ class PagedEngine:
                 u.finish_reason,
                 cached_prompt_tokens=u.cached_prompt_tokens,
                 logprobs=known.logprobs.get(u.request_id),
+                error=u.error,
             )
             for u in updates
         ]
@@ -392,6 +454,19 @@ def _device_memory(device: torch.device) -> tuple[int, int]:
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
     return torch.cuda.memory_reserved(device), total - free
+
+
+def _follow_answer_so_far(guide: Guide, prompt: tuple[int, ...], sampling: SamplingParams) -> None:
+    """A continuation's prompt ends with the answer so far: its grammar goes on from there."""
+    before = sampling.generated_before
+    if before and (before > len(prompt) or not all(map(guide.consume, prompt[-before:]))):
+        raise RequestRejected("the answer so far does not follow its constraint")
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, UnenforceableConstraint):
+        return f"the answer's constraint cannot be enforced: {exc}"
+    return str(exc)
 
 
 def _as_request(seq: Sequence) -> EngineRequest:

@@ -103,13 +103,17 @@ class Scheduler:
         cache_salt: str = "",
         guide: Guide | None = None,
         releasable: bool = True,
+        awaiting_guide: bool = False,
     ) -> Sequence:
         """Queue a request; ValueError (and no state change) if it can never be served.
         `cache_salt` keeps its cached blocks apart from those of other salts; `guide`: the
-        grammar its answer must follow (advanced here, in `update`); `releasable` False keeps
-        it out of release_queued (one choice of several: they leave together)."""
+        grammar its answer must follow (advanced here, in `update`), or `awaiting_guide` while
+        that grammar is being compiled (the request waits, and others are admitted before it,
+        until `set_guide`); `releasable` False keeps it out of release_queued (one choice of
+        several: they leave together)."""
         seq = Sequence(request_id, tuple(prompt_token_ids), sampling, predicted_tokens)
         seq.guide = guide
+        seq.awaiting_guide = awaiting_guide and guide is None
         seq.releasable = releasable
         self._check_admissible(seq)
         seq.cache_salt = cache_salt
@@ -150,6 +154,14 @@ class Scheduler:
                 f"needs up to {peak_blocks} KV blocks, the whole cache has {cfg.num_blocks}"
             )
 
+    def set_guide(self, request_id: str, guide: Guide) -> None:
+        """The grammar of a request added `awaiting_guide` is ready: it may be admitted."""
+        seq = self._live[request_id]
+        if not seq.awaiting_guide:
+            raise ValueError(f"request {request_id!r} is not waiting for its grammar")
+        seq.guide = guide
+        seq.awaiting_guide = False
+
     def finish(self, request_id: str, reason: FinishReason) -> bool:
         """Retire a live sequence now (cancel, stop string) and free its blocks.
 
@@ -166,14 +178,19 @@ class Scheduler:
         """Hand back up to `max_requests` never-scheduled waiting sequences for offloading.
 
         Takes those that would wait longest (the tail of the admission order); they finish as
-        RELEASED and are returned in admission order. Preempted sequences are never released.
+        RELEASED and are returned in admission order. Preempted sequences are never released,
+        nor those whose grammar is compiling here (elsewhere it would compile again).
         """
         if max_requests < 0:
             raise ValueError(f"max_requests must be >= 0, got {max_requests}")
         if max_requests == 0:
             return []
         order = admission_order(self._waiting, self.config.policy, self.config.spf_aging)
-        fresh = [seq for seq in order if not seq.ever_scheduled and seq.releasable]
+        fresh = [
+            seq
+            for seq in order
+            if not seq.ever_scheduled and seq.releasable and not seq.awaiting_guide
+        ]
         released = fresh[-max_requests:]
         for seq in released:
             self._retire(seq, FinishReason.RELEASED)
@@ -273,6 +290,8 @@ class Scheduler:
             # later steps, as members of the same batch.
             if len(self._running) >= cfg.max_num_seqs or (budget == 0 and not self._static):
                 break
+            if seq.awaiting_guide:
+                continue  # not ready: it does not hold up the requests behind it
             if seq.num_pending:
                 break  # preempted with a token still on the device: re-prefill needs its value
             hit = self._cache.lookup(seq)
@@ -391,22 +410,30 @@ class Scheduler:
             reason = reason or self._stop_reason(seq, token)
             if reason is not None:
                 self._retire(seq, reason)
+            # A token its grammar refused is no part of the answer.
+            new = () if reason is FinishReason.ERROR else (token,)
             updates.append(
-                SequenceUpdate(seq.request_id, (token,), reason, seq.num_cached_prompt_tokens)
+                SequenceUpdate(
+                    seq.request_id, new, reason, seq.num_cached_prompt_tokens, error=seq.error
+                )
             )
         self._end_static_batch_if_done()
         return updates
 
     def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
         """Moves a constrained sequence's grammar past `token`; STOP once the grammar says the
-        answer is complete (nothing but the end may follow)."""
+        answer is complete (nothing but the end may follow), ERROR if it refused the token."""
         guide = seq.guide
         if guide is None or token in self.config.eos_token_ids:
             return None
         if not guide.consume(token):
-            # The sampler's mask allows only what the grammar does: this is a bug, not input.
-            log.error("request %s: token %d is not allowed by its grammar", seq.request_id, token)
-            return FinishReason.STOP
+            # The mask allowed it, so the grammar engine gave up on this answer (one of its
+            # limits, mid-answer) or broke: the answer so far is no complete answer.
+            reason = guide.error or "no reason given"
+            log.warning("request %s: its grammar refused token %d: %s", seq.request_id, token,
+                        reason)  # fmt: skip
+            seq.error = f"the grammar engine gave up on the answer's constraint midway: {reason}"
+            return FinishReason.ERROR
         return FinishReason.STOP if guide.is_finished() else None
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:

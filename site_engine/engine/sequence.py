@@ -53,8 +53,12 @@ class Sequence:
     root_hash: int = 0
     block_hashes: list[int] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
-    # The grammar its answer must follow (constrained decoding), advanced token by token.
+    # The grammar its answer must follow (constrained decoding), advanced token by token;
+    # `awaiting_guide` while that grammar is still being compiled (it is not admitted).
     guide: Guide | None = None
+    awaiting_guide: bool = False
+    # Why it failed, with FinishReason.ERROR.
+    error: str = ""
     # False for one choice of a request with several: offload never splits such a request.
     releasable: bool = True
 
@@ -168,3 +172,4 @@ class SequenceUpdate:
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     cached_prompt_tokens: int = 0
+    error: str = ""  # with FinishReason.ERROR: why

@@ -1,11 +1,7 @@
-"""Constrained decoding at the site: a request's constraint compiled for this site's tokenizer
-into a grammar matcher (llguidance), cached by constraint, and the matcher as the Guide the
-scheduler advances and the sampler reads (site_engine/engine/types.py).
-
-Compiling a schema for a tokenizer costs about a millisecond (bench/results/grammar_engines.md)
-and a new matcher needs the tokenizer's token trie once per engine (~1 s), so the engine keeps
-one compiled matcher per constraint (least recently used out past `cache_size`) and gives each
-request a copy of it, whose state is that request's alone.
+"""Constrained decoding at the site: a request's grammar matcher (llguidance) as the Guide the
+scheduler advances and the sampler reads (site_engine/engine/types.py), and the masks of a
+step's constrained rows, filled together on llguidance's thread pool. Compiling the matchers is
+site_engine/engine/grammar_compiler.py's.
 
 Imports no torch: the masks are written into int32 buffers the sampler owns.
 """
@@ -13,20 +9,14 @@ Imports no torch: the masks are written into int32 buffers the sampler owns.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import llguidance
-import llguidance.hf
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
-from fedllm_contract.grammar import ConstraintSpec, UnenforceableConstraint, grammar
 from site_engine.engine.types import Guide
 
-__all__ = ["GrammarCompiler", "LlgGuide", "MaskFiller", "UnenforceableConstraint", "fill_masks"]
-
-DEFAULT_CACHE_SIZE = 256
+__all__ = ["LlgGuide", "MaskFiller", "fill_masks"]
 
 
 class LlgGuide:
@@ -172,45 +162,3 @@ class MaskFiller:
             except BaseException as exc:  # handed to the caller's wait()
                 self._error = exc
             self._done.release()
-
-
-class GrammarCompiler:
-    """Compiles constraints for one tokenizer and vocabulary (the model's logits width)."""
-
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        vocab_size: int,
-        eos_token_ids: frozenset[int],
-        cache_size: int = DEFAULT_CACHE_SIZE,
-    ) -> None:
-        self.vocab_size = vocab_size
-        eos = sorted(eos_token_ids) or None
-        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
-        self._cache: OrderedDict[ConstraintSpec, llguidance.LLMatcher] = OrderedDict()
-        self._cache_size = cache_size
-        self.compiled = 0  # constraints compiled (cache misses), for tests and metrics
-
-    def guide(self, spec: ConstraintSpec) -> LlgGuide:
-        """A fresh guide for one request; UnenforceableConstraint naming what cannot be
-        enforced."""
-        template = self._cache.get(spec)
-        if template is None:
-            template = self._compile(spec)
-            self._cache[spec] = template
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(spec)
-        return LlgGuide(template.deep_copy())
-
-    def _compile(self, spec: ConstraintSpec) -> llguidance.LLMatcher:
-        text = grammar(spec)
-        error = llguidance.LLMatcher.validate_grammar(text, self._tokenizer)
-        if error:
-            raise UnenforceableConstraint(error)
-        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
-        if matcher.is_error():
-            raise UnenforceableConstraint(matcher.get_error())
-        self.compiled += 1
-        return matcher

@@ -27,6 +27,10 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens reached, or the model's context is full
     CANCELLED = "cancelled"  # the client (or the gateway) cancelled it
     RELEASED = "released"  # handed back before it started, to be offloaded to another site
+    # Its constraint failed it: its grammar could not be compiled (in time), or the grammar
+    # engine gave up on the answer midway. RequestOutput.error says why; the client gets an
+    # error, never the answer as if it were complete.
+    ERROR = "error"
 
 
 MAX_TOP_LOGPROBS = 20
@@ -55,6 +59,10 @@ class Guide(Protocol):
 
     def is_finished(self) -> bool:
         """The answer is complete: nothing but the end may follow."""
+
+    @property
+    def error(self) -> str:
+        """Why the grammar refused a token ('' while it follows the answer)."""
 
 
 @dataclass(frozen=True, slots=True)

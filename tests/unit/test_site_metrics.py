@@ -72,7 +72,7 @@ def test_metered_engine_counts_steps_tokens_and_every_way_out(loaded: LoadedMode
     assert not engine.abort("r1", FinishReason.CANCELLED)  # already finished: not counted again
     samples = parse(generate_latest(metrics.registry).decode())
     assert {r.value: finished(samples, r.value) for r in FinishReason} == {
-        "stop": 0, "length": 2, "cancelled": 1, "released": 1,
+        "stop": 0, "length": 2, "cancelled": 1, "released": 1, "error": 0,
     }  # fmt: skip
     assert scalar(samples, "fedllm_site_generated_tokens_total") == produced > 0
     assert scalar(samples, "fedllm_site_step_seconds_count") == steps

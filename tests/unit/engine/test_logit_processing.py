@@ -139,6 +139,10 @@ class AllowOnly:
     def is_finished(self) -> bool:
         return False
 
+    @property
+    def error(self) -> str:
+        return ""
+
 
 CONSTRAINED = SamplingParams(
     max_tokens=1, temperature=0.0, constraint=ConstraintSpec("json_object")

@@ -590,6 +590,11 @@ class CountingGuide:
     def is_finished(self) -> bool:
         return len(self.consumed) >= self.length
 
+    @property
+    def error(self) -> str:
+        refused = [t for t in self.consumed if t >= self.limit]
+        return f"token {refused[0]} is over {self.limit}" if refused else ""
+
 
 def test_advance_guides_moves_grammars_once_and_update_keeps_its_verdicts() -> None:
     sched = make()
@@ -608,8 +613,11 @@ def test_advance_guides_moves_grammars_once_and_update_keeps_its_verdicts() -> N
         assert guide.consumed == expected  # update took the verdict, it did not consume again
         sched.check_invariants()
         if expected == [100]:
-            # A token its grammar refused ends the request (a sampler bug, logged), once.
-            assert updates["s"].finish_reason is FinishReason.STOP
+            # A token its grammar refused ends the request in an error, once: no clean stop,
+            # and the token is no part of the answer.
+            assert updates["s"].finish_reason is FinishReason.ERROR
+            assert updates["s"].new_token_ids == ()
+            assert "token 200 is over 150" in updates["s"].error
             assert stray.consumed == [200]
     assert updates["g"].finish_reason is FinishReason.STOP  # complete after two tokens
     assert updates["free"].finish_reason is None
@@ -624,3 +632,27 @@ def test_advance_guides_refuses_a_step_out_of_order() -> None:
         sched.advance_guides(second, ModelRunnerOutput({"g": 100}))
     sched.advance_guides(first, ModelRunnerOutput({"g": 100}))
     sched.update(first, ModelRunnerOutput({"g": 100}))
+
+
+def test_a_request_awaiting_its_grammar_waits_without_holding_up_the_queue() -> None:
+    """A constrained request whose grammar is still compiling (off the engine's thread) stays
+    queued and is passed over by admission, strict order or not, until its grammar is set;
+    it counts as waiting, is not released for offload, and can be cancelled meanwhile."""
+    sched = make(max_num_seqs=2)
+    sched.add("json", [1, 2, 3], sp(3), awaiting_guide=True)
+    sched.add("free", [4, 5, 6], sp(3))
+    sched.add("gone", [7, 8, 9], sp(3), awaiting_guide=True)
+    out, _ = step(sched)
+    assert [c.request_id for c in out.chunks] == ["free"]
+    assert sched.stats().num_waiting == 2
+    # Not offloaded: its grammar is compiling here, and would compile again elsewhere.
+    assert sched.release_queued(2) == []
+    with pytest.raises(ValueError, match="not waiting for its grammar"):
+        sched.set_guide("free", CountingGuide(length=2))
+    assert sched.finish("gone", FinishReason.CANCELLED)
+    sched.set_guide("json", CountingGuide(length=2))
+    out, updates = step(sched)
+    assert [c.request_id for c in out.chunks] == ["free", "json"]
+    assert {u.request_id: u.finish_reason for u in updates} == {"free": None, "json": None}
+    _, updates = step(sched)
+    assert {u.request_id: u.finish_reason for u in updates}["json"] is FinishReason.STOP

@@ -6,6 +6,7 @@ constrained requests share their batch, with synchronous and with async (overlap
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import jsonschema_rs
@@ -14,7 +15,7 @@ import pytest
 from fedllm_contract.grammar import ConstraintSpec
 from site_engine.engine.api import EngineRequest, RequestRejected
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
+from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.model_loading import LoadedModel
 from tests.support.engine_runs import generate_all
 from tests.unit.engine.smollm2 import chat_ids, loaded
@@ -85,12 +86,49 @@ def test_constrained_answers_validate_and_free_answers_do_not_change(
 def test_a_schema_feature_the_engine_cannot_enforce_is_refused_by_name(
     loaded: LoadedModel,
 ) -> None:
+    """Its grammar compiles off the engine's thread: the request ends with ERROR naming the
+    feature, no token generated (the site's faces answer INVALID_ARGUMENT / 400)."""
     unenforceable = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     spec = ConstraintSpec("json_schema", schema=json.dumps(unenforceable))
     paged = engine(loaded, False)
-    with pytest.raises(RequestRejected, match="uniqueItems"):
-        paged.add_request(constrained(loaded, "bad", spec))
-    assert not paged.has_unfinished()
+    paged.add_request(constrained(loaded, "bad", spec))
+    outputs = []
+    while paged.has_unfinished():
+        outputs += paged.step()
+    (output,) = outputs
+    assert (output.finish_reason, output.new_token_ids) == (FinishReason.ERROR, ())
+    assert "uniqueItems" in output.error
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_strict_answer_has_no_whitespace_between_tokens(
+    loaded: LoadedModel, temperature: float
+) -> None:
+    """Issue 49: the grammar allowed up to 24 whitespace characters between tokens and
+    SmolLM2 put a newline between almost every token. Now its answer is written exactly as
+    json.dumps writes its value: no newline, one space after ':' and ','."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 30},
+            "country": {"type": "string", "maxLength": 30},
+            "population_millions": {"type": "number", "minimum": 0, "maximum": 100},
+            "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 30},
+                          "maxItems": 3},
+        },
+        "required": ["name", "country", "population_millions", "landmarks"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    spec = ConstraintSpec("json_schema", schema=json.dumps(schema))
+    sampling = SamplingParams(max_tokens=120, temperature=temperature, seed=3, constraint=spec)
+    request = EngineRequest("city", chat_ids(loaded, "Describe Paris as a city record."), sampling)
+    answer = text(loaded, generate_all(engine(loaded, True), [request])["city"])
+    value = json.loads(answer)
+    assert "\n" not in answer
+    # Outside its strings, every ':' and ',' is followed by one space, and no other whitespace.
+    structure = re.sub(r'"(?:[^"\\]|\\.)*"', '""', answer)
+    assert re.fullmatch(r"(?:[^\s:,]|: |, )*", structure), answer
+    assert jsonschema_rs.validator_for(schema).is_valid(value), value
 
 
 def test_tool_calls_in_tags_follow_their_schema(loaded: LoadedModel) -> None:
@@ -142,10 +180,19 @@ def test_a_continued_constrained_answer_goes_on_where_it_stopped(loaded: LoadedM
     )
     assert kept + rest["rest"] == whole
     broken = prompt + tuple(loaded.tokenizer.encode("nope", add_special_tokens=False))
+    bad = EngineRequest("bad", broken, replace(sampling, generated_before=2))
+    # Refused at once where the grammar is compiled already, else once it is.
+    warm = engine(loaded, False)
+    warm.grammars().guide(spec)
     with pytest.raises(RequestRejected, match="does not follow its constraint"):
-        engine(loaded, False).add_request(
-            EngineRequest("bad", broken, replace(sampling, generated_before=2))
-        )
+        warm.add_request(bad)
+    cold = engine(loaded, False)
+    cold.add_request(bad)
+    outputs = []
+    while cold.has_unfinished():
+        outputs += cold.step()
+    assert [o.finish_reason for o in outputs] == [FinishReason.ERROR]
+    assert "does not follow its constraint" in outputs[0].error
 
 
 def test_masks_filled_on_the_filler_thread_equal_masks_filled_inline(loaded: LoadedModel) -> None:
