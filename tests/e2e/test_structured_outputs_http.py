@@ -3,7 +3,9 @@ here wrote: the openai SDK's `chat.completions.parse` with a pydantic model (the
 validates, greedy or sampled), a tool-call round trip (call -> tool result -> final answer),
 streamed tool-call deltas, logprobs and n, `models.retrieve`; pydantic-ai driving the
 federation (its structured output comes back through a tool call); and the issue's bad inputs
-refused with 400 naming the parameter, with nothing dispatched."""
+refused with 400 naming the parameter, with nothing dispatched. Issue 48: a tool whose
+parameters use $defs (the SDK's pydantic_function_tool) is called, and an answer the grammar
+engine gives up on midway is a 400 / an error event, recorded failed, never a clean stop."""
 
 from __future__ import annotations
 
@@ -204,6 +206,11 @@ BAD_INPUTS: list[tuple[dict[str, Any], str]] = [
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"logit_bias": {"49152": 5}}, "logit_bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
+    # Issue 48: the grammar engine gave up on it after `{"` and the answer `{"` came back as
+    # a clean stop; wider than it can follow, it is refused before dispatch.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "wide", "schema":
+        {"anyOf": [{"required": [f"k{i}"]} for i in range(5000)]}}}},
+     "response_format.json_schema.schema"),
 ]  # fmt: skip
 
 
@@ -218,6 +225,86 @@ def test_bad_input_is_refused_by_name_and_nothing_is_dispatched(
         assert isinstance(body, dict)
         assert body.get("param") == param, (fields, body)
     assert request_rows(federation) == before
+
+
+class Place(BaseModel):
+    city: str = Field(max_length=30)
+    country: str = Field(max_length=30)
+
+
+class Trip(BaseModel):
+    """What the SDK's pydantic_function_tool writes with $defs: the nested model by $ref."""
+
+    origin: Place
+    destination: Place
+
+
+def test_a_tool_whose_parameters_use_defs_is_called(client: openai.OpenAI) -> None:
+    """Issue 48: the gateway passed such parameters, the site could not resolve "#/$defs/..."
+    inside the forced call's grammar and refused it, after dispatch (the prompt billed)."""
+    tool = openai.pydantic_function_tool(Trip, name="plan_trip")
+    assert "$defs" in json.dumps(tool["function"].get("parameters"))
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Plan a trip from Paris to Tokyo."}],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=150,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls or []
+    assert calls
+    for call in calls:  # parallel calls allowed: each one a valid trip
+        assert call.type == "function"
+        assert call.function.name == "plan_trip"
+        Trip.model_validate_json(call.function.arguments)
+
+
+# Every branch opens with {"a": {"k...: past its opening the grammar engine holds all 2500 inner
+# branches in one row of its parser, over its limit of 2000, and gives up on the answer. The
+# gateway cannot see that (no one anyOf is too wide); the site finds it midway.
+NESTED = {"anyOf": [
+    {"type": "object", "required": ["a"], "properties": {"a": {"anyOf": [
+        {"type": "object", "required": [f"k{i}_{j}"]} for j in range(50)]}}}
+    for i in range(50)
+]}  # fmt: skip
+
+
+def last_request(federation: RealFederation) -> tuple[str, int, str]:
+    wait_until_written(federation.base_url)
+    with sqlite3.connect(federation.database) as db:
+        row = db.execute(
+            "SELECT status, completion_tokens, error FROM requests ORDER BY created_at DESC"
+        ).fetchone()
+    return str(row[0]), int(row[1] or 0), str(row[2] or "")
+
+
+def test_an_answer_the_grammar_gives_up_on_is_an_error_not_a_stop(
+    client: openai.OpenAI, federation: RealFederation
+) -> None:
+    """Issue 48: such an answer came back 200, finish_reason stop, content `{"`. Now the client
+    gets a 400 (an error event in a stream) and the request is recorded failed, with what it
+    generated (billed)."""
+    fields: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Answer in JSON."}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "nested", "schema": NESTED}},
+        "max_tokens": 40,
+    }  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="gave up on the answer's constraint"):
+        client.chat.completions.create(**fields)
+    status, _, error = last_request(federation)
+    assert status == "failed"
+    assert "gave up" in error
+    stream = client.chat.completions.create(**fields, stream=True)
+    reasons: list[str] = []
+    with pytest.raises(openai.APIError, match="gave up on the answer's constraint"):
+        reasons += [c.finish_reason for chunk in stream for c in chunk.choices if c.finish_reason]
+    assert reasons == []  # no chunk said the answer was complete
+    assert last_request(federation)[0] == "failed"
 
 
 def test_pydantic_ai_drives_the_federation(federation: RealFederation) -> None:
