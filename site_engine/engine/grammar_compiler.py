@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from fedllm_contract.grammar import ConstraintSpec, UnenforceableConstraint, grammar, parser_limits
 from site_engine.engine.structured_output import LlgGuide
 
-__all__ = ["Compilation", "CompileTimeout", "GrammarCompiler"]
+__all__ = ["Compilation", "CompileTimeout", "GrammarCompiler", "GrammarWaits"]
 
 DEFAULT_CACHE_SIZE = 256
 DEFAULT_THREADS = 2
@@ -178,3 +178,46 @@ class GrammarCompiler:
         if matcher.is_error():
             raise UnenforceableConstraint(matcher.get_error())
         return matcher
+
+
+class GrammarWaits:
+    """The engine's requests waiting for their grammars, by request id (engine thread)."""
+
+    def __init__(self, compiler: GrammarCompiler) -> None:
+        self._compiler = compiler
+        self._waiting: dict[str, Compilation] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._waiting
+
+    def add(self, request_id: str, spec: ConstraintSpec) -> None:
+        self._waiting[request_id] = self._compiler.submit(spec)
+
+    def drop(self, request_id: str) -> None:
+        """It left (cancelled, released, failed): its compile goes on for the cache alone."""
+        self._waiting.pop(request_id, None)
+
+    def settle(self, now: float) -> tuple[dict[str, LlgGuide], dict[str, str]]:
+        """The requests whose grammar is ready (a guide each) and those whose compile failed or
+        ran past its time (why each), no longer waiting; the others wait on."""
+        self._compiler.collect()
+        ready: dict[str, LlgGuide] = {}
+        failed: dict[str, str] = {}
+        for request_id, compilation in list(self._waiting.items()):
+            try:
+                guide = self._compiler.outcome(compilation, now)
+            except UnenforceableConstraint as exc:
+                failed[request_id] = str(exc)
+            else:
+                if guide is None:
+                    continue
+                ready[request_id] = guide
+            del self._waiting[request_id]
+        return ready, failed
+
+    def wait(self, timeout_s: float) -> None:
+        """Returns once a compile some request waits for is done, or after `timeout_s`."""
+        self._compiler.wait(self._waiting.values(), timeout_s)

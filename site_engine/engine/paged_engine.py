@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedllm_contract.cache_events import CacheEvent
-from fedllm_contract.grammar import UnenforceableConstraint
 from site_engine.engine.api import (
     EngineLimits,
     EngineRequest,
@@ -50,7 +49,7 @@ from site_engine.engine.types import (
 )
 
 if TYPE_CHECKING:
-    from site_engine.engine.grammar_compiler import Compilation, GrammarCompiler
+    from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
     from site_engine.engine.types import Guide
 from site_engine.model_loading import LoadedModel
 
@@ -168,8 +167,8 @@ class PagedEngine:
         self._loaded = loaded
         self._config = config
         self._grammars: GrammarCompiler | None = None
-        # Requests whose grammar is compiling (they wait in the scheduler's queue), by id.
-        self._compiling: dict[str, Compilation] = {}
+        # Requests whose grammar is compiling (they wait in the scheduler's queue).
+        self._waits: GrammarWaits | None = None
         overlap = config.async_scheduling
         self._async = loaded.device.type == "cuda" if overlap is None else overlap
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
@@ -235,7 +234,7 @@ class PagedEngine:
         whole vocabulary once, ~1.5 s for SmolLM2's); a site builds it at start-up."""
         if self._grammars is None:
             # Imported on first use: llguidance is needed only where constraints are served.
-            from site_engine.engine.grammar_compiler import GrammarCompiler
+            from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
 
             self._grammars = GrammarCompiler(
                 self._loaded.tokenizer,
@@ -244,6 +243,7 @@ class PagedEngine:
                 threads=self._config.grammar_compile_threads,
                 timeout_s=self._config.grammar_compile_timeout_s,
             )
+            self._waits = GrammarWaits(self._grammars)
         return self._grammars
 
     def add_request(self, request: EngineRequest) -> None:
@@ -268,17 +268,17 @@ class PagedEngine:
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
         if constraint is not None and guide is None:
-            self._compiling[request.request_id] = self.grammars().submit(constraint)
+            assert self._waits is not None  # made with the compiler
+            self._waits.add(request.request_id, constraint)
 
     def abort(self, request_id: str, reason: FinishReason) -> bool:
-        self._compiling.pop(request_id, None)
+        if self._waits is not None:
+            self._waits.drop(request_id)
         return self._scheduler.finish(request_id, reason)
 
     def release_queued(self, max_requests: int) -> list[EngineRequest]:
-        released = self._scheduler.release_queued(max_requests)
-        for seq in released:
-            self._compiling.pop(seq.request_id, None)
-        return [_as_request(seq) for seq in released]
+        # Never one waiting for its grammar (Scheduler.release_queued).
+        return [_as_request(seq) for seq in self._scheduler.release_queued(max_requests)]
 
     def has_unfinished(self) -> bool:
         return self._scheduler.has_unfinished() or self._in_flight is not None
@@ -286,30 +286,22 @@ class PagedEngine:
     def _take_grammars(self) -> list[RequestOutput]:
         """Hands the grammars compiled since the last step to their requests (now admissible)
         and ends those whose compile failed or ran past its time: their outputs."""
-        if not self._compiling:
+        if not self._waits:
             return []
-        grammars = self.grammars()
-        grammars.collect()
-        now = time.monotonic()
-        failed: list[RequestOutput] = []
-        for request_id, compilation in list(self._compiling.items()):
+        ready, failed = self._waits.settle(time.monotonic())
+        why = {rid: f"the answer's constraint cannot be enforced: {e}" for rid, e in failed.items()}
+        for request_id, guide in ready.items():
             seq = self._scheduler.get(request_id)
-            if seq is None:  # it left while its grammar compiled
-                del self._compiling[request_id]
-                continue
+            assert seq is not None  # a request that leaves stops waiting (abort)
             try:
-                guide = grammars.outcome(compilation, now)
-                if guide is None:
-                    continue
                 _follow_answer_so_far(guide, seq.prompt_token_ids, seq.sampling)
-            except (UnenforceableConstraint, RequestRejected) as exc:
-                del self._compiling[request_id]
-                self._scheduler.finish(request_id, FinishReason.ERROR)
-                failed.append(RequestOutput(request_id, (), FinishReason.ERROR, error=_why(exc)))
-                continue
-            del self._compiling[request_id]
-            self._scheduler.set_guide(request_id, guide)
-        return failed
+            except RequestRejected as exc:
+                why[request_id] = str(exc)
+            else:
+                self._scheduler.set_guide(request_id, guide)
+        for request_id in why:
+            self._scheduler.finish(request_id, FinishReason.ERROR)
+        return [RequestOutput(rid, (), FinishReason.ERROR, error=e) for rid, e in why.items()]
 
     def step(self) -> list[RequestOutput]:
         """Schedule and launch a step; return the outputs of the step that completed: this one
@@ -326,9 +318,9 @@ class PagedEngine:
     def _step(self) -> list[RequestOutput]:
         failed = self._take_grammars()
         scheduled = self._scheduler.schedule()
-        if scheduled.is_empty and self._in_flight is None and self._compiling and not failed:
+        if scheduled.is_empty and self._in_flight is None and self._waits and not failed:
             # Nothing to run but requests waiting for their grammars: wait for one (briefly).
-            self.grammars().wait(self._compiling.values(), _GRAMMAR_WAIT_S)
+            self._waits.wait(_GRAMMAR_WAIT_S)
         return failed + self._run_step(scheduled)
 
     def _run_step(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
@@ -461,12 +453,6 @@ def _follow_answer_so_far(guide: Guide, prompt: tuple[int, ...], sampling: Sampl
     before = sampling.generated_before
     if before and (before > len(prompt) or not all(map(guide.consume, prompt[-before:]))):
         raise RequestRejected("the answer so far does not follow its constraint")
-
-
-def _why(exc: Exception) -> str:
-    if isinstance(exc, UnenforceableConstraint):
-        return f"the answer's constraint cannot be enforced: {exc}"
-    return str(exc)
 
 
 def _as_request(seq: Sequence) -> EngineRequest:
