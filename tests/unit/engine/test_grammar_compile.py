@@ -188,3 +188,30 @@ def test_the_service_raises_request_rejected_for_a_failed_constraint(loaded: Loa
     assert "uniqueItems" in str(refused)
     assert isinstance(served, list)
     assert served[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_the_http_face_answers_a_failed_constraint_with_a_400(loaded: LoadedModel) -> None:
+    """The site's OpenAI-compatible face: a whole answer is a 400 invalid_request_error, a
+    stream ends in an error event (both came after the request was queued)."""
+    from litestar.testing import TestClient
+
+    from site_engine.openai_http import HttpFace
+
+    service = EngineService(PagedEngine(loaded, EngineConfig(max_num_seqs=4)), loaded.tokenizer)
+    service.start()
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    fmt = {"type": "json_schema", "json_schema": {"name": "u", "schema": unique}}
+    body = {"model": "tiny", "prompt": "a list", "max_tokens": 8, "response_format": fmt}
+    try:
+        with TestClient(HttpFace(service, "tiny", len(loaded.tokenizer)).app()) as client:
+            whole = client.post("/v1/completions", json=body)
+            streamed = client.post("/v1/completions", json={**body, "stream": True})
+    finally:
+        service.stop()
+    assert whole.status_code == 400, whole.text
+    assert whole.json()["error"]["type"] == "invalid_request_error"
+    assert "uniqueItems" in whole.json()["error"]["message"]
+    events = [line for line in streamed.text.splitlines() if line.startswith("data: {")]
+    error = json.loads(events[-1].removeprefix("data: "))["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "uniqueItems" in error["message"]
