@@ -10,7 +10,7 @@ from typing import Literal, Protocol
 from gateway.routing.types import RoutingRequest, UnpredictedPlan
 from gateway.sites.interface import GenerateParams
 
-Api = Literal["completions", "chat.completions"]
+Api = Literal["completions", "chat.completions", "responses"]
 
 
 class Admission(Protocol):
