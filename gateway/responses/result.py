@@ -18,6 +18,9 @@ Status = Literal["completed", "failed", "in_progress", "incomplete"]
 class InputTokensDetails(msgspec.Struct):
     # Prompt tokens the site took from its prefix cache instead of computing them.
     cached_tokens: int = 0
+    # What OpenAI bills for explicit cache writes: the prefix cache here is automatic and its
+    # writes cost nothing apart.
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(msgspec.Struct):
@@ -37,7 +40,9 @@ def response_usage(usage: Usage) -> ResponseUsage:
         input_tokens=usage.prompt_tokens,
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
-        input_tokens_details=InputTokensDetails(usage.prompt_tokens_details.cached_tokens),
+        input_tokens_details=InputTokensDetails(
+            cached_tokens=usage.prompt_tokens_details.cached_tokens
+        ),
     )
 
 
