@@ -21,6 +21,7 @@ from gateway.api.completion_routes import (
     answer,
     provide_completion_call,
 )
+from gateway.api.openai_errors import invalid_request
 from gateway.api.openapi_body import json_body
 from gateway.api.responses_schemas import (
     InputItemList,
@@ -103,7 +104,14 @@ class ResponsesController(Controller):
         responses: NamedDependency[ResponsesService],
         caller: NamedDependency[Caller],
         response_id: FromPath[str],
+        stream: FromQuery[bool] = False,
     ) -> ResponseObject:
+        if stream:  # OpenAI replays the events of a background response, never run here
+            raise invalid_request(
+                "streaming a stored response is offered for background responses only, which "
+                "this gateway does not run",
+                param="stream",
+            )
         return await responses.get(response_id, caller.key_id)
 
     @delete(

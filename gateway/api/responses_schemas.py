@@ -30,4 +30,4 @@ class InputItemList(msgspec.Struct):
 class ResponseDeleted(msgspec.Struct):
     id: str
     deleted: bool = True
-    object: Literal["response.deleted"] = "response.deleted"
+    object: Literal["response"] = "response"

@@ -298,6 +298,26 @@ def test_store_false_keeps_nothing(federation: RealFederation, alice: openai.Ope
     assert query(federation, "SELECT api FROM requests WHERE id = ?", made.id) == [("responses",)]
 
 
+def test_an_idempotency_key_replays_the_stored_response(
+    federation: RealFederation, keys: tuple[str, str]
+) -> None:
+    headers = {"Authorization": f"Bearer {keys[0]}", "Idempotency-Key": "responses-once"}
+    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 4, "temperature": 0}
+    url = f"{federation.base_url}/v1/responses"
+    first = httpx.post(url, json=body, headers=headers, timeout=120)
+    again = httpx.post(url, json=body, headers=headers, timeout=120)
+    assert first.status_code == again.status_code == 200, again.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json()
+    made = first.json()["id"]
+    assert query(federation, "SELECT count(*) FROM requests WHERE id = ?", made) == [(1,)]
+    # A stored response is read whole: only background responses (not run here) stream back.
+    auth = {"Authorization": headers["Authorization"]}
+    streamed = httpx.get(f"{url}/{made}", params={"stream": "true"}, headers=auth, timeout=30)
+    assert streamed.status_code == 400
+    assert streamed.json()["error"]["param"] == "stream"
+
+
 def test_both_site_kinds_serve_responses(alice: openai.OpenAI) -> None:
     """The gateway always serves the Responses API over its chat path: a gRPC site and an
     `openai` site (which is sent token ids on /v1/completions) answer alike."""
