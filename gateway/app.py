@@ -40,6 +40,8 @@ PROVIDED = (
     "tenancy",
     "dashboard",
     "drainer",
+    "membership",
+    "scaling",
     "retraining",
     "readiness",
     "metrics",

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.admin.dashboard import Dashboard
 from gateway.admin.drain import SiteDrainer
 from gateway.admin.load_sampler import LoadSampler
+from gateway.admin.membership import SiteMembership
 from gateway.admin.offload import OffloadCoordinator
 from gateway.admin.predictor_health import PredictorHealth
 from gateway.admin.readiness import Readiness
@@ -36,6 +37,9 @@ from gateway.request_path.service import CompletionService
 from gateway.responses.service import ResponsesService
 from gateway.routing.policy import build_policy
 from gateway.routing.prefix.site_prefix import SitePrefix
+from gateway.scaling.build import build_controller
+from gateway.scaling.config import load_scaling
+from gateway.scaling.controller import ScalingController
 from gateway.settings import GatewaySettings
 from gateway.sites.factory import site_client
 from gateway.sites.health import HealthMonitor
@@ -113,6 +117,10 @@ class GatewayAssembly:
     dashboard: Dashboard
     # Operators' drains of sites (gateway/admin/drain.py).
     drainer: SiteDrainer
+    # Sites joining and leaving at run time (gateway/admin/membership.py).
+    membership: SiteMembership
+    # Capacity that follows load (gateway/scaling/), when GATEWAY_SCALING_FILE names models.
+    scaling: ScalingController | None
     # Each served model's predictor error on recent traffic, and the retrain jobs asked for.
     retraining: Retraining
     readiness: Readiness
@@ -127,6 +135,9 @@ class GatewayAssembly:
     @classmethod
     async def start(cls, settings: GatewaySettings) -> GatewayAssembly:
         federation = load_federation(settings.federation_file)
+        served = frozenset(model.name for model in federation.models)
+        scaling_file = settings.scaling.file
+        scaling = load_scaling(scaling_file, served) if scaling_file is not None else None
         site_tls = load_site_tls(settings)  # unreadable certificate files stop the start
         tokenizers = ModelTokenizers(federation.models)
         chat_templates = ChatTemplates.load(federation.models)  # a bad template stops the start
@@ -177,6 +188,23 @@ class GatewayAssembly:
             settings.database.url, settings.limits.token_limit_overshoot, metrics
         )
         drainer = SiteDrainer(registry, settings.offload.interval_s)
+        membership = SiteMembership(
+            registry,
+            sessions,
+            (monitor, listener),
+            drainer,
+            lambda site: site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+            settings.routing.prefix_index_max_blocks,
+            federation.models,
+            settings.federation_file.resolve().parent,
+            metrics,
+            scaling.drain_timeout_s if scaling is not None else 600.0,
+        )
+        controller = (
+            build_controller(scaling, registry, membership, sessions, metrics)
+            if scaling is not None and scaling.models
+            else None
+        )
         sampler = LoadSampler(
             registry,
             sessions,
@@ -235,6 +263,8 @@ class GatewayAssembly:
             tenancy=tenancy,
             dashboard=Dashboard(settings, registry, sessions),
             drainer=drainer,
+            membership=membership,
+            scaling=controller,
             retraining=Retraining(
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
             ),
@@ -269,6 +299,8 @@ class GatewayAssembly:
             background["retrain-worker"] = worker.run()
         if isinstance(key_limits, SharedKeyLimits):
             background["shared-limits"] = key_limits.run()
+        if controller is not None:
+            background["scaling"] = controller.run()
         if settings.offload.enabled:
             offload = OffloadCoordinator(
                 registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics
@@ -288,6 +320,9 @@ class GatewayAssembly:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.scaling is not None:
+            await self.scaling.close()  # the sites its actuators started stop with the gateway
+        await self.membership.close()
         await self.completions.prediction.predictors.stop()
         await self.completions.drain()
         if isinstance(self.tenancy.limits, SharedKeyLimits):

@@ -377,6 +377,18 @@ def _check(models: tuple[ModelConfig, ...], sites: tuple[SiteConfig, ...]) -> No
             )
 
 
+def parse_site(data: bytes, base_dir: Path, models: tuple[ModelConfig, ...]) -> SiteConfig:
+    """One site entry as the federation file writes it (a site joining at run time: the admin
+    API, gateway/admin/membership.py), checked as the file's sites are."""
+    try:
+        entry = msgspec.json.decode(data, type=_SiteEntry)
+    except msgspec.DecodeError as exc:
+        raise FederationConfigError(f"invalid site: {exc}") from exc
+    site = _site(entry, base_dir)
+    _check(models, (site,))
+    return site
+
+
 def load_federation(path: Path) -> FederationConfig:
     try:
         data = path.read_bytes()

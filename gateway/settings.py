@@ -359,6 +359,21 @@ class HistorySettings:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    """Capacity that follows load (docs/elastic.md)."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_SCALING_"
+
+    file: Path | None = setting(
+        None,
+        help="JSON file of the models whose sites scale with their predicted work: bounds, "
+        "backlog target, hysteresis, and the actuator (`local` site processes, `kubernetes` "
+        "pods, or `signal`: the desired-sites metric only); none: the sites are the federation "
+        "file's and the admin API's (docs/elastic.md)",
+    )
+
+
 def _check_policy(policy: str, federation_file: Path) -> None:
     """A built-in profile, or one the federation file defines (read here only for such a name)."""
     if policy in ROUTING_POLICIES:
@@ -401,6 +416,7 @@ class GatewaySettings:
     history: HistorySettings = field(default_factory=HistorySettings)
     access: AccessSettings = field(default_factory=AccessSettings)
     site_tls: SiteTlsSettings = field(default_factory=SiteTlsSettings)
+    scaling: ScalingSettings = field(default_factory=ScalingSettings)
 
     def __post_init__(self) -> None:
         _check_policy(self.routing.policy, self.federation_file)

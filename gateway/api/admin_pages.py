@@ -39,6 +39,7 @@ from gateway.api.admin_auth import (
 )
 from gateway.api.admin_routes import AdminApiController
 from gateway.api.predictor_routes import PredictorAdminController
+from gateway.api.site_routes import AdminSitesController
 from gateway.settings import is_loopback
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,7 @@ def admin_router() -> Router:
         route_handlers=[
             admin_pages(AdminAssets.load()),
             AdminApiController,
+            AdminSitesController,
             PredictorAdminController,
         ],
     )

@@ -29,6 +29,11 @@ class HealthMonitor:
     async def check_once(self) -> None:
         await asyncio.gather(*(self._check(site) for site in self._registry.all()))
 
+    async def check(self, site: SiteState) -> None:
+        """One check of one site now (a site that joins is routable at once, not an interval
+        later)."""
+        await self._check(site)
+
     async def run(self) -> None:
         """Checks every interval, the first one interval after the start's own `check_once`: a
         second check at once told nothing new, and made the first interval shorter than the

@@ -38,6 +38,7 @@ from gateway.db.models.requests import (
     Site,
 )
 from gateway.db.models.responses import StoredResponse
+from gateway.db.models.scaling import ScalingEvent
 from gateway.db.models.tenancy import (
     AdminLoginFailure,
     AdminSession,
@@ -73,6 +74,7 @@ __all__ = [
     "RequestStatus",
     "RetrainJob",
     "RetrainJobState",
+    "ScalingEvent",
     "Site",
     "StoredFile",
     "StoredResponse",
