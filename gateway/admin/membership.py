@@ -165,6 +165,7 @@ class SiteMembership:
         site = self._registry.get(name)
         if site is None:
             return None
+        site.draining = True  # from this moment on: nothing new is routed there
         task = asyncio.create_task(self._leave(site, actor, reason), name=f"leave-{name}")
         self._leaving[name] = task
         task.add_done_callback(lambda _: self._leaving.pop(name, None))

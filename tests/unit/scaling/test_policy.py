@@ -46,7 +46,9 @@ class Run:
         self.rule, self.state = rule, ModelState()
 
     def at(self, now: float, *sites: SiteObservation, pending: int = 0) -> Verdict:
-        self.state, verdict = decide(self.rule, self.state, ModelObservation("m", sites, pending), now)
+        self.state, verdict = decide(
+            self.rule, self.state, ModelObservation("m", sites, pending), now
+        )
         return verdict
 
 
@@ -64,11 +66,13 @@ def test_scale_out_waits_out_after_s_then_asks_for_what_the_forecast_needs() -> 
     assert run.at(0.0, site("a", 1.0)).action is None
     # Work jumps to 5 s on one site: over the 2 s line; 3 sites at most.
     first = run.at(1.0, site("a", 5.0))
-    assert first.action is None and first.reason.startswith("high; waiting")
+    assert first.action is None
+    assert first.reason.startswith("high; waiting")
     assert first.desired == 1
     second = run.at(2.0, site("a", 5.5))
     assert isinstance(second.action, ScaleOut)
-    assert second.desired == 3 and second.action.count == 2
+    assert second.desired == 3
+    assert second.action.count == 2
     assert "forecast" in second.reason
 
 
@@ -76,7 +80,7 @@ def test_a_growing_backlog_scales_out_before_it_crosses_the_line() -> None:
     """The trend, projected one lead time ahead, asks for a site while the backlog itself is
     still under the target: the site is serving when the backlog would have crossed it."""
     run = Run(replace(RULE, out_after_s=0.0))
-    verdicts = [run.at(float(t), site("a", 0.2 * t)) for t in range(0, 8)]
+    verdicts = [run.at(float(t), site("a", 0.2 * t)) for t in range(8)]
     out = next(v for v in verdicts if isinstance(v.action, ScaleOut))
     assert out.backlog_s < RULE.target_backlog_s  # not missed yet
     assert out.forecast_backlog_s > RULE.target_backlog_s
@@ -103,13 +107,15 @@ def test_cooldown_holds_a_second_scale_out() -> None:
 def test_never_beyond_max_sites() -> None:
     run = Run(replace(RULE, out_after_s=0.0))
     verdict = run.at(0.0, site("a", 100.0), site("b", 100.0), site("c", 100.0))
-    assert verdict.action is None and verdict.desired == 3
+    assert verdict.action is None
+    assert verdict.desired == 3
 
 
 def test_below_min_sites_starts_at_once() -> None:
     run = Run(replace(RULE, min_sites=2))
     verdict = run.at(0.0, site("a", 0.0))
-    assert verdict.action == ScaleOut(1) and verdict.reason == "below min_sites"
+    assert verdict.action == ScaleOut(1)
+    assert verdict.reason == "below min_sites"
 
 
 def test_scale_in_needs_the_low_backlog_for_in_after_s_and_the_cooldown() -> None:
@@ -128,7 +134,8 @@ def test_hysteresis_a_backlog_between_the_lines_neither_adds_nor_removes() -> No
     run = Run(replace(RULE, in_cooldown_s=0.0))
     for t in range(0, 300, 5):
         verdict = run.at(float(t), site("a", 0.6), site("b", 0.6))
-        assert verdict.action is None and verdict.desired == 2
+        assert verdict.action is None
+        assert verdict.desired == 2
 
 
 def test_a_blip_restarts_the_scale_in_wait() -> None:
@@ -182,7 +189,8 @@ def test_between_equal_caches_the_one_with_least_work_goes() -> None:
 def test_nothing_removable_nothing_removed() -> None:
     run = Run(replace(RULE, in_after_s=0.0, in_cooldown_s=0.0))
     verdict = run.at(0.0, site("a", 0.0, removable=False), site("b", 0.0, removable=False))
-    assert verdict.action is None and verdict.desired == 2
+    assert verdict.action is None
+    assert verdict.desired == 2
 
 
 def test_a_site_not_serving_is_not_capacity() -> None:
@@ -190,7 +198,8 @@ def test_a_site_not_serving_is_not_capacity() -> None:
     short of one and asks for it."""
     run = Run(replace(RULE, out_after_s=0.0, min_sites=2))
     verdict = run.at(0.0, site("a", 0.5), site("b", 9.0, serving=False))
-    assert verdict.serving == 1 and verdict.action == ScaleOut(1)
+    assert verdict.serving == 1
+    assert verdict.action == ScaleOut(1)
     assert verdict.backlog_s == pytest.approx(0.5)
 
 
