@@ -168,7 +168,7 @@ class ModelCapacity:
     forecast_backlog_s: float
 
 
-_CAPACITY_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (
+SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (
     ("desired_sites", "Sites the scaling controller wants serving the model (the autoscaler's "
      "target: KEDA or the HPA scale the sites to it)", lambda m: m.desired_sites),
     ("serving_sites", "The model's sites taking new work (healthy, not draining)",
@@ -190,7 +190,7 @@ class ScalingCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         models = list(self._models())
-        for name, doc, value in _CAPACITY_GAUGES:
+        for name, doc, value in SCALING_GAUGES:
             family = GaugeMetricFamily(f"fedllm_gateway_scaling_{name}", doc, labels=("model",))
             for model in models:
                 family.add_metric([model.model], float(value(model)))
