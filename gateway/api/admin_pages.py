@@ -52,6 +52,8 @@ ASSET_FILES = {
     "dashboard.js": (UI_DIR / "static" / "dashboard.js", "text/javascript"),
     # The predictors' drift panel (a module dashboard.js imports).
     "predictors.js": (UI_DIR / "static" / "predictors.js", "text/javascript"),
+    # The capacity panel: sites per model and the scaling events (a module dashboard.js imports).
+    "scaling.js": (UI_DIR / "static" / "scaling.js", "text/javascript"),
     "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
     # Linked from both pages: without it the browser asks for /favicon.ico and logs a 404.
     "favicon.svg": (UI_DIR / "static" / "favicon.svg", "image/svg+xml"),

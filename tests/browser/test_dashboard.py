@@ -294,3 +294,36 @@ def test_predictor_drift_panel_shows_the_apis_numbers(federation: Federation, pa
         "drifted": model["verdict"],
         "version": model["window_version"],
     }
+
+
+def test_capacity_panel_shows_sites_joining_and_leaving(federation: Federation, page: Page) -> None:
+    """A site an operator joins and removes through the admin API: one line per event in the
+    capacity panel, as GET /admin/api/scaling lists them (this gateway has no scaling file)."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    entry = {"name": "extra-site", "cloud": "gcp", "region": "us-central1", "model": "tiny",
+             "endpoint": "127.0.0.1:9"}  # fmt: skip
+    with httpx.Client(base_url=federation.base_url, headers=headers, timeout=10) as client:
+        assert client.post("/admin/api/sites", json=entry).status_code == 201
+        assert client.delete("/admin/api/sites/extra-site").status_code == 202
+        for _ in range(100):  # nothing runs there: it leaves at once
+            if "extra-site" not in api(federation, "/readyz")["sites"]:
+                break
+            time.sleep(0.1)
+    page.goto(f"{federation.base_url}/admin/login")
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("html[data-ready=true]", timeout=15_000)
+    scaling = api(federation, "/admin/api/scaling")
+    assert not scaling["enabled"]
+    assert [e["action"] for e in scaling["events"]] == ["leave", "drain", "join"]
+    rows = page.locator("#scaling-events tbody tr")
+    assert rows.count() == 3
+    shown_events = [
+        (rows.nth(i).get_attribute("data-action"),
+         rows.nth(i).locator('[data-field="site"]').text_content(),
+         rows.nth(i).locator('[data-field="actor"]').text_content())
+        for i in range(3)
+    ]  # fmt: skip
+    assert shown_events == [(e["action"], e["site"], e["actor"]) for e in scaling["events"]]
+    state = page.locator("#scaling-state").text_content() or ""
+    assert state.startswith("no scaling file")

@@ -3,6 +3,7 @@
 // (one overview snapshot a second); history is fetched per window and extended with live points.
 
 import { loadPredictors } from "/admin/static/predictors.js";
+import { loadScaling } from "/admin/static/scaling.js";
 
 const CLOUD_COLORS = { aws: "#e8890c", gcp: "#3b78e7", azure: "#0a8f8f" };
 const PALETTE = ["#8e44ad", "#c0392b", "#27ae60", "#7f8c8d", "#d35400", "#2c3e50"];
@@ -338,7 +339,7 @@ function closeDetail() {
 // ---- start ----
 
 async function loadWindow() {
-  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api)]);
+  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api), loadScaling(api)]);
   if (state.detail) await openDetail(state.detail);
 }
 
@@ -378,6 +379,7 @@ async function main() {
   setInterval(() => loadHistory().catch((e) => showError(String(e))), 60_000);
   setInterval(() => loadDrift().catch((e) => showError(String(e))), 10_000);
   setInterval(() => loadPredictors(api).catch((e) => showError(String(e))), 10_000);
+  setInterval(() => loadScaling(api).catch((e) => showError(String(e))), 5_000);
 }
 
 main().catch((e) => showError(`dashboard failed to load: ${e}`));
