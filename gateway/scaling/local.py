@@ -73,9 +73,15 @@ class LocalProcesses:
         self._membership = membership
         self._on_failure = on_failure
         self._children: dict[int, _Child] = {}  # slot -> the site running there
+        # Its joined sites that failed their last health check (the registry's, at the last
+        # tick) while their process runs: a blip (a check timed out on a busy machine) or a
+        # restart on the way; counted as coming back, so that no other start is asked for.
+        self._unhealthy: set[str] = set()
 
     def pending(self) -> int:
-        return sum(not (child.joined or child.exited) for child in self._children.values())
+        starting = sum(not (c.joined or c.exited) for c in self._children.values())
+        blipping = sum(c.joined and c.name in self._unhealthy for c in self._children.values())
+        return starting + blipping
 
     def removable(self, site: SiteState) -> bool:
         return any(c.name == site.name and c.joined for c in self._children.values())
@@ -167,6 +173,7 @@ class LocalProcesses:
     async def tick(self, sites: list[SiteState]) -> None:
         """A joined site whose process exited leaves (its requests moved or continued
         elsewhere, as for any failed site), and its slot is free again once it has."""
+        self._unhealthy = {s.name for s in sites if not s.healthy and not s.draining}
         for child in list(self._children.values()):
             if child.joined and child.popen.poll() is not None:
                 child.joined, child.exited = False, True

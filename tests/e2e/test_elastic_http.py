@@ -223,7 +223,9 @@ def test_the_local_actuator_starts_a_site_under_load_and_drains_it_after(
     scaling = httpx.get(f"{federation.base_url}/admin/api/scaling", headers=ADMIN).json()
     assert scaling["enabled"]
     assert scaling["models"][0]["max_sites"] == 2
-    assert ready_sites(federation) == {"aws-use1": True, elastic: True}
+    wait_for(
+        "both sites healthy", lambda: ready_sites(federation) == {"aws-use1": True, elastic: True}
+    )
 
     # The burst is over; a trickle goes on while the controller drains the second site away.
     stop = threading.Event()
@@ -235,7 +237,7 @@ def test_the_local_actuator_starts_a_site_under_load_and_drains_it_after(
     trickler = threading.Thread(target=trickle)
     trickler.start()
     try:
-        wait_for("the elastic site to leave", lambda: elastic not in ready_sites(federation), 120)
+        wait_for("the elastic site to leave", lambda: elastic not in ready_sites(federation), 180)
         wait_for("its process to stop", lambda: not running(elastic), 60)
     finally:
         stop.set()
@@ -247,9 +249,9 @@ def test_the_local_actuator_starts_a_site_under_load_and_drains_it_after(
         "SELECT action, site, actor FROM scaling_events ORDER BY id"
     )  # fmt: skip
     actions = [(action, site) for action, site, _ in events]
-    assert actions[0] == ("scale_out", None)
-    assert actions[1:] == [("join", elastic), ("scale_in", elastic), ("drain", elastic),
-                           ("leave", elastic)]  # fmt: skip
+    assert actions[0] == ("scale_out", None), federation.gateway.log_tail(80)
+    expected = [("join", elastic), ("scale_in", elastic), ("drain", elastic), ("leave", elastic)]
+    assert actions[1:] == expected, federation.gateway.log_tail(80)
     rows = federation.rows()
     assert len(rows) == len(answers)
     assert all(row["status"] == "completed" for row in rows)
