@@ -137,7 +137,7 @@ def keys(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def _goals(found: Mapping[str, Any]) -> dict[str, bool | None]:
+def goals_met(found: Mapping[str, Any]) -> dict[str, bool | None]:
     met: dict[str, bool | None] = {}
     for key, (how, goal) in GOALS.items():
         value = found.get(key)
@@ -147,7 +147,7 @@ def _goals(found: Mapping[str, Any]) -> dict[str, bool | None]:
 
 def write(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
     found = keys(payload["arms"])
-    payload = {**payload, **found, "goals_met": _goals(found),
+    payload = {**payload, **found, "goals_met": goals_met(found),
                "written_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
