@@ -20,6 +20,7 @@ from gateway.api.batch_schemas import (
     BatchResult,
     BatchResultList,
     BatchUsage,
+    InputTokensDetails,
     ItemAssignment,
     RequestCounts,
 )
@@ -72,6 +73,7 @@ def _batch(view: BatchView) -> Batch:
             view.usage.input_tokens,
             view.usage.output_tokens,
             view.usage.input_tokens + view.usage.output_tokens,
+            InputTokensDetails(view.usage.cached_input_tokens),
         ),
     )
 
