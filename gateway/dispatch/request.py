@@ -79,3 +79,9 @@ class ToolCallParsing:
     begin: str
     end: str
     names: frozenset[str]
+    # tool_choice required or named: the answer is nothing but calls (constrained at the site),
+    # so nothing of it is content.
+    forced: bool = False
+    # The request used the legacy `functions`: the answer is `message.function_call` (the
+    # first call) with finish_reason "function_call", as OpenAI answers such callers.
+    legacy_functions: bool = False
