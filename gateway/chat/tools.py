@@ -132,9 +132,10 @@ def tool_constraint(request: ToolRequest, fmt: ToolCallFormat) -> ConstraintSpec
     each a function of the request with valid arguments (one when named or not parallel),
     held to its schema with the objects closed (gateway/chat/closed_objects.py).
 
-    The schema keeps its keys' order: llguidance writes an object's properties in the order
-    its schema lists them, so the name comes before the arguments, as the format shows the
-    model, and the arguments in the order the client declared them."""
+    llguidance writes an object's properties in the order its schema lists them; the schema is
+    sent with its keys sorted, so a call is written arguments first and the arguments in
+    alphabetical order (not the client's). Kept as it was: with the declared order, the name
+    first, SmolLM2 looped in a string of pydantic-ai's City output (see docs/openai-api.md)."""
     if not request.forced:
         return None
     if request.choice == "required":
@@ -146,7 +147,7 @@ def tool_constraint(request: ToolRequest, fmt: ToolCallFormat) -> ConstraintSpec
     single = request.choice != "required" or not request.parallel
     return ConstraintSpec(
         "tagged_json",
-        schema=json.dumps(schema),
+        schema=json.dumps(schema, sort_keys=True),
         begin=fmt.begin,
         end=fmt.end,
         separator="\n",
