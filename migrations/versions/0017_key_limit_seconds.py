@@ -1,7 +1,7 @@
 """key limits counted per second: a sliding minute of 61 one-second counts per key
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-11-26 09:00:00.000000
 
 Issue 48, finding 2: the shared limits counted clock minutes and estimated the sliding minute
@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0016"
-down_revision: str | None = "0015"
+revision: str = "0017"
+down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
