@@ -1,7 +1,7 @@
 """`python -m bench.engine.prefix --preset cpu` runs, and its prompt tokens computed are the
-committed ones (bench/results/engine_prefix_cpu.json): on the step clock they depend on what the
-engine scheduled and cached, never on this machine's speed, so any change in them is a change in
-the engine's caching."""
+committed ones (bench/results/engine_prefix/engine_prefix_cpu.json): on the step clock they depend
+on what the engine scheduled and cached, never on this machine's speed, so any change in them is a
+change in the engine's caching."""
 
 from __future__ import annotations
 
