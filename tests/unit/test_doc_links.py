@@ -111,3 +111,16 @@ def test_benchmarks_write_into_existing_results_folders() -> None:
             assert not re.search(r"Path\(\"bench/results\"\)", text), path
     assert named, "no writer found: the pattern above is out of date"
     assert sorted(n for n in named if not (RESULTS_DIR / n).is_dir()) == []
+
+
+def test_code_reaches_results_through_the_benchmarks_folders() -> None:
+    """No code builds a path into bench/results by hand (a test once read a result file at its
+    old place): it asks bench.common.results_dir for the benchmark's folder."""
+    built = re.compile(r"\"bench\"\s*/\s*\"results\"|[\"']bench/results[\"']")
+    offenders = [
+        str(path.relative_to(REPO))
+        for source in ("bench", "tests", "devtools", "gateway", "site_engine", "predictor")
+        for path in sorted((REPO / source).rglob("*.py"))
+        if path != REPO / "bench" / "common.py" and built.search(path.read_text())
+    ]
+    assert offenders == []

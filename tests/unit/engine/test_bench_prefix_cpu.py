@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from bench.common import results_dir
 from bench.engine.prefix import main
 
 pytestmark = pytest.mark.slow
-COMMITTED = Path(__file__).resolve().parents[3] / "bench" / "results" / "engine_prefix_cpu.json"
+COMMITTED = results_dir("engine_prefix") / "engine_prefix_cpu.json"
 
 
 def figures(payload: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, int]]]]:
