@@ -51,6 +51,9 @@ def main() -> None:
     # nothing in its collections while serving (each full one would walk them all) or at exit.
     gc.collect()
     gc.freeze()
+    proxies = settings.access.proxy_networks()
+    if proxies:
+        log.info("X-Forwarded-For is believed from %s", ", ".join(proxies))
     uvicorn.run(
         app,
         host=settings.server.host,
@@ -64,6 +67,11 @@ def main() -> None:
         http=bounded_protocol(settings.limits),
         # Idle connections (new ones too, gateway/api/http_protocol.py) close after this long.
         timeout_keep_alive=settings.limits.keep_alive_timeout_s,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: anyone reaching
+        # the gateway through a proxy, tunnel or sidecar on its host could then be any address
+        # (issue 48). Only the proxies the operator names are believed.
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=list(proxies),
     )
 
 
