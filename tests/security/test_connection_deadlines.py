@@ -6,6 +6,11 @@
 5. Idle connections: a connection that sends nothing, or headers a line at a time, was never
    closed (75 s+; 2,000 held).
 
+Issue 48, finding 4: four keys re-stalling header-only uploads held the gateway's four upload
+slots: a fifth key got 429 for as long as they kept at it. Now only validating counts against
+the gateway's GATEWAY_BATCH_UPLOADS_IN_FLIGHT; a body being received holds only its key's
+share (GATEWAY_BATCH_UPLOADS_PER_KEY), so one key's stalls never refuse another key.
+
 Issue 48, finding 2: request headers had no size bound: one 80 MiB header was answered 200,
 and eight of 47 MiB took the gateway from 351 to 766 MiB. Now a request line and its headers
 take at most GATEWAY_MAX_HEADER_BYTES (64 KiB): past it 431 before the rest is read.
@@ -127,6 +132,25 @@ def test_slow_uploads_of_two_keys_leave_other_keys_their_uploads(federation: Fed
     assert any(b" 408 " in received.split(b"\r\n", 1)[0] for received in answered), endings
     assert all(how != "open" for how, _ in endings), endings
     for key in attackers:  # their slots came back
+        _wait_for_upload_slot(federation, key)
+
+
+def test_stalled_uploads_of_as_many_keys_as_slots_leave_another_key_its_upload(
+    federation: Federation,
+) -> None:
+    attackers = [make_key(federation, f"restall-{n}")["key"] for n in range(4)]  # the default
+    victim = make_key(federation, "fifth")["key"]
+    with ExitStack() as stack:
+        stalled = [stack.enter_context(_stalled_upload(federation, key)) for key in attackers]
+        # Each stall is under way once its key's next upload is refused ...
+        refused = [_upload(federation, key) for key in attackers]
+        assert [answer.status_code for answer in refused] == [429] * 4
+        answer = _upload(federation, victim)  # ... and none of them is the fifth key's
+        assert answer.status_code == 200, answer.text
+        assert all("this key has 1 batch upload" in a.json()["error"]["message"] for a in refused)
+        for sock in stalled:
+            sock.close()
+    for key in attackers:
         _wait_for_upload_slot(federation, key)
 
 
