@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Response, get
+from typing import Any
+
+from litestar import Controller, Request, Response, get
 from litestar.di import NamedDependency
 
 from gateway.admin.readiness import Readiness
+from gateway.api.admin_auth import is_operator
 from gateway.api.client_auth import require_client_key
 from gateway.api.completion_schemas import ModelCard, ModelList
 from gateway.errors import model_not_found
@@ -47,7 +50,18 @@ class HealthController(Controller):
     async def liveness(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @get("/readyz", summary="Readiness: the database answers and at least one site is healthy")
-    async def readiness(self, readiness: NamedDependency[Readiness]) -> Response[dict[str, object]]:
+    @get(
+        "/readyz",
+        summary="Readiness: the database answers and at least one site is healthy (200, else "
+        "503); the detail (sites, drains, request log, predictors) for the admin credential",
+    )
+    async def readiness(
+        self, request: Request[Any, Any, Any], readiness: NamedDependency[Readiness]
+    ) -> Response[dict[str, object]]:
+        # The sites' names, the predictor's versions and the backlog are the operator's to see
+        # (issue 48); a load balancer needs only the status. A wrong admin credential counts as
+        # a guess, as anywhere: the two answers differ.
+        operator = await is_operator(request)
         body = await readiness.report()
-        return Response(body, status_code=200 if body["ready"] else 503)
+        status = 200 if body["ready"] else 503
+        return Response(body if operator else {"ready": body["ready"]}, status_code=status)

@@ -8,6 +8,10 @@ CSRF).
 8. Admin POSTs took a foreign `Origin` with a `text/plain` body (CSRF stopped by SameSite
    alone).
 
+Issue 48, finding 3: `/readyz` showed anyone the sites' names and health, the drained sites,
+the request log's backlog and the predictor's versions. Now that detail is the operator's (the
+admin credential, counted as any other); anyone else gets `{"ready": ...}` and its status.
+
 Issue 48, finding 1: uvicorn believed `X-Forwarded-For` from 127.0.0.1 (its default), so a
 client coming through a proxy, tunnel or sidecar on the gateway's host guessed from a new
 "address" each time (~85 guesses/s, never throttled), or named the operator's address to lock it
@@ -165,3 +169,23 @@ def test_forwarded_for_from_a_named_proxy_is_the_client(behind_proxy: str) -> No
     # Anyone else's X-Forwarded-For is still not believed, loopback or not.
     with _from(behind_proxy, "127.0.0.1") as other:
         assert _guesses(other, [f"192.0.2.{n}" for n in range(6)]) == [401] * 5 + [429]
+
+
+def test_readiness_detail_is_for_operators_only(gateway: str) -> None:
+    with _from(gateway, "127.0.0.27") as anyone:
+        answer = anyone.get("/readyz")  # its only site is down: not ready
+        assert (answer.status_code, answer.json()) == (503, {"ready": False})
+        # A wrong token gets no more, and counts as a guess (else right and wrong would differ).
+        wrong = {"Authorization": f"Bearer {WRONG}"}
+        answers = [anyone.get("/readyz", headers=wrong) for _ in range(6)]
+        assert [a.status_code for a in answers] == [503] * 5 + [429]
+        assert answers[0].json() == {"ready": False}
+    with _from(gateway, "127.0.0.28") as operator:
+        detail = operator.get("/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert detail.status_code == 503
+    body = detail.json()
+    assert (body["ready"], body["sites"], body["database"]) == (False, {"aws-use1": False}, "ok")
+    assert {"draining", "request_log", "predictor", "model_predictors"} <= set(body)
+    with httpx.Client(base_url=gateway, timeout=10) as browser:  # a signed-in dashboard
+        browser.cookies.set(ADMIN_COOKIE, _operator_cookie(gateway))
+        assert browser.get("/readyz").json()["sites"] == {"aws-use1": False}
