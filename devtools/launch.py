@@ -72,7 +72,7 @@ class ManagedProcess:
     log_path: Path
     port: int = 0
     extra: dict[str, str] = field(default_factory=dict)
-    # A gateway's GATEWAY_ADMIN_TOKEN: /readyz shows its detail to operators only (readiness()).
+    # A gateway's GATEWAY_ADMIN_TOKEN: its readiness report is for operators only (readiness()).
     admin_token: str | None = field(default=None, repr=False)
 
     def alive(self) -> bool:
@@ -278,10 +278,11 @@ def start_gateway(
     wrapper: Sequence[str] = (),
     python: str | None = None,
 ) -> ManagedProcess:
-    """Starts `python -m gateway` and waits until /readyz reports enough healthy sites. `python`:
-    the interpreter (default: gateway_python(); a gateway that runs retrain jobs needs one with
-    the training extras, as the trainer image has). Without a GATEWAY_ADMIN_TOKEN in `env` it
-    gets a random one, kept in the process (readiness() reads /readyz's detail with it)."""
+    """Starts `python -m gateway` and waits until its readiness report shows enough healthy
+    sites. `python`: the interpreter (default: gateway_python(); a gateway that runs retrain
+    jobs needs one with the training extras, as the trainer image has). Without a
+    GATEWAY_ADMIN_TOKEN in `env` it gets a random one, kept in the process (readiness() reads
+    the readiness report with it)."""
     port = port or free_port()
     gateway_env = {
         "GATEWAY_FEDERATION_FILE": str(federation_file),
@@ -306,16 +307,18 @@ def start_gateway(
 
 
 def readiness(gateway: ManagedProcess | str, timeout_s: float = 10.0) -> dict[str, Any]:
-    """The gateway's /readyz with its detail (sites, drains, request log, predictors), which it
-    shows only to the admin credential: the token start_gateway() gave it. `gateway`: the
-    process, or its base URL (http://127.0.0.1:PORT) if start_gateway() started it here."""
+    """The gateway's readiness report (database, sites, drains, request log, predictors):
+    /admin/api/readiness, with the admin token start_gateway() gave it (/readyz tells anyone
+    only whether it is ready). `gateway`: the process, or its base URL (http://127.0.0.1:PORT)
+    if start_gateway() started it here."""
     if isinstance(gateway, ManagedProcess):
         base, token = f"http://127.0.0.1:{gateway.port}", gateway.admin_token
     else:
         base = gateway.rstrip("/")
         token = _admin_tokens.get(urlsplit(base).port or 0)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    body: dict[str, Any] = httpx.get(f"{base}/readyz", headers=headers, timeout=timeout_s).json()
+    answer = httpx.get(f"{base}/admin/api/readiness", headers=headers, timeout=timeout_s)
+    body: dict[str, Any] = answer.json()
     return body
 
 
