@@ -117,7 +117,8 @@ class ChatService:
     def prepare(self, req: ChatCompletionRequest) -> PreparedCompletion:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
         state. Dispatch is then CompletionService.dispatch, as for /v1/completions."""
-        if req.model not in self._templates or req.model not in self._tokenizers:
+        self._completions.preparer.check_model(req.model, "chat.completions")
+        if req.model not in self._templates:
             raise model_not_found(req.model)
         reject_unsupported(req)
         tools = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
