@@ -146,7 +146,7 @@ class EmbeddingService:
             try:
                 return await site.client.embed(prepared.params, left)
             except SiteRejected as exc:
-                raise invalid_request(exc.detail, param="input") from exc
+                raise invalid_request(exc.detail) from exc
             except SiteTimedOut as exc:
                 raise self._timed_out(prepared) from exc
             except (SiteUnavailable, SiteFailed) as exc:

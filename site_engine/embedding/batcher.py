@@ -151,9 +151,10 @@ class EmbeddingBatcher:
                     f"input {i} has {len(ids)} tokens; this model reads at most "
                     f"{self.max_seq_length}"
                 )
-            if max(ids) >= self.vocab_size:
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                # Checked here, not left to the pass: one bad row would fail every request in it.
                 raise InvalidEmbedRequest(
-                    f"input {i} has a token id >= the vocabulary size {self.vocab_size}"
+                    f"input {i} has a token id outside [0, {self.vocab_size}), the vocabulary"
                 )
 
     async def embed(self, request_id: str, inputs: Sequence[Sequence[int]]) -> EmbedOutput:

@@ -26,12 +26,13 @@ from gateway.embeddings.prepare import EmbeddingPreparer
 from gateway.embeddings.request import EmbeddingRequest
 from gateway.embeddings.route import EmbeddingRouter
 from gateway.embeddings.service import EmbeddingService
-from gateway.federation import ModelConfig, SiteConfig
+from gateway.federation import ModelConfig, ModelTask, SiteConfig
 from gateway.metrics import GatewayMetrics
 from gateway.request_path.admit import Admitter
 from gateway.request_path.record import RequestRecords
 from gateway.settings import GatewaySettings
 from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.health import HealthMonitor
 from gateway.sites.interface import EmbedParams, GenerateParams, SiteRejected
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.request_log import RequestLog
@@ -155,6 +156,7 @@ def test_the_sites_openai_face_serves_embeddings(runner: EmbeddingRunner) -> Non
                 ({"model": "minilm", "input": "x", "dimensions": 5}, 400, "cannot shorten"),
                 ({"model": "minilm", "input": [1, "x"]}, 400, "input must be"),
                 ({"model": "minilm", "input": [[101] * 300]}, 400, "reads at most 256"),
+                ({"model": "minilm", "input": [[101, -5, 102]]}, 400, "outside [0, 30522)"),
             ):
                 refused = http.post("/v1/embeddings", json=body)
                 assert refused.status_code == status, refused.text
@@ -211,7 +213,7 @@ def test_the_embed_contract_through_the_gateways_grpc_client(runner: EmbeddingRu
                 for bad, says in (
                     (EmbedParams("x2", inputs, dimensions=100), "cannot shorten them"),
                     (EmbedParams("x3", ((101,) * 300,)), "reads at most 256"),
-                    (EmbedParams("x4", ((runner.vocab_size,),)), "vocabulary size"),
+                    (EmbedParams("x4", ((runner.vocab_size,),)), "outside \\[0, 30522\\)"),
                 ):
                     with pytest.raises(SiteRejected, match=says):
                         await client.embed(bad, 30)
@@ -221,10 +223,30 @@ def test_the_embed_contract_through_the_gateways_grpc_client(runner: EmbeddingRu
                 report = await anext(client.load_reports(50))
                 assert report.iterations >= 1  # the passes made so far
                 assert report.kv_blocks_total == 0
+                await _health_checks_the_task(port)
             finally:
                 await client.close()
 
     asyncio.run(run())
+
+
+async def _health_checks_the_task(port: int) -> None:
+    """A site whose model's task is not the federation file's is unhealthy, saying so."""
+    checks: tuple[tuple[ModelTask, bool], ...] = (("embed", True), ("generate", False))
+    for task, healthy in checks:
+        config = SiteConfig("e1", "aws", "us-east-1", f"127.0.0.1:{port}", "minilm")
+        site = SiteState(config, 1, GrpcSiteClient("e1", config.endpoint, 5.0))
+        monitor = HealthMonitor(SiteRegistry([site]), {}, 60, tasks={"minilm": task})
+        try:
+            await monitor.check_once()
+        finally:
+            await site.client.close()
+        assert site.healthy is healthy, site.last_error
+        if not healthy:
+            assert site.last_error == (
+                "its model 'minilm' has task 'embed' there, but task 'generate' in the "
+                "federation file"
+            )
 
 
 def _site_state(name: str, port: int, site_id: int) -> SiteState:

@@ -70,6 +70,7 @@ def test_the_task_comes_from_the_directory_unless_set(
     minilm_dir: Path, tiny_llama_dir: Path
 ) -> None:
     assert not is_embedding_model(tiny_llama_dir)
+
     def settings(model_dir: Path, **overrides: str) -> SiteSettings:
         return SiteSettings.load({}, model_dir=model_dir, **overrides)
 
