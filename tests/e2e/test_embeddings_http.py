@@ -260,3 +260,11 @@ def test_bad_requests_are_400s_naming_the_parameter(
     error = answer.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
     assert says in error["message"]
+
+
+def test_the_dashboard_shows_the_embedding_sites_healthy(federation: Federation) -> None:
+    overview = httpx.get(f"{federation.base_url}/admin/api/overview", timeout=30,
+                         headers={"Authorization": f"Bearer {ADMIN}"})  # fmt: skip
+    assert overview.status_code == 200, overview.text
+    healthy = {site["name"]: site["healthy"] for site in overview.json()["sites"]}
+    assert healthy == {"chat": True, "minilm-grpc": True, "minilm-http": True}
