@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 from gateway.embeddings.prepare import EmbeddingPreparer
 from gateway.embeddings.request import EmbeddingRequest
 from gateway.errors import InvalidRequest, NotFound
-from gateway.federation import ModelConfig, SiteConfig
-from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.federation import ModelConfig, OpenAISiteConfig, SiteConfig
 from gateway.sites.interface import EmbedParams, SiteInfoView
+from gateway.sites.openai_client import OpenAISiteClient
 from gateway.sites.openai_wire import MalformedStream, embedding_body, parse_embeddings
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.tokenizers import ModelTokenizers
@@ -27,16 +27,20 @@ def tokenizers(minilm_dir: Path) -> ModelTokenizers:
     return ModelTokenizers((ModelConfig("minilm", minilm_dir, task="embed"),))
 
 
-def _registry(dimension: int = 384) -> SiteRegistry:
+def _registry(tokenizers: ModelTokenizers, dimension: int) -> SiteRegistry:
+    """One healthy site that says its context and vector length; its client (real, needing no
+    event loop) is never called."""
     info = SiteInfoView("s", "minilm", 256, 30522, "f", "cpu", "float32", 1, 0, 8, "embedding",
                         "v", task="embed", embedding_dimension=dimension)  # fmt: skip
-    config = SiteConfig("s", "aws", "r", "127.0.0.1:1", "minilm")
-    return SiteRegistry([SiteState(config, 1, GrpcSiteClient("s", "127.0.0.1:1", 1.0), True, info)])
+    engine = OpenAISiteConfig(base_url="http://127.0.0.1:1/v1", engine_model="minilm")
+    client = OpenAISiteClient("s", "minilm", engine, tokenizers, 1.0, task="embed")
+    config = SiteConfig("s", "aws", "r", engine.base_url, "minilm", kind="openai", openai=engine)
+    return SiteRegistry([SiteState(config, 1, client, True, info)])
 
 
 def preparer(tokenizers: ModelTokenizers, models: tuple[str, ...] = ("minilm",),
              dimension: int = 384) -> EmbeddingPreparer:  # fmt: skip
-    return EmbeddingPreparer(_registry(dimension), tokenizers, models, 64)
+    return EmbeddingPreparer(_registry(tokenizers, dimension), tokenizers, models, 64)
 
 
 def test_the_four_input_forms(tokenizers: ModelTokenizers, minilm_dir: Path) -> None:
