@@ -24,6 +24,7 @@ from gateway.api.key_routes import AdminKeysController
 from gateway.api.metrics_routes import HttpMetricsMiddleware, MetricsController
 from gateway.api.model_routes import HealthController, ModelsController
 from gateway.api.openai_errors import EXCEPTION_HANDLERS
+from gateway.api.responses_routes import ResponsesController, provide_response_call
 from gateway.assembly import GatewayAssembly
 from gateway.settings import GatewaySettings
 
@@ -37,6 +38,7 @@ PROVIDED = (
     "tokenize_pool",
     "files",
     "batches",
+    "responses",
     "idempotency",
     "tenancy",
     "dashboard",
@@ -79,6 +81,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             CompletionsController,
             ChatController,
             EmbeddingsController,
+            ResponsesController,
             FilesController,
             BatchesController,
             ModelsController,
@@ -92,6 +95,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             # The client APIs' caller: 401 before anything else for a key that is not allowed.
             "caller": Provide(authenticate_caller),
             "completion_call": Provide(provide_completion_call),
+            "response_call": Provide(provide_response_call),
         },
         exception_handlers={**EXCEPTION_HANDLERS, **DATABASE_EXCEPTION_HANDLERS},
         middleware=[HttpMetricsMiddleware],

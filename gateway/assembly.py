@@ -36,6 +36,7 @@ from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
 from gateway.prediction.lifecycle import follow_registry, start_predictors
 from gateway.request_path.service import CompletionService
+from gateway.responses.service import ResponsesService
 from gateway.routing.policy import build_policy
 from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.settings import GatewaySettings
@@ -52,6 +53,7 @@ from gateway.stores.key_limit_store import KeyLimitStore
 from gateway.stores.login_failures import LoginFailureStore
 from gateway.stores.predictor_registry import PredictorRegistry
 from gateway.stores.request_log import RequestLog
+from gateway.stores.response_store import ResponseStore
 from gateway.stores.retrain_jobs import RetrainJobStore
 from gateway.stores.site_store import sync_sites
 from gateway.tenancy.admission import Tenancy
@@ -139,6 +141,8 @@ class GatewayAssembly:
     # Uploaded batch input files and the batches' result files (the Files API).
     files: FileService
     batches: BatchService
+    # The Responses API over chat, and its stored responses.
+    responses: ResponsesService
     # Stored results of requests sent with an Idempotency-Key (gateway/idempotency.py).
     idempotency: Idempotency
     # API keys and their limits (counted in this process on SQLite, in PostgreSQL for every
@@ -246,6 +250,7 @@ class GatewayAssembly:
             ],
         )
         files = FileService(settings, FileStore(sessions), tokenize_pool)
+        responses = ResponsesService(chat, ResponseStore(sessions), settings.responses)
         tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         batches = BatchService.build(
             settings,
@@ -276,6 +281,7 @@ class GatewayAssembly:
             embeddings=embeddings,
             files=files,
             batches=batches,
+            responses=responses,
             idempotency=Idempotency(
                 IdempotencyStore(sessions),
                 settings.limits.idempotency_ttl_s,
@@ -307,6 +313,7 @@ class GatewayAssembly:
             "predictor-drift": health.run(),
             "site-drain": drainer.run(),
             "file-retention": files.delete_expired_forever(),
+            "response-retention": responses.delete_expired_forever(),
             **kv_event_followers(registry.all()),
         }
         missing = missing_training_stack()

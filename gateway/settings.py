@@ -25,7 +25,7 @@ from fedllm_contract.env_settings import (
     require_positive,
     setting,
 )
-from gateway.batch_settings import BatchSettings, FileSettings
+from gateway.batch_settings import BatchSettings, FileSettings, ResponseSettings
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.federation import FederationConfigError, load_federation
 from gateway.routing.policy import POLICY_NAMES
@@ -42,6 +42,7 @@ __all__ = [
     "BatchSettings",
     "FileSettings",
     "GatewaySettings",
+    "ResponseSettings",
     "SettingsError",
     "SiteTlsSettings",
     "is_loopback",
@@ -395,6 +396,7 @@ class GatewaySettings:
     retrain: RetrainSettings = field(default_factory=RetrainSettings)
     batches: BatchSettings = field(default_factory=BatchSettings)
     files: FileSettings = field(default_factory=FileSettings)
+    responses: ResponseSettings = field(default_factory=ResponseSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     access: AccessSettings = field(default_factory=AccessSettings)

@@ -34,7 +34,11 @@ MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 1024
 # Prompts of one /v1/completions request (a list): each is a request of its own at the sites.
 MAX_PROMPTS = 64
-_ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
+_ID_PREFIX: dict[Api, str] = {
+    "completions": "cmpl-",
+    "chat.completions": "chatcmpl-",
+    "responses": "resp_",  # the Responses API's ids, which its clients read back
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -226,7 +226,7 @@ def test_a_chat_model_is_no_embedding_model(client: openai.OpenAI) -> None:
     assert "embedding models here: minilm" in error["message"]
 
 
-def test_the_embedding_model_does_not_chat_or_complete(client: openai.OpenAI) -> None:
+def test_the_embedding_model_does_not_chat_complete_or_respond(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as chat:
         client.chat.completions.create(
             model="minilm", messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -237,6 +237,9 @@ def test_the_embedding_model_does_not_chat_or_complete(client: openai.OpenAI) ->
     with pytest.raises(openai.NotFoundError) as completion:
         client.completions.create(model="minilm", prompt="hi", max_tokens=4)
     assert "served at /v1/embeddings, not at /v1/completions" in str(completion.value)
+    with pytest.raises(openai.NotFoundError) as response:
+        client.responses.create(model="minilm", input="hi")
+    assert "served at /v1/embeddings, not at /v1/responses" in str(response.value)
 
 
 @pytest.mark.parametrize(

@@ -194,5 +194,7 @@ def test_an_unknown_v1_path_is_an_openai_error_naming_it(
     assert (error["type"], error["code"]) == ("invalid_request_error", "unknown_url")
     assert error["message"].startswith(f"Invalid URL ({method} {path}): this gateway does not "
                                        f"implement {path} of the OpenAI API")  # fmt: skip
-    for served in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"):
+    served_paths = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+                    "/v1/responses")  # fmt: skip
+    for served in served_paths:
         assert served in error["message"]
