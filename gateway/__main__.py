@@ -58,7 +58,8 @@ def main() -> None:
         log_level=settings.server.log_level.lower(),
         access_log=False,
         # uvloop and httptools: the event loop and HTTP parser in C, a fifth of the gateway's
-        # CPU per request less than asyncio's loop with h11 (bench/results/gateway_overhead.md).
+        # CPU per request less than asyncio's loop with h11
+        # (bench/results/gateway_overhead/gateway_overhead.md).
         loop="uvloop",
         http=bounded_protocol(settings.limits),
         # Idle connections (new ones too, gateway/api/http_protocol.py) close after this long.

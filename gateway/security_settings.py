@@ -71,7 +71,7 @@ class SiteTlsSettings:
         help="mutual TLS to the sites: the PEM CA that signs site certificates (all three "
         "`GATEWAY_SITE_TLS_*` or none; none: plaintext). A site's `tls_server_name` in the "
         "federation file names its certificate when the endpoint is an IP; see "
-        "[docs/security.md](docs/security.md)",
+        "[security.md](security.md)",
     )
     cert: Path | None = setting(None, help="this gateway's PEM client certificate")
     key: Path | None = setting(None, help="its private key")

@@ -1,8 +1,8 @@
 """Gateway settings: read once from GATEWAY_* environment variables and validated loudly.
 
 Grouped by what they govern; every group is a frozen dataclass read by the shared field-driven
-reader (fedllm_contract/env_settings.py). The README's settings table is generated from the
-fields' help (`python -m devtools.settings_table`).
+reader (fedllm_contract/env_settings.py). The settings table of docs/configuration.md is
+generated from the fields' help (`python -m devtools.settings_table`).
 """
 
 from __future__ import annotations
