@@ -5,9 +5,10 @@ site's defaults) against one input per pass, at several client concurrencies.
     python -m bench.embedding_batching [--requests 256] [--device cpu] [--threads 1] [--rounds 2]
 
 Each request is one Alpaca instruction (the prompts of /work/shared/datasets/alpaca.jsonl, in
-order), tokenized as the gateway does; `concurrency` clients each send their next request when
-the last one is answered. Both ways run the same requests through the same batcher code, in
-alternating rounds (the median is kept). Writes bench/results/embedding_batching.{json,md}.
+order), tokenized as the model's tokenizer does; `concurrency` clients each send their next
+request when the last one is answered. Both ways run the same requests through the same batcher
+code, in alternating rounds (the median is kept). Writes
+bench/results/embeddings/embedding_batching.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import command_line, markdown_table, write_results
+from bench.common import command_line, markdown_table, results_dir, write_results
 from site_engine.embedding.batcher import (
     EmbeddingBatcher,
     EmbeddingLimits,
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         f"medians of {args.rounds} rounds.\n\n{table}\n"
     )
     payload = {"rows": rows, "device": args.device, "threads": args.threads}
-    write_results("embedding_batching", payload, text, command_line("bench.embedding_batching",
-                                                                     argv))  # fmt: skip
+    command = command_line("bench.embedding_batching", argv)
+    write_results("embedding_batching", payload, text, command, results_dir("embeddings"))
     print(text)
     return 0
 
