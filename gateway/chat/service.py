@@ -120,7 +120,8 @@ class ChatService:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
         state. Dispatch is then CompletionService.dispatch, as for /v1/completions. `api`: the
         API the request came through (the Responses API prepares its requests here too)."""
-        if req.model not in self._templates or req.model not in self._tokenizers:
+        self._completions.preparer.check_model(req.model, api)
+        if req.model not in self._templates:
             raise model_not_found(req.model)
         reject_unsupported(req)
         tools = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)

@@ -41,11 +41,15 @@ class CompletionService:
         predictors: ModelPredictors | None = None,
         metrics: GatewayMetrics | None = None,
         shared_prefix_cache_models: frozenset[str] = frozenset(),
+        embedding_models: frozenset[str] = frozenset(),
     ) -> None:
         """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
-        API keys (the federation file's `share_prefix_cache`)."""
+        API keys (the federation file's `share_prefix_cache`); `embedding_models`: those that
+        serve /v1/embeddings only."""
         self.metrics = metrics or GatewayMetrics()
-        self.preparer = Preparer(settings, registry, tokenizers, shared_prefix_cache_models)
+        self.preparer = Preparer(
+            settings, registry, tokenizers, shared_prefix_cache_models, embedding_models
+        )
         self.prediction = LengthPrediction(predictors or ModelPredictors(PredictorService(None)))
         self.records = RequestRecords(settings, request_log, self.metrics)
         self.admitter = Admitter(settings.limits.max_in_flight, self.records.writer)
