@@ -120,6 +120,7 @@ async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]
     request's id, choices renumbered prompt * n + choice), one usage chunk for all, [DONE]."""
     first = dispatches[0].prepared
     n = first.params.n
+    unreached = "its client went away before this prompt's turn"
     try:
         for number, dispatch in enumerate(dispatches):
             state = _CompletionStream()
@@ -133,10 +134,11 @@ async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]
             completion = sum(u.completion_tokens for u in totals)
             yield _event(_chunk(first, [], Usage(prompt, completion, prompt + completion)))
     except (OpenAIError, GatewayError) as exc:
+        unreached = "an earlier prompt of its request failed"
         yield _event(error_envelope(exc))
     finally:
-        for dispatch in dispatches:  # prompts not reached (client gone): their slots back
-            dispatch.abandon()
+        for dispatch in dispatches:  # prompts not reached: recorded, settled, slots back
+            dispatch.cancel_unstarted(unreached)
     yield b"data: [DONE]\n\n"
 
 

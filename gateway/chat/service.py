@@ -22,7 +22,7 @@ from gateway.chat.templates import (
 from gateway.chat.tools import ToolRequest, check_tools, tool_constraint, tools_prompt
 from gateway.chat.turns import TemplateAbilities, Turn, conversation
 from gateway.completions.sampling_options import RequestedOptions, check_stream_options
-from gateway.dispatch.request import PreparedCompletion, ToolCallParsing
+from gateway.dispatch.request import Api, PreparedCompletion, ToolCallParsing
 from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.federation import ToolCallFormat
 from gateway.request_path.prepare import Delivery, Sampling
@@ -130,10 +130,14 @@ class ChatService:
             template, turns, specials, add_generation_prompt=True, tools=tools
         )
 
-    def prepare(self, req: ChatCompletionRequest) -> PreparedCompletion:
+    def prepare(
+        self, req: ChatCompletionRequest, api: Api = "chat.completions"
+    ) -> PreparedCompletion:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
-        state. Dispatch is then CompletionService.dispatch, as for /v1/completions."""
-        if req.model not in self._templates or req.model not in self._tokenizers:
+        state. Dispatch is then CompletionService.dispatch, as for /v1/completions. `api`: the
+        API the request came through (the Responses API prepares its requests here too)."""
+        self._completions.preparer.check_model(req.model, api)
+        if req.model not in self._templates:
             raise model_not_found(req.model)
         reject_unsupported(req)
         tools, legacy = _tools(req)
@@ -174,7 +178,7 @@ class ChatService:
             prompt_cache_key=req.prompt_cache_key,
         )
         prepared = self._completions.preparer.prepare_tokens(
-            req.model, prompt_ids, _predictor_text(turns), sampling, delivery, "chat.completions"
+            req.model, prompt_ids, _predictor_text(turns), sampling, delivery, api
         )
         if tools is None:
             return prepared

@@ -37,6 +37,7 @@ from gateway.db.models.requests import (
     RequestStatus,
     Site,
 )
+from gateway.db.models.responses import StoredResponse
 from gateway.db.models.tenancy import (
     AdminLoginFailure,
     AdminSession,
@@ -74,6 +75,7 @@ __all__ = [
     "RetrainJobState",
     "Site",
     "StoredFile",
+    "StoredResponse",
     "UTCDateTime",
     "utcnow",
 ]
