@@ -18,6 +18,7 @@ from gateway.api.chat_routes import ChatController
 from gateway.api.client_auth import authenticate_caller
 from gateway.api.completion_routes import CompletionsController, provide_completion_call
 from gateway.api.database_errors import DATABASE_EXCEPTION_HANDLERS
+from gateway.api.embedding_routes import EmbeddingsController
 from gateway.api.file_routes import FilesController
 from gateway.api.key_routes import AdminKeysController
 from gateway.api.metrics_routes import HttpMetricsMiddleware, MetricsController
@@ -33,6 +34,8 @@ PROVIDED = (
     "settings",
     "tokenizers",
     "completions",
+    "embeddings",
+    "tokenize_pool",
     "files",
     "batches",
     "responses",
@@ -79,6 +82,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
         route_handlers=[
             CompletionsController,
             ChatController,
+            EmbeddingsController,
             ResponsesController,
             FilesController,
             BatchesController,

@@ -28,7 +28,10 @@ from gateway.chat.service import ChatService
 from gateway.chat.templates import ChatTemplates
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_counter_engine, create_engine, create_sessionmaker
-from gateway.federation import load_federation
+from gateway.embeddings.prepare import EmbeddingPreparer
+from gateway.embeddings.route import EmbeddingRouter
+from gateway.embeddings.service import EmbeddingService
+from gateway.federation import FederationConfig, ModelTask, load_federation
 from gateway.files.service import FileService
 from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
@@ -90,6 +93,40 @@ def _key_limits(database_url: str, overshoot: float, metrics: GatewayMetrics) ->
     return limits
 
 
+def _task_of(federation: FederationConfig, model: str) -> ModelTask:
+    config = federation.model(model)
+    return config.task if config is not None else "generate"
+
+
+def _embedding_service(
+    settings: GatewaySettings,
+    federation: FederationConfig,
+    registry: SiteRegistry,
+    tokenizers: ModelTokenizers,
+    completions: CompletionService,
+) -> EmbeddingService:
+    """The Embeddings API, admitted and recorded by the completions' own owners (one in-flight
+    bound and one request log for every API)."""
+    return EmbeddingService(
+        EmbeddingPreparer(
+            registry,
+            tokenizers,
+            [model.name for model in federation.embedding_models],
+            settings.limits.max_prompt_chars_per_token,
+        ),
+        EmbeddingRouter(
+            registry,
+            completions.metrics,
+            settings.routing.site_max_queued_requests or None,
+            settings.routing.site_max_queued_tokens or None,
+        ),
+        completions.admitter,
+        completions.records,
+        completions.metrics,
+        settings.limits.request_timeout_s,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayAssembly:
     """The gateway's long-lived parts, each built once; the HTTP layer is handed the ones each
@@ -103,6 +140,8 @@ class GatewayAssembly:
     tokenize_pool: TokenizePool
     completions: CompletionService
     chat: ChatService
+    # POST /v1/embeddings, for the models the federation file marks as embedding models.
+    embeddings: EmbeddingService
     # Uploaded batch input files and the batches' result files (the Files API).
     files: FileService
     batches: BatchService
@@ -140,7 +179,8 @@ class GatewayAssembly:
         scaling = load_scaling(scaling_file, served) if scaling_file is not None else None
         site_tls = load_site_tls(settings)  # unreadable certificate files stop the start
         tokenizers = ModelTokenizers(federation.models)
-        chat_templates = ChatTemplates.load(federation.models)  # a bad template stops the start
+        # A bad template stops the start; an embedding model has none (it does not chat).
+        chat_templates = ChatTemplates.load(federation.generative_models)
         if settings.database.auto_migrate:
             _ensure_sqlite_dir(settings.database.url)
             await asyncio.to_thread(upgrade, settings.database.url)
@@ -151,7 +191,13 @@ class GatewayAssembly:
             SiteState(
                 config=site,
                 site_id=site_ids[site.name],
-                client=site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+                client=site_client(
+                    site,
+                    settings.sites.connect_timeout_s,
+                    site_tls,
+                    tokenizers,
+                    _task_of(federation, site.model),
+                ),
                 prefix=SitePrefix(settings.routing.prefix_index_max_blocks),
             )
             for site in federation.sites
@@ -160,11 +206,17 @@ class GatewayAssembly:
             registry, settings.sites.load_report_interval_ms, settings.sites.load_report_stale_s
         )
         monitor = HealthMonitor(
-            registry, tokenizers.fingerprints, settings.sites.health_interval_s, listener.stale
+            registry,
+            tokenizers.fingerprints,
+            settings.sites.health_interval_s,
+            listener.stale,
+            tasks={model.name: model.task for model in federation.models},
         )
         await monitor.check_once()  # route from the first request on, not after one interval
         predictor_registry = PredictorRegistry(sessions)
-        predictor = await start_predictors(settings, federation.models, predictor_registry)
+        # Only generative models have answers whose length to predict.
+        generative = federation.generative_models
+        predictor = await start_predictors(settings, generative, predictor_registry)
         predictor.start()
         metrics = GatewayMetrics()
         metrics.watch_sites(registry.all)
@@ -183,7 +235,9 @@ class GatewayAssembly:
             predictor,
             metrics,
             frozenset(m.name for m in federation.models if m.share_prefix_cache),
+            frozenset(m.name for m in federation.embedding_models),
         )
+        embeddings = _embedding_service(settings, federation, registry, tokenizers, completions)
         key_limits = _key_limits(
             settings.database.url, settings.limits.token_limit_overshoot, metrics
         )
@@ -213,14 +267,14 @@ class GatewayAssembly:
             request_timeout_s=settings.limits.request_timeout_s,
         )
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
-        tool_formats = {model.name: model.tool_call_format for model in federation.models}
+        tool_formats = {model.name: model.tool_call_format for model in generative}
         chat = ChatService(
             chat_templates,
             tokenizers,
             completions,
             tool_formats,
             parse_special_tokens=[
-                model.name for model in federation.models if model.parse_special_tokens_in_messages
+                model.name for model in generative if model.parse_special_tokens_in_messages
             ],
         )
         files = FileService(settings, FileStore(sessions), tokenize_pool)
@@ -238,7 +292,7 @@ class GatewayAssembly:
             tenancy=tenancy,
         )
         tenancy.add_revoke_hook(batches.runner.key_revoked)  # a revoked key's batches stop
-        served_models = [model.name for model in federation.models]
+        served_models = [model.name for model in generative]
         retrain_jobs = RetrainJobStore(sessions)
         health = PredictorHealth(
             sessions, served_models, settings.drift, settings.retrain, retrain_jobs
@@ -252,6 +306,7 @@ class GatewayAssembly:
             tokenize_pool=tokenize_pool,
             completions=completions,
             chat=chat,
+            embeddings=embeddings,
             files=files,
             batches=batches,
             responses=responses,

@@ -34,13 +34,15 @@ class BatchSettings:
     )
     uploads_in_flight: int = setting(
         4,
-        help="files and batches one gateway receives and validates at once; beyond, 429 "
-        "`gateway_overloaded` with `Retry-After` before the body is read (a slow body is cut "
-        "by `GATEWAY_BODY_TIMEOUT_S`)",
+        help="files and batches one gateway validates at once (parses, tokenizes); an upload "
+        "whose body is in waits its turn for one of these places",
     )
     uploads_per_key: int = setting(
         1,
-        help="of those, what one key may have at once (429 beyond, before the body is read)",
+        help="files and batches one key may have under way at once, from the first byte to the "
+        "answer; beyond, 429 `gateway_overloaded` with `Retry-After` before the body is read. "
+        "Receiving is bounded only per key, so a key whose bodies stall never holds another's "
+        "(a slow body is cut by `GATEWAY_BODY_TIMEOUT_S`)",
     )
 
     def __post_init__(self) -> None:

@@ -1,8 +1,8 @@
 """Gateway settings: read once from GATEWAY_* environment variables and validated loudly.
 
 Grouped by what they govern; every group is a frozen dataclass read by the shared field-driven
-reader (fedllm_contract/env_settings.py). The README's settings table is generated from the
-fields' help (`python -m devtools.settings_table`).
+reader (fedllm_contract/env_settings.py). The settings table of docs/configuration.md is
+generated from the fields' help (`python -m devtools.settings_table`).
 """
 
 from __future__ import annotations
@@ -260,6 +260,11 @@ class LimitsSettings:
         help="a request's headers must be complete this long after its connection opened or "
         "its previous answer ended; else 408 `request_timeout` and the connection is closed",
     )
+    max_header_bytes: int = setting(
+        65536,
+        help="the most a request line and its headers may take together; past it 431 "
+        "`headers_too_large` before the rest is read, and the connection is closed",
+    )
     keep_alive_timeout_s: int = setting(
         5,
         help="a connection with no request under way (a new one included) that sends nothing "
@@ -302,6 +307,7 @@ class LimitsSettings:
         )
         require_at_least(self, 0, "max_continuations")
         require_at_least(self, 1, "outcome_backlog_max", "max_choices")
+        require_at_least(self, 4096, "max_header_bytes")
         if self.max_in_flight < 1 or self.idempotency_ttl_s <= 0:
             raise SettingsError("GATEWAY_MAX_IN_FLIGHT >= 1, GATEWAY_IDEMPOTENCY_TTL_S > 0")
         if self.token_limit_overshoot < 1:

@@ -50,6 +50,8 @@ ASSET_FILES = {
     "uPlot.iife.min.js": (_UPLOT / "uPlot.iife.min.js", "text/javascript"),
     "uPlot.min.css": (_UPLOT / "uPlot.min.css", "text/css"),
     "dashboard.js": (UI_DIR / "static" / "dashboard.js", "text/javascript"),
+    # The charts' scales, legends and notes (a module dashboard.js imports).
+    "charts.js": (UI_DIR / "static" / "charts.js", "text/javascript"),
     # The predictors' drift panel (a module dashboard.js imports).
     "predictors.js": (UI_DIR / "static" / "predictors.js", "text/javascript"),
     # The capacity panel: sites per model and the scaling events (a module dashboard.js imports).

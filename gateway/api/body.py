@@ -11,7 +11,9 @@ from gateway import client_json
 from gateway.api.openai_errors import OpenAIError, invalid_request
 
 T = TypeVar("T")
-_PARAM_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+# The field at fault: msgspec names it "at `$.field...`", or "at `key` in `$.field`" for a
+# mapping's key (metadata's).
+_PARAM_PATH = re.compile(r"`\$\.([A-Za-z_]+)")
 _MISSING_FIELD = re.compile(r"missing required field `([A-Za-z_]+)`")
 
 

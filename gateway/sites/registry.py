@@ -198,6 +198,17 @@ class SiteRegistry:
         ]
         return min(lengths) if lengths else None
 
+    def embedding_dimension(self, model: str) -> int | None:
+        """The length of the model's vectors as its healthy sites say it (None: none says, or
+        they disagree, and each site decides what it can give)."""
+        said = {
+            s.info.embedding_dimension
+            for s in self._sites.values()
+            if s.healthy and s.info is not None and s.config.model == model
+            and s.info.embedding_dimension > 0
+        }  # fmt: skip
+        return said.pop() if len(said) == 1 else None
+
     async def close(self) -> None:
         for site in self._sites.values():
             await site.client.close()

@@ -2,10 +2,11 @@
 into a grammar matcher (llguidance), cached by constraint, and the matcher as the Guide the
 scheduler advances and the sampler reads (site_engine/engine/types.py).
 
-Compiling a schema for a tokenizer costs about a millisecond (bench/results/grammar_engines.md)
-and a new matcher needs the tokenizer's token trie once per engine (~1 s), so the engine keeps
-one compiled matcher per constraint (least recently used out past `cache_size`) and gives each
-request a copy of it, whose state is that request's alone.
+Compiling a schema for a tokenizer costs about a millisecond
+(bench/results/structured_output/grammar_engines.md) and a new matcher needs the tokenizer's token
+trie once per engine (~1 s), so the engine keeps one compiled matcher per constraint (least recently
+used out past `cache_size`) and gives each request a copy of it, whose state is that request's
+alone.
 
 Imports no torch: the masks are written into int32 buffers the sampler owns.
 """
@@ -117,7 +118,7 @@ class MaskFiller:
     thread is inside llguidance (so it never waits for the GIL while the caller runs Python,
     which would stall both), and the thread returns the GIL only when `wait` releases it. A
     worker that also advanced grammars and built its own batches was tried and lost to GIL
-    contention (bench/results/gpu_runs_2026-11-25.md)."""
+    contention (bench/results/gpu_sessions/gpu_runs_2026-11-25.md)."""
 
     def __init__(self) -> None:
         self._go = threading.Semaphore(0)

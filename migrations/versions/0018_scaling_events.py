@@ -1,7 +1,7 @@
 """scaling_events: the scaling controller's decisions and sites joining and leaving
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-11-26 10:00:00.000000
 
 `scaling_events` keeps each decision of the scaling controller (gateway/scaling/), what its
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0017"
-down_revision: str | None = "0016"
+revision: str = "0018"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
