@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.common import results_dir
 from bench.elastic.arms import ARMS, ELASTIC_SITE, ArmProcesses, start_arm
 from bench.elastic.presets import PRESETS, ElasticPreset
 from bench.elastic.report import arm_result, write
@@ -41,7 +42,7 @@ from devtools.forkserver import FORK_SERVER_ENV
 from fedllm_contract.tokenizer import load_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-RESULTS = REPO_ROOT / "bench" / "results" / "elastic"
+RESULTS = results_dir("elastic")
 _STARTED = time.monotonic()
 
 
