@@ -10,7 +10,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# One folder per benchmark under bench/results (its README.md indexes the current figure of each
+# claim); a run that a later one replaces moves to that folder's archive/.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def results_dir(benchmark: str) -> Path:
+    """Where a benchmark's results go by default: bench/results/BENCHMARK."""
+    return RESULTS_DIR / benchmark
 
 
 def machine() -> dict[str, Any]:
@@ -60,21 +67,20 @@ def write_results(
     payload: dict[str, Any],
     markdown: str,
     command: str,
-    directory: Path | None = None,
+    directory: Path,
 ) -> Path:
-    """Writes bench/results/NAME.json and NAME.md (the command that made them included), or
-    into `directory` when given."""
-    results_dir = directory if directory is not None else RESULTS_DIR
-    results_dir.mkdir(parents=True, exist_ok=True)
+    """Writes DIRECTORY/NAME.json and NAME.md (the command that made them included);
+    `directory` is the benchmark's folder (`results_dir(...)`) unless the command named another."""
+    directory.mkdir(parents=True, exist_ok=True)
     stamped = {
         "command": command,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         **payload,
     }
-    json_path = results_dir / f"{name}.json"
+    json_path = directory / f"{name}.json"
     json_path.write_text(json.dumps(stamped, indent=2) + "\n")
-    (results_dir / f"{name}.md").write_text(
+    (directory / f"{name}.md").write_text(
         f"# {name}\n\nCommand: `{command}`\n\nMachine: {stamped['machine']}\n\n{markdown}\n"
     )
     return json_path

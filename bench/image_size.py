@@ -8,7 +8,7 @@ index as the image takes it) and the source folders it copies. Sizes are the byt
 distribution's installed files. The base image (python:3.11-slim) is the same in both and left
 out.
 
-    python -m bench.image_size      # writes bench/results/gateway_image_size.{json,md}
+    python -m bench.image_size      # writes bench/results/image_size/gateway_image_size.{json,md}
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from bench.common import results_dir
+
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
+RESULTS = results_dir("image_size")
 MIB = 1 << 20
 
 

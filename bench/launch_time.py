@@ -5,7 +5,7 @@
 
 Each round starts a site on a tiny random Llama (its gRPC port announced) and a gateway in front
 of it (SQLite; /readyz reports the site healthy), once per launch mode, the modes alternating so
-that a change of the host's speed hits both. Writes bench/results/launch_time.{json,md}.
+that a change of the host's speed hits both. Writes bench/results/launch_time/launch_time.{json,md}.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from devtools.forkserver import FORK_SERVER_ENV
 from devtools.launch import (
     GATEWAY_PYTHON_ENV,
@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = "python -m bench.launch_time " + " ".join(given)
     payload = {"seconds": seconds, "gateway_python": gateway_python()}
-    write_results("launch_time", payload, f"{table}\n\n{note}\n", command)
+    write_results(
+        "launch_time", payload, f"{table}\n\n{note}\n", command, results_dir("launch_time")
+    )
     print(table)
     return 0
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import command_line, markdown_table, write_results
+from bench.common import command_line, markdown_table, results_dir, write_results
 from predictor.datasets import load_corpus
 from predictor.prepare import split_of
 from predictor.runtime import LengthPredictor
@@ -167,7 +167,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     payload = {"predictor": str(args.predictor), "labels": str(args.labels), "splits": results}
     path = write_results(
-        args.name, payload, markdown(results), command_line("bench.remaining_tokens", argv)
+        args.name,
+        payload,
+        markdown(results),
+        command_line("bench.remaining_tokens", argv),
+        results_dir("predictor"),
     )
     print(path.with_suffix(".md").read_text())
 

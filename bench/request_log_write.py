@@ -8,7 +8,7 @@ outcomes, and their length samples) for batches of 1, 5 and 50 requests, on SQLi
 with --postgres, on PostgreSQL. CPU is this process's (every thread: the aiosqlite thread and
 the transaction thread included), per transaction; the two ways alternate in rounds so that a
 change of the host's speed hits both. The process is pinned to one core, as the gateway is in
-the overhead benchmark. Writes bench/results/request_log_write.{json,md}.
+the overhead benchmark. Writes bench/results/gateway_overhead/request_log_write.{json,md}.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import cast
 
 from sqlalchemy import Table, insert
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from gateway.db.migrate import upgrade
 from gateway.db.models import InferenceRequest, LengthSample, RequestStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     payload = {"cpu_ms_per_transaction": results}
-    write_results("request_log_write", payload, text, command)
+    write_results("request_log_write", payload, text, command, results_dir("gateway_overhead"))
     print(text)
     return 0
 

@@ -27,6 +27,7 @@ from devtools.demo_report import (
     DemoAnswer,
     prediction_error,
     print_answers,
+    print_keep_running,
     print_prediction_error,
     print_predictions,
     print_site_table,
@@ -347,11 +348,7 @@ def _run(args: argparse.Namespace) -> int:
         for failure in (a for a in answers if not a.ok):
             print(f"  failed: {failure.detail}", file=sys.stderr)
         if args.keep_running:
-            print(
-                f"services keep running: {base_url} (logs in {work_dir}); Ctrl-C (or SIGTERM) "
-                "stops them"
-            )
-            print(f"dashboard: {base_url}/admin  sign in with the admin token: {admin_token}")
+            print_keep_running(base_url, MODEL_NAME, str(work_dir), admin_token)
             _wait_forever()
         return 0 if ok == len(answers) else 1
     finally:

@@ -1,9 +1,15 @@
 """What the demo prints: a few real answers, every answer's predicted and actual length, per-site
 totals, and the predictor's error on the requests it just served (predicted vs actual answer
-tokens, over those answers alone: the dashboard's figures cover other sets, each says which)."""
+tokens, over those answers alone: the dashboard's figures cover other sets, each says which);
+with --keep-running, a curl command ready to paste against the gateway it left running.
+
+The README shows the same command with PORT for the port (tests/unit/devtools/test_demo_report.py
+checks they are one), so the README's example is the command the demo prints.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +43,30 @@ class PredictionError:
     spearman: float
     mean_predicted: float
     mean_actual: float
+
+
+# The question of the README's examples: short, so that the answer comes in a second or two.
+TRY_IT_QUESTION = "Name three clouds."
+TRY_IT_MAX_TOKENS = 64
+
+
+def try_it_command(base_url: str, model: str) -> str:
+    """A chat completion with curl against `base_url`, as a shell reads it when pasted."""
+    head = f'{{"model": {json.dumps(model)}, "max_tokens": {TRY_IT_MAX_TOKENS},'
+    turn = json.dumps({"role": "user", "content": TRY_IT_QUESTION})
+    return (
+        f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"  -d '{head}\n"
+        f'       "messages": [{turn}]}}\''
+    )
+
+
+def print_keep_running(base_url: str, model: str, work_dir: str, admin_token: str) -> None:
+    """What --keep-running leaves up, and what to do with it."""
+    print(f"\nservices keep running: {base_url} (logs in {work_dir}); Ctrl-C (or SIGTERM) stops")
+    print("try it (paste into another terminal; on loopback no API key is needed):\n")
+    print(try_it_command(base_url, model))
+    print(f"\ndashboard: {base_url}/admin  sign in with the admin token: {admin_token}", flush=True)
 
 
 def _one_line(text: str, width: int) -> str:

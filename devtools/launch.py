@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,6 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -46,6 +49,8 @@ _FORKABLE: dict[str, tuple[str, ...]] = {
     ),
 }
 _fork_servers: dict[tuple[str, str], ForkServer] = {}
+# The admin token of each gateway started here, by its port: readiness() of a URL sends it.
+_admin_tokens: dict[int, str] = {}
 _fork_servers_lock = threading.Lock()
 
 
@@ -67,6 +72,8 @@ class ManagedProcess:
     log_path: Path
     port: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    # A gateway's GATEWAY_ADMIN_TOKEN: its readiness report is for operators only (readiness()).
+    admin_token: str | None = field(default=None, repr=False)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -271,15 +278,18 @@ def start_gateway(
     wrapper: Sequence[str] = (),
     python: str | None = None,
 ) -> ManagedProcess:
-    """Starts `python -m gateway` and waits until /readyz reports enough healthy sites. `python`:
-    the interpreter (default: gateway_python(); a gateway that runs retrain jobs needs one with
-    the training extras, as the trainer image has)."""
+    """Starts `python -m gateway` and waits until its readiness report shows enough healthy
+    sites. `python`: the interpreter (default: gateway_python(); a gateway that runs retrain
+    jobs needs one with the training extras, as the trainer image has). Without a
+    GATEWAY_ADMIN_TOKEN in `env` it gets a random one, kept in the process (readiness() reads
+    the readiness report with it)."""
     port = port or free_port()
     gateway_env = {
         "GATEWAY_FEDERATION_FILE": str(federation_file),
         "GATEWAY_DATABASE_URL": database_url,
         "GATEWAY_PORT": str(port),
         "GATEWAY_HEALTH_INTERVAL_S": "0.5",
+        "GATEWAY_ADMIN_TOKEN": secrets.token_urlsafe(24),
         **(env or {}),
     }
     process = _spawn(
@@ -291,18 +301,34 @@ def start_gateway(
         python or gateway_python(),
     )
     process.port = port
+    process.admin_token = _admin_tokens[port] = gateway_env["GATEWAY_ADMIN_TOKEN"]
     _wait_for_gateway(process, expect_healthy_sites, timeout_s)
     return process
 
 
+def readiness(gateway: ManagedProcess | str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The gateway's readiness report (database, sites, drains, request log, predictors):
+    /admin/api/readiness, with the admin token start_gateway() gave it (/readyz tells anyone
+    only whether it is ready). `gateway`: the process, or its base URL (http://127.0.0.1:PORT)
+    if start_gateway() started it here."""
+    if isinstance(gateway, ManagedProcess):
+        base, token = f"http://127.0.0.1:{gateway.port}", gateway.admin_token
+    else:
+        base = gateway.rstrip("/")
+        token = _admin_tokens.get(urlsplit(base).port or 0)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = httpx.get(f"{base}/admin/api/readiness", headers=headers, timeout=timeout_s)
+    body: dict[str, Any] = answer.json()
+    return body
+
+
 def _wait_for_gateway(process: ManagedProcess, healthy_sites: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    url = f"http://127.0.0.1:{process.port}/readyz"
     while time.monotonic() < deadline:
         if not process.alive():
             raise LaunchError(f"gateway exited:\n{process.log_tail()}")
         try:
-            body = httpx.get(url, timeout=2).json()
+            body = readiness(process, timeout_s=2)
         except (httpx.HTTPError, ValueError):
             time.sleep(0.2)
             continue

@@ -1,5 +1,5 @@
 """Decoding constraints as grammars of llguidance, the grammar engine the sites enforce them
-with (bench/results/grammar_engines.md says why that one).
+with (bench/results/structured_output/grammar_engines.md says why that one).
 
 The gateway and the sites build a constraint's grammar with the same function, so the gateway
 can refuse a schema the sites could not enforce (an invalid schema, a feature llguidance has

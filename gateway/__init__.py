@@ -11,7 +11,8 @@ gRPC's C core reads GRPC_EXPERIMENTS once, when grpc loads, so it is set here to
 channels to its sites run on gRPC's older client I/O path (`-event_engine_client`): each site
 chunk took fewer thread hops to reach the event loop, 0.52 -> 0.37 ms of CPU per 9-message
 Generate call and -0.06 / -0.10 ms of a lone request's latency (non-stream / stream TTFT), c=32
-unchanged (bench/results/grpc_client_path.md). An operator's own GRPC_EXPERIMENTS wins.
+unchanged (bench/results/gateway_overhead/grpc_client_path.md). An operator's own GRPC_EXPERIMENTS
+wins.
 """
 
 import os

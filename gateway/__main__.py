@@ -51,6 +51,9 @@ def main() -> None:
     # nothing in its collections while serving (each full one would walk them all) or at exit.
     gc.collect()
     gc.freeze()
+    proxies = settings.access.proxy_networks()
+    if proxies:
+        log.info("X-Forwarded-For is believed from %s", ", ".join(proxies))
     uvicorn.run(
         app,
         host=settings.server.host,
@@ -58,11 +61,17 @@ def main() -> None:
         log_level=settings.server.log_level.lower(),
         access_log=False,
         # uvloop and httptools: the event loop and HTTP parser in C, a fifth of the gateway's
-        # CPU per request less than asyncio's loop with h11 (bench/results/gateway_overhead.md).
+        # CPU per request less than asyncio's loop with h11
+        # (bench/results/gateway_overhead/gateway_overhead.md).
         loop="uvloop",
         http=bounded_protocol(settings.limits),
         # Idle connections (new ones too, gateway/api/http_protocol.py) close after this long.
         timeout_keep_alive=settings.limits.keep_alive_timeout_s,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: anyone reaching
+        # the gateway through a proxy, tunnel or sidecar on its host could then be any address
+        # (issue 48). Only the proxies the operator names are believed.
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=list(proxies),
     )
 
 

@@ -18,11 +18,13 @@ from gateway.api.chat_routes import ChatController
 from gateway.api.client_auth import authenticate_caller
 from gateway.api.completion_routes import CompletionsController, provide_completion_call
 from gateway.api.database_errors import DATABASE_EXCEPTION_HANDLERS
+from gateway.api.embedding_routes import EmbeddingsController
 from gateway.api.file_routes import FilesController
 from gateway.api.key_routes import AdminKeysController
 from gateway.api.metrics_routes import HttpMetricsMiddleware, MetricsController
 from gateway.api.model_routes import HealthController, ModelsController
 from gateway.api.openai_errors import EXCEPTION_HANDLERS
+from gateway.api.responses_routes import ResponsesController, provide_response_call
 from gateway.assembly import GatewayAssembly
 from gateway.settings import GatewaySettings
 
@@ -32,12 +34,17 @@ PROVIDED = (
     "settings",
     "tokenizers",
     "completions",
+    "embeddings",
+    "tokenize_pool",
     "files",
     "batches",
+    "responses",
     "idempotency",
     "tenancy",
     "dashboard",
     "drainer",
+    "membership",
+    "scaling",
     "retraining",
     "readiness",
     "metrics",
@@ -75,6 +82,8 @@ def create_app(settings: GatewaySettings) -> Litestar:
         route_handlers=[
             CompletionsController,
             ChatController,
+            EmbeddingsController,
+            ResponsesController,
             FilesController,
             BatchesController,
             ModelsController,
@@ -88,6 +97,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             # The client APIs' caller: 401 before anything else for a key that is not allowed.
             "caller": Provide(authenticate_caller),
             "completion_call": Provide(provide_completion_call),
+            "response_call": Provide(provide_response_call),
         },
         exception_handlers={**EXCEPTION_HANDLERS, **DATABASE_EXCEPTION_HANDLERS},
         middleware=[HttpMetricsMiddleware],

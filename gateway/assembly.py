@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.admin.dashboard import Dashboard
 from gateway.admin.drain import SiteDrainer
 from gateway.admin.load_sampler import LoadSampler
+from gateway.admin.membership import SiteMembership
 from gateway.admin.offload import OffloadCoordinator
 from gateway.admin.predictor_health import PredictorHealth
 from gateway.admin.readiness import Readiness
@@ -27,14 +28,21 @@ from gateway.chat.service import ChatService
 from gateway.chat.templates import ChatTemplates
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_counter_engine, create_engine, create_sessionmaker
-from gateway.federation import load_federation
+from gateway.embeddings.prepare import EmbeddingPreparer
+from gateway.embeddings.route import EmbeddingRouter
+from gateway.embeddings.service import EmbeddingService
+from gateway.federation import FederationConfig, ModelTask, load_federation
 from gateway.files.service import FileService
 from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
 from gateway.prediction.lifecycle import follow_registry, start_predictors
 from gateway.request_path.service import CompletionService
+from gateway.responses.service import ResponsesService
 from gateway.routing.policy import build_policy
 from gateway.routing.prefix.site_prefix import SitePrefix
+from gateway.scaling.build import build_controller
+from gateway.scaling.config import load_scaling
+from gateway.scaling.controller import ScalingController
 from gateway.settings import GatewaySettings
 from gateway.sites.factory import site_client
 from gateway.sites.health import HealthMonitor
@@ -49,6 +57,7 @@ from gateway.stores.key_limit_store import KeyLimitStore
 from gateway.stores.login_failures import LoginFailureStore
 from gateway.stores.predictor_registry import PredictorRegistry
 from gateway.stores.request_log import RequestLog
+from gateway.stores.response_store import ResponseStore
 from gateway.stores.retrain_jobs import RetrainJobStore
 from gateway.stores.site_store import sync_sites
 from gateway.tenancy.admission import Tenancy
@@ -84,6 +93,40 @@ def _key_limits(database_url: str, overshoot: float, metrics: GatewayMetrics) ->
     return limits
 
 
+def _task_of(federation: FederationConfig, model: str) -> ModelTask:
+    config = federation.model(model)
+    return config.task if config is not None else "generate"
+
+
+def _embedding_service(
+    settings: GatewaySettings,
+    federation: FederationConfig,
+    registry: SiteRegistry,
+    tokenizers: ModelTokenizers,
+    completions: CompletionService,
+) -> EmbeddingService:
+    """The Embeddings API, admitted and recorded by the completions' own owners (one in-flight
+    bound and one request log for every API)."""
+    return EmbeddingService(
+        EmbeddingPreparer(
+            registry,
+            tokenizers,
+            [model.name for model in federation.embedding_models],
+            settings.limits.max_prompt_chars_per_token,
+        ),
+        EmbeddingRouter(
+            registry,
+            completions.metrics,
+            settings.routing.site_max_queued_requests or None,
+            settings.routing.site_max_queued_tokens or None,
+        ),
+        completions.admitter,
+        completions.records,
+        completions.metrics,
+        settings.limits.request_timeout_s,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayAssembly:
     """The gateway's long-lived parts, each built once; the HTTP layer is handed the ones each
@@ -97,9 +140,13 @@ class GatewayAssembly:
     tokenize_pool: TokenizePool
     completions: CompletionService
     chat: ChatService
+    # POST /v1/embeddings, for the models the federation file marks as embedding models.
+    embeddings: EmbeddingService
     # Uploaded batch input files and the batches' result files (the Files API).
     files: FileService
     batches: BatchService
+    # The Responses API over chat, and its stored responses.
+    responses: ResponsesService
     # Stored results of requests sent with an Idempotency-Key (gateway/idempotency.py).
     idempotency: Idempotency
     # API keys and their limits (counted in this process on SQLite, in PostgreSQL for every
@@ -109,6 +156,10 @@ class GatewayAssembly:
     dashboard: Dashboard
     # Operators' drains of sites (gateway/admin/drain.py).
     drainer: SiteDrainer
+    # Sites joining and leaving at run time (gateway/admin/membership.py).
+    membership: SiteMembership
+    # Capacity that follows load (gateway/scaling/), when GATEWAY_SCALING_FILE names models.
+    scaling: ScalingController | None
     # Each served model's predictor error on recent traffic, and the retrain jobs asked for.
     retraining: Retraining
     readiness: Readiness
@@ -123,9 +174,13 @@ class GatewayAssembly:
     @classmethod
     async def start(cls, settings: GatewaySettings) -> GatewayAssembly:
         federation = load_federation(settings.federation_file)
+        served = frozenset(model.name for model in federation.models)
+        scaling_file = settings.scaling.file
+        scaling = load_scaling(scaling_file, served) if scaling_file is not None else None
         site_tls = load_site_tls(settings)  # unreadable certificate files stop the start
         tokenizers = ModelTokenizers(federation.models)
-        chat_templates = ChatTemplates.load(federation.models)  # a bad template stops the start
+        # A bad template stops the start; an embedding model has none (it does not chat).
+        chat_templates = ChatTemplates.load(federation.generative_models)
         if settings.database.auto_migrate:
             _ensure_sqlite_dir(settings.database.url)
             await asyncio.to_thread(upgrade, settings.database.url)
@@ -136,7 +191,13 @@ class GatewayAssembly:
             SiteState(
                 config=site,
                 site_id=site_ids[site.name],
-                client=site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+                client=site_client(
+                    site,
+                    settings.sites.connect_timeout_s,
+                    site_tls,
+                    tokenizers,
+                    _task_of(federation, site.model),
+                ),
                 prefix=SitePrefix(settings.routing.prefix_index_max_blocks),
             )
             for site in federation.sites
@@ -145,11 +206,17 @@ class GatewayAssembly:
             registry, settings.sites.load_report_interval_ms, settings.sites.load_report_stale_s
         )
         monitor = HealthMonitor(
-            registry, tokenizers.fingerprints, settings.sites.health_interval_s, listener.stale
+            registry,
+            tokenizers.fingerprints,
+            settings.sites.health_interval_s,
+            listener.stale,
+            tasks={model.name: model.task for model in federation.models},
         )
         await monitor.check_once()  # route from the first request on, not after one interval
         predictor_registry = PredictorRegistry(sessions)
-        predictor = await start_predictors(settings, federation.models, predictor_registry)
+        # Only generative models have answers whose length to predict.
+        generative = federation.generative_models
+        predictor = await start_predictors(settings, generative, predictor_registry)
         predictor.start()
         metrics = GatewayMetrics()
         metrics.watch_sites(registry.all)
@@ -168,11 +235,30 @@ class GatewayAssembly:
             predictor,
             metrics,
             frozenset(m.name for m in federation.models if m.share_prefix_cache),
+            frozenset(m.name for m in federation.embedding_models),
         )
+        embeddings = _embedding_service(settings, federation, registry, tokenizers, completions)
         key_limits = _key_limits(
             settings.database.url, settings.limits.token_limit_overshoot, metrics
         )
         drainer = SiteDrainer(registry, settings.offload.interval_s)
+        membership = SiteMembership(
+            registry,
+            sessions,
+            (monitor, listener),
+            drainer,
+            lambda site: site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+            settings.routing.prefix_index_max_blocks,
+            federation.models,
+            settings.federation_file.resolve().parent,
+            metrics,
+            scaling.drain_timeout_s if scaling is not None else 600.0,
+        )
+        controller = (
+            build_controller(scaling, registry, membership, sessions, metrics)
+            if scaling is not None and scaling.models
+            else None
+        )
         sampler = LoadSampler(
             registry,
             sessions,
@@ -181,17 +267,18 @@ class GatewayAssembly:
             request_timeout_s=settings.limits.request_timeout_s,
         )
         tokenize_pool = TokenizePool(settings.server.tokenize_threads)
-        tool_formats = {model.name: model.tool_call_format for model in federation.models}
+        tool_formats = {model.name: model.tool_call_format for model in generative}
         chat = ChatService(
             chat_templates,
             tokenizers,
             completions,
             tool_formats,
             parse_special_tokens=[
-                model.name for model in federation.models if model.parse_special_tokens_in_messages
+                model.name for model in generative if model.parse_special_tokens_in_messages
             ],
         )
         files = FileService(settings, FileStore(sessions), tokenize_pool)
+        responses = ResponsesService(chat, ResponseStore(sessions), settings.responses)
         tenancy = Tenancy(KeyService(sessions), key_limits, settings.access.require_api_keys)
         batches = BatchService.build(
             settings,
@@ -205,7 +292,7 @@ class GatewayAssembly:
             tenancy=tenancy,
         )
         tenancy.add_revoke_hook(batches.runner.key_revoked)  # a revoked key's batches stop
-        served_models = [model.name for model in federation.models]
+        served_models = [model.name for model in generative]
         retrain_jobs = RetrainJobStore(sessions)
         health = PredictorHealth(
             sessions, served_models, settings.drift, settings.retrain, retrain_jobs
@@ -219,8 +306,10 @@ class GatewayAssembly:
             tokenize_pool=tokenize_pool,
             completions=completions,
             chat=chat,
+            embeddings=embeddings,
             files=files,
             batches=batches,
+            responses=responses,
             idempotency=Idempotency(
                 IdempotencyStore(sessions),
                 settings.limits.idempotency_ttl_s,
@@ -229,6 +318,8 @@ class GatewayAssembly:
             tenancy=tenancy,
             dashboard=Dashboard(settings, registry, sessions),
             drainer=drainer,
+            membership=membership,
+            scaling=controller,
             retraining=Retraining(
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
             ),
@@ -252,6 +343,7 @@ class GatewayAssembly:
             "predictor-drift": health.run(),
             "site-drain": drainer.run(),
             "file-retention": files.delete_expired_forever(),
+            "response-retention": responses.delete_expired_forever(),
             **kv_event_followers(registry.all()),
         }
         missing = missing_training_stack()
@@ -262,6 +354,8 @@ class GatewayAssembly:
             background["retrain-worker"] = worker.run()
         if isinstance(key_limits, SharedKeyLimits):
             background["shared-limits"] = key_limits.run()
+        if controller is not None:
+            background["scaling"] = controller.run()
         if settings.offload.enabled:
             offload = OffloadCoordinator(
                 registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics
@@ -281,6 +375,9 @@ class GatewayAssembly:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.scaling is not None:
+            await self.scaling.close()  # the sites its actuators started stop with the gateway
+        await self.membership.close()
         await self.completions.prediction.predictors.stop()
         await self.completions.drain()
         if isinstance(self.tenancy.limits, SharedKeyLimits):

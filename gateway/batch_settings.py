@@ -1,4 +1,5 @@
-"""The Files and Batch APIs' settings (GATEWAY_FILE_*, GATEWAY_BATCH_*), in GatewaySettings."""
+"""The settings of the APIs that keep what clients sent or were answered: Files, Batches and
+stored responses (GATEWAY_FILE_*, GATEWAY_BATCH_*, GATEWAY_RESPONSE_*), in GatewaySettings."""
 
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ class BatchSettings:
     )
     uploads_in_flight: int = setting(
         4,
-        help="files and batches one gateway receives and validates at once; beyond, 429 "
-        "`gateway_overloaded` with `Retry-After` before the body is read (a slow body is cut "
-        "by `GATEWAY_BODY_TIMEOUT_S`)",
+        help="files and batches one gateway validates at once (parses, tokenizes); an upload "
+        "whose body is in waits its turn for one of these places",
     )
     uploads_per_key: int = setting(
         1,
-        help="of those, what one key may have at once (429 beyond, before the body is read)",
+        help="files and batches one key may have under way at once, from the first byte to the "
+        "answer; beyond, 429 `gateway_overloaded` with `Retry-After` before the body is read. "
+        "Receiving is bounded only per key, so a key whose bodies stall never holds another's "
+        "(a slow body is cut by `GATEWAY_BODY_TIMEOUT_S`)",
     )
 
     def __post_init__(self) -> None:
@@ -85,4 +88,22 @@ class FileSettings:
             raise SettingsError(
                 "GATEWAY_FILE_STORAGE_PER_KEY_BYTES must be >= GATEWAY_FILE_MAX_BYTES"
             )
+        require_positive(self, "retention_h")
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSettings:
+    """The Responses API (gateway/responses/): stored responses live in the database
+    (`responses`)."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_RESPONSE_"
+
+    retention_h: float = setting(
+        720.0,
+        help="how long a stored response (`POST /v1/responses` without `store: false`) can be "
+        "read and continued with `previous_response_id` (OpenAI's 30 days); expired ones are "
+        "deleted every 10 minutes",
+    )
+
+    def __post_init__(self) -> None:
         require_positive(self, "retention_h")

@@ -22,6 +22,14 @@ activates for the model replaces either (gateway/prediction/lifecycle.py). A sit
 (docs/security.md). Relative paths are resolved against the file's folder. Terraform renders
 this file for real deployments (infra/terraform), so it is plain JSON.
 
+A model's `task` is `generate` (the default: /v1/completions, /v1/chat/completions) or `embed`:
+an embedding model (all-MiniLM-L6-v2 and the like), served at /v1/embeddings only, whose sites
+embed their inputs instead of generating (docs/openai-api.md, "Embeddings"). An embedding model
+takes none of the generation fields (chat_template, predictor, share_prefix_cache,
+tool_call_format, parse_special_tokens_in_messages); its sites are of either kind:
+
+    {"name": "minilm", "tokenizer": "models/all-MiniLM-L6-v2", "task": "embed"}
+
 A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`) or `openai`
 (any OpenAI-compatible server: vLLM, SGLang, TGI, or our engine's HTTP face), which names
 `base_url` instead of `endpoint` (docs/external-engines.md):
@@ -65,6 +73,7 @@ _ENDPOINT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 _ZMQ_URL = re.compile(r"^tcp://[A-Za-z0-9.\-\[\]:*]+:\d{1,5}$")
 SiteKind = Literal["grpc", "openai"]
+ModelTask = Literal["generate", "embed"]
 MetricsDialect = Literal["vllm", "sglang", "tgi", "none"]
 StructuredDialect = Literal["vllm", "sglang", "none"]
 _DNS_NAME = Annotated[
@@ -99,6 +108,8 @@ class _ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     # true: the text of a special token in a chat message is that control token (a client can
     # write turns of any role); false (default): it is text (gateway/chat/templates.py).
     parse_special_tokens_in_messages: bool = False
+    # generate (default) or embed: an embedding model, served at /v1/embeddings only.
+    task: ModelTask = "generate"
 
 
 _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
@@ -177,6 +188,7 @@ class ModelConfig:
     share_prefix_cache: bool = False
     tool_call_format: ToolCallFormat = dataclasses.field(default_factory=ToolCallFormat)
     parse_special_tokens_in_messages: bool = False
+    task: ModelTask = "generate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,27 +239,54 @@ class FederationConfig:
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
 
+    @property
+    def generative_models(self) -> tuple[ModelConfig, ...]:
+        return tuple(m for m in self.models if m.task == "generate")
+
+    @property
+    def embedding_models(self) -> tuple[ModelConfig, ...]:
+        return tuple(m for m in self.models if m.task == "embed")
+
 
 def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
     try:
         raw = msgspec.json.decode(data, type=_FederationFile)
     except msgspec.DecodeError as exc:
         raise FederationConfigError(f"invalid federation file: {exc}") from exc
-    models = tuple(
-        ModelConfig(
-            m.name,
-            (base_dir / m.tokenizer).resolve(),
-            None if m.chat_template is None else (base_dir / m.chat_template).resolve(),
-            None if m.predictor is None else (base_dir / m.predictor).resolve(),
-            m.share_prefix_cache,
-            m.tool_call_format or ToolCallFormat(),
-            m.parse_special_tokens_in_messages,
-        )
-        for m in raw.models
-    )
+    models = tuple(_model(m, base_dir) for m in raw.models)
     sites = tuple(_site(s, base_dir) for s in raw.sites)
     _check(models, sites)
     return FederationConfig(models, sites, _profiles(raw.routing_profiles))
+
+
+# What only a generative model takes, with the value that means "not set".
+_GENERATION_FIELDS = {
+    "chat_template": None,
+    "predictor": None,
+    "share_prefix_cache": False,
+    "tool_call_format": None,
+    "parse_special_tokens_in_messages": False,
+}
+
+
+def _model(entry: _ModelEntry, base_dir: Path) -> ModelConfig:
+    if entry.task == "embed":
+        given = sorted(k for k, unset in _GENERATION_FIELDS.items() if getattr(entry, k) != unset)
+        if given:
+            raise FederationConfigError(
+                f"model {entry.name!r} is an embedding model (task embed): it takes none of the "
+                f"generation fields, got {given}"
+            )
+    return ModelConfig(
+        entry.name,
+        (base_dir / entry.tokenizer).resolve(),
+        None if entry.chat_template is None else (base_dir / entry.chat_template).resolve(),
+        None if entry.predictor is None else (base_dir / entry.predictor).resolve(),
+        entry.share_prefix_cache,
+        entry.tool_call_format or ToolCallFormat(),
+        entry.parse_special_tokens_in_messages,
+        entry.task,
+    )
 
 
 def _part(entry: _Part) -> PartSettings:
@@ -375,6 +414,18 @@ def _check(models: tuple[ModelConfig, ...], sites: tuple[SiteConfig, ...]) -> No
             raise FederationConfigError(
                 f"site {site.name!r}: endpoint must be host:port, got {site.endpoint!r}"
             )
+
+
+def parse_site(data: bytes, base_dir: Path, models: tuple[ModelConfig, ...]) -> SiteConfig:
+    """One site entry as the federation file writes it (a site joining at run time: the admin
+    API, gateway/admin/membership.py), checked as the file's sites are."""
+    try:
+        entry = msgspec.json.decode(data, type=_SiteEntry)
+    except msgspec.DecodeError as exc:
+        raise FederationConfigError(f"invalid site: {exc}") from exc
+    site = _site(entry, base_dir)
+    _check(models, (site,))
+    return site
 
 
 def load_federation(path: Path) -> FederationConfig:

@@ -5,8 +5,9 @@ global default), so several gateways in one process (tests) keep separate counts
 (routing, failovers, offloads, predictions, finished requests, HTTP requests) are recorded as
 they happen; the per-site load gauges are read from the SiteRegistry at scrape time by
 SiteLoadCollector, so a scrape always shows the state right now and nothing has to push it.
-Label values are bounded: sites and models come from the federation file, policies, statuses
-and finish reasons from fixed sets, HTTP routes from the app's path templates.
+Label values are bounded: sites and models come from the federation file (and the sites that
+join at run time: an operator's, or the scaling controller's within its max_sites), policies,
+statuses and finish reasons from fixed sets, HTTP routes from the app's path templates.
 docs/metrics.md lists every metric.
 """
 
@@ -155,6 +156,47 @@ class CallbackGauge(Collector):
         yield GaugeMetricFamily(self._name, self._doc, value=float(self._value()))
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCapacity:
+    """One model's capacity as the scaling controller last saw and decided it."""
+
+    model: str
+    serving_sites: int
+    pending_sites: int
+    desired_sites: int
+    backlog_s: float
+    forecast_backlog_s: float
+
+
+SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (
+    ("desired_sites", "Sites the scaling controller wants serving the model (the autoscaler's "
+     "target: KEDA or the HPA scale the sites to it)", lambda m: m.desired_sites),
+    ("serving_sites", "The model's sites taking new work (healthy, not draining)",
+     lambda m: m.serving_sites),
+    ("pending_sites", "Sites asked for that do not serve yet (starting)",
+     lambda m: m.pending_sites),
+    ("backlog_seconds", "Predicted work queued and running at the model's serving sites, in "
+     "seconds of one site's measured throughput, per serving site", lambda m: m.backlog_s),
+    ("forecast_backlog_seconds", "The backlog per site the controller expects one lead time "
+     "ahead (its trend), what scale-out is decided on", lambda m: m.forecast_backlog_s),
+)  # fmt: skip
+
+
+class ScalingCollector(Collector):
+    """Per-model scaling gauges (fedllm_gateway_scaling_*), labelled by model."""
+
+    def __init__(self, models: Callable[[], Iterable[ModelCapacity]]) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        models = list(self._models())
+        for name, doc, value in SCALING_GAUGES:
+            family = GaugeMetricFamily(f"fedllm_gateway_scaling_{name}", doc, labels=("model",))
+            for model in models:
+                family.add_metric([model.model], float(value(model)))
+            yield family
+
+
 def _site_labels(site: SiteState) -> list[str]:
     return [site.name, site.config.cloud, site.config.region]
 
@@ -225,6 +267,14 @@ class GatewayMetrics:
             "fedllm_gateway_http_requests", "HTTP requests by route template, method and status",
             ("route", "method", "status"), registry=r,
         )  # fmt: skip
+        self.site_changes = Counter(
+            "fedllm_gateway_site_changes", "Sites that joined or left at run time (change: "
+            "join, leave), by the admin API or the scaling controller", ("change",), registry=r,
+        )  # fmt: skip
+        self.scaling_decisions = Counter(
+            "fedllm_gateway_scaling_decisions", "The scaling controller's decisions per model "
+            "(action: scale_out, scale_in, start_failed)", ("model", "action"), registry=r,
+        )  # fmt: skip
         self.http_seconds = Histogram(
             "fedllm_gateway_http_request_seconds", "HTTP request latency (a stream: until its "
             "last byte) by route template and method", ("route", "method"), registry=r,
@@ -233,6 +283,11 @@ class GatewayMetrics:
 
     def watch_sites(self, sites: Callable[[], Iterable[SiteState]]) -> None:
         self.registry.register(SiteLoadCollector(sites))
+
+    def watch_scaling(self, models: Callable[[], Iterable[ModelCapacity]]) -> None:
+        """The scaling controller's view of each model (gateway/scaling/), read at each scrape:
+        the signal KEDA or the HPA scales the sites on (deploy/k8s/)."""
+        self.registry.register(ScalingCollector(models))
 
     def watch_backlog(self, name: str, doc: str, value: Callable[[], float]) -> None:
         """Exposes fedllm_gateway_<name>, read from `value` at each scrape."""

@@ -5,6 +5,7 @@ docs/security.md.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -58,6 +59,29 @@ class AccessSettings:
         "WARNING at start); without it such a gateway requires keys, or refuses to start "
         "without `GATEWAY_ADMIN_TOKEN`",
     )
+    trusted_proxies: str = setting(
+        "",
+        shown_default="(none)",
+        help="comma-separated addresses or CIDR networks of the proxies in front of the gateway "
+        "whose `X-Forwarded-For` and `X-Forwarded-Proto` name the client (the admin guessing "
+        "throttle counts that client); none by default: the headers are ignored from everyone, "
+        "loopback included",
+    )
+
+    def __post_init__(self) -> None:
+        self.proxy_networks()  # refuses what is not an address or a network, at start
+
+    def proxy_networks(self) -> tuple[str, ...]:
+        """GATEWAY_TRUSTED_PROXIES, each an address or network in its normal form."""
+        networks = []
+        for entry in filter(None, (part.strip() for part in self.trusted_proxies.split(","))):
+            try:
+                networks.append(str(ipaddress.ip_network(entry, strict=False)))
+            except ValueError as exc:
+                raise SettingsError(
+                    f"GATEWAY_TRUSTED_PROXIES: {entry!r} is not an IP address or CIDR network"
+                ) from exc
+        return tuple(networks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +95,7 @@ class SiteTlsSettings:
         help="mutual TLS to the sites: the PEM CA that signs site certificates (all three "
         "`GATEWAY_SITE_TLS_*` or none; none: plaintext). A site's `tls_server_name` in the "
         "federation file names its certificate when the endpoint is an IP; see "
-        "[docs/security.md](docs/security.md)",
+        "[security.md](security.md)",
     )
     cert: Path | None = setting(None, help="this gateway's PEM client certificate")
     key: Path | None = setting(None, help="its private key")

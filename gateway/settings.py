@@ -1,8 +1,8 @@
 """Gateway settings: read once from GATEWAY_* environment variables and validated loudly.
 
 Grouped by what they govern; every group is a frozen dataclass read by the shared field-driven
-reader (fedllm_contract/env_settings.py). The README's settings table is generated from the
-fields' help (`python -m devtools.settings_table`).
+reader (fedllm_contract/env_settings.py). The settings table of docs/configuration.md is
+generated from the fields' help (`python -m devtools.settings_table`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fedllm_contract.env_settings import (
     require_positive,
     setting,
 )
-from gateway.batch_settings import BatchSettings, FileSettings
+from gateway.batch_settings import BatchSettings, FileSettings, ResponseSettings
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.federation import FederationConfigError, load_federation
 from gateway.routing.policy import POLICY_NAMES
@@ -42,6 +42,7 @@ __all__ = [
     "BatchSettings",
     "FileSettings",
     "GatewaySettings",
+    "ResponseSettings",
     "SettingsError",
     "SiteTlsSettings",
     "is_loopback",
@@ -259,6 +260,11 @@ class LimitsSettings:
         help="a request's headers must be complete this long after its connection opened or "
         "its previous answer ended; else 408 `request_timeout` and the connection is closed",
     )
+    max_header_bytes: int = setting(
+        65536,
+        help="the most a request line and its headers may take together; past it 431 "
+        "`headers_too_large` before the rest is read, and the connection is closed",
+    )
     keep_alive_timeout_s: int = setting(
         5,
         help="a connection with no request under way (a new one included) that sends nothing "
@@ -301,6 +307,7 @@ class LimitsSettings:
         )
         require_at_least(self, 0, "max_continuations")
         require_at_least(self, 1, "outcome_backlog_max", "max_choices")
+        require_at_least(self, 4096, "max_header_bytes")
         if self.max_in_flight < 1 or self.idempotency_ttl_s <= 0:
             raise SettingsError("GATEWAY_MAX_IN_FLIGHT >= 1, GATEWAY_IDEMPOTENCY_TTL_S > 0")
         if self.token_limit_overshoot < 1:
@@ -358,6 +365,21 @@ class HistorySettings:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    """Capacity that follows load (docs/elastic.md)."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_SCALING_"
+
+    file: Path | None = setting(
+        None,
+        help="JSON file of the models whose sites scale with their predicted work: bounds, "
+        "backlog target, hysteresis, and the actuator (`local` site processes, `kubernetes` "
+        "pods, or `signal`: the desired-sites metric only); none: the sites are the federation "
+        "file's and the admin API's (docs/elastic.md)",
+    )
+
+
 def _check_policy(policy: str, federation_file: Path) -> None:
     """A built-in profile, or one the federation file defines (read here only for such a name)."""
     if policy in ROUTING_POLICIES:
@@ -395,10 +417,12 @@ class GatewaySettings:
     retrain: RetrainSettings = field(default_factory=RetrainSettings)
     batches: BatchSettings = field(default_factory=BatchSettings)
     files: FileSettings = field(default_factory=FileSettings)
+    responses: ResponseSettings = field(default_factory=ResponseSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     access: AccessSettings = field(default_factory=AccessSettings)
     site_tls: SiteTlsSettings = field(default_factory=SiteTlsSettings)
+    scaling: ScalingSettings = field(default_factory=ScalingSettings)
 
     def __post_init__(self) -> None:
         _check_policy(self.routing.policy, self.federation_file)

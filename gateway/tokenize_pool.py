@@ -1,5 +1,5 @@
 """Tokenizing off the event loop. A prompt takes about a second per MiB to tokenize
-(bench/results/tokenize_cost.md); on the loop that held every stream and /healthz. The
+(bench/results/security/tokenize_cost.md); on the loop that held every stream and /healthz. The
 tokenizers release the GIL while they encode, so a small thread pool keeps the loop free; at
 most `threads` requests are prepared at once, the others wait their turn on the loop (their
 bodies are already bounded by GATEWAY_MAX_BODY_BYTES).
@@ -16,8 +16,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 A = TypeVar("A")
-# About a millisecond of templating and tokenizing at most (bench/results/tokenize_cost.md: a
-# second per MiB): what the loop may spend on one request without holding the others up.
+# About a millisecond of templating and tokenizing at most (bench/results/security/tokenize_cost.md:
+# a second per MiB): what the loop may spend on one request without holding the others up.
 INLINE_BYTES = 1024
 
 

@@ -73,6 +73,16 @@ class ModelTokenizers:
         or a site's answer text)."""
         return _ids(self._encoders[model].control, text)
 
+    def encode_inputs(self, model: str, texts: list[str]) -> list[list[int]]:
+        """Texts to embed, each as the model's tokenizer encodes it by default: its special
+        tokens added around it (BERT's [CLS] ... [SEP]), as the embedding model was trained and
+        as sentence-transformers feeds it. Several at once in one batch call, which releases
+        the GIL and runs them in parallel."""
+        encoder = self._encoders[model].control
+        if len(texts) == 1 and len(texts[0]) <= GIL_FREE_CHARS:
+            return [encoder.encode(texts[0], add_special_tokens=True).ids]
+        return [encoding.ids for encoding in encoder.encode_batch(texts, add_special_tokens=True)]
+
     def encode_pieces(self, model: str, pieces: Iterable[tuple[str, bool]]) -> list[int]:
         """Pieces of one prompt, each tokenized on its own: `literal` ones as plain text, the
         text of any special token in them included (gateway/chat/templates.py's

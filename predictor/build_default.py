@@ -20,7 +20,7 @@ from predictor.train import add_data_arguments, training_set
 from predictor.training import TrainSpec, reusable_artifact, train_artifact
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "var" / "predictor" / "default"
-# Chosen on the validation split (bench/results/predictor.md has the test numbers): see
+# Chosen on the validation split (bench/results/predictor/predictor.md has the test numbers): see
 # README in this folder. Builds in a few minutes on two cores.
 DEFAULT_SPEC = TrainSpec("minilm", "mico_n10_l1024", FinetuneConfig())
 

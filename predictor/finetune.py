@@ -53,7 +53,7 @@ class FinetuneConfig:
     length_loss_weight: float = 0.0
     # The head also reads the whole prompt's length in characters (predictor.minilm). On the
     # validation split it lowered the MAE for both presets over three seeds each
-    # (bench/results/predictor_gpu_sweep.md); artifacts trained without it still load.
+    # (bench/results/predictor/predictor_gpu_sweep.md); artifacts trained without it still load.
     prompt_length_feature: bool = True
     # With a warm start: the share of the starting weights kept after training (the final
     # weights are keep * start + (1 - keep) * fine-tuned, a weight-space interpolation that keeps
@@ -75,12 +75,12 @@ class FinetuneConfig:
 
 
 # Named configurations. "cpu" is the default artifact's (minutes on two cores). "gpu" is the best
-# of bench.predictor.gpu_sweep (bench/results/predictor_gpu_sweep.md) by the measures,
-# consistent over three seeds: every training prompt, three epochs, the embedding table trained,
-# and the expected-length term. Session 4 added the prompt's whole length as a head input: over
-# three seeds it lowered the validation MAE on Alpaca, Dolly and GSM8K and raised their rank
-# correlation (LIMA's fell; bench/results/predictor_gpu_sweep.md). It keeps three layers, so
-# serving costs what the CPU default does. Seconds on one H200.
+# of bench.predictor.gpu_sweep (bench/results/predictor/predictor_gpu_sweep.md) by the issue's
+# measures, consistent over three seeds: every training prompt, three epochs, the embedding table
+# trained, and the expected-length term. Session 4 added the prompt's whole length as a head input:
+# over three seeds it lowered the validation MAE on Alpaca, Dolly and GSM8K and raised their rank
+# correlation (LIMA's fell; bench/results/predictor/predictor_gpu_sweep.md). It keeps three layers,
+# so serving costs what the CPU default does. Seconds on one H200.
 PRESETS: dict[str, FinetuneConfig] = {
     "cpu": FinetuneConfig(),
     "gpu": FinetuneConfig(

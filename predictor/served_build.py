@@ -41,7 +41,7 @@ SERVED_SPEC = TrainSpec("minilm", "quantile_n10", replace(FinetuneConfig(), max_
 # TF-IDF over the same wordpieces + logistic regression, on the same buckets: trained in under a
 # minute on two cores, so a first demo need not wait ~11 minutes for the MiniLM fine-tune. On the
 # served labels' test split it ranks a little worse (Spearman 0.606 vs 0.658, MAE 268 vs 258
-# tokens: bench/results/predictor_served.md, its "tfidf" row is this spec).
+# tokens: bench/results/predictor/predictor_served.md, its "tfidf" row is this spec).
 SERVED_FAST_SPEC = TrainSpec("sklearn", "quantile_n10")
 DEFAULT_FAST_OUT = _REPO / "var" / "predictor" / "smollm2-135m-instruct-tfidf"
 

@@ -1,7 +1,9 @@
 """Starts a site engine: `python -m site_engine --model DIR --port 50051 --site-name NAME`.
 
 Every flag can also come from the environment (SITE_MODEL_DIR, SITE_PORT, ...). Prints
-`READY port=N` on stdout once it serves, so supervisors and tests can wait for it.
+`READY port=N` on stdout once it serves, so supervisors and tests can wait for it. A model
+directory laid out as a sentence-transformers model (all-MiniLM-L6-v2) is served as an embedding
+model (`--task embed`, or `auto`, the default, tells from the directory).
 """
 
 from __future__ import annotations
@@ -13,21 +15,33 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import torch
 from grpc_health.v1 import health_pb2
 
 from fedllm_contract.tokenizer import tokenizer_fingerprint
+from site_engine.embedding.batcher import (
+    EmbeddingBatcher,
+    EmbeddingLimits,
+    embedding_batch_defaults,
+)
+from site_engine.embedding.layout import is_embedding_model
+from site_engine.embedding.runner import load_embedding_runner
+from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.api import Engine
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
+from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
 from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
-from site_engine.model_loading import load_model
-from site_engine.openai_http import HttpFace, HttpServer, serve_http
+from site_engine.model_loading import load_model, resolve_model_dir
+from site_engine.openai_http import Face, HttpFace, HttpServer, serve_http
 from site_engine.settings import SiteSettings
 from site_engine.tls import load_server_tls
 
@@ -43,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         help="transformers model dir, a GGUF file, or a dir holding one (converted once, cached)",
     )
     parser.add_argument("--tokenizer", dest="tokenizer_dir", type=Path)
+    parser.add_argument(
+        "--task",
+        help="generate, embed, or auto (default: embed for a sentence-transformers directory)",
+    )
     parser.add_argument("--model-name", help="name the gateway routes by (default: its file name)")
     parser.add_argument("--site-name")
     parser.add_argument("--host")
@@ -135,52 +153,36 @@ def _package_version() -> str:
         return "dev"
 
 
+def task_of(settings: SiteSettings) -> str:
+    """`generate` or `embed`: the operator's word, else what the model directory is."""
+    if settings.task != "auto":
+        return settings.task
+    return "embed" if is_embedding_model(resolve_model_dir(settings.model_dir)) else "generate"
+
+
+@dataclass(slots=True)
+class Serving:
+    """What a started site runs besides its gRPC server, stopped in order at the end."""
+
+    stop_work: Callable[[], None]
+    http_server: HttpServer | None = None
+    metrics_server: MetricsServer | None = None
+
+
 async def serve(settings: SiteSettings) -> None:
     tls = load_server_tls(settings)  # before the model loads: a bad file fails at once
     torch.set_num_threads(settings.torch_threads)
-    loaded = load_model(
-        settings.model_dir,
-        device=settings.device,
-        dtype=settings.dtype,
-        tokenizer_dir=settings.tokenizer_dir,
-    )
-    paged = PagedEngine(loaded, engine_config(settings, loaded.device))
-    log.info("%s", paged.startup_report)
-    # Now rather than for the first constrained request: it reads the whole vocabulary holding
-    # the GIL (~1 s), which would hold up every request on the site then.
-    began = time.monotonic()
-    paged.grammars()
-    log.info("grammar compiler ready in %.2f s", time.monotonic() - began)
-    engine: Engine = paged
-    metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
-    if metrics is not None:
-        engine = MeteredEngine(engine, metrics)
-    service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests)
-    identity = SiteIdentity(
-        site_name=settings.site_name,
-        model_name=settings.model_name,
-        vocab_size=loaded.vocab_size,
-        tokenizer_fingerprint=tokenizer_fingerprint(loaded.tokenizer),
-        device=str(loaded.device),
-        dtype=settings.dtype,
-        version=_package_version(),
-    )
-    service.start()
+    servicer: SiteServicer | EmbeddingServicer
+    if task_of(settings) == "embed":
+        servicer, serving = start_embedding(settings)
+    else:
+        servicer, serving = start_generation(settings)
     server, health_servicer, port = await start_server(
-        SiteServicer(service, identity),
+        servicer,
         settings.host,
         settings.port,
         tls.credentials() if tls is not None else None,
     )
-    metrics_server: MetricsServer | None = None
-    if metrics is not None:
-        metrics.watch(service)
-        metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
-    http_server: HttpServer | None = None
-    if settings.http_port:
-        face = HttpFace(service, settings.model_name, loaded.vocab_size)
-        http_server = serve_http(face, settings.host, settings.http_port)
-        log.info("OpenAI-compatible API on http://%s:%d/v1", settings.host, settings.http_port)
     # What start-up built (torch, transformers, the model) lives as long as the process: out of
     # the collector's sight, it costs no time in the collections while serving, nor in the one at
     # exit (a second per stop for a small model's site, most of its shutdown).
@@ -205,12 +207,100 @@ async def serve(settings: SiteSettings) -> None:
     # Tell health checkers first so no new work arrives, then let running streams end.
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    if http_server is not None:
-        http_server.stop()
+    if serving.http_server is not None:
+        serving.http_server.stop()
     await server.stop(grace=5)
-    service.stop()
-    if metrics_server is not None:
-        metrics_server.stop()
+    serving.stop_work()
+    if serving.metrics_server is not None:
+        serving.metrics_server.stop()
+
+
+def _identity(settings: SiteSettings, vocab_size: int, tokenizer: Any, device: str) -> SiteIdentity:
+    return SiteIdentity(
+        site_name=settings.site_name,
+        model_name=settings.model_name,
+        vocab_size=vocab_size,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        device=device,
+        dtype=settings.dtype,
+        version=_package_version(),
+    )
+
+
+def _http_face(settings: SiteSettings, face: Face) -> HttpServer | None:
+    if not settings.http_port:
+        return None
+    server = serve_http(face, settings.host, settings.http_port)
+    log.info("OpenAI-compatible API on http://%s:%d/v1", settings.host, settings.http_port)
+    return server
+
+
+def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
+    """A generative model's engine, its service and its optional metrics and HTTP face."""
+    loaded = load_model(
+        settings.model_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        tokenizer_dir=settings.tokenizer_dir,
+    )
+    paged = PagedEngine(loaded, engine_config(settings, loaded.device))
+    log.info("%s", paged.startup_report)
+    # Now rather than for the first constrained request: it reads the whole vocabulary holding
+    # the GIL (~1 s), which would hold up every request on the site then.
+    began = time.monotonic()
+    paged.grammars()
+    log.info("grammar compiler ready in %.2f s", time.monotonic() - began)
+    engine: Engine = paged
+    metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
+    if metrics is not None:
+        engine = MeteredEngine(engine, metrics)
+    service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests)
+    identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
+    service.start()
+    serving = Serving(service.stop)
+    if metrics is not None:
+        metrics.watch(service)
+        serving.metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
+    face = HttpFace(service, settings.model_name, loaded.vocab_size)
+    serving.http_server = _http_face(settings, face)
+    return SiteServicer(service, identity), serving
+
+
+def start_embedding(settings: SiteSettings) -> tuple[EmbeddingServicer, Serving]:
+    """An embedding model's runner and batcher, and its optional HTTP face (whose /metrics is
+    its metrics: SITE_METRICS_PORT serves the generative engine's only)."""
+    runner = load_embedding_runner(
+        resolve_model_dir(settings.model_dir),
+        device=settings.device,
+        dtype=settings.dtype,
+        tokenizer_dir=settings.tokenizer_dir,
+    )
+    inputs, tokens = embedding_batch_defaults(runner.device.type)
+    limits = EmbeddingLimits(
+        max_batch_inputs=settings.max_num_seqs or inputs,
+        max_batch_tokens=settings.max_num_batched_tokens or tokens,
+        max_queued_requests=settings.max_queued_requests,
+    )
+    layout = runner.layout
+    batcher = EmbeddingBatcher(runner, limits, layout.max_seq_length, runner.vocab_size)
+    log.info(
+        "embedding model: %d dimensions, %s pooling%s, up to %d tokens an input; "
+        "batches of %d inputs / %d padded tokens",
+        layout.dimension,
+        layout.pooling,
+        ", normalized" if layout.normalize else "",
+        layout.max_seq_length,
+        limits.max_batch_inputs,
+        limits.max_batch_tokens,
+    )
+    if settings.metrics_port:
+        log.warning("SITE_METRICS_PORT is not served for an embedding model: read the HTTP "
+                    "face's /metrics (SITE_HTTP_PORT)")  # fmt: skip
+    identity = _identity(settings, runner.vocab_size, runner.tokenizer, str(runner.device))
+    batcher.start()
+    face = EmbeddingFace(batcher, runner.tokenizer, settings.model_name, layout.dimension)
+    serving = Serving(batcher.stop, http_server=_http_face(settings, face))
+    return EmbeddingServicer(batcher, identity, layout.dimension), serving
 
 
 def main(argv: list[str] | None = None) -> None:

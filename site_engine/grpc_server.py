@@ -1,6 +1,7 @@
 """The site's gRPC adapter: protobuf in, typed engine calls, protobuf out.
 
-This and gateway/sites/grpc_client.py are the only modules that touch the generated protobuf types.
+This, its sibling for embedding models (grpc_embedding.py) and gateway/sites/grpc_client.py are
+the only modules that touch the generated protobuf types.
 """
 
 from __future__ import annotations
@@ -235,6 +236,16 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
         except EngineFailure as exc:
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
 
+    async def Embed(
+        self, request: site_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.EmbedResponse:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"site {self._identity.site_name} serves generative model "
+            f"{self._identity.model_name}: it generates (Generate) and does not embed",
+        )
+        return site_pb2.EmbedResponse()  # never reached: abort raises
+
     async def Cancel(
         self, request: site_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.CancelResponse:
@@ -322,7 +333,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
 
 
 async def start_server(
-    servicer: SiteServicer,
+    servicer: site_pb2_grpc.SiteEngineServicer,
     host: str,
     port: int,
     credentials: grpc.ServerCredentials | None = None,

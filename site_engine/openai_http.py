@@ -1,6 +1,7 @@
 """The site engine's OpenAI-compatible HTTP face (SITE_HTTP_PORT): `/v1/completions`,
 `/v1/chat/completions` (both with `stream`), `/v1/models` and `/metrics`, served next to the
-gRPC port by the same process and the same EngineService.
+gRPC port by the same process and the same EngineService. (A site whose model is an embedding
+model serves `/v1/embeddings` instead: site_engine/embedding_http.py.)
 
 So a site can be used on its own like `vllm serve`, and a gateway can reach it as a site of kind
 `openai` (gateway/sites/openai_client.py). Its /metrics publishes the engine's load under vLLM's
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from litestar import Litestar, MediaType, Request, Response, get, post
@@ -130,7 +131,13 @@ class HttpFace:
         async def chat(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
             return await self._serve(request, chat=True)
 
-        return Litestar([models, metrics, health, completions, chat])
+        @post("/v1/embeddings", status_code=200)
+        async def embeddings() -> Response[Any]:
+            return _error(BadRequest(
+                f"model {self._model} is a generative model: it does not serve /v1/embeddings",
+                "model"))  # fmt: skip
+
+        return Litestar([models, metrics, health, completions, chat, embeddings])
 
     async def _serve(self, request: Request[Any, Any, Any], chat: bool) -> Response[Any] | Stream:
         try:
@@ -202,6 +209,12 @@ class HttpFace:
         return Response(answer.whole(choices, tokens, cached), status_code=200)
 
 
+class Face(Protocol):
+    """An OpenAI-compatible face: HttpFace here, EmbeddingFace for an embedding model."""
+
+    def app(self) -> Litestar: ...
+
+
 @dataclass(slots=True)
 class HttpServer:
     server: uvicorn.Server
@@ -212,7 +225,7 @@ class HttpServer:
         self.thread.join(timeout=10)
 
 
-def serve_http(face: HttpFace, host: str, port: int, timeout_s: float = 30.0) -> HttpServer:
+def serve_http(face: Face, host: str, port: int, timeout_s: float = 30.0) -> HttpServer:
     """Serves the face on host:port from a thread of its own (its own event loop: the engine
     service takes calls from any loop), so its requests and the gRPC server's never wait on
     each other's loop; returns once it listens."""

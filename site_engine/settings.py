@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from fedllm_contract.env_settings import SettingsError, build, read_env
 from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
@@ -16,6 +16,10 @@ from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 DTYPES = ("float32", "bfloat16", "float16")
 POLICIES = tuple(sorted(POLICY_NAMES))
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# What the site does with its model: generate text, embed it, or tell from the model directory
+# (a sentence-transformers layout, modules.json with a Pooling module, is an embedding model).
+Task = Literal["auto", "generate", "embed"]
+TASKS: tuple[Task, ...] = ("auto", "generate", "embed")
 
 __all__ = ["SettingsError", "SiteSettings", "default_model_name"]
 
@@ -28,12 +32,14 @@ class SiteSettings:
     site_name: str
     model_name: str
     tokenizer_dir: Path | None = None
+    task: Task = "auto"
     host: str = "127.0.0.1"
     port: int = 50051
     device: str = "cpu"
     dtype: str = "float32"
     # None: chosen from the device at start (site_engine/engine/memory_plan.batch_defaults:
-    # 16 and 2,048 on CPU, vLLM's defaults on a GPU) and logged.
+    # 16 and 2,048 on CPU, vLLM's defaults on a GPU) and logged. For an embedding model: inputs
+    # and padded tokens per forward pass (site_engine/embedding/batcher.py).
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int = 16
@@ -121,6 +127,8 @@ class SiteSettings:
             raise SettingsError(
                 f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
             )
+        if self.task not in TASKS:
+            raise SettingsError(f"SITE_TASK must be one of {TASKS}, got {self.task!r}")
         if self.dtype not in DTYPES:
             raise SettingsError(f"SITE_DTYPE must be one of {DTYPES}, got {self.dtype!r}")
         if self.policy not in POLICIES:

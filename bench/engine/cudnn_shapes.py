@@ -14,7 +14,7 @@ whether exact shapes can be built per step. (A kernel cache, cuDNN's dynamic sha
 shapes in 6 ms instead of 39 but its graphs then timed at an impossible 0.1-0.4 ms a prompt:
 not used.)
 
-    python -m bench.engine.cudnn_shapes --results-dir bench/results
+    python -m bench.engine.cudnn_shapes
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from bench.common import results_dir
 from bench.engine.prefill_kernels import (
     HeadLayout,
     _gathered,
@@ -140,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, nargs="+", default=[2048, 8192, 16384, 32000])
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--results-dir", type=Path, default=Path("bench/results"))
+    parser.add_argument("--results-dir", type=Path, default=results_dir("engine_prefill"))
     parser.add_argument("--name", default="engine_cudnn_shapes")
     args = parser.parse_args(argv)
     payload = measure(args.prompts, args.chunk, args.reps)

@@ -1,7 +1,7 @@
 """GPU engine benchmark: this engine against transformers on one trace, and decode steps
 against the HBM roofline, in one run.
 
-    python -m bench.engine.gpu          (writes bench/results/engine_h200.{json,md})
+    python -m bench.engine.gpu          (writes bench/results/engine/engine_h200.{json,md})
     python -m bench.engine.gpu --small --device cpu --dtype float32    (smoke test)
 
 A Llama-3.2-1B-shaped model with random weights (bf16) is built with transformers, saved, and
@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from bench.common import results_dir
 from bench.engine.harness import Deadline, Progress, exit_if_threads_linger
 from bench.engine.model_setup import LLAMA_1B_SHAPE, SMALL_SHAPE
 from bench.engine.paths import resolve_data_dir, shared_path
@@ -123,7 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--data-dir", type=Path, default=None, help="corpora (../shared/datasets)")
     add("--seed", type=int, default=0)
     add("--name", default=None, help="result file name (engine_h200)")
-    add("--results-dir", type=Path, default=None, help="where results go (bench/results)")
+    add("--results-dir", type=Path, default=results_dir("engine"), help="where results go")
     add("--small", action="store_true", help="tiny model and trace: a smoke test")
     add("--device", default="cuda")
     add("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))

@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/fedllm-bench-llama1b-long"))
     parser.add_argument("--tokenizer-dir", type=Path, default=None)
-    parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument("--results-dir", type=Path, default=common.results_dir("engine_prefill"))
     parser.add_argument("--name", default="engine_prefill_in_engine_h100")
     args = parser.parse_args(argv)
     log = Progress()
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     text = (f"# {args.name}\n\nCommand: `{payload['command']}`\n\nDevice: {payload['device']}\n\n"
             f"{table}\n")  # fmt: skip
-    out_dir = args.results_dir or Path("bench/results")
+    out_dir = args.results_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{args.name}.json").write_text(json.dumps(payload, indent=1))
     (out_dir / f"{args.name}.md").write_text(text)

@@ -1,6 +1,6 @@
 """Long-prompt prefill: this engine's chunked prefill against one transformers forward.
 
-    python -m bench.engine.prefill_long        (writes bench/results/engine_prefill_long_h100.*)
+    python -m bench.engine.prefill_long   (bench/results/engine_prefill/engine_prefill_long_h100.*)
     python -m bench.engine.prefill_long --small --device cpu --dtype float32     (smoke test)
 
 A Llama-3.2-1B-shaped random model with its real context (131,072 positions, Llama-3.1 rope
@@ -349,8 +349,7 @@ def save(args: argparse.Namespace, payload: dict[str, Any], command: str) -> Pat
 def _profile_path(args: argparse.Namespace, what: str) -> Path | None:
     if not args.profile:
         return None
-    folder = args.results_dir or common.RESULTS_DIR
-    return Path(folder) / f"{args.name}_profile_{what}.txt"
+    return Path(args.results_dir) / f"{args.name}_profile_{what}.txt"
 
 
 def _use_tiles(spec: str) -> None:
@@ -408,7 +407,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--baseline-engine", type=Path, default=None, help="an older site_engine/engine folder")
     add("--model-dir", type=Path, default=None, help="built there when it holds no model")
     add("--tokenizer-dir", type=Path, default=None)
-    add("--results-dir", type=Path, default=None)
+    add("--results-dir", type=Path, default=common.results_dir("engine_prefill"))
     add("--name", default="engine_prefill_long_h100")
     add("--small", action="store_true", help="tiny model and prompts: a smoke test")
     add("--device", default="cuda")
@@ -462,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                               device=args.device)  # fmt: skip
         # The engine first, in a process that has run nothing else (as the baseline's
         # subprocess does): after the HF phase the first engine's short prompts measured 30-45%
-        # slower than the same engine run second (bench/results/engine_prefill_long_h100_notes.md).
+        # slower than the same engine run second
+        # (bench/results/engine_prefill/engine_prefill_long_h100_notes.md).
         if "engine" in phases:
             config = EngineConfig(max_num_seqs=args.max_num_seqs,
                                   max_num_batched_tokens=args.chunk,

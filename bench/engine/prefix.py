@@ -1,8 +1,8 @@
 """Prefix caching on one engine: caching off, the device cache, and the device cache with a host
 tier, in one run, over three workloads at five or more open-loop arrival rates each.
 
-    python -m bench.engine.prefix                  (GPU: bench/results/engine_prefix_h100.*)
-    python -m bench.engine.prefix --preset cpu     (CPU: bench/results/engine_prefix_cpu.*)
+    python -m bench.engine.prefix               (GPU: bench/results/engine_prefix/*_h100.*)
+    python -m bench.engine.prefix --preset cpu  (CPU: bench/results/engine_prefix/*_cpu.*)
 
 Workloads (bench/engine/prefix_workloads.py): `shared` (MT-Bench two-turn conversations behind
 a common system prompt), `trace` (the synthetic Mooncake trace, all of it, once per arm, its
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench.common import command_line
+from bench.common import command_line, results_dir
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import GIB, Deadline, Progress
 from bench.engine.model_setup import LLAMA_1B_SHAPE, ensure_model
@@ -136,7 +136,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--trace-cap", type=int, default=None, help="input tokens kept of each trace request")
     add("--trace-rates", type=float, nargs="+", default=None, help="requests/s, one per part")
     add("--deadline-s", type=float, default=None)
-    add("--results-dir", type=Path, default=None)
+    add("--results-dir", type=Path, default=results_dir("engine_prefix"))
     add("--name", default=None, help="default: engine_prefix_<device>")
     add("--seed", type=int, default=0)
     args = parser.parse_args(argv)

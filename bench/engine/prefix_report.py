@@ -1,8 +1,8 @@
 """The prefix-caching benchmark's results files: JSON, a Markdown report and a PNG of the curves.
 
 The GPU machine may lack matplotlib: the PNG is then left out, and
-`python -m bench.engine.prefix_report bench/results/engine_prefix_h100.json` writes the Markdown
-and the PNG again from the JSON, here.
+`python -m bench.engine.prefix_report bench/results/engine_prefix/engine_prefix_h100.json`
+writes the Markdown and the PNG again from the JSON, here.
 """
 
 from __future__ import annotations
@@ -40,13 +40,7 @@ _COLUMNS = (
 
 
 def save(args: argparse.Namespace, name: str, payload: dict[str, Any], command: str) -> Path:
-    previous = common.RESULTS_DIR
-    if args.results_dir is not None:
-        common.RESULTS_DIR = Path(args.results_dir)
-    try:
-        path = common.write_results(name, payload, report(payload), command)
-    finally:
-        common.RESULTS_DIR = previous
+    path = common.write_results(name, payload, report(payload), command, Path(args.results_dir))
     if importlib.util.find_spec("matplotlib") is not None:
         plot(payload, path.with_suffix(".png"))
     return path

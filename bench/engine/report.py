@@ -4,7 +4,7 @@ This module owns how a run's measurements become its results files: the top-leve
 keys of the engine runs (tok/s, TTFT/TPOT percentiles, peak KV, preemptions), the library
 versions recorded with them, the Markdown report of everything measured so far (throughput,
 engine runs, transformers baselines, decode step vs roofline, trace/model/engine notes), and
-writing both through bench.common.write_results, into --results-dir when given.
+writing both through bench.common.write_results, into --results-dir.
 """
 
 from __future__ import annotations
@@ -256,14 +256,10 @@ def _status_note(result: dict[str, Any] | None) -> str:
 
 
 def save(args: argparse.Namespace, payload: dict[str, Any], command: str) -> Path:
-    """bench.common.write_results, into --results-dir when given."""
-    previous = common.RESULTS_DIR
-    if args.results_dir is not None:
-        common.RESULTS_DIR = Path(args.results_dir)
-    try:
-        return common.write_results(args.name, payload, report(payload), command)
-    finally:
-        common.RESULTS_DIR = previous
+    """bench.common.write_results, into --results-dir (bench/results/engine by default)."""
+    return common.write_results(
+        args.name, payload, report(payload), command, Path(args.results_dir)
+    )
 
 
 def record_headline(payload: dict[str, Any], name: str, summary: RunSummary) -> None:

@@ -3,7 +3,7 @@ steps against their parts, transformers continuous batching at the goodput rate,
 1,000-request burst of engine_h200 before and after, in one run on one GPU.
 
     python -m bench.engine.serving --baseline-engine ../site_engine/engine
-        (writes bench/results/engine_serving_h200.{json,md,png})
+        (writes bench/results/engine_serving/engine_serving_h200.{json,md,png})
     python -m bench.engine.serving --small --device cpu --dtype float32    (smoke test)
 
 Phases (--phases picks some; results are rewritten after each, "complete": false until the end):
@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from bench.common import results_dir
 from bench.engine.baseline_engine import run_baseline
 from bench.engine.engine_runs import engine_config, run_engine, warm_up
 from bench.engine.harness import Deadline, Progress, exit_if_threads_linger, free_device_memory
@@ -119,7 +120,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--tokenizer-dir", type=Path, default=None)
     add("--data-dir", type=Path, default=None)
     add("--traces-dir", type=Path, default=None, help="../shared/datasets/traces")
-    add("--results-dir", type=Path, default=None)
+    add("--results-dir", type=Path, default=results_dir("engine_serving"))
     add("--name", default=None)
     add("--seed", type=int, default=0)
     add("--small", action="store_true", help="tiny model and loads: a smoke test")

@@ -12,14 +12,11 @@ from bench.engine.report import fmt
 
 
 def save(args: argparse.Namespace, payload: dict[str, Any], command: str) -> Path:
-    """bench.common.write_results (into --results-dir when given), and the plot next to it."""
-    previous = common.RESULTS_DIR
-    if args.results_dir is not None:
-        common.RESULTS_DIR = Path(args.results_dir)
-    try:
-        path = common.write_results(args.name, payload, report(payload), command)
-    finally:
-        common.RESULTS_DIR = previous
+    """bench.common.write_results into --results-dir (bench/results/engine_serving by default),
+    and the plot next to it."""
+    path = common.write_results(
+        args.name, payload, report(payload), command, Path(args.results_dir)
+    )
     if payload.get("sweeps"):
         plot(payload, path.with_suffix(".png"))
     return path

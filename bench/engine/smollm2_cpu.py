@@ -8,7 +8,7 @@ Answers end at the model's own EOS (greedy, no ignore_eos): a static batch keeps
 that have finished until the batch's longest answer is done, which is the work continuous
 batching saves. Useful tokens are each answer's own tokens (up to and including its EOS); both
 sides answer the same prompts with the same greedy decoding, so they produce the same tokens.
-Writes bench/results/engine_smollm2_cpu.{json,md}.
+Writes bench/results/engine/engine_smollm2_cpu.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from predictor.datasets import load_corpus
 from predictor.label_served import render_prompt
 from site_engine.engine.api import EngineRequest
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m bench.engine.smollm2_cpu " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    write_results("engine_smollm2_cpu", payload, markdown, command.strip())
+    write_results("engine_smollm2_cpu", payload, markdown, command.strip(), results_dir("engine"))
     print(markdown)
 
 

@@ -14,7 +14,7 @@ the tokenizer's, so masks are as wide as that tokenizer's: SmolLM2's (49,152 tok
 (151,643, wider than Llama-3's 128,256). A 1B model's decode step is mostly host work at these
 batches, so every host microsecond the masks add shows; an 8B model's is mostly GPU work, which
 the mask work overlaps (it runs while the step's forward does). Results:
-bench/results/structured_output_<device>[_<shape>].
+bench/results/structured_output/structured_output_<device>[_<shape>].
 
     python -m bench.engine.structured_output --tokenizer var/models/SmolLM2-135M-Instruct-*
     python -m bench.engine.structured_output --shape 8b --tokenizer ../shared/tokenizers/qwen2
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bench.common import machine
+from bench.common import machine, results_dir
 from bench.engine.model_setup import LLAMA_1B_SHAPE, LLAMA_8B_SHAPE, SMALL_SHAPE, build_model_dir
 from fedllm_contract.grammar import ConstraintSpec
 from site_engine.engine.api import EngineRequest
@@ -43,7 +43,7 @@ from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import LoadedModel, load_model
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = results_dir("structured_output")
 PROMPT = "Extract the fields of this record as JSON: name, city, age, tags and notes.\n"
 TOOL_CALL = {
     "type": "object",

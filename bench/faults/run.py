@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from gateway.db.migrate import downgrade
 from site_engine.make_model import make_model_dir
 from tests.fault import scenarios
@@ -145,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         {"scenarios": figures, "args": vars(args) | {"tokenizer": str(args.tokenizer)}},
         markdown,
         command.strip(),
+        results_dir("faults"),
     )
     print(markdown)
     if any(f["lost"] for f in figures):

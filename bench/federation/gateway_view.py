@@ -14,8 +14,8 @@ on loopback. Runs of one arm are told apart by the gap between them (arrivals ar
 within a run).
 
     python -m bench.federation.gateway_view --work-dir /tmp/fed --name NAME --rates R...
-    python -m bench.federation.gateway_view --requests bench/results/NAME_requests.json.gz \
-        --rates R...
+    python -m bench.federation.gateway_view \
+        --requests bench/results/federation/NAME_requests.json.gz --rates R...
 
 The first form also writes NAME_requests.json.gz (the rows it read), so the summary can be
 made again from the repository.
@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import markdown_table
+from bench.common import markdown_table, results_dir
 from bench.federation.metrics import TPOT_SLO_S, TTFT_SLO_S, percentile
 from bench.federation.report import BASELINE
 
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--requests", type=Path, help="a stored NAME_requests.json.gz")
     parser.add_argument("--rates", type=float, nargs="+", required=True, help="the sweep's rates")
     parser.add_argument("--name", default=None, help="result name (default: from --requests)")
-    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out-dir", type=Path, default=results_dir("federation"))
     args = parser.parse_args(argv)
     if args.work_dir is not None:
         rows = read_work_dir(args.work_dir)

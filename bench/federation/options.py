@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.common import RESULTS_DIR
+from bench.common import results_dir
 from bench.federation.cluster import ARMS, DEFAULT_ARMS, PREFIX_ARMS
 from bench.federation.topology import PRESETS, PrefixRuns, Preset
 
@@ -106,7 +106,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--predictor-dir", type=Path, default=DEFAULT_PREDICTOR)
     parser.add_argument("--no-predictor", action="store_true", help="predictor arms run without")
     parser.add_argument("--work-dir", type=Path, default=REPO_ROOT / "var" / "bench-federation")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out-dir", type=Path, default=results_dir("federation"))
     parser.add_argument("--name", help="result file name (default federation_<preset>)")
     parser.add_argument("--decisions", type=int, default=20_000, help="timed routing decisions")
     parser.add_argument("--seed", type=int, default=0)

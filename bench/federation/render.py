@@ -1,7 +1,7 @@
 """Summarizes a stored federation result again from its runs and rewrites its Markdown and
 plot (after a change to the summary, or to finish a checkpoint of a run cut short):
 
-    python -m bench.federation.render bench/results/federation_h200.json
+    python -m bench.federation.render bench/results/federation/federation_h200.json
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """`python -m bench.gateway_overhead`: fedllm's gateway (SQLite, then PostgreSQL) and the
 LiteLLM anchor through ../shared/gwbench, back to back, into
-bench/results/gateway_overhead.{json,md}.
+bench/results/gateway_overhead/gateway_overhead.{json,md}.
 
     python -m bench.gateway_overhead [--gwbench ../shared/gwbench]
         [--predictor DIR | --no-predictor] [--databases sqlite postgres] [--no-anchor]
         [--checkout DIR] [--reps 1] [--rounds 1] [--concs "1 32"] [--n-c1 300]
-        [--n-high 1500] [--duration 30] [--out bench/results]
+        [--n-high 1500] [--duration 30] [--out bench/results/gateway_overhead]
 
 `--rounds R` measures fedllm then LiteLLM R times in turn, each pair within about two minutes:
 the shared vCPU's speed moves by up to 2x within minutes, which one pair of runs minutes apart
@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR
+from bench.common import results_dir
 from bench.gateway_overhead.fedllm import Kit, run_fedllm
 from bench.gateway_overhead.report import figures, goals, markdown
 
@@ -56,7 +56,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n-c1", type=int, default=300)
     parser.add_argument("--n-high", type=int, default=1500)
     parser.add_argument("--duration", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=results_dir("gateway_overhead"))
     parser.add_argument("--tag", default="gateway_overhead", help="result file name")
     parser.add_argument(
         "--baseline",

@@ -9,7 +9,7 @@ core in the overhead benchmark) makes the calls one at a time with the gateway's
 grpc.aio on uvloop, as the gateway does, and reports its own CPU time and latency per call.
 Each `--experiments` value is a GRPC_EXPERIMENTS setting, which gRPC reads when it loads (hence
 a process per setting); the settings alternate round by round. Writes
-bench/results/grpc_client_call.{json,md}.
+bench/results/gateway_overhead/grpc_client_call.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import command_line, markdown_table, write_results
+from bench.common import command_line, markdown_table, results_dir, write_results
 from bench.gateway_overhead.fedllm import SITE_PORT, Kit, start_site
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{table}\n"
     )
     command = command_line("bench.gateway_overhead.grpc_call", argv)
-    write_results(args.name, {"rows": rows, "runs": runs}, text, command)
+    write_results(
+        args.name, {"rows": rows, "runs": runs}, text, command, results_dir("gateway_overhead")
+    )
     print(text)
     return 0
 

@@ -2,7 +2,7 @@
 
     python -m bench.gateway_overhead.profile [--checkout DIR] [--predictor DIR] [--database URL]
         [--routing mico] [--concurrency 32] [--requests 3000] [--stream]
-        [--out bench/results/gateway_profile]
+        [--out DIR]
 
 Starts the fake gRPC site (cpu 0) and the gateway (cpu 1) as the overhead benchmark does, warms
 the gateway up, then samples it with py-spy (`record --format raw`, every thread, idle samples
@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import RESULTS_DIR
+from bench.common import results_dir
 from bench.gateway_overhead.fedllm import (
     GW_PORT,
     SITE_PORT,
@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "gateway_profile")
+    parser.add_argument(
+        "--out", type=Path, default=results_dir("gateway_overhead") / "gateway_profile"
+    )
     args = parser.parse_args(argv)
     args.checkout = args.checkout.resolve()
     predictor = None if args.no_predictor else args.predictor.resolve()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import command_line, markdown_table, write_results
+from bench.common import command_line, markdown_table, results_dir, write_results
 from bench.gateway_overhead.fedllm import GW_PORT, Kit, gateway_command, start_site
 from bench.gateway_overhead.profile import load_command, wait_ready
 
@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         f"database {args.database or 'SQLite'}; medians over rounds.\n\n{table}\n"
     )
     command = command_line("bench.gateway_overhead.side_by_side", argv)
-    write_results(args.name, {"variants": rows, **measured}, text, command)
+    write_results(
+        args.name, {"variants": rows, **measured}, text, command, results_dir("gateway_overhead")
+    )
     print(text)
     return 0
 

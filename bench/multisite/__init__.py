@@ -1,7 +1,7 @@
 """The multi-site benchmark: MICO's Table 1 and more, on real site engine processes (random tiny
 models on CPU, loaded through the real path) behind the real gateway, over real HTTP.
 
-    python -m bench.multisite            (~20 min on 2 cores; bench/results/multisite.{json,md})
+    python -m bench.multisite            (~20 min on 2 cores; bench/results/multisite/)
     python -m bench.multisite --quick    (a tiny grid: the smoke test's run)
 
 Phases: Table 1 (round robin / token-balanced routing x static / iteration-level engines at

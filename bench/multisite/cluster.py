@@ -19,12 +19,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from devtools.launch import (
     LaunchError,
     ManagedProcess,
     free_port,
+    readiness,
     spawn_site,
     start_gateway,
     wait_until_serving,
@@ -84,8 +83,7 @@ class Gateway:
         return f"http://127.0.0.1:{self.process.port}"
 
     def readiness(self) -> dict[str, object]:
-        body: dict[str, object] = httpx.get(f"{self.base_url}/readyz", timeout=10).json()
-        return body
+        return readiness(self.process)
 
     def wait_for_sites(self, names: Iterable[str], timeout_s: float = 60.0) -> None:
         """Until the gateway sees every named site healthy."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import RESULTS_DIR
+from bench.common import results_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_PREDICTOR = REPO_ROOT / "var" / "predictor" / "default"
@@ -99,7 +99,9 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
     parser.add_argument("--no-predictor", action="store_true", help="run the gateways without")
     parser.add_argument("--work-dir", type=Path, default=REPO_ROOT / "var" / "bench-multisite")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where results go")
+    parser.add_argument(
+        "--out-dir", type=Path, default=results_dir("multisite"), help="where results go"
+    )
     parser.add_argument("--name", help="result file name (multisite; quick: multisite_quick)")
     parser.add_argument(
         "--no-hold",

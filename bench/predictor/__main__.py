@@ -7,7 +7,7 @@ Trains (or reuses, when data and configuration are unchanged) the fine-tuned Min
 ('finetuned': the default artifact's configuration with --preset cpu, the larger CUDA run with
 --preset gpu, see predictor.finetune.PRESETS) and the TF-IDF baseline ('sklearn') for
 each scheme, scores them and the training mean ('mean') on each test split, measures the
-fine-tuned model's latency, and writes bench/results/predictor.{json,md}.
+fine-tuned model's latency, and writes bench/results/predictor/predictor.{json,md}.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_results
+from bench.common import results_dir, write_results
 from bench.predictor.latency import measure
 from bench.predictor.report import markdown_report, targets
 from predictor.evaluate import majority_bucket, score_mean, score_probabilities
@@ -116,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--schemes", default="mico_n10_l1024,quantile_n10")
-    parser.add_argument("--results-name", default="predictor", help="bench/results/NAME.json")
+    parser.add_argument(
+        "--results-name", default="predictor", help="bench/results/predictor/NAME.json"
+    )
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--force", action="store_true", help="retrain even if reusable")
     add_model_arguments(parser)
@@ -139,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     payload["bench_seconds"] = round(time.monotonic() - started, 1)
     command = "python -m bench.predictor " + " ".join(sys.argv[1:] if argv is None else argv)
     report = markdown_report(payload, schemes)
-    path = write_results(args.results_name, payload, report, command.strip())
+    path = write_results(
+        args.results_name, payload, report, command.strip(), results_dir("predictor")
+    )
     print(report)
     log(f"wrote {path}")
     return 0

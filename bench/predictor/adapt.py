@@ -20,14 +20,14 @@ the default base alone takes ~20 minutes). After every checkpoint's number of sa
   before, starting from the base),
 all scored on a fixed test split (the labels' test split: prompts no method trained or chose on).
 The base and the retrain's configuration were chosen on a validation split of the labels' train
-split (bench.predictor.adapt_sweep, bench/results/predictor_adapt_sweep.md).
+split (bench.predictor.adapt_sweep, bench/results/predictor/predictor_adapt_sweep.md).
 
 Drift: the stream then shifts corpus (Alpaca -> Dolly -> LIMA + GSM8K, 600 samples each); at each
 phase's end, on that phase's test prompts: a calibration fitted on Alpaca alone (stale) and one
 refitted on the last 600 samples; the model retrained on Alpaca alone (stale) and one retrained
 on the last 600 samples (warm-started from the base); the window's served mean.
 
-Writes bench/results/predictor_adapt.{json,md,png}.
+Writes bench/results/predictor/predictor_adapt.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from predictor.build_default import DEFAULT_OUT, DEFAULT_SPEC
 from predictor.calibrate import write_calibrated
 from predictor.calibration import Calibration, fit_calibration
@@ -357,8 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         drift_rows = drift(
             splits["train"], splits["test"], base, work, args.seed, device=args.device
         )
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    plot(curves, RESULTS_DIR / "predictor_adapt.png")
+    folder = results_dir("predictor")
+    folder.mkdir(parents=True, exist_ok=True)
+    plot(curves, folder / "predictor_adapt.png")
     payload = {
         "curves": curves,
         "gate_decisions": decisions,
@@ -388,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         " (`python -m bench.predictor.adapt_sweep`, predictor_adapt_sweep.md).\n"
     )
     text = markdown(curves, decisions, drift_rows, notes)
-    write_results("predictor_adapt", payload, text, command)
+    write_results("predictor_adapt", payload, text, command, folder)
     print(text)
     return 0
 

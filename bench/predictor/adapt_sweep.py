@@ -15,7 +15,7 @@ length (what the gateway serves), Spearman of the raw expected length, p90 cover
 gate's verdict. The base alone, calibration alone, TF-IDF and the samples' mean are scored on the
 same prompts for reference.
 
-Writes DIR/predictor_adapt_sweep.{json,md} (bench/results by default) after every variant.
+Writes DIR/predictor_adapt_sweep.{json,md} (bench/results/predictor by default) after every variant.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, markdown_table
+from bench.common import markdown_table, results_dir
 from bench.predictor.adapt import base_predictor, base_spec, retrained, scored, served_stream
 from predictor.distribution import expected_tokens
 from predictor.evaluate import spearman
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime threads for scoring")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=results_dir("predictor"))
     parser.add_argument("--time-budget", type=float, default=0, help="seconds; 0: no limit")
     args = parser.parse_args(argv)
     names = [v for v in args.variants.split(",") if v]

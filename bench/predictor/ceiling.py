@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from bench.predictor.__main__ import DEFAULT_WORK_DIR
 from bench.predictor.report import MICO_ALPACA_ACCURACY
 from predictor.decision import BIAS_GRID, BucketDecision
@@ -148,7 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     markdown = report(rows)
-    write_results(args.results_name, {"test_set": TEST_SET, "models": rows}, markdown, command)
+    write_results(
+        args.results_name,
+        {"test_set": TEST_SET, "models": rows},
+        markdown,
+        command,
+        results_dir("predictor"),
+    )
     print(markdown)
     return 0
 

@@ -7,7 +7,8 @@ request log) between two predictions, and the other core runs the clients and si
 predictor's int8 weights (~5 MB for 3 MiniLM layers) leave the caches in between. This measures
 one short prompt, one thread (as the gateway runs it), back to back ("warm") and after reading a
 buffer larger than the last-level cache before each call ("cold"), alternating the two modes in
-rounds so that a change of the host's speed hits both. Writes bench/results/predictor_cold_cache.*.
+rounds so that a change of the host's speed hits both. Writes
+bench/results/predictor/predictor_cold_cache.*.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from predictor.runtime import LengthPredictor
 
 PROMPTS = ("Say hello.", "Write a haiku about the sea.", "What is the capital of France?")
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = f"Cold over warm (p50): {result['cold_over_warm_p50']:.2f}x."
     given = sys.argv[1:] if argv is None else argv
     command = "python -m bench.predictor.cold_cache " + " ".join(given)
-    write_results("predictor_cold_cache", result, f"{table}\n\n{ratio}\n", command)
+    write_results(
+        "predictor_cold_cache", result, f"{table}\n\n{ratio}\n", command, results_dir("predictor")
+    )
     print(table, ratio, sep="\n")
     return 0
 

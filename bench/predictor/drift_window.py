@@ -22,7 +22,7 @@ The served-mean baseline is in every row (the window's served-mean MAE), and eve
 also scored on a fixed fresh split of the shifted corpus (the labels' test split) beside the
 constant that predicts the mean of the samples it learned from.
 
-Writes bench/results/drift_window.{json,md}.
+Writes bench/results/predictor/drift_window.{json,md}.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.prediction.drift import DriftRule, rolling_error
 from predictor.prepare import LabeledRecord
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": runs,
         "table_every": 250,
     }
-    write_results("drift_window", payload, markdown(payload), command)
+    write_results("drift_window", payload, markdown(payload), command, results_dir("predictor"))
     print(markdown(payload))
     return 0
 

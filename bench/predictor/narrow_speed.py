@@ -9,7 +9,7 @@ and times one prompt at a time on one thread, as the gateway runs it, with the w
 caches (a buffer larger than the last-level cache read before every call). The copies are not
 retrained: their predictions are meaningless, their cost is what a retrained one would cost.
 Whether they predict as well is bench.predictor.gpu_sweep's `cpu_chars_f*` variants
-(bench/results/predictor_narrow.md). Writes bench/results/NAME.{json,md}.
+(bench/results/predictor/predictor_narrow.md). Writes bench/results/NAME.{json,md}.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from bench.common import command_line, markdown_table, write_results
+from bench.common import command_line, markdown_table, results_dir, write_results
 from predictor.artifact import WEIGHTS_FILE, load_manifest
 from predictor.encoding import PromptEncoder, prompt_chars
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "narrowed without retraining: cost only.\n\n" + table + "\n"
     )
     command = command_line("bench.predictor.narrow_speed", argv)
-    write_results(args.name, {"rows": rows}, text, command)
+    write_results(args.name, {"rows": rows}, text, command, results_dir("predictor"))
     print(text)
     return 0
 

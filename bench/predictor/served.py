@@ -8,7 +8,7 @@ on the same labels and buckets, the prompt's length alone (an isotonic fit of an
 prompt characters, p90 per prompt-length decile), the training mean (p90: the training p90), and
 the old predictor trained on the corpora's reference answers (GPT-2 tokens of text-davinci-003
 and others: `predictor.build_default`), all in one run. Writes
-bench/results/predictor_served.{json,md}.
+bench/results/predictor/predictor_served.{json,md}.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from predictor.build_default import DEFAULT_OUT as REFERENCE_DIR
 from predictor.build_default import build_default
 from predictor.evaluate import majority_bucket, spearman
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = run(args)
     text = markdown(payload)
     command = "python -m bench.predictor.served " + " ".join(sys.argv[1:] if argv is None else argv)
-    write_results("predictor_served", payload, text, command.strip())
+    write_results("predictor_served", payload, text, command.strip(), results_dir("predictor"))
     print(text)
 
 

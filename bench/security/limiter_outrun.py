@@ -8,7 +8,7 @@ ratio to the limit: `python -m bench.security.limiter_outrun`.
 
 from __future__ import annotations
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from gateway.tenancy.limiter import Charge, Limits, SlidingWindowLimiter
 
 LIMIT = 10_000
@@ -52,6 +52,7 @@ def main() -> None:
         {"limit_tokens_per_minute": LIMIT, "rows": rows},
         table,
         "python -m bench.security.limiter_outrun",
+        results_dir("security"),
     )
 
 

@@ -30,7 +30,7 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from gateway.db.migrate import upgrade
 from gateway.db.session import create_counter_engine, create_engine
 from gateway.stores.key_limit_store import KeyLimitStore
@@ -195,6 +195,7 @@ def main() -> None:
         {"sequential": sequential_stats, "concurrent": concurrent_stats, "load": load},
         f"{table}\n\n{load}",
         "python -m bench.security.shared_limits",
+        results_dir("security"),
     )
 
 

@@ -13,7 +13,7 @@ without it (the limiter before issue 32, the baseline). Figures per run:
   run), over the limit;
 - served: tokens served per minute over the whole run, over the limit (what the bound costs).
 
-`python -m bench.security.token_overshoot` writes bench/results/token_overshoot.{json,md}.
+`python -m bench.security.token_overshoot` writes bench/results/security/token_overshoot.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from gateway.tenancy.limiter import DEFAULT_OVERSHOOT, Charge, Limits, SlidingWindowLimiter
 
 TICK_S = 0.1
@@ -186,6 +186,7 @@ def main() -> None:
         {"overshoot": DEFAULT_OVERSHOOT, "tick_s": TICK_S, "runs": results},
         table,
         "python -m bench.security.token_overshoot",
+        results_dir("security"),
     )
 
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import markdown_table, write_results
+from bench.common import markdown_table, results_dir, write_results
 from fedllm_contract.tokenizer import load_tokenizer
 
 MIB = 1 << 20
@@ -51,6 +51,7 @@ def main() -> None:
         {"rows": rows, "threads_hint": os.cpu_count()},
         table,
         "python -m bench.security.tokenize_cost",
+        results_dir("security"),
     )
 
 

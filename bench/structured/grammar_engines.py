@@ -12,7 +12,7 @@
 
 Needs both engines importable: llguidance is a dependency of the site; xgrammar is not (pip
 install --target DIR xgrammar==0.2.8 apache-tvm-ffi, then PYTHONPATH=DIR). Writes
-bench/results/grammar_engines.{json,md}.
+bench/results/structured_output/grammar_engines.{json,md}.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import jsonschema_rs
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from bench.common import results_dir
 from bench.structured.schemas import edge_schemas, realistic_schemas
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = results_dir("structured_output")
 MAX_WALK_TOKENS = 400
 # Tokens that close strings, objects and arrays: walks prefer them half the time, so that they
 # end within MAX_WALK_TOKENS instead of wandering through 49k-token strings.

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench.common import command_line, markdown_table, write_results
+from bench.common import command_line, markdown_table, results_dir, write_results
 from fedllm_contract.grammar import ConstraintSpec
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     ]  # fmt: skip
     table = markdown_table(header, rows)
     print(table)
-    write_results(args.name, {"arms": arms}, table, command_line(__spec__.name, argv))
+    command = command_line(__spec__.name, argv)
+    write_results(args.name, {"arms": arms}, table, command, results_dir("structured_output"))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,21 @@ FINISH_REASON_CANCELLED: FinishReason.ValueType  # 3
 FINISH_REASON_RELEASED: FinishReason.ValueType  # 4
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
+class _ModelTask:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelTaskEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelTask.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_TASK_GENERATE: _ModelTask.ValueType  # 0
+    MODEL_TASK_EMBED: _ModelTask.ValueType  # 1
+
+class ModelTask(_ModelTask, metaclass=_ModelTaskEnumTypeWrapper): ...
+
+MODEL_TASK_GENERATE: ModelTask.ValueType  # 0
+MODEL_TASK_EMBED: ModelTask.ValueType  # 1
+Global___ModelTask: _TypeAlias = ModelTask  # noqa: Y015
+
 class _CacheTier:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -550,6 +565,8 @@ class SiteInfo(_message.Message):
     PREFIX_CACHING_FIELD_NUMBER: _builtins.int
     BLOCK_HASH_SCHEME_FIELD_NUMBER: _builtins.int
     HOST_KV_BLOCKS_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     model: _builtins.str
     max_model_len: _builtins.int
@@ -573,6 +590,11 @@ class SiteInfo(_message.Message):
     block_hash_scheme: _builtins.str
     host_kv_blocks: _builtins.int
     """KV blocks of the host-memory tier (0: none)."""
+    task: Global___ModelTask.ValueType
+    """What the model does: generate text (Generate) or embed it (Embed). An embedding site has
+    no KV cache (kv_blocks_total 0) and says the length of its vectors.
+    """
+    embedding_dimension: _builtins.int
     def __init__(
         self,
         *,
@@ -591,14 +613,117 @@ class SiteInfo(_message.Message):
         prefix_caching: _builtins.bool = ...,
         block_hash_scheme: _builtins.str = ...,
         host_kv_blocks: _builtins.int = ...,
+        task: Global___ModelTask.ValueType = ...,
+        embedding_dimension: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SiteInfo: _TypeAlias = SiteInfo  # noqa: Y015
+
+@_typing.final
+class EmbedInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The input's token ids in the site's tokenizer, special tokens included as the model's
+        tokenizer adds them (BERT's [CLS] ... [SEP]): the site embeds exactly these tokens.
+        """
+
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbedInput: _TypeAlias = EmbedInput  # noqa: Y015
+
+@_typing.final
+class EmbedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    DIMENSIONS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    dimensions: _builtins.int
+    """The length the vectors are cut to (OpenAI's `dimensions`); 0: the model's own. A site whose
+    model cannot shorten its vectors refuses any other value with INVALID_ARGUMENT.
+    """
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EmbedInput]: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        inputs: _abc.Iterable[Global___EmbedInput] | None = ...,
+        dimensions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dimensions", b"dimensions", "inputs", b"inputs", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbedRequest: _TypeAlias = EmbedRequest  # noqa: Y015
+
+@_typing.final
+class Embedding(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOAT32_LE_FIELD_NUMBER: _builtins.int
+    float32_le: _builtins.bytes
+    """The vector as float32 little-endian bytes (4 x dimension): the very bytes of OpenAI's
+    base64 encoding_format, so neither side converts floats one by one.
+    """
+    def __init__(
+        self,
+        *,
+        float32_le: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["float32_le", b"float32_le"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Embedding: _TypeAlias = Embedding  # noqa: Y015
+
+@_typing.final
+class EmbedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EMBEDDINGS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    prompt_tokens: _builtins.int
+    """Tokens embedded (the inputs' token ids together)."""
+    @_builtins.property
+    def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Embedding]:
+        """One per input, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        embeddings: _abc.Iterable[Global___Embedding] | None = ...,
+        prompt_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbedResponse: _TypeAlias = EmbedResponse  # noqa: Y015
 
 @_typing.final
 class LoadStreamRequest(_message.Message):

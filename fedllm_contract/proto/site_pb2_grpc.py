@@ -59,6 +59,11 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.LoadStreamRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.LoadReport.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/Embed',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class SiteEngineServicer:
@@ -102,6 +107,15 @@ class SiteEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """One embedding per input, in order, on a site whose model is an embedding model
+        (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
+        INVALID_ARGUMENT, as an embedding site refuses Generate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +143,11 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     servicer.StreamLoad,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.LoadStreamRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.LoadReport.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +285,33 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/StreamLoad',
             fedllm__contract_dot_proto_dot_site__pb2.LoadStreamRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.LoadReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/Embed',
+            fedllm__contract_dot_proto_dot_site__pb2.EmbedRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,11 @@ class SiteEngineStub:
     """What this site serves and how much it can hold."""
     StreamLoad: _grpc.UnaryStreamMultiCallable[_site_pb2.LoadStreamRequest, _site_pb2.LoadReport]
     """Pushes a load report every interval until the caller goes away."""
+    Embed: _grpc.UnaryUnaryMultiCallable[_site_pb2.EmbedRequest, _site_pb2.EmbedResponse]
+    """One embedding per input, in order, on a site whose model is an embedding model
+    (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
+    INVALID_ARGUMENT, as an embedding site refuses Generate.
+    """
 
 @_typing.type_check_only
 class SiteEngineAsyncStub(SiteEngineStub):
@@ -69,6 +74,11 @@ class SiteEngineAsyncStub(SiteEngineStub):
     """What this site serves and how much it can hold."""
     StreamLoad: _aio.UnaryStreamMultiCallable[_site_pb2.LoadStreamRequest, _site_pb2.LoadReport]  # type: ignore[assignment]
     """Pushes a load report every interval until the caller goes away."""
+    Embed: _aio.UnaryUnaryMultiCallable[_site_pb2.EmbedRequest, _site_pb2.EmbedResponse]  # type: ignore[assignment]
+    """One embedding per input, in order, on a site whose model is an embedding model
+    (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
+    INVALID_ARGUMENT, as an embedding site refuses Generate.
+    """
 
 class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -115,5 +125,16 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_site_pb2.LoadReport], _abc.AsyncIterator[_site_pb2.LoadReport]]:
         """Pushes a load report every interval until the caller goes away."""
+
+    @_abc_1.abstractmethod
+    def Embed(
+        self,
+        request: _site_pb2.EmbedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.EmbedResponse, _abc.Awaitable[_site_pb2.EmbedResponse]]:
+        """One embedding per input, in order, on a site whose model is an embedding model
+        (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
+        INVALID_ARGUMENT, as an embedding site refuses Generate.
+        """
 
 def add_SiteEngineServicer_to_server(servicer: SiteEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

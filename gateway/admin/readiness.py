@@ -1,4 +1,6 @@
-"""What /readyz reports: whether the database answers and a site is healthy, and what serves."""
+"""Readiness: whether the database answers and a site is healthy (/readyz, for anyone: a load
+balancer needs no more), and the report of what serves (/admin/api/readiness, operators only:
+it names the sites, the drains, the request log's backlog and the predictors' versions)."""
 
 from __future__ import annotations
 
@@ -31,15 +33,23 @@ class Readiness:
         self._predictors = predictors
         self._drainer = drainer
 
-    async def report(self) -> dict[str, object]:
-        """`ready` is true when the database answers and at least one site is healthy."""
-        sites = {site.name: site.healthy for site in self._registry.all()}
+    async def ready(self) -> bool:
+        """True when the database answers and at least one site is healthy."""
+        healthy = any(site.healthy for site in self._registry.all())
+        return healthy and await self._database() == "ok"
+
+    async def _database(self) -> str:
         try:
             async with self._sessions() as session:
                 await session.execute(text("SELECT 1"))
-            database = "ok"
         except Exception as exc:  # any failure means not ready; the reason is reported
-            database = f"error: {type(exc).__name__}"
+            return f"error: {type(exc).__name__}"
+        return "ok"
+
+    async def report(self) -> dict[str, object]:
+        """`ready` as ready() says, with what it was judged on and what serves."""
+        sites = {site.name: site.healthy for site in self._registry.all()}
+        database = await self._database()
         predictors = self._predictors.status()
         return {
             "ready": database == "ok" and any(sites.values()),

@@ -239,9 +239,11 @@ async def require_admin(
 class LoginThrottle:
     """Wrong admin credentials per client (its address, or its device: see guesser()) over a
     sliding window, counted in the database by every gateway sharing it (a guesser spreading
-    attempts over replicas is held all the same). Behind a load balancer the address is the
-    balancer's own unless it is the only hop operators use; the admin paths are reachable
-    only from the operators' networks there (infra/terraform)."""
+    attempts over replicas is held all the same). The address is the connection's own: behind
+    a load balancer, the balancer's, unless the operator names it in GATEWAY_TRUSTED_PROXIES
+    (then the client its X-Forwarded-For names; no header is believed from anyone else,
+    loopback included); the admin paths are reachable only from the operators' networks there
+    (infra/terraform)."""
 
     failures: LoginFailureStore
     limit: int = LOGIN_FAILURES_PER_WINDOW

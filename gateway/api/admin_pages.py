@@ -39,6 +39,7 @@ from gateway.api.admin_auth import (
 )
 from gateway.api.admin_routes import AdminApiController
 from gateway.api.predictor_routes import PredictorAdminController
+from gateway.api.site_routes import AdminSitesController
 from gateway.settings import is_loopback
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,12 @@ ASSET_FILES = {
     "uPlot.iife.min.js": (_UPLOT / "uPlot.iife.min.js", "text/javascript"),
     "uPlot.min.css": (_UPLOT / "uPlot.min.css", "text/css"),
     "dashboard.js": (UI_DIR / "static" / "dashboard.js", "text/javascript"),
+    # The charts' scales, legends and notes (a module dashboard.js imports).
+    "charts.js": (UI_DIR / "static" / "charts.js", "text/javascript"),
     # The predictors' drift panel (a module dashboard.js imports).
     "predictors.js": (UI_DIR / "static" / "predictors.js", "text/javascript"),
+    # The capacity panel: sites per model and the scaling events (a module dashboard.js imports).
+    "scaling.js": (UI_DIR / "static" / "scaling.js", "text/javascript"),
     "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
     # Linked from both pages: without it the browser asks for /favicon.ico and logs a 404.
     "favicon.svg": (UI_DIR / "static" / "favicon.svg", "image/svg+xml"),
@@ -234,6 +239,7 @@ def admin_router() -> Router:
         route_handlers=[
             admin_pages(AdminAssets.load()),
             AdminApiController,
+            AdminSitesController,
             PredictorAdminController,
         ],
     )

@@ -1,6 +1,8 @@
 """The admin JSON API behind the dashboard (/admin/api/*), operators only.
 
 - GET /admin/api/overview                  live per-cloud and per-site load, health, latency
+- GET /admin/api/readiness                 /readyz's report: database, sites, drains, request
+                                           log, predictors
 - GET /admin/api/stream                    the overview as server-sent events, about 1/s
 - GET /admin/api/history?window_s&step_s&site    token load etc. per cloud (or one site)
 - GET /admin/api/drift?window_s&step_s&site      predicted vs actual completion tokens
@@ -26,6 +28,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from gateway.admin.dashboard import Dashboard, WindowError
 from gateway.admin.drain import DrainView, SiteDrainer
+from gateway.admin.readiness import Readiness
 from gateway.api.admin_auth import require_admin
 from gateway.api.openai_errors import OpenAIError, invalid_request
 from gateway.stores.load_history import Window
@@ -76,6 +79,16 @@ class AdminApiController(Controller):
         self, request: AnyRequest, dashboard: NamedDependency[Dashboard]
     ) -> Response[bytes]:
         return json_response(request, await dashboard.overview())
+
+    @get(
+        "/readiness",
+        summary="What /readyz judges on: the database, each site's health, the drains, the "
+        "request log's backlog, the predictors' versions",
+    )
+    async def readiness(
+        self, request: AnyRequest, readiness: NamedDependency[Readiness]
+    ) -> Response[bytes]:
+        return json_response(request, await readiness.report())
 
     @get("/stream", summary="The overview as server-sent events (event: overview)")
     async def stream(self, dashboard: NamedDependency[Dashboard]) -> ServerSentEvent:

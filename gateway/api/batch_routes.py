@@ -20,6 +20,7 @@ from gateway.api.batch_schemas import (
     BatchResult,
     BatchResultList,
     BatchUsage,
+    InputTokensDetails,
     ItemAssignment,
     RequestCounts,
 )
@@ -72,6 +73,7 @@ def _batch(view: BatchView) -> Batch:
             view.usage.input_tokens,
             view.usage.output_tokens,
             view.usage.input_tokens + view.usage.output_tokens,
+            InputTokensDetails(view.usage.cached_input_tokens),
         ),
     )
 
@@ -127,16 +129,18 @@ class BatchesController(Controller):
         # Counted with file uploads: validating a batch tokenizes every one of its requests.
         with files.uploads.admit(caller.key_id):
             body = await _read_body(request, settings.batches.max_body_bytes)
-            batch = decode_body(body, BatchCreateRequest)
-            claim = await idempotency.claim(
-                request.headers.get(HEADER), caller.key_id, "/v1/batches", body, stream=False
-            )
+            async with files.uploads.validating():
+                batch = decode_body(body, BatchCreateRequest)
+                claim = await idempotency.claim(
+                    request.headers.get(HEADER), caller.key_id, "/v1/batches", body, stream=False
+                )
 
-            async def submit() -> Batch:
-                return _batch(await batches.submit(batch, caller.key_id, caller.admit_batch))
+                async def submit() -> Batch:
+                    return _batch(await batches.submit(batch, caller.key_id, caller.admit_batch))
 
-            # A replay answers with the batch as it was created (same id); GET it for progress.
-            created, replayed = await idempotency.once(claim, Batch, submit)
+                # A replay answers with the batch as it was created (same id); GET it for
+                # progress.
+                created, replayed = await idempotency.once(claim, Batch, submit)
         return Response(created, headers={REPLAYED_HEADER: "true"} if replayed else {})
 
     @get("/", summary="The caller's batches, newest first")

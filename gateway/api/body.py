@@ -8,10 +8,12 @@ from typing import TypeVar
 import msgspec
 
 from gateway import client_json
-from gateway.api.openai_errors import invalid_request
+from gateway.api.openai_errors import OpenAIError, invalid_request
 
 T = TypeVar("T")
-_PARAM_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+# The field at fault: msgspec names it "at `$.field...`", or "at `key` in `$.field`" for a
+# mapping's key (metadata's).
+_PARAM_PATH = re.compile(r"`\$\.([A-Za-z_]+)")
 _MISSING_FIELD = re.compile(r"missing required field `([A-Za-z_]+)`")
 
 
@@ -30,3 +32,23 @@ def decode_body(body: bytes, schema: type[T]) -> T:
         ) from exc
     except msgspec.DecodeError as exc:
         raise invalid_request(f"the request body is not valid JSON: {exc}") from exc
+
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
+
+
+def decode_naming_unknown(body: bytes, schema: type[T]) -> T:
+    """decode_body, with an unknown field refused by its path (`store`, `reasoning.foo`) as a
+    parameter this gateway does not support."""
+    try:
+        return decode_body(body, schema)
+    except OpenAIError as exc:
+        match = _UNKNOWN_FIELD.search(exc.body.message)
+        if match is None:
+            raise
+        field, where = match.groups()
+        param = f"{where}.{field}" if where else field
+        raise invalid_request(
+            f"'{param}' is not supported by this gateway (unknown or unsupported parameter)",
+            param=param,
+        ) from exc

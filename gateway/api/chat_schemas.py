@@ -1,9 +1,8 @@
 """Wire schemas of POST /v1/chat/completions (msgspec).
 
-Only what the gateway honours is accepted. OpenAI fields it cannot honour are declared when
-clients commonly send them at a neutral value (n=1, logprobs=false, ...), so that value passes
-and any other is refused by name (gateway/chat/service.py); every other field (tools,
-functions, audio, ...) is unknown and refused by name at decoding.
+The request is the chat service's (gateway/chat/request.py: every field OpenAI's API takes,
+served, mapped, ignored or refused by name as docs/openai-api.md lists); a field OpenAI does not
+know is refused by name at decoding.
 """
 
 from __future__ import annotations
@@ -62,6 +61,8 @@ class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    # A legacy caller's (`functions`) call, whole in one delta, in place of tool_calls.
+    function_call: FunctionDelta | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

@@ -13,6 +13,7 @@ from litestar.response import Stream
 
 from gateway.api.body import decode_body
 from gateway.api.client_auth import authenticate_caller
+from gateway.api.client_gone import unless_client_leaves
 from gateway.api.completion_schemas import Completion, CompletionRequest
 from gateway.api.openai_format import (
     collect_completion,
@@ -106,7 +107,8 @@ async def answer(
     call: CompletionCall,
 ) -> Response[T] | Stream:
     """What the completion endpoints share after preparing the request: the Idempotency-Key,
-    then a stream, or the whole answer (stored for retries under its key)."""
+    then a stream, or the whole answer (stored for retries under its key), cancelled if the
+    client goes away before it is ready (gateway/api/client_gone.py)."""
     completions, idempotency, caller = call.completions, call.idempotency, call.caller
     claim = await idempotency.claim(
         request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prepared.stream
@@ -122,7 +124,7 @@ async def answer(
 
     async def run() -> T:
         dispatch = await completions.dispatch(prepared, caller.admission())
-        answered = await shape.collect(dispatch)
+        answered = await unless_client_leaves(request.receive, shape.collect(dispatch))
         sites.append(dispatch.site.name)
         return answered
 
@@ -142,15 +144,17 @@ async def answer_prompts(
     prompts: list[PreparedCompletion],
     call: CompletionCall,
 ) -> Response[Completion] | Stream:
-    """A list of prompts: each dispatched as its own request, answered as one completion whose
+    """A list of prompts: one request to its key, admitted whole (CompletionService.dispatch_all),
+    each prompt dispatched to a site as its own request, answered as one completion whose
     choices are numbered prompt by prompt (OpenAI's `index` = prompt * n + choice). A stream
-    sends each prompt's events in turn."""
+    sends each prompt's events in turn; a whole answer runs them at once, and all of them stop
+    if one fails or the client goes away."""
     completions, caller = call.completions, call.caller
     claim = await call.idempotency.claim(
         request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prompts[0].stream
     )
     if prompts[0].stream:
-        dispatches = [await completions.dispatch(p, caller.admission()) for p in prompts]
+        dispatches = await completions.dispatch_all(prompts, caller.admission())
         return Stream(
             prompt_list_events(dispatches),
             media_type="text/event-stream",
@@ -159,10 +163,25 @@ async def answer_prompts(
     sites: list[str] = []
 
     async def run() -> Completion:
-        dispatches = [await completions.dispatch(p, caller.admission()) for p in prompts]
-        answers = await asyncio.gather(*(collect_completion(d) for d in dispatches))
+        dispatches = await completions.dispatch_all(prompts, caller.admission())
+        answers = await unless_client_leaves(request.receive, collect_all(dispatches))
         sites.append(dispatches[-1].site.name)
         return merged_completion(answers, prompts[0].params.n)
 
     answered, replayed = await call.idempotency.once(claim, Completion, run)
     return Response(answered, headers=answer_headers(sites, replayed))
+
+
+async def collect_all(dispatches: list[Dispatch]) -> list[Completion]:
+    """Every prompt's answer, run at once; when one fails (or all are cancelled: the client
+    left), the others stop at their sites too rather than generate what nobody will get."""
+    running = [asyncio.ensure_future(collect_completion(d)) for d in dispatches]
+    try:
+        return await asyncio.gather(*running)
+    except BaseException as exc:
+        if not isinstance(exc, asyncio.CancelledError):
+            for dispatch in dispatches:
+                dispatch.cancel_reason = "another prompt of its request failed"
+        for task in running:
+            task.cancel()
+        raise

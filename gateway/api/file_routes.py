@@ -87,13 +87,14 @@ class FilesController(Controller):
             purpose = upload.fields.get("purpose")
             if purpose is None:
                 raise invalid_request("the form has no 'purpose' field", param="purpose")
-            view = await files.upload(
-                caller.key_id,
-                upload.filename or "upload.jsonl",
-                purpose,
-                bytes(upload.content),
-                _expires_after(upload.fields),
-            )
+            async with files.uploads.validating():
+                view = await files.upload(
+                    caller.key_id,
+                    upload.filename or "upload.jsonl",
+                    purpose,
+                    bytes(upload.content),
+                    _expires_after(upload.fields),
+                )
         return file_object(view)
 
     @get("/", summary="The caller's files, newest first unless order=asc")

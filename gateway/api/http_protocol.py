@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 protocol: uvicorn's (httptools) with deadlines on what clients send.
+"""The gateway's HTTP/1.1 protocol: uvicorn's (httptools) with bounds on what clients send.
 
 uvicorn closes a connection only when it has been idle for `timeout_keep_alive` after an answer
 and no byte has come since; it never closes a new connection that sends nothing, one that sends
@@ -8,14 +8,19 @@ held open for 75 s+, and four stalled uploads held every upload slot). Here, per
 - idle: a connection with no request under way, a new one included, is closed after
   GATEWAY_KEEP_ALIVE_TIMEOUT_S of silence (uvicorn's own timer, also armed at the start);
 - headers: a request's headers must be complete GATEWAY_HEADER_TIMEOUT_S after the connection
-  opened or its previous answer ended, whatever trickles in meanwhile;
+  opened or its previous answer ended, whatever trickles in meanwhile; and its request line and
+  headers may take at most GATEWAY_MAX_HEADER_BYTES (httptools has no bound of its own: an
+  80 MiB header was buffered whole and answered, issue 48). Past it the client gets 431 and the
+  rest is never handed to the parser;
 - body: a request body gets GATEWAY_BODY_TIMEOUT_S plus one second per
   GATEWAY_BODY_MIN_BYTES_PER_S bytes it has sent (Apache's mod_reqtimeout `body=N,MinRate=R`);
   while the gateway itself is not reading (its buffer is full, or it has not yet asked an
   `Expect: 100-continue` client for the body), the clock stands still.
 
 Past a deadline with a request begun, the client gets a 408 in the OpenAI error shape and the
-connection closes; the request's handler sees its client gone and gives back what it held
+connection closes (after a 431 it lingers a moment, reading and dropping what the client still
+sends, so that closing with unread bytes does not reset the connection before the client has
+read the answer); the request's handler sees its client gone and gives back what it held
 (an upload slot). A client that sends nothing is closed without a word. The bound on clients
 that stop reading answers is gateway/api/slow_readers.py; bounded_protocol() combines both.
 """
@@ -35,14 +40,24 @@ from gateway.settings import LimitsSettings
 log = logging.getLogger(__name__)
 
 
-def _timeout_response(message: str) -> bytes:
+# After a 431: how long the connection stays open, and how much more of the client's sending it
+# reads (and drops) meanwhile, before closing.
+LINGER_S = 1.0
+LINGER_MAX_BYTES = 1 << 20
+
+
+def _error_response(status: str, code: str, message: str) -> bytes:
     error = {"message": message, "type": "invalid_request_error", "param": None}
-    body = json.dumps({"error": {**error, "code": "request_timeout"}}).encode()
+    body = json.dumps({"error": {**error, "code": code}}).encode()
     head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def _timeout_response(message: str) -> bytes:
+    return _error_response("408 Request Timeout", "request_timeout", message)
 
 
 class ConnectionDeadlines:
@@ -51,7 +66,15 @@ class ConnectionDeadlines:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     body_min_bytes_per_s: float = 16384.0
+    max_header_bytes: int = 65536
     _header_timer: asyncio.TimerHandle | None = None
+    # Bytes received since the previous request ended (or the connection opened) while the next
+    # one's head is incomplete; whether it is (no request under way, or its headers still come).
+    _head_bytes: int = 0
+    _in_head: bool = True
+    # A 431 was sent: what comes now is dropped until the connection closes.
+    _refused_bytes: int | None = None
+    _linger: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     # The body clock: when it started (moved on by time the gateway was not reading), when it
     # was last looked at, and the bytes received since it started.
@@ -82,14 +105,38 @@ class ConnectionDeadlines:
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_body_timer()
+        if self._linger is not None:
+            self._linger.cancel()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused_bytes is not None:
+            self._drop(len(data))
+            return
+        room = self.max_header_bytes - self._head_bytes
+        if not self._in_head or len(data) <= room:
+            if self._in_head:
+                self._head_bytes += len(data)
+            super().data_received(data)  # type: ignore[misc]
+            return
+        # Only what fits the bound is parsed: if the head does not end within it, it is refused.
+        self._head_bytes = self.max_header_bytes
+        if room > 0:
+            super().data_received(data[:room])  # type: ignore[misc]
+        if self.transport.is_closing():  # refused by the parser (400)
+            return
+        if self._in_head:
+            self._refuse_head()
+            self._drop(len(data) - room)
+        else:
+            self.data_received(data[room:])  # the body, maybe the next request's head
 
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
         self._request_begun = True
 
     def on_headers_complete(self) -> None:
-        self._request_begun = False
+        self._request_begun = self._in_head = False
         self._cancel_header_timer()
         super().on_headers_complete()  # type: ignore[misc]
         if self._has_body():
@@ -103,6 +150,7 @@ class ConnectionDeadlines:
 
     def on_message_complete(self) -> None:
         self._cancel_body_timer()
+        self._in_head, self._head_bytes = True, 0
         super().on_message_complete()  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
@@ -151,6 +199,30 @@ class ConnectionDeadlines:
             )
         self.transport.close()
 
+    def _refuse_head(self) -> None:
+        """431, then the connection lingers (dropping what comes) and closes."""
+        log.info("%s: request head over %d bytes: 431", self._who(), self.max_header_bytes)
+        self._cancel_header_timer()
+        self._refused_bytes = 0
+        self.transport.write(
+            _error_response(
+                "431 Request Header Fields Too Large",
+                "headers_too_large",
+                "the request line and headers are longer than GATEWAY_MAX_HEADER_BYTES="
+                f"{self.max_header_bytes} bytes",
+            )
+        )
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._linger = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def _drop(self, size: int) -> None:
+        """Bytes a refused client still sends: read and dropped, up to LINGER_MAX_BYTES."""
+        assert self._refused_bytes is not None
+        self._refused_bytes += size
+        if self._refused_bytes > LINGER_MAX_BYTES:
+            self.transport.close()
+
     def _check_body(self) -> None:
         self._body_timer = None
         cycle = self.cycle
@@ -196,5 +268,6 @@ def bounded_protocol(limits: LimitsSettings) -> type[asyncio.Protocol]:
             "header_timeout_s": limits.header_timeout_s,
             "body_timeout_s": limits.body_timeout_s,
             "body_min_bytes_per_s": float(limits.body_min_bytes_per_s),
+            "max_header_bytes": limits.max_header_bytes,
         },
     )

@@ -47,7 +47,15 @@ class HealthController(Controller):
     async def liveness(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @get("/readyz", summary="Readiness: the database answers and at least one site is healthy")
-    async def readiness(self, readiness: NamedDependency[Readiness]) -> Response[dict[str, object]]:
-        body = await readiness.report()
-        return Response(body, status_code=200 if body["ready"] else 503)
+    @get(
+        "/readyz",
+        summary="Readiness: the database answers and at least one site is healthy (200, else "
+        "503); the report behind it is the operators' (/admin/api/readiness)",
+    )
+    async def readiness(self, readiness: NamedDependency[Readiness]) -> Response[dict[str, bool]]:
+        # No site names, versions or backlog here (issue 48): anyone can reach this path, and a
+        # load balancer needs only the status. It takes no credential either, so that a path
+        # open to all is no place to guess the admin token (behind a load balancer, guesses
+        # would be counted against the balancer's address, locking the operators out).
+        ready = await readiness.ready()
+        return Response({"ready": ready}, status_code=200 if ready else 503)

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 from litestar.types import ExceptionHandlersMap
 
 from gateway.errors import (
@@ -129,7 +129,31 @@ def _domain_error(_: Request[Any, Any, Any], exc: GatewayError) -> Response[Erro
     return error_response(as_openai(exc))
 
 
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorEnvelope]:
+def _no_route(request: Request[Any, Any, Any]) -> OpenAIError:
+    """A path no route matches: under /v1, OpenAI's "Invalid URL" naming the path and what this
+    gateway implements of the API instead (the routes registered, whichever controller added
+    them: this answers only where no route matched, so it never shadows one)."""
+    method, path = request.method, request.url.path
+    if path != "/v1" and not path.startswith("/v1/"):
+        return OpenAIError(404, f"Invalid URL ({method} {path}): no such route on this gateway")
+    served = sorted(
+        {
+            route.path.rstrip("/")
+            for route in request.app.routes
+            if route.path.startswith("/v1/") and "{" not in route.path
+        }
+    )
+    return OpenAIError(
+        404,
+        f"Invalid URL ({method} {path}): this gateway does not implement {path} of the OpenAI "
+        f"API; it implements {', '.join(served)}",
+        code="unknown_url",
+    )
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorEnvelope]:
+    if isinstance(exc, NotFoundException) and "route_handler" not in request.scope:
+        return error_response(_no_route(request))  # raised by routing, not by a handler
     status = exc.status_code
     kind = "invalid_request_error" if status < 500 else "server_error"
     message = exc.detail

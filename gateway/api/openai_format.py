@@ -120,6 +120,7 @@ async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]
     request's id, choices renumbered prompt * n + choice), one usage chunk for all, [DONE]."""
     first = dispatches[0].prepared
     n = first.params.n
+    unreached = "its client went away before this prompt's turn"
     try:
         for number, dispatch in enumerate(dispatches):
             state = _CompletionStream()
@@ -133,10 +134,11 @@ async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]
             completion = sum(u.completion_tokens for u in totals)
             yield _event(_chunk(first, [], Usage(prompt, completion, prompt + completion)))
     except (OpenAIError, GatewayError) as exc:
+        unreached = "an earlier prompt of its request failed"
         yield _event(error_envelope(exc))
     finally:
-        for dispatch in dispatches:  # prompts not reached (client gone): their slots back
-            dispatch.abandon()
+        for dispatch in dispatches:  # prompts not reached: recorded, settled, slots back
+            dispatch.cancel_unstarted(unreached)
     yield b"data: [DONE]\n\n"
 
 
@@ -152,10 +154,12 @@ def _chat_chunk(
     )
 
 
-def _delta(part: str | ToolCall, number: int) -> ChatDelta:
+def _delta(part: str | ToolCall, number: int, legacy: bool) -> ChatDelta:
     if isinstance(part, str):
         return ChatDelta(content=part)
     function = FunctionDelta(part.function.name, part.function.arguments)
+    if legacy:
+        return ChatDelta(function_call=function)
     return ChatDelta(tool_calls=[ToolCallDelta(number, part.id, function)])
 
 
@@ -173,17 +177,22 @@ class _ChatStream:
         parsing = prepared.tool_calls
         out: list[ChatChunkChoice] = []
         index = chunk.index
+        reason = finish_reason(chunk.finish_reason)
+        scanner = None
         if parsing is None:
             parts: list[str | ToolCall] = [chunk.text] if chunk.text else []
         else:
             scanner = self.scanners.setdefault(index, ToolCallScanner(parsing))
             parts = scanner.feed(chunk.text)
-            if chunk.finish_reason is not None and (rest := scanner.flush()):
+            if chunk.finish_reason is not None and (rest := scanner.flush(reason)):
                 parts.append(rest)
-        calls = self.scanners[index].calls if index in self.scanners else []
+        calls = scanner.calls if scanner is not None else []
+        legacy = parsing is not None and parsing.legacy_functions
         for part in parts:
             number = calls.index(part) if isinstance(part, ToolCall) else 0
-            out.append(ChatChunkChoice(_delta(part, number), index=index))
+            if legacy and number:  # a legacy caller is told of its first call only
+                continue
+            out.append(ChatChunkChoice(_delta(part, number, legacy), index=index))
         if prepared.params.logprobs and chunk.logprobs:
             decode = token_decoder(self.dispatch)
             values = ChatLogprobs(chat_logprobs(chunk.token_ids, chunk.logprobs, decode))
@@ -191,9 +200,8 @@ class _ChatStream:
                 out.append(ChatChunkChoice(ChatDelta(), index=index))
             out[-1].logprobs = values
         if chunk.finish_reason is not None:
-            reason = finish_reason(chunk.finish_reason)
-            if calls and reason == "stop":
-                reason = "tool_calls"
+            if scanner is not None:
+                reason = scanner.finish_reason(reason)
             out.append(ChatChunkChoice(ChatDelta(), finish_reason=reason, index=index))
         return out
 

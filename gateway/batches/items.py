@@ -32,7 +32,8 @@ from gateway.stores.batch_records import NewItem
 
 # A slice of items validated in one turn of the tokenize pool: bounded in bytes, so that one
 # large batch holds a pool thread for a fraction of a second at a time (tokenizing costs about
-# a second per MiB, bench/results/tokenize_cost.md) and interactive requests get their turns.
+# a second per MiB, bench/results/security/tokenize_cost.md) and interactive requests get their
+# turns.
 SLICE_BYTES = 256 << 10
 SLICE_ITEMS = 256
 # Keys of a file line's body that a batch does not take as they are: the batch names the model

@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-from gateway.chat.tool_calls import ToolCall, split_answer
+from gateway.chat.tool_calls import FunctionCall, ToolCall, split_finished
 from gateway.completions.logprobs import ChatLogprobs, chat_logprobs
 from gateway.completions.result import (
     ChoiceAnswer,
@@ -17,6 +17,7 @@ from gateway.completions.result import (
     token_decoder,
     usage,
 )
+from gateway.dispatch.request import ToolCallParsing
 from gateway.dispatch.stream import Dispatch
 
 
@@ -25,6 +26,8 @@ class ChatResponseMessage(msgspec.Struct):
     role: Literal["assistant"] = "assistant"
     refusal: None = None
     tool_calls: list[ToolCall] | None = None
+    # A legacy caller's (`functions`) call, in place of tool_calls; left out otherwise.
+    function_call: FunctionCall | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatChoice(msgspec.Struct):
@@ -44,20 +47,30 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: None = None
 
 
+def chat_message(
+    text: str, reason: FinishReason | None, parsing: ToolCallParsing | None
+) -> tuple[ChatResponseMessage, FinishReason | None]:
+    """An answer's text as the assistant's message (its tool calls parsed out when the request
+    offered tools) and the finish reason it is told with."""
+    if parsing is None:
+        return ChatResponseMessage(content=text), reason
+    split = split_finished(text, parsing, reason)
+    if parsing.legacy_functions:
+        # A legacy caller's answer holds one call, as OpenAI's did before parallel calls.
+        message = ChatResponseMessage(content=split.content)
+        if split.calls:
+            message.function_call = split.calls[0].function
+        return message, split.finish_reason
+    return ChatResponseMessage(split.content, tool_calls=split.calls or None), split.finish_reason
+
+
 def chat_choice(dispatch: Dispatch, answer: ChoiceAnswer) -> ChatChoice:
     prepared = dispatch.prepared
-    content: str | None = answer.text
-    calls: list[ToolCall] = []
-    reason = answer.finish_reason
-    if prepared.tool_calls is not None and content is not None:
-        content, calls = split_answer(content, prepared.tool_calls)
-        if calls and reason == "stop":
-            reason = "tool_calls"
+    message, reason = chat_message(answer.text, answer.finish_reason, prepared.tool_calls)
     logprobs = None
     if prepared.params.logprobs:
         decode = token_decoder(dispatch)
         logprobs = ChatLogprobs(chat_logprobs(answer.token_ids, answer.logprobs, decode))
-    message = ChatResponseMessage(content=content, tool_calls=calls or None)
     return ChatChoice(message, reason, answer.index, logprobs)
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from fedllm_contract.grammar import ConstraintSpec
+from gateway.chat.legacy_functions import legacy_error, tool_fields
 from gateway.chat.request import ChatCompletionRequest
 from gateway.chat.response_format import checked, response_constraint
 from gateway.chat.templates import (
@@ -18,33 +19,48 @@ from gateway.chat.templates import (
     RenderedChat,
     render_messages_as_text,
 )
-from gateway.chat.tools import check_tools, tool_constraint, tools_prompt
+from gateway.chat.tools import ToolRequest, check_tools, tool_constraint, tools_prompt
 from gateway.chat.turns import TemplateAbilities, Turn, conversation
 from gateway.completions.sampling_options import RequestedOptions, check_stream_options
-from gateway.dispatch.request import PreparedCompletion, ToolCallParsing
-from gateway.errors import invalid_request, model_not_found
+from gateway.dispatch.request import Api, PreparedCompletion, ToolCallParsing
+from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.federation import ToolCallFormat
 from gateway.request_path.prepare import Delivery, Sampling
 from gateway.request_path.service import CompletionService
 from gateway.tokenizers import ModelTokenizers
 
-# param -> (is the value one this gateway honours, what to say when it is not)
-_NEUTRAL_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "store": (lambda v: not v, "stored completions are not supported"),
-    "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not offered"),
-    "modalities": (lambda v: v in (None, ["text"]), "only the text modality is supported"),
+# Fields that ask for a capability no model of this gateway has: param -> (is the value one
+# this gateway serves, why not). OpenAI refuses them alike for a model without it.
+_NOT_OFFERED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "modalities": (
+        lambda v: v is None or set(v) <= {"text"},
+        "the models here are text-only: modalities must be ['text']",
+    ),
+    "audio": (lambda v: v is None, "the models here are text-only: no audio output"),
+    "web_search_options": (lambda v: v is None, "no model here searches the web"),
+    "moderation": (lambda v: v is None, "this gateway runs no moderation model"),
 }
 
 
 def reject_unsupported(req: ChatCompletionRequest) -> None:
-    for param, (honoured, reason) in _NEUTRAL_ONLY.items():
+    for param, (served, reason) in _NOT_OFFERED.items():
         value = getattr(req, param)
-        if not honoured(value):
+        if not served(value):
             raise invalid_request(
                 f"'{param}' is not supported by this gateway: {reason} (got {value!r})",
                 param=param,
             )
     check_stream_options(req.stream, req.stream_options)
+
+
+def _tools(req: ChatCompletionRequest) -> tuple[ToolRequest | None, bool]:
+    """The request's tools, checked (its legacy functions as tools), and whether it is a legacy
+    caller."""
+    fields = tool_fields(req)
+    try:
+        return check_tools(fields.tools, fields.tool_choice, fields.parallel), fields.legacy
+    except GatewayError as exc:
+        raise (legacy_error(exc) if fields.legacy else exc) from exc
 
 
 def _predictor_text(turns: list[Turn]) -> str:
@@ -114,13 +130,17 @@ class ChatService:
             template, turns, specials, add_generation_prompt=True, tools=tools
         )
 
-    def prepare(self, req: ChatCompletionRequest) -> PreparedCompletion:
+    def prepare(
+        self, req: ChatCompletionRequest, api: Api = "chat.completions"
+    ) -> PreparedCompletion:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
-        state. Dispatch is then CompletionService.dispatch, as for /v1/completions."""
-        if req.model not in self._templates or req.model not in self._tokenizers:
+        state. Dispatch is then CompletionService.dispatch, as for /v1/completions. `api`: the
+        API the request came through (the Responses API prepares its requests here too)."""
+        self._completions.preparer.check_model(req.model, api)
+        if req.model not in self._templates:
             raise model_not_found(req.model)
         reject_unsupported(req)
-        tools = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        tools, legacy = _tools(req)
         fmt = self._tool_formats.get(req.model, ToolCallFormat())
         constraint = response_constraint(req.response_format)
         calls = tool_constraint(tools, fmt) if tools is not None else None
@@ -161,8 +181,9 @@ class ChatService:
             prompt_cache_key=req.prompt_cache_key,
         )
         prepared = self._completions.preparer.prepare_tokens(
-            req.model, prompt_ids, _predictor_text(turns), sampling, delivery, "chat.completions"
+            req.model, prompt_ids, _predictor_text(turns), sampling, delivery, api
         )
         if tools is None:
             return prepared
-        return replace(prepared, tool_calls=ToolCallParsing(fmt.begin, fmt.end, tools.names))
+        parsing = ToolCallParsing(fmt.begin, fmt.end, tools.names, tools.forced, legacy)
+        return replace(prepared, tool_calls=parsing)

@@ -3,8 +3,14 @@ answer, as `message.tool_calls` of a whole answer or as `tool_calls` deltas of a
 
 A call is a JSON object {"name", "arguments"} between the format's tags, naming one of the
 request's functions. Anything else (text around calls, a block that does not parse or names
-another function) stays content. `required` and named calls were constrained at the site, so
-they always parse.
+another function) stays content, with two exceptions, so that the model's call markup never
+reaches a client as text:
+- a forced answer (`tool_choice` required or named) is nothing but calls, constrained at the
+  site: none of it is content;
+- an answer cut by `max_tokens` inside a call (or inside what may begin one) drops that
+  unfinished call. The calls completed before it are the answer, with finish_reason
+  "tool_calls"; cut before any call completed, the answer is finish_reason "length" with
+  neither content nor calls from the markup.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from gateway.completions.result import FinishReason
 from gateway.dispatch.request import ToolCallParsing
 
 
@@ -52,6 +59,8 @@ class ToolCallScanner:
     parsing: ToolCallParsing
     _pending: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    # The answer ended inside a call's markup, which was dropped (see flush).
+    cut: bool = False
 
     @property
     def _begin(self) -> str:
@@ -62,6 +71,12 @@ class ToolCallScanner:
         return self.parsing.end.strip()
 
     def feed(self, text: str) -> list[str | ToolCall]:
+        parts = self._scan(text)
+        if self.parsing.forced:  # only calls: the separators between them are no content
+            return [part for part in parts if isinstance(part, ToolCall)]
+        return parts
+
+    def _scan(self, text: str) -> list[str | ToolCall]:
         self._pending += text
         out: list[str | ToolCall] = []
         while self._pending:
@@ -89,10 +104,23 @@ class ToolCallScanner:
                 out.append(call)
         return out
 
-    def flush(self) -> str:
-        """What is left at the end (an unfinished call stays text)."""
+    def flush(self, reason: FinishReason | None = None) -> str:
+        """What is left at the end, as content. What is held back then is an unfinished call,
+        or text that may begin one: cut by max_tokens (`reason` "length"), or in a forced
+        answer, it is markup and dropped; an answer the model itself ended there keeps it as
+        text."""
         rest, self._pending = self._pending, ""
+        if self.parsing.forced or (rest and reason == "length"):
+            self.cut = reason == "length"
+            return ""
         return rest
+
+    def finish_reason(self, reason: FinishReason | None) -> FinishReason | None:
+        """The answer's finish reason: "tool_calls" ("function_call" for a legacy caller) when
+        it called any and ended there, or was cut inside the call after them."""
+        if not self.calls or not (reason == "stop" or (reason == "length" and self.cut)):
+            return reason
+        return "function_call" if self.parsing.legacy_functions else "tool_calls"
 
     def _held_back(self, text: str) -> int:
         for length in range(min(len(text), len(self._begin) - 1), 0, -1):
@@ -101,11 +129,24 @@ class ToolCallScanner:
         return 0
 
 
+@dataclass(frozen=True, slots=True)
+class SplitAnswer:
+    content: str | None  # None when the answer is only calls
+    calls: list[ToolCall]
+    finish_reason: FinishReason | None
+
+
+def split_finished(text: str, parsing: ToolCallParsing, reason: FinishReason | None) -> SplitAnswer:
+    """A whole answer that ended for `reason`, as content, calls and its finish reason."""
+    scanner = ToolCallScanner(parsing)
+    parts = [*scanner.feed(text), scanner.flush(reason)]
+    content: str | None = "".join(p for p in parts if isinstance(p, str))
+    if scanner.calls or parsing.forced or scanner.cut:
+        content = (content or "").strip() or None
+    return SplitAnswer(content, scanner.calls, scanner.finish_reason(reason))
+
+
 def split_answer(text: str, parsing: ToolCallParsing) -> tuple[str | None, list[ToolCall]]:
     """A whole answer as (content, calls): content None when the answer is only calls."""
-    scanner = ToolCallScanner(parsing)
-    parts = [*scanner.feed(text), scanner.flush()]
-    content = "".join(p for p in parts if isinstance(p, str))
-    if scanner.calls and not content.strip():
-        return None, scanner.calls
-    return (content.strip() if scanner.calls else content), scanner.calls
+    split = split_finished(text, parsing, None)
+    return split.content, split.calls

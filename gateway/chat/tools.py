@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedllm_contract.grammar import ConstraintSpec
+from gateway.chat.closed_objects import closed_arguments
 from gateway.chat.response_format import NAME, checked, schema_text
 from gateway.errors import invalid_request
 from gateway.federation import ToolCallFormat
@@ -40,6 +41,11 @@ class ToolRequest:
     @property
     def calls_allowed(self) -> bool:
         return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """`required` or a named function: the answer is calls only."""
+        return self.choice not in ("auto", "none")
 
 
 def _function(tool: object, where: str) -> dict[str, Any]:
@@ -114,7 +120,10 @@ def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
     function = tool["function"]
     # The parameters as a schema resource of their own ($id), so that their local references
     # ("#/$defs/...", as pydantic writes them) resolve inside them, not at this schema's root.
-    arguments = {"$id": f"urn:fedllm:tool:{function['name']}", **function["parameters"]}
+    arguments = {
+        "$id": f"urn:fedllm:tool:{function['name']}",
+        **closed_arguments(function["parameters"]),
+    }
     return {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": arguments},
@@ -125,8 +134,14 @@ def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
 
 def tool_constraint(request: ToolRequest, fmt: ToolCallFormat) -> ConstraintSpec | None:
     """For `required` and named calls: the answer is nothing but calls in the model's format,
-    each a function of the request with valid arguments (one when named or not parallel)."""
-    if request.choice == "auto":
+    each a function of the request with valid arguments (one when named or not parallel),
+    held to its schema with the objects closed (gateway/chat/closed_objects.py).
+
+    llguidance writes an object's properties in the order its schema lists them; the schema is
+    sent with its keys sorted, so a call is written arguments first and the arguments in
+    alphabetical order (not the client's). Kept as it was: with the declared order, the name
+    first, SmolLM2 looped in a string of pydantic-ai's City output (see docs/openai-api.md)."""
+    if not request.forced:
         return None
     if request.choice == "required":
         offered = list(request.tools)

@@ -2,8 +2,10 @@
 
 Roles: system, developer (the template's own developer turn where it has one, else its system
 turn, as OpenAI's newer SDKs and agent frameworks send it instead of system), user, assistant
-(with earlier tool calls) and tool (a tool's answer). `name` is passed on to the template.
-Content is plain text (a string, or text parts joined by newlines as vLLM does).
+(with earlier tool calls) and tool (a tool's answer); a legacy caller's assistant
+`function_call` is a tool call and its `function` turn that call's answer. `name` is passed on
+to the template. Content is plain text (a string, or text parts joined by newlines as vLLM
+does); an assistant turn without content may carry its `refusal` text instead.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from gateway.chat.tools import call_text, template_call
 from gateway.errors import invalid_request
 from gateway.federation import ToolCallFormat
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-# Message fields refused unless null: legacy function calls, audio and refusals are not served.
-_MESSAGE_FIELDS_REFUSED = ("function_call", "audio", "refusal")
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# What a text part may carry besides its text: OpenAI's cache breakpoint, a hint (ignored).
+_TEXT_PART_KEYS = {"type", "text", "prompt_cache_breakpoint"}
 Turn = dict[str, Any]
 HERMES = ToolCallFormat()
 
@@ -47,9 +49,13 @@ def content_text(message: ChatMessage, where: str, required: bool = True) -> str
             raise invalid_request(
                 f"content parts of type {kind!r} are not supported: only 'text' parts", param=param
             )
-        if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+        if not {"type", "text"} <= set(part) <= _TEXT_PART_KEYS or not isinstance(
+            part["text"], str
+        ):
             raise invalid_request(
-                "a text part is exactly {'type': 'text', 'text': <string>}", param=param
+                "a text part is {'type': 'text', 'text': <string>}, with an optional "
+                "prompt_cache_breakpoint",
+                param=param,
             )
         texts.append(part["text"])
     # Parts are joined with newlines, as vLLM does, so that separate paragraphs stay separate.
@@ -62,44 +68,66 @@ def _check(message: ChatMessage, where: str) -> None:
             f"role {message.role!r} is not supported: use one of {', '.join(ROLES)}",
             param=f"{where}.role",
         )
-    for name in _MESSAGE_FIELDS_REFUSED:
-        if getattr(message, name) is not None:
-            raise invalid_request(
-                f"'{name}' on messages is not supported by this gateway", param=f"{where}.{name}"
-            )
-    if message.tool_calls is not None and message.role != "assistant":
-        raise invalid_request("only assistant messages carry tool_calls", f"{where}.tool_calls")
+    if message.audio is not None:
+        raise invalid_request(
+            "'audio' on messages is not supported by this gateway: the models here are text-only",
+            param=f"{where}.audio",
+        )
+    for name in ("tool_calls", "function_call", "refusal"):
+        if getattr(message, name) is not None and message.role != "assistant":
+            raise invalid_request(f"only assistant messages carry {name}", f"{where}.{name}")
     if message.role == "tool" and message.tool_call_id is None:
         raise invalid_request(
             "a tool message names the call it answers", param=f"{where}.tool_call_id"
+        )
+    if message.role == "function" and message.name is None:
+        raise invalid_request(
+            "a function message names the function that answered", param=f"{where}.name"
         )
 
 
 def _turn(
     message: ChatMessage, where: str, abilities: TemplateAbilities, fmt: ToolCallFormat
 ) -> Turn:
-    calls = message.tool_calls or []
-    text = content_text(message, where, required=not calls)
+    calls: list[object] = list(message.tool_calls or [])
+    if message.function_call is not None:
+        calls.append({"type": "function", "function": message.function_call})
+    # A turn of calls, a refusal, or a function's answer (null for no output) may lack content.
+    needs_content = not calls and message.refusal is None and message.role != "function"
+    text = content_text(message, where, required=needs_content)
+    if not text and message.refusal is not None:
+        text = message.refusal
     role = message.role
     if role == "developer" and not abilities.developer:
         role = "system"
+    if role == "function":  # a legacy call's answer: a tool turn
+        role = "tool"
     turn: Turn = {"role": role, "content": text}
     if message.name is not None:
         turn["name"] = message.name
     if abilities.tools:
         if calls:
             turn["tool_calls"] = [
-                template_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
+                template_call(call, _call_where(message, where, i)) for i, call in enumerate(calls)
             ]
         if message.tool_call_id is not None:
             turn["tool_call_id"] = message.tool_call_id
         return turn
     if calls:
-        written = [call_text(call, f"{where}.tool_calls[{i}]", fmt) for i, call in enumerate(calls)]
+        written = [
+            call_text(call, _call_where(message, where, i), fmt) for i, call in enumerate(calls)
+        ]
         turn["content"] = "\n".join(filter(None, [text, *written]))
     if role == "tool":  # a template without tool turns: the result comes back as a user turn
         turn = {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
     return turn
+
+
+def _call_where(message: ChatMessage, where: str, index: int) -> str:
+    """Where the message's call number `index` was sent (its legacy function_call comes last)."""
+    if index == len(message.tool_calls or []):
+        return f"{where}.function_call"
+    return f"{where}.tool_calls[{index}]"
 
 
 def conversation(
@@ -119,7 +147,7 @@ def conversation(
         _check(message, where)
         turn = _turn(message, where, abilities, fmt)
         last = turns[-1] if turns else None
-        tool_results = message.role == "tool" and not abilities.tools
+        tool_results = message.role in ("tool", "function") and not abilities.tools
         if tool_results and last is not None and last.get("tool_results"):
             last["content"] += "\n" + turn["content"]  # answers to one turn's calls: one turn
             continue

@@ -21,6 +21,9 @@ Prompt = str | list[str | int | list[int]]
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
+    # OpenAI pads its stream's events against length side channels unless told not to; this
+    # gateway's events carry no padding, so either value is served.
+    include_obfuscation: bool | None = None
 
 
 class CompletionFields(msgspec.Struct, forbid_unknown_fields=True):

@@ -12,7 +12,8 @@ from gateway.completions.logprobs import CompletionLogprobs, Decode, completion_
 from gateway.dispatch.stream import Dispatch
 from gateway.sites.interface import SiteChunk, TokenLogprob
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+# "function_call": a chat answer's call to a legacy caller's `functions` (gateway/chat/).
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
 class PromptTokensDetails(msgspec.Struct):

@@ -6,8 +6,8 @@ execute, commit, the pool's reset on return, ...) on its thread and wakes the ev
 it, about 16 round trips between two threads per transaction, all on the gateway's one core;
 psycopg's async driver wakes the loop once per round trip to the server. Here the transaction is
 one call on a worker thread (the drivers release the GIL while they wait on the database), so
-the loop hands off once per batch: bench/results/request_log_thread.md (CPU per transaction
-alone, and the gateway at concurrency 1 with each writer side by side).
+the loop hands off once per batch: bench/results/gateway_overhead/request_log_thread.md (CPU per
+transaction alone, and the gateway at concurrency 1 with each writer side by side).
 
 One thread, one connection: transactions run one after another in the order they were handed
 in. A transaction that has begun is not interrupted when its caller is cancelled: it commits or

@@ -10,21 +10,26 @@ from typing import Literal, Protocol
 from gateway.routing.types import RoutingRequest, UnpredictedPlan
 from gateway.sites.interface import GenerateParams
 
-Api = Literal["completions", "chat.completions"]
+Api = Literal["completions", "chat.completions", "responses"]
 
 
-class Admission(Protocol):
-    """A caller's hold on its API key's limits (gateway/tenancy/admission.py): charged once the
-    answer length is predicted, settled with the tokens the request really took."""
+class AdmissionPart(Protocol):
+    """What one dispatch holds of its caller's admission: the whole of it, or one prompt's share
+    of a prompt list's (gateway/request_path/admit.py: one admission for the whole request)."""
 
     @property
     def api_key_id(self) -> int | None: ...
 
-    async def charge(self, tokens: int, most_tokens: int) -> None: ...
-
     def settle(self, tokens: int) -> None: ...
 
     def watch_revocation(self, stop: Callable[[], None]) -> None: ...
+
+
+class Admission(AdmissionPart, Protocol):
+    """A caller's hold on its API key's limits (gateway/tenancy/admission.py): charged once the
+    answer length is predicted, settled with the tokens the request really took."""
+
+    async def charge(self, tokens: int, most_tokens: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +84,9 @@ class ToolCallParsing:
     begin: str
     end: str
     names: frozenset[str]
+    # tool_choice required or named: the answer is nothing but calls (constrained at the site),
+    # so nothing of it is content.
+    forced: bool = False
+    # The request used the legacy `functions`: the answer is `message.function_call` (the
+    # first call) with finish_reason "function_call", as OpenAI answers such callers.
+    legacy_functions: bool = False

@@ -17,7 +17,7 @@ from datetime import datetime
 from gateway.db.models import RequestStatus, utcnow
 from gateway.dispatch.accounting import DispatchLimits, OutcomeRecorder, Placement
 from gateway.dispatch.continuation import Splice, resume_point
-from gateway.dispatch.request import Admission, PreparedCompletion
+from gateway.dispatch.request import AdmissionPart, PreparedCompletion
 from gateway.errors import (
     GatewayError,
     Unauthenticated,
@@ -86,7 +86,7 @@ class Dispatch:
     # Monotonic seconds when the request was dispatched (prediction included): TTFT's origin,
     # and the start of its deadline (GATEWAY_REQUEST_TIMEOUT_S, over every site it tries).
     started_at: float = field(default_factory=time.monotonic)
-    admission: Admission | None = None
+    admission: AdmissionPart | None = None
     continuations: list[Continuation] = field(default_factory=list)
     # What the current site is asked for: the prepared params, or a continuation's.
     _params: GenerateParams | None = None
@@ -106,6 +106,8 @@ class Dispatch:
     _unused: weakref.finalize[[], Dispatch] | None = None
     # Its stream has begun: the lease is the stream's to move and release from then on.
     _streaming: bool = False
+    # What its outcome says if it is cancelled (its caller stopped reading or waiting for it).
+    cancel_reason: str = "client went away"
     # Its key was revoked while it ran: the site was told to cancel it.
     _revoked: bool = False
     _cancelling: set[asyncio.Task[bool]] = field(default_factory=set)
@@ -125,10 +127,25 @@ class Dispatch:
 
     def abandon(self) -> None:
         """Gives the site's place back if the request has not begun to stream (it will not be:
-        e.g. it could not be recorded, or its client went away first); a stream gives its own
-        back when it ends."""
+        e.g. it could not be recorded); a stream gives its own back when it ends."""
         if not self._streaming:
             self._lease.release()
+
+    def cancel_unstarted(self, reason: str) -> None:
+        """Ends a recorded request whose stream never began and never will (a prompt of a list
+        not reached: its client went away, or an earlier prompt failed): recorded cancelled with
+        nothing generated, its key settled, its places given back. Nothing if it began: a
+        stream ends itself."""
+        if self._streaming:
+            return
+        self._streaming = True
+        self._lease.release()
+        self._settle()
+        self.recorder.record_finished(
+            self.prepared.request_id, self._outcome(RequestStatus.CANCELLED, error=reason)
+        )
+        if self.slot is not None:
+            self.slot()
 
     @property
     def params(self) -> GenerateParams:
@@ -158,7 +175,7 @@ class Dispatch:
             raise
         except BaseException:  # GeneratorExit or CancelledError: the client went away
             self._settle()
-            outcome = self._outcome(RequestStatus.CANCELLED, error="client went away")
+            outcome = self._outcome(RequestStatus.CANCELLED, error=self.cancel_reason)
             self.recorder.record_finished(self.prepared.request_id, outcome)
             raise
         finally:

@@ -49,7 +49,7 @@ class FileService:
         self._settings = settings
         self.store = store
         self._pool = pool
-        # Uploads received and validated at once (files and inline batches alike).
+        # Uploads under way per key, and validated at once (files and inline batches alike).
         self.uploads = UploadGate(
             settings.batches.uploads_in_flight, settings.batches.uploads_per_key
         )

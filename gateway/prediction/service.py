@@ -10,8 +10,8 @@ The prompt of a request the gateway serves alone (the caller says so), if short 
 the hand-off to the worker thread and back costs about 0.1 ms, an eighth of the prediction, and
 nobody waits on the loop meanwhile. Under load it would cost more than it saves: each prompt
 would find the predictor idle and run alone, and batches would no longer form (at concurrency
-32: 745 -> 520 req/s, bench/results/predictor_inline.md). About a millisecond on the loop is
-what the tokenize pool allows one request as well.
+32: 745 -> 520 req/s, bench/results/gateway_overhead/predictor_inline.md). About a millisecond on
+the loop is what the tokenize pool allows one request as well.
 
 Without a predictor, or if it fails on a batch, requests go on without a prediction (the
 engines then plan with max_tokens): a prediction improves routing but is never a reason to
@@ -35,7 +35,7 @@ from gateway.metrics import GatewayMetrics
 log = logging.getLogger(__name__)
 
 # Up to ~1 ms of prediction on one core (32 BERT tokens or so; 128 characters: 1.2 ms with the
-# weights out of the caches, 0.9 ms for 64): bench/results/predictor_inline.md.
+# weights out of the caches, 0.9 ms for 64): bench/results/gateway_overhead/predictor_inline.md.
 INLINE_CHARS = 128
 
 

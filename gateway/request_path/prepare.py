@@ -23,7 +23,7 @@ from gateway.completions.sampling_options import (
     check_stream_options,
 )
 from gateway.dispatch.request import Api, PreparedCompletion
-from gateway.errors import invalid_request, model_not_found
+from gateway.errors import GatewayError, NotFound, invalid_request, model_not_found
 from gateway.settings import GatewaySettings
 from gateway.sites.interface import GenerateParams
 from gateway.sites.registry import SiteRegistry
@@ -34,7 +34,11 @@ MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 1024
 # Prompts of one /v1/completions request (a list): each is a request of its own at the sites.
 MAX_PROMPTS = 64
-_ID_PREFIX: dict[Api, str] = {"completions": "cmpl-", "chat.completions": "chatcmpl-"}
+_ID_PREFIX: dict[Api, str] = {
+    "completions": "cmpl-",
+    "chat.completions": "chatcmpl-",
+    "responses": "resp_",  # the Responses API's ids, which its clients read back
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,16 @@ def completion_options(req: CompletionRequest) -> RequestedOptions:
     )
 
 
+def _embedding_model(model: str, api: Api, generative: list[str]) -> GatewayError:
+    endpoint = "/v1/" + api.replace(".", "/")
+    return NotFound(
+        f"model '{model}' is an embedding model: it is served at /v1/embeddings, not at "
+        f"{endpoint}; models for {endpoint} here: {', '.join(generative) or 'none'}",
+        param="model",
+        code="model_not_found",
+    )
+
+
 class Preparer:
     """Prepares requests for one federation's models; raises GatewayError (4xx) without touching
     any state."""
@@ -112,18 +126,31 @@ class Preparer:
         registry: SiteRegistry,
         tokenizers: ModelTokenizers,
         shared_prefix_cache_models: frozenset[str] = frozenset(),
+        embedding_models: frozenset[str] = frozenset(),
     ) -> None:
         """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
-        API keys (the federation file's `share_prefix_cache`)."""
+        API keys (the federation file's `share_prefix_cache`); `embedding_models`: those served
+        at /v1/embeddings only (`"task": "embed"`), which no completion may name."""
         self._settings = settings
         self._registry = registry
         self._tokenizers = tokenizers
         self._shared_prefix_cache_models = shared_prefix_cache_models
+        self._embedding_models = embedding_models
+
+    def check_model(self, model: str, api: Api) -> None:
+        """404 unless `model` is a generative model this gateway serves; for an embedding
+        model, one that says where it is served."""
+        if model in self._embedding_models:
+            raise _embedding_model(model, api, self._generative_models())
+        if model not in self._tokenizers:
+            raise model_not_found(model)
+
+    def _generative_models(self) -> list[str]:
+        return [m for m in self._tokenizers.models() if m not in self._embedding_models]
 
     def prepare(self, req: CompletionRequest) -> PreparedCompletion:
         """A /v1/completions request: validated and tokenized."""
-        if req.model not in self._tokenizers:
-            raise model_not_found(req.model)
+        self.check_model(req.model, "completions")
         _reject_unsupported(req)
         prompt_ids, prompt_text = self._prompt(req)
         sampling = Sampling(
@@ -169,8 +196,7 @@ class Preparer:
     ) -> PreparedCompletion:
         """Validates the sampling fields against an already tokenized prompt (what every API
         shares). `prompt_text` is what the length predictor reads."""
-        if model not in self._tokenizers:
-            raise model_not_found(model)
+        self.check_model(model, api)
         max_tokens = self._max_tokens(model, len(prompt_ids), sampling)
         stop = (sampling.stop,) if isinstance(sampling.stop, str) else tuple(sampling.stop or ())
         if len(stop) > MAX_STOP_SEQUENCES or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stop):

@@ -9,20 +9,21 @@ dispatch() admits, predicts, routes and records the request and hands it to a Di
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from gateway.completions.request import CompletionRequest
 from gateway.dispatch.accounting import DispatchLimits
-from gateway.dispatch.request import Admission, PreparedCompletion
+from gateway.dispatch.request import Admission, AdmissionPart, PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.metrics import GatewayMetrics
 from gateway.prediction.by_model import ModelPredictors
-from gateway.prediction.service import PredictorService
+from gateway.prediction.service import Prediction, PredictorService
 from gateway.request_path.admit import Admitter
 from gateway.request_path.predict import LengthPrediction
 from gateway.request_path.prepare import Preparer
 from gateway.request_path.record import RequestRecords
 from gateway.request_path.route import Router
-from gateway.routing.policy import RoutingPolicy
+from gateway.routing.policy import Decision, RoutingPolicy
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.request_log import RequestLog
@@ -40,11 +41,15 @@ class CompletionService:
         predictors: ModelPredictors | None = None,
         metrics: GatewayMetrics | None = None,
         shared_prefix_cache_models: frozenset[str] = frozenset(),
+        embedding_models: frozenset[str] = frozenset(),
     ) -> None:
         """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
-        API keys (the federation file's `share_prefix_cache`)."""
+        API keys (the federation file's `share_prefix_cache`); `embedding_models`: those that
+        serve /v1/embeddings only."""
         self.metrics = metrics or GatewayMetrics()
-        self.preparer = Preparer(settings, registry, tokenizers, shared_prefix_cache_models)
+        self.preparer = Preparer(
+            settings, registry, tokenizers, shared_prefix_cache_models, embedding_models
+        )
         self.prediction = LengthPrediction(predictors or ModelPredictors(PredictorService(None)))
         self.records = RequestRecords(settings, request_log, self.metrics)
         self.admitter = Admitter(settings.limits.max_in_flight, self.records.writer)
@@ -69,46 +74,63 @@ class CompletionService:
         site can take it; 429 (not recorded) when `admission` refuses the predicted tokens or
         the gateway already holds its limit of requests (GATEWAY_MAX_IN_FLIGHT); 503 while the
         writes the database has not taken fill their queue (accepted work is never lost)."""
-        self.admitter.enter()
-        try:
-            dispatch = await self._dispatch(prepared, admission)
-        except BaseException:
-            self.admitter.leave()
-            raise
-        self.admitter.hold_until_done(dispatch)
+        (dispatch,) = await self.dispatch_all((prepared,), admission)
         return dispatch
 
-    async def _dispatch(
-        self, prepared: PreparedCompletion, admission: Admission | None
-    ) -> Dispatch:
+    async def dispatch_all(
+        self, prompts: Sequence[PreparedCompletion], admission: Admission | None = None
+    ) -> list[Dispatch]:
+        """dispatch() for the prompts of one request (a /v1/completions prompt list), admitted
+        whole or not at all (gateway/request_path/admit.py): one admission of the key for all
+        of them, a place in the gateway's bound for each; nothing is recorded or sent to a site
+        unless every prompt has a site."""
+        self.admitter.enter(len(prompts))
+        try:
+            dispatches = await self._dispatch_all(prompts, admission)
+        except BaseException:
+            self.admitter.leave(len(prompts))
+            raise
+        for dispatch in dispatches:
+            self.admitter.hold_until_done(dispatch)
+        return dispatches
+
+    async def _dispatch_all(
+        self, prompts: Sequence[PreparedCompletion], admission: Admission | None
+    ) -> list[Dispatch]:
         started = time.monotonic()
-        prepared = self.preparer.salted(
-            prepared, admission.api_key_id if admission is not None else None
-        )
-        prepared, prediction = await self.prediction.apply(prepared, alone=self.admitter.alone)
-        await self.admitter.charge(prepared, admission)
-        decision = self.router.route(prepared)
-        site = decision.site
-        # Built (and counted on its site) before the next await: the next request of a burst
-        # must see it.
-        dispatch = (
-            self.open_dispatch(prepared, site, started_at=started, admission=admission)
-            if site is not None
-            else None
-        )
-        self.records.accepted(prepared, decision, prediction, admission)
-        if dispatch is None:
-            self.admitter.refund(admission)
-            raise self.records.no_site(prepared, decision)
-        self.records.routed_prompt(prepared, dispatch.site)
-        return dispatch
+        key_id = admission.api_key_id if admission is not None else None
+        planned: list[tuple[PreparedCompletion, Prediction | None]] = []
+        for prepared in prompts:
+            salted = self.preparer.salted(prepared, key_id)
+            planned.append(await self.prediction.apply(salted, alone=self.admitter.alone))
+        await self.admitter.charge([prepared for prepared, _ in planned], admission)
+        parts = self.admitter.parts(admission, len(planned))
+        routed: list[tuple[Dispatch, Decision[SiteState], Prediction | None]] = []
+        for (prepared, prediction), part in zip(planned, parts, strict=True):
+            decision = self.router.route(prepared)
+            if decision.site is None:
+                for dispatch, _, _ in routed:  # never recorded, never sent: nothing happened
+                    dispatch.abandon()
+                self.records.accepted(prepared, decision, prediction, admission)
+                self.admitter.refund(admission)
+                raise self.records.no_site(prepared, decision)
+            # Built (and counted on its site) before the next await: the next request of a
+            # burst, and the next prompt of this one, must see it.
+            dispatch = self.open_dispatch(
+                prepared, decision.site, started_at=started, admission=part
+            )
+            routed.append((dispatch, decision, prediction))
+        for dispatch, decision, prediction in routed:
+            self.records.accepted(dispatch.prepared, decision, prediction, admission)
+            self.records.routed_prompt(dispatch.prepared, dispatch.site)
+        return [dispatch for dispatch, _, _ in routed]
 
     def open_dispatch(
         self,
         prepared: PreparedCompletion,
         site: SiteState,
         started_at: float | None = None,
-        admission: Admission | None = None,
+        admission: AdmissionPart | None = None,
     ) -> Dispatch:
         """A Dispatch of the prepared request on `site`, counted there at once (its lease)."""
         return Dispatch(

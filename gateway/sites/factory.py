@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.federation import FederationConfigError, SiteConfig
+from gateway.federation import FederationConfigError, ModelTask, SiteConfig
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import SiteClient
 from gateway.sites.openai_client import OpenAISiteClient
@@ -15,14 +15,18 @@ def site_client(
     connect_timeout_s: float,
     site_tls: SiteTls | None,
     tokenizers: ModelTokenizers,
+    task: ModelTask = "generate",
 ) -> SiteClient:
-    """A client for the site; an unreadable API key file stops the start, naming the site."""
+    """A client for the site (`task`: its model's); an unreadable API key file stops the start,
+    naming the site."""
     if site.kind == "grpc":
         return GrpcSiteClient(
             site.name, site.endpoint, connect_timeout_s, site_tls, site.tls_server_name
         )
     assert site.openai is not None  # the federation file gives every openai site its fields
     try:
-        return OpenAISiteClient(site.name, site.model, site.openai, tokenizers, connect_timeout_s)
+        return OpenAISiteClient(
+            site.name, site.model, site.openai, tokenizers, connect_timeout_s, task=task
+        )
     except ValueError as exc:
         raise FederationConfigError(f"site {site.name!r}: {exc}") from exc

@@ -19,8 +19,11 @@ from fedllm_contract.cache_events import (
 )
 from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from gateway.federation import ModelTask
 from gateway.sites.interface import (
     ALL_CAPABILITIES,
+    EmbedParams,
+    EmbedResult,
     GenerateParams,
     LoadView,
     SiteBusy,
@@ -43,6 +46,10 @@ _FINISH_FROM_PROTO = {
     site_pb2.FINISH_REASON_CANCELLED: "cancelled",
     site_pb2.FINISH_REASON_RELEASED: "released",
 }
+_TASK_FROM_PROTO: dict[int, ModelTask] = {
+    site_pb2.MODEL_TASK_GENERATE: "generate",
+    site_pb2.MODEL_TASK_EMBED: "embed",
+}
 _TIER_FROM_PROTO = {
     site_pb2.CACHE_TIER_DEVICE: Tier.DEVICE,
     site_pb2.CACHE_TIER_HOST: Tier.HOST,
@@ -51,6 +58,9 @@ _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # An Embed answer of 2,048 inputs of 1,024 dimensions is 8 MiB of float32, past gRPC's 4 MiB
+    # default.
+    ("grpc.max_receive_message_length", 64 << 20),
 )
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
@@ -238,7 +248,15 @@ class GrpcSiteClient:
             prefix_caching=info.prefix_caching,
             block_hash_scheme=info.block_hash_scheme,
             host_kv_blocks=info.host_kv_blocks,
+            task=self._task(info.task),
+            embedding_dimension=info.embedding_dimension,
         )
+
+    def _task(self, task: int) -> ModelTask:
+        known = _TASK_FROM_PROTO.get(task)
+        if known is None:  # a newer site's task: nothing this gateway sends it would be right
+            raise SiteUnavailable(self.name, f"its model's task ({task}) is unknown to the gateway")
+        return known
 
     async def generate(
         self, params: GenerateParams, timeout_s: float
@@ -254,6 +272,26 @@ class GrpcSiteClient:
             raise self._error(exc, accepted) from exc
         finally:
             call.cancel()
+
+    async def embed(self, params: EmbedParams, timeout_s: float) -> EmbedResult:
+        request = site_pb2.EmbedRequest(
+            request_id=params.request_id,
+            inputs=[site_pb2.EmbedInput(token_ids=ids) for ids in params.inputs],
+            dimensions=params.dimensions or 0,
+        )
+        try:
+            # Not retried by gRPC: a call the site may have taken is the dispatcher's to move.
+            response = await self._stub.Embed(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise SiteTimedOut(self.name, "the request's deadline passed") from exc
+            raise self._error(exc) from exc
+        vectors = tuple(embedding.float32_le for embedding in response.embeddings)
+        if len(vectors) != len(params.inputs):
+            raise SiteFailed(
+                self.name, f"answered {len(vectors)} embeddings for {len(params.inputs)} inputs"
+            )
+        return EmbedResult(vectors, response.prompt_tokens)
 
     async def cancel(self, request_id: str) -> bool:
         try:

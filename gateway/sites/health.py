@@ -7,7 +7,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from gateway.sites.interface import SiteCallError
+from gateway.federation import ModelTask
+from gateway.sites.interface import SiteCallError, SiteInfoView
 from gateway.sites.registry import SiteRegistry, SiteState
 
 log = logging.getLogger(__name__)
@@ -20,14 +21,22 @@ class HealthMonitor:
         tokenizer_fingerprints: Mapping[str, str],
         interval_s: float,
         is_stale: Callable[[SiteState], bool] | None = None,
+        tasks: Mapping[str, ModelTask] | None = None,
     ) -> None:
+        """`tasks`: each model's task in the federation file (absent: generate)."""
         self._registry = registry
         self._fingerprints = tokenizer_fingerprints
+        self._tasks = tasks or {}
         self._interval_s = interval_s
         self._is_stale = is_stale or (lambda _site: False)
 
     async def check_once(self) -> None:
         await asyncio.gather(*(self._check(site) for site in self._registry.all()))
+
+    async def check(self, site: SiteState) -> None:
+        """One check of one site now (a site that joins is routable at once, not an interval
+        later)."""
+        await self._check(site)
 
     async def run(self) -> None:
         """Checks every interval, the first one interval after the start's own `check_once`: a
@@ -53,7 +62,7 @@ class HealthMonitor:
             except SiteCallError as exc:
                 site.mark_unhealthy(str(exc))
             else:
-                problem = self._mismatch(site, info.model, info.tokenizer_fingerprint)
+                problem = self._mismatch(site, info)
                 if problem is None and self._is_stale(site):
                     problem = "its load reports stopped arriving"
                 if problem:
@@ -70,10 +79,17 @@ class HealthMonitor:
                 "" if site.healthy else f": {site.last_error}",
             )
 
-    def _mismatch(self, site: SiteState, model: str, fingerprint: str) -> str | None:
+    def _mismatch(self, site: SiteState, info: SiteInfoView) -> str | None:
+        model = info.model
         if model != site.config.model:
             return f"serves model {model!r}, configured for {site.config.model!r}"
         expected = self._fingerprints.get(model)
-        if expected is not None and fingerprint != expected:
+        if expected is not None and info.tokenizer_fingerprint != expected:
             return "its tokenizer differs from the gateway's tokenizer for this model"
+        task = self._tasks.get(model, "generate")
+        if info.task != task:
+            return (
+                f"its model {model!r} has task {info.task!r} there, but task {task!r} in the "
+                "federation file"
+            )
         return None

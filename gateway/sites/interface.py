@@ -5,6 +5,9 @@ SiteRejected: the client's fault; SiteFailed: the site broke under the request).
 GrpcSiteClient (gateway/sites/grpc_client.py) is the first implementation, for this project's
 site engines; a site kind that speaks another protocol (an OpenAI-compatible HTTP server)
 implements the same protocol, and says which optional capabilities it has.
+
+A site serves one model, of one task: a generative model's site generates (generate), an
+embedding model's embeds (embed); the gateway sends each only what its model's task does.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Literal, Protocol, get_args
 
 from fedllm_contract.cache_events import CacheEventBatch
 from fedllm_contract.grammar import ConstraintSpec
+from gateway.federation import ModelTask
 
 # What a request may need of its site beyond plain generation; a site says which it has.
 # "continue_constraint": it continues a constrained answer from the tokens produced elsewhere
@@ -80,6 +84,9 @@ class SiteInfoView:
     prefix_caching: bool = False
     block_hash_scheme: str = ""
     host_kv_blocks: int = 0
+    # What the site's model does; an embedding site says its vectors' length (0: not said).
+    task: ModelTask = "generate"
+    embedding_dimension: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,27 @@ class SiteChunk:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedParams:
+    request_id: str
+    # Each input's token ids, special tokens included as the model's tokenizer adds them.
+    inputs: tuple[tuple[int, ...], ...]
+    # OpenAI's `dimensions` (None: the model's own length); a site that cannot shorten its
+    # vectors refuses another (SiteRejected).
+    dimensions: int | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(map(len, self.inputs))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    # One vector per input, in order, as float32 little-endian bytes (OpenAI's base64 bytes).
+    vectors: tuple[bytes, ...]
+    prompt_tokens: int
+
+
 class SiteClient(Protocol):
     """One site, as routing, dispatch, health checks and load tracking use it."""
 
@@ -195,6 +223,11 @@ class SiteClient(Protocol):
     def generate(self, params: GenerateParams, timeout_s: float) -> AsyncGenerator[SiteChunk, None]:
         """Streams the answer; closing the iterator early cancels the request at the site. The
         first chunk says whether the site accepted it; the last carries finish_reason."""
+        ...
+
+    async def embed(self, params: EmbedParams, timeout_s: float) -> EmbedResult:
+        """The inputs' vectors, from a site whose model is an embedding model; SiteUnavailable
+        (try another site), SiteRejected (the request's fault), SiteFailed or SiteTimedOut."""
         ...
 
     async def cancel(self, request_id: str) -> bool: ...

@@ -5,6 +5,7 @@ prefix index (gateway/routing/prefix/)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -24,13 +25,37 @@ def wants_cache_events(site: SiteState) -> bool:
 
 
 class LoadReportListener:
+    """One task per site follows its stream: the sites of the start from `run`, a site that
+    joins later from `follow`; `unfollow` ends a leaving site's."""
+
     def __init__(self, registry: SiteRegistry, interval_ms: int, stale_after_s: float) -> None:
         self._registry = registry
         self._interval_ms = interval_ms
         self._stale_after_s = stale_after_s
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
-        await asyncio.gather(*(self._follow(site) for site in self._registry.all()))
+        for site in self._registry.all():
+            self.follow(site)
+        try:
+            await asyncio.Event().wait()  # the followers run until the gateway stops
+        finally:
+            for name in list(self._tasks):
+                await self.unfollow(name)
+
+    def follow(self, site: SiteState) -> None:
+        """Starts following the site's load reports (no-op when already followed)."""
+        if site.name not in self._tasks:
+            self._tasks[site.name] = asyncio.create_task(
+                self._follow(site), name=f"load-reports-{site.name}"
+            )
+
+    async def unfollow(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _follow(self, site: SiteState) -> None:
         while True:

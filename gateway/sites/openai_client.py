@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 
-from gateway.federation import OpenAISiteConfig
+from gateway.federation import ModelTask, OpenAISiteConfig
 from gateway.sites.engine_metrics import EngineMetrics, MetricsFormatError, parse_engine_metrics
 from gateway.sites.interface import (
+    EmbedParams,
+    EmbedResult,
     GenerateParams,
     LoadView,
     SiteCallError,
@@ -35,8 +37,10 @@ from gateway.sites.openai_wire import (
     StreamEvent,
     capabilities,
     completion_body,
+    embedding_body,
     http_failure,
     is_finished,
+    parse_embeddings,
     parse_event,
     sse_data,
 )
@@ -83,8 +87,12 @@ class OpenAISiteClient:
         tokenizers: ModelTokenizers,
         connect_timeout_s: float,
         transport: httpx.AsyncBaseTransport | None = None,
+        task: ModelTask = "generate",
     ) -> None:
+        """`task`: what the gateway's model does (the federation file's), which an
+        OpenAI-compatible engine does not say: an embedding model's site is sent /v1/embeddings."""
         self.name = name
+        self.task = task
         self.endpoint = config.base_url
         self._model = model
         self._config = config
@@ -147,6 +155,7 @@ class OpenAISiteClient:
             max_num_seqs=self._config.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             engine=f"openai ({self._config.metrics_dialect} metrics)",
             version="",
+            task=self.task,
         )
 
     def kv_capacity_tokens(self) -> int | None:
@@ -250,6 +259,35 @@ class OpenAISiteClient:
         self, params: GenerateParams, finish: str | None, tokens: int, index: int = 0
     ) -> SiteChunk:
         return SiteChunk(True, (), "", finish, len(params.prompt_token_ids), tokens, index=index)
+
+    # ---- embeddings ---------------------------------------------------------------------------
+    async def embed(self, params: EmbedParams, timeout_s: float) -> EmbedResult:
+        """POST /v1/embeddings at the engine (vLLM and the others serve it for an embedding
+        model), the inputs as the gateway tokenized them."""
+        body = embedding_body(params, self._config.engine_model)
+        timeout = httpx.Timeout(timeout_s, connect=min(self._timeout, timeout_s))
+        self.ledger.sent(params.request_id, params.prompt_tokens, 0)
+        try:
+            response = await self._http.post(
+                f"{self.endpoint}/embeddings", json=body, timeout=timeout
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise SiteUnavailable(self.name, f"unreachable: {exc!r}") from exc
+        except httpx.TimeoutException as exc:
+            raise SiteTimedOut(self.name, "the request's deadline passed") from exc
+        except httpx.TransportError as exc:
+            raise SiteFailed(self.name, f"the connection broke: {exc!r}") from exc
+        finally:
+            self.ledger.done(params.request_id)
+        answer = _json_or_text(response.content)
+        if not response.is_success:
+            raise http_failure(self.name, response.status_code, answer, self._config.engine_model)
+        try:
+            vectors = parse_embeddings(answer, len(params.inputs))
+        except MalformedStream as exc:
+            raise SiteFailed(self.name, f"malformed embeddings answer: {exc}") from exc
+        # The gateway's count: the engine embedded exactly the token ids it was sent.
+        return EmbedResult(vectors, params.prompt_tokens)
 
     async def cancel(self, request_id: str) -> bool:
         """Closes the request's upstream stream: the engine aborts it, its stream here ends

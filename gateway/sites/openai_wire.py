@@ -7,7 +7,10 @@ the end), so it is parsed here rather than with a dependency.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 from gateway.federation import StructuredDialect
 from gateway.sites.interface import (
     Capability,
+    EmbedParams,
     GenerateParams,
     SiteBusy,
     SiteCallError,
@@ -33,7 +37,7 @@ MAX_LINE_CHARS = 1 << 20
 
 
 class MalformedStream(ValueError):
-    """The engine's event stream is not what the OpenAI API sends."""
+    """The engine's event stream (or answer) is not what the OpenAI API sends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,3 +243,47 @@ def http_failure(site: str, status: int, body: object, engine_model: str) -> Sit
     if status >= 500 or status == 408:
         return SiteUnavailable(site, f"the engine answered {status}: {message}")
     return SiteFailed(site, f"unexpected status {status}: {message}")
+
+
+def embedding_body(params: EmbedParams, engine_model: str) -> dict[str, Any]:
+    """/v1/embeddings as the gateway sends it: the inputs as token-id lists (tokenized once, at
+    the gateway, with the model's tokenizer: what was counted is what is embedded), vectors as
+    floats (what every OpenAI-compatible engine answers)."""
+    body: dict[str, Any] = {
+        "model": engine_model,
+        "input": [list(ids) for ids in params.inputs],
+        "encoding_format": "float",
+    }
+    if params.dimensions is not None:
+        body["dimensions"] = params.dimensions
+    return body
+
+
+def _vector(value: object) -> bytes:
+    if isinstance(value, str):  # base64, from an engine that answers it whatever was asked
+        try:
+            return base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise MalformedStream(f"an embedding is not base64: {exc}") from exc
+    if isinstance(value, list) and all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in value
+    ):
+        return array("f", value).tobytes()
+    raise MalformedStream("an embedding is neither a list of numbers nor base64")
+
+
+def parse_embeddings(body: object, inputs: int) -> tuple[bytes, ...]:
+    """The vectors of an engine's /v1/embeddings answer, in input order (by `index`), as
+    float32 little-endian bytes."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or len(data) != inputs:
+        raise MalformedStream(f"the answer does not hold {inputs} embeddings")
+    vectors: list[bytes | None] = [None] * inputs
+    for position, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise MalformedStream("an embedding item is not an object")
+        index = item.get("index", position)
+        if not isinstance(index, int) or not 0 <= index < inputs or vectors[index] is not None:
+            raise MalformedStream(f"an embedding has a wrong index {index!r}")
+        vectors[index] = _vector(item.get("embedding"))
+    return tuple(v for v in vectors if v is not None)

@@ -46,6 +46,12 @@ class SiteState:
     peers: tuple[SiteState, ...] = field(default=(), compare=False, repr=False)
     # What the gateway knows of the site's prefix cache (its cache events, else its history).
     prefix: SitePrefix = field(default_factory=lambda: SitePrefix(DEFAULT_PREFIX_INDEX_BLOCKS))
+    # Who put the site here: "federation" (the federation file), "operator" (the admin API) or
+    # an actuator's name ("local", "kubernetes"): the scaling controller takes away only the
+    # sites its actuator started (gateway/scaling/).
+    origin: str = "federation"
+    # When it joined (monotonic seconds; 0.0: at the start).
+    joined_at: float = 0.0
 
     @property
     def outstanding_tokens(self) -> int:
@@ -145,14 +151,37 @@ def median_step(steps: Iterable[StepTime | None]) -> StepTime | None:
 
 
 class SiteRegistry:
+    """The sites routing chooses from. The federation file's sites are here from the start;
+    sites join and leave at run time through gateway/admin/membership.py (operators' admin API,
+    the scaling controller's actuators), which also starts and stops what watches them."""
+
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
+        self._link_peers()
+
+    def _link_peers(self) -> None:
         for site in self._sites.values():
             site.peers = tuple(
                 other
                 for other in self._sites.values()
                 if other is not site and other.config.model == site.config.model
             )
+
+    def add(self, site: SiteState) -> None:
+        """A site joins: routable from the next decision on (once healthy). A taken name is a
+        ValueError (the caller checks first; this is the last guard)."""
+        if site.name in self._sites:
+            raise ValueError(f"a site named {site.name!r} is already registered")
+        self._sites[site.name] = site
+        self._link_peers()
+
+    def remove(self, name: str) -> SiteState | None:
+        """The site leaves routing (its client is the caller's to close); None if unknown."""
+        site = self._sites.pop(name, None)
+        if site is not None:
+            site.peers = ()
+            self._link_peers()
+        return site
 
     def all(self) -> list[SiteState]:
         return list(self._sites.values())
@@ -168,6 +197,17 @@ class SiteRegistry:
             if s.healthy and s.info is not None and s.config.model == model
         ]
         return min(lengths) if lengths else None
+
+    def embedding_dimension(self, model: str) -> int | None:
+        """The length of the model's vectors as its healthy sites say it (None: none says, or
+        they disagree, and each site decides what it can give)."""
+        said = {
+            s.info.embedding_dimension
+            for s in self._sites.values()
+            if s.healthy and s.info is not None and s.config.model == model
+            and s.info.embedding_dimension > 0
+        }  # fmt: skip
+        return said.pop() if len(said) == 1 else None
 
     async def close(self) -> None:
         for site in self._sites.values():

@@ -37,6 +37,9 @@ class TokenUsage:
 
     input_tokens: int = 0
     output_tokens: int = 0
+    # Of the input tokens, those the sites took from their prefix caches (each answer's
+    # usage.prompt_tokens_details.cached_tokens).
+    cached_input_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

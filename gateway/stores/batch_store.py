@@ -114,11 +114,13 @@ class BatchStore:
         if not batch_ids:
             return {}
         usage = BatchItem.completion["usage"]
+        cached = BatchItem.completion[("usage", "prompt_tokens_details", "cached_tokens")]
         query = (
             select(
                 BatchItem.batch_id,
                 func.coalesce(func.sum(usage["prompt_tokens"].as_integer()), 0),
                 func.coalesce(func.sum(usage["completion_tokens"].as_integer()), 0),
+                func.coalesce(func.sum(cached.as_integer()), 0),
             )
             .where(
                 BatchItem.batch_id.in_(batch_ids),
@@ -128,7 +130,7 @@ class BatchStore:
         )
         async with self._sessions() as session:
             rows = (await session.execute(query)).all()
-        return {row[0]: TokenUsage(int(row[1]), int(row[2])) for row in rows}
+        return {row[0]: TokenUsage(int(row[1]), int(row[2]), int(row[3])) for row in rows}
 
     async def get(self, batch_id: str, owner: Owner) -> BatchView | None:
         """The owner's batch; None for one that does not exist or is another key's."""

@@ -4,9 +4,11 @@ concurrency slot, and handing back the slots of gateways that stopped renewing t
 
 An admission is one statement and one round trip: an upsert of the key's counters whose
 conditional update checks every limit on the locked row, so two gateways admitting at once
-are serialized by the row lock and neither sees the other's count late. The arithmetic is that
-of gateway/tenancy/minute_windows.py (tests/integration/test_shared_limits.py checks that they
-agree). The statements run on an autocommit connection: one statement, no BEGIN/COMMIT trips.
+are serialized by the row lock and neither sees the other's count late. The counters are the
+requests and tokens of each of the last 61 seconds, in two arrays (oldest first) and the second
+of their last element; the arithmetic is that of gateway/tenancy/second_windows.py
+(tests/integration/test_shared_limits.py checks that they agree). The statements run on an
+autocommit connection: one statement, no BEGIN/COMMIT trips.
 """
 
 from __future__ import annotations
@@ -19,28 +21,51 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-# The key's counts rolled to the caller's minute (`w` is the stored row, :minute the caller's).
-_PREVIOUS = (
-    "CASE WHEN w.minute >= :minute THEN w.previous_{c} "
-    "WHEN w.minute = :minute - 1 THEN w.{c} ELSE 0 END"
-)
-_CURRENT = "CASE WHEN w.minute >= :minute THEN w.{c} ELSE 0 END"
+# The seconds a key's row counts (its arrays' length: migration 0016): the current one and the
+# minute before it (gateway/tenancy/second_windows.py).
+BUCKETS = 61
+# The seconds the stored counts (`w`, their last second w.bucket) move by to end in the caller's
+# :bucket (none for a caller whose clock is behind: it sees them as they are).
+_SHIFT = f"CAST(LEAST(GREATEST(:bucket - w.bucket, 0), {BUCKETS}) AS integer)"
+# The second the row's counts end in once rolled.
+_NOW = "GREATEST(w.bucket, :bucket)"
 
 
-def _rolled(column: str) -> tuple[str, str]:
-    return _PREVIOUS.format(c=column), _CURRENT.format(c=column)
+def _rolled(column: str) -> str:
+    """The column's counts rolled to the caller's second: the seconds that left the window
+    dropped at the front, as many empty ones added at the end."""
+    return f"(w.{column}[{_SHIFT} + 1 : {BUCKETS}] || array_fill(0::bigint, ARRAY[{_SHIFT}]))"
+
+
+def _used(column: str) -> str:
+    """What the column counts in the window at the caller's second (the seconds it still
+    holds: those added by rolling are empty)."""
+    return f"(SELECT COALESCE(sum(c), 0) FROM unnest(w.{column}[{_SHIFT} + 1 : {BUCKETS}]) AS c)"
+
+
+def _charged(column: str, amount: str) -> str:
+    """The rolled counts with `amount` added to the current second (built once: a same-second
+    charge adds to the last count, a later one ends the rolled counts with it)."""
+    amount = f"CAST({amount} AS bigint)"
+    return (
+        f"CASE WHEN {_SHIFT} = 0 "
+        f"THEN w.{column}[1 : {BUCKETS - 1}] || (w.{column}[{BUCKETS}] + {amount}) "
+        f"ELSE w.{column}[{_SHIFT} + 1 : {BUCKETS}] "
+        f"|| array_fill(0::bigint, ARRAY[{_SHIFT} - 1]) || {amount} END"
+    )
+
+
+def _fresh(amount: str) -> str:
+    """The counts of a key's first charge."""
+    return f"(array_fill(0::bigint, ARRAY[{BUCKETS - 1}]) || CAST({amount} AS bigint))"
 
 
 @cache
 def _admit_sql(requests_limited: bool, tokens_limited: bool, capped: bool, bounded: bool) -> str:
-    previous_requests, current_requests = _rolled("requests")
-    previous_tokens, current_tokens = _rolled("tokens")
-    tokens_now = f"({previous_tokens}) * :previous_weight + ({current_tokens})"
+    tokens_now = _used("second_tokens")
     checks = ["TRUE"]
     if requests_limited:
-        checks.append(
-            f"({previous_requests}) * :previous_weight + ({current_requests}) + :requests <= :rpm"
-        )
+        checks.append(f"{_used('second_requests')} + :requests <= :rpm")
     if tokens_limited:
         checks.append(f"{tokens_now} + :tokens <= :tpm")
     if bounded:  # the request's most beside the key's unsettled margins, within the overshoot
@@ -59,14 +84,12 @@ def _admit_sql(requests_limited: bool, tokens_limited: bool, capped: bool, bound
     return f"""
 WITH admitted AS (
   INSERT INTO key_limit_windows AS w
-    (api_key_id, minute, requests, tokens, previous_requests, previous_tokens, in_flight, margin)
-  VALUES (:key, :minute, :requests, :tokens, 0, 0, :slot, :margin)
+    (api_key_id, bucket, second_requests, second_tokens, in_flight, margin)
+  VALUES (:key, :bucket, {_fresh(":requests")}, {_fresh(":tokens")}, :slot, :margin)
   ON CONFLICT (api_key_id) DO UPDATE SET
-    minute = GREATEST(w.minute, :minute),
-    previous_requests = {previous_requests},
-    previous_tokens = {previous_tokens},
-    requests = {current_requests} + :requests,
-    tokens = {current_tokens} + :tokens,
+    bucket = {_NOW},
+    second_requests = {_charged("second_requests", ":requests")},
+    second_tokens = {_charged("second_tokens", ":tokens")},
     in_flight = w.in_flight + :slot,
     margin = w.margin + :margin
   WHERE {" AND ".join(checks)}
@@ -76,21 +99,22 @@ SELECT count(*) FROM admitted"""
 
 
 def _settle_sql() -> str:
-    previous_requests, current_requests = _rolled("requests")
-    previous_tokens, current_tokens = _rolled("tokens")
-    # The minute the row counts once rolled; the charge corrects the minute it was made in
-    # while that minute still counts, and an overrun of an older charge counts now.
-    now = "GREATEST(w.minute, :minute)"
+    # Where the charge's second is in the rolled counts (1-based): corrected there while it is
+    # counted; an overrun of an older charge counts in the current second, an over-charge of
+    # one is forgotten.
+    position = f"{BUCKETS} - ({_NOW} - :charged)"
+    target = (
+        f"CASE WHEN {position} >= 1 THEN LEAST({position}, {BUCKETS}) "
+        f"WHEN :delta > 0 THEN {BUCKETS} ELSE 0 END"
+    )
     return f"""
 UPDATE key_limit_windows AS w SET
-  minute = {now},
-  previous_requests = {previous_requests},
-  requests = {current_requests},
-  previous_tokens = GREATEST(({previous_tokens})
-    + CASE WHEN :charged = {now} - 1 THEN :delta ELSE 0 END, 0),
-  tokens = GREATEST(({current_tokens})
-    + CASE WHEN :charged >= {now} THEN :delta
-           WHEN :charged < {now} - 1 AND :delta > 0 THEN :delta ELSE 0 END, 0)
+  bucket = {_NOW},
+  second_requests = {_rolled("second_requests")},
+  second_tokens = (
+    SELECT array_agg(CASE WHEN s.at = {target} THEN GREATEST(s.n + :delta, 0) ELSE s.n END
+                     ORDER BY s.at)
+    FROM unnest({_rolled("second_tokens")}) WITH ORDINALITY AS s(n, at))
 WHERE w.api_key_id = :key"""
 
 
@@ -120,23 +144,22 @@ UPDATE key_limit_windows AS w SET in_flight = GREATEST(w.in_flight - per_key.in_
 FROM per_key WHERE w.api_key_id = per_key.api_key_id
 RETURNING w.api_key_id""")
 _READ = text(
-    "SELECT minute, requests, tokens, previous_requests, previous_tokens, in_flight, margin "
+    "SELECT bucket, second_requests, second_tokens, in_flight, margin "
     "FROM key_limit_windows WHERE api_key_id = :key"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """One admission: `requests` and `tokens` charged in `minute`, and a concurrency slot if
-    `slot`; `previous_weight` is the share of the previous minute that still counts."""
+    """One admission: `requests` and `tokens` charged in second `bucket` (Unix seconds), and a
+    concurrency slot if `slot`."""
 
     key_id: int
     # The key's limits (None: unlimited).
     requests_per_minute: int | None
     tokens_per_minute: int | None
     max_in_flight: int | None
-    minute: int
-    previous_weight: float
+    bucket: int
     requests: int
     tokens: int
     slot: bool
@@ -155,18 +178,17 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class KeyLimitsRow:
-    minute: int
-    requests: int
-    tokens: int
-    previous_requests: int
-    previous_tokens: int
+    # The second of the last of the counts, which are oldest first.
+    bucket: int
+    requests: tuple[int, ...]
+    tokens: tuple[int, ...]
     in_flight: int
     margin: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """A correction of `delta` tokens to charges made in minute `charged`."""
+    """A correction of `delta` tokens to charges made in second `charged`."""
 
     key_id: int
     charged: int
@@ -190,8 +212,7 @@ class KeyLimitStore:
         )
         params = {
             "key": admit.key_id,
-            "minute": admit.minute,
-            "previous_weight": admit.previous_weight,
+            "bucket": admit.bucket,
             "requests": admit.requests,
             "tokens": admit.tokens,
             "slot": int(admit.slot),
@@ -220,11 +241,14 @@ class KeyLimitStore:
         """The key's counters as stored (to explain a refusal)."""
         async with self._engine.connect() as connection:
             row = (await connection.execute(_READ, {"key": key_id})).first()
-        return None if row is None else KeyLimitsRow(*row)
+        if row is None:
+            return None
+        bucket, requests, tokens, in_flight, margin = row
+        return KeyLimitsRow(bucket, tuple(requests), tuple(tokens), in_flight, margin)
 
     async def write(
         self,
-        minute: int,
+        bucket: int,
         settlements: Sequence[Settlement],
         releases: Mapping[int, tuple[int, int]],
     ) -> None:
@@ -238,7 +262,7 @@ class KeyLimitStore:
                 await connection.execute(
                     _SETTLE,
                     [
-                        {"key": s.key_id, "charged": s.charged, "delta": s.delta, "minute": minute}
+                        {"key": s.key_id, "charged": s.charged, "delta": s.delta, "bucket": bucket}
                         for s in settlements
                     ],
                 )

@@ -1,4 +1,5 @@
-"""Keeps the sites table in step with the federation file."""
+"""Keeps the sites table in step with the federation file and with the sites that join and
+leave at run time."""
 
 from __future__ import annotations
 
@@ -33,3 +34,26 @@ async def sync_sites(
                 site.enabled = False
         await session.flush()
         return {name: site.id for name, site in existing.items() if name in configured}
+
+
+async def enable_site(sessions: async_sessionmaker[AsyncSession], config: SiteConfig) -> int:
+    """A site that joins at run time: its row (new, or the one of an earlier site of that name,
+    updated) enabled; returns its id."""
+    async with sessions.begin() as session:
+        site = await session.scalar(select(Site).where(Site.name == config.name))
+        if site is None:
+            site = Site(name=config.name)
+            session.add(site)
+        site.cloud, site.region = config.cloud, config.region
+        site.endpoint, site.model = config.endpoint, config.model
+        site.capacity_weight, site.enabled = config.capacity_weight, True
+        await session.flush()
+        return site.id
+
+
+async def disable_site(sessions: async_sessionmaker[AsyncSession], name: str) -> None:
+    """A site that left: its row stays (past requests point at it), disabled."""
+    async with sessions.begin() as session:
+        site = await session.scalar(select(Site).where(Site.name == name))
+        if site is not None:
+            site.enabled = False

@@ -1,13 +1,14 @@
 """A key's limits held across every gateway of a deployment, through its PostgreSQL database.
 
 The request path pays one statement, and only for a key that has limits: admission is an
-atomic upsert of the key's per-minute counters (gateway/stores/key_limit_store.py) that checks
-requests, tokens and the concurrency cap on the locked row. What follows a request is written
-behind it: settlements (the real tokens replacing the prediction) and given-back concurrency
-slots are kept per key in memory and written by one background task as soon as it can, many at
-a time under load. Pending work is bounded by the number of keys, not of requests: corrections
-of one key and minute add up in one entry, and corrections of minutes that no longer count
-fold into one per key. While the database refuses them they are retried, and the backlog shows
+atomic upsert of the key's counters per second over the last minute (gateway/stores/
+key_limit_store.py, gateway/tenancy/second_windows.py) that checks requests, tokens and the
+concurrency cap on the locked row. What follows a request is written behind it: settlements
+(the real tokens replacing the prediction) and given-back concurrency slots are kept per key in
+memory and written by one background task as soon as it can, many at a time under load.
+Pending work is bounded by the number of keys, not of requests: corrections of one key and
+second add up in one entry, and corrections of seconds that no longer count fold into one per
+key. While the database refuses them they are retried, and the backlog shows
 in /metrics (fedllm_gateway_shared_limits_pending).
 
 A gateway's slots are "holds" renewed every RENEW_S; when a gateway stops renewing (it
@@ -42,7 +43,13 @@ from gateway.tenancy.key_limits import (
 )
 from gateway.tenancy.keys import KeyRecord
 from gateway.tenancy.limiter import DEFAULT_OVERSHOOT, LimitKind, Refusal
-from gateway.tenancy.minute_windows import MinuteClock, MinuteCounts, refusal
+from gateway.tenancy.second_windows import (
+    BUCKETS,
+    SecondCounts,
+    bucket_at,
+    most_refusal,
+    refusal,
+)
 
 log = logging.getLogger(__name__)
 RENEW_S = 5.0
@@ -50,7 +57,7 @@ LEASE_S = 30.0
 # Back-off between failed writes of the backlog.
 _RETRY_FIRST_S = 0.1
 _RETRY_MOST_S = 5.0
-# Settlements of minutes older than the previous one count only as overruns, all in this one.
+# Settlements of seconds no longer counted count only as overruns, all in this one.
 _LONG_AGO = 0
 
 
@@ -58,7 +65,8 @@ _LONG_AGO = 0
 class SharedHold:
     limits: SharedKeyLimits
     key_id: int
-    minute: int
+    # The Unix second it was charged in.
+    bucket: int
     tokens: int
     # Whether the tokens are counted (the key has a tokens limit) and whether a slot is held.
     counted: bool
@@ -68,7 +76,7 @@ class SharedHold:
 
     def settle(self, tokens: int) -> None:
         if self.counted and tokens != self.tokens:
-            self.limits.queue_settlement(self.key_id, self.minute, tokens - self.tokens)
+            self.limits.queue_settlement(self.key_id, self.bucket, tokens - self.tokens)
             self.tokens = tokens
         self.counted = False
         self.release()
@@ -120,14 +128,13 @@ class SharedKeyLimits:
             return too_big
         why: Refusal | InFlightRefusal | None = None
         for _ in range(2):  # a refusal nothing explains raced a settlement: one more try
-            clock = MinuteClock.at(self._clock())
+            now = self._clock()
             admit = Admit(
                 key_id=key.id,
                 requests_per_minute=key.limits.requests_per_minute,
                 tokens_per_minute=key.limits.tokens_per_minute,
                 max_in_flight=key.max_concurrent_requests if slot else None,
-                minute=clock.minute,
-                previous_weight=clock.previous_weight,
+                bucket=bucket_at(now),
                 requests=requests,
                 tokens=tokens,
                 slot=slot,
@@ -136,8 +143,8 @@ class SharedKeyLimits:
             )
             if await self._store.admit(admit):
                 counted = key.limits.tokens_per_minute is not None
-                return SharedHold(self, key.id, clock.minute, tokens, counted, slot, admit.margin)
-            why = await self._explain(key, clock, requests, tokens, slot, most_tokens)
+                return SharedHold(self, key.id, admit.bucket, tokens, counted, slot, admit.margin)
+            why = await self._explain(key, now, requests, tokens, slot, most_tokens)
             if self._releases[key.id] or self._margins[key.id]:
                 # Slots and margins this gateway's finished requests gave back are still on
                 # their way (written behind the request path): written now, then one more try.
@@ -160,13 +167,10 @@ class SharedKeyLimits:
         if cap is None:
             return NO_HOLD
         for _ in range(2):
-            clock = MinuteClock.at(self._clock())
             # No requests or tokens and no limit but the cap: only the slot is checked and taken.
-            slot_only = Admit(
-                key.id, None, None, cap, clock.minute, clock.previous_weight, 0, 0, True
-            )
+            slot_only = Admit(key.id, None, None, cap, bucket_at(self._clock()), 0, 0, True)
             if await self._store.admit(slot_only):
-                return SharedHold(self, key.id, clock.minute, 0, counted=False, slot=True)
+                return SharedHold(self, key.id, slot_only.bucket, 0, counted=False, slot=True)
             if not self._releases[key.id]:
                 break
             await self.write()  # this gateway's given-back slots first, then once more
@@ -175,7 +179,7 @@ class SharedKeyLimits:
     async def _explain(
         self,
         key: KeyRecord,
-        clock: MinuteClock,
+        now: float,
         requests: int,
         tokens: int,
         slot: bool,
@@ -188,9 +192,7 @@ class SharedKeyLimits:
         cap = key.max_concurrent_requests
         if slot and cap is not None and row.in_flight + 1 > cap:
             return InFlightRefusal(cap)
-        counts = MinuteCounts(
-            row.minute, row.requests, row.tokens, row.previous_requests, row.previous_tokens
-        )
+        counts = SecondCounts.of(row)
         checks: tuple[tuple[LimitKind, int | None, int], ...] = (
             ("requests", key.limits.requests_per_minute, requests),
             ("tokens", key.limits.tokens_per_minute, tokens),
@@ -199,19 +201,18 @@ class SharedKeyLimits:
             refused
             for kind, limit, wanted in checks
             if limit is not None
-            and (refused := refusal(counts, clock, kind, limit, wanted)) is not None
+            and (refused := refusal(counts, now, kind, limit, wanted)) is not None
         ]
         tokens_most, tpm = self._tokens_most(key), key.limits.tokens_per_minute
         if tpm is not None and tokens_most is not None and most_tokens is not None:
-            held = counts.at(clock.minute).estimate("tokens", clock) + row.margin
-            if held + most_tokens > tokens_most:
-                # It fits once unfinished requests of the key end: retry shortly.
-                found.append(Refusal("tokens", tpm, math.ceil(held), most_tokens, 1.0))
+            refused = most_refusal(counts, now, row.margin, tokens_most, tpm, most_tokens)
+            if refused is not None:
+                found.append(refused)
         # The binding limit is the one that frees last (or never).
         return max(found, key=_wait) if found else None
 
-    def queue_settlement(self, key_id: int, minute: int, delta: int) -> None:
-        self._settlements[(key_id, minute)] += delta
+    def queue_settlement(self, key_id: int, bucket: int, delta: int) -> None:
+        self._settlements[(key_id, bucket)] += delta
         self._wake.set()
 
     def queue_release(self, key_id: int, slots: int = 1, margin: int = 0) -> None:
@@ -229,11 +230,11 @@ class SharedKeyLimits:
         margins, self._margins = self._margins, Counter()
         if not settlements and not +releases and not +margins:
             return True
-        minute = MinuteClock.at(self._clock()).minute
+        bucket = bucket_at(self._clock())
         given_back = {key: (releases[key], margins[key]) for key in {*+releases, *+margins}}
         try:
             await self._store.write(
-                minute,
+                bucket,
                 [Settlement(key, charged, delta) for (key, charged), delta in settlements.items()],
                 given_back,
             )
@@ -247,7 +248,7 @@ class SharedKeyLimits:
                     len(settlements),
                     sum(releases.values()),
                 )
-            self._settlements.update(_fold_old(settlements, minute))
+            self._settlements.update(_fold_old(settlements, bucket))
             self._releases.update(releases)
             self._margins.update(margins)
             return False
@@ -301,12 +302,12 @@ def _wait(refused: Refusal) -> float:
     return math.inf if refused.retry_after_s is None else refused.retry_after_s
 
 
-def _fold_old(settlements: Counter[tuple[int, int]], minute: int) -> Counter[tuple[int, int]]:
-    """Keeps pending settlements bounded while the database is away: corrections of minutes
-    before the previous one only matter as overruns, so each key keeps one entry for them."""
+def _fold_old(settlements: Counter[tuple[int, int]], bucket: int) -> Counter[tuple[int, int]]:
+    """Keeps pending settlements bounded while the database is away: corrections of seconds
+    no longer counted only matter as overruns, so each key keeps one entry for them."""
     kept: Counter[tuple[int, int]] = Counter()
     for (key, charged), delta in settlements.items():
-        if charged >= minute - 1:
+        if charged > bucket - BUCKETS:
             kept[(key, charged)] += delta
         elif delta > 0:
             kept[(key, _LONG_AGO)] += delta

@@ -7,9 +7,9 @@ ordinary (pageable) memory can wait for it, or, through `torch.tensor(..., devic
 for the whole stream, leaving the device idle while the host schedules the next step. Pinning a
 fresh buffer per copy allocates every time: sampling a step of 256 rows, 128 of them
 constrained, took 1.66 ms of host time besides filling the masks with `pin_memory()` per copy,
-0.69 ms with these rings, on the H100 machine (bench/results/gpu_runs_2026-11-25.md). So each
-kind of value keeps a small ring of pinned buffers, grown when a step needs more; a buffer is
-refilled only after the copy out of it has run (an event per buffer).
+0.69 ms with these rings, on the H100 machine (bench/results/gpu_sessions/gpu_runs_2026-11-25.md).
+So each kind of value keeps a small ring of pinned buffers, grown when a step needs more; a buffer
+is refilled only after the copy out of it has run (an event per buffer).
 """
 
 from __future__ import annotations

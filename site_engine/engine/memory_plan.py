@@ -25,7 +25,7 @@ CPU_DEFAULTS = (16, 2048)
 # Share of the device kept free for the allocator (fragmentation, the odd unmeasured tensor).
 RESERVE_SHARE = 0.05
 # Driver-side memory of one instantiated CUDA graph, per decoder layer (H100: ~2-3.5 MiB per
-# graph of a 16-layer model, bench/results/engine_prefill_long_h100_notes.md).
+# graph of a 16-layer model, bench/results/engine_prefill/engine_prefill_long_h100_notes.md).
 GRAPH_BYTES_PER_LAYER = 256 << 10
 
 

@@ -10,10 +10,10 @@ go on. So a request past its prediction counts OUTRUN_SHARE x the tokens it has 
 max_tokens. The share is the one whose summed estimate over the states past the prediction is
 unbiased on the served model's own answers (validation split of its labels: -0.114 at 1x, +0.004
 at 2x, +0.035 at 3x; the old rule -0.997), and it held on their test split (+0.002):
-`python -m bench.remaining_tokens`, bench/results/remaining_tokens.md. Those answers stop at
-1,024 tokens, and a small model's answer that outruns its prediction is often a loop to
-max_tokens, so much of what it has left is the cap's; a deployment whose clients ask for far
-longer answers has not been measured.
+`python -m bench.remaining_tokens`, bench/results/predictor/remaining_tokens.md. Those answers stop
+at 1,024 tokens, and a small model's answer that outruns its prediction is often a loop to
+max_tokens, so much of what it has left is the cap's; a deployment whose clients ask for far longer
+answers has not been measured.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class MaskFiller:
     thread is inside llguidance (so it never waits for the GIL while the caller runs Python,
     which would stall both), and the thread returns the GIL only when `wait` releases it. A
     worker that also advanced grammars and built its own batches was tried and lost to GIL
-    contention (bench/results/gpu_runs_2026-11-25.md)."""
+    contention (bench/results/gpu_sessions/gpu_runs_2026-11-25.md)."""
 
     def __init__(self) -> None:
         self._go = threading.Semaphore(0)

@@ -1,6 +1,8 @@
 """The admin dashboard in a real headless Chromium against a gateway with three live sites:
 log in, watch per-cloud token load rise under traffic and drain after, drill into a site, and
-check that every number shown equals the admin API's."""
+check that every number shown equals the admin API's. A gateway minutes old: its headline chart
+covers the history there is (not an empty window), and its legend shows the latest values
+before any hover (it showed "–" until hovered)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page
 
+from tests.browser.charts import EMPTY, chart, hover_then_leave
 from tests.e2e.conftest import Federation, wait_until_written
 from tests.e2e.test_prediction_http import (  # a small real predictor; requests that vary
     artifact,  # noqa: F401
@@ -174,9 +177,12 @@ def test_dashboard_live_drilldown_and_values(
     assert page.locator("#cloud-chart canvas").count() == 1  # uPlot drew the headline chart
     assert page.inner_text("#policy") == "routing: least_tokens"
     assert set(cloud_loads(page)) == {"aws", "gcp", "azure"}
-    # A gateway minutes old opens on the window that shows its history, not an hour's sliver.
+    # A gateway minutes old opens on the window that shows its history, not an hour's sliver,
+    # and its chart starts where the history does, not at the window's empty start.
     assert page.input_value("#window") == "900"
     assert "15 min" in page.inner_text("#drift-scope")
+    assert_chart_fits_the_history(page, federation)
+    assert_legend_shows_the_latest_values(page)
     # No sample yet: the figures are not judged (the page said "ok" whatever they were).
     verdict = page.locator('#predictors tbody [data-field="drifted"]').text_content()
     assert verdict == "not judged"
@@ -189,6 +195,10 @@ def test_dashboard_live_drilldown_and_values(
                 peaks[cloud] = max(peaks[cloud], load)
             time.sleep(0.2)
         page.screenshot(path=str(artifacts_dir / "dashboard-under-load.png"), full_page=True)
+        assert_legend_shows_the_latest_values(page)  # live values, not only zeros
+        hovered = hover_then_leave(page, "#cloud-chart")
+        assert hovered.time not in EMPTY  # the cursor's bucket
+        assert set(chart(page, "#cloud-chart").legend.values()).isdisjoint(EMPTY)  # and after
     assert not traffic.errors
     assert min(peaks.values()) > 0, f"token load never rose on every cloud: {peaks}"
     # The headline chart grew live points without a reload.
@@ -244,6 +254,37 @@ def test_dashboard_live_drilldown_and_values(
     assert status == 401
 
 
+def assert_chart_fits_the_history(page: Page, federation: Federation) -> None:
+    overview = api(federation, "/admin/api/overview")
+    step = api(federation, "/admin/api/history", window_s=900)["step_s"]
+    drawn = chart(page, "#cloud-chart")
+    age = overview["at"] - overview["history_since"]
+    assert age < 900 / 4, "the gateway is not young: this check needs a young one"
+    # From the first bucket holding history (it starts at most a step before) to now, a minute
+    # at least.
+    first = overview["history_since"] - step
+    assert drawn.x_min >= min(first, drawn.x_max - 60), (drawn, overview)
+    assert drawn.x_max - drawn.x_min <= max(age + 3 * step, 60), (drawn, age)
+    assert "history since" in page.inner_text("#cloud-span")
+    # One line per cloud, told apart by their dash pattern as well as their colour.
+    assert len(drawn.dashes) == len(drawn.legend) == 3
+
+
+def assert_legend_shows_the_latest_values(page: Page) -> None:
+    """The legend, the cursor away, shows each cloud's latest value: once the first live point
+    is drawn, the value on its card (both from the same snapshot)."""
+    deadline = time.monotonic() + 10
+    while True:
+        legend = chart(page, "#cloud-chart").legend
+        assert set(legend) == {"aws", "gcp", "azure"}
+        assert set(legend.values()).isdisjoint(EMPTY), legend
+        cards = cloud_loads(page)
+        if {cloud: int(text.replace(",", "")) for cloud, text in legend.items()} == cards:
+            return
+        assert time.monotonic() < deadline, (legend, cards)
+        time.sleep(0.2)
+
+
 def to_fixed(value: float, digits: int) -> str:
     """JavaScript's Number.prototype.toFixed: the exact binary value, ties away from zero
     (Python's format rounds ties to even: 14.25 is "14.3" on the page and "14.2" in Python)."""
@@ -294,3 +335,36 @@ def test_predictor_drift_panel_shows_the_apis_numbers(federation: Federation, pa
         "drifted": model["verdict"],
         "version": model["window_version"],
     }
+
+
+def test_capacity_panel_shows_sites_joining_and_leaving(federation: Federation, page: Page) -> None:
+    """A site an operator joins and removes through the admin API: one line per event in the
+    capacity panel, as GET /admin/api/scaling lists them (this gateway has no scaling file)."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    entry = {"name": "extra-site", "cloud": "gcp", "region": "us-central1", "model": "tiny",
+             "endpoint": "127.0.0.1:9"}  # fmt: skip
+    with httpx.Client(base_url=federation.base_url, headers=headers, timeout=10) as client:
+        assert client.post("/admin/api/sites", json=entry).status_code == 201
+        assert client.delete("/admin/api/sites/extra-site").status_code == 202
+        for _ in range(100):  # nothing runs there: it leaves at once
+            if "extra-site" not in api(federation, "/readyz")["sites"]:
+                break
+            time.sleep(0.1)
+    page.goto(f"{federation.base_url}/admin/login")
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_selector("html[data-ready=true]", timeout=15_000)
+    scaling = api(federation, "/admin/api/scaling")
+    assert not scaling["enabled"]
+    assert [e["action"] for e in scaling["events"]] == ["leave", "drain", "join"]
+    rows = page.locator("#scaling-events tbody tr")
+    assert rows.count() == 3
+    shown_events = [
+        (rows.nth(i).get_attribute("data-action"),
+         rows.nth(i).locator('[data-field="site"]').text_content(),
+         rows.nth(i).locator('[data-field="actor"]').text_content())
+        for i in range(3)
+    ]  # fmt: skip
+    assert shown_events == [(e["action"], e["site"], e["actor"]) for e in scaling["events"]]
+    state = page.locator("#scaling-state").text_content() or ""
+    assert state.startswith("no scaling file")

@@ -4,7 +4,12 @@ drill-down's load, rate and latency charts draw lines at each window (at 15 minu
 blank: 4 s buckets, a sample every 10 s, every point alone between gaps). The page loads without
 a console error or a failed request (the favicon was a 404). Screenshots of each window go to
 test-artifacts/dashboard-windows/; `FEDLLM_DOC_IMAGES=1` writes them to docs/img/ instead, the
-README's pictures (a plain `make test` leaves the checkout as it was).
+pictures of docs/dashboard.md (a plain `make test` leaves the checkout as it was).
+
+One long prompt five minutes ago (a sample 30x the day's load) set the headline chart's scale and
+flattened everything else (issue 48): where it stands out, the scale now stops short of it and the
+chart says so; where it does not (a bucket of 5 minutes averages it away) nothing is clipped.
+Every legend shows its series' latest values before any hover.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +32,7 @@ from gateway.db.models import LoadSample
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.federation import SiteConfig
 from gateway.stores.site_store import sync_sites
+from tests.browser.charts import EMPTY, chart, hover_then_leave
 from tests.e2e.conftest import SITE_PLACES, Federation
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -45,6 +52,10 @@ AHEAD_S = 600
 # requests with predictions: tests/browser/test_dashboard.py covers it).
 LOAD_CHARTS = ("#detail-tokens", "#detail-rate", "#detail-latency")
 LABELS = {900: "15min", 3600: "1h", 21600: "6h", 86400: "24h"}
+# One long prompt's sample, OUTLIER_AGO_S before the fixture's start, on one site of one cloud.
+OUTLIER_SITE, OUTLIER_AGO_S, OUTLIER_TOKENS = "aws-use1", 302.5, 60_000
+# The windows whose buckets (20 s) leave the outlier standing out, and one that averages it away.
+CLIPPED, UNCLIPPED = (900, 3600), (86400,)
 
 
 async def write_history(database_url: str) -> None:
@@ -83,6 +94,14 @@ async def write_history(database_url: str) -> None:
                         "healthy": True,
                     }
                 )
+        rows.append(
+            {
+                **rows[-1],
+                "site_id": site_ids[OUTLIER_SITE],
+                "bucket_at": now - timedelta(seconds=OUTLIER_AGO_S),
+                "queued_tokens": OUTLIER_TOKENS,
+            }
+        )
         async with sessions.begin() as session:
             await session.execute(insert(LoadSample), rows)
     finally:
@@ -136,11 +155,43 @@ def test_every_window_draws_every_chart(page: Page, federation: Federation) -> N
             assert all(v is not None for v in series["token_load"][1:-1]), (window, series["key"])
         headline = segments(page, "#cloud-chart")
         assert headline >= len(SITES) * (history["points"] - 3), (window, headline)
+        assert_scale_and_legend(page, window, history)
 
         page.click("#sites tr[data-site=gcp-euw4]")
         page.wait_for_selector("#detail[data-loaded=true][data-site=gcp-euw4]")
-        for chart in LOAD_CHARTS:
-            drawn = segments(page, chart)
-            assert drawn >= history["points"] - 3, (window, chart, drawn)
+        for selector in LOAD_CHARTS:
+            drawn = segments(page, selector)
+            assert drawn >= history["points"] - 3, (window, selector, drawn)
+            legend = chart(page, selector).legend
+            assert legend, selector
+            assert set(legend.values()).isdisjoint(EMPTY), (window, selector, legend)
         page.screenshot(path=str(IMAGES / f"dashboard-{LABELS[window]}.png"), full_page=True)
     assert problems == []
+
+
+def assert_scale_and_legend(page: Page, window: int, history: dict[str, Any]) -> None:
+    """The headline chart: the long prompt clipped (and said) where it stands out, nothing
+    clipped where it does not; each cloud's latest value in the legend, also after a hover."""
+    highest = max(v for s in history["series"] for v in s["token_load"] if v is not None)
+    drawn = chart(page, "#cloud-chart")
+    assert set(drawn.legend) == {"aws", "gcp", "azure"}
+    assert set(drawn.legend.values()).isdisjoint(EMPTY), (window, drawn.legend)
+    assert drawn.time not in EMPTY
+    if window in CLIPPED:
+        assert drawn.clipped >= 1, (window, drawn)
+        assert drawn.y_max < highest / 3, (window, drawn.y_max, highest)
+        assert drawn.note is not None
+        assert "Scale clipped" in drawn.note
+        page.click("#cloud-chart .scale-note button")  # the whole of it, on demand
+        full = chart(page, "#cloud-chart")
+        assert full.y_max >= highest
+        assert full.note is not None
+        assert full.note.startswith("Full scale")
+        page.click("#cloud-chart .scale-note button")  # and back
+        assert chart(page, "#cloud-chart").y_max == drawn.y_max
+    elif window in UNCLIPPED:
+        assert drawn.clipped == 0, (window, drawn)
+        assert drawn.note is None
+        assert drawn.y_max >= highest
+    hover_then_leave(page, "#cloud-chart")
+    assert set(chart(page, "#cloud-chart").legend.values()).isdisjoint(EMPTY)

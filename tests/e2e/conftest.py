@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, text
 from devtools.launch import (
     ManagedProcess,
     free_port,
+    readiness,
     spawn_site,
     start_gateway,
     stop_all,
@@ -39,10 +40,10 @@ def wait_until_written(base_url: str) -> None:
     deadline = time.monotonic() + WRITTEN_TIMEOUT_S
     while True:
         try:
-            answer = httpx.get(f"{base_url}/readyz", timeout=10)
+            ready = readiness(base_url)
         except httpx.ConnectError:
             return
-        queued = answer.json()["request_log"]["queued"]
+        queued = ready["request_log"]["queued"]
         if queued == 0:
             return
         assert time.monotonic() < deadline, f"{queued} request log writes still queued"

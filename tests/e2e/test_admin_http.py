@@ -20,6 +20,7 @@ API_PATHS = [
     "/admin/api/history",
     "/admin/api/drift",
     "/admin/api/offloads",
+    "/admin/api/readiness",
     "/admin/api/sites/aws-use1",
 ]
 
@@ -47,7 +48,7 @@ def test_dashboard_and_admin_api_need_the_credential(federation: Federation) -> 
                 guesser.get(path, headers={"Authorization": "Bearer not-the-token-at-all"})
                 for path in API_PATHS
             ]
-        assert [w.status_code for w in wrong] == [401] * 5 + [429]
+        assert [w.status_code for w in wrong] == [401] * 5 + [429] * (len(API_PATHS) - 5)
         assert {w.json()["error"]["code"] for w in wrong[:5]} == {"admin_credential_required"}
         forged = session_cookie("another-token-entirely", new_session_id(), int(time.time()))
         for cookie in (forged, "nope"):

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from devtools.launch import readiness
 from tests.e2e.conftest import Federation
 
 pytestmark = pytest.mark.slow
@@ -91,7 +92,7 @@ def test_round_robin_uses_every_healthy_site_and_never_the_dead_one(client) -> N
 
 def test_models_and_readiness(client) -> None:
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
-    ready = client.get("/readyz").json()
+    ready = readiness(str(client.base_url))
     assert ready["sites"] == {"aws-use1": True, "gcp-euw4": True, "azure-jpe": False}
 
 

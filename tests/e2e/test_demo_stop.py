@@ -2,11 +2,13 @@
 its three sites running (issue 32, a newcomer's first hour): only Ctrl-C stopped them.
 
 The real demo (`python -m devtools.demo`, SmolLM2 sites on CPU, one short request, services kept
-running), sent SIGTERM: it exits and none of the processes it started is left.
+running) prints a curl command with its gateway's port that answers when pasted (issue 48); sent
+SIGTERM, it exits and none of the processes it started is left.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -84,12 +86,20 @@ def test_sigterm_stops_the_demo_and_everything_it_started(
         lines = []
         for line in demo.stdout:
             lines.append(line)
-            if line.startswith("services keep running"):
+            if line.startswith("dashboard: "):
                 break
         else:
             pytest.fail("the demo ended before keeping its services running:\n" + "".join(lines))
         started = _children(demo.pid)
         assert len(started) == 4, "".join(lines)  # three sites and the gateway
+        # What it printed to paste, pasted as printed.
+        first = next(i for i, line in enumerate(lines) if line.startswith("curl "))
+        command = "".join(lines[first : first + 3])
+        pasted = subprocess.run(
+            ["bash", "-c", command], capture_output=True, text=True, timeout=120
+        )
+        assert pasted.returncode == 0, pasted.stderr
+        assert json.loads(pasted.stdout)["choices"][0]["message"]["content"].strip(), pasted.stdout
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) != 0
         deadline = time.monotonic() + 30

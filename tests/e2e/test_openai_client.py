@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -167,3 +168,33 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.chat.completions.create(model="gpt-17", messages=MESSAGES)
     assert caught.value.param == "model"
+
+
+def test_embeddings_without_an_embedding_model_say_none_is_configured(
+    client: openai.OpenAI, federation: Federation
+) -> None:
+    """The endpoint exists; this federation (a chat model only) has no model to serve it."""
+    before = len(federation.rows())
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.embeddings.create(model="tiny", input="hello")
+    assert (caught.value.code, caught.value.param) == ("model_not_found", "model")
+    assert "/v1/embeddings is served here" in caught.value.message
+    assert "no embedding model is configured on this gateway" in caught.value.message
+    assert len(federation.rows()) == before
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/audio/speech"), ("GET", "/v1/foo")])
+def test_an_unknown_v1_path_is_an_openai_error_naming_it(
+    federation: Federation, method: str, path: str
+) -> None:
+    answer = httpx.request(method, f"{federation.base_url}{path}", json={"x": 1}, timeout=30)
+    assert answer.status_code == 404
+    assert answer.headers["content-type"].startswith("application/json")
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "unknown_url")
+    assert error["message"].startswith(f"Invalid URL ({method} {path}): this gateway does not "
+                                       f"implement {path} of the OpenAI API")  # fmt: skip
+    served_paths = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+                    "/v1/responses")  # fmt: skip
+    for served in served_paths:
+        assert served in error["message"]

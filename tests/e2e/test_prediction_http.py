@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.launch import LaunchError
+from devtools.launch import LaunchError, readiness
 from tests.support.predictor_artifact import small_artifact
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def send_varied(base_url: str, n: int) -> None:
 
 
 def version_of(base_url: str) -> str | None:
-    predictor = httpx.get(f"{base_url}/readyz", timeout=5).json()["predictor"]
+    predictor = readiness(base_url)["predictor"]
     assert predictor["mode"] == "active"
     return predictor["version"]
 
@@ -115,7 +115,7 @@ def test_a_model_is_predicted_by_its_own_predictor(start_federation, artifact, t
         env={"GATEWAY_PREDICTOR_DIR": str(artifact), "GATEWAY_PREDICTOR_POLL_S": "0.3"},
         model_options={"predictor": str(own)},
     )
-    ready = httpx.get(f"{federation.base_url}/readyz", timeout=5).json()
+    ready = readiness(federation.gateway)
     default_version = ready["predictor"]["version"]
     own_version = ready["model_predictors"]["tiny"]
     assert own_version is not None
@@ -134,9 +134,7 @@ def test_a_model_is_predicted_by_its_own_predictor(start_federation, artifact, t
     )  # fmt: skip
     assert retrain.returncode == 0, retrain.stderr + retrain.stdout
     deadline = time.monotonic() + 20
-    while (ready := httpx.get(f"{federation.base_url}/readyz", timeout=5).json())[
-        "model_predictors"
-    ]["tiny"] == own_version:
+    while (ready := readiness(federation.gateway))["model_predictors"]["tiny"] == own_version:
         assert time.monotonic() < deadline, "the gateway did not switch the model's predictor"
         time.sleep(0.2)
     assert ready["predictor"]["version"] == default_version  # the default is untouched
@@ -167,8 +165,8 @@ def test_readyz_reports_what_predicts_the_served_models(start_federation, artifa
     predicted; the default is reported apart, and its absence is no warning when every served
     model has its own."""
     federation = start_federation(live=["aws-use1"], model_options={"predictor": str(artifact)})
-    predictor = httpx.get(f"{federation.base_url}/readyz", timeout=5).json()["predictor"]
-    own = httpx.get(f"{federation.base_url}/readyz", timeout=5).json()["model_predictors"]["tiny"]
+    ready = readiness(federation.gateway)
+    predictor, own = ready["predictor"], ready["model_predictors"]["tiny"]
     assert predictor["mode"] == "active", predictor
     assert predictor["models"] == {"tiny": own}
     assert predictor["version"] is None  # no default

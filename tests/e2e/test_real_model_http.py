@@ -1,9 +1,13 @@
 """A real instruct model through the public API: two sites serving SmolLM2-135M-Instruct from
 its GGUF file (`--model file.gguf`), the gateway rendering chats with the template that came
-inside that file, and answers that end at the model's own EOS."""
+inside that file, and answers that end at the model's own EOS. The README's curl and openai SDK
+examples run here as written, their port the gateway's: the README cannot drift from the code."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import pytest
 from devtools.launch import LaunchError, spawn_site
 from devtools.launch import wait_until_serving as wait_serving
 from tests.e2e.smollm2_federation import MODEL, smollm2_federation
+from tests.support.readme import curl_example, sdk_example, with_port
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +45,30 @@ def test_chat_answers_for_real_and_stops_at_eos(real_federation: str) -> None:
     assert choice["finish_reason"] == "stop"
     assert answer["usage"]["completion_tokens"] < 64
     assert "<|im_end|>" not in choice["message"]["content"]
+
+
+def _port(base_url: str) -> int:
+    return int(base_url.rsplit(":", 1)[1])
+
+
+def test_the_readmes_curl_example_answers_as_written(real_federation: str) -> None:
+    command = with_port(curl_example(), _port(real_federation))
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["object"] == "chat.completion", answer
+    assert answer["model"] == MODEL
+    assert answer["choices"][0]["message"]["content"].strip()
+    assert 0 < answer["usage"]["completion_tokens"] <= 64
+
+
+def test_the_readmes_sdk_example_answers_as_written(real_federation: str) -> None:
+    code = with_port(sdk_example(), _port(real_federation))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text, usage = done.stdout.rsplit("CompletionUsage(", 1)
+    assert text.strip()
+    assert "completion_tokens=" in usage
 
 
 def test_models_list_the_gguf_model(real_federation: str) -> None:

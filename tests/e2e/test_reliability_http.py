@@ -19,7 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
+from devtools.launch import (
+    ManagedProcess,
+    readiness,
+    spawn_site,
+    start_gateway,
+    wait_until_serving,
+)
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import LoadView, SiteUnavailable
 from tests.e2e.conftest import Federation, write_federation
@@ -417,7 +423,7 @@ def test_a_drained_site_hands_its_queue_over_and_finishes_what_runs(
         assert admin.post("/admin/api/sites/gcp-euw4/undrain").json()["draining"] is False
         drained = admin.post("/admin/api/sites/aws-use1/drain").json()
         assert (drained["draining"], drained["released"]) == (True, 2)
-        assert httpx.get(f"{federation.base_url}/readyz").json()["draining"] == ["aws-use1"]
+        assert readiness(federation.gateway)["draining"] == ["aws-use1"]
         overview = admin.get("/admin/api/overview").json()
         assert {s["name"]: s["draining"] for s in overview["sites"]} == {
             "aws-use1": True,

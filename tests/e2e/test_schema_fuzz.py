@@ -40,6 +40,8 @@ NOT_FUZZED = {
 BODY_OPERATIONS = {
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/responses"),
     ("POST", "/v1/batches"),
     ("POST", "/v1/files"),
     ("POST", "/admin/api/keys"),

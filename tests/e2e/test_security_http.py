@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.launch import ManagedProcess, start_gateway, start_site
+from devtools.launch import ManagedProcess, readiness, start_gateway, start_site
 from tests.e2e.conftest import write_federation
 from tests.support.tls_certs import TestPki, make_pki
 
@@ -101,7 +101,7 @@ def test_a_gateway_without_tls_settings_gets_503_from_a_tls_site_not_a_hang(
 ) -> None:
     gateway = launch_gateway({}, healthy=0)
     time.sleep(1.5)  # a few health intervals (0.5 s): the site stays unhealthy
-    assert httpx.get(url(gateway, "/readyz"), timeout=10).json()["sites"] == {"aws-use1": False}
+    assert readiness(gateway)["sites"] == {"aws-use1": False}
     started = time.monotonic()
     response = complete(gateway)
     assert time.monotonic() - started < 10

@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 from devtools.launch import (
     ManagedProcess,
     free_port,
+    readiness,
     spawn_site,
     start_gateway,
     stop_all,
@@ -135,7 +136,8 @@ class Cluster:
         self.gateway.kill()
 
     def readiness(self) -> dict[str, bool]:
-        body = httpx.get(f"{self.base_url}/readyz", timeout=5).json()
+        assert self.gateway is not None
+        body = readiness(self.gateway, timeout_s=5)
         return {str(k): bool(v) for k, v in body["sites"].items()}
 
     def wait_site_health(self, name: str, healthy: bool, timeout_s: float = 30.0) -> float:

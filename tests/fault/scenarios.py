@@ -1,7 +1,7 @@
 """The four fault scenarios, each on a running Cluster, each returning its figures.
 
 The tests (tests/fault/test_*.py) assert on these figures; `python -m bench.faults` runs the
-same functions and writes them to bench/results/faults.{json,md}. A scenario only drives the
+same functions and writes them to bench/results/faults/faults.{json,md}. A scenario only drives the
 public HTTP API and real processes, and reports what the clients saw.
 """
 

@@ -23,6 +23,7 @@ from devtools.launch import (
     ManagedProcess,
     free_port,
     gateway_python,
+    readiness,
     spawn_site,
     wait_until_serving,
 )
@@ -200,7 +201,7 @@ def _wait_ready(process: ManagedProcess, engines: int, timeout_s: float = 120.0)
         if not process.alive():
             pytest.fail(f"gateway exited:\n{process.log_tail()}")
         try:
-            body = httpx.get(f"http://127.0.0.1:{process.port}/readyz", timeout=2).json()
+            body = readiness(process, timeout_s=2)
         except (httpx.HTTPError, ValueError):
             body = {}
         if sum(bool(v) for v in body.get("sites", {}).values()) == engines:
@@ -278,7 +279,9 @@ def test_a_gateway_started_like_its_container_serves_every_rendered_engine(
                 # choice above is one).
                 env={**{k: v for k, v in os.environ.items() if k not in TEST_RUN_ONLY}, **env},
             )
-        gateway = ManagedProcess("gateway", popen, log, port)
+        gateway = ManagedProcess(
+            "gateway", popen, log, port, admin_token=env["GATEWAY_ADMIN_TOKEN"]
+        )
         started.append(gateway)
         ready = _wait_ready(gateway, len(rendered.local("federation")["sites"]))
         federation = load_federation(state / "federation.json")

@@ -25,7 +25,14 @@ from gateway.db.session import create_engine, create_sessionmaker
 from gateway.federation import SiteConfig
 from gateway.stores.batch_finalize import BatchFinalizer
 from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import BatchView, ItemAssignment, ItemResult, NewBatch, NewItem
+from gateway.stores.batch_records import (
+    BatchView,
+    ItemAssignment,
+    ItemResult,
+    NewBatch,
+    NewItem,
+    TokenUsage,
+)
 from gateway.stores.batch_settling import CANCELLED_ERROR
 from gateway.stores.batch_store import BatchStore
 from gateway.stores.request_log import NewRequest, Outcome, RequestLog
@@ -298,6 +305,32 @@ def test_concurrent_finishes_count_exactly(run) -> None:
         batch = await store.get("batch_n", None)
         assert batch is not None
         assert (batch.status, batch.completed, batch.failed) == (BatchStatus.FINALIZING, 30, 10)
+
+    run(scenario)
+
+
+def answered(prompt: int, completion: int, cached: int | None) -> ItemResult:
+    usage: dict[str, object] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return ItemResult(BatchItemStatus.COMPLETED, completion={"usage": usage})
+
+
+def test_usage_sums_the_answered_items_cached_tokens_too(run) -> None:
+    """A batch's usage is its answered items' usage summed, the prompt tokens the sites took
+    from their caches included (an answer stored without the details counts none)."""
+
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
+        await in_progress(store, "batch_u", 4, sites["a"])
+        await in_progress(store, "batch_v", 1, sites["a"])
+        results = [answered(40, 5, 16), answered(41, 6, 32), BROKEN, answered(42, 7, None)]
+        for index, result in enumerate(results):
+            assert await store.start_item("batch_u", index, 0, f"cmpl-u{index}")
+            assert await store.finish_item("batch_u", index, 1, result)
+        usage = await store.usage(["batch_u", "batch_v", "batch_none"])
+        assert usage == {"batch_u": TokenUsage(123, 18, 48)}
 
     run(scenario)
 

@@ -71,6 +71,17 @@ def test_info_and_health(stub, channel) -> None:
     assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_a_generative_site_says_so_and_refuses_embed(stub) -> None:
+    assert stub.Info(site_pb2.InfoRequest()).task == site_pb2.MODEL_TASK_GENERATE
+    request = site_pb2.EmbedRequest(
+        request_id="embed-1", inputs=[site_pb2.EmbedInput(token_ids=[1, 2])]
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Embed(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "serves generative model tiny" in refused.value.details()
+
+
 def test_greedy_stream_matches_transformers_generate(stub, tiny_llama_dir: Path) -> None:
     chunks = generate(stub, "greedy-1", prompt="The quick brown fox", max_tokens=12)
     assert chunks[0].accepted

@@ -8,10 +8,20 @@ CSRF).
 8. Admin POSTs took a foreign `Origin` with a `text/plain` body (CSRF stopped by SameSite
    alone).
 
+Issue 48, finding 3: `/readyz` showed anyone the sites' names and health, the drained sites,
+the request log's backlog and the predictor's versions. Now it tells only `{"ready": ...}` with
+its status, and the report is the operators' (`/admin/api/readiness`).
+
+Issue 48, finding 1: uvicorn believed `X-Forwarded-For` from 127.0.0.1 (its default), so a
+client coming through a proxy, tunnel or sidecar on the gateway's host guessed from a new
+"address" each time (~85 guesses/s, never throttled), or named the operator's address to lock it
+out.
+
 Through a real gateway: every wrong admin credential counts (5 a minute per client, on every
 replica); a browser that signed in before carries a signed device cookie, and its sign-ins
 count on their own, so others' failures at its address do not lock it out; admin POSTs from
-another origin get 403, and bodies that are not JSON 415.
+another origin get 403, and bodies that are not JSON 415. Forwarded headers count only from a
+proxy the operator names (GATEWAY_TRUSTED_PROXIES), loopback included.
 """
 
 from __future__ import annotations
@@ -27,10 +37,25 @@ TOKEN = "admin-token-for-the-guessing-tests"
 WRONG = "a-wrong-guess-of-the-token"
 
 
+# The address a trusted proxy of the second gateway connects from.
+PROXY = "127.0.0.31"
+
+
 @pytest.fixture(scope="module")
 def gateway(start_federation) -> str:
     federation: Federation = start_federation(
         live=[], dead=("aws-use1",), env={"GATEWAY_ADMIN_TOKEN": TOKEN}
+    )
+    return federation.base_url
+
+
+@pytest.fixture(scope="module")
+def behind_proxy(start_federation) -> str:
+    """A gateway whose operator named PROXY as the proxy in front of it."""
+    federation: Federation = start_federation(
+        live=[],
+        dead=("aws-use1",),
+        env={"GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_TRUSTED_PROXIES": f"{PROXY}, 10.9.0.0/16"},
     )
     return federation.base_url
 
@@ -106,10 +131,63 @@ def test_admin_posts_from_another_origin_or_not_json_are_refused(gateway: str) -
         assert login.status_code == 403
         assert browser.get("/admin/api/keys", headers=evil).status_code == 200  # reads are safe
     # A script with the bearer token and no Origin is no browser: served as before.
-    script = httpx.post(
-        f"{gateway}/admin/api/keys",
-        json={"name": "script"},
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=10,
-    )
-    assert script.status_code == 201, script.text
+    with _from(gateway, "127.0.0.25") as script:
+        made = script.post(
+            "/admin/api/keys", json={"name": "script"}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+    assert made.status_code == 201, made.text
+
+
+def _guesses(client: httpx.Client, forwarded_for: list[str]) -> list[int]:
+    wrong = {"Authorization": f"Bearer {WRONG}"}
+    return [
+        client.get("/metrics", headers={**wrong, "X-Forwarded-For": address}).status_code
+        for address in forwarded_for
+    ]
+
+
+def test_forwarded_for_from_loopback_is_not_believed_by_default(gateway: str) -> None:
+    """From 127.0.0.1 (uvicorn's own default trusted proxy): a new X-Forwarded-For per guess
+    is the same client, and naming the operator's address does not lock the operator out."""
+    operator_address = "127.0.0.26"
+    with _from(gateway, "127.0.0.1") as guesser:
+        assert _guesses(guesser, [operator_address] * 5) == [401] * 5
+        assert _guesses(guesser, [f"198.51.100.{n}" for n in range(3)]) == [429] * 3
+    with _from(gateway, operator_address) as operator:
+        answer = operator.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 200, answer.text
+
+
+def test_forwarded_for_from_a_named_proxy_is_the_client(behind_proxy: str) -> None:
+    with _from(behind_proxy, PROXY) as proxy:
+        # Six clients behind the proxy, one guess each: each is counted on its own.
+        assert _guesses(proxy, [f"203.0.113.{n}" for n in range(6)]) == [401] * 6
+        # One client behind it guessing six times is held, and only that client.
+        assert _guesses(proxy, ["203.0.113.50"] * 6) == [401] * 5 + [429]
+        right = {"Authorization": f"Bearer {TOKEN}", "X-Forwarded-For": "203.0.113.51"}
+        assert proxy.get("/metrics", headers=right).status_code == 200
+    # Anyone else's X-Forwarded-For is still not believed, loopback or not.
+    with _from(behind_proxy, "127.0.0.1") as other:
+        assert _guesses(other, [f"192.0.2.{n}" for n in range(6)]) == [401] * 5 + [429]
+
+
+def test_readiness_detail_is_for_operators_only(gateway: str) -> None:
+    with _from(gateway, "127.0.0.27") as anyone:
+        answer = anyone.get("/readyz")  # its only site is down: not ready
+        assert (answer.status_code, answer.json()) == (503, {"ready": False})
+        # /readyz takes no credential: the right token gets no more there, and a wrong one is
+        # no guess (an open path must not let anyone lock out the address they share).
+        right = anyone.get("/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert right.json() == {"ready": False}
+        wrong = {"Authorization": f"Bearer {WRONG}"}
+        assert {anyone.get("/readyz", headers=wrong).status_code for _ in range(6)} == {503}
+        assert anyone.get("/admin/api/readiness").status_code == 401
+    with _from(gateway, "127.0.0.28") as operator:
+        report = operator.get("/admin/api/readiness", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert report.status_code == 200, report.text
+    body = report.json()
+    assert (body["ready"], body["sites"], body["database"]) == (False, {"aws-use1": False}, "ok")
+    assert {"draining", "request_log", "predictor", "model_predictors"} <= set(body)
+    with httpx.Client(base_url=gateway, timeout=10) as browser:  # a signed-in dashboard
+        browser.cookies.set(ADMIN_COOKIE, _operator_cookie(gateway))
+        assert browser.get("/admin/api/readiness").json()["sites"] == {"aws-use1": False}

@@ -6,6 +6,15 @@
 5. Idle connections: a connection that sends nothing, or headers a line at a time, was never
    closed (75 s+; 2,000 held).
 
+Issue 48, finding 4: four keys re-stalling header-only uploads held the gateway's four upload
+slots: a fifth key got 429 for as long as they kept at it. Now only validating counts against
+the gateway's GATEWAY_BATCH_UPLOADS_IN_FLIGHT; a body being received holds only its key's
+share (GATEWAY_BATCH_UPLOADS_PER_KEY), so one key's stalls never refuse another key.
+
+Issue 48, finding 2: request headers had no size bound: one 80 MiB header was answered 200,
+and eight of 47 MiB took the gateway from 351 to 766 MiB. Now a request line and its headers
+take at most GATEWAY_MAX_HEADER_BYTES (64 KiB): past it 431 before the rest is read.
+
 Raw sockets against a real gateway. A key now holds one upload at a time (2 keys, 4 slots:
 another key still uploads); a body must keep arriving (GATEWAY_BODY_TIMEOUT_S, then at least
 GATEWAY_BODY_MIN_BYTES_PER_S): the slow senders get 408 and their slots come back; a
@@ -17,10 +26,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
 
 import httpx
 import pytest
@@ -123,6 +135,25 @@ def test_slow_uploads_of_two_keys_leave_other_keys_their_uploads(federation: Fed
         _wait_for_upload_slot(federation, key)
 
 
+def test_stalled_uploads_of_as_many_keys_as_slots_leave_another_key_its_upload(
+    federation: Federation,
+) -> None:
+    attackers = [make_key(federation, f"restall-{n}")["key"] for n in range(4)]  # the default
+    victim = make_key(federation, "fifth")["key"]
+    with ExitStack() as stack:
+        stalled = [stack.enter_context(_stalled_upload(federation, key)) for key in attackers]
+        # Each stall is under way once its key's next upload is refused ...
+        refused = [_upload(federation, key) for key in attackers]
+        assert [answer.status_code for answer in refused] == [429] * 4
+        answer = _upload(federation, victim)  # ... and none of them is the fifth key's
+        assert answer.status_code == 200, answer.text
+        assert all("this key has 1 batch upload" in a.json()["error"]["message"] for a in refused)
+        for sock in stalled:
+            sock.close()
+    for key in attackers:
+        _wait_for_upload_slot(federation, key)
+
+
 def test_a_silent_connection_is_closed(federation: Federation) -> None:
     sock = _connect(federation)
     how, received = _ending(sock)
@@ -170,3 +201,60 @@ def test_many_silent_connections_all_close_and_the_gateway_serves_meanwhile(
     finally:
         for sock in socks:
             sock.close()
+
+
+def _peak_memory_kib(pid: int) -> int:
+    """The process's resident memory at its highest so far (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_headers_past_the_bound_get_431_before_they_end(federation: Federation) -> None:
+    under = httpx.get(f"{federation.base_url}/healthz", headers={"X-Fill": "a" * 60_000})
+    assert under.status_code == 200, under.text
+    with _connect(federation) as sock:
+        # 256 KiB of one header and no end to it: refused once 64 KiB are in.
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Fill: " + b"a" * (256 << 10))
+        how, received = _ending(sock)
+    assert how == "closed", (how, received[:200])
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    # A body is no header: 300 KB of one, then a second request, all in one send, both served.
+    with _connect(federation) as sock:
+        large = b"a" * 300_000
+        sock.sendall(
+            b"POST /healthz HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\n\r\n%s"
+            b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n"
+            % (len(large), large)
+        )
+        how, received = _ending(sock)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", received)
+    assert (how, statuses) == ("closed", [b"405", b"200"]), received[:300]
+
+
+def test_huge_headers_are_not_held_in_memory(federation: Federation) -> None:
+    """The issue's eight 47 MiB headers grew the gateway by 415 MiB; here eight of 32 MiB."""
+    pid = federation.gateway.popen.pid
+    before = _peak_memory_kib(pid)
+    request = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Fill: " + b"a" * (32 << 20)
+    endings: list[tuple[str, bytes]] = []
+
+    def send_huge_headers() -> None:
+        with _connect(federation) as sock:
+            with suppress(OSError):  # refused and closed while it was still sending
+                sock.sendall(request + b"\r\n\r\n")
+            endings.append(_ending(sock))
+
+    senders = [threading.Thread(target=send_huge_headers) for _ in range(8)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    grown_mib = (_peak_memory_kib(pid) - before) / 1024
+    assert grown_mib < 16, f"the gateway's peak memory grew {grown_mib:.0f} MiB"
+    assert all(how != "open" for how, _ in endings), endings
+    assert not any(received.startswith(b"HTTP/1.1 200 ") for _, received in endings)
+    assert httpx.get(f"{federation.base_url}/healthz", timeout=10).status_code == 200

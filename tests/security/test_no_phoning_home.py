@@ -21,7 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devtools.launch import ManagedProcess, spawn_site, start_gateway, wait_until_serving
+from devtools.launch import (
+    ManagedProcess,
+    readiness,
+    spawn_site,
+    start_gateway,
+    wait_until_serving,
+)
 from tests.e2e.conftest import write_federation
 from tests.support.predictor_artifact import small_artifact
 
@@ -96,7 +102,7 @@ def test_gateway_and_site_connect_only_to_configured_destinations(
         )
         started.append(gateway)
         ready_at = time.monotonic()
-        ready = httpx.get(f"http://127.0.0.1:{gateway.port}/readyz", timeout=10).json()
+        ready = readiness(gateway)
         assert ready["predictor"]["mode"] == "active"
         for prompt in ("Hello there", "Name three rivers"):
             response = httpx.post(

@@ -20,7 +20,7 @@ import grpc
 import httpx
 import pytest
 
-from devtools.launch import ManagedProcess, start_gateway, start_site
+from devtools.launch import ManagedProcess, readiness, start_gateway, start_site
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from site_engine.settings import SettingsError, SiteSettings
 from tests.e2e.conftest import write_federation
@@ -118,7 +118,7 @@ def test_the_gateway_answers_503_for_a_full_site_and_keeps_it_healthy(
         assert refused, answers
         assert all(retry_after is not None for _, retry_after in refused)
         assert {status for status, _ in answers} <= {200, 503}
-        ready = httpx.get(f"{base}/readyz", timeout=10).json()
+        ready = readiness(gateway)
         assert ready["sites"]["aws-use1"], ready
     finally:
         gateway.stop()

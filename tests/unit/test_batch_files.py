@@ -4,6 +4,7 @@ are validated in, and the cap on uploads in flight."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import msgspec
@@ -151,16 +152,41 @@ def test_slices_are_bounded_in_bytes_and_items() -> None:
     assert slices([]) == []
 
 
-def test_uploads_in_flight_are_capped_in_all_and_per_key() -> None:
-    gate = UploadGate(limit=4, per_key=2)
+def test_uploads_under_way_are_capped_per_key_only() -> None:
+    gate = UploadGate(limit=1, per_key=2)
     with gate.admit(1), gate.admit(1):
         with pytest.raises(Overloaded, match="this key has 2 batch upload"):
             gate.admit(1).__enter__()
-        with gate.admit(2), gate.admit(None):
-            assert gate.in_flight == 4
-            with pytest.raises(Overloaded, match="limit of 4 batch uploads"):
-                gate.admit(3).__enter__()
+        # Other keys are not refused for key 1's uploads, however many keys, whatever the limit.
+        with gate.admit(2), gate.admit(None), gate.admit(3), gate.admit(3):
+            assert gate.in_flight == 6
     assert gate.in_flight == 0
     with gate.admit(1), gate.admit(1):  # given back: the key's share is whole again
         pass
-    assert UploadGate(limit=4).per_key == 1  # the default: four keys to fill a gateway
+    assert UploadGate(limit=4).per_key == 1  # the default: one upload per key at a time
+
+
+def test_received_uploads_are_validated_limit_at_a_time_in_turn() -> None:
+    async def run() -> None:
+        gate = UploadGate(limit=2, per_key=1)
+        started: list[int] = []
+        most = 0
+        release = asyncio.Event()
+
+        async def upload(key: int) -> None:
+            nonlocal most
+            with gate.admit(key):
+                async with gate.validating():
+                    started.append(key)
+                    most = max(most, gate.validating_now)
+                    await release.wait()
+
+        tasks = [asyncio.create_task(upload(key)) for key in range(5)]
+        for _ in range(5):  # every task runs to where it waits
+            await asyncio.sleep(0)
+        assert (started, gate.in_flight, gate.validating_now) == ([0, 1], 5, 2)
+        release.set()
+        await asyncio.gather(*tasks)
+        assert (started, most, gate.in_flight, gate.validating_now) == ([0, 1, 2, 3, 4], 2, 0, 0)
+
+    asyncio.run(run())

@@ -1,5 +1,5 @@
-"""The batch and file APIs' settings: read from GATEWAY_BATCH_* and GATEWAY_FILE_* variables,
-refused loudly when invalid."""
+"""The batch, file and response APIs' settings: read from GATEWAY_BATCH_*, GATEWAY_FILE_* and
+GATEWAY_RESPONSE_* variables, refused loudly when invalid."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def test_defaults_and_overrides() -> None:
     assert defaults.batches.max_body_bytes == 64 << 20
     assert (defaults.files.max_bytes, defaults.files.storage_per_key_bytes) == (64 << 20, 1 << 30)
     assert (defaults.files.retention_h, defaults.batches.uploads_in_flight) == (720.0, 4)
+    assert defaults.responses.retention_h == 720.0
     settings = GatewaySettings.from_env(
         {
             **BASE,
@@ -29,6 +30,7 @@ def test_defaults_and_overrides() -> None:
             "GATEWAY_FILE_STORAGE_PER_KEY_BYTES": "8192",
             "GATEWAY_FILE_RETENTION_H": "1.5",
             "GATEWAY_BATCH_UPLOADS_IN_FLIGHT": "1",
+            "GATEWAY_RESPONSE_RETENTION_H": "2",
         }
     )
     assert (settings.batches.max_items, settings.batches.max_body_bytes) == (10, 2048)
@@ -36,6 +38,7 @@ def test_defaults_and_overrides() -> None:
     assert settings.batches.lease_s == 2.5
     assert (settings.files.max_bytes, settings.files.storage_per_key_bytes) == (4096, 8192)
     assert (settings.files.retention_h, settings.batches.uploads_in_flight) == (1.5, 1)
+    assert settings.responses.retention_h == 2.0
 
 
 @pytest.mark.parametrize(
@@ -55,6 +58,7 @@ def test_defaults_and_overrides() -> None:
         ),
         ("FILE_RETENTION_H", "0", "GATEWAY_FILE_RETENTION_H must be > 0"),
         ("BATCH_UPLOADS_IN_FLIGHT", "0", "GATEWAY_BATCH_UPLOADS_IN_FLIGHT must be >= 1"),
+        ("RESPONSE_RETENTION_H", "0", "GATEWAY_RESPONSE_RETENTION_H must be > 0"),
     ],
 )
 def test_invalid_values_name_the_variable(name: str, value: str, message: str) -> None:

@@ -109,3 +109,10 @@ def test_prompt_forms(service, prompt, expected_ids) -> None:
 
 def test_default_max_tokens_is_openais(service) -> None:
     assert prepare(service, prompt="x").params.max_tokens == 16
+
+
+def test_stream_obfuscation_is_accepted(service) -> None:
+    """OpenAI's SDKs may ask a stream not to pad its events; none is padded here."""
+    options = {"include_usage": True, "include_obfuscation": False}
+    prepared = prepare(service, prompt="x", stream=True, stream_options=options)
+    assert (prepared.stream, prepared.include_usage) == (True, True)

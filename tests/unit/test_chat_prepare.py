@@ -4,6 +4,7 @@ chat request becomes the same prepared completion /v1/completions would make of 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gateway.api.openai_errors import OpenAIError, to_openai
 from gateway.chat.service import ChatService
 from gateway.chat.templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig
 from gateway.request_path.service import CompletionService
@@ -70,16 +72,40 @@ def refusal(chat: ChatService, **fields: object) -> OpenAIError:
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 REFUSED = [
-    # Unknown to the schema: refused at decoding, by name.
-    ({"functions": [{"name": "f"}]}, "functions"),
-    ({"function_call": "auto"}, "function_call"),
-    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
-    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
-    ({"reasoning_effort": "low"}, "reasoning_effort"),
-    ({"web_search_options": {}}, "web_search_options"),
-    ({"metadata": {"k": "v"}}, "metadata"),
-    ({"stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
+    # Unknown to OpenAI's API: refused at decoding, by name.
     ({"messages": [{**USER, "cache_control": {}}]}, "messages[0].cache_control"),
+    ({"best_of": 2}, "best_of"),
+    (
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        "stream_options.continuous_usage_stats",
+    ),
+    # OpenAI's fields with values OpenAI refuses: wrong types, unknown values, past bounds.
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"metadata": {"k": 1}}, "metadata"),
+    ({"store": "yes"}, "store"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"verbosity": "loud"}, "verbosity"),
+    ({"service_tier": "gold"}, "service_tier"),
+    ({"prediction": {"type": "file", "content": "x"}}, "prediction"),
+    ({"prediction": {"type": "content"}}, "prediction"),
+    ({"safety_identifier": "s" * 129}, "safety_identifier"),
+    ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options"),
+    ({"stream": True, "stream_options": {"include_obfuscation": "no"}}, "stream_options"),
+    ({"modalities": ["text", "video"]}, "modalities"),
+    # OpenAI's fields asking for what no model here has: refused unless null / text only.
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+    # The legacy functions: checked as tools are, named as the client sent them.
+    ({"function_call": "auto"}, "function_call"),
+    ({"functions": [{"name": "bad name"}]}, "functions[0].name"),
+    ({"functions": [{"name": "f"}], "function_call": {"name": "g"}}, "function_call"),
+    ({"functions": [{"name": "f"}], "function_call": "required"}, "function_call"),
+    ({"functions": [{"name": "f"}], "tools": [TOOL]}, "functions"),
+    ({"functions": [{"name": "f", "parameters": {"type": "nope"}}]}, "functions[0].parameters"),
     # Served, with OpenAI's bounds: a bad value is a 400 naming the parameter.
     ({"n": 99}, "n"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
@@ -132,19 +158,22 @@ REFUSED = [
     ),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
-    ({"store": True}, "store"),
-    ({"service_tier": "flex"}, "service_tier"),
-    ({"modalities": ["text", "audio"]}, "modalities"),
     # Messages: roles, parts and fields that are not served, or malformed.
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
-    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].name"),
     ({"messages": [{**USER, "tool_calls": []}]}, "messages[0].tool_calls"),
+    (
+        {"messages": [{**USER, "function_call": {"name": "f", "arguments": "{}"}}]},
+        "messages[0].function_call",
+    ),
     (
         {"messages": [USER, {"role": "assistant", "tool_calls": [{"x": 1}]}]},
         "messages[1].tool_calls[0]",
     ),
-    ({"messages": [{"role": "assistant", "refusal": "no"}]}, "messages[0].refusal"),
+    ({"messages": [{**USER, "refusal": "no"}]}, "messages[0].refusal"),
+    ({"messages": [{"role": "assistant", "audio": {"id": "a1"}}]}, "messages[0].audio"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
@@ -213,6 +242,55 @@ def test_neutral_values_are_accepted(chat) -> None:
     prepared = prepare(chat, **NEUTRAL)
     params = prepared.params
     assert (params.temperature, params.top_p, prepared.stream) == (1.0, 1.0, False)
+
+
+def same_request(a: PreparedCompletion, b: PreparedCompletion) -> bool:
+    """The same request to the sites but for its id."""
+    return replace(a.params, request_id="") == replace(b.params, request_id="")
+
+
+# What newer OpenAI clients send that changes no answer here: accepted, and ignored.
+IGNORED = {
+    "metadata": {f"k{i}": "v" * 512 for i in range(16)},
+    "store": True,
+    "reasoning_effort": "low",
+    "verbosity": "high",
+    "prediction": {"type": "content", "content": [{"type": "text", "text": "Hello"}]},
+    "service_tier": "flex",
+    "safety_identifier": "user-1234",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+    "modalities": ["text"],
+    "audio": None,
+    "web_search_options": None,
+    "moderation": None,
+    "parallel_tool_calls": True,
+}
+
+
+@pytest.mark.parametrize("field", sorted(IGNORED))
+def test_fields_that_change_no_answer_are_accepted_and_ignored(chat, field) -> None:
+    plain = prepare(chat, max_tokens=5)
+    lenient = prepare(chat, max_tokens=5, **{field: IGNORED[field]})
+    assert same_request(lenient, plain)
+    assert lenient.tool_calls is None
+
+
+def test_stream_obfuscation_and_cache_breakpoints_are_accepted(chat) -> None:
+    plain = prepare(chat, stream=True, stream_options={"include_usage": True})
+    options = {"include_usage": True, "include_obfuscation": False}
+    part = {"type": "text", "text": "Hello world", "prompt_cache_breakpoint": {"mode": "explicit"}}
+    lenient = prepare(
+        chat, stream=True, stream_options=options, messages=[{"role": "user", "content": [part]}]
+    )
+    assert same_request(lenient, plain)
+    assert lenient.include_usage
+
+
+def test_an_assistant_refusal_renders_as_its_text(chat) -> None:
+    refused = [USER, {"role": "assistant", "content": None, "refusal": "I cannot."}, USER]
+    said = [USER, {"role": "assistant", "content": "I cannot."}, USER]
+    assert same_request(prepare(chat, messages=refused), prepare(chat, messages=said))
 
 
 def test_the_prompt_is_the_rendered_template_tokenized(chat, tokenizers) -> None:

@@ -183,3 +183,45 @@ def test_streamed_answers_hold_back_what_may_begin_a_call() -> None:
     assert contents == "Hi  bye "
     assert [json.loads(c.function.arguments) for c in calls] == [{"y": [1, 2]}]
     assert scanner.flush() == "<tool"
+
+
+LEGACY_WEATHER = WEATHER["function"]
+
+
+def test_legacy_functions_are_tools_answered_in_the_legacy_shape(chat) -> None:
+    named = prepare(chat, functions=[LEGACY_WEATHER], function_call={"name": "get_weather"})
+    as_tools = prepare(
+        chat,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    assert named.params.prompt_token_ids == as_tools.params.prompt_token_ids
+    assert named.params.constraint == as_tools.params.constraint
+    assert named.tool_calls is not None
+    assert (named.tool_calls.forced, named.tool_calls.legacy_functions) == (True, True)
+    auto = prepare(chat, functions=[LEGACY_WEATHER])
+    assert auto.params.constraint is None
+    assert auto.tool_calls is not None
+    assert (auto.tool_calls.forced, auto.tool_calls.legacy_functions) == (False, True)
+    assert prepare(chat, functions=[LEGACY_WEATHER], function_call="none").tool_calls is None
+
+
+def test_a_legacy_round_trip_renders_as_a_tool_round_trip(chat) -> None:
+    arguments = '{"city": "Paris"}'
+    legacy = [
+        USER,
+        {"role": "assistant", "content": None,
+         "function_call": {"name": "get_weather", "arguments": arguments}},
+        {"role": "function", "name": "get_weather", "content": "18 C, sunny"},
+    ]  # fmt: skip
+    current = [
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]  # fmt: skip
+    for model in ("m", "native"):
+        old = prepare(chat, model=model, functions=[LEGACY_WEATHER], messages=legacy)
+        new = prepare(chat, model=model, tools=[WEATHER], messages=current)
+        assert rendered(chat, old) == rendered(chat, new)

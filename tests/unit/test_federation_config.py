@@ -167,3 +167,34 @@ def test_tool_call_format_and_structured_output_dialect(tmp_path: Path) -> None:
         parse_federation(variant(models__0__tool_call_format={"begin": ""}), tmp_path)
     with pytest.raises(FederationConfigError, match="invalid federation file"):
         parse_federation(with_site({**OPENAI_SITE, "structured_outputs": "outlines"}), tmp_path)
+
+
+def test_a_model_is_generative_unless_its_task_is_embed(tmp_path: Path) -> None:
+    config = parse_federation(variant(models__0__task="embed"), tmp_path)
+    model = config.model("m")
+    assert model is not None
+    assert model.task == "embed"
+    assert (config.embedding_models, config.generative_models) == ((model,), ())
+    plain = parse_federation(json.dumps(GOOD).encode(), tmp_path)
+    assert [m.task for m in plain.generative_models] == ["generate"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("chat_template", "t.jinja"),
+        ("predictor", "pred"),
+        ("share_prefix_cache", True),
+        ("tool_call_format", {"begin": "<a>", "end": "</a>"}),
+        ("parse_special_tokens_in_messages", True),
+    ],
+)
+def test_an_embedding_model_takes_no_generation_field(field: str, value: object) -> None:
+    with pytest.raises(FederationConfigError, match=rf"embedding model .*\['{field}'\]"):
+        parse_federation(variant(models__0__task="embed", **{f"models__0__{field}": value}),
+                         Path("."))  # fmt: skip
+
+
+def test_an_unknown_task_is_refused() -> None:
+    with pytest.raises(FederationConfigError, match="task"):
+        parse_federation(variant(models__0__task="classify"), Path("."))

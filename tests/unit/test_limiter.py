@@ -3,11 +3,16 @@ settlements at given clock times, with what each admission must answer."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 
+from gateway.tenancy.key_limits import LocalKeyLimits
+from gateway.tenancy.keys import KeyRecord
 from gateway.tenancy.limiter import Charge, Limits, Refusal, SlidingWindowLimiter
+from tests.support.greedy_client import Clock, greedy, most_in_any_window
 
 
 class FakeClock:
@@ -206,3 +211,34 @@ def test_margins_go_with_settlement_and_need_a_most_and_a_tokens_limit() -> None
     free = limiter.admit(2, Limits(10, None), 1, 100, 10_000)
     assert isinstance(free, Charge)
     assert free.margin == 0
+
+
+# (requests per minute, tokens per minute, charged, most, taken, the bound in any 60 s): the
+# cases of tests/integration/test_shared_limits.py's minute-boundary test, in process.
+BOUNDARY = {
+    "tokens": (None, 700, 100, 100, 100, 700),
+    "requests": (7, None, 1, 1, 1, 7),
+    "under-predicted": (None, 700, 142, 420, 400, 840),
+}
+
+
+@pytest.mark.parametrize("case", list(BOUNDARY))
+def test_no_60_s_admits_more_than_the_limit_in_process(case: str) -> None:
+    """Issue 48, finding 2, for SQLite deployments (one gateway, this limiter): a client asking
+    again at each Retry-After from the last second of a minute on never gets more than its
+    limit (its tokens: the overshoot allowed) in any 60 s. The exact window held this before
+    the shared counters did; it stays the reference they are held to."""
+    rpm, tpm, charged, most, taken, bound = BOUNDARY[case]
+
+    async def run() -> list[tuple[float, int]]:
+        clock = Clock(1_740_000_059.0)
+        limits = LocalKeyLimits(SlidingWindowLimiter(clock))
+        key = KeyRecord(1, "k", "fk-k", rpm, tpm, datetime.now(UTC), None)
+        return await greedy(limits, key, clock, 180, charged, most, taken)
+
+    admitted = asyncio.run(run())
+    counted = [(at, 1 if rpm is not None else tokens) for at, tokens in admitted]
+    assert most_in_any_window(counted) <= bound
+    limit = rpm if rpm is not None else tpm
+    assert limit is not None
+    assert sum(n for _, n in counted) >= 2.5 * limit

@@ -35,12 +35,3 @@ def test_make_demo_passes_only_arguments_the_demo_accepts() -> None:
 def test_make_test_runs_pytest_without_gpu_tests(target: str) -> None:
     lines = make_dry_run(target)
     assert any(re.search(r"-m pytest -m \"not gpu\"", line) for line in lines), lines
-
-
-def test_the_readmes_local_examples_name_the_demos_model() -> None:
-    """The README's curl and openai-client examples call the model the demo serves."""
-    from devtools.demo import MODEL_NAME
-
-    readme = (REPO / "README.md").read_text()
-    assert f'"model": "{MODEL_NAME}"' in readme  # curl
-    assert f'model="{MODEL_NAME}"' in readme  # the openai client

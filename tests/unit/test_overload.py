@@ -4,8 +4,10 @@ queue as routing sees it."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from gateway.errors import GatewayError
 from gateway.federation import ModelConfig, SiteConfig
 from gateway.prediction.by_model import ModelPredictors
 from gateway.prediction.service import PredictorService
-from gateway.request_path.admit import InFlightBound
+from gateway.request_path.admit import Admitter, InFlightBound
 from gateway.request_path.prepare import Delivery, Sampling
 from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
@@ -40,6 +42,52 @@ def test_the_cap_refuses_with_429_and_retry_after_then_frees_slots() -> None:
     bound.leave()
     bound.enter()
     assert (bound.in_flight, bound.refused) == (2, 1)
+
+
+def test_a_prompt_list_takes_a_slot_per_prompt_all_or_none() -> None:
+    bound = InFlightBound(limit=4)
+    bound.enter(2)
+    with pytest.raises((OpenAIError, GatewayError)):
+        bound.enter(3)  # two free: the list of three takes none of them
+    assert bound.in_flight == 2
+    bound.enter(2)
+    bound.leave(4)
+    assert bound.in_flight == 0
+
+
+class KeyHold:
+    """A key's admission as dispatch sees it (gateway/tenancy/admission.py's KeyAdmission)."""
+
+    api_key_id = 7
+
+    def __init__(self) -> None:
+        self.settled: list[int] = []
+        self.stop: Callable[[], None] | None = None
+
+    async def charge(self, tokens: int, most_tokens: int) -> None:
+        pass
+
+    def settle(self, tokens: int) -> None:
+        self.settled.append(tokens)
+
+    def watch_revocation(self, stop: Callable[[], None]) -> None:
+        self.stop = stop
+
+
+def test_a_prompt_lists_admission_is_settled_once_with_every_prompts_tokens() -> None:
+    whole = KeyHold()
+    parts = Admitter.parts(whole, 3)
+    assert Admitter.parts(whole, 1) == [whole]
+    stopped: list[int] = []
+    for number, part in enumerate(parts):
+        assert part is not None
+        assert part.api_key_id == 7
+        part.watch_revocation(functools.partial(stopped.append, number))
+        part.settle(10 + number)
+        assert whole.settled == ([] if number < 2 else [33])
+    assert whole.stop is not None
+    whole.stop()  # the key is revoked: every prompt is stopped
+    assert stopped == [0, 1, 2]
 
 
 def test_a_slot_tied_to_an_object_comes_back_when_the_object_goes() -> None:

@@ -1,5 +1,6 @@
-"""The docs name only variables the settings read, and the README's gateway table is the one
-the fields render (regenerate it with `python -m devtools.settings_table`)."""
+"""The docs name only variables the settings read, and the gateway table of
+docs/configuration.md is the one the fields render (regenerate it with
+`python -m devtools.settings_table`)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from devtools.settings_table import BEGIN, END, README, render, with_table
+from devtools.settings_table import BEGIN, END, PAGE, render, with_table
 from fedllm_contract.env_settings import variables
 from gateway.settings import GatewaySettings
 from site_engine.settings import SiteSettings
 
+REPO = PAGE.parents[1]
 
-def test_the_readme_gateway_table_is_generated_from_the_settings() -> None:
-    text = README.read_text()
+
+def test_the_gateway_table_is_generated_from_the_settings() -> None:
+    text = PAGE.read_text()
     assert with_table(text, render(GatewaySettings)) == text, (
-        "the README's gateway settings table is stale: run python -m devtools.settings_table"
+        "docs/configuration.md's gateway settings table is stale: "
+        "run python -m devtools.settings_table"
     )
 
 
@@ -29,7 +33,7 @@ def test_every_gateway_variable_says_what_it_does() -> None:
 
 
 @pytest.mark.parametrize(
-    "document", [README, *sorted((README.parent / "docs").glob("*.md"))], ids=lambda p: p.name
+    "document", [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))], ids=lambda p: p.name
 )
 def test_every_variable_the_docs_name_is_read(document: Path) -> None:
     known = {v.name for v in variables(GatewaySettings)} | {v.name for v in variables(SiteSettings)}
@@ -37,7 +41,7 @@ def test_every_variable_the_docs_name_is_read(document: Path) -> None:
     assert named <= known, sorted(named - known)
 
 
-def test_a_readme_without_the_markers_is_refused() -> None:
+def test_a_page_without_the_markers_is_refused() -> None:
     with pytest.raises(ValueError, match="lacks the markers"):
         with_table("# no table here\n", "| a |")
     assert with_table(f"x\n{BEGIN}\nold\n{END}\ny", "new") == f"x\n{BEGIN}\n\nnew\n\n{END}\ny"

@@ -18,6 +18,8 @@ from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings
 from gateway.sites.interface import (
     Capability,
+    EmbedParams,
+    EmbedResult,
     GenerateParams,
     LoadView,
     SiteChunk,
@@ -93,6 +95,9 @@ class ScriptedSite:
             yield SiteChunk(True, (token,), text, "length" if last else None, 0, number)
         if self._dies:
             raise SiteFailed(self.name, "the site died")
+
+    async def embed(self, params: EmbedParams, timeout_s: float) -> EmbedResult:
+        raise NotImplementedError
 
     async def cancel(self, request_id: str) -> bool:
         return False

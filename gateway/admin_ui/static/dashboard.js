@@ -2,7 +2,9 @@
 // so every number on the page equals the API's. Live values arrive as server-sent events
 // (one overview snapshot a second); history is fetched per window and extended with live points.
 
+import { chartWidth, makeChart } from "/admin/static/charts.js";
 import { loadPredictors } from "/admin/static/predictors.js";
+import { loadScaling } from "/admin/static/scaling.js";
 
 const CLOUD_COLORS = { aws: "#e8890c", gcp: "#3b78e7", azure: "#0a8f8f" };
 const PALETTE = ["#8e44ad", "#c0392b", "#27ae60", "#7f8c8d", "#d35400", "#2c3e50"];
@@ -65,32 +67,6 @@ function bucketTimes(h) {
   const t = new Array(h.points);
   for (let i = 0; i < h.points; i++) t[i] = h.start + i * h.step_s;
   return t;
-}
-
-function chartWidth(node) { return Math.max(node.clientWidth, 240); }
-
-// Line segments a chart can draw: neighbouring points both present (uPlot leaves a gap at a
-// null, so a chart of lone points draws nothing). Kept on the chart's node for the tests.
-function countSegments(node, data) {
-  let segments = 0;
-  for (const ys of data.slice(1)) {
-    for (let i = 1; i < ys.length; i++) if (ys[i] != null && ys[i - 1] != null) segments++;
-  }
-  node.dataset.segments = String(segments);
-}
-
-function makeChart(node, series, data, { height = 180, yFormat = compact } = {}) {
-  if (typeof uPlot === "undefined") return null; // the page shows the missing-asset banner
-  node.replaceChildren();
-  countSegments(node, data);
-  return new uPlot({
-    width: chartWidth(node),
-    height,
-    cursor: { drag: { x: true, y: false } },
-    scales: { x: { time: true } },
-    axes: [{ stroke: "#667" }, { stroke: "#667", size: 56, values: (u, vals) => vals.map(yFormat) }],
-    series: [{}, ...series],
-  }, data, node);
 }
 
 // ---- overview (live) ----
@@ -167,13 +143,13 @@ function appendLive(ov) {
   const last = state.live.length ? state.live[state.live.length - 1][0] : -Infinity;
   if (ov.at <= last) return;
   state.live.push([ov.at, Object.fromEntries(ov.clouds.map((c) => [c.cloud, c.token_load]))]);
-  const data = headlineData();
-  state.chart.setData(data);
-  countSegments(document.getElementById("cloud-chart"), data);
+  state.chart.setData(headlineData());
 }
 
 function onOverview(ov) {
+  const first = state.overview == null;
   state.overview = ov;
+  if (first && state.chart) describeSpan(state.chart); // the history came first
   renderPolicy(ov);
   renderClouds(ov);
   renderSites(ov);
@@ -221,13 +197,22 @@ async function loadHistory() {
   const node = document.getElementById("cloud-chart");
   node.dataset.points = String(h.points);
   if (state.chart) state.chart.destroy();
+  // Lines, one colour and dash pattern per cloud: fills over one another hid the lower ones.
   state.chart = makeChart(node, h.series.map((s, i) => ({
     label: s.key,
     stroke: cloudColor(s.key, i),
-    fill: `${cloudColor(s.key, i)}1f`,
-    width: 2,
     value: (u, v) => fmtInt(v),
-  })), headlineData(), { height: 280 });
+  })), headlineData(), { height: 280, yFormat: compact, step: h.step_s, onSpan: describeSpan });
+}
+
+// Says when the chart starts after the window does: the history kept is younger than it.
+function describeSpan(u) {
+  const span = document.getElementById("cloud-span");
+  const since = state.overview?.history_since;
+  const fitted = state.history && u.scales.x.min > state.history.start + state.history.step_s;
+  const young = fitted && since != null;
+  span.hidden = !young;
+  span.textContent = young ? `history since ${fmtTime(since)}, all there is` : "";
 }
 
 function windowLabel() {
@@ -308,18 +293,21 @@ async function openDetail(name) {
   const xs = bucketTimes(d.history);
   const line = (label, stroke, fmt = fmtInt) => ({ label, stroke, width: 1.5, value: (u, v) => fmt(v) });
   const drift = d.drift.series[0];
+  const opts = (step) => ({ yFormat: compact, step });
   state.detailCharts = [
     makeChart(document.getElementById("detail-tokens"),
       [line("queued", "#e67e22"), line("running", "#2980b9"), line("predicted", "#8e44ad")],
-      [xs, series.queued_tokens, series.running_tokens, series.predicted_remaining_tokens]),
+      [xs, series.queued_tokens, series.running_tokens, series.predicted_remaining_tokens],
+      opts(d.history.step_s)),
     makeChart(document.getElementById("detail-rate"), [line("req/min", "#27ae60", fmt2)],
-      [xs, series.requests_per_min]),
+      [xs, series.requests_per_min], opts(d.history.step_s)),
     makeChart(document.getElementById("detail-latency"),
       [line("TTFT", "#16a085", fmt1), line("E2E", "#c0392b", fmt1)],
-      [xs, series.ttft_ms, series.e2e_ms]),
+      [xs, series.ttft_ms, series.e2e_ms], opts(d.history.step_s)),
     makeChart(document.getElementById("detail-drift"),
       [line("predicted", "#8e44ad", fmt1), line("actual", "#2c3e50", fmt1)],
-      [bucketTimes(d.drift), drift ? drift.mean_predicted : [], drift ? drift.mean_actual : []]),
+      [bucketTimes(d.drift), drift ? drift.mean_predicted : [], drift ? drift.mean_actual : []],
+      opts(d.drift.step_s)),
   ];
   document.querySelector("#detail-offloads tbody").replaceChildren(...offloadRows(d.offloads.events));
   panel.dataset.loaded = "true";
@@ -338,7 +326,7 @@ function closeDetail() {
 // ---- start ----
 
 async function loadWindow() {
-  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api)]);
+  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api), loadScaling(api)]);
   if (state.detail) await openDetail(state.detail);
 }
 
@@ -378,6 +366,7 @@ async function main() {
   setInterval(() => loadHistory().catch((e) => showError(String(e))), 60_000);
   setInterval(() => loadDrift().catch((e) => showError(String(e))), 10_000);
   setInterval(() => loadPredictors(api).catch((e) => showError(String(e))), 10_000);
+  setInterval(() => loadScaling(api).catch((e) => showError(String(e))), 5_000);
 }
 
 main().catch((e) => showError(`dashboard failed to load: ${e}`));

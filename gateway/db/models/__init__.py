@@ -37,6 +37,8 @@ from gateway.db.models.requests import (
     RequestStatus,
     Site,
 )
+from gateway.db.models.responses import StoredResponse
+from gateway.db.models.scaling import ScalingEvent
 from gateway.db.models.tenancy import (
     AdminLoginFailure,
     AdminSession,
@@ -72,8 +74,10 @@ __all__ = [
     "RequestStatus",
     "RetrainJob",
     "RetrainJobState",
+    "ScalingEvent",
     "Site",
     "StoredFile",
+    "StoredResponse",
     "UTCDateTime",
     "utcnow",
 ]

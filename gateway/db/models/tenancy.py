@@ -6,6 +6,7 @@ import enum
 from datetime import datetime
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Enum,
     ForeignKey,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db.models.base import Base, UTCDateTime, utcnow
@@ -90,10 +92,15 @@ class AdminSession(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
+# A key's counts per second on PostgreSQL (an array); SQLite, whose gateway counts in memory,
+# only has the column.
+SecondCounts = JSON().with_variant(ARRAY(BigInteger), "postgresql")
+
+
 class KeyLimitWindow(Base):
-    """A key's per-minute usage and requests in flight, shared by every gateway of a PostgreSQL
-    database (gateway/tenancy/shared_limits.py): the minute counted now and the one before it,
-    whose share of a sliding minute shrinks as this one goes on. SQLite (one gateway) keeps
+    """A key's usage over the last minute and requests in flight, shared by every gateway of a
+    PostgreSQL database (gateway/tenancy/shared_limits.py): the requests and tokens charged in
+    each of the last 61 seconds (gateway/tenancy/second_windows.py). SQLite (one gateway) keeps
     these in memory instead."""
 
     __tablename__ = "key_limit_windows"
@@ -101,17 +108,24 @@ class KeyLimitWindow(Base):
     api_key_id: Mapped[int] = mapped_column(
         ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True
     )
-    # The minute counted in `requests` and `tokens` (Unix seconds // 60).
-    minute: Mapped[int] = mapped_column(BigInteger)
-    requests: Mapped[int] = mapped_column(BigInteger)
-    tokens: Mapped[int] = mapped_column(BigInteger)
-    previous_requests: Mapped[int] = mapped_column(BigInteger)
-    previous_tokens: Mapped[int] = mapped_column(BigInteger)
+    # The Unix second counted in the last element of `second_requests` and `second_tokens`
+    # (oldest first).
+    bucket: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    second_requests: Mapped[list[int]] = mapped_column(SecondCounts)
+    second_tokens: Mapped[list[int]] = mapped_column(SecondCounts)
     # Requests of the key in flight on every gateway together (the sum of its holds).
     in_flight: Mapped[int] = mapped_column(Integer)
     # What the key's unsettled requests may still take beyond their charges (prompt +
     # max_tokens less prompt + prediction), on every gateway together (the sum of its holds).
     margin: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    # The clock-minute counters of gateways before revision 0016, which a rolling upgrade may
+    # still run beside newer ones (they count their charges there, the newer ones in seconds;
+    # both share in_flight and margin). A later revision drops them.
+    minute: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    requests: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    previous_requests: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    previous_tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class KeyInFlightHold(Base):

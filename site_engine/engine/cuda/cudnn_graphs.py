@@ -9,11 +9,11 @@ positions of its context):
   in order, located by ragged offsets too) or paged (the cache itself through block tables);
 - exact: one chunk with dims equal to its query and context lengths, no mask tensors. ~10%
   faster than ragged (9.0 against 9.9 ms a layer at 32k on an H100,
-  bench/results/engine_cudnn_shapes_h100.json) but a graph per shape, ~40 ms to build: used
-  for the shapes that repeat (cudnn_prefill.is_whole_chunk).
+  bench/results/engine_prefill/engine_cudnn_shapes_h100.json) but a graph per shape, ~40 ms to
+  build: used for the shapes that repeat (cudnn_prefill.is_whole_chunk).
 
 A graph is built with the heuristics' first plan: timing every plan on real inputs never found
-a faster one (bench/results/engine_prefill_long_h100_notes.md).
+a faster one (bench/results/engine_prefill/engine_prefill_long_h100_notes.md).
 """
 
 from __future__ import annotations

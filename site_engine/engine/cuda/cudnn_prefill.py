@@ -3,17 +3,16 @@
 Why a second kernel: at head_dim 64 the varlen Triton kernel (paged_prefill.py) runs a long
 prompt's attention at ~60% of the speed of cuDNN's Hopper SDPA kernel, the one torch's SDPA (and
 so a transformers forward) picks on an H100: 11.4 against 8.7 ms a layer for a 32k-token prompt
-(bench/results/engine_prefill_long_h100_notes.md). Triton cannot issue the asynchronous
-warpgroup MMAs that let cuDNN overlap the exponentials with the tensor cores. torch exposes
-cuDNN's kernel only with the causal diagonal anchored top-left, which is wrong for a chunk that
-continues cached positions; cudnn-frontend's graph API (the `nvidia-cudnn-frontend` package, on
-the cuDNN library torch already loads) exposes what a chunked prefill needs: the diagonal
-anchored bottom-right, ragged query and output rows (the step's flat layout), the actual query
-and KV lengths as device tensors, and K/V either read through page tables or gathered. Gathered
-is the default: each layer copies the chunks' contexts out of the cache in order (66 MB of K
-and V at 32k positions with 8 KV heads of 64; at most ~0.5 GB for two 128k contexts, inside
-the memory plan's reserve), and cuDNN's paged mode is slower with the engine's 16-token blocks
-(12.6 against 9.9 ms a layer at 32k).
+(bench/results/engine_prefill/engine_prefill_long_h100_notes.md). Triton cannot issue the
+asynchronous warpgroup MMAs that let cuDNN overlap the exponentials with the tensor cores. torch
+exposes cuDNN's kernel only with the causal diagonal anchored top-left, which is wrong for a chunk
+that continues cached positions; cudnn-frontend's graph API (the `nvidia-cudnn-frontend` package, on
+the cuDNN library torch already loads) exposes what a chunked prefill needs: the diagonal anchored
+bottom-right, ragged query and output rows (the step's flat layout), the actual query and KV lengths
+as device tensors, and K/V either read through page tables or gathered. Gathered is the default:
+each layer copies the chunks' contexts out of the cache in order (66 MB of K and V at 32k positions
+with 8 KV heads of 64; at most ~0.5 GB for two 128k contexts, inside the memory plan's reserve), and
+cuDNN's paged mode is slower with the engine's 16-token blocks (12.6 against 9.9 ms a layer at 32k).
 
 cuDNN builds a graph for fixed dimensions (~40 ms a graph; cudnn_graphs.py declares them). The
 lengths, offsets and tables are tensors, so one ragged graph serves every step with the same
@@ -52,7 +51,7 @@ log = logging.getLogger(__name__)
 # with such a chunk runs eagerly, which costs its host 2-3 ms more than a graph replay; below
 # these sizes cuDNN's faster attention does not pay for that (engine prefill of 2k-32k-token
 # prompts on an H100 with each rule, random-weight model and prompts, never the held-out data:
-# bench/results/engine_prefill_long_h100_notes.md).
+# bench/results/engine_prefill/engine_prefill_long_h100_notes.md).
 DEFAULT_MIN_TOKENS = 4096
 DEFAULT_MIN_CONTEXT = 8192
 _MIN_QUERY_BUCKET = 256

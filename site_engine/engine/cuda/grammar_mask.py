@@ -3,9 +3,9 @@
 Applying packed masks with torch ops took ~0.44 ms of host time a step at 256 rows (128
 constrained) on the H100 machine: seven launches (unpack by shifts, compare, gather the rows,
 fill, scatter them back), each a few tens of microseconds of Python and dispatch while small
-decode steps are bound by the host (bench/results/gpu_runs_2026-11-25.md). This kernel reads
-each constrained row's packed words and writes -inf into that row of the logits where a token's
-bit is 0: one launch, no intermediate tensors.
+decode steps are bound by the host (bench/results/gpu_sessions/gpu_runs_2026-11-25.md). This kernel
+reads each constrained row's packed words and writes -inf into that row of the logits where a
+token's bit is 0: one launch, no intermediate tensors.
 """
 
 from __future__ import annotations

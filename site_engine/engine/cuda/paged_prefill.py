@@ -170,7 +170,7 @@ def _paged_prefill_kernel(
 ):  # fmt: skip
     # The last (longest) tiles first. The KV head is the slow axis: with the heads fastest
     # (a step's programs spread over all heads' K/V at once) the kernel was 6-14% slower
-    # (bench/results/engine_prefill_in_engine_h100_32000.md).
+    # (bench/results/engine_prefill/archive/engine_prefill_in_engine_h100_32000.md).
     tile_index = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     if _past_the_chunks(query_start_ptr, tile_index, num_seqs, BLOCK_Q):

@@ -4,14 +4,19 @@ length side by side, and the prediction error of all the answers in the sites ta
 
 from __future__ import annotations
 
+import json
+import shlex
+
 import pytest
 
 from devtools.demo_report import (
     DemoAnswer,
     prediction_error,
     print_answers,
+    print_keep_running,
     print_predictions,
     print_site_table,
+    try_it_command,
 )
 from gateway.stores.stats import PredictionPair, SiteTotals
 
@@ -50,3 +55,27 @@ def test_the_total_row_carries_the_error_over_every_answer(
     total = capsys.readouterr().out.splitlines()[-1].split(" | ")
     assert total[0].strip() == "total"
     assert total[-1].strip() == "32.0"  # (8 + 56) / 2
+
+
+def test_keep_running_prints_a_curl_command_with_the_real_port(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`make demo DEMO_ARGS=--keep-running` ends with a command that works when pasted: its
+    gateway's own port, a body the chat API takes, quoted as a shell reads it."""
+    print_keep_running("http://127.0.0.1:41234", "SmolLM2-135M-Instruct", "/tmp/demo", "tok")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("curl "))
+    command = "\n".join(lines[start : start + 3])
+    assert command == try_it_command("http://127.0.0.1:41234", "SmolLM2-135M-Instruct")
+    argv = shlex.split(command)  # the backslash-newline joins the lines, as in a shell
+    assert argv[:3] == ["curl", "-s", "http://127.0.0.1:41234/v1/chat/completions"]
+    body = json.loads(argv[argv.index("-d") + 1])
+    assert body == {
+        "model": "SmolLM2-135M-Instruct",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Name three clouds."}],
+    }
+    assert argv[argv.index("-H") + 1] == "Content-Type: application/json"
+    assert "dashboard: http://127.0.0.1:41234/admin" in out
+    assert "admin token: tok" in out

@@ -1,5 +1,6 @@
 """The long-prefill benchmark's arithmetic, the long-context serving mix, and one small CPU run
-of bench.engine.prefill_long (the GPU run writes bench/results/engine_prefill_long_h100.*)."""
+of bench.engine.prefill_long (the GPU run writes
+bench/results/engine_prefill/engine_prefill_long_h100.*)."""
 
 from __future__ import annotations
 

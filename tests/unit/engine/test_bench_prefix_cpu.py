@@ -1,7 +1,7 @@
 """`python -m bench.engine.prefix --preset cpu` runs, and its prompt tokens computed are the
-committed ones (bench/results/engine_prefix_cpu.json): on the step clock they depend on what the
-engine scheduled and cached, never on this machine's speed, so any change in them is a change in
-the engine's caching."""
+committed ones (bench/results/engine_prefix/engine_prefix_cpu.json): on the step clock they depend
+on what the engine scheduled and cached, never on this machine's speed, so any change in them is a
+change in the engine's caching."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from bench.common import results_dir
 from bench.engine.prefix import main
 
 pytestmark = pytest.mark.slow
-COMMITTED = Path(__file__).resolve().parents[3] / "bench" / "results" / "engine_prefix_cpu.json"
+COMMITTED = results_dir("engine_prefix") / "engine_prefix_cpu.json"
 
 
 def figures(payload: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, int]]]]:

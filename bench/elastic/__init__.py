@@ -1,0 +1,1 @@
+"""Capacity that follows load, measured: `python -m bench.elastic` (docs/elastic.md)."""

@@ -1,0 +1,3 @@
+from bench.elastic.run import main
+
+raise SystemExit(main())

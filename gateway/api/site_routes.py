@@ -1,0 +1,149 @@
+"""Sites joining and leaving at run time, and the scaling controller's view (operators only).
+
+- POST /admin/api/sites                   a site joins (body: a site entry as the federation
+                                          file writes it); 201 with its membership
+- DELETE /admin/api/sites/{name}          the site leaves by draining; 202 (its queued work
+                                          moves, its running work finishes, then it goes)
+- GET /admin/api/scaling?window_s&limit   each scaled model's capacity now and recent events
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, Parameter
+
+from gateway.admin.membership import MemberView, SiteMembership
+from gateway.api.admin_auth import require_admin
+from gateway.api.admin_routes import json_response
+from gateway.api.openai_errors import OpenAIError, invalid_request
+from gateway.db.models import utcnow
+from gateway.scaling.controller import ScalingController
+
+AnyRequest = Request[Any, Any, Any]
+
+
+class ScalingEventView(msgspec.Struct, frozen=True):
+    at: float
+    model: str
+    action: str
+    actor: str
+    site: str | None
+    serving_sites: int
+    desired_sites: int
+    backlog_s: float | None
+    forecast_backlog_s: float | None
+    reason: str
+
+
+class ModelCapacityView(msgspec.Struct, frozen=True):
+    model: str
+    actuator: str
+    min_sites: int
+    max_sites: int
+    target_backlog_s: float
+    serving_sites: int
+    pending_sites: int
+    desired_sites: int
+    backlog_s: float | None
+    forecast_backlog_s: float | None
+    reason: str
+
+
+class ScalingView(msgspec.Struct, frozen=True):
+    enabled: bool
+    models: list[ModelCapacityView]
+    leaving: list[str]
+    events: list[ScalingEventView]
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 3) if value is not None and math.isfinite(value) else None
+
+
+class AdminSitesController(Controller):
+    path = "/api"
+    tags = ("admin",)
+    guards = [require_admin]  # noqa: RUF012 (litestar's)
+
+    @post("/sites", status_code=201, summary="A site joins at run time (docs/elastic.md)")
+    async def join_site(
+        self, request: AnyRequest, membership: NamedDependency[SiteMembership]
+    ) -> MemberView:
+        config = membership.parse(await request.body())
+        if config.openai is not None and config.openai.api_key_file is not None:
+            # A file path from the admin API would let an admin credential read the gateway
+            # host's files (sent as the engine's key): such sites go in the federation file.
+            raise invalid_request(
+                "a site joining through the admin API cannot name an api_key_file; list it in "
+                "the federation file", param="api_key_file",
+            )  # fmt: skip
+        site = await membership.join(config, "operator")
+        return membership.view(site)
+
+    @delete("/sites/{name:str}", status_code=202, summary="A site leaves by draining")
+    async def leave_site(
+        self, membership: NamedDependency[SiteMembership], name: FromPath[str]
+    ) -> Response[MemberView]:
+        if membership.leave(name, "operator", "an operator removed it") is None:
+            raise OpenAIError(404, f"no site named {name!r}", param="site", code="site_not_found")
+        site = membership.site(name)
+        view = membership.view(site) if site is not None else None
+        gone = MemberView(name, "", "operator", False, True, False, 0)
+        return Response(view or gone, status_code=202)
+
+    @get("/scaling", summary="Each scaled model's capacity now, and recent scaling events")
+    async def scaling(
+        self,
+        request: AnyRequest,
+        membership: NamedDependency[SiteMembership],
+        scaling: NamedDependency[ScalingController | None],
+        window_s: Annotated[int, Parameter(ge=60, le=30 * 86400)] = 3600,
+        limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
+    ) -> Response[bytes]:
+        since = utcnow() - timedelta(seconds=window_s)
+        rows = await membership.events(since, limit)
+        views = scaling.views() if scaling is not None else []
+        return json_response(
+            request,
+            ScalingView(
+                enabled=scaling is not None,
+                models=[
+                    ModelCapacityView(
+                        model=v.model,
+                        actuator=v.actuator,
+                        min_sites=v.min_sites,
+                        max_sites=v.max_sites,
+                        target_backlog_s=v.target_backlog_s,
+                        serving_sites=v.serving_sites,
+                        pending_sites=v.pending_sites,
+                        desired_sites=v.desired_sites,
+                        backlog_s=_round(v.backlog_s),
+                        forecast_backlog_s=_round(v.forecast_backlog_s),
+                        reason=v.reason,
+                    )
+                    for v in views
+                ],
+                leaving=membership.leaving(),
+                events=[
+                    ScalingEventView(
+                        at=round(row.at.timestamp(), 3),
+                        model=row.model,
+                        action=row.action,
+                        actor=row.actor,
+                        site=row.site,
+                        serving_sites=row.serving_sites,
+                        desired_sites=row.desired_sites,
+                        backlog_s=_round(row.backlog_s),
+                        forecast_backlog_s=_round(row.forecast_backlog_s),
+                        reason=row.reason,
+                    )
+                    for row in rows
+                ],
+            ),
+        )

@@ -1,0 +1,136 @@
+"""The Kubernetes actuator: Kubernetes scales the sites, this gateway gives the signal and
+follows the pods.
+
+The sites are a StatefulSet behind a headless Service (deploy/k8s/): pod i answers at
+`<statefulset>-<i>.<service>.<namespace>.svc` while it is ready. KEDA (or the HPA on an
+external metric) sets the StatefulSet's replicas to fedllm_gateway_scaling_desired_sites, which
+this gateway's controller computes. Here:
+
+- every `resolve_every_s`, each ordinal below the model's max_sites is resolved; a name that
+  resolves and is not registered joins (gateway/admin/membership.py), a registered one that no
+  longer resolves (its pod is terminating, or gone) leaves by draining;
+- a scale-out asks for sites: they are pending until as many new pods joined, or
+  `start_timeout_s` (a failed start, reported once);
+- a StatefulSet removes its highest ordinal first, so that is the only site the controller may
+  take away: it drains it before Kubernetes stops the pod (the pod's preStop hook gives it
+  time), and it does not join again while its name still resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from gateway.admin.membership import SiteMembership
+from gateway.errors import GatewayError
+from gateway.federation import SiteConfig
+from gateway.scaling.actuator import AskedStarts, OnFailure
+from gateway.scaling.config import ActuatorConfig
+from gateway.sites.registry import SiteRegistry, SiteState
+
+log = logging.getLogger(__name__)
+
+
+async def resolves(host: str, port: int) -> bool:
+    try:
+        await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return True
+
+
+class KubernetesPods:
+    kind = "kubernetes"
+
+    def __init__(
+        self,
+        model: str,
+        config: ActuatorConfig,
+        max_sites: int,
+        registry: SiteRegistry,
+        membership: SiteMembership,
+        on_failure: OnFailure,
+    ) -> None:
+        self._model = model
+        self._config = config
+        self._max_sites = max_sites
+        self._registry = registry
+        self._membership = membership
+        self._on_failure = on_failure
+        self._asked = AskedStarts(config.start_timeout_s)
+        # Drained out by the controller: not joined again until their name stops resolving.
+        self._retired: set[str] = set()
+        self.resolve = resolves
+
+    def name(self, ordinal: int) -> str:
+        return f"{self._config.name_prefix}-{ordinal}"
+
+    def _ordinal(self, name: str) -> int | None:
+        prefix = f"{self._config.name_prefix}-"
+        tail = name.removeprefix(prefix)
+        return int(tail) if name.startswith(prefix) and tail.isdigit() else None
+
+    def pending(self) -> int:
+        return len(self._asked)
+
+    def removable(self, site: SiteState) -> bool:
+        ours = [
+            o
+            for s in self._registry.all()
+            if s.origin == self.kind and (o := self._ordinal(s.name)) is not None
+        ]
+        ordinal = self._ordinal(site.name)
+        return site.origin == self.kind and ordinal is not None and ordinal == max(ours)
+
+    async def start(self, count: int) -> int:
+        self._asked.ask(count)
+        return count
+
+    async def retire(self, name: str) -> None:
+        self._retired.add(name)
+
+    async def tick(self, sites: list[SiteState]) -> None:
+        if expired := self._asked.expired():
+            await self._on_failure(self._model, f"{expired} pod(s) asked for never served")
+
+    async def run(self) -> None:
+        while True:
+            await self.follow_once()
+            await asyncio.sleep(self._config.resolve_every_s)
+
+    async def follow_once(self) -> None:
+        """One pass over the ordinals: joins the pods that resolve, drains out the ones that
+        stopped resolving."""
+        for ordinal in range(self._max_sites):
+            name = self.name(ordinal)
+            host = self._config.host_pattern.format(i=ordinal) if self._config.host_pattern else ""
+            present = await self.resolve(host, self._config.port)
+            site = self._registry.get(name)
+            if not present:
+                self._retired.discard(name)
+                if site is not None and site.origin == self.kind:
+                    self._membership.leave(name, self.kind, "its pod no longer resolves")
+            elif site is None and name not in self._retired:
+                await self._join(name, host)
+
+    async def _join(self, name: str, host: str) -> None:
+        config = SiteConfig(
+            name=name,
+            cloud=self._config.cloud,
+            region=self._config.region,
+            endpoint=f"{host}:{self._config.port}",
+            model=self._model,
+            capacity_weight=self._config.capacity_weight,
+            tls_server_name=self._config.tls_server_name,
+            prefill_tokens_per_s=self._config.prefill_tokens_per_s,
+        )
+        try:
+            await self._membership.join(config, self.kind, f"pod {host}")
+        except GatewayError as exc:
+            log.warning("pod %s could not join: %s", host, exc)
+            return
+        self._asked.arrived()
+
+    async def close(self) -> None:
+        return

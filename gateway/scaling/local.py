@@ -1,0 +1,199 @@
+"""The local actuator: site-engine processes on this machine, one per slot (a GPU, or CPU
+threads), started and stopped by the gateway itself. The embedded default, the tests and a
+one-host multi-GPU run.
+
+A start runs the scaling file's command (`python -m site_engine --model ...`) with the slot's
+environment (CUDA_VISIBLE_DEVICES) and arguments, plus `--port 0 --site-name NAME`; the site
+prints `READY port=N` once it serves (model loaded, CUDA graphs captured), and joins the
+registry then (gateway/admin/membership.py) at host:N. Its output goes to
+`<log_dir>/<name>.log`. A site that exits or does not serve within `start_timeout_s` is a failed
+start: its slot is free again. Retiring a site (after the controller drained it out of the
+registry) sends SIGTERM, then SIGKILL after `stop_timeout_s`; the gateway stopping retires all.
+
+The sites run as the gateway's children: a gateway killed outright (SIGKILL) leaves them
+running, as any supervisor's children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.admin.membership import SiteMembership
+from gateway.errors import GatewayError
+from gateway.federation import SiteConfig
+from gateway.scaling.actuator import OnFailure
+from gateway.scaling.config import ActuatorConfig, LocalSlot
+from gateway.sites.registry import SiteState
+
+log = logging.getLogger(__name__)
+_READY = re.compile(r"^READY port=(\d+)(?=\D)", re.MULTILINE)
+_POLL_S = 0.1
+
+
+@dataclass
+class _Child:
+    name: str
+    slot: int
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float
+    joined: bool = False
+    exited: bool = False  # it joined, then its process exited: leaving
+    waiter: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class LocalProcesses:
+    kind = "local"
+
+    def __init__(
+        self,
+        model: str,
+        config: ActuatorConfig,
+        membership: SiteMembership,
+        on_failure: OnFailure,
+    ) -> None:
+        self._model = model
+        self._config = config
+        self._membership = membership
+        self._on_failure = on_failure
+        self._children: dict[int, _Child] = {}  # slot -> the site running there
+        # Its joined sites that failed their last health check (the registry's, at the last
+        # tick) while their process runs: a blip (a check timed out on a busy machine) or a
+        # restart on the way; counted as coming back, so that no other start is asked for.
+        self._unhealthy: set[str] = set()
+
+    def pending(self) -> int:
+        starting = sum(not (c.joined or c.exited) for c in self._children.values())
+        blipping = sum(c.joined and c.name in self._unhealthy for c in self._children.values())
+        return starting + blipping
+
+    def removable(self, site: SiteState) -> bool:
+        return any(c.name == site.name and c.joined for c in self._children.values())
+
+    def site_name(self, slot: int) -> str:
+        return f"{self._config.name_prefix}-{slot}"
+
+    async def start(self, count: int) -> int:
+        free = [i for i in range(len(self._config.slots)) if i not in self._children]
+        for slot in free[:count]:
+            child = self._spawn(slot, self._config.slots[slot])
+            self._children[slot] = child
+            child.waiter = asyncio.create_task(self._join_when_ready(child), name=child.name)
+        return min(count, len(free))
+
+    def _spawn(self, slot: int, place: LocalSlot) -> _Child:
+        name = self.site_name(slot)
+        command = [*self._config.command]
+        if "--model-name" not in command:
+            command += ["--model-name", self._model]
+        command += ["--host", self._config.host, "--port", "0", "--site-name", name, *place.args]
+        self._config.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._config.log_dir / f"{name}.log"
+        with log_path.open("wb") as out:
+            popen = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **dict(place.env)},
+            )
+        log.info("starting site %s (slot %d, pid %d): %s", name, slot, popen.pid, log_path)
+        return _Child(name, slot, popen, log_path, time.monotonic())
+
+    async def _join_when_ready(self, child: _Child) -> None:
+        try:
+            port = await self._wait_ready(child)
+            config = SiteConfig(
+                name=child.name,
+                cloud=self._config.cloud,
+                region=self._config.region,
+                endpoint=f"{self._config.host}:{port}",
+                model=self._model,
+                capacity_weight=self._config.capacity_weight,
+                prefill_tokens_per_s=self._config.prefill_tokens_per_s,
+            )
+            took = time.monotonic() - child.started_at
+            await self._membership.join(config, self.kind, f"served {took:.1f}s after its start")
+            child.joined = True
+        except (_StartFailed, GatewayError) as exc:
+            await self._stop(child)
+            self._children.pop(child.slot, None)
+            await self._on_failure(self._model, f"site {child.name} did not start: {exc}")
+
+    async def _wait_ready(self, child: _Child) -> int:
+        deadline = child.started_at + self._config.start_timeout_s
+        while time.monotonic() < deadline:
+            match = _READY.search(child.log_tail(200))
+            if match:
+                return int(match.group(1))
+            if child.popen.poll() is not None:
+                raise _StartFailed(f"exited with {child.popen.returncode}: {child.log_tail(5)}")
+            await asyncio.sleep(_POLL_S)
+        raise _StartFailed(f"not serving after {self._config.start_timeout_s:g}s")
+
+    async def retire(self, name: str) -> None:
+        for slot, child in list(self._children.items()):
+            if child.name == name:
+                await self._stop(child)
+                del self._children[slot]
+
+    async def _stop(self, child: _Child) -> None:
+        if child.waiter is not None and child.waiter is not asyncio.current_task():
+            child.waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await child.waiter
+        if child.popen.poll() is not None:
+            return
+        child.popen.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(child.popen.wait, self._config.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("site %s ignored SIGTERM for %gs: killed", child.name,
+                        self._config.stop_timeout_s)  # fmt: skip
+            child.popen.kill()
+            await asyncio.to_thread(child.popen.wait)
+        log.info("site %s stopped", child.name)
+
+    async def tick(self, sites: list[SiteState]) -> None:
+        """A joined site whose process exited leaves (its requests moved or continued
+        elsewhere, as for any failed site), and its slot is free again once it has."""
+        self._unhealthy = {s.name for s in sites if not s.healthy and not s.draining}
+        for child in list(self._children.values()):
+            if child.joined and child.popen.poll() is not None:
+                child.joined, child.exited = False, True
+                child.waiter = asyncio.create_task(self._exited(child), name=child.name)
+
+    async def _exited(self, child: _Child) -> None:
+        code = child.popen.returncode
+        leaving = self._membership.leave(child.name, self.kind, f"its process exited ({code})")
+        if leaving is not None:
+            await leaving
+        self._children.pop(child.slot, None)
+        await self._on_failure(self._model, f"site {child.name} exited ({code})")
+
+    async def run(self) -> None:
+        return
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self._stop(child) for child in self._children.values()))
+        self._children.clear()
+
+
+class _StartFailed(Exception):
+    pass

@@ -1,0 +1,66 @@
+"""What the scaling policy sees of a model's sites: each site's work in seconds of its own time.
+
+A site's work is the prompt tokens it has queued over its prefill rate plus the answer tokens
+still predicted for its queued and running requests over its decode throughput at a full batch.
+Both come from what the gateway already has (gateway/sites/registry.py): the load reports (and
+this gateway's ledger when it holds more than the last report shows: a burst routed since), the
+step-time line fitted to those reports (a full batch of `max_num_seqs` sequences steps in
+t(S) seconds and emits S tokens), and the prefill rate they measure; a site not measured yet
+takes its same-model peers' median, and with none measured the scaling rule's prior.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from gateway.scaling.policy import ModelObservation, ScalingRule, SiteObservation
+from gateway.sites.registry import SiteState, median_step
+
+
+def decode_tokens_per_s(site: SiteState, prior: float) -> float:
+    """Tokens per second the site decodes at a full batch (measured, else its peers', else the
+    prior)."""
+    step = site.step_time.fit() or median_step(p.step_time.fit() for p in site.peers)
+    slots = site.info.max_num_seqs if site.info is not None else None
+    if step is None or not slots:
+        return prior
+    full = step.at(slots)
+    return slots / full if full > 0 else prior
+
+
+def work_seconds(site: SiteState, rule: ScalingRule) -> float:
+    """Seconds of the site's time its queued and running work needs."""
+    report = site.report
+    queued_prompt = report.queued_prompt_tokens if report is not None else 0
+    answers = report.predicted_remaining_tokens if report is not None else 0
+    # This gateway's ledger (prompt + planned answer left of its requests there) is ahead of a
+    # report when a burst was routed since: what it holds beyond the report is counted as answer.
+    reported = queued_prompt + answers + (report.running_tokens if report is not None else 0)
+    answers += max(0, site.ledger_tokens - reported)
+    prefill = site.prefill_tokens_per_s or rule.site_prefill_tokens_per_s
+    return queued_prompt / prefill + answers / decode_tokens_per_s(site, rule.site_tokens_per_s)
+
+
+def observe(
+    rule: ScalingRule,
+    sites: Iterable[SiteState],
+    removable: Callable[[SiteState], bool],
+    pending: int,
+) -> ModelObservation:
+    """The rule's model as the policy sees it (times: the monotonic clock)."""
+    return ModelObservation(
+        rule.model,
+        tuple(
+            SiteObservation(
+                name=site.name,
+                serving=site.healthy and not site.draining,
+                removable=removable(site),
+                work_s=work_seconds(site, rule),
+                cache_blocks=site.prefix.blocks,
+                joined_at=site.joined_at,
+            )
+            for site in sites
+            if site.model == rule.model
+        ),
+        pending,
+    )

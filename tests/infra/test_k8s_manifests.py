@@ -1,0 +1,175 @@
+"""The Kubernetes manifests (deploy/k8s), checked offline as CI can (no cluster): each overlay
+renders with `kubectl kustomize`, every built-in resource validates strictly against the
+Kubernetes API's schemas (kubernetes-validate bundles them), the autoscaler reads a metric the
+gateway exports and scales the StatefulSet the gateway follows, and the gateway's own files in
+the ConfigMap are what its parsers accept."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.federation import parse_federation
+from gateway.metrics import SCALING_GAUGES
+from gateway.scaling.config import parse_scaling
+from tests.conftest import REPO_ROOT
+
+K8S = REPO_ROOT / "deploy" / "k8s"
+OVERLAYS = ("keda", "hpa")
+# The oldest Kubernetes the manifests are for (gRPC probes are GA from 1.27), and the newest.
+VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+NOT_BUILT_IN = {("keda.sh/v1alpha1", "ScaledObject")}
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("kubectl is missing: .ci/run installs it (Debian: kubernetes-client)")
+        pytest.skip("no kubectl here (Debian: apt-get install kubernetes-client)")
+    return found
+
+
+@cache
+def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, (kind, name, [d["kind"] for d in docs])
+    return found[0]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_built_in_resource_validates_strictly(overlay: str, version: str) -> None:
+    docs = rendered(overlay)
+    checked = 0
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in NOT_BUILT_IN:
+            continue
+        kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked >= 7
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"fedllm"}
+
+
+def test_a_mistake_is_caught() -> None:
+    """The validation is not vacuous: a misspelt field in the StatefulSet is refused."""
+    sites = dict(one(rendered("hpa"), "StatefulSet"))
+    sites["spec"] = {**sites["spec"], "replica": 2}
+    with pytest.raises(kubernetes_validate.ValidationError, match="replica"):
+        kubernetes_validate.validate(sites, VERSIONS[0], strict=True)
+
+
+def gateway_files(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    data = one(docs, "ConfigMap", "fedllm-gateway")["data"]
+    return {key: json.loads(value) for key, value in data.items()}
+
+
+def scaling_rule(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    (model,) = gateway_files(docs)["scaling.json"]["models"]
+    return dict(model)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_files_parse_and_name_the_statefulset(overlay: str) -> None:
+    docs = rendered(overlay)
+    files = gateway_files(docs)
+    raw = {key: json.dumps(value).encode() for key, value in files.items()}
+    federation = parse_federation(raw["federation.json"], Path("/var/lib/fedllm"))
+    served = frozenset(m.name for m in federation.models)
+    scaling = parse_scaling(raw["scaling.json"], Path("/etc/fedllm"), served)
+    assert set(files["models.json"]) == served
+    (model,) = scaling.models
+    actuator = model.actuator
+    assert actuator.kind == "kubernetes"
+    sites = one(docs, "StatefulSet")
+    headless = one(docs, "Service", sites["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    namespace = sites["metadata"]["namespace"]
+    # Pod i of the StatefulSet is <name>-<i>.<service>.<namespace>.svc...: what the gateway
+    # resolves, and the federation file's one site is pod 0.
+    expected = f"{sites['metadata']['name']}-{{i}}.{headless['metadata']['name']}.{namespace}.svc"
+    assert actuator.host_pattern is not None
+    assert actuator.host_pattern.startswith(expected)
+    assert actuator.name_prefix == sites["metadata"]["name"]
+    (first,) = federation.sites
+    assert first.name == f"{actuator.name_prefix}-0"
+    assert first.endpoint == f"{actuator.host_pattern.format(i=0)}:{actuator.port}"
+    container = sites["spec"]["template"]["spec"]["containers"][0]
+    assert {p["containerPort"] for p in container["ports"]} == {actuator.port}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SITE_MODEL_NAME"] == model.rule.model
+    gateway = one(docs, "Deployment", "fedllm-gateway")["spec"]["template"]["spec"]
+    gateway_env = {e["name"]: e for e in gateway["containers"][0]["env"]}
+    assert gateway_env["GATEWAY_SCALING_FILE"]["value"] == "/etc/fedllm/scaling.json"
+
+
+def test_keda_scales_the_statefulset_on_the_desired_sites() -> None:
+    docs = rendered("keda")
+    scaled = one(docs, "ScaledObject")
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"]) == ("apps/v1", "StatefulSet")
+    sites = one(docs, "StatefulSet", target["name"])
+    assert scaled["metadata"]["namespace"] == sites["metadata"]["namespace"]
+    rule = scaling_rule(docs)
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
+        rule["min_sites"],
+        rule["max_sites"],
+    )
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metricType"] == "AverageValue"
+    metadata = trigger["metadata"]
+    assert set(metadata) >= {"serverAddress", "query", "threshold"}
+    assert metadata["threshold"] == "1"  # replicas = the gateway's number
+    exported = {f"fedllm_gateway_scaling_{name}" for name, _, _ in SCALING_GAUGES}
+    assert "fedllm_gateway_scaling_desired_sites" in exported
+    assert metadata["query"] == (
+        f'max(fedllm_gateway_scaling_desired_sites{{model="{rule["model"]}"}})'
+    )
+
+
+def test_the_hpa_scales_the_statefulset_on_the_external_metric() -> None:
+    docs = rendered("hpa")
+    spec = one(docs, "HorizontalPodAutoscaler")["spec"]
+    target = spec["scaleTargetRef"]
+    one(docs, "StatefulSet", target["name"])
+    rule = scaling_rule(docs)
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (rule["min_sites"], rule["max_sites"])
+    (metric,) = spec["metrics"]
+    external = metric["external"]
+    assert external["metric"]["name"] == "fedllm_gateway_scaling_desired_sites"
+    assert external["metric"]["selector"]["matchLabels"] == {"model": rule["model"]}
+    assert external["target"] == {"type": "AverageValue", "averageValue": "1"}
+
+
+def test_only_the_gateway_reaches_the_sites() -> None:
+    docs = rendered("keda")
+    policy = one(docs, "NetworkPolicy")["spec"]
+    sites = one(docs, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    gateway = one(docs, "Deployment", "fedllm-gateway")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= sites.items()
+    (rule,) = policy["ingress"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= gateway.items()
