@@ -40,7 +40,8 @@ JSON_OPTIONS: JsonCompileOptions = {
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # The UTF-8 bytes of a constraint's schema text (for tagged_json, its one item schema, which
 # holds every tool of a request). Compile time grows with size, about 3-8 ms per KiB on the
-# site's CPU and half that for the gateway's check (bench/results/grammar_compile.md): this
+# site's CPU and half that for the gateway's check (an ad hoc measurement on the 2-core dev
+# machine, issue 48; the stall it causes is bench.structured.grammar_stall's): this
 # bounds a request's compile to about a second; the largest schemas clients send in practice
 # (every tool of an agent framework) are tens of KiB.
 MAX_SCHEMA_BYTES = 256 * 1024
