@@ -347,7 +347,7 @@ def test_capacity_panel_shows_sites_joining_and_leaving(federation: Federation, 
         assert client.post("/admin/api/sites", json=entry).status_code == 201
         assert client.delete("/admin/api/sites/extra-site").status_code == 202
         for _ in range(100):  # nothing runs there: it leaves at once
-            if "extra-site" not in api(federation, "/readyz")["sites"]:
+            if "extra-site" not in api(federation, "/admin/api/readiness")["sites"]:
                 break
             time.sleep(0.1)
     page.goto(f"{federation.base_url}/admin/login")

@@ -57,7 +57,9 @@ def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 120.0) -> 
 
 
 def ready_sites(federation: Federation) -> dict[str, bool]:
-    sites: dict[str, bool] = httpx.get(f"{federation.base_url}/readyz", timeout=10).json()["sites"]
+    sites: dict[str, bool] = httpx.get(
+        f"{federation.base_url}/admin/api/readiness", headers=ADMIN, timeout=10
+    ).json()["sites"]
     return sites
 
 

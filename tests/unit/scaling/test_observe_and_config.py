@@ -3,7 +3,9 @@ file's checks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,20 @@ from gateway.sites.interface import LoadView, SiteInfoView
 from gateway.sites.registry import SiteRegistry, SiteState
 
 RULE = ScalingRule("m", site_tokens_per_s=500.0, site_prefill_tokens_per_s=4000.0)
+
+
+@pytest.fixture(autouse=True)
+def event_loop_for_channels() -> Iterator[None]:
+    """A gRPC aio channel binds to the thread's event loop when made. The sites here are never
+    called, only read, but a test must not depend on whether an earlier test in the same worker
+    left a loop set (pytest-asyncio unsets it), so each gets its own."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 def state(name: str, slots: int = 8) -> SiteState:
