@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--kv-cache-mib", type=int)
     parser.add_argument("--policy", help="fcfs, spf or static")
     parser.add_argument(
+        "--deferral-bound-tokens",
+        type=int,
+        help="background (flex, batch) prefill tokens per step at most (default 512; 0: none)",
+    )
+    parser.add_argument(
         "--no-prefix-caching",
         dest="prefix_caching",
         action="store_false",
@@ -143,6 +148,7 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         host_kv_cache_bytes=int(settings.host_kv_cache_gib * (1 << 30)),
         grammar_compile_threads=settings.grammar_compile_threads,
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
+        background_step_tokens=settings.deferral_bound_tokens,
     )
 
 

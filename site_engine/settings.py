@@ -46,6 +46,11 @@ class SiteSettings:
     # KV cache budget in MiB; 0 sizes the cache from free device memory (GPU) or a default (CPU).
     kv_cache_mib: int = 0
     policy: PolicyName = "fcfs"
+    # The deferral bound on background work (flex and batch classes): prefill tokens of theirs
+    # per step at most, so that an interactive request arriving mid-step waits at most one
+    # step with that much background in it before it joins (site_engine/engine/step_budget.py;
+    # in seconds: this / the site's prefill tokens per second). 0: no bound.
+    deferral_bound_tokens: int = 512
     # Automatic prefix caching (site_engine/engine/block_manager.py); --no-prefix-caching: off.
     prefix_caching: bool = True
     # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
@@ -143,6 +148,8 @@ class SiteSettings:
             raise SettingsError(
                 "SITE_HOST_KV_CACHE_GIB must be >= 0, and a host tier needs prefix caching"
             )
+        if self.deferral_bound_tokens < 0:
+            raise SettingsError("SITE_DEFERRAL_BOUND_TOKENS must be >= 0 (0: no bound)")
         if self.kv_cache_mib < 0 or self.load_report_interval_ms < 10:
             raise SettingsError(
                 "SITE_KV_CACHE_MIB must be >= 0, SITE_LOAD_REPORT_INTERVAL_MS >= 10"

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fedllm_contract.cache_events import CacheEvent
+from fedllm_contract.priority import Priority
+from site_engine.engine.scheduler_config import ClassLoad
 from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
 
 
@@ -28,6 +30,8 @@ class EngineRequest:
     cache_salt: str = ""
     # False for one choice of a request with several (they are never released for offload).
     releasable: bool = True
+    # Its class: interactive first; flex and batch fill the capacity it leaves (scheduler.py).
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ class EngineStats:
     # Bytes copied to and back from the prefix cache's host tier since start.
     host_kv_bytes_offloaded: int = 0
     host_kv_bytes_onloaded: int = 0
+    # Waiting, running and preempted sequences of each priority class, interactive first.
+    by_class: tuple[ClassLoad, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,9 @@ class EngineConfig:
     # loop; one that takes longer than the timeout fails its requests (a 400 for the client).
     grammar_compile_threads: int = 2
     grammar_compile_timeout_s: float = 5.0
+    # The deferral bound: background (flex, batch) prefill tokens per step at most; 0: none
+    # (site_engine/engine/step_budget.py).
+    background_step_tokens: int = 0
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -152,6 +155,7 @@ class PagedEngine:
                 prefix_caching=config.prefix_caching,
                 model_name=config.model_name,
                 host_kv_blocks=host_blocks,
+                background_step_tokens=config.background_step_tokens,
             )
         )
         self._limits = EngineLimits(
@@ -264,6 +268,7 @@ class PagedEngine:
                 guide=guide,
                 releasable=request.releasable,
                 awaiting_guide=constraint is not None and guide is None,
+                priority=request.priority,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -436,6 +441,7 @@ class PagedEngine:
             kv_blocks_cached=stats.kv_blocks_cached,
             host_kv_bytes_offloaded=stats.host_kv_blocks_offloaded * self._limits.kv_block_bytes,
             host_kv_bytes_onloaded=stats.host_kv_blocks_onloaded * self._limits.kv_block_bytes,
+            by_class=stats.by_class,
         )
 
 
@@ -462,4 +468,5 @@ def _as_request(seq: Sequence) -> EngineRequest:
         sampling=seq.sampling,
         predicted_tokens=seq.predicted_tokens,
         cache_salt=seq.cache_salt,
+        priority=seq.priority,
     )

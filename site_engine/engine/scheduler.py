@@ -40,15 +40,18 @@ the batch ends, which is what a padded static batch costs in memory.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 
 from fedllm_contract.block_hash import root_hash
 from fedllm_contract.cache_events import CacheEvent
-from site_engine.engine.block_manager import BlockManager
-from site_engine.engine.scheduler_config import SchedulerConfig, SchedulerStats
+from fedllm_contract.priority import Priority
+from site_engine.engine.block_manager import BlockManager, CacheHit
+from site_engine.engine.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.sequence_cache import SequenceCache
+from site_engine.engine.step_budget import StepBudget
 from site_engine.engine.types import (
     FinishReason,
     Guide,
@@ -58,7 +61,7 @@ from site_engine.engine.types import (
     SchedulerOutput,
 )
 
-__all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
+__all__ = ["ClassLoad", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 log = logging.getLogger(__name__)
 
 # Finishing for these reasons is the batch's own doing; a static batch keeps such a member's
@@ -92,6 +95,7 @@ class Scheduler:
         self._next_arrival = 0
         self._iterations = 0
         self._num_preemptions = 0
+        self._preemptions_by_class = dict.fromkeys(Priority, 0)
         self._cache = SequenceCache(self._blocks)
 
     def add(
@@ -104,14 +108,16 @@ class Scheduler:
         guide: Guide | None = None,
         releasable: bool = True,
         awaiting_guide: bool = False,
+        priority: Priority = Priority.INTERACTIVE,
     ) -> Sequence:
         """Queue a request; ValueError (and no state change) if it can never be served.
         `cache_salt` keeps its cached blocks apart from those of other salts; `guide`: the
         grammar its answer must follow (advanced here, in `update`), or `awaiting_guide` while
         that grammar is being compiled (the request waits, and others are admitted before it,
         until `set_guide`); `releasable` False keeps it out of release_queued (one choice of
-        several: they leave together)."""
+        several: they leave together); `priority` its class (interactive, flex, batch)."""
         seq = Sequence(request_id, tuple(prompt_token_ids), sampling, predicted_tokens)
+        seq.priority = Priority(priority)
         seq.guide = guide
         seq.awaiting_guide = awaiting_guide and guide is None
         seq.releasable = releasable
@@ -208,15 +214,23 @@ class Scheduler:
         return len(self._waiting), len(self._running)
 
     def schedule(self) -> SchedulerOutput:
-        """Plan the next step: running sequences first, then admissions."""
+        """Plan the next step, class by class from interactive down: each class's running
+        sequences, then its admissions, so a higher class takes the step's budget first."""
         chunks: list[ScheduledChunk] = []
-        preempted: list[str] = []
-        budget = self._schedule_running(chunks, preempted)
-        # Admitting right after a preemption would only thrash: the victim's blocks are needed
-        # by the sequences that are already running.
-        if not preempted and not (self._static and self._running):
-            self._admit_waiting(chunks, budget)
-        left = frozenset(self._left_since_step) | frozenset(preempted)
+        preempted: list[Sequence] = []
+        cfg = self.config
+        budget = StepBudget.for_step(cfg.max_num_batched_tokens, cfg.background_step_tokens)
+        for priority in Priority:
+            self._schedule_running(priority, chunks, preempted, budget)
+            self._end_static_batch_if_done()
+            # Admitting right after a preemption of this class or a higher one would only
+            # thrash: the victim's blocks are needed by sequences that outrank the candidates.
+            # Victims of a lower class (taken to admit a higher one) do not hold it back.
+            if any(victim.priority <= priority for victim in preempted):
+                continue
+            if not (self._static and self._running):
+                self._admit_waiting(priority, chunks, budget, preempted)
+        left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
         if chunks:
             self._iterations += 1
@@ -227,68 +241,95 @@ class Scheduler:
         return SchedulerOutput(
             chunks=tuple(chunks),
             finished_request_ids=left,
-            preempted_request_ids=frozenset(preempted),
+            preempted_request_ids=frozenset(victim.request_id for victim in preempted),
             step_id=step_id,
             kv_copies=copies,
             kv_copies_before_step=before_step,
         )
 
-    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
-        """Schedule running sequences in admission order; returns the token budget left."""
-        budget = self.config.max_num_batched_tokens
-        index = 0
-        while index < len(self._running):
-            seq = self._running[index]
+    def _schedule_running(
+        self,
+        priority: Priority,
+        chunks: list[ScheduledChunk],
+        preempted: list[Sequence],
+        budget: StepBudget,
+    ) -> None:
+        """Schedule the running sequences of one class in admission order."""
+        for seq in [seq for seq in self._running if seq.priority is priority]:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted for an earlier one's growth
             # Done but for pending tokens: the step that sampled its last token retires it.
             done = seq.generation_done or seq.num_tokens >= self.config.max_model_len
-            num_new = 0 if done else min(seq.num_uncomputed_tokens, budget)
+            wanted = 0 if done else seq.num_uncomputed_tokens
+            num_new = budget.allowance(seq, wanted)
             if num_new > 0:
                 if not self._make_room(seq, seq.num_computed_tokens + num_new, preempted):
-                    break  # `seq` itself was the last one and got preempted
+                    break  # `seq` itself was the last one of its class and got preempted
                 chunks.append(self._chunk(seq, num_new))
-                budget -= num_new
-            index += 1
-        self._end_static_batch_if_done()
-        return budget
+                budget.take(seq, wanted, num_new)
 
-    def _make_room(self, seq: Sequence, num_tokens_total: int, preempted: list[str]) -> bool:
-        """Grow `seq`'s table, preempting the newest running sequences as long as needed.
+    def _make_room(self, seq: Sequence, num_tokens_total: int, preempted: list[Sequence]) -> bool:
+        """Grow `seq`'s table, preempting running sequences (the lowest class first, the newest
+        of it first, never one of a higher class than `seq`) as long as needed.
 
         Returns False if `seq` had to be preempted itself.
         """
         while not self._blocks.can_grow(seq.request_id, num_tokens_total):
-            victim = self._running[-1]
+            victim = self._victim(seq.priority)
+            assert victim is not None  # `seq` itself qualifies
             self._preempt(victim)
-            preempted.append(victim.request_id)
+            preempted.append(victim)
             if victim is seq:
                 return False
         self._blocks.grow(seq.request_id, num_tokens_total)
         return True
 
+    def _victim(self, lowest: int) -> Sequence | None:
+        """The running sequence to preempt first among those of class `lowest` or below (a
+        value past BATCH matches none): the lowest class, the most recently admitted of it.
+
+        Such a victim was never scheduled in the step being planned: classes are scheduled
+        from the top, and within a class in admission order."""
+        victim: Sequence | None = None
+        for seq in reversed(self._running):
+            if seq.priority >= lowest and (victim is None or seq.priority > victim.priority):
+                victim = seq
+        return victim
+
     def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: its blocks go back, it re-prefills prompt + generated tokens
+        later, ahead of its class (admission_order puts preempted sequences first)."""
         self._running.remove(seq)
         self._blocks.free(seq.request_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self._num_preemptions += 1
+        self._preemptions_by_class[seq.priority] += 1
         self._waiting.insert(0, seq)
 
-    def _admit_waiting(self, chunks: list[ScheduledChunk], budget: int) -> None:
+    def _admit_waiting(
+        self,
+        priority: Priority,
+        chunks: list[ScheduledChunk],
+        budget: StepBudget,
+        preempted: list[Sequence],
+    ) -> None:
+        """Admit waiting sequences of one class in policy order while they fit, preempting
+        running sequences of lower classes for a batch slot or KV blocks."""
         cfg = self.config
-        if not self._waiting or len(self._running) >= cfg.max_num_seqs:
+        candidates = [seq for seq in self._waiting if seq.priority is priority]
+        if not candidates:
+            return
+        if len(self._running) >= cfg.max_num_seqs and self._victim(priority + 1) is None:
             return  # skip sorting the queue when nobody can be admitted anyway
         plan_limit = cfg.num_blocks - cfg.watermark_blocks
-        # Blocks held now (a shared one once) plus what each holder is still planned to grow by.
-        planned = self._blocks.num_used_blocks + sum(
-            self._planned_blocks(seq) - len(self._blocks.block_table(seq.request_id))
-            for seq in (*self._running, *self._held)
-        )
+        planned, outranking = self._planned_for(priority)
         admitted = False
-        for seq in admission_order(self._waiting, cfg.policy, cfg.spf_aging):
+        for seq in admission_order(candidates, cfg.policy, cfg.spf_aging):
             # A static batch may take members beyond this step's token budget: they prefill in
             # later steps, as members of the same batch.
-            if len(self._running) >= cfg.max_num_seqs or (budget == 0 and not self._static):
+            if budget.tokens == 0 and not self._static:
                 break
             if seq.awaiting_guide:
                 continue  # not ready: it does not hold up the requests behind it
@@ -296,12 +337,22 @@ class Scheduler:
                 break  # preempted with a token still on the device: re-prefill needs its value
             hit = self._cache.lookup(seq)
             need = self._planned_blocks(seq) - self._blocks.shared_in_use(hit)
-            if self._running and planned + need > plan_limit:
+            # The plan counts this class and higher ones only: a lower class's expected growth
+            # does not hold a higher class back (its sequences are preempted if KV runs out).
+            if outranking and planned + need > plan_limit:
                 break  # strict policy order: nobody overtakes a candidate that does not fit
             cached = hit.num_blocks * cfg.block_size
-            num_new = min(seq.num_tokens - cached, budget)
-            if not self._blocks.can_admit(hit, cached + num_new):
-                break
+            wanted = seq.num_tokens - cached
+            num_new = budget.allowance(seq, wanted)
+            if num_new == 0 and not self._static:
+                break  # the deferral bound: this background prefill waits for a later step
+            if not self._has_room(hit, cached + num_new):
+                if not self._evict_below(priority, hit, cached + num_new, preempted):
+                    break
+                hit = self._cache.lookup(seq)  # the victims' blocks may now be hits
+                cached = hit.num_blocks * cfg.block_size
+                wanted = seq.num_tokens - cached
+                num_new = budget.allowance(seq, wanted)
             self._blocks.admit(seq.request_id, hit, cached + num_new)
             self._cache.admitted(seq, hit)
             seq.num_computed_tokens = cached
@@ -309,12 +360,82 @@ class Scheduler:
             seq.ever_scheduled = True
             self._running.append(seq)
             planned += need
+            outranking = True
             admitted = True
             if num_new > 0:
                 chunks.append(self._chunk(seq, num_new))
-                budget -= num_new
+                budget.take(seq, wanted, num_new)
+        self._drop_admitted(admitted)
+
+    def _evict_below(
+        self,
+        priority: Priority,
+        hit: CacheHit,
+        num_tokens_total: int,
+        preempted: list[Sequence],
+    ) -> bool:
+        """Preempt running sequences of classes below `priority` (the lowest class first, the
+        newest of it first) until the candidate admitted with `hit` has a batch slot and blocks
+        for its first chunk. False, having preempted none, if preempting them all would not
+        make that room: a victim that could not help would only lose its work."""
+        lower = [victim for victim in self._running if victim.priority > priority]
+        if not lower or not self._room_without(lower, hit, num_tokens_total):
+            return False
+        while not self._has_room(hit, num_tokens_total):
+            victim = self._victim(priority + 1)
+            assert victim is not None  # preempting all of `lower` makes room
+            self._preempt(victim)
+            preempted.append(victim)
+        return True
+
+    def _room_without(self, victims: list[Sequence], hit: CacheHit, num_tokens_total: int) -> bool:
+        """Whether an admission with `hit` for `num_tokens_total` slots would fit once every
+        one of `victims` gave its blocks back (BlockManager.can_admit's sum, ahead of time; a
+        freed block that is one of the hit's costs a free block as an idle hit, so only the
+        others count)."""
+        if len(self._running) - len(victims) >= self.config.max_num_seqs:
+            return False
+        blocks = self._blocks
+        held = Counter(
+            block for victim in victims for block in blocks.block_table(victim.request_id)
+        )
+        hit_blocks = set(hit.device_blocks)
+        freed = sum(
+            1
+            for block, count in held.items()
+            if blocks.refcount(block) == count and block not in hit_blocks
+        )
+        idle_hits = len(hit.device_blocks) - blocks.shared_in_use(hit)
+        fresh = max(blocks.blocks_needed(num_tokens_total) - len(hit.device_blocks), 0)
+        return fresh + idle_hits <= blocks.num_free_blocks + freed
+
+    def _has_room(self, hit: CacheHit, num_tokens_total: int) -> bool:
+        """A batch slot and the blocks for an admission's first chunk are free now."""
+        return len(self._running) < self.config.max_num_seqs and self._blocks.can_admit(
+            hit, num_tokens_total
+        )
+
+    def _drop_admitted(self, admitted: bool) -> None:
         if admitted:
             self._waiting = [seq for seq in self._waiting if seq.status is SequenceStatus.WAITING]
+
+    def _planned_for(self, priority: Priority) -> tuple[int, bool]:
+        """Blocks the admission plan of class `priority` counts as taken: those held now (a
+        shared one once) plus what each holder is still planned to grow by, leaving out the
+        holders of lower classes; and whether any holder of this class or a higher one runs.
+
+        A block a lower class shares with a higher one is left out too: the plan errs towards
+        admitting, and the admission's real check (`_has_room`) is exact."""
+        planned = self._blocks.num_used_blocks
+        outranking = False
+        for seq in (*self._running, *self._held):
+            held = len(self._blocks.block_table(seq.request_id))
+            if seq.priority > priority:
+                planned -= held
+            else:
+                planned += self._planned_blocks(seq) - held
+                outranking = True
+        return max(planned, 0), outranking
 
     def _planned_blocks(self, seq: Sequence) -> int:
         """Blocks the admission plan reserves for `seq`: its expected total, or more if it
@@ -484,7 +605,15 @@ class Scheduler:
             iterations=self._iterations,
             num_preemptions=self._num_preemptions,
             kv_blocks_cached=self._blocks.num_cached_blocks,
+            by_class=self._class_loads(),
             **self._cache.counters,
+        )
+
+    def _class_loads(self) -> tuple[ClassLoad, ...]:
+        waiting = Counter(seq.priority for seq in self._waiting)
+        running = Counter(seq.priority for seq in self._running)
+        return tuple(
+            ClassLoad(p, waiting[p], running[p], self._preemptions_by_class[p]) for p in Priority
         )
 
     def take_cache_events(self) -> list[CacheEvent]:

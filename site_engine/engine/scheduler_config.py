@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fedllm_contract.priority import Priority
 from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
 
 _POSITIVE_INT_FIELDS = (
@@ -21,7 +22,9 @@ class SchedulerConfig:
     so that newly admitted sequences are not preempted at their first decode steps.
     `prefix_caching` shares cached prompt blocks between sequences (site_engine/engine/
     block_manager.py), their ids seeded by `model_name` and each request's cache salt;
-    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks."""
+    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks.
+    `background_step_tokens` is the deferral bound: the most prefill tokens of background (flex,
+    batch) sequences one step computes (site_engine/engine/step_budget.py); 0: no bound."""
 
     num_blocks: int
     block_size: int
@@ -35,6 +38,7 @@ class SchedulerConfig:
     prefix_caching: bool = False
     model_name: str = ""
     host_kv_blocks: int = 0
+    background_step_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INT_FIELDS:
@@ -49,6 +53,10 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.spf_aging < 0:
             raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
+        if self.background_step_tokens < 0:
+            raise ValueError(
+                f"background_step_tokens must be >= 0, got {self.background_step_tokens}"
+            )
         if self.host_kv_blocks < 0 or (self.host_kv_blocks and not self.prefix_caching):
             raise ValueError(
                 f"host_kv_blocks must be >= 0 and needs prefix_caching, got {self.host_kv_blocks}"
@@ -66,6 +74,17 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassLoad:
+    """One priority class's share of the load: sequences waiting and running now, and the
+    preemptions its sequences suffered since start."""
+
+    priority: Priority
+    num_waiting: int
+    num_running: int
+    num_preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerStats:
     """A snapshot of the scheduler's load, e.g. for the gateway's routing signals.
 
@@ -75,7 +94,8 @@ class SchedulerStats:
     prefix_cache_queries / _hits): tokens looked up at each admission, those found cached in
     either tier, and of them those copied back from the host tier. `prompt_tokens_computed`
     counts prompt positions the model ran (recomputed ones again), `host_kv_blocks_offloaded` /
-    `_onloaded` the blocks copied to / from the host tier.
+    `_onloaded` the blocks copied to / from the host tier. `by_class`: one ClassLoad per
+    priority class, interactive first.
     """
 
     num_waiting: int
@@ -94,3 +114,4 @@ class SchedulerStats:
     kv_blocks_cached: int = 0
     host_kv_blocks_offloaded: int = 0
     host_kv_blocks_onloaded: int = 0
+    by_class: tuple[ClassLoad, ...] = ()

@@ -1,6 +1,10 @@
 """The order in which waiting sequences are admitted (and, reversed, released).
 
-Sequences that were already scheduled once (i.e. preempted) always come first under every policy:
+Priority classes come first (fedllm_contract/priority.py): every interactive sequence is ahead of
+every flex one, every flex one ahead of every batch one; the policies below order each class.
+
+Within a class, sequences that were already scheduled once (i.e. preempted) always come first
+under every policy, which requeues a preempted sequence at the front of its class:
 they hold generated tokens a client is streaming, and re-running them late would waste the work
 already spent on them.
 
@@ -29,13 +33,13 @@ def admission_order(
     """`waiting` sorted from the first to be admitted to the last."""
     if policy == "spf":
 
-        def spf_key(seq: Sequence) -> tuple[bool, float, int]:
+        def spf_key(seq: Sequence) -> tuple[int, bool, float, int]:
             rank = seq.expected_output_tokens + spf_aging * seq.arrival_index
-            return (not seq.ever_scheduled, rank, seq.arrival_index)
+            return (seq.priority, not seq.ever_scheduled, rank, seq.arrival_index)
 
         return sorted(waiting, key=spf_key)
 
-    def fcfs_key(seq: Sequence) -> tuple[bool, int]:
-        return (not seq.ever_scheduled, seq.arrival_index)
+    def fcfs_key(seq: Sequence) -> tuple[int, bool, int]:
+        return (seq.priority, not seq.ever_scheduled, seq.arrival_index)
 
     return sorted(waiting, key=fcfs_key)

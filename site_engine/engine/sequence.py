@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from fedllm_contract.block_hash import block_hashes
+from fedllm_contract.priority import Priority
 from site_engine.engine.remaining import remaining_tokens
 from site_engine.engine.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
 
@@ -61,6 +62,8 @@ class Sequence:
     error: str = ""
     # False for one choice of a request with several: offload never splits such a request.
     releasable: bool = True
+    # Its class: admitted before lower classes, preempted for higher ones (scheduler.py).
+    priority: Priority = Priority.INTERACTIVE
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

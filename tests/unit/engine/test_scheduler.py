@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from fedllm_contract.priority import Priority
+from site_engine.engine.scheduler import ClassLoad, Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import PolicyName, admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.types import (
@@ -564,6 +565,11 @@ def test_stats() -> None:
         iterations=1,
         num_preemptions=0,
         prompt_tokens_computed=5,
+        by_class=(
+            ClassLoad(Priority.INTERACTIVE, 1, 1, 0),
+            ClassLoad(Priority.FLEX, 0, 0, 0),
+            ClassLoad(Priority.BATCH, 0, 0, 0),
+        ),
     )
     sched.finish("a", FinishReason.CANCELLED)
     sched.finish("b", FinishReason.CANCELLED)
