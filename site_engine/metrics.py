@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fedllm_contract.cache_events import CacheEvent
+from fedllm_contract.priority import Priority
 from site_engine.engine.api import (
     Engine,
     EngineLimits,
@@ -40,6 +42,9 @@ from site_engine.engine.types import FinishReason
 log = logging.getLogger(__name__)
 # Seconds per engine step: sub-millisecond (GPU decode) to a slow CPU prefill.
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Seconds from a request's arrival at the engine to its first token: a decode step's wait to
+# minutes for batch work queued behind interactive load.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 
 class StatsSource(Protocol):
@@ -80,6 +85,14 @@ class SiteMetrics:
         self.finished = {
             reason: finished.labels(site_name, reason.value) for reason in FinishReason
         }
+        ttft = Histogram(
+            "fedllm_site_time_to_first_token_seconds",
+            "Seconds from a request's arrival at the engine to its first token, by priority class",
+            ("site", "priority"),
+            registry=r,
+            buckets=TTFT_BUCKETS,
+        )
+        self.ttft = {p: ttft.labels(site_name, p.label) for p in Priority}
 
     def watch(self, source: StatsSource) -> None:
         self.registry.register(EngineStatsCollector(self.site_name, source))
@@ -185,6 +198,35 @@ class EngineStatsCollector(Collector):
             counter = CounterMetricFamily(f"fedllm_site_{name}", doc, labels=["site"])
             counter.add_metric(labels, float(value))
             yield counter
+        yield from _class_metrics(self._site, stats)
+
+
+def _class_metrics(site: str, stats: EngineStats) -> Iterator[Metric]:
+    """Waiting, running and preempted sequences of each priority class (every class shows, as
+    0 when it has none)."""
+    waiting = GaugeMetricFamily(
+        "fedllm_site_class_waiting_requests",
+        "Requests queued, not started, by priority class",
+        labels=["site", "priority"],
+    )
+    running = GaugeMetricFamily(
+        "fedllm_site_class_running_requests",
+        "Requests in the running batch, by priority class",
+        labels=["site", "priority"],
+    )
+    preempted = CounterMetricFamily(
+        "fedllm_site_class_preemptions",
+        "Sequences preempted (recomputed later) since start, by priority class",
+        labels=["site", "priority"],
+    )
+    loads = {load.priority: load for load in stats.by_class}
+    for priority in Priority:
+        load = loads.get(priority)
+        labels = [site, priority.label]
+        waiting.add_metric(labels, float(load.num_waiting if load else 0))
+        running.add_metric(labels, float(load.num_running if load else 0))
+        preempted.add_metric(labels, float(load.num_preemptions if load else 0))
+    yield from (waiting, running, preempted)
 
 
 class MeteredEngine:
@@ -193,6 +235,8 @@ class MeteredEngine:
     def __init__(self, engine: Engine, metrics: SiteMetrics) -> None:
         self._engine = engine
         self._metrics = metrics
+        # Requests without their first token yet: when they arrived, and their class.
+        self._arrivals: dict[str, tuple[float, Priority]] = {}
 
     @property
     def limits(self) -> EngineLimits:
@@ -200,8 +244,10 @@ class MeteredEngine:
 
     def add_request(self, request: EngineRequest) -> None:
         self._engine.add_request(request)
+        self._arrivals[request.request_id] = (time.monotonic(), request.priority)
 
     def abort(self, request_id: str, reason: FinishReason) -> bool:
+        self._arrivals.pop(request_id, None)
         aborted = self._engine.abort(request_id, reason)
         if aborted:  # False: it had already finished, and was counted then
             self._metrics.finished[reason].inc()
@@ -209,6 +255,8 @@ class MeteredEngine:
 
     def release_queued(self, max_requests: int) -> list[EngineRequest]:
         released = self._engine.release_queued(max_requests)
+        for request in released:
+            self._arrivals.pop(request.request_id, None)
         self._metrics.finished[FinishReason.RELEASED].inc(len(released))
         return released
 
@@ -216,8 +264,13 @@ class MeteredEngine:
         with self._metrics.step_seconds.time():
             outputs = self._engine.step()
         generated = 0
+        now = time.monotonic()
         for output in outputs:
             generated += len(output.new_token_ids)
+            if output.new_token_ids or output.finish_reason is not None:
+                arrival = self._arrivals.pop(output.request_id, None)
+                if arrival is not None and output.new_token_ids:
+                    self._metrics.ttft[arrival[1]].observe(now - arrival[0])
             if output.finish_reason is not None:
                 self._metrics.finished[output.finish_reason].inc()
         self._metrics.generated_tokens.inc(generated)

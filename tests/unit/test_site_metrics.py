@@ -15,7 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.launch import free_port
-from site_engine.engine.api import EngineRequest
+from fedllm_contract.priority import Priority
+from site_engine.engine.api import EngineRequest, EngineStats
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.engine_service import EngineService
@@ -34,9 +35,14 @@ def loaded(tiny_llama_dir: Path) -> Iterator[LoadedModel]:
     torch.set_num_threads(previous)
 
 
-def request(request_id: str, max_tokens: int) -> EngineRequest:
+def request(
+    request_id: str, max_tokens: int, priority: Priority = Priority.INTERACTIVE
+) -> EngineRequest:
     return EngineRequest(
-        request_id, (1, 2, 3, 4), SamplingParams(max_tokens, temperature=0.0, ignore_eos=True)
+        request_id,
+        (1, 2, 3, 4),
+        SamplingParams(max_tokens, temperature=0.0, ignore_eos=True),
+        priority=priority,
     )
 
 
@@ -76,6 +82,60 @@ def test_metered_engine_counts_steps_tokens_and_every_way_out(loaded: LoadedMode
     }  # fmt: skip
     assert scalar(samples, "fedllm_site_generated_tokens_total") == produced > 0
     assert scalar(samples, "fedllm_site_step_seconds_count") == steps
+
+
+class _Snapshot:
+    """The engine's stats as EngineService hands them to the collector (no rates measured)."""
+
+    def __init__(self, engine: MeteredEngine) -> None:
+        self._engine = engine
+
+    def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    def decode_tokens_per_s(self) -> float:
+        return 0.0
+
+    def prefill_tokens_per_s(self) -> float:
+        return 0.0
+
+
+def by_class(samples: Samples, name: str) -> dict[str, float]:
+    return {
+        p.label: samples[(name, frozenset({"site": "s1", "priority": p.label}.items()))]
+        for p in Priority
+    }
+
+
+def test_class_metrics_show_waiting_running_preempted_and_ttft_by_class(
+    loaded: LoadedModel,
+) -> None:
+    metrics = SiteMetrics("s1")
+    engine = MeteredEngine(PagedEngine(loaded, EngineConfig(max_num_seqs=2)), metrics)
+    metrics.watch(_Snapshot(engine))
+    engine.add_request(request("b0", 6, Priority.BATCH))
+    engine.add_request(request("f0", 6, Priority.FLEX))
+    engine.add_request(request("b1", 6, Priority.BATCH))  # waits: two slots
+    engine.step()
+    engine.add_request(request("i0", 3))  # takes the batch sequence's slot at once
+    engine.step()
+    samples = parse(generate_latest(metrics.registry).decode())
+    assert by_class(samples, "fedllm_site_class_running_requests") == {
+        "interactive": 1, "flex": 1, "batch": 0,
+    }  # fmt: skip
+    assert by_class(samples, "fedllm_site_class_waiting_requests") == {
+        "interactive": 0, "flex": 0, "batch": 2,
+    }  # fmt: skip
+    assert by_class(samples, "fedllm_site_class_preemptions_total") == {
+        "interactive": 0, "flex": 0, "batch": 1,
+    }  # fmt: skip
+    while engine.has_unfinished():
+        engine.step()
+    samples = parse(generate_latest(metrics.registry).decode())
+    # One first token per request; b0's came before its preemption and is not counted again.
+    assert by_class(samples, "fedllm_site_time_to_first_token_seconds_count") == {
+        "interactive": 1, "flex": 1, "batch": 2,
+    }  # fmt: skip
 
 
 def one_running_one_waiting(samples: Samples) -> bool:
