@@ -1,0 +1,276 @@
+"""Interactive chat next to queued batch work on one engine (issue 52): how much the batch class
+hurts interactive latency, and how much of the idle capacity it fills.
+
+    python -m bench.engine.priority               (GPU: bench/results/priority/priority_<gpu>.*)
+    python -m bench.engine.priority --preset cpu  (CPU: bench/results/priority/priority_cpu.*)
+
+Steps, on one warmed-up engine:
+1. Capacity: a burst of interactive-shaped requests (all at once) gives the requests/s the
+   engine finishes; a burst of batch-shaped ones gives its output tokens/s for batch work.
+2. `alone`: interactive requests arrive as a Poisson process at `load` (0.5) x that capacity
+   for `window_s`, then drain.
+3. `with_batch`: the same arrivals while a batch of priority BATCH, larger than the engine can
+   finish in the run, is queued at t=0.
+Keys: `interactive_ttft_p99_ratio` and `interactive_tpot_p99_ratio` (with_batch / alone; goal
+<= 1.2 each) and `batch_share_of_idle`: the batch's output tokens within the window over the
+batch capacity the interactive load leaves, batch tok/s x window x (1 - load) (goal >= 0.8).
+
+Prompts are random tokens (no prefix in common) of chat-like lengths; answers have exact lengths
+(ignore_eos). The CPU preset (a tiny model) runs on a token clock (priority_driver.py) so its
+figures do not depend on the shared CPU; the GPU preset (a Llama-3-8B-shaped random model in
+bf16) on the wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.engine.engine_runs import warm_up
+from bench.engine.harness import GIB, Progress
+from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.priority_driver import (
+    Clock,
+    RunResult,
+    Shape,
+    TokenClock,
+    WallClock,
+    burst,
+    drive,
+    make_requests,
+    poisson_arrivals,
+)
+from fedllm_contract.priority import Priority
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.model_loading import LoadedModel
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpu": {
+        "shape": {**LLAMA_8B_SHAPE, "max_position_embeddings": 4096, "rope_scaling": None},
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "kv_cache_gib": 0.0,  # what the GPU has after the weights and a trial step
+        "deferral_bound_tokens": 512,
+        "interactive": Shape(prompt=(64, 768), answer=(32, 256)),
+        "batch": Shape(prompt=(128, 1024), answer=(64, 384)),
+        "burst_requests": 512,
+        "window_s": 60.0,
+        "drain_s": 30.0,
+        "clock": None,  # the wall clock
+    },
+    "cpu": {
+        "shape": {
+            **SMALL_SHAPE,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "head_dim": 16,
+            "max_position_embeddings": 1024,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "kv_cache_blocks": 192,
+        "deferral_bound_tokens": 64,
+        "interactive": Shape(prompt=(16, 96), answer=(8, 32)),
+        "batch": Shape(prompt=(32, 128), answer=(16, 48)),
+        "burst_requests": 48,
+        "window_s": 20.0,
+        "drain_s": 20.0,
+        # A GPU-like step: 10 ms, plus 0.1 ms a token it computes.
+        "clock": (0.010, 0.0001),
+    },
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.priority", description=__doc__)
+    add = parser.add_argument
+    add("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
+    add("--model-dir", type=Path, default=None, help="built there first if empty")
+    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
+    add("--load", type=float, default=0.5, help="interactive rate / interactive capacity")
+    add("--window-s", type=float, default=None)
+    add("--deferral-bound-tokens", type=int, default=None, help="0: no bound")
+    add("--results-dir", type=Path, default=results_dir("priority"))
+    add("--name", default=None, help="default: priority_<device>")
+    add("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 0 < args.load < 1:
+        parser.error("--load must be in (0, 1)")
+    args.p = dict(PRESETS[args.preset])
+    if args.window_s is not None:
+        args.p["window_s"] = args.window_s
+    if args.deferral_bound_tokens is not None:
+        args.p["deferral_bound_tokens"] = args.deferral_bound_tokens
+    return args
+
+
+def device_label(loaded: LoadedModel) -> str:
+    if loaded.device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(loaded.device).lower()
+    return next((gpu for gpu in ("h200", "h100", "a100", "l40s") if gpu in name), "gpu")
+
+
+def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
+    from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
+
+    per_block = kv_cache_bytes_per_block(
+        KVCacheSpec.from_config(loaded.model.config), 16, loaded.dtype
+    )
+    kv_bytes = p["kv_cache_blocks"] * per_block if "kv_cache_blocks" in p else 0
+    return PagedEngine(
+        loaded,
+        EngineConfig(
+            max_num_seqs=p["max_num_seqs"],
+            max_num_batched_tokens=p["max_num_batched_tokens"],
+            block_size=16,
+            kv_cache_bytes=kv_bytes or int(p["kv_cache_gib"] * GIB),
+            prefix_caching=False,  # random prompts share nothing; the classes are measured
+            background_step_tokens=p["deferral_bound_tokens"],
+        ),
+    )
+
+
+def new_clock(p: dict[str, Any]) -> Clock:
+    return TokenClock(*p["clock"]) if p["clock"] else WallClock()
+
+
+def summary(run: RunResult) -> dict[str, Any]:
+    ms = 1000.0
+    ttft, tpot = run.p99(run.ttft_s), run.p99(run.tpot_s)
+    return {
+        "interactive_requests": run.interactive_total,
+        "interactive_finished": run.interactive_done,
+        "ttft_p99_ms": ttft * ms if ttft is not None else None,
+        "tpot_p99_ms": tpot * ms if tpot is not None else None,
+        "interactive_tokens_in_window": run.interactive_tokens_in_window,
+        "batch_tokens_in_window": run.batch_tokens_in_window,
+        "preemptions": run.preemptions,
+        "steps": run.steps,
+        "clock_s": run.clock_s,
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def measure(
+    engine: PagedEngine, loaded: LoadedModel, args: argparse.Namespace, log: Progress
+) -> dict[str, Any]:
+    p, vocab, seed = args.p, loaded.model.config.vocab_size, args.seed
+    chat, batch_shape = p["interactive"], p["batch"]
+    count = p["burst_requests"]
+    chat_burst = make_requests("cap-i", count, chat, Priority.INTERACTIVE, vocab, seed + 1)
+    rps, _ = burst(engine, chat_burst, new_clock(p))
+    batch_burst = make_requests("cap-b", count, batch_shape, Priority.BATCH, vocab, seed + 2)
+    _, batch_tps = burst(engine, batch_burst, new_clock(p))
+    rate = args.load * rps
+    log(f"capacity: {rps:.2f} interactive req/s, {batch_tps:.0f} batch tok/s; rate {rate:.2f}/s")
+    window, drain = p["window_s"], p["drain_s"]
+    times = poisson_arrivals(rate, window, seed + 3)
+    chats = make_requests("chat", len(times), chat, Priority.INTERACTIVE, vocab, seed + 4)
+    alone = drive(engine, list(zip(times, chats, strict=True)), [], new_clock(p), window, drain)
+    log(f"alone: {summary(alone)}")
+    # More than the engine can finish in the whole run, at its batch capacity.
+    mean_answer = sum(batch_shape.answer) / 2
+    batch_count = int(batch_tps * (window + drain) / mean_answer * 1.5) + p["max_num_seqs"]
+    batch = make_requests("batch", batch_count, batch_shape, Priority.BATCH, vocab, seed + 5)
+    mixed = drive(engine, list(zip(times, chats, strict=True)), batch, new_clock(p), window, drain)
+    log(f"with batch ({batch_count} queued): {summary(mixed)}")
+    idle_tokens = batch_tps * window * (1 - args.load)
+    return {
+        "capacity": {"interactive_rps": rps, "batch_output_tokens_per_s": batch_tps},
+        "interactive_rate_rps": rate,
+        "batch_requests_queued": batch_count,
+        "idle_batch_tokens": idle_tokens,
+        "runs": {"alone": summary(alone), "with_batch": summary(mixed)},
+        "interactive_ttft_p99_ratio": ratio(mixed.p99(mixed.ttft_s), alone.p99(alone.ttft_s)),
+        "interactive_tpot_p99_ratio": ratio(mixed.p99(mixed.tpot_s), alone.p99(alone.tpot_s)),
+        "batch_share_of_idle": ratio(float(mixed.batch_tokens_in_window), idle_tokens),
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    runs = result["runs"]
+    rows = [
+        [
+            name,
+            r["interactive_finished"],
+            r["interactive_requests"],
+            r["ttft_p99_ms"],
+            r["tpot_p99_ms"],
+            r["batch_tokens_in_window"],
+            r["preemptions"].get("batch", 0),
+        ]
+        for name, r in runs.items()
+    ]
+    table = markdown_table(
+        [
+            "run",
+            "interactive done",
+            "of",
+            "TTFT p99 ms",
+            "TPOT p99 ms",
+            "batch tokens",
+            "batch preemptions",
+        ],
+        rows,
+    )
+    keys = {
+        k: result[k]
+        for k in ("interactive_ttft_p99_ratio", "interactive_tpot_p99_ratio", "batch_share_of_idle")
+    }
+    goals = "goals: both ratios <= 1.2, batch_share_of_idle >= 0.8"
+    return f"{table}\n\nKeys: {keys} ({goals}).\n\nCapacity: {result['capacity']}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    log = Progress()
+    p = args.p
+    model_dir = args.model_dir or Path(f"/tmp/fedllm-bench-priority-{args.preset}")
+    loaded = ensure_model(
+        model_dir,
+        p["shape"],
+        args.tokenizer_dir,
+        log,
+        dtype=p["dtype"],
+        device=p["device"],
+        seed=args.seed,
+    )
+    if loaded.device.type == "cpu":
+        torch.set_num_threads(1)
+    engine = build_engine(loaded, p)
+    warm_up(engine, loaded.model.config.vocab_size, min(4, p["max_num_seqs"]), args.seed)
+    result = measure(engine, loaded, args, log)
+    device = device_label(loaded)
+    result |= {
+        "preset": args.preset,
+        "device": device,
+        "load": args.load,
+        "deferral_bound_tokens": p["deferral_bound_tokens"],
+        "window_s": p["window_s"],
+        "clock": "token clock " + str(p["clock"]) if p["clock"] else "wall clock",
+        "engine": {k: p[k] for k in ("max_num_seqs", "max_num_batched_tokens")},
+        "kv_blocks": engine.limits.kv_blocks_total,
+        "shape": p["shape"],
+    }
+    name = args.name or f"priority_{device}"
+    path = write_results(
+        name, result, report(result), command_line("bench.engine.priority", argv), args.results_dir
+    )
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
