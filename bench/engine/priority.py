@@ -97,7 +97,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--model-dir", type=Path, default=None, help="built there first if empty")
     add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
     add("--load", type=float, default=0.5, help="interactive rate / interactive capacity")
-    add("--window-s", type=float, default=None)
+    add("--window-s", type=float, default=None, help="seconds of interactive arrivals")
+    add("--drain-s", type=float, default=None, help="seconds more for them to finish")
+    add("--burst-requests", type=int, default=None, help="requests of each capacity burst")
     add("--deferral-bound-tokens", type=int, default=None, help="0: no bound")
     add("--results-dir", type=Path, default=results_dir("priority"))
     add("--name", default=None, help="default: priority_<device>")
@@ -106,8 +108,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
     args.p = dict(PRESETS[args.preset])
-    if args.window_s is not None:
-        args.p["window_s"] = args.window_s
+    for key in ("window_s", "drain_s", "burst_requests"):
+        if getattr(args, key) is not None:
+            args.p[key] = getattr(args, key)
     if args.deferral_bound_tokens is not None:
         args.p["deferral_bound_tokens"] = args.deferral_bound_tokens
     return args
