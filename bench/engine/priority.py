@@ -10,7 +10,8 @@ Steps, on one warmed-up engine:
 2. `alone`: interactive requests arrive as a Poisson process at `load` (0.5) x that capacity
    for `window_s`, then drain.
 3. `with_batch`: the same arrivals while a batch of priority BATCH, larger than the engine can
-   finish in the run, is queued at t=0.
+   finish in the run, is queued at t=0: held by the driver as the gateway holds a batch, the
+   engine's queue topped up to twice its sequence limit before every step.
 Keys: `interactive_ttft_p99_ratio` and `interactive_tpot_p99_ratio` (with_batch / alone; goal
 <= 1.2 each) and `batch_share_of_idle`: the batch's output tokens within the window over the
 batch capacity the interactive load leaves, batch tok/s x window x (1 - load) (goal >= 0.8).
@@ -182,19 +183,25 @@ def measure(
     window, drain = p["window_s"], p["drain_s"]
     times = poisson_arrivals(rate, window, seed + 3)
     chats = make_requests("chat", len(times), chat, Priority.INTERACTIVE, vocab, seed + 4)
-    alone = drive(engine, list(zip(times, chats, strict=True)), [], new_clock(p), window, drain)
+    queue = 2 * p["max_num_seqs"]
+    alone = drive(
+        engine, list(zip(times, chats, strict=True)), [], new_clock(p), window, drain, queue
+    )
     log(f"alone: {summary(alone)}")
     # More than the engine can finish in the whole run, at its batch capacity.
     mean_answer = sum(batch_shape.answer) / 2
     batch_count = int(batch_tps * (window + drain) / mean_answer * 1.5) + p["max_num_seqs"]
     batch = make_requests("batch", batch_count, batch_shape, Priority.BATCH, vocab, seed + 5)
-    mixed = drive(engine, list(zip(times, chats, strict=True)), batch, new_clock(p), window, drain)
+    mixed = drive(
+        engine, list(zip(times, chats, strict=True)), batch, new_clock(p), window, drain, queue
+    )
     log(f"with batch ({batch_count} queued): {summary(mixed)}")
     idle_tokens = batch_tps * window * (1 - args.load)
     return {
         "capacity": {"interactive_rps": rps, "batch_output_tokens_per_s": batch_tps},
         "interactive_rate_rps": rate,
         "batch_requests_queued": batch_count,
+        "engine_batch_queue": queue,
         "idle_batch_tokens": idle_tokens,
         "runs": {"alone": summary(alone), "with_batch": summary(mixed)},
         "interactive_ttft_p99_ratio": ratio(mixed.p99(mixed.ttft_s), alone.p99(alone.ttft_s)),

@@ -132,12 +132,17 @@ def drive(
     clock: Clock,
     window_s: float,
     drain_s: float,
+    batch_queue: int,
 ) -> RunResult:
-    """Batch queued at t=0, interactive requests at their arrival times; stepped until every
-    interactive request is done (or `window_s + drain_s` passes); batch tokens count while the
-    window lasts; what is left afterwards is cancelled."""
-    for request in batch:
-        engine.add_request(request)
+    """The batch queued at t=0, interactive requests at their arrival times; stepped until
+    every interactive request is done (or `window_s + drain_s` passes); batch tokens count
+    while the window lasts; what is left afterwards is cancelled.
+
+    The batch waits here, as the gateway keeps a batch (issue 52: it feeds each site just
+    enough background work), and the engine's queue is topped up to `batch_queue` waiting
+    requests before every step: always more than it can admit, never the whole batch (the
+    scheduler sorts its queue every step, which a site is not meant to hold thousands in)."""
+    feed = iter(batch)
     pending = sorted(interactive, key=lambda pair: pair[0])
     timings = {request.request_id: _Timing(t) for t, request in pending}
     result = RunResult(0.0, 0, 0, len(pending))
@@ -152,6 +157,10 @@ def drive(
         while next_arrival < len(pending) and pending[next_arrival][0] <= now:
             engine.add_request(pending[next_arrival][1])
             next_arrival += 1
+        for _ in range(batch_queue - engine.queue_lengths()[0]):
+            request = next(feed, None)
+            if request is not None:
+                engine.add_request(request)
         if not engine.has_unfinished():
             if next_arrival == len(pending):
                 break  # everything done, the batch too (it was smaller than the window)
