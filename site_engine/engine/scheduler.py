@@ -32,6 +32,14 @@ indexed by `update` once the step that writes their KV is launched and their tok
 scheduling). A block indexed while that step still runs on the device is safe to share: every
 later step is queued behind it.
 
+Priority classes (fedllm_contract/priority.py: interactive > flex > batch): a step is planned
+class by class from the top, each class's running sequences and then its admissions, so a higher
+class takes the step's token budget first. A class's admission plan counts the holders of its
+class and higher ones only; when it needs a batch slot or blocks now, it preempts running
+sequences of lower classes (class_preemption.py), never of its own or a higher one, which it
+waits for. KV growth preempts the lowest class first, `seq` itself before any higher one. The
+background classes' prefill per step is bounded (step_budget.py, the deferral bound).
+
 "static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
 until its longest member is done; finished members stop computing but keep their blocks until
 the batch ends, which is what a padded static batch costs in memory.
@@ -47,6 +55,7 @@ from fedllm_contract.block_hash import root_hash
 from fedllm_contract.cache_events import CacheEvent
 from fedllm_contract.priority import Priority
 from site_engine.engine.block_manager import BlockManager, CacheHit
+from site_engine.engine.class_preemption import pick_victim, room_without
 from site_engine.engine.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
 from site_engine.engine.scheduling_policy import admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
@@ -220,6 +229,9 @@ class Scheduler:
         preempted: list[Sequence] = []
         cfg = self.config
         budget = StepBudget.for_step(cfg.max_num_batched_tokens, cfg.background_step_tokens)
+        # Grouped once: a class whose waiting sequences change during this step (a victim joins
+        # them) admits nobody in it, by the rule below.
+        waiting = self._waiting_by_class()
         for priority in Priority:
             self._schedule_running(priority, chunks, preempted, budget)
             self._end_static_batch_if_done()
@@ -229,7 +241,7 @@ class Scheduler:
             if any(victim.priority <= priority for victim in preempted):
                 continue
             if not (self._static and self._running):
-                self._admit_waiting(priority, chunks, budget, preempted)
+                self._admit_waiting(priority, waiting[priority], chunks, budget, preempted)
         left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
         if chunks:
@@ -285,16 +297,10 @@ class Scheduler:
         return True
 
     def _victim(self, lowest: int) -> Sequence | None:
-        """The running sequence to preempt first among those of class `lowest` or below (a
-        value past BATCH matches none): the lowest class, the most recently admitted of it.
-
-        Such a victim was never scheduled in the step being planned: classes are scheduled
-        from the top, and within a class in admission order."""
-        victim: Sequence | None = None
-        for seq in reversed(self._running):
-            if seq.priority >= lowest and (victim is None or seq.priority > victim.priority):
-                victim = seq
-        return victim
+        """The running sequence to preempt first among those of class `lowest` or below. It
+        was never scheduled in the step being planned: classes are scheduled from the top, and
+        within a class in admission order (the victim is the newest)."""
+        return pick_victim(self._running, lowest)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: its blocks go back, it re-prefills prompt + generated tokens
@@ -308,17 +314,23 @@ class Scheduler:
         self._preemptions_by_class[seq.priority] += 1
         self._waiting.insert(0, seq)
 
+    def _waiting_by_class(self) -> dict[Priority, list[Sequence]]:
+        groups: dict[Priority, list[Sequence]] = {priority: [] for priority in Priority}
+        for seq in self._waiting:
+            groups[seq.priority].append(seq)
+        return groups
+
     def _admit_waiting(
         self,
         priority: Priority,
+        candidates: list[Sequence],
         chunks: list[ScheduledChunk],
         budget: StepBudget,
         preempted: list[Sequence],
     ) -> None:
-        """Admit waiting sequences of one class in policy order while they fit, preempting
-        running sequences of lower classes for a batch slot or KV blocks."""
+        """Admit `candidates`, the waiting sequences of one class, in policy order while they
+        fit, preempting running sequences of lower classes for a batch slot or KV blocks."""
         cfg = self.config
-        candidates = [seq for seq in self._waiting if seq.priority is priority]
         if not candidates:
             return
         if len(self._running) >= cfg.max_num_seqs and self._victim(priority + 1) is None:
@@ -379,7 +391,8 @@ class Scheduler:
         for its first chunk. False, having preempted none, if preempting them all would not
         make that room: a victim that could not help would only lose its work."""
         lower = [victim for victim in self._running if victim.priority > priority]
-        if not lower or not self._room_without(lower, hit, num_tokens_total):
+        seats = len(self._running) - len(lower) < self.config.max_num_seqs
+        if not (lower and seats and room_without(self._blocks, lower, hit, num_tokens_total)):
             return False
         while not self._has_room(hit, num_tokens_total):
             victim = self._victim(priority + 1)
@@ -387,27 +400,6 @@ class Scheduler:
             self._preempt(victim)
             preempted.append(victim)
         return True
-
-    def _room_without(self, victims: list[Sequence], hit: CacheHit, num_tokens_total: int) -> bool:
-        """Whether an admission with `hit` for `num_tokens_total` slots would fit once every
-        one of `victims` gave its blocks back (BlockManager.can_admit's sum, ahead of time; a
-        freed block that is one of the hit's costs a free block as an idle hit, so only the
-        others count)."""
-        if len(self._running) - len(victims) >= self.config.max_num_seqs:
-            return False
-        blocks = self._blocks
-        held = Counter(
-            block for victim in victims for block in blocks.block_table(victim.request_id)
-        )
-        hit_blocks = set(hit.device_blocks)
-        freed = sum(
-            1
-            for block, count in held.items()
-            if blocks.refcount(block) == count and block not in hit_blocks
-        )
-        idle_hits = len(hit.device_blocks) - blocks.shared_in_use(hit)
-        fresh = max(blocks.blocks_needed(num_tokens_total) - len(hit.device_blocks), 0)
-        return fresh + idle_hits <= blocks.num_free_blocks + freed
 
     def _has_room(self, hit: CacheHit, num_tokens_total: int) -> bool:
         """A batch slot and the blocks for an admission's first chunk are free now."""
