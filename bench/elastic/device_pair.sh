@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One seed of the autoscaled and the static-2 arms side by side on a four-GPU machine
+# One seed of the autoscaled and the static-2 arms (or those ARMS names) side by side on a four-GPU machine
 # (nvidia-h100-x4): autoscaled on GPUs 0 and 1, static2 on GPUs 2 and 3, each with its own
 # gateway and load generator, the same requests (same 1x, same seed). Run in the device call
 # after installing the carried wheels (docs/elastic.md); results land in $OUT.
@@ -19,13 +19,15 @@ if [[ -z "$calibration" ]]; then
     tail -3 "$OUT/${name}_calibration.log"
     [[ -f "$calibration" ]] || exit 1
 fi
-for arm in autoscaled static2; do
-    gpus=$([[ $arm == autoscaled ]] && echo 0,1 || echo 2,3)
+# ARMS: which arm runs on which GPUs (a one-site arm names its GPU twice).
+for spec in ${ARMS:-autoscaled:0,1 static2:2,3}; do
+    arm=${spec%%:*} gpus=${spec#*:}
     timeout "${ARM_TIMEOUT_S:-470}" python3 -m bench.elastic "${common[@]}" --seed "$seed" \
         --arms "$arm" --merge "$calibration" --gpus "$gpus" --work-dir "/tmp/el-$arm" \
         --name "${name}_s${seed}_${arm}" > "$OUT/${name}_s${seed}_${arm}.log" 2>&1 &
 done
 wait
-for arm in autoscaled static2; do tail -4 "$OUT/${name}_s${seed}_${arm}.log"; done
-tar czf "$OUT/${name}_s${seed}_logs.tgz" -C /tmp el-autoscaled el-static2 2>/dev/null
+for spec in ${ARMS:-autoscaled:0,1 static2:2,3}; do arm=${spec%%:*}; tail -4 "$OUT/${name}_s${seed}_${arm}.log"; done
+# The device call brings back at most 8 files: the JSON results stay, the rest goes in one tar.
+cd "$OUT" && tar czf "${name}_s${seed}_rest.tgz" --remove-files ./*.log ./*.md ./*.png 2>/dev/null
 exit 0
