@@ -314,3 +314,19 @@ def check_preemption_classes(sched: Scheduler, out: SchedulerOutput) -> None:
     top_victim = min(v.priority for v in victims if v is not None)
     running = [c.request_id for c in out.chunks]
     assert all(s.priority <= top_victim for s in map(sched.get, running) if s is not None)
+
+
+def test_a_preempted_sequence_takes_back_its_cached_blocks_with_prefix_caching() -> None:
+    """Recompute preemption with prefix caching: the victim's full blocks stay in the cache
+    (freed, not erased) unless the preemptor needs them, so it re-prefills only the rest."""
+    sched = make(num_blocks=8, max_num_batched_tokens=64, prefix_caching=True, model_name="m")
+    sched.add("b1", prompt(15), sp(4, ignore_eos=True), predicted_tokens=1, priority=B)
+    b2 = sched.add("b2", prompt(15, 30), sp(4, ignore_eos=True), predicted_tokens=1, priority=B)
+    step(sched)  # all 8 blocks held; 3 full ones of each indexed
+    sched.add("i", prompt(7, 50), sp(1))  # 2 blocks: b2's partial one and one cached one
+    out, _ = step(sched)
+    assert out.preempted_request_ids == frozenset({"b2"})
+    outputs, _ = run_to_completion(sched)
+    back = next(c for o in outputs for c in o.chunks if c.request_id == "b2")
+    assert back.start_position == 2 * 4  # its first two blocks were still cached
+    assert b2.output_token_ids == [100, 101, 102, 103]
