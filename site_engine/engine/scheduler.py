@@ -358,13 +358,11 @@ class Scheduler:
             num_new = budget.allowance(seq, wanted)
             if num_new == 0 and not self._static:
                 break  # the deferral bound: this background prefill waits for a later step
-            if not self._has_room(hit, cached + num_new):
-                if not self._evict_below(priority, hit, cached + num_new, preempted):
-                    break
-                hit = self._cache.lookup(seq)  # the victims' blocks may now be hits
-                cached = hit.num_blocks * cfg.block_size
-                wanted = seq.num_tokens - cached
-                num_new = budget.allowance(seq, wanted)
+            # A victim's freed blocks stay indexed, so `hit` holds after preemptions.
+            if not self._has_room(hit, cached + num_new) and not self._evict_below(
+                priority, hit, cached + num_new, preempted
+            ):
+                break
             self._blocks.admit(seq.request_id, hit, cached + num_new)
             self._cache.admitted(seq, hit)
             seq.num_computed_tokens = cached

@@ -272,9 +272,10 @@ def test_batch_runs_at_full_width_when_interactive_load_is_idle() -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_mixes_lose_nothing_and_never_preempt_above_a_running_class(seed: int) -> None:
-    """Random classes, lengths and arrivals in a cache small enough to preempt often: after any
-    step that preempted a class, no sequence of a lower class runs; every answer is complete
-    (the fake tokens count generation steps, so a lost or repeated token shows)."""
+    """Random classes, lengths and arrivals in a cache small enough to preempt often, with
+    prefix caching in every other mix: after any step that preempted a class, no sequence of a
+    lower class runs; every answer is complete (the fake tokens count generation steps, so a
+    lost or repeated token shows)."""
     rng = random.Random(seed)
     sched = make(
         num_blocks=rng.randint(10, 24),
@@ -282,6 +283,8 @@ def test_random_mixes_lose_nothing_and_never_preempt_above_a_running_class(seed:
         max_num_batched_tokens=rng.randint(8, 32),
         background_step_tokens=rng.choice([0, 4, 8]),
         policy=rng.choice(["fcfs", "spf"]),
+        prefix_caching=seed % 2 == 1,
+        model_name="m",
     )
     added: list[Sequence] = []
     preempted_any = False
@@ -290,7 +293,8 @@ def test_random_mixes_lose_nothing_and_never_preempt_above_a_running_class(seed:
             added.append(
                 sched.add(
                     f"r{n}",
-                    prompt(rng.randint(1, 14), rng.randint(1, 500)),
+                    # Few distinct starts: with prefix caching, classes share blocks.
+                    prompt(rng.randint(1, 14), rng.choice([1, 2, 300])),
                     sp(rng.randint(1, 12), ignore_eos=True),
                     predicted_tokens=rng.choice([None, 1, 4]),
                     priority=rng.choice(list(Priority)),
