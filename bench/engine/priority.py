@@ -79,7 +79,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_seqs": 8,
         "max_num_batched_tokens": 256,
         "kv_cache_blocks": 192,
-        "deferral_bound_tokens": 64,
+        # 3.2 ms of background prefill a step at most, a third of a step's fixed cost.
+        "deferral_bound_tokens": 32,
         "interactive": Shape(prompt=(16, 96), answer=(8, 32)),
         "batch": Shape(prompt=(32, 128), answer=(16, 48)),
         "burst_requests": 48,

@@ -167,11 +167,12 @@ def test_a_waiting_interactive_request_does_not_preempt_interactive_ones() -> No
 
 
 def test_no_batch_sequence_is_preempted_when_that_would_not_make_room() -> None:
-    """Interactive sequences hold 6 of 8 blocks, batch 2: a waiting interactive prompt that
-    needs 3 blocks more than the free ones cannot fit even without the batch sequence."""
+    """An interactive sequence holds 6 of 8 blocks, a batch one 2: a waiting interactive prompt
+    that needs 4 cannot fit even without the batch sequence, which is therefore left running."""
     sched = make(num_blocks=8, max_num_batched_tokens=64, max_model_len=64)
-    sched.add("i1", prompt(23), sp(2), predicted_tokens=1)
-    sched.add("b", prompt(7, 50), sp(8), predicted_tokens=1, priority=B)
+    sched.add("b", prompt(6, 50), sp(8), predicted_tokens=1, priority=B)  # 2 blocks, 8 slots
+    step(sched)
+    sched.add("i1", prompt(23), sp(4), predicted_tokens=1)
     step(sched)
     assert sched.stats().kv_blocks_used == 8
     sched.add("i2", prompt(15, 80), sp(2))  # 4 blocks; the batch sequence frees only 2
@@ -214,6 +215,18 @@ def test_background_prefill_per_step_stays_within_the_deferral_bound() -> None:
     assert all(class_load(sched, p).num_preemptions == 0 for p in Priority)
 
 
+def test_a_step_that_prefills_an_interactive_prompt_takes_no_background_prefill() -> None:
+    sched = make(max_num_batched_tokens=64, background_step_tokens=16)
+    sched.add("b0", prompt(4), sp(6), priority=B)
+    step(sched)  # b0 decodes from now on
+    sched.add("i", prompt(10, 50), sp(4))
+    sched.add("b1", prompt(12, 80), sp(4), priority=B)
+    out, _ = step(sched)
+    assert chunk_tokens(out) == {"i": 10, "b0": 1}  # b1's prompt waits; b0's decode does not
+    out, _ = step(sched)
+    assert chunk_tokens(out) == {"i": 1, "b0": 1, "b1": 12}
+
+
 def test_background_decodes_are_not_deferred() -> None:
     sched = make(max_num_batched_tokens=64, background_step_tokens=2)
     for n in range(4):
@@ -251,8 +264,10 @@ def test_batch_progresses_while_interactive_load_leaves_room() -> None:
         assert steps < 500, "no progress"
     last_batch_step = max(n for n, tokens in enumerate(batch_tokens_per_step) if tokens)
     # Some batch work in every step until all of it is done, well before the interactive load
-    # ends: 6 answers of 6 tokens in 4 slots, one of them (at most two) interactive.
-    assert all(batch_tokens_per_step[: last_batch_step + 1])
+    # ends: 6 answers of 6 tokens in 4 slots, one of them (at most two) interactive. The first
+    # step prefills the first interactive prompt alone: nothing of the batch runs yet.
+    assert batch_tokens_per_step[0] == 0
+    assert all(batch_tokens_per_step[1 : last_batch_step + 1])
     assert last_batch_step < 20
     assert sched.stats().kv_blocks_used == 0
 
