@@ -241,7 +241,7 @@ NEUTRAL = {
 def test_neutral_values_are_accepted(chat) -> None:
     prepared = prepare(chat, **NEUTRAL)
     params = prepared.params
-    assert (params.temperature, params.top_p, prepared.stream) == (1.0, 1.0, False)
+    assert (params.options.temperature, params.options.top_p, prepared.stream) == (1.0, 1.0, False)
 
 
 def same_request(a: PreparedCompletion, b: PreparedCompletion) -> bool:
@@ -302,8 +302,8 @@ def test_the_prompt_is_the_rendered_template_tokenized(chat, tokenizers) -> None
     )
     assert list(prepared.params.prompt_token_ids) == tokenizers.encode("m", rendered)
     assert prepared.params.max_tokens == 5
-    assert prepared.params.stop == ("\n",)
-    assert (prepared.params.seed, prepared.user) == (3, "u1")
+    assert prepared.params.options.stop == ("\n",)
+    assert (prepared.params.options.seed, prepared.user) == (3, "u1")
     assert prepared.request_id.startswith("chatcmpl-")
     assert prepared.api == "chat.completions"
     # The length predictor reads the question, not the template's markup.

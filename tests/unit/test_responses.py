@@ -132,7 +132,7 @@ def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
             "json_schema": {"name": "x", "schema": schema, "strict": True},
         },
     )
-    assert plan.prepared.params.constraint == same.params.constraint
+    assert plan.prepared.params.options.constraint == same.params.options.constraint
     assert plan.draft.text["format"]["name"] == "x"
     named = respond(services, tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"})
     same = chat(
@@ -141,11 +141,11 @@ def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
         tools=[CHAT_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
-    assert named.prepared.params.constraint == same.params.constraint
-    assert named.prepared.params.constraint is not None
+    assert named.prepared.params.options.constraint == same.params.options.constraint
+    assert named.prepared.params.options.constraint is not None
     json_object = respond(services, text={"format": {"type": "json_object"}})
-    assert json_object.prepared.params.constraint is not None
-    assert json_object.prepared.params.constraint.kind == "json_object"  # fmt: skip
+    assert json_object.prepared.params.options.constraint is not None
+    assert json_object.prepared.params.options.constraint.kind == "json_object"  # fmt: skip
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
@@ -159,7 +159,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-    ({"service_tier": "flex"}, "service_tier"),
+    ({"service_tier": "scale"}, "service_tier"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
