@@ -14,6 +14,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from fedllm_contract.request_options import Priority
 from gateway.api.chat_schemas import decode_chat_request
 from gateway.api.openai_errors import OpenAIError, to_openai
 from gateway.api.responses_schemas import decode_response_request
@@ -118,6 +119,14 @@ def test_a_function_call_and_its_output_make_chat_tool_turns(services) -> None:
     assert plan.prepared.params.prompt_token_ids == same.params.prompt_token_ids
     assert plan.prepared.tool_calls == same.tool_calls
     assert [item.id for item in plan.input_items][1:3] == ["msg_1", "fc_1"]
+
+
+@pytest.mark.parametrize(
+    ("tier", "priority"),
+    [("auto", Priority.INTERACTIVE), ("default", Priority.INTERACTIVE), ("flex", Priority.FLEX)],
+)
+def test_the_flex_tier_is_served_as_the_flex_priority_class(services, tier, priority) -> None:
+    assert respond(services, service_tier=tier).prepared.params.options.priority == priority
 
 
 def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
