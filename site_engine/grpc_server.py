@@ -1,7 +1,8 @@
 """The site's gRPC adapter: protobuf in, typed engine calls, protobuf out.
 
-This, its sibling for embedding models (grpc_embedding.py) and gateway/sites/grpc_client.py are
-the only modules that touch the generated protobuf types.
+This, its sibling for embedding models (grpc_embedding.py), gateway/sites/grpc_client.py and
+the request options' codec they share (fedllm_contract/proto/options.py) are the only modules
+that touch the generated protobuf types.
 """
 
 from __future__ import annotations
