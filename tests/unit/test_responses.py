@@ -126,7 +126,9 @@ def test_a_function_call_and_its_output_make_chat_tool_turns(services) -> None:
     [("auto", Priority.INTERACTIVE), ("default", Priority.INTERACTIVE), ("flex", Priority.FLEX)],
 )
 def test_the_flex_tier_is_served_as_the_flex_priority_class(services, tier, priority) -> None:
-    assert respond(services, service_tier=tier).prepared.params.options.priority == priority
+    plan = respond(services, service_tier=tier)
+    assert plan.prepared.params.options.priority == priority
+    assert plan.draft.service_tier == ("flex" if tier == "flex" else "default")
 
 
 def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
