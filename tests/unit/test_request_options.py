@@ -24,6 +24,8 @@ from gateway.sites.interface import GenerateParams
 from gateway.sites.openai_wire import completion_body, option_fields
 from site_engine.engine.types import SamplingParams
 from site_engine.grpc_server import InvalidRequest, _check_options
+from site_engine.openai_wire import BadRequest as FaceBadRequest
+from site_engine.openai_wire import _sampling as face_sampling
 from site_engine.request_options import NOT_SAMPLING, SAMPLING_OPTIONS, engine_request
 
 TAGGED = ConstraintSpec("tagged_json", schema='{"type": "object"}', begin="<a>", end="</a>",
@@ -203,3 +205,20 @@ def test_options_out_of_range_are_400s_naming_the_parameter(options, param) -> N
 def test_checked_options_are_the_options() -> None:
     assert check_options(FROM_WIRE, vocab=50257, max_choices=8) == FROM_WIRE
     assert check_options(RequestOptions(), vocab=50257, max_choices=8) == RequestOptions()
+
+
+def test_the_sites_openai_face_reads_every_sampling_option() -> None:
+    body = {**WIRE, "top_logprobs": 2, "repetition_penalty": 1.25, "max_tokens": 9,
+            "generated_before": 2, "response_format": {"type": "json_object"}}  # fmt: skip
+    sampling = face_sampling(body, chat=False)
+    expected = replace(FROM_WIRE, repetition_penalty=1.25, constraint=ConstraintSpec("json_object"))
+    for name in SAMPLING_OPTIONS - {"logprobs", "top_logprobs", "logit_bias"}:
+        assert getattr(sampling, name) == getattr(expected, name), name
+    assert sorted(sampling.logit_bias) == list(expected.logit_bias)  # in the body's order
+    assert (sampling.max_tokens, sampling.generated_before) == (9, 2)
+    chat = face_sampling({"logprobs": True, "top_logprobs": 2}, chat=True)
+    assert (chat.logprobs, chat.top_logprobs) == (True, 2)
+    with pytest.raises(FaceBadRequest, match="presence_penalty"):
+        face_sampling({"presence_penalty": "high"})
+    with pytest.raises(FaceBadRequest, match="temperature"):
+        face_sampling({"temperature": -1.0})
