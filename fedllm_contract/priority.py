@@ -7,7 +7,9 @@ served first, so the enum sorts in the order the engine admits; a site preempts 
 sequence only for a waiting or running one of a strictly higher class (lower value).
 
 Shared here, not in the engine, so that the gateway can name a class without importing
-site_engine (import-linter's gateway-without-site contract).
+site_engine (import-linter's gateway-without-site contract); fedllm_contract/request_options.py
+re-exports it for the request's options, and site.proto's Priority enum maps to it by member
+name (fedllm_contract/proto/options.py).
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ class EngineRequest:
     cache_salt: str = ""
     # False for one choice of a request with several (they are never released for offload).
     releasable: bool = True
+    # The LoRA adapter the request is for (None: the base model); the serving layer refuses an
+    # adapter the site does not serve before the engine sees it.
+    adapter: str | None = None
     # Its class: interactive first; flex and batch fill the capacity it leaves (scheduler.py).
     priority: Priority = Priority.INTERACTIVE
 
