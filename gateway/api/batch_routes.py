@@ -28,12 +28,12 @@ from gateway.api.body import decode_body
 from gateway.api.client_auth import require_client_key
 from gateway.api.openai_errors import ErrorBody, OpenAIError
 from gateway.api.openapi_body import json_body
+from gateway.batches.records import BatchView, ItemView
 from gateway.batches.service import BatchService
 from gateway.db.models import BatchStatus
 from gateway.files.service import FileService
 from gateway.idempotency import HEADER, REPLAYED_HEADER, Idempotency
 from gateway.settings import GatewaySettings
-from gateway.stores.batch_records import BatchView, ItemView
 from gateway.tenancy.admission import Caller
 
 DEFAULT_BATCH_PAGE, DEFAULT_RESULT_PAGE = 20, 100

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from gateway.batches.records import NewItem
 from gateway.batches.request import (
     CHAT,
     chat_request,
@@ -28,7 +29,6 @@ from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.files.batch_input import Endpoint, InputLine
 from gateway.request_path.service import CompletionService
-from gateway.stores.batch_records import NewItem
 
 # A slice of items validated in one turn of the tokenize pool: bounded in bytes, so that one
 # large batch holds a pool thread for a fraction of a second at a time (tokenizing costs about

@@ -7,9 +7,9 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
+from gateway.batches.records import LaneKey, QueuedItem
+from gateway.batches.store import BatchStore
 from gateway.routing.types import UnpredictedPlan
-from gateway.stores.batch_records import LaneKey, QueuedItem
-from gateway.stores.batch_store import BatchStore
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """What the batch runner decides, as pure functions: where the group-wise assignment puts each
 item of a batch (MICO's, or the cost model's when the gateway's routing profile routes by it),
 and how long to wait before an item's next try. (When a batch is settled is the
-batch store's rule, gateway/stores/batch_records.py; which failures are tried again is the
+batch store's rule, gateway/batches/records.py; which failures are tried again is the
 error's own, GatewayError.retryable.)"""
 
 from __future__ import annotations

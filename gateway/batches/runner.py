@@ -3,7 +3,7 @@ algorithm, dispatches them through the regular completion path, and resumes afte
 
 A batch goes through three steps, each restartable from what the database holds:
 1. recover: items the previous owner left running are queued again (an item recorded final is
-   never run again; see the fencing in gateway/stores/batch_store.py);
+   never run again; see the fencing in gateway/batches/store.py);
 2. assign (while `validating`): every item's length is predicted and `mico_assign` places the
    batch over the healthy sites serving its model; the site, planned tokens and reason are
    stored with each item;
@@ -13,7 +13,7 @@ A batch goes through three steps, each restartable from what the database holds:
    /v1/completions request that the batch's assignment routed.
 
 4. finalize: once every item is final, the output and error files are written and the batch
-   settles (gateway/stores/batch_finalize.py).
+   settles (gateway/batches/finalize.py).
 
 Items are prepared (validated and tokenized) again at each start, on the tokenize pool, never on
 the event loop. Each item's request row carries the batch's key, so usage per key counts it, and
@@ -38,11 +38,16 @@ import uuid
 from datetime import timedelta
 from functools import partial
 
+from gateway.batches.finalize import BatchFinalizer
 from gateway.batches.item_runner import BatchRun, ItemRunner, StatusOf
 from gateway.batches.items import ItemPreparer
 from gateway.batches.lanes import LaneCursor
+from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
 from gateway.batches.plan import PlanItem, plan_batch, plan_batch_by_cost
+from gateway.batches.records import ItemAssignment, QueuedItem
+from gateway.batches.settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
+from gateway.batches.store import BatchStore
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import GatewayError
 from gateway.prediction.service import Prediction
@@ -50,11 +55,6 @@ from gateway.request_path.service import CompletionService
 from gateway.routing.types import UnpredictedPlan
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import ItemAssignment, QueuedItem
-from gateway.stores.batch_settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
-from gateway.stores.batch_store import BatchStore
 from gateway.tenancy.admission import Tenancy
 from gateway.tokenize_pool import TokenizePool
 

@@ -21,10 +21,14 @@ from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.batches.finalize import BatchFinalizer
 from gateway.batches.item_runner import StatusOf
 from gateway.batches.items import Entry, ItemPreparer, file_entries, inline_entries, slices
+from gateway.batches.leases import BatchLeases
+from gateway.batches.records import BatchView, ItemView, NewBatch, NewItem, Owner, Page
 from gateway.batches.request import COMPLETIONS, BatchCreateRequest, window_hours
 from gateway.batches.runner import BatchRunner
+from gateway.batches.store import BatchStore
 from gateway.chat.service import ChatService
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import (
@@ -39,10 +43,6 @@ from gateway.files.service import FileService, file_not_found
 from gateway.request_path.service import CompletionService
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import BatchView, ItemView, NewBatch, NewItem, Owner, Page
-from gateway.stores.batch_store import BatchStore
 from gateway.stores.file_store import UPLOAD_PURPOSE
 from gateway.tenancy.admission import Tenancy
 from gateway.tokenize_pool import TokenizePool

@@ -12,7 +12,19 @@ from functools import partial
 import pytest
 from sqlalchemy import select
 
+from gateway.batches.finalize import BatchFinalizer
+from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
+from gateway.batches.records import (
+    BatchView,
+    ItemAssignment,
+    ItemResult,
+    NewBatch,
+    NewItem,
+    TokenUsage,
+)
+from gateway.batches.settling import CANCELLED_ERROR
+from gateway.batches.store import BatchStore
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import (
     BatchItemStatus,
@@ -23,18 +35,6 @@ from gateway.db.models import (
 )
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.federation import SiteConfig
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import (
-    BatchView,
-    ItemAssignment,
-    ItemResult,
-    NewBatch,
-    NewItem,
-    TokenUsage,
-)
-from gateway.stores.batch_settling import CANCELLED_ERROR
-from gateway.stores.batch_store import BatchStore
 from gateway.stores.request_log import NewRequest, Outcome, RequestLog
 from gateway.stores.site_store import sync_sites
 

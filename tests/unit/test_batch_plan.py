@@ -13,6 +13,7 @@ from gateway.batches.plan import (
     plan_batch,
     retry_delay_s,
 )
+from gateway.batches.records import settled_status
 from gateway.db.models import BatchStatus
 from gateway.errors import (
     Conflict,
@@ -26,7 +27,6 @@ from gateway.errors import (
     Unavailable,
     UpstreamFailed,
 )
-from gateway.stores.batch_records import settled_status
 
 
 @dataclass(frozen=True)

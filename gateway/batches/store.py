@@ -6,9 +6,9 @@ another gateway cannot write over the new owner, and an item recorded final is n
 again. A batch's counters change in the same transaction as the item that moves them, and the
 batch settles (completed / failed / cancelled) in the transaction that finalizes its last item.
 
-Which gateway runs a batch is gateway/stores/batch_leases.py's business; the records taken
-and returned are in gateway/stores/batch_records.py; how a batch settles, expires and cancels
-is gateway/stores/batch_settling.py.
+Which gateway runs a batch is gateway/batches/leases.py's business; the records taken
+and returned are in gateway/batches/records.py; how a batch settles, expires and cancels
+is gateway/batches/settling.py.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, and_, func, insert, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
-from gateway.routing.types import UnpredictedPlan
-from gateway.stores.batch_records import (
+from gateway.batches.records import (
     BatchView,
     ItemAssignment,
     ItemResult,
@@ -36,14 +34,16 @@ from gateway.stores.batch_records import (
     batch_view,
     queued_item,
 )
-from gateway.stores.batch_settling import (
+from gateway.batches.settling import (
     cancel_queued,
     expire_in,
-    rowcount,
     settle,
     settle_request_row,
 )
+from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
+from gateway.routing.types import UnpredictedPlan
 from gateway.stores.file_store import file_exists, owned_by
+from gateway.stores.pages import rowcount
 
 T = TypeVar("T")
 _NOT_FINAL = (BatchItemStatus.QUEUED, BatchItemStatus.RUNNING)

@@ -1,6 +1,6 @@
 """The plain records of the batch API: what the store takes and returns, free of SQL.
 
-BatchStore (gateway/stores/batch_store.py) reads and writes them; the runner, the controllers and
+BatchStore (gateway/batches/store.py) reads and writes them; the runner, the controllers and
 the leases pass them around.
 """
 
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
 
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus
 from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
 
-T = TypeVar("T")
-
-
-Owner = int | None  # the API key a batch belongs to; None: made without a key
+# Re-exported: the batch API's records are read through this module.
+from gateway.stores.pages import Owner as Owner
+from gateway.stores.pages import Page as Page
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +152,6 @@ class FinalItem:
     completion: dict[str, object] | None
     error: dict[str, object] | None
     status_code: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    data: list[T]
-    has_more: bool
 
 
 def batch_view(row: BatchJob) -> BatchView:
