@@ -1,5 +1,5 @@
 """A lane: the queued items of one batch assigned to one site, read a page at a time in lane
-order (longest planned answer first) by the workers that run them."""
+order (the rank the batch plan gave each item, gateway/batches/plan.py) by the workers that run them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from gateway.batches.records import LaneKey, QueuedItem
 from gateway.batches.store import BatchStore
-from gateway.routing.types import UnpredictedPlan
 
 
 @dataclass(slots=True)
@@ -18,7 +17,6 @@ class LaneCursor:
     batch_id: str
     site_id: int | None
     page: int
-    unpredicted: UnpredictedPlan
     after: LaneKey | None = None
     exhausted: bool = False
     buffer: deque[QueuedItem] = field(default_factory=deque)
@@ -27,11 +25,9 @@ class LaneCursor:
     async def next(self) -> QueuedItem | None:
         async with self.lock:
             if not self.buffer and not self.exhausted:
-                rows = await self.store.lane(
-                    self.batch_id, self.site_id, self.after, self.page, self.unpredicted
-                )
+                rows = await self.store.lane(self.batch_id, self.site_id, self.after, self.page)
                 self.exhausted = len(rows) < self.page
                 if rows:
-                    self.after = rows[-1].lane_key(self.unpredicted)
+                    self.after = rows[-1].lane_key()
                 self.buffer.extend(rows)
             return self.buffer.popleft() if self.buffer else None

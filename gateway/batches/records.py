@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus
-from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
 
 # Re-exported: the batch API's records are read through this module.
 from gateway.stores.pages import Owner as Owner
@@ -112,14 +111,12 @@ class QueuedItem:
     predictor_version: str | None
     assign_reason: str | None
     attempts: int
+    plan_rank: int = 0
 
-    def lane_key(self, unpredicted: UnpredictedPlan = "max_tokens") -> LaneKey:
-        """Where the item stands in its lane (BatchStore.lane): planned answer tokens and its
-        index. The stored prediction is already capped at max_tokens (the runner assigns the
-        capped one), so it is used as is, as the lane's SQL does."""
-        if self.predicted_tokens is not None:
-            return self.predicted_tokens, self.index
-        return planned_answer_tokens(None, self.max_tokens, unpredicted), self.index
+    def lane_key(self) -> LaneKey:
+        """Where the item stands in its lane (BatchStore.lane): its rank in the batch plan, then
+        its index."""
+        return self.plan_rank, self.index
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +127,8 @@ class ItemAssignment:
     predicted_bucket: int | None
     predictor_version: str | None
     reason: str
+    # Its place in its site's order (gateway/batches/plan.py); None: submission order.
+    rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +192,7 @@ def queued_item(row: BatchItem) -> QueuedItem:
         predictor_version=row.predictor_version,
         assign_reason=row.assign_reason,
         attempts=row.attempts,
+        plan_rank=row.plan_rank,
     )
 
 

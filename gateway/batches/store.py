@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, func, insert, literal, or_, select, update
+from sqlalchemy import Select, and_, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batches.records import (
@@ -41,7 +41,6 @@ from gateway.batches.settling import (
     settle_request_row,
 )
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
-from gateway.routing.types import UnpredictedPlan
 from gateway.stores.file_store import file_exists, owned_by
 from gateway.stores.pages import rowcount
 
@@ -92,6 +91,7 @@ class BatchStore:
                         {
                             "batch_id": new.id,
                             "item_index": start + offset,
+                            "plan_rank": start + offset,
                             "custom_id": item.custom_id,
                             "body": item.body,
                             "status": BatchItemStatus.QUEUED
@@ -207,31 +207,20 @@ class BatchStore:
         return await self._queued(batch_id, after_index, limit)
 
     async def lane(
-        self,
-        batch_id: str,
-        site_id: int | None,
-        after: LaneKey | None,
-        limit: int,
-        unpredicted: UnpredictedPlan = "max_tokens",
+        self, batch_id: str, site_id: int | None, after: LaneKey | None, limit: int
     ) -> list[QueuedItem]:
-        """Queued items assigned to `site_id` (None: to no site), the longest planned answer
-        first (ties in submission order), after the item whose lane_key is `after`. Planned:
-        the stored (capped) prediction, else as `unpredicted` says (planned_answer_tokens).
-
-        MICO hands its groups out longest first; a site that starts its share in that order
-        does not end the batch on a long answer started last, and its static batches hold
-        answers of similar length."""
+        """Queued items assigned to `site_id` (None: to no site) in the order the batch plan
+        stored (plan_rank, ties in submission order), after the item whose lane_key is `after`.
+        The order itself is the plan's (gateway/batches/plan.py); the store only keeps it."""
         site = BatchItem.site_id.is_(None) if site_id is None else BatchItem.site_id == site_id
-        fallback = BatchItem.max_tokens if unpredicted == "max_tokens" else literal(0)
-        planned = func.coalesce(BatchItem.predicted_tokens, fallback)
         where = [site]
         if after is not None:
-            after_planned, after_index = after
+            after_rank, after_index = after
             where.append(
-                (planned < after_planned)
-                | ((planned == after_planned) & (BatchItem.item_index > after_index))
+                (BatchItem.plan_rank > after_rank)
+                | ((BatchItem.plan_rank == after_rank) & (BatchItem.item_index > after_index))
             )
-        return await self._queued(batch_id, -1, limit, *where, order=(planned.desc(),))
+        return await self._queued(batch_id, -1, limit, *where, order=(BatchItem.plan_rank,))
 
     async def _queued(
         self,
@@ -279,6 +268,7 @@ class BatchStore:
                             "predicted_bucket": a.predicted_bucket,
                             "predictor_version": a.predictor_version,
                             "assign_reason": a.reason,
+                            "plan_rank": a.index if a.rank is None else a.rank,
                         }
                         for a in assignments[start : start + _CHUNK]
                     ],
