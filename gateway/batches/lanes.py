@@ -1,5 +1,5 @@
-"""A lane: the queued items of one batch assigned to one site, read a page at a time in lane
-order (the rank the batch plan gave each item, gateway/batches/plan.py) by the workers that run them."""
+"""A lane: the queued items of one batch assigned to one site, read a page at a time in the
+order the batch plan ranked them (gateway/batches/plan.py), by the workers that run them."""
 
 from __future__ import annotations
 

@@ -4,12 +4,15 @@ algorithm, dispatches them through the regular completion path, and resumes afte
 A batch goes through three steps, each restartable from what the database holds:
 1. recover: items the previous owner left running are queued again (an item recorded final is
    never run again; see the fencing in gateway/batches/store.py);
-2. assign (while `validating`): every item's length is predicted and `mico_assign` places the
-   batch over the healthy sites serving its model; the site, planned tokens and reason are
-   stored with each item;
-3. run: one lane per assigned site, each with `batch_site_concurrency` workers sharing that
-   site's slots with every other batch, so a batch of 100k items keeps only a few streams per
-   site open. Each item goes through Dispatch (ledger, failover, offload, request log), like a
+2. assign (while `validating`): every item's length is predicted (and its prompt's prefix
+   blocks hashed, for the prefix-tree orders) and the batch plan (gateway/batches/plan.py) gives
+   each item its site and its rank in that site's order; the site, planned tokens, reason and
+   rank are stored with each item;
+3. run: one lane per assigned site reads its items in rank order, a page at a time, and starts
+   each when the site's feed (gateway/batches/feed.py) grants a place: the feed keeps each site
+   supplied with just enough batch work for its idle capacity, all batches together, and lets a
+   batch near its deadline go first, so a batch of 100k items keeps only a few streams per site
+   open. Each item goes through Dispatch (ledger, failover, offload, request log), like a
    /v1/completions request that the batch's assignment routed.
 
 4. finalize: once every item is final, the output and error files are written and the batch
@@ -44,7 +47,7 @@ from gateway.batches.items import ItemPreparer
 from gateway.batches.lanes import LaneCursor
 from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
-from gateway.batches.plan import PlanItem, plan_batch, plan_batch_by_cost
+from gateway.batches.plan import PlanItem, make_plan
 from gateway.batches.records import ItemAssignment, QueuedItem
 from gateway.batches.settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
 from gateway.batches.store import BatchStore
@@ -66,12 +69,28 @@ _ASSIGN_PAGE = 512
 
 
 def _plan_item(
-    item: QueuedItem, prediction: Prediction | None, unpredicted: UnpredictedPlan
+    item: QueuedItem,
+    prediction: Prediction | None,
+    unpredicted: UnpredictedPlan,
+    block_ids: tuple[int, ...],
 ) -> PlanItem:
     if prediction is None:
-        return PlanItem(item.index, item.prompt_tokens, item.max_tokens, unpredicted=unpredicted)
+        return PlanItem(
+            item.index,
+            item.prompt_tokens,
+            item.max_tokens,
+            unpredicted=unpredicted,
+            block_ids=block_ids,
+        )
     tokens = prediction.within(item.max_tokens)  # the site stops at max_tokens anyway
-    return PlanItem(item.index, item.prompt_tokens, item.max_tokens, tokens, prediction.bucket)
+    return PlanItem(
+        item.index,
+        item.prompt_tokens,
+        item.max_tokens,
+        tokens,
+        prediction.bucket,
+        block_ids=block_ids,
+    )
 
 
 class BatchRunner:
@@ -250,17 +269,17 @@ class BatchRunner:
         after = -1
         while page := await self._store.queued(run.batch_id, after, _ASSIGN_PAGE):
             after = page[-1].index
-            predicted = await asyncio.gather(*(self._predict(run, q) for q in page))
-            for queued, prediction in zip(page, predicted, strict=True):
-                plan.append(_plan_item(queued, prediction, unpredicted))
+            looked = await asyncio.gather(*(self._look(run, q) for q in page))
+            for queued, (prediction, block_ids) in zip(page, looked, strict=True):
+                plan.append(_plan_item(queued, prediction, unpredicted, block_ids))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
-        cost = self._completions.router.policy.batch_cost
-        sites = self._registry.all()
-        placements = (
-            plan_batch(run.model, plan, sites)
-            if cost is None
-            else plan_batch_by_cost(run.model, plan, sites, cost)
+        placements = make_plan(
+            run.model,
+            plan,
+            self._registry.all(),
+            self._settings.batches,
+            self._completions.router.policy.batch_cost,
         )
         assignments = [
             ItemAssignment(
@@ -270,30 +289,35 @@ class BatchRunner:
                 predicted_bucket=item.predicted_bucket,
                 predictor_version=versions.get(item.index),
                 reason=placement.reason,
+                rank=placement.rank,
             )
             for item, placement in zip(plan, placements, strict=True)
         ]
         await self._store.assign(run.batch_id, assignments)
 
-    async def _predict(self, run: BatchRun, item: QueuedItem) -> Prediction | None:
+    async def _look(
+        self, run: BatchRun, item: QueuedItem
+    ) -> tuple[Prediction | None, tuple[int, ...]]:
+        """What the plan reads of an item beyond its stored lengths: its predicted answer and,
+        for the prefix-tree orders, its prompt's block ids (as routing hashes them, salted for
+        the batch's key)."""
         predictors = self._completions.prediction.predictors
-        if predictors.version(run.model) is None:
-            return None  # fallback mode: no need to tokenize the prompt again
+        batches = self._settings.batches
+        wants_blocks = batches.order in ("blend", "dfs")
+        if predictors.version(run.model) is None and not wants_blocks:
+            return None, ()  # fallback mode: no need to tokenize the prompt again
         try:
             prepared = await self._items.prepare(run, item)
         except GatewayError:
-            return None  # it no longer validates: it fails with the reason when it starts
-        return await predictors.predict(run.model, prepared.prompt_text)
+            return None, ()  # it no longer validates: it fails with the reason when it starts
+        blocks = prepared.routing.block_ids(batches.blend_block_tokens) if wants_blocks else ()
+        if predictors.version(run.model) is None:
+            return None, blocks
+        return await predictors.predict(run.model, prepared.prompt_text), blocks
 
     async def _lane(self, run: BatchRun, site_id: int | None) -> None:
         concurrency = self._settings.batches.site_concurrency
-        cursor = LaneCursor(
-            self._store,
-            run.batch_id,
-            site_id,
-            page=2 * concurrency,
-            unpredicted=self._settings.routing.plan_without_prediction,
-        )
+        cursor = LaneCursor(self._store, run.batch_id, site_id, page=2 * concurrency)
         slots = self._slots.setdefault(site_id, asyncio.Semaphore(concurrency))
 
         async def worker() -> None:
