@@ -17,6 +17,7 @@ from gateway.api.batch_schemas import (
     BatchCreateRequest,
     BatchCreateSchema,
     BatchList,
+    BatchProgress,
     BatchResult,
     BatchResultList,
     BatchUsage,
@@ -74,6 +75,14 @@ def _batch(view: BatchView) -> Batch:
             view.usage.output_tokens,
             view.usage.input_tokens + view.usage.output_tokens,
             InputTokensDetails(view.usage.cached_input_tokens),
+        ),
+        progress=None
+        if view.progress is None
+        else BatchProgress(
+            view.progress.planned_tokens,
+            view.progress.finished_tokens,
+            round(view.progress.fraction, 4),
+            None if view.progress.eta_s is None else round(view.progress.eta_s, 1),
         ),
     )
 

@@ -61,6 +61,14 @@ async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
+def as_batch_class(prepared: PreparedCompletion) -> PreparedCompletion:
+    """The one place a batch item is marked as the site's batch class (issue 52: interactive >
+    flex > batch). The request options carry no priority yet on this branch (wt/options adds
+    the field, wt/priority the engine's classes); once they do, this becomes
+    `replace(prepared, params=replace(prepared.params, priority="batch"))`."""
+    return prepared
+
+
 @dataclass(slots=True)
 class BatchRun:
     """A batch this gateway runs: what its items need to know of it, and how it is being
@@ -73,6 +81,11 @@ class BatchRun:
     # The key's record (its concurrency cap bounds the batch's items too); None without a key.
     key: KeyRecord | None = None
     expires_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None  # in_progress_at
+    # Seconds its remaining items are estimated to take (gateway/batches/progress.py), for the
+    # feed's deadline promotion; None until estimated.
+    eta_s: float | None = None
     task: asyncio.Task[None] | None = None
     # Set when the batch itself is stopped (cancelled, expired), as opposed to this gateway
     # stopping; its running items are then recorded with `stop_error`.
@@ -172,7 +185,7 @@ class ItemRunner:
         length its assignment planned."""
         prepare = partial(self._preparer.prepare, run.endpoint, run.model)
         prepared = await self._pool.run(prepare, item.body)
-        prepared = self._completions.preparer.salted(prepared, run.api_key_id)
+        prepared = as_batch_class(self._completions.preparer.salted(prepared, run.api_key_id))
         if item.predicted_tokens is None:
             return prepared
         return with_predicted_length(prepared, item.predicted_tokens, item.predicted_bucket)

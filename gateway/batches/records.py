@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from gateway.batches.progress import Progress
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus
 
 # Re-exported: the batch API's records are read through this module.
@@ -75,6 +76,7 @@ class BatchView:
     output_file_id: str | None = None
     error_file_id: str | None = None
     usage: TokenUsage = TokenUsage()
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)

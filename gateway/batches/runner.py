@@ -38,9 +38,10 @@ import logging
 import os
 import socket
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 
+from gateway.batches.feed import SiteFeed, batch_room, urgency
 from gateway.batches.finalize import BatchFinalizer
 from gateway.batches.item_runner import BatchRun, ItemRunner, StatusOf
 from gateway.batches.items import ItemPreparer
@@ -48,6 +49,7 @@ from gateway.batches.lanes import LaneCursor
 from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
 from gateway.batches.plan import PlanItem, make_plan
+from gateway.batches.progress import estimate
 from gateway.batches.records import ItemAssignment, QueuedItem
 from gateway.batches.settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
 from gateway.batches.store import BatchStore
@@ -118,7 +120,7 @@ class BatchRunner:
         self._items = ItemRunner(settings, store, completions, registry, preparer, pool, status_of)
         self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._runs: dict[str, BatchRun] = {}
-        self._slots: dict[int | None, asyncio.Semaphore] = {}
+        self._feeds: dict[int | None, SiteFeed] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._revocations: set[asyncio.Task[None]] = set()
@@ -208,12 +210,20 @@ class BatchRunner:
                 log.info("batch %s: its completion window passed; stopping it", batch_id)
                 await self._store.expire(batch_id)
                 self.cancel(batch_id, EXPIRED_ERROR)
+        await self._estimate(now)
         room = MAX_ACTIVE_BATCHES - len(self._runs)
         if room > 0:
             for batch_id in await self._leases.claim(self.owner, lease_s, room):
                 run = BatchRun(batch_id)
                 run.task = asyncio.create_task(self._run(run), name=f"batch-{batch_id}")
                 self._runs[batch_id] = run
+
+    async def _estimate(self, now: datetime) -> None:
+        """Each running batch's time left, for the feeds' deadline promotion."""
+        work = await self._store.planned_work(list(self._runs))
+        for batch_id, run in self._runs.items():
+            if batch_id in work:
+                run.eta_s = estimate(*work[batch_id], run.started_at, now).eta_s
 
     async def _run(self, run: BatchRun) -> None:
         try:
@@ -236,6 +246,7 @@ class BatchRunner:
         if batch is None or batch.status not in OPEN_BATCH:
             return
         run.model, run.endpoint, run.api_key_id = batch.model, batch.endpoint, batch.owner
+        run.created_at, run.started_at = batch.created_at, batch.in_progress_at
         if batch.owner is not None:
             run.key = await self._tenancy.keys.get(batch.owner)
         run.expires_at = None if batch.expired_at is not None else batch.expires_at
@@ -245,6 +256,7 @@ class BatchRunner:
             if not await self._store.begin_progress(run.batch_id):
                 run.cancelling = True  # cancelled while being assigned: its files next
                 return
+            run.started_at = utcnow()
             log.info("batch %s: %d items assigned", run.batch_id, batch.total)
         # A task group, not gather: when one lane fails (the database went away), the others
         # stop too, so no item keeps running after the batch is handed back.
@@ -315,17 +327,38 @@ class BatchRunner:
             return None, blocks
         return await predictors.predict(run.model, prepared.prompt_text), blocks
 
+    def _feed(self, site_id: int | None) -> SiteFeed:
+        """The site's places for batch items, shared by every batch this gateway runs."""
+        feed = self._feeds.get(site_id)
+        if feed is None:
+            cap = self._settings.batches.site_concurrency
+
+            def room(in_flight: int) -> int:
+                site = next((s for s in self._registry.all() if s.site_id == site_id), None)
+                if site is None:
+                    return cap  # no site: the routing policy picks one per item
+                report = site.report
+                reported = report.running_requests + report.queued_requests if report else 0
+                slots = site.info.max_num_seqs if site.info is not None else None
+                return batch_room(slots, max(reported, site.in_flight), in_flight, cap)
+
+            feed = self._feeds[site_id] = SiteFeed(room)
+        return feed
+
     async def _lane(self, run: BatchRun, site_id: int | None) -> None:
         concurrency = self._settings.batches.site_concurrency
         cursor = LaneCursor(self._store, run.batch_id, site_id, page=2 * concurrency)
-        slots = self._slots.setdefault(site_id, asyncio.Semaphore(concurrency))
+        feed = self._feed(site_id)
+        margin = self._settings.batches.deadline_margin
 
         async def worker() -> None:
             while (item := await cursor.next()) is not None:
-                # The key's slot first (it may wait), then the site's: a capped key's items
-                # waiting for their key hold no site slot from the other batches.
-                async with self._tenancy.key_slot(run.key), slots:
-                    await self._items.run(run, item)
+                # The key's slot first (it may wait), then the site's place: a capped key's
+                # items waiting for their key hold no place from the other batches.
+                async with self._tenancy.key_slot(run.key):
+                    when = urgency(run.expires_at, run.created_at, utcnow(), margin, run.eta_s)
+                    async with feed.place(when):
+                        await self._items.run(run, item)
 
         async with asyncio.TaskGroup() as workers:
             for _ in range(concurrency):

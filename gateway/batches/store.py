@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, func, insert, or_, select, update
+from sqlalchemy import Select, and_, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batches.records import (
@@ -131,6 +131,28 @@ class BatchStore:
         async with self._sessions() as session:
             rows = (await session.execute(query)).all()
         return {row[0]: TokenUsage(int(row[1]), int(row[2]), int(row[3])) for row in rows}
+
+    async def planned_work(self, batch_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per batch: the planned tokens of all its items (prompt + the capped prediction, else
+        max_tokens) and of those that are final (gateway/batches/progress.py)."""
+        if not batch_ids:
+            return {}
+        planned = BatchItem.prompt_tokens + func.coalesce(
+            BatchItem.predicted_tokens, BatchItem.max_tokens
+        )
+        final = BatchItem.status.not_in(_NOT_FINAL)
+        query = (
+            select(
+                BatchItem.batch_id,
+                func.coalesce(func.sum(planned), 0),
+                func.coalesce(func.sum(case((final, planned), else_=0)), 0),
+            )
+            .where(BatchItem.batch_id.in_(batch_ids))
+            .group_by(BatchItem.batch_id)
+        )
+        async with self._sessions() as session:
+            rows = (await session.execute(query)).all()
+        return {row[0]: (int(row[1]), int(row[2])) for row in rows}
 
     async def get(self, batch_id: str, owner: Owner) -> BatchView | None:
         """The owner's batch; None for one that does not exist or is another key's."""

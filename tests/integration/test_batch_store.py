@@ -335,6 +335,28 @@ def test_usage_sums_the_answered_items_cached_tokens_too(run) -> None:
     run(scenario)
 
 
+def test_planned_work_counts_prompt_and_planned_answer_of_final_items(run) -> None:
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
+        items = [NewItem(f"c{i}", {"prompt": "p"}, 10, 100) for i in range(3)]
+        await store.create(new_batch("batch_w"), items)
+        # Planned: 10 + 20 (predicted), 10 + 100 (max_tokens, no prediction), 10 + 5.
+        await store.assign(
+            "batch_w",
+            [
+                ItemAssignment(i, sites["a"], p, None, None, "why")
+                for i, p in enumerate([20, None, 5])
+            ],
+        )
+        assert await store.planned_work(["batch_w"]) == {"batch_w": (155, 0)}
+        assert await store.start_item("batch_w", 1, 0, "cmpl-w1")
+        assert await store.finish_item("batch_w", 1, 1, DONE)
+        assert await store.planned_work(["batch_w", "batch_none"]) == {"batch_w": (155, 110)}
+
+    run(scenario)
+
+
 def test_a_lane_reads_the_plan_order_page_by_page(run) -> None:
     """The store keeps the order the batch plan made (plan_rank) and reads it back, a page at
     a time; ties in rank go in submission order, and items not yet planned keep theirs."""
