@@ -1,8 +1,10 @@
 """Batch orders on one engine: the same offline batch run in the order each batch plan gives
 (gateway/batches/plan.py), over four mixes after BlendServe's Table 2.
 
-    python -m bench.engine.batch_order                (GPU: bench/results/batch_order/*_h100.*)
-    python -m bench.engine.batch_order --preset cpu   (CPU smoke: a tiny model, a few items)
+    python -m bench.engine.batch_order                (GPU: batch_order_<gpu>.json and .md)
+    python -m bench.engine.batch_order --preset cpu   (CPU smoke: batch_order_cpu.json, .md)
+
+Results go to bench/results/batch_order/ (bench.common.results_dir).
 
 Mixes (bench/engine/batch_order_workload.py): two compute densities (1.4 and 0.9 by the plan's
 roofline) x 5% / 35% of prompt tokens shared, from the development datasets. Orders:
