@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for mix in args.mixes:
         items = build_mix(mix, pools, p, roof, args.seed)
         ids = [tuple(prompt_block_hashes(i.prompt, p["block_size"], "bench")) for i in items]
-        mixes[mix] = {"facts": mix_facts(items, roof, ids), "orders": {}}
+        mixes[mix] = {"facts": mix_facts(items, roof, ids, p["block_size"]), "orders": {}}
         log(f"mix {mix}: {mixes[mix]['facts']}")
         for order in args.orders:
             row = run_order(engine, items, plan_order(order, items, ids, p), p["window"], order)

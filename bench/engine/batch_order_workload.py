@@ -88,8 +88,11 @@ def _predicted(true: int, rng: random.Random, cap: int) -> int:
     return _clip(round(true * math.exp(rng.gauss(0.0, PREDICTION_SIGMA))), 1, cap)
 
 
-def _density(items: Sequence[Item], roof: Roofline) -> float:
+def _density(items: Sequence[Item], roof: Roofline, shared_tokens: int = 0) -> float:
+    """BlendServe's density of a set with shared prefixes: compute less the shared prefill
+    (computed once), over memory."""
     compute = sum(roof.compute_s(len(i.prompt), i.true_tokens) for i in items)
+    compute -= roof.compute_s(shared_tokens, 0)
     memory = sum(roof.memory_s(len(i.prompt), i.true_tokens) for i in items)
     return compute / memory
 
@@ -117,24 +120,32 @@ def build_mix(name: str, pools: Pools, p: dict[str, Any], roof: Roofline, seed: 
         )
         for _ in range(n)
     ]
-    # The share of sparse requests that gives the target density (density falls as it grows).
+
+    # The share of sparse requests that gives the target density with the system prompts in
+    # (density falls as it grows), each try dealt alike.
+    def dealt(sparse_count: int) -> tuple[list[Item], int]:
+        deal = random.Random(f"{name}-{seed}-deal")
+        items = dense[: n - sparse_count] + sparse[:sparse_count]
+        deal.shuffle(items)
+        return _with_system_prompts(items, pools, share, p, deal)
+
     low, high = 0, n
     while low < high:
         mid = (low + high) // 2
-        if _density(dense[: n - mid] + sparse[:mid], roof) > density:
+        items, saved = dealt(mid)
+        if _density(items, roof, saved) > density:
             low = mid + 1
         else:
             high = mid
-    items = dense[: n - low] + sparse[:low]
-    rng.shuffle(items)
-    return _with_system_prompts(items, pools, share, p, rng)
+    return dealt(low)[0]
 
 
 def _with_system_prompts(
     items: list[Item], pools: Pools, share: float, p: dict[str, Any], rng: random.Random
-) -> list[Item]:
+) -> tuple[list[Item], int]:
     """Deals the items into groups behind system prompts of S tokens, S such that the shared
-    tokens are `share` of all prompt tokens: (n - groups) * S = share * (P + n * S)."""
+    tokens are `share` of all prompt tokens: (n - groups) * S = share * (P + n * S). Returns
+    the items and the prompt tokens that sharing saves."""
     n, groups = len(items), max(1, len(items) // p["group_size"])
     total = sum(len(i.prompt) for i in items)
     size = math.ceil(share * total / max((n - groups) - share * n, 1))
@@ -143,21 +154,25 @@ def _with_system_prompts(
         (*tuple(pools.filler[g * 7919 % max(len(pools.filler) - size, 1) :][:size]), g)
         for g in range(groups)
     ]
+    dealt = [rng.randrange(groups) for _ in items]
+    saved = (len(items) - len(set(dealt))) * (size + 1)
     return [
-        Item(heads[rng.randrange(groups)] + i.prompt, i.true_tokens, i.predicted_tokens, i.dense)
-        for i in items
-    ]
+        Item(heads[g] + i.prompt, i.true_tokens, i.predicted_tokens, i.dense)
+        for g, i in zip(dealt, items, strict=True)
+    ], saved
 
 
 def mix_facts(
-    items: Sequence[Item], roof: Roofline, block_ids: Sequence[tuple[int, ...]]
+    items: Sequence[Item], roof: Roofline, block_ids: Sequence[tuple[int, ...]], block: int
 ) -> dict[str, Any]:
+    """What the mix turned out to be: its density with the shared blocks prefilled once."""
     blocks = [b for ids in block_ids for b in ids]
+    shared = len(blocks) - len(set(blocks))
     return {
         "items": len(items),
         "dense_items": sum(i.dense for i in items),
-        "density": round(_density(items, roof), 3),
+        "density": round(_density(items, roof, shared * block), 3),
         "prompt_tokens": sum(len(i.prompt) for i in items),
         "answer_tokens": sum(i.true_tokens for i in items),
-        "shared_block_share": round((len(blocks) - len(set(blocks))) / max(len(blocks), 1), 3),
+        "shared_block_share": round(shared / max(len(blocks), 1), 3),
     }
