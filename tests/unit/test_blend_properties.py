@@ -49,15 +49,21 @@ def test_every_request_once_and_sharing_kept(requests: list[BlendRequest], budge
     dfs = shared_blocks(dfs_order(requests), requests)
     assert dfs == optimum(requests)
     # Each end's stream is depth-first over the split tree: a cache holding each stream's last
-    # prompt keeps all but what the splitting and the two streams' meeting point lose.
-    longest = max(len(r.block_ids) for r in requests)
+    # prompt keeps all but what the splitting and the two streams' meeting point lose (the two
+    # ends meet where the last request taken from the left sits next to the last from the
+    # right).
     last: dict[str, int] = {}
     kept = 0
     for position, side in zip(blend.order, blend.sides, strict=True):
         if side in last:
             kept += common_blocks(requests[position].block_ids, requests[last[side]].block_ids)
         last[side] = position
-    assert kept >= dfs - blend.split_loss_blocks - longest
+    meet = 0
+    if len(last) == 2:
+        meet = common_blocks(requests[last["L"]].block_ids, requests[last["R"]].block_ids)
+    assert kept >= dfs - blend.split_loss_blocks - meet
+    if budget == 0.0:
+        assert blend.split_loss_blocks == 0
     assert shared_blocks(blend.order, requests, recent=len(requests)) == dfs
 
 
