@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, case, func, insert, or_, select, update
+from sqlalchemy import Select, and_, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batches.records import (
@@ -40,6 +40,7 @@ from gateway.batches.settling import (
     settle,
     settle_request_row,
 )
+from gateway.batches.totals import planned_work_query, usage_query
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
 from gateway.stores.file_store import file_exists, owned_by
 from gateway.stores.pages import rowcount
@@ -113,23 +114,8 @@ class BatchStore:
         """The tokens each batch's answered items took, from their stored answers' usage."""
         if not batch_ids:
             return {}
-        usage = BatchItem.completion["usage"]
-        cached = BatchItem.completion[("usage", "prompt_tokens_details", "cached_tokens")]
-        query = (
-            select(
-                BatchItem.batch_id,
-                func.coalesce(func.sum(usage["prompt_tokens"].as_integer()), 0),
-                func.coalesce(func.sum(usage["completion_tokens"].as_integer()), 0),
-                func.coalesce(func.sum(cached.as_integer()), 0),
-            )
-            .where(
-                BatchItem.batch_id.in_(batch_ids),
-                BatchItem.status == BatchItemStatus.COMPLETED,
-            )
-            .group_by(BatchItem.batch_id)
-        )
         async with self._sessions() as session:
-            rows = (await session.execute(query)).all()
+            rows = (await session.execute(usage_query(batch_ids))).all()
         return {row[0]: TokenUsage(int(row[1]), int(row[2]), int(row[3])) for row in rows}
 
     async def planned_work(self, batch_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -137,21 +123,8 @@ class BatchStore:
         max_tokens) and of those that are final (gateway/batches/progress.py)."""
         if not batch_ids:
             return {}
-        planned = BatchItem.prompt_tokens + func.coalesce(
-            BatchItem.predicted_tokens, BatchItem.max_tokens
-        )
-        final = BatchItem.status.not_in(_NOT_FINAL)
-        query = (
-            select(
-                BatchItem.batch_id,
-                func.coalesce(func.sum(planned), 0),
-                func.coalesce(func.sum(case((final, planned), else_=0)), 0),
-            )
-            .where(BatchItem.batch_id.in_(batch_ids))
-            .group_by(BatchItem.batch_id)
-        )
         async with self._sessions() as session:
-            rows = (await session.execute(query)).all()
+            rows = (await session.execute(planned_work_query(batch_ids))).all()
         return {row[0]: (int(row[1]), int(row[2])) for row in rows}
 
     async def get(self, batch_id: str, owner: Owner) -> BatchView | None:
