@@ -62,8 +62,11 @@ class BlendRequest:
 
 @dataclass(slots=True)
 class _Node:
+    """A node of the path-compressed trie: it stands for blocks (parent's depth, depth] of the
+    prompts below it (one node per branch point, not per block)."""
+
     depth: int  # blocks from the root
-    children: dict[int, _Node] = field(default_factory=dict)
+    children: list[_Node] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)  # requests whose blocks end here
     compute: float = 0.0  # the subtree's, each shared block prefilled once
     memory: float = 0.0
@@ -93,39 +96,78 @@ class BlendOrder:
     split_loss_blocks: int
 
 
-def _build(requests: Sequence[BlendRequest], roof: Roofline, block_tokens: int) -> _Node:
+def _lcp_sorted(requests: Sequence[BlendRequest], order: Sequence[int]) -> list[int]:
+    """Blocks each request (in `order`, sorted by block ids) shares with the one before it:
+    a binary search over slice equality, which compares in C."""
+    out = [0]
+    for prev, cur in itertools.pairwise(order):
+        a, b = requests[prev].block_ids, requests[cur].block_ids
+        low, high = 0, min(len(a), len(b))
+        while low < high:
+            mid = (low + high + 1) // 2
+            if a[:mid] == b[:mid]:
+                low = mid
+            else:
+                high = mid - 1
+        out.append(low)
+    return out
+
+
+def _trie(requests: Sequence[BlendRequest]) -> tuple[_Node, dict[int, int]]:
+    """The path-compressed prefix tree, built from the prompts in sorted order and the blocks
+    each shares with the one before (a stack of the rightmost path). Returns the root and each
+    node's parent depth (by id)."""
+    order = sorted(range(len(requests)), key=lambda p: requests[p].block_ids)
+    lcp = _lcp_sorted(requests, order)
     root = _Node(0)
-    for position, request in enumerate(requests):
-        node = root
-        for block in request.block_ids:
-            child = node.children.get(block)
-            if child is None:
-                child = node.children[block] = _Node(node.depth + 1)
-            node = child
-        node.requests.append(position)
+    parent_depth: dict[int, int] = {id(root): 0}
+    stack = [root]
+    for position, shared in zip(order, lcp, strict=True):
+        popped: _Node | None = None
+        while stack[-1].depth > shared:
+            popped = stack.pop()
+        top = stack[-1]
+        if top.depth < shared:  # a branch point inside the last popped node's blocks
+            assert popped is not None
+            branch = _Node(shared, children=[popped])
+            top.children[top.children.index(popped)] = branch
+            parent_depth[id(branch)], parent_depth[id(popped)] = top.depth, shared
+            stack.append(branch)
+            top = branch
+        depth = len(requests[position].block_ids)
+        if depth == top.depth:
+            top.requests.append(position)
+            continue
+        leaf = _Node(depth, requests=[position])
+        top.children.append(leaf)
+        parent_depth[id(leaf)] = top.depth
+        stack.append(leaf)
+    return root, parent_depth
+
+
+def _build(requests: Sequence[BlendRequest], roof: Roofline, block_tokens: int) -> _Node:
+    root, parent_depth = _trie(requests)
     block_s = roof.compute_s(block_tokens, 0)
     own = [
         roof.compute_s(max(r.prompt_tokens - len(r.block_ids) * block_tokens, 0), r.answer_tokens)
         for r in requests
     ]
+    memory = [roof.memory_s(r.prompt_tokens, r.answer_tokens) for r in requests]
     for node in reversed(_preorder(root)):  # children before parents
-        node.compute = (block_s if node.depth else 0.0) + sum(own[p] for p in node.requests)
-        node.memory = sum(
-            roof.memory_s(requests[p].prompt_tokens, requests[p].answer_tokens)
-            for p in node.requests
-        )
-        for child in node.children.values():
+        blocks = node.depth - parent_depth[id(node)]
+        node.compute = blocks * block_s + sum(own[p] for p in node.requests)
+        node.memory = sum(memory[p] for p in node.requests)
+        for child in node.children:
             node.compute += child.compute
             node.memory += child.memory
 
-        def density(entry: _Node | int, node: _Node = node) -> float:
+        def density(entry: _Node | int) -> float:
             if isinstance(entry, _Node):
                 return entry.density
-            r = requests[entry]
-            return _ratio(own[entry], roof.memory_s(r.prompt_tokens, r.answer_tokens))
+            return _ratio(own[entry], memory[entry])
 
         # Algorithm 1 (layer-wise sorting): siblings only, densest first.
-        entries: list[_Node | int] = [*node.children.values(), *node.requests]
+        entries: list[_Node | int] = [*node.children, *node.requests]
         node.order = sorted(entries, key=density, reverse=True)
     return root
 
@@ -135,7 +177,7 @@ def _preorder(root: _Node) -> list[_Node]:
     while stack:
         node = stack.pop()
         out.append(node)
-        stack.extend(node.children.values())
+        stack.extend(node.children)
     return out
 
 

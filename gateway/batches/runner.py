@@ -286,7 +286,9 @@ class BatchRunner:
                 plan.append(_plan_item(queued, prediction, unpredicted, block_ids))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
-        placements = make_plan(
+        # Off the event loop: a prefix tree over 100k items takes seconds (about 3.5 s here).
+        placements = await asyncio.to_thread(
+            make_plan,
             run.model,
             plan,
             self._registry.all(),
