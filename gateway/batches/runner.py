@@ -66,6 +66,10 @@ from gateway.tokenize_pool import TokenizePool
 log = logging.getLogger(__name__)
 # Batches one gateway runs at once; more wait in the database, oldest first.
 MAX_ACTIVE_BATCHES = 8
+# Prefix blocks of each prompt the prefix-tree orders look at: the whole batch's ids are held
+# while it is planned (100k items x 128 blocks is about 0.5 GB of Python ints at most), and
+# prompts sharing more than 2,048 tokens (at 16 a block) are rare beyond whole duplicates.
+MAX_TREE_BLOCKS = 128
 # Items read per database round trip while assigning (and predicted concurrently).
 _ASSIGN_PAGE = 512
 
@@ -324,7 +328,11 @@ class BatchRunner:
             prepared = await self._items.prepare(run, item)
         except GatewayError:
             return None, ()  # it no longer validates: it fails with the reason when it starts
-        blocks = prepared.routing.block_ids(batches.blend_block_tokens) if wants_blocks else ()
+        blocks = (
+            prepared.routing.block_ids(batches.blend_block_tokens)[:MAX_TREE_BLOCKS]
+            if wants_blocks
+            else ()
+        )
         if predictors.version(run.model) is None:
             return None, blocks
         return await predictors.predict(run.model, prepared.prompt_text), blocks
