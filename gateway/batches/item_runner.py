@@ -61,14 +61,6 @@ async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
-def as_batch_class(prepared: PreparedCompletion) -> PreparedCompletion:
-    """The one place a batch item is marked as the site's batch class (issue 52: interactive >
-    flex > batch). The request options carry no priority yet on this branch (wt/options adds
-    the field, wt/priority the engine's classes); once they do, this becomes
-    `replace(prepared, params=replace(prepared.params, priority="batch"))`."""
-    return prepared
-
-
 @dataclass(slots=True)
 class BatchRun:
     """A batch this gateway runs: what its items need to know of it, and how it is being
@@ -185,7 +177,7 @@ class ItemRunner:
         length its assignment planned."""
         prepare = partial(self._preparer.prepare, run.endpoint, run.model)
         prepared = await self._pool.run(prepare, item.body)
-        prepared = as_batch_class(self._completions.preparer.salted(prepared, run.api_key_id))
+        prepared = self._completions.preparer.salted(prepared, run.api_key_id)
         if item.predicted_tokens is None:
             return prepared
         return with_predicted_length(prepared, item.predicted_tokens, item.predicted_bucket)
