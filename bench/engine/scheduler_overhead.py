@@ -5,11 +5,14 @@ decoding at once (1,024 by default, as in the H200 serving runs of issue 50), th
 budget of those runs (8,192), short prompts (log-normal lengths, median 60 tokens) of which half
 are drawn with repeats from a small pool of shared prompts (so hits happen) and half are unique,
 and chat-length answers (log-normal, median 250 tokens, capped at 1,024; ShareGPT-like). The model
-is replaced by a made-up token per sampled chunk. Each step is timed with time.perf_counter from
-`schedule` to the end of `update` plus what the engine thread does with the cache events
-afterwards (take them, append them to the site's CacheEventJournal); building the fake sampled
-tokens and queueing new requests are left out. Both arms run the same requests and the same
-tokens; the queue is kept topped up so that the running set stays full.
+is replaced by a made-up token per sampled chunk. Each step is timed from `schedule` to the end of
+`update` plus what the engine thread does with the cache events afterwards (take them, append
+them to the site's CacheEventJournal), by time.perf_counter and by the thread's CPU time (a
+machine that other work loads stretches the wall clock of a step, much less its CPU time);
+building the fake sampled tokens and queueing new requests are left out. The two arms (two
+schedulers, same requests, same tokens) run in lockstep in one process, one step each in turn,
+so that a load that comes and goes hits both alike; the queue is kept topped up so that the
+running set stays full.
 
     python -m bench.engine.scheduler_overhead
         (writes bench/results/engine_overhead/scheduler_overhead.{json,md})
@@ -17,9 +20,9 @@ tokens; the queue is kept topped up so that the running set stays full.
         --name scheduler_overhead_smoke --out /tmp/x                        (smoke test)
 
 The result states per arm p50 / p99 / mean of the step's host time, the on-minus-off difference
-of those, that difference as a fraction of a 10 ms GPU step and of the measured off step, and a
-cProfile top list of a separate profiled run of the on arm (profiling slows it, so the timed
-runs are unprofiled).
+of those (and the median of the per-step paired differences), that difference as a fraction of
+a 10 ms GPU step and of the measured off step, and a cProfile top list of a separate profiled
+run of the on arm (profiling slows it, so the timed runs are unprofiled).
 """
 
 from __future__ import annotations
@@ -99,58 +102,65 @@ def _scheduler(settings: Settings, caching: bool) -> Scheduler:
     return Scheduler(config)
 
 
-def run_arm(
-    settings: Settings, caching: bool, steps: int, profiler: cProfile.Profile | None = None
-) -> dict[str, Any]:
-    """Warm up, then time `steps` steps; per-step host times in seconds and the end state."""
-    scheduler = _scheduler(settings, caching)
-    journal = CacheEventJournal(settings.block_size)
-    workload = Workload(settings)
-    token_rng = random.Random(settings.seed + 1)
-    times: list[float] = []
-    running: list[int] = []
-    for step in range(settings.warmup_steps + steps):
+class Arm:
+    """One scheduler (prefix caching on or off) fed its own copy of the workload."""
+
+    def __init__(self, settings: Settings, caching: bool) -> None:
+        self.caching = caching
+        self._settings = settings
+        self.scheduler = _scheduler(settings, caching)
+        self._journal = CacheEventJournal(settings.block_size)
+        self._workload = Workload(settings)
+        self._token_rng = random.Random(settings.seed + 1)
+        self.wall_s: list[float] = []
+        self.cpu_s: list[float] = []
+        self.running: list[int] = []
+
+    def step(self, timed: bool, profiler: cProfile.Profile | None = None) -> None:
+        """One schedule + update with made-up tokens; the host time of both kept if `timed`."""
+        scheduler = self.scheduler
         waiting, _ = scheduler.queue_lengths()
-        for _ in range(max(settings.max_num_seqs // 4 - waiting, 0)):
-            request_id, prompt, answer = workload.next()
+        for _ in range(max(self._settings.max_num_seqs // 4 - waiting, 0)):
+            request_id, prompt, answer = self._workload.next()
             sampling = SamplingParams(max_tokens=answer, ignore_eos=True, temperature=0.0)
             scheduler.add(request_id, prompt, sampling)
-        timed = step >= settings.warmup_steps
-        if timed and profiler is not None:
-            profiler.enable()
-        began = time.perf_counter()
+        profiling = profiler if timed else None
+        if profiling:
+            profiling.enable()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         output = scheduler.schedule()
-        scheduled = time.perf_counter()
-        if timed and profiler is not None:
-            profiler.disable()
-        sampled = {c.request_id: token_rng.randrange(VOCAB) for c in output.chunks if c.sample}
-        result = ModelRunnerOutput(sampled)
-        if timed and profiler is not None:
-            profiler.enable()
-        resumed = time.perf_counter()
+        scheduled, scheduled_cpu = time.perf_counter(), time.thread_time()
+        if profiling:
+            profiling.disable()
+        rng = self._token_rng
+        result = ModelRunnerOutput(
+            {c.request_id: rng.randrange(VOCAB) for c in output.chunks if c.sample}
+        )
+        if profiling:
+            profiling.enable()
+        resumed, resumed_cpu = time.perf_counter(), time.thread_time()
         scheduler.update(output, result)
         events = scheduler.take_cache_events()
         if events:
-            journal.append(events)
-        ended = time.perf_counter()
-        if timed and profiler is not None:
-            profiler.disable()
+            self._journal.append(events)
+        ended, ended_cpu = time.perf_counter(), time.thread_time()
+        if profiling:
+            profiling.disable()
         if timed:
-            times.append((scheduled - began) + (ended - resumed))
-            running.append(scheduler.queue_lengths()[1])
-    stats = scheduler.stats()
-    return {
-        "times_s": times,
-        "running_min": min(running, default=0),
-        "running_mean": statistics.fmean(running) if running else 0.0,
-        "kv_blocks_used": stats.kv_blocks_used,
-        "kv_blocks_cached": stats.kv_blocks_cached,
-        "prefix_cache_hit_fraction": (
-            stats.prefix_cache_hits / stats.prefix_cache_queries
-            if stats.prefix_cache_queries
-            else 0.0
-        ),
-    }
+            self.wall_s.append((scheduled - began) + (ended - resumed))
+            self.cpu_s.append((scheduled_cpu - began_cpu) + (ended_cpu - resumed_cpu))
+            self.running.append(scheduler.queue_lengths()[1])
+
+    def state(self) -> dict[str, Any]:
+        stats = self.scheduler.stats()
+        queries = stats.prefix_cache_queries
+        return {
+            "running_min": min(self.running, default=0),
+            "running_mean": statistics.fmean(self.running) if self.running else 0.0,
+            "kv_blocks_used": stats.kv_blocks_used,
+            "kv_blocks_cached": stats.kv_blocks_cached,
+            "prefix_cache_hit_fraction": stats.prefix_cache_hits / queries if queries else 0.0,
+        }
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -172,53 +182,80 @@ def summarize(times: Sequence[float]) -> dict[str, float]:
 
 
 def profile_on_arm(settings: Settings, top: int = 25) -> str:
-    """The cProfile top list (cumulative time) of the on arm's timed part."""
+    """The cProfile top list (own time) of the on arm's timed steps."""
     profiler = cProfile.Profile()
-    run_arm(settings, True, settings.profile_steps, profiler)
+    arm = Arm(settings, caching=True)
+    for step in range(settings.warmup_steps + settings.profile_steps):
+        arm.step(step >= settings.warmup_steps, profiler)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
 
 
 def measure(settings: Settings) -> dict[str, Any]:
-    # Off, on, off, on: the second pair catches a machine that got slower in between.
-    arms: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    for caching in (False, True, False, True):
-        arms["on" if caching else "off"].append(run_arm(settings, caching, settings.steps))
+    """Both arms in lockstep, one step each in turn (which goes first alternates): a machine
+    that others load slows both alike, and the per-step differences pair steps of one moment."""
+    arms = {"off": Arm(settings, caching=False), "on": Arm(settings, caching=True)}
+    for step in range(settings.warmup_steps + settings.steps):
+        timed = step >= settings.warmup_steps
+        order = ("off", "on") if step % 2 == 0 else ("on", "off")
+        for name in order:
+            arms[name].step(timed)
     result: dict[str, Any] = {}
-    for name, runs in arms.items():
-        times = [t for run in runs for t in run.pop("times_s")]
-        result[name] = {**summarize(times), "runs": runs, "steps": len(times)}
+    for name, arm in arms.items():
+        result[name] = {
+            **summarize(arm.wall_s),
+            "thread_cpu": summarize(arm.cpu_s),
+            "steps": len(arm.wall_s),
+            **arm.state(),
+        }
     off, on = result["off"], result["on"]
+    paired = [a - b for a, b in zip(arms["on"].wall_s, arms["off"].wall_s, strict=True)]
+    paired_cpu = [a - b for a, b in zip(arms["on"].cpu_s, arms["off"].cpu_s, strict=True)]
     diff = {key: on[key] - off[key] for key in ("p50_ms", "p99_ms", "mean_ms")}
+    diff_cpu = {key: on["thread_cpu"][key] - off["thread_cpu"][key] for key in diff}
     result["on_minus_off"] = {
         **diff,
+        "paired_p50_ms": _percentile(paired, 50) * 1e3,
+        "thread_cpu": {**diff_cpu, "paired_p50_ms": _percentile(paired_cpu, 50) * 1e3},
         "p50_of_10ms_gpu_step": diff["p50_ms"] / (GPU_STEP_S * 1e3),
         "p50_of_off_step": diff["p50_ms"] / off["p50_ms"] if off["p50_ms"] else 0.0,
-        "mean_of_10ms_gpu_step": diff["mean_ms"] / (GPU_STEP_S * 1e3),
+        "thread_cpu_p50_of_10ms_gpu_step": diff_cpu["p50_ms"] / (GPU_STEP_S * 1e3),
+        "thread_cpu_p50_of_off_step": (
+            diff_cpu["p50_ms"] / off["thread_cpu"]["p50_ms"] if off["thread_cpu"]["p50_ms"] else 0
+        ),
     }
     return result
 
 
 def markdown(settings: Settings, result: dict[str, Any], profile: str) -> str:
-    rows = [
-        [name, result[name]["steps"], result[name]["p50_ms"], result[name]["p99_ms"],
-         result[name]["mean_ms"], result[name]["runs"][0]["running_min"]]
-        for name in ("off", "on")
-    ]  # fmt: skip
+    rows = []
+    for name in ("off", "on"):
+        arm = result[name]
+        cpu = arm["thread_cpu"]
+        rows.append([name, arm["steps"], arm["p50_ms"], arm["p99_ms"], arm["mean_ms"],
+                     cpu["p50_ms"], cpu["p99_ms"], arm["running_min"]])  # fmt: skip
     diff = result["on_minus_off"]
-    rows.append(["on - off", "", diff["p50_ms"], diff["p99_ms"], diff["mean_ms"], ""])
+    cpu = diff["thread_cpu"]
+    rows.append(["on - off", "", diff["p50_ms"], diff["p99_ms"], diff["mean_ms"],
+                 cpu["p50_ms"], cpu["p99_ms"], ""])  # fmt: skip
     table = markdown_table(
-        ["prefix cache", "steps", "p50 ms", "p99 ms", "mean ms", "running (min)"], rows
-    )
-    hit = result["on"]["runs"][0]["prefix_cache_hit_fraction"]
+        ["prefix cache", "steps", "p50 ms", "p99 ms", "mean ms", "CPU p50 ms", "CPU p99 ms",
+         "running (min)"],
+        rows,
+    )  # fmt: skip
     return (
         f"Settings: {settings}\n\nPer-step host time (schedule + update + cache events to the "
-        f"journal), two runs per arm interleaved:\n\n{table}\n\n"
+        "journal; wall clock by time.perf_counter, CPU = the thread's CPU time, which a loaded "
+        f"machine inflates less), both arms in lockstep:\n\n{table}\n\n"
         f"On minus off, p50: **{diff['p50_of_10ms_gpu_step']:.1%} of a 10 ms GPU step**, "
-        f"{diff['p50_of_off_step']:.1%} of the measured off step; mean: "
-        f"{diff['mean_of_10ms_gpu_step']:.1%} of 10 ms. Prompt tokens found cached (on): "
-        f"{hit:.1%}.\n\ncProfile of the on arm ({settings.profile_steps} steps, by own time):\n\n"
+        f"{diff['p50_of_off_step']:.1%} of the measured off step (thread CPU time: "
+        f"{diff['thread_cpu_p50_of_10ms_gpu_step']:.1%} of 10 ms, "
+        f"{diff['thread_cpu_p50_of_off_step']:.1%} of the off step); the median of the "
+        f"per-step paired differences: {diff['paired_p50_ms']:.3f} ms wall, "
+        f"{cpu['paired_p50_ms']:.3f} ms CPU. Prompt tokens found cached (on): "
+        f"{result['on']['prefix_cache_hit_fraction']:.1%}.\n\n"
+        f"cProfile of the on arm ({settings.profile_steps} steps, by own time):\n\n"
         f"```\n{profile.strip()}\n```\n"
     )
 
@@ -228,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size", "steps",
                  "warmup_steps", "shared_prompts", "seed", "profile_steps"):  # fmt: skip
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+        flag = f"--{name.replace('_', '-')}"
+        parser.add_argument(flag, type=int, default=getattr(defaults, name))
     parser.add_argument("--repeat-fraction", type=float, default=defaults.repeat_fraction)
     parser.add_argument("--name", default="scheduler_overhead")
     parser.add_argument("--out", type=Path, default=results_dir("engine_overhead"))
@@ -240,8 +278,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     command = command_line("bench.engine.scheduler_overhead", argv)
     path = write_results(args.name, payload, markdown(settings, result, profile), command, args.out)
     diff = result["on_minus_off"]
-    print(f"off p50 {result['off']['p50_ms']:.2f} ms, on p50 {result['on']['p50_ms']:.2f} ms, "
-          f"on-off {diff['p50_ms']:.2f} ms = {diff['p50_of_10ms_gpu_step']:.1%} of 10 ms; {path}")  # fmt: skip
+    cpu = diff["thread_cpu"]
+    print(f"on-off p50 {diff['p50_ms']:.3f} ms wall, {cpu['p50_ms']:.3f} ms thread CPU "
+          f"({diff['thread_cpu_p50_of_10ms_gpu_step']:.1%} of 10 ms); {path}")  # fmt: skip
     return path
 
 

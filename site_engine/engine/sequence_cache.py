@@ -47,6 +47,8 @@ class SequenceCache:
         self.counters["prefix_cache_host_hits"] += len(hit.host_slots) * self._size
         if not seq.ever_scheduled:
             seq.num_cached_prompt_tokens = min(cached, seq.num_prompt_tokens)
+        # Its table starts with the hit's blocks registered: the next to index is the one after.
+        seq.next_full_block_at = (hit.num_blocks + 1) * self._size
 
     def computed(self, seq: Sequence, start: int, end: int) -> None:
         """Positions [start, end) of `seq` are scheduled: count the prompt ones."""
@@ -55,11 +57,16 @@ class SequenceCache:
 
     def register(self, seq: Sequence) -> None:
         """Index the full blocks of a running sequence whose KV is launched and whose tokens
-        are known."""
+        are known; hashes only the blocks that filled since the last call. Nothing to do while
+        seq.num_computed_tokens < seq.next_full_block_at (callers may skip the call)."""
         if not self._blocks.caching:
             return
-        num_full = min(seq.num_computed_tokens, seq.num_known_tokens) // self._size
-        self._blocks.register(seq.request_id, seq.full_block_hashes(self._size, num_full), num_full)
+        size = self._size
+        known = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        num_full = min(seq.num_computed_tokens, known) // size
+        self._blocks.register(seq.request_id, seq.full_block_hashes(size, num_full), num_full)
+        # No block of it can become indexable before its computed tokens fill the next one.
+        seq.next_full_block_at = (num_full + 1) * size
 
     def take_copies(self, lookahead: int) -> tuple[tuple[KvCopy, ...], int]:
         """A step's host-tier copies, those ahead of eviction (`lookahead` blocks) included."""
