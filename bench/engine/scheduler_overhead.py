@@ -21,8 +21,9 @@ running set stays full.
 
 The result states per arm p50 / p99 / mean of the step's host time, the on-minus-off difference
 of those (and the median of the per-step paired differences), that difference as a fraction of
-a 10 ms GPU step and of the measured off step, and a cProfile top list of a separate profiled
-run of the on arm (profiling slows it, so the timed runs are unprofiled).
+a 10 ms GPU step and of the measured off step, the Python function calls per step of each arm
+(a count that load on the machine does not move), and a cProfile top list of a separate
+profiled run of the on arm (profiling slows it, so the timed runs are unprofiled).
 """
 
 from __future__ import annotations
@@ -181,15 +182,26 @@ def summarize(times: Sequence[float]) -> dict[str, float]:
     }
 
 
-def profile_on_arm(settings: Settings, top: int = 25) -> str:
-    """The cProfile top list (own time) of the on arm's timed steps."""
-    profiler = cProfile.Profile()
-    arm = Arm(settings, caching=True)
-    for step in range(settings.warmup_steps + settings.profile_steps):
-        arm.step(step >= settings.warmup_steps, profiler)
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
+def profile_arms(settings: Settings, top: int = 25) -> tuple[str, dict[str, float]]:
+    """The cProfile top list (own time) of the on arm's timed steps, and the Python function
+    calls per step of each arm: a count that, unlike a time, no other load on the machine moves
+    (the same requests, the same decisions, the same calls)."""
+    listing = ""
+    calls: dict[str, float] = {}
+    for name, caching in (("off", False), ("on", True)):
+        profiler = cProfile.Profile()
+        arm = Arm(settings, caching=caching)
+        for step in range(settings.warmup_steps + settings.profile_steps):
+            arm.step(step >= settings.warmup_steps, profiler)
+        stats = pstats.Stats(profiler)
+        calls[name] = stats.total_calls / settings.profile_steps  # type: ignore[attr-defined]
+        if caching:
+            text = io.StringIO()
+            stats.stream = text  # type: ignore[attr-defined]
+            stats.sort_stats("tottime").print_stats(top)
+            listing = text.getvalue()
+    calls["on_minus_off"] = calls["on"] - calls["off"]
+    return listing, calls
 
 
 def measure(settings: Settings) -> dict[str, Any]:
@@ -229,6 +241,7 @@ def measure(settings: Settings) -> dict[str, Any]:
 
 
 def markdown(settings: Settings, result: dict[str, Any], profile: str) -> str:
+    calls = result["python_calls_per_step"]
     rows = []
     for name in ("off", "on"):
         arm = result[name]
@@ -255,6 +268,9 @@ def markdown(settings: Settings, result: dict[str, Any], profile: str) -> str:
         f"per-step paired differences: {diff['paired_p50_ms']:.3f} ms wall, "
         f"{cpu['paired_p50_ms']:.3f} ms CPU. Prompt tokens found cached (on): "
         f"{result['on']['prefix_cache_hit_fraction']:.1%}.\n\n"
+        f"Python function calls per step (cProfile's count, which load does not move): off "
+        f"{calls['off']:,.0f}, on {calls['on']:,.0f}, on - off **{calls['on_minus_off']:,.0f}**."
+        "\n\n"
         f"cProfile of the on arm ({settings.profile_steps} steps, by own time):\n\n"
         f"```\n{profile.strip()}\n```\n"
     )
@@ -273,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     settings = Settings(**{k: v for k, v in vars(args).items() if k not in ("name", "out")})
     result = measure(settings)
-    profile = profile_on_arm(settings)
+    profile, calls = profile_arms(settings)
+    result["python_calls_per_step"] = calls
     payload = {"settings": asdict(settings), **result, "profile_on": profile}
     command = command_line("bench.engine.scheduler_overhead", argv)
     path = write_results(args.name, payload, markdown(settings, result, profile), command, args.out)

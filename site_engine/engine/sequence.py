@@ -144,9 +144,15 @@ class Sequence:
         done = len(hashes)
         if num_blocks == done + 1:
             # The common case (a decoding sequence filled one block): one hash, chained from
-            # the id kept from before, nothing else recomputed.
-            tokens = self.token_ids_between(done * block_size, num_blocks * block_size)
-            assert PENDING_TOKEN not in tokens, "a block id needs every token of the block"
+            # the id kept from before, nothing else recomputed; a block of known answer tokens
+            # is read from the answer's list without a copy of the rest.
+            start = done * block_size - len(self.prompt_token_ids)
+            output = self.output_token_ids
+            if start >= 0 and start + block_size <= len(output):
+                tokens: list[int] | tuple[int, ...] = output[start : start + block_size]
+            else:
+                tokens = self.token_ids_between(done * block_size, num_blocks * block_size)
+                assert PENDING_TOKEN not in tokens, "a block id needs every token of the block"
             hashes.append(chain_hash(hashes[-1] if done else self.root_hash, tokens))
         elif num_blocks > done:
             tokens = self.token_ids_between(done * block_size, num_blocks * block_size)
