@@ -26,12 +26,13 @@ class SequenceCache:
     def __init__(self, blocks: BlockManager) -> None:
         self._blocks = blocks
         self._size = blocks.block_size
+        self._caching = blocks.caching  # fixed for the manager's life; read per filled block
         self.counters = dict.fromkeys(COUNTERS, 0)
 
     def lookup(self, seq: Sequence) -> CacheHit:
         """The cached leading blocks of a waiting sequence (no pending tokens), short of its
         last token, which is always computed for its logits."""
-        if not self._blocks.caching:
+        if not self._caching:
             return NO_HIT
         num_blocks = (seq.num_tokens - 1) // self._size
         hashes = seq.full_block_hashes(self._size, num_blocks)
@@ -39,7 +40,7 @@ class SequenceCache:
 
     def admitted(self, seq: Sequence, hit: CacheHit) -> None:
         """Count an admission's lookup (vLLM's queries and hits, in tokens)."""
-        if not self._blocks.caching:
+        if not self._caching:
             return
         cached = hit.num_blocks * self._size
         self.counters["prefix_cache_queries"] += seq.num_tokens
@@ -59,7 +60,7 @@ class SequenceCache:
         """Index the full blocks of a running sequence whose KV is launched and whose tokens
         are known; hashes only the blocks that filled since the last call. Nothing to do while
         seq.num_computed_tokens < seq.next_full_block_at (callers may skip the call)."""
-        if not self._blocks.caching:
+        if not self._caching:
             return
         size = self._size
         known = len(seq.prompt_token_ids) + len(seq.output_token_ids)
