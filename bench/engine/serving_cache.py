@@ -20,6 +20,9 @@ On the GPU (the 1B shape, 1,024 sequences, 8,192 tokens per step), at the rate t
     python -m bench.engine.serving --phases cache --max-num-seqs 1024 \
         --max-num-batched-tokens 8192 --prefix-cache-rate 128 --prefix-cache-repeat 3 \
         --duration-s 30 --slo-ttft-ms 2000 --name engine_serving_prefix_cost_h200
+
+(six runs of 30 s of arrivals and up to 20 s of drain: ~5 minutes after the model is built; a
+pair that would not finish before --deadline-s is left out.)
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ def cache_phase(run: Run, loaded: LoadedModel) -> None:
                               "runs": {arm: [] for arm in ARMS}}  # fmt: skip
     run.payload["prefix_cache"] = result
     for pair in range(args.prefix_cache_repeat):
+        if pair and run.time_left() < 2 * (args.duration_s + args.drain_s):
+            run.log(f"cache: no time left for pair {pair}; {pair} pair(s) done")
+            break  # the pairs done are saved; a half pair would compare nothing
         seed = args.seed + pair
 
         def make(count: int, rate_seed: int, pair_seed: int = seed) -> list[WorkloadRequest]:
