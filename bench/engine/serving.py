@@ -14,6 +14,8 @@ Phases (--phases picks some; results are rewritten after each, "complete": false
 - sweep: Poisson arrivals at ascending rates for each prompt mix (bench.engine.serving_workload)
   through one warmed-up engine, until a rate misses the SLO, then one rate between the last
   that held and the first that missed; the goodput per mix ("goodput_rate_rps");
+- cache: prefix caching on and off in turn at one rate, short prompts unique and repeated
+  (bench.engine.serving_cache: prefix_cache_goodput_ratio, prefix_cache_tpot_p50_ratio);
 - burst: the 1,000-request Alpaca+LIMA burst of engine_h200 (same trace and engine settings);
 - hf: transformers continuous batching with the requests and arrival times of the goodput rate.
 
@@ -45,6 +47,7 @@ from typing import Any
 import torch
 
 from bench.common import results_dir
+from bench.engine import serving_cache
 from bench.engine.baseline_engine import run_baseline
 from bench.engine.engine_runs import engine_config, run_engine, warm_up
 from bench.engine.harness import Deadline, Progress, exit_if_threads_linger, free_device_memory
@@ -68,7 +71,7 @@ from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
 
-PHASES = ("steps", "decode", "sweep", "burst", "hf")
+PHASES = ("steps", "decode", "sweep", "cache", "burst", "hf")
 SWEEP_MIXES = (*MIXES, "longctx")
 SMALL_SHAPES = (StepShape("tiny", "a continuing chunk, a fresh one, 3 decode rows", 3, 20,
                           (PrefillChunk(10, 6), PrefillChunk(0, 5))),)  # fmt: skip
@@ -127,6 +130,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--device", default="cuda")
     add("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     add("--deadline-s", type=float, default=570.0, help="the whole run; sweeps stop in time")
+    serving_cache.add_arguments(parser)
     add("--reserve-s", type=float, default=170.0, help="kept from the sweeps for later phases")
     args = parser.parse_args(argv)
     for key, value in (SMALL if args.small else FULL).items():
@@ -365,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         run.save("baseline")
     for name, phase in (("steps", steps_phase), ("decode", decode_phase),
-                        ("sweep", sweep_phase)):  # fmt: skip
+                        ("sweep", sweep_phase), ("cache", serving_cache.cache_phase)):  # fmt: skip
         if name in run.phases:
             _guarded(run, name, phase, loaded)
     if "burst" in run.phases:

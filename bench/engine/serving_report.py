@@ -8,6 +8,7 @@ from typing import Any
 
 import bench.common as common
 from bench.common import markdown_table
+from bench.engine import serving_cache
 from bench.engine.report import fmt
 
 
@@ -28,6 +29,7 @@ def report(payload: dict[str, Any]) -> str:
         parts += _steps_section(payload)
     for mix, rows in (payload.get("sweeps") or {}).items():
         parts += _sweep_section(mix, rows, payload)
+    parts += serving_cache.report(payload)
     if payload.get("hf_continuous_batching"):
         parts += _hf_section(payload)
     if payload.get("burst") or payload.get("baseline"):

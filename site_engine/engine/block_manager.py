@@ -265,15 +265,17 @@ class BlockManager:
     def register(self, request_id: str, hashes: Sequence[int], num_full: int) -> None:
         """Index the first `num_full` blocks of the table by `hashes` (the sequence's block ids):
         their KV is written, or being written by a scheduled step, and their tokens are known."""
-        if self._index is None:
+        index = self._index
+        if index is None:
             return
         done = self._registered[request_id]
         if num_full <= done:
             return
         table = self._tables[request_id]
+        # Only the blocks that filled since the last call: O(new full blocks), not O(table).
         for i in range(done, num_full):
             # False for a duplicate (another block holds this id): it stays unindexed.
-            self._index.add(hashes[i], hashes[i - 1] if i else 0, table[i])
+            index.add(hashes[i], hashes[i - 1] if i else 0, table[i])
         self._registered[request_id] = num_full
 
     def offload_ahead(self, lookahead: int) -> None:

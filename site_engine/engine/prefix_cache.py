@@ -25,34 +25,65 @@ from fedllm_contract.cache_events import (
     Tier,
 )
 
+# The kinds of a recorded change (CacheEventRecorder's flat records).
+_STORED, _REMOVED, _CLEARED = 0, 1, 2
+
 
 class CacheEventRecorder:
-    """What changed in the cache since the last `take`."""
+    """What changed in the cache since the last `take`.
+
+    A change is recorded as a flat tuple (kind, tier, id, parent) appended to one list, the
+    cheapest record Python has: a step at 1,024 sequences fills and evicts dozens of blocks, and
+    building (and re-building, to merge) event objects for each one cost the step's host time
+    (bench.engine.scheduler_overhead). `take` turns a step's records into events once, merging a
+    run of stored blocks of one chain, or of removals, into one event as they came.
+    """
 
     def __init__(self) -> None:
-        self._events: list[CacheEvent] = []
+        self._records: list[tuple[int, Tier, int, int]] = []
 
     def stored(self, tier: Tier, block_hash: int, parent: int) -> None:
-        last = self._events[-1] if self._events else None
-        if isinstance(last, BlocksStored) and last.tier is tier and last.block_ids[-1] == parent:
-            self._events[-1] = BlocksStored((*last.block_ids, block_hash), last.parent, tier)
-            return
-        self._events.append(BlocksStored((block_hash,), parent, tier))
+        self._records.append((_STORED, tier, block_hash, parent))
 
     def removed(self, tier: Tier, block_hash: int) -> None:
-        last = self._events[-1] if self._events else None
-        if isinstance(last, BlocksRemoved) and last.tier is tier:
-            self._events[-1] = BlocksRemoved((*last.block_ids, block_hash), tier)
-            return
-        self._events.append(BlocksRemoved((block_hash,), tier))
+        self._records.append((_REMOVED, tier, block_hash, 0))
 
     def cleared(self) -> None:
         # Whatever came before is moot: a receiver drops everything on AllBlocksCleared.
-        self._events = [AllBlocksCleared()]
+        self._records = [(_CLEARED, Tier.DEVICE, 0, 0)]
 
     def take(self) -> list[CacheEvent]:
-        events, self._events = self._events, []
-        return events
+        records, self._records = self._records, []
+        return _merged_events(records)
+
+
+def _merged_events(records: list[tuple[int, Tier, int, int]]) -> list[CacheEvent]:
+    """Events from records in order: a stored id whose parent is the last id of a run of stored
+    ids of its tier extends that run, a removal extends a run of removals of its tier."""
+    events: list[CacheEvent] = []
+    kind, tier, parent = -1, Tier.DEVICE, 0
+    ids: list[int] = []
+    for record_kind, record_tier, block_hash, record_parent in records:
+        same_run = ids and record_kind == kind and record_tier is tier
+        if same_run and (kind == _REMOVED or ids[-1] == record_parent):
+            ids.append(block_hash)
+            continue
+        if ids:
+            events.append(_event(kind, tier, ids, parent))
+        if record_kind == _CLEARED:
+            events.append(AllBlocksCleared())
+            ids = []
+            continue
+        kind, tier, parent, ids = record_kind, record_tier, record_parent, [block_hash]
+    if ids:
+        events.append(_event(kind, tier, ids, parent))
+    return events
+
+
+def _event(kind: int, tier: Tier, ids: list[int], parent: int) -> CacheEvent:
+    if kind == _STORED:
+        return BlocksStored(tuple(ids), parent, tier)
+    return BlocksRemoved(tuple(ids), tier)
 
 
 class BlockIndex:
@@ -83,10 +114,11 @@ class BlockIndex:
     def add(self, block_hash: int, parent: int, place: int) -> bool:
         """Index `place` as holding `block_hash`; False (nothing changed) if the id is already
         held elsewhere or the place already holds an id."""
-        if block_hash in self._place_of or place in self._hash_at:
+        place_of, hash_at = self._place_of, self._hash_at
+        if block_hash in place_of or place in hash_at:
             return False
-        self._place_of[block_hash] = place
-        self._hash_at[place] = block_hash
+        place_of[block_hash] = place
+        hash_at[place] = block_hash
         self._parent_of[block_hash] = parent
         self._events.stored(self.tier, block_hash, parent)
         return True

@@ -497,13 +497,16 @@ class Scheduler:
         if self._guided is not None and self._guided[0] == output.step_id:
             guided = self._guided[1]
         self._guided = None
-        if self._blocks.caching:
+        caching = self._blocks.caching
+        if caching:
             # Indexed only now, once the step that writes them is launched: a block indexed in
             # `schedule` could be hit by a chunk of the same step, which the runner may run
             # before the chunk that writes it (eager prefill before the decode graphs).
             for chunk in output.chunks:
+                if chunk.sample:
+                    continue  # registered below, with its sampled token
                 seq = self._live.get(chunk.request_id)
-                if not chunk.sample and seq is not None and seq.status is SequenceStatus.RUNNING:
+                if seq is not None and seq.status is SequenceStatus.RUNNING:
                     self._cache.register(seq)
         updates: list[SequenceUpdate] = []
         for chunk in chunks:
@@ -512,7 +515,9 @@ class Scheduler:
             token = sampled[chunk.request_id]
             seq.num_pending -= 1
             seq.output_token_ids.append(token)
-            if seq.status is SequenceStatus.RUNNING:
+            # Most steps fill no block of a decoding sequence: those skip the call.
+            running = seq.status is SequenceStatus.RUNNING
+            if caching and running and seq.num_computed_tokens >= seq.next_full_block_at:
                 self._cache.register(seq)
             if chunk.request_id in guided:
                 reason = guided[chunk.request_id]

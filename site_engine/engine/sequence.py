@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from fedllm_contract.block_hash import block_hashes
+from fedllm_contract.block_hash import block_hashes, chain_hash
 from fedllm_contract.priority import Priority
 from site_engine.engine.remaining import remaining_tokens
 from site_engine.engine.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
@@ -34,8 +34,9 @@ class Sequence:
     `predicted_tokens` is the gateway's prediction of the response length (None: no prediction).
     Prefix caching: `root_hash` seeds the ids of its blocks (model and cache salt,
     fedllm_contract/block_hash.py), `block_hashes` holds the ids of its full blocks of known
-    tokens computed so far, and `num_cached_prompt_tokens` the prompt tokens its first admission
-    found cached (the client's usage reports them).
+    tokens computed so far (extended block by block, each new id chained from the last one, so
+    a block is hashed once in the sequence's life), and `num_cached_prompt_tokens` the prompt
+    tokens its first admission found cached (the client's usage reports them).
     """
 
     request_id: str
@@ -54,6 +55,10 @@ class Sequence:
     root_hash: int = 0
     block_hashes: list[int] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
+    # Computed tokens from which its next block may be full and newly indexable: below that,
+    # `update` skips the sequence without a call (SequenceCache sets it; a call per sequence per
+    # step was most of what prefix caching cost a 1,024-sequence step).
+    next_full_block_at: int = 0
     # The grammar its answer must follow (constrained decoding), advanced token by token;
     # `awaiting_guide` while that grammar is still being compiled (it is not admitted).
     guide: Guide | None = None
@@ -138,13 +143,26 @@ class Sequence:
     def full_block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
         """The ids of the first `num_blocks` blocks (their tokens must be known), extending the
         ones computed before; the list returned is the sequence's own, not a copy."""
-        done = len(self.block_hashes)
-        if num_blocks > done:
+        hashes = self.block_hashes
+        done = len(hashes)
+        if num_blocks == done + 1:
+            # The common case (a decoding sequence filled one block): one hash, chained from
+            # the id kept from before, nothing else recomputed; a block of known answer tokens
+            # is read from the answer's list without a copy of the rest.
+            start = done * block_size - len(self.prompt_token_ids)
+            output = self.output_token_ids
+            if start >= 0 and start + block_size <= len(output):
+                tokens: list[int] | tuple[int, ...] = output[start : start + block_size]
+            else:
+                tokens = self.token_ids_between(done * block_size, num_blocks * block_size)
+                assert PENDING_TOKEN not in tokens, "a block id needs every token of the block"
+            hashes.append(chain_hash(hashes[-1] if done else self.root_hash, tokens))
+        elif num_blocks > done:
             tokens = self.token_ids_between(done * block_size, num_blocks * block_size)
             assert PENDING_TOKEN not in tokens, "a block id needs every token of the block"
-            parent = self.block_hashes[-1] if done else self.root_hash
-            self.block_hashes.extend(block_hashes(tokens, block_size, parent))
-        return self.block_hashes
+            parent = hashes[-1] if done else self.root_hash
+            hashes.extend(block_hashes(tokens, block_size, parent))
+        return hashes
 
     @property
     def num_known_tokens(self) -> int:

@@ -26,12 +26,13 @@ class SequenceCache:
     def __init__(self, blocks: BlockManager) -> None:
         self._blocks = blocks
         self._size = blocks.block_size
+        self._caching = blocks.caching  # fixed for the manager's life; read per filled block
         self.counters = dict.fromkeys(COUNTERS, 0)
 
     def lookup(self, seq: Sequence) -> CacheHit:
         """The cached leading blocks of a waiting sequence (no pending tokens), short of its
         last token, which is always computed for its logits."""
-        if not self._blocks.caching:
+        if not self._caching:
             return NO_HIT
         num_blocks = (seq.num_tokens - 1) // self._size
         hashes = seq.full_block_hashes(self._size, num_blocks)
@@ -39,7 +40,7 @@ class SequenceCache:
 
     def admitted(self, seq: Sequence, hit: CacheHit) -> None:
         """Count an admission's lookup (vLLM's queries and hits, in tokens)."""
-        if not self._blocks.caching:
+        if not self._caching:
             return
         cached = hit.num_blocks * self._size
         self.counters["prefix_cache_queries"] += seq.num_tokens
@@ -47,6 +48,8 @@ class SequenceCache:
         self.counters["prefix_cache_host_hits"] += len(hit.host_slots) * self._size
         if not seq.ever_scheduled:
             seq.num_cached_prompt_tokens = min(cached, seq.num_prompt_tokens)
+        # Its table starts with the hit's blocks registered: the next to index is the one after.
+        seq.next_full_block_at = (hit.num_blocks + 1) * self._size
 
     def computed(self, seq: Sequence, start: int, end: int) -> None:
         """Positions [start, end) of `seq` are scheduled: count the prompt ones."""
@@ -55,11 +58,16 @@ class SequenceCache:
 
     def register(self, seq: Sequence) -> None:
         """Index the full blocks of a running sequence whose KV is launched and whose tokens
-        are known."""
-        if not self._blocks.caching:
+        are known; hashes only the blocks that filled since the last call. Nothing to do while
+        seq.num_computed_tokens < seq.next_full_block_at (callers may skip the call)."""
+        if not self._caching:
             return
-        num_full = min(seq.num_computed_tokens, seq.num_known_tokens) // self._size
-        self._blocks.register(seq.request_id, seq.full_block_hashes(self._size, num_full), num_full)
+        size = self._size
+        known = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        num_full = min(seq.num_computed_tokens, known) // size
+        self._blocks.register(seq.request_id, seq.full_block_hashes(size, num_full), num_full)
+        # No block of it can become indexable before its computed tokens fill the next one.
+        seq.next_full_block_at = (num_full + 1) * size
 
     def take_copies(self, lookahead: int) -> tuple[tuple[KvCopy, ...], int]:
         """A step's host-tier copies, those ahead of eviction (`lookahead` blocks) included."""
