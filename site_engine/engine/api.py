@@ -28,6 +28,8 @@ class EngineRequest:
     cache_salt: str = ""
     # False for one choice of a request with several (they are never released for offload).
     releasable: bool = True
+    # The LoRA adapter to serve it with (one of the engine's served_adapters()); None: the base.
+    adapter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,9 @@ class SchedulerConfig:
     so that newly admitted sequences are not preempted at their first decode steps.
     `prefix_caching` shares cached prompt blocks between sequences (site_engine/engine/
     block_manager.py), their ids seeded by `model_name` and each request's cache salt;
-    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks."""
+    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks. `max_loras`: how many
+    distinct LoRA adapters running sequences may use at once (the device's adapter slots; 0:
+    the engine serves none)."""
 
     num_blocks: int
     block_size: int
@@ -35,6 +37,7 @@ class SchedulerConfig:
     prefix_caching: bool = False
     model_name: str = ""
     host_kv_blocks: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INT_FIELDS:
@@ -47,6 +50,8 @@ class SchedulerConfig:
             raise TypeError(f"eos_token_ids must be a frozenset, got {self.eos_token_ids!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.max_loras < 0:
+            raise ValueError(f"max_loras must be >= 0, got {self.max_loras}")
         if self.spf_aging < 0:
             raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
         if self.host_kv_blocks < 0 or (self.host_kv_blocks and not self.prefix_caching):

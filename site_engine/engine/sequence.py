@@ -61,6 +61,10 @@ class Sequence:
     error: str = ""
     # False for one choice of a request with several: offload never splits such a request.
     releasable: bool = True
+    # Its LoRA adapter ("": the base model), a key of its block ids (see root_hash);
+    # `awaiting_adapter` while the adapter is loading into host memory (it is not admitted).
+    adapter: str = ""
+    awaiting_adapter: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
