@@ -10,8 +10,9 @@ answer must be the tokens PeftModel generates for that prompt alone with that ad
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,8 +24,6 @@ from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.model_loading import LoadedModel
 from tests.unit.engine.smollm2 import chat_ids, loaded
-
-peft = pytest.importorskip("peft", reason="peft is a dev dependency (pyproject.toml)")
 
 pytestmark = pytest.mark.slow
 __all__ = ["loaded"]
@@ -38,14 +37,26 @@ ADAPTERS = {
     "mlp-r16": (16, 24, ["k_proj", "o_proj", *MLP]),
 }
 BLOCK = 8
-MAX_TOKENS = 10
-PREFIX = "Read the note and answer briefly. The note: the red door opens at nine, the blue one at ten."
+MAX_TOKENS = 8
+PREFIX = (
+    "Read the note and answer briefly. The note: the red door opens at nine, the blue one at ten."
+)
+
+
+@dataclass(frozen=True)
+class Reference:
+    model: Any  # a peft.PeftModel over a second copy of the base, with the three adapters
+    adapter_root: Path  # where it saved them, one directory each
 
 
 @pytest.fixture(scope="module")
-def peft_model(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def peft_model(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """A second copy of the base with the three adapters (random A and B, so every delta is
     non-zero), saved in PEFT's format into `adapter_root` / name."""
+    try:
+        import peft
+    except ImportError:
+        pytest.fail("peft is not installed: run `make setup` (a dev dependency)")
     base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
     root = tmp_path_factory.mktemp("adapters")
     model = None
@@ -61,21 +72,31 @@ def peft_model(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     assert model is not None
     model.save_pretrained(str(root))  # adapters other than "default" go to root / name
     model.eval()
-    model.adapter_root = root
-    yield model
+    return Reference(model, root)
 
 
-def reference(model: object, request: EngineRequest) -> list[int]:
-    """PeftModel's greedy answer to the prompt alone, with the request's adapter (or none)."""
+_ANSWERS: dict[tuple[tuple[int, ...], str | None], list[int]] = {}
+
+
+def reference(ref: Reference, request: EngineRequest) -> list[int]:
+    """PeftModel's greedy answer to the prompt alone, with the request's adapter (or none);
+    each computed once per module (both parametrizations compare against the same answers)."""
+    key = (request.prompt_token_ids, request.adapter)
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _generate(ref.model, request)
+    return _ANSWERS[key]
+
+
+def _generate(model: Any, request: EngineRequest) -> list[int]:
     prompt = torch.tensor([request.prompt_token_ids])
     kwargs = {"attention_mask": torch.ones_like(prompt), "do_sample": False}
     with torch.inference_mode():
         if request.adapter is None:
-            with model.disable_adapter():  # type: ignore[attr-defined]
-                out = model.generate(input_ids=prompt, max_new_tokens=MAX_TOKENS, **kwargs)  # type: ignore[attr-defined]
+            with model.disable_adapter():
+                out = model.generate(input_ids=prompt, max_new_tokens=MAX_TOKENS, **kwargs)
         else:
-            model.set_adapter(request.adapter)  # type: ignore[attr-defined]
-            out = model.generate(input_ids=prompt, max_new_tokens=MAX_TOKENS, **kwargs)  # type: ignore[attr-defined]
+            model.set_adapter(request.adapter)
+            out = model.generate(input_ids=prompt, max_new_tokens=MAX_TOKENS, **kwargs)
     return list(out[0, prompt.shape[1] :].tolist())
 
 
@@ -107,13 +128,17 @@ def run(engine: PagedEngine, waves: list[list[EngineRequest]]) -> tuple[dict, di
 
 @pytest.mark.parametrize("max_loras", [3, 2])
 def test_mixed_adapter_batch_answers_like_peft(
-    loaded: LoadedModel, peft_model: object, max_loras: int
+    loaded: LoadedModel, peft_model: Reference, max_loras: int
 ) -> None:
     """max_loras 3: every adapter in one step; 2: one adapter's requests wait for a slot."""
-    root: Path = peft_model.adapter_root  # type: ignore[attr-defined]
+    root = peft_model.adapter_root
     settings = LoraSettings(root, max_loras=max_loras, max_cpu_loras=3, max_rank=16)
     config = EngineConfig(
-        max_num_seqs=8, max_num_batched_tokens=64, block_size=BLOCK, model_name="smol", lora=settings
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        block_size=BLOCK,
+        model_name="smol",
+        lora=settings,
     )
     engine = PagedEngine(loaded, config)
     assert engine.served_adapters() == tuple(sorted(ADAPTERS))
