@@ -34,6 +34,7 @@ from site_engine.embedding.layout import is_embedding_model
 from site_engine.embedding.runner import load_embedding_runner
 from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.api import Engine
+from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
@@ -109,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         type=float,
         help="a grammar compiling longer fails its requests (400; default 5)",
     )
+    parser.add_argument("--lora-dir", help="a directory of PEFT LoRA adapters to serve by name")
+    parser.add_argument("--max-loras", type=int, help="adapters running at once (default 4)")
+    parser.add_argument(
+        "--max-cpu-loras", type=int, help="adapters kept in host memory (default 8)"
+    )
+    parser.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -143,6 +150,18 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         host_kv_cache_bytes=int(settings.host_kv_cache_gib * (1 << 30)),
         grammar_compile_threads=settings.grammar_compile_threads,
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
+        lora=lora_settings(settings),
+    )
+
+
+def lora_settings(settings: SiteSettings) -> LoraSettings | None:
+    if settings.lora_dir is None:
+        return None
+    return LoraSettings(
+        settings.lora_dir,
+        max_loras=settings.max_loras,
+        max_cpu_loras=settings.max_cpu_loras,
+        max_rank=settings.max_lora_rank,
     )
 
 
