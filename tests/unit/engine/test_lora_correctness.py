@@ -10,6 +10,7 @@ answer must be the tokens PeftModel generates for that prompt alone with that ad
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,17 @@ MAX_TOKENS = 8
 PREFIX = (
     "Read the note and answer briefly. The note: the red door opens at nine, the blue one at ten."
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread(loaded: LoadedModel) -> Iterator[None]:
+    """One intra-op thread (after `loaded` set two): this module runs two float32 copies of the
+    model step by step, and on a shared 2-core machine two threads each were several times
+    slower than one (OpenMP workers waiting on each other)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @dataclass(frozen=True)
