@@ -55,7 +55,7 @@ class Options:
     preset: ElasticPreset
     arms: tuple[str, ...]
     unit_rps: float | None
-    merge: Path | None
+    merge: tuple[Path, ...]
     tokenizer_dir: Path
     data_dir: Path | None
     trace_file: Path
@@ -64,6 +64,29 @@ class Options:
     out_dir: Path
     name: str
     seed: int
+    no_arms: bool
+
+
+def with_gpus(preset: ElasticPreset, gpus: str) -> ElasticPreset:
+    """The preset with its two places on the given devices ("2,3"): two arms of a four-GPU
+    machine run side by side, each on GPUs of its own."""
+    devices = [d.strip() for d in gpus.split(",")]
+    if len(devices) != 2 or not all(d.isdigit() for d in devices):
+        raise ValueError(f"--gpus takes two device indexes like 2,3, not {gpus!r}")
+    places = tuple(
+        replace(place, env=(*((k, v) for k, v in place.env if k != "CUDA_VISIBLE_DEVICES"),
+                            ("CUDA_VISIBLE_DEVICES", device)))
+        for place, device in zip(preset.places, devices, strict=True)
+    )  # fmt: skip
+    return replace(preset, places=(places[0], places[1]))
+
+
+def merged_unit(paths: Sequence[Path]) -> float | None:
+    """The 1x all merged results share (each arm must see the same requests), or None."""
+    units = {float(json.loads(path.read_text())["unit_rps"]) for path in paths}
+    if len(units) > 1:
+        raise ValueError(f"the merged results were run at different 1x rates: {sorted(units)}")
+    return units.pop() if units else None
 
 
 def parse(argv: Sequence[str]) -> Options:
@@ -78,7 +101,20 @@ def parse(argv: Sequence[str]) -> Options:
         "--unit-share", type=float, help="1x as a share of one site's calibrated capacity"
     )
     parser.add_argument("--phase-s", type=float, nargs=3, help="seconds of the 1x, 3x, 1x steps")
-    parser.add_argument("--merge", type=Path, help="a result of other arms to add these to")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=[],
+        help="results of other arms (same 1x and seed) to add these to",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpus", help="the two device indexes of this run's sites (default: the preset's, 0,1)"
+    )
+    parser.add_argument(
+        "--no-arms", action="store_true",
+        help=(
+            "run no arm: measure 1x (for arms run side by side after), or with --merge "
+            "write the merged arms as one result"
+        ),
+    )  # fmt: skip
     parser.add_argument("--tokenizer-dir", type=Path, help="default: var/models/SmolLM2-*")
     parser.add_argument("--data-dir", type=Path, help="datasets (default ../shared/datasets)")
     parser.add_argument(
@@ -100,21 +136,29 @@ def parse(argv: Sequence[str]) -> Options:
             replace(p, seconds=s) for p, s in zip(preset.phases, args.phase_s, strict=True)
         )
         preset = replace(preset, phases=phases)
+    if args.gpus:
+        try:
+            preset = with_gpus(preset, args.gpus)
+        except ValueError as exc:
+            parser.error(str(exc))
     tokenizer = args.tokenizer_dir or default_tokenizer()
     if tokenizer is None:
         parser.error("no SmolLM2 tokenizer in var/models: pass --tokenizer-dir")
     unit = args.unit_rps
-    if args.merge is not None:
-        merged = float(json.loads(args.merge.read_text())["unit_rps"])
+    try:
+        merged = merged_unit(args.merge)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if merged is not None:
         if unit is not None and abs(unit - merged) > 1e-3:
             parser.error(f"--unit-rps {unit} differs from the merged result's {merged}")
         unit = merged
     return Options(
-        preset, tuple(dict.fromkeys(args.arms)), unit, args.merge, tokenizer.resolve(),
+        preset, tuple(dict.fromkeys(args.arms)), unit, tuple(args.merge), tokenizer.resolve(),
         args.data_dir, args.trace_file,
         args.predictor_dir.resolve() if args.predictor_dir else None, args.work_dir.resolve(),
         args.out_dir,
-        args.name or f"elastic_{preset.name}", args.seed,
+        args.name or f"elastic_{preset.name}", args.seed, args.no_arms,
     )  # fmt: skip
 
 
@@ -197,8 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Enough templates for the calibration and for 3x everywhere (Poisson counts vary).
     most = math.ceil(3 * (options.unit_rps or 50.0) * preset.load_s * 1.3) + 4 * slots + 64
     pool = templates(preset, words, vocab, most, options.seed, options.data_dir, options.trace_file)
-    previous = json.loads(options.merge.read_text()) if options.merge else {}
-    calibration = previous.get("calibration")
+    previous = [json.loads(path.read_text()) for path in options.merge]
+    # A calibration alone (no arms) serves any seed: it measured the sites, not a workload.
+    seeds = {int(p.get("seed", 0)) for p in previous if p.get("arms")} | {options.seed}
+    if len(seeds) > 1:
+        raise SystemExit(f"the merged results were run with other seeds: {sorted(seeds)}")
+    calibration = next((p["calibration"] for p in previous if p.get("calibration")), None)
     unit = options.unit_rps
     if unit is None:
         calibration = calibrate(options, model_dir, pool, slots)
@@ -208,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              options.seed, options.data_dir, options.trace_file)  # fmt: skip
     requests = timed(pool, arrival_times(preset.phases, unit, options.seed))
     log(f"unit rate {unit:.3f} req/s: {len(requests)} requests")
-    arms: dict[str, Any] = dict(previous.get("arms", {}))
+    arms: dict[str, Any] = {name: arm for p in previous for name, arm in p["arms"].items()}
     payload: dict[str, Any] = {
         "preset": preset.name,
         "unit_rps": round(unit, 4),
@@ -221,8 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "predictor": str(options.predictor_dir) if options.predictor_dir else None,
         "seed": options.seed,
     }
-    commands = [*previous.get("commands", []), command]
-    for name in options.arms:
+    commands = [*(c for p in previous for c in p.get("commands", [])), command]
+    for name in () if options.no_arms else options.arms:
         arms[name] = run_arm(name, options, model_dir, requests)
         write(options.out_dir, options.name, {**payload, "arms": arms, "commands": commands})
     path = write(options.out_dir, options.name, {**payload, "arms": arms, "commands": commands})

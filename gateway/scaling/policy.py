@@ -13,9 +13,11 @@ is tested on a fake clock (tests/unit/scaling/) and reads nothing else.
   `target_backlog_s x scale_out_at` each are asked for once the forecast has been over for
   `out_after_s`, and not within `out_cooldown_s` of the last step. Sites still starting count as
   serving (no second start while the first boots). Below `min_sites`: at once.
-- **Scale-in by draining, with hysteresis.** One site fewer is decided only when the backlog
-  with one site fewer stays below `target_backlog_s x scale_in_below` (under the scale-out
-  threshold: no flapping between the two) and is not growing, for `in_after_s`, no site is
+- **Scale-in by draining, with hysteresis.** One site fewer is decided only when the forecast
+  backlog (its growth included) with one site fewer stays below `target_backlog_s x
+  scale_in_below` (under the scale-out threshold: no flapping between the two) for
+  `in_after_s`: a backlog that grows crosses the line and restarts the wait. The trend's sign
+  alone is not asked: it is noise at a steady load and would hold a surplus site forever. No site is
   starting, and not within `in_cooldown_s` of the last step. The site that goes is, among those
   the actuator may take away, the one whose cache is worth least (fewest prefix blocks the
   gateway knows it holds), then the one with the least work to finish, then the newest.
@@ -212,7 +214,6 @@ def _scale_in(
     low = (
         seen.pending == 0
         and seen.serving > rule.min_sites
-        and seen.trend <= 0.0
         and (seen.forecast_s / fewer < in_line if fewer > 0 else seen.forecast_s == 0.0)
     )
     victim = _victim(serving)

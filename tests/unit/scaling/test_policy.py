@@ -160,9 +160,22 @@ def test_scale_in_cooldown_after_a_scale_out() -> None:
 def test_no_scale_in_while_the_backlog_grows_or_a_site_boots() -> None:
     run = Run(replace(RULE, in_after_s=0.0, in_cooldown_s=0.0))
     assert run.at(0.0, site("a", 0.0), site("b", 0.0), pending=1).action is None
-    growing = Run(replace(RULE, in_after_s=0.0, in_cooldown_s=0.0, lead_time_s=0.0))
+    # Growing: its forecast with one site fewer is over the line (0.8 s), though the level
+    # (0.6 s) is under it.
+    growing = Run(replace(RULE, in_after_s=0.0, in_cooldown_s=0.0, lead_time_s=10.0))
     growing.at(0.0, site("a", 0.0), site("b", 0.0))
-    assert growing.at(1.0, site("a", 0.3), site("b", 0.3)).action is None  # trend > 0
+    assert growing.at(1.0, site("a", 0.3), site("b", 0.3)).action is None
+
+
+def test_a_steady_but_noisy_backlog_under_the_line_still_scales_in() -> None:
+    """At a steady load the trend's sign flips with every report: noise alone must not hold a
+    surplus site (it did, for a whole GPU run)."""
+    run = Run(replace(RULE, in_after_s=5.0, in_cooldown_s=0.0, lead_time_s=1.0))
+    verdicts = [
+        run.at(t / 2, site("a", 0.1 + 0.05 * (t % 2)), site("b", 0.1 + 0.05 * (t % 2)))
+        for t in range(40)
+    ]
+    assert any(isinstance(v.action, ScaleIn) for v in verdicts)
 
 
 def test_the_site_whose_cache_is_worth_least_goes_first() -> None:
