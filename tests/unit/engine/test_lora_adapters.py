@@ -213,3 +213,30 @@ def test_a_site_without_adapters_refuses_a_request_for_one(loaded: LoadedModel) 
     with pytest.raises(RequestRejected, match="serves no LoRA adapters"):
         eng.add_request(request("r", "good"))
     eng.close()
+
+
+def test_host_memory_keeps_max_cpu_loras_but_never_evicts_one_in_use(
+    tmp_path: Path, loaded: LoadedModel
+) -> None:
+    base = base_of(loaded)
+    for seed, name in enumerate("abcd"):
+        write_adapter(tmp_path / name, base, seed=seed)
+    settings = LoraSettings(tmp_path, max_loras=1, max_cpu_loras=2, max_rank=8)
+    registry = AdapterRegistry(settings, base, torch.float32, torch.device("cpu"))
+    assert registry.request("a") is False  # loading on the worker thread
+    assert registry.request("a") is False  # once
+    for _ in range(100):
+        registry.wait(1.0)
+        ready, failed = registry.settle(lambda: {"a"})
+        if ready or failed:
+            break
+    assert (ready, failed) == (["a"], {})
+    assert not registry.loading
+    assert registry.resident == ("a",)
+    assert registry.request("a") is True
+    registry.load("b", in_use={"a"})
+    registry.load("c", in_use={"a"})  # b goes: a is in use
+    assert list(registry.resident) == ["a", "c"]
+    registry.load("d", in_use={"a", "c"})  # nothing may go: one over for a while
+    assert list(registry.resident) == ["a", "c", "d"]
+    registry.close()
