@@ -1,7 +1,8 @@
 """The site's gRPC adapter: protobuf in, typed engine calls, protobuf out.
 
-This, its sibling for embedding models (grpc_embedding.py) and gateway/sites/grpc_client.py are
-the only modules that touch the generated protobuf types.
+This, its sibling for embedding models (grpc_embedding.py), gateway/sites/grpc_client.py and
+the request options' codec they share (fedllm_contract/proto/options.py) are the only modules
+that touch the generated protobuf types.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
-from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.proto.options import options_from_proto
+from fedllm_contract.request_options import RequestOptions
 from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.api import EngineRequest, RequestRejected
-from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
+from site_engine.engine.types import FinishReason, TokenLogprob
 from site_engine.engine_service import (
     DuplicateRequest,
     EngineFailure,
@@ -35,6 +37,7 @@ from site_engine.engine_service import (
     QueueFull,
     StreamEvent,
 )
+from site_engine.request_options import engine_request
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "fedllm.site.v1.SiteEngine"
@@ -74,63 +77,27 @@ class SiteIdentity:
     device: str
     dtype: str
     version: str
+    # The LoRA adapters this site serves (none yet: a request naming one is refused).
+    adapters: frozenset[str] = frozenset()
 
 
 class InvalidRequest(ValueError):
     pass
 
 
-def _constraint_from_proto(message: site_pb2.SamplingParams) -> ConstraintSpec | None:
-    if not message.HasField("constraint"):
-        return None
-    constraint = message.constraint
-    kind = constraint.WhichOneof("kind")
-    if kind == "json_schema":
-        return ConstraintSpec("json_schema", schema=constraint.json_schema)
-    if kind == "json_object":
-        return ConstraintSpec("json_object")
-    if kind == "tagged_json":
-        tagged = constraint.tagged_json
-        return ConstraintSpec(
-            "tagged_json",
-            schema=tagged.json_schema,
-            begin=tagged.begin,
-            end=tagged.end,
-            separator=tagged.separator,
-            min_items=tagged.min_items,
-            max_items=tagged.max_items,
-        )
-    raise InvalidRequest("the constraint has no kind this site knows")
-
-
-def _sampling_from_proto(message: site_pb2.SamplingParams, vocab_size: int) -> SamplingParams:
-    if len(message.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in message.stop):
+def _check_options(options: RequestOptions, vocab_size: int, adapters: frozenset[str]) -> None:
+    if len(options.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in options.stop):
         raise InvalidRequest(
             f"stop takes up to {MAX_STOP_STRINGS} strings of up to {MAX_STOP_CHARS} characters"
         )
-    if len(message.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+    if len(options.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
         raise InvalidRequest(f"logit_bias takes up to {MAX_LOGIT_BIAS_ENTRIES} entries")
-    if any(entry.token_id >= vocab_size for entry in message.logit_bias):
+    if any(token >= vocab_size for token, _ in options.logit_bias):
         raise InvalidRequest(f"logit_bias names a token id >= the vocabulary size {vocab_size}")
-    try:
-        return SamplingParams(
-            max_tokens=message.max_tokens,
-            temperature=message.temperature,
-            top_p=message.top_p if message.top_p > 0 else 1.0,
-            seed=message.seed if message.HasField("seed") else None,
-            stop=tuple(message.stop),
-            ignore_eos=message.ignore_eos,
-            generated_before=message.generated_before,
-            presence_penalty=message.presence_penalty,
-            frequency_penalty=message.frequency_penalty,
-            repetition_penalty=message.repetition_penalty or 1.0,
-            logit_bias=tuple((entry.token_id, entry.bias) for entry in message.logit_bias),
-            logprobs=message.logprobs,
-            top_logprobs=message.top_logprobs,
-            constraint=_constraint_from_proto(message),
-        )
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+    if options.n > MAX_CHOICES:
+        raise InvalidRequest(f"n takes up to {MAX_CHOICES} choices")
+    if options.adapter and options.adapter not in adapters:
+        raise InvalidRequest(f"adapter '{options.adapter}' is not served by this site")
 
 
 def _logprob_to_proto(value: TokenLogprob) -> site_pb2.TokenLogprob:
@@ -194,7 +161,11 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
     def _to_engine_request(self, request: site_pb2.GenerateRequest) -> EngineRequest:
         if not request.request_id or len(request.request_id) > MAX_REQUEST_ID_LEN:
             raise InvalidRequest(f"request_id must be 1..{MAX_REQUEST_ID_LEN} characters")
-        sampling = _sampling_from_proto(request.sampling, self._identity.vocab_size)
+        try:
+            options = options_from_proto(request)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        _check_options(options, self._identity.vocab_size, self._identity.adapters)
         if request.prompt_token_ids:
             prompt_ids = tuple(request.prompt_token_ids)
             if max(prompt_ids) >= self._identity.vocab_size:
@@ -208,13 +179,18 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             raise InvalidRequest("the prompt is empty")
         if len(request.cache_salt) > MAX_CACHE_SALT_CHARS:
             raise InvalidRequest(f"cache_salt takes up to {MAX_CACHE_SALT_CHARS} characters")
-        return EngineRequest(
-            request_id=request.request_id,
-            prompt_token_ids=prompt_ids,
-            sampling=sampling,
-            predicted_tokens=request.predicted_tokens or None,
-            cache_salt=request.cache_salt,
-        )
+        try:
+            return engine_request(
+                request.request_id,
+                prompt_ids,
+                options,
+                max_tokens=request.sampling.max_tokens,
+                generated_before=request.sampling.generated_before,
+                predicted_tokens=request.predicted_tokens or None,
+                cache_salt=request.cache_salt,
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
 
     async def Generate(
         self, request: site_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -222,8 +198,6 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
         try:
             engine_request = self._to_engine_request(request)
             n = request.sampling.n or 1
-            if n > MAX_CHOICES:
-                raise InvalidRequest(f"n takes up to {MAX_CHOICES} choices")
             stream = self._service.generate(engine_request, engine_request.sampling.stop, n)
             async for event in stream:
                 yield _event_to_proto(request.request_id, event)

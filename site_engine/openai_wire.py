@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract.grammar import ConstraintSpec
+from fedllm_contract.request_options import RequestOptions
 from site_engine.engine.types import SamplingParams, TokenLogprob
+from site_engine.request_options import SAMPLING_OPTIONS, sampling_params
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
@@ -107,6 +109,28 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
+# The options read below by hand (their wire form is not the option's, or the face takes them
+# elsewhere: n, the model's name); every other one is read under its own name, typed by its
+# default, so a new sampling option needs no code here.
+_BY_HAND = frozenset(
+    {"stop", "seed", "logit_bias", "logprobs", "top_logprobs", "constraint", "n", "adapter",
+     "priority"}
+)  # fmt: skip
+
+
+def _scalar(body: dict[str, Any], name: str, default: object) -> object:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(default, bool):
+        return bool(value)
+    if isinstance(default, float):
+        return _number(body, name, default)
+    if isinstance(default, int) and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise BadRequest(f"{name} must be of the type of {default!r}", name)
+
+
 def _sampling(body: dict[str, Any], chat: bool = False) -> SamplingParams:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens")) or DEFAULT_MAX_TOKENS
     stop = body.get("stop") or ()
@@ -117,23 +141,22 @@ def _sampling(body: dict[str, Any], chat: bool = False) -> SamplingParams:
     if not isinstance(seed, int | None) or not isinstance(before, int):
         raise BadRequest("seed and generated_before must be integers", "seed")
     logprobs, top = _logprobs(body, chat)
+    scalars = {
+        f.name: _scalar(body, f.name, f.default)
+        for f in fields(RequestOptions)
+        if f.name in SAMPLING_OPTIONS and f.name not in _BY_HAND
+    }
     try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=_number(body, "temperature", 1.0),
-            top_p=_number(body, "top_p", 1.0),
+        options = RequestOptions(
             seed=seed,
             stop=tuple(stop),
-            ignore_eos=bool(body.get("ignore_eos", False)),
-            generated_before=before,
-            presence_penalty=_number(body, "presence_penalty", 0.0),
-            frequency_penalty=_number(body, "frequency_penalty", 0.0),
-            repetition_penalty=_number(body, "repetition_penalty", 1.0),
             logit_bias=_logit_bias(body),
             logprobs=logprobs,
             top_logprobs=top,
             constraint=_constraint(body),
+            **scalars,  # type: ignore[arg-type]
         )
+        return sampling_params(options, max_tokens, before)
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
 

@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "predictor": str(options.predictor_dir) if options.predictor_dir else None,
         "seed": options.seed,
     }
-    commands = [*(c for p in previous for c in p.get("commands", [])), command]
+    commands = list(dict.fromkeys([*(c for p in previous for c in p.get("commands", [])), command]))
     for name in () if options.no_arms else options.arms:
         arms[name] = run_arm(name, options, model_dir, requests)
         write(options.out_dir, options.name, {**payload, "arms": arms, "commands": commands})

@@ -50,7 +50,7 @@ def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "seeds": {name: r.get("seed") for name, r in results.items()},
         "keys": keys,
         "arms": arms,
-        "commands": [c for r in results.values() for c in r.get("commands", [])],
+        "commands": list(dict.fromkeys(c for r in results.values() for c in r.get("commands", []))),
         "written_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 

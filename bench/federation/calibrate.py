@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import grpc
 
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.request_options import RequestOptions
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import GenerateParams
 
@@ -25,9 +26,7 @@ async def _first_token_s(client: GrpcSiteClient, tokens: int, vocab: int, seed: 
         request_id=f"calibrate-{uuid.uuid4().hex}",
         prompt_token_ids=tuple(rng.randrange(vocab) for _ in range(tokens)),
         max_tokens=1,
-        temperature=0.0,
-        top_p=1.0,
-        ignore_eos=True,
+        options=RequestOptions(temperature=0.0, top_p=1.0, ignore_eos=True),
     )
     started = time.perf_counter()
     async for chunk in client.generate(params, timeout_s=120):

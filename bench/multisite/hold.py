@@ -30,6 +30,7 @@ from typing import Any
 from bench.multisite.cluster import SiteSpec
 from bench.multisite.counters import SiteCounters, read_counters
 from bench.multisite.throttle import Throttle
+from fedllm_contract.request_options import RequestOptions
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import GenerateParams, SiteCallError
 
@@ -80,9 +81,7 @@ class Hold:
                     request_id=request_id,
                     prompt_token_ids=HOLD_PROMPT,
                     max_tokens=max_tokens,
-                    temperature=0.0,
-                    top_p=1.0,
-                    ignore_eos=True,
+                    options=RequestOptions(temperature=0.0, top_p=1.0, ignore_eos=True),
                     # What the site reports as a request's remaining load is its prediction:
                     # a hold then adds only its few cached tokens to the load routing sees.
                     predicted_tokens=1,

@@ -3,7 +3,10 @@
 isort:skip_file
 The one contract between the gateway and a site engine.
 Protobuf types stop at the two adapters that speak it (gateway/sites/grpc_client.py and
-site_engine/grpc_server.py); everything else passes typed dataclasses.
+site_engine/grpc_server.py) and the codec they share for a request's options
+(fedllm_contract/proto/options.py); everything else passes typed dataclasses.
+A field of fedllm_contract.request_options.RequestOptions is a field of the same name in
+SamplingParams or GenerateRequest (tests/unit/test_request_options.py checks it).
 Health uses the standard grpc.health.v1 service, with service name "fedllm.site.v1.SiteEngine".
 """
 
@@ -22,6 +25,24 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _Priority:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PriorityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Priority.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRIORITY_INTERACTIVE: _Priority.ValueType  # 0
+    PRIORITY_FLEX: _Priority.ValueType  # 1
+    PRIORITY_BATCH: _Priority.ValueType  # 2
+
+class Priority(_Priority, metaclass=_PriorityEnumTypeWrapper):
+    """fedllm_contract.request_options.Priority: PRIORITY_<member name>."""
+
+PRIORITY_INTERACTIVE: Priority.ValueType  # 0
+PRIORITY_FLEX: Priority.ValueType  # 1
+PRIORITY_BATCH: Priority.ValueType  # 2
+Global___Priority: _TypeAlias = Priority  # noqa: Y015
 
 class _FinishReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -272,6 +293,8 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     PREDICTED_TOKENS_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    ADAPTER_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     prompt: _builtins.str
     """Either the prompt text or its token ids in the site's tokenizer; ids win when both are set."""
@@ -281,6 +304,12 @@ class GenerateRequest(_message.Message):
     """Mixed into the prefix cache's block ids (fedllm_contract/block_hash.py): requests with
     different salts never share cached blocks. The gateway salts per API key by default.
     """
+    adapter: _builtins.str
+    """The LoRA adapter the request is for (unset: the base model). A site refuses, with
+    INVALID_ARGUMENT, an adapter it does not serve.
+    """
+    priority: Global___Priority.ValueType
+    """Whose work this is; the engine schedules by it (fedllm_contract/request_options.py)."""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -294,12 +323,16 @@ class GenerateRequest(_message.Message):
         sampling: Global___SamplingParams | None = ...,
         predicted_tokens: _builtins.int = ...,
         cache_salt: _builtins.str = ...,
+        adapter: _builtins.str | None = ...,
+        priority: Global___Priority.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_adapter", b"_adapter", "adapter", b"adapter", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "predicted_tokens", b"predicted_tokens", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_adapter", b"_adapter", "adapter", b"adapter", "cache_salt", b"cache_salt", "predicted_tokens", b"predicted_tokens", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__adapter: _TypeAlias = _typing.Literal["adapter"]  # noqa: Y015
+    _WhichOneofArgType__adapter: _TypeAlias = _typing.Literal["_adapter", b"_adapter"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__adapter) -> _WhichOneofReturnType__adapter | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 

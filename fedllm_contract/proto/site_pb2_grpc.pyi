@@ -3,7 +3,10 @@
 isort:skip_file
 The one contract between the gateway and a site engine.
 Protobuf types stop at the two adapters that speak it (gateway/sites/grpc_client.py and
-site_engine/grpc_server.py); everything else passes typed dataclasses.
+site_engine/grpc_server.py) and the codec they share for a request's options
+(fedllm_contract/proto/options.py); everything else passes typed dataclasses.
+A field of fedllm_contract.request_options.RequestOptions is a field of the same name in
+SamplingParams or GenerateRequest (tests/unit/test_request_options.py checks it).
 Health uses the standard grpc.health.v1 service, with service name "fedllm.site.v1.SiteEngine".
 """
 

@@ -166,7 +166,7 @@ async def answer_prompts(
         dispatches = await completions.dispatch_all(prompts, caller.admission())
         answers = await unless_client_leaves(request.receive, collect_all(dispatches))
         sites.append(dispatches[-1].site.name)
-        return merged_completion(answers, prompts[0].params.n)
+        return merged_completion(answers, prompts[0].params.options.n)
 
     answered, replayed = await call.idempotency.once(claim, Completion, run)
     return Response(answered, headers=answer_headers(sites, replayed))

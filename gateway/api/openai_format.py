@@ -70,7 +70,7 @@ class _CompletionStream:
             text = (prepared.echo or "") + text
             self.offsets[chunk.index] = len(prepared.echo or "")
         logprobs = None
-        if prepared.params.logprobs and chunk.logprobs:
+        if prepared.params.options.logprobs and chunk.logprobs:
             offset = self.offsets[chunk.index]
             logprobs = completion_logprobs(
                 chunk.token_ids, chunk.logprobs, token_decoder(dispatch), offset
@@ -119,7 +119,7 @@ async def prompt_list_events(dispatches: list[Dispatch]) -> AsyncIterator[bytes]
     """The SSE stream of a list of prompts: each prompt's chunks in turn (under the first
     request's id, choices renumbered prompt * n + choice), one usage chunk for all, [DONE]."""
     first = dispatches[0].prepared
-    n = first.params.n
+    n = first.params.options.n
     unreached = "its client went away before this prompt's turn"
     try:
         for number, dispatch in enumerate(dispatches):
@@ -193,7 +193,7 @@ class _ChatStream:
             if legacy and number:  # a legacy caller is told of its first call only
                 continue
             out.append(ChatChunkChoice(_delta(part, number, legacy), index=index))
-        if prepared.params.logprobs and chunk.logprobs:
+        if prepared.params.options.logprobs and chunk.logprobs:
             decode = token_decoder(self.dispatch)
             values = ChatLogprobs(chat_logprobs(chunk.token_ids, chunk.logprobs, decode))
             if not out:

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from fedllm_contract.request_options import Priority
 from gateway.batches.request import (
     CHAT,
     chat_request,
@@ -135,8 +136,11 @@ class ItemPreparer:
     def prepare(self, endpoint: str, model: str, body: dict[str, Any]) -> PreparedCompletion:
         """A stored item as its endpoint's prepared request; raises GatewayError (4xx)."""
         if endpoint == CHAT:
-            return self._chat.prepare(chat_request(model, body))
-        return self._completions.prepare(completion_request(model, body))
+            prepared = self._chat.prepare(chat_request(model, body))
+        else:
+            prepared = self._completions.prepare(completion_request(model, body))
+        # Batch work runs in the site engines' lowest class, behind interactive requests.
+        return prepared.with_options(priority=Priority.BATCH)
 
     def validate(self, endpoint: str, model: str, entries: Sequence[Entry]) -> list[NewItem]:
         """The entries as items to store. An entry its endpoint refuses (bad parameters, a
@@ -161,7 +165,7 @@ class ItemPreparer:
                     entry.custom_id,
                     entry.body,
                     len(params.prompt_token_ids),
-                    params.max_tokens * params.n,
+                    params.max_tokens * params.options.n,
                 )
             )
         return items

@@ -68,7 +68,7 @@ def chat_choice(dispatch: Dispatch, answer: ChoiceAnswer) -> ChatChoice:
     prepared = dispatch.prepared
     message, reason = chat_message(answer.text, answer.finish_reason, prepared.tool_calls)
     logprobs = None
-    if prepared.params.logprobs:
+    if prepared.params.options.logprobs:
         decode = token_decoder(dispatch)
         logprobs = ChatLogprobs(chat_logprobs(answer.token_ids, answer.logprobs, decode))
     return ChatChoice(message, reason, answer.index, logprobs)

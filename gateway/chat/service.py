@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from fedllm_contract.grammar import ConstraintSpec
+from fedllm_contract.request_options import Priority
 from gateway.chat.legacy_functions import legacy_error, tool_fields
 from gateway.chat.request import ChatCompletionRequest
 from gateway.chat.response_format import checked, response_constraint
@@ -21,7 +22,11 @@ from gateway.chat.templates import (
 )
 from gateway.chat.tools import ToolRequest, check_tools, tool_constraint, tools_prompt
 from gateway.chat.turns import TemplateAbilities, Turn, conversation
-from gateway.completions.sampling_options import RequestedOptions, check_stream_options
+from gateway.completions.sampling_options import (
+    TIER_PRIORITY,
+    check_stream_options,
+    options_from_wire,
+)
 from gateway.dispatch.request import Api, PreparedCompletion, ToolCallParsing
 from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.federation import ToolCallFormat
@@ -80,24 +85,16 @@ def _sampling(req: ChatCompletionRequest, constraint: ConstraintSpec | None) -> 
             param="max_completion_tokens",
         )
     param = "max_completion_tokens" if "max_completion_tokens" in given else "max_tokens"
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("top_logprobs needs logprobs: true", param="logprobs")
+    options = options_from_wire(
+        req,
+        logprobs=bool(req.logprobs),
+        constraint=constraint,
+        priority=TIER_PRIORITY.get(req.service_tier or "auto", Priority.INTERACTIVE),
+    )
     return Sampling(
-        max_tokens=given.get(param),
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        stop=req.stop,
-        seed=req.seed,
-        ignore_eos=req.ignore_eos,
-        max_tokens_param=param,
-        options=RequestedOptions(
-            n=req.n,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            logit_bias=req.logit_bias,
-            logprobs=bool(req.logprobs),
-            top_logprobs=req.top_logprobs,
-            constraint=constraint,
-        ),
-        to_context_end=True,
+        max_tokens=given.get(param), max_tokens_param=param, options=options, to_context_end=True
     )
 
 

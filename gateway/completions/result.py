@@ -73,7 +73,7 @@ class ChoiceAnswer:
 
 async def collect_choices(dispatch: Dispatch) -> list[ChoiceAnswer]:
     """Runs the request to its end: every choice's answer, by index; raises GatewayError."""
-    choices = [ChoiceAnswer(i) for i in range(dispatch.prepared.params.n)]
+    choices = [ChoiceAnswer(i) for i in range(dispatch.prepared.params.options.n)]
     async for chunk in dispatch.events():
         choices[chunk.index].add(chunk)
     return choices
@@ -99,7 +99,7 @@ def completion_choice(dispatch: Dispatch, answer: ChoiceAnswer) -> CompletionCho
     prepared = dispatch.prepared
     echo = prepared.echo or ""
     logprobs = None
-    if prepared.params.logprobs:
+    if prepared.params.options.logprobs:
         logprobs = completion_logprobs(
             answer.token_ids, answer.logprobs, token_decoder(dispatch), len(echo)
         )

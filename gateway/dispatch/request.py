@@ -4,8 +4,8 @@ with the caller's hold on its key's limits."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
 
 from gateway.routing.types import RoutingRequest, UnpredictedPlan
 from gateway.sites.interface import GenerateParams
@@ -72,8 +72,13 @@ class PreparedCompletion:
             prompt_token_ids=params.prompt_token_ids,
             cache_salt=params.cache_salt,
             session_key=self.session_key,
-            n=params.n,
+            n=params.options.n,
         )
+
+    def with_options(self, **changes: Any) -> PreparedCompletion:
+        """This request with some of its options changed (a batch item's priority)."""
+        options = replace(self.params.options, **changes)
+        return replace(self, params=replace(self.params, options=options))
 
 
 @dataclass(frozen=True, slots=True)

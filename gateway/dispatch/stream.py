@@ -121,7 +121,7 @@ class Dispatch:
 
     def __post_init__(self) -> None:
         self._answer_plan = self.prepared.routing.answer_tokens
-        self._choices_left = self.prepared.params.n
+        self._choices_left = self.prepared.params.options.n
         self._lease = SiteLease.take(self.site, self._planned_charge(self.params))
         self._unused = weakref.finalize(self, self._lease.release)
 
@@ -275,7 +275,7 @@ class Dispatch:
                 raise self._timed_out() from exc
             except SiteFailed as exc:
                 self.failed.add(self.site.name)
-                if not self._answer_ids and self._choices_left == self.params.n:
+                if not self._answer_ids and self._choices_left == self.params.options.n:
                     # Accepted but not started (queued at the site) when the site broke: the
                     # caller has seen nothing, so the request simply goes elsewhere.
                     self.site.mark_unhealthy(exc.detail)
@@ -284,7 +284,10 @@ class Dispatch:
                                 self.prepared.request_id)  # fmt: skip
                     self._move_elsewhere()
                     continue
-                if len(self.continuations) >= self.limits.max_continuations or self.params.n > 1:
+                if (
+                    len(self.continuations) >= self.limits.max_continuations
+                    or self.params.options.n > 1
+                ):
                     # Several choices are one answer each: they do not continue elsewhere.
                     raise upstream_failed(str(exc)) from exc
                 # The site broke under a started answer (died, lost its connection, its engine
@@ -403,7 +406,7 @@ class Dispatch:
         next_site = await self._site_to_continue_on(params)
         if (
             next_site is not None
-            and base.constraint is not None
+            and base.options.constraint is not None
             and "continue_constraint" not in next_site.client.capabilities
         ):
             # Its grammar would start over on the answer's second half: never a loose answer.
@@ -418,7 +421,7 @@ class Dispatch:
             )
         self.continuations.append(Continuation(self.site.name, next_site.name, kept))
         self._params, self._before = params, kept
-        self._splice = Splice(base.stop, pending=point.carry)
+        self._splice = Splice(base.options.stop, pending=point.carry)
         self.site = next_site
         self.attempts += 1
         return None

@@ -116,7 +116,7 @@ def _tokens(prepared: PreparedCompletion) -> tuple[int, int]:
     routing = prepared.routing
     most = routing.prompt_tokens + routing.max_tokens * routing.n
     # ignore_eos answers run to max_tokens whatever was predicted: charged as such.
-    return (most if prepared.params.ignore_eos else routing.total_tokens), most
+    return (most if prepared.params.options.ignore_eos else routing.total_tokens), most
 
 
 @dataclass(slots=True, eq=False)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field, replace
 
 import msgspec
 
+from fedllm_contract.request_options import RequestOptions
 from gateway.completions.cache_salt import cache_salt
 from gateway.completions.request import CompletionRequest
 from gateway.completions.sampling_options import (
-    RequestedOptions,
     check_options,
     check_stream_options,
+    options_from_wire,
 )
 from gateway.dispatch.request import Api, PreparedCompletion
 from gateway.errors import GatewayError, NotFound, invalid_request, model_not_found
@@ -29,9 +30,6 @@ from gateway.sites.interface import GenerateParams
 from gateway.sites.registry import SiteRegistry
 from gateway.tokenizers import ModelTokenizers
 
-MAX_STOP_SEQUENCES = 4
-# Stop strings are matched after every token; the site refuses longer ones (MAX_STOP_CHARS there).
-MAX_STOP_CHARS = 1024
 # Prompts of one /v1/completions request (a list): each is a request of its own at the sites.
 MAX_PROMPTS = 64
 _ID_PREFIX: dict[Api, str] = {
@@ -43,18 +41,15 @@ _ID_PREFIX: dict[Api, str] = {
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """The generation fields every API shares, as the client sent them (validated here)."""
+    """What every API shares beyond the prompt: the answer's length as the client asked it, and
+    the request's options (checked here against the model)."""
 
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: str | Sequence[str] | None = None
-    seed: int | None = None
-    ignore_eos: bool = False
     # The wire name of the length limit the client used (chat has two), for error messages.
     max_tokens_param: str = "max_tokens"
-    # n, penalties, logit_bias, logprobs and the decoding constraint, as the client sent them.
-    options: RequestedOptions = field(default_factory=RequestedOptions)
+    options: RequestOptions = field(default_factory=RequestOptions)
+    # The wire name of the alternatives' count (completions call it logprobs).
+    top_logprobs_param: str = "top_logprobs"
     # Without max_tokens: the API's default (completions) or the rest of the context (chat).
     to_context_end: bool = False
 
@@ -92,18 +87,10 @@ def _reject_unsupported(req: CompletionRequest) -> None:
     check_stream_options(req.stream, req.stream_options)
 
 
-def completion_options(req: CompletionRequest) -> RequestedOptions:
+def completion_options(req: CompletionRequest) -> RequestOptions:
     """A completion's options: its `logprobs` is the number of alternatives (0..20 here: vLLM's
     bound; OpenAI's is 5)."""
-    return RequestedOptions(
-        n=req.n,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        logit_bias=req.logit_bias,
-        logprobs=req.logprobs is not None,
-        top_logprobs=req.logprobs,
-        top_logprobs_param="logprobs",
-    )
+    return options_from_wire(req, logprobs=req.logprobs is not None, top_logprobs=req.logprobs)
 
 
 def _embedding_model(model: str, api: Api, generative: list[str]) -> GatewayError:
@@ -155,12 +142,8 @@ class Preparer:
         prompt_ids, prompt_text = self._prompt(req)
         sampling = Sampling(
             max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            stop=req.stop,
-            seed=req.seed,
-            ignore_eos=req.ignore_eos,
             options=completion_options(req),
+            top_logprobs_param="logprobs",
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         delivery = Delivery(
@@ -198,33 +181,17 @@ class Preparer:
         shares). `prompt_text` is what the length predictor reads."""
         self.check_model(model, api)
         max_tokens = self._max_tokens(model, len(prompt_ids), sampling)
-        stop = (sampling.stop,) if isinstance(sampling.stop, str) else tuple(sampling.stop or ())
-        if len(stop) > MAX_STOP_SEQUENCES or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stop):
-            raise invalid_request(
-                f"stop takes up to 4 non-empty strings of up to {MAX_STOP_CHARS} characters",
-                param="stop",
-            )
-        if sampling.seed is not None and not 0 <= sampling.seed < 2**63:
-            raise invalid_request("seed must be in [0, 2^63)", param="seed")
         options = check_options(
-            sampling.options, self._tokenizers.vocab_size(model), self._settings.limits.max_choices
+            sampling.options,
+            self._tokenizers.vocab_size(model),
+            self._settings.limits.max_choices,
+            sampling.top_logprobs_param,
         )
         params = GenerateParams(
             request_id=f"{_ID_PREFIX[api]}{uuid.uuid4().hex}",
             prompt_token_ids=tuple(prompt_ids),
             max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            stop=stop,
-            ignore_eos=sampling.ignore_eos,
-            presence_penalty=options.presence_penalty,
-            frequency_penalty=options.frequency_penalty,
-            logit_bias=options.logit_bias,
-            logprobs=options.logprobs,
-            top_logprobs=options.top_logprobs,
-            constraint=options.constraint,
-            n=options.n,
+            options=options,
         )
         return PreparedCompletion(
             request_id=params.request_id,

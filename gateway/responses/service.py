@@ -21,6 +21,7 @@ import msgspec
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from fedllm_contract.request_options import Priority
 from gateway.batch_settings import ResponseSettings
 from gateway.chat.service import ChatService
 from gateway.db.models import utcnow
@@ -78,6 +79,8 @@ def _draft(req: ResponseCreateRequest, prepared: PreparedCompletion) -> Response
         previous_response_id=req.previous_response_id,
         prompt_cache_key=req.prompt_cache_key,
         safety_identifier=req.safety_identifier,
+        # The tier it is served in, as OpenAI answers it.
+        service_tier="flex" if prepared.params.options.priority == Priority.FLEX else "default",
         store=req.store is not False,
         temperature=1.0 if req.temperature is None else req.temperature,
         text=_echo_text(req.text),

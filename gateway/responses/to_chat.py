@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from gateway.chat.request import ChatCompletionRequest, ChatMessage
+from gateway.chat.request import ChatCompletionRequest, ChatMessage, ServiceTier
 from gateway.errors import GatewayError, invalid_request
 from gateway.responses.items import FunctionCallItem, FunctionCallOutputItem, Item, MessageItem
 from gateway.responses.request import ResponseCreateRequest
@@ -196,5 +196,7 @@ def chat_request(
         tool_choice=tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls,
         prompt_cache_key=req.prompt_cache_key,
+        # One of chat's tiers: reject_unsupported let no other through.
+        service_tier=cast(ServiceTier | None, req.service_tier),
     )
     return chat, messages.params

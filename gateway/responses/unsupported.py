@@ -29,7 +29,8 @@ _NEUTRAL_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning": (_no_reasoning, "this gateway's models do not reason separately"),
     "truncation": (lambda v: v in (None, "disabled"), "a conversation too long for the model's "
                    "context is refused, never cut ('disabled')"),
-    "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not offered"),
+    "service_tier": (lambda v: v in (None, "auto", "default", "flex"), "the service tiers "
+                     "offered are auto, default and flex"),
     "top_logprobs": (lambda v: not v, "logprobs are not offered on this endpoint (use "
                      "/v1/chat/completions)"),
     "prompt": (lambda v: v is None, "stored prompt templates are not offered"),

@@ -17,8 +17,8 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
-from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.proto.options import options_to_proto
 from gateway.federation import ModelTask
 from gateway.sites.interface import (
     ALL_CAPABILITIES,
@@ -66,48 +66,18 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
 
 
-def _constraint(spec: ConstraintSpec) -> site_pb2.Constraint:
-    if spec.kind == "json_object":
-        return site_pb2.Constraint(json_object=True)
-    if spec.kind == "json_schema":
-        return site_pb2.Constraint(json_schema=spec.schema)
-    tagged = site_pb2.TaggedJson(
-        begin=spec.begin,
-        end=spec.end,
-        json_schema=spec.schema,
-        min_items=spec.min_items,
-        max_items=spec.max_items,
-        separator=spec.separator,
-    )
-    return site_pb2.Constraint(tagged_json=tagged)
-
-
 def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
-    sampling = site_pb2.SamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        stop=params.stop,
-        ignore_eos=params.ignore_eos,
-        generated_before=params.generated_before,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        logit_bias=[site_pb2.LogitBias(token_id=t, bias=b) for t, b in params.logit_bias],
-        logprobs=params.logprobs,
-        top_logprobs=params.top_logprobs,
-        n=params.n,
-    )
-    if params.seed is not None:
-        sampling.seed = params.seed
-    if params.constraint is not None:
-        sampling.constraint.CopyFrom(_constraint(params.constraint))
-    return site_pb2.GenerateRequest(
+    request = site_pb2.GenerateRequest(
         request_id=params.request_id,
         prompt_token_ids=params.prompt_token_ids,
-        sampling=sampling,
+        sampling=site_pb2.SamplingParams(
+            max_tokens=params.max_tokens, generated_before=params.generated_before
+        ),
         predicted_tokens=params.predicted_tokens or 0,
         cache_salt=params.cache_salt,
     )
+    options_to_proto(params.options, request)
+    return request
 
 
 def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:

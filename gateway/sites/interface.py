@@ -13,11 +13,11 @@ embedding model's embeds (embed); the gateway sends each only what its model's t
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
 from fedllm_contract.cache_events import CacheEventBatch
-from fedllm_contract.grammar import ConstraintSpec
+from fedllm_contract.request_options import RequestOptions
 from gateway.federation import ModelTask
 
 # What a request may need of its site beyond plain generation; a site says which it has.
@@ -125,43 +125,34 @@ class LoadView:
 
 @dataclass(frozen=True, slots=True)
 class GenerateParams:
+    """One call of a site: the prompt, the answer's length, the request's options (one value
+    from the HTTP edge to the engine: fedllm_contract/request_options.py), and what this call
+    adds to them (the continuation's offset, the cache salt, the prediction)."""
+
     request_id: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
+    options: RequestOptions = field(default_factory=RequestOptions)
     predicted_tokens: int | None = None
     # Answer tokens produced on another site before this call (a continuation; see dispatch.py).
     generated_before: int = 0
     # Mixed into the site's prefix-cache block ids: only requests of one salt share blocks.
     cache_salt: str = ""
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    # Report each sampled token's log probability, and top_logprobs alternatives (0..20).
-    logprobs: bool = False
-    top_logprobs: int = 0
-    # What the answer's tokens must follow (structured outputs, tool calls).
-    constraint: ConstraintSpec | None = None
-    # Choices of this prompt (OpenAI's n), each with its own random stream.
-    n: int = 1
 
     def needs(self) -> frozenset[Capability]:
         """What this request needs of its site beyond plain generation."""
+        options = self.options
         needed: set[Capability] = set()
-        if self.n > 1:
+        if options.n > 1:
             needed.add("n")
-        if self.logprobs:
+        if options.logprobs:
             needed.add("logprobs")
-        if self.presence_penalty or self.frequency_penalty:
+        if options.presence_penalty or options.frequency_penalty:
             needed.add("penalties")
-        if self.logit_bias:
+        if options.logit_bias:
             needed.add("logit_bias")
-        if self.constraint is not None:
-            needed.add(self.constraint.kind)
+        if options.constraint is not None:
+            needed.add(options.constraint.kind)
         return frozenset(needed)
 
 

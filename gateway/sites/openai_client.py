@@ -242,7 +242,7 @@ class OpenAISiteClient:
                                 index=event.index, logprobs=event.logprobs)  # fmt: skip
             if event.finish_reason is not None:
                 finishes[event.index] = event.finish_reason
-        if len(finishes) < params.n:
+        if len(finishes) < params.options.n:
             raise MalformedStream("the stream ended before the answer did")
         # The engine's own count when it gave one (it includes an EOS and tokens a stop string
         # cut), else the tokens the gateway counted; the last choice's final chunk carries it.

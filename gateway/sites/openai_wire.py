@@ -11,10 +11,11 @@ import base64
 import binascii
 import json
 from array import array
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
+from fedllm_contract.request_options import RequestOptions
 from gateway.federation import StructuredDialect
 from gateway.sites.interface import (
     Capability,
@@ -65,8 +66,8 @@ def capabilities(dialect: StructuredDialect) -> frozenset[Capability]:
     return _PLAIN_CAPABILITIES | {"json_schema", "json_object"}
 
 
-def _structured(params: GenerateParams, dialect: StructuredDialect) -> dict[str, Any]:
-    spec = params.constraint
+def _structured(options: RequestOptions, dialect: StructuredDialect) -> dict[str, Any]:
+    spec = options.constraint
     if spec is None or dialect == "none":
         return {}
     schema = spec.schema if spec.kind == "json_schema" else '{"type": "object"}'
@@ -77,18 +78,39 @@ def _structured(params: GenerateParams, dialect: StructuredDialect) -> dict[str,
     return {"structured_outputs": {"json": json.loads(schema)}}
 
 
-def _sampling_extras(params: GenerateParams) -> dict[str, Any]:
+_Field = Callable[[RequestOptions, StructuredDialect], dict[str, Any]]
+# The options that are not sent as the body field of the same name when not at their default.
+_FIELDS: dict[str, _Field] = {
+    # Always sent: an engine's own default may be its model's generation config, not 1.
+    "temperature": lambda o, _: {"temperature": o.temperature},
+    "top_p": lambda o, _: {"top_p": o.top_p},
+    "stop": lambda o, _: {"stop": list(o.stop)} if o.stop else {},
+    "logit_bias": lambda o, _: (
+        {"logit_bias": {str(token): bias for token, bias in o.logit_bias}} if o.logit_bias else {}
+    ),
+    # Completions' logprobs: the sampled token's plus k alternatives.
+    "logprobs": lambda o, _: {"logprobs": o.top_logprobs} if o.logprobs else {},
+    "top_logprobs": lambda o, _: {},
+    "constraint": _structured,
+    # vLLM serves each LoRA adapter as a model of its own name.
+    "adapter": lambda o, _: {"model": o.adapter} if o.adapter else {},
+    # vLLM's `priority` is an integer honoured only under its priority scheduling policy (and
+    # refused otherwise): the class is not sent.
+    "priority": lambda o, _: {},
+}
+
+
+def option_fields(options: RequestOptions, dialect: StructuredDialect) -> dict[str, Any]:
+    """The request's options as /v1/completions body fields: each under its own name when it
+    is not at its default (vLLM, SGLang and TGI name them as OpenAI does), else as _FIELDS
+    says."""
     body: dict[str, Any] = {}
-    if params.n > 1:
-        body["n"] = params.n
-    if params.presence_penalty:
-        body["presence_penalty"] = params.presence_penalty
-    if params.frequency_penalty:
-        body["frequency_penalty"] = params.frequency_penalty
-    if params.logit_bias:
-        body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
-    if params.logprobs:
-        body["logprobs"] = params.top_logprobs  # completions: the sampled one plus k more
+    for field in fields(RequestOptions):
+        value = getattr(options, field.name)
+        if field.name in _FIELDS:
+            body.update(_FIELDS[field.name](options, dialect))
+        elif value != field.default:
+            body[field.name] = value
     return body
 
 
@@ -105,23 +127,15 @@ def completion_body(
         "model": engine_model,
         "prompt": list(params.prompt_token_ids),
         "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if params.seed is not None:
-        body["seed"] = params.seed
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.ignore_eos:
-        body["ignore_eos"] = True  # vLLM, SGLang and our engine take it
     if request_token_ids:
         body["return_token_ids"] = True
     if params.generated_before:
         # Our engine's seeded sampler counts on from here; other engines ignore the field.
         body["generated_before"] = params.generated_before
-    return {**body, **_sampling_extras(params), **_structured(params, dialect)}
+    return {**body, **option_fields(params.options, dialect)}
 
 
 def _int_or_none(value: object) -> int | None:

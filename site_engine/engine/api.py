@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fedllm_contract.cache_events import CacheEvent
+from fedllm_contract.request_options import Priority
 from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
 
 
@@ -28,8 +29,10 @@ class EngineRequest:
     cache_salt: str = ""
     # False for one choice of a request with several (they are never released for offload).
     releasable: bool = True
-    # The LoRA adapter to serve it with (one of the engine's served_adapters()); None: the base.
+    # The LoRA adapter the request is for (None: the base model), and whose work it is; the
+    # serving layer refuses an adapter the site does not serve before the engine sees it.
     adapter: str | None = None
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from devtools.launch import free_port
+from fedllm_contract.request_options import RequestOptions
 from gateway.federation import ModelConfig, OpenAISiteConfig
 from gateway.sites.interface import (
     GenerateParams,
@@ -45,7 +46,9 @@ def client_for(engine: RunningEngine, tokenizers: ModelTokenizers, **config: obj
 
 
 def params(max_tokens: int = 5, request_id: str = "r1") -> GenerateParams:
-    return GenerateParams(request_id, (10, 11, 12), max_tokens, 0.0, 1.0, predicted_tokens=4)
+    return GenerateParams(
+        request_id, (10, 11, 12), max_tokens, RequestOptions(temperature=0.0), predicted_tokens=4
+    )
 
 
 async def collect(client: OpenAISiteClient, p: GenerateParams) -> list[SiteChunk]:

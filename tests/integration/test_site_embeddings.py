@@ -18,6 +18,7 @@ import pytest
 from litestar.testing import TestClient
 from sqlalchemy import create_engine, text
 
+from fedllm_contract.request_options import RequestOptions
 from fedllm_contract.tokenizer import tokenizer_fingerprint
 from gateway.db.migrate import sync_url, upgrade
 from gateway.db.session import create_engine as create_async_engine
@@ -218,7 +219,9 @@ def test_the_embed_contract_through_the_gateways_grpc_client(runner: EmbeddingRu
                     with pytest.raises(SiteRejected, match=says):
                         await client.embed(bad, 30)
                 with pytest.raises(SiteRejected, match="does not generate"):
-                    async for _ in client.generate(GenerateParams("g1", (101,), 4, 0, 1), 30):
+                    async for _ in client.generate(
+                        GenerateParams("g1", (101,), 4, RequestOptions(temperature=0)), 30
+                    ):
                         pass
                 report = await anext(client.load_reports(50))
                 assert report.iterations >= 1  # the passes made so far

@@ -215,6 +215,17 @@ def test_load_reports_stream(stub) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             "temperature",
         ),
+        # The site serves no LoRA adapter yet: any adapter named is refused.
+        (
+            {"prompt": "hi", "adapter": "x", "sampling": {"max_tokens": 4}},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "adapter 'x' is not served by this site",
+        ),
+        (
+            {"prompt": "hi", "priority": 7, "sampling": {"max_tokens": 4}},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "priority 7",
+        ),
     ],
 )
 def test_bad_requests_get_clear_errors_and_the_site_keeps_serving(
@@ -228,6 +239,18 @@ def test_bad_requests_get_clear_errors_and_the_site_keeps_serving(
     assert caught.value.code() == code
     assert message in caught.value.details()
     assert tokens(generate(stub, f"after-bad-{uuid.uuid4().hex}", max_tokens=2))  # still serving
+
+
+def test_every_priority_class_is_served_and_no_adapter_is_the_base(stub) -> None:
+    for priority in (site_pb2.PRIORITY_FLEX, site_pb2.PRIORITY_BATCH):
+        request = site_pb2.GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            prompt="Hello there",
+            sampling=site_pb2.SamplingParams(max_tokens=2, temperature=0),
+            priority=priority,
+            adapter="",  # an empty name is the base model
+        )
+        assert tokens(list(stub.Generate(request, timeout=60)))
 
 
 def test_malformed_message_is_refused_and_the_site_keeps_serving(channel, stub) -> None:

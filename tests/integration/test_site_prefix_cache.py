@@ -28,6 +28,7 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
+from fedllm_contract.request_options import RequestOptions
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import GenerateParams, LoadView, SiteChunk
 
@@ -66,7 +67,7 @@ def _client(site: ManagedProcess) -> GrpcSiteClient:
 
 async def _generate(client: GrpcSiteClient, request_id: str, salt: str = "") -> SiteChunk:
     params = GenerateParams(
-        request_id, PROMPT, max_tokens=3, temperature=0, top_p=1, cache_salt=salt
+        request_id, PROMPT, max_tokens=3, options=RequestOptions(temperature=0), cache_salt=salt
     )
     chunks = [chunk async for chunk in client.generate(params, timeout_s=60)]
     return chunks[-1]

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devtools.launch import ManagedProcess, start_site
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.request_options import RequestOptions
 from gateway.settings import GatewaySettings
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import GenerateParams
@@ -124,7 +125,7 @@ def test_the_gateway_client_calls_health_info_load_and_generate_over_mtls(
             report = await anext(reports)
             await reports.aclose()
             assert report.sequence >= 1
-            params = GenerateParams("tls-2", (15496, 11), max_tokens=3, temperature=0, top_p=1)
+            params = GenerateParams("tls-2", (15496, 11), 3, RequestOptions(temperature=0))
             chunks = [chunk async for chunk in client.generate(params, timeout_s=60)]
             assert chunks[-1].completion_tokens == 3
         finally:

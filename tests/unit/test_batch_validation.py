@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from fedllm_contract.request_options import Priority
 from gateway.api.body import decode_body
 from gateway.api.openai_errors import OpenAIError, http_status, to_openai
 from gateway.batches.items import Entry, inline_entries
@@ -155,6 +156,12 @@ def test_items_their_endpoint_refuses_are_stored_failed_with_its_error(service) 
     (good,) = service._preparer.validate("/v1/completions", "m", entries({**GOOD, "n": 2}))
     assert good.error is None
     assert good.max_tokens == 8  # n answers of max_tokens each, for admission and planning
+
+
+def test_batch_items_run_in_the_batch_priority_class(service) -> None:
+    body = {"prompt": "hello", "max_tokens": 4}
+    prepared = service._preparer.prepare("/v1/completions", "m", body)
+    assert prepared.params.options.priority == Priority.BATCH
 
 
 def test_a_valid_batch_without_a_healthy_site_is_a_retryable_error(service) -> None:

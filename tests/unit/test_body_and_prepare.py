@@ -102,8 +102,8 @@ def test_bad_requests_are_refused_before_anything_happens(service, fields, statu
 def test_prompt_forms(service, prompt, expected_ids) -> None:
     prepared = prepare(service, prompt=prompt, max_tokens=3, stop="\n", seed=5)
     assert list(prepared.params.prompt_token_ids) == expected_ids
-    assert prepared.params.stop == ("\n",)
-    assert prepared.params.seed == 5
+    assert prepared.params.options.stop == ("\n",)
+    assert prepared.params.options.seed == 5
     assert prepared.request_id.startswith("cmpl-")
 
 

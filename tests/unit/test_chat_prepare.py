@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fedllm_contract.request_options import Priority
 from gateway.api.body import decode_body
 from gateway.api.chat_schemas import decode_chat_request
 from gateway.api.completion_schemas import CompletionRequest
@@ -241,7 +242,7 @@ NEUTRAL = {
 def test_neutral_values_are_accepted(chat) -> None:
     prepared = prepare(chat, **NEUTRAL)
     params = prepared.params
-    assert (params.temperature, params.top_p, prepared.stream) == (1.0, 1.0, False)
+    assert (params.options.temperature, params.options.top_p, prepared.stream) == (1.0, 1.0, False)
 
 
 def same_request(a: PreparedCompletion, b: PreparedCompletion) -> bool:
@@ -256,7 +257,8 @@ IGNORED = {
     "reasoning_effort": "low",
     "verbosity": "high",
     "prediction": {"type": "content", "content": [{"type": "text", "text": "Hello"}]},
-    "service_tier": "flex",
+    # "flex" is a priority class (test_the_flex_tier_is_the_flex_priority_class).
+    "service_tier": "scale",
     "safety_identifier": "user-1234",
     "prompt_cache_retention": "24h",
     "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
@@ -274,6 +276,20 @@ def test_fields_that_change_no_answer_are_accepted_and_ignored(chat, field) -> N
     lenient = prepare(chat, max_tokens=5, **{field: IGNORED[field]})
     assert same_request(lenient, plain)
     assert lenient.tool_calls is None
+
+
+@pytest.mark.parametrize(
+    ("tier", "priority"),
+    [(None, Priority.INTERACTIVE), ("auto", Priority.INTERACTIVE),
+     ("default", Priority.INTERACTIVE), ("flex", Priority.FLEX)],
+)  # fmt: skip
+def test_the_flex_tier_is_the_flex_priority_class(chat, tier, priority) -> None:
+    prepared = prepare(chat, max_tokens=5, service_tier=tier)
+    assert prepared.params.options.priority == priority
+    plain = prepare(chat, max_tokens=5)
+    assert replace(prepared.params, request_id="", options=plain.params.options) == replace(
+        plain.params, request_id=""
+    )
 
 
 def test_stream_obfuscation_and_cache_breakpoints_are_accepted(chat) -> None:
@@ -302,8 +318,8 @@ def test_the_prompt_is_the_rendered_template_tokenized(chat, tokenizers) -> None
     )
     assert list(prepared.params.prompt_token_ids) == tokenizers.encode("m", rendered)
     assert prepared.params.max_tokens == 5
-    assert prepared.params.stop == ("\n",)
-    assert (prepared.params.seed, prepared.user) == (3, "u1")
+    assert prepared.params.options.stop == ("\n",)
+    assert (prepared.params.options.seed, prepared.user) == (3, "u1")
     assert prepared.request_id.startswith("chatcmpl-")
     assert prepared.api == "chat.completions"
     # The length predictor reads the question, not the template's markup.

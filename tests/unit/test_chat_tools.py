@@ -88,7 +88,7 @@ def test_tools_are_shown_in_the_system_turn_of_a_template_without_tools(chat) ->
     assert text.startswith("<|im_start|>system\nYou are a function calling AI model.")
     assert '"name": "get_weather"' in text
     assert "<tool_call>" in text
-    assert prepared.params.constraint is None  # auto: the model may answer in text
+    assert prepared.params.options.constraint is None  # auto: the model may answer in text
     assert prepared.tool_calls == ToolCallParsing(
         "<tool_call>\n", "\n</tool_call>", frozenset({"get_weather", "get_time"})
     )
@@ -96,7 +96,9 @@ def test_tools_are_shown_in_the_system_turn_of_a_template_without_tools(chat) ->
 
 
 def test_required_and_named_calls_are_constrained_to_parse(chat) -> None:
-    required = prepare(chat, tools=[WEATHER, TIME], tool_choice="required").params.constraint
+    required = prepare(
+        chat, tools=[WEATHER, TIME], tool_choice="required"
+    ).params.options.constraint
     assert required is not None
     assert (required.kind, required.begin, required.end) == (
         "tagged_json",
@@ -111,14 +113,14 @@ def test_required_and_named_calls_are_constrained_to_parse(chat) -> None:
     assert (required.min_items, required.max_items) == (1, 0)
     single = prepare(
         chat, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False
-    ).params.constraint
+    ).params.options.constraint
     assert single is not None
     assert single.max_items == 1
     named = prepare(
         chat,
         tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_time"}},
-    ).params.constraint
+    ).params.options.constraint
     assert named is not None
     assert json.loads(named.schema)["properties"]["name"] == {"const": "get_time"}
     assert named.max_items == 1
@@ -146,13 +148,13 @@ def test_a_tool_round_trip_renders_calls_and_results(chat) -> None:
 
 
 def test_response_formats_become_constraints(chat) -> None:
-    assert prepare(chat, response_format={"type": "text"}).params.constraint is None
-    obj = prepare(chat, response_format={"type": "json_object"}).params.constraint
+    assert prepare(chat, response_format={"type": "text"}).params.options.constraint is None
+    obj = prepare(chat, response_format={"type": "json_object"}).params.options.constraint
     assert obj is not None
     assert obj.kind == "json_object"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}}
-    spec = prepare(chat, response_format=fmt).params.constraint
+    spec = prepare(chat, response_format=fmt).params.options.constraint
     assert spec is not None
     assert (spec.kind, json.loads(spec.schema)) == ("json_schema", schema)
 
@@ -196,11 +198,11 @@ def test_legacy_functions_are_tools_answered_in_the_legacy_shape(chat) -> None:
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     assert named.params.prompt_token_ids == as_tools.params.prompt_token_ids
-    assert named.params.constraint == as_tools.params.constraint
+    assert named.params.options.constraint == as_tools.params.options.constraint
     assert named.tool_calls is not None
     assert (named.tool_calls.forced, named.tool_calls.legacy_functions) == (True, True)
     auto = prepare(chat, functions=[LEGACY_WEATHER])
-    assert auto.params.constraint is None
+    assert auto.params.options.constraint is None
     assert auto.tool_calls is not None
     assert (auto.tool_calls.forced, auto.tool_calls.legacy_functions) == (False, True)
     assert prepare(chat, functions=[LEGACY_WEATHER], function_call="none").tool_calls is None

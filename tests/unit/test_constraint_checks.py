@@ -118,7 +118,7 @@ def test_forced_calls_are_checked_as_they_are_dispatched(chat: ChatService) -> N
     params = {"type": "object", "properties": {name: {} for name in names}, "required": names}
     tools = [tool(f"f{i}", params) for i in range(4)]
     assert len(json.dumps(params)) < MAX_SCHEMA_BYTES < 4 * len(json.dumps(params))
-    assert prepare(chat, tools=tools).params.constraint is None  # auto: nothing to enforce
+    assert prepare(chat, tools=tools).params.options.constraint is None  # auto: nothing to enforce
     error = refused(chat, tools=tools, tool_choice="required")
     assert error.param == "tools"
     assert "the tool calls these tools ask for cannot be enforced" in error.message
@@ -130,7 +130,9 @@ def test_tools_whose_parameters_use_defs_are_enforceable(chat: ChatService) -> N
     parameters = {"type": "object", "properties": {"where": {"$ref": "#/$defs/Place"}},
                   "required": ["where"], "$defs": {"Place": PLACE}}  # fmt: skip
     for choice in ("required", {"type": "function", "function": {"name": "go"}}):
-        spec = prepare(chat, tools=[tool("go", parameters)], tool_choice=choice).params.constraint
+        spec = prepare(
+            chat, tools=[tool("go", parameters)], tool_choice=choice
+        ).params.options.constraint
         assert spec is not None
         assert spec.kind == "tagged_json"
         assert refusal(spec) == ""
@@ -139,13 +141,14 @@ def test_tools_whose_parameters_use_defs_are_enforceable(chat: ChatService) -> N
 def test_the_dispatched_constraint_is_checked_whatever_built_it(chat: ChatService) -> None:
     """The options' last check (what every API's request passes through) refuses a
     constraint that no module before it checked."""
-    from gateway.completions.sampling_options import RequestedOptions, check_options
+    from fedllm_contract.request_options import RequestOptions
+    from gateway.completions.sampling_options import check_options
 
     bad = ConstraintSpec("json_schema", schema=json.dumps({"anyOf": objects(1500)}))
     with pytest.raises(GatewayError, match="1500 branches"):
-        check_options(RequestedOptions(constraint=bad), vocab=50257, max_choices=8)
+        check_options(RequestOptions(constraint=bad), vocab=50257, max_choices=8)
     good = ConstraintSpec("json_schema", schema=json.dumps(PLACE))
-    assert check_options(RequestedOptions(constraint=good), 50257, 8).constraint == good
+    assert check_options(RequestOptions(constraint=good), 50257, 8).constraint == good
 
 
 def forced_call(parameters: dict[str, Any]) -> ConstraintSpec:
@@ -253,7 +256,7 @@ def test_an_answer_s_keys_come_in_the_schema_s_order(
     a schema's `reasoning` after its `answer`. OpenAI writes them in the schema's order."""
     ordered = {"type": "object", "properties": {"reasoning": {"type": "string"},
                "answer": {"type": "integer"}}, "required": ["reasoning", "answer"]}  # fmt: skip
-    spec = prepare(chat, response_format=response_format(ordered)).params.constraint
+    spec = prepare(chat, response_format=response_format(ordered)).params.options.constraint
     assert spec is not None
     tokenizer = load_tokenizer(gpt2_tokenizer_dir)
     for answer, allowed in (('{"reasoning": "2+2", "answer": 4}', True),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from fedllm_contract.grammar import ConstraintSpec
+from fedllm_contract.request_options import RequestOptions
 from gateway.sites.interface import GenerateParams, TokenLogprob
 from gateway.sites.openai_wire import capabilities, completion_body, parse_event
 
@@ -14,14 +15,16 @@ PARAMS = GenerateParams(
     request_id="r",
     prompt_token_ids=(1, 2),
     max_tokens=5,
-    temperature=0.5,
-    top_p=1.0,
-    presence_penalty=0.5,
-    logit_bias=((7, -3.0),),
-    logprobs=True,
-    top_logprobs=2,
-    constraint=ConstraintSpec("json_schema", schema=json.dumps(SCHEMA)),
-    n=3,
+    options=RequestOptions(
+        temperature=0.5,
+        top_p=1.0,
+        presence_penalty=0.5,
+        logit_bias=((7, -3.0),),
+        logprobs=True,
+        top_logprobs=2,
+        constraint=ConstraintSpec("json_schema", schema=json.dumps(SCHEMA)),
+        n=3,
+    ),
 )
 
 

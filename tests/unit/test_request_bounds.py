@@ -11,10 +11,10 @@ from gateway.api.body import decode_body
 from gateway.api.chat_schemas import MAX_MESSAGES, decode_chat_request
 from gateway.api.completion_schemas import CompletionRequest
 from gateway.api.openai_errors import OpenAIError, to_openai
+from gateway.completions.sampling_options import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.errors import GatewayError
 from gateway.federation import ModelConfig
-from gateway.request_path.prepare import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from gateway.request_path.service import CompletionService
 from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings

@@ -14,6 +14,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from fedllm_contract.request_options import Priority
 from gateway.api.chat_schemas import decode_chat_request
 from gateway.api.openai_errors import OpenAIError, to_openai
 from gateway.api.responses_schemas import decode_response_request
@@ -120,6 +121,16 @@ def test_a_function_call_and_its_output_make_chat_tool_turns(services) -> None:
     assert [item.id for item in plan.input_items][1:3] == ["msg_1", "fc_1"]
 
 
+@pytest.mark.parametrize(
+    ("tier", "priority"),
+    [("auto", Priority.INTERACTIVE), ("default", Priority.INTERACTIVE), ("flex", Priority.FLEX)],
+)
+def test_the_flex_tier_is_served_as_the_flex_priority_class(services, tier, priority) -> None:
+    plan = respond(services, service_tier=tier)
+    assert plan.prepared.params.options.priority == priority
+    assert plan.draft.service_tier == ("flex" if tier == "flex" else "default")
+
+
 def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     plan = respond(services, text={"format": {"type": "json_schema", "name": "x",
@@ -132,7 +143,7 @@ def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
             "json_schema": {"name": "x", "schema": schema, "strict": True},
         },
     )
-    assert plan.prepared.params.constraint == same.params.constraint
+    assert plan.prepared.params.options.constraint == same.params.options.constraint
     assert plan.draft.text["format"]["name"] == "x"
     named = respond(services, tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"})
     same = chat(
@@ -141,11 +152,11 @@ def test_text_format_and_tool_choice_make_chat_constraints(services) -> None:
         tools=[CHAT_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
-    assert named.prepared.params.constraint == same.params.constraint
-    assert named.prepared.params.constraint is not None
+    assert named.prepared.params.options.constraint == same.params.options.constraint
+    assert named.prepared.params.options.constraint is not None
     json_object = respond(services, text={"format": {"type": "json_object"}})
-    assert json_object.prepared.params.constraint is not None
-    assert json_object.prepared.params.constraint.kind == "json_object"  # fmt: skip
+    assert json_object.prepared.params.options.constraint is not None
+    assert json_object.prepared.params.options.constraint.kind == "json_object"  # fmt: skip
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
@@ -159,7 +170,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-    ({"service_tier": "flex"}, "service_tier"),
+    ({"service_tier": "scale"}, "service_tier"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
