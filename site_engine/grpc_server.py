@@ -77,7 +77,8 @@ class SiteIdentity:
     device: str
     dtype: str
     version: str
-    # The LoRA adapters this site serves (none yet: a request naming one is refused).
+    # The LoRA adapters this site serves (SITE_LORA_DIR at start); a request naming another is
+    # refused.
     adapters: frozenset[str] = frozenset()
 
 
