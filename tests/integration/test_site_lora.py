@@ -91,6 +91,10 @@ def test_an_adapter_is_served_by_name_like_its_merged_model(
     assert generate(stub, "tenant-a") == tuned  # again, from its own cached prefix
 
 
+def test_the_site_lists_its_adapters(stub: site_pb2_grpc.SiteEngineStub) -> None:
+    assert list(stub.Info(site_pb2.InfoRequest()).adapters) == ["tenant-a"]
+
+
 def test_an_adapter_the_site_does_not_hold_is_refused(stub: site_pb2_grpc.SiteEngineStub) -> None:
     with pytest.raises(grpc.RpcError) as refused:
         generate(stub, "tenant-b")
