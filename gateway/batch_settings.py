@@ -4,7 +4,7 @@ stored responses (GATEWAY_FILE_*, GATEWAY_BATCH_*, GATEWAY_RESPONSE_*), in Gatew
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from fedllm_contract.env_settings import (
     SettingsError,
@@ -12,6 +12,11 @@ from fedllm_contract.env_settings import (
     require_positive,
     setting,
 )
+
+# The order a site starts a batch's items in (gateway/batches/plan.py): BlendServe's resource-
+# aware prefix tree, the longest planned answer first, as submitted, or depth-first by prefix.
+BatchOrder = Literal["blend", "longest_first", "submission", "dfs"]
+BATCH_ORDERS: tuple[BatchOrder, ...] = ("blend", "longest_first", "submission", "dfs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +28,47 @@ class BatchSettings:
         64 << 20,
         help="largest batch body (413 beyond; `GATEWAY_MAX_BODY_BYTES` is for the other endpoints)",
     )
-    site_concurrency: int = setting(16, help="batch items in flight per site, all batches together")
+    site_concurrency: int = setting(
+        16,
+        help="most batch items in flight per site, all batches together; fewer while the site "
+        "reports little idle capacity (free slots and a short queue)",
+    )
+    order: BatchOrder = setting(
+        "blend",
+        help="the order a batch's items start in, and how they are spread over sites: `blend` "
+        "(BlendServe's resource-aware prefix tree: compute- and memory-dense items side by side, "
+        "prefixes kept together, each site a range of whole subtrees), `longest_first` (the "
+        "longest planned answer first, sites by MICO or the cost model), `submission`, `dfs` "
+        "(depth-first by prompt prefix)",
+    )
+    blend_block_tokens: int = setting(
+        16, help="tokens per prefix block of the `blend` and `dfs` orders' prefix tree"
+    )
+    blend_split_budget: float = setting(
+        0.02,
+        help="share of a batch's prompt tokens that `blend` may recompute to move an outlier "
+        "subtree next to requests of its compute density",
+    )
+    blend_peak_tflops: float = setting(
+        989.0, help="the GPU's dense bf16 peak the `blend` roofline assumes (H100 SXM)"
+    )
+    blend_memory_gbps: float = setting(
+        3350.0, help="the GPU's memory bandwidth in GB/s the `blend` roofline assumes (H100 SXM)"
+    )
+    blend_model_params_b: float = setting(
+        8.0, help="the model's parameters in billions, for the `blend` roofline's compute time"
+    )
+    blend_kv_bytes_per_token: int = setting(
+        131072,
+        help="KV cache bytes per token (all layers, K and V), for the `blend` roofline's memory "
+        "time (Llama-3-8B in bf16: 131072)",
+    )
+    deadline_margin: float = setting(
+        0.25,
+        help="a batch whose completion window has less than this share left, or less time than "
+        "its remaining items' predicted run time, is started ahead of the other batches on its "
+        "sites",
+    )
     max_attempts: int = setting(
         3, help="starts of a batch item before a server-side failure (5xx, 429) is final"
     )
@@ -46,11 +91,22 @@ class BatchSettings:
     )
 
     def __post_init__(self) -> None:
+        if self.order not in BATCH_ORDERS:
+            raise SettingsError(
+                f"GATEWAY_BATCH_ORDER must be one of {BATCH_ORDERS}, got {self.order!r}"
+            )
+        if not 0.0 <= self.blend_split_budget <= 1.0 or not 0.0 <= self.deadline_margin <= 1.0:
+            raise SettingsError(
+                "GATEWAY_BATCH_BLEND_SPLIT_BUDGET and GATEWAY_BATCH_DEADLINE_MARGIN are in [0, 1]"
+            )
+        require_positive(self, "blend_peak_tflops", "blend_memory_gbps", "blend_model_params_b")
         require_at_least(
             self,
             1,
             "max_items",
             "site_concurrency",
+            "blend_block_tokens",
+            "blend_kv_bytes_per_token",
             "max_attempts",
             "uploads_in_flight",
             "uploads_per_key",

@@ -35,7 +35,13 @@ OFFLOAD_ENV = {
     "GATEWAY_OFFLOAD_INTERVAL_S": "0.25",
     "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100",
 }
-NO_OFFLOAD_ENV = {"GATEWAY_OFFLOAD_ENABLED": "false", "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100"}
+# The batch API columns are MICO's group-wise assignment: the batch plan's longest_first order
+# (the default, blend, spreads a batch by its prefix tree instead; bench/engine/batch_order.py).
+NO_OFFLOAD_ENV = {
+    "GATEWAY_OFFLOAD_ENABLED": "false",
+    "GATEWAY_LOAD_REPORT_INTERVAL_MS": "100",
+    "GATEWAY_BATCH_ORDER": "longest_first",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ from bench.multisite.workload import Query
 
 STATIC_MODEL = "tiny-static"
 ITER_MODEL = "tiny-iter"
-NO_OFFLOAD = {"GATEWAY_OFFLOAD_ENABLED": "false"}
+# The batch API columns are MICO's group-wise assignment: the batch plan's longest_first order
+# (the default, blend, spreads a batch by its prefix tree instead; bench/engine/batch_order.py).
+NO_OFFLOAD = {"GATEWAY_OFFLOAD_ENABLED": "false", "GATEWAY_BATCH_ORDER": "longest_first"}
 
 
 @dataclass(frozen=True, slots=True)

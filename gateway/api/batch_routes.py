@@ -17,6 +17,7 @@ from gateway.api.batch_schemas import (
     BatchCreateRequest,
     BatchCreateSchema,
     BatchList,
+    BatchProgress,
     BatchResult,
     BatchResultList,
     BatchUsage,
@@ -28,12 +29,12 @@ from gateway.api.body import decode_body
 from gateway.api.client_auth import require_client_key
 from gateway.api.openai_errors import ErrorBody, OpenAIError
 from gateway.api.openapi_body import json_body
+from gateway.batches.records import BatchView, ItemView
 from gateway.batches.service import BatchService
 from gateway.db.models import BatchStatus
 from gateway.files.service import FileService
 from gateway.idempotency import HEADER, REPLAYED_HEADER, Idempotency
 from gateway.settings import GatewaySettings
-from gateway.stores.batch_records import BatchView, ItemView
 from gateway.tenancy.admission import Caller
 
 DEFAULT_BATCH_PAGE, DEFAULT_RESULT_PAGE = 20, 100
@@ -74,6 +75,14 @@ def _batch(view: BatchView) -> Batch:
             view.usage.output_tokens,
             view.usage.input_tokens + view.usage.output_tokens,
             InputTokensDetails(view.usage.cached_input_tokens),
+        ),
+        progress=None
+        if view.progress is None
+        else BatchProgress(
+            view.progress.planned_tokens,
+            view.progress.finished_tokens,
+            round(view.progress.fraction, 4),
+            None if view.progress.eta_s is None else round(view.progress.eta_s, 1),
         ),
     )
 

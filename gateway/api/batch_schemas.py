@@ -49,6 +49,17 @@ class BatchUsage(msgspec.Struct):
     output_tokens_details: OutputTokensDetails = msgspec.field(default_factory=OutputTokensDetails)
 
 
+class BatchProgress(msgspec.Struct):
+    """This gateway's extension: how far the batch is, by the tokens its plan expects (each
+    item's prompt plus its predicted answer, else max_tokens), and the seconds it is estimated
+    to need still at the rate it has finished work so far (null before any item is final)."""
+
+    planned_tokens: int
+    finished_tokens: int
+    fraction: float
+    eta_seconds: float | None = None
+
+
 class Batch(msgspec.Struct):
     """OpenAI's batch object. An inline batch (this gateway's extension) has no input file
     and, unless it asked for one, no completion window."""
@@ -80,6 +91,7 @@ class Batch(msgspec.Struct):
     # in the error file instead.
     errors: None = None
     usage: BatchUsage | None = None
+    progress: BatchProgress | None = None
     object: Literal["batch"] = "batch"
 
 

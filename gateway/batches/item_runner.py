@@ -1,7 +1,7 @@
 """One batch item's life on this gateway: prepared (on the tokenize pool) as its endpoint's
 request, started, run through the same dispatch as an online request of that endpoint, tried
 again after a server-side failure, and recorded final. Every write is fenced by the item's
-attempts (gateway/stores/batch_store.py), so a gateway that lost the item writes nothing.
+attempts (gateway/batches/store.py), so a gateway that lost the item writes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ import msgspec
 
 from gateway.batches.items import ItemPreparer
 from gateway.batches.plan import retry_delay_s
+from gateway.batches.records import ItemResult, QueuedItem
 from gateway.batches.request import CHAT, COMPLETIONS
+from gateway.batches.settling import CANCELLED_ERROR
+from gateway.batches.store import BatchStore
 from gateway.chat.result import collect_chat_completion
 from gateway.completions.result import collect_completion
 from gateway.db.models import BatchItemStatus, RequestStatus
@@ -30,9 +33,6 @@ from gateway.request_path.record import accepted_request
 from gateway.request_path.service import CompletionService
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState
-from gateway.stores.batch_records import ItemResult, QueuedItem
-from gateway.stores.batch_settling import CANCELLED_ERROR
-from gateway.stores.batch_store import BatchStore
 from gateway.stores.request_log import Outcome
 from gateway.tenancy.keys import KeyRecord
 from gateway.tokenize_pool import TokenizePool
@@ -73,6 +73,11 @@ class BatchRun:
     # The key's record (its concurrency cap bounds the batch's items too); None without a key.
     key: KeyRecord | None = None
     expires_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None  # in_progress_at
+    # Seconds its remaining items are estimated to take (gateway/batches/progress.py), for the
+    # feed's deadline promotion; None until estimated.
+    eta_s: float | None = None
     task: asyncio.Task[None] | None = None
     # Set when the batch itself is stopped (cancelled, expired), as opposed to this gateway
     # stopping; its running items are then recorded with `stop_error`.

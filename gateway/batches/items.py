@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from fedllm_contract.request_options import Priority
+from gateway.batches.records import NewItem
 from gateway.batches.request import (
     CHAT,
     chat_request,
@@ -29,7 +30,6 @@ from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.files.batch_input import Endpoint, InputLine
 from gateway.request_path.service import CompletionService
-from gateway.stores.batch_records import NewItem
 
 # A slice of items validated in one turn of the tokenize pool: bounded in bytes, so that one
 # large batch holds a pool thread for a fraction of a second at a time (tokenizing costs about

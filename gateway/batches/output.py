@@ -13,9 +13,9 @@ import hashlib
 
 import msgspec
 
+from gateway.batches.finalize import ResultFile
+from gateway.batches.records import FinalItem
 from gateway.db.models import BatchItemStatus
-from gateway.stores.batch_finalize import ResultFile
-from gateway.stores.batch_records import FinalItem
 
 
 class LineResponse(msgspec.Struct):

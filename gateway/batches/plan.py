@@ -1,15 +1,31 @@
-"""What the batch runner decides, as pure functions: where the group-wise assignment puts each
-item of a batch (MICO's, or the cost model's when the gateway's routing profile routes by it),
-and how long to wait before an item's next try. (When a batch is settled is the
-batch store's rule, gateway/stores/batch_records.py; which failures are tried again is the
-error's own, GatewayError.retryable.)"""
+"""The batch plan, as pure functions: which site each item of a batch goes to, in what order
+each site starts its items (`make_plan`), and how long to wait before an item's next try. The
+store only persists the plan (each item's site and plan_rank); the runner feeds each site its
+items in rank order (gateway/batches/feed.py).
+
+Orders (GATEWAY_BATCH_ORDER): `blend`, BlendServe's resource-aware prefix tree
+(gateway/batches/blend.py), which also spreads the batch over sites as ranges of whole subtrees
+of equal resource; the others place items by the group-wise assignment (MICO's, or the cost
+model's when the gateway's routing profile routes by it) and then order each site's share:
+`longest_first` (the longest planned answer first: a site does not end the batch on a long
+answer started last), `submission`, or `dfs` (depth-first by prompt prefix, SGLang's lpm-like
+order). (When a batch is settled is the store's rule, gateway/batches/records.py; which failures
+are tried again is the error's own, GatewayError.retryable.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
+from gateway.batch_settings import BatchOrder, BatchSettings
+from gateway.batches.blend import (
+    BlendRequest,
+    Roofline,
+    blend_order,
+    dfs_order,
+    split_ranges,
+)
 from gateway.routing.batch_cost import CostQuery, cost_assign
 from gateway.routing.completion_cost import CompletionCostModel
 from gateway.routing.mico import Assignment, BatchQuery, BatchSite, mico_assign
@@ -65,6 +81,12 @@ class PlanItem:
     # The prompt, when at hand: the cost model then sees what each site (and the batch's own
     # earlier items) already cache of it.
     prompt_token_ids: tuple[int, ...] = ()
+    # The prompt's prefix-block ids (the routing chain, fedllm_contract/block_hash.py), for the
+    # prefix-tree orders; empty when not computed.
+    block_ids: tuple[int, ...] = ()
+    # An answer length known for sure (a benchmark's forced lengths): the order uses it instead
+    # of the planned one.
+    true_tokens: int | None = None
 
     @property
     def planned_tokens(self) -> int:
@@ -80,6 +102,8 @@ class Placement:
     index: int
     site_id: int | None
     reason: str
+    # Its place in its site's start order (the lanes read items by increasing rank).
+    rank: int = 0
 
 
 def plan_batch(
@@ -151,6 +175,103 @@ def _placements(
         Placement(item.index, ids[a.site] if a.site is not None else None, f"{rule}: {a.why}")
         for item, a in zip(items, assignments, strict=True)
     ]
+
+
+def roofline(settings: BatchSettings) -> Roofline:
+    return Roofline(
+        peak_flops=settings.blend_peak_tflops * 1e12,
+        memory_bytes_per_s=settings.blend_memory_gbps * 1e9,
+        model_params=settings.blend_model_params_b * 1e9,
+        kv_bytes_per_token=float(settings.blend_kv_bytes_per_token),
+    )
+
+
+def make_plan(
+    model: str,
+    items: Sequence[PlanItem],
+    sites: Sequence[AssignableSite],
+    settings: BatchSettings,
+    cost: CompletionCostModel | None = None,
+) -> list[Placement]:
+    """Contract: one Placement per item, in the order of `items`, each with its site and its
+    rank in that site's start order (ranks distinct within the batch). `blend` cuts its order
+    into one range per healthy site serving `model` (shares by capacity weight); the other
+    orders place by plan_batch / plan_batch_by_cost and rank by `settings.order`."""
+    if settings.order == "blend":
+        return _blend_plan(model, items, sites, settings)
+    # With a cost model, the sites are the registry's (SiteState), which routing reads too.
+    placements = (
+        plan_batch(model, items, sites)
+        if cost is None
+        else plan_batch_by_cost(model, items, cast(Sequence[CostAssignableSite], sites), cost)
+    )
+    ranks = {pos: rank for rank, pos in enumerate(item_order(items, settings.order))}
+    return [Placement(p.index, p.site_id, p.reason, ranks[pos]) for pos, p in enumerate(placements)]
+
+
+def item_order(
+    items: Sequence[PlanItem],
+    order: BatchOrder,
+    roof: Roofline | None = None,
+    block_tokens: int = 16,
+) -> list[int]:
+    """Contract: the positions of `items` (0..n-1, each once) in start order."""
+    if order == "submission":
+        return sorted(range(len(items)), key=lambda pos: items[pos].index)
+    if order == "longest_first":
+        return sorted(
+            range(len(items)), key=lambda pos: (-items[pos].planned_tokens, items[pos].index)
+        )
+    requests = blend_requests(items)
+    if order == "dfs":
+        return dfs_order(requests)
+    return blend_order(requests, roof or Roofline(), block_tokens).order
+
+
+def blend_requests(items: Sequence[PlanItem]) -> list[BlendRequest]:
+    """The items as the prefix tree sees them: the true answer length where known, else the
+    planned one."""
+    return [
+        BlendRequest(
+            item.block_ids,
+            item.prompt_tokens,
+            item.planned_tokens if item.true_tokens is None else item.true_tokens,
+        )
+        for item in items
+    ]
+
+
+def _blend_plan(
+    model: str,
+    items: Sequence[PlanItem],
+    sites: Sequence[AssignableSite],
+    settings: BatchSettings,
+) -> list[Placement]:
+    requests = blend_requests(items)
+    blend = blend_order(
+        requests,
+        roofline(settings),
+        settings.blend_block_tokens,
+        split_budget=settings.blend_split_budget,
+    )
+    serving = [site for site in sites if site.healthy and site.model == model]
+    site_ids: list[int | None]
+    if not serving:
+        reason = f"no healthy site served model '{model}' at assignment: routed when started"
+        ranges, site_ids, reasons = [blend.order], [None], [reason]
+    else:
+        ranges = split_ranges(blend, requests, [site.capacity_weight for site in serving])
+        site_ids = [site.site_id for site in serving]
+        reasons = [
+            f"blend: range {k + 1} of {len(serving)} of the prefix tree (batch density "
+            f"{blend.root_density:.2f})"
+            for k in range(len(serving))
+        ]
+    out: dict[int, Placement] = {}
+    for part, site_id, reason in zip(ranges, site_ids, reasons, strict=True):
+        for position in part:
+            out[position] = Placement(items[position].index, site_id, reason, len(out))
+    return [out[pos] for pos in range(len(items))]
 
 
 def retry_delay_s(attempts: int) -> float:

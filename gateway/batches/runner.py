@@ -3,17 +3,20 @@ algorithm, dispatches them through the regular completion path, and resumes afte
 
 A batch goes through three steps, each restartable from what the database holds:
 1. recover: items the previous owner left running are queued again (an item recorded final is
-   never run again; see the fencing in gateway/stores/batch_store.py);
-2. assign (while `validating`): every item's length is predicted and `mico_assign` places the
-   batch over the healthy sites serving its model; the site, planned tokens and reason are
-   stored with each item;
-3. run: one lane per assigned site, each with `batch_site_concurrency` workers sharing that
-   site's slots with every other batch, so a batch of 100k items keeps only a few streams per
-   site open. Each item goes through Dispatch (ledger, failover, offload, request log), like a
+   never run again; see the fencing in gateway/batches/store.py);
+2. assign (while `validating`): every item's length is predicted (and its prompt's prefix
+   blocks hashed, for the prefix-tree orders) and the batch plan (gateway/batches/plan.py) gives
+   each item its site and its rank in that site's order; the site, planned tokens, reason and
+   rank are stored with each item;
+3. run: one lane per assigned site reads its items in rank order, a page at a time, and starts
+   each when the site's feed (gateway/batches/feed.py) grants a place: the feed keeps each site
+   supplied with just enough batch work for its idle capacity, all batches together, and lets a
+   batch near its deadline go first, so a batch of 100k items keeps only a few streams per site
+   open. Each item goes through Dispatch (ledger, failover, offload, request log), like a
    /v1/completions request that the batch's assignment routed.
 
 4. finalize: once every item is final, the output and error files are written and the batch
-   settles (gateway/stores/batch_finalize.py).
+   settles (gateway/batches/finalize.py).
 
 Items are prepared (validated and tokenized) again at each start, on the tokenize pool, never on
 the event loop. Each item's request row carries the batch's key, so usage per key counts it, and
@@ -35,14 +38,21 @@ import logging
 import os
 import socket
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 
+from gateway.batches.feed import SiteFeed, batch_room, urgency
+from gateway.batches.finalize import BatchFinalizer
 from gateway.batches.item_runner import BatchRun, ItemRunner, StatusOf
 from gateway.batches.items import ItemPreparer
 from gateway.batches.lanes import LaneCursor
+from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
-from gateway.batches.plan import PlanItem, plan_batch, plan_batch_by_cost
+from gateway.batches.plan import PlanItem, make_plan
+from gateway.batches.progress import estimate
+from gateway.batches.records import ItemAssignment, QueuedItem
+from gateway.batches.settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
+from gateway.batches.store import BatchStore
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import GatewayError
 from gateway.prediction.service import Prediction
@@ -50,28 +60,43 @@ from gateway.request_path.service import CompletionService
 from gateway.routing.types import UnpredictedPlan
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import ItemAssignment, QueuedItem
-from gateway.stores.batch_settling import CANCELLED_ERROR, EXPIRED_ERROR, OPEN_BATCH
-from gateway.stores.batch_store import BatchStore
 from gateway.tenancy.admission import Tenancy
 from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)
 # Batches one gateway runs at once; more wait in the database, oldest first.
 MAX_ACTIVE_BATCHES = 8
+# Prefix blocks of each prompt the prefix-tree orders look at: the whole batch's ids are held
+# while it is planned (100k items x 128 blocks is about 0.5 GB of Python ints at most), and
+# prompts sharing more than 2,048 tokens (at 16 a block) are rare beyond whole duplicates.
+MAX_TREE_BLOCKS = 128
 # Items read per database round trip while assigning (and predicted concurrently).
 _ASSIGN_PAGE = 512
 
 
 def _plan_item(
-    item: QueuedItem, prediction: Prediction | None, unpredicted: UnpredictedPlan
+    item: QueuedItem,
+    prediction: Prediction | None,
+    unpredicted: UnpredictedPlan,
+    block_ids: tuple[int, ...],
 ) -> PlanItem:
     if prediction is None:
-        return PlanItem(item.index, item.prompt_tokens, item.max_tokens, unpredicted=unpredicted)
+        return PlanItem(
+            item.index,
+            item.prompt_tokens,
+            item.max_tokens,
+            unpredicted=unpredicted,
+            block_ids=block_ids,
+        )
     tokens = prediction.within(item.max_tokens)  # the site stops at max_tokens anyway
-    return PlanItem(item.index, item.prompt_tokens, item.max_tokens, tokens, prediction.bucket)
+    return PlanItem(
+        item.index,
+        item.prompt_tokens,
+        item.max_tokens,
+        tokens,
+        prediction.bucket,
+        block_ids=block_ids,
+    )
 
 
 class BatchRunner:
@@ -99,7 +124,7 @@ class BatchRunner:
         self._items = ItemRunner(settings, store, completions, registry, preparer, pool, status_of)
         self.owner = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._runs: dict[str, BatchRun] = {}
-        self._slots: dict[int | None, asyncio.Semaphore] = {}
+        self._feeds: dict[int | None, SiteFeed] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._revocations: set[asyncio.Task[None]] = set()
@@ -189,12 +214,20 @@ class BatchRunner:
                 log.info("batch %s: its completion window passed; stopping it", batch_id)
                 await self._store.expire(batch_id)
                 self.cancel(batch_id, EXPIRED_ERROR)
+        await self._estimate(now)
         room = MAX_ACTIVE_BATCHES - len(self._runs)
         if room > 0:
             for batch_id in await self._leases.claim(self.owner, lease_s, room):
                 run = BatchRun(batch_id)
                 run.task = asyncio.create_task(self._run(run), name=f"batch-{batch_id}")
                 self._runs[batch_id] = run
+
+    async def _estimate(self, now: datetime) -> None:
+        """Each running batch's time left, for the feeds' deadline promotion."""
+        work = await self._store.planned_work(list(self._runs))
+        for batch_id, run in self._runs.items():
+            if batch_id in work:
+                run.eta_s = estimate(*work[batch_id], run.started_at, now).eta_s
 
     async def _run(self, run: BatchRun) -> None:
         try:
@@ -217,6 +250,7 @@ class BatchRunner:
         if batch is None or batch.status not in OPEN_BATCH:
             return
         run.model, run.endpoint, run.api_key_id = batch.model, batch.endpoint, batch.owner
+        run.created_at, run.started_at = batch.created_at, batch.in_progress_at
         if batch.owner is not None:
             run.key = await self._tenancy.keys.get(batch.owner)
         run.expires_at = None if batch.expired_at is not None else batch.expires_at
@@ -226,6 +260,7 @@ class BatchRunner:
             if not await self._store.begin_progress(run.batch_id):
                 run.cancelling = True  # cancelled while being assigned: its files next
                 return
+            run.started_at = utcnow()
             log.info("batch %s: %d items assigned", run.batch_id, batch.total)
         # A task group, not gather: when one lane fails (the database went away), the others
         # stop too, so no item keeps running after the batch is handed back.
@@ -250,17 +285,19 @@ class BatchRunner:
         after = -1
         while page := await self._store.queued(run.batch_id, after, _ASSIGN_PAGE):
             after = page[-1].index
-            predicted = await asyncio.gather(*(self._predict(run, q) for q in page))
-            for queued, prediction in zip(page, predicted, strict=True):
-                plan.append(_plan_item(queued, prediction, unpredicted))
+            looked = await asyncio.gather(*(self._look(run, q) for q in page))
+            for queued, (prediction, block_ids) in zip(page, looked, strict=True):
+                plan.append(_plan_item(queued, prediction, unpredicted, block_ids))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
-        cost = self._completions.router.policy.batch_cost
-        sites = self._registry.all()
-        placements = (
-            plan_batch(run.model, plan, sites)
-            if cost is None
-            else plan_batch_by_cost(run.model, plan, sites, cost)
+        # Off the event loop: a prefix tree over 100k items takes seconds (about 3.5 s here).
+        placements = await asyncio.to_thread(
+            make_plan,
+            run.model,
+            plan,
+            self._registry.all(),
+            self._settings.batches,
+            self._completions.router.policy.batch_cost,
         )
         assignments = [
             ItemAssignment(
@@ -270,38 +307,68 @@ class BatchRunner:
                 predicted_bucket=item.predicted_bucket,
                 predictor_version=versions.get(item.index),
                 reason=placement.reason,
+                rank=placement.rank,
             )
             for item, placement in zip(plan, placements, strict=True)
         ]
         await self._store.assign(run.batch_id, assignments)
 
-    async def _predict(self, run: BatchRun, item: QueuedItem) -> Prediction | None:
+    async def _look(
+        self, run: BatchRun, item: QueuedItem
+    ) -> tuple[Prediction | None, tuple[int, ...]]:
+        """What the plan reads of an item beyond its stored lengths: its predicted answer and,
+        for the prefix-tree orders, its prompt's block ids (as routing hashes them, salted for
+        the batch's key)."""
         predictors = self._completions.prediction.predictors
-        if predictors.version(run.model) is None:
-            return None  # fallback mode: no need to tokenize the prompt again
+        batches = self._settings.batches
+        wants_blocks = batches.order in ("blend", "dfs")
+        if predictors.version(run.model) is None and not wants_blocks:
+            return None, ()  # fallback mode: no need to tokenize the prompt again
         try:
             prepared = await self._items.prepare(run, item)
         except GatewayError:
-            return None  # it no longer validates: it fails with the reason when it starts
-        return await predictors.predict(run.model, prepared.prompt_text)
+            return None, ()  # it no longer validates: it fails with the reason when it starts
+        blocks = (
+            prepared.routing.block_ids(batches.blend_block_tokens)[:MAX_TREE_BLOCKS]
+            if wants_blocks
+            else ()
+        )
+        if predictors.version(run.model) is None:
+            return None, blocks
+        return await predictors.predict(run.model, prepared.prompt_text), blocks
+
+    def _feed(self, site_id: int | None) -> SiteFeed:
+        """The site's places for batch items, shared by every batch this gateway runs."""
+        feed = self._feeds.get(site_id)
+        if feed is None:
+            cap = self._settings.batches.site_concurrency
+
+            def room(in_flight: int) -> int:
+                site = next((s for s in self._registry.all() if s.site_id == site_id), None)
+                if site is None:
+                    return cap  # no site: the routing policy picks one per item
+                report = site.report
+                reported = report.running_requests + report.queued_requests if report else 0
+                slots = site.info.max_num_seqs if site.info is not None else None
+                return batch_room(slots, max(reported, site.in_flight), in_flight, cap)
+
+            feed = self._feeds[site_id] = SiteFeed(room)
+        return feed
 
     async def _lane(self, run: BatchRun, site_id: int | None) -> None:
         concurrency = self._settings.batches.site_concurrency
-        cursor = LaneCursor(
-            self._store,
-            run.batch_id,
-            site_id,
-            page=2 * concurrency,
-            unpredicted=self._settings.routing.plan_without_prediction,
-        )
-        slots = self._slots.setdefault(site_id, asyncio.Semaphore(concurrency))
+        cursor = LaneCursor(self._store, run.batch_id, site_id, page=2 * concurrency)
+        feed = self._feed(site_id)
+        margin = self._settings.batches.deadline_margin
 
         async def worker() -> None:
             while (item := await cursor.next()) is not None:
-                # The key's slot first (it may wait), then the site's: a capped key's items
-                # waiting for their key hold no site slot from the other batches.
-                async with self._tenancy.key_slot(run.key), slots:
-                    await self._items.run(run, item)
+                # The key's slot first (it may wait), then the site's place: a capped key's
+                # items waiting for their key hold no place from the other batches.
+                async with self._tenancy.key_slot(run.key):
+                    when = urgency(run.expires_at, run.created_at, utcnow(), margin, run.eta_s)
+                    async with feed.place(when):
+                        await self._items.run(run, item)
 
         async with asyncio.TaskGroup() as workers:
             for _ in range(concurrency):

@@ -21,10 +21,15 @@ from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.batches.finalize import BatchFinalizer
 from gateway.batches.item_runner import StatusOf
 from gateway.batches.items import Entry, ItemPreparer, file_entries, inline_entries, slices
+from gateway.batches.leases import BatchLeases
+from gateway.batches.progress import estimate
+from gateway.batches.records import BatchView, ItemView, NewBatch, NewItem, Owner, Page
 from gateway.batches.request import COMPLETIONS, BatchCreateRequest, window_hours
 from gateway.batches.runner import BatchRunner
+from gateway.batches.store import BatchStore
 from gateway.chat.service import ChatService
 from gateway.db.models import BatchStatus, utcnow
 from gateway.errors import (
@@ -39,10 +44,6 @@ from gateway.files.service import FileService, file_not_found
 from gateway.request_path.service import CompletionService
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import BatchView, ItemView, NewBatch, NewItem, Owner, Page
-from gateway.stores.batch_store import BatchStore
 from gateway.stores.file_store import UPLOAD_PURPOSE
 from gateway.tenancy.admission import Tenancy
 from gateway.tokenize_pool import TokenizePool
@@ -257,9 +258,19 @@ class BatchService:
         return (await self.with_usage([batch]))[0]
 
     async def with_usage(self, batches: list[BatchView]) -> list[BatchView]:
-        """The batches with the tokens their answered items took (OpenAI's batch usage)."""
-        usage = await self._store.usage([batch.id for batch in batches])
-        return [replace(b, usage=usage[b.id]) if b.id in usage else b for b in batches]
+        """The batches with the tokens their answered items took (OpenAI's batch usage) and
+        their progress by planned tokens, with an estimate of the time left."""
+        ids = [batch.id for batch in batches]
+        usage = await self._store.usage(ids)
+        work = await self._store.planned_work(ids)
+        now = utcnow()
+        out = []
+        for b in batches:
+            progress = None
+            if b.id in work:
+                progress = estimate(*work[b.id], b.in_progress_at, now)
+            out.append(replace(b, usage=usage.get(b.id, b.usage), progress=progress))
+        return out
 
     async def list_batches(self, owner: Owner, after: str | None, limit: int) -> Page[BatchView]:
         check_limit(limit, MAX_BATCH_PAGE)

@@ -4,7 +4,7 @@ caller's key, and the deletion of expired files.
 Only batch input files are taken (purpose `batch`): they are checked line by line at upload
 (gateway/files/batch_input.py), so a malformed file is refused then, naming the line, and
 nothing is stored. Batches write their results as files of purpose `batch_output`
-(gateway/stores/batch_finalize.py). Where files are stored and why: gateway/stores/file_store.py.
+(gateway/batches/finalize.py). Where files are stored and why: gateway/stores/file_store.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from gateway.errors import GatewayError, NotFound, invalid_request
 from gateway.files.batch_input import parse_lines
 from gateway.files.uploads import UploadGate
 from gateway.settings import GatewaySettings
-from gateway.stores.batch_records import Owner, Page
 from gateway.stores.file_store import (
     UPLOAD_PURPOSE,
     FileStore,
@@ -30,6 +29,7 @@ from gateway.stores.file_store import (
     Order,
     QuotaExceeded,
 )
+from gateway.stores.pages import Owner, Page
 from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)

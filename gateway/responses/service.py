@@ -32,7 +32,7 @@ from gateway.responses.request import ResponseCreateRequest
 from gateway.responses.result import ResponseObject
 from gateway.responses.to_chat import chat_request
 from gateway.responses.unsupported import reject_unsupported
-from gateway.stores.batch_records import Owner, Page
+from gateway.stores.pages import Owner, Page
 from gateway.stores.response_store import NewResponse, ResponseStore
 
 log = logging.getLogger(__name__)

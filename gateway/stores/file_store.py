@@ -22,7 +22,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.db.models import ApiKey, FilePart, StoredFile, utcnow
-from gateway.stores.batch_records import Owner, Page
+from gateway.stores.pages import Owner, Page
 
 PART_BYTES = 1 << 20
 # Uploads count against their key's storage; the batches' result files do not (the gateway

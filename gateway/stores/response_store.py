@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.db.models import StoredResponse, utcnow
-from gateway.stores.batch_records import Owner
 from gateway.stores.file_store import owned_by
+from gateway.stores.pages import Owner
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import OPEN_RETRAIN_STATES, RetrainJob, RetrainJobState, utcnow
-from gateway.stores.batch_settling import rowcount
+from gateway.stores.pages import rowcount
 
 ERROR_CHARS = 4000  # what a failed job keeps of its error (the end of a traceback)
 

@@ -76,6 +76,10 @@ def test_batch_completes_with_every_answer_as_asked(client, federation: Federati
     assert done["status"] == "completed"
     assert done["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
     assert done["created_at"] <= done["in_progress_at"] <= done["completed_at"]
+    # The extension: progress by planned tokens, all of it finished.
+    progress = done["progress"]
+    assert progress["planned_tokens"] == progress["finished_tokens"] > 0
+    assert (progress["fraction"], progress["eta_seconds"]) == (1.0, None)
 
     results = all_results(client, batch["id"])
     assert [r["custom_id"] for r in results] == [i["custom_id"] for i in items]
@@ -88,8 +92,9 @@ def test_batch_completes_with_every_answer_as_asked(client, federation: Federati
         assignment = result["assignment"]
         assert assignment["site"] in SITES
         assert 1 <= assignment["predicted_tokens"] <= asked["max_tokens"]
-        assert assignment["reason"].startswith("mico batch: ")
-        assert "bucket" in assignment["reason"]
+        # The default order (GATEWAY_BATCH_ORDER=blend) gives each site a range of the
+        # batch's resource-aware prefix tree.
+        assert assignment["reason"].startswith("blend: range ")
     assert {r["assignment"]["site"] for r in results} == SITES
     assert results[5]["response"]["usage"]["prompt_tokens"] == 2
 

@@ -172,7 +172,8 @@ def test_the_sdk_batch_flow_unchanged(
     assert (result_file.purpose, result_file.bytes) == ("batch_output", len(output.content))
     assert done.id in [b.id for b in alice.batches.list()]
 
-    # MICO's group-wise assignment placed each item; the record is kept (an extension).
+    # The batch plan placed each item (by default a range of BlendServe's prefix tree per
+    # site); the record is kept (an extension).
     results = httpx.get(
         f"{federation.base_url}/v1/batches/{done.id}/results",
         headers={"Authorization": f"Bearer {keys['alice']['key']}"},
@@ -180,7 +181,7 @@ def test_the_sdk_batch_flow_unchanged(
         timeout=30,
     ).json()["data"]
     assert {r["assignment"]["site"] for r in results} <= {"aws-use1", "gcp-euw4"}
-    assert all(r["assignment"]["reason"].startswith("mico batch: ") for r in results)
+    assert all(r["assignment"]["reason"].startswith("blend: range ") for r in results)
 
     # Each item's request row carries the key: its usage counts the batch's tokens.
     usage = httpx.get(

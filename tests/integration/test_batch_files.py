@@ -16,15 +16,15 @@ from functools import partial
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.batches.finalize import BatchFinalizer
+from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
+from gateway.batches.records import BatchView, ItemResult, NewBatch, NewItem
+from gateway.batches.settling import EXPIRED_ERROR
+from gateway.batches.store import BatchStore
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import BatchItemStatus, BatchStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import BatchView, ItemResult, NewBatch, NewItem
-from gateway.stores.batch_settling import EXPIRED_ERROR
-from gateway.stores.batch_store import BatchStore
 from gateway.stores.file_store import PART_BYTES, FileStore, NewFile, QuotaExceeded
 from gateway.tenancy.keys import KeyService
 

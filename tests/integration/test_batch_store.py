@@ -12,7 +12,19 @@ from functools import partial
 import pytest
 from sqlalchemy import select
 
+from gateway.batches.finalize import BatchFinalizer
+from gateway.batches.leases import BatchLeases
 from gateway.batches.output import render
+from gateway.batches.records import (
+    BatchView,
+    ItemAssignment,
+    ItemResult,
+    NewBatch,
+    NewItem,
+    TokenUsage,
+)
+from gateway.batches.settling import CANCELLED_ERROR
+from gateway.batches.store import BatchStore
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import (
     BatchItemStatus,
@@ -23,18 +35,6 @@ from gateway.db.models import (
 )
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.federation import SiteConfig
-from gateway.stores.batch_finalize import BatchFinalizer
-from gateway.stores.batch_leases import BatchLeases
-from gateway.stores.batch_records import (
-    BatchView,
-    ItemAssignment,
-    ItemResult,
-    NewBatch,
-    NewItem,
-    TokenUsage,
-)
-from gateway.stores.batch_settling import CANCELLED_ERROR
-from gateway.stores.batch_store import BatchStore
 from gateway.stores.request_log import NewRequest, Outcome, RequestLog
 from gateway.stores.site_store import sync_sites
 
@@ -335,33 +335,56 @@ def test_usage_sums_the_answered_items_cached_tokens_too(run) -> None:
     run(scenario)
 
 
-def test_a_lane_reads_the_longest_planned_answers_first_page_by_page(run) -> None:
+def test_planned_work_counts_prompt_and_planned_answer_of_final_items(run) -> None:
     async def scenario(
         store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
     ) -> None:
-        # Planned: the prediction, else max_tokens (50 + index): 5, 40, 52, 40, 7, 55.
-        predicted = [5, 40, None, 40, 7, None]
-        items = [NewItem(f"c{i}", {"prompt": "p"}, 3, 50 + i) for i in range(len(predicted))]
+        items = [NewItem(f"c{i}", {"prompt": "p"}, 10, 100) for i in range(3)]
+        await store.create(new_batch("batch_w"), items)
+        # Planned: 10 + 20 (predicted), 10 + 100 (max_tokens, no prediction), 10 + 5.
+        await store.assign(
+            "batch_w",
+            [
+                ItemAssignment(i, sites["a"], p, None, None, "why")
+                for i, p in enumerate([20, None, 5])
+            ],
+        )
+        assert await store.planned_work(["batch_w"]) == {"batch_w": (155, 0)}
+        assert await store.start_item("batch_w", 1, 0, "cmpl-w1")
+        assert await store.finish_item("batch_w", 1, 1, DONE)
+        assert await store.planned_work(["batch_w", "batch_none"]) == {"batch_w": (155, 110)}
+
+    run(scenario)
+
+
+def test_a_lane_reads_the_plan_order_page_by_page(run) -> None:
+    """The store keeps the order the batch plan made (plan_rank) and reads it back, a page at
+    a time; ties in rank go in submission order, and items not yet planned keep theirs."""
+
+    async def scenario(
+        store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
+    ) -> None:
+        items = [NewItem(f"c{i}", {"prompt": "p"}, 3, 50 + i) for i in range(6)]
         await store.create(new_batch("batch_l"), items)
         await store.assign(
             "batch_l",
-            [ItemAssignment(i, sites["a"], p, None, None, "why") for i, p in enumerate(predicted)],
+            [ItemAssignment(i, None, None, None, None, "why") for i in range(6)],
+        )
+        assert [q.index for q in await store.lane("batch_l", None, None, 10)] == list(range(6))
+        ranks = [4, 2, 0, 2, 9, 1]
+        await store.assign(
+            "batch_l",
+            [ItemAssignment(i, sites["a"], 5, None, None, "why", r) for i, r in enumerate(ranks)],
         )
         whole = await store.lane("batch_l", sites["a"], None, 10)
-        assert [q.index for q in whole] == [5, 2, 1, 3, 4, 0]
-        # One, then two at a time from each page's last key: the tie at 40 is split.
+        assert [q.index for q in whole] == [2, 5, 1, 3, 0, 4]
+        # One, then two at a time from each page's last key: the tie at rank 2 is split.
         seen: list[int] = []
         after = None
         while page := await store.lane("batch_l", sites["a"], after, 1 if not seen else 2):
             seen += [q.index for q in page]
             after = page[-1].lane_key()
-        assert seen == [5, 2, 1, 3, 4, 0]
-        # Planning nothing for unpredicted answers (prompt_only): they go last, in order.
-        prompt_only = await store.lane("batch_l", sites["a"], None, 10, "prompt_only")
-        assert [q.index for q in prompt_only] == [1, 3, 4, 0, 2, 5]
-        after_first = prompt_only[2].lane_key("prompt_only")
-        rest = await store.lane("batch_l", sites["a"], after_first, 10, "prompt_only")
-        assert [q.index for q in rest] == [0, 2, 5]
+        assert seen == [2, 5, 1, 3, 0, 4]
 
     run(scenario)
 

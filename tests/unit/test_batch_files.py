@@ -12,12 +12,12 @@ import pytest
 
 from gateway.batches.items import Entry, slices
 from gateway.batches.output import line_id, render
+from gateway.batches.records import FinalItem
 from gateway.batches.request import window_hours
 from gateway.db.models import BatchItemStatus
 from gateway.errors import GatewayError, Overloaded
 from gateway.files.batch_input import parse_lines
 from gateway.files.uploads import UploadGate
-from gateway.stores.batch_records import FinalItem
 
 
 def line(custom_id: str = "a", **extra: object) -> dict[str, object]:

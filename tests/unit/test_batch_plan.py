@@ -8,11 +8,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.batch_settings import BATCH_ORDERS, BatchOrder, BatchSettings
 from gateway.batches.plan import (
+    Placement,
     PlanItem,
+    make_plan,
     plan_batch,
     retry_delay_s,
 )
+from gateway.batches.records import settled_status
 from gateway.db.models import BatchStatus
 from gateway.errors import (
     Conflict,
@@ -26,7 +30,6 @@ from gateway.errors import (
     Unavailable,
     UpstreamFailed,
 )
-from gateway.stores.batch_records import settled_status
 
 
 @dataclass(frozen=True)
@@ -165,3 +168,77 @@ def test_retryable(error: GatewayError, expected: bool) -> None:
 )
 def test_retry_delay(attempts: int, delay: float) -> None:
     assert retry_delay_s(attempts) == delay
+
+
+def planned(order: BatchOrder, plan: list[PlanItem], sites: list[Site]) -> list[Placement]:
+    return make_plan("m", plan, sites, BatchSettings(order=order))
+
+
+def in_rank_order(placements: list[Placement]) -> list[int]:
+    return [p.index for p in sorted(placements, key=lambda p: p.rank)]
+
+
+def test_each_order_ranks_every_item_once() -> None:
+    # (prompt, max_tokens, predicted, bucket)
+    plan = items((10, 50, 5, 1), (10, 50, 40, 2), (10, 52, None, None), (10, 50, 40, 2))
+    sites = [Site("a", 1)]
+    longest = planned("longest_first", plan, sites)
+    # Planned: the prediction, else max_tokens: 5, 40, 52, 40.
+    assert in_rank_order(longest) == [2, 1, 3, 0]
+    assert in_rank_order(planned("submission", plan, sites)) == [0, 1, 2, 3]
+    for order in BATCH_ORDERS:
+        placements = planned(order, plan, sites)
+        assert [p.index for p in placements] == [0, 1, 2, 3]
+        assert sorted(p.rank for p in placements) == [0, 1, 2, 3]
+        assert {p.site_id for p in placements} == {1}
+
+
+def test_without_a_prediction_prompt_only_plans_nothing_so_those_go_last() -> None:
+    plan = [
+        PlanItem(0, 10, 50, 5, 1),
+        PlanItem(1, 10, 90, None, None, "prompt_only"),
+        PlanItem(2, 10, 50, 40, 2),
+    ]
+    assert in_rank_order(planned("longest_first", plan, [Site("a", 1)])) == [2, 0, 1]
+
+
+def blocks(*path: int) -> tuple[int, ...]:
+    """Chained ids as the gateway makes them: each names its block and all before it."""
+    return tuple(hash(path[: i + 1]) for i in range(len(path)))
+
+
+def test_dfs_keeps_each_prefix_together() -> None:
+    paths = [(1, 2), (3, 4), (1, 5), (3, 4, 6), (1, 2, 7)]
+    plan = [PlanItem(i, 48, 8, 8, 1, block_ids=blocks(*p)) for i, p in enumerate(paths)]
+    order = in_rank_order(planned("dfs", plan, [Site("a", 1)]))
+    heads = [paths[i][0] for i in order]
+    assert heads in ([1, 1, 1, 3, 3], [3, 3, 1, 1, 1])
+
+
+def test_blend_gives_each_site_a_range_weighted_by_capacity() -> None:
+    # Dense (long prompt, short answer) and sparse (short prompt, long answer) alternating.
+    plan = [
+        PlanItem(i, 2000 if i % 2 else 40, 2000, 4 if i % 2 else 1500, 1, block_ids=blocks(i))
+        for i in range(60)
+    ]
+    sites = [Site("small", 1), Site("big", 2, capacity_weight=3.0), Site("down", 3, healthy=False)]
+    placements = planned("blend", plan, sites)
+    assert sorted(p.rank for p in placements) == list(range(60))
+    by_site = defaultdict(list)
+    for p in placements:
+        by_site[p.site_id].append(p)
+    assert set(by_site) == {1, 2}
+    # Site 1 holds the first range of the scanner's order, site 2 the rest.
+    assert max(p.rank for p in by_site[1]) < min(p.rank for p in by_site[2])
+    assert all(p.reason.startswith("blend: range ") for p in placements)
+    # Both ranges mix dense and sparse items.
+    for share in by_site.values():
+        assert {plan[p.index].prompt_tokens for p in share} == {40, 2000}
+    assert len(by_site[2]) > len(by_site[1])
+
+
+def test_blend_without_a_serving_site_leaves_items_for_the_policy() -> None:
+    plan = items(*[(10, 20, 10, 1)] * 3)
+    placements = planned("blend", plan, [Site("x", 1, model="other")])
+    assert {p.site_id for p in placements} == {None}
+    assert sorted(p.rank for p in placements) == [0, 1, 2]

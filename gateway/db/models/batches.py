@@ -99,6 +99,7 @@ class BatchItem(Base):
     __table_args__ = (
         Index("ix_batch_items_batch_id_custom_id", "batch_id", "custom_id", unique=True),
         Index("ix_batch_items_batch_id_status", "batch_id", "status"),
+        Index("ix_batch_items_batch_id_site_id_plan_rank", "batch_id", "site_id", "plan_rank"),
     )
 
     batch_id: Mapped[str] = mapped_column(
@@ -118,6 +119,9 @@ class BatchItem(Base):
     predictor_version: Mapped[str | None] = mapped_column(String(64))
     site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id", ondelete="SET NULL"))
     assign_reason: Mapped[str | None] = mapped_column(Text)
+    # Where the batch plan (gateway/batches/plan.py) puts the item in its site's order: a site's
+    # items start by increasing rank (ties by index). Submission order until the plan is made.
+    plan_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # The request of the latest attempt (its row in `requests` is written by the request log).
     request_id: Mapped[str | None] = mapped_column(String(64))

@@ -6,9 +6,9 @@ another gateway cannot write over the new owner, and an item recorded final is n
 again. A batch's counters change in the same transaction as the item that moves them, and the
 batch settles (completed / failed / cancelled) in the transaction that finalizes its last item.
 
-Which gateway runs a batch is gateway/stores/batch_leases.py's business; the records taken
-and returned are in gateway/stores/batch_records.py; how a batch settles, expires and cancels
-is gateway/stores/batch_settling.py.
+Which gateway runs a batch is gateway/batches/leases.py's business; the records taken
+and returned are in gateway/batches/records.py; how a batch settles, expires and cancels
+is gateway/batches/settling.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, func, insert, literal, or_, select, update
+from sqlalchemy import Select, and_, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
-from gateway.routing.types import UnpredictedPlan
-from gateway.stores.batch_records import (
+from gateway.batches.records import (
     BatchView,
     ItemAssignment,
     ItemResult,
@@ -36,14 +34,16 @@ from gateway.stores.batch_records import (
     batch_view,
     queued_item,
 )
-from gateway.stores.batch_settling import (
+from gateway.batches.settling import (
     cancel_queued,
     expire_in,
-    rowcount,
     settle,
     settle_request_row,
 )
+from gateway.batches.totals import planned_work_query, usage_query
+from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
 from gateway.stores.file_store import file_exists, owned_by
+from gateway.stores.pages import rowcount
 
 T = TypeVar("T")
 _NOT_FINAL = (BatchItemStatus.QUEUED, BatchItemStatus.RUNNING)
@@ -92,6 +92,7 @@ class BatchStore:
                         {
                             "batch_id": new.id,
                             "item_index": start + offset,
+                            "plan_rank": start + offset,
                             "custom_id": item.custom_id,
                             "body": item.body,
                             "status": BatchItemStatus.QUEUED
@@ -113,24 +114,18 @@ class BatchStore:
         """The tokens each batch's answered items took, from their stored answers' usage."""
         if not batch_ids:
             return {}
-        usage = BatchItem.completion["usage"]
-        cached = BatchItem.completion[("usage", "prompt_tokens_details", "cached_tokens")]
-        query = (
-            select(
-                BatchItem.batch_id,
-                func.coalesce(func.sum(usage["prompt_tokens"].as_integer()), 0),
-                func.coalesce(func.sum(usage["completion_tokens"].as_integer()), 0),
-                func.coalesce(func.sum(cached.as_integer()), 0),
-            )
-            .where(
-                BatchItem.batch_id.in_(batch_ids),
-                BatchItem.status == BatchItemStatus.COMPLETED,
-            )
-            .group_by(BatchItem.batch_id)
-        )
         async with self._sessions() as session:
-            rows = (await session.execute(query)).all()
+            rows = (await session.execute(usage_query(batch_ids))).all()
         return {row[0]: TokenUsage(int(row[1]), int(row[2]), int(row[3])) for row in rows}
+
+    async def planned_work(self, batch_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Per batch: the planned tokens of all its items (prompt + the capped prediction, else
+        max_tokens) and of those that are final (gateway/batches/progress.py)."""
+        if not batch_ids:
+            return {}
+        async with self._sessions() as session:
+            rows = (await session.execute(planned_work_query(batch_ids))).all()
+        return {row[0]: (int(row[1]), int(row[2])) for row in rows}
 
     async def get(self, batch_id: str, owner: Owner) -> BatchView | None:
         """The owner's batch; None for one that does not exist or is another key's."""
@@ -207,31 +202,20 @@ class BatchStore:
         return await self._queued(batch_id, after_index, limit)
 
     async def lane(
-        self,
-        batch_id: str,
-        site_id: int | None,
-        after: LaneKey | None,
-        limit: int,
-        unpredicted: UnpredictedPlan = "max_tokens",
+        self, batch_id: str, site_id: int | None, after: LaneKey | None, limit: int
     ) -> list[QueuedItem]:
-        """Queued items assigned to `site_id` (None: to no site), the longest planned answer
-        first (ties in submission order), after the item whose lane_key is `after`. Planned:
-        the stored (capped) prediction, else as `unpredicted` says (planned_answer_tokens).
-
-        MICO hands its groups out longest first; a site that starts its share in that order
-        does not end the batch on a long answer started last, and its static batches hold
-        answers of similar length."""
+        """Queued items assigned to `site_id` (None: to no site) in the order the batch plan
+        stored (plan_rank, ties in submission order), after the item whose lane_key is `after`.
+        The order itself is the plan's (gateway/batches/plan.py); the store only keeps it."""
         site = BatchItem.site_id.is_(None) if site_id is None else BatchItem.site_id == site_id
-        fallback = BatchItem.max_tokens if unpredicted == "max_tokens" else literal(0)
-        planned = func.coalesce(BatchItem.predicted_tokens, fallback)
         where = [site]
         if after is not None:
-            after_planned, after_index = after
+            after_rank, after_index = after
             where.append(
-                (planned < after_planned)
-                | ((planned == after_planned) & (BatchItem.item_index > after_index))
+                (BatchItem.plan_rank > after_rank)
+                | ((BatchItem.plan_rank == after_rank) & (BatchItem.item_index > after_index))
             )
-        return await self._queued(batch_id, -1, limit, *where, order=(planned.desc(),))
+        return await self._queued(batch_id, -1, limit, *where, order=(BatchItem.plan_rank,))
 
     async def _queued(
         self,
@@ -279,6 +263,7 @@ class BatchStore:
                             "predicted_bucket": a.predicted_bucket,
                             "predictor_version": a.predictor_version,
                             "assign_reason": a.reason,
+                            "plan_rank": a.index if a.rank is None else a.rank,
                         }
                         for a in assignments[start : start + _CHUNK]
                     ],

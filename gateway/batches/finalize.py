@@ -18,10 +18,11 @@ from typing import Literal
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.batches.records import BatchView, FinalItem, batch_view
+from gateway.batches.settling import OPEN_BATCH, final_status
 from gateway.db.models import BatchItem, BatchJob, utcnow
-from gateway.stores.batch_records import BatchView, FinalItem, batch_view
-from gateway.stores.batch_settling import OPEN_BATCH, final_status, rowcount
 from gateway.stores.file_store import FileWriter, NewFile
+from gateway.stores.pages import rowcount
 
 ResultFile = Literal["output", "error"]
 # Which file an item's line goes to, and the line (with its newline).

@@ -1,6 +1,6 @@
 """The plain records of the batch API: what the store takes and returns, free of SQL.
 
-BatchStore (gateway/stores/batch_store.py) reads and writes them; the runner, the controllers and
+BatchStore (gateway/batches/store.py) reads and writes them; the runner, the controllers and
 the leases pass them around.
 """
 
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
 
+from gateway.batches.progress import Progress
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus
-from gateway.routing.types import UnpredictedPlan, planned_answer_tokens
 
-T = TypeVar("T")
-
-
-Owner = int | None  # the API key a batch belongs to; None: made without a key
+# Re-exported: the batch API's records are read through this module.
+from gateway.stores.pages import Owner as Owner
+from gateway.stores.pages import Page as Page
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +76,7 @@ class BatchView:
     output_file_id: str | None = None
     error_file_id: str | None = None
     usage: TokenUsage = TokenUsage()
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,14 +113,12 @@ class QueuedItem:
     predictor_version: str | None
     assign_reason: str | None
     attempts: int
+    plan_rank: int = 0
 
-    def lane_key(self, unpredicted: UnpredictedPlan = "max_tokens") -> LaneKey:
-        """Where the item stands in its lane (BatchStore.lane): planned answer tokens and its
-        index. The stored prediction is already capped at max_tokens (the runner assigns the
-        capped one), so it is used as is, as the lane's SQL does."""
-        if self.predicted_tokens is not None:
-            return self.predicted_tokens, self.index
-        return planned_answer_tokens(None, self.max_tokens, unpredicted), self.index
+    def lane_key(self) -> LaneKey:
+        """Where the item stands in its lane (BatchStore.lane): its rank in the batch plan, then
+        its index."""
+        return self.plan_rank, self.index
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +129,8 @@ class ItemAssignment:
     predicted_bucket: int | None
     predictor_version: str | None
     reason: str
+    # Its place in its site's order (gateway/batches/plan.py); None: submission order.
+    rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +153,6 @@ class FinalItem:
     completion: dict[str, object] | None
     error: dict[str, object] | None
     status_code: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    data: list[T]
-    has_more: bool
 
 
 def batch_view(row: BatchJob) -> BatchView:
@@ -201,6 +194,7 @@ def queued_item(row: BatchItem) -> QueuedItem:
         predictor_version=row.predictor_version,
         assign_reason=row.assign_reason,
         attempts=row.attempts,
+        plan_rank=row.plan_rank,
     )
 
 

@@ -15,9 +15,10 @@ from datetime import timedelta
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.batches.records import BatchView, batch_view
+from gateway.batches.settling import OPEN_BATCH, cancel_queued, expire_in, settle
 from gateway.db.models import ApiKey, BatchItem, BatchItemStatus, BatchJob, BatchStatus, utcnow
-from gateway.stores.batch_records import BatchView, batch_view
-from gateway.stores.batch_settling import OPEN_BATCH, cancel_queued, expire_in, rowcount, settle
+from gateway.stores.pages import rowcount
 
 
 class BatchLeases:

@@ -6,12 +6,10 @@ caller's transaction.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from sqlalchemy import select, update
-from sqlalchemy.engine import CursorResult, Result
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.batches.records import ItemResult, settled_status
 from gateway.db.models import (
     BatchItem,
     BatchItemStatus,
@@ -21,7 +19,7 @@ from gateway.db.models import (
     RequestStatus,
     utcnow,
 )
-from gateway.stores.batch_records import ItemResult, settled_status
+from gateway.stores.pages import rowcount
 
 OPEN_BATCH = (
     BatchStatus.VALIDATING,
@@ -41,10 +39,6 @@ EXPIRED_ERROR: dict[str, object] = {
     "type": "expired",
     "code": "batch_expired",
 }
-
-
-def rowcount(result: Result[Any]) -> int:
-    return cast(CursorResult[Any], result).rowcount
 
 
 async def expire_in(session: AsyncSession, batch_id: str) -> None:
@@ -94,7 +88,7 @@ def final_status(batch: BatchJob) -> BatchStatus | None:
 def settle(batch: BatchJob) -> None:
     """Once none of an open batch's items is left to run, its files are to be written:
     `finalizing` (a cancelled batch stays `cancelling` until then, as OpenAI shows it). Its
-    runner writes them and gives the batch its final status (gateway/stores/batch_finalize.py)."""
+    runner writes them and gives the batch its final status (gateway/batches/finalize.py)."""
     if batch.status not in OPEN_BATCH or batch.finalizing_at is not None:
         return
     if final_status(batch) is not None:
