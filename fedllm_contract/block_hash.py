@@ -3,13 +3,17 @@
 A token sequence is cut into blocks of `block_size` tokens; only full blocks get an id (the
 partial last block is always computed, never shared). The id of block i is a chained hash:
 
-    root      = xxh3_64(utf-8 JSON of [HASH_SCHEME, model, cache_salt])
+    root      = xxh3_64(utf-8 JSON of [HASH_SCHEME, model, cache_salt])          (base model)
+    root      = xxh3_64(utf-8 JSON of [HASH_SCHEME, model, cache_salt, adapter]) (LoRA adapter)
     id(0)     = xxh3_64(tokens of block 0, seed=root)
     id(i)     = xxh3_64(tokens of block i, seed=id(i-1))
 
 where a block's tokens are encoded as little-endian uint32. So an id names the block's tokens
 *and* everything before them, the served model and the tenant's cache salt (mixed in through
 the root, hence into every block of the chain, as vLLM's `cache_salt` enters its first block).
+A LoRA adapter changes every layer's keys and values, so its name is one more key of the root:
+no block is shared across adapters, or between an adapter and the base, while requests of one
+adapter share theirs. The base's roots keep the three-item key, so its ids are those of before.
 The result is the same in every process and on every machine: no Python `hash()`, no
 per-process seed. xxh3 is not a cryptographic hash: a 64-bit id suffices because ids never leave
 the operator's own machines (sites report them to the gateway only), and with N blocks held the
@@ -33,9 +37,13 @@ _MAX_TOKEN_ID = (1 << 32) - 1
 _ITEM = array("I").itemsize
 
 
-def root_hash(model: str, cache_salt: str = "") -> int:
-    """The seed of a chain: the served model and the cache salt ("": shared by every tenant)."""
-    key = json.dumps([HASH_SCHEME, model, cache_salt], ensure_ascii=False, separators=(",", ":"))
+def root_hash(model: str, cache_salt: str = "", adapter: str = "") -> int:
+    """The seed of a chain: the served model, the cache salt ("": shared by every tenant) and
+    the LoRA adapter ("": the base model)."""
+    parts = (
+        [HASH_SCHEME, model, cache_salt, adapter] if adapter else [HASH_SCHEME, model, cache_salt]
+    )
+    key = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
     return xxhash.xxh3_64_intdigest(key.encode("utf-8"))
 
 
@@ -80,7 +88,7 @@ def block_hashes(
 
 
 def prompt_block_hashes(
-    token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = ""
+    token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = "", adapter: str = ""
 ) -> list[int]:
     """Ids of every full block of a prompt, from its first token."""
-    return block_hashes(token_ids, block_size, root_hash(model, cache_salt))
+    return block_hashes(token_ids, block_size, root_hash(model, cache_salt, adapter))

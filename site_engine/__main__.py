@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from site_engine.embedding.layout import is_embedding_model
 from site_engine.embedding.runner import load_embedding_runner
 from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.api import Engine
+from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
@@ -114,6 +115,12 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         type=float,
         help="a grammar compiling longer fails its requests (400; default 5)",
     )
+    parser.add_argument("--lora-dir", help="a directory of PEFT LoRA adapters to serve by name")
+    parser.add_argument("--max-loras", type=int, help="adapters running at once (default 4)")
+    parser.add_argument(
+        "--max-cpu-loras", type=int, help="adapters kept in host memory (default 8)"
+    )
+    parser.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -149,6 +156,18 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         grammar_compile_threads=settings.grammar_compile_threads,
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
         background_step_tokens=settings.deferral_bound_tokens,
+        lora=lora_settings(settings),
+    )
+
+
+def lora_settings(settings: SiteSettings) -> LoraSettings | None:
+    if settings.lora_dir is None:
+        return None
+    return LoraSettings(
+        settings.lora_dir,
+        max_loras=settings.max_loras,
+        max_cpu_loras=settings.max_cpu_loras,
+        max_rank=settings.max_lora_rank,
     )
 
 
@@ -262,6 +281,10 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
         engine = MeteredEngine(engine, metrics)
     service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests)
     identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
+    # The adapters in SITE_LORA_DIR at start: the gRPC boundary refuses any other by name.
+    identity = replace(identity, adapters=frozenset(paged.served_adapters()))
+    if identity.adapters:
+        log.info("LoRA adapters served: %s", ", ".join(sorted(identity.adapters)))
     service.start()
     serving = Serving(service.stop)
     if metrics is not None:

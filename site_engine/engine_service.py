@@ -229,6 +229,11 @@ class EngineService:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def served_adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters requests may name (read from the adapter directory, off the
+        engine's thread: it touches no engine state)."""
+        return self.engine.served_adapters()
+
     def cumulative_kv(self) -> CumulativeKv:
         return self._cumulative_kv
 

@@ -77,7 +77,8 @@ class SiteIdentity:
     device: str
     dtype: str
     version: str
-    # The LoRA adapters this site serves (none yet: a request naming one is refused).
+    # The LoRA adapters this site serves (SITE_LORA_DIR at start); a request naming another is
+    # refused.
     adapters: frozenset[str] = frozenset()
 
 
@@ -262,6 +263,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             prefix_caching=limits.prefix_caching,
             block_hash_scheme=HASH_SCHEME if limits.prefix_caching else "",
             host_kv_blocks=limits.host_kv_blocks,
+            adapters=sorted(ident.adapters),
         )
 
     def load_report(self) -> site_pb2.LoadReport:

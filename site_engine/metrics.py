@@ -288,6 +288,9 @@ class MeteredEngine:
     def cache_snapshot(self) -> list[CacheEvent]:
         return self._engine.cache_snapshot()
 
+    def served_adapters(self) -> tuple[str, ...]:
+        return self._engine.served_adapters()
+
 
 @dataclass(slots=True)
 class MetricsServer:

@@ -79,6 +79,14 @@ class SiteSettings:
     # that runs longer than the timeout fails its requests with INVALID_ARGUMENT (a 400).
     grammar_compile_threads: int = 2
     grammar_compile_timeout_s: float = 5.0
+    # LoRA adapters (site_engine/engine/lora/): a directory of PEFT adapters, each served under
+    # its directory's name; None serves the base model only. Up to max_loras distinct adapters
+    # run at once (device slots, each padded to max_lora_rank <= 64), max_cpu_loras stay loaded
+    # in host memory (least recently used evicted). CPU only for now.
+    lora_dir: Path | None = None
+    max_loras: int = 4
+    max_cpu_loras: int = 8
+    max_lora_rank: int = 16
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -128,6 +136,10 @@ class SiteSettings:
             raise SettingsError(
                 "SITE_GRAMMAR_COMPILE_THREADS must be >= 1, SITE_GRAMMAR_COMPILE_TIMEOUT_S > 0"
             )
+        if not 1 <= self.max_loras <= self.max_cpu_loras or not 1 <= self.max_lora_rank <= 64:
+            raise SettingsError(
+                "SITE_MAX_LORAS must be >= 1 and <= SITE_MAX_CPU_LORAS, SITE_MAX_LORA_RANK in 1..64"
+            )
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
@@ -164,7 +176,7 @@ class SiteSettings:
         if "model_dir" not in values:
             raise SettingsError("the model directory is required: SITE_MODEL_DIR or --model")
         values["model_dir"] = Path(values["model_dir"])
-        for name in ("tokenizer_dir", "tls_cert", "tls_key", "tls_client_ca"):
+        for name in ("tokenizer_dir", "tls_cert", "tls_key", "tls_client_ca", "lora_dir"):
             if values.get(name) is not None:
                 values[name] = Path(values[name])
         values.setdefault("model_name", default_model_name(values["model_dir"]))

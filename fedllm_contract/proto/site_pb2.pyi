@@ -600,6 +600,7 @@ class SiteInfo(_message.Message):
     HOST_KV_BLOCKS_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
+    ADAPTERS_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     model: _builtins.str
     max_model_len: _builtins.int
@@ -628,6 +629,10 @@ class SiteInfo(_message.Message):
     no KV cache (kv_blocks_total 0) and says the length of its vectors.
     """
     embedding_dimension: _builtins.int
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The LoRA adapters a GenerateRequest may name (its `adapter`), sorted; none: the base only."""
+
     def __init__(
         self,
         *,
@@ -648,10 +653,11 @@ class SiteInfo(_message.Message):
         host_kv_blocks: _builtins.int = ...,
         task: Global___ModelTask.ValueType = ...,
         embedding_dimension: _builtins.int = ...,
+        adapters: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

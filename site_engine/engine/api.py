@@ -114,3 +114,7 @@ class Engine(Protocol):
 
     def cache_snapshot(self) -> list[CacheEvent]:
         """Every cached block id held now, as BlocksStored events."""
+
+    def served_adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters EngineRequest.adapter may name, sorted; () for the base only.
+        Unlike the other methods, callable from any thread (it reads the adapter directory)."""

@@ -34,6 +34,8 @@ from site_engine.engine.types import ModelRunnerOutput, ScheduledChunk, Schedule
 if TYPE_CHECKING:
     from site_engine.engine.cuda.graphs import DecodeGraphs
     from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+    from site_engine.engine.lora.registry import AdapterRegistry
+    from site_engine.engine.lora.slots import LoraStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,7 @@ class StepInputs:
     metadata: AttentionMetadata
     sample_indices: torch.Tensor  # [N] int64: flat row of the last token of each sampled chunk
     sample_chunks: tuple[ScheduledChunk, ...]  # the N chunks with sample=True, in batch order
+    lora: LoraStep | None = None  # the rows' LoRA deltas; None: no row uses an adapter
 
 
 def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> None:
@@ -78,6 +81,15 @@ def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.
             f"model is on {param.device} as {param.dtype} but the runner was asked for {device} "
             f"as {dtype}; load it with dtype= and move it before building the runner"
         )
+
+
+def _check_lora_support(flat_model: FlatCausalLM, device: torch.device) -> None:
+    """LoRA rows run in the Llama-family eager model on CPU only, for now: the CUDA path (fused
+    model, graphs) needs the segmented kernels that apply deltas inside captured graphs."""
+    if device.type != "cpu":
+        raise ValueError(f"LoRA adapters are served on CPU only for now, not on {device.type}")
+    if not hasattr(flat_model, "lora"):
+        raise ValueError(f"{type(flat_model).__name__} does not apply LoRA adapters")
 
 
 def _is_decode(chunk: ScheduledChunk) -> bool:
@@ -115,6 +127,7 @@ class ModelRunner:
         cuda_graph_max_tokens: int = 0,
         only_largest_graphs: bool = False,
         host_kv_slots: int = 0,
+        adapters: AdapterRegistry | None = None,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
@@ -122,7 +135,8 @@ class ModelRunner:
         batch. Larger steps run eagerly. only_largest_graphs: one graph of each kind, the
         largest (the memory trial's runner: every step runs, padded, through those two).
         host_kv_slots > 0 adds the prefix cache's host tier (site_engine/engine/host_kv.py),
-        whose copies each step's SchedulerOutput lists."""
+        whose copies each step's SchedulerOutput lists. `adapters`: the LoRA adapters whose
+        deltas rows of a step may add (site_engine/engine/lora/)."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -131,6 +145,9 @@ class ModelRunner:
         self._max_model_len = max_model_len(model.config)
         self.attention: AttentionBackend = attention or _default_attention(device, dtype)
         self.flat_model: FlatCausalLM = build_flat_model(model, self.attention)
+        self.adapters = adapters
+        if adapters is not None:
+            _check_lora_support(self.flat_model, device)
         use_graphs = device.type == "cuda" and cuda_graph_max_batch > 0
         self._num_blocks = num_blocks
         self.kv_cache = PagedKVCache(
@@ -327,9 +344,17 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Final hidden states [T, hidden] of every token of the step; fills the KV cache."""
         self.attention.prepare(inputs.metadata)
-        return self.flat_model.forward(
-            inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata
-        )
+        if self.adapters is None:
+            return self.flat_model.forward(
+                inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata
+            )
+        self.flat_model.lora = inputs.lora  # type: ignore[attr-defined]
+        try:
+            return self.flat_model.forward(
+                inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata
+            )
+        finally:
+            self.flat_model.lora = None  # type: ignore[attr-defined]
 
     def compute_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
         """float32 logits [N, vocab] of the sampled rows only (the lm_head is the big matmul)."""
@@ -391,6 +416,7 @@ class ModelRunner:
             metadata=metadata,
             sample_indices=self._to_device(torch.tensor(sample_rows, dtype=torch.long)),
             sample_chunks=tuple(c for c in chunks if c.sample),
+            lora=self.adapters.step([c.adapter for c in chunks], lens) if self.adapters else None,
         )
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,8 @@ from site_engine.engine.api import (
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.logit_processing import GrammarMasks
+from site_engine.engine.lora.adapter import AdapterError, BaseShapes
+from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.memory_plan import (
     GIB,
     KvPlan,
@@ -88,6 +90,8 @@ class EngineConfig:
     # The deferral bound: background (flex, batch) prefill tokens per step at most; 0: none
     # (site_engine/engine/step_budget.py).
     background_step_tokens: int = 0
+    # LoRA adapters this engine serves (site_engine/engine/lora/); None: the base model only.
+    lora: LoraSettings | None = None
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -133,6 +137,7 @@ class PagedEngine:
                 f"room for at least one block of {block_bytes} bytes"
             )
         before = _device_memory(loaded.device)
+        self._adapters = _adapter_registry(loaded, config.lora)
         self._runner = ModelRunner(
             loaded.model,
             num_blocks=num_blocks,
@@ -142,6 +147,7 @@ class PagedEngine:
             cuda_graph_max_batch=config.max_num_seqs if config.cuda_graphs else 0,
             cuda_graph_max_tokens=config.max_num_batched_tokens if config.cuda_graphs else 0,
             host_kv_slots=host_blocks,
+            adapters=self._adapters,
         )
         self._scheduler = Scheduler(
             SchedulerConfig(
@@ -156,6 +162,7 @@ class PagedEngine:
                 model_name=config.model_name,
                 host_kv_blocks=host_blocks,
                 background_step_tokens=config.background_step_tokens,
+                max_loras=config.lora.max_loras if config.lora else 0,
             )
         )
         self._limits = EngineLimits(
@@ -219,6 +226,8 @@ class PagedEngine:
         self._in_flight = None
         if self._grammars is not None:
             self._grammars.close()
+        if self._adapters is not None:
+            self._adapters.close()
         self._runner.close()
         if self._runner.device.type == "cuda":
             from site_engine.engine.memory_trial import release_unreachable
@@ -256,6 +265,8 @@ class PagedEngine:
         FinishReason.ERROR, where a cached grammar's failures are refused here."""
         constraint = request.sampling.constraint
         guide = self.grammars().cached(constraint) if constraint is not None else None
+        adapter = request.adapter or ""
+        adapter_resident = self._request_adapter(adapter)
         if guide is not None:
             _follow_answer_so_far(guide, request.prompt_token_ids, request.sampling)
         try:
@@ -269,12 +280,50 @@ class PagedEngine:
                 releasable=request.releasable,
                 awaiting_guide=constraint is not None and guide is None,
                 priority=request.priority,
+                adapter=adapter,
+                awaiting_adapter=not adapter_resident,
             )
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
         if constraint is not None and guide is None:
             assert self._waits is not None  # made with the compiler
             self._waits.add(request.request_id, constraint)
+
+    def served_adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters requests may name (EngineRequest.adapter), sorted; () if none."""
+        return self._adapters.served() if self._adapters is not None else ()
+
+    @property
+    def adapters(self) -> AdapterRegistry | None:
+        return self._adapters
+
+    def _request_adapter(self, adapter: str) -> bool:
+        """Whether `adapter` ("": none) is in host memory; if not, its load starts (off this
+        thread) and its requests wait. RequestRejected for one this engine does not serve."""
+        if not adapter:
+            return True
+        if self._adapters is None:
+            raise RequestRejected(f"adapter {adapter!r}: this site serves no LoRA adapters")
+        try:
+            self._adapters.check_name(adapter)
+        except AdapterError as exc:
+            raise RequestRejected(str(exc)) from exc
+        return self._adapters.request(adapter)
+
+    def _take_adapters(self) -> list[RequestOutput]:
+        """Admits the requests of adapters loaded since the last step; ends with an error those
+        whose adapter failed to load (a wrong base, shape or rank): their outputs."""
+        if self._adapters is None or not self._adapters.loading:
+            return []
+        ready, failed = self._adapters.settle(self._scheduler.live_adapters)
+        for name in ready:
+            self._scheduler.adapter_loaded(name)
+        outputs: list[RequestOutput] = []
+        for name, why in failed.items():
+            for request_id in self._scheduler.awaiting_adapter(name):
+                self._scheduler.finish(request_id, FinishReason.ERROR)
+                outputs.append(RequestOutput(request_id, (), FinishReason.ERROR, error=why))
+        return outputs
 
     def abort(self, request_id: str, reason: FinishReason) -> bool:
         if self._waits is not None:
@@ -321,11 +370,15 @@ class PagedEngine:
             raise
 
     def _step(self) -> list[RequestOutput]:
-        failed = self._take_grammars()
+        failed = self._take_grammars() + self._take_adapters()
         scheduled = self._scheduler.schedule()
-        if scheduled.is_empty and self._in_flight is None and self._waits and not failed:
-            # Nothing to run but requests waiting for their grammars: wait for one (briefly).
-            self._waits.wait(_GRAMMAR_WAIT_S)
+        if scheduled.is_empty and self._in_flight is None and not failed:
+            # Nothing to run but requests waiting for their grammars or adapters: wait for one
+            # (briefly).
+            if self._waits:
+                self._waits.wait(_GRAMMAR_WAIT_S)
+            elif self._adapters is not None:
+                self._adapters.wait(_GRAMMAR_WAIT_S)
         return failed + self._run_step(scheduled)
 
     def _run_step(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
@@ -445,6 +498,13 @@ class PagedEngine:
         )
 
 
+def _adapter_registry(loaded: LoadedModel, settings: LoraSettings | None) -> AdapterRegistry | None:
+    if settings is None:
+        return None
+    base = BaseShapes.of_model(loaded.model)
+    return AdapterRegistry(settings, base, loaded.dtype, loaded.device)
+
+
 def _device_memory(device: torch.device) -> tuple[int, int]:
     """(bytes torch has reserved, bytes in use on the device), or zeros off CUDA."""
     if device.type != "cuda":
@@ -469,4 +529,5 @@ def _as_request(seq: Sequence) -> EngineRequest:
         predicted_tokens=seq.predicted_tokens,
         cache_salt=seq.cache_salt,
         priority=seq.priority,
+        adapter=seq.adapter or None,
     )

@@ -118,22 +118,29 @@ class Scheduler:
         releasable: bool = True,
         awaiting_guide: bool = False,
         priority: Priority = Priority.INTERACTIVE,
+        adapter: str = "",
+        awaiting_adapter: bool = False,
     ) -> Sequence:
         """Queue a request; ValueError (and no state change) if it can never be served.
         `cache_salt` keeps its cached blocks apart from those of other salts; `guide`: the
         grammar its answer must follow (advanced here, in `update`), or `awaiting_guide` while
         that grammar is being compiled (the request waits, and others are admitted before it,
         until `set_guide`); `releasable` False keeps it out of release_queued (one choice of
-        several: they leave together); `priority` its class (interactive, flex, batch)."""
+        several: they leave together); `priority` its class (interactive, flex, batch);
+        `adapter`: its LoRA adapter ("": none), a key of its block ids, `awaiting_adapter` while
+        that adapter loads (it waits until `adapter_loaded`)."""
         seq = Sequence(request_id, tuple(prompt_token_ids), sampling, predicted_tokens)
         seq.priority = Priority(priority)
+        if adapter and not self.config.max_loras:
+            raise ValueError(f"request {request_id!r}: this engine serves no LoRA adapters")
+        seq.adapter, seq.awaiting_adapter = adapter, awaiting_adapter and bool(adapter)
         seq.guide = guide
         seq.awaiting_guide = awaiting_guide and guide is None
         seq.releasable = releasable
         self._check_admissible(seq)
         seq.cache_salt = cache_salt
         if self.config.prefix_caching:
-            seq.root_hash = root_hash(self.config.model_name, cache_salt)
+            seq.root_hash = root_hash(self.config.model_name, cache_salt, adapter)
         seq.arrival_index = self._next_arrival
         self._next_arrival += 1
         self._live[request_id] = seq
@@ -338,6 +345,7 @@ class Scheduler:
         plan_limit = cfg.num_blocks - cfg.watermark_blocks
         planned, outranking = self._planned_for(priority)
         admitted = False
+        adapters = {seq.adapter for seq in self._running if seq.adapter}
         for seq in admission_order(candidates, cfg.policy, cfg.spf_aging):
             # A static batch may take members beyond this step's token budget: they prefill in
             # later steps, as members of the same batch.
@@ -345,6 +353,8 @@ class Scheduler:
                 break
             if seq.awaiting_guide:
                 continue  # not ready: it does not hold up the requests behind it
+            if not self._adapter_ready(seq, adapters):
+                continue  # as for a grammar: it waits for its adapter, others go on
             if seq.num_pending:
                 break  # preempted with a token still on the device: re-prefill needs its value
             hit = self._cache.lookup(seq)
@@ -369,6 +379,8 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
             self._running.append(seq)
+            if seq.adapter:
+                adapters.add(seq.adapter)
             planned += need
             outranking = True
             admitted = True
@@ -427,6 +439,29 @@ class Scheduler:
                 outranking = True
         return max(planned, 0), outranking
 
+    def _adapter_ready(self, seq: Sequence, running: set[str]) -> bool:
+        """Whether `seq`'s adapter (if any) is in host memory and has a device slot to go to:
+        the running sequences use at most max_loras distinct adapters, one step's worth."""
+        if not seq.adapter:
+            return True
+        if seq.awaiting_adapter:
+            return False
+        return seq.adapter in running or len(running) < self.config.max_loras
+
+    def adapter_loaded(self, adapter: str) -> None:
+        """`adapter` is in host memory: the requests that wait for it may be admitted."""
+        for seq in self._waiting:
+            if seq.adapter == adapter:
+                seq.awaiting_adapter = False
+
+    def awaiting_adapter(self, adapter: str) -> list[str]:
+        """The requests waiting for `adapter` to load."""
+        return [s.request_id for s in self._waiting if s.adapter == adapter and s.awaiting_adapter]
+
+    def live_adapters(self) -> set[str]:
+        """The adapters of the requests waiting or running now."""
+        return {seq.adapter for seq in self._live.values() if seq.adapter}
+
     def _planned_blocks(self, seq: Sequence) -> int:
         """Blocks the admission plan reserves for `seq`: its expected total, or more if it
         already needs more (it outran its prediction, or it is a preempted one coming back)."""
@@ -450,6 +485,7 @@ class Scheduler:
             guide=seq.guide,
             history=seq.output_token_ids if seq.sampling.penalized else (),
             prompt_token_ids=seq.prompt_token_ids if seq.sampling.penalized else (),
+            adapter=seq.adapter,
         )
         seq.num_computed_tokens = end
         self._cache.computed(seq, start, end)

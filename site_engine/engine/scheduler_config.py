@@ -24,7 +24,9 @@ class SchedulerConfig:
     block_manager.py), their ids seeded by `model_name` and each request's cache salt;
     `host_kv_blocks` > 0 adds a host-memory tier of that many blocks.
     `background_step_tokens` is the deferral bound: the most prefill tokens of background (flex,
-    batch) sequences one step computes (site_engine/engine/step_budget.py); 0: no bound."""
+    batch) sequences one step computes (site_engine/engine/step_budget.py); 0: no bound.
+    `max_loras`: how many distinct LoRA adapters running sequences may use at once (the device's
+    adapter slots; 0: the engine serves none)."""
 
     num_blocks: int
     block_size: int
@@ -39,6 +41,7 @@ class SchedulerConfig:
     model_name: str = ""
     host_kv_blocks: int = 0
     background_step_tokens: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INT_FIELDS:
@@ -51,6 +54,8 @@ class SchedulerConfig:
             raise TypeError(f"eos_token_ids must be a frozenset, got {self.eos_token_ids!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.max_loras < 0:
+            raise ValueError(f"max_loras must be >= 0, got {self.max_loras}")
         if self.spf_aging < 0:
             raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
         if self.background_step_tokens < 0:

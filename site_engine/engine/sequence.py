@@ -69,6 +69,10 @@ class Sequence:
     releasable: bool = True
     # Its class: admitted before lower classes, preempted for higher ones (scheduler.py).
     priority: Priority = Priority.INTERACTIVE
+    # Its LoRA adapter ("": the base model), a key of its block ids (see root_hash);
+    # `awaiting_adapter` while the adapter is loading into host memory (it is not admitted).
+    adapter: str = ""
+    awaiting_adapter: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

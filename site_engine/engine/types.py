@@ -181,6 +181,8 @@ class ScheduledChunk:
     guide: Guide | None = None
     history: Sequence[int] = ()
     prompt_token_ids: tuple[int, ...] = ()
+    # The LoRA adapter whose deltas its rows add ("": the base model).
+    adapter: str = ""
 
     @property
     def num_tokens(self) -> int:

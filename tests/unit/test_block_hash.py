@@ -88,3 +88,18 @@ def test_token_ids_outside_uint32_are_refused(bad: list[int]) -> None:
 def test_block_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="block_size"):
         block_hashes(TOKENS, 0, 1)
+
+
+def test_an_adapter_is_a_key_of_every_block_and_the_base_keeps_its_ids() -> None:
+    base = prompt_block_hashes(TOKENS, 8, "m", "salt")
+    # No adapter is the base: the same ids as before adapters existed (GOLDEN pins them too).
+    assert prompt_block_hashes(TOKENS, 8, "m", "salt", adapter="") == base
+    assert root_hash("smollm2", "", "") == GOLDEN[0]
+    tuned = prompt_block_hashes(TOKENS, 8, "m", "salt", adapter="tenant-a")
+    other = prompt_block_hashes(TOKENS, 8, "m", "salt", adapter="tenant-b")
+    assert prompt_block_hashes(TOKENS, 8, "m", "salt", adapter="tenant-a") == tuned
+    for ids in (tuned, other):
+        assert all(a != b for a, b in zip(base, ids, strict=True))
+    assert all(a != b for a, b in zip(tuned, other, strict=True))
+    # An adapter named like a salt does not collide with that salt: the keys are positional.
+    assert root_hash("m", "a", "") != root_hash("m", "", "a")

@@ -65,6 +65,8 @@ def test_site_settings_env_then_flags() -> None:
         ({"SITE_MODEL_DIR": "m", "SITE_DEVICE": "tpu"}, "SITE_DEVICE"),
         ({"SITE_MODEL_DIR": "m", "SITE_POLICY": "lifo"}, "SITE_POLICY"),
         ({"SITE_MODEL_DIR": "m", "SITE_MAX_NUM_SEQS": "0"}, "SITE_MAX_NUM_SEQS"),
+        ({"SITE_MODEL_DIR": "m", "SITE_MAX_LORAS": "9"}, "SITE_MAX_LORAS must be >= 1 and <="),
+        ({"SITE_MODEL_DIR": "m", "SITE_MAX_LORA_RANK": "128"}, "SITE_MAX_LORA_RANK in 1..64"),
     ],
 )
 def test_site_settings_fail_loudly(env: dict[str, str], message: str) -> None:
@@ -99,4 +101,23 @@ def test_reliability_settings_from_env() -> None:
     assert (settings.routing.site_max_queued_requests, settings.routing.site_max_queued_tokens) == (
         256,
         5000,
+    )
+
+
+def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
+    import torch
+
+    from site_engine.__main__ import engine_config
+
+    env = {"SITE_MODEL_DIR": "m", "SITE_LORA_DIR": str(tmp_path), "SITE_MAX_LORAS": "2"}
+    lora = engine_config(SiteSettings.load(env), torch.device("cpu")).lora
+    assert lora is not None
+    assert (lora.directory, lora.max_loras, lora.max_cpu_loras, lora.max_rank) == (
+        tmp_path,
+        2,
+        8,
+        16,
+    )
+    assert (
+        engine_config(SiteSettings.load({"SITE_MODEL_DIR": "m"}), torch.device("cpu")).lora is None
     )

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
+from site_engine.engine.lora.slots import LoraStep
 from site_engine.engine.models import (
     child,
     child_list,
@@ -57,12 +58,18 @@ class _DecoderLayer:
     o_proj: nn.Module
     post_attention_layernorm: nn.Module
     mlp: nn.Module
+    # The MLP's parts, for steps with LoRA rows (their deltas go inside the MLP).
+    gate_proj: nn.Module
+    up_proj: nn.Module
+    down_proj: nn.Module
+    act_fn: nn.Module
     scale: float
     sliding_window: int | None
 
 
 def _decoder_layer(layer: nn.Module, layer_idx: int, config: Any) -> _DecoderLayer:
     attn = child(layer, "self_attn")
+    mlp = child(layer, "mlp")
     return _DecoderLayer(
         input_layernorm=child(layer, "input_layernorm"),
         q_proj=child(attn, "q_proj"),
@@ -70,7 +77,11 @@ def _decoder_layer(layer: nn.Module, layer_idx: int, config: Any) -> _DecoderLay
         v_proj=child(attn, "v_proj"),
         o_proj=child(attn, "o_proj"),
         post_attention_layernorm=child(layer, "post_attention_layernorm"),
-        mlp=child(layer, "mlp"),
+        mlp=mlp,
+        gate_proj=child(mlp, "gate_proj"),
+        up_proj=child(mlp, "up_proj"),
+        down_proj=child(mlp, "down_proj"),
+        act_fn=child(mlp, "act_fn"),
         scale=float_attr(attn, "scaling"),
         sliding_window=sliding_window_of(config, layer_idx),
     )
@@ -91,6 +102,8 @@ class LlamaFlatModel:
         self.vocab_size = lm_head_rows(self.lm_head)
         hf_layers = child_list(inner, "layers")[: self.spec.num_layers]
         self.layers = [_decoder_layer(layer, i, config) for i, layer in enumerate(hf_layers)]
+        # The LoRA deltas of the step being run (set by the model runner), None: base only.
+        self.lora: LoraStep | None = None
 
     def forward(
         self,
@@ -107,10 +120,25 @@ class LlamaFlatModel:
             residual = hidden
             normed = layer.input_layernorm(hidden)
             attn_out = self._attention(layer, layer_idx, normed, cos, sin, kv_cache, metadata)
-            hidden = residual + layer.o_proj(attn_out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = residual + self._project(layer_idx, "o_proj", layer.o_proj, attn_out)
+            hidden = hidden + self._mlp(layer_idx, layer, layer.post_attention_layernorm(hidden))
         out: torch.Tensor = self.norm(hidden)
         return out
+
+    def _project(self, layer_idx: int, name: str, proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.lora is None:
+            out: torch.Tensor = proj(x)
+            return out
+        return self.lora.project(layer_idx, name, proj, x)
+
+    def _mlp(self, layer_idx: int, layer: _DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+        """The MLP as transformers' LlamaMLP computes it, with each projection's LoRA deltas."""
+        if self.lora is None:
+            out: torch.Tensor = layer.mlp(x)
+            return out
+        gate = self.lora.project(layer_idx, "gate_proj", layer.gate_proj, x)
+        up = self.lora.project(layer_idx, "up_proj", layer.up_proj, x)
+        return self.lora.project(layer_idx, "down_proj", layer.down_proj, layer.act_fn(gate) * up)
 
     def _attention(
         self,
@@ -123,9 +151,12 @@ class LlamaFlatModel:
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens, head_dim = hidden.shape[0], self.spec.head_dim
-        query = layer.q_proj(hidden).view(num_tokens, -1, head_dim)
-        key = layer.k_proj(hidden).view(num_tokens, -1, head_dim)
-        value = layer.v_proj(hidden).view(num_tokens, -1, head_dim)
+        query = self._project(layer_idx, "q_proj", layer.q_proj, hidden)
+        key = self._project(layer_idx, "k_proj", layer.k_proj, hidden)
+        value = self._project(layer_idx, "v_proj", layer.v_proj, hidden)
+        query = query.view(num_tokens, -1, head_dim)
+        key = key.view(num_tokens, -1, head_dim)
+        value = value.view(num_tokens, -1, head_dim)
         attended = self.attention.forward(
             apply_rotary(query, cos, sin),
             apply_rotary(key, cos, sin),

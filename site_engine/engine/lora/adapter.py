@@ -1,0 +1,177 @@
+"""LoRA adapters in PEFT's format, read and checked against the served base model.
+
+A PEFT adapter directory holds `adapter_config.json` (rank, alpha, targets...) and
+`adapter_model.safetensors`, whose tensors are named
+`base_model.model.model.layers.{i}.{self_attn|mlp}.{proj}.lora_{A|B}.weight` with A [r, in] and
+B [out, r]; the delta of a projection is `x @ A.T @ B.T * scaling`, scaling = alpha / r
+(alpha / sqrt(r) with rsLoRA). The config is read as JSON rather than through `peft`'s class: the
+site needs a handful of its fields, and the serving image need not carry peft and its imports.
+
+Everything is checked before anything is kept: an adapter whose rank, layers or shapes do not
+fit the base, or that uses a PEFT feature the engine does not apply (DoRA, biases, per-module
+ranks, extra trained modules), raises AdapterError and leaves no trace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+# The Llama-family projections an adapter may target, in the order the engine applies them.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The largest rank the engine takes at all (settings may lower it: slots are sized by it).
+MAX_RANK = 64
+_MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
+)
+# Config fields that change what the adapter computes in ways the engine does not apply.
+_UNSUPPORTED = {
+    "use_dora": "DoRA",
+    "lora_bias": "LoRA biases",
+    "fan_in_fan_out": "fan_in_fan_out (Conv1D layers)",
+    "modules_to_save": "modules_to_save (fully trained extra modules)",
+    "rank_pattern": "per-module ranks (rank_pattern)",
+    "alpha_pattern": "per-module alphas (alpha_pattern)",
+    "target_parameters": "target_parameters",
+}
+
+
+class AdapterError(ValueError):
+    """The adapter cannot be served over this base model; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class BaseShapes:
+    """What an adapter must fit: the layer count and each projection's (in, out) features."""
+
+    num_layers: int
+    features: Mapping[str, tuple[int, int]]
+
+    @classmethod
+    def of_model(cls, model: nn.Module) -> BaseShapes:
+        """The shapes of a loaded Llama-family transformers model (every layer alike)."""
+        layers = model.get_submodule("model.layers")
+        assert isinstance(layers, nn.ModuleList)
+        first = layers[0]
+        features: dict[str, tuple[int, int]] = {}
+        for proj in PROJECTIONS:
+            parent = "mlp" if proj in _MLP else "self_attn"
+            weight = first.get_submodule(f"{parent}.{proj}").get_parameter("weight")
+            features[proj] = (int(weight.shape[1]), int(weight.shape[0]))
+        return cls(len(layers), features)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """One adapter's weights in host memory, laid out for `x @ a @ b`: per (layer, projection)
+    a = A.T [in, r] and b = B.T [r, out], in the serving dtype; `scaling` multiplies the delta."""
+
+    name: str
+    rank: int
+    scaling: float
+    weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+
+    @property
+    def projections(self) -> frozenset[str]:
+        return frozenset(proj for _, proj in self.weights)
+
+
+def _number(config: Mapping[str, Any], key: str, default: float | None) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdapterError(f"{CONFIG_FILE}: {key} must be a number, got {value!r}")
+    return float(value)
+
+
+def read_config(path: Path, max_rank: int) -> tuple[int, float]:
+    """(rank, scaling) from the adapter's config; AdapterError for one the engine cannot serve."""
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"cannot read {path / CONFIG_FILE}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise AdapterError(f"{CONFIG_FILE} is not a JSON object")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"peft_type {config.get('peft_type')!r} is not LORA")
+    for key, what in _UNSUPPORTED.items():
+        if config.get(key):
+            raise AdapterError(f"{what} is not supported")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(f"bias {config.get('bias')!r} is not supported (only 'none')")
+    rank = config.get("r")
+    limit = min(max_rank, MAX_RANK)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
+        raise AdapterError(f"rank {rank!r} is outside 1..{limit} (this site's max_lora_rank)")
+    alpha = _number(config, "lora_alpha", rank)
+    rslora = config.get("use_rslora", False) is True
+    return rank, alpha / (math.sqrt(rank) if rslora else rank)
+
+
+def _pairs(tensors: Mapping[str, torch.Tensor]) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        match = _KEY.match(key)
+        if match is None:
+            raise AdapterError(f"tensor {key!r} is not a LoRA A/B weight of a decoder layer")
+        layer, proj, which = int(match[1]), match[2], match[3]
+        if proj not in PROJECTIONS:
+            raise AdapterError(f"{key}: {proj} is not one of {', '.join(PROJECTIONS)}")
+        pairs.setdefault((layer, proj), {})[which] = tensor
+    if not pairs:
+        raise AdapterError(f"{WEIGHTS_FILE} holds no LoRA weights")
+    return pairs
+
+
+def _check_pair(
+    where: tuple[int, str], pair: Mapping[str, torch.Tensor], rank: int, base: BaseShapes
+) -> None:
+    layer, proj = where
+    if layer >= base.num_layers:
+        raise AdapterError(f"layer {layer} {proj}: the base model has {base.num_layers} layers")
+    if set(pair) != {"A", "B"}:
+        raise AdapterError(f"layer {layer} {proj}: lora_A and lora_B must both be present")
+    in_features, out_features = base.features[proj]
+    shapes = (tuple(pair["A"].shape), tuple(pair["B"].shape))
+    if shapes != ((rank, in_features), (out_features, rank)):
+        raise AdapterError(
+            f"layer {layer} {proj}: A {list(shapes[0])} and B {list(shapes[1])} do not fit the "
+            f"base ({in_features} -> {out_features}) at rank {rank}: an adapter of another model?"
+        )
+
+
+def read_adapter(
+    path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype
+) -> LoraAdapter:
+    """The adapter in `path`, checked against `base`; AdapterError with the reason otherwise."""
+    rank, scaling = read_config(path, max_rank)
+    try:
+        tensors = load_file(str(path / WEIGHTS_FILE), device="cpu")
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"cannot read {path / WEIGHTS_FILE}: {exc}") from exc
+    pairs = _pairs(tensors)
+    for where, pair in pairs.items():
+        _check_pair(where, pair, rank, base)
+    weights = {
+        where: (
+            pair["A"].t().to(dtype).contiguous(),
+            pair["B"].t().to(dtype).contiguous(),
+        )
+        for where, pair in pairs.items()
+    }
+    return LoraAdapter(name, rank, scaling, weights)

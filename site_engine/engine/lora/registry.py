@@ -1,0 +1,176 @@
+"""The adapters a site serves: on disk, in a host-memory LRU, and in the device's slots.
+
+Adapters are the subdirectories of one directory (LoraSettings.directory), each a PEFT adapter
+named by its directory. A request for an adapter not in host memory starts its load on a worker
+thread (reading and checking the safetensors file takes milliseconds to seconds): the engine's
+step loop goes on for everyone else, and the adapter's requests wait in the queue until
+`settle` sees the load done. Everything here but the loading itself runs on the engine's
+thread, so no lock guards it.
+
+Host memory keeps up to `max_cpu_loras` adapters, least recently used evicted first, never one
+that a live request uses (it may then hold more for a while). The device holds up to
+`max_loras` of them in slots (site_engine/engine/lora/slots.py); the scheduler admits requests of
+at most that many distinct adapters at once, so every step's adapters fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from site_engine.engine.lora.adapter import (
+    CONFIG_FILE,
+    MAX_RANK,
+    AdapterError,
+    BaseShapes,
+    LoraAdapter,
+    read_adapter,
+)
+from site_engine.engine.lora.slots import LoraSlots, LoraStep
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """Where a site's adapters are and how many it keeps where. `max_rank` sizes the device
+    slots (every slot is padded to it), so it is the largest rank the site accepts."""
+
+    directory: Path
+    max_loras: int = 4
+    max_cpu_loras: int = 8
+    max_rank: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if not 1 <= self.max_rank <= MAX_RANK:
+            raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
+
+
+class AdapterRegistry:
+    def __init__(
+        self, settings: LoraSettings, base: BaseShapes, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        if not settings.directory.is_dir():
+            raise ValueError(f"the LoRA adapter directory {settings.directory} does not exist")
+        self.settings = settings
+        self._base = base
+        self._dtype = dtype
+        self.slots = LoraSlots(base, settings.max_loras, settings.max_rank, dtype, device)
+        self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
+        self._loading: dict[str, Future[LoraAdapter]] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
+
+    def served(self) -> tuple[str, ...]:
+        """The adapters this site can serve: its directory's PEFT adapters, by name."""
+        root = self.settings.directory
+        return tuple(sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).is_file()))
+
+    def check_name(self, name: str) -> None:
+        """AdapterError unless `name` is an adapter of this site's directory."""
+        if "/" in name or name in ("", ".", "..") or not (self._path(name) / CONFIG_FILE).is_file():
+            served = ", ".join(self.served()) or "none"
+            raise AdapterError(f"unknown adapter {name!r}; this site serves: {served}")
+
+    def _path(self, name: str) -> Path:
+        return self.settings.directory / name
+
+    def is_resident(self, name: str) -> bool:
+        return name in self._host
+
+    @property
+    def resident(self) -> tuple[str, ...]:
+        """The adapters in host memory, least recently used first."""
+        return tuple(self._host)
+
+    @property
+    def loading(self) -> bool:
+        return bool(self._loading)
+
+    def request(self, name: str) -> bool:
+        """True if `name` is in host memory; else its load is started (once) and False."""
+        if name in self._host:
+            self._host.move_to_end(name)
+            return True
+        if name not in self._loading:
+            self._loading[name] = self._pool.submit(self._read, name)
+        return False
+
+    def _read(self, name: str) -> LoraAdapter:
+        base, settings = self._base, self.settings
+        return read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+
+    def load(self, name: str, in_use: Collection[str] = ()) -> LoraAdapter:
+        """Reads `name` now, on this thread (an operator's preload, tests); AdapterError, with
+        nothing changed, if it cannot be served."""
+        self.check_name(name)
+        adapter = self._read(name)
+        self._keep(adapter, in_use)
+        return adapter
+
+    def settle(self, in_use: Callable[[], Collection[str]]) -> tuple[list[str], dict[str, str]]:
+        """The loads finished since the last call: (adapters now in host memory, {adapter: why
+        its load failed}). `in_use` names the adapters live requests use (never evicted)."""
+        done = [name for name, future in self._loading.items() if future.done()]
+        ready: list[str] = []
+        failed: dict[str, str] = {}
+        for name in done:
+            future = self._loading.pop(name)
+            try:
+                adapter = future.result()
+            except AdapterError as exc:
+                failed[name] = f"adapter {name!r} cannot be served: {exc}"
+                continue
+            except Exception as exc:  # a broken file: its requests fail, the site serves on
+                log.exception("loading adapter %s failed", name)
+                failed[name] = f"adapter {name!r} could not be loaded: {exc}"
+                continue
+            self._keep(adapter, in_use())
+            ready.append(name)
+        return ready, failed
+
+    def wait(self, timeout_s: float) -> None:
+        """Blocks until a load finishes or `timeout_s` passes (nothing else to do meanwhile)."""
+        if self._loading:
+            wait(list(self._loading.values()), timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    def _keep(self, adapter: LoraAdapter, in_use: Collection[str]) -> None:
+        self._host[adapter.name] = adapter
+        self._host.move_to_end(adapter.name)
+        evictable = [n for n in self._host if n not in in_use and n != adapter.name]
+        while len(self._host) > self.settings.max_cpu_loras and evictable:
+            del self._host[evictable.pop(0)]
+
+    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> LoraStep | None:
+        """The deltas of a step whose chunk i (lens[i] tokens) uses adapters[i] ("": none);
+        None when no row uses an adapter (the base path runs untouched)."""
+        names = [name for name in adapters if name]
+        if not names:
+            return None
+        slots = self.slots.assign(names, self._fetch)
+        per_chunk = torch.tensor([slots[name] if name else -1 for name in adapters])
+        token_slots = per_chunk.repeat_interleave(torch.tensor(lens))
+        return self.slots.step(token_slots.to(self.slots.device))
+
+    def _fetch(self, name: str) -> LoraAdapter:
+        adapter = self._host.get(name)
+        if adapter is None:
+            # Only if a running request's adapter left host memory (it should not): correct,
+            # if slow, rather than failing the step.
+            log.warning("adapter %s was not in host memory when its step needed it", name)
+            adapter = self._read(name)
+        return adapter
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
