@@ -35,6 +35,7 @@ from gateway.federation import FederationConfig, ModelTask, load_federation
 from gateway.files.service import FileService
 from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
+from gateway.model_catalogue import AdapterCatalogue
 from gateway.prediction.lifecycle import follow_registry, start_predictors
 from gateway.request_path.service import CompletionService
 from gateway.responses.service import ResponsesService
@@ -236,6 +237,7 @@ class GatewayAssembly:
             metrics,
             frozenset(m.name for m in federation.models if m.share_prefix_cache),
             frozenset(m.name for m in federation.embedding_models),
+            AdapterCatalogue(registry, federation.adapters),
         )
         embeddings = _embedding_service(settings, federation, registry, tokenizers, completions)
         key_limits = _key_limits(

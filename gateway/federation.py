@@ -44,6 +44,8 @@ A site's `kind` is `grpc` (the default: this project's site engine at `endpoint`
 Its tokens are counted with its model's tokenizer (one model, one tokenizer: predictions and
 continuations across sites of both kinds count the same tokens).
 
+`adapters` (optional) says who owns a LoRA adapter the sites serve: gateway/federation_adapters.py.
+
 `routing_profiles` (optional) defines routing profiles beyond the built-in ones (filters, weighted
 scorers, a picker, by their registered names: gateway/routing/catalogue.py); GATEWAY_ROUTING_POLICY
 picks one by name. A part is a name or {"name", "params", "weight" (scorers)}:
@@ -65,6 +67,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gateway.federation_adapters import AdapterConfig, AdapterEntry, check_adapters
 from gateway.routing.catalogue import BUILT_IN, build_profile
 from gateway.routing.profile_settings import ParamValue, PartSettings, ProfileSettings
 
@@ -177,6 +180,7 @@ class _FederationFile(msgspec.Struct, forbid_unknown_fields=True):
     models: list[_ModelEntry]
     sites: list[_SiteEntry]
     routing_profiles: list[_ProfileEntry] = msgspec.field(default_factory=list)
+    adapters: list[AdapterEntry] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +239,8 @@ class FederationConfig:
     models: tuple[ModelConfig, ...]
     sites: tuple[SiteConfig, ...]
     routing_profiles: tuple[ProfileSettings, ...] = ()
+    # LoRA adapters the operator says something of (gateway/federation_adapters.py).
+    adapters: tuple[AdapterConfig, ...] = ()
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -256,7 +262,15 @@ def parse_federation(data: bytes, base_dir: Path) -> FederationConfig:
     models = tuple(_model(m, base_dir) for m in raw.models)
     sites = tuple(_site(s, base_dir) for s in raw.sites)
     _check(models, sites)
-    return FederationConfig(models, sites, _profiles(raw.routing_profiles))
+    try:
+        adapters = check_adapters(
+            raw.adapters,
+            (m.name for m in models if m.task == "generate"),
+            (m.name for m in models),
+        )
+    except ValueError as exc:
+        raise FederationConfigError(str(exc)) from exc
+    return FederationConfig(models, sites, _profiles(raw.routing_profiles), adapters)
 
 
 # What only a generative model takes, with the value that means "not set".

@@ -19,6 +19,10 @@ class ModelCard(msgspec.Struct):
     created: int = 0
     owned_by: str = "fedllm"
     object: str = "model"
+    # The model it derives from, as vLLM and OpenAI's fine-tunes say it: a LoRA adapter's
+    # base as both `root` and `parent`; a base model is its own root and has no parent.
+    root: str | None = None
+    parent: str | None = None
 
 
 class ModelList(msgspec.Struct):

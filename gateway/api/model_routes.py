@@ -9,6 +9,9 @@ from gateway.admin.readiness import Readiness
 from gateway.api.client_auth import require_client_key
 from gateway.api.completion_schemas import ModelCard, ModelList
 from gateway.errors import model_not_found
+from gateway.model_catalogue import ServedAdapter
+from gateway.request_path.service import CompletionService
+from gateway.tenancy.admission import Caller
 from gateway.tokenizers import ModelTokenizers
 
 
@@ -20,23 +23,47 @@ class ModelsController(Controller):
     @get(
         "/models",
         guards=[require_client_key],
-        summary="Models served by at least one configured site",
+        summary="Models served by at least one configured site, and the LoRA adapters healthy "
+        "sites serve (each with its base as `parent`) that the key may use",
     )
-    async def list_models(self, tokenizers: NamedDependency[ModelTokenizers]) -> ModelList:
-        return ModelList(data=[ModelCard(id=name) for name in tokenizers.models()])
+    async def list_models(
+        self,
+        tokenizers: NamedDependency[ModelTokenizers],
+        completions: NamedDependency[CompletionService],
+        caller: Caller,
+    ) -> ModelList:
+        bases = [ModelCard(id=name, root=name) for name in tokenizers.models()]
+        adapters = completions.preparer.adapters.served(_key_name(caller))
+        return ModelList(data=[*bases, *(_adapter_card(a) for a in adapters)])
 
     @get(
         "/models/{model_id:path}",
         guards=[require_client_key],
-        summary="One model served by at least one configured site",
+        summary="One model served by at least one configured site, or a LoRA adapter",
     )
     async def get_model(
-        self, tokenizers: NamedDependency[ModelTokenizers], model_id: str
+        self,
+        tokenizers: NamedDependency[ModelTokenizers],
+        completions: NamedDependency[CompletionService],
+        caller: Caller,
+        model_id: str,
     ) -> ModelCard:
         name = model_id.lstrip("/")  # a path parameter keeps ids with '/' (org/model) whole
-        if name not in tokenizers.models():
+        if name in tokenizers.models():
+            return ModelCard(id=name, root=name)
+        catalogue = completions.preparer.adapters
+        adapter = catalogue.find(name)
+        if adapter is None or not catalogue.may_use(name, _key_name(caller)):
             raise model_not_found(name)
-        return ModelCard(id=name)
+        return _adapter_card(adapter)
+
+
+def _key_name(caller: Caller) -> str | None:
+    return caller.key.name if caller.key is not None else None
+
+
+def _adapter_card(adapter: ServedAdapter) -> ModelCard:
+    return ModelCard(id=adapter.name, root=adapter.parent, parent=adapter.parent)
 
 
 class HealthController(Controller):

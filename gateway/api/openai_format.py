@@ -47,7 +47,12 @@ def _chunk(
     prepared: PreparedCompletion, choices: list[CompletionChoice], counts: Usage | None = None
 ) -> Completion:
     return Completion(
-        prepared.request_id, "text_completion", prepared.created, prepared.model, choices, counts
+        prepared.request_id,
+        "text_completion",
+        prepared.created,
+        prepared.served_model,
+        choices,
+        counts,
     )
 
 
@@ -150,7 +155,7 @@ def _chat_chunk(
     if not prepared.include_usage:
         counts = msgspec.UNSET
     return ChatCompletionChunk(
-        prepared.request_id, prepared.created, prepared.model, choices, usage=counts
+        prepared.request_id, prepared.created, prepared.served_model, choices, usage=counts
     )
 
 

@@ -81,7 +81,7 @@ async def collect_chat_completion(dispatch: Dispatch) -> ChatCompletion:
     return ChatCompletion(
         id=prepared.request_id,
         created=prepared.created,
-        model=prepared.model,
+        model=prepared.served_model,
         choices=[chat_choice(dispatch, answer) for answer in answers],
         usage=usage(dispatch),
     )

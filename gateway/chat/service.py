@@ -8,6 +8,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import msgspec
+
 from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.request_options import Priority
 from gateway.chat.legacy_functions import legacy_error, tool_fields
@@ -133,7 +135,9 @@ class ChatService:
         """Validates, renders and tokenizes; raises GatewayError (4xx) without touching any
         state. Dispatch is then CompletionService.dispatch, as for /v1/completions. `api`: the
         API the request came through (the Responses API prepares its requests here too)."""
-        self._completions.preparer.check_model(req.model, api)
+        model, adapter = self._completions.preparer.resolve(req.model)
+        self._completions.preparer.check_model(model, api)
+        req = msgspec.structs.replace(req, model=model)
         if req.model not in self._templates:
             raise model_not_found(req.model)
         reject_unsupported(req)
@@ -178,7 +182,7 @@ class ChatService:
             prompt_cache_key=req.prompt_cache_key,
         )
         prepared = self._completions.preparer.prepare_tokens(
-            req.model, prompt_ids, _predictor_text(turns), sampling, delivery, api
+            req.model, prompt_ids, _predictor_text(turns), sampling, delivery, api, adapter
         )
         if tools is None:
             return prepared

@@ -114,7 +114,7 @@ async def collect_completion(dispatch: Dispatch) -> Completion:
         id=prepared.request_id,
         object="text_completion",
         created=prepared.created,
-        model=prepared.model,
+        model=prepared.served_model,
         choices=[completion_choice(dispatch, answer) for answer in answers],
         usage=usage(dispatch),
     )

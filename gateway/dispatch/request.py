@@ -29,6 +29,11 @@ class Admission(AdmissionPart, Protocol):
     """A caller's hold on its API key's limits (gateway/tenancy/admission.py): charged once the
     answer length is predicted, settled with the tokens the request really took."""
 
+    @property
+    def api_key_name(self) -> str | None:
+        """The key's name (an adapter private to a key names it: gateway/federation_adapters.py)."""
+        ...
+
     async def charge(self, tokens: int, most_tokens: int) -> None: ...
 
 
@@ -56,6 +61,12 @@ class PreparedCompletion:
     session_key: str | None = None
 
     @property
+    def served_model(self) -> str:
+        """The model the client named, as answers say it: the LoRA adapter when it is for one
+        (`model` is then its base, which tokenizes and routes it)."""
+        return self.params.options.adapter or self.model
+
+    @property
     def routing(self) -> RoutingRequest:
         return self.routing_for(self.params)
 
@@ -73,6 +84,7 @@ class PreparedCompletion:
             cache_salt=params.cache_salt,
             session_key=self.session_key,
             n=params.options.n,
+            adapter=params.options.adapter,
         )
 
     def with_options(self, **changes: Any) -> PreparedCompletion:

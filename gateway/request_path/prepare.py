@@ -25,6 +25,7 @@ from gateway.completions.sampling_options import (
 )
 from gateway.dispatch.request import Api, PreparedCompletion
 from gateway.errors import GatewayError, NotFound, invalid_request, model_not_found
+from gateway.model_catalogue import AdapterCatalogue
 from gateway.settings import GatewaySettings
 from gateway.sites.interface import GenerateParams
 from gateway.sites.registry import SiteRegistry
@@ -114,6 +115,7 @@ class Preparer:
         tokenizers: ModelTokenizers,
         shared_prefix_cache_models: frozenset[str] = frozenset(),
         embedding_models: frozenset[str] = frozenset(),
+        adapters: AdapterCatalogue | None = None,
     ) -> None:
         """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
         API keys (the federation file's `share_prefix_cache`); `embedding_models`: those served
@@ -123,6 +125,22 @@ class Preparer:
         self._tokenizers = tokenizers
         self._shared_prefix_cache_models = shared_prefix_cache_models
         self._embedding_models = embedding_models
+        self.adapters = adapters or AdapterCatalogue(registry)
+
+    def resolve(self, model: str) -> tuple[str, str | None]:
+        """The base model a request's `model` is for and the LoRA adapter (None: the base
+        itself); a name that is neither comes back as it is (check_model then refuses it).
+        Whose adapter it is is checked once the key is known (check_owner)."""
+        if model in self._tokenizers or model in self._embedding_models:
+            return model, None
+        adapter = self.adapters.find(model)
+        return (adapter.parent, adapter.name) if adapter is not None else (model, None)
+
+    def check_owner(self, prepared: PreparedCompletion, key_name: str | None) -> None:
+        """404, as for an unknown model, when the request is for another key's adapter."""
+        adapter = prepared.params.options.adapter
+        if adapter is not None and not self.adapters.may_use(adapter, key_name):
+            raise model_not_found(adapter)
 
     def check_model(self, model: str, api: Api) -> None:
         """404 unless `model` is a generative model this gateway serves; for an embedding
@@ -137,7 +155,9 @@ class Preparer:
 
     def prepare(self, req: CompletionRequest) -> PreparedCompletion:
         """A /v1/completions request: validated and tokenized."""
-        self.check_model(req.model, "completions")
+        model, adapter = self.resolve(req.model)
+        self.check_model(model, "completions")
+        req = msgspec.structs.replace(req, model=model)
         _reject_unsupported(req)
         prompt_ids, prompt_text = self._prompt(req)
         sampling = Sampling(
@@ -154,7 +174,9 @@ class Preparer:
             session_id=req.session_id,
             prompt_cache_key=req.prompt_cache_key,
         )
-        prepared = self.prepare_tokens(req.model, prompt_ids, prompt_text, sampling, delivery)
+        prepared = self.prepare_tokens(
+            req.model, prompt_ids, prompt_text, sampling, delivery, adapter=adapter
+        )
         return replace(prepared, echo=prompt_text if req.echo else None)
 
     def prepare_prompts(self, req: CompletionRequest) -> list[PreparedCompletion]:
@@ -176,13 +198,15 @@ class Preparer:
         sampling: Sampling,
         delivery: Delivery,
         api: Api = "completions",
+        adapter: str | None = None,
     ) -> PreparedCompletion:
         """Validates the sampling fields against an already tokenized prompt (what every API
-        shares). `prompt_text` is what the length predictor reads."""
+        shares). `prompt_text` is what the length predictor reads; `adapter`: the LoRA adapter
+        of `model` the request is for (Preparer.resolve), which rides in its options."""
         self.check_model(model, api)
         max_tokens = self._max_tokens(model, len(prompt_ids), sampling)
         options = check_options(
-            sampling.options,
+            replace(sampling.options, adapter=adapter),
             self._tokenizers.vocab_size(model),
             self._settings.limits.max_choices,
             sampling.top_logprobs_param,

@@ -16,6 +16,7 @@ from gateway.dispatch.accounting import DispatchLimits
 from gateway.dispatch.request import Admission, AdmissionPart, PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.metrics import GatewayMetrics
+from gateway.model_catalogue import AdapterCatalogue
 from gateway.prediction.by_model import ModelPredictors
 from gateway.prediction.service import Prediction, PredictorService
 from gateway.request_path.admit import Admitter
@@ -42,13 +43,15 @@ class CompletionService:
         metrics: GatewayMetrics | None = None,
         shared_prefix_cache_models: frozenset[str] = frozenset(),
         embedding_models: frozenset[str] = frozenset(),
+        adapters: AdapterCatalogue | None = None,
     ) -> None:
         """`shared_prefix_cache_models`: models whose sites share cached prompt blocks across
         API keys (the federation file's `share_prefix_cache`); `embedding_models`: those that
-        serve /v1/embeddings only."""
+        serve /v1/embeddings only; `adapters`: the LoRA adapters' owners (default: every
+        adapter the sites serve is public)."""
         self.metrics = metrics or GatewayMetrics()
         self.preparer = Preparer(
-            settings, registry, tokenizers, shared_prefix_cache_models, embedding_models
+            settings, registry, tokenizers, shared_prefix_cache_models, embedding_models, adapters
         )
         self.prediction = LengthPrediction(predictors or ModelPredictors(PredictorService(None)))
         self.records = RequestRecords(settings, request_log, self.metrics)
@@ -99,8 +102,10 @@ class CompletionService:
     ) -> list[Dispatch]:
         started = time.monotonic()
         key_id = admission.api_key_id if admission is not None else None
+        key_name = admission.api_key_name if admission is not None else None
         planned: list[tuple[PreparedCompletion, Prediction | None]] = []
         for prepared in prompts:
+            self.preparer.check_owner(prepared, key_name)
             salted = self.preparer.salted(prepared, key_id)
             planned.append(await self.prediction.apply(salted, alone=self.admitter.alone))
         await self.admitter.charge([prepared for prepared, _ in planned], admission)

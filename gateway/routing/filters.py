@@ -21,12 +21,19 @@ class HealthyFilter:
 
 @dataclass(frozen=True, slots=True)
 class ServesModelFilter:
-    """Contract: keeps exactly the sites configured for the request's model."""
+    """Contract: keeps exactly the sites configured for the request's model and, for a request
+    of a LoRA adapter, listing that adapter (every profile starts with this filter, so no
+    profile can send an adapter's request to a site that would refuse it)."""
 
     name: str = "serves_model"
 
     def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
-        return [site for site in sites if site.model == request.model]
+        adapter = request.adapter
+        return [
+            site
+            for site in sites
+            if site.model == request.model and (adapter is None or adapter in site.adapters)
+        ]
 
 
 @dataclass(frozen=True, slots=True)

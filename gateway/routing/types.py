@@ -90,6 +90,11 @@ class RoutableSite(Protocol):
         ...
 
     @property
+    def adapters(self) -> frozenset[str]:
+        """The LoRA adapters of its model the site serves (its SiteInfo; none: the base only)."""
+        ...
+
+    @property
     def prefill_tokens_per_s(self) -> float | None:
         """Prompt tokens the site computes per second: the federation file's (measured by the
         operator, as llm-d's peakPrefillThroughput is), else what the site's load reports
@@ -179,6 +184,9 @@ class RoutingRequest:
     cache_salt: str = ""
     # Whose conversation this is (session_id, user or prompt_cache_key): optional affinity.
     session_key: str | None = None
+    # The LoRA adapter of `model` the request is for (None: the base): only a site listing it
+    # serves the request, and its blocks are hashed apart from the base's.
+    adapter: str | None = None
     # Block ids by block size, computed on first use: sites of one block size share them.
     _block_ids: dict[int, tuple[int, ...]] = field(
         init=False, default_factory=dict, compare=False, repr=False
@@ -191,7 +199,13 @@ class RoutingRequest:
         ids = self._block_ids.get(block_size)
         if ids is None:
             ids = tuple(
-                prompt_block_hashes(self.prompt_token_ids, block_size, self.model, self.cache_salt)
+                prompt_block_hashes(
+                    self.prompt_token_ids,
+                    block_size,
+                    self.model,
+                    self.cache_salt,
+                    self.adapter or "",
+                )
             )
             self._block_ids[block_size] = ids
         return ids

@@ -220,6 +220,7 @@ class GrpcSiteClient:
             host_kv_blocks=info.host_kv_blocks,
             task=self._task(info.task),
             embedding_dimension=info.embedding_dimension,
+            adapters=tuple(info.adapters),
         )
 
     def _task(self, task: int) -> ModelTask:

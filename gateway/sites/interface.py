@@ -87,6 +87,8 @@ class SiteInfoView:
     # What the site's model does; an embedding site says its vectors' length (0: not said).
     task: ModelTask = "generate"
     embedding_dimension: int = 0
+    # The LoRA adapters of its model the site serves (each by its name; none: the base only).
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,11 @@ class SiteState:
         return info.kv_blocks_total * info.kv_block_size
 
     @property
+    def adapters(self) -> frozenset[str]:
+        """The adapters the site said it serves at its last health check."""
+        return frozenset(self.info.adapters) if self.info is not None else frozenset()
+
+    @property
     def can_release_queued(self) -> bool:
         return self.client.can_release_queued
 
@@ -208,6 +213,24 @@ class SiteRegistry:
             and s.info.embedding_dimension > 0
         }  # fmt: skip
         return said.pop() if len(said) == 1 else None
+
+    def served_adapters(self) -> dict[str, str]:
+        """Each adapter a healthy site serves, with its base model (the site's). An adapter
+        named as a model is left out: the name means the model."""
+        served: dict[str, str] = {}
+        models = {s.config.model for s in self._sites.values()}
+        for site in self._sites.values():
+            if site.healthy:
+                for adapter in site.adapters - models:
+                    served.setdefault(adapter, site.config.model)
+        return served
+
+    def serves_adapter(self, model: str, adapter: str) -> bool:
+        """Whether a healthy site of `model` lists `adapter`."""
+        return any(
+            s.healthy and s.config.model == model and adapter in s.adapters
+            for s in self._sites.values()
+        )
 
     async def close(self) -> None:
         for site in self._sites.values():

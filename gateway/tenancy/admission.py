@@ -86,6 +86,10 @@ class KeyAdmission:
     def api_key_id(self) -> int:
         return self.key.id
 
+    @property
+    def api_key_name(self) -> str:
+        return self.key.name
+
     async def charge(self, tokens: int, most_tokens: int) -> None:
         """Takes one request, `tokens` from the key's budget and, for a key with a concurrency
         cap, one of its slots; or raises 429. A request that could take more than a whole

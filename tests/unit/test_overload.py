@@ -59,6 +59,7 @@ class KeyHold:
     """A key's admission as dispatch sees it (gateway/tenancy/admission.py's KeyAdmission)."""
 
     api_key_id = 7
+    api_key_name = "k7"
 
     def __init__(self) -> None:
         self.settled: list[int] = []

@@ -53,6 +53,7 @@ class Site:
     latency: SiteLatency = field(default_factory=SiteLatency)
     prefix: PrefixView = field(default_factory=KnownPrefix)
     prefill_tokens_per_s: float | None = None
+    adapters: frozenset[str] = frozenset()
 
 
 def request(

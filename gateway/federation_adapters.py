@@ -1,0 +1,56 @@
+"""The federation file's `adapters`: what the operator says of LoRA adapters the sites serve.
+
+A site lists the adapters it serves (its SiteInfo); the gateway serves each under its own name
+as a model over the site's base, public to every key, with nothing in this file. An entry here
+names an adapter's `parent` (its base model: only sites of that model serve it) and, optionally,
+its `owner_key`: the name of the API key that may use it (every key of that name); any other
+key, or a request without a key, gets the same 404 as for an unknown model and does not see it
+in /v1/models:
+
+    "adapters": [{"name": "acme-support", "parent": "tiny-llama", "owner_key": "acme"}]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
+
+_NAME = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+
+
+class AdapterEntry(msgspec.Struct, forbid_unknown_fields=True):
+    name: _NAME
+    parent: str
+    owner_key: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    name: str
+    parent: str
+    # The API key name that alone may use the adapter; None: every key.
+    owner_key: str | None = None
+
+
+def check_adapters(
+    entries: Iterable[AdapterEntry], generative_models: Iterable[str], all_models: Iterable[str]
+) -> tuple[AdapterConfig, ...]:
+    """The entries as configs; ValueError naming the entry for a parent that is not a generative
+    model, a name taken by a model, or a name given twice (which owner would hold?)."""
+    generative, models = set(generative_models), set(all_models)
+    adapters = tuple(AdapterConfig(e.name, e.parent, e.owner_key) for e in entries)
+    names = [a.name for a in adapters]
+    for adapter in adapters:
+        where = f"adapter {adapter.name!r}"
+        if adapter.parent not in generative:
+            raise ValueError(
+                f"{where}: parent {adapter.parent!r} is not a generative model of 'models'"
+            )
+        if adapter.name in models:
+            raise ValueError(f"{where}: the name is a model's; an adapter needs its own")
+        if names.count(adapter.name) > 1:
+            raise ValueError(f"{where} is given more than once")
+    return adapters
