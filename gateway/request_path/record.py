@@ -45,6 +45,7 @@ def accepted_request(
         request_id=prepared.request_id,
         api=api or prepared.api,
         model=prepared.model,
+        adapter=prepared.params.options.adapter,
         stream=prepared.stream,
         user=prepared.user,
         prompt_tokens=len(params.prompt_token_ids),

@@ -45,6 +45,8 @@ class NewRequest:
     routing_detail: dict[str, object] | None = None
     # The caller's API key, when it sent one (usage per key is summed from these rows).
     api_key_id: int | None = None
+    # The LoRA adapter of `model` the request was for (None: the base).
+    adapter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,7 @@ def request_row(new: NewRequest, now: datetime) -> dict[str, Any]:
         "id": new.request_id,
         "api": new.api,
         "model": new.model,
+        "adapter": new.adapter,
         "status": RequestStatus.DISPATCHED,
         "stream": new.stream,
         "user": new.user,
@@ -211,6 +214,7 @@ class RequestLog:
                     id=new.request_id,
                     api=new.api,
                     model=new.model,
+                    adapter=new.adapter,
                     status=RequestStatus.DISPATCHED,
                     stream=new.stream,
                     user=new.user,

@@ -49,6 +49,8 @@ class InferenceRequest(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     api: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(128))
+    # The LoRA adapter of `model` the request was for (None: the base model itself).
+    adapter: Mapped[str | None] = mapped_column(String(128), nullable=True, default=None)
     status: Mapped[RequestStatus] = mapped_column(
         Enum(
             RequestStatus,
