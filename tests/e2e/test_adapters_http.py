@@ -1,0 +1,155 @@
+"""LoRA adapters through the gateway with the official openai client (issue 51): a real site
+process serving two adapters from --lora-dir over the tiny model, and a real gateway whose
+federation file makes one of them private to a key. An adapter is a model of its own name (its
+base as parent in /v1/models), its answers are the adapter's (greedy, unlike the base's), its
+request rows record it; an unknown adapter and another key's private one are the same
+OpenAI-shaped 404."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from devtools.launch import ManagedProcess, spawn_site, start_gateway, stop_all, wait_until_serving
+from site_engine.engine.lora.adapter import BaseShapes
+from tests.e2e.conftest import Federation
+from tests.unit.engine.test_lora_adapters import write_adapter
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "admin-token-for-the-adapter-tests"
+PROMPT = "The adapter test begins with"
+
+
+@pytest.fixture(scope="module")
+def federation(
+    tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Federation]:
+    work = tmp_path_factory.mktemp("adapters")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32)
+    targets = ("q_proj", "v_proj", "o_proj", "up_proj", "down_proj")
+    for seed, name in enumerate(("public-ft", "private-ft")):
+        write_adapter(work / "lora" / name, BaseShapes.of_model(model), targets=targets, seed=seed)
+    args = ["--lora-dir", str(work / "lora"), "--max-loras", "2", "--max-lora-rank", "8"]
+    site = spawn_site(
+        model_dir=tiny_llama_dir, site_name="aws-use1", model_name="tiny", log_dir=work,
+        extra_args=args,
+    )  # fmt: skip
+    started: list[ManagedProcess] = [site]
+    try:
+        wait_until_serving(site)
+        federation_file = work / "federation.json"
+        federation_file.write_text(json.dumps({
+            "models": [{"name": "tiny", "tokenizer": str(tiny_llama_dir)}],
+            "sites": [{"name": "aws-use1", "cloud": "aws", "region": "us-east-1",
+                       "endpoint": f"127.0.0.1:{site.port}", "model": "tiny"}],
+            "adapters": [{"name": "private-ft", "parent": "tiny", "owner_key": "tenant-a"}],
+        }))  # fmt: skip
+        url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
+        env = {"GATEWAY_REQUIRE_API_KEYS": "true", "GATEWAY_ADMIN_TOKEN": ADMIN}
+        gateway = start_gateway(
+            federation_file=federation_file, database_url=url, log_dir=work, env=env
+        )
+        started.append(gateway)
+        yield Federation(gateway, {"aws-use1": site}, url)
+    finally:
+        stop_all(list(reversed(started)))
+
+
+def _key(federation: Federation, name: str) -> str:
+    response = httpx.post(
+        f"{federation.base_url}/admin/api/keys",
+        json={"name": name},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    key: str = response.json()["key"]
+    return key
+
+
+@pytest.fixture(scope="module")
+def clients(federation: Federation) -> Iterator[dict[str, openai.OpenAI]]:
+    made = {
+        who: openai.OpenAI(
+            base_url=f"{federation.base_url}/v1",
+            api_key=_key(federation, who),
+            max_retries=0,
+            timeout=60,
+        )
+        for who in ("tenant-a", "tenant-b")
+    }
+    yield made
+    for client in made.values():
+        client.close()
+
+
+def _answer(client: openai.OpenAI, model: str) -> tuple[str, str]:
+    response = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+    return response.model, response.choices[0].text
+
+
+def _models(client: openai.OpenAI) -> dict[str, dict[str, Any]]:
+    return {m.id: m.model_dump() for m in client.models.list()}
+
+
+def test_models_list_the_adapters_each_key_may_use_with_their_base(
+    clients: dict[str, openai.OpenAI],
+) -> None:
+    seen_by_a, seen_by_b = _models(clients["tenant-a"]), _models(clients["tenant-b"])
+    assert sorted(seen_by_a) == ["private-ft", "public-ft", "tiny"]
+    assert sorted(seen_by_b) == ["public-ft", "tiny"]
+    assert (seen_by_a["public-ft"]["parent"], seen_by_a["public-ft"]["root"]) == ("tiny", "tiny")
+    assert seen_by_a["tiny"]["parent"] is None
+    assert clients["tenant-a"].models.retrieve("private-ft").id == "private-ft"
+    with pytest.raises(openai.NotFoundError):
+        clients["tenant-b"].models.retrieve("private-ft")
+
+
+def test_an_adapter_answers_as_itself_and_unlike_its_base(
+    clients: dict[str, openai.OpenAI], federation: Federation
+) -> None:
+    client = clients["tenant-b"]
+    base_model, base = _answer(client, "tiny")
+    tuned_model, tuned = _answer(client, "public-ft")
+    assert (base_model, tuned_model) == ("tiny", "public-ft")
+    assert tuned != base  # the adapter's deltas are not zero
+    assert _answer(client, "public-ft")[1] == tuned  # greedy: the same again
+    chat = client.chat.completions.create(
+        model="public-ft", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert chat.model == "public-ft"
+    rows = federation.rows("r.adapter IS NOT NULL")
+    assert {(row["model"], row["adapter"]) for row in rows} >= {("tiny", "public-ft")}
+    assert all(row["status"] == "completed" for row in rows)
+
+
+def test_a_private_adapter_answers_its_owner_and_is_unknown_to_another_key(
+    clients: dict[str, openai.OpenAI],
+) -> None:
+    owner_model, owned = _answer(clients["tenant-a"], "private-ft")
+    assert owner_model == "private-ft"
+    assert owned != _answer(clients["tenant-a"], "public-ft")[1]  # another adapter's weights
+    errors = {}
+    for model, client in (("private-ft", clients["tenant-b"]), ("no-such-ft", clients["tenant-a"])):
+        with pytest.raises(openai.NotFoundError) as refused:
+            _answer(client, model)
+        errors[model] = refused.value.body
+    assert errors["private-ft"] == {
+        "message": "The model 'private-ft' does not exist",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    assert errors["no-such-ft"] == {
+        **errors["private-ft"],
+        "message": "The model 'no-such-ft' does not exist",
+    }
