@@ -156,6 +156,14 @@ class OpenAISiteClient:
             engine=f"openai ({self._config.metrics_dialect} metrics)",
             version="",
             task=self.task,
+            # vLLM lists each LoRA adapter it serves as a model whose parent is its base.
+            adapters=tuple(
+                sorted(
+                    name
+                    for name, other in cards.items()
+                    if other.get("parent") == self._config.engine_model
+                )
+            ),
         )
 
     def kv_capacity_tokens(self) -> int | None:

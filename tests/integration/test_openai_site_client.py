@@ -249,3 +249,23 @@ def test_the_ledger_counts_what_is_sent_and_streaming(tokenizers) -> None:
     assert produced == 2  # " w0": two GPT-2 tokens, as the gateway counts them
     assert report.predicted_remaining_tokens == 4 - produced
     assert report.running_tokens == 3 + produced
+
+
+def test_an_engines_lora_adapters_are_its_sites_and_a_request_names_its_adapter(
+    tokenizers,
+) -> None:
+    with running_engine(EngineState(adapters=("ft-b", "ft-a"))) as engine:
+        client = client_for(engine, tokenizers)
+
+        async def run() -> tuple[tuple[str, ...], list[SiteChunk]]:
+            try:
+                info = await client.info()
+                tuned = GenerateParams("r-ft", (10, 11), 2, RequestOptions(adapter="ft-a"))
+                return info.adapters, await collect(client, tuned)
+            finally:
+                await client.close()
+
+        adapters, chunks = asyncio.run(run())
+    assert adapters == ("ft-a", "ft-b")
+    assert chunks[-1].finish_reason == "length"
+    assert engine.state.requests[-1]["model"] == "ft-a"  # vLLM's way: the adapter is the model

@@ -50,6 +50,8 @@ class EngineState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnected: int = 0
     finished: int = 0
+    # LoRA adapters it serves over its model, listed as vLLM lists them (`parent`: the base).
+    adapters: tuple[str, ...] = ()
 
 
 def _error(status: int, message: str, code: str | None = None) -> Response[Any]:
@@ -105,7 +107,9 @@ def build_app(s: EngineState) -> Litestar:
     async def models() -> dict[str, Any]:
         card = {"id": s.model, "object": "model", "owned_by": "test",
                 "max_model_len": s.max_model_len}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        loras = [{"id": name, "object": "model", "owned_by": "test", "root": f"/loras/{name}",
+                  "parent": s.model} for name in s.adapters]  # fmt: skip
+        return {"object": "list", "data": [card, *loras]}
 
     @get("/metrics", media_type=MediaType.TEXT)
     async def metrics() -> Response[str]:
@@ -116,7 +120,7 @@ def build_app(s: EngineState) -> Litestar:
     async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
         body = await request.json()
         s.requests.append(body)
-        if body.get("model") != s.model:
+        if body.get("model") not in (s.model, *s.adapters):
             message = f"The model `{body.get('model')}` does not exist."
             return _error(404, message, "model_not_found")
         if s.behaviour.startswith("status:"):
