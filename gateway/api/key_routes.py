@@ -18,6 +18,7 @@ from gateway.api.key_schemas import (
     ApiKeyUsage,
     CreatedApiKey,
     KeyCreateRequest,
+    ModelUsageObject,
 )
 from gateway.api.openai_errors import OpenAIError, invalid_request
 from gateway.api.openapi_body import json_body
@@ -110,4 +111,15 @@ class AdminKeysController(Controller):
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            models=[
+                ModelUsageObject(
+                    m.model,
+                    m.adapter,
+                    m.requests,
+                    m.prompt_tokens,
+                    m.completion_tokens,
+                    m.prompt_tokens + m.completion_tokens,
+                )
+                for m in usage.models
+            ],
         )

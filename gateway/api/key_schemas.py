@@ -43,6 +43,17 @@ class ApiKeyList(msgspec.Struct):
     object: Literal["list"] = "list"
 
 
+class ModelUsageObject(msgspec.Struct):
+    """A key's usage of one model, or of one LoRA adapter over it (`adapter` null: the base)."""
+
+    model: str
+    adapter: str | None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
 class ApiKeyUsage(msgspec.Struct):
     api_key_id: int
     window_s: int
@@ -52,3 +63,5 @@ class ApiKeyUsage(msgspec.Struct):
     completion_tokens: int
     total_tokens: int
     object: Literal["api_key.usage"] = "api_key.usage"
+    # The same per model and adapter.
+    models: list[ModelUsageObject] = msgspec.field(default_factory=list)

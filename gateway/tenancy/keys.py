@@ -66,6 +66,17 @@ class KeyUsage:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    # The same per (model, LoRA adapter or None), by model then adapter (bases first).
+    models: tuple[ModelUsage, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUsage:
+    model: str
+    adapter: str | None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 def _record(row: ApiKey) -> KeyRecord:
@@ -139,11 +150,30 @@ class KeyService:
         as the limiter settles them."""
         req = InferenceRequest
         reached_site = req.dispatched_at.is_not(None)
-        query = select(
-            func.count(),
-            func.coalesce(func.sum(case((reached_site, req.prompt_tokens), else_=0)), 0),
-            func.coalesce(func.sum(req.completion_tokens), 0),
-        ).where(req.api_key_id == key_id, req.created_at >= since)
+        query = (
+            select(
+                req.model,
+                req.adapter,
+                func.count(),
+                func.coalesce(func.sum(case((reached_site, req.prompt_tokens), else_=0)), 0),
+                func.coalesce(func.sum(req.completion_tokens), 0),
+            )
+            .where(req.api_key_id == key_id, req.created_at >= since)
+            .group_by(req.model, req.adapter)
+        )
         async with self._sessions() as session:
-            requests, prompt, completion = (await session.execute(query)).one()
-        return KeyUsage(key_id, since, int(requests), int(prompt), int(completion))
+            rows = (await session.execute(query)).all()
+        models = tuple(
+            sorted(
+                (ModelUsage(m, a, int(n), int(p), int(c)) for m, a, n, p, c in rows),
+                key=lambda u: (u.model, u.adapter is not None, u.adapter or ""),
+            )
+        )
+        return KeyUsage(
+            key_id,
+            since,
+            sum(u.requests for u in models),
+            sum(u.prompt_tokens for u in models),
+            sum(u.completion_tokens for u in models),
+            models,
+        )

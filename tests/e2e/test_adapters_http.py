@@ -64,14 +64,19 @@ def federation(
         stop_all(list(reversed(started)))
 
 
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+KEY_IDS: dict[str, int] = {}
+
+
 def _key(federation: Federation, name: str) -> str:
     response = httpx.post(
         f"{federation.base_url}/admin/api/keys",
         json={"name": name},
-        headers={"Authorization": f"Bearer {ADMIN}"},
+        headers=ADMIN_HEADERS,
         timeout=30,
     )
     assert response.status_code == 201, response.text
+    KEY_IDS[name] = response.json()["id"]
     key: str = response.json()["key"]
     return key
 
@@ -130,6 +135,14 @@ def test_an_adapter_answers_as_itself_and_unlike_its_base(
     rows = federation.rows("r.adapter IS NOT NULL")
     assert {(row["model"], row["adapter"]) for row in rows} >= {("tiny", "public-ft")}
     assert all(row["status"] == "completed" for row in rows)
+    usage = httpx.get(
+        f"{federation.base_url}/admin/api/keys/{KEY_IDS['tenant-b']}/usage",
+        headers=ADMIN_HEADERS,
+        timeout=30,
+    ).json()
+    per_model = {(m["model"], m["adapter"]): m["requests"] for m in usage["models"]}
+    assert per_model == {("tiny", None): 1, ("tiny", "public-ft"): 3}
+    assert usage["requests"] == 4
 
 
 def test_a_private_adapter_answers_its_owner_and_is_unknown_to_another_key(
