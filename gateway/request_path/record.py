@@ -116,7 +116,9 @@ class RequestRecords:
     def no_site(self, prepared: PreparedCompletion, decision: Decision[SiteState]) -> GatewayError:
         """Records the request failed because no site could take it; the 503 to answer."""
         reason = ", ".join(f"{name}: {count}" for name, count in decision.survivors)
-        message = f"no site can serve model '{prepared.model}' now (sites left after {reason})"
+        message = (
+            f"no site can serve model '{prepared.served_model}' now (sites left after {reason})"
+        )
         self.writer.finished(
             prepared.request_id, Outcome(RequestStatus.FAILED, None, 0, error=message)
         )
