@@ -145,7 +145,9 @@ class BatchesController(Controller):
                 )
 
                 async def submit() -> Batch:
-                    return _batch(await batches.submit(batch, caller.key_id, caller.admit_batch))
+                    key_name = caller.key.name if caller.key is not None else None
+                    view = await batches.submit(batch, caller.key_id, caller.admit_batch, key_name)
+                    return _batch(view)
 
                 # A replay answers with the batch as it was created (same id); GET it for
                 # progress.

@@ -177,9 +177,10 @@ class ItemRunner:
         length its assignment planned."""
         prepare = partial(self._preparer.prepare, run.endpoint, run.model)
         prepared = await self._pool.run(prepare, item.body)
-        # A batch knows its key by id only: another key's adapter, or one private to any key,
-        # is refused (a batch of a private adapter is not supported yet).
-        self._completions.preparer.check_owner(prepared, None)
+        # The owner is checked at submission; again here, as the federation file may have
+        # changed hands since (a restart).
+        key_name = run.key.name if run.key is not None else None
+        self._completions.preparer.check_owner(prepared, key_name)
         prepared = self._completions.preparer.salted(prepared, run.api_key_id)
         if item.predicted_tokens is None:
             return prepared

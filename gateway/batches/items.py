@@ -29,6 +29,7 @@ from gateway.chat.service import ChatService
 from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.files.batch_input import Endpoint, InputLine
+from gateway.request_path.prepare import Preparer
 from gateway.request_path.service import CompletionService
 
 # A slice of items validated in one turn of the tokenize pool: bounded in bytes, so that one
@@ -132,6 +133,11 @@ class ItemPreparer:
         self._completions = completions
         self._chat = chat
         self._status_of = status_of
+
+    @property
+    def requests(self) -> Preparer:
+        """What resolves models and adapters (gateway/request_path/prepare.py)."""
+        return self._completions.preparer
 
     def prepare(self, endpoint: str, model: str, body: dict[str, Any]) -> PreparedCompletion:
         """A stored item as its endpoint's prepared request; raises GatewayError (4xx)."""

@@ -137,7 +137,11 @@ class BatchService:
         self._pool = pool
 
     async def submit(
-        self, request: BatchCreateRequest, owner: Owner, admit: Admit | None = None
+        self,
+        request: BatchCreateRequest,
+        owner: Owner,
+        admit: Admit | None = None,
+        key_name: str | None = None,
     ) -> BatchView:
         """Validates every item first (4xx naming the first bad one), then needs a healthy site
         serving the model (503) and `admit` to take the items' (prompt tokens, max_tokens)
@@ -156,9 +160,11 @@ class BatchService:
                 "completion_window; or, inline, model and requests",
                 param="input_file_id",
             )
+        # Another key's LoRA adapter is a model that does not exist (`key_name`: the caller's).
+        self._preparer.requests.check_model_owner(model, key_name)
         items = await self._validate(endpoint, model, entries)
         runnable = [item for item in items if item.error is None]
-        if runnable and not any(s.healthy and s.model == model for s in self._registry.all()):
+        if runnable and not self._preparer.requests.servable_now(model):
             # As /v1/completions answers: retry later, rather than a batch that waits unseen.
             raise service_unavailable(f"no site can serve model '{model}' now")
         if admit is not None:

@@ -142,6 +142,20 @@ class Preparer:
         if adapter is not None and not self.adapters.may_use(adapter, key_name):
             raise model_not_found(adapter)
 
+    def check_model_owner(self, model: str, key_name: str | None) -> None:
+        """check_owner for a model name (a batch's, before its items are prepared)."""
+        _, adapter = self.resolve(model)
+        if adapter is not None and not self.adapters.may_use(adapter, key_name):
+            raise model_not_found(model)
+
+    def servable_now(self, model: str) -> bool:
+        """Whether a healthy site serves `model` now (for an adapter: lists it)."""
+        base, adapter = self.resolve(model)
+        return any(
+            site.healthy and site.model == base and (adapter is None or adapter in site.adapters)
+            for site in self._registry.all()
+        )
+
     def check_model(self, model: str, api: Api) -> None:
         """404 unless `model` is a generative model this gateway serves; for an embedding
         model, one that says where it is served."""

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from devtools.launch import ManagedProcess, spawn_site, start_gateway, stop_all, wait_until_serving
 from site_engine.engine.lora.adapter import BaseShapes
+from tests.e2e.batch_client import all_results, wait_for
 from tests.e2e.conftest import Federation
 from tests.unit.engine.test_lora_adapters import write_adapter
 
@@ -66,6 +67,7 @@ def federation(
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 KEY_IDS: dict[str, int] = {}
+KEYS: dict[str, str] = {}
 
 
 def _key(federation: Federation, name: str) -> str:
@@ -78,6 +80,7 @@ def _key(federation: Federation, name: str) -> str:
     assert response.status_code == 201, response.text
     KEY_IDS[name] = response.json()["id"]
     key: str = response.json()["key"]
+    KEYS[name] = key
     return key
 
 
@@ -166,3 +169,25 @@ def test_a_private_adapter_answers_its_owner_and_is_unknown_to_another_key(
         **errors["private-ft"],
         "message": "The model 'no-such-ft' does not exist",
     }
+
+
+def test_a_batch_of_a_private_adapter_runs_for_its_owner_only(
+    clients: dict[str, openai.OpenAI], federation: Federation
+) -> None:
+    item = {"custom_id": "one", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    body = {"model": "private-ft", "requests": [item]}
+    online = _answer(clients["tenant-a"], "private-ft")[1]
+    for who in ("tenant-b", "tenant-a"):
+        headers = {"Authorization": f"Bearer {KEYS[who]}"}
+        with httpx.Client(base_url=federation.base_url, headers=headers, timeout=60) as http:
+            created = http.post("/v1/batches", json=body)
+            if who == "tenant-b":
+                assert created.status_code == 404, created.text
+                assert created.json()["error"]["code"] == "model_not_found"
+                continue
+            assert created.status_code == 200, created.text
+            done = wait_for(http, created.json()["id"], timeout_s=60)
+            assert done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+            (result,) = all_results(http, done["id"])
+    assert result["response"]["model"] == "private-ft"
+    assert result["response"]["choices"][0]["text"] == online
