@@ -290,12 +290,15 @@ class BatchRunner:
                 plan.append(_plan_item(queued, prediction, unpredicted, block_ids))
                 if prediction is not None:
                     versions[queued.index] = prediction.version
+        # A LoRA adapter's batch is planned over its base's sites that list the adapter.
+        base, adapter = self._completions.preparer.resolve(run.model)
+        sites = [s for s in self._registry.all() if adapter is None or adapter in s.adapters]
         # Off the event loop: a prefix tree over 100k items takes seconds (about 3.5 s here).
         placements = await asyncio.to_thread(
             make_plan,
-            run.model,
+            base,
             plan,
-            self._registry.all(),
+            sites,
             self._settings.batches,
             self._completions.router.policy.batch_cost,
         )

@@ -190,4 +190,7 @@ def test_a_batch_of_a_private_adapter_runs_for_its_owner_only(
             assert done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
             (result,) = all_results(http, done["id"])
     assert result["response"]["model"] == "private-ft"
+    # Planned onto the site listing the adapter (not left to be placed when it starts).
+    assert result["assignment"]["site"] == "aws-use1"
+    assert result["assignment"]["reason"].startswith("blend: range "), result["assignment"]
     assert result["response"]["choices"][0]["text"] == online
