@@ -116,12 +116,11 @@ class BatchService:
             status_of=status_of,
             tenancy=tenancy,
         )
-        return cls(settings, registry, store, runner, preparer, files, pool)
+        return cls(settings, store, runner, preparer, files, pool)
 
     def __init__(
         self,
         settings: GatewaySettings,
-        registry: SiteRegistry,
         store: BatchStore,
         runner: BatchRunner,
         preparer: ItemPreparer,
@@ -129,7 +128,6 @@ class BatchService:
         pool: TokenizePool,
     ) -> None:
         self._settings = settings
-        self._registry = registry
         self._store = store
         self.runner = runner
         self._preparer = preparer
