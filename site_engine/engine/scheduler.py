@@ -643,8 +643,26 @@ class Scheduler:
     def _class_loads(self) -> tuple[ClassLoad, ...]:
         waiting = Counter(seq.priority for seq in self._waiting)
         running = Counter(seq.priority for seq in self._running)
+        queued_tokens: Counter[Priority] = Counter()
+        running_tokens: Counter[Priority] = Counter()
+        remaining: Counter[Priority] = Counter()
+        for seq in self._waiting:
+            queued_tokens[seq.priority] += seq.num_tokens
+            remaining[seq.priority] += seq.remaining_predicted_tokens
+        for seq in self._running:
+            running_tokens[seq.priority] += seq.num_computed_tokens
+            remaining[seq.priority] += seq.remaining_predicted_tokens
         return tuple(
-            ClassLoad(p, waiting[p], running[p], self._preemptions_by_class[p]) for p in Priority
+            ClassLoad(
+                p,
+                waiting[p],
+                running[p],
+                self._preemptions_by_class[p],
+                queued_prompt_tokens=queued_tokens[p],
+                running_tokens=running_tokens[p],
+                predicted_remaining_tokens=remaining[p],
+            )
+            for p in Priority
         )
 
     def take_cache_events(self) -> list[CacheEvent]:
