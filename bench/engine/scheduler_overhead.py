@@ -16,6 +16,8 @@ running set stays full.
 
     python -m bench.engine.scheduler_overhead
         (writes bench/results/engine_overhead/scheduler_overhead.{json,md})
+    python -m bench.engine.scheduler_overhead --waiting 10000 --name scheduler_overhead_waiting
+        (the same with 10,000 requests kept waiting: what ordering the queue costs a step)
     python -m bench.engine.scheduler_overhead --steps 20 --warmup-steps 10 --max-num-seqs 32 \
         --name scheduler_overhead_smoke --out /tmp/x                        (smoke test)
 
@@ -63,6 +65,9 @@ class Settings:
     repeat_fraction: float = 0.5
     seed: int = 0
     profile_steps: int = 100
+    # Requests kept waiting (the queue topped up to this depth before each step); 0: a quarter
+    # of max_num_seqs, enough to keep the running set full.
+    waiting: int = 0
 
 
 def _lognormal(rng: random.Random, median: float, p99: float, cap: int) -> int:
@@ -121,7 +126,8 @@ class Arm:
         """One schedule + update with made-up tokens; the host time of both kept if `timed`."""
         scheduler = self.scheduler
         waiting, _ = scheduler.queue_lengths()
-        for _ in range(max(self._settings.max_num_seqs // 4 - waiting, 0)):
+        depth = self._settings.waiting or self._settings.max_num_seqs // 4
+        for _ in range(max(depth - waiting, 0)):
             request_id, prompt, answer = self._workload.next()
             sampling = SamplingParams(max_tokens=answer, ignore_eos=True, temperature=0.0)
             scheduler.add(request_id, prompt, sampling)
@@ -283,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     defaults = Settings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size", "steps",
-                 "warmup_steps", "shared_prompts", "seed", "profile_steps"):  # fmt: skip
+                 "warmup_steps", "shared_prompts", "seed", "profile_steps", "waiting"):  # fmt: skip
         flag = f"--{name.replace('_', '-')}"
         parser.add_argument(flag, type=int, default=getattr(defaults, name))
     parser.add_argument("--repeat-fraction", type=float, default=defaults.repeat_fraction)

@@ -57,7 +57,6 @@ from fedllm_contract.priority import Priority
 from site_engine.engine.block_manager import BlockManager, CacheHit
 from site_engine.engine.class_preemption import pick_victim, room_without
 from site_engine.engine.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
-from site_engine.engine.scheduling_policy import admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.sequence_cache import SequenceCache
 from site_engine.engine.step_budget import StepBudget
@@ -69,6 +68,7 @@ from site_engine.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
+from site_engine.engine.waiting_queue import WaitingQueue
 
 __all__ = ["ClassLoad", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 log = logging.getLogger(__name__)
@@ -91,8 +91,11 @@ class Scheduler:
         )
         self._static = config.policy == "static"
         self._live: dict[str, Sequence] = {}
-        self._waiting: list[Sequence] = []
+        self._waiting = WaitingQueue(config.policy, config.spf_aging)
         self._running: list[Sequence] = []  # in admission order: the last one is preempted first
+        # How many of `_running` are of each class: whether a class has a victim below it is
+        # asked every step, and walking 1,024 running sequences to find none cost the step.
+        self._running_count = dict.fromkeys(Priority, 0)
         self._held: list[Sequence] = []  # static mode: finished members still holding blocks
         self._left_since_step: set[str] = set()
         # Request ids of each scheduled step not yet updated, oldest first: such an id cannot be
@@ -144,7 +147,7 @@ class Scheduler:
         seq.arrival_index = self._next_arrival
         self._next_arrival += 1
         self._live[request_id] = seq
-        self._waiting.append(seq)
+        self._waiting.add(seq)
         return seq
 
     def _check_admissible(self, seq: Sequence) -> None:
@@ -207,10 +210,9 @@ class Scheduler:
             raise ValueError(f"max_requests must be >= 0, got {max_requests}")
         if max_requests == 0:
             return []
-        order = admission_order(self._waiting, self.config.policy, self.config.spf_aging)
         fresh = [
             seq
-            for seq in order
+            for seq in self._waiting
             if not seq.ever_scheduled and seq.releasable and not seq.awaiting_guide
         ]
         released = fresh[-max_requests:]
@@ -236,9 +238,8 @@ class Scheduler:
         preempted: list[Sequence] = []
         cfg = self.config
         budget = StepBudget.for_step(cfg.max_num_batched_tokens, cfg.background_step_tokens)
-        # Grouped once: a class whose waiting sequences change during this step (a victim joins
-        # them) admits nobody in it, by the rule below.
-        waiting = self._waiting_by_class()
+        # A class whose waiting sequences change during this step (a victim joins them) admits
+        # nobody in it, by the rule below: the class's queue is as it was when the step began.
         for priority in Priority:
             self._schedule_running(priority, chunks, preempted, budget)
             self._end_static_batch_if_done()
@@ -248,7 +249,7 @@ class Scheduler:
             if any(victim.priority <= priority for victim in preempted):
                 continue
             if not (self._static and self._running):
-                self._admit_waiting(priority, waiting[priority], chunks, budget, preempted)
+                self._admit_waiting(priority, chunks, budget, preempted)
         left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
         if chunks:
@@ -313,40 +314,39 @@ class Scheduler:
         """Recompute preemption: its blocks go back, it re-prefills prompt + generated tokens
         later, ahead of its class (admission_order puts preempted sequences first)."""
         self._running.remove(seq)
+        self._running_count[seq.priority] -= 1
         self._blocks.free(seq.request_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self._num_preemptions += 1
         self._preemptions_by_class[seq.priority] += 1
-        self._waiting.insert(0, seq)
+        self._waiting.add(seq)  # its key puts it ahead of its class's fresh ones
 
-    def _waiting_by_class(self) -> dict[Priority, list[Sequence]]:
-        groups: dict[Priority, list[Sequence]] = {priority: [] for priority in Priority}
-        for seq in self._waiting:
-            groups[seq.priority].append(seq)
-        return groups
+    def _runs_below(self, priority: Priority) -> bool:
+        """Whether a sequence of a class below `priority` runs (one `_victim` could take)."""
+        return any(self._running_count[lower] for lower in Priority if lower > priority)
 
     def _admit_waiting(
         self,
         priority: Priority,
-        candidates: list[Sequence],
         chunks: list[ScheduledChunk],
         budget: StepBudget,
         preempted: list[Sequence],
     ) -> None:
-        """Admit `candidates`, the waiting sequences of one class, in policy order while they
-        fit, preempting running sequences of lower classes for a batch slot or KV blocks."""
+        """Admit the waiting sequences of one class in policy order while they fit, preempting
+        running sequences of lower classes for a batch slot or KV blocks."""
         cfg = self.config
+        candidates = self._waiting.of_class(priority)  # only admissions below change it
         if not candidates:
             return
-        if len(self._running) >= cfg.max_num_seqs and self._victim(priority + 1) is None:
-            return  # skip sorting the queue when nobody can be admitted anyway
+        if len(self._running) >= cfg.max_num_seqs and not self._runs_below(priority):
+            return  # skip planning when nobody can be admitted anyway
         plan_limit = cfg.num_blocks - cfg.watermark_blocks
         planned, outranking = self._planned_for(priority)
-        admitted = False
+        admitted = 0
         adapters = {seq.adapter for seq in self._running if seq.adapter}
-        for seq in admission_order(candidates, cfg.policy, cfg.spf_aging):
+        for seq in candidates:
             # A static batch may take members beyond this step's token budget: they prefill in
             # later steps, as members of the same batch.
             if budget.tokens == 0 and not self._static:
@@ -379,15 +379,16 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
             self._running.append(seq)
+            self._running_count[priority] += 1
             if seq.adapter:
                 adapters.add(seq.adapter)
             planned += need
             outranking = True
-            admitted = True
+            admitted += 1
             if num_new > 0:
                 chunks.append(self._chunk(seq, num_new))
                 budget.take(seq, wanted, num_new)
-        self._drop_admitted(admitted)
+        self._waiting.drop_admitted(priority, admitted)
 
     def _evict_below(
         self,
@@ -416,10 +417,6 @@ class Scheduler:
         return len(self._running) < self.config.max_num_seqs and self._blocks.can_admit(
             hit, num_tokens_total
         )
-
-    def _drop_admitted(self, admitted: bool) -> None:
-        if admitted:
-            self._waiting = [seq for seq in self._waiting if seq.status is SequenceStatus.WAITING]
 
     def _planned_for(self, priority: Priority) -> tuple[int, bool]:
         """Blocks the admission plan of class `priority` counts as taken: those held now (a
@@ -603,6 +600,7 @@ class Scheduler:
         was_running = seq.status is SequenceStatus.RUNNING
         if was_running:
             self._running.remove(seq)
+            self._running_count[seq.priority] -= 1
         else:
             self._waiting.remove(seq)
         del self._live[seq.request_id]
@@ -641,11 +639,11 @@ class Scheduler:
         )
 
     def _class_loads(self) -> tuple[ClassLoad, ...]:
-        waiting = Counter(seq.priority for seq in self._waiting)
-        running = Counter(seq.priority for seq in self._running)
         return tuple(
-            ClassLoad(p, waiting[p], running[p], self._preemptions_by_class[p]) for p in Priority
-        )
+            ClassLoad(p, self._waiting.count(p), self._running_count[p],
+                      self._preemptions_by_class[p])
+            for p in Priority
+        )  # fmt: skip
 
     def take_cache_events(self) -> list[CacheEvent]:
         """What changed in the prefix cache since the last call (site_engine/engine/
@@ -663,6 +661,9 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Raise AssertionError if queues, sequences and block tables disagree (used by tests)."""
         self._blocks.check_invariants()
+        self._waiting.check()
+        if Counter(seq.priority for seq in self._running) != +Counter(self._running_count):
+            raise AssertionError(f"running counts {self._running_count} out of step")
         holders = {seq.request_id for seq in (*self._running, *self._held)}
         if holders != self._blocks.request_ids():
             raise AssertionError(
