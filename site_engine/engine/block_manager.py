@@ -134,6 +134,11 @@ class BlockManager:
         """The physical blocks of `request_id` in logical order; KeyError if it has no table."""
         return tuple(self._tables[request_id])
 
+    def num_held(self, request_id: str) -> int:
+        """len(block_table(request_id)) without copying the table (the admission plan asks it
+        of every running sequence)."""
+        return len(self._tables[request_id])
+
     def refcount(self, block: int) -> int:
         return self._refcounts[block]
 
@@ -151,6 +156,17 @@ class BlockManager:
     def can_grow(self, request_id: str, num_tokens_total: int) -> bool:
         """Whether `grow(request_id, num_tokens_total)` would succeed now."""
         return self._missing_blocks(request_id, num_tokens_total) <= len(self._free)
+
+    def try_grow(self, request_id: str, num_tokens_total: int) -> bool:
+        """`grow` if `can_grow`, in one call and without copying the table; whether it did.
+        A decode step of 1,024 sequences asks this of each, and most need no new block."""
+        table = self._tables.get(request_id)
+        if table is not None and len(table) * self._block_size >= num_tokens_total >= 0:
+            return True
+        if not self.can_grow(request_id, num_tokens_total):
+            return False
+        self.grow(request_id, num_tokens_total)
+        return True
 
     def grow(self, request_id: str, num_tokens_total: int) -> tuple[int, ...]:
         """Make the table of `request_id` cover `num_tokens_total` token slots.
