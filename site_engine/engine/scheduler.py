@@ -61,6 +61,7 @@ from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.sequence_cache import SequenceCache
 from site_engine.engine.step_budget import StepBudget
 from site_engine.engine.types import (
+    PENDING_TOKEN,
     FinishReason,
     Guide,
     ModelRunnerOutput,
@@ -287,6 +288,7 @@ class Scheduler:
             seq for seq in running if seq.priority is priority
         ]  # fmt: skip
         max_model_len = self.config.max_model_len
+        blocks = self._blocks
         for seq in members:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for an earlier one's growth
@@ -299,7 +301,11 @@ class Scheduler:
             decode = wanted == 1
             num_new = min(1, budget.tokens) if decode else budget.allowance(seq, wanted)
             if num_new > 0:
-                if not self._make_room(seq, seq.num_computed_tokens + num_new, preempted):
+                # Most steps grow no table: _make_room (its first call the same) only if not.
+                num_total = seq.num_computed_tokens + num_new
+                if not blocks.try_grow(seq.request_id, num_total) and not self._make_room(
+                    seq, num_total, preempted
+                ):
                     break  # `seq` itself was the last one of its class and got preempted
                 chunks.append(self._chunk(seq, num_new))
                 if decode:
@@ -494,23 +500,30 @@ class Scheduler:
         """The chunk of `seq`'s next `num_new` positions; they count as computed from now on."""
         start = seq.num_computed_tokens
         end = start + num_new
-        num_output = len(seq.output_token_ids) + seq.num_pending
+        output = seq.output_token_ids
+        num_output = len(output) + seq.num_pending
+        num_prompt = len(seq.prompt_token_ids)
+        if num_new == 1 and start >= num_prompt:  # a decode: token_ids_between's last cases
+            at = start - num_prompt
+            token_ids = (output[at],) if at < len(output) else (PENDING_TOKEN,)
+        else:
+            token_ids = seq.token_ids_between(start, end)
         penalized = seq.sampling.penalized
         chunk = ScheduledChunk(
             request_id=seq.request_id,
-            token_ids=seq.token_ids_between(start, end),
+            token_ids=token_ids,
             start_position=start,
             block_table=self._blocks.block_table(seq.request_id),
-            sample=end == len(seq.prompt_token_ids) + num_output,
+            sample=end == num_prompt + num_output,
             sampling=seq.sampling,
             num_generated=num_output,
             guide=seq.guide,
-            history=seq.output_token_ids if penalized else (),
+            history=output if penalized else (),
             prompt_token_ids=seq.prompt_token_ids if penalized else (),
             adapter=seq.adapter,
         )
         seq.num_computed_tokens = end
-        if start < len(seq.prompt_token_ids):  # a decode computes no prompt token
+        if start < num_prompt:  # a decode computes no prompt token
             self._cache.computed(seq, start, end)
         if chunk.sample:
             seq.num_pending += 1
