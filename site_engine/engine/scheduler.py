@@ -257,7 +257,7 @@ class Scheduler:
             self._iterations += 1
         step_id = self._next_step_id
         self._next_step_id += 1
-        self._in_flight[step_id] = frozenset(chunk.request_id for chunk in chunks)
+        self._in_flight[step_id] = frozenset([chunk.request_id for chunk in chunks])
         copies, before_step = self._cache.take_copies(self.config.max_blocks_per_step)
         return SchedulerOutput(
             chunks=tuple(chunks),
@@ -631,7 +631,7 @@ class Scheduler:
         known = len(seq.output_token_ids)
         if known >= seq.sampling.max_tokens:
             return FinishReason.LENGTH
-        if seq.num_prompt_tokens + known >= self.config.max_model_len:
+        if len(seq.prompt_token_ids) + known >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 
