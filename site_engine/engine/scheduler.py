@@ -397,6 +397,7 @@ class Scheduler:
                 priority, hit, cached + num_new, preempted
             ):
                 break
+            self._waiting.admitting(seq)
             self._blocks.admit(seq.request_id, hit, cached + num_new)
             self._cache.admitted(seq, hit)
             seq.num_computed_tokens = cached
@@ -661,12 +662,12 @@ class Scheduler:
         self._held.clear()
 
     def stats(self) -> SchedulerStats:
-        active = (*self._waiting, *self._running)
         return SchedulerStats(
             num_waiting=len(self._waiting),
             num_running=len(self._running),
-            queued_prompt_tokens=sum(seq.num_tokens for seq in self._waiting),
-            predicted_remaining_tokens=sum(seq.remaining_predicted_tokens for seq in active),
+            queued_prompt_tokens=self._waiting.tokens,
+            predicted_remaining_tokens=self._waiting.remaining
+            + sum(seq.remaining_predicted_tokens for seq in self._running),
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
             cached_tokens=sum(s.num_computed_tokens for s in (*self._running, *self._held)),

@@ -10,6 +10,10 @@ ahead of every fresh one, as admission_order puts it). Keys are unique (the arri
 so the sorted list is the one order sorting would give. Inserting and removing one sequence costs
 a bisection and a move of the list's pointers (memmove); appending a fresh FCFS arrival lands at
 the end.
+
+It also keeps two sums stats() reports, so that they cost no walk over the queue: the tokens
+waiting and the output tokens they are expected to produce. Neither changes while a sequence
+waits (a preempted one's pending token, resolved while it waits, moves from pending to known).
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ class WaitingQueue:
         self._keys: dict[Priority, list[_Key]] = {priority: [] for priority in Priority}
         self._seqs: dict[Priority, list[Sequence]] = {priority: [] for priority in Priority}
         self._size = 0
+        self.tokens = 0  # sum of num_tokens
+        self.remaining = 0  # sum of remaining_predicted_tokens
+
+    def _count(self, seq: Sequence, sign: int) -> None:
+        self.tokens += sign * seq.num_tokens
+        self.remaining += sign * seq.remaining_predicted_tokens
 
     def _key(self, seq: Sequence) -> _Key:
         if self._spf:
@@ -52,6 +62,7 @@ class WaitingQueue:
             at = bisect_left(keys, key)
             keys.insert(at, key)
             seqs.insert(at, seq)
+        self._count(seq, 1)
         self._size += 1
 
     def remove(self, seq: Sequence) -> None:
@@ -63,6 +74,7 @@ class WaitingQueue:
             raise ValueError(f"request {seq.request_id!r} is not waiting")
         del keys[at]
         del seqs[at]
+        self._count(seq, -1)
         self._size -= 1
 
     def of_class(self, priority: Priority) -> list[Sequence]:
@@ -70,8 +82,14 @@ class WaitingQueue:
         read, not changed (drop_admitted takes out those admitted from it)."""
         return self._seqs[priority]
 
+    def admitting(self, seq: Sequence) -> None:
+        """`seq` (of `of_class`) is being admitted: out of the sums now, before its first chunk
+        changes its counts; out of the lists at `drop_admitted`, once the walk is over."""
+        self._count(seq, -1)
+
     def drop_admitted(self, priority: Priority, count: int) -> None:
-        """Take out the `count` sequences of `priority` no longer WAITING (just admitted)."""
+        """Take out the `count` sequences of `priority` no longer WAITING, each of them passed
+        to `admitting` first."""
         if count == 0:
             return
         keys, seqs = self._keys[priority], self._seqs[priority]
@@ -109,3 +127,7 @@ class WaitingQueue:
             total += len(seqs)
         if total != self._size:
             raise AssertionError(f"waiting queue size {self._size} != {total}")
+        if self.tokens != sum(seq.num_tokens for seq in self) or self.remaining != sum(
+            seq.remaining_predicted_tokens for seq in self
+        ):
+            raise AssertionError("waiting queue's token sums out of step")

@@ -66,6 +66,7 @@ def test_queue_reads_as_the_reference_sort_after_every_change(
             members = queue.of_class(priority)
             chosen = [s for i, s in enumerate(members[:4]) if i == 0 or rng.random() < 0.5]
             for seq in chosen:
+                queue.admitting(seq)
                 seq.status, seq.ever_scheduled = SequenceStatus.RUNNING, True
                 waiting.remove(seq)
                 running.append(seq)
