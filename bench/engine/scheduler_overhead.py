@@ -120,6 +120,7 @@ class Arm:
         self._token_rng = random.Random(settings.seed + 1)
         self.wall_s: list[float] = []
         self.cpu_s: list[float] = []
+        self.stats_cpu_s: list[float] = []  # scheduler.stats(), which the engine service calls
         self.running: list[int] = []
 
     def step(self, timed: bool, profiler: cProfile.Profile | None = None) -> None:
@@ -154,6 +155,10 @@ class Arm:
         if profiling:
             profiling.disable()
         if timed:
+            # After the step, apart: the site's engine thread asks for it after every step.
+            stats_began = time.thread_time()
+            scheduler.stats()
+            self.stats_cpu_s.append(time.thread_time() - stats_began)
             self.wall_s.append((scheduled - began) + (ended - resumed))
             self.cpu_s.append((scheduled_cpu - began_cpu) + (ended_cpu - resumed_cpu))
             self.running.append(scheduler.queue_lengths()[1])
@@ -227,6 +232,7 @@ def measure(settings: Settings) -> dict[str, Any]:
         result[name] = {
             **summarize(arm.wall_s),
             "thread_cpu": summarize(arm.cpu_s),
+            "stats_thread_cpu": summarize(arm.stats_cpu_s),
             "steps": len(arm.wall_s),
             **arm.state(),
         }
@@ -277,6 +283,10 @@ def markdown(settings: Settings, result: dict[str, Any], profile: str) -> str:
         f"per-step paired differences: {diff['paired_p50_ms']:.3f} ms wall, "
         f"{cpu['paired_p50_ms']:.3f} ms CPU. Prompt tokens found cached (on): "
         f"{result['on']['prefix_cache_hit_fraction']:.1%}.\n\n"
+        "scheduler.stats() after a step (the engine service calls it after every step; not in "
+        "the step's time above), thread CPU p50: off "
+        f"{result['off']['stats_thread_cpu']['p50_ms']:.3f} ms, on "
+        f"{result['on']['stats_thread_cpu']['p50_ms']:.3f} ms.\n\n"
         f"Python function calls per step (cProfile's count, which load does not move): off "
         f"{calls['off']:,.0f}, on {calls['on']:,.0f}, on - off **{calls['on_minus_off']:,.0f}**."
         "\n\n"
