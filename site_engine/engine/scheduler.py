@@ -506,7 +506,7 @@ class Scheduler:
         num_prompt = len(seq.prompt_token_ids)
         if num_new == 1 and start >= num_prompt:  # a decode: token_ids_between's last cases
             at = start - num_prompt
-            token_ids = (output[at],) if at < len(output) else (PENDING_TOKEN,)
+            token_ids: tuple[int, ...] = (output[at],) if at < len(output) else (PENDING_TOKEN,)
         else:
             token_ids = seq.token_ids_between(start, end)
         penalized = seq.sampling.penalized
