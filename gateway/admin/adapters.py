@@ -54,7 +54,7 @@ class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True):
     owner_key: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
 
-class SiteChangeView(msgspec.Struct, frozen=True):
+class SiteChangeView(msgspec.Struct, frozen=True, omit_defaults=True):
     site: str
     ok: bool
     error: str | None = None
