@@ -317,6 +317,9 @@ class PagedEngine:
                 AdapterRefused.BUSY, f"adapter {name!r} has requests queued or running; retry"
             )
         registry.unregister(name)
+        # Cached block ids are keyed by the adapter's name, not its weights: a later adapter of
+        # this name must not reuse them. Every id goes (unloads are rare; one AllBlocksCleared).
+        self._scheduler.clear_prefix_cache()
 
     def _live_registry(self) -> AdapterRegistry:
         if self._adapters is None:

@@ -31,6 +31,7 @@ def sources(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32)
     base = BaseShapes.of_model(model)
     write_adapter(root / "tenant-b", base, rank=RANK, targets=TARGETS)
+    write_adapter(root / "tenant-c", base, rank=RANK, targets=TARGETS, seed=1)
     write_adapter(root / "too-big", base, rank=16, targets=TARGETS)  # the site takes rank <= 8
     return root
 
@@ -91,6 +92,37 @@ def test_an_adapter_loaded_at_run_time_is_served_then_unloaded(
     assert list(lora_dir.iterdir()) == []
     gone = refusal(lambda: stub.UnloadAdapter(unload, timeout=60))
     assert gone.code() == grpc.StatusCode.NOT_FOUND
+
+
+def answer(stub: site_pb2_grpc.SiteEngineStub, adapter: str, prompt: list[int]) -> list[int]:
+    request = site_pb2.GenerateRequest(
+        request_id=uuid.uuid4().hex,
+        prompt_token_ids=prompt,
+        sampling=site_pb2.SamplingParams(max_tokens=8, temperature=0),
+        adapter=adapter,
+    )
+    return [t for chunk in stub.Generate(request, timeout=60) for t in chunk.token_ids]
+
+
+def test_a_name_loaded_again_serves_its_new_weights_not_the_old_cache(
+    stub: site_pb2_grpc.SiteEngineStub, sources: Path
+) -> None:
+    prompt = PROMPT * 4  # full KV blocks (16 tokens), which the prefix cache keeps
+    control = site_pb2.LoadAdapterRequest(name="control", path=str(sources / "tenant-c"))
+    stub.LoadAdapter(control, timeout=60)
+    expected = answer(stub, "control", prompt)
+    stub.UnloadAdapter(site_pb2.UnloadAdapterRequest(name="control"), timeout=60)
+
+    old = site_pb2.LoadAdapterRequest(name="reused", path=str(sources / "tenant-b"))
+    stub.LoadAdapter(old, timeout=60)
+    first = answer(stub, "reused", prompt)  # its prompt's blocks are cached under the name
+    unload = site_pb2.UnloadAdapterRequest(name="reused")
+    stub.UnloadAdapter(unload, timeout=60)
+    new = site_pb2.LoadAdapterRequest(name="reused", path=str(sources / "tenant-c"))
+    stub.LoadAdapter(new, timeout=60)
+    assert first != expected
+    assert answer(stub, "reused", prompt) == expected
+    stub.UnloadAdapter(unload, timeout=60)
 
 
 def test_an_adapter_that_does_not_fit_is_refused_and_nothing_changes(
