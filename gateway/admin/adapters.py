@@ -98,8 +98,10 @@ class AdapterAdmin:
         config = AdapterConfig(body.name, body.parent, body.owner_key)
         earlier = self._catalogue.declared(body.name)
         if earlier is not None and earlier != config:
-            raise Conflict(f"the federation file declares adapter {body.name!r} otherwise",
-                           param="name", code="adapter_exists")  # fmt: skip
+            raise Conflict(
+                f"adapter {body.name!r} is declared with another parent or owner (by the "
+                "federation file, or an earlier load)", param="name", code="adapter_exists",
+            )  # fmt: skip
         # Declared before any site serves it: a health check in between must not find it
         # without its owner (public for a moment).
         self._catalogue.declare(config)
