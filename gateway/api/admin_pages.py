@@ -23,6 +23,7 @@ from litestar import Controller, Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.response import Redirect
 
+from gateway.api.adapter_routes import AdminAdaptersController
 from gateway.api.admin_auth import (
     ADMIN_COOKIE,
     DEVICE_COOKIE,
@@ -245,6 +246,7 @@ def admin_router() -> Router:
             AdminApiController,
             AdminSitesController,
             AdminWorkloadController,
+            AdminAdaptersController,
             PredictorAdminController,
         ],
     )
