@@ -44,6 +44,7 @@ PROVIDED = (
     "dashboard",
     "drainer",
     "membership",
+    "adapter_admin",
     "scaling",
     "retraining",
     "readiness",

@@ -13,6 +13,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.admin.adapters import AdapterAdmin
 from gateway.admin.dashboard import Dashboard
 from gateway.admin.drain import SiteDrainer
 from gateway.admin.load_sampler import LoadSampler
@@ -159,6 +160,8 @@ class GatewayAssembly:
     drainer: SiteDrainer
     # Sites joining and leaving at run time (gateway/admin/membership.py).
     membership: SiteMembership
+    # LoRA adapters loaded and unloaded at run time (gateway/admin/adapters.py).
+    adapter_admin: AdapterAdmin
     # Capacity that follows load (gateway/scaling/), when GATEWAY_SCALING_FILE names models.
     scaling: ScalingController | None
     # Each served model's predictor error on recent traffic, and the retrain jobs asked for.
@@ -222,6 +225,7 @@ class GatewayAssembly:
         metrics = GatewayMetrics()
         metrics.watch_sites(registry.all)
         predictor.metrics = metrics
+        adapter_catalogue = AdapterCatalogue(registry, federation.adapters)
         completions = CompletionService(
             settings,
             registry,
@@ -237,7 +241,7 @@ class GatewayAssembly:
             metrics,
             frozenset(m.name for m in federation.models if m.share_prefix_cache),
             frozenset(m.name for m in federation.embedding_models),
-            AdapterCatalogue(registry, federation.adapters),
+            adapter_catalogue,
         )
         embeddings = _embedding_service(settings, federation, registry, tokenizers, completions)
         key_limits = _key_limits(
@@ -321,6 +325,9 @@ class GatewayAssembly:
             dashboard=Dashboard(settings, registry, sessions),
             drainer=drainer,
             membership=membership,
+            adapter_admin=AdapterAdmin(
+                registry, adapter_catalogue, frozenset(m.name for m in generative)
+            ),
             scaling=controller,
             retraining=Retraining(
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models

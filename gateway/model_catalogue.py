@@ -2,7 +2,8 @@
 healthy site serves over its base (vLLM's convention: an adapter is a model of its own name).
 
 The sites say which adapters they serve (SiteInfo.adapters, refreshed by every health check);
-the federation file may give one a parent and an owner key (gateway/federation_adapters.py).
+the federation file may give one a parent and an owner key (gateway/federation_adapters.py),
+and so may an operator who loads one at run time (gateway/admin/adapters.py).
 An adapter private to a key is, to every other key, a model that does not exist.
 """
 
@@ -26,6 +27,19 @@ class AdapterCatalogue:
     def __init__(self, registry: SiteRegistry, declared: Iterable[AdapterConfig] = ()) -> None:
         self._registry = registry
         self._declared = {adapter.name: adapter for adapter in declared}
+        self._in_file = frozenset(self._declared)
+
+    def declare(self, adapter: AdapterConfig) -> None:
+        """An adapter loaded at run time: its parent and owner, as the file would give them."""
+        self._declared[adapter.name] = adapter
+
+    def forget(self, name: str) -> None:
+        """An adapter unloaded everywhere: a run-time declaration goes (the file's stays)."""
+        if name not in self._in_file:
+            self._declared.pop(name, None)
+
+    def declared(self, name: str) -> AdapterConfig | None:
+        return self._declared.get(name)
 
     def served(self, key_name: str | None) -> list[ServedAdapter]:
         """The adapters healthy sites serve now that the key may use, by name."""

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -281,10 +281,9 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
         engine = MeteredEngine(engine, metrics)
     service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests)
     identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
-    # The adapters in SITE_LORA_DIR at start: the gRPC boundary refuses any other by name.
-    identity = replace(identity, adapters=frozenset(paged.served_adapters()))
-    if identity.adapters:
-        log.info("LoRA adapters served: %s", ", ".join(sorted(identity.adapters)))
+    # The gRPC boundary reads the adapter directory at each request (LoadAdapter adds to it).
+    if adapters := paged.served_adapters():
+        log.info("LoRA adapters served: %s", ", ".join(adapters))
     service.start()
     serving = Serving(service.stop)
     if metrics is not None:

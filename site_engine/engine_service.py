@@ -234,6 +234,14 @@ class EngineService:
         engine's thread: it touches no engine state)."""
         return self.engine.served_adapters()
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Off the engine's thread and the event loop: reading an adapter may take seconds."""
+        await asyncio.to_thread(self.engine.load_adapter, name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        """On the engine's thread, between steps: it checks the live requests' adapters."""
+        await self._call(lambda: self.engine.unload_adapter(name))
+
     def cumulative_kv(self) -> CumulativeKv:
         return self._cumulative_kv
 

@@ -78,6 +78,25 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
     ) -> site_pb2.ReleaseQueuedResponse:
         return site_pb2.ReleaseQueuedResponse()
 
+    async def LoadAdapter(
+        self, request: site_pb2.LoadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.AdapterList:
+        await self._no_adapters(context)
+        return site_pb2.AdapterList()  # never reached: abort raises
+
+    async def UnloadAdapter(
+        self, request: site_pb2.UnloadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.AdapterList:
+        await self._no_adapters(context)
+        return site_pb2.AdapterList()  # never reached: abort raises
+
+    async def _no_adapters(self, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"site {self._identity.site_name} serves embedding model "
+            f"{self._identity.model_name}: it serves no LoRA adapters",
+        )
+
     async def Info(
         self, request: site_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.SiteInfo:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 
 import grpc
@@ -28,7 +28,7 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.options import options_from_proto
 from fedllm_contract.request_options import RequestOptions
 from site_engine.cache_event_journal import CacheEventStream
-from site_engine.engine.api import EngineRequest, RequestRejected
+from site_engine.engine.api import AdapterRefused, EngineRequest, RequestRejected
 from site_engine.engine.types import FinishReason, TokenLogprob
 from site_engine.engine_service import (
     DuplicateRequest,
@@ -56,6 +56,12 @@ MAX_CACHE_SALT_CHARS = 256
 MAX_CHOICES = 128
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
+_ADAPTER_STATUS = {
+    AdapterRefused.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    AdapterRefused.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    AdapterRefused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    AdapterRefused.BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+}
 _TIER_TO_PROTO = {
     Tier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
     Tier.HOST: site_pb2.CACHE_TIER_HOST,
@@ -77,16 +83,13 @@ class SiteIdentity:
     device: str
     dtype: str
     version: str
-    # The LoRA adapters this site serves (SITE_LORA_DIR at start); a request naming another is
-    # refused.
-    adapters: frozenset[str] = frozenset()
 
 
 class InvalidRequest(ValueError):
     pass
 
 
-def _check_options(options: RequestOptions, vocab_size: int, adapters: frozenset[str]) -> None:
+def _check_options(options: RequestOptions, vocab_size: int, adapters: Collection[str]) -> None:
     if len(options.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in options.stop):
         raise InvalidRequest(
             f"stop takes up to {MAX_STOP_STRINGS} strings of up to {MAX_STOP_CHARS} characters"
@@ -166,7 +169,10 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             options = options_from_proto(request)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
-        _check_options(options, self._identity.vocab_size, self._identity.adapters)
+        # The adapters served now (read from the site's adapter directory, which LoadAdapter
+        # and UnloadAdapter change at run time), looked up only for a request that names one.
+        served = self._service.served_adapters() if options.adapter else ()
+        _check_options(options, self._identity.vocab_size, served)
         if request.prompt_token_ids:
             prompt_ids = tuple(request.prompt_token_ids)
             if max(prompt_ids) >= self._identity.vocab_size:
@@ -242,6 +248,24 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             ]
         )
 
+    async def LoadAdapter(
+        self, request: site_pb2.LoadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.AdapterList:
+        try:
+            await self._service.load_adapter(request.name, request.path)
+        except AdapterRefused as exc:
+            await context.abort(_ADAPTER_STATUS[exc.reason], str(exc))
+        return site_pb2.AdapterList(adapters=self._service.served_adapters())
+
+    async def UnloadAdapter(
+        self, request: site_pb2.UnloadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.AdapterList:
+        try:
+            await self._service.unload_adapter(request.name)
+        except AdapterRefused as exc:
+            await context.abort(_ADAPTER_STATUS[exc.reason], str(exc))
+        return site_pb2.AdapterList(adapters=self._service.served_adapters())
+
     async def Info(
         self, request: site_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.SiteInfo:
@@ -263,7 +287,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             prefix_caching=limits.prefix_caching,
             block_hash_scheme=HASH_SCHEME if limits.prefix_caching else "",
             host_kv_blocks=limits.host_kv_blocks,
-            adapters=sorted(ident.adapters),
+            adapters=self._service.served_adapters(),
         )
 
     def load_report(self) -> site_pb2.LoadReport:

@@ -291,6 +291,12 @@ class MeteredEngine:
     def served_adapters(self) -> tuple[str, ...]:
         return self._engine.served_adapters()
 
+    def load_adapter(self, name: str, path: str) -> None:
+        self._engine.load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        self._engine.unload_adapter(name)
+
 
 @dataclass(slots=True)
 class MetricsServer:

@@ -16,6 +16,8 @@ running set stays full.
 
     python -m bench.engine.scheduler_overhead
         (writes bench/results/engine_overhead/scheduler_overhead.{json,md})
+    python -m bench.engine.scheduler_overhead --waiting 10000 --name scheduler_overhead_waiting
+        (the same with 10,000 requests kept waiting: what ordering the queue costs a step)
     python -m bench.engine.scheduler_overhead --steps 20 --warmup-steps 10 --max-num-seqs 32 \
         --name scheduler_overhead_smoke --out /tmp/x                        (smoke test)
 
@@ -63,6 +65,9 @@ class Settings:
     repeat_fraction: float = 0.5
     seed: int = 0
     profile_steps: int = 100
+    # Requests kept waiting (the queue topped up to this depth before each step); 0: a quarter
+    # of max_num_seqs, enough to keep the running set full.
+    waiting: int = 0
 
 
 def _lognormal(rng: random.Random, median: float, p99: float, cap: int) -> int:
@@ -115,13 +120,15 @@ class Arm:
         self._token_rng = random.Random(settings.seed + 1)
         self.wall_s: list[float] = []
         self.cpu_s: list[float] = []
+        self.stats_cpu_s: list[float] = []  # scheduler.stats(), which the engine service calls
         self.running: list[int] = []
 
     def step(self, timed: bool, profiler: cProfile.Profile | None = None) -> None:
         """One schedule + update with made-up tokens; the host time of both kept if `timed`."""
         scheduler = self.scheduler
         waiting, _ = scheduler.queue_lengths()
-        for _ in range(max(self._settings.max_num_seqs // 4 - waiting, 0)):
+        depth = self._settings.waiting or self._settings.max_num_seqs // 4
+        for _ in range(max(depth - waiting, 0)):
             request_id, prompt, answer = self._workload.next()
             sampling = SamplingParams(max_tokens=answer, ignore_eos=True, temperature=0.0)
             scheduler.add(request_id, prompt, sampling)
@@ -148,6 +155,10 @@ class Arm:
         if profiling:
             profiling.disable()
         if timed:
+            # After the step, apart: the site's engine thread asks for it after every step.
+            stats_began = time.thread_time()
+            scheduler.stats()
+            self.stats_cpu_s.append(time.thread_time() - stats_began)
             self.wall_s.append((scheduled - began) + (ended - resumed))
             self.cpu_s.append((scheduled_cpu - began_cpu) + (ended_cpu - resumed_cpu))
             self.running.append(scheduler.queue_lengths()[1])
@@ -221,6 +232,7 @@ def measure(settings: Settings) -> dict[str, Any]:
         result[name] = {
             **summarize(arm.wall_s),
             "thread_cpu": summarize(arm.cpu_s),
+            "stats_thread_cpu": summarize(arm.stats_cpu_s),
             "steps": len(arm.wall_s),
             **arm.state(),
         }
@@ -271,6 +283,10 @@ def markdown(settings: Settings, result: dict[str, Any], profile: str) -> str:
         f"per-step paired differences: {diff['paired_p50_ms']:.3f} ms wall, "
         f"{cpu['paired_p50_ms']:.3f} ms CPU. Prompt tokens found cached (on): "
         f"{result['on']['prefix_cache_hit_fraction']:.1%}.\n\n"
+        "scheduler.stats() after a step (the engine service calls it after every step; not in "
+        "the step's time above), thread CPU p50: off "
+        f"{result['off']['stats_thread_cpu']['p50_ms']:.3f} ms, on "
+        f"{result['on']['stats_thread_cpu']['p50_ms']:.3f} ms.\n\n"
         f"Python function calls per step (cProfile's count, which load does not move): off "
         f"{calls['off']:,.0f}, on {calls['on']:,.0f}, on - off **{calls['on_minus_off']:,.0f}**."
         "\n\n"
@@ -283,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     defaults = Settings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size", "steps",
-                 "warmup_steps", "shared_prompts", "seed", "profile_steps"):  # fmt: skip
+                 "warmup_steps", "shared_prompts", "seed", "profile_steps", "waiting"):  # fmt: skip
         flag = f"--{name.replace('_', '-')}"
         parser.add_argument(flag, type=int, default=getattr(defaults, name))
     parser.add_argument("--repeat-fraction", type=float, default=defaults.repeat_fraction)

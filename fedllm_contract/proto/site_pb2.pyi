@@ -971,3 +971,69 @@ class CacheEvents(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CacheEvents: _TypeAlias = CacheEvents  # noqa: Y015
+
+@_typing.final
+class LoadAdapterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    path: _builtins.str
+    """A PEFT adapter directory on the site's machine (adapter_config.json,
+    adapter_model.safetensors).
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadAdapterRequest: _TypeAlias = LoadAdapterRequest  # noqa: Y015
+
+@_typing.final
+class UnloadAdapterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnloadAdapterRequest: _TypeAlias = UnloadAdapterRequest  # noqa: Y015
+
+@_typing.final
+class AdapterList(_message.Message):
+    """The adapters the site serves after the change (as SiteInfo.adapters)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADAPTERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        adapters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdapterList: _TypeAlias = AdapterList  # noqa: Y015

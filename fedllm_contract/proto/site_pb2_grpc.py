@@ -64,6 +64,16 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/LoadAdapter',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/UnloadAdapter',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
+                _registered_method=True)
 
 
 class SiteEngineServicer:
@@ -116,6 +126,25 @@ class SiteEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Serves a PEFT LoRA adapter from now on, without a restart (vLLM's /v1/load_lora_adapter):
+        `path` is a directory on the site's machine, checked against the base model (a wrong base,
+        shape or rank: INVALID_ARGUMENT, nothing changes) and linked into the site's adapter
+        directory under `name` (a name already served: ALREADY_EXISTS; a site started without
+        --lora-dir: FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
+        a request of the adapter is queued or running: the caller retries once they end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +177,16 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.EmbedResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +351,60 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/Embed',
             fedllm__contract_dot_proto_dot_site__pb2.EmbedRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/LoadAdapter',
+            fedllm__contract_dot_proto_dot_site__pb2.LoadAdapterRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/UnloadAdapter',
+            fedllm__contract_dot_proto_dot_site__pb2.UnloadAdapterRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,17 @@ class SiteEngineStub:
     (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
     INVALID_ARGUMENT, as an embedding site refuses Generate.
     """
+    LoadAdapter: _grpc.UnaryUnaryMultiCallable[_site_pb2.LoadAdapterRequest, _site_pb2.AdapterList]
+    """Serves a PEFT LoRA adapter from now on, without a restart (vLLM's /v1/load_lora_adapter):
+    `path` is a directory on the site's machine, checked against the base model (a wrong base,
+    shape or rank: INVALID_ARGUMENT, nothing changes) and linked into the site's adapter
+    directory under `name` (a name already served: ALREADY_EXISTS; a site started without
+    --lora-dir: FAILED_PRECONDITION).
+    """
+    UnloadAdapter: _grpc.UnaryUnaryMultiCallable[_site_pb2.UnloadAdapterRequest, _site_pb2.AdapterList]
+    """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
+    a request of the adapter is queued or running: the caller retries once they end.
+    """
 
 @_typing.type_check_only
 class SiteEngineAsyncStub(SiteEngineStub):
@@ -81,6 +92,17 @@ class SiteEngineAsyncStub(SiteEngineStub):
     """One embedding per input, in order, on a site whose model is an embedding model
     (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
     INVALID_ARGUMENT, as an embedding site refuses Generate.
+    """
+    LoadAdapter: _aio.UnaryUnaryMultiCallable[_site_pb2.LoadAdapterRequest, _site_pb2.AdapterList]  # type: ignore[assignment]
+    """Serves a PEFT LoRA adapter from now on, without a restart (vLLM's /v1/load_lora_adapter):
+    `path` is a directory on the site's machine, checked against the base model (a wrong base,
+    shape or rank: INVALID_ARGUMENT, nothing changes) and linked into the site's adapter
+    directory under `name` (a name already served: ALREADY_EXISTS; a site started without
+    --lora-dir: FAILED_PRECONDITION).
+    """
+    UnloadAdapter: _aio.UnaryUnaryMultiCallable[_site_pb2.UnloadAdapterRequest, _site_pb2.AdapterList]  # type: ignore[assignment]
+    """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
+    a request of the adapter is queued or running: the caller retries once they end.
     """
 
 class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
@@ -138,6 +160,29 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         """One embedding per input, in order, on a site whose model is an embedding model
         (SiteInfo.task = MODEL_TASK_EMBED). A site of a generative model refuses it with
         INVALID_ARGUMENT, as an embedding site refuses Generate.
+        """
+
+    @_abc_1.abstractmethod
+    def LoadAdapter(
+        self,
+        request: _site_pb2.LoadAdapterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.AdapterList, _abc.Awaitable[_site_pb2.AdapterList]]:
+        """Serves a PEFT LoRA adapter from now on, without a restart (vLLM's /v1/load_lora_adapter):
+        `path` is a directory on the site's machine, checked against the base model (a wrong base,
+        shape or rank: INVALID_ARGUMENT, nothing changes) and linked into the site's adapter
+        directory under `name` (a name already served: ALREADY_EXISTS; a site started without
+        --lora-dir: FAILED_PRECONDITION).
+        """
+
+    @_abc_1.abstractmethod
+    def UnloadAdapter(
+        self,
+        request: _site_pb2.UnloadAdapterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.AdapterList, _abc.Awaitable[_site_pb2.AdapterList]]:
+        """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
+        a request of the adapter is queued or running: the caller retries once they end.
         """
 
 def add_SiteEngineServicer_to_server(servicer: SiteEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -23,6 +23,7 @@ from litestar import Controller, Request, Response, Router, get, post
 from litestar.params import FromPath
 from litestar.response import Redirect
 
+from gateway.api.adapter_routes import AdminAdaptersController
 from gateway.api.admin_auth import (
     ADMIN_COOKIE,
     DEVICE_COOKIE,
@@ -240,6 +241,7 @@ def admin_router() -> Router:
             admin_pages(AdminAssets.load()),
             AdminApiController,
             AdminSitesController,
+            AdminAdaptersController,
             PredictorAdminController,
         ],
     )

@@ -22,6 +22,7 @@ from fedllm_contract.proto.options import options_to_proto
 from gateway.federation import ModelTask
 from gateway.sites.interface import (
     ALL_CAPABILITIES,
+    AdapterChangeRefused,
     EmbedParams,
     EmbedResult,
     GenerateParams,
@@ -64,6 +65,14 @@ _CHANNEL_OPTIONS = (
 )
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _REJECTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
+_ADAPTER_REFUSALS = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid",
+    grpc.StatusCode.ALREADY_EXISTS: "exists",
+    grpc.StatusCode.NOT_FOUND: "not_found",
+    grpc.StatusCode.FAILED_PRECONDITION: "busy",
+}
+# Loading reads and checks the adapter's weights at the site: seconds for a large one.
+_ADAPTER_CHANGE_TIMEOUT_S = 120.0
 
 
 def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
@@ -222,6 +231,28 @@ class GrpcSiteClient:
             embedding_dimension=info.embedding_dimension,
             adapters=tuple(info.adapters),
         )
+
+    async def load_adapter(self, name: str, path: str) -> tuple[str, ...]:
+        request = site_pb2.LoadAdapterRequest(name=name, path=path)
+        try:
+            answer = await self._stub.LoadAdapter(request, timeout=_ADAPTER_CHANGE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise self._adapter_error(exc) from exc
+        return tuple(answer.adapters)
+
+    async def unload_adapter(self, name: str) -> tuple[str, ...]:
+        request = site_pb2.UnloadAdapterRequest(name=name)
+        try:
+            answer = await self._stub.UnloadAdapter(request, timeout=_ADAPTER_CHANGE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise self._adapter_error(exc) from exc
+        return tuple(answer.adapters)
+
+    def _adapter_error(self, exc: grpc.aio.AioRpcError) -> SiteCallError:
+        reason = _ADAPTER_REFUSALS.get(exc.code())
+        if reason is None:
+            return self._error(exc)
+        return AdapterChangeRefused(self.name, exc.details() or exc.code().name, reason)
 
     def _task(self, task: int) -> ModelTask:
         known = _TASK_FROM_PROTO.get(task)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 from fedllm_contract.cache_events import CacheEventBatch
 from fedllm_contract.request_options import RequestOptions
@@ -58,6 +58,16 @@ class SiteRejected(SiteCallError):
 
 class SiteFailed(SiteCallError):
     """The site accepted the request and then failed it."""
+
+
+class AdapterChangeRefused(SiteCallError):
+    """The site refused to load or unload a LoRA adapter. `reason`: "invalid" (does not fit the
+    base, a bad name or path), "exists" (the name is served), "not_found" (unloading one not
+    served), "busy" (requests of it are live, or the site serves no adapters)."""
+
+    def __init__(self, site: str, message: str, reason: str) -> None:
+        super().__init__(site, message)
+        self.reason = reason
 
 
 class SiteTimedOut(SiteFailed):
@@ -245,3 +255,14 @@ class SiteClient(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AdapterLoading(Protocol):
+    """A site that loads and unloads LoRA adapters at run time (this project's site engines;
+    docs/engine.md). Both answer the adapters the site serves after the change;
+    AdapterChangeRefused when the site refuses, SiteUnavailable when it cannot be reached."""
+
+    async def load_adapter(self, name: str, path: str) -> tuple[str, ...]: ...
+
+    async def unload_adapter(self, name: str) -> tuple[str, ...]: ...

@@ -19,6 +19,19 @@ class RequestRejected(ValueError):
     """The request can never be served by this engine (e.g. longer than the context)."""
 
 
+class AdapterRefused(ValueError):
+    """A LoRA adapter cannot be loaded or unloaded; `reason` says which way (the gRPC status)."""
+
+    INVALID = "invalid"  # does not fit the base, or a bad name or path
+    EXISTS = "exists"  # the name is served already
+    NOT_FOUND = "not_found"  # unloading one not served
+    BUSY = "busy"  # requests of it are live, or the site serves no adapters
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str
@@ -118,3 +131,10 @@ class Engine(Protocol):
     def served_adapters(self) -> tuple[str, ...]:
         """The LoRA adapters EngineRequest.adapter may name, sorted; () for the base only.
         Unlike the other methods, callable from any thread (it reads the adapter directory)."""
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serves the PEFT adapter in directory `path` as `name` from now on; AdapterRefused,
+        nothing changed, otherwise. Callable from any thread (it reads files)."""
+
+    def unload_adapter(self, name: str) -> None:
+        """Stops serving `name`; AdapterRefused (BUSY) while a request of it is live."""

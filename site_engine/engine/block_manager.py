@@ -79,6 +79,9 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refcounts = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
+        # Each table as a tuple, made when it changes (only `grow` adds blocks): every step
+        # hands each running sequence's table to the runner, and most steps change none.
+        self._frozen: dict[str, tuple[int, ...]] = {}
         self.events = CacheEventRecorder()
         self._index = BlockIndex(Tier.DEVICE, self.events) if caching else None
         self._host = HostTier(host_slots, self.events) if host_slots else None
@@ -132,7 +135,12 @@ class BlockManager:
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
         """The physical blocks of `request_id` in logical order; KeyError if it has no table."""
-        return tuple(self._tables[request_id])
+        return self._frozen[request_id]
+
+    def num_held(self, request_id: str) -> int:
+        """len(block_table(request_id)) without copying the table (the admission plan asks it
+        of every running sequence)."""
+        return len(self._tables[request_id])
 
     def refcount(self, block: int) -> int:
         return self._refcounts[block]
@@ -152,6 +160,17 @@ class BlockManager:
         """Whether `grow(request_id, num_tokens_total)` would succeed now."""
         return self._missing_blocks(request_id, num_tokens_total) <= len(self._free)
 
+    def try_grow(self, request_id: str, num_tokens_total: int) -> bool:
+        """`grow` if `can_grow`, in one call and without copying the table; whether it did.
+        A decode step of 1,024 sequences asks this of each, and most need no new block."""
+        table = self._tables.get(request_id)
+        if table is not None and len(table) * self._block_size >= num_tokens_total >= 0:
+            return True
+        if not self.can_grow(request_id, num_tokens_total):
+            return False
+        self.grow(request_id, num_tokens_total)
+        return True
+
     def grow(self, request_id: str, num_tokens_total: int) -> tuple[int, ...]:
         """Make the table of `request_id` cover `num_tokens_total` token slots.
 
@@ -165,7 +184,8 @@ class BlockManager:
         self._registered.setdefault(request_id, 0)
         for _ in range(missing):
             table.append(self._take_free_block())
-        return tuple(table)
+        frozen = self._frozen[request_id] = tuple(table)
+        return frozen
 
     def _take_free_block(self) -> int:
         """The head of the free queue, its id evicted (and copied to the host tier if it has
@@ -188,6 +208,7 @@ class BlockManager:
         KeyError for an id without a table: a double free is a caller bug and must be loud.
         """
         table = self._tables.pop(request_id)
+        del self._frozen[request_id]
         del self._registered[request_id]
         released = 0
         # Last blocks first: of one request's cached blocks, the deepest is evicted first.
@@ -332,6 +353,8 @@ class BlockManager:
                 raise AssertionError(f"block {block} is {state}")
         if set(self._registered) != set(self._tables):
             raise AssertionError("registration counts out of step with the tables")
+        if self._frozen != {rid: tuple(table) for rid, table in self._tables.items()}:
+            raise AssertionError("block-table tuples out of step with the tables")
         for request_id, table in self._tables.items():
             if self._registered[request_id] > len(table):
                 raise AssertionError(f"{request_id!r}: more blocks registered than held")

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from fedllm_contract.cache_events import CacheEvent
 from site_engine.engine.api import (
+    AdapterRefused,
     EngineLimits,
     EngineRequest,
     EngineStats,
@@ -292,6 +294,39 @@ class PagedEngine:
     def served_adapters(self) -> tuple[str, ...]:
         """The LoRA adapters requests may name (EngineRequest.adapter), sorted; () if none."""
         return self._adapters.served() if self._adapters is not None else ()
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Any thread: the registry checks the files and links them in under its own lock."""
+        registry = self._live_registry()
+        if name in registry.served():
+            raise AdapterRefused(AdapterRefused.EXISTS, f"adapter {name!r} is already served")
+        try:
+            registry.register(name, Path(path))
+        except AdapterError as exc:
+            raise AdapterRefused(AdapterRefused.INVALID, str(exc)) from exc
+
+    def unload_adapter(self, name: str) -> None:
+        """Engine thread. Refused, not drained, while requests of `name` are live: draining
+        would hold the caller for as long as the longest of them, and a refusal lets the
+        operator choose (retry, or cancel them)."""
+        registry = self._live_registry()
+        if name not in registry.served():
+            raise AdapterRefused(AdapterRefused.NOT_FOUND, f"adapter {name!r} is not served")
+        if name in self._scheduler.live_adapters():
+            raise AdapterRefused(
+                AdapterRefused.BUSY, f"adapter {name!r} has requests queued or running; retry"
+            )
+        registry.unregister(name)
+        # Cached block ids are keyed by the adapter's name, not its weights: a later adapter of
+        # this name must not reuse them. Every id goes (unloads are rare; one AllBlocksCleared).
+        self._scheduler.clear_prefix_cache()
+
+    def _live_registry(self) -> AdapterRegistry:
+        if self._adapters is None:
+            raise AdapterRefused(
+                AdapterRefused.BUSY, "this site was started without --lora-dir: no adapters"
+            )
+        return self._adapters
 
     @property
     def adapters(self) -> AdapterRegistry | None:

@@ -57,11 +57,11 @@ from fedllm_contract.priority import Priority
 from site_engine.engine.block_manager import BlockManager, CacheHit
 from site_engine.engine.class_preemption import pick_victim, room_without
 from site_engine.engine.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
-from site_engine.engine.scheduling_policy import admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.sequence_cache import SequenceCache
 from site_engine.engine.step_budget import StepBudget
 from site_engine.engine.types import (
+    PENDING_TOKEN,
     FinishReason,
     Guide,
     ModelRunnerOutput,
@@ -69,6 +69,7 @@ from site_engine.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
+from site_engine.engine.waiting_queue import WaitingQueue
 
 __all__ = ["ClassLoad", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 log = logging.getLogger(__name__)
@@ -91,8 +92,11 @@ class Scheduler:
         )
         self._static = config.policy == "static"
         self._live: dict[str, Sequence] = {}
-        self._waiting: list[Sequence] = []
+        self._waiting = WaitingQueue(config.policy, config.spf_aging)
         self._running: list[Sequence] = []  # in admission order: the last one is preempted first
+        # How many of `_running` are of each class: whether a class has a victim below it is
+        # asked every step, and walking 1,024 running sequences to find none cost the step.
+        self._running_count = dict.fromkeys(Priority, 0)
         self._held: list[Sequence] = []  # static mode: finished members still holding blocks
         self._left_since_step: set[str] = set()
         # Request ids of each scheduled step not yet updated, oldest first: such an id cannot be
@@ -144,7 +148,7 @@ class Scheduler:
         seq.arrival_index = self._next_arrival
         self._next_arrival += 1
         self._live[request_id] = seq
-        self._waiting.append(seq)
+        self._waiting.add(seq)
         return seq
 
     def _check_admissible(self, seq: Sequence) -> None:
@@ -207,10 +211,9 @@ class Scheduler:
             raise ValueError(f"max_requests must be >= 0, got {max_requests}")
         if max_requests == 0:
             return []
-        order = admission_order(self._waiting, self.config.policy, self.config.spf_aging)
         fresh = [
             seq
-            for seq in order
+            for seq in self._waiting
             if not seq.ever_scheduled and seq.releasable and not seq.awaiting_guide
         ]
         released = fresh[-max_requests:]
@@ -236,9 +239,8 @@ class Scheduler:
         preempted: list[Sequence] = []
         cfg = self.config
         budget = StepBudget.for_step(cfg.max_num_batched_tokens, cfg.background_step_tokens)
-        # Grouped once: a class whose waiting sequences change during this step (a victim joins
-        # them) admits nobody in it, by the rule below.
-        waiting = self._waiting_by_class()
+        # A class whose waiting sequences change during this step (a victim joins them) admits
+        # nobody in it, by the rule below: the class's queue is as it was when the step began.
         for priority in Priority:
             self._schedule_running(priority, chunks, preempted, budget)
             self._end_static_batch_if_done()
@@ -248,14 +250,14 @@ class Scheduler:
             if any(victim.priority <= priority for victim in preempted):
                 continue
             if not (self._static and self._running):
-                self._admit_waiting(priority, waiting[priority], chunks, budget, preempted)
+                self._admit_waiting(priority, chunks, budget, preempted)
         left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
         if chunks:
             self._iterations += 1
         step_id = self._next_step_id
         self._next_step_id += 1
-        self._in_flight[step_id] = frozenset(chunk.request_id for chunk in chunks)
+        self._in_flight[step_id] = frozenset([chunk.request_id for chunk in chunks])
         copies, before_step = self._cache.take_copies(self.config.max_blocks_per_step)
         return SchedulerOutput(
             chunks=tuple(chunks),
@@ -273,19 +275,43 @@ class Scheduler:
         preempted: list[Sequence],
         budget: StepBudget,
     ) -> None:
-        """Schedule the running sequences of one class in admission order."""
-        for seq in [seq for seq in self._running if seq.priority is priority]:
+        """Schedule the running sequences of one class in admission order.
+
+        Run for every running sequence every step, so it reads the sequence's fields directly
+        rather than through its properties (the same arithmetic, fewer Python calls)."""
+        count = self._running_count[priority]
+        if count == 0:
+            return
+        running = self._running
+        # A copy: a preemption below takes sequences out of `_running` while this goes on.
+        members = running[:] if count == len(running) else [
+            seq for seq in running if seq.priority is priority
+        ]  # fmt: skip
+        max_model_len = self.config.max_model_len
+        blocks = self._blocks
+        for seq in members:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for an earlier one's growth
+            num_output = len(seq.output_token_ids) + seq.num_pending
+            num_tokens = len(seq.prompt_token_ids) + num_output
             # Done but for pending tokens: the step that sampled its last token retires it.
-            done = seq.generation_done or seq.num_tokens >= self.config.max_model_len
-            wanted = 0 if done else seq.num_uncomputed_tokens
-            num_new = budget.allowance(seq, wanted)
+            done = num_output >= seq.sampling.max_tokens or num_tokens >= max_model_len
+            wanted = 0 if done else num_tokens - seq.num_computed_tokens
+            # One token is a decode, never deferred (step_budget.py): only the step's budget.
+            decode = wanted == 1
+            num_new = min(1, budget.tokens) if decode else budget.allowance(seq, wanted)
             if num_new > 0:
-                if not self._make_room(seq, seq.num_computed_tokens + num_new, preempted):
+                # Most steps grow no table: _make_room (its first call the same) only if not.
+                num_total = seq.num_computed_tokens + num_new
+                if not blocks.try_grow(seq.request_id, num_total) and not self._make_room(
+                    seq, num_total, preempted
+                ):
                     break  # `seq` itself was the last one of its class and got preempted
                 chunks.append(self._chunk(seq, num_new))
-                budget.take(seq, wanted, num_new)
+                if decode:
+                    budget.tokens -= 1  # what take() does for a decode
+                else:
+                    budget.take(seq, wanted, num_new)
 
     def _make_room(self, seq: Sequence, num_tokens_total: int, preempted: list[Sequence]) -> bool:
         """Grow `seq`'s table, preempting running sequences (the lowest class first, the newest
@@ -293,14 +319,13 @@ class Scheduler:
 
         Returns False if `seq` had to be preempted itself.
         """
-        while not self._blocks.can_grow(seq.request_id, num_tokens_total):
+        while not self._blocks.try_grow(seq.request_id, num_tokens_total):
             victim = self._victim(seq.priority)
             assert victim is not None  # `seq` itself qualifies
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
-        self._blocks.grow(seq.request_id, num_tokens_total)
         return True
 
     def _victim(self, lowest: int) -> Sequence | None:
@@ -313,40 +338,39 @@ class Scheduler:
         """Recompute preemption: its blocks go back, it re-prefills prompt + generated tokens
         later, ahead of its class (admission_order puts preempted sequences first)."""
         self._running.remove(seq)
+        self._running_count[seq.priority] -= 1
         self._blocks.free(seq.request_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self._num_preemptions += 1
         self._preemptions_by_class[seq.priority] += 1
-        self._waiting.insert(0, seq)
+        self._waiting.add(seq)  # its key puts it ahead of its class's fresh ones
 
-    def _waiting_by_class(self) -> dict[Priority, list[Sequence]]:
-        groups: dict[Priority, list[Sequence]] = {priority: [] for priority in Priority}
-        for seq in self._waiting:
-            groups[seq.priority].append(seq)
-        return groups
+    def _runs_below(self, priority: Priority) -> bool:
+        """Whether a sequence of a class below `priority` runs (one `_victim` could take)."""
+        return any(self._running_count[lower] for lower in Priority if lower > priority)
 
     def _admit_waiting(
         self,
         priority: Priority,
-        candidates: list[Sequence],
         chunks: list[ScheduledChunk],
         budget: StepBudget,
         preempted: list[Sequence],
     ) -> None:
-        """Admit `candidates`, the waiting sequences of one class, in policy order while they
-        fit, preempting running sequences of lower classes for a batch slot or KV blocks."""
+        """Admit the waiting sequences of one class in policy order while they fit, preempting
+        running sequences of lower classes for a batch slot or KV blocks."""
         cfg = self.config
+        candidates = self._waiting.of_class(priority)  # only admissions below change it
         if not candidates:
             return
-        if len(self._running) >= cfg.max_num_seqs and self._victim(priority + 1) is None:
-            return  # skip sorting the queue when nobody can be admitted anyway
+        if len(self._running) >= cfg.max_num_seqs and not self._runs_below(priority):
+            return  # skip planning when nobody can be admitted anyway
         plan_limit = cfg.num_blocks - cfg.watermark_blocks
         planned, outranking = self._planned_for(priority)
-        admitted = False
+        admitted = 0
         adapters = {seq.adapter for seq in self._running if seq.adapter}
-        for seq in admission_order(candidates, cfg.policy, cfg.spf_aging):
+        for seq in candidates:
             # A static batch may take members beyond this step's token budget: they prefill in
             # later steps, as members of the same batch.
             if budget.tokens == 0 and not self._static:
@@ -373,21 +397,23 @@ class Scheduler:
                 priority, hit, cached + num_new, preempted
             ):
                 break
+            self._waiting.admitting(seq)
             self._blocks.admit(seq.request_id, hit, cached + num_new)
             self._cache.admitted(seq, hit)
             seq.num_computed_tokens = cached
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
             self._running.append(seq)
+            self._running_count[priority] += 1
             if seq.adapter:
                 adapters.add(seq.adapter)
             planned += need
             outranking = True
-            admitted = True
+            admitted += 1
             if num_new > 0:
                 chunks.append(self._chunk(seq, num_new))
                 budget.take(seq, wanted, num_new)
-        self._drop_admitted(admitted)
+        self._waiting.drop_admitted(priority, admitted)
 
     def _evict_below(
         self,
@@ -417,10 +443,6 @@ class Scheduler:
             hit, num_tokens_total
         )
 
-    def _drop_admitted(self, admitted: bool) -> None:
-        if admitted:
-            self._waiting = [seq for seq in self._waiting if seq.status is SequenceStatus.WAITING]
-
     def _planned_for(self, priority: Priority) -> tuple[int, bool]:
         """Blocks the admission plan of class `priority` counts as taken: those held now (a
         shared one once) plus what each holder is still planned to grow by, leaving out the
@@ -428,15 +450,20 @@ class Scheduler:
 
         A block a lower class shares with a higher one is left out too: the plan errs towards
         admitting, and the admission's real check (`_has_room`) is exact."""
-        planned = self._blocks.num_used_blocks
+        blocks = self._blocks
+        planned = blocks.num_used_blocks
         outranking = False
+        size = self.config.block_size
         for seq in (*self._running, *self._held):
-            held = len(self._blocks.block_table(seq.request_id))
+            held = blocks.num_held(seq.request_id)
             if seq.priority > priority:
                 planned -= held
-            else:
-                planned += self._planned_blocks(seq) - held
-                outranking = True
+                continue
+            # _planned_blocks of a holder, its properties unrolled: run for every holder.
+            num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids) + seq.num_pending
+            tokens = max(len(seq.prompt_token_ids) + seq.expected_output_tokens, num_tokens)
+            planned += max(-(-tokens // size) - held, 0)
+            outranking = True
         return max(planned, 0), outranking
 
     def _adapter_ready(self, seq: Sequence, running: set[str]) -> bool:
@@ -467,28 +494,38 @@ class Scheduler:
         already needs more (it outran its prediction, or it is a preempted one coming back)."""
         tokens = max(seq.expected_total_tokens, seq.num_tokens)
         waiting = seq.status is SequenceStatus.WAITING
-        held = 0 if waiting else len(self._blocks.block_table(seq.request_id))
+        held = 0 if waiting else self._blocks.num_held(seq.request_id)
         return max(self._blocks.blocks_needed(tokens), held)
 
     def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
         """The chunk of `seq`'s next `num_new` positions; they count as computed from now on."""
         start = seq.num_computed_tokens
         end = start + num_new
+        output = seq.output_token_ids
+        num_output = len(output) + seq.num_pending
+        num_prompt = len(seq.prompt_token_ids)
+        if num_new == 1 and start >= num_prompt:  # a decode: token_ids_between's last cases
+            at = start - num_prompt
+            token_ids: tuple[int, ...] = (output[at],) if at < len(output) else (PENDING_TOKEN,)
+        else:
+            token_ids = seq.token_ids_between(start, end)
+        penalized = seq.sampling.penalized
         chunk = ScheduledChunk(
             request_id=seq.request_id,
-            token_ids=seq.token_ids_between(start, end),
+            token_ids=token_ids,
             start_position=start,
             block_table=self._blocks.block_table(seq.request_id),
-            sample=end == seq.num_tokens,
+            sample=end == num_prompt + num_output,
             sampling=seq.sampling,
-            num_generated=seq.num_output_tokens,
+            num_generated=num_output,
             guide=seq.guide,
-            history=seq.output_token_ids if seq.sampling.penalized else (),
-            prompt_token_ids=seq.prompt_token_ids if seq.sampling.penalized else (),
+            history=output if penalized else (),
+            prompt_token_ids=seq.prompt_token_ids if penalized else (),
             adapter=seq.adapter,
         )
         seq.num_computed_tokens = end
-        self._cache.computed(seq, start, end)
+        if start < num_prompt:  # a decode computes no prompt token
+            self._cache.computed(seq, start, end)
         if chunk.sample:
             seq.num_pending += 1
         return chunk
@@ -558,7 +595,7 @@ class Scheduler:
             if chunk.request_id in guided:
                 reason = guided[chunk.request_id]
             else:
-                reason = self._advance_guide(seq, token)
+                reason = self._advance_guide(seq, token) if seq.guide is not None else None
             reason = reason or self._stop_reason(seq, token)
             if reason is not None:
                 self._retire(seq, reason)
@@ -595,7 +632,7 @@ class Scheduler:
         known = len(seq.output_token_ids)
         if known >= seq.sampling.max_tokens:
             return FinishReason.LENGTH
-        if seq.num_prompt_tokens + known >= self.config.max_model_len:
+        if len(seq.prompt_token_ids) + known >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 
@@ -603,6 +640,7 @@ class Scheduler:
         was_running = seq.status is SequenceStatus.RUNNING
         if was_running:
             self._running.remove(seq)
+            self._running_count[seq.priority] -= 1
         else:
             self._waiting.remove(seq)
         del self._live[seq.request_id]
@@ -629,12 +667,12 @@ class Scheduler:
         self._held.clear()
 
     def stats(self) -> SchedulerStats:
-        active = (*self._waiting, *self._running)
         return SchedulerStats(
             num_waiting=len(self._waiting),
             num_running=len(self._running),
-            queued_prompt_tokens=sum(seq.num_tokens for seq in self._waiting),
-            predicted_remaining_tokens=sum(seq.remaining_predicted_tokens for seq in active),
+            queued_prompt_tokens=self._waiting.tokens,
+            predicted_remaining_tokens=self._waiting.remaining
+            + sum(seq.remaining_predicted_tokens for seq in self._running),
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
             cached_tokens=sum(s.num_computed_tokens for s in (*self._running, *self._held)),
@@ -646,11 +684,11 @@ class Scheduler:
         )
 
     def _class_loads(self) -> tuple[ClassLoad, ...]:
-        waiting = Counter(seq.priority for seq in self._waiting)
-        running = Counter(seq.priority for seq in self._running)
         return tuple(
-            ClassLoad(p, waiting[p], running[p], self._preemptions_by_class[p]) for p in Priority
-        )
+            ClassLoad(p, self._waiting.count(p), self._running_count[p],
+                      self._preemptions_by_class[p])
+            for p in Priority
+        )  # fmt: skip
 
     def take_cache_events(self) -> list[CacheEvent]:
         """What changed in the prefix cache since the last call (site_engine/engine/
@@ -668,6 +706,9 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Raise AssertionError if queues, sequences and block tables disagree (used by tests)."""
         self._blocks.check_invariants()
+        self._waiting.check()
+        if Counter(seq.priority for seq in self._running) != +Counter(self._running_count):
+            raise AssertionError(f"running counts {self._running_count} out of step")
         holders = {seq.request_id for seq in (*self._running, *self._held)}
         if holders != self._blocks.request_ids():
             raise AssertionError(

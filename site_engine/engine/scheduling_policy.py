@@ -14,6 +14,10 @@ long request can only starve while new, shorter ones keep arriving: a sequence w
 length L ranks ahead of every later arrival (expected length >= 1) once more than
 (L - 1) / spf_aging requests have arrived after it. spf_aging = 0 is pure SPF (may starve).
 "static" admits in arrival order; it differs from "fcfs" in when it admits, not in whom.
+
+The scheduler does not sort its queue by `admission_order` each step: waiting_queue.py keeps it
+in this order as sequences come and go (tests/unit/engine/test_waiting_queue.py checks the two
+agree); this function is the order's definition and serves tests.
 """
 
 from __future__ import annotations

@@ -5,7 +5,13 @@ named by its directory. A request for an adapter not in host memory starts its l
 thread (reading and checking the safetensors file takes milliseconds to seconds): the engine's
 step loop goes on for everyone else, and the adapter's requests wait in the queue until
 `settle` sees the load done. Everything here but the loading itself runs on the engine's
-thread, so no lock guards it.
+thread, so no lock guards it, except `register` (any thread) and `unregister` (the engine's),
+which change the directory under a lock of their own.
+
+An adapter added at run time (`register`, the gRPC LoadAdapter) is checked in full, then linked
+into the directory: the directory stays the one list of what the site serves, and a restart
+serves it again. `unregister` removes the entry (a link is unlinked; a real folder is moved
+under `.unloaded/`, never deleted) and drops the copies in host memory and in device slots.
 
 Host memory keeps up to `max_cpu_loras` adapters, least recently used evicted first, never one
 that a live request uses (it may then hold more for a while). The device holds up to
@@ -16,6 +22,9 @@ at most that many distinct adapters at once, so every step's adapters fit.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -71,6 +80,7 @@ class AdapterRegistry:
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[LoraAdapter]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
+        self._files = threading.Lock()  # one directory change at a time (register/unregister)
 
     def served(self) -> tuple[str, ...]:
         """The adapters this site can serve: its directory's PEFT adapters, by name."""
@@ -82,6 +92,40 @@ class AdapterRegistry:
         if "/" in name or name in ("", ".", "..") or not (self._path(name) / CONFIG_FILE).is_file():
             served = ", ".join(self.served()) or "none"
             raise AdapterError(f"unknown adapter {name!r}; this site serves: {served}")
+
+    def register(self, name: str, source: Path) -> None:
+        """Serves the adapter in `source` (a directory on this machine) as `name` from now on.
+        AdapterError, with nothing changed, if it does not fit the base or the name is taken.
+        Callable from any thread: it reads the files off the engine's thread."""
+        if "/" in name or name.startswith(".") or not name:
+            raise AdapterError(f"adapter name {name!r}: non-empty, no '/', no leading '.'")
+        source = source.resolve()
+        if not source.is_dir():
+            raise AdapterError(f"{source} is not a directory on the site's machine")
+        read_adapter(source, name, self._base, self.settings.max_rank, self._dtype)  # the check
+        with self._files:
+            entry = self._path(name)
+            if entry.exists() or entry.is_symlink():
+                raise AdapterError(f"adapter {name!r} is already served; unload it first")
+            os.symlink(source, entry, target_is_directory=True)
+        log.info("adapter %s registered from %s", name, source)
+
+    def unregister(self, name: str) -> None:
+        """Stops serving `name` (AdapterError if not served). On the engine's thread, with no
+        live request of it: its host and slot copies go too, so a later adapter of the same
+        name is read afresh."""
+        self.check_name(name)
+        with self._files:
+            entry = self._path(name)
+            if entry.is_symlink():
+                entry.unlink()
+            else:  # an operator's folder: kept aside, not deleted
+                aside = self.settings.directory / ".unloaded"
+                aside.mkdir(exist_ok=True)
+                entry.rename(aside / f"{name}.{time.time_ns()}")
+        self._host.pop(name, None)
+        self.slots.drop(name)
+        log.info("adapter %s unregistered", name)
 
     def _path(self, name: str) -> Path:
         return self.settings.directory / name

@@ -72,6 +72,10 @@ class LoraSlots:
                 self._write(self._free_slot(), fetch(name))
         return {name: self._slot_of[name] for name in wanted}
 
+    def drop(self, name: str) -> None:
+        """Forgets `name`'s slot (its adapter is no longer served): the slot is free again."""
+        self._slot_of.pop(name, None)
+
     def _free_slot(self) -> int:
         if len(self._slot_of) < self.num_slots:
             return min(set(range(self.num_slots)) - set(self._slot_of.values()))
