@@ -31,7 +31,7 @@ class BatchSettings:
     site_concurrency: int = setting(
         16,
         help="most batch items in flight per site, all batches together; fewer while the site "
-        "reports little idle capacity (free slots and a short queue)",
+        "has few slots its interactive work leaves free (background work there does not count)",
     )
     order: BatchOrder = setting(
         "blend",

@@ -25,10 +25,11 @@ from fedllm_contract.cache_events import (
     Tier,
 )
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
-from fedllm_contract.proto.options import options_from_proto
+from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
 from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.api import AdapterRefused, EngineRequest, RequestRejected
+from site_engine.engine.scheduler_config import ClassLoad
 from site_engine.engine.types import FinishReason, TokenLogprob
 from site_engine.engine_service import (
     DuplicateRequest,
@@ -143,6 +144,17 @@ def _cache_event_to_proto(event: CacheEvent) -> site_pb2.CacheEvent:
             tier=_TIER_TO_PROTO[event.tier],
         )
     return site_pb2.CacheEvent(kind=site_pb2.CacheEvent.CLEARED)
+
+
+def _class_load_to_proto(load: ClassLoad) -> site_pb2.LoadReport.ClassLoad:
+    return site_pb2.LoadReport.ClassLoad(
+        priority=priority_to_proto(load.priority),
+        queued_requests=load.num_waiting,
+        running_requests=load.num_running,
+        queued_prompt_tokens=load.queued_prompt_tokens,
+        running_tokens=load.running_tokens,
+        predicted_remaining_tokens=load.predicted_remaining_tokens,
+    )
 
 
 def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
@@ -313,6 +325,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits,
             prefix_cache_host_hits=stats.prefix_cache_host_hits,
+            by_class=[_class_load_to_proto(load) for load in stats.by_class],
         )
 
     async def StreamLoad(

@@ -19,6 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from fedllm_contract.grammar import ConstraintSpec
+from fedllm_contract.priority import Priority
 from fedllm_contract.proto import site_pb2
 from fedllm_contract.request_options import RequestOptions
 
@@ -148,3 +149,16 @@ def options_from_proto(request: site_pb2.GenerateRequest) -> RequestOptions:
             continue
         values[field.name] = value
     return RequestOptions(**values)  # type: ignore[arg-type]
+
+
+def priority_to_proto(priority: Priority) -> site_pb2.Priority.ValueType:
+    """site.proto's PRIORITY_<member> of a class (a load report's per-class entries)."""
+    return site_pb2.Priority.Value(f"PRIORITY_{priority.name}")
+
+
+def priority_from_proto(value: int) -> Priority | None:
+    """The class of a wire value; None for one this side does not know (a newer peer's)."""
+    try:
+        return Priority[site_pb2.Priority.Name(value).removeprefix("PRIORITY_")]  # type: ignore[arg-type]
+    except (KeyError, ValueError):
+        return None

@@ -791,6 +791,42 @@ Global___LoadStreamRequest: _TypeAlias = LoadStreamRequest  # noqa: Y015
 class LoadReport(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ClassLoad(_message.Message):
+        """One priority class's share of the totals above (issue 52): the gateway feeds batch work from
+        the interactive load alone, as background work waits behind it at the site anyway.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        PRIORITY_FIELD_NUMBER: _builtins.int
+        QUEUED_REQUESTS_FIELD_NUMBER: _builtins.int
+        RUNNING_REQUESTS_FIELD_NUMBER: _builtins.int
+        QUEUED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+        RUNNING_TOKENS_FIELD_NUMBER: _builtins.int
+        PREDICTED_REMAINING_TOKENS_FIELD_NUMBER: _builtins.int
+        priority: Global___Priority.ValueType
+        queued_requests: _builtins.int
+        running_requests: _builtins.int
+        queued_prompt_tokens: _builtins.int
+        running_tokens: _builtins.int
+        predicted_remaining_tokens: _builtins.int
+        def __init__(
+            self,
+            *,
+            priority: Global___Priority.ValueType = ...,
+            queued_requests: _builtins.int = ...,
+            running_requests: _builtins.int = ...,
+            queued_prompt_tokens: _builtins.int = ...,
+            running_tokens: _builtins.int = ...,
+            predicted_remaining_tokens: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["predicted_remaining_tokens", b"predicted_remaining_tokens", "priority", b"priority", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SITE_NAME_FIELD_NUMBER: _builtins.int
     TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
@@ -810,6 +846,7 @@ class LoadReport(_message.Message):
     PREFIX_CACHE_HOST_HITS_FIELD_NUMBER: _builtins.int
     CACHE_EVENTS_FIELD_NUMBER: _builtins.int
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    BY_CLASS_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     timestamp_ms: _builtins.int
     """Site clock, milliseconds since the Unix epoch."""
@@ -848,6 +885,10 @@ class LoadReport(_message.Message):
     def cache_events(self) -> Global___CacheEvents:
         """What changed in the cache since the previous report of this stream (only when asked)."""
 
+    @_builtins.property
+    def by_class(self) -> _containers.RepeatedCompositeFieldContainer[Global___LoadReport.ClassLoad]:
+        """One entry per class, interactive first; empty from a site that does not tell classes apart."""
+
     def __init__(
         self,
         *,
@@ -870,10 +911,11 @@ class LoadReport(_message.Message):
         prefix_cache_host_hits: _builtins.int = ...,
         cache_events: Global___CacheEvents | None = ...,
         prefill_tokens_per_s: _builtins.float = ...,
+        by_class: _abc.Iterable[Global___LoadReport.ClassLoad] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_class", b"by_class", "cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,6 +29,7 @@ from gateway.admin.views import (
 from gateway.db.models import utcnow
 from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.adapter_load import AdapterLoad, adapter_load
 from gateway.stores.load_history import (
     Sessions,
     Window,
@@ -231,6 +232,10 @@ class Dashboard:
             for row in rows
         ]
         return Offloads(round(since.timestamp(), 3), total, events)
+
+    async def adapter_load(self, window_s: int) -> list[AdapterLoad]:
+        """Requests and tokens per LoRA adapter over the last window_s seconds."""
+        return await adapter_load(self._sessions, utcnow() - timedelta(seconds=window_s))
 
     async def site_detail(self, name: str, window: Window, limit: int) -> SiteDetail | None:
         state = self._registry.get(name)

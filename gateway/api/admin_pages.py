@@ -41,6 +41,7 @@ from gateway.api.admin_auth import (
 from gateway.api.admin_routes import AdminApiController
 from gateway.api.predictor_routes import PredictorAdminController
 from gateway.api.site_routes import AdminSitesController
+from gateway.api.workload_routes import AdminWorkloadController
 from gateway.settings import is_loopback
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ ASSET_FILES = {
     "predictors.js": (UI_DIR / "static" / "predictors.js", "text/javascript"),
     # The capacity panel: sites per model and the scaling events (a module dashboard.js imports).
     "scaling.js": (UI_DIR / "static" / "scaling.js", "text/javascript"),
+    # The batches panel: open batches' progress and per-adapter load (a module dashboard.js
+    # imports).
+    "workload.js": (UI_DIR / "static" / "workload.js", "text/javascript"),
     "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
     # Linked from both pages: without it the browser asks for /favicon.ico and logs a 404.
     "favicon.svg": (UI_DIR / "static" / "favicon.svg", "image/svg+xml"),
@@ -241,6 +245,7 @@ def admin_router() -> Router:
             admin_pages(AdminAssets.load()),
             AdminApiController,
             AdminSitesController,
+            AdminWorkloadController,
             AdminAdaptersController,
             PredictorAdminController,
         ],

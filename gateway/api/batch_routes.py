@@ -44,7 +44,7 @@ def _unix(moment: datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
 
 
-def _batch(view: BatchView) -> Batch:
+def batch_object(view: BatchView) -> Batch:
     finished = _unix(view.finished_at)
 
     def ended(status: BatchStatus) -> int | None:
@@ -147,7 +147,7 @@ class BatchesController(Controller):
                 async def submit() -> Batch:
                     key_name = caller.key.name if caller.key is not None else None
                     view = await batches.submit(batch, caller.key_id, caller.admit_batch, key_name)
-                    return _batch(view)
+                    return batch_object(view)
 
                 # A replay answers with the batch as it was created (same id); GET it for
                 # progress.
@@ -163,7 +163,7 @@ class BatchesController(Controller):
         limit: FromQuery[int] = DEFAULT_BATCH_PAGE,
     ) -> BatchList:
         page = await batches.list_batches(caller.key_id, after, limit)
-        data = [_batch(view) for view in page.data]
+        data = [batch_object(view) for view in page.data]
         first, last = (data[0].id, data[-1].id) if data else (None, None)
         return BatchList(data=data, first_id=first, last_id=last, has_more=page.has_more)
 
@@ -174,7 +174,7 @@ class BatchesController(Controller):
         caller: NamedDependency[Caller],
         batch_id: FromPath[str],
     ) -> Batch:
-        return _batch(await batches.get(batch_id, caller.key_id))
+        return batch_object(await batches.get(batch_id, caller.key_id))
 
     @post("/{batch_id:str}/cancel", status_code=200, summary="Cancel a batch")
     async def cancel_batch(
@@ -183,7 +183,7 @@ class BatchesController(Controller):
         caller: NamedDependency[Caller],
         batch_id: FromPath[str],
     ) -> Batch:
-        return _batch(await batches.cancel(batch_id, caller.key_id))
+        return batch_object(await batches.cancel(batch_id, caller.key_id))
 
     @get(
         "/{batch_id:str}/results",

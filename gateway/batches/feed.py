@@ -3,10 +3,13 @@ together, and a batch near its deadline goes first.
 
 Items stay queued in the database; a lane reads a page of them in plan order and a worker starts
 one only once the site's feed grants it a place. The number of places follows the site's own
-reports: its batch slots (max_num_seqs) less what other work holds there (running and queued,
+reports: its batch slots (max_num_seqs) less the interactive work it holds (running and queued,
 as its last load report or this gateway's own count says, the larger), at least one (a batch
 always moves) and at most GATEWAY_BATCH_SITE_CONCURRENCY. So a million-item batch never floods
 a site, a site busy with chat gets one batch item at a time, and an idle site is filled.
+Background work already there (flex requests, other gateways' batch items) does not shrink the
+room: the site serves it behind interactive work and preempts it for chat, so it is not load
+that batch items must wait out (a site that does not report classes counts all its work).
 
 Waiting places are granted in order of urgency (`urgency`): batches whose completion window is
 nearly spent first, then by deadline, then first come.
@@ -22,6 +25,8 @@ import math
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 
+from gateway.sites.interface import LoadView
+
 # A waiter looks again this often: the site's reports change its room without a release.
 RECHECK_S = 0.5
 
@@ -36,6 +41,14 @@ def batch_room(slots: int | None, busy: int, batch_in_flight: int, cap: int) -> 
         return cap
     others = max(busy - batch_in_flight, 0)
     return max(1, min(cap, slots - others))
+
+
+def interactive_busy(report: LoadView | None, site_in_flight: int, batch_in_flight: int) -> int:
+    """Contract: the interactive requests a site holds: its last report's count, or this
+    gateway's own requests there less its batch items (`site_in_flight` counts both), the
+    larger; 0 for a site that has not reported and holds none of ours."""
+    reported = report.interactive_requests if report is not None else 0
+    return max(reported, site_in_flight - batch_in_flight, 0)
 
 
 def urgency(

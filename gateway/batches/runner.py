@@ -41,7 +41,7 @@ import uuid
 from datetime import datetime, timedelta
 from functools import partial
 
-from gateway.batches.feed import SiteFeed, batch_room, urgency
+from gateway.batches.feed import SiteFeed, batch_room, interactive_busy, urgency
 from gateway.batches.finalize import BatchFinalizer
 from gateway.batches.item_runner import BatchRun, ItemRunner, StatusOf
 from gateway.batches.items import ItemPreparer
@@ -350,10 +350,9 @@ class BatchRunner:
                 site = next((s for s in self._registry.all() if s.site_id == site_id), None)
                 if site is None:
                     return cap  # no site: the routing policy picks one per item
-                report = site.report
-                reported = report.running_requests + report.queued_requests if report else 0
+                busy = interactive_busy(site.report, site.in_flight, in_flight)
                 slots = site.info.max_num_seqs if site.info is not None else None
-                return batch_room(slots, max(reported, site.in_flight), in_flight, cap)
+                return batch_room(slots, busy + in_flight, in_flight, cap)
 
             feed = self._feeds[site_id] = SiteFeed(room)
         return feed

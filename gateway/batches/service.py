@@ -283,6 +283,10 @@ class BatchService:
             raise invalid_request(f"after: no batch with id '{after}'", param="after")
         return replace(page, data=await self.with_usage(list(page.data)))
 
+    async def open_batches(self, limit: int) -> list[BatchView]:
+        """Every owner's batches not yet final, with their progress (operators only)."""
+        return await self.with_usage(await self._store.open_batches(limit))
+
     async def results(
         self, batch_id: str, owner: Owner, after: str | None, limit: int
     ) -> Page[ItemView]:

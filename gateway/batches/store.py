@@ -35,6 +35,7 @@ from gateway.batches.records import (
     queued_item,
 )
 from gateway.batches.settling import (
+    OPEN_BATCH,
     cancel_queued,
     expire_in,
     settle,
@@ -156,6 +157,13 @@ class BatchStore:
                 )
             rows = (await session.scalars(query.limit(limit + 1))).all()
             return _page([batch_view(row) for row in rows], limit)
+
+    async def open_batches(self, limit: int) -> list[BatchView]:
+        """Every owner's batches not yet final (the dashboard's Batches panel), oldest first."""
+        query = select(BatchJob).where(BatchJob.status.in_(OPEN_BATCH))
+        query = query.order_by(BatchJob.created_at, BatchJob.id).limit(limit)
+        async with self._sessions() as session:
+            return [batch_view(row) for row in (await session.scalars(query)).all()]
 
     async def results(self, batch_id: str, after: str | None, limit: int) -> Page[ItemView] | None:
         """Items in submission order, from just after the one with custom_id `after`; None when

@@ -18,11 +18,12 @@ from fedllm_contract.cache_events import (
     Tier,
 )
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
-from fedllm_contract.proto.options import options_to_proto
+from fedllm_contract.proto.options import options_to_proto, priority_from_proto
 from gateway.federation import ModelTask
 from gateway.sites.interface import (
     ALL_CAPABILITIES,
     AdapterChangeRefused,
+    ClassLoadView,
     EmbedParams,
     EmbedResult,
     GenerateParams,
@@ -133,6 +134,26 @@ def _cache_events_from_proto(message: site_pb2.CacheEvents) -> CacheEventBatch:
     )
 
 
+def _class_loads_from_proto(report: site_pb2.LoadReport) -> tuple[ClassLoadView, ...]:
+    """Typed per-class entries, dropping those of a class this gateway does not know."""
+    loads = []
+    for entry in report.by_class:
+        priority = priority_from_proto(entry.priority)
+        if priority is None:
+            continue
+        loads.append(
+            ClassLoadView(
+                priority=priority,
+                queued_requests=entry.queued_requests,
+                running_requests=entry.running_requests,
+                queued_prompt_tokens=entry.queued_prompt_tokens,
+                running_tokens=entry.running_tokens,
+                predicted_remaining_tokens=entry.predicted_remaining_tokens,
+            )
+        )
+    return tuple(loads)
+
+
 def _load_from_proto(report: site_pb2.LoadReport) -> LoadView:
     return LoadView(
         queued_requests=report.queued_requests,
@@ -151,6 +172,7 @@ def _load_from_proto(report: site_pb2.LoadReport) -> LoadView:
         prefix_cache_hits=report.prefix_cache_hits,
         prefix_cache_host_hits=report.prefix_cache_host_hits,
         prefill_tokens_per_s=report.prefill_tokens_per_s,
+        by_class=_class_loads_from_proto(report),
         cache_events=(
             _cache_events_from_proto(report.cache_events)
             if report.HasField("cache_events")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args, runtime_checkable
 
 from fedllm_contract.cache_events import CacheEventBatch
+from fedllm_contract.priority import Priority
 from fedllm_contract.request_options import RequestOptions
 from gateway.federation import ModelTask
 
@@ -102,6 +103,18 @@ class SiteInfoView:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassLoadView:
+    """One priority class's share of a site's load report."""
+
+    priority: Priority
+    queued_requests: int = 0
+    running_requests: int = 0
+    queued_prompt_tokens: int = 0
+    running_tokens: int = 0
+    predicted_remaining_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LoadView:
     """One load report of a site, as the gateway keeps it."""
 
@@ -128,11 +141,26 @@ class LoadView:
     # Prompt tokens computed per second of the steps that computed some (0: none lately, or an
     # engine that does not say).
     prefill_tokens_per_s: float = 0.0
+    # The totals split by priority class (interactive first); empty from a site that does not
+    # tell classes apart, whose work then all counts as interactive.
+    by_class: tuple[ClassLoadView, ...] = ()
 
     @property
     def token_load(self) -> int:
         """Queued prompts + tokens held by running sequences + predicted remaining answers."""
         return self.queued_prompt_tokens + self.running_tokens + self.predicted_remaining_tokens
+
+    @property
+    def interactive_requests(self) -> int:
+        """Interactive requests queued and running: what background work waits behind at the
+        site (all of them from a site that does not report classes)."""
+        if not self.by_class:
+            return self.queued_requests + self.running_requests
+        return sum(
+            c.queued_requests + c.running_requests
+            for c in self.by_class
+            if c.priority is Priority.INTERACTIVE
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -684,11 +684,24 @@ class Scheduler:
         )
 
     def _class_loads(self) -> tuple[ClassLoad, ...]:
+        # Running sequences are at most max_num_seqs: walked; the waiting queue keeps its sums.
+        running_tokens: Counter[Priority] = Counter()
+        running_remaining: Counter[Priority] = Counter()
+        for seq in self._running:
+            running_tokens[seq.priority] += seq.num_computed_tokens
+            running_remaining[seq.priority] += seq.remaining_predicted_tokens
         return tuple(
-            ClassLoad(p, self._waiting.count(p), self._running_count[p],
-                      self._preemptions_by_class[p])
+            ClassLoad(
+                p,
+                self._waiting.count(p),
+                self._running_count[p],
+                self._preemptions_by_class[p],
+                queued_prompt_tokens=self._waiting.tokens_of(p),
+                running_tokens=running_tokens[p],
+                predicted_remaining_tokens=self._waiting.remaining_of(p) + running_remaining[p],
+            )
             for p in Priority
-        )  # fmt: skip
+        )
 
     def take_cache_events(self) -> list[CacheEvent]:
         """What changed in the prefix cache since the last call (site_engine/engine/

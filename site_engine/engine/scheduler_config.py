@@ -87,6 +87,11 @@ class ClassLoad:
     num_waiting: int
     num_running: int
     num_preemptions: int
+    # Tokens, split as SchedulerStats' totals are: to prefill (waiting), held in KV (running),
+    # predicted still to generate (both).
+    queued_prompt_tokens: int = 0
+    running_tokens: int = 0
+    predicted_remaining_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ so the sorted list is the one order sorting would give. Inserting and removing o
 a bisection and a move of the list's pointers (memmove); appending a fresh FCFS arrival lands at
 the end.
 
-It also keeps two sums stats() reports, so that they cost no walk over the queue: the tokens
-waiting and the output tokens they are expected to produce. Neither changes while a sequence
+It also keeps two sums stats() reports, per class, so that they cost no walk over the queue: the
+tokens waiting and the output tokens they are expected to produce. Neither changes while a sequence
 waits (a preempted one's pending token, resolved while it waits, moves from pending to known).
 """
 
@@ -38,12 +38,30 @@ class WaitingQueue:
         self._keys: dict[Priority, list[_Key]] = {priority: [] for priority in Priority}
         self._seqs: dict[Priority, list[Sequence]] = {priority: [] for priority in Priority}
         self._size = 0
-        self.tokens = 0  # sum of num_tokens
-        self.remaining = 0  # sum of remaining_predicted_tokens
+        # Per class (the load report's per-class entries): sums of num_tokens and of
+        # remaining_predicted_tokens.
+        self._tokens = dict.fromkeys(Priority, 0)
+        self._remaining = dict.fromkeys(Priority, 0)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens waiting, every class."""
+        return sum(self._tokens.values())
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens the waiting sequences are expected to produce, every class."""
+        return sum(self._remaining.values())
+
+    def tokens_of(self, priority: Priority) -> int:
+        return self._tokens[priority]
+
+    def remaining_of(self, priority: Priority) -> int:
+        return self._remaining[priority]
 
     def _count(self, seq: Sequence, sign: int) -> None:
-        self.tokens += sign * seq.num_tokens
-        self.remaining += sign * seq.remaining_predicted_tokens
+        self._tokens[seq.priority] += sign * seq.num_tokens
+        self._remaining[seq.priority] += sign * seq.remaining_predicted_tokens
 
     def _key(self, seq: Sequence) -> _Key:
         if self._spf:
@@ -124,10 +142,10 @@ class WaitingQueue:
                 raise AssertionError(f"waiting queue of {priority.name} out of order")
             if any(seq.priority is not priority for seq in seqs):
                 raise AssertionError(f"waiting queue of {priority.name} holds another class")
+            tokens = sum(s.num_tokens for s in seqs)
+            sums = (tokens, sum(s.remaining_predicted_tokens for s in seqs))
+            if (self._tokens[priority], self._remaining[priority]) != sums:
+                raise AssertionError(f"waiting queue's token sums of {priority.name} out of step")
             total += len(seqs)
         if total != self._size:
             raise AssertionError(f"waiting queue size {self._size} != {total}")
-        if self.tokens != sum(seq.num_tokens for seq in self) or self.remaining != sum(
-            seq.remaining_predicted_tokens for seq in self
-        ):
-            raise AssertionError("waiting queue's token sums out of step")

@@ -285,6 +285,15 @@ def test_busy_engine_reports_load_and_still_answers_control_calls_promptly(stub)
     assert report.kv_blocks_used > 0
     assert report.running_tokens > 0
     assert report.predicted_remaining_tokens > 2 * 400  # queued ones count their max_tokens
+    # All of it is interactive (no priority named), and the per-class entries say so.
+    interactive, flex, batch = report.by_class
+    assert interactive.priority == site_pb2.PRIORITY_INTERACTIVE
+    assert (interactive.running_requests, interactive.queued_requests) == (2, 2)
+    assert interactive.queued_prompt_tokens == 4
+    assert interactive.running_tokens == report.running_tokens
+    assert interactive.predicted_remaining_tokens == report.predicted_remaining_tokens
+    assert (flex.priority, batch.priority) == (site_pb2.PRIORITY_FLEX, site_pb2.PRIORITY_BATCH)
+    assert flex.running_requests + flex.queued_requests + batch.running_requests == 0
     latencies = []
     for _ in range(20):
         started = time.perf_counter()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from gateway.batches.feed import SiteFeed, batch_room, urgency
+from fedllm_contract.priority import Priority
+from gateway.batches.feed import SiteFeed, batch_room, interactive_busy, urgency
 from gateway.batches.progress import estimate
+from gateway.sites.interface import ClassLoadView, LoadView
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -22,6 +24,30 @@ def test_room_is_the_sites_idle_slots_within_bounds() -> None:
     assert batch_room(slots=8, busy=20, batch_in_flight=0, cap=16) == 1
     assert batch_room(slots=64, busy=0, batch_in_flight=0, cap=16) == 16
     assert batch_room(slots=None, busy=3, batch_in_flight=0, cap=16) == 16
+
+
+def report(queued: int, running: int, *by_class: ClassLoadView) -> LoadView:
+    return LoadView(queued, running, 0, 0, 0, 0, 100, 0.0, 1, 1, by_class=by_class)
+
+
+def test_background_work_at_the_site_leaves_the_batch_its_room() -> None:
+    # 8 slots, 2 chat requests running and 6 background ones (flex, batch items of another
+    # gateway) running or queued: the batch's room is the 6 slots chat leaves, not 0.
+    site = report(
+        4,
+        4,
+        ClassLoadView(Priority.INTERACTIVE, queued_requests=0, running_requests=2),
+        ClassLoadView(Priority.FLEX, queued_requests=1, running_requests=1),
+        ClassLoadView(Priority.BATCH, queued_requests=3, running_requests=1),
+    )
+    busy = interactive_busy(site, site_in_flight=0, batch_in_flight=0)
+    assert busy == 2
+    assert batch_room(slots=8, busy=busy, batch_in_flight=0, cap=16) == 6
+    # A site that does not report classes: all its work counts, as before.
+    assert interactive_busy(report(4, 4), site_in_flight=0, batch_in_flight=0) == 8
+    # This gateway's own chat there, not yet in a report, counts; its batch items do not.
+    assert interactive_busy(site, site_in_flight=9, batch_in_flight=4) == 5
+    assert interactive_busy(None, site_in_flight=3, batch_in_flight=3) == 0
 
 
 def test_urgency_promotes_a_batch_near_its_deadline() -> None:

@@ -5,6 +5,7 @@
 import { chartWidth, makeChart } from "/admin/static/charts.js";
 import { loadPredictors } from "/admin/static/predictors.js";
 import { loadScaling } from "/admin/static/scaling.js";
+import { loadWorkload } from "/admin/static/workload.js";
 
 const CLOUD_COLORS = { aws: "#e8890c", gcp: "#3b78e7", azure: "#0a8f8f" };
 const PALETTE = ["#8e44ad", "#c0392b", "#27ae60", "#7f8c8d", "#d35400", "#2c3e50"];
@@ -326,7 +327,8 @@ function closeDetail() {
 // ---- start ----
 
 async function loadWindow() {
-  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api), loadScaling(api)]);
+  await Promise.all([loadHistory(), loadDrift(), loadOffloads(), loadPredictors(api), loadScaling(api),
+    loadWorkload(api, state.windowS)]);
   if (state.detail) await openDetail(state.detail);
 }
 
@@ -367,6 +369,7 @@ async function main() {
   setInterval(() => loadDrift().catch((e) => showError(String(e))), 10_000);
   setInterval(() => loadPredictors(api).catch((e) => showError(String(e))), 10_000);
   setInterval(() => loadScaling(api).catch((e) => showError(String(e))), 5_000);
+  setInterval(() => loadWorkload(api, state.windowS).catch((e) => showError(String(e))), 5_000);
 }
 
 main().catch((e) => showError(`dashboard failed to load: ${e}`));

@@ -589,7 +589,8 @@ def test_stats() -> None:
         num_preemptions=0,
         prompt_tokens_computed=5,
         by_class=(
-            ClassLoad(Priority.INTERACTIVE, 1, 1, 0),
+            # Its queued prompt, the running one's KV, both their predicted answers.
+            ClassLoad(Priority.INTERACTIVE, 1, 1, 0, 3, 5, 3 + 6),
             ClassLoad(Priority.FLEX, 0, 0, 0),
             ClassLoad(Priority.BATCH, 0, 0, 0),
         ),
