@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from litestar import Controller, Request, Response, post
+from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency
 from litestar.response import Stream
 
@@ -115,11 +116,7 @@ async def answer(
     )
     if prepared.stream:  # (a stream never has a claim: the key is refused with it)
         dispatch = await completions.dispatch(prepared, caller.admission())
-        return Stream(
-            shape.events(dispatch),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", SITE_HEADER: dispatch.site.name},
-        )
+        return event_stream(shape.events(dispatch), [dispatch])
     sites: list[str] = []
 
     async def run() -> T:
@@ -130,6 +127,27 @@ async def answer(
 
     answered, replayed = await idempotency.once(claim, shape.response_type, run)
     return Response(answered, headers=answer_headers(sites, replayed))
+
+
+def event_stream(events: AsyncIterator[bytes], dispatches: list[Dispatch]) -> Stream:
+    """The SSE answer of dispatched requests, which always ends them: once the response is
+    over, a request whose events were never reached (the client left before the stream began,
+    or before it got that far) is recorded cancelled with nothing generated, its key settled
+    and its slots given back. Before, such a request stayed `dispatched` forever."""
+    return Stream(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", SITE_HEADER: dispatches[0].site.name},
+        background=BackgroundTask(end_unstarted, dispatches),
+    )
+
+
+async def end_unstarted(dispatches: list[Dispatch]) -> None:
+    """Ends the requests of a finished response that never began to stream (nothing for
+    those that did: their streams record their own end). A coroutine: litestar runs a plain
+    function on a thread, and this touches the event loop's state."""
+    for dispatch in dispatches:
+        dispatch.cancel_unstarted("client went away")
 
 
 def answer_headers(sites: list[str], replayed: bool) -> dict[str, str]:
@@ -155,11 +173,7 @@ async def answer_prompts(
     )
     if prompts[0].stream:
         dispatches = await completions.dispatch_all(prompts, caller.admission())
-        return Stream(
-            prompt_list_events(dispatches),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", SITE_HEADER: dispatches[0].site.name},
-        )
+        return event_stream(prompt_list_events(dispatches), dispatches)
     sites: list[str] = []
 
     async def run() -> Completion:

@@ -646,7 +646,12 @@ class Scheduler:
         del self._live[seq.request_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self._left_since_step.add(seq.request_id)
+        if seq.ever_scheduled:
+            # Only a sequence some step computed has state for the model runner to drop (its
+            # sampler's), reported with the next step. One never scheduled (released for
+            # offload, cancelled while queued) is forgotten now: its id is free at once, also
+            # on an idle engine that schedules no step before it comes back (A -> B -> A).
+            self._left_since_step.add(seq.request_id)
         if not was_running:
             return
         if self._static and reason in _NATURAL_FINISH:

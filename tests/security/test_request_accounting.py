@@ -262,3 +262,75 @@ def test_a_streamed_prompt_list_whose_client_left_records_every_prompt(
     rows = grpc_gateway.rows("list stream")
     assert [row[0] for row in rows] == ["cancelled"] * 3, rows
     assert sorted(int(str(row[1])) for row in rows)[:2] == [0, 0]  # the two never reached
+
+
+def send_and_leave(gateway: Gateway, path: str, body: dict[str, object], auth: str) -> None:
+    """Sends a request on a raw socket and closes the connection as soon as the gateway has its
+    body, before its answer begins. `Expect: 100-continue` makes the gateway say when its handler
+    reads the body (uvicorn writes `100 Continue` then), so the body is read, and the client
+    gone while the request is prepared and dispatched: its streaming answer is never started."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(gateway.base_url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: {auth}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        "Expect: 100-continue\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=30) as connection:
+        connection.sendall(head)
+        assert connection.recv(64).startswith(b"HTTP/1.1 100"), "the body was never asked for"
+        connection.sendall(payload)
+    # closed: the FIN follows the body at once
+
+
+# Over 1 KiB of body: the request is tokenized on a pool thread (gateway/tokenize_pool.py), so
+# its handler waits once, and the gateway sees the connection close before it answers.
+WORDY = "Hi " * 370
+SHORT = {**LONG, "max_tokens": 50, "stream": True}
+STREAMS = {
+    "completion": ("/v1/completions", {**SHORT, "prompt": WORDY}, 1),
+    "chat": (
+        "/v1/chat/completions",
+        {
+            **CHAT,
+            "messages": [{"role": "user", "content": WORDY}],
+            "max_tokens": 50,
+            "stream": True,
+        },
+        1,
+    ),
+    "response": ("/v1/responses", {"model": "tiny", "input": WORDY, "stream": True}, 1),
+    "a list of 3 prompts": (
+        "/v1/completions",
+        {**SHORT, "prompt": [WORDY[:400]] * 3},
+        3,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(STREAMS))
+def test_a_stream_whose_client_left_before_it_began_is_cancelled(
+    grpc_gateway: Gateway, case: str
+) -> None:
+    """The client leaves after its request was admitted and recorded but before the server
+    began its streaming answer: the answer's iterator is never run, so nothing of it ended the
+    request. Before, its row stayed `dispatched` forever (never billed as cancelled); now it is
+    recorded cancelled with nothing generated and its key's slot is back."""
+    path, body, prompts = STREAMS[case]
+    name = f"stream never began {case}"
+    headers = grpc_gateway.key(name, max_concurrent_requests=1)
+    send_and_leave(grpc_gateway, path, body, headers["Authorization"])
+    deadline = time.monotonic() + STOPPED_WITHIN_S
+    while len(rows := grpc_gateway.rows(name)) < prompts or any(
+        row[0] == "dispatched" for row in rows
+    ):
+        assert time.monotonic() < deadline, f"still not ended: {rows}"
+        time.sleep(0.2)
+    assert [row[:2] for row in rows] == [("cancelled", 0)] * prompts, rows
+    assert rows[0][2] == "client went away", rows
+    again = httpx.post(f"{grpc_gateway.base_url}/v1/completions",
+                       json={**LONG, "max_tokens": 2}, headers=headers, timeout=60)  # fmt: skip
+    assert again.status_code == 200, again.text

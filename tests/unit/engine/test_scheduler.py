@@ -338,7 +338,7 @@ def test_cancel_waiting_and_between_schedule_and_update() -> None:
     assert sched.finish("c", FinishReason.CANCELLED)
     assert sched.stats().num_waiting == 2
     out = sched.schedule()
-    assert out.finished_request_ids == {"c"}
+    assert out.finished_request_ids == set()  # c never ran: nothing of it for the runner to drop
     assert sched.finish("a", FinishReason.STOP)  # e.g. a stop string seen while the step ran
     updates = sched.update(out, ModelRunnerOutput({"a": 100, "b": 100}))
     assert [u.request_id for u in updates] == ["b"]
@@ -368,9 +368,29 @@ def test_release_queued_returns_never_started_ones_from_the_tail() -> None:
     assert b.status is SequenceStatus.WAITING
     assert sched.get("b") is b
     sched.check_invariants()
-    assert {"c", "d", "e"} <= sched.schedule().finished_request_ids
+    # Never scheduled: the model runner never saw them, so they are not reported as finished.
+    assert not {"c", "d", "e"} & sched.schedule().finished_request_ids
     with pytest.raises(ValueError, match="max_requests"):
         sched.release_queued(-1)
+
+
+def test_a_released_request_may_come_back_at_once() -> None:
+    """Offloaded to another site and handed back here (A -> B -> A): its id is free again at
+    once, also on an idle engine that schedules no step in between. Before, a retired id stayed
+    taken until the next step ("request_id is already in use")."""
+    sched = make()
+    sched.add("x", [1, 2], sp(4))
+    (released,) = sched.release_queued(1)
+    assert released.request_id == "x"
+    back = sched.add("x", [1, 2], sp(4))
+    assert sched.get("x") is back
+    sched.add("queued", [3], sp(2))
+    assert sched.finish("queued", FinishReason.CANCELLED)  # cancelled while waiting: the same
+    sched.add("queued", [3], sp(2))
+    out, _ = step(sched)
+    assert {c.request_id for c in out.chunks} == {"x", "queued"}
+    assert not out.finished_request_ids
+    sched.check_invariants()
 
 
 def test_release_queued_follows_spf_order() -> None:
@@ -500,8 +520,11 @@ def test_add_rejects_with_clear_message_and_no_state_change(
 
 
 def test_request_id_is_reusable_only_after_its_finish_was_reported() -> None:
+    """A request some step ran: the runner must drop its state before the id is new again.
+    (One that never ran is free at once: test_a_released_request_may_come_back_at_once.)"""
     sched = make()
-    sched.add("a", [1], sp(1))
+    sched.add("a", [1], sp(4))
+    step(sched)
     sched.finish("a", FinishReason.CANCELLED)
     with pytest.raises(ValueError, match="already in use"):
         sched.add("a", [1], sp(1))
