@@ -54,7 +54,7 @@ def test_quick_run_writes_a_complete_and_sane_result(
         assert run["completed"] == run["queries"] == 16, run["errors"]
         assert run["makespan_iterations"] > 0
         assert run["kv_token_iterations"] > 0
-        assert run["hold_leaked"] == 0
+        assert run.get("hold_leaked", 0) == 0  # the batch columns run without the hold
         assert 1.0 <= run["imbalance"] <= 2.0  # two sites: max/mean is at most 2
         served = sum(site["queries_served"] for site in run["per_site"].values())
         assert served == 16
