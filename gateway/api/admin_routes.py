@@ -59,7 +59,7 @@ def _not_found(site: str) -> OpenAIError:
     return OpenAIError(404, f"no site named {site!r}", param="site", code="site_not_found")
 
 
-def _window(dashboard: Dashboard, window_s: int, step_s: int | None) -> Window:
+def window_of(dashboard: Dashboard, window_s: int, step_s: int | None) -> Window:
     try:
         return dashboard.window(window_s, step_s)
     except WindowError as exc:
@@ -112,7 +112,7 @@ class AdminApiController(Controller):
         step_s: StepS = None,
         site: SiteName = None,
     ) -> Response[bytes]:
-        window = _window(dashboard, window_s, step_s)
+        window = window_of(dashboard, window_s, step_s)
         history = await dashboard.history(window, site)
         if history is None:
             raise _not_found(site or "")
@@ -128,7 +128,7 @@ class AdminApiController(Controller):
         site: SiteName = None,
         series: Annotated[bool, Parameter(description="false: the summary only")] = True,
     ) -> Response[bytes]:
-        window = _window(dashboard, window_s, step_s)
+        window = window_of(dashboard, window_s, step_s)
         drift = await dashboard.drift(window, site, series)
         if drift is None:
             raise _not_found(site or "")
@@ -143,7 +143,7 @@ class AdminApiController(Controller):
         limit: Limit = 50,
         site: SiteName = None,
     ) -> Response[bytes]:
-        _window(dashboard, window_s, None)  # 400 past the retention, not an overflow
+        window_of(dashboard, window_s, None)  # 400 past the retention, not an overflow
         return json_response(request, await dashboard.offloads(window_s, limit, site))
 
     @get("/sites/{name:str}", summary="One site: live load, history, drift and offloads")
@@ -156,7 +156,7 @@ class AdminApiController(Controller):
         step_s: StepS = None,
         limit: Limit = 20,
     ) -> Response[bytes]:
-        window = _window(dashboard, window_s, step_s)
+        window = window_of(dashboard, window_s, step_s)
         detail = await dashboard.site_detail(name, window, limit)
         if detail is None:
             raise _not_found(name)

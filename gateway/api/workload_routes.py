@@ -16,7 +16,7 @@ from litestar.params import Parameter
 
 from gateway.admin.dashboard import Dashboard
 from gateway.api.admin_auth import require_admin
-from gateway.api.admin_routes import WindowS, json_response
+from gateway.api.admin_routes import WindowS, json_response, window_of
 from gateway.api.batch_routes import batch_object
 from gateway.api.batch_schemas import Batch
 from gateway.batches.service import BatchService
@@ -60,6 +60,7 @@ class AdminWorkloadController(Controller):
     async def adapters(
         self, request: AnyRequest, dashboard: NamedDependency[Dashboard], window_s: WindowS = 86400
     ) -> Response[bytes]:
+        window_of(dashboard, window_s, None)  # 400 past the retention, as the other panels
         rows = await dashboard.adapter_load(window_s)
         views = [
             AdapterLoadView(r.model, r.adapter, r.requests, r.prompt_tokens, r.completion_tokens)

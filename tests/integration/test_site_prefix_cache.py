@@ -62,7 +62,7 @@ def site(
 
 
 def _client(site: ManagedProcess) -> GrpcSiteClient:
-    return GrpcSiteClient("cache-test", f"127.0.0.1:{site.port}", 5.0)
+    return GrpcSiteClient("cache-test", f"127.0.0.1:{site.port}", 30.0)  # a loaded CI machine
 
 
 async def _generate(client: GrpcSiteClient, request_id: str, salt: str = "") -> SiteChunk:
