@@ -99,7 +99,7 @@ class BlendOrder:
 def _lcp_sorted(requests: Sequence[BlendRequest], order: Sequence[int]) -> list[int]:
     """Blocks each request (in `order`, sorted by block ids) shares with the one before it:
     a binary search over slice equality, which compares in C."""
-    out = [0]
+    out = [0] if order else []  # nothing to order: an empty plan, not a zip of unequal lengths
     for prev, cur in itertools.pairwise(order):
         a, b = requests[prev].block_ids, requests[cur].block_ids
         low, high = 0, min(len(a), len(b))

@@ -135,3 +135,9 @@ def test_a_shared_prefix_stays_whole_when_splitting_it_costs_too_much() -> None:
     assert sorted(blend.order) == list(range(100))
     cheap = blend_order(requests, ROOF, BLOCK, split_budget=1.0)
     assert cheap.split_loss_blocks > 0
+
+
+def test_an_empty_batch_has_an_empty_order() -> None:
+    """A batch with nothing left to plan (the schema fuzz found it) orders nothing; it raised."""
+    assert list(blend_order([], ROOF, BLOCK).order) == []
+    assert dfs_order([]) == []
