@@ -5,7 +5,6 @@ adapter and a real gateway: a batch still running shows its progress and ETA as 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,11 @@ import torch
 from playwright.sync_api import Page
 from transformers import AutoModelForCausalLM
 
-from devtools.launch import ManagedProcess, spawn_site, start_gateway, stop_all, wait_until_serving
+from devtools.launch import ManagedProcess, start_gateway, stop_all, wait_until_serving
 from site_engine.engine.lora.adapter import BaseShapes
 from tests.e2e.batch_client import item, wait_for
 from tests.e2e.conftest import Federation, wait_until_written
+from tests.support.lora_site import spawn_lora_site, write_federation
 from tests.unit.engine.test_lora_adapters import write_adapter
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -39,20 +39,11 @@ def federation(
     work = tmp_path_factory.mktemp("workload")
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32)
     write_adapter(work / "lora" / "support-ft", BaseShapes.of_model(model), targets=("q_proj",))
-    args = ["--lora-dir", str(work / "lora"), "--max-loras", "1", "--max-lora-rank", "8"]
-    site = spawn_site(
-        model_dir=tiny_llama_dir, site_name="aws-use1", model_name="tiny", log_dir=work,
-        extra_args=args,
-    )  # fmt: skip
+    site = spawn_lora_site(tiny_llama_dir, work, max_loras=1)
     started: list[ManagedProcess] = [site]
     try:
         wait_until_serving(site)
-        federation_file = work / "federation.json"
-        federation_file.write_text(json.dumps({
-            "models": [{"name": "tiny", "tokenizer": str(tiny_llama_dir)}],
-            "sites": [{"name": "aws-use1", "cloud": "aws", "region": "us-east-1",
-                       "endpoint": f"127.0.0.1:{site.port}", "model": "tiny"}],
-        }))  # fmt: skip
+        federation_file = write_federation(work, tiny_llama_dir, site)
         url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         gateway = start_gateway(
             federation_file=federation_file, database_url=url, log_dir=work,

@@ -6,7 +6,6 @@ is refused with OpenAI's error envelope and changes nothing."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from devtools.launch import ManagedProcess, spawn_site, start_gateway, stop_all, wait_until_serving
+from devtools.launch import ManagedProcess, start_gateway, stop_all, wait_until_serving
 from site_engine.engine.lora.adapter import BaseShapes
 from tests.e2e.conftest import Federation
+from tests.support.lora_site import spawn_lora_site, write_federation
 from tests.unit.engine.test_lora_adapters import write_adapter
 
 pytestmark = pytest.mark.slow
@@ -44,21 +44,11 @@ def federation(
     tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Federation]:
     work = tmp_path_factory.mktemp("adapter-loading")
-    (work / "lora").mkdir()
-    args = ["--lora-dir", str(work / "lora"), "--max-loras", "2", "--max-lora-rank", "8"]
-    site = spawn_site(
-        model_dir=tiny_llama_dir, site_name="aws-use1", model_name="tiny", log_dir=work,
-        extra_args=args,
-    )  # fmt: skip
+    site = spawn_lora_site(tiny_llama_dir, work, max_loras=2)
     started: list[ManagedProcess] = [site]
     try:
         wait_until_serving(site)
-        federation_file = work / "federation.json"
-        federation_file.write_text(json.dumps({
-            "models": [{"name": "tiny", "tokenizer": str(tiny_llama_dir)}],
-            "sites": [{"name": "aws-use1", "cloud": "aws", "region": "us-east-1",
-                       "endpoint": f"127.0.0.1:{site.port}", "model": "tiny"}],
-        }))  # fmt: skip
+        federation_file = write_federation(work, tiny_llama_dir, site)
         url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         env = {"GATEWAY_REQUIRE_API_KEYS": "true", "GATEWAY_ADMIN_TOKEN": ADMIN}
         gateway = start_gateway(

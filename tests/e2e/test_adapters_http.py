@@ -7,7 +7,6 @@ OpenAI-shaped 404."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from devtools.launch import ManagedProcess, spawn_site, start_gateway, stop_all, wait_until_serving
+from devtools.launch import ManagedProcess, start_gateway, stop_all, wait_until_serving
 from site_engine.engine.lora.adapter import BaseShapes
 from tests.e2e.batch_client import all_results, wait_for
 from tests.e2e.conftest import Federation
+from tests.support.lora_site import spawn_lora_site, write_federation
 from tests.unit.engine.test_lora_adapters import write_adapter
 
 pytestmark = pytest.mark.slow
@@ -39,21 +39,16 @@ def federation(
     targets = ("q_proj", "v_proj", "o_proj", "up_proj", "down_proj")
     for seed, name in enumerate(("public-ft", "private-ft")):
         write_adapter(work / "lora" / name, BaseShapes.of_model(model), targets=targets, seed=seed)
-    args = ["--lora-dir", str(work / "lora"), "--max-loras", "2", "--max-lora-rank", "8"]
-    site = spawn_site(
-        model_dir=tiny_llama_dir, site_name="aws-use1", model_name="tiny", log_dir=work,
-        extra_args=args,
-    )  # fmt: skip
+    site = spawn_lora_site(tiny_llama_dir, work, max_loras=2)
     started: list[ManagedProcess] = [site]
     try:
         wait_until_serving(site)
-        federation_file = work / "federation.json"
-        federation_file.write_text(json.dumps({
-            "models": [{"name": "tiny", "tokenizer": str(tiny_llama_dir)}],
-            "sites": [{"name": "aws-use1", "cloud": "aws", "region": "us-east-1",
-                       "endpoint": f"127.0.0.1:{site.port}", "model": "tiny"}],
-            "adapters": [{"name": "private-ft", "parent": "tiny", "owner_key": "tenant-a"}],
-        }))  # fmt: skip
+        federation_file = write_federation(
+            work,
+            tiny_llama_dir,
+            site,
+            [{"name": "private-ft", "parent": "tiny", "owner_key": "tenant-a"}],
+        )
         url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         env = {"GATEWAY_REQUIRE_API_KEYS": "true", "GATEWAY_ADMIN_TOKEN": ADMIN}
         gateway = start_gateway(
