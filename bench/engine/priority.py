@@ -153,7 +153,9 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
             max_num_batched_tokens=p["max_num_batched_tokens"],
             block_size=16,
             kv_cache_bytes=kv_bytes or int(p["kv_cache_gib"] * GIB),
-            prefix_caching=False,  # random prompts share nothing; the classes are measured
+            # As a site runs by default: a preempted sequence finds its own full blocks again, so
+            # preempting it for an interactive one costs the recompute of its last block only.
+            prefix_caching=True,
             background_step_tokens=p["deferral_bound_tokens"],
         ),
     )
