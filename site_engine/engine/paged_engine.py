@@ -32,7 +32,7 @@ from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.lora.adapter import AdapterError, BaseShapes
-from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
+from site_engine.engine.lora.registry import AdapterRegistry, AdapterResidency, LoraSettings
 from site_engine.engine.memory_plan import (
     GIB,
     KvPlan,
@@ -512,6 +512,7 @@ class PagedEngine:
 
     def stats(self) -> EngineStats:
         stats = self._scheduler.stats()
+        lora = self._adapters.residency() if self._adapters is not None else AdapterResidency()
         return EngineStats(
             num_waiting=stats.num_waiting,
             num_running=stats.num_running,
@@ -530,6 +531,9 @@ class PagedEngine:
             host_kv_bytes_offloaded=stats.host_kv_blocks_offloaded * self._limits.kv_block_bytes,
             host_kv_bytes_onloaded=stats.host_kv_blocks_onloaded * self._limits.kv_block_bytes,
             by_class=stats.by_class,
+            adapters_on_device=lora.on_device,
+            adapters_in_host=lora.in_host,
+            adapter_load_s=lora.load_s,
         )
 
 
