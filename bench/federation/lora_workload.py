@@ -76,7 +76,7 @@ CPU_RUNS = LoraRuns(
 # GPU (issue 51): 200 adapters, 32 device slots a site, rank 16 on all seven projections.
 GPU_RUNS = LoraRuns(
     adapters=200, slots=32, cpu_loras=64, rank=16, targets=ALL_PROJECTIONS,
-    rates=(8.0, 16.0, 24.0, 32.0), duration_s=12.0, drain_s=30.0,
+    rates=(8.0, 16.0, 24.0, 32.0), duration_s=12.0, drain_s=20.0,
     prompt_median=256, prompt_p99=2048, answer_median=128, answer_p99=512,
 )  # fmt: skip
 
