@@ -113,7 +113,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_prompt": 2048,
         "max_answer": 256,
         "clock_step_s": None,
-        "deadline_s": 330.0,
+        "deadline_s": 360.0,
         "workloads": ("trace",),
     },
     "cpu": {
