@@ -41,7 +41,7 @@ from site_engine.engine.lora.adapter import (
     LoraAdapter,
     read_adapter,
 )
-from site_engine.engine.lora.slots import LoraSlots, LoraStep
+from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 log = logging.getLogger(__name__)
 
@@ -196,16 +196,23 @@ class AdapterRegistry:
         while len(self._host) > self.settings.max_cpu_loras and evictable:
             del self._host[evictable.pop(0)]
 
-    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> LoraStep | None:
+    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> StepDeltas | None:
         """The deltas of a step whose chunk i (lens[i] tokens) uses adapters[i] ("": none);
         None when no row uses an adapter (the base path runs untouched)."""
-        names = [name for name in adapters if name]
-        if not names:
+        if not any(adapters):
             return None
-        slots = self.slots.assign(names, self._fetch)
-        per_chunk = torch.tensor([slots[name] if name else -1 for name in adapters])
+        per_chunk = torch.tensor(self.assign(adapters))
         token_slots = per_chunk.repeat_interleave(torch.tensor(lens))
         return self.slots.step(token_slots.to(self.slots.device))
+
+    def assign(self, adapters: Sequence[str]) -> list[int]:
+        """Each chunk's slot (-1: "", the base model), writing adapters not in a slot into one:
+        what a step does first, for all its chunks at once (an adapter written for one part of
+        the step must not evict another part's)."""
+        names = [name for name in adapters if name]
+        if names:
+            self.slots.assign(names, self._fetch)
+        return self.slots.token_slots(adapters)
 
     def _fetch(self, name: str) -> LoraAdapter:
         adapter = self._host.get(name)
