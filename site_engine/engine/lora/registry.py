@@ -67,6 +67,14 @@ class LoraSettings:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
 
 
+def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
+    """Device bytes of the slots of every projection (A and B, padded to max_rank), plus the
+    kernels' per-step buffers (a few MiB at most)."""
+    per_slot = sum(in_f + out_f for in_f, out_f in base.features.values()) * settings.max_rank
+    element = torch.empty((), dtype=dtype).element_size()
+    return base.num_layers * per_slot * settings.max_loras * element + (16 << 20)
+
+
 class AdapterRegistry:
     def __init__(
         self, settings: LoraSettings, base: BaseShapes, dtype: torch.dtype, device: torch.device

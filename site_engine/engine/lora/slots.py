@@ -138,6 +138,10 @@ class LoraSlots:
             from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
 
             return SegmentedLoraStep(self.a, self.b, self.scaling, token_slots)
+        return self.one_hot_step(token_slots)
+
+    def one_hot_step(self, token_slots: torch.Tensor) -> LoraStep:
+        """The PyTorch path's step on any device (the CPU's; the reference of the kernels')."""
         one_hot = torch.nn.functional.one_hot(token_slots + 1, self.num_slots + 1)[:, 1:]
         weights = (one_hot.to(self.dtype) * self.scaling).unsqueeze(-1)
         return LoraStep(self.a, self.b, weights)
