@@ -268,7 +268,8 @@ class DecodeGraphs:
         self._positions[:count] = staged[:, 1]
         self._slots[:count] = staged[:, 2]
         self._context_lens[:count] = staged[:, 3].to(torch.int32)
-        self._lora_slots[:count] = staged[:, 5]
+        if self._lora is not None:  # a base-only engine's graphs read no slot buffer
+            self._lora_slots[:count] = staged[:, 5]
         if count < batch:
             self._reset_padding(count)
         captured = self._captured[batch]

@@ -278,7 +278,8 @@ class FlatStepGraphs:
                                                 pending_source)  # fmt: skip
         self._positions[:tokens] = staged[:, 1]
         self._slots[:tokens] = staged[:, 2]
-        self._lora_slots[:tokens] = staged[:, 4]
+        if self._lora is not None:  # a base-only engine's graphs read no slot buffer
+            self._lora_slots[:tokens] = staged[:, 4]
         self._query_start.copy_(self._staged_seqs[:, 0])
         self._context_lens.copy_(self._staged_seqs[: self.max_seqs, 1])
         self._sample_rows.copy_(self._staged_seqs[: self.max_seqs, 2])
