@@ -153,6 +153,9 @@ class ScalingController:
             site=site,
             backlog_s=_finite(verdict.backlog_s) if verdict else None,
             forecast_backlog_s=_finite(verdict.forecast_backlog_s) if verdict else None,
+            arrival_rate=_finite(verdict.arrival_rate) if verdict else None,
+            lead_s=verdict.lead_s if verdict else None,
+            smoothed_backlog_s=_finite(verdict.level_s) if verdict else None,
         )
         try:
             await record_scaling_event(self._sessions, event)
