@@ -8,10 +8,29 @@ from dataclasses import dataclass, field
 from statistics import median_low
 
 from gateway.federation import SiteConfig
+from gateway.routing.adapter_residency import SiteAdapters
 from gateway.routing.latency import RateEstimate, RttEstimator, StepTimeModel
 from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS, SitePrefix
 from gateway.routing.types import SiteLatency, StepTime
 from gateway.sites.interface import LoadView, SiteClient, SiteInfoView
+
+
+@dataclass(slots=True)
+class Arrivals:
+    """The work admitted for one model since this gateway started, as routing planned it: every
+    request's prompt tokens and predicted answer tokens, counted once when it is placed (moving
+    it to another site later is not a new arrival). The scaling controller's arrival rate is
+    its change over time (gateway/scaling/policy.py). One object per model, shared by the
+    model's sites (SiteRegistry links them), so a site leaving takes nothing away."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    answer_tokens: int = 0
+
+    def add(self, prompt_tokens: int, answer_tokens: int) -> None:
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.answer_tokens += answer_tokens
 
 
 @dataclass(slots=True)
@@ -52,6 +71,10 @@ class SiteState:
     origin: str = "federation"
     # When it joined (monotonic seconds; 0.0: at the start).
     joined_at: float = 0.0
+    # Where its LoRA adapters are (its load reports, and what was routed there since).
+    adapter_residency: SiteAdapters = field(default_factory=SiteAdapters, compare=False)
+    # Its model's admitted work (shared with its same-model peers; set by SiteRegistry).
+    arrivals: Arrivals = field(default_factory=Arrivals, compare=False, repr=False)
 
     @property
     def outstanding_tokens(self) -> int:
@@ -77,6 +100,9 @@ class SiteState:
         self.report, self.report_at = report, time.monotonic()
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
         self.prefill_rate.observe(report.prefill_tokens_per_s)
+        self.adapter_residency.apply(
+            report.adapters_on_device, report.adapters_in_host, report.adapter_load_s
+        )
 
     @property
     def latency(self) -> SiteLatency:
@@ -162,10 +188,12 @@ class SiteRegistry:
 
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
+        self._arrivals: dict[str, Arrivals] = {}
         self._link_peers()
 
     def _link_peers(self) -> None:
         for site in self._sites.values():
+            site.arrivals = self._arrivals.setdefault(site.config.model, Arrivals())
             site.peers = tuple(
                 other
                 for other in self._sites.values()
@@ -193,6 +221,10 @@ class SiteRegistry:
 
     def get(self, name: str) -> SiteState | None:
         return self._sites.get(name)
+
+    def arrivals(self, model: str) -> Arrivals:
+        """The model's admitted work so far (zero for a model no site has served yet)."""
+        return self._arrivals.setdefault(model, Arrivals())
 
     def max_model_len(self, model: str) -> int | None:
         """The smallest context among healthy sites serving the model (what every site can hold)."""

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -41,9 +41,10 @@ from site_engine.engine.lora.adapter import (
     LoraAdapter,
     read_adapter,
 )
-from site_engine.engine.lora.slots import LoraSlots, LoraStep
+from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 log = logging.getLogger(__name__)
+_READ_TIMES_KEPT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,24 @@ class LoraSettings:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterResidency:
+    """Where a site's adapters are now: in device slots, only in host memory (each sorted; the
+    rest of those it serves are on disk), and the mean seconds a read from disk took lately."""
+
+    on_device: tuple[str, ...] = ()
+    in_host: tuple[str, ...] = ()
+    load_s: float = 0.0
+
+
+def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
+    """Device bytes of the slots of every projection (A and B, padded to max_rank), plus the
+    kernels' per-step buffers (a few MiB at most)."""
+    per_slot = sum(in_f + out_f for in_f, out_f in base.features.values()) * settings.max_rank
+    element = torch.empty((), dtype=dtype).element_size()
+    return base.num_layers * per_slot * settings.max_loras * element + (16 << 20)
+
+
 class AdapterRegistry:
     def __init__(
         self, settings: LoraSettings, base: BaseShapes, dtype: torch.dtype, device: torch.device
@@ -81,6 +100,9 @@ class AdapterRegistry:
         self._loading: dict[str, Future[LoraAdapter]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
         self._files = threading.Lock()  # one directory change at a time (register/unregister)
+        # Seconds the last reads from disk took (the worker thread appends; a deque's append and
+        # a copy of it are atomic): the load time a router charges a request of a cold adapter.
+        self._read_s: deque[float] = deque(maxlen=_READ_TIMES_KEPT)
 
     def served(self) -> tuple[str, ...]:
         """The adapters this site can serve: its directory's PEFT adapters, by name."""
@@ -153,7 +175,20 @@ class AdapterRegistry:
 
     def _read(self, name: str) -> LoraAdapter:
         base, settings = self._base, self.settings
-        return read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+        started = time.perf_counter()
+        adapter = read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+        self._read_s.append(time.perf_counter() - started)
+        return adapter
+
+    def residency(self) -> AdapterResidency:
+        """Engine thread: the adapters in device slots, those only in host memory (both sorted)
+        and the mean seconds of the last reads from disk (0.0: none yet)."""
+        device = set(self.slots.names())
+        host = sorted(name for name in self._host if name not in device)
+        times = list(self._read_s)
+        return AdapterResidency(
+            tuple(sorted(device)), tuple(host), sum(times) / len(times) if times else 0.0
+        )
 
     def load(self, name: str, in_use: Collection[str] = ()) -> LoraAdapter:
         """Reads `name` now, on this thread (an operator's preload, tests); AdapterError, with
@@ -196,16 +231,23 @@ class AdapterRegistry:
         while len(self._host) > self.settings.max_cpu_loras and evictable:
             del self._host[evictable.pop(0)]
 
-    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> LoraStep | None:
+    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> StepDeltas | None:
         """The deltas of a step whose chunk i (lens[i] tokens) uses adapters[i] ("": none);
         None when no row uses an adapter (the base path runs untouched)."""
-        names = [name for name in adapters if name]
-        if not names:
+        if not any(adapters):
             return None
-        slots = self.slots.assign(names, self._fetch)
-        per_chunk = torch.tensor([slots[name] if name else -1 for name in adapters])
+        per_chunk = torch.tensor(self.assign(adapters))
         token_slots = per_chunk.repeat_interleave(torch.tensor(lens))
         return self.slots.step(token_slots.to(self.slots.device))
+
+    def assign(self, adapters: Sequence[str]) -> list[int]:
+        """Each chunk's slot (-1: "", the base model), writing adapters not in a slot into one:
+        what a step does first, for all its chunks at once (an adapter written for one part of
+        the step must not evict another part's)."""
+        names = [name for name in adapters if name]
+        if names:
+            self.slots.assign(names, self._fetch)
+        return self.slots.token_slots(adapters)
 
     def _fetch(self, name: str) -> LoraAdapter:
         adapter = self._host.get(name)
