@@ -1,6 +1,6 @@
 """bench.engine.batch_order's report: the Markdown table and the PNG of tokens/s by order and
 mix. The GPU machine may lack matplotlib: the PNG is then left out, and
-`python -m bench.engine.batch_order --replot bench/results/batch_order/batch_order_h100.json`
+`python -m bench.engine.batch_order --replot bench/results/batch_order/batch_order_<gpu>.json`
 writes the Markdown and the PNG again from the JSON, here."""
 
 from __future__ import annotations
