@@ -359,9 +359,9 @@ def sizing(args: argparse.Namespace) -> str:
         return f"preset: {args.p['items']} items a mix, each order run to its end"
     return (
         f"reduced to fit the device time: each mix sized by a {args.probe_s:g} s rate probe so "
-        f"that one order runs about {args.order_seconds:g} s (the preset's {args.p['items']} "
-        "items a mix would run for minutes an order)"
-        + (f"; deadline {args.deadline_s:g} s" if args.deadline_s else "")
+        f"that one order runs about {args.order_seconds:g} s, instead of the preset's "
+        f"{args.p['items']} items a mix each run to its end (the issue asks >= 4,000 items and "
+        ">= 60 s an order)" + (f"; deadline {args.deadline_s:g} s" if args.deadline_s else "")
     )
 
 

@@ -57,7 +57,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
         ax.bar([i + k * width for i in range(len(mixes))], values, width, label=order)
     ax.set_xticks([i + width * (len(ORDERS) - 1) / 2 for i in range(len(mixes))], mixes)
     ax.set_ylabel("prompt + answer tokens/s")
-    ax.set_title(f"batch orders ({payload.get('preset')}): {payload.get('sizing', '')[:60]}")
+    reduced = str(payload.get("sizing", "")).startswith("reduced")
+    note = ", sized to fit a device slot (see the MD's sizing)" if reduced else ""
+    ax.set_title(f"batch orders ({payload.get('preset')}){note}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
