@@ -231,6 +231,10 @@ class BlockManager:
         if self._offloaded_at:
             offloaded_at = self._offloaded_at.pop(block, 0)
             self._wait_for_step = max(self._wait_for_step, offloaded_at)
+        if self._loading and block in self._loading:
+            # Its copy back (for a sequence preempted since) must land before this step
+            # overwrites it: the step waits for the copies listed so far.
+            self._copies_before_step = len(self._copies)
         if self._index is not None and (block_hash := self._index.hash_at(block)) is not None:
             if self._policy is not None and self._host is not None and block_hash not in self._host:
                 self._policy.evicted_uncopied(block_hash, self._index.hits_of(block_hash))

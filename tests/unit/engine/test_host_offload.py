@@ -201,3 +201,19 @@ def test_the_scheduler_runs_a_host_hit_from_the_step_after_its_copies() -> None:
     assert [(ch.request_id, ch.start_position) for ch in computing.chunks] == [("c", 4)]
     assert computing.kv_copies_wait_for_step == loading.step_id
     assert sched.stats().prefix_cache_host_hits == 4
+
+
+def test_a_block_still_loading_that_is_taken_again_makes_the_step_wait() -> None:
+    bm = BlockManager(4, 2, caching=True, host_slots=4, offload=OffloadLimits(8, 100))
+    cached_blocks(bm, "a", [11, 12])
+    bm.offload_ahead(4, step_id=1)
+    bm.take_copies(1)
+    bm.grow("b", 8)
+    bm.free("b")
+    bm.take_copies(2)
+    bm.admit("c", bm.lookup([11, 12]), 4, defer_onload=True)
+    bm.free("c")  # preempted in the same step: its blocks, still loading, are free again
+    bm.grow("d", 8)  # d writes every block in this step, after the copies back land
+    plan = bm.take_copies(3)
+    assert plan.before_step == len(plan.copies) == 2
+    bm.check_invariants()
