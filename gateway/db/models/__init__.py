@@ -20,6 +20,13 @@ from gateway.db.models.batches import (
     FilePart,
     StoredFile,
 )
+from gateway.db.models.fine_tuning import (
+    FINAL_FINE_TUNING_STATES,
+    FineTuningCheckpoint,
+    FineTuningEvent,
+    FineTuningJob,
+    FineTuningStatus,
+)
 from gateway.db.models.load import (
     LoadRollup,
     LoadSample,
@@ -50,6 +57,7 @@ from gateway.db.models.tenancy import (
 )
 
 __all__ = [
+    "FINAL_FINE_TUNING_STATES",
     "NAMING_CONVENTION",
     "OPEN_RETRAIN_STATES",
     "AdminLoginFailure",
@@ -60,6 +68,10 @@ __all__ = [
     "BatchItemStatus",
     "BatchJob",
     "BatchStatus",
+    "FineTuningCheckpoint",
+    "FineTuningEvent",
+    "FineTuningJob",
+    "FineTuningStatus",
     "FilePart",
     "IdempotencyRecord",
     "IdempotencyStatus",
