@@ -309,7 +309,13 @@ class GatewayAssembly:
         health.watch(metrics)
         adapter_admin = AdapterAdmin(registry, adapter_catalogue, frozenset(served_models))
         fine_tuning = FineTuningService.build(
-            sessions, registry, adapter_catalogue, adapter_admin, metrics, served_models
+            sessions,
+            registry,
+            adapter_catalogue,
+            adapter_admin,
+            metrics,
+            served_models,
+            settings.fine_tuning.poll_s,
         )
         assembly = cls(
             settings=settings,

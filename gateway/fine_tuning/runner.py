@@ -38,8 +38,6 @@ from gateway.stores.file_store import FileStore
 from gateway.stores.fine_tuning_store import FineTuningStore, JobView
 
 log = logging.getLogger(__name__)
-# How often the runner asks the sites after their jobs (a new job wakes it at once).
-POLL_S = 2.0
 
 
 def fine_tuned_model(job: JobView) -> str:
@@ -64,7 +62,7 @@ class FineTuningRunner:
         catalogue: AdapterCatalogue,
         adapters: AdapterAdmin,
         metrics: GatewayMetrics | None = None,
-        poll_s: float = POLL_S,
+        poll_s: float = 2.0,
     ) -> None:
         self._store = store
         self._files = files
@@ -85,7 +83,7 @@ class FineTuningRunner:
         self._wake.set()
 
     async def run(self) -> None:
-        """Passes over the unfinished jobs every POLL_S (or when woken), for ever."""
+        """Passes over the unfinished jobs every GATEWAY_FINE_TUNING_POLL_S (or when woken)."""
         while True:
             try:
                 await self.run_once()

@@ -72,9 +72,10 @@ class FineTuningService:
         adapters: AdapterAdmin,
         metrics: GatewayMetrics,
         base_models: Collection[str],
+        poll_s: float,
     ) -> FineTuningService:
         store, files = FineTuningStore(sessions), FileStore(sessions)
-        runner = FineTuningRunner(store, files, registry, catalogue, adapters, metrics)
+        runner = FineTuningRunner(store, files, registry, catalogue, adapters, metrics, poll_s)
         return cls(store, files, runner, base_models)
 
     async def create(
