@@ -67,8 +67,9 @@ class PeftTrainerDouble:
         self._every = checkpoint_every
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.jobs: dict[str, _Job] = {}
-        # Jobs whose progress calls do not step (a test holds one running to cancel it).
-        self.held: set[str] = set()
+        # Set: no job steps past this step (a test holds one running to cancel it, or to stop
+        # its gateway mid-job).
+        self.stop_at: int | None = None
 
     async def start_fine_tune(self, spec: FineTuneSpec) -> FineTuneProgress:
         if spec.base_model != self.base_model:
@@ -84,7 +85,8 @@ class PeftTrainerDouble:
 
     async def fine_tune_progress(self, job_id: str) -> FineTuneProgress:
         job = self._job(job_id)
-        if not job.state.is_final and job_id not in self.held:
+        held = self.stop_at is not None and job.step >= self.stop_at
+        if not job.state.is_final and not held:
             await asyncio.to_thread(self._step, job)
         return self._progress(job)
 
@@ -106,17 +108,18 @@ class PeftTrainerDouble:
         batch = self._tokenizer(job.batches[job.step], return_tensors="pt", padding=True)
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         loss = job.model(**batch, labels=labels).loss
+        value = float(loss.detach())
         loss.backward()
         job.optimizer.step()
         job.optimizer.zero_grad()
         job.step += 1
         job.trained_tokens += int(batch["attention_mask"].sum())
-        job.losses.append((job.step, float(loss)))
+        job.losses.append((job.step, value))
         path = self._out / job.spec.job_id
         if job.step % self._every == 0:
             where = path / f"checkpoint-{job.step}"
             job.model.save_pretrained(str(where))
-            job.checkpoints.append(FineTuneCheckpoint(job.step, str(where), float(loss)))
+            job.checkpoints.append(FineTuneCheckpoint(job.step, str(where), value))
         if job.step == len(job.batches):
             job.model.save_pretrained(str(path / "final"))
             job.adapter_path, job.state = str(path / "final"), FineTuneState.SUCCEEDED
