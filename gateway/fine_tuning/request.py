@@ -15,7 +15,8 @@ Multiplier = Annotated[float, msgspec.Meta(gt=0, le=10)]
 # OpenAI's: up to 64 characters of letters, digits, '-' and '_' (it names the model).
 Suffix = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Seed = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
-FileId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+# A file id names nothing outside these (and a NUL would be refused by PostgreSQL).
+FileId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 # "auto": epochs over the data and the multiplier of the site's base learning rate.
 AUTO_EPOCHS, AUTO_MULTIPLIER = 3, 1.0
 # "auto" batch size: one example per this many, within [1, AUTO_MAX_BATCH].
@@ -29,7 +30,7 @@ class Hyperparameters(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class JobCreateRequest(msgspec.Struct, forbid_unknown_fields=True):
-    model: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[^\x00]*$")]
     training_file: FileId
     validation_file: FileId | None = None
     suffix: Suffix | None = None

@@ -32,7 +32,7 @@ from gateway.errors import GatewayError, ServerSideError
 from gateway.federation_adapters import AdapterConfig
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
-from gateway.sites.interface import FineTuningSite, SiteRejected, SiteUnavailable
+from gateway.sites.interface import FineTuningSite, SiteCallError, SiteRejected
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.file_store import FileStore
 from gateway.stores.fine_tuning_store import FineTuningStore, JobView
@@ -73,6 +73,8 @@ class FineTuningRunner:
         self._wake = asyncio.Event()
         # Jobs by status as of the last pass (the fine_tuning_jobs gauge).
         self.counts: dict[str, int] = {}
+        # Trained models whose site refused to load them again (until this gateway restarts).
+        self._unservable: set[str] = set()
         if metrics is not None:
             metrics.watch_fine_tuning(lambda: self.counts)
 
@@ -100,8 +102,10 @@ class FineTuningRunner:
         for job in jobs:
             try:
                 await self._advance(job, holding)
-            except SiteUnavailable as exc:
+            except SiteCallError as exc:  # unreachable, or broke under the call: next pass
                 log.info("fine-tuning job %s: %s; asking again later", job.id, exc)
+            except Exception:  # one job's trouble must not stop the others
+                log.exception("fine-tuning job %s: this pass failed", job.id)
         counts = await self._store.count_by_status()
         self.counts = {status.value: counts.get(status, 0) for status in FineTuningStatus}
 
@@ -123,6 +127,11 @@ class FineTuningRunner:
         try:
             progress = await client.fine_tune_progress(job.id)
         except SiteRejected as exc:
+            if job.status is FineTuningStatus.QUEUED:
+                # Assigned, then the start never reached the site (this gateway stopped in
+                # between): hand it out again.
+                await self._store.unassign(job.id, f"site {job.site} does not have the job")
+                return
             await self._fail(job, "site_lost_job", f"site {job.site} lost the job: {exc.detail}")
             return
         await self._apply(job, progress)
@@ -147,7 +156,7 @@ class FineTuningRunner:
                 job, "site_refused_job", f"site {site.name} refused the job: {exc.detail}"
             )
             return
-        except SiteUnavailable as exc:
+        except SiteCallError as exc:
             await self._store.unassign(job.id, f"site {site.name} did not take the job: {exc}")
             return
         await self._apply(job, progress)
@@ -217,7 +226,12 @@ class FineTuningRunner:
             self._catalogue.declare(config)  # loaded before this gateway restarted
             return
         body = LoadAdapterBody(name, path, job.model, site=job.site, owner_key=job.owner_key_name)
-        await self._adapters.load(body)
+        try:
+            await self._adapters.load(body)
+        except GatewayError as exc:
+            if exc.code != "adapter_exists":
+                raise
+            self._catalogue.declare(config)  # another gateway of the database loaded it first
 
     async def _serve_succeeded(self) -> None:
         """Declares every succeeded job's adapter with its owner (again, after a restart), and
@@ -230,7 +244,10 @@ class FineTuningRunner:
             site = self._registry.get(job.site or "")
             if name in self._registry.served_adapters() or site is None or not site.healthy:
                 continue
+            if name in self._unservable:
+                continue
             try:
                 await self._load(job, name, job.adapter_path or "")
             except GatewayError as exc:
+                self._unservable.add(name)  # said once; a restarted gateway tries again
                 log.warning("fine-tuned model %s not served again: %s", name, exc.message)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import uuid
 from collections.abc import Collection
 
@@ -40,6 +41,14 @@ log = logging.getLogger(__name__)
 
 JOB_PREFIX = "ftjob-"
 MAX_PAGE = 100
+# What an id of this API can be (a job's, an event's, a checkpoint's): anything else names
+# nothing, and is answered so without a query (a NUL, say, PostgreSQL would refuse).
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _check_after(after: str | None) -> None:
+    if after is not None and not _ID.fullmatch(after):
+        raise invalid_request(f"after: no such id '{after[:64]}'", param="after")
 
 
 def job_not_found(job_id: str) -> GatewayError:
@@ -151,13 +160,14 @@ class FineTuningService:
         return content
 
     async def get(self, job_id: str, owner: Owner) -> JobView:
-        job = await self.store.get(job_id, owner)
+        job = await self.store.get(job_id, owner) if _ID.fullmatch(job_id) else None
         if job is None:
             raise job_not_found(job_id)
         return job
 
     async def list_jobs(self, owner: Owner, after: str | None, limit: int) -> Page[JobView]:
         _check_limit(limit)
+        _check_after(after)
         page = await self.store.list_jobs(owner, after, limit)
         if page is None:
             raise invalid_request(f"after: no fine-tuning job with id '{after}'", param="after")
@@ -167,6 +177,7 @@ class FineTuningService:
         self, job_id: str, owner: Owner, after: str | None, limit: int
     ) -> Page[EventView]:
         _check_limit(limit)
+        _check_after(after)
         await self.get(job_id, owner)
         return await self.store.events(job_id, after, limit)
 
@@ -174,6 +185,7 @@ class FineTuningService:
         self, job_id: str, owner: Owner, after: str | None, limit: int
     ) -> Page[CheckpointView]:
         _check_limit(limit)
+        _check_after(after)
         await self.get(job_id, owner)
         return await self.store.checkpoints(job_id, after, limit)
 

@@ -209,7 +209,9 @@ class FineTuningStore:
         query = select(FineTuningEvent).where(FineTuningEvent.job_id == job_id)
         if after is not None:
             number = after.removeprefix(EVENT_PREFIX)
-            query = query.where(FineTuningEvent.id < (int(number) if number.isdigit() else 0))
+            # Past the column's range (32 bits): before every event.
+            before = min(int(number), 2**31 - 1) if number.isdigit() else 0
+            query = query.where(FineTuningEvent.id < before)
         query = query.order_by(FineTuningEvent.id.desc()).limit(limit + 1)
         async with self._sessions() as session:
             rows = (await session.scalars(query)).all()
