@@ -264,9 +264,15 @@ class ModelRunner:
         if output.kv_copies:
             if self.host_kv is None:
                 raise ValueError("the step lists host KV copies but the runner has no host tier")
-            self.host_kv.run(output.kv_copies, output.kv_copies_before_step)
-        elif self.host_kv is not None:
-            self.host_kv.run((), 0)  # the previous step's copies still bind this step
+            self.host_kv.run(
+                output.kv_copies,
+                output.kv_copies_before_step,
+                output.step_id,
+                output.kv_copies_wait_for_step,
+            )
+        elif self.host_kv is not None and output.kv_copies_wait_for_step:
+            # This step overwrites a block a previous step's copy may still be reading.
+            self.host_kv.run((), 0, output.step_id, output.kv_copies_wait_for_step)
         if output.is_empty:
             return StepLogits(None)
         if self._flat_graphed(output.chunks):
