@@ -383,6 +383,7 @@ class GatewayAssembly:
                 registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics
             )
             background["offload"] = offload.run()
+        await fine_tuning.runner.declare_trained()  # their owners, before a request comes
         for name, work in background.items():
             assembly.tasks.append(asyncio.create_task(work, name=name))
         assembly.batches.runner.start()  # resumes the batches left unfinished

@@ -233,14 +233,22 @@ class FineTuningRunner:
                 raise
             self._catalogue.declare(config)  # another gateway of the database loaded it first
 
-    async def _serve_succeeded(self) -> None:
-        """Declares every succeeded job's adapter with its owner (again, after a restart), and
-        loads one no healthy site serves from its site's path."""
-        for job in await self._store.served():
+    async def declare_trained(self) -> list[JobView]:
+        """Declares every succeeded job's model with its owner (the gateway's start awaits it:
+        no request is served before), and returns those jobs."""
+        jobs = await self._store.served()
+        for job in jobs:
             name = job.fine_tuned_model or ""
             config = AdapterConfig(name, job.model, job.owner_key_name)
             if self._catalogue.declared(name) != config:
                 self._catalogue.declare(config)
+        return jobs
+
+    async def _serve_succeeded(self) -> None:
+        """Declares the succeeded jobs' models (those another gateway trained, too), and loads
+        one no healthy site serves from its site's path."""
+        for job in await self.declare_trained():
+            name = job.fine_tuned_model or ""
             site = self._registry.get(job.site or "")
             if name in self._registry.served_adapters() or site is None or not site.healthy:
                 continue
