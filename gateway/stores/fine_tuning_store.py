@@ -301,7 +301,9 @@ class FineTuningStore:
             await _record_checkpoints(session, row, progress)
             row.step, row.total_steps = progress.step, progress.total_steps
             row.trained_tokens = max(row.trained_tokens, progress.trained_tokens)
-            if progress.state is FineTuneState.RUNNING and row.status is FineTuningStatus.QUEUED:
+            # Running, or trained already between two polls: it started.
+            started = progress.state in (FineTuneState.RUNNING, FineTuneState.SUCCEEDED)
+            if started and row.status is FineTuningStatus.QUEUED:
                 row.status, row.started_at = FineTuningStatus.RUNNING, utcnow()
                 _add_event(session, row.id, f"Fine-tuning job started on site {row.site}")
             await session.flush()
