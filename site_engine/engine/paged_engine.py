@@ -33,7 +33,7 @@ from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.lora.adapter import AdapterError, BaseShapes
-from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
+from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings, lora_slot_bytes
 from site_engine.engine.memory_plan import (
     GIB,
     KvPlan,
@@ -120,6 +120,11 @@ def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
             block_size=config.block_size,
             cuda_graphs=config.cuda_graphs,
         )
+        if config.lora is not None:
+            # The trial runs no adapter: the slots (every projection's, allocated up front for
+            # the graphs) come out of what the cache may take.
+            lora = lora_slot_bytes(BaseShapes.of_model(loaded.model), config.lora, loaded.dtype)
+            measurement = replace(measurement, free=measurement.free - lora)
         return plan_kv_cache(measurement, requested_bytes=config.kv_cache_bytes, **sizes)
     if config.kv_cache_bytes > 0:
         return plan_from_budget(config.kv_cache_bytes, **sizes)
