@@ -1,7 +1,7 @@
 """fine_tuning_jobs, fine_tuning_events, fine_tuning_checkpoints: the fine-tuning API
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0022
+Revises: 0021
 Create Date: 2026-11-26 16:00:00.000000
 
 Issue 54: LoRA fine-tuning jobs (POST /v1/fine_tuning/jobs), each its key's own, trained on a
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0021"
-down_revision: str | None = "0020"
+revision: str = "0022"
+down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
