@@ -172,7 +172,7 @@ def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
 # The engine tests: a small Llama on the GPU and four random PEFT adapters of mixed ranks.
 CONFIG = LlamaConfig(
     hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, vocab_size=512, max_position_embeddings=256, initializer_range=0.2,
+    num_key_value_heads=2, vocab_size=50304, max_position_embeddings=256, initializer_range=0.2,
     bos_token_id=None, eos_token_id=None, pad_token_id=None,
 )  # fmt: skip
 ADAPTERS = {  # name -> (rank, targets)
