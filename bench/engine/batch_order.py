@@ -15,6 +15,13 @@ gateway's order before issue 52), `dfs` (depth-first by prompt prefix, SGLang lp
 length forced (`ignore_eos`), greedy; the engine is fed in order, as the gateway's feed does,
 keeping at most `window` requests in it; each order starts from an empty prefix cache.
 
+A scarce device (bench/engine/issue52_gpu.sh): `--order-seconds T` sizes each mix so that one
+order runs about T seconds: a probe of `--probe-s` seconds feeds the mix (at the preset's size,
+submission order) and measures the engine's prompt + answer tokens per second; the mix is then
+built again with as many items as that rate finishes in T seconds (the same construction: group
+size, sharing and density targets). `--deadline-s` skips the orders that would end past it
+(listed under "skipped"). Both are written into the results, so a reduced run says so.
+
 Keys: `throughput_vs_best_other` (mix -> blend_predicted tokens/s over the best of submission,
 longest_first and dfs) and `prefix_sharing_vs_dfs` (mix -> blend_predicted's prefix-cache hit
 tokens over dfs's). Tokens/s counts prompt and answer tokens over the run's wall time.
@@ -23,6 +30,8 @@ tokens over dfs's). Tokens/s counts prompt and answer tokens over the run's wall
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,8 +40,8 @@ from typing import Any
 import torch
 
 from bench.common import command_line, results_dir, write_results
+from bench.engine.batch_order_report import ORDERS, OTHERS, markdown, plot, replot
 from bench.engine.batch_order_workload import (
-    HIGH_DENSITY,
     MIXES,
     Item,
     build_mix,
@@ -41,7 +50,7 @@ from bench.engine.batch_order_workload import (
 )
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import Progress
-from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.model_setup import LLAMA_8B_8K_DIR, LLAMA_8B_8K_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.paths import resolve_data_dir
 from bench.engine.prefix import build_engine, device_label
 from bench.engine.report import versions
@@ -51,13 +60,11 @@ from gateway.batches.blend import Roofline
 from gateway.batches.plan import PlanItem, item_order
 from site_engine.engine.api import EngineRequest
 from site_engine.engine.paged_engine import PagedEngine
-from site_engine.engine.types import SamplingParams
+from site_engine.engine.types import FinishReason, SamplingParams
 
-ORDERS = ("submission", "longest_first", "dfs", "blend_predicted", "blend_true")
-OTHERS = ("submission", "longest_first", "dfs")
 PRESETS: dict[str, dict[str, Any]] = {
     "gpu": {
-        "shape": {**LLAMA_8B_SHAPE, "max_position_embeddings": 8192},
+        "shape": LLAMA_8B_8K_SHAPE,
         "device": "cuda",
         "dtype": "bfloat16",
         "max_num_seqs": 256,
@@ -125,7 +132,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--results-dir", type=Path, default=results_dir("batch_order"))
     add("--name", default=None, help="default: batch_order_<device>")
     add("--seed", type=int, default=0)
+    add(
+        "--order-seconds",
+        type=float,
+        default=None,
+        help="size each mix so that one order runs about this long (a probe measures the rate)",
+    )
+    add("--probe-s", type=float, default=8.0, help="seconds of the rate probe of each mix")
+    add("--deadline-s", type=float, default=None, help="skip orders that would end past it")
+    add("--replot", type=Path, default=None, help="only write the MD and PNG of this JSON again")
     args = parser.parse_args(argv)
+    for key in ("order_seconds", "probe_s", "deadline_s"):
+        value = getattr(args, key)
+        if value is not None and value <= 0:
+            parser.error(f"--{key.replace('_', '-')} must be > 0")
     args.p = dict(PRESETS[args.preset])
     if args.items is not None:
         args.p["items"] = args.items
@@ -195,6 +215,48 @@ def run_order(
     }
 
 
+def probe_rate(engine: PagedEngine, items: Sequence[Item], window: int, seconds: float) -> float:
+    """Prompt + answer tokens per second the engine gets through when fed `items` in their
+    (submission) order for `seconds`; what is left is cancelled. Prompt tokens count whether
+    computed or found in the prefix cache, as run_order's tokens/s counts them."""
+    engine.restart_scheduler(prefix_caching=True, host_tier=False)
+    before = engine.stats()
+    pending, live, generated, ids = list(range(len(items)))[::-1], 0, 0, []
+    start = time.perf_counter()
+    while (pending or engine.has_unfinished()) and time.perf_counter() - start < seconds:
+        while pending and live < window:
+            index = pending.pop()
+            item = items[index]
+            sampling = SamplingParams(max_tokens=item.true_tokens, temperature=0.0, ignore_eos=True)
+            ids.append(f"probe-{index}")
+            engine.add_request(EngineRequest(ids[-1], item.prompt, sampling))
+            live += 1
+        for output in engine.step():
+            generated += len(output.new_token_ids)
+            live -= output.finish_reason is not None
+    elapsed = time.perf_counter() - start
+    after = engine.stats()
+    for request_id in ids:
+        engine.abort(request_id, FinishReason.CANCELLED)  # False for finished ones
+    while engine.has_unfinished():
+        engine.step()
+    prompt = (after.prompt_tokens_computed - before.prompt_tokens_computed) + (
+        after.prefix_cache_hits - before.prefix_cache_hits
+    )
+    return (prompt + generated) / max(elapsed, 1e-9)
+
+
+def items_for(items: Sequence[Item], tokens: float) -> int:
+    """How many items like `items`, taken in order, hold `tokens` prompt + answer tokens (at
+    least 1): past their end, extrapolated at their mean."""
+    total = 0
+    for count, item in enumerate(items, 1):
+        total += len(item.prompt) + item.true_tokens
+        if total >= tokens:
+            return count
+    return max(len(items), math.ceil(len(items) * tokens / max(total, 1)))
+
+
 def summarize(mixes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     vs_best: dict[str, float | None] = {}
     vs_dfs: dict[str, float | None] = {}
@@ -212,29 +274,18 @@ def summarize(mixes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"throughput_vs_best_other": vs_best, "prefix_sharing_vs_dfs": vs_dfs}
 
 
-def markdown(payload: dict[str, Any]) -> str:
-    lines = [
-        "| mix | order | tokens/s | output tok/s | prefix hit rate | prompt tokens computed |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, mix in payload["mixes"].items():
-        for order, row in mix["orders"].items():
-            lines.append(
-                f"| {name} | {order} | {row['tokens_s']} | {row['output_tok_s']} | "
-                f"{row['prefix_hit_rate']} | {row['prompt_tokens_computed']} |"
-            )
-    lines += ["", f"throughput_vs_best_other: {payload['throughput_vs_best_other']}"]
-    lines += [f"prefix_sharing_vs_dfs: {payload['prefix_sharing_vs_dfs']}"]
-    lines += [f"high-density mixes (goal >= 1.15x): {list(HIGH_DENSITY)}"]
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.replot is not None:
+        replot(args.replot)
+        return
     p, log = args.p, Progress()
     if p["device"] == "cpu":
         torch.set_num_threads(1)
-    model_dir = args.model_dir or Path(f"/tmp/fedllm-bench-batch-order-{args.preset}")
+    default_dir = LLAMA_8B_8K_DIR if p["shape"] is LLAMA_8B_8K_SHAPE else None
+    model_dir = (
+        args.model_dir or default_dir or Path(f"/tmp/fedllm-bench-batch-order-{args.preset}")
+    )
     loaded = ensure_model(model_dir, p["shape"], args.tokenizer_dir, log, dtype=p["dtype"],
                           device=p["device"], seed=args.seed)  # fmt: skip
     engine = build_engine(loaded, p)
@@ -245,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     roof = roofline(p)
     mixes: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
     name = args.name or f"batch_order_{device_label(loaded)}"
 
     def save(complete: bool) -> Path:
@@ -255,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "versions": versions(),
             "model": {"shape": p["shape"], "dtype": p["dtype"], "device": str(loaded.device)},
             "workload": {k: v for k, v in p.items() if k != "shape"},
+            "sizing": sizing(args),
+            "skipped": skipped,
             "roofline": {
                 "peak_flops": roof.peak_flops,
                 "memory_bytes_per_s": roof.memory_bytes_per_s,
@@ -267,20 +321,48 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         payload.update(summarize(mixes))
         command = command_line("bench.engine.batch_order", argv)
-        return write_results(name, payload, markdown(payload), command, args.results_dir)
+        path = write_results(name, payload, markdown(payload), command, args.results_dir)
+        if importlib.util.find_spec("matplotlib") is not None:
+            plot(payload, path.with_suffix(".png"))
+        return path
 
     for mix in args.mixes:
         items = build_mix(mix, pools, p, roof, args.seed)
+        probe: dict[str, Any] = {}
+        if args.order_seconds is not None:
+            rate = probe_rate(engine, items, p["window"], args.probe_s)
+            count = items_for(items, rate * args.order_seconds)
+            probe = {"tokens_s": round(rate, 1), "preset_items": len(items), "items": count}
+            items = build_mix(mix, pools, {**p, "items": count}, roof, args.seed)
+            log(f"mix {mix}: probe {probe}")
         ids = [tuple(prompt_block_hashes(i.prompt, p["block_size"], "bench")) for i in items]
-        mixes[mix] = {"facts": mix_facts(items, roof, ids, p["block_size"]), "orders": {}}
-        log(f"mix {mix}: {mixes[mix]['facts']}")
+        facts = mix_facts(items, roof, ids, p["block_size"])
+        mixes[mix] = {"facts": facts, "probe": probe, "orders": {}}
+        log(f"mix {mix}: {facts}")
         for order in args.orders:
+            expected = args.order_seconds or 0.0
+            if args.deadline_s is not None and log.elapsed() + expected > args.deadline_s:
+                skipped.append(f"{mix}/{order}")
+                log(f"  {order}: skipped (deadline {args.deadline_s} s)")
+                continue
             row = run_order(engine, items, plan_order(order, items, ids, p), p["window"], order)
             mixes[mix]["orders"][order] = row
             log(f"  {order}: {row['tokens_s']} tokens/s in {row['elapsed_s']} s, hit rate "
                 f"{row['prefix_hit_rate']}")  # fmt: skip
             save(complete=False)
-    log(f"wrote {save(complete=True)}")
+    log(f"wrote {save(complete=not skipped)}")
+
+
+def sizing(args: argparse.Namespace) -> str:
+    """How the run was sized, for the results: the preset's, or reduced to fit a device slot."""
+    if args.order_seconds is None:
+        return f"preset: {args.p['items']} items a mix, each order run to its end"
+    return (
+        f"reduced to fit the device time: each mix sized by a {args.probe_s:g} s rate probe so "
+        f"that one order runs about {args.order_seconds:g} s (the preset's {args.p['items']} "
+        "items a mix would run for minutes an order)"
+        + (f"; deadline {args.deadline_s:g} s" if args.deadline_s else "")
+    )
 
 
 if __name__ == "__main__":

@@ -252,6 +252,15 @@ class Scheduler:
                 continue
             if not (self._static and self._running):
                 self._admit_waiting(priority, chunks, budget, preempted)
+            if priority is Priority.INTERACTIVE:
+                # One left waiting that is ready (not compiling a grammar or loading an adapter)
+                # is held up by a slot or blocks: background work must not slow the step more.
+                waiting = any(
+                    not (seq.awaiting_guide or seq.awaiting_adapter)
+                    for seq in self._waiting.of_class(priority)
+                )
+                rows = self._running_count[priority]
+                budget.interactive_planned(rows, waiting, cfg.max_num_seqs)
         left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
         if chunks:

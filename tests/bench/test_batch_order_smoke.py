@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.engine.batch_order import ORDERS, main
+from bench.engine.batch_order import main
+from bench.engine.batch_order_report import ORDERS
 
 pytestmark = pytest.mark.slow
 

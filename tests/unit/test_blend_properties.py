@@ -13,6 +13,10 @@ from hypothesis import strategies as st
 from gateway.batches.blend import (
     BlendRequest,
     Roofline,
+    _build,
+    _Node,
+    _split,
+    _trie,
     blend_order,
     common_blocks,
     dfs_order,
@@ -141,3 +145,102 @@ def test_an_empty_batch_has_an_empty_order() -> None:
     """A batch with nothing left to plan (the schema fuzz found it) orders nothing; it raised."""
     assert list(blend_order([], ROOF, BLOCK).order) == []
     assert dfs_order([]) == []
+
+
+# The parts one at a time (issue 52's CI list: the trie, the density sort, the split, the scanner).
+
+
+@settings(deadline=None, max_examples=100)
+@given(batches)
+def test_the_trie_holds_each_request_once_at_its_depth_under_its_prefix(
+    requests: list[BlendRequest],
+) -> None:
+    root, _ = _trie(requests)
+    seen: list[int] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for position in node.requests:
+            ids = requests[position].block_ids
+            assert len(ids) == node.depth  # a request ends where its blocks end
+            seen.append(position)
+        below = [*node.requests, *(p for child in node.children for p in _leaves_of(child))]
+        heads = {requests[p].block_ids[: node.depth] for p in below}
+        assert len(heads) <= 1  # everything below a node shares its blocks up to its depth
+        for child in node.children:
+            assert child.depth > node.depth
+            stack.append(child)
+    assert sorted(seen) == list(range(len(requests)))
+
+
+def _leaves_of(node: _Node) -> list[int]:
+    out, stack = [], [node]
+    while stack:
+        current = stack.pop()
+        out.extend(current.requests)
+        stack.extend(current.children)
+    return out
+
+
+@settings(deadline=None, max_examples=100)
+@given(batches)
+def test_every_layer_is_sorted_densest_first_and_sums_its_subtree(
+    requests: list[BlendRequest],
+) -> None:
+    root = _build(requests, ROOF, BLOCK)
+    memory = sum(ROOF.memory_s(r.prompt_tokens, r.answer_tokens) for r in requests)
+    assert abs(root.memory - memory) <= 1e-9 * max(memory, 1.0)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        assert sorted(map(id, node.order)) == sorted(map(id, [*node.children, *node.requests]))
+        children = [entry for entry in node.order if isinstance(entry, _Node)]
+        densities = [child.density for child in children]
+        assert densities == sorted(densities, reverse=True)
+        parts = sum(child.memory for child in node.children)
+        assert node.memory >= parts - 1e-12
+        stack.extend(node.children)
+
+
+@settings(deadline=None, max_examples=100)
+@given(batches)
+def test_the_split_covers_every_request_once_and_its_budget_bounds_it(
+    requests: list[BlendRequest],
+) -> None:
+    root = _build(requests, ROOF, BLOCK)
+    whole, none_lost = _split(root, 0.0, BLOCK)
+    # A zero budget splits only what costs nothing: the root, whose prefix is empty.
+    assert none_lost == 0
+    assert len(whole) == len(root.order)
+    units, loss = _split(root, float("inf"), BLOCK)
+    assert all(isinstance(unit, int) for unit in units)  # an unlimited budget splits all
+    assert sorted(p for unit in units for p in _unit_leaves(unit)) == list(range(len(requests)))
+    assert loss >= 0
+    total = sum(r.prompt_tokens for r in requests)
+    for share in (0.01, 0.1):
+        units, loss = _split(root, share * total, BLOCK)
+        assert sorted(p for unit in units for p in _unit_leaves(unit)) == list(range(len(requests)))
+
+
+def _unit_leaves(unit: _Node | int) -> list[int]:
+    return [unit] if isinstance(unit, int) else _leaves_of(unit)
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 2000)), min_size=1, max_size=60))
+def test_the_scanner_takes_dense_requests_from_one_end_and_sparse_from_the_other(
+    lengths: list[tuple[int, int]],
+) -> None:
+    """Without shared prefixes every request is its own unit: the leaves are the requests
+    densest first, the scanner's "L" picks come from that end (density never rising) and its
+    "R" picks from the other (never falling), and no "R" pick is denser than an "L" pick."""
+    requests = [BlendRequest((), prompt, answer) for prompt, answer in lengths]
+    blend = blend_order(requests, ROOF, BLOCK)
+    density = [c / m for c, m in zip(blend.compute, blend.memory, strict=True)]
+    left = [density[p] for p, side in zip(blend.order, blend.sides, strict=True) if side == "L"]
+    right = [density[p] for p, side in zip(blend.order, blend.sides, strict=True) if side == "R"]
+    assert sorted(blend.order) == list(range(len(requests)))
+    assert left == sorted(left, reverse=True)
+    assert right == sorted(right)
+    if left and right:
+        assert min(left) >= max(right)

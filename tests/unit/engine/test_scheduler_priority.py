@@ -13,6 +13,7 @@ from fedllm_contract.priority import Priority
 from site_engine.engine.scheduler import ClassLoad, Scheduler
 from site_engine.engine.scheduling_policy import admission_order
 from site_engine.engine.sequence import Sequence, SequenceStatus
+from site_engine.engine.step_budget import StepBudget
 from site_engine.engine.types import SamplingParams, SchedulerOutput
 from tests.unit.engine.test_scheduler import (
     first_scheduled_order,
@@ -228,6 +229,36 @@ def test_a_step_that_prefills_an_interactive_prompt_takes_no_background_prefill(
     assert chunk_tokens(out) == {"i": 10, "b0": 1}  # b1's prompt waits; b0's decode does not
     out, _ = step(sched)
     assert chunk_tokens(out) == {"i": 1, "b0": 1, "b1": 12}
+
+
+def test_interactive_decodes_leave_background_prefill_the_squared_share_of_free_slots() -> None:
+    """Bound 16, four slots: one interactive row leaves 3/4 of them, so background prefill gets
+    16 * (3/4)^2 = 9 tokens; two rows 16 * (2/4)^2 = 4; none at all, the whole bound."""
+    sched = make(max_num_seqs=4, max_num_batched_tokens=64, background_step_tokens=16)
+    sched.add("b", prompt(60), sp(2), priority=B)
+    out, _ = step(sched)
+    assert chunk_tokens(out) == {"b": 16}  # no interactive row: one background iteration
+    sched.add("i0", prompt(4, 100), sp(20))
+    out, _ = step(sched)
+    assert chunk_tokens(out) == {"i0": 4}  # an interactive prefill: no background prefill
+    out, _ = step(sched)
+    assert chunk_tokens(out) == {"i0": 1, "b": 9}
+    sched.add("i1", prompt(4, 200), sp(20))
+    step(sched)
+    out, _ = step(sched)
+    assert chunk_tokens(out) == {"i0": 1, "i1": 1, "b": 4}
+
+
+def test_no_background_prefill_while_an_interactive_request_waits_for_room() -> None:
+    budget = StepBudget.for_step(64, 16)
+    budget.interactive_planned(rows=1, waiting=True, max_num_seqs=8)
+    assert budget.background == 0
+    busy = StepBudget.for_step(64, 16)
+    busy.interactive_planned(rows=8, waiting=False, max_num_seqs=8)
+    assert busy.background == 0  # every slot interactive: no capacity left
+    unbounded = StepBudget.for_step(64, 0)
+    unbounded.interactive_planned(rows=4, waiting=True, max_num_seqs=8)
+    assert unbounded.background == 64  # no deferral bound: nothing is deferred
 
 
 def test_background_decodes_are_not_deferred() -> None:

@@ -1,0 +1,82 @@
+"""Issue 52, end to end: a `service_tier: "flex"` chat request waits behind interactive ones and
+is never lost. One site with a single batch slot (SITE_MAX_NUM_SEQS=1), so that the order the
+engine admits in is the order answers end in: while a long interactive answer holds the slot, a
+flex request arrives, then two interactive ones; the interactive ones are served first, and the
+flex one afterwards, complete."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from devtools.launch import spawn_site, start_gateway, stop_all, wait_until_serving
+from tests.e2e.conftest import write_federation
+
+pytestmark = pytest.mark.slow
+LONG, SHORT = 600, 12
+
+
+def chat(client: httpx.Client, tier: str, tokens: int, done: dict[str, Any], key: str) -> None:
+    response = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"Request {key}: count to ten."}],
+            "temperature": 0,
+            "max_completion_tokens": tokens,
+            "ignore_eos": True,
+            "service_tier": tier,
+        },
+    )
+    done[key] = (time.perf_counter(), response)
+
+
+@pytest.mark.timeout(300)
+def test_a_flex_request_waits_behind_interactive_ones_and_is_answered(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    site = spawn_site(
+        model_dir=tiny_llama_dir,
+        site_name="aws-use1",
+        model_name="tiny",
+        log_dir=tmp_path,
+        env={"SITE_MAX_NUM_SEQS": "1"},
+    )
+    processes = [site]
+    try:
+        wait_until_serving(site)
+        gateway = start_gateway(
+            federation_file=write_federation(
+                tmp_path / "federation.json", tiny_llama_dir, {"aws-use1": f"127.0.0.1:{site.port}"}
+            ),
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
+            log_dir=tmp_path,
+        )
+        processes.append(gateway)
+        done: dict[str, Any] = {}
+        with httpx.Client(base_url=f"http://127.0.0.1:{gateway.port}", timeout=240) as client:
+            plan = [("hold", "default", LONG), ("flex", "flex", SHORT),
+                    ("chat1", "default", SHORT), ("chat2", "auto", SHORT)]  # fmt: skip
+            threads = []
+            for key, tier, tokens in plan:
+                thread = threading.Thread(target=chat, args=(client, tier, tokens, done, key))
+                thread.start()
+                threads.append(thread)
+                time.sleep(0.3)  # each reaches the site before the next is sent
+            for thread in threads:
+                thread.join(timeout=240)
+        assert set(done) == {key for key, _, _ in plan}
+        for key, _, tokens in plan:
+            response = done[key][1]
+            assert response.status_code == 200, (key, response.text)
+            assert response.json()["usage"]["completion_tokens"] == tokens, key
+        assert done["hold"][0] < min(done["chat1"][0], done["chat2"][0])
+        # Sent before both interactive requests, served after them.
+        assert done["flex"][0] > max(done["chat1"][0], done["chat2"][0])
+    finally:
+        stop_all(processes)
