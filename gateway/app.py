@@ -20,6 +20,7 @@ from gateway.api.completion_routes import CompletionsController, provide_complet
 from gateway.api.database_errors import DATABASE_EXCEPTION_HANDLERS
 from gateway.api.embedding_routes import EmbeddingsController
 from gateway.api.file_routes import FilesController
+from gateway.api.fine_tuning_routes import FineTuningController
 from gateway.api.key_routes import AdminKeysController
 from gateway.api.metrics_routes import HttpMetricsMiddleware, MetricsController
 from gateway.api.model_routes import HealthController, ModelsController
@@ -45,6 +46,7 @@ PROVIDED = (
     "drainer",
     "membership",
     "adapter_admin",
+    "fine_tuning",
     "scaling",
     "retraining",
     "readiness",
@@ -87,6 +89,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             ResponsesController,
             FilesController,
             BatchesController,
+            FineTuningController,
             ModelsController,
             HealthController,
             admin_router(),

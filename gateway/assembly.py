@@ -34,6 +34,7 @@ from gateway.embeddings.route import EmbeddingRouter
 from gateway.embeddings.service import EmbeddingService
 from gateway.federation import FederationConfig, ModelTask, load_federation
 from gateway.files.service import FileService
+from gateway.fine_tuning.service import FineTuningService
 from gateway.idempotency import Idempotency
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
@@ -162,6 +163,8 @@ class GatewayAssembly:
     membership: SiteMembership
     # LoRA adapters loaded and unloaded at run time (gateway/admin/adapters.py).
     adapter_admin: AdapterAdmin
+    # LoRA fine-tuning jobs trained on the sites, served as adapters (gateway/fine_tuning/).
+    fine_tuning: FineTuningService
     # Capacity that follows load (gateway/scaling/), when GATEWAY_SCALING_FILE names models.
     scaling: ScalingController | None
     # Each served model's predictor error on recent traffic, and the retrain jobs asked for.
@@ -304,6 +307,16 @@ class GatewayAssembly:
             sessions, served_models, settings.drift, settings.retrain, retrain_jobs
         )
         health.watch(metrics)
+        adapter_admin = AdapterAdmin(registry, adapter_catalogue, frozenset(served_models))
+        fine_tuning = FineTuningService.build(
+            sessions,
+            registry,
+            adapter_catalogue,
+            adapter_admin,
+            metrics,
+            served_models,
+            settings.fine_tuning.poll_s,
+        )
         assembly = cls(
             settings=settings,
             engine=engine,
@@ -325,9 +338,8 @@ class GatewayAssembly:
             dashboard=Dashboard(settings, registry, sessions),
             drainer=drainer,
             membership=membership,
-            adapter_admin=AdapterAdmin(
-                registry, adapter_catalogue, frozenset(m.name for m in generative)
-            ),
+            adapter_admin=adapter_admin,
+            fine_tuning=fine_tuning,
             scaling=controller,
             retraining=Retraining(
                 health, retrain_jobs, predictor, settings.drift, settings.retrain, served_models
@@ -353,6 +365,7 @@ class GatewayAssembly:
             "site-drain": drainer.run(),
             "file-retention": files.delete_expired_forever(),
             "response-retention": responses.delete_expired_forever(),
+            "fine-tuning": fine_tuning.runner.run(),
             **kv_event_followers(registry.all()),
         }
         missing = missing_training_stack()
@@ -370,6 +383,7 @@ class GatewayAssembly:
                 registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics
             )
             background["offload"] = offload.run()
+        await fine_tuning.runner.declare_trained()  # their owners, before a request comes
         for name, work in background.items():
             assembly.tasks.append(asyncio.create_task(work, name=name))
         assembly.batches.runner.start()  # resumes the batches left unfinished

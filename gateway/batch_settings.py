@@ -116,6 +116,22 @@ class BatchSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FineTuningSettings:
+    """The fine-tuning API (gateway/fine_tuning/): jobs trained on sites, polled from here."""
+
+    ENV_PREFIX: ClassVar[str] = "GATEWAY_FINE_TUNING_"
+
+    poll_s: float = setting(
+        2.0,
+        help="how often the gateway asks each site after its fine-tuning jobs (their steps, "
+        "checkpoints and end) and hands queued jobs to sites; a new job is handed at once",
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "poll_s")
+
+
+@dataclass(frozen=True, slots=True)
 class FileSettings:
     """The Files API (gateway/files/): files live in the database (`files`, `file_parts`)."""
 

@@ -13,7 +13,7 @@ docs/metrics.md lists every metric.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -154,6 +154,19 @@ class CallbackGauge(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(self._name, self._doc, value=float(self._value()))
+
+
+class StateCountGauge(Collector):
+    """One gauge labelled by `state`, read from a mapping of state to count when scraped."""
+
+    def __init__(self, name: str, doc: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._name, self._doc, self._counts = name, doc, counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self._name, self._doc, labels=["state"])
+        for state, count in sorted(self._counts().items()):
+            family.add_metric([state], float(count))
+        yield family
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +316,12 @@ class GatewayMetrics:
     def watch_backlog(self, name: str, doc: str, value: Callable[[], float]) -> None:
         """Exposes fedllm_gateway_<name>, read from `value` at each scrape."""
         self.registry.register(CallbackGauge(f"fedllm_gateway_{name}", doc, value))
+
+    def watch_fine_tuning(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Exposes fedllm_gateway_fine_tuning_jobs{state}: the jobs in each state, every key's,
+        as the fine-tuning runner's last pass counted them."""
+        self.registry.register(StateCountGauge(
+            "fedllm_gateway_fine_tuning_jobs", "Fine-tuning jobs by state", counts))  # fmt: skip
 
     def routed(self, policy: str, site: str | None) -> None:
         self.routing_decisions.labels(policy, site or NO_SITE).inc()

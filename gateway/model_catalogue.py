@@ -4,7 +4,9 @@ healthy site serves over its base (vLLM's convention: an adapter is a model of i
 The sites say which adapters they serve (SiteInfo.adapters, refreshed by every health check);
 the federation file may give one a parent and an owner key (gateway/federation_adapters.py),
 and so may an operator who loads one at run time (gateway/admin/adapters.py).
-An adapter private to a key is, to every other key, a model that does not exist.
+An adapter private to a key is, to every other key, a model that does not exist. A fine-tuned
+model (`ft:...`, gateway/fine_tuning/) is its key's own: until the job's owner is declared (a
+moment after a site lists it, on a gateway that did not load it) it is nobody's, never everyone's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 
 from gateway.federation_adapters import AdapterConfig
 from gateway.sites.registry import SiteRegistry
+
+# The names of fine-tuned models (gateway/fine_tuning/runner.py names them).
+FINE_TUNED_PREFIX = "ft:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,8 @@ class AdapterCatalogue:
 
     def may_use(self, adapter: str, key_name: str | None) -> bool:
         """Whether the key (by name; None: no key) may use the adapter: one without an owner in
-        the federation file is every key's."""
+        the federation file is every key's, but for an undeclared fine-tuned model."""
         declared = self._declared.get(adapter)
-        return declared is None or declared.owner_key in (None, key_name)
+        if declared is None:
+            return not adapter.startswith(FINE_TUNED_PREFIX)
+        return declared.owner_key in (None, key_name)

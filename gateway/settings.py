@@ -25,7 +25,12 @@ from fedllm_contract.env_settings import (
     require_positive,
     setting,
 )
-from gateway.batch_settings import BatchSettings, FileSettings, ResponseSettings
+from gateway.batch_settings import (
+    BatchSettings,
+    FileSettings,
+    FineTuningSettings,
+    ResponseSettings,
+)
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.federation import FederationConfigError, load_federation
 from gateway.routing.policy import POLICY_NAMES
@@ -41,6 +46,7 @@ __all__ = [
     "AdminSettings",
     "BatchSettings",
     "FileSettings",
+    "FineTuningSettings",
     "GatewaySettings",
     "ResponseSettings",
     "SettingsError",
@@ -418,6 +424,7 @@ class GatewaySettings:
     batches: BatchSettings = field(default_factory=BatchSettings)
     files: FileSettings = field(default_factory=FileSettings)
     responses: ResponseSettings = field(default_factory=ResponseSettings)
+    fine_tuning: FineTuningSettings = field(default_factory=FineTuningSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     access: AccessSettings = field(default_factory=AccessSettings)

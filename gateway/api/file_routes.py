@@ -26,7 +26,7 @@ _UPLOAD_FORM = {
     "type": "object",
     "properties": {
         "file": {"type": "string", "format": "binary"},
-        "purpose": {"type": "string", "enum": ["batch"]},
+        "purpose": {"type": "string", "enum": ["batch", "fine-tune"]},
         "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
         "expires_after[seconds]": {"type": "integer"},
     },
@@ -70,7 +70,7 @@ class FilesController(Controller):
         "/",
         status_code=200,
         request_max_body_size=None,  # bounded by GATEWAY_FILE_MAX_BYTES while it is read
-        summary="Upload a batch input file (JSON Lines, purpose 'batch')",
+        summary="Upload a batch input file (purpose 'batch') or training data ('fine-tune')",
         operation_class=multipart_body(_UPLOAD_FORM),
     )
     async def upload_file(

@@ -24,6 +24,7 @@ from gateway.api.openai_errors import OpenAIError, invalid_request
 from gateway.api.openapi_body import json_body
 from gateway.api.row_ids import row_id
 from gateway.db.models import utcnow
+from gateway.fine_tuning.service import FineTuningService
 from gateway.request_path.service import CompletionService
 from gateway.tenancy.admission import Tenancy
 from gateway.tenancy.keys import KeyRecord
@@ -92,6 +93,7 @@ class AdminKeysController(Controller):
         self,
         tenancy: NamedDependency[Tenancy],
         completions: NamedDependency[CompletionService],
+        fine_tuning: NamedDependency[FineTuningService],
         key_id: KeyId,
         window_s: FromQuery[int] = DEFAULT_USAGE_WINDOW_S,
     ) -> ApiKeyUsage:
@@ -102,7 +104,8 @@ class AdminKeysController(Controller):
         # The request log is written behind the answers: what was answered before this call
         # is counted (unless the database refuses writes: then what it holds so far).
         await completions.records.writer.settle(USAGE_SETTLE_S)
-        usage = await tenancy.keys.usage(key_id, utcnow() - timedelta(seconds=window_s))
+        since = utcnow() - timedelta(seconds=window_s)
+        usage = await tenancy.keys.usage(key_id, since)
         return ApiKeyUsage(
             api_key_id=key_id,
             window_s=window_s,
@@ -122,4 +125,5 @@ class AdminKeysController(Controller):
                 )
                 for m in usage.models
             ],
+            trained_tokens=await fine_tuning.store.trained_tokens(key_id, since),
         )

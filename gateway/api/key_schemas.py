@@ -65,3 +65,6 @@ class ApiKeyUsage(msgspec.Struct):
     object: Literal["api_key.usage"] = "api_key.usage"
     # The same per model and adapter.
     models: list[ModelUsageObject] = msgspec.field(default_factory=list)
+    # Tokens trained by the key's fine-tuning jobs made in the window (a running job's so
+    # far): what its sites ran forward and backward, billed apart from requests' tokens.
+    trained_tokens: int = 0

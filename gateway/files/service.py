@@ -1,9 +1,11 @@
 """The Files API's operations: upload, read, list, delete and download, each scoped to the
 caller's key, and the deletion of expired files.
 
-Only batch input files are taken (purpose `batch`): they are checked line by line at upload
+Batch input files (purpose `batch`) are checked line by line at upload
 (gateway/files/batch_input.py), so a malformed file is refused then, naming the line, and
-nothing is stored. Batches write their results as files of purpose `batch_output`
+nothing is stored. Training data (purpose `fine-tune`) is stored as sent and checked line by
+line when a fine-tuning job is made from it (gateway/fine_tuning/training_file.py), as OpenAI
+does. Batches write their results as files of purpose `batch_output`
 (gateway/batches/finalize.py). Where files are stored and why: gateway/stores/file_store.py.
 """
 
@@ -23,6 +25,7 @@ from gateway.files.uploads import UploadGate
 from gateway.settings import GatewaySettings
 from gateway.stores.file_store import (
     UPLOAD_PURPOSE,
+    UPLOAD_PURPOSES,
     FileStore,
     FileView,
     NewFile,
@@ -75,12 +78,13 @@ class FileService:
         expires_after_s: int | None = None,
     ) -> FileView:
         """Checks and stores the file whole; 4xx and nothing stored for a purpose other than
-        `batch`, a malformed line, a bad expiry or a key whose storage it would overflow. The
-        caller bounds its size (GATEWAY_FILE_MAX_BYTES) while receiving it."""
-        if purpose != UPLOAD_PURPOSE:
+        `batch` or `fine-tune`, a malformed batch line, a bad expiry or a key whose storage it
+        would overflow. The caller bounds its size (GATEWAY_FILE_MAX_BYTES) while receiving
+        it."""
+        if purpose not in UPLOAD_PURPOSES:
             raise invalid_request(
                 f"purpose '{purpose}' is not served: this gateway stores batch input files "
-                "(purpose 'batch') only",
+                "(purpose 'batch') and fine-tuning data (purpose 'fine-tune') only",
                 param="purpose",
             )
         if not 0 < len(filename) <= MAX_FILENAME:
@@ -93,7 +97,8 @@ class FileService:
             max_lines=self._settings.batches.max_items,
             max_line_bytes=self._settings.limits.max_body_bytes,
         )
-        await self._pool.run(check, content)  # parsing 64 MiB stays off the event loop
+        if purpose == UPLOAD_PURPOSE:
+            await self._pool.run(check, content)  # parsing 64 MiB stays off the event loop
         new = NewFile(f"file-{uuid.uuid4().hex}", owner, purpose, filename, expires_at)
         quota = self._settings.files.storage_per_key_bytes
         try:

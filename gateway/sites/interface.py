@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args, runtime_checkable
 
 from fedllm_contract.cache_events import CacheEventBatch
+from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneSpec
 from fedllm_contract.priority import Priority
 from fedllm_contract.request_options import RequestOptions
 from gateway.federation import ModelTask
@@ -100,6 +101,8 @@ class SiteInfoView:
     embedding_dimension: int = 0
     # The LoRA adapters of its model the site serves (each by its name; none: the base only).
     adapters: tuple[str, ...] = ()
+    # Whether the site takes LoRA fine-tuning jobs of its model (FineTuningSite; issue 54).
+    accepts_fine_tuning: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,3 +302,19 @@ class AdapterLoading(Protocol):
     async def load_adapter(self, name: str, path: str) -> tuple[str, ...]: ...
 
     async def unload_adapter(self, name: str) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class FineTuningSite(Protocol):
+    """A site that trains LoRA fine-tuning jobs of its model in the cycles inference leaves idle
+    (issue 54; it says so in SiteInfoView.accepts_fine_tuning). Each call answers the job's
+    progress as the site has it now (fedllm_contract/fine_tuning.py): whole histories, so the
+    gateway may ask as often as it likes and lose no report. SiteRejected when the site refuses
+    the job (another base, a malformed file) or, asked of a job's progress or cancel, does not
+    know the job (lost with its disk); SiteUnavailable when it cannot be reached."""
+
+    async def start_fine_tune(self, spec: FineTuneSpec) -> FineTuneProgress: ...
+
+    async def fine_tune_progress(self, job_id: str) -> FineTuneProgress: ...
+
+    async def cancel_fine_tune(self, job_id: str) -> FineTuneProgress: ...

@@ -26,8 +26,11 @@ from gateway.stores.pages import Owner, Page
 
 PART_BYTES = 1 << 20
 # Uploads count against their key's storage; the batches' result files do not (the gateway
-# writes them, and must never fail a finished batch over a quota).
+# writes them, and must never fail a finished batch over a quota). Batch input files, and the
+# training data of fine-tuning jobs (gateway/fine_tuning/).
 UPLOAD_PURPOSE = "batch"
+FINE_TUNE_PURPOSE = "fine-tune"
+UPLOAD_PURPOSES = (UPLOAD_PURPOSE, FINE_TUNE_PURPOSE)
 Order = Literal["asc", "desc"]
 
 
@@ -156,7 +159,7 @@ class FileStore:
         total = await session.scalar(
             select(func.coalesce(func.sum(StoredFile.bytes), 0)).where(
                 owned_by(StoredFile.api_key_id, owner),
-                StoredFile.purpose == UPLOAD_PURPOSE,
+                StoredFile.purpose.in_(UPLOAD_PURPOSES),
                 _live(),
             )
         )

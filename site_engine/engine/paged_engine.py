@@ -424,7 +424,8 @@ class PagedEngine:
     def _step(self) -> list[RequestOutput]:
         failed = self._take_grammars() + self._take_adapters()
         scheduled = self._scheduler.schedule()
-        if scheduled.is_empty and self._in_flight is None and not failed:
+        idle = scheduled.is_empty and not scheduled.kv_copies  # copies back: a step follows
+        if idle and self._in_flight is None and not failed:
             # Nothing to run but requests waiting for their grammars or adapters: wait for one
             # (briefly).
             if self._waits:

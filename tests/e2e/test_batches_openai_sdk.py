@@ -393,5 +393,5 @@ def test_an_oversized_file_is_refused_whole(alice: openai.OpenAI, federation: Fe
     assert refused.value.status_code == 413
     assert f"larger than {FILE_LIMIT} bytes" in str(refused.value)
     assert counts(federation) == before
-    with pytest.raises(openai.BadRequestError, match="purpose 'fine-tune' is not served"):
-        alice.files.create(file=("x.jsonl", jsonl([line])), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="purpose 'assistants' is not served"):
+        alice.files.create(file=("x.jsonl", jsonl([line])), purpose="assistants")

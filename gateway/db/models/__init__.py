@@ -20,6 +20,13 @@ from gateway.db.models.batches import (
     FilePart,
     StoredFile,
 )
+from gateway.db.models.fine_tuning import (
+    FINAL_FINE_TUNING_STATES,
+    FineTuningCheckpoint,
+    FineTuningEvent,
+    FineTuningJob,
+    FineTuningStatus,
+)
 from gateway.db.models.load import (
     LoadRollup,
     LoadSample,
@@ -50,6 +57,7 @@ from gateway.db.models.tenancy import (
 )
 
 __all__ = [
+    "FINAL_FINE_TUNING_STATES",
     "NAMING_CONVENTION",
     "OPEN_RETRAIN_STATES",
     "AdminLoginFailure",
@@ -61,6 +69,10 @@ __all__ = [
     "BatchJob",
     "BatchStatus",
     "FilePart",
+    "FineTuningCheckpoint",
+    "FineTuningEvent",
+    "FineTuningJob",
+    "FineTuningStatus",
     "IdempotencyRecord",
     "IdempotencyStatus",
     "InferenceRequest",

@@ -1,0 +1,261 @@
+"""Runs the fine-tuning jobs: hands each queued job to a site, asks the site for its progress,
+writes it (events, checkpoints, trained tokens) and, when the site has trained it, serves its
+adapter under the job's model name, private to the key that made the job.
+
+Everything a job is lives in the database, so a restarted gateway goes on from there: it polls
+the jobs left running and declares the adapters of succeeded jobs again (their owners; the
+sites keep serving them: a loaded adapter is linked into the site's adapter directory), and
+loads one no healthy site serves any more from the path its site trained it to.
+
+A queued job goes to the site, of those serving its base that accept jobs (healthy, their
+SiteInfo says so and their client is a FineTuningSite), that holds the fewest unfinished jobs.
+Several gateways of one database may run this: a job is assigned by a conditional update, a
+status changes only from a state that is not final, and a step's event is written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+
+from fedllm_contract.fine_tuning import (
+    FineTuneHyperparameters,
+    FineTuneProgress,
+    FineTuneSpec,
+    FineTuneState,
+)
+from gateway.admin.adapters import AdapterAdmin, LoadAdapterBody
+from gateway.db.models import FineTuningStatus
+from gateway.errors import GatewayError, ServerSideError
+from gateway.federation_adapters import AdapterConfig
+from gateway.metrics import GatewayMetrics
+from gateway.model_catalogue import AdapterCatalogue
+from gateway.sites.interface import FineTuningSite, SiteCallError, SiteRejected
+from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.file_store import FileStore
+from gateway.stores.fine_tuning_store import FineTuningStore, JobView
+
+log = logging.getLogger(__name__)
+
+
+def fine_tuned_model(job: JobView) -> str:
+    """The job's model name: ft:<base>:<suffix>:<id> (OpenAI's ft:<base>:<org>:<suffix>:<id>
+    without the organisation, which this gateway does not have; the suffix empty when none)."""
+    return f"ft:{job.model}:{job.suffix or ''}:{job.id.removeprefix('ftjob-')}"
+
+
+def trainer_of(site: SiteState) -> FineTuningSite | None:
+    """The site's trainer, if it takes jobs now (healthy, and says so)."""
+    info, client = site.info, site.client
+    accepts = info is not None and info.accepts_fine_tuning and not site.draining
+    return client if accepts and site.healthy and isinstance(client, FineTuningSite) else None
+
+
+class FineTuningRunner:
+    def __init__(
+        self,
+        store: FineTuningStore,
+        files: FileStore,
+        registry: SiteRegistry,
+        catalogue: AdapterCatalogue,
+        adapters: AdapterAdmin,
+        metrics: GatewayMetrics | None = None,
+        poll_s: float = 2.0,
+    ) -> None:
+        self._store = store
+        self._files = files
+        self._registry = registry
+        self._catalogue = catalogue
+        self._adapters = adapters
+        self._poll_s = poll_s
+        self._wake = asyncio.Event()
+        # Jobs by status as of the last pass (the fine_tuning_jobs gauge).
+        self.counts: dict[str, int] = {}
+        # Trained models whose site refused to load them again (until this gateway restarts).
+        self._unservable: set[str] = set()
+        if metrics is not None:
+            metrics.watch_fine_tuning(lambda: self.counts)
+
+    def training_sites(self, base: str) -> list[SiteState]:
+        return [s for s in self._registry.all() if s.model == base and trainer_of(s) is not None]
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Passes over the unfinished jobs every GATEWAY_FINE_TUNING_POLL_S (or when woken)."""
+        while True:
+            try:
+                await self.run_once()
+            except Exception:  # the database may be away for a moment: next time
+                log.exception("fine-tuning: a pass over the jobs failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_s)
+            self._wake.clear()
+
+    async def run_once(self) -> None:
+        await self._serve_succeeded()
+        jobs = await self._store.unfinished()
+        holding: Counter[str] = Counter(job.site for job in jobs if job.site is not None)
+        for job in jobs:
+            try:
+                await self._advance(job, holding)
+            except SiteCallError as exc:  # unreachable, or broke under the call: next pass
+                log.info("fine-tuning job %s: %s; asking again later", job.id, exc)
+            except Exception:  # one job's trouble must not stop the others
+                log.exception("fine-tuning job %s: this pass failed", job.id)
+        counts = await self._store.count_by_status()
+        self.counts = {status.value: counts.get(status, 0) for status in FineTuningStatus}
+
+    async def cancel_at_site(self, job: JobView) -> None:
+        """Tells the job's site to stop it (SiteCallError when the site cannot be told)."""
+        site = self._registry.get(job.site or "")
+        client = site.client if site is not None else None
+        if isinstance(client, FineTuningSite):
+            await client.cancel_fine_tune(job.id)
+
+    async def _advance(self, job: JobView, holding: Counter[str]) -> None:
+        if job.site is None:
+            await self._start(job, holding)
+            return
+        site = self._registry.get(job.site)
+        client = site.client if site is not None else None
+        if not isinstance(client, FineTuningSite):
+            return  # the site left the federation for now: its job waits for it
+        try:
+            progress = await client.fine_tune_progress(job.id)
+        except SiteRejected as exc:
+            if job.status is FineTuningStatus.QUEUED:
+                # Assigned, then the start never reached the site (this gateway stopped in
+                # between): hand it out again.
+                await self._store.unassign(job.id, f"site {job.site} does not have the job")
+                return
+            await self._fail(job, "site_lost_job", f"site {job.site} lost the job: {exc.detail}")
+            return
+        await self._apply(job, progress)
+
+    async def _start(self, job: JobView, holding: Counter[str]) -> None:
+        sites = self.training_sites(job.model)
+        if not sites:
+            return  # waits, queued, for a site that takes jobs of its base
+        site = min(sites, key=lambda s: (holding[s.name], s.name))
+        trainer = trainer_of(site)
+        if trainer is None or not await self._store.assign(job.id, site.name):
+            return
+        holding[site.name] += 1
+        spec = await self._spec(job)
+        if spec is None:
+            await self._fail(job, "file_not_found", "the training or validation file is gone")
+            return
+        try:
+            progress = await trainer.start_fine_tune(spec)
+        except SiteRejected as exc:
+            await self._fail(
+                job, "site_refused_job", f"site {site.name} refused the job: {exc.detail}"
+            )
+            return
+        except SiteCallError as exc:
+            await self._store.unassign(job.id, f"site {site.name} did not take the job: {exc}")
+            return
+        await self._apply(job, progress)
+
+    async def _spec(self, job: JobView) -> FineTuneSpec | None:
+        training = await self._files.content(job.training_file, job.owner)
+        validation = None
+        if job.validation_file is not None:
+            validation = await self._files.content(job.validation_file, job.owner)
+            if validation is None:
+                return None
+        if training is None:
+            return None
+        hyper = FineTuneHyperparameters(job.n_epochs, job.batch_size, job.learning_rate_multiplier)
+        return FineTuneSpec(job.id, job.model, training, validation, hyper, job.seed)
+
+    async def _apply(self, job: JobView, progress: FineTuneProgress) -> None:
+        recorded = await self._store.record(progress)
+        if recorded is None:
+            return  # final here already (cancelled meanwhile)
+        if progress.state is FineTuneState.SUCCEEDED:
+            await self._succeed(recorded, progress.adapter_path)
+        elif progress.state is FineTuneState.FAILED:
+            await self._fail(job, "training_failed", progress.error or "the site failed the job")
+        elif progress.state is FineTuneState.CANCELLED:
+            await self._store.finish(
+                job.id, FineTuningStatus.CANCELLED, f"Fine-tuning job cancelled on site {job.site}"
+            )
+
+    async def _fail(self, job: JobView, code: str, message: str) -> None:
+        error = {"code": code, "message": message, "param": None}
+        await self._store.finish(
+            job.id, FineTuningStatus.FAILED, f"Fine-tuning job failed: {message}", error=error
+        )
+        log.warning("fine-tuning job %s failed: %s", job.id, message)
+
+    async def _succeed(self, job: JobView, adapter_path: str | None) -> None:
+        """Serves the trained adapter, then marks the job succeeded; a site that cannot be
+        reached now is asked again next pass, one that refuses the adapter fails the job."""
+        if not adapter_path:
+            await self._fail(job, "training_failed", "the site named no trained adapter")
+            return
+        name = fine_tuned_model(job)
+        try:
+            await self._load(job, name, adapter_path)
+        except ServerSideError as exc:
+            log.info("fine-tuning job %s: adapter not loaded yet: %s", job.id, exc.message)
+            return
+        except GatewayError as exc:
+            await self._fail(job, "adapter_refused", f"the trained adapter: {exc.message}")
+            return
+        done = await self._store.finish(
+            job.id,
+            FineTuningStatus.SUCCEEDED,
+            f"The job has successfully completed; new fine-tuned model: {name}",
+            adapter_path=adapter_path,
+            fine_tuned_model=name,
+        )
+        if not done:  # cancelled meanwhile: its adapter is not served
+            with contextlib.suppress(GatewayError):
+                await self._adapters.unload(name)
+        log.info("fine-tuning job %s succeeded: %s", job.id, name)
+
+    async def _load(self, job: JobView, name: str, path: str) -> None:
+        config = AdapterConfig(name, job.model, job.owner_key_name)
+        if name in self._registry.served_adapters():
+            self._catalogue.declare(config)  # loaded before this gateway restarted
+            return
+        body = LoadAdapterBody(name, path, job.model, site=job.site, owner_key=job.owner_key_name)
+        try:
+            await self._adapters.load(body)
+        except GatewayError as exc:
+            if exc.code != "adapter_exists":
+                raise
+            self._catalogue.declare(config)  # another gateway of the database loaded it first
+
+    async def declare_trained(self) -> list[JobView]:
+        """Declares every succeeded job's model with its owner (the gateway's start awaits it:
+        no request is served before), and returns those jobs."""
+        jobs = await self._store.served()
+        for job in jobs:
+            name = job.fine_tuned_model or ""
+            config = AdapterConfig(name, job.model, job.owner_key_name)
+            if self._catalogue.declared(name) != config:
+                self._catalogue.declare(config)
+        return jobs
+
+    async def _serve_succeeded(self) -> None:
+        """Declares the succeeded jobs' models (those another gateway trained, too), and loads
+        one no healthy site serves from its site's path."""
+        for job in await self.declare_trained():
+            name = job.fine_tuned_model or ""
+            site = self._registry.get(job.site or "")
+            if name in self._registry.served_adapters() or site is None or not site.healthy:
+                continue
+            if name in self._unservable:
+                continue
+            try:
+                await self._load(job, name, job.adapter_path or "")
+            except GatewayError as exc:
+                self._unservable.add(name)  # said once; a restarted gateway tries again
+                log.warning("fine-tuned model %s not served again: %s", name, exc.message)

@@ -1,0 +1,103 @@
+"""The fine-tuning API's parts that need no database (issue 54): a chat training file checked
+line by line, the hyperparameters' "auto", the model name a succeeded job is served under, and
+that model's privacy in the catalogue."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.db.models import FineTuningStatus
+from gateway.errors import GatewayError
+from gateway.federation_adapters import AdapterConfig
+from gateway.fine_tuning.request import Hyperparameters, Resolved, resolve
+from gateway.fine_tuning.runner import fine_tuned_model
+from gateway.fine_tuning.training_file import MAX_LISTED, check_training_file
+from gateway.model_catalogue import AdapterCatalogue
+from gateway.sites.registry import SiteRegistry
+from gateway.stores.fine_tuning_store import JobView
+from tests.unit.test_adapter_models import _site
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+
+
+def _file(*lines: object) -> bytes:
+    return b"".join(
+        (line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines
+    )
+
+
+def _refusal(content: bytes) -> str:
+    with pytest.raises(GatewayError) as refused:
+        check_training_file(content, "training_file")
+    assert (refused.value.param, refused.value.code) == ("training_file", "invalid_training_file")
+    return refused.value.message
+
+
+def test_a_good_file_counts_its_examples_and_tools_are_allowed() -> None:
+    tool = {"role": "tool", "content": "42"}
+    with_tools = {"messages": [*GOOD["messages"], tool], "tools": []}
+    assert check_training_file(_file(GOOD, with_tools), "training_file").examples == 2
+    no_final_newline = _file(GOOD, GOOD).rstrip(b"\n")
+    assert check_training_file(no_final_newline, "training_file").examples == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b"{", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        ({"messages": []}, "'messages' must be a non-empty list"),
+        ({"prompt": "x", "completion": "y"}, "unknown field(s) completion, prompt"),
+        ({"messages": [{"role": "user", "content": "q"}]}, "no assistant message"),
+        ({"messages": [{"role": "bot", "content": "q"}]}, "messages[0].role must be one of"),
+        ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content must be"),
+        ({"messages": ["hi"]}, "messages[0] is not an object"),
+        (b"", "an empty line"),
+    ],
+)
+def test_each_kind_of_bad_line_is_named_by_its_number(line: object, reason: str) -> None:
+    message = _refusal(_file(GOOD, line, GOOD))
+    assert f"line 2: {reason}" in message
+    assert "1 of the file's 3 lines" in message
+
+
+def test_many_bad_lines_list_the_first_and_count_the_rest() -> None:
+    message = _refusal(_file(*([b"{"] * (MAX_LISTED + 5))))
+    assert f"line {MAX_LISTED}: not JSON" in message
+    assert f"line {MAX_LISTED + 1}:" not in message
+    assert "and 5 more" in message
+    assert "holds no training example" in _refusal(b"")
+
+
+def test_auto_hyperparameters_resolve_and_given_ones_stay() -> None:
+    assert resolve(None, 10) == Resolved(3, 1, 1.0)
+    assert resolve(Hyperparameters("auto", "auto", "auto"), 1000) == Resolved(3, 8, 1.0)
+    assert resolve(Hyperparameters(5, 4, 2), 10) == Resolved(5, 4, 2.0)
+
+
+def test_the_model_name_is_ft_base_suffix_id() -> None:
+    now = datetime.now(UTC)
+    job = JobView(
+        "ftjob-abc123", 1, "k", "tiny", "file-1", None, "support", 0, 1, 1, 1.0,
+        FineTuningStatus.SUCCEEDED, "s", 0, 0, 0, None, None, None, now, None, None,
+    )  # fmt: skip
+    assert fine_tuned_model(job) == "ft:tiny:support:abc123"
+    assert fine_tuned_model(replace(job, suffix=None)) == "ft:tiny::abc123"
+
+
+def test_a_fine_tuned_model_is_nobodys_until_its_owner_is_declared() -> None:
+    # A site lists it (another gateway loaded it, or this one restarted) before the runner has
+    # declared its owner: to every key, meanwhile, it does not exist; never everyone's.
+    model = "ft:m:support:abc123"
+    catalogue = AdapterCatalogue(SiteRegistry([_site("a", "m", (model, "plain"))]))
+    assert not catalogue.may_use(model, "key-a")
+    assert not catalogue.may_use(model, None)
+    assert catalogue.may_use("plain", "key-b")  # a site's own adapter stays every key's
+    catalogue.declare(AdapterConfig(model, "m", owner_key="key-a"))
+    assert catalogue.may_use(model, "key-a")
+    assert not catalogue.may_use(model, "key-b")
+    assert [a.name for a in catalogue.served("key-a")] == [model, "plain"]
