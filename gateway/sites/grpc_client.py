@@ -27,6 +27,7 @@ from gateway.sites.interface import (
     EmbedParams,
     EmbedResult,
     GenerateParams,
+    HealthAnswer,
     LoadView,
     SiteBusy,
     SiteCallError,
@@ -219,14 +220,20 @@ class GrpcSiteClient:
             return SiteTimedOut(self.name, "the request's deadline passed")
         return SiteFailed(self.name, f"{code.name}: {detail}")
 
-    async def check_health(self) -> bool:
+    async def check_health(self) -> HealthAnswer:
         try:
             response = await self._health.Check(
                 health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self._timeout
             )
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.aio.AioRpcError as exc:
+            # UNAVAILABLE: the connection was refused, reset or its TLS refused (a killed site
+            # fails this way at once). Anything else, a deadline above all, is no answer yet.
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return HealthAnswer.REFUSED
+            return HealthAnswer.NO_ANSWER
+        if response.status == health_pb2.HealthCheckResponse.SERVING:
+            return HealthAnswer.SERVING
+        return HealthAnswer.NOT_SERVING
 
     async def info(self) -> SiteInfoView:
         try:
