@@ -3,7 +3,7 @@
 Generate streams from a separate process, while this process times the health Check, Info and
 the gaps between pushed load reports (the gateway's three signals, gateway/sites/health.py).
 
-    python -m bench.health_overload --out bench/results/health_overload/cpu.json
+    python -m bench.health_overload --out bench/results/health_overload/<name>.json
 
 On a GPU: add `--model DIR --site-arg=--device --site-arg=cuda --site-arg=--max-num-seqs
 --site-arg=64` and a larger --streams.
@@ -18,6 +18,7 @@ import multiprocessing
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -68,31 +69,37 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 async def _probe_beside_flood(
-    port: int, seconds: float, deadline_s: float, streams: int, max_tokens: int
+    port: int, seconds: float, deadline_s: float, streams: int, max_tokens: int, own: bool
 ) -> dict[str, object]:
     """The probe on the same event loop as the flood's streams, as the gateway's health checks
     share its loop with every request it relays."""
     flood = asyncio.create_task(_flood_async(port, streams, max_tokens, seconds + 10))
     await asyncio.sleep(5.0)
     try:
-        return await _probe(port, seconds, deadline_s)
+        return await _probe(port, seconds, deadline_s, own)
     finally:
         flood.cancel()
 
 
-async def _probe(port: int, seconds: float, deadline_s: float) -> dict[str, object]:
+async def _probe(
+    port: int, seconds: float, deadline_s: float, own_connection: bool = False
+) -> dict[str, object]:
     health_s: list[float] = []
     info_s: list[float] = []
     failures = {"health": 0, "info": 0}
     gaps: list[float] = []
     queued: list[int] = []
     loop_lag: list[float] = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    # gRPC shares one connection between channels of equal arguments (the flood's, in the
+    # same-loop case); a local subchannel pool gives the probe its own, as the gateway's
+    # health checks have (gateway/sites/grpc_client.py).
+    options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
         stub = site_pb2_grpc.SiteEngineStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         end = time.monotonic() + seconds
 
-        async def timed(kind: str, call, out: list[float]) -> None:
+        async def timed(kind: str, call: Callable[[], Awaitable[object]], out: list[float]) -> None:
             began = time.perf_counter()
             try:
                 await call()
@@ -155,6 +162,11 @@ def main() -> None:
         action="store_true",
         help="flood from the probe's own event loop (the gateway's case) instead of a process",
     )
+    parser.add_argument(
+        "--own-connection",
+        action="store_true",
+        help="with --same-loop: the probe on a connection of its own, not the flood's",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="health-overload-"))
@@ -176,7 +188,12 @@ def main() -> None:
         if args.same_loop:
             loaded = asyncio.run(
                 _probe_beside_flood(
-                    site.port, args.seconds, args.deadline_s, args.streams, args.max_tokens
+                    site.port,
+                    args.seconds,
+                    args.deadline_s,
+                    args.streams,
+                    args.max_tokens,
+                    args.own_connection,
                 )
             )
         else:
@@ -184,7 +201,8 @@ def main() -> None:
     finally:
         site.stop()
     result = {"streams": args.streams, "max_tokens": args.max_tokens, "site_args": site_args,
-              "same_loop": args.same_loop, "idle": idle, "overloaded": loaded}  # fmt: skip
+              "same_loop": args.same_loop, "own_connection": args.own_connection,
+              "idle": idle, "overloaded": loaded}  # fmt: skip
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -49,8 +49,9 @@ from gateway.tokenizers import ModelTokenizers
 
 # Batch slots assumed when neither the federation file nor the engine says (vLLM's default).
 DEFAULT_MAX_NUM_SEQS = 256
-# Scrapes that fail in a row before the load-report stream counts as broken (the site then goes
-# unhealthy once its reports are stale, as a gRPC site whose stream stops).
+# Scrapes that fail in a row before the load-report stream counts as broken (the site is then
+# routed on its last report and the gateway's ledger while /v1/models answers, as a gRPC site
+# whose stream stops: gateway/sites/health.py).
 _SCRAPE_FAILURES = 3
 
 
