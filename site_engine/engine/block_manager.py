@@ -112,6 +112,9 @@ class BlockManager:
         # dropped when the block is handed out (that step's copies then bind the one taking it).
         self._offloaded_at: dict[int, int] = {}
         self._wait_for_step = 0
+        # Device blocks being copied back from the host for a sequence that runs from the
+        # next step on (`admit(defer_onload=True)`): this step's forward pass does not wait.
+        self._loading: set[int] = set()
         # Per table: how many leading blocks `register` has seen (indexed, or left as duplicates).
         self._registered: dict[str, int] = {}
         self._copies: list[KvCopy] = []
@@ -228,6 +231,10 @@ class BlockManager:
         if self._offloaded_at:
             offloaded_at = self._offloaded_at.pop(block, 0)
             self._wait_for_step = max(self._wait_for_step, offloaded_at)
+        if self._loading and block in self._loading:
+            # Its copy back (for a sequence preempted since) must land before this step
+            # overwrites it: the step waits for the copies listed so far.
+            self._copies_before_step = len(self._copies)
         if self._index is not None and (block_hash := self._index.hash_at(block)) is not None:
             if self._policy is not None and self._host is not None and block_hash not in self._host:
                 self._policy.evicted_uncopied(block_hash, self._index.hits_of(block_hash))
@@ -288,13 +295,21 @@ class BlockManager:
         fresh = max(self.blocks_needed(num_tokens_total) - len(hit.device_blocks), 0)
         return fresh <= len(self._free) - idle_hits
 
-    def admit(self, request_id: str, hit: CacheHit, num_tokens_total: int) -> tuple[int, ...]:
+    def admit(
+        self, request_id: str, hit: CacheHit, num_tokens_total: int, *, defer_onload: bool = False
+    ) -> tuple[int, ...]:
         """Start the table of `request_id` with the blocks of `hit` (shared; host ones copied
-        into fresh blocks) and grow it to `num_tokens_total` slots."""
+        into fresh blocks) and grow it to `num_tokens_total` slots. With `defer_onload` the
+        copies back from the host overlap this step (the caller schedules none of the sequence's
+        tokens in it) and bind the next one."""
         if request_id in self._tables:
             raise ValueError(f"request {request_id!r} already holds a table")
         if not self.can_admit(hit, num_tokens_total):
             raise OutOfBlocks(request_id, self.blocks_needed(num_tokens_total), len(self._free))
+        if self._loading and not self._loading.isdisjoint(hit.device_blocks):
+            # It shares blocks still being copied back, and may run in this step: this step's
+            # forward pass waits for those copies after all.
+            self._copies_before_step = len(self._copies)
         table: list[int] = []
         for block, block_hash in zip(hit.device_blocks, hit.hashes, strict=False):
             if self._refcounts[block] == 0:
@@ -316,7 +331,10 @@ class BlockManager:
                 self._index.record_hit(hit.hashes[i])
                 self._host.touch(slot)
                 self._copies.append(KvCopy(to_host=False, block=block, slot=slot))
-                self._copies_before_step = len(self._copies)
+                if defer_onload:
+                    self._loading.add(block)
+                else:
+                    self._copies_before_step = len(self._copies)
                 table.append(block)
             self._host.unpin()
         self._tables[request_id] = table
@@ -361,13 +379,15 @@ class BlockManager:
             self._copies.append(KvCopy(to_host=True, block=block, slot=slot))
             self._offloaded_at[block] = step_id
 
-    def take_copies(self) -> CopyPlan:
-        """The copies decided since the last call and what the next step's forward pass must
-        wait for; the offload budget starts over."""
+    def take_copies(self, step_id: int = 0) -> CopyPlan:
+        """The copies decided since the last call, listed by step `step_id`, and what its
+        forward pass must wait for; the offload budget starts over. Copies back from the host
+        deferred to the next step make that step wait for this one's copies."""
         plan = CopyPlan(tuple(self._copies), self._copies_before_step, self._wait_for_step)
         self._copies.clear()
         self._copies_before_step = 0
-        self._wait_for_step = 0
+        self._wait_for_step = step_id if self._loading else 0
+        self._loading.clear()
         if self._policy is not None:
             self._policy.step()
         return plan

@@ -274,7 +274,8 @@ class ModelRunner:
                 output.kv_copies_wait_for_step,
             )
         elif self.host_kv is not None and output.kv_copies_wait_for_step:
-            # This step overwrites a block a previous step's copy may still be reading.
+            # This step overwrites a block a previous step's copy to the host may still be
+            # reading, or reads blocks a previous step's copies back from it wrote.
             self.host_kv.run((), 0, output.step_id, output.kv_copies_wait_for_step)
         if output.is_empty:
             return StepLogits(None)

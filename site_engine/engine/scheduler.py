@@ -394,13 +394,19 @@ class Scheduler:
             num_new = budget.allowance(seq, wanted)
             if num_new == 0 and not self._static:
                 break  # the deferral bound: this background prefill waits for a later step
+            # Blocks copied back from the host tier: the copies overlap this step, the
+            # sequence computes from the next one (which waits for them) and this step waits
+            # for no copy (vLLM's asynchronous KV loads). Static batches keep their own rule.
+            onload = bool(hit.host_slots) and not self._static
+            if onload:
+                num_new = 0
             # A victim's freed blocks stay indexed, so `hit` holds after preemptions.
             if not self._has_room(hit, cached + num_new) and not self._evict_below(
                 priority, hit, cached + num_new, preempted
             ):
                 break
             self._waiting.admitting(seq)
-            self._blocks.admit(seq.request_id, hit, cached + num_new)
+            self._blocks.admit(seq.request_id, hit, cached + num_new, defer_onload=onload)
             self._cache.admitted(seq, hit)
             seq.num_computed_tokens = cached
             seq.status = SequenceStatus.RUNNING

@@ -74,9 +74,9 @@ class SequenceCache:
         """Step `step_id`'s host-tier copies, those ahead of eviction (among the next
         `lookahead` blocks to be handed out) included."""
         if not self._blocks.host_slots:
-            return self._blocks.take_copies()
+            return self._blocks.take_copies(step_id)
         self._blocks.offload_ahead(lookahead, step_id)
-        plan = self._blocks.take_copies()
+        plan = self._blocks.take_copies(step_id)
         onloaded = sum(1 for copy in plan.copies if not copy.to_host)
         counters, decided = self.counters, self._blocks.offload_counters
         counters["host_kv_blocks_onloaded"] += onloaded

@@ -212,11 +212,12 @@ class SchedulerOutput:
     previous step (finished, cancelled, released, or preempted), so the runner can drop any
     per-request state it keeps (e.g. seeded random generators). `step_id` numbers the scheduler's
     steps so that results are applied exactly once and in order.
-    `kv_copies` run in this order before the step's forward pass reads or writes those blocks;
-    the forward pass must wait for the first `kv_copies_before_step` of them (copies back from
-    the host); the others are copied ahead of an eviction, overlapping the steps, and bind only
-    a later step that overwrites one of their blocks: if `kv_copies_wait_for_step` > 0, the
-    forward pass must also wait for the copies listed by that step (if they are still running).
+    `kv_copies` are queued in this order after the work already queued (the last writes of the
+    blocks they read); the forward pass must wait for the first `kv_copies_before_step` of them
+    (copies back from the host that this step reads); the others (copies ahead of an eviction,
+    copies back for sequences that compute from the next step) overlap the step and bind only a
+    later one: if `kv_copies_wait_for_step` > 0, the forward pass must also wait for the copies
+    listed by that step (if they are still running).
     """
 
     chunks: tuple[ScheduledChunk, ...]

@@ -137,3 +137,83 @@ def test_the_scheduler_lists_ahead_copies_and_the_step_that_overwrites_one_waits
     taking = sched.schedule()
     assert taking.kv_copies_wait_for_step == ahead.step_id
     assert sched.stats().host_kv_blocks_offloaded == 2
+
+
+def test_copies_back_from_the_host_can_overlap_the_step_and_bind_the_next() -> None:
+    bm = BlockManager(4, 2, caching=True, host_slots=4, offload=OffloadLimits(8, 100))
+    cached_blocks(bm, "a", [11, 12])
+    bm.offload_ahead(4, step_id=1)
+    bm.take_copies(1)
+    bm.grow("b", 8)  # every block: 11 and 12 now live on the host only
+    bm.free("b")
+    bm.take_copies(2)
+    hit = bm.lookup([11, 12])
+    assert len(hit.host_slots) == 2
+    bm.admit("c", hit, 4, defer_onload=True)
+    plan = bm.take_copies(3)
+    assert [c.to_host for c in plan.copies] == [False, False]
+    assert plan.before_step == 0  # step 3 does not wait for them: c computes from step 4
+    assert bm.take_copies(4).wait_for_step == 3  # step 4 waits for step 3's copies
+
+
+def test_a_sequence_sharing_blocks_still_loading_makes_the_step_wait_for_them() -> None:
+    bm = BlockManager(6, 2, caching=True, host_slots=4, offload=OffloadLimits(8, 100))
+    cached_blocks(bm, "a", [11, 12])
+    bm.offload_ahead(6, step_id=1)
+    bm.take_copies(1)
+    bm.grow("b", 12)
+    bm.free("b")
+    bm.take_copies(2)
+    bm.admit("c", bm.lookup([11, 12]), 4, defer_onload=True)
+    sharer = bm.lookup([11, 12])
+    assert len(sharer.device_blocks) == 2  # found on the device already: still loading
+    bm.admit("d", sharer, 6)  # d runs in this step: it reads them
+    plan = bm.take_copies(3)
+    assert plan.before_step == len(plan.copies) == 2
+    bm.check_invariants()
+
+
+def test_the_scheduler_runs_a_host_hit_from_the_step_after_its_copies() -> None:
+    config = SchedulerConfig(
+        num_blocks=4, block_size=2, max_num_seqs=2, max_num_batched_tokens=8,
+        max_model_len=8, prefix_caching=True, host_kv_blocks=8,
+        host_offload=OffloadLimits(blocks_per_step=8, active_window_steps=50),
+    )  # fmt: skip
+    sched = Scheduler(config)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    def run_alone(request_id: str, prompt: list[int]) -> None:
+        sched.add(request_id, prompt, params)
+        out = sched.schedule()
+        sched.update(out, ModelRunnerOutput({request_id: 9}))
+
+    run_alone("a", [1, 2, 3, 4, 5])
+    idle = sched.schedule()  # a's two full blocks are copied ahead of their eviction
+    sched.update(idle, ModelRunnerOutput({}))
+    run_alone("b", [7, 7, 7, 7, 7, 7, 7])  # takes every block: a's live on the host only
+    sched.add("c", [1, 2, 3, 4, 6], params)
+    loading = sched.schedule()
+    assert loading.chunks == ()  # c is admitted, its blocks copied back during this step
+    # Both of c's blocks come back (b's blocks, of a request just finished, go out after).
+    assert [c.to_host for c in loading.kv_copies][:2] == [False, False]
+    assert loading.kv_copies_before_step == 0
+    computing = sched.schedule()
+    assert [(ch.request_id, ch.start_position) for ch in computing.chunks] == [("c", 4)]
+    assert computing.kv_copies_wait_for_step == loading.step_id
+    assert sched.stats().prefix_cache_host_hits == 4
+
+
+def test_a_block_still_loading_that_is_taken_again_makes_the_step_wait() -> None:
+    bm = BlockManager(4, 2, caching=True, host_slots=4, offload=OffloadLimits(8, 100))
+    cached_blocks(bm, "a", [11, 12])
+    bm.offload_ahead(4, step_id=1)
+    bm.take_copies(1)
+    bm.grow("b", 8)
+    bm.free("b")
+    bm.take_copies(2)
+    bm.admit("c", bm.lookup([11, 12]), 4, defer_onload=True)
+    bm.free("c")  # preempted in the same step: its blocks, still loading, are free again
+    bm.grow("d", 8)  # d writes every block in this step, after the copies back land
+    plan = bm.take_copies(3)
+    assert plan.before_step == len(plan.copies) == 2
+    bm.check_invariants()
