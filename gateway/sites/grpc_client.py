@@ -241,8 +241,11 @@ class GrpcSiteClient:
             )
         except grpc.aio.AioRpcError as exc:
             # UNAVAILABLE: the connection was refused, reset or its TLS refused (a killed site
-            # fails this way at once). Anything else, a deadline above all, is no answer yet.
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            # fails this way at once), except a connect() that timed out (a host too busy to
+            # accept in time says so the same way). Anything else, a deadline above all, is no
+            # answer yet.
+            detail = exc.details() or ""
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and "timed out" not in detail.lower():
                 return HealthAnswer.REFUSED
             return HealthAnswer.NO_ANSWER
         if response.status == health_pb2.HealthCheckResponse.SERVING:
