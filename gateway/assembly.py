@@ -218,6 +218,7 @@ class GatewayAssembly:
             settings.sites.health_interval_s,
             listener.stale,
             tasks={model.name: model.task for model in federation.models},
+            failures_to_down=settings.sites.health_failures_to_down,
         )
         await monitor.check_once()  # route from the first request on, not after one interval
         predictor_registry = PredictorRegistry(sessions)

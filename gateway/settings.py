@@ -181,10 +181,21 @@ class SitesSettings:
     health_interval_s: float = setting(2.0, help="site health/info polling period")
     connect_timeout_s: float = setting(2.0, help="deadline of health and control calls to a site")
     load_report_interval_ms: int = setting(250, help="period of the sites' pushed load reports")
-    load_report_stale_s: float = setting(5.0, help="a site silent this long receives nothing new")
+    load_report_stale_s: float = setting(
+        5.0,
+        help="load reports silent this long are logged as stalled; the site stays routable while "
+        "its health checks pass, on its last report and this gateway's own ledger",
+    )
+    health_failures_to_down: int = setting(
+        3,
+        help="health checks in a row without an answer (deadline passed) before a site is "
+        "marked unhealthy; a definite failure (connection refused, NOT_SERVING, wrong model or "
+        "tokenizer) marks it at once. An overloaded site answers late, not never",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "health_interval_s", "connect_timeout_s", "load_report_stale_s")
+        require_at_least(self, 1, "health_failures_to_down")
         if self.load_report_interval_ms < 10:
             raise SettingsError("GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10")
 

@@ -27,6 +27,7 @@ from gateway.sites.interface import (
     EmbedParams,
     EmbedResult,
     GenerateParams,
+    HealthAnswer,
     LoadView,
     SiteBusy,
     SiteCallError,
@@ -72,6 +73,12 @@ _ADAPTER_REFUSALS = {
     grpc.StatusCode.NOT_FOUND: "not_found",
     grpc.StatusCode.FAILED_PRECONDITION: "busy",
 }
+# Health checks, Info and load reports travel on a connection of their own (a local subchannel
+# pool keeps gRPC from sharing the generation channel's TCP connection): on the one HTTP/2
+# connection of thousands of generation streams, their small answers waited behind those
+# streams' data for the connection's flow-control window and stream slots, and an overloaded
+# site looked dead to the gateway.
+_CONTROL_CHANNEL_OPTIONS = (*_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
 # Loading reads and checks the adapter's weights at the site: seconds for a large one.
 _ADAPTER_CHANGE_TIMEOUT_S = 120.0
 
@@ -202,11 +209,16 @@ class GrpcSiteClient:
         self.endpoint = endpoint
         self._timeout = connect_timeout_s
         # A site that restarts must be seen again within a health interval: gRPC's default
-        # reconnect backoff grows to minutes, and calls fail at once while it waits. The one
-        # channel (TLS or not) carries generation, health checks and load reports alike.
+        # reconnect backoff grows to minutes, and calls fail at once while it waits. One
+        # channel (TLS or not) carries generation and offload calls, the other (its own
+        # connection) health checks, Info and load reports.
         self._channel = open_channel(endpoint, tls, _CHANNEL_OPTIONS, tls_server_name)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._control_channel = open_channel(
+            endpoint, tls, _CONTROL_CHANNEL_OPTIONS, tls_server_name
+        )
+        self._control = site_pb2_grpc.SiteEngineStub(self._control_channel)
+        self._health = health_pb2_grpc.HealthStub(self._control_channel)
 
     def _error(self, exc: grpc.aio.AioRpcError, accepted: bool = False) -> SiteCallError:
         code, detail = exc.code(), exc.details() or exc.code().name
@@ -222,18 +234,27 @@ class GrpcSiteClient:
             return SiteTimedOut(self.name, "the request's deadline passed")
         return SiteFailed(self.name, f"{code.name}: {detail}")
 
-    async def check_health(self) -> bool:
+    async def check_health(self) -> HealthAnswer:
         try:
             response = await self._health.Check(
                 health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout=self._timeout
             )
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.aio.AioRpcError as exc:
+            # UNAVAILABLE: the connection was refused, reset or its TLS refused (a killed site
+            # fails this way at once), except a connect() that timed out (a host too busy to
+            # accept in time says so the same way). Anything else, a deadline above all, is no
+            # answer yet.
+            detail = exc.details() or ""
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and "timed out" not in detail.lower():
+                return HealthAnswer.REFUSED
+            return HealthAnswer.NO_ANSWER
+        if response.status == health_pb2.HealthCheckResponse.SERVING:
+            return HealthAnswer.SERVING
+        return HealthAnswer.NOT_SERVING
 
     async def info(self) -> SiteInfoView:
         try:
-            info = await self._stub.Info(site_pb2.InfoRequest(), timeout=self._timeout)
+            info = await self._control.Info(site_pb2.InfoRequest(), timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
         return SiteInfoView(
@@ -333,7 +354,7 @@ class GrpcSiteClient:
         self, interval_ms: int, cache_events: bool = False
     ) -> AsyncGenerator[LoadView, None]:
         """The site's load report stream; raises SiteUnavailable when it breaks."""
-        call = self._stub.StreamLoad(
+        call = self._control.StreamLoad(
             site_pb2.LoadStreamRequest(interval_ms=interval_ms, cache_events=cache_events)
         )
         try:
@@ -356,3 +377,4 @@ class GrpcSiteClient:
 
     async def close(self) -> None:
         await self._channel.close()
+        await self._control_channel.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Literal, Protocol, get_args, runtime_checkable
 
 from fedllm_contract.cache_events import CacheEventBatch
@@ -250,6 +251,23 @@ class EmbedResult:
     prompt_tokens: int
 
 
+class HealthAnswer(Enum):
+    """What one health check heard. SERVING, NOT_SERVING (the site says so) and REFUSED
+    (nothing answers at its address: connection refused or reset, TLS refused) are definite;
+    NO_ANSWER (nothing within the deadline) is not: an overloaded site, or a gateway whose own
+    event loop runs late, looks the same as a hung one for one check (gateway/sites/health.py
+    decides over several). Truthy only when SERVING, so `if await client.check_health()`
+    reads as it did when the answer was a bool."""
+
+    SERVING = "serving"
+    NOT_SERVING = "not_serving"
+    REFUSED = "refused"
+    NO_ANSWER = "no_answer"
+
+    def __bool__(self) -> bool:
+        return self is HealthAnswer.SERVING
+
+
 class SiteClient(Protocol):
     """One site, as routing, dispatch, health checks and load tracking use it."""
 
@@ -271,7 +289,7 @@ class SiteClient(Protocol):
 
     async def cancel(self, request_id: str) -> bool: ...
 
-    async def check_health(self) -> bool: ...
+    async def check_health(self) -> HealthAnswer: ...
 
     async def info(self) -> SiteInfoView:
         """What the site serves (model, context, tokenizer fingerprint, capacity)."""

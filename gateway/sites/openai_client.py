@@ -22,6 +22,7 @@ from gateway.sites.interface import (
     EmbedParams,
     EmbedResult,
     GenerateParams,
+    HealthAnswer,
     LoadView,
     SiteCallError,
     SiteChunk,
@@ -49,8 +50,9 @@ from gateway.tokenizers import ModelTokenizers
 
 # Batch slots assumed when neither the federation file nor the engine says (vLLM's default).
 DEFAULT_MAX_NUM_SEQS = 256
-# Scrapes that fail in a row before the load-report stream counts as broken (the site then goes
-# unhealthy once its reports are stale, as a gRPC site whose stream stops).
+# Scrapes that fail in a row before the load-report stream counts as broken (the site is then
+# routed on its last report and the gateway's ledger while /v1/models answers, as a gRPC site
+# whose stream stops: gateway/sites/health.py).
 _SCRAPE_FAILURES = 3
 
 
@@ -112,18 +114,22 @@ class OpenAISiteClient:
         self._cancelled: set[str] = set()
 
     # ---- health and identity ------------------------------------------------------------------
-    async def check_health(self) -> bool:
+    async def check_health(self) -> HealthAnswer:
         """The engine answers /v1/models (the call every OpenAI-compatible server has)."""
         try:
             response = await self._http.get(f"{self.endpoint}/models")
             body = response.json() if response.status_code == 200 else None
+        except httpx.TimeoutException:
+            return HealthAnswer.NO_ANSWER  # busy or hung: one check cannot tell
+        except httpx.TransportError:
+            return HealthAnswer.REFUSED
         except (httpx.HTTPError, ValueError):
-            return False
+            return HealthAnswer.NOT_SERVING
         cards = body.get("data") if isinstance(body, dict) else None
         if not isinstance(cards, list):
-            return False
+            return HealthAnswer.NOT_SERVING
         self._models = {c["id"]: c for c in cards if isinstance(c, dict) and "id" in c}
-        return True
+        return HealthAnswer.SERVING
 
     async def info(self) -> SiteInfoView:
         if self._models is None and not await self.check_health():

@@ -42,6 +42,9 @@ class SiteState:
     info: SiteInfoView | None = None
     last_error: str | None = None
     checked_at: float = 0.0
+    # Health checks in a row that got no answer (gateway/sites/health.py): a healthy site goes
+    # down only after GATEWAY_HEALTH_FAILURES_TO_DOWN of them.
+    unanswered_checks: int = 0
     # Requests this gateway has sent to the site that have not finished yet, and their token
     # load as this gateway sees it: prompt + planned answer tokens, less what has streamed back.
     # Changed only through requests' leases (gateway/sites/lease.py).
@@ -166,6 +169,7 @@ class SiteState:
 
     def mark_healthy(self, info: SiteInfoView) -> None:
         self.healthy, self.info, self.last_error = True, info, None
+        self.unanswered_checks = 0
         self.checked_at = time.monotonic()
         self.prefix.history.set_capacity_tokens(self.kv_capacity_tokens)
 

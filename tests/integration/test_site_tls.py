@@ -16,7 +16,7 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.request_options import RequestOptions
 from gateway.settings import GatewaySettings
 from gateway.sites.grpc_client import GrpcSiteClient
-from gateway.sites.interface import GenerateParams
+from gateway.sites.interface import GenerateParams, HealthAnswer
 from gateway.sites.tls import load_site_tls
 from site_engine.grpc_server import MAX_RECEIVE_MESSAGE_BYTES, MAX_STOP_STRINGS
 from tests.support.tls_certs import TestPki, make_pki
@@ -137,14 +137,15 @@ def test_the_gateway_client_calls_health_info_load_and_generate_over_mtls(
 def test_the_site_certificate_must_carry_the_configured_server_name(
     site: ManagedProcess, pki: TestPki
 ) -> None:
-    async def run() -> bool:
+    async def run() -> HealthAnswer:
         client = _gateway_client(site, pki, "another-site.fedllm.internal")
         try:
             return await client.check_health()
         finally:
             await client.close()
 
-    assert asyncio.run(run()) is False
+    # Refused, not merely unanswered: the monitor marks the site down at once.
+    assert asyncio.run(run()) is HealthAnswer.REFUSED
 
 
 def test_an_oversized_message_is_refused_and_the_site_keeps_serving(

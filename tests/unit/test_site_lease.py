@@ -21,6 +21,7 @@ from gateway.sites.interface import (
     EmbedParams,
     EmbedResult,
     GenerateParams,
+    HealthAnswer,
     LoadView,
     SiteChunk,
     SiteClient,
@@ -102,7 +103,7 @@ class ScriptedSite:
     async def cancel(self, request_id: str) -> bool:
         return False
 
-    async def check_health(self) -> bool:
+    async def check_health(self) -> HealthAnswer:
         raise NotImplementedError
 
     async def info(self) -> SiteInfoView:
