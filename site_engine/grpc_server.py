@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,7 +25,9 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
+from fedllm_contract.fine_tuning import FineTuneProgress
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.proto.fine_tuning import progress_to_proto, spec_from_proto
 from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
 from site_engine.cache_event_journal import CacheEventStream
@@ -38,7 +41,11 @@ from site_engine.engine_service import (
     QueueFull,
     StreamEvent,
 )
+from site_engine.finetune import FineTuneRefused
 from site_engine.request_options import engine_request
+
+if TYPE_CHECKING:
+    from site_engine.finetune.jobs import FineTuneJobs
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "fedllm.site.v1.SiteEngine"
@@ -62,6 +69,12 @@ _ADAPTER_STATUS = {
     AdapterRefused.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     AdapterRefused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     AdapterRefused.BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+}
+_FINE_TUNE_STATUS = {
+    FineTuneRefused.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    FineTuneRefused.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    FineTuneRefused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    FineTuneRefused.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
 }
 _TIER_TO_PROTO = {
     Tier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
@@ -168,8 +181,11 @@ def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
 
 
 class SiteServicer(site_pb2_grpc.SiteEngineServicer):
-    def __init__(self, service: EngineService, identity: SiteIdentity) -> None:
+    def __init__(
+        self, service: EngineService, identity: SiteIdentity, jobs: FineTuneJobs | None = None
+    ) -> None:
         self._service = service
+        self._jobs = jobs  # None: this site takes no fine-tuning jobs
         self._identity = identity
         self._tokenizer = service.tokenizer
         self._report_sequence = 0
@@ -278,6 +294,44 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             await context.abort(_ADAPTER_STATUS[exc.reason], str(exc))
         return site_pb2.AdapterList(adapters=self._service.served_adapters())
 
+    async def StartFineTune(
+        self, request: site_pb2.FineTuneSpec, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        try:
+            spec = spec_from_proto(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"fine-tuning job: {exc}")
+        # Off the event loop: the files are parsed and tokenized here.
+        return await self._fine_tune(context, lambda jobs: jobs.start(spec))
+
+    async def GetFineTuneProgress(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        return await self._fine_tune(context, lambda jobs: jobs.progress(request.job_id))
+
+    async def CancelFineTune(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        return await self._fine_tune(context, lambda jobs: jobs.cancel(request.job_id))
+
+    async def _fine_tune(
+        self,
+        context: grpc.aio.ServicerContext,
+        call: Callable[[FineTuneJobs], FineTuneProgress],
+    ) -> site_pb2.FineTuneProgress:
+        jobs = self._jobs
+        if jobs is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this site takes no fine-tuning jobs (SITE_FINETUNE_RESERVE_BYTES is 0)",
+            )
+            raise AssertionError("abort raises")
+        try:
+            progress = await asyncio.to_thread(call, jobs)
+        except FineTuneRefused as exc:
+            await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
+        return progress_to_proto(progress)
+
     async def Info(
         self, request: site_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.SiteInfo:
@@ -300,6 +354,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             block_hash_scheme=HASH_SCHEME if limits.prefix_caching else "",
             host_kv_blocks=limits.host_kv_blocks,
             adapters=self._service.served_adapters(),
+            accepts_fine_tuning=self._jobs is not None,
         )
 
     def load_report(self) -> site_pb2.LoadReport:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args, runtime_checkable
 
 from fedllm_contract.cache_events import CacheEventBatch
+from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneSpec
 from fedllm_contract.priority import Priority
 from fedllm_contract.request_options import RequestOptions
 from gateway.federation import ModelTask
@@ -71,6 +72,16 @@ class AdapterChangeRefused(SiteCallError):
         self.reason = reason
 
 
+class FineTuneCallRefused(SiteCallError):
+    """The site refused a fine-tuning call. `reason`: "invalid" (another base model, a bad file
+    or hyperparameters), "exists" (the job id is known), "not_found" (no such job),
+    "precondition" (the site takes no jobs, or its reserve cannot hold one example)."""
+
+    def __init__(self, site: str, message: str, reason: str) -> None:
+        super().__init__(site, message)
+        self.reason = reason
+
+
 class SiteTimedOut(SiteFailed):
     """The call's deadline (the request's timeout) passed after the site accepted it; the site
     sees the deadline too and cancels the request."""
@@ -100,6 +111,8 @@ class SiteInfoView:
     embedding_dimension: int = 0
     # The LoRA adapters of its model the site serves (each by its name; none: the base only).
     adapters: tuple[str, ...] = ()
+    # Whether the site takes LoRA fine-tuning jobs (SITE_FINETUNE_RESERVE_BYTES > 0 there).
+    accepts_fine_tuning: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,3 +307,17 @@ class AdapterLoading(Protocol):
     async def load_adapter(self, name: str, path: str) -> tuple[str, ...]: ...
 
     async def unload_adapter(self, name: str) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class FineTuning(Protocol):
+    """A site that trains LoRA fine-tuning jobs in its idle cycles (this project's site engines
+    with SiteInfoView.accepts_fine_tuning; docs/engine.md). Each call answers the job's progress
+    as the site knows it now; FineTuneCallRefused when the site refuses, SiteUnavailable when it
+    cannot be reached."""
+
+    async def start_fine_tune(self, spec: FineTuneSpec) -> FineTuneProgress: ...
+
+    async def fine_tune_progress(self, job_id: str) -> FineTuneProgress: ...
+
+    async def cancel_fine_tune(self, job_id: str) -> FineTuneProgress: ...
