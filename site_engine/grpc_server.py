@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,9 +25,7 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
-from fedllm_contract.fine_tuning import FineTuneProgress
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
-from fedllm_contract.proto.fine_tuning import progress_to_proto, spec_from_proto
 from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
 from site_engine.cache_event_journal import CacheEventStream
@@ -41,7 +39,7 @@ from site_engine.engine_service import (
     QueueFull,
     StreamEvent,
 )
-from site_engine.finetune import FineTuneRefused
+from site_engine.grpc_fine_tuning import FineTuneHandlers
 from site_engine.request_options import engine_request
 
 if TYPE_CHECKING:
@@ -69,12 +67,6 @@ _ADAPTER_STATUS = {
     AdapterRefused.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     AdapterRefused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     AdapterRefused.BUSY: grpc.StatusCode.FAILED_PRECONDITION,
-}
-_FINE_TUNE_STATUS = {
-    FineTuneRefused.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-    FineTuneRefused.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    FineTuneRefused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    FineTuneRefused.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
 }
 _TIER_TO_PROTO = {
     Tier.DEVICE: site_pb2.CACHE_TIER_DEVICE,
@@ -180,7 +172,7 @@ def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
     )
 
 
-class SiteServicer(site_pb2_grpc.SiteEngineServicer):
+class SiteServicer(FineTuneHandlers, site_pb2_grpc.SiteEngineServicer):
     def __init__(
         self, service: EngineService, identity: SiteIdentity, jobs: FineTuneJobs | None = None
     ) -> None:
@@ -293,44 +285,6 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
         except AdapterRefused as exc:
             await context.abort(_ADAPTER_STATUS[exc.reason], str(exc))
         return site_pb2.AdapterList(adapters=self._service.served_adapters())
-
-    async def StartFineTune(
-        self, request: site_pb2.FineTuneSpec, context: grpc.aio.ServicerContext
-    ) -> site_pb2.FineTuneProgress:
-        try:
-            spec = spec_from_proto(request)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"fine-tuning job: {exc}")
-        # Off the event loop: the files are parsed and tokenized here.
-        return await self._fine_tune(context, lambda jobs: jobs.start(spec))
-
-    async def GetFineTuneProgress(
-        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
-    ) -> site_pb2.FineTuneProgress:
-        return await self._fine_tune(context, lambda jobs: jobs.progress(request.job_id))
-
-    async def CancelFineTune(
-        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
-    ) -> site_pb2.FineTuneProgress:
-        return await self._fine_tune(context, lambda jobs: jobs.cancel(request.job_id))
-
-    async def _fine_tune(
-        self,
-        context: grpc.aio.ServicerContext,
-        call: Callable[[FineTuneJobs], FineTuneProgress],
-    ) -> site_pb2.FineTuneProgress:
-        jobs = self._jobs
-        if jobs is None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "this site takes no fine-tuning jobs (SITE_FINETUNE_RESERVE_BYTES is 0)",
-            )
-            raise AssertionError("abort raises")
-        try:
-            progress = await asyncio.to_thread(call, jobs)
-        except FineTuneRefused as exc:
-            await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
-        return progress_to_proto(progress)
 
     async def Info(
         self, request: site_pb2.InfoRequest, context: grpc.aio.ServicerContext

@@ -98,8 +98,11 @@ def assistant_spans(
         if message["role"] != "assistant":
             continue
         start = len(_render(tokenizer, messages[:i], prompt=True)) if i else 0
-        end = len(_render(tokenizer, messages[: i + 1], prompt=False))
-        if not text.startswith(_render(tokenizer, messages[: i + 1], prompt=False)):
+        through = _render(tokenizer, messages[: i + 1], prompt=False)
+        # Up to the end-of-turn marker: the newline a template writes after it is no token the
+        # model generates when served (it stops at the marker).
+        end = len(through.rstrip())
+        if not text.startswith(through):
             raise TrainingDataError(
                 "the chat template does not render a conversation's turns as prefixes of it: "
                 "cannot tell the assistant's tokens apart"
