@@ -197,3 +197,29 @@ def test_the_grpc_contract_through_the_gateways_client(tmp_path: Path, tiny: Loa
 
     asyncio.run(run(None))
     asyncio.run(run(jobs_in(tmp_path, tiny)))
+
+
+def test_validation_loss_per_epoch_and_the_files_a_job_leaves(
+    tmp_path: Path, tiny: LoadedModel
+) -> None:
+    hp = FineTuneHyperparameters(n_epochs=2, batch_size=1, learning_rate_multiplier=1.0)
+    jobs = FineTuneJobs(
+        FineTuneSettings(tmp_path, 1 << 30, checkpoint_every=3), tiny.model, tiny.tokenizer, "tiny"
+    )
+    jobs.start(FineTuneSpec("v", "tiny", LINE + b"\n" + LINE, LINE, hp, 5))
+    while not jobs.progress("v").state.is_final:
+        jobs.run_unit()
+    done = jobs.progress("v")
+    assert done.state is FineTuneState.SUCCEEDED, done.error
+    assert [s for s, _ in done.validation_losses] == [2, 4]
+    assert [c.step for c in done.checkpoints] == [3]
+    assert done.adapter_path == str(tmp_path / "v" / "adapter")
+    assert {p.name for p in (tmp_path / "v" / "adapter").iterdir()} >= {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    }
+    assert not list((tmp_path / "v").glob(".tmp-*"))
+    # A site started again answers the finished job from disk, unchanged.
+    again = FineTuneJobs(FineTuneSettings(tmp_path, 1 << 30), tiny.model, tiny.tokenizer, "tiny")
+    assert again.progress("v") == done
+    assert not again.has_work()
