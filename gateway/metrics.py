@@ -166,6 +166,9 @@ class ModelCapacity:
     desired_sites: int
     backlog_s: float
     forecast_backlog_s: float
+    arrival_rate: float = 0.0
+    lead_s: float = 0.0
+    level_s: float = 0.0
 
 
 SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (
@@ -178,7 +181,15 @@ SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = 
     ("backlog_seconds", "Predicted work queued and running at the model's serving sites, in "
      "seconds of one site's measured throughput, per serving site", lambda m: m.backlog_s),
     ("forecast_backlog_seconds", "The backlog per site the controller expects one lead time "
-     "ahead (its trend), what scale-out is decided on", lambda m: m.forecast_backlog_s),
+     "ahead (from the arrival rate), what scale-out is decided on",
+     lambda m: m.forecast_backlog_s),
+    ("arrival_rate", "Predicted work admitted per second, in seconds of one site's measured "
+     "throughput (smoothed): the sites it needs busy", lambda m: m.arrival_rate),
+    ("lead_seconds", "How far ahead the forecast looks: the actuator's last measured site "
+     "start, else the rule's lead_time_s", lambda m: m.lead_s),
+    ("smoothed_backlog_seconds", "The backlog per serving site, time-weighted over the "
+     "rule's in_window_s since the last step: what scale-in is decided on",
+     lambda m: m.level_s),
 )  # fmt: skip
 
 

@@ -169,6 +169,8 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         prefix_caching=settings.prefix_caching,
         model_name=settings.model_name,
         host_kv_cache_bytes=int(settings.host_kv_cache_gib * (1 << 30)),
+        host_kv_offload_bytes_per_step=settings.host_kv_offload_bytes_per_step,
+        host_kv_active_window_steps=settings.host_kv_active_window_steps,
         grammar_compile_threads=settings.grammar_compile_threads,
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
         background_step_tokens=settings.deferral_bound_tokens,

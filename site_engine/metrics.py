@@ -128,6 +128,14 @@ _STATS_GAUGES = (
         "KV-cache blocks indexed by the prefix cache (held or free)",
         lambda s: s.kv_blocks_cached,
     ),
+    _StatsGauge(
+        "host_kv_hit_rate",
+        "Of the prompt tokens looked up in the prefix cache since start, the share copied back "
+        "from the host-memory tier",
+        lambda s: (
+            s.prefix_cache_host_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
+        ),
+    ),
 )
 
 
@@ -162,6 +170,16 @@ def _prefix_cache_counters(stats: EngineStats) -> tuple[tuple[str, str, int], ..
             "host_kv_onloaded_bytes",
             "Bytes of KV blocks copied back from the host tier",
             stats.host_kv_bytes_onloaded,
+        ),
+        (
+            "host_kv_offload_skipped_blocks",
+            "KV blocks worth a host copy evicted without one: the per-step budget was spent",
+            stats.host_kv_blocks_skipped_budget,
+        ),
+        (
+            "host_kv_offload_declined_blocks",
+            "KV blocks evicted without a host copy as unlikely to be read again",
+            stats.host_kv_blocks_declined,
         ),
     )
 

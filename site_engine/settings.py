@@ -55,6 +55,12 @@ class SiteSettings:
     prefix_caching: bool = True
     # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
     host_kv_cache_gib: float = 0.0
+    # The host tier's bandwidth share: bytes of copies to it per engine step at most (whole
+    # blocks, at least one); a block worth a copy beyond it is simply evicted. And how many
+    # steps after its request left a block counts as of a conversation still active, worth a
+    # copy (site_engine/engine/host_offload.py).
+    host_kv_offload_bytes_per_step: int = 32 << 20
+    host_kv_active_window_steps: int = 2000
     load_report_interval_ms: int = 500
     # Intra-op threads for CPU execution. Several sites often share one host in tests and demos;
     # more threads than free cores makes every step slower (measured: 38 ms vs 5 ms per token).
@@ -176,6 +182,11 @@ class SiteSettings:
         if self.host_kv_cache_gib < 0 or (self.host_kv_cache_gib and not self.prefix_caching):
             raise SettingsError(
                 "SITE_HOST_KV_CACHE_GIB must be >= 0, and a host tier needs prefix caching"
+            )
+        if self.host_kv_offload_bytes_per_step < 1 or self.host_kv_active_window_steps < 0:
+            raise SettingsError(
+                "SITE_HOST_KV_OFFLOAD_BYTES_PER_STEP must be >= 1, "
+                "SITE_HOST_KV_ACTIVE_WINDOW_STEPS >= 0"
             )
         if self.deferral_bound_tokens < 0:
             raise SettingsError("SITE_DEFERRAL_BOUND_TOKENS must be >= 0 (0: no bound)")

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One seed of the autoscaled and the static-2 arms (or those ARMS names) side by side on a four-GPU machine
-# (nvidia-h100-x4): autoscaled on GPUs 0 and 1, static2 on GPUs 2 and 3, each with its own
-# gateway and load generator, the same requests (same 1x, same seed). Run in the device call
-# after installing the carried wheels (docs/elastic.md); results land in $OUT.
+# Arms of the elastic benchmark side by side on one multi-GPU machine (nvidia-h100-x4): by
+# default one seed's autoscaled arm on GPUs 0 and 1 next to its static-2 arm on GPUs 2 and 3,
+# each with its own gateway and load generator, the same requests (same 1x, same seed). Run in
+# the device call after installing the carried wheels (docs/elastic.md); results land in $OUT.
 #     bash bench/elastic/device_pair.sh SEED NAME [CALIBRATION.json]
 # Without a calibration file it first measures 1x alone on GPU 0 ($OUT/NAME_calibration.json).
-# The two arm files are merged afterwards, off the device:
+# ARMS lists ARM:GPUS[:SEED] (a one-site arm names its GPU twice; SEED defaults to the first
+# argument), e.g. the two seeds of the autoscaled arm at once:
+#     ARMS="autoscaled:0,1:0 autoscaled:2,3:1" bash bench/elastic/device_pair.sh 0 NAME CAL
+# or static 1 for two seeds: ARMS="static1:0,0:0 static1:1,1:1". The arm files are merged per
+# seed afterwards, off the device:
 #     python -m bench.elastic --preset gpu --no-arms --seed SEED --merge A.json B.json --name NAME_sSEED
 set -uo pipefail
 seed=$1 name=$2 calibration=${3:-}
@@ -19,15 +23,19 @@ if [[ -z "$calibration" ]]; then
     tail -3 "$OUT/${name}_calibration.log"
     [[ -f "$calibration" ]] || exit 1
 fi
-# ARMS: which arm runs on which GPUs (a one-site arm names its GPU twice).
-for spec in ${ARMS:-autoscaled:0,1 static2:2,3}; do
-    arm=${spec%%:*} gpus=${spec#*:}
-    timeout "${ARM_TIMEOUT_S:-470}" python3 -m bench.elastic "${common[@]}" --seed "$seed" \
-        --arms "$arm" --merge "$calibration" --gpus "$gpus" --work-dir "/tmp/el-$arm" \
-        --name "${name}_s${seed}_${arm}" > "$OUT/${name}_s${seed}_${arm}.log" 2>&1 &
+specs=(${ARMS:-autoscaled:0,1 static2:2,3})
+runs=()
+for spec in "${specs[@]}"; do
+    IFS=: read -r arm gpus arm_seed <<< "$spec"
+    arm_seed=${arm_seed:-$seed}
+    run="${name}_s${arm_seed}_${arm}"
+    runs+=("$run")
+    timeout "${ARM_TIMEOUT_S:-470}" python3 -m bench.elastic "${common[@]}" --seed "$arm_seed" \
+        --arms "$arm" --merge "$calibration" --gpus "$gpus" --work-dir "/tmp/el-$arm-s$arm_seed" \
+        --name "$run" > "$OUT/$run.log" 2>&1 &
 done
 wait
-for spec in ${ARMS:-autoscaled:0,1 static2:2,3}; do arm=${spec%%:*}; tail -4 "$OUT/${name}_s${seed}_${arm}.log"; done
+for run in "${runs[@]}"; do tail -4 "$OUT/$run.log"; done
 # The device call brings back at most 8 files: the JSON results stay, the rest goes in one tar.
 cd "$OUT" && tar czf "${name}_s${seed}_rest.tgz" --remove-files ./*.log ./*.md ./*.png 2>/dev/null
 exit 0

@@ -3,6 +3,8 @@ tier, in one run, over three workloads at five or more open-loop arrival rates e
 
     python -m bench.engine.prefix               (GPU: bench/results/engine_prefix/*_h100.*)
     python -m bench.engine.prefix --preset cpu  (CPU: bench/results/engine_prefix/*_cpu.*)
+    python -m bench.engine.prefix --preset hosttier   (GPU, ~6 min: the trace with and without
+        the host tier, a device cache the trace overflows; issue 50's host_tier_ttft_p99_ratio)
 
 Workloads (bench/engine/prefix_workloads.py): `shared` (MT-Bench two-turn conversations behind
 a common system prompt), `trace` (the synthetic Mooncake trace, all of it, once per arm, its
@@ -82,6 +84,38 @@ PRESETS: dict[str, dict[str, Any]] = {
         "clock_step_s": None,  # wall clock
         "deadline_s": 500.0,
     },
+    # The host tier against the device cache alone on the trace (issue 50), in ~6 minutes of
+    # one H100: an 8 GiB device cache (16,384 blocks, 262k tokens; the trace's inputs cut at
+    # 2,048 reuse ~1M tokens, so the device alone can reach 0.70 computed/offered, with the
+    # 16 GiB tier 0.56 at best), no caching-off arm, and three parts of the trace (1,331
+    # requests each, 37, 30 and 26 s of arrivals) at rates around the knee.
+    "hosttier": {
+        "shape": {**LLAMA_1B_SHAPE, "max_position_embeddings": 8192},
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "block_size": 16,
+        "kv_cache_gib": 8.0,
+        "host_kv_cache_gib": 16.0,
+        "system_tokens": 4096,
+        "shared_rates": [],
+        "shared_answers": (64, 192),
+        "window_s": 3.0,
+        "drain_s": 8.0,
+        "trace_requests": None,  # all 3,993
+        "trace_cap": 2048,
+        "trace_answer_cap": 32,
+        "trace_rates": [36.0, 44.0, 52.0],
+        "trace_arms": ("device", "host"),
+        "noreuse_rates": [],
+        "noreuse_arms": ("off", "device"),
+        "max_prompt": 2048,
+        "max_answer": 256,
+        "clock_step_s": None,
+        "deadline_s": 360.0,
+        "workloads": ("trace",),
+    },
     "cpu": {
         "shape": {
             **LLAMA_1B_SHAPE,
@@ -126,11 +160,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     default = "gpu" if torch.cuda.is_available() else "cpu"
     add("--preset", choices=sorted(PRESETS), default=default)
-    add("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {WORKLOADS}")
+    add("--workloads", default=None, help=f"comma-separated, of {WORKLOADS} (default: all)")
     add("--model-dir", type=Path, default=None, help="built there first if empty")
     add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
     add("--traces-dir", type=Path, default=None, help="default: ../shared/datasets/traces")
     add("--host-kv-cache-gib", type=float, default=None)
+    add("--host-kv-offload-bytes-per-step", type=int, default=None, help="default: the site's")
     add("--trace-requests", type=int, default=None, help="the trace's last N requests (0: all)")
     add("--shared-rates", type=float, nargs="+", default=None, help="conversations/s")
     add("--trace-cap", type=int, default=None, help="input tokens kept of each trace request")
@@ -141,7 +176,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.p = dict(PRESETS[args.preset])
-    for key in ("host_kv_cache_gib", "deadline_s"):
+    for key in ("host_kv_cache_gib", "host_kv_offload_bytes_per_step", "deadline_s"):
         if getattr(args, key) is not None:
             args.p[key] = getattr(args, key)
     if args.trace_requests is not None:
@@ -154,7 +189,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if args.trace_cap < 1:
             parser.error("--trace-cap must be positive")
         args.p["trace_cap"] = args.trace_cap
-    args.workloads = [w for w in args.workloads.split(",") if w]
+    default_workloads = ",".join(args.p.get("workloads", WORKLOADS))
+    args.workloads = [w for w in (args.workloads or default_workloads).split(",") if w]
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}")
@@ -178,6 +214,8 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
         kv_bytes, host_bytes = p["kv_cache_blocks"] * per_block, p["host_kv_blocks"] * per_block
     else:
         kv_bytes, host_bytes = int(p["kv_cache_gib"] * GIB), int(p["host_kv_cache_gib"] * GIB)
+    # The site's default bandwidth share unless the run names one.
+    offload = {k: p[k] for k in ("host_kv_offload_bytes_per_step",) if p.get(k) is not None}
     return PagedEngine(
         loaded,
         EngineConfig(
@@ -186,6 +224,7 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
             block_size=p["block_size"],
             kv_cache_bytes=kv_bytes,
             host_kv_cache_bytes=host_bytes,
+            **offload,
             model_name="bench",
         ),
     )
@@ -296,7 +335,7 @@ def run_trace(runner: Runner, args: argparse.Namespace, vocab: int) -> dict[str,
     parts = trace_parts(rows, len(p["trace_rates"]))
     tokens = TraceTokens(vocab)
     arms: dict[str, list[dict[str, Any]]] = {}
-    for arm in runner.arms:
+    for arm in [a for a in runner.arms if a in p.get("trace_arms", ARMS)]:
         runner.arm(arm)  # one cache for the whole trace: it carries from part to part
         arms[arm] = []
         for k, (part, rate) in enumerate(zip(parts, p["trace_rates"], strict=False)):
@@ -340,8 +379,28 @@ def run_trace(runner: Runner, args: argparse.Namespace, vocab: int) -> dict[str,
         "computed_over_lru_bound": ratio(combined(arms["device"]), device_bound),
         "host_computed_over_lru_bound": ratio(combined(arms.get("host", [])), host_bound),
         "host_tier_computed_over_offered": combined(arms.get("host", [])),
-        "goodput_vs_no_cache": ratio(good["device"], good["off"]),
-        "host_goodput_vs_no_cache": ratio(good.get("host"), good["off"]),
+        "goodput_vs_no_cache": ratio(good["device"], good.get("off")),
+        "host_goodput_vs_no_cache": ratio(good.get("host"), good.get("off")),
+        **host_tier_cost(arms),
+    }
+
+
+def host_tier_cost(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Issue 50's keys: the host arm's TTFT p99 over the device arm's at each rate (<= 1.0: the
+    tier never costs the step) and their goodputs' ratio."""
+    device = {r["rate"]: r for r in arms.get("device", [])}
+    ratios = {
+        f"{r['rate']:g}": ratio(r["ttft_p99_ms"], device[r["rate"]]["ttft_p99_ms"])
+        for r in arms.get("host", [])
+        if r["rate"] in device
+    }
+    known = [v for v in ratios.values() if v is not None]
+    if not ratios:
+        return {}
+    return {
+        "host_tier_ttft_p99_ratio": ratios,
+        "host_tier_ttft_p99_ratio_max": max(known) if known else None,
+        "host_goodput_vs_device": ratio(goodput(arms["host"]), goodput(arms["device"])),
     }
 
 

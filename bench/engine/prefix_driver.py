@@ -196,6 +196,8 @@ def summarize(
         "host_hit_rate": delta("prefix_cache_host_hits") / queries if queries else None,
         "host_kv_bytes_offloaded": delta("host_kv_bytes_offloaded"),
         "host_kv_bytes_onloaded": delta("host_kv_bytes_onloaded"),
+        "host_kv_blocks_skipped_budget": delta("host_kv_blocks_skipped_budget"),
+        "host_kv_blocks_declined": delta("host_kv_blocks_declined"),
         "usage_cached_prompt_tokens": sum(r.cached for r in done),
         "preemptions": delta("num_preemptions"),
         "output_tokens": output,

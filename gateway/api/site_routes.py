@@ -39,6 +39,9 @@ class ScalingEventView(msgspec.Struct, frozen=True):
     backlog_s: float | None
     forecast_backlog_s: float | None
     reason: str
+    arrival_rate: float | None = None
+    lead_s: float | None = None
+    smoothed_backlog_s: float | None = None
 
 
 class ModelCapacityView(msgspec.Struct, frozen=True):
@@ -53,6 +56,9 @@ class ModelCapacityView(msgspec.Struct, frozen=True):
     backlog_s: float | None
     forecast_backlog_s: float | None
     reason: str
+    arrival_rate: float | None = None
+    lead_s: float | None = None
+    smoothed_backlog_s: float | None = None
 
 
 class ScalingView(msgspec.Struct, frozen=True):
@@ -126,6 +132,9 @@ class AdminSitesController(Controller):
                         backlog_s=_round(v.backlog_s),
                         forecast_backlog_s=_round(v.forecast_backlog_s),
                         reason=v.reason,
+                        arrival_rate=_round(v.arrival_rate),
+                        lead_s=_round(v.lead_s),
+                        smoothed_backlog_s=_round(v.level_s),
                     )
                     for v in views
                 ],
@@ -142,6 +151,9 @@ class AdminSitesController(Controller):
                         backlog_s=_round(row.backlog_s),
                         forecast_backlog_s=_round(row.forecast_backlog_s),
                         reason=row.reason,
+                        arrival_rate=_round(row.arrival_rate),
+                        lead_s=_round(row.lead_s),
+                        smoothed_backlog_s=_round(row.smoothed_backlog_s),
                     )
                     for row in rows
                 ],

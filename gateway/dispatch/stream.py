@@ -123,6 +123,9 @@ class Dispatch:
         self._answer_plan = self.prepared.routing.answer_tokens
         self._choices_left = self.prepared.params.options.n
         self._lease = SiteLease.take(self.site, self._planned_charge(self.params))
+        # Admitted: its predicted work is an arrival of the model's (the scaling controller's
+        # arrival rate), counted once however often it moves later.
+        self.site.arrivals.add(len(self.params.prompt_token_ids), self._answer_plan)
         self._unused = weakref.finalize(self, self._lease.release)
 
     def abandon(self) -> None:

@@ -32,6 +32,11 @@ class Actuator(Protocol):
         """Whether the controller may take this site away."""
         ...
 
+    def start_seconds(self) -> float | None:
+        """How long its last start took from the ask to serving (None: none measured yet): how
+        far ahead the controller's forecast looks."""
+        ...
+
     async def start(self, count: int) -> int:
         """Begins starting `count` sites; returns how many it could begin (a full machine:
         fewer)."""
@@ -62,13 +67,16 @@ class AskedStarts:
         self._timeout_s = timeout_s
         self._clock = clock
         self._deadlines: list[float] = []
+        # How long the last start that arrived took (from its ask).
+        self.last_start_s: float | None = None
 
     def ask(self, count: int) -> None:
         self._deadlines.extend([self._clock() + self._timeout_s] * count)
 
     def arrived(self) -> None:
         if self._deadlines:
-            self._deadlines.pop(0)
+            asked_at = self._deadlines.pop(0) - self._timeout_s
+            self.last_start_s = max(0.0, self._clock() - asked_at)
 
     def expired(self) -> int:
         """Drops the starts past their deadline; how many."""
@@ -97,6 +105,9 @@ class SignalOnly:
 
     def pending(self) -> int:
         return len(self._asked)
+
+    def start_seconds(self) -> float | None:
+        return self._asked.last_start_s
 
     def removable(self, site: SiteState) -> bool:
         return site.origin != "federation"

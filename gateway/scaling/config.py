@@ -3,7 +3,7 @@ and what starts and stops their sites. docs/elastic.md describes every field.
 
     {"interval_s": 1.0,
      "models": [{"model": "fed", "min_sites": 1, "max_sites": 2, "target_backlog_s": 2.0,
-                 "lead_time_s": 45, "in_after_s": 60,
+                 "lead_time_s": 45, "in_window_s": 60,
                  "actuator": {"kind": "local",
                               "command": [".venv/bin/python", "-m", "site_engine",
                                           "--model", "var/models/fed", "--model-name", "fed"],
@@ -75,9 +75,11 @@ class _Model(msgspec.Struct, forbid_unknown_fields=True):
     scale_out_at: _POSITIVE = 1.0
     scale_in_below: _POSITIVE = 0.4
     lead_time_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
-    trend_s: _POSITIVE = 10.0
+    rate_s: _POSITIVE = 5.0
+    in_window_s: _POSITIVE = 60.0
+    in_headroom: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.2
     out_after_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    in_after_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    in_after_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     out_cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 15.0
     in_cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 120.0
     site_tokens_per_s: _POSITIVE = 1000.0

@@ -45,6 +45,9 @@ class ModelView:
     backlog_s: float
     forecast_backlog_s: float
     reason: str
+    arrival_rate: float = 0.0
+    lead_s: float = 0.0
+    level_s: float = 0.0
 
 
 def _finite(value: float) -> float | None:
@@ -98,7 +101,10 @@ class ScalingController:
         for rule in self.rules:
             actuator = self._actuators[rule.model]
             await actuator.tick(sites)
-            seen = observe(rule, sites, actuator.removable, actuator.pending())
+            seen = observe(
+                rule, sites, actuator.removable, actuator.pending(),
+                self._registry.arrivals(rule.model), actuator.start_seconds(),
+            )  # fmt: skip
             state, verdict = decide(rule, self._states[rule.model], seen, self._clock())
             self._states[rule.model] = state
             self._verdicts[rule.model] = verdict
@@ -147,6 +153,9 @@ class ScalingController:
             site=site,
             backlog_s=_finite(verdict.backlog_s) if verdict else None,
             forecast_backlog_s=_finite(verdict.forecast_backlog_s) if verdict else None,
+            arrival_rate=_finite(verdict.arrival_rate) if verdict else None,
+            lead_s=verdict.lead_s if verdict else None,
+            smoothed_backlog_s=_finite(verdict.level_s) if verdict else None,
         )
         try:
             await record_scaling_event(self._sessions, event)
@@ -158,7 +167,8 @@ class ScalingController:
         return [
             ModelCapacity(
                 view.model, view.serving_sites, view.pending_sites, view.desired_sites,
-                view.backlog_s, view.forecast_backlog_s,
+                view.backlog_s, view.forecast_backlog_s, view.arrival_rate, view.lead_s,
+                view.level_s,
             )
             for view in self.views()
         ]  # fmt: skip
@@ -182,6 +192,9 @@ class ScalingController:
                     backlog_s=verdict.backlog_s if verdict else 0.0,
                     forecast_backlog_s=verdict.forecast_backlog_s if verdict else 0.0,
                     reason=verdict.reason if verdict else "not observed yet",
+                    arrival_rate=verdict.arrival_rate if verdict else 0.0,
+                    lead_s=verdict.lead_s if verdict else rule.lead_time_s,
+                    level_s=verdict.level_s if verdict else 0.0,
                 )
             )
         return views

@@ -74,6 +74,9 @@ class KubernetesPods:
     def pending(self) -> int:
         return len(self._asked)
 
+    def start_seconds(self) -> float | None:
+        return self._asked.last_start_s
+
     def removable(self, site: SiteState) -> bool:
         ours = [
             o

@@ -77,6 +77,11 @@ class LocalProcesses:
         # tick) while their process runs: a blip (a check timed out on a busy machine) or a
         # restart on the way; counted as coming back, so that no other start is asked for.
         self._unhealthy: set[str] = set()
+        # How long the last start took from its spawn to joining (weights, CUDA graphs).
+        self._last_start_s: float | None = None
+
+    def start_seconds(self) -> float | None:
+        return self._last_start_s
 
     def pending(self) -> int:
         starting = sum(not (c.joined or c.exited) for c in self._children.values())
@@ -131,6 +136,7 @@ class LocalProcesses:
             took = time.monotonic() - child.started_at
             await self._membership.join(config, self.kind, f"served {took:.1f}s after its start")
             child.joined = True
+            self._last_start_s = took
         except (_StartFailed, GatewayError) as exc:
             await self._stop(child)
             self._children.pop(child.slot, None)

@@ -7,14 +7,19 @@ this gateway's ledger when it holds more than the last report shows: a burst rou
 step-time line fitted to those reports (a full batch of `max_num_seqs` sequences steps in
 t(S) seconds and emits S tokens), and the prefill rate they measure; a site not measured yet
 takes its same-model peers' median, and with none measured the scaling rule's prior.
+
+The model's arrivals are this gateway's count of the work it admitted (prompt tokens and the
+length predictor's answer tokens of every request, gateway/sites/registry.py's Arrivals); the
+policy turns them into seconds of a site's time at the serving sites' median rates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from statistics import median
 
 from gateway.scaling.policy import ModelObservation, ScalingRule, SiteObservation
-from gateway.sites.registry import SiteState, median_step
+from gateway.sites.registry import Arrivals, SiteState, median_step
 
 
 def decode_tokens_per_s(site: SiteState, prior: float) -> float:
@@ -37,8 +42,14 @@ def work_seconds(site: SiteState, rule: ScalingRule) -> float:
     # report when a burst was routed since: what it holds beyond the report is counted as answer.
     reported = queued_prompt + answers + (report.running_tokens if report is not None else 0)
     answers += max(0, site.ledger_tokens - reported)
-    prefill = site.prefill_tokens_per_s or rule.site_prefill_tokens_per_s
-    return queued_prompt / prefill + answers / decode_tokens_per_s(site, rule.site_tokens_per_s)
+    return queued_prompt / prefill_tokens_per_s(site, rule) + answers / decode_tokens_per_s(
+        site, rule.site_tokens_per_s
+    )
+
+
+def prefill_tokens_per_s(site: SiteState, rule: ScalingRule) -> float:
+    """Prompt tokens per second the site prefills (measured or configured, else the prior)."""
+    return site.prefill_tokens_per_s or rule.site_prefill_tokens_per_s
 
 
 def observe(
@@ -46,8 +57,14 @@ def observe(
     sites: Iterable[SiteState],
     removable: Callable[[SiteState], bool],
     pending: int,
+    arrivals: Arrivals | None = None,
+    start_s: float | None = None,
 ) -> ModelObservation:
-    """The rule's model as the policy sees it (times: the monotonic clock)."""
+    """The rule's model as the policy sees it (times: the monotonic clock); `start_s`: how long
+    the actuator's last start took to serve."""
+    mine = [site for site in sites if site.model == rule.model]
+    serving = [site for site in mine if site.healthy and not site.draining]
+    arrived = arrivals or Arrivals()
     return ModelObservation(
         rule.model,
         tuple(
@@ -59,8 +76,16 @@ def observe(
                 cache_blocks=site.prefix.blocks,
                 joined_at=site.joined_at,
             )
-            for site in sites
-            if site.model == rule.model
+            for site in mine
         ),
         pending,
+        arrived_prompt_tokens=arrived.prompt_tokens,
+        arrived_answer_tokens=arrived.answer_tokens,
+        prefill_tokens_per_s=median(prefill_tokens_per_s(s, rule) for s in serving)
+        if serving
+        else None,
+        decode_tokens_per_s=median(decode_tokens_per_s(s, rule.site_tokens_per_s) for s in serving)
+        if serving
+        else None,
+        start_s=start_s,
     )

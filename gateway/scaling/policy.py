@@ -6,27 +6,41 @@ is tested on a fake clock (tests/unit/scaling/) and reads nothing else.
 - **Backlog.** Each serving site's work is the prompt tokens it has queued over its prefill
   rate plus the predicted answer tokens still to come (queued and running) over its decode
   throughput at a full batch: seconds of that site's time (gateway/scaling/observe.py). The
-  model's backlog per site is their sum over the serving sites, over their number: with the
-  router keeping them balanced, how long a new request's work waits behind the others'.
-- **Scale-out before the SLO is missed.** The backlog's trend (smoothed over `trend_s`) projects
-  it `lead_time_s` ahead, about what a new site takes to serve: the sites that forecast needs at
-  `target_backlog_s x scale_out_at` each are asked for once the forecast has been over for
-  `out_after_s`, and not within `out_cooldown_s` of the last step. Sites still starting count as
-  serving (no second start while the first boots). Below `min_sites`: at once.
-- **Scale-in by draining, with hysteresis.** One site fewer is decided only when the forecast
-  backlog (its growth included) with one site fewer stays below `target_backlog_s x
-  scale_in_below` (under the scale-out threshold: no flapping between the two) for
-  `in_after_s`: a backlog that grows crosses the line and restarts the wait. The trend's sign
-  alone is not asked: it is noise at a steady load and would hold a surplus site forever. No site is
-  starting, and not within `in_cooldown_s` of the last step. The site that goes is, among those
-  the actuator may take away, the one whose cache is worth least (fewest prefix blocks the
-  gateway knows it holds), then the one with the least work to finish, then the newest.
+  model's backlog is their sum over the serving sites; per site, how long a new request's work
+  waits behind the others' with the router keeping them balanced.
+- **Arrivals.** Every admitted request's prompt and predicted answer tokens, in the same
+  seconds of a site's time, per second, smoothed over `rate_s` (gateway/scaling/forecast.py).
+  A busy site does one second of work per second (its throughput as measured), so `n` sites
+  serve `n` seconds of work per second.
+- **Scale-out before the SLO is missed.** The backlog a new site's start ahead (`lead`: the
+  actuator's measured start, else `lead_time_s`) is forecast as `backlog + (arrivals - sites)
+  x lead` (no less than zero; sites still starting count as serving, so a boot is never
+  doubled). Once that forecast per site has been over `target_backlog_s x scale_out_at` for
+  `out_after_s`, and not within `out_cooldown_s` of the last step, the controller asks for one
+  site more, or as many as spread the forecast under the line or absorb the arrivals with
+  `in_headroom` to spare (up to `max_sites`). A load step shows in the arrivals at once, long
+  before the backlog it builds crosses the line. Below `min_sites`: at once.
+- **Scale-in on a smoothed level, by draining.** One site fewer is decided when, over the last
+  `in_window_s` (since the last step: a level measured with other sites says nothing of these),
+  the time-weighted mean backlog with one site fewer is under `target_backlog_s x
+  scale_in_below`, the remaining sites absorb the arrivals (the larger of their window mean and
+  their smoothed rate now) at no more than `1 - in_headroom` of their throughput, and the
+  forecast with one site fewer is under the scale-out line (so that the next tick does not
+  undo it); held for `in_after_s`, no site starting, and not within `in_cooldown_s` of the last
+  step. A noisy instantaneous backlog moves the window's mean little: no flapping. The site that
+  goes is, among those the actuator may take away, the one whose cache is worth least (fewest
+  prefix blocks the gateway knows it holds), then the one with the least work, then the newest.
+
+Every verdict carries its inputs (backlog, arrivals, lead, forecast, smoothed level) and says
+them in its reason: the scaling events and the metrics explain each decision.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from gateway.scaling.forecast import Flow
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +53,21 @@ class ScalingRule:
     # Seconds of work per serving site the controller holds the model at (the TTFT SLO's share
     # left to queueing).
     target_backlog_s: float = 2.0
-    # Scale out when the forecast per site exceeds target x this; scale in when the backlog with
-    # one site fewer stays under target x scale_in_below.
+    # Scale out when the forecast per site exceeds target x this; scale in when the smoothed
+    # backlog with one site fewer is under target x scale_in_below.
     scale_out_at: float = 1.0
     scale_in_below: float = 0.4
-    # How far ahead the forecast looks: about what a new site takes to serve.
+    # How far ahead the forecast looks until the actuator has measured a site's start.
     lead_time_s: float = 30.0
-    # How long the backlog's trend is smoothed over (its exponential time constant).
-    trend_s: float = 10.0
+    # The arrival rate's smoothing (its exponential time constant).
+    rate_s: float = 5.0
+    # The window of the smoothed level scale-in reads, and the share of the remaining sites'
+    # throughput left spare after one goes.
+    in_window_s: float = 60.0
+    in_headroom: float = 0.2
     # How long a condition must hold before it acts.
     out_after_s: float = 0.0
-    in_after_s: float = 60.0
+    in_after_s: float = 0.0
     # No scale-out (scale-in) within this long of the model's last step either way.
     out_cooldown_s: float = 15.0
     in_cooldown_s: float = 120.0
@@ -63,7 +81,10 @@ class ScalingRule:
             raise ValueError(f"{self.model}: need 0 <= min_sites <= max_sites, max_sites >= 1")
         if not 0 < self.scale_in_below < self.scale_out_at:
             raise ValueError(f"{self.model}: need 0 < scale_in_below < scale_out_at")
-        positive = ("target_backlog_s", "trend_s", "site_tokens_per_s", "site_prefill_tokens_per_s")
+        if not 0 <= self.in_headroom < 1:
+            raise ValueError(f"{self.model}: need 0 <= in_headroom < 1")
+        positive = ("target_backlog_s", "rate_s", "in_window_s", "site_tokens_per_s",
+                    "site_prefill_tokens_per_s")  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{self.model}: {name} must be > 0")
@@ -95,6 +116,15 @@ class ModelObservation:
     sites: tuple[SiteObservation, ...]
     # Sites the actuator was asked for that do not serve yet.
     pending: int = 0
+    # The model's admitted work so far (gateway/sites/registry.py's Arrivals): prompt tokens
+    # and predicted answer tokens, and the rates that turn them into seconds of a site's time
+    # (the serving sites' measured median; None: the rule's priors).
+    arrived_prompt_tokens: int = 0
+    arrived_answer_tokens: int = 0
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    # How long the actuator's last start took to serve (None: none measured yet).
+    start_s: float | None = None
 
     @property
     def serving(self) -> tuple[SiteObservation, ...]:
@@ -105,9 +135,7 @@ class ModelObservation:
 class ModelState:
     """What the policy remembers of a model between observations."""
 
-    work_s: float | None = None  # the total work last observed
-    at: float | None = None  # and when
-    trend: float = 0.0  # smoothed d(work)/dt, seconds of work per second
+    flow: Flow = field(default_factory=Flow)  # arrivals and the work over time
     over_since: float | None = None  # the forecast has been over the scale-out line since
     under_since: float | None = None  # the scale-in condition has held since
     last_step_at: float | None = None  # the last scale-out or scale-in
@@ -133,6 +161,9 @@ class Verdict:
     forecast_backlog_s: float  # per site (serving + pending), one lead time ahead
     action: ScaleOut | ScaleIn | None
     reason: str
+    arrival_rate: float = 0.0  # seconds of work arriving per second (smoothed)
+    lead_s: float = 0.0  # how far ahead the forecast looked
+    level_s: float = 0.0  # the window's time-weighted backlog, per serving site
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +173,24 @@ class _Seen:
     serving: int
     pending: int
     work_s: float  # total, seconds of one site's time
-    forecast_s: float  # total, one lead time ahead
-    trend: float
+    rate: float  # arrivals, seconds of work per second
+    lead_s: float
+    flow: Flow
 
     @property
     def sites(self) -> int:
         return self.serving + self.pending
+
+    def forecast(self, sites: int) -> float:
+        """The total backlog one lead time ahead with `sites` serving."""
+        return max(0.0, self.work_s + (self.rate - sites) * self.lead_s)
+
+    def inputs(self) -> str:
+        """What every reason says the decision was made on."""
+        return (
+            f"backlog {_per_site(self.work_s, self.serving):.2f}s/site, arrivals "
+            f"{self.rate:.2f} site-s/s on {self.sites} site(s), lead {self.lead_s:.0f}s"
+        )
 
     def verdict(self, desired: int, action: ScaleOut | ScaleIn | None, reason: str) -> Verdict:
         return Verdict(
@@ -155,9 +198,12 @@ class _Seen:
             self.pending,
             desired,
             _per_site(self.work_s, self.serving),
-            _per_site(self.forecast_s, self.sites),
+            _per_site(self.forecast(self.sites), self.sites),
             action,
             reason,
+            self.rate,
+            self.lead_s,
+            _per_site(self.flow.level_s(), self.serving),
         )
 
 
@@ -167,20 +213,36 @@ def decide(
     """The module docstring's policy: the model's new state and what to do now."""
     serving = observed.serving
     work = sum(site.work_s for site in serving)
-    trend = _trend(rule, state, work, now)
-    seen = _Seen(
-        len(serving), observed.pending, work, work + max(trend, 0.0) * rule.lead_time_s, trend
+    rates = (
+        observed.prefill_tokens_per_s or rule.site_prefill_tokens_per_s,
+        observed.decode_tokens_per_s or rule.site_tokens_per_s,
     )
-    state = replace(state, work_s=work, at=now, trend=trend)
+    tokens = (observed.arrived_prompt_tokens, observed.arrived_answer_tokens)
+    flow = state.flow.advance(now, work, tokens, rates, rule.rate_s, rule.in_window_s)
+    lead = observed.start_s if observed.start_s is not None else rule.lead_time_s
+    seen = _Seen(len(serving), observed.pending, work, flow.rate or 0.0, lead, flow)
+    state = replace(state, flow=flow)
     if seen.sites < rule.min_sites:
-        state = replace(state, last_step_at=now, over_since=None, under_since=None)
+        state = _stepped(state, now)
         action = ScaleOut(rule.min_sites - seen.sites)
         return _with(state, seen.verdict(rule.min_sites, action, "below min_sites"))
-    out_line = rule.target_backlog_s * rule.scale_out_at
-    needed = min(rule.max_sites, max(rule.min_sites, math.ceil(seen.forecast_s / out_line)))
+    needed = _needed(rule, seen)
     if needed > seen.sites:
         return _scale_out(rule, replace(state, under_since=None), seen, needed, now)
     return _scale_in(rule, replace(state, over_since=None), seen, serving, now)
+
+
+def _needed(rule: ScalingRule, seen: _Seen) -> int:
+    """The sites the forecast asks for: as many as now unless it is over the scale-out line;
+    then one more, or as many as spread it under the line or absorb the arrivals with the
+    headroom scale-in keeps (so that the step is not undone at once)."""
+    line = rule.target_backlog_s * rule.scale_out_at
+    forecast = seen.forecast(seen.sites)
+    if _per_site(forecast, seen.sites) <= line:
+        return seen.sites
+    spread = math.ceil(forecast / line)
+    absorb = math.ceil(seen.rate / (1.0 - rule.in_headroom))
+    return min(rule.max_sites, max(rule.min_sites, seen.sites + 1, spread, absorb))
 
 
 def _scale_out(
@@ -192,12 +254,11 @@ def _scale_out(
         return _with(state, seen.verdict(seen.sites, None, "high; waiting out_after_s"))
     if _cooling(state, now, rule.out_cooldown_s):
         return _with(state, seen.verdict(seen.sites, None, "high; in cooldown"))
-    state = replace(state, last_step_at=now, over_since=None)
+    state = _stepped(state, now)
     line = rule.target_backlog_s * rule.scale_out_at
     reason = (
-        f"forecast {_per_site(seen.forecast_s, seen.sites):.2f}s per site over {line:.2f}s "
-        f"(backlog {_per_site(seen.work_s, seen.serving):.2f}s, trend {seen.trend:+.2f}/s, "
-        f"lead {rule.lead_time_s:g}s): {needed} site(s)"
+        f"forecast {_per_site(seen.forecast(seen.sites), seen.sites):.2f}s/site over "
+        f"{line:.2f}s ({seen.inputs()}): {needed} site(s)"
     )
     return _with(state, seen.verdict(needed, ScaleOut(needed - seen.sites), reason))
 
@@ -210,28 +271,60 @@ def _scale_in(
     now: float,
 ) -> tuple[ModelState, Verdict]:
     fewer = seen.serving - 1
-    in_line = rule.target_backlog_s * rule.scale_in_below
-    low = (
-        seen.pending == 0
-        and seen.serving > rule.min_sites
-        and (seen.forecast_s / fewer < in_line if fewer > 0 else seen.forecast_s == 0.0)
-    )
     victim = _victim(serving)
-    if not low or victim is None:
+    if seen.pending or seen.serving <= rule.min_sites or victim is None:
         return _with(replace(state, under_since=None), seen.verdict(seen.sites, None, "holding"))
+    why_not = _why_not_fewer(rule, seen, fewer)
+    if why_not is not None:
+        return _with(replace(state, under_since=None), seen.verdict(seen.sites, None, why_not))
     under_since = state.under_since if state.under_since is not None else now
     state = replace(state, under_since=under_since)
     if now - under_since < rule.in_after_s:
         return _with(state, seen.verdict(seen.sites, None, "low; waiting in_after_s"))
     if _cooling(state, now, rule.in_cooldown_s):
         return _with(state, seen.verdict(seen.sites, None, "low; in cooldown"))
-    state = replace(state, last_step_at=now, under_since=None)
+    state = _stepped(state, now)
     reason = (
-        f"backlog with {fewer} site(s) {_per_site(seen.forecast_s, fewer):.2f}s under "
-        f"{in_line:.2f}s for {rule.in_after_s:g}s; {victim.name} holds the least cache "
+        f"{rule.in_window_s:g}s mean with {fewer} site(s): backlog "
+        f"{_per_site(seen.flow.level_s(), fewer):.2f}s/site, load "
+        f"{_load(seen, max(fewer, 1)):.2f} ({seen.inputs()}); {victim.name} holds the least cache "
         f"({victim.cache_blocks} blocks)"
     )
     return _with(state, seen.verdict(seen.serving - 1, ScaleIn(victim.name), reason))
+
+
+def _why_not_fewer(rule: ScalingRule, seen: _Seen, fewer: int) -> str | None:
+    """Why one site fewer would not do (None: it would)."""
+    if seen.flow.span_s < rule.in_window_s:
+        return "holding; smoothing window not full"
+    in_line = rule.target_backlog_s * rule.scale_in_below
+    out_line = rule.target_backlog_s * rule.scale_out_at
+    if fewer == 0:  # to zero only when nothing is there or arriving
+        idle = seen.flow.level_s() == 0.0 and seen.work_s == 0.0
+        return None if idle and seen.flow.window_rate() == 0.0 else "holding; not idle"
+    if seen.flow.level_s() / fewer >= in_line:
+        return "holding; smoothed backlog over the scale-in line"
+    if _load(seen, fewer) > 1.0 - rule.in_headroom:
+        return "holding; arrivals need the site"
+    if seen.forecast(fewer) / fewer > out_line:
+        return "holding; one site fewer would scale out again"
+    return None
+
+
+def _load(seen: _Seen, sites: int) -> float:
+    """The share of `sites`' throughput the arrivals take (the window's mean or the smoothed
+    rate now, whichever is higher: a load rising at the window's end counts)."""
+    return max(seen.flow.window_rate(), seen.rate) / sites
+
+
+def _stepped(state: ModelState, now: float) -> ModelState:
+    return replace(
+        state,
+        last_step_at=now,
+        over_since=None,
+        under_since=None,
+        flow=state.flow.restart_window(),
+    )
 
 
 def _per_site(total: float, sites: int) -> float:
@@ -246,16 +339,6 @@ def _with(state: ModelState, verdict: Verdict) -> tuple[ModelState, Verdict]:
 
 def _cooling(state: ModelState, now: float, cooldown_s: float) -> bool:
     return state.last_step_at is not None and now - state.last_step_at < cooldown_s
-
-
-def _trend(rule: ScalingRule, state: ModelState, work: float, now: float) -> float:
-    """The work's rate of change, exponentially smoothed with time constant `trend_s`."""
-    if state.work_s is None or state.at is None or now <= state.at:
-        return state.trend
-    dt = now - state.at
-    instant = (work - state.work_s) / dt
-    weight = 1.0 - math.exp(-dt / rule.trend_s)
-    return state.trend + weight * (instant - state.trend)
 
 
 def _victim(serving: tuple[SiteObservation, ...]) -> SiteObservation | None:

@@ -15,6 +15,24 @@ from gateway.sites.interface import LoadView, SiteClient, SiteInfoView
 
 
 @dataclass(slots=True)
+class Arrivals:
+    """The work admitted for one model since this gateway started, as routing planned it: every
+    request's prompt tokens and predicted answer tokens, counted once when it is placed (moving
+    it to another site later is not a new arrival). The scaling controller's arrival rate is
+    its change over time (gateway/scaling/policy.py). One object per model, shared by the
+    model's sites (SiteRegistry links them), so a site leaving takes nothing away."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    answer_tokens: int = 0
+
+    def add(self, prompt_tokens: int, answer_tokens: int) -> None:
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.answer_tokens += answer_tokens
+
+
+@dataclass(slots=True)
 class SiteState:
     config: SiteConfig
     site_id: int
@@ -52,6 +70,8 @@ class SiteState:
     origin: str = "federation"
     # When it joined (monotonic seconds; 0.0: at the start).
     joined_at: float = 0.0
+    # Its model's admitted work (shared with its same-model peers; set by SiteRegistry).
+    arrivals: Arrivals = field(default_factory=Arrivals, compare=False, repr=False)
 
     @property
     def outstanding_tokens(self) -> int:
@@ -162,10 +182,12 @@ class SiteRegistry:
 
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
+        self._arrivals: dict[str, Arrivals] = {}
         self._link_peers()
 
     def _link_peers(self) -> None:
         for site in self._sites.values():
+            site.arrivals = self._arrivals.setdefault(site.config.model, Arrivals())
             site.peers = tuple(
                 other
                 for other in self._sites.values()
@@ -193,6 +215,10 @@ class SiteRegistry:
 
     def get(self, name: str) -> SiteState | None:
         return self._sites.get(name)
+
+    def arrivals(self, model: str) -> Arrivals:
+        """The model's admitted work so far (zero for a model no site has served yet)."""
+        return self._arrivals.setdefault(model, Arrivals())
 
     def max_model_len(self, model: str) -> int | None:
         """The smallest context among healthy sites serving the model (what every site can hold)."""

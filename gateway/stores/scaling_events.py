@@ -25,6 +25,9 @@ class NewScalingEvent:
     site: str | None = None
     backlog_s: float | None = None
     forecast_backlog_s: float | None = None
+    arrival_rate: float | None = None
+    lead_s: float | None = None
+    smoothed_backlog_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,9 @@ class ScalingEventRow:
     backlog_s: float | None
     forecast_backlog_s: float | None
     reason: str
+    arrival_rate: float | None = None
+    lead_s: float | None = None
+    smoothed_backlog_s: float | None = None
 
 
 async def record_scaling_event(sessions: Sessions, event: NewScalingEvent) -> None:
@@ -53,6 +59,9 @@ async def record_scaling_event(sessions: Sessions, event: NewScalingEvent) -> No
                 desired_sites=event.desired_sites,
                 backlog_s=event.backlog_s,
                 forecast_backlog_s=event.forecast_backlog_s,
+                arrival_rate=event.arrival_rate,
+                lead_s=event.lead_s,
+                smoothed_backlog_s=event.smoothed_backlog_s,
                 reason=event.reason[:256],
             )
         )
@@ -80,6 +89,9 @@ async def scaling_events_since(
             backlog_s=row.backlog_s,
             forecast_backlog_s=row.forecast_backlog_s,
             reason=row.reason,
+            arrival_rate=row.arrival_rate,
+            lead_s=row.lead_s,
+            smoothed_backlog_s=row.smoothed_backlog_s,
         )
         for row in rows
     ]

@@ -85,6 +85,10 @@ class EngineStats:
     # Bytes copied to and back from the prefix cache's host tier since start.
     host_kv_bytes_offloaded: int = 0
     host_kv_bytes_onloaded: int = 0
+    # Blocks evicted without a host copy: worth one but over the per-step budget, or unlikely
+    # to be read again (site_engine/engine/host_offload.py).
+    host_kv_blocks_skipped_budget: int = 0
+    host_kv_blocks_declined: int = 0
     # Waiting, running and preempted sequences of each priority class, interactive first.
     by_class: tuple[ClassLoad, ...] = ()
 

@@ -15,10 +15,14 @@ out again. At admission `lookup` finds the longest chain of a prompt's ids that 
 `admit` shares those blocks by reference count.
 
 With a host tier (site_engine/engine/host_tier.py) the chain goes on in host memory where the
-device's ends: those blocks get fresh device blocks and a copy back before the step runs. Blocks
-near the head of the free queue are copied to the host ahead of their eviction (`offload_ahead`),
-so evicting them costs the step nothing; one evicted without such a copy is copied before the
-step that overwrites it. Every copy is listed (`take_copies`) for the model runner.
+device's ends: those blocks get fresh device blocks and a copy back before the step runs. Of the
+blocks near the head of the free queue, those likely to be read again are copied to the host
+ahead of their eviction (`offload_ahead`), within a per-step budget (site_engine/engine/
+host_offload.py decides which); the copies overlap the steps, and a step that overwrites such a
+block waits for its copy only if that copy may still be running (`take_copies` names the step
+whose copies it must wait for). A block reaching eviction without a copy is simply evicted: no
+copy ever sits on a step's critical path. Every copy is listed (`take_copies`) for the model
+runner.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedllm_contract.cache_events import CacheEvent, Tier
+from site_engine.engine.host_offload import OffloadCounters, OffloadLimits, OffloadPolicy
 from site_engine.engine.host_tier import HostTier
 from site_engine.engine.prefix_cache import BlockIndex, CacheEventRecorder, snapshot_events
 from site_engine.engine.types import KvCopy
@@ -62,11 +67,28 @@ class CacheHit:
 NO_HIT = CacheHit()
 
 
+@dataclass(frozen=True, slots=True)
+class CopyPlan:
+    """A step's host-tier copies in the order they must run; the step's forward pass waits for
+    the first `before_step` (copies back from the host) and, if `wait_for_step` > 0, for the
+    ahead-of-eviction copies listed by that step: one of those blocks is overwritten now."""
+
+    copies: tuple[KvCopy, ...] = ()
+    before_step: int = 0
+    wait_for_step: int = 0
+
+
 class BlockManager:
     """Fixed-size KV blocks handed out to per-sequence block tables."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, caching: bool = False, host_slots: int = 0
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        caching: bool = False,
+        host_slots: int = 0,
+        offload: OffloadLimits | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
@@ -85,6 +107,11 @@ class BlockManager:
         self.events = CacheEventRecorder()
         self._index = BlockIndex(Tier.DEVICE, self.events) if caching else None
         self._host = HostTier(host_slots, self.events) if host_slots else None
+        self._policy = OffloadPolicy(offload) if host_slots else None
+        # Device block -> the step whose copies took it to the host ahead of its eviction;
+        # dropped when the block is handed out (that step's copies then bind the one taking it).
+        self._offloaded_at: dict[int, int] = {}
+        self._wait_for_step = 0
         # Per table: how many leading blocks `register` has seen (indexed, or left as duplicates).
         self._registered: dict[str, int] = {}
         self._copies: list[KvCopy] = []
@@ -105,6 +132,11 @@ class BlockManager:
     @property
     def host_slots(self) -> int:
         return self._host.num_slots if self._host is not None else 0
+
+    @property
+    def offload_counters(self) -> OffloadCounters:
+        """The host tier's offload decisions since start (all zero without a host tier)."""
+        return self._policy.counters if self._policy is not None else OffloadCounters()
 
     @property
     def num_free_blocks(self) -> int:
@@ -188,18 +220,18 @@ class BlockManager:
         return frozen
 
     def _take_free_block(self) -> int:
-        """The head of the free queue, its id evicted (and copied to the host tier if it has
-        none there: before this step, since the step may overwrite it)."""
+        """The head of the free queue, its id evicted. Never copied now: a copy the step had to
+        wait for is what cost the host tier its TTFT; one that `offload_ahead` did not make
+        (not wanted, or over budget) is simply not made."""
         block, _ = self._free.popitem(last=False)
         self._refcounts[block] += 1
+        if self._offloaded_at:
+            offloaded_at = self._offloaded_at.pop(block, 0)
+            self._wait_for_step = max(self._wait_for_step, offloaded_at)
         if self._index is not None and (block_hash := self._index.hash_at(block)) is not None:
-            parent = self._index.parent_of(block_hash)
+            if self._policy is not None and self._host is not None and block_hash not in self._host:
+                self._policy.evicted_uncopied(block_hash, self._index.hits_of(block_hash))
             self._index.remove_at(block)
-            if self._host is not None and block_hash not in self._host:
-                slot = self._host.store(block_hash, parent)
-                if slot is not None:
-                    self._copies.append(KvCopy(to_host=True, block=block, slot=slot))
-                    self._copies_before_step = len(self._copies)
         return block
 
     def free(self, request_id: str) -> int:
@@ -209,7 +241,11 @@ class BlockManager:
         """
         table = self._tables.pop(request_id)
         del self._frozen[request_id]
-        del self._registered[request_id]
+        registered = self._registered.pop(request_id)
+        if self._policy is not None and self._index is not None:
+            hash_at = self._index.hash_at
+            # Its conversation is active: the next turn's prompt starts with these blocks.
+            self._policy.left(h for b in table[:registered] if (h := hash_at(b)) is not None)
         released = 0
         # Last blocks first: of one request's cached blocks, the deepest is evicted first.
         for block in reversed(table) if self._index is not None else table:
@@ -260,11 +296,14 @@ class BlockManager:
         if not self.can_admit(hit, num_tokens_total):
             raise OutOfBlocks(request_id, self.blocks_needed(num_tokens_total), len(self._free))
         table: list[int] = []
-        for block in hit.device_blocks:
+        for block, block_hash in zip(hit.device_blocks, hit.hashes, strict=False):
             if self._refcounts[block] == 0:
                 del self._free[block]
             self._refcounts[block] += 1
             table.append(block)
+            if self._policy is not None:
+                assert self._index is not None
+                self._index.record_hit(block_hash)
         if hit.host_slots:
             assert self._index is not None
             assert self._host is not None
@@ -274,6 +313,7 @@ class BlockManager:
                 parent = hit.hashes[i - 1] if i else 0
                 # Left unindexed if a later block of the chain is on the device after all.
                 self._index.add(hit.hashes[i], parent, block)
+                self._index.record_hit(hit.hashes[i])
                 self._host.touch(slot)
                 self._copies.append(KvCopy(to_host=False, block=block, slot=slot))
                 self._copies_before_step = len(self._copies)
@@ -299,29 +339,38 @@ class BlockManager:
             index.add(hashes[i], hashes[i - 1] if i else 0, table[i])
         self._registered[request_id] = num_full
 
-    def offload_ahead(self, lookahead: int) -> None:
-        """Copy to the host tier the cached blocks among the next `lookahead` blocks to be
-        handed out, so that their eviction later needs no copy on a step's critical path."""
-        if self._host is None or self._index is None:
+    def offload_ahead(self, lookahead: int, step_id: int = 0) -> None:
+        """Copy to the host tier the wanted cached blocks among the next `lookahead` blocks to
+        be handed out, head first, within the step's budget; the copies are listed by step
+        `step_id`."""
+        host, index, policy = self._host, self._index, self._policy
+        if host is None or index is None or policy is None:
             return
         for n, block in enumerate(self._free):
-            if n >= lookahead:
+            if n >= lookahead or not policy.budget_left:
                 break
-            block_hash = self._index.hash_at(block)
-            if block_hash is None or block_hash in self._host:
+            block_hash = index.hash_at(block)
+            if block_hash is None or block_hash in host:
                 continue
-            slot = self._host.store(block_hash, self._index.parent_of(block_hash))
+            if not policy.wanted(block_hash, index.hits_of(block_hash)):
+                continue
+            slot = host.store(block_hash, index.parent_of(block_hash))
             if slot is None:
                 break
+            policy.take()
             self._copies.append(KvCopy(to_host=True, block=block, slot=slot))
+            self._offloaded_at[block] = step_id
 
-    def take_copies(self) -> tuple[tuple[KvCopy, ...], int]:
-        """The copies decided since the last call, in the order they must run, and how many of
-        the leading ones the next step's forward pass must wait for."""
-        copies, before = tuple(self._copies), self._copies_before_step
+    def take_copies(self) -> CopyPlan:
+        """The copies decided since the last call and what the next step's forward pass must
+        wait for; the offload budget starts over."""
+        plan = CopyPlan(tuple(self._copies), self._copies_before_step, self._wait_for_step)
         self._copies.clear()
         self._copies_before_step = 0
-        return copies, before
+        self._wait_for_step = 0
+        if self._policy is not None:
+            self._policy.step()
+        return plan
 
     def snapshot_events(self) -> list[CacheEvent]:
         """BlocksStored events listing every block id held, device tier first."""

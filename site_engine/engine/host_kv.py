@@ -2,12 +2,13 @@
 device's paged KV cache (site_engine/engine/host_tier.py decides, this module moves bytes).
 
 A slot holds one block of every layer, K and V: [num_layers, 2, block_size, kv_heads, head_dim],
-contiguous, so one block moves in one memcpy. On CUDA the copies run on a side stream, in the
-order the scheduler listed them (a slot may be written and read back in one step, a block copied
-out before it is reused): the side stream first waits for the work already queued on the compute
-stream (the step that wrote those blocks may still be running), and the compute stream waits
-only for the copies its step needs (copies back from the host, copies of blocks it overwrites)
-plus the previous step's copies ahead of eviction, which by then have overlapped a whole step.
+contiguous, so one block moves in one memcpy. On CUDA the copies run on a side stream,
+asynchronously, in the order the scheduler listed them (a slot may be written and read back in
+one step): the side stream first waits for the work already queued on the compute stream (a
+block's last write may still be running; the copy must read it after), and the compute stream
+waits only for what its step needs: the copies back from the host it reads, and, when it
+overwrites a block copied ahead of its eviction, that copy's event, only if the copy has not
+finished yet. Copies to the host otherwise overlap the steps and never hold one up (issue 50).
 Consecutive copies of one direction are batched: one gather (or scatter) kernel over the device
 blocks and one memcpy per block to (or from) contiguous staging.
 """
@@ -36,8 +37,10 @@ class HostKvPool:
             pin_memory=cuda,
         )
         self._stream = torch.cuda.Stream(cache.device) if cuda else None  # type: ignore[no-untyped-call]
-        # Recorded after the previous step's copies: the next step's forward waits for it.
-        self._previous: torch.cuda.Event | None = None
+        # Step id -> the event recorded after that step's copies ahead of eviction, oldest
+        # first; dropped once complete (a later step overwriting one of those blocks waits on
+        # it only while it is not).
+        self._ahead: dict[int, torch.cuda.Event] = {}
 
     @property
     def num_slots(self) -> int:
@@ -47,29 +50,53 @@ class HostKvPool:
     def bytes_per_slot(self) -> int:
         return self.slots[0].numel() * self.slots.element_size()
 
-    def run(self, copies: Sequence[KvCopy], before_step: int) -> None:
-        """Queue `copies` in order; the compute stream's next work waits for the first
-        `before_step` of them and for the previous call's copies."""
+    def run(
+        self, copies: Sequence[KvCopy], before_step: int, step_id: int = 0, wait_for_step: int = 0
+    ) -> None:
+        """Queue step `step_id`'s `copies` in order; the compute stream's next work waits for
+        the first `before_step` of them and, if still running, for step `wait_for_step`'s."""
         stream = self._stream
         if stream is None:
             self._copy_runs(copies)  # CPU: synchronous, in order
             return
         compute = torch.cuda.current_stream(self._cache.device)
-        previous, self._previous = self._previous, None
-        needed: torch.cuda.Event | None = None
-        if copies:
-            stream.wait_stream(compute)
-            with torch.cuda.stream(stream):
-                if before_step:
-                    self._copy_runs(copies[:before_step])
-                    needed = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    needed.record(stream)
+        self._forget_done()
+        pending = self._ahead.get(wait_for_step) if wait_for_step else None
+        if pending is not None:
+            compute.wait_event(pending)
+        if not copies:
+            return
+        if self._ahead and step_id <= next(reversed(self._ahead)):
+            # Step ids started over (a new scheduler on this runner): old events would be
+            # mistaken for new steps' ones, so they must be done before they are forgotten.
+            stream.synchronize()
+            self._ahead.clear()
+        stream.wait_stream(compute)
+        with torch.cuda.stream(stream):
+            if before_step:
+                self._copy_runs(copies[:before_step])
+                needed = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                needed.record(stream)
+                compute.wait_event(needed)
+            if len(copies) > before_step:
                 self._copy_runs(copies[before_step:])
-                self._previous = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                self._previous.record(stream)
-        for event in (previous, needed):
-            if event is not None:
-                compute.wait_event(event)
+                ahead = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                ahead.record(stream)
+                self._ahead[step_id] = ahead
+
+    def _forget_done(self) -> None:
+        ahead = self._ahead
+        while ahead:
+            step_id, event = next(iter(ahead.items()))
+            if not event.query():  # type: ignore[no-untyped-call]
+                break
+            del ahead[step_id]
+
+    def synchronize(self) -> None:
+        """Wait (on the host) for every queued copy: tests read the slots after it."""
+        if self._stream is not None:
+            self._stream.synchronize()
+            self._ahead.clear()
 
     def _copy_runs(self, copies: Sequence[KvCopy]) -> None:
         for to_host, run in groupby(copies, key=lambda copy: copy.to_host):

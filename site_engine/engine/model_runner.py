@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from site_engine.engine.cuda.graphs import DecodeGraphs
     from site_engine.engine.cuda.step_graphs import FlatStepGraphs
     from site_engine.engine.lora.registry import AdapterRegistry
-    from site_engine.engine.lora.slots import LoraStep
+    from site_engine.engine.lora.slots import StepDeltas
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class StepInputs:
     metadata: AttentionMetadata
     sample_indices: torch.Tensor  # [N] int64: flat row of the last token of each sampled chunk
     sample_chunks: tuple[ScheduledChunk, ...]  # the N chunks with sample=True, in batch order
-    lora: LoraStep | None = None  # the rows' LoRA deltas; None: no row uses an adapter
+    lora: StepDeltas | None = None  # the rows' LoRA deltas; None: no row uses an adapter
 
 
 def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> None:
@@ -83,11 +83,9 @@ def _check_placement(model: PreTrainedModel, device: torch.device, dtype: torch.
         )
 
 
-def _check_lora_support(flat_model: FlatCausalLM, device: torch.device) -> None:
-    """LoRA rows run in the Llama-family eager model on CPU only, for now: the CUDA path (fused
-    model, graphs) needs the segmented kernels that apply deltas inside captured graphs."""
-    if device.type != "cpu":
-        raise ValueError(f"LoRA adapters are served on CPU only for now, not on {device.type}")
+def _check_lora_support(flat_model: FlatCausalLM) -> None:
+    """LoRA rows run in the Llama-family models: the eager one on CPU (one-hot GEMMs over all
+    slots), the fused one on CUDA (segmented Triton kernels, inside the graphs too)."""
     if not hasattr(flat_model, "lora"):
         raise ValueError(f"{type(flat_model).__name__} does not apply LoRA adapters")
 
@@ -147,8 +145,11 @@ class ModelRunner:
         self.flat_model: FlatCausalLM = build_flat_model(model, self.attention)
         self.adapters = adapters
         if adapters is not None:
-            _check_lora_support(self.flat_model, device)
+            _check_lora_support(self.flat_model)
         use_graphs = device.type == "cuda" and cuda_graph_max_batch > 0
+        lora_slots = adapters.slots if adapters is not None and use_graphs else None
+        if lora_slots is not None:
+            lora_slots.allocate_all()  # the graphs capture the tensors they read
         self._num_blocks = num_blocks
         self.kv_cache = PagedKVCache(
             self.flat_model.spec,
@@ -179,6 +180,7 @@ class ModelRunner:
                 scratch_block=num_blocks,
                 logits_out=logits_out,
                 only_largest=only_largest_graphs,
+                lora=lora_slots,
             )
             self.graphs.capture()
         self.step_graphs: FlatStepGraphs | None = None
@@ -195,6 +197,7 @@ class ModelRunner:
                 scratch_block=num_blocks,
                 logits_out=logits_out,
                 only_largest=only_largest_graphs,
+                lora=lora_slots,
             )
             self.step_graphs.capture()
 
@@ -264,13 +267,24 @@ class ModelRunner:
         if output.kv_copies:
             if self.host_kv is None:
                 raise ValueError("the step lists host KV copies but the runner has no host tier")
-            self.host_kv.run(output.kv_copies, output.kv_copies_before_step)
-        elif self.host_kv is not None:
-            self.host_kv.run((), 0)  # the previous step's copies still bind this step
+            self.host_kv.run(
+                output.kv_copies,
+                output.kv_copies_before_step,
+                output.step_id,
+                output.kv_copies_wait_for_step,
+            )
+        elif self.host_kv is not None and output.kv_copies_wait_for_step:
+            # This step overwrites a block a previous step's copy may still be reading.
+            self.host_kv.run((), 0, output.step_id, output.kv_copies_wait_for_step)
         if output.is_empty:
             return StepLogits(None)
+        slot_of: dict[str, int] | None = None
+        if self.adapters is not None:
+            # Every adapter of the step into a slot first, all parts of the step at once.
+            slots = self.adapters.assign([chunk.adapter for chunk in output.chunks])
+            slot_of = {c.request_id: s for c, s in zip(output.chunks, slots, strict=True)}
         if self._flat_graphed(output.chunks):
-            return self._launch_flat(output.chunks, previous)
+            return self._launch_flat(output.chunks, previous, slot_of)
         graphed, eager = self._split(output.chunks)
         logits_parts: list[torch.Tensor] = []
         sampled: list[ScheduledChunk] = []
@@ -285,7 +299,8 @@ class ModelRunner:
                 self._validate_decode(graphed)
                 rows = previous.pending_rows(graphed) if previous else no_pending_rows(graphed)
                 source = previous.sampled if previous is not None else None
-                logits_parts.append(self.graphs.run(graphed, rows, source))
+                lora_slots = None if slot_of is None else [slot_of[c.request_id] for c in graphed]
+                logits_parts.append(self.graphs.run(graphed, rows, source, lora_slots))
                 sampled.extend(graphed)
             if not sampled:
                 return StepLogits(None)
@@ -307,7 +322,10 @@ class ModelRunner:
         )
 
     def _launch_flat(
-        self, chunks: Sequence[ScheduledChunk], previous: LaunchedStep | None
+        self,
+        chunks: Sequence[ScheduledChunk],
+        previous: LaunchedStep | None,
+        slot_of: dict[str, int] | None,
     ) -> StepLogits:
         """The whole step (prefill chunks and decode rows) as one replay of a flat step graph."""
         assert self.step_graphs is not None
@@ -320,7 +338,8 @@ class ModelRunner:
         source = previous.sampled if previous is not None else None
         sampled = [chunk for chunk in chunks if chunk.sample]
         with torch.inference_mode():
-            logits = self.step_graphs.run(chunks, rows, source)
+            lora_slots = None if slot_of is None else [slot_of[c.request_id] for c in chunks]
+            logits = self.step_graphs.run(chunks, rows, source, lora_slots)
             if not sampled:
                 return StepLogits(None)
             return StepLogits(logits, tuple(sampled))

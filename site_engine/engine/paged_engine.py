@@ -28,11 +28,12 @@ from site_engine.engine.api import (
     RequestOutput,
     RequestRejected,
 )
+from site_engine.engine.host_offload import OffloadLimits
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.lora.adapter import AdapterError, BaseShapes
-from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
+from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings, lora_slot_bytes
 from site_engine.engine.memory_plan import (
     GIB,
     KvPlan,
@@ -85,6 +86,11 @@ class EngineConfig:
     model_name: str = ""
     # Bytes of host memory for the prefix cache's second tier (0: none; needs prefix_caching).
     host_kv_cache_bytes: int = 0
+    # The host tier's bandwidth share: bytes of copies to it decided per step at most (whole
+    # blocks; at least one block's worth), and how many steps after its request left a block
+    # counts as of an active conversation (site_engine/engine/host_offload.py).
+    host_kv_offload_bytes_per_step: int = 32 << 20
+    host_kv_active_window_steps: int = 2000
     # Constrained requests' grammars compile on this many threads of their own, off the step
     # loop; one that takes longer than the timeout fails its requests (a 400 for the client).
     grammar_compile_threads: int = 2
@@ -117,6 +123,11 @@ def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
             block_size=config.block_size,
             cuda_graphs=config.cuda_graphs,
         )
+        if config.lora is not None:
+            # The trial runs no adapter: the slots (every projection's, allocated up front for
+            # the graphs) come out of what the cache may take.
+            lora = lora_slot_bytes(BaseShapes.of_model(loaded.model), config.lora, loaded.dtype)
+            measurement = replace(measurement, free=measurement.free - lora)
         return plan_kv_cache(
             measurement,
             requested_bytes=config.kv_cache_bytes,
@@ -171,6 +182,7 @@ class PagedEngine:
                 prefix_caching=config.prefix_caching,
                 model_name=config.model_name,
                 host_kv_blocks=host_blocks,
+                host_offload=_offload_limits(config, block_bytes),
                 background_step_tokens=config.background_step_tokens,
                 max_loras=config.lora.max_loras if config.lora else 0,
             )
@@ -537,8 +549,20 @@ class PagedEngine:
             kv_blocks_cached=stats.kv_blocks_cached,
             host_kv_bytes_offloaded=stats.host_kv_blocks_offloaded * self._limits.kv_block_bytes,
             host_kv_bytes_onloaded=stats.host_kv_blocks_onloaded * self._limits.kv_block_bytes,
+            host_kv_blocks_skipped_budget=stats.host_kv_blocks_skipped_budget,
+            host_kv_blocks_declined=stats.host_kv_blocks_declined,
             by_class=stats.by_class,
         )
+
+
+def _offload_limits(config: EngineConfig, block_bytes: int) -> OffloadLimits:
+    blocks = config.host_kv_offload_bytes_per_step // block_bytes
+    if config.host_kv_cache_bytes and blocks < 1:
+        raise ValueError(
+            f"host_kv_offload_bytes_per_step ({config.host_kv_offload_bytes_per_step}) must "
+            f"cover at least one KV block of {block_bytes} bytes"
+        )
+    return OffloadLimits(max(blocks, 1), config.host_kv_active_window_steps)
 
 
 def _adapter_registry(loaded: LoadedModel, settings: LoraSettings | None) -> AdapterRegistry | None:

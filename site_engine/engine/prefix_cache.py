@@ -95,6 +95,9 @@ class BlockIndex:
         self._place_of: dict[int, int] = {}
         self._hash_at: dict[int, int] = {}
         self._parent_of: dict[int, int] = {}
+        # Admissions that found each held id (the host tier copies blocks hit before,
+        # site_engine/engine/host_offload.py); an id never hit has no entry.
+        self._hits: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._place_of)
@@ -110,6 +113,14 @@ class BlockIndex:
 
     def parent_of(self, block_hash: int) -> int:
         return self._parent_of[block_hash]
+
+    def record_hit(self, block_hash: int) -> None:
+        """An admission found `block_hash` held here (or brought it back to here)."""
+        if block_hash in self._place_of:
+            self._hits[block_hash] = self._hits.get(block_hash, 0) + 1
+
+    def hits_of(self, block_hash: int) -> int:
+        return self._hits.get(block_hash, 0)
 
     def add(self, block_hash: int, parent: int, place: int) -> bool:
         """Index `place` as holding `block_hash`; False (nothing changed) if the id is already
@@ -129,6 +140,7 @@ class BlockIndex:
         if block_hash is not None:
             del self._place_of[block_hash]
             del self._parent_of[block_hash]
+            self._hits.pop(block_hash, None)
             self._events.removed(self.tier, block_hash)
         return block_hash
 
@@ -136,6 +148,7 @@ class BlockIndex:
         self._place_of.clear()
         self._hash_at.clear()
         self._parent_of.clear()
+        self._hits.clear()
 
     def places(self) -> Iterator[tuple[int, int]]:
         """(place, id) of every indexed place."""

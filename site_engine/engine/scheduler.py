@@ -89,6 +89,7 @@ class Scheduler:
             config.block_size,
             caching=config.prefix_caching,
             host_slots=config.host_kv_blocks,
+            offload=config.host_offload,
         )
         self._static = config.policy == "static"
         self._live: dict[str, Sequence] = {}
@@ -258,14 +259,15 @@ class Scheduler:
         step_id = self._next_step_id
         self._next_step_id += 1
         self._in_flight[step_id] = frozenset([chunk.request_id for chunk in chunks])
-        copies, before_step = self._cache.take_copies(self.config.max_blocks_per_step)
+        plan = self._cache.take_copies(self.config.max_blocks_per_step, step_id)
         return SchedulerOutput(
             chunks=tuple(chunks),
             finished_request_ids=left,
             preempted_request_ids=frozenset(victim.request_id for victim in preempted),
             step_id=step_id,
-            kv_copies=copies,
-            kv_copies_before_step=before_step,
+            kv_copies=plan.copies,
+            kv_copies_before_step=plan.before_step,
+            kv_copies_wait_for_step=plan.wait_for_step,
         )
 
     def _schedule_running(

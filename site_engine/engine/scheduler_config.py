@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fedllm_contract.priority import Priority
+from site_engine.engine.host_offload import OffloadLimits
 from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
 
 _POSITIVE_INT_FIELDS = (
@@ -22,7 +23,8 @@ class SchedulerConfig:
     so that newly admitted sequences are not preempted at their first decode steps.
     `prefix_caching` shares cached prompt blocks between sequences (site_engine/engine/
     block_manager.py), their ids seeded by `model_name` and each request's cache salt;
-    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks.
+    `host_kv_blocks` > 0 adds a host-memory tier of that many blocks, which copies blocks to
+    it as `host_offload` says (site_engine/engine/host_offload.py).
     `background_step_tokens` is the deferral bound: the most prefill tokens of background (flex,
     batch) sequences one step computes (site_engine/engine/step_budget.py); 0: no bound.
     `max_loras`: how many distinct LoRA adapters running sequences may use at once (the device's
@@ -40,6 +42,7 @@ class SchedulerConfig:
     prefix_caching: bool = False
     model_name: str = ""
     host_kv_blocks: int = 0
+    host_offload: OffloadLimits = field(default_factory=OffloadLimits)
     background_step_tokens: int = 0
     max_loras: int = 0
 
@@ -104,7 +107,10 @@ class SchedulerStats:
     prefix_cache_queries / _hits): tokens looked up at each admission, those found cached in
     either tier, and of them those copied back from the host tier. `prompt_tokens_computed`
     counts prompt positions the model ran (recomputed ones again), `host_kv_blocks_offloaded` /
-    `_onloaded` the blocks copied to / from the host tier. `by_class`: one ClassLoad per
+    `_onloaded` the blocks copied to / from the host tier, `host_kv_blocks_skipped_budget` the
+    blocks worth a copy evicted without one because the per-step budget was spent, and
+    `host_kv_blocks_declined` those evicted without one as unlikely to be read again (never hit,
+    of no active conversation). `by_class`: one ClassLoad per
     priority class, interactive first.
     """
 
@@ -124,4 +130,6 @@ class SchedulerStats:
     kv_blocks_cached: int = 0
     host_kv_blocks_offloaded: int = 0
     host_kv_blocks_onloaded: int = 0
+    host_kv_blocks_skipped_budget: int = 0
+    host_kv_blocks_declined: int = 0
     by_class: tuple[ClassLoad, ...] = ()

@@ -7,9 +7,8 @@ only full blocks of known tokens whose KV a launched step writes are indexed. Pu
 
 from __future__ import annotations
 
-from site_engine.engine.block_manager import NO_HIT, BlockManager, CacheHit
+from site_engine.engine.block_manager import NO_HIT, BlockManager, CacheHit, CopyPlan
 from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import KvCopy
 
 # SchedulerStats' cumulative counters (site_engine/engine/scheduler_config.py), by name.
 COUNTERS = (
@@ -19,6 +18,8 @@ COUNTERS = (
     "prompt_tokens_computed",
     "host_kv_blocks_offloaded",
     "host_kv_blocks_onloaded",
+    "host_kv_blocks_skipped_budget",
+    "host_kv_blocks_declined",
 )
 
 
@@ -69,14 +70,20 @@ class SequenceCache:
         # No block of it can become indexable before its computed tokens fill the next one.
         seq.next_full_block_at = (num_full + 1) * size
 
-    def take_copies(self, lookahead: int) -> tuple[tuple[KvCopy, ...], int]:
-        """A step's host-tier copies, those ahead of eviction (`lookahead` blocks) included."""
-        self._blocks.offload_ahead(lookahead)
-        copies, before_step = self._blocks.take_copies()
-        onloaded = sum(1 for copy in copies if not copy.to_host)
-        self.counters["host_kv_blocks_onloaded"] += onloaded
-        self.counters["host_kv_blocks_offloaded"] += len(copies) - onloaded
-        return copies, before_step
+    def take_copies(self, lookahead: int, step_id: int) -> CopyPlan:
+        """Step `step_id`'s host-tier copies, those ahead of eviction (among the next
+        `lookahead` blocks to be handed out) included."""
+        if not self._blocks.host_slots:
+            return self._blocks.take_copies()
+        self._blocks.offload_ahead(lookahead, step_id)
+        plan = self._blocks.take_copies()
+        onloaded = sum(1 for copy in plan.copies if not copy.to_host)
+        counters, decided = self.counters, self._blocks.offload_counters
+        counters["host_kv_blocks_onloaded"] += onloaded
+        counters["host_kv_blocks_offloaded"] += len(plan.copies) - onloaded
+        counters["host_kv_blocks_skipped_budget"] = decided.skipped_budget
+        counters["host_kv_blocks_declined"] = decided.declined
+        return plan
 
     def check(self, seq: Sequence) -> None:
         """Raise AssertionError unless a block held by several sequences is a full block of

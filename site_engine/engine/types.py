@@ -214,8 +214,9 @@ class SchedulerOutput:
     steps so that results are applied exactly once and in order.
     `kv_copies` run in this order before the step's forward pass reads or writes those blocks;
     the forward pass must wait for the first `kv_copies_before_step` of them (copies back from
-    the host, and copies of blocks this step overwrites); the others are copied ahead of an
-    eviction and need only be done before the next step.
+    the host); the others are copied ahead of an eviction, overlapping the steps, and bind only
+    a later step that overwrites one of their blocks: if `kv_copies_wait_for_step` > 0, the
+    forward pass must also wait for the copies listed by that step (if they are still running).
     """
 
     chunks: tuple[ScheduledChunk, ...]
@@ -224,6 +225,7 @@ class SchedulerOutput:
     step_id: int = 0
     kv_copies: tuple[KvCopy, ...] = ()
     kv_copies_before_step: int = 0
+    kv_copies_wait_for_step: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

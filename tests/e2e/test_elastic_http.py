@@ -141,8 +141,8 @@ def scaling_file(path: Path, model_dir: Path, prefix: str) -> Path:
                         "max_sites": 2,
                         "target_backlog_s": 0.3,
                         "lead_time_s": 3,
-                        "trend_s": 1,
-                        "in_after_s": 3,
+                        "rate_s": 1,
+                        "in_window_s": 3,
                         "out_cooldown_s": 1,
                         "in_cooldown_s": 3,
                         "site_tokens_per_s": 200,
@@ -261,7 +261,21 @@ def test_the_local_actuator_starts_a_site_under_load_and_drains_it_after(
     assert len(rows) == len(answers)
     assert all(row["status"] == "completed" for row in rows)
     assert sum(row["site_name"] == elastic for row in rows) > 0
+    # The scale-out was made on the burst's arrivals as this gateway admitted them, a lead
+    # ahead (the rule's 3 s: no start measured yet); the scale-in on the window's level.
+    ((rate, lead, reason),) = federation.query(
+        "SELECT arrival_rate, lead_s, reason FROM scaling_events WHERE action = 'scale_out'"
+    )
+    assert rate > 0, reason
+    assert lead == 3.0, reason
+    assert "arrivals" in reason
+    ((smoothed, reason),) = federation.query(
+        "SELECT smoothed_backlog_s, reason FROM scaling_events WHERE action = 'scale_in'"
+    )
+    assert smoothed is not None, reason
+    assert "mean with 1 site(s)" in reason
     metrics = httpx.get(f"{federation.base_url}/metrics", headers=ADMIN).text
+    assert 'fedllm_gateway_scaling_lead_seconds{model="tiny"}' in metrics
     assert 'fedllm_gateway_scaling_desired_sites{model="tiny"} 1.0' in metrics
     assert 'fedllm_gateway_scaling_decisions_total{action="scale_out",model="tiny"} 1.0' in metrics
     assert 'fedllm_gateway_site_changes_total{change="leave"} 1.0' in metrics

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.launch import free_port
@@ -20,7 +21,7 @@ from site_engine.engine.api import EngineRequest, EngineStats
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.engine_service import EngineService
-from site_engine.metrics import MeteredEngine, SiteMetrics, serve_metrics
+from site_engine.metrics import EngineStatsCollector, MeteredEngine, SiteMetrics, serve_metrics
 from site_engine.model_loading import LoadedModel, load_model
 from site_engine.settings import SettingsError, SiteSettings
 
@@ -224,3 +225,55 @@ def test_prefix_caching_settings() -> None:
         )
     with pytest.raises(SettingsError, match="SITE_HOST_KV_CACHE_GIB"):
         SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_HOST_KV_CACHE_GIB": "-1"})
+
+
+class FixedStats:
+    """A stats source that serves one snapshot, as EngineService serves its latest."""
+
+    def __init__(self, stats: EngineStats) -> None:
+        self._stats = stats
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def decode_tokens_per_s(self) -> float:
+        return 0.0
+
+    def prefill_tokens_per_s(self) -> float:
+        return 0.0
+
+
+def test_host_tier_metrics_show_its_hit_rate_bytes_and_skipped_copies() -> None:
+    stats = EngineStats(
+        num_waiting=0, num_running=0, queued_prompt_tokens=0, running_tokens=0,
+        predicted_remaining_tokens=0, kv_blocks_used=0, kv_blocks_total=8, iterations=3,
+        prefix_cache_queries=400, prefix_cache_hits=200, prefix_cache_host_hits=100,
+        host_kv_bytes_offloaded=4096, host_kv_bytes_onloaded=2048,
+        host_kv_blocks_skipped_budget=5, host_kv_blocks_declined=7,
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector("s1", FixedStats(stats)))
+    samples = parse(generate_latest(registry).decode())
+    assert scalar(samples, "fedllm_site_host_kv_hit_rate") == 0.25
+    assert scalar(samples, "fedllm_site_host_kv_offloaded_bytes_total") == 4096
+    assert scalar(samples, "fedllm_site_host_kv_onloaded_bytes_total") == 2048
+    assert scalar(samples, "fedllm_site_host_kv_offload_skipped_blocks_total") == 5
+    assert scalar(samples, "fedllm_site_host_kv_offload_declined_blocks_total") == 7
+    idle = CollectorRegistry()
+    idle.register(EngineStatsCollector("s1", FixedStats(replace(stats, prefix_cache_queries=0))))
+    assert scalar(parse(generate_latest(idle).decode()), "fedllm_site_host_kv_hit_rate") == 0.0
+
+
+def test_host_tier_budget_settings_are_checked() -> None:
+    settings = SiteSettings.load(
+        {"SITE_MODEL_DIR": "m", "SITE_HOST_KV_OFFLOAD_BYTES_PER_STEP": "1048576",
+         "SITE_HOST_KV_ACTIVE_WINDOW_STEPS": "0"}
+    )  # fmt: skip
+    assert (settings.host_kv_offload_bytes_per_step, settings.host_kv_active_window_steps) == (
+        1 << 20,
+        0,
+    )
+    for env in ({"SITE_HOST_KV_OFFLOAD_BYTES_PER_STEP": "0"},
+                {"SITE_HOST_KV_ACTIVE_WINDOW_STEPS": "-1"}):  # fmt: skip
+        with pytest.raises(SettingsError, match="SITE_HOST_KV_OFFLOAD_BYTES_PER_STEP"):
+            SiteSettings.load({"SITE_MODEL_DIR": "m", **env})

@@ -33,4 +33,9 @@ class ScalingEvent(Base):
     # Seconds of predicted work per serving site, now and as forecast over the lead time.
     backlog_s: Mapped[float | None] = mapped_column(Float)
     forecast_backlog_s: Mapped[float | None] = mapped_column(Float)
+    # A decision's other inputs: predicted work arriving (seconds of a site's time per second),
+    # how far ahead the forecast looked, and the backlog per serving site over the window.
+    arrival_rate: Mapped[float | None] = mapped_column(Float)
+    lead_s: Mapped[float | None] = mapped_column(Float)
+    smoothed_backlog_s: Mapped[float | None] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(String(256))

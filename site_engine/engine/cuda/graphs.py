@@ -16,11 +16,16 @@ the flat step graphs): were each graph to keep its own output, the outputs alone
 (sum of the bucket sizes) x vocabulary x 4 bytes, 3.3 GB for 1,024 sequences and a 128k
 vocabulary. The sampler reads a step's logits before the next step's replay writes them (one
 stream), so one buffer serves every step.
+
+With LoRA slots, each graph also runs the segmented LoRA kernels over a static slot-index buffer
+(one entry per row, -1: no adapter, as for padding rows) that `run` writes from the staging copy,
+and over the slots' stacked A/B tensors, which adapters are written into in place.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +34,7 @@ import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import PagedKVCache
+from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.models import FlatCausalLM
 from site_engine.engine.types import ScheduledChunk
 
@@ -123,10 +129,13 @@ class DecodeGraphs:
         scratch_block: int,
         logits_out: torch.Tensor | None = None,
         only_largest: bool = False,
+        lora: LoraSlots | None = None,
     ) -> None:
         """logits_out: [>= max_batch, vocab] float32 that every graph writes its logits into
-        (allocated here when not given)."""
+        (allocated here when not given). lora: the adapter slots rows may use (run's
+        `token_slots`)."""
         self._model, self._attention, self._kv_cache = model, attention, kv_cache
+        self._lora = lora
         self.buckets = bucket_sizes(max_batch, only_largest)
         self._max_blocks = max_blocks_per_seq
         self._scratch_block = scratch_block
@@ -136,20 +145,21 @@ class DecodeGraphs:
         self._positions = torch.zeros(max_batch, dtype=torch.long, device=device)
         self._slots = torch.zeros(max_batch, dtype=torch.long, device=device)
         self._context_lens = torch.ones(max_batch, dtype=torch.int32, device=device)
+        self._lora_slots = torch.full((max_batch,), -1, dtype=torch.long, device=device)
         self._block_tables = torch.full(
             (max_batch, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=device
         )
-        # Pinned host staging (token, position, slot, context length, pending-token row): a
-        # single copy per step; two sets, alternated (see the module docstring).
+        # Pinned host staging (token, position, slot, context length, pending-token row, LoRA
+        # slot): a single copy per step; two sets, alternated (see the module docstring).
         self._host = [
-            torch.zeros((max_batch, 5), dtype=torch.long, pin_memory=True) for _ in range(2)
+            torch.zeros((max_batch, 6), dtype=torch.long, pin_memory=True) for _ in range(2)
         ]
         self._host_tables = [
             torch.zeros((max_batch, max_blocks_per_seq), dtype=torch.int32, pin_memory=True)
             for _ in range(2)
         ]
         self._turn = 0
-        self._staged = torch.zeros((max_batch, 5), dtype=torch.long, device=device)
+        self._staged = torch.zeros((max_batch, 6), dtype=torch.long, device=device)
         if logits_out is None:
             vocab = int(model.vocab_size)
             logits_out = torch.empty((max_batch, vocab), dtype=torch.float32, device=device)
@@ -175,9 +185,16 @@ class DecodeGraphs:
 
     def _forward(self, batch: int, metadata: AttentionMetadata) -> torch.Tensor:
         self._attention.prepare(metadata)
-        hidden = self._model.forward(
-            self._input_ids[:batch], self._positions[:batch], self._kv_cache, metadata
-        )
+        if self._lora is not None:
+            # Built inside the capture: the kernels' tiles come from the static buffer.
+            self._model.lora = self._lora.step(self._lora_slots[:batch])  # type: ignore[attr-defined]
+        try:
+            hidden = self._model.forward(
+                self._input_ids[:batch], self._positions[:batch], self._kv_cache, metadata
+            )
+        finally:
+            if self._lora is not None:
+                self._model.lora = None  # type: ignore[attr-defined]
         return self._model.compute_logits(hidden, out=self._logits_out[:batch])
 
     @torch.inference_mode()
@@ -202,6 +219,7 @@ class DecodeGraphs:
         self._positions[start:].zero_()
         self._slots[start:].fill_(scratch_slot)
         self._context_lens[start:].fill_(1)
+        self._lora_slots[start:].fill_(-1)
         self._block_tables[start:, 0].fill_(self._scratch_block)
 
     def run(
@@ -209,12 +227,16 @@ class DecodeGraphs:
         chunks: Sequence[ScheduledChunk],
         pending_rows: Sequence[int],
         pending_source: torch.Tensor | None,
+        lora_slots: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """float32 logits [len(chunks), vocab] for decode chunks (one new token each).
 
         pending_rows[i] >= 0: chunk i's input token is pending_source[pending_rows[i]], the
-        token its sequence sampled in the previous step, still on the device.
+        token its sequence sampled in the previous step, still on the device. lora_slots[i]:
+        chunk i's adapter slot (-1 or None: the base model).
         """
+        if lora_slots is not None and self._lora is None:
+            raise ValueError("LoRA rows in a step, but the decode graphs have no LoRA slots")
         count = len(chunks)
         batch = self.buckets[bisect.bisect_left(self.buckets, count)]
         self._turn ^= 1
@@ -222,7 +244,9 @@ class DecodeGraphs:
         host, tables = host_t.numpy(), tables_t.numpy()
         widest = 1
         block_size = self._block_size
-        for row, (chunk, source_row) in enumerate(zip(chunks, pending_rows, strict=True)):
+        slots = lora_slots if lora_slots is not None else itertools.repeat(-1)
+        rows = zip(chunks, pending_rows, slots, strict=False)  # slots may be endless
+        for row, (chunk, source_row, lora_slot) in enumerate(rows):
             position = chunk.start_position
             table = chunk.block_table
             host[row] = (
@@ -231,6 +255,7 @@ class DecodeGraphs:
                 table[position // block_size] * block_size + position % block_size,
                 position + 1,
                 source_row,
+                lora_slot,
             )
             width = len(table)
             tables[row, :width] = table
@@ -243,6 +268,8 @@ class DecodeGraphs:
         self._positions[:count] = staged[:, 1]
         self._slots[:count] = staged[:, 2]
         self._context_lens[:count] = staged[:, 3].to(torch.int32)
+        if self._lora is not None:  # a base-only engine's graphs read no slot buffer
+            self._lora_slots[:count] = staged[:, 5]
         if count < batch:
             self._reset_padding(count)
         captured = self._captured[batch]

@@ -27,7 +27,8 @@ Inputs are staged on the host in numpy arrays (pinned when on CUDA) and reach th
 copy per array; with async scheduling a decode row's input token may still be on the device
 (it is taken from the previous step's samples there). Two staging sets alternate, as in
 graphs.py. Without `capture` (CPU tests) the same static-buffer forward runs eagerly. The logits
-go into one static buffer shared with the decode graphs (graphs.py says why).
+go into one static buffer shared with the decode graphs (graphs.py says why). LoRA rows: as in
+graphs.py, a static slot-index buffer per token, staged with the other token columns.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from site_engine.engine.cuda.graphs import (
     release_graphs,
 )
 from site_engine.engine.kv_cache import PagedKVCache
+from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.models import FlatCausalLM
 from site_engine.engine.types import ScheduledChunk
 
@@ -54,9 +56,9 @@ from site_engine.engine.types import ScheduledChunk
 # token costs its share of every matrix product), coarser as the step grows.
 _BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560,
             3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)  # fmt: skip
-# Host staging columns: per token (input id, position, slot, pending row), per sequence
-# (query start, context length, sampled row).
-_TOKEN_COLS, _SEQ_COLS = 4, 3
+# Host staging columns: per token (input id, position, slot, pending row, LoRA slot), per
+# sequence (query start, context length, sampled row).
+_TOKEN_COLS, _SEQ_COLS = 5, 3
 
 
 def token_buckets(max_tokens: int, only_largest: bool = False) -> tuple[int, ...]:
@@ -86,12 +88,15 @@ class FlatStepGraphs:
         capture: bool = True,
         logits_out: torch.Tensor | None = None,
         only_largest: bool = False,
+        lora: LoraSlots | None = None,
     ) -> None:
         """logits_out: [>= min(max_tokens, max_seqs), vocab] float32 that every bucket writes
-        its logits into (allocated here when not given)."""
+        its logits into (allocated here when not given). lora: the adapter slots rows may use
+        (run's `lora_slots`)."""
         if max_tokens < 2:
             raise ValueError("flat step graphs need room for at least 2 tokens per step")
         self._model, self._attention, self._kv_cache = model, attention, kv_cache
+        self._lora = lora
         self.buckets = token_buckets(max_tokens, only_largest)
         self.max_seqs = max_seqs
         self._capture = capture
@@ -102,6 +107,7 @@ class FlatStepGraphs:
         self._positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self._slots = torch.full((max_tokens,), self._scratch_slot, dtype=torch.long,
                                  device=device)  # fmt: skip
+        self._lora_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
         self._query_start = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
         self._context_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
         self._block_tables = torch.full((max_seqs, max_blocks_per_seq), scratch_block,
@@ -169,9 +175,16 @@ class FlatStepGraphs:
         the static buffer, every row a bucket could sample)."""
         metadata = self._metadata(tokens)
         self._attention.prepare(metadata)
-        hidden = self._model.forward(
-            self._input_ids[:tokens], self._positions[:tokens], self._kv_cache, metadata
-        )
+        if self._lora is not None:
+            # Built inside the capture: the kernels' tiles come from the static buffer.
+            self._model.lora = self._lora.step(self._lora_slots[:tokens])  # type: ignore[attr-defined]
+        try:
+            hidden = self._model.forward(
+                self._input_ids[:tokens], self._positions[:tokens], self._kv_cache, metadata
+            )
+        finally:
+            if self._lora is not None:
+                self._model.lora = None  # type: ignore[attr-defined]
         if self._sampled_hidden is None:
             rows = self.row_buckets[-1]
             self._sampled_hidden = hidden.new_zeros((rows, hidden.shape[1]))
@@ -199,20 +212,26 @@ class FlatStepGraphs:
             self._lm_head[rows] = _Bucket(graph, logits)
 
     def _stage(
-        self, chunks: Sequence[ScheduledChunk], pending_rows: Sequence[int], tokens: int
+        self,
+        chunks: Sequence[ScheduledChunk],
+        pending_rows: Sequence[int],
+        tokens: int,
+        lora_slots: Sequence[int] | None,
     ) -> tuple[int, int]:
         """Fills this turn's host arrays; returns (sampled rows, widest block table)."""
         host_tokens, host_seqs, host_tables = (t.numpy() for t in self._host[self._turn])
         size = self._block_size
         start = sampled = 0
         widest = 1
-        for index, (chunk, source) in enumerate(zip(chunks, pending_rows, strict=True)):
+        adapter_slots = lora_slots if lora_slots is not None else [-1] * len(chunks)
+        rows_of = zip(chunks, pending_rows, adapter_slots, strict=True)
+        for index, (chunk, source, lora_slot) in enumerate(rows_of):
             count, first, table = chunk.num_tokens, chunk.start_position, chunk.block_table
             end = start + count
             if count == 1:  # a decode row (most rows): plain Python is faster than numpy here
                 slot = table[first // size] * size + first % size
                 token = 0 if source >= 0 else chunk.token_ids[0]
-                host_tokens[start] = (token, first, slot, source)
+                host_tokens[start] = (token, first, slot, source, lora_slot)
             else:
                 blocks = np.asarray(table, dtype=np.int64)
                 positions = np.arange(first, first + count)
@@ -221,6 +240,7 @@ class FlatStepGraphs:
                 rows[:, 1] = positions
                 rows[:, 2] = blocks[positions // size] * size + positions % size
                 rows[:, 3] = -1
+                rows[:, 4] = lora_slot
             host_seqs[index, :2] = (start, first + count)
             if chunk.sample:
                 host_seqs[sampled, 2] = end - 1
@@ -228,7 +248,7 @@ class FlatStepGraphs:
             host_tables[index, : len(table)] = table
             widest = max(widest, len(table))
             start = end
-        host_tokens[start:tokens] = (0, 0, self._scratch_slot, -1)
+        host_tokens[start:tokens] = (0, 0, self._scratch_slot, -1, -1)
         host_seqs[len(chunks) :, 0] = start  # padding sequences: zero query tokens
         host_seqs[sampled:, 2] = 0
         return sampled, widest
@@ -238,12 +258,16 @@ class FlatStepGraphs:
         chunks: Sequence[ScheduledChunk],
         pending_rows: Sequence[int],
         pending_source: torch.Tensor | None,
+        lora_slots: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """float32 logits [sampled chunks, vocab] of one step, in chunk order."""
+        """float32 logits [sampled chunks, vocab] of one step, in chunk order; lora_slots[i]:
+        chunk i's adapter slot (-1 or None: the base model)."""
+        if lora_slots is not None and self._lora is None:
+            raise ValueError("LoRA rows in a step, but the step graphs have no LoRA slots")
         total = sum(chunk.num_tokens for chunk in chunks)
         tokens = self.buckets[bisect.bisect_left(self.buckets, total)]
         self._turn ^= 1
-        sampled, widest = self._stage(chunks, pending_rows, tokens)
+        sampled, widest = self._stage(chunks, pending_rows, tokens, lora_slots)
         host_tokens, host_seqs, host_tables = self._host[self._turn]
         staged = self._staged_tokens[:tokens]
         staged.copy_(host_tokens[:tokens], non_blocking=True)
@@ -254,6 +278,8 @@ class FlatStepGraphs:
                                                 pending_source)  # fmt: skip
         self._positions[:tokens] = staged[:, 1]
         self._slots[:tokens] = staged[:, 2]
+        if self._lora is not None:  # a base-only engine's graphs read no slot buffer
+            self._lora_slots[:tokens] = staged[:, 4]
         self._query_start.copy_(self._staged_seqs[:, 0])
         self._context_lens.copy_(self._staged_seqs[: self.max_seqs, 1])
         self._sample_rows.copy_(self._staged_seqs[: self.max_seqs, 2])

@@ -41,7 +41,7 @@ from site_engine.engine.lora.adapter import (
     LoraAdapter,
     read_adapter,
 )
-from site_engine.engine.lora.slots import LoraSlots, LoraStep
+from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,14 @@ class LoraSettings:
             )
         if not 1 <= self.max_rank <= MAX_RANK:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
+
+
+def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
+    """Device bytes of the slots of every projection (A and B, padded to max_rank), plus the
+    kernels' per-step buffers (a few MiB at most)."""
+    per_slot = sum(in_f + out_f for in_f, out_f in base.features.values()) * settings.max_rank
+    element = torch.empty((), dtype=dtype).element_size()
+    return base.num_layers * per_slot * settings.max_loras * element + (16 << 20)
 
 
 class AdapterRegistry:
@@ -196,16 +204,23 @@ class AdapterRegistry:
         while len(self._host) > self.settings.max_cpu_loras and evictable:
             del self._host[evictable.pop(0)]
 
-    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> LoraStep | None:
+    def step(self, adapters: Sequence[str], lens: Sequence[int]) -> StepDeltas | None:
         """The deltas of a step whose chunk i (lens[i] tokens) uses adapters[i] ("": none);
         None when no row uses an adapter (the base path runs untouched)."""
-        names = [name for name in adapters if name]
-        if not names:
+        if not any(adapters):
             return None
-        slots = self.slots.assign(names, self._fetch)
-        per_chunk = torch.tensor([slots[name] if name else -1 for name in adapters])
+        per_chunk = torch.tensor(self.assign(adapters))
         token_slots = per_chunk.repeat_interleave(torch.tensor(lens))
         return self.slots.step(token_slots.to(self.slots.device))
+
+    def assign(self, adapters: Sequence[str]) -> list[int]:
+        """Each chunk's slot (-1: "", the base model), writing adapters not in a slot into one:
+        what a step does first, for all its chunks at once (an adapter written for one part of
+        the step must not evict another part's)."""
+        names = [name for name in adapters if name]
+        if names:
+            self.slots.assign(names, self._fetch)
+        return self.slots.token_slots(adapters)
 
     def _fetch(self, name: str) -> LoraAdapter:
         adapter = self._host.get(name)

@@ -17,19 +17,36 @@ where w[t, s] is slot s's scaling if token t uses slot s, else 0.
 no Python runs per row or per slot, shapes do not depend on which rows use which adapter, and the
 slot indices stay a tensor input (what a captured CUDA graph needs). The price is `slots` times
 the shrink and expand work of one adapter per row, small beside the base GEMM on CPU with a few
-slots; the CUDA path is meant to replace this with Punica/S-LoRA-style segmented kernels (SGMV /
-BGMV) that touch each row's own adapter only.
+slots. On CUDA, `step` gives the segmented Triton kernels' step instead
+(site_engine/engine/cuda/lora_kernels.py), which touches each row's own adapter only, over the
+same slot tensors. A runner with CUDA graphs allocates every projection's tensors up front
+(`allocate_all`): a captured graph reads the tensors it saw at capture, and slots are written in
+place.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from site_engine.engine.lora.adapter import BaseShapes, LoraAdapter
+
+
+class StepDeltas(Protocol):
+    """A step's per-row LoRA deltas, as the models apply them (LoraStep here, or the segmented
+    kernels' step on CUDA)."""
+
+    def project(self, layer: int, proj: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """module(x) (the base GEMM, once for all rows) plus each row's delta."""
+        ...
+
+    def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """y += each row's delta of `proj` in `layer`, in place (y may be a column slice)."""
+        ...
 
 
 class LoraSlots:
@@ -83,6 +100,15 @@ class LoraSlots:
         _, slot = self._slot_of.popitem(last=False)
         return slot
 
+    def allocate_all(self) -> None:
+        """Every projection's slot tensors now (zero: no delta until an adapter is written)."""
+        for proj in self.base.features:
+            self._tensors(proj)
+
+    def token_slots(self, names: Iterable[str]) -> list[int]:
+        """The slot of each name ("": the base model, -1); every named adapter must hold one."""
+        return [self._slot_of[name] if name else -1 for name in names]
+
     def _tensors(self, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
         if proj not in self.a:
             in_f, out_f = self.base.features[proj]
@@ -105,8 +131,17 @@ class LoraSlots:
         self.scaling[slot] = adapter.scaling
         self._slot_of[adapter.name] = slot
 
-    def step(self, token_slots: torch.Tensor) -> LoraStep:
-        """The deltas of one step whose token t uses slot token_slots[t] ([T] int64, -1: none)."""
+    def step(self, token_slots: torch.Tensor) -> StepDeltas:
+        """The deltas of one step whose token t uses slot token_slots[t] ([T] int64, -1: none).
+        Only tensor ops on `token_slots`: a graph captured over a static buffer replays it."""
+        if self.device.type == "cuda":
+            from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
+
+            return SegmentedLoraStep(self.a, self.b, self.scaling, token_slots)
+        return self.one_hot_step(token_slots)
+
+    def one_hot_step(self, token_slots: torch.Tensor) -> LoraStep:
+        """The PyTorch path's step on any device (the CPU's; the reference of the kernels')."""
         one_hot = torch.nn.functional.one_hot(token_slots + 1, self.num_slots + 1)[:, 1:]
         weights = (one_hot.to(self.dtype) * self.scaling).unsqueeze(-1)
         return LoraStep(self.a, self.b, weights)
@@ -124,11 +159,16 @@ class LoraStep:
     def project(self, layer: int, proj: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """module(x) (the base GEMM, once for all rows) plus each row's delta."""
         y: torch.Tensor = module(x)
+        self.add(layer, proj, x, y)
+        return y
+
+    def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """y += each row's delta of `proj` in `layer`, in place (y may be a column slice)."""
         a = self._a.get(proj)
         if a is None:
-            return y  # no adapter in a slot targets this projection
+            return  # no adapter in a slot targets this projection
         b = self._b[proj]
         rows = x.shape[0]
         _, in_f, slots, rank = a.shape
         shrunk = (x @ a[layer].view(in_f, slots * rank)).view(rows, slots, rank) * self._weights
-        return y.addmm_(shrunk.view(rows, slots * rank), b[layer].view(slots * rank, -1))
+        y.addmm_(shrunk.view(rows, slots * rank), b[layer].view(slots * rank, -1))

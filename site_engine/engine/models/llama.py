@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.lora.slots import LoraStep
+from site_engine.engine.lora.slots import StepDeltas
 from site_engine.engine.models import (
     child,
     child_list,
@@ -103,7 +103,7 @@ class LlamaFlatModel:
         hf_layers = child_list(inner, "layers")[: self.spec.num_layers]
         self.layers = [_decoder_layer(layer, i, config) for i, layer in enumerate(hf_layers)]
         # The LoRA deltas of the step being run (set by the model runner), None: base only.
-        self.lora: LoraStep | None = None
+        self.lora: StepDeltas | None = None
 
     def forward(
         self,

@@ -4,6 +4,10 @@ Same contract and same arithmetic as LlamaFlatModel, fewer kernels per layer: on
 residual/RMSNorm as compiled kernels, rotary and the SiLU gate as Triton kernels with the head
 sizes fixed (cuda/elementwise.py; other activations compiled), one gate/up GEMM. Used when the
 model lives on a CUDA device; see fused.py for why.
+
+LoRA rows (`lora`, set by the runner or, inside captured graphs, by the graphs over their static
+slot-index buffer) add their deltas after each base GEMM: into the q/k/v and gate/up slices of
+the fused outputs, and after o_proj and down_proj (lora/slots.py, cuda/lora_kernels.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch.nn import functional
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
+from site_engine.engine.lora.slots import StepDeltas
 from site_engine.engine.models import (
     child,
     child_list,
@@ -163,6 +168,8 @@ class LlamaFusedFlatModel:
         self.vocab_size = lm_head_rows(self.lm_head)
         hf_layers = child_list(inner, "layers")[: self.spec.num_layers]
         self.layers = [_layer(layer, i, self.spec, config) for i, layer in enumerate(hf_layers)]
+        # The LoRA deltas of the step being run, None: base only.
+        self.lora: StepDeltas | None = None
 
     def forward(
         self,
@@ -178,11 +185,19 @@ class LlamaFusedFlatModel:
         normed = _norm(residual, first.input_norm, first.eps)
         for index, layer in enumerate(self.layers):
             attended = self._attention(layer, index, normed, cos, sin, kv_cache, metadata)
-            normed, residual = _add_norm(
-                layer.o_proj(attended), residual, layer.post_norm, layer.eps
-            )
+            attn_out = layer.o_proj(attended)
+            if self.lora is not None:
+                self.lora.add(index, "o_proj", attended, attn_out)
+            normed, residual = _add_norm(attn_out, residual, layer.post_norm, layer.eps)
             gate_up = functional.linear(normed, layer.gate_up_weight, layer.gate_up_bias)
-            mlp_out = layer.down_proj(_gated_act(gate_up, layer.act, layer.act_is_silu))
+            if self.lora is not None:
+                width = gate_up.shape[1] // 2
+                self.lora.add(index, "gate_proj", normed, gate_up[:, :width])
+                self.lora.add(index, "up_proj", normed, gate_up[:, width:])
+            gated = _gated_act(gate_up, layer.act, layer.act_is_silu)
+            mlp_out = layer.down_proj(gated)
+            if self.lora is not None:
+                self.lora.add(index, "down_proj", gated, mlp_out)
             if index + 1 < len(self.layers):
                 following = self.layers[index + 1]
                 normed, residual = _add_norm(mlp_out, residual, following.input_norm, following.eps)
@@ -202,6 +217,11 @@ class LlamaFusedFlatModel:
     ) -> torch.Tensor:
         tokens, head_dim = hidden.shape[0], self.spec.head_dim
         qkv = functional.linear(hidden, layer.qkv_weight, layer.qkv_bias)
+        if self.lora is not None:
+            q_end, k_end = layer.q_size, layer.q_size + layer.kv_size
+            self.lora.add(index, "q_proj", hidden, qkv[:, :q_end])
+            self.lora.add(index, "k_proj", hidden, qkv[:, q_end:k_end])
+            self.lora.add(index, "v_proj", hidden, qkv[:, k_end:])
         query, key, value = torch.split(qkv, [layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
         query, key = _rotate_qk(
             query.view(tokens, -1, head_dim), key.view(tokens, -1, head_dim), cos, sin

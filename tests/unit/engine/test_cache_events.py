@@ -14,7 +14,7 @@ from fedllm_contract.cache_events import (
     Tier,
 )
 from site_engine.cache_event_journal import CacheEventJournal, CacheEventStream, Snapshot
-from site_engine.engine.block_manager import BlockManager
+from site_engine.engine.block_manager import BlockManager, CopyPlan
 
 DEVICE, HOST = Tier.DEVICE, Tier.HOST
 
@@ -84,28 +84,28 @@ def test_host_tier_events_and_copies() -> None:
     bm = cached(num_blocks=2, host_slots=1)
     bm.grow("a", 2)
     bm.register("a", [5], 1)
-    bm.free("a")
+    bm.free("a")  # a's conversation is active: its block is worth a copy
     bm.events.take()
-    bm.grow("b", 4)  # both blocks: a's cached one is evicted, copied to the host first
-    copies, before_step = bm.take_copies()
-    assert [(c.to_host, c.slot) for c in copies] == [(True, 0)]
-    assert before_step == 1
-    assert bm.events.take() == [
-        BlocksRemoved((5,), DEVICE),
-        BlocksStored((5,), CHAIN_START, HOST),
-    ]
+    bm.offload_ahead(2, step_id=1)  # 5 is next to be evicted: copied ahead
+    plan = bm.take_copies()
+    assert [(c.to_host, c.block, c.slot) for c in plan.copies] == [(True, 0, 0)]
+    assert (plan.before_step, plan.wait_for_step) == (0, 0)  # ahead of eviction: nobody waits
+    assert bm.events.take() == [BlocksStored((5,), CHAIN_START, HOST)]
+    bm.grow("b", 4)  # both blocks: the step that overwrites 5's waits for step 1's copy
+    assert bm.take_copies() == CopyPlan((), 0, 1)
+    assert bm.events.take() == [BlocksRemoved((5,), DEVICE)]
     hit = bm.lookup([5])
     assert (hit.device_blocks, hit.host_slots) == ((), (0,))
     bm.free("b")
     bm.grow("c", 2)
     bm.register("c", [6], 1)
     bm.free("c")
-    bm.offload_ahead(2)  # 6 is next to be evicted: copied ahead, and 5 leaves the one slot
+    bm.offload_ahead(2, step_id=3)  # 6 is next to be evicted: copied ahead, 5 leaves the slot
     assert bm.events.take()[-2:] == [
         BlocksRemoved((5,), HOST),
         BlocksStored((6,), CHAIN_START, HOST),
     ]
-    assert bm.take_copies()[1] == 0  # ahead of eviction: no step waits for it
+    assert bm.take_copies().before_step == 0
     bm.check_invariants()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.federation import SiteConfig
+from gateway.scaling.actuator import AskedStarts
 from gateway.scaling.config import ScalingConfigError, parse_scaling
 from gateway.scaling.observe import decode_tokens_per_s, observe, work_seconds
 from gateway.scaling.policy import ScalingRule
@@ -89,6 +90,51 @@ def test_observe_keeps_the_model_s_sites_and_what_may_go() -> None:
     assert seen.pending == 1
 
 
+def test_arrivals_are_the_model_s_shared_by_its_sites_and_outlive_a_leaving_one() -> None:
+    a, b = state("a"), state("b")
+    other = SiteState(SiteConfig("x", "aws", "r", "127.0.0.1:9", "other"), 3,
+                      GrpcSiteClient("x", "127.0.0.1:9", 1.0))  # fmt: skip
+    registry = SiteRegistry([a, b, other])
+    a.arrivals.add(100, 40)
+    b.arrivals.add(10, 4)
+    other.arrivals.add(7, 7)
+    assert registry.arrivals("m") is a.arrivals is b.arrivals
+    assert (a.arrivals.requests, a.arrivals.prompt_tokens, a.arrivals.answer_tokens) == (2, 110, 44)
+    assert registry.arrivals("other").prompt_tokens == 7
+    registry.remove("b")
+    assert registry.arrivals("m").answer_tokens == 44  # the count goes on without it
+    assert registry.arrivals("unseen").requests == 0
+
+
+def test_observe_carries_the_arrivals_the_start_time_and_the_median_rates() -> None:
+    fast, slow, down = state("a"), state("b"), state("c")
+    registry = SiteRegistry([fast, slow, down])
+    for batch in (2, 8):
+        fast.apply_report(report(0, 0, 0, batch, batch / (0.01 + 0.001 * batch)))
+    down.healthy = False  # not serving: its rates are not the model's
+    registry.arrivals("m").add(500, 300)
+    seen = observe(RULE, registry.all(), lambda s: False, 0, registry.arrivals("m"), 17.5)
+    assert (seen.arrived_prompt_tokens, seen.arrived_answer_tokens) == (500, 300)
+    assert seen.start_s == 17.5
+    # The unmeasured one takes its measured peer's rate: both decode at the measured one's.
+    assert seen.decode_tokens_per_s == pytest.approx(8 / 0.018, rel=1e-6)
+    assert seen.prefill_tokens_per_s == RULE.site_prefill_tokens_per_s
+    nobody = observe(RULE, [down], lambda s: False, 0)
+    assert nobody.decode_tokens_per_s is None
+    assert nobody.arrived_answer_tokens == 0
+
+
+def test_asked_starts_measure_how_long_a_start_took() -> None:
+    now = [100.0]
+    asked = AskedStarts(60.0, clock=lambda: now[0])
+    assert asked.last_start_s is None
+    asked.ask(2)
+    now[0] = 125.0
+    asked.arrived()
+    assert asked.last_start_s == pytest.approx(25.0)
+    assert len(asked) == 1
+
+
 def scaling(**model: object) -> bytes:
     entry = {"model": "m", "actuator": {"kind": "signal"}, **model}
     return json.dumps({"models": [entry]}).encode()
@@ -105,6 +151,7 @@ def test_a_good_file_parses() -> None:
     )  # fmt: skip
     (model,) = config.models
     assert (model.rule.min_sites, model.rule.max_sites) == (2, 5)
+    assert (model.rule.rate_s, model.rule.in_window_s, model.rule.in_headroom) == (5.0, 60.0, 0.2)
     assert model.actuator.name_prefix == "m-elastic"
     assert model.actuator.log_dir == Path("/etc/fedllm/logs")
     assert model.actuator.slots[0].env == (("CUDA_VISIBLE_DEVICES", "1"),)
@@ -120,6 +167,9 @@ def test_a_good_file_parses() -> None:
         (scaling(actuator={"kind": "kubernetes", "host_pattern": "pod.svc"}), "host_pattern"),
         (scaling(actuator={"kind": "ssh"}), "invalid scaling file"),
         (scaling(target_backlog_s=0), "invalid scaling file"),
+        (scaling(in_headroom=1.0), "invalid scaling file"),
+        (scaling(in_window_s=0), "invalid scaling file"),
+        (scaling(trend_s=10), "invalid scaling file"),
         (scaling(surprise=1), "invalid scaling file"),
         (json.dumps({"models": [json.loads(scaling())["models"][0]] * 2}).encode(), "twice"),
     ],

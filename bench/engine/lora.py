@@ -1,0 +1,302 @@
+"""Multi-LoRA serving against the base model alone (issue 51).
+
+    python -m bench.engine.lora               (GPU: bench/results/engine_lora/engine_lora_<gpu>.*)
+    python -m bench.engine.lora --preset cpu  (CPU smoke run of a tiny model; numbers mean little)
+
+A Llama-3-8B-shaped random model in bf16 and random PEFT-format adapters of rank 16 on all
+seven projections (q, k, v, o, gate, up, down), written here (lora_driver.py; no peft needed).
+Steps:
+1. The base engine (no LoRA): a burst of requests gives its capacity (requests/s); `base`:
+   Poisson arrivals at `load` x that capacity for `window_s`, ShareGPT-like lengths; a decode
+   step of 256 rows, timed.
+2. The LoRA engine (max_loras 64 GPU slots, a host LRU of max_cpu_loras): the same arrivals
+   with each request's adapter drawn with Zipf(1) popularity over 8, 64 and 1,000 adapters;
+   a decode step of 256 rows over 64 distinct adapters (4 rows each), timed.
+Keys: `goodput_vs_base` {adapters: goodput / base goodput} (goodput: requests per second that
+finish within the TTFT and TPOT SLOs; goals >= 0.9 at 8, >= 0.8 at 1,000) and
+`decode_step_vs_base` (goal <= 1.25). `merged`: one adapter merged into the base weights is the
+base model with other numbers in its matrices, so its step and goodput are the base's (not
+measured apart); serving N adapters that way takes N deployments, N GPUs of this size, each
+loaded 1/N as much, against one GPU here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import command_line, results_dir, write_results
+from bench.engine.engine_runs import warm_up
+from bench.engine.harness import Progress
+from bench.engine.lora_driver import (
+    Lengths,
+    adapter_names,
+    burst_rps,
+    decode_step_s,
+    drive,
+    make_requests,
+    poisson_arrivals,
+    with_adapters,
+    write_adapters,
+    zipf_choices,
+)
+from bench.engine.lora_report import plot, report
+from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.priority import device_label
+from site_engine.engine.lora.adapter import BaseShapes
+from site_engine.engine.lora.registry import LoraSettings
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.model_loading import LoadedModel
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpu": {
+        "shape": {**LLAMA_8B_SHAPE, "max_position_embeddings": 4096, "rope_scaling": None},
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "max_loras": 64,
+        "max_cpu_loras": 160,  # ~13 GB of host memory at 84 MB an adapter
+        "rank": 16,
+        "adapters": (8, 64, 1000),
+        "distinct_weights": 64,
+        "lengths": Lengths(prompt=(200, 1500, 2048), answer=(120, 500, 512)),
+        "burst_requests": 256,
+        "window_s": 30.0,
+        "drain_s": 10.0,
+        # One device command (10 minutes) holds the GPU tests too: an arm that would end after
+        # this many seconds of the bench is skipped (and said so in the results).
+        "deadline_s": 470.0,
+        "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
+        "decode_rows": 256,
+        "decode_adapters": 64,
+        "decode_steps": 30,
+    },
+    "cpu": {
+        "shape": {
+            **SMALL_SHAPE,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "head_dim": 16,
+            "max_position_embeddings": 512,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 128,
+        "max_loras": 4,
+        "max_cpu_loras": 6,
+        "rank": 8,
+        "adapters": (2, 4, 10),
+        "distinct_weights": 4,
+        "lengths": Lengths(prompt=(24, 96, 128), answer=(8, 24, 32)),
+        "burst_requests": 16,
+        "window_s": 2.0,
+        "drain_s": 6.0,
+        "deadline_s": 600.0,
+        "slo": {"ttft_s": 2.0, "tpot_s": 0.5},
+        "decode_rows": 8,
+        "decode_adapters": 4,
+        "decode_steps": 5,
+    },
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.lora", description=__doc__)
+    add = parser.add_argument
+    add("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
+    add("--model-dir", type=Path, default=None, help="built there first if empty")
+    add("--adapter-dir", type=Path, default=None, help="adapters written there first if missing")
+    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
+    add("--load", type=float, default=0.6, help="arrival rate / the base's burst capacity")
+    add("--window-s", type=float, default=None, help="seconds of arrivals per arm")
+    add("--drain-s", type=float, default=None, help="seconds more for them to finish")
+    add("--deadline-s", type=float, default=None, help="skip arms that would end later")
+    add("--results-dir", type=Path, default=results_dir("engine_lora"))
+    add("--name", default=None, help="default: engine_lora_<device>")
+    add("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 0 < args.load < 1:
+        parser.error("--load must be in (0, 1)")
+    args.p = dict(PRESETS[args.preset])
+    for key in ("window_s", "drain_s", "deadline_s"):
+        if getattr(args, key) is not None:
+            args.p[key] = getattr(args, key)
+    return args
+
+
+def build_engine(loaded: LoadedModel, p: dict[str, Any], lora: LoraSettings | None) -> PagedEngine:
+    from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
+
+    per_block = kv_cache_bytes_per_block(
+        KVCacheSpec.from_config(loaded.model.config), 16, loaded.dtype
+    )
+    kv_bytes = 0 if loaded.device.type == "cuda" else 256 * per_block
+    config = EngineConfig(
+        max_num_seqs=p["max_num_seqs"],
+        max_num_batched_tokens=p["max_num_batched_tokens"],
+        block_size=16,
+        kv_cache_bytes=kv_bytes,
+        prefix_caching=False,  # random prompts share nothing
+        lora=lora,
+    )
+    return PagedEngine(loaded, config)
+
+
+def _close(engine: PagedEngine) -> None:
+    engine.close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def base_phase(
+    loaded: LoadedModel, args: argparse.Namespace, log: Progress
+) -> tuple[dict[str, Any], list[tuple[float, Any]]]:
+    """Capacity, the base arm and the base decode step, on an engine without LoRA."""
+    p, vocab, seed = args.p, loaded.model.config.vocab_size, args.seed
+    engine = build_engine(loaded, p, None)
+    warm_up(engine, vocab, min(4, p["max_num_seqs"]), seed)
+    rps = burst_rps(
+        engine, make_requests(p["burst_requests"], p["lengths"], vocab, seed + 1, "cap")
+    )
+    rate = args.load * rps
+    times = poisson_arrivals(rate, p["window_s"], seed + 2)
+    requests = make_requests(len(times), p["lengths"], vocab, seed + 3)
+    arrivals = list(zip(times, requests, strict=True))
+    log(f"base capacity {rps:.2f} req/s; arrivals at {rate:.2f}/s, {len(times)} requests")
+    slo = p["slo"]
+    base = drive(engine, arrivals, p["window_s"], p["drain_s"]).summary(
+        slo["ttft_s"], slo["tpot_s"]
+    )
+    log(f"base: {base}")
+    step = decode_step_s(engine, vocab, p["decode_rows"], [None], p["decode_steps"], seed + 4)
+    log(f"base decode step of {p['decode_rows']} rows: {step * 1000:.2f} ms")
+    _close(engine)
+    return {"capacity_rps": rps, "rate_rps": rate, "base": base, "base_step_s": step}, arrivals
+
+
+def lora_phase(
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    arrivals: list[tuple[float, Any]],
+    root: Path,
+    log: Progress,
+) -> dict[str, Any]:
+    p, vocab, seed, slo = args.p, loaded.model.config.vocab_size, args.seed, args.p["slo"]
+    settings = LoraSettings(root, p["max_loras"], p["max_cpu_loras"], p["rank"])
+    engine = build_engine(loaded, p, settings)
+    warm_up(engine, vocab, min(4, p["max_num_seqs"]), seed)
+    names = adapter_names(max(p["adapters"]))
+    step_adapters: list[str | None] = list(names[: p["decode_adapters"]])
+    step = decode_step_s(
+        engine, vocab, p["decode_rows"], step_adapters, p["decode_steps"], seed + 4
+    )
+    log(f"decode step, {p['decode_adapters']} adapters: {step * 1000:.2f} ms")
+    arms: dict[str, Any] = {}
+    requests = [r for _, r in arrivals]
+    for count in p["adapters"]:
+        if log.elapsed() + p["window_s"] + p["drain_s"] > p["deadline_s"]:
+            arms[str(count)] = {"skipped": f"would end after the {p['deadline_s']} s deadline"}
+            log(f"{count} adapters: skipped (deadline)")
+            continue
+        chosen: list[str | None] = list(zipf_choices(names[:count], len(requests), seed + count))
+        tagged = with_adapters(requests, chosen, f"n{count}")
+        timed = [(t, r) for (t, _), r in zip(arrivals, tagged, strict=True)]
+        arm = drive(engine, timed, p["window_s"], p["drain_s"])
+        arms[str(count)] = arm.summary(slo["ttft_s"], slo["tpot_s"]) | {
+            "distinct_adapters_used": len(set(chosen))
+        }
+        log(f"{count} adapters: {arms[str(count)]}")
+    _close(engine)
+    return {"arms": arms, "lora_step_s": step}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    log = Progress()
+    p = args.p
+    model_dir = args.model_dir or Path(f"/tmp/fedllm-bench-lora-{args.preset}")
+    loaded = ensure_model(model_dir, p["shape"], args.tokenizer_dir, log, dtype=p["dtype"],
+                          device=p["device"], seed=args.seed)  # fmt: skip
+    if loaded.device.type == "cpu":
+        torch.set_num_threads(1)
+    root = args.adapter_dir or Path(f"/tmp/fedllm-bench-lora-adapters-{args.preset}")
+    base_shapes = BaseShapes.of_model(loaded.model)
+    write_adapters(root, base_shapes, max(p["adapters"]), p["distinct_weights"], p["rank"])
+    log(f"{max(p['adapters'])} adapters in {root}")
+    base, arrivals = base_phase(loaded, args, log)
+    lora = lora_phase(loaded, args, arrivals, root, log)
+    base_goodput = base["base"]["goodput_rps"]
+    ratios = {
+        count: (
+            arm["goodput_rps"] / base_goodput if base_goodput and "goodput_rps" in arm else None
+        )
+        for count, arm in lora["arms"].items()
+    }
+    device = device_label(loaded)
+    result: dict[str, Any] = {
+        "preset": args.preset,
+        "device": device,
+        "goodput_vs_base": ratios,
+        "decode_step_vs_base": lora["lora_step_s"] / base["base_step_s"],
+        "decode_step_ms": {"base": base["base_step_s"] * 1000, "lora": lora["lora_step_s"] * 1000},
+        "runs": {"base": base["base"], **{f"{k}_adapters": v for k, v in lora["arms"].items()}},
+        "merged": merged_comparison(ratios, base["base"]["goodput_rps"]),
+        "capacity_rps": base["capacity_rps"],
+        "rate_rps": base["rate_rps"],
+        "load": args.load,
+        "slo": p["slo"],
+        "window_s": p["window_s"],
+        "drain_s": p["drain_s"],
+        "lengths": {"prompt": p["lengths"].prompt, "answer": p["lengths"].answer},
+        "engine": {
+            k: p[k]
+            for k in (
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "max_loras",
+                "max_cpu_loras",
+                "rank",
+                "distinct_weights",
+            )
+        },
+        "decode": {k: p[k] for k in ("decode_rows", "decode_adapters", "decode_steps")},
+        "shape": p["shape"],
+    }
+    name = args.name or f"engine_lora_{device}"
+    path = write_results(
+        name, result, report(result), command_line("bench.engine.lora", argv), args.results_dir
+    )
+    plot(result, path.with_suffix(".png"))
+    log(f"wrote {path}")
+
+
+def merged_comparison(ratios: dict[str, float | None], base_goodput: float) -> dict[str, Any]:
+    """One deployment per adapter, each with its adapter merged into a copy of the base: each
+    runs at the base's speed (the same matrices' shapes), so N adapters need N GPUs; at the same
+    total load each of them gets 1/N of the requests."""
+    return {
+        "step_vs_base": 1.0,
+        "note": "a merged adapter is the base model with other weights: its step and goodput "
+        "at a given load are the base's; N adapters need N such deployments (N GPUs)",
+        "by_adapters": {
+            count: {
+                "gpus_merged": int(count),
+                "gpus_multi_lora": 1,
+                "goodput_per_gpu_merged_rps": base_goodput / int(count),
+                "goodput_per_gpu_multi_lora_rps": (ratio or 0.0) * base_goodput,
+            }
+            for count, ratio in ratios.items()
+        },
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""The LoRA benchmark's pieces (bench/engine/lora.py): random PEFT adapters on disk, ShareGPT-like
+requests with Zipf(1) adapter popularity, an open-loop run with per-request SLO goodput, and a
+timed decode step.
+
+Adapters: `distinct` random weight files in PEFT's layout are written once; adapter i's
+directory holds its own adapter_config.json and a hard link to weight file i % distinct. The
+engine reads every adapter from its own directory (its own host copy and slot), so the loading
+and slot traffic of 1,000 adapters is real; only their bytes repeat (1,000 distinct rank-16
+adapters of an 8B model would be 84 GB, more than the GPU machine's disk).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from bench.engine.metrics import percentile
+from site_engine.engine.api import EngineRequest
+from site_engine.engine.lora.adapter import PROJECTIONS, WEIGHTS_FILE, BaseShapes
+from site_engine.engine.lora.random_adapter import write_config, write_random_adapter
+from site_engine.engine.paged_engine import PagedEngine
+from site_engine.engine.types import FinishReason, SamplingParams
+
+_Z99 = 2.326  # the standard normal's 99th percentile
+
+
+def adapter_names(count: int) -> list[str]:
+    return [f"a{i:04d}" for i in range(count)]
+
+
+def write_adapters(root: Path, base: BaseShapes, count: int, distinct: int, rank: int) -> None:
+    """`count` adapters named adapter_names(count) in `root` (kept if already there)."""
+    weights = root / ".weights"
+    for i in range(min(distinct, count)):
+        source = weights / f"w{i}"
+        if not (source / WEIGHTS_FILE).is_file():
+            write_random_adapter(source, base, rank, 2 * rank, PROJECTIONS, seed=i, scale=0.02)
+    for i, name in enumerate(adapter_names(count)):
+        target = root / name
+        if (target / WEIGHTS_FILE).is_file():
+            continue
+        write_config(target, rank, 2 * rank, PROJECTIONS)
+        os.link(weights / f"w{i % distinct}" / WEIGHTS_FILE, target / WEIGHTS_FILE)
+
+
+def lognormal(rng: random.Random, median: int, p99: int, cap: int) -> int:
+    sigma = math.log(p99 / median) / _Z99
+    return max(1, min(cap, round(rng.lognormvariate(math.log(median), sigma))))
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """ShareGPT-like lognormal prompt and answer lengths: (median, p99, cap) each."""
+
+    prompt: tuple[int, int, int]
+    answer: tuple[int, int, int]
+
+
+def make_requests(
+    count: int, lengths: Lengths, vocab: int, seed: int, prefix: str = "req"
+) -> list[EngineRequest]:
+    """Random-token prompts (no prefix in common), greedy, answers of exact lengths."""
+    rng = random.Random(seed)
+    return [
+        EngineRequest(
+            f"{prefix}-{n}",
+            tuple(rng.randrange(1, vocab) for _ in range(lognormal(rng, *lengths.prompt))),
+            SamplingParams(
+                max_tokens=lognormal(rng, *lengths.answer), temperature=0.0, ignore_eos=True
+            ),
+        )
+        for n in range(count)
+    ]
+
+
+def zipf_choices(names: Sequence[str], count: int, seed: int) -> list[str]:
+    """`count` draws from `names` with Zipf(1) popularity: the k-th name weighted 1/k."""
+    rng = random.Random(seed)
+    weights = [1.0 / (k + 1) for k in range(len(names))]
+    return rng.choices(list(names), weights=weights, k=count)
+
+
+def with_adapters(
+    requests: Sequence[EngineRequest], adapters: Sequence[str | None], tag: str
+) -> list[EngineRequest]:
+    return [
+        EngineRequest(f"{tag}-{r.request_id}", r.prompt_token_ids, r.sampling, adapter=a)
+        for r, a in zip(requests, adapters, strict=True)
+    ]
+
+
+def poisson_arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    times: list[float] = []
+    t = rng.expovariate(rate)
+    while t < duration_s:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+@dataclass(slots=True)
+class _Timing:
+    arrival_s: float
+    first_s: float | None = None
+    last_s: float | None = None
+    tokens: int = 0
+    done: bool = False
+
+
+@dataclass(slots=True)
+class ArmResult:
+    requests: int
+    window_s: float
+    timings: list[_Timing] = field(default_factory=list)
+    steps: int = 0
+    elapsed_s: float = 0.0
+
+    def goodput_rps(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
+        """Requests finished within both SLOs, per second of arrivals."""
+        good = sum(
+            1
+            for t in self.timings
+            if t.done and t.first_s is not None and t.last_s is not None
+            and t.first_s - t.arrival_s <= ttft_slo_s
+            and (t.tokens < 2 or (t.last_s - t.first_s) / (t.tokens - 1) <= tpot_slo_s)
+        )  # fmt: skip
+        return good / self.window_s
+
+    def summary(self, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, float | int | None]:
+        ttft = [t.first_s - t.arrival_s for t in self.timings if t.first_s is not None]
+        tpot = [
+            (t.last_s - t.first_s) / (t.tokens - 1)
+            for t in self.timings
+            if t.first_s is not None and t.last_s is not None and t.tokens > 1
+        ]
+        tokens = sum(t.tokens for t in self.timings)
+        ms = 1000.0
+        return {
+            "requests": self.requests,
+            "finished": sum(t.done for t in self.timings),
+            "goodput_rps": self.goodput_rps(ttft_slo_s, tpot_slo_s),
+            "output_tok_s": tokens / self.elapsed_s if self.elapsed_s else None,
+            "ttft_p50_ms": percentile(ttft, 50) * ms if ttft else None,
+            "ttft_p99_ms": percentile(ttft, 99) * ms if ttft else None,
+            "tpot_p50_ms": percentile(tpot, 50) * ms if tpot else None,
+            "tpot_p99_ms": percentile(tpot, 99) * ms if tpot else None,
+            "steps": self.steps,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+def drive(
+    engine: PagedEngine,
+    arrivals: Sequence[tuple[float, EngineRequest]],
+    window_s: float,
+    drain_s: float,
+) -> ArmResult:
+    """Requests added at their arrival times (wall clock), the engine stepped until all finish
+    or `window_s + drain_s` passes; what is left is cancelled."""
+    timings = {r.request_id: _Timing(t) for t, r in arrivals}
+    result = ArmResult(len(arrivals), window_s, list(timings.values()))
+    start = time.perf_counter()
+    index, done = 0, 0
+    while done < len(arrivals):
+        now = time.perf_counter() - start
+        if now > window_s + drain_s:
+            break
+        while index < len(arrivals) and arrivals[index][0] <= now:
+            engine.add_request(arrivals[index][1])
+            index += 1
+        if not engine.has_unfinished():
+            if index < len(arrivals):
+                time.sleep(max(0.0, min(arrivals[index][0] - now, 0.005)))
+            continue
+        outputs = engine.step()
+        result.steps += 1
+        t = time.perf_counter() - start
+        for output in outputs:
+            timing = timings[output.request_id]
+            if output.new_token_ids:
+                timing.first_s = timing.first_s if timing.first_s is not None else t
+                timing.last_s = t
+                timing.tokens += len(output.new_token_ids)
+            if output.finish_reason is not None:
+                timing.done = True
+                done += 1
+    result.elapsed_s = time.perf_counter() - start
+    _cancel_rest(engine, [r for _, r in arrivals])
+    return result
+
+
+def _cancel_rest(engine: PagedEngine, requests: Sequence[EngineRequest]) -> None:
+    for request in requests:
+        engine.abort(request.request_id, FinishReason.CANCELLED)  # False for finished ones
+    while engine.has_unfinished():
+        engine.step()
+
+
+def burst_rps(engine: PagedEngine, requests: Sequence[EngineRequest]) -> float:
+    """Requests per second the engine finishes when all of `requests` arrive at once."""
+    start = time.perf_counter()
+    for request in requests:
+        engine.add_request(request)
+    while engine.has_unfinished():
+        engine.step()
+    return len(requests) / max(time.perf_counter() - start, 1e-9)
+
+
+def decode_step_s(
+    engine: PagedEngine,
+    vocab: int,
+    rows: int,
+    adapters: Sequence[str | None],
+    steps: int,
+    seed: int,
+) -> float:
+    """Seconds of one decode step of `rows` sequences (row i uses adapters[i % len]), once
+    every row is past its prompt: the mean over `steps` steps."""
+    rng = random.Random(seed)
+    requests = [
+        EngineRequest(
+            f"decode-{seed}-{i}",
+            tuple(rng.randrange(1, vocab) for _ in range(32)),
+            SamplingParams(max_tokens=steps * 2 + 128, temperature=0.0, ignore_eos=True),
+            adapter=adapters[i % len(adapters)],
+        )
+        for i in range(rows)
+    ]
+    for request in requests:
+        engine.add_request(request)
+    started: set[str] = set()
+    for _ in range(10_000):
+        for output in engine.step():
+            if output.new_token_ids:
+                started.add(output.request_id)
+        if len(started) == rows:
+            break
+    for _ in range(5):  # past the step that admitted the last row
+        engine.step()
+    _sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync()
+    elapsed = (time.perf_counter() - start) / steps
+    _cancel_rest(engine, requests)
+    return elapsed
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()

@@ -1,0 +1,99 @@
+"""The markdown and the figure of bench/engine/lora.py's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.common import markdown_table
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _row(name: str, r: dict[str, Any]) -> list[Any]:
+    if "skipped" in r:
+        return [name, r["skipped"], *["-"] * 8]
+    return [
+        name, r["requests"], r["finished"], _fmt(r["goodput_rps"]), _fmt(r["output_tok_s"], 0),
+        _fmt(r["ttft_p50_ms"], 0), _fmt(r["ttft_p99_ms"], 0), _fmt(r["tpot_p50_ms"], 1),
+        _fmt(r["tpot_p99_ms"], 1), r.get("distinct_adapters_used", "-"),
+    ]  # fmt: skip
+
+
+def report(result: dict[str, Any]) -> str:
+    runs = result["runs"]
+    header = ["run", "requests", "finished", "goodput req/s", "output tok/s", "TTFT p50 ms",
+              "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "adapters used"]  # fmt: skip
+    rows = [_row(name, r) for name, r in runs.items()]
+    merged = result["merged"]["by_adapters"]
+    merged_rows = [
+        [
+            count,
+            m["gpus_merged"],
+            _fmt(m["goodput_per_gpu_merged_rps"], 3),
+            _fmt(m["goodput_per_gpu_multi_lora_rps"], 3),
+        ]
+        for count, m in merged.items()
+    ]
+    slo = result["slo"]
+    ratios = {k: _fmt(v) for k, v in result["goodput_vs_base"].items()}
+    step = result["decode_step_ms"]
+    return "\n".join(
+        [
+            f"Device: {result['device']} (preset {result['preset']}); arrivals "
+            f"{result['window_s']} s at {result['rate_rps']:.2f} req/s ({result['load']} x the "
+            f"base's burst capacity {result['capacity_rps']:.2f} req/s), drain "
+            f"{result['drain_s']} s. Goodput: requests "
+            f"finished with TTFT <= {slo['ttft_s']} s and TPOT <= {slo['tpot_s']} s, per second.",
+            "",
+            f"**goodput_vs_base**: {ratios} (goals >= 0.9 at 8 adapters, >= 0.8 at 1,000)",
+            "",
+            f"**decode_step_vs_base**: {result['decode_step_vs_base']:.3f} "
+            f"({result['decode']['decode_adapters']} adapters in a step of "
+            f"{result['decode']['decode_rows']} rows: {step['lora']:.2f} ms; base "
+            f"{step['base']:.2f} ms; goal <= 1.25)",
+            "",
+            markdown_table(header, rows),
+            "",
+            "Merged deployments (one adapter merged into the base's weights per deployment): "
+            + result["merged"]["note"]
+            + ". Same total load:",
+            "",
+            markdown_table(
+                ["adapters", "GPUs merged", "goodput/GPU merged", "goodput/GPU multi-LoRA (1 GPU)"],
+                merged_rows,
+            ),
+            "",
+        ]
+    )
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Goodput ratio per adapter count, and the two decode steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    counts = list(result["goodput_vs_base"])
+    values = [result["goodput_vs_base"][c] or 0.0 for c in counts]
+    left.bar(counts, values, color="tab:blue")
+    left.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="base alone")
+    left.set_xlabel("adapters (Zipf(1) popularity)")
+    left.set_ylabel("goodput / base goodput")
+    left.legend(fontsize=8)
+    step = result["decode_step_ms"]
+    right.bar(["base", f"{result['decode']['decode_adapters']} adapters"],
+              [step["base"], step["lora"]], color=["tab:grey", "tab:orange"])  # fmt: skip
+    right.set_ylabel(f"decode step of {result['decode']['decode_rows']} rows (ms)")
+    figure.suptitle(f"Multi-LoRA serving ({result['device']}, rank {result['engine']['rank']})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

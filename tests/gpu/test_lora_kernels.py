@@ -1,0 +1,303 @@
+"""The segmented LoRA kernels (site_engine/engine/cuda/lora_kernels.py) and LoRA on CUDA.
+
+- the shrink/expand kernels against a float64 reference: 64 slots of mixed ranks (zero-padded
+  to 64), rows of no adapter (untouched, bit for bit), 1..256 tokens, the delta into a column
+  slice of a wider output (the fused q/k/v and gate/up GEMMs' outputs);
+- the kernels' step against the PyTorch path's one-hot step over the same slots, every
+  projection;
+- the engine on CUDA: with graphs (decode and flat step graphs capturing the LoRA kernels over
+  their static slot-index buffers) token for token the same as without graphs, with more
+  adapters than slots (slots rewritten in place between replays), in float32; and in bfloat16
+  the fused model's logits with the kernels within bf16 tolerance of the PyTorch path's.
+
+The kernel tests run on the GPU in bfloat16, or under TRITON_INTERPRET=1 on the CPU in float32
+(tests/gpu/kernel_device.py); the engine tests need the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from fedllm_contract.tokenizer import load_tokenizer
+from site_engine.engine.api import EngineRequest
+from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
+from site_engine.engine.lora.random_adapter import write_random_adapter
+from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
+from site_engine.engine.lora.slots import LoraSlots, StepDeltas
+from site_engine.engine.model_runner import ModelRunner
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.engine.types import SamplingParams, ScheduledChunk
+from site_engine.make_model import build_random_model
+from site_engine.model_loading import load_model
+
+pytestmark = pytest.mark.gpu
+
+RANKS = (4, 8, 16, 32, 64)
+
+
+def _dtype(device: str) -> torch.dtype:
+    # Triton's interpreter computes bfloat16 wrongly (kernel_device.py): float32 there.
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _stacked(
+    in_f: int, out_f: int, slots: int, max_rank: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A [in, slots, max_rank] and B [slots, max_rank, out] of slots of mixed ranks (zero past
+    each slot's rank, as LoraSlots pads them), and each slot's scaling."""
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(in_f, slots, max_rank, generator=generator) * 0.05
+    b = torch.randn(slots, max_rank, out_f, generator=generator) * 0.05
+    for slot in range(slots):
+        rank = RANKS[slot % len(RANKS)]
+        a[:, slot, rank:] = 0
+        b[slot, rank:] = 0
+    scaling = 0.5 + torch.rand(slots, generator=generator) * 1.5
+    return a, b, scaling
+
+
+def _reference(
+    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
+    token_slots: torch.Tensor, y: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """y + each row's delta, row by row, in float64."""
+    out = y.double().clone()
+    for row, slot in enumerate(token_slots.tolist()):
+        if slot >= 0:
+            shrunk = x[row].double() @ a[:, slot].double() * float(scaling[slot])
+            out[row] += shrunk @ b[slot].double()
+    return out
+
+
+# Input widths that split the shrink's reduction over 2, 4, 1 and 8 programs.
+@pytest.mark.parametrize(("tokens", "in_f"), [(1, 2560), (7, 4608), (64, 1536), (256, 8192)])
+def test_kernels_match_the_reference(tokens: int, in_f: int, kernel_device: str) -> None:
+    from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
+
+    device, dtype = kernel_device, _dtype(kernel_device)
+    slots, max_rank, out_f = 64, 64, 384
+    a, b, scaling = _stacked(in_f, out_f, slots, max_rank, seed=tokens)
+    generator = torch.Generator().manual_seed(1000 + tokens)
+    x = torch.randn(tokens, in_f, generator=generator).to(dtype)
+    # Every slot in use at 256 tokens; a quarter of the rows with no adapter.
+    token_slots = torch.randint(0, slots, (tokens,), generator=generator)
+    token_slots[torch.rand(tokens, generator=generator) < 0.25] = -1
+    # The delta goes into the middle columns of a wider output (a fused GEMM's slice).
+    wide = torch.randn(tokens, out_f + 96, generator=generator).to(dtype)
+    a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
+    expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f])
+
+    got = wide.to(device).clone()
+    seg = segments(token_slots.to(device), slots)
+    shrunk = lora_shrink(x.to(device), a.to(device), scaling.to(device), seg)
+    lora_expand(shrunk, b.to(device), got[:, 32 : 32 + out_f], seg)
+    got = got.cpu()
+
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(
+        got[:, 32 : 32 + out_f].double(), expected, atol=tolerance, rtol=tolerance
+    )
+    # Rows of no adapter, and the columns beside the slice, are left exactly as they were.
+    base_rows = token_slots < 0
+    assert torch.equal(got[base_rows], wide[base_rows])
+    assert torch.equal(got[:, :32], wide[:, :32])
+    assert torch.equal(got[:, 32 + out_f :], wide[:, 32 + out_f :])
+    # The deltas are large beside the tolerance: a kernel that dropped them would fail.
+    moved = (got - wide)[~base_rows].abs().amax(dim=1)
+    assert bool((moved > 10 * tolerance).all())
+
+
+def _shapes() -> BaseShapes:
+    features = {
+        "q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64), "o_proj": (128, 128),
+        "gate_proj": (128, 256), "up_proj": (128, 256), "down_proj": (256, 128),
+    }  # fmt: skip
+    return BaseShapes(2, features)
+
+
+def _adapter(
+    name: str, base: BaseShapes, rank: int, targets: tuple[str, ...], seed: int
+) -> LoraAdapter:
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in range(base.num_layers):
+        for proj in targets:
+            in_f, out_f = base.features[proj]
+            a = torch.randn(in_f, rank, generator=generator) * 0.1
+            b = torch.randn(rank, out_f, generator=generator) * 0.1
+            weights[(layer, proj)] = (a, b)
+    return LoraAdapter(name, rank, 16 / rank, weights)
+
+
+def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
+    from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
+
+    device, dtype = kernel_device, _dtype(kernel_device)
+    base = _shapes()
+    slots = LoraSlots(base, num_slots=6, max_rank=32, dtype=dtype, device=torch.device(device))
+    adapters = [
+        _adapter("all-r32", base, 32, PROJECTIONS, seed=1),
+        _adapter("attn-r4", base, 4, ("q_proj", "k_proj", "v_proj", "o_proj"), seed=2),
+        _adapter("mlp-r16", base, 16, ("gate_proj", "up_proj", "down_proj"), seed=3),
+        _adapter("qv-r8", base, 8, ("q_proj", "v_proj"), seed=4),
+    ]
+    by_name = {adapter.name: adapter for adapter in adapters}
+    assigned = slots.assign(by_name, by_name.__getitem__)
+    rng = random.Random(5)
+    names = ["", *by_name]
+    token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
+    token_slots = token_slots.to(device)
+    kernels = SegmentedLoraStep(slots.a, slots.b, slots.scaling, token_slots)
+    reference = slots.one_hot_step(token_slots)
+    generator = torch.Generator().manual_seed(6)
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    for layer in range(base.num_layers):
+        for proj in PROJECTIONS:
+            in_f, out_f = base.features[proj]
+            x = torch.randn(40, in_f, generator=generator).to(dtype).to(device)
+            y = torch.randn(40, out_f, generator=generator).to(dtype).to(device)
+            want, got = y.clone(), y.clone()
+            reference.add(layer, proj, x, want)
+            kernels.add(layer, proj, x, got)
+            torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+            assert not torch.equal(want, y), (layer, proj)
+
+
+# The engine tests: a small Llama on the GPU and four random PEFT adapters of mixed ranks.
+CONFIG = LlamaConfig(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=50304, max_position_embeddings=256, initializer_range=0.2,
+    bos_token_id=None, eos_token_id=None, pad_token_id=None,
+)  # fmt: skip
+ADAPTERS = {  # name -> (rank, targets)
+    "all-r16": (16, PROJECTIONS),
+    "attn-r4": (4, ("q_proj", "k_proj", "v_proj", "o_proj")),
+    "mlp-r8": (8, ("gate_proj", "up_proj", "down_proj")),
+    "all-r12": (12, PROJECTIONS),
+}
+
+
+def _model_dir(tmp_path: Path, tokenizer_dir: Path) -> Path:
+    model_dir = tmp_path / "model"
+    build_random_model(CONFIG, seed=1).save_pretrained(str(model_dir))
+    load_tokenizer(tokenizer_dir).save_pretrained(str(model_dir))
+    return model_dir
+
+
+def _adapter_dir(tmp_path: Path, model_dir: Path) -> Path:
+    root = tmp_path / "adapters"
+    base = BaseShapes.of_model(load_model(model_dir).model)
+    for seed, (name, (rank, targets)) in enumerate(ADAPTERS.items()):
+        write_random_adapter(root / name, base, rank, 2 * rank, targets, seed=seed, scale=0.1,
+                             dtype=torch.float32)  # fmt: skip
+    return root
+
+
+def _requests() -> list[EngineRequest]:
+    rng = random.Random(7)
+    names: list[str | None] = [None, *ADAPTERS]
+    shared = [rng.randrange(512) for _ in range(20)]
+    requests = []
+    for i in range(14):
+        own = [rng.randrange(512) for _ in range(rng.randrange(3, 40))]
+        prompt = (shared + own) if i % 3 == 0 else own
+        sampling = SamplingParams(max_tokens=rng.randrange(6, 16), temperature=0.0)
+        requests.append(
+            EngineRequest(f"r{i}", tuple(prompt), sampling, adapter=names[i % len(names)])
+        )
+    # The same prompt for the base and every adapter: the adapters must change the answer.
+    probe = [rng.randrange(512) for _ in range(12)]
+    for name in names:
+        sampling = SamplingParams(max_tokens=12, temperature=0.0)
+        requests.append(EngineRequest(f"probe-{name}", tuple(probe), sampling, adapter=name))
+    return requests
+
+
+def _run(engine: PagedEngine, requests: list[EngineRequest]) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    pending = list(requests)
+    steps = 0
+    while pending or engine.has_unfinished():
+        for _ in range(min(3, len(pending))):  # arrivals while others run
+            engine.add_request(pending.pop(0))
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+        steps += 1
+        assert steps < 5000, "the engine stopped making progress"
+    return tokens
+
+
+def test_engine_with_graphs_matches_eager_with_adapters(
+    cuda_device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
+) -> None:
+    model_dir = _model_dir(tmp_path, gpt2_tokenizer_dir)
+    root = _adapter_dir(tmp_path, model_dir)
+    answers = {}
+    for graphs in (True, False):
+        loaded = load_model(model_dir, device=cuda_device)
+        # Three slots for four adapters: slots are rewritten between the graphs' replays.
+        lora = LoraSettings(root, max_loras=3, max_cpu_loras=4, max_rank=16)
+        config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8,
+                              kv_cache_bytes=8 << 20, cuda_graphs=graphs, lora=lora)  # fmt: skip
+        engine = PagedEngine(loaded, config)
+        if graphs:
+            assert engine._runner.num_graphs > 0
+        answers[graphs] = _run(engine, _requests())
+        engine.close()
+    assert answers[True] == answers[False]
+    probes = {rid: t for rid, t in answers[True].items() if rid.startswith("probe-")}
+    assert len({tuple(t) for t in probes.values()}) == len(probes), probes
+
+
+def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
+    cuda_device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
+) -> None:
+    model_dir = _model_dir(tmp_path, gpt2_tokenizer_dir)
+    root = _adapter_dir(tmp_path, model_dir)
+    loaded = load_model(model_dir, device=cuda_device, dtype="bfloat16")
+    device = torch.device(cuda_device)
+    settings = LoraSettings(root, max_loras=4, max_cpu_loras=4, max_rank=16)
+    registry = AdapterRegistry(settings, BaseShapes.of_model(loaded.model), loaded.dtype, device)
+    for name in ADAPTERS:
+        registry.load(name)
+    runner = ModelRunner(loaded.model, num_blocks=64, block_size=8, device=device,
+                         dtype=loaded.dtype, adapters=registry)  # fmt: skip
+    rng = random.Random(8)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    chunks, block = [], 0
+    for i, name in enumerate(["", *ADAPTERS, "all-r16", ""]):
+        count = rng.randrange(1, 30)
+        table = tuple(range(block, block + -(-count // 8)))
+        block += len(table)
+        tokens = tuple(rng.randrange(512) for _ in range(count))
+        chunks.append(ScheduledChunk(f"c{i}", tokens, 0, table, True, greedy, 0, adapter=name))
+    inputs = runner.prepare_inputs(chunks)
+    assert type(inputs.lora).__name__ == "SegmentedLoraStep"
+    token_slots = torch.tensor(
+        [s for c, s in zip(chunks, registry.assign([c.adapter for c in chunks]), strict=True)
+         for _ in range(c.num_tokens)], device=device,
+    )  # fmt: skip
+
+    def logits(step: StepDeltas | None) -> torch.Tensor:
+        with torch.inference_mode():
+            hidden = runner.forward(dataclasses.replace(inputs, lora=step))
+            return runner.compute_logits(hidden, inputs).float()
+
+    kernels = logits(inputs.lora)
+    reference = logits(registry.slots.one_hot_step(token_slots))
+    base = logits(None)
+    adapted = [i for i, c in enumerate(chunks) if c.adapter]
+    effect = float((kernels[adapted] - base[adapted]).abs().amax())
+    error = float((kernels - reference).abs().amax())
+    # bf16 rounds the two paths differently; the adapters move the logits far more than that.
+    assert effect > 1.0
+    assert error < 0.1 * effect, (error, effect)
+    base_rows = [i for i, c in enumerate(chunks) if not c.adapter]
+    torch.testing.assert_close(kernels[base_rows], base[base_rows], atol=0.1, rtol=0.05)
+    runner.close()
