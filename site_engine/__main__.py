@@ -329,6 +329,7 @@ def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs 
             checkpoint_every=settings.finetune_checkpoint_every,
             max_step_ms=settings.finetune_max_step_ms,
             max_tokens=loaded.max_model_len,
+            max_rank=settings.max_lora_rank,
         ),
         loaded.model,
         loaded.tokenizer,

@@ -43,6 +43,8 @@ class FineTuneSettings:
     checkpoint_every: int = 10
     max_step_ms: float = 200.0
     max_tokens: int = 1024  # an example's tokens at most (longer ones lose their end)
+    # The largest rank this site serves (SITE_MAX_LORA_RANK): a job's adapter must be servable.
+    max_rank: int = 64
 
     def __post_init__(self) -> None:
         if self.reserve_bytes <= 0 or self.checkpoint_every < 1 or not self.max_step_ms > 0:
@@ -87,6 +89,12 @@ class FineTuneJobs:
             )
         if not _JOB_ID.match(spec.job_id):
             raise FineTuneRefused(FineTuneRefused.INVALID, f"bad job id {spec.job_id!r}")
+        if spec.hyperparameters.lora_rank > self.settings.max_rank:
+            raise FineTuneRefused(
+                FineTuneRefused.INVALID,
+                f"lora_rank {spec.hyperparameters.lora_rank} is above the largest rank this site "
+                f"serves ({self.settings.max_rank}, SITE_MAX_LORA_RANK)",
+            )
         unknown = set(spec.hyperparameters.target_modules) - set(PROJECTIONS)
         if unknown:
             raise FineTuneRefused(

@@ -55,7 +55,8 @@ def spec(job_id: str = "job-1", base: str = "tiny", data: bytes = LINE * 1) -> F
 
 
 def jobs_in(directory: Path, tiny: LoadedModel, reserve: int = 1 << 30) -> FineTuneJobs:
-    return FineTuneJobs(FineTuneSettings(directory, reserve), tiny.model, tiny.tokenizer, "tiny")
+    settings = FineTuneSettings(directory, reserve, max_rank=16)
+    return FineTuneJobs(settings, tiny.model, tiny.tokenizer, "tiny")
 
 
 def test_the_loss_is_on_the_assistant_turn_and_its_end_only(smollm2_dir: Path) -> None:
@@ -92,6 +93,8 @@ def test_refusals_leave_nothing_behind(tmp_path: Path, tiny: LoadedModel) -> Non
     ]
     bad_targets = FineTuneHyperparameters(1, 1, 1.0, target_modules=("lm_head",))
     cases.append((FineTuneSpec("j", "tiny", LINE, None, bad_targets, 1), "invalid", "lm_head"))
+    high_rank = FineTuneHyperparameters(1, 1, 1.0, lora_rank=64)
+    cases.append((FineTuneSpec("j", "tiny", LINE, None, high_rank, 1), "invalid", "rank 64"))
     for bad, code, says in cases:
         with pytest.raises(FineTuneRefused, match=says) as caught:
             jobs.start(bad)
@@ -222,4 +225,24 @@ def test_validation_loss_per_epoch_and_the_files_a_job_leaves(
     # A site started again answers the finished job from disk, unchanged.
     again = FineTuneJobs(FineTuneSettings(tmp_path, 1 << 30), tiny.model, tiny.tokenizer, "tiny")
     assert again.progress("v") == done
+    assert not again.has_work()
+
+
+def test_a_job_cancelled_mid_way_stops_and_lets_its_trainer_go(
+    tmp_path: Path, tiny: LoadedModel
+) -> None:
+    jobs = jobs_in(tmp_path, tiny)
+    hp = FineTuneHyperparameters(n_epochs=3, batch_size=1, learning_rate_multiplier=1.0)
+    jobs.start(FineTuneSpec("c", "tiny", LINE, None, hp, 5))
+    jobs.run_unit()
+    assert jobs.progress("c").state is FineTuneState.RUNNING
+    assert jobs.cancel("c").state is FineTuneState.CANCELLED
+    assert jobs.has_work()  # its trainer is still held until the engine thread's next unit
+    jobs.run_unit()
+    assert not jobs.has_work()
+    final = jobs.progress("c")
+    assert (final.state, final.step) == (FineTuneState.CANCELLED, 1)
+    assert jobs.cancel("c") == final  # a final job's progress, unchanged
+    again = jobs_in(tmp_path, tiny)  # a restart does not resume it
+    assert again.progress("c").state is FineTuneState.CANCELLED
     assert not again.has_work()
