@@ -155,6 +155,7 @@ class _SiteEntry(msgspec.Struct, forbid_unknown_fields=True):
     kv_events_topic: str = ""
     kv_block_size: _POSITIVE = 16
     structured_outputs: StructuredDialect = "vllm"
+    dynamic_lora: bool = False
 
 
 class _PartEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -217,6 +218,10 @@ class OpenAISiteConfig:
     # vLLM >= 0.10.2 and this project's own HTTP face), "sglang" (json_schema), or "none"
     # (constrained requests are not sent to it).
     structured_outputs: StructuredDialect = "vllm"
+    # The operator may load and unload LoRA adapters on it at run time through vLLM's
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM started with
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); off: the admin API says the site cannot.
+    dynamic_lora: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +413,7 @@ def _openai_site(entry: _SiteEntry, base_dir: Path) -> OpenAISiteConfig:
         kv_events_topic=entry.kv_events_topic,
         kv_block_size=entry.kv_block_size,
         structured_outputs=entry.structured_outputs,
+        dynamic_lora=entry.dynamic_lora,
     )
 
 

@@ -335,6 +335,9 @@ class SiteServicer(FineTuneHandlers, site_pb2_grpc.SiteEngineServicer):
             prefix_cache_hits=stats.prefix_cache_hits,
             prefix_cache_host_hits=stats.prefix_cache_host_hits,
             by_class=[_class_load_to_proto(load) for load in stats.by_class],
+            adapters_on_device=stats.adapters_on_device,
+            adapters_in_host=stats.adapters_in_host,
+            adapter_load_s=stats.adapter_load_s,
         )
 
     async def StreamLoad(

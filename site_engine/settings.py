@@ -88,7 +88,7 @@ class SiteSettings:
     # LoRA adapters (site_engine/engine/lora/): a directory of PEFT adapters, each served under
     # its directory's name; None serves the base model only. Up to max_loras distinct adapters
     # run at once (device slots, each padded to max_lora_rank <= 64), max_cpu_loras stay loaded
-    # in host memory (least recently used evicted). CPU only for now.
+    # in host memory (least recently used evicted). CPU (PyTorch) and CUDA (Triton kernels, graphs).
     lora_dir: Path | None = None
     max_loras: int = 4
     max_cpu_loras: int = 8

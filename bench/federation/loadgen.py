@@ -79,7 +79,7 @@ def body(request: Request) -> dict[str, object]:
     if prompt is None:
         prompt = list(request.prompt_token_ids)
     return {
-        "model": ROUTED_MODEL,
+        "model": request.model or ROUTED_MODEL,
         "prompt": prompt,
         "max_tokens": request.answer_tokens,
         "temperature": 0.0,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.common import results_dir
 from bench.federation.cluster import ARMS, DEFAULT_ARMS, PREFIX_ARMS
+from bench.federation.lora_workload import CPU_RUNS, GPU_RUNS, LoraRuns
 from bench.federation.topology import PRESETS, PrefixRuns, Preset
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -17,7 +18,7 @@ DEFAULT_PREDICTOR = REPO_ROOT / "var" / "predictor" / "smollm2-135m-instruct"
 PHASES = ("sweep", "scenarios", "decision")
 # `longprompt`: issue 21's long-prompt mix with its arms, a fixed grid of rates and the offload
 # scenarios; the others (issue 34): prompts sent as text, the prefix arms, the knee bisected.
-WORKLOADS = ("longprompt", "sharegpt", "trace", "shared_prefix", "text")
+WORKLOADS = ("longprompt", "sharegpt", "trace", "shared_prefix", "text", "lora")
 # `text` (the predictor's share): no predictor, the base one, the one adapted from served traffic
 # and the true lengths, all with completion_cost; least_requests and mico beside them.
 TEXT_ARMS = (
@@ -28,6 +29,9 @@ TEXT_ARMS = (
     "completion_cost_adapted",
     "completion_cost_oracle",
 )
+# `lora` (issue 51): adapter-aware completion_cost against the adapter-blind least_requests and
+# mico (bench/federation/lora_suite.py).
+LORA_ARMS = ("least_requests", "mico", "completion_cost")
 ADAPT_SAMPLES = 600  # train-split requests served before the text workload's sweep
 SHARED = REPO_ROOT.parent / "shared" / "datasets" / "traces"
 DEFAULT_SGLANG_ROUTER = REPO_ROOT / "var" / "sglang-router"
@@ -64,6 +68,8 @@ class Options:
     # and the retrain's mode; only when an arm serves the adapted predictor.
     adapt_samples: int = ADAPT_SAMPLES
     adapt_mode: str = "retrain"
+    # The `lora` workload's runs (bench/federation/lora_workload.py); None for the others.
+    lora: LoraRuns | None = None
 
     @property
     def adapts(self) -> bool:
@@ -123,6 +129,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         help="text workload: train-split requests served before the sweep, to adapt from",
     )
     parser.add_argument("--adapt-mode", choices=("retrain", "calibrate"), default="retrain")
+    parser.add_argument("--lora-adapters", type=int, help="lora workload: adapters (preset's)")
+    parser.add_argument("--lora-slots", type=int, help="lora workload: device slots a site")
     parser.add_argument(
         "--sglang-router",
         type=Path,
@@ -172,6 +180,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         sglang_router=router,
         adapt_samples=args.adapt_samples,
         adapt_mode=args.adapt_mode,
+        lora=_lora_runs(args, preset.name) if args.workload == "lora" else None,
     )
 
 
@@ -179,6 +188,8 @@ def _default_arms(workload: str, quick: bool) -> tuple[str, ...]:
     """The workload's arms; --quick: a smoke test's few."""
     quick_arms: tuple[str, ...]
     arms: tuple[str, ...]
+    if workload == "lora":
+        return LORA_ARMS
     if workload == "text":
         quick_arms, arms = ("completion_cost", "completion_cost_adapted"), TEXT_ARMS
     elif workload != "longprompt":
@@ -196,7 +207,7 @@ def _name(preset: str, workload: str, quick: bool) -> str:
 def _prefix_runs(args: argparse.Namespace, preset: Preset) -> PrefixRuns | None:
     """The preset's prefix runs, as the command line changes them (--quick: one short rate)."""
     runs = preset.prefix
-    if runs is None or args.workload == "longprompt":
+    if runs is None or args.workload in ("longprompt", "lora"):
         return runs
     rates = runs.rates[args.workload]
     if args.quick:
@@ -208,6 +219,23 @@ def _prefix_runs(args: argparse.Namespace, preset: Preset) -> PrefixRuns | None:
         duration_s=args.duration_s or runs.duration_s,
         drain_s=args.drain_s if args.drain_s is not None else runs.drain_s,
         bisections=runs.bisections if args.bisections is None else args.bisections,
+    )
+
+
+def _lora_runs(args: argparse.Namespace, preset: str) -> LoraRuns:
+    """The preset's lora runs as the command line changes them (--quick: one short rate)."""
+    runs = CPU_RUNS if preset == "cpu" else GPU_RUNS
+    if args.quick:
+        runs = replace(runs, rates=runs.rates[:1], duration_s=6.0, drain_s=20.0)
+    slots = args.lora_slots or runs.slots
+    return replace(
+        runs,
+        adapters=args.lora_adapters or runs.adapters,
+        slots=slots,
+        cpu_loras=max(runs.cpu_loras, slots),
+        rates=tuple(args.rates or runs.rates),
+        duration_s=args.duration_s or runs.duration_s,
+        drain_s=args.drain_s if args.drain_s is not None else runs.drain_s,
     )
 
 

@@ -192,6 +192,15 @@ class Runner:
         ]
         if self.capacity_tokens is not None and served:
             view["hit_rate_simulated"] = simulated_hit_rate(served, self.capacity_tokens)
+        # Requests naming LoRA adapters (the lora workload): over how many sites each adapter's
+        # requests went, on average (1: each adapter kept on one site).
+        adapter_sites: dict[str, set[str]] = {}
+        for site, request in served:
+            if request.model is not None:
+                adapter_sites.setdefault(request.model, set()).add(site)
+        if adapter_sites:
+            spread = sum(map(len, adapter_sites.values())) / len(adapter_sites)
+            view["sites_per_adapter"] = round(spread, 3)
         return view
 
 

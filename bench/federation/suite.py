@@ -171,7 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     options = parse_options(args)
     command = shlex.join(["python", "-m", "bench.federation", *args])
-    if options.reuse:
+    if options.workload == "lora":
+        from bench.federation.lora_suite import run_lora
+
+        run_lora(options, command, log)
+    elif options.reuse:
         from bench.federation.reuse_suite import run_reuse
 
         run_reuse(options, command)

@@ -224,6 +224,9 @@ PRESETS["h200x4"] = replace(
 )
 # One H100 (about 78 GiB): the same four sites sharing it.
 PRESETS["h100"] = replace(PRESETS["h200"], name="h100")
+# Two GPUs (nvidia-h100-x2): the same sites, alternating GPUs (the lora workload's two sites,
+# the first two, one a GPU).
+PRESETS["h100x2"] = replace(PRESETS["h200"], name="h100x2", sites=_gpu_sites(("cuda:0", "cuda:1")))
 
 
 def write_model(out: Path, shape: ModelShape, tokenizer_dir: Path, seed: int = 0) -> Path:

@@ -54,6 +54,8 @@ class Request:
     prompt_text: str | None = None
     # The conversation it belongs to (sent as `user`: the session key of session affinity).
     session: str | None = None
+    # The model it names (a LoRA adapter of the routed model); None: the routed model.
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

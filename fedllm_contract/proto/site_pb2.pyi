@@ -872,6 +872,9 @@ class LoadReport(_message.Message):
     CACHE_EVENTS_FIELD_NUMBER: _builtins.int
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
     BY_CLASS_FIELD_NUMBER: _builtins.int
+    ADAPTERS_ON_DEVICE_FIELD_NUMBER: _builtins.int
+    ADAPTERS_IN_HOST_FIELD_NUMBER: _builtins.int
+    ADAPTER_LOAD_S_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     timestamp_ms: _builtins.int
     """Site clock, milliseconds since the Unix epoch."""
@@ -906,6 +909,10 @@ class LoadReport(_message.Message):
     (idle time left out; 0 when none did): how fast the site prefills, so a router values the
     prompt tokens a site has cached at what computing them would cost there.
     """
+    adapter_load_s: _builtins.float
+    """Mean seconds to read one adapter from disk into host memory, as measured by the site over
+    its last loads (0: none measured yet): what a request of a cold adapter waits for first.
+    """
     @_builtins.property
     def cache_events(self) -> Global___CacheEvents:
         """What changed in the cache since the previous report of this stream (only when asked)."""
@@ -914,6 +921,15 @@ class LoadReport(_message.Message):
     def by_class(self) -> _containers.RepeatedCompositeFieldContainer[Global___LoadReport.ClassLoad]:
         """One entry per class, interactive first; empty from a site that does not tell classes apart."""
 
+    @_builtins.property
+    def adapters_on_device(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Where its LoRA adapters are (SiteInfo.adapters lists all it serves): in the device's slots
+        (a request of one runs at once), in host memory (copied to a slot first), the rest on disk
+        (read and checked first). Sorted; empty from a site without adapters.
+        """
+
+    @_builtins.property
+    def adapters_in_host(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -937,10 +953,13 @@ class LoadReport(_message.Message):
         cache_events: Global___CacheEvents | None = ...,
         prefill_tokens_per_s: _builtins.float = ...,
         by_class: _abc.Iterable[Global___LoadReport.ClassLoad] | None = ...,
+        adapters_on_device: _abc.Iterable[_builtins.str] | None = ...,
+        adapters_in_host: _abc.Iterable[_builtins.str] | None = ...,
+        adapter_load_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache_events", b"cache_events"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_class", b"by_class", "cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_load_s", b"adapter_load_s", "adapters_in_host", b"adapters_in_host", "adapters_on_device", b"adapters_on_device", "by_class", b"by_class", "cache_events", b"cache_events", "decode_tokens_per_s", b"decode_tokens_per_s", "iterations", b"iterations", "kv_block_iterations", b"kv_block_iterations", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_token_iterations", b"kv_token_iterations", "predicted_remaining_tokens", b"predicted_remaining_tokens", "prefill_tokens_per_s", b"prefill_tokens_per_s", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_host_hits", b"prefix_cache_host_hits", "prefix_cache_queries", b"prefix_cache_queries", "queued_prompt_tokens", b"queued_prompt_tokens", "queued_requests", b"queued_requests", "running_requests", b"running_requests", "running_tokens", b"running_tokens", "sequence", b"sequence", "site_name", b"site_name", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -84,6 +84,8 @@ def _site_now(site: SiteState, stats: RecentStats | None) -> SiteNow:
         kind=site.kind,
         can_release_queued=site.can_release_queued,
         prefix_cache_hit_rate=_hit_rate(site),
+        adapters_on_device=tuple(sorted(site.adapter_residency.on_device)),
+        adapters_in_host=tuple(sorted(site.adapter_residency.in_host)),
     )
 
 

@@ -46,6 +46,10 @@ class SiteNow(msgspec.Struct, frozen=True):
     # Of the prompt tokens the site looked up in its prefix cache since it started, the share
     # it found cached (either tier); None before it looked any up, or when it cannot say.
     prefix_cache_hit_rate: float | None = None
+    # Its LoRA adapters in device slots and only in host memory, as its last load report says
+    # (the others it serves are on disk), sorted.
+    adapters_on_device: tuple[str, ...] = ()
+    adapters_in_host: tuple[str, ...] = ()
 
 
 class CloudNow(msgspec.Struct, frozen=True):

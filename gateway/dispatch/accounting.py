@@ -48,6 +48,14 @@ class Placement(Protocol):
         ...
 
 
+class LengthFeedback(Protocol):
+    """Learns from served answer lengths (gateway/prediction/adapter_lengths.py)."""
+
+    def served(
+        self, prepared: PreparedCompletion, completion_tokens: int, finish_reason: str | None
+    ) -> None: ...
+
+
 class OutcomeRecorder:
     """Queues requests' outcomes and offloads for the request log's writer, which writes them in
     batches and keeps what the database does not take until it does (usage per key is summed

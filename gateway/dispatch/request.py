@@ -59,6 +59,9 @@ class PreparedCompletion:
     tool_calls: ToolCallParsing | None = None
     # Whose conversation this is (gateway/request_path/prepare.py: session_key), for affinity.
     session_key: str | None = None
+    # The base model's predicted answer length (within max_tokens) before a LoRA adapter's
+    # correction (gateway/prediction/adapter_lengths.py learns the correction against it).
+    base_predicted_tokens: int | None = None
 
     @property
     def served_model(self) -> str:

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gateway.db.models import RequestStatus, utcnow
-from gateway.dispatch.accounting import DispatchLimits, OutcomeRecorder, Placement
+from gateway.dispatch.accounting import (
+    DispatchLimits,
+    LengthFeedback,
+    OutcomeRecorder,
+    Placement,
+)
 from gateway.dispatch.continuation import Splice, resume_point
 from gateway.dispatch.request import AdmissionPart, PreparedCompletion
 from gateway.errors import (
@@ -118,6 +123,8 @@ class Dispatch:
     _answer_plan: int = 0
     # Choices not finished yet (n > 1: the request ends when every one has).
     _choices_left: int = 1
+    # Told each completed request's answer length (per-adapter length correction); None: nobody.
+    lengths: LengthFeedback | None = None
 
     def __post_init__(self) -> None:
         self._answer_plan = self.prepared.routing.answer_tokens
@@ -185,6 +192,8 @@ class Dispatch:
             if self.slot is not None:
                 self.slot()
         self._settle()
+        if self.lengths is not None:
+            self.lengths.served(self.prepared, self.completion_tokens, self.finish_reason)
         self.recorder.record_finished(
             self.prepared.request_id, self._outcome(RequestStatus.COMPLETED), self._sample()
         )

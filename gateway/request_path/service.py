@@ -147,6 +147,7 @@ class CompletionService:
             metrics=self.metrics,
             started_at=time.monotonic() if started_at is None else started_at,
             admission=admission,
+            lengths=self.prediction,
         )
 
     async def drain(self) -> None:

@@ -12,6 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gateway.routing.adapter_affinity import (
+    DEFAULT_HOST_VALUE,
+    AdapterAffinity,
+    RecordAdapter,
+    reads_adapters,
+)
 from gateway.routing.affinity import (
     DynamoCost,
     PrefixMatchScorer,
@@ -20,6 +26,8 @@ from gateway.routing.affinity import (
     reads_prefix,
 )
 from gateway.routing.completion_cost import (
+    DEFAULT_ADAPTER_HOST_S,
+    DEFAULT_ADAPTER_LOAD_S,
     DEFAULT_HOST_RATIO,
     DEFAULT_OTHERS_WEIGHT,
     DEFAULT_PREFILL_TOKENS_PER_S,
@@ -77,6 +85,8 @@ def _cost_model(params: Params) -> CompletionCostModel:
         ),
         host_ratio=params.number("host_ratio", DEFAULT_HOST_RATIO),
         others_weight=params.number("others_weight", DEFAULT_OTHERS_WEIGHT),
+        adapter_load_s=params.number("adapter_load_s", DEFAULT_ADAPTER_LOAD_S),
+        adapter_host_s=params.number("adapter_host_s", DEFAULT_ADAPTER_HOST_S),
     )
 
 
@@ -124,6 +134,7 @@ SCORERS: dict[str, ScorerFactory] = {
     "completion_cost": _ratio_default(lambda p: CompletionCost(_cost_model(p))),
     "prefix_match": lambda p, c: PrefixMatchScorer(),
     "dynamo_cost": _lowest(_dynamo_cost),
+    "adapter_affinity": lambda p, c: AdapterAffinity(p.number("host_value", DEFAULT_HOST_VALUE)),
     "session_affinity": lambda p, c: SessionAffinity(
         p.integer("max_sessions", 100_000, minimum=1) or 1
     ),
@@ -143,6 +154,9 @@ BASE_FILTERS = (
     PartSettings("queue_bound"),
 )
 _KV_BOUND = PartSettings("kv_bound")
+# Against completion_cost's ratio score (a site twice as slow scores 0.5): a site holding the
+# adapter in a slot keeps its requests until its cost is about 1 / (1 - 0.3) = 1.4x another's.
+ADAPTER_AFFINITY_WEIGHT = 0.3
 
 
 def _one_scorer(
@@ -174,9 +188,11 @@ BUILT_IN: dict[str, ProfileSettings] = {
         ),
         _one_scorer("least_latency", _KV_BOUND),
         # The federation's own (gateway/routing/completion_cost.py): the lowest estimated
-        # completion time with what each site caches, within KV room, no hot spot, no full
-        # site while another has a free batch slot, and a conversation kept on its site while
-        # that costs at most a third more.
+        # completion time with what each site caches (its prompt's blocks, its LoRA adapter),
+        # within KV room, no hot spot, no full site while another has a free batch slot, a
+        # conversation kept on its site while that costs at most a third more, and an
+        # adapter's requests kept where the adapter is while that costs at most about 40%
+        # more (gateway/routing/adapter_affinity.py; no effect on a base model's requests).
         ProfileSettings(
             "completion_cost",
             (
@@ -185,7 +201,11 @@ BUILT_IN: dict[str, ProfileSettings] = {
                 PartSettings("hot_spot_guard"),
                 PartSettings("slot_room"),
             ),
-            (PartSettings("completion_cost"), PartSettings("session_affinity", weight=0.25)),
+            (
+                PartSettings("completion_cost"),
+                PartSettings("session_affinity", weight=0.25),
+                PartSettings("adapter_affinity", weight=ADAPTER_AFFINITY_WEIGHT),
+            ),
         ),
         # The peers' rules, for comparison (gateway/routing/affinity.py).
         _one_scorer("prefix_affinity", scorer="prefix_match"),
@@ -227,6 +247,8 @@ def build_profile(settings: ProfileSettings, context: BuildContext | None = None
     observers: list[RoutingObserver] = [p for p in parts if isinstance(p, RoutingObserver)]
     if any(reads_prefix(part) for part in parts):
         observers.append(RecordPrefix())
+    if any(reads_adapters(part) for part in parts):
+        observers.append(RecordAdapter())
     costs = [w.scorer.cost for w in scorers if isinstance(w.scorer, LowestCost)]
     batch_cost = next((c.model for c in costs if isinstance(c, CompletionCost)), None)
     return RoutingProfile(

@@ -16,7 +16,10 @@ gateway/routing/latency.py), S batch slots and n requests present:
     prefill   = (uncached + host * host_ratio) / F           (host blocks come back over PCIe:
                                                               host_ratio of a computed token)
     decode    = (A - 1) * t(min(S, n + 1))
-    ECT       = rtt + queue + prefill + decode
+    adapter   = 0 for the base model or an adapter in a device slot there; host_s for one in
+                host memory only; the site's measured read time (else load_s) for one on disk
+                (gateway/routing/adapter_residency.py): only its own request waits for the load
+    ECT       = rtt + queue + adapter + prefill + decode
 
 A request also slows the ones already running there (r = min(n, S) of them, R answer tokens
 left on average), and the router owns that cost too: greedy ECT alone sends work to the fastest
@@ -46,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.routing.adapter_residency import AdapterTier
 from gateway.routing.latency import LatencyModel
 from gateway.routing.load import fits, free_kv_tokens
 from gateway.routing.types import PrefixMatch, RoutableSite, RoutingRequest, S, StepTime
@@ -57,6 +61,12 @@ DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 DEFAULT_HOST_RATIO = 0.1
 # The delay a request adds to the requests already at a site counts as much as its own.
 DEFAULT_OTHERS_WEIGHT = 1.0
+# A LoRA adapter read from disk at a site that has not measured its reads yet (its files read
+# and checked: the CPU sites' rank-8 adapters take ~0.05 s, a rank-16 Llama-8B one ~0.5 s).
+DEFAULT_ADAPTER_LOAD_S = 0.5
+# An adapter copied from host memory into a device slot (a rank-16 8B adapter is ~60 MB:
+# milliseconds over PCIe).
+DEFAULT_ADAPTER_HOST_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +80,11 @@ class Estimate:
     cached_tokens: int
     device_tokens: int
     others_s: float = 0.0  # the delay it adds to the site's running requests, weighted
+    adapter_s: float = 0.0  # its LoRA adapter brought into a device slot first
 
     @property
     def completion_s(self) -> float:
-        return self.rtt_s + self.queue_s + self.prefill_s + self.decode_s
+        return self.rtt_s + self.queue_s + self.adapter_s + self.prefill_s + self.decode_s
 
     @property
     def cost_s(self) -> float:
@@ -86,6 +97,21 @@ class CompletionCostModel:
     host_ratio: float = DEFAULT_HOST_RATIO
     prior_step: StepTime = LatencyModel().prior_step
     others_weight: float = DEFAULT_OTHERS_WEIGHT
+    adapter_load_s: float = DEFAULT_ADAPTER_LOAD_S
+    adapter_host_s: float = DEFAULT_ADAPTER_HOST_S
+
+    def adapter_s(self, request: RoutingRequest, site: RoutableSite) -> float:
+        """Contract: the module docstring's adapter term: seconds before the request's adapter
+        sits in a device slot at the site (0.0 for the base model or one already there)."""
+        if request.adapter is None:
+            return 0.0
+        residency = site.adapter_residency
+        tier = residency.tier(request.adapter)
+        if tier is AdapterTier.DEVICE:
+            return 0.0
+        if tier is AdapterTier.HOST:
+            return self.adapter_host_s
+        return (residency.load_s or self.adapter_load_s) + self.adapter_host_s
 
     def prefill_rate(self, site: RoutableSite) -> float:
         return site.prefill_tokens_per_s or self.prefill_tokens_per_s
@@ -126,7 +152,10 @@ class CompletionCostModel:
             slower = step.at(joins) - step.at(running)  # 0 when it waits for a slot
             others = running * (prefill + min(answer, mean_left) * slower) * self.others_weight
         rtt = latency.rtt_s or 0.0
-        return Estimate(rtt, self.queue_s(site), prefill, decode, cached, device, others)
+        adapter = self.adapter_s(request, site)
+        return Estimate(
+            rtt, self.queue_s(site), prefill, decode, cached, device, others, adapter
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +167,7 @@ class CompletionCost:
     model: CompletionCostModel = CompletionCostModel()
     name: str = "completion_cost"
     reads_prefix: bool = True
+    reads_adapters: bool = True
 
     def cost(self, request: RoutingRequest, site: RoutableSite) -> float:
         return self.model.estimate(request, site).cost_s

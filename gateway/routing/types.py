@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from fedllm_contract.block_hash import prompt_block_hashes
+from gateway.routing.adapter_residency import AdapterTier
 
 
 class RoutableSite(Protocol):
@@ -92,6 +93,12 @@ class RoutableSite(Protocol):
     @property
     def adapters(self) -> frozenset[str]:
         """The LoRA adapters of its model the site serves (its SiteInfo; none: the base only)."""
+        ...
+
+    @property
+    def adapter_residency(self) -> AdapterView:
+        """Where the site's adapters are: device slot, host memory or disk
+        (gateway/routing/adapter_residency.py)."""
         ...
 
     @property
@@ -240,6 +247,21 @@ class PrefixMatch:
 
 
 NO_MATCH = PrefixMatch()
+
+
+class AdapterView(Protocol):
+    """A site's LoRA adapter residency as routing sees it (SiteAdapters)."""
+
+    def tier(self, adapter: str) -> AdapterTier: ...
+
+    @property
+    def load_s(self) -> float | None:
+        """Seconds a read of an adapter from disk took there lately; None: not measured."""
+        ...
+
+    def routed(self, adapter: str) -> None:
+        """A request of `adapter` was routed to this site (it loads the adapter now)."""
+        ...
 
 
 class PrefixView(Protocol):

@@ -185,6 +185,9 @@ def _load_from_proto(report: site_pb2.LoadReport) -> LoadView:
         prefix_cache_host_hits=report.prefix_cache_host_hits,
         prefill_tokens_per_s=report.prefill_tokens_per_s,
         by_class=_class_loads_from_proto(report),
+        adapters_on_device=tuple(report.adapters_on_device),
+        adapters_in_host=tuple(report.adapters_in_host),
+        adapter_load_s=report.adapter_load_s,
         cache_events=(
             _cache_events_from_proto(report.cache_events)
             if report.HasField("cache_events")

@@ -157,6 +157,11 @@ class LoadView:
     # The totals split by priority class (interactive first); empty from a site that does not
     # tell classes apart, whose work then all counts as interactive.
     by_class: tuple[ClassLoadView, ...] = ()
+    # Its LoRA adapters in device slots and only in host memory (the rest of those it serves are
+    # on disk), and the mean seconds its last reads from disk took (0.0: not measured).
+    adapters_on_device: tuple[str, ...] = ()
+    adapters_in_host: tuple[str, ...] = ()
+    adapter_load_s: float = 0.0
 
     @property
     def token_load(self) -> int:

@@ -31,6 +31,7 @@ from gateway.sites.interface import (
     SiteUnavailable,
 )
 from gateway.sites.openai_ledger import OpenAILedger
+from gateway.sites.openai_lora import change_adapter, not_enabled
 from gateway.sites.openai_wire import (
     DONE,
     MalformedStream,
@@ -156,15 +157,29 @@ class OpenAISiteClient:
             engine=f"openai ({self._config.metrics_dialect} metrics)",
             version="",
             task=self.task,
-            # vLLM lists each LoRA adapter it serves as a model whose parent is its base.
-            adapters=tuple(
-                sorted(
-                    name
-                    for name, other in cards.items()
-                    if other.get("parent") == self._config.engine_model
-                )
-            ),
+            adapters=self._adapters(cards),
         )
+
+    def _adapters(self, cards: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+        """vLLM lists each LoRA adapter it serves as a model whose parent is its base."""
+        engine_model = self._config.engine_model
+        return tuple(sorted(name for name, c in cards.items() if c.get("parent") == engine_model))
+
+    # ---- LoRA adapters at run time (AdapterLoading; gateway/sites/openai_lora.py) ------------
+    async def load_adapter(self, name: str, path: str) -> tuple[str, ...]:
+        return await self._change_adapter("load", {"lora_name": name, "lora_path": path})
+
+    async def unload_adapter(self, name: str) -> tuple[str, ...]:
+        return await self._change_adapter("unload", {"lora_name": name})
+
+    async def _change_adapter(self, action: str, body: dict[str, str]) -> tuple[str, ...]:
+        """The change, then the adapters the engine lists after it (its /v1/models again)."""
+        if not self._config.dynamic_lora:
+            raise not_enabled(self.name)
+        await change_adapter(self._http, self.name, self.endpoint, action, body)
+        if not await self.check_health():
+            raise SiteUnavailable(self.name, "the engine does not answer /v1/models")
+        return self._adapters(self._models or {})
 
     def kv_capacity_tokens(self) -> int | None:
         scraped = self.ledger.metrics

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from statistics import median_low
 
 from gateway.federation import SiteConfig
+from gateway.routing.adapter_residency import SiteAdapters
 from gateway.routing.latency import RateEstimate, RttEstimator, StepTimeModel
 from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS, SitePrefix
 from gateway.routing.types import SiteLatency, StepTime
@@ -70,6 +71,8 @@ class SiteState:
     origin: str = "federation"
     # When it joined (monotonic seconds; 0.0: at the start).
     joined_at: float = 0.0
+    # Where its LoRA adapters are (its load reports, and what was routed there since).
+    adapter_residency: SiteAdapters = field(default_factory=SiteAdapters, compare=False)
     # Its model's admitted work (shared with its same-model peers; set by SiteRegistry).
     arrivals: Arrivals = field(default_factory=Arrivals, compare=False, repr=False)
 
@@ -97,6 +100,9 @@ class SiteState:
         self.report, self.report_at = report, time.monotonic()
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
         self.prefill_rate.observe(report.prefill_tokens_per_s)
+        self.adapter_residency.apply(
+            report.adapters_on_device, report.adapters_in_host, report.adapter_load_s
+        )
 
     @property
     def latency(self) -> SiteLatency:

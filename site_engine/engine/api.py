@@ -91,6 +91,11 @@ class EngineStats:
     host_kv_blocks_declined: int = 0
     # Waiting, running and preempted sequences of each priority class, interactive first.
     by_class: tuple[ClassLoad, ...] = ()
+    # LoRA adapters in device slots, those only in host memory (sorted), and the mean seconds
+    # a read from disk took lately (0.0: none yet): what routing weighs an adapter's site by.
+    adapters_on_device: tuple[str, ...] = ()
+    adapters_in_host: tuple[str, ...] = ()
+    adapter_load_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,12 @@ from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.lora.adapter import AdapterError, BaseShapes
-from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings, lora_slot_bytes
+from site_engine.engine.lora.registry import (
+    AdapterRegistry,
+    AdapterResidency,
+    LoraSettings,
+    lora_slot_bytes,
+)
 from site_engine.engine.memory_plan import (
     GIB,
     KvPlan,
@@ -532,6 +537,7 @@ class PagedEngine:
 
     def stats(self) -> EngineStats:
         stats = self._scheduler.stats()
+        lora = self._adapters.residency() if self._adapters is not None else AdapterResidency()
         return EngineStats(
             num_waiting=stats.num_waiting,
             num_running=stats.num_running,
@@ -552,6 +558,9 @@ class PagedEngine:
             host_kv_blocks_skipped_budget=stats.host_kv_blocks_skipped_budget,
             host_kv_blocks_declined=stats.host_kv_blocks_declined,
             by_class=stats.by_class,
+            adapters_on_device=lora.on_device,
+            adapters_in_host=lora.in_host,
+            adapter_load_s=lora.load_s,
         )
 
 

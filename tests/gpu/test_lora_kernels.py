@@ -301,3 +301,51 @@ def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
     base_rows = [i for i, c in enumerate(chunks) if not c.adapter]
     torch.testing.assert_close(kernels[base_rows], base[base_rows], atol=0.1, rtol=0.05)
     runner.close()
+
+
+def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -> None:
+    """The fused model (q/k/v and gate/up deltas into slices of the fused outputs) with the
+    kernels' step against the eager Llama model with the PyTorch path's step, float32."""
+    from site_engine.engine.attention import TorchReferenceAttention
+    from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
+    from site_engine.engine.models.llama import LlamaFlatModel
+    from site_engine.engine.models.llama_fused import LlamaFusedFlatModel
+
+    device = torch.device(kernel_device)
+    model = build_random_model(CONFIG, seed=2).to(device)
+    base = BaseShapes.of_model(model)
+    slots = LoraSlots(base, num_slots=3, max_rank=16, dtype=torch.float32, device=device)
+    adapters = {
+        name: _adapter(name, base, rank, targets, seed)
+        for seed, (name, (rank, targets)) in enumerate(ADAPTERS.items())
+        if name != "all-r12"
+    }
+    assigned = slots.assign(adapters, adapters.__getitem__)
+    runner = ModelRunner(model, num_blocks=32, block_size=8, device=device, dtype=torch.float32,
+                         attention=TorchReferenceAttention())  # fmt: skip
+    rng = random.Random(9)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    chunks, block = [], 0
+    for i, name in enumerate(["", *adapters, "all-r16", ""]):
+        count = rng.randrange(1, 20)
+        table = tuple(range(block, block + -(-count // 8)))
+        block += len(table)
+        tokens = tuple(rng.randrange(512) for _ in range(count))
+        chunks.append(ScheduledChunk(f"c{i}", tokens, 0, table, True, greedy, 0, adapter=name))
+    inputs = runner.prepare_inputs(chunks)
+    token_slots = torch.tensor(
+        [assigned[c.adapter] if c.adapter else -1 for c in chunks for _ in range(c.num_tokens)],
+        device=device,
+    )
+    eager = LlamaFlatModel(model, runner.attention)
+    fused = LlamaFusedFlatModel(model, runner.attention)
+    args = (inputs.input_ids, inputs.positions, runner.kv_cache, inputs.metadata)
+    with torch.inference_mode():
+        runner.attention.prepare(inputs.metadata)
+        base_hidden = eager.forward(*args)
+        eager.lora = slots.one_hot_step(token_slots)
+        want = eager.forward(*args)
+        fused.lora = SegmentedLoraStep(slots.a, slots.b, slots.scaling, token_slots)
+        got = fused.forward(*args)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    assert float((want - base_hidden).abs().amax()) > 0.1

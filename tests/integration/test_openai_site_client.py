@@ -15,6 +15,7 @@ from devtools.launch import free_port
 from fedllm_contract.request_options import RequestOptions
 from gateway.federation import ModelConfig, OpenAISiteConfig
 from gateway.sites.interface import (
+    AdapterChangeRefused,
     GenerateParams,
     LoadView,
     SiteBusy,
@@ -269,3 +270,36 @@ def test_an_engines_lora_adapters_are_its_sites_and_a_request_names_its_adapter(
     assert adapters == ("ft-a", "ft-b")
     assert chunks[-1].finish_reason == "length"
     assert engine.state.requests[-1]["model"] == "ft-a"  # vLLM's way: the adapter is the model
+
+
+def test_adapters_load_and_unload_through_vllms_endpoints_where_enabled(
+    tokenizers: ModelTokenizers,
+) -> None:
+    with running_engine(EngineState(adapters=("ft-a",))) as engine:
+
+        async def run() -> list[object]:
+            seen: list[object] = []
+            enabled = client_for(engine, tokenizers, dynamic_lora=True)
+            disabled = client_for(engine, tokenizers)
+            try:
+                seen.append(await enabled.load_adapter("ft-b", "/loras/ft-b"))
+                for call in (
+                    enabled.load_adapter("ft-b", "/loras/ft-b"),  # already loaded
+                    enabled.unload_adapter("nope"),
+                    disabled.load_adapter("ft-c", "/loras/ft-c"),
+                ):
+                    with pytest.raises(AdapterChangeRefused) as refused:
+                        await call
+                    seen.append(refused.value.reason)
+                seen.append(await enabled.unload_adapter("ft-a"))
+                seen.append((await enabled.info()).adapters)
+            finally:
+                await enabled.close()
+                await disabled.close()
+            return seen
+
+        seen = asyncio.run(run())
+    assert seen == [
+        ("ft-a", "ft-b"), "exists", "not_found", "unsupported", ("ft-b",), ("ft-b",),
+    ]  # fmt: skip
+    assert engine.state.adapters == ("ft-b",)  # the disabled client changed nothing

@@ -54,6 +54,9 @@ class EngineState:
     adapters: tuple[str, ...] = ()
 
 
+_TEXT = MediaType.TEXT
+
+
 def _error(status: int, message: str, code: str | None = None) -> Response[Any]:
     body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
     return Response(body, status_code=status)
@@ -127,7 +130,27 @@ def build_app(s: EngineState) -> Litestar:
             return _error(int(s.behaviour.split(":")[1]), "the engine says no")
         return Stream(_events(s, body), media_type="text/event-stream")
 
-    return Litestar([models, metrics, completions])
+    @post("/v1/load_lora_adapter", status_code=200)
+    async def load_lora(request: Request[Any, Any, Any]) -> Response[Any]:
+        """vLLM's run-time LoRA loading (its messages, its 400s)."""
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return _error(400, "Both 'lora_name' and 'lora_path' must be provided.")
+        if name in s.adapters:
+            return _error(400, f"The lora adapter '{name}' has already been loaded.")
+        s.adapters = (*s.adapters, name)
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", media_type=_TEXT)
+
+    @post("/v1/unload_lora_adapter", status_code=200)
+    async def unload_lora(request: Request[Any, Any, Any]) -> Response[Any]:
+        name = (await request.json()).get("lora_name")
+        if name not in s.adapters:
+            return _error(404, f"The lora adapter '{name}' cannot be found.")
+        s.adapters = tuple(a for a in s.adapters if a != name)
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.", media_type=_TEXT)
+
+    return Litestar([models, metrics, completions, load_lora, unload_lora])
 
 
 async def _events(s: EngineState, body: dict[str, Any]) -> AsyncIterator[str]:

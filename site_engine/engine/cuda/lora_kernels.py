@@ -2,7 +2,7 @@
 
 The CPU path (lora/slots.py) multiplies every row by every slot's A and B and zeroes the other
 slots' part: `slots` times the work, and at 64 slots on a GPU it would read every adapter for
-every row. Here a step's tokens are grouped by slot (a stable sort of the slot indices) and cut
+every row. Here a step's tokens are grouped by slot (a counting sort of the slot indices) and cut
 into tiles of BLOCK_M tokens of one slot; a program takes one tile:
 
     shrink  s[t, :]  = scaling[slot] * x[t, :] @ A[slot]       ([in] @ [in, r] -> [r])
@@ -50,16 +50,22 @@ class Segments:
 
 
 def segments(token_slots: torch.Tensor, num_slots: int) -> Segments:
-    """The tiles of a step whose token t uses slot token_slots[t] (-1: none)."""
+    """The tiles of a step whose token t uses slot token_slots[t] (-1: none). A counting sort
+    (one-hot prefix sums, then a scatter) rather than torch.sort: fixed shapes and plain kernels,
+    nothing that could sync with the host inside a graph capture."""
     device = token_slots.device
     tokens = token_slots.shape[0]
-    slots = token_slots.long()
-    order = torch.sort(slots, stable=True).indices.to(torch.int32)
-    ones = torch.ones_like(slots, dtype=torch.int32)
-    counts_all = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
-    counts_all.scatter_add_(0, slots + 1, ones)
-    starts = (torch.cumsum(counts_all, 0, dtype=torch.int32) - counts_all)[1:]
-    counts = counts_all[1:]
+    column = (token_slots.long() + 1).unsqueeze(1)  # 0: no adapter, s + 1: slot s
+    one_hot = torch.zeros((tokens, num_slots + 1), dtype=torch.int32, device=device)
+    one_hot.scatter_(1, column, 1)
+    counts_all = one_hot.sum(0, dtype=torch.int32)
+    starts_all = torch.cumsum(counts_all, 0, dtype=torch.int32) - counts_all
+    # A token's place in `order`: its slot's start plus how many of its slot's tokens precede it.
+    before = torch.cumsum(one_hot, 0, dtype=torch.int32).gather(1, column).squeeze(1) - 1
+    place = (starts_all.gather(0, column.squeeze(1)) + before).long()
+    order = torch.empty(tokens, dtype=torch.int32, device=device)
+    order.scatter_(0, place, torch.arange(tokens, dtype=torch.int32, device=device))
+    starts, counts = starts_all[1:], counts_all[1:]
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     tiles_end = torch.cumsum(tiles, 0, dtype=torch.int32)
     index = torch.arange(-(-tokens // BLOCK_M) + num_slots, dtype=torch.int32, device=device)

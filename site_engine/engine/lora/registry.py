@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -44,6 +44,7 @@ from site_engine.engine.lora.adapter import (
 from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 log = logging.getLogger(__name__)
+_READ_TIMES_KEPT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,16 @@ class LoraSettings:
             )
         if not 1 <= self.max_rank <= MAX_RANK:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterResidency:
+    """Where a site's adapters are now: in device slots, only in host memory (each sorted; the
+    rest of those it serves are on disk), and the mean seconds a read from disk took lately."""
+
+    on_device: tuple[str, ...] = ()
+    in_host: tuple[str, ...] = ()
+    load_s: float = 0.0
 
 
 def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
@@ -89,6 +100,9 @@ class AdapterRegistry:
         self._loading: dict[str, Future[LoraAdapter]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
         self._files = threading.Lock()  # one directory change at a time (register/unregister)
+        # Seconds the last reads from disk took (the worker thread appends; a deque's append and
+        # a copy of it are atomic): the load time a router charges a request of a cold adapter.
+        self._read_s: deque[float] = deque(maxlen=_READ_TIMES_KEPT)
 
     def served(self) -> tuple[str, ...]:
         """The adapters this site can serve: its directory's PEFT adapters, by name."""
@@ -161,7 +175,20 @@ class AdapterRegistry:
 
     def _read(self, name: str) -> LoraAdapter:
         base, settings = self._base, self.settings
-        return read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+        started = time.perf_counter()
+        adapter = read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+        self._read_s.append(time.perf_counter() - started)
+        return adapter
+
+    def residency(self) -> AdapterResidency:
+        """Engine thread: the adapters in device slots, those only in host memory (both sorted)
+        and the mean seconds of the last reads from disk (0.0: none yet)."""
+        device = set(self.slots.names())
+        host = sorted(name for name in self._host if name not in device)
+        times = list(self._read_s)
+        return AdapterResidency(
+            tuple(sorted(device)), tuple(host), sum(times) / len(times) if times else 0.0
+        )
 
     def load(self, name: str, in_use: Collection[str] = ()) -> LoraAdapter:
         """Reads `name` now, on this thread (an operator's preload, tests); AdapterError, with

@@ -74,6 +74,10 @@ class LoraSlots:
     def slot_of(self, name: str) -> int | None:
         return self._slot_of.get(name)
 
+    def names(self) -> tuple[str, ...]:
+        """The adapters in a slot now, least recently used first."""
+        return tuple(self._slot_of)
+
     def assign(self, names: Iterable[str], fetch: Callable[[str], LoraAdapter]) -> dict[str, int]:
         """A slot for each adapter named (they must fit at once); those not in a slot yet take
         a free one, or the least recently used one that none of `names` holds. `fetch` gives an

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.routing.adapter_residency import SiteAdapters
 from gateway.routing.pickers import MaxScorePicker
 from gateway.routing.profile import RoutingProfile, WeightedScorer
 from gateway.routing.scorers import LowestCost
@@ -54,6 +55,16 @@ class Site:
     prefix: PrefixView = field(default_factory=KnownPrefix)
     prefill_tokens_per_s: float | None = None
     adapters: frozenset[str] = frozenset()
+    adapter_residency: SiteAdapters = field(default_factory=SiteAdapters, compare=False)
+
+
+def resident(
+    device: tuple[str, ...] = (), host: tuple[str, ...] = (), load_s: float = 0.0
+) -> SiteAdapters:
+    """A residency view as a site's load report would set it."""
+    view = SiteAdapters()
+    view.apply(device, host, load_s)
+    return view
 
 
 def request(
@@ -63,6 +74,7 @@ def request(
     predicted: int | None = None,
     bucket: int | None = None,
     session: str | None = None,
+    adapter: str | None = None,
 ) -> RoutingRequest:
     return RoutingRequest(
         model=model,
@@ -71,6 +83,7 @@ def request(
         predicted_tokens=predicted,
         predicted_bucket=bucket,
         session_key=session,
+        adapter=adapter,
     )
 
 
