@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from grpc_health.v1 import health_pb2
@@ -40,11 +40,15 @@ from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService
 from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
+from site_engine.idle_work import IdleGate
 from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
-from site_engine.model_loading import load_model, resolve_model_dir
+from site_engine.model_loading import LoadedModel, load_model, resolve_model_dir
 from site_engine.openai_http import Face, HttpFace, HttpServer, serve_http
 from site_engine.settings import SiteSettings
 from site_engine.tls import load_server_tls
+
+if TYPE_CHECKING:
+    from site_engine.finetune.jobs import FineTuneJobs
 
 log = logging.getLogger("site_engine")
 
@@ -121,6 +125,18 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         "--max-cpu-loras", type=int, help="adapters kept in host memory (default 8)"
     )
     parser.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
+    parser.add_argument(
+        "--finetune-reserve-bytes",
+        type=int,
+        help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
+    )
+    parser.add_argument("--finetune-dir", help="fine-tuning jobs, checkpoints and adapters")
+    parser.add_argument(
+        "--finetune-checkpoint-every", type=int, help="optimizer steps between checkpoints"
+    )
+    parser.add_argument(
+        "--finetune-max-step-ms", type=float, help="one unit of training at most (ms)"
+    )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -159,6 +175,7 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
         background_step_tokens=settings.deferral_bound_tokens,
         lora=lora_settings(settings),
+        finetune_reserve_bytes=settings.finetune_reserve_bytes,
     )
 
 
@@ -281,7 +298,9 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
     metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
     if metrics is not None:
         engine = MeteredEngine(engine, metrics)
-    service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests)
+    jobs = fine_tune_jobs(settings, loaded)
+    idle = (jobs, IdleGate(settings.finetune_max_step_ms / 1000)) if jobs is not None else None
+    service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests, idle)
     identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
     # The gRPC boundary reads the adapter directory at each request (LoadAdapter adds to it).
     if adapters := paged.served_adapters():
@@ -293,7 +312,35 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
         serving.metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
     face = HttpFace(service, settings.model_name, loaded.vocab_size)
     serving.http_server = _http_face(settings, face)
-    return SiteServicer(service, identity), serving
+    return SiteServicer(service, identity, jobs), serving
+
+
+def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs | None:
+    """The site's fine-tuning jobs (those on disk resume), or None where the reserve is 0."""
+    if not settings.finetune_reserve_bytes:
+        return None
+    # Imported here: peft is needed only where fine-tuning is on.
+    from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
+
+    jobs = FineTuneJobs(
+        FineTuneSettings(
+            settings.finetune_dir,
+            settings.finetune_reserve_bytes,
+            checkpoint_every=settings.finetune_checkpoint_every,
+            max_step_ms=settings.finetune_max_step_ms,
+            max_tokens=loaded.max_model_len,
+            max_rank=settings.max_lora_rank,
+        ),
+        loaded.model,
+        loaded.tokenizer,
+        settings.model_name,
+    )
+    log.info(
+        "fine-tuning jobs accepted: %d bytes reserved, jobs in %s",
+        settings.finetune_reserve_bytes,
+        settings.finetune_dir,
+    )
+    return jobs
 
 
 def start_embedding(settings: SiteSettings) -> tuple[EmbeddingServicer, Serving]:

@@ -30,6 +30,7 @@ from site_engine.engine.api import (
     RequestRejected,
 )
 from site_engine.engine.types import FinishReason, TokenLogprob, choice_seed
+from site_engine.idle_work import IdleGate, IdleWork
 from site_engine.step_rates import StepRates, StepWork
 
 log = logging.getLogger(__name__)
@@ -145,9 +146,17 @@ class CumulativeKv:
 
 class EngineService:
     def __init__(
-        self, engine: Engine, tokenizer: PreTrainedTokenizerBase, max_waiting: int = 1024
+        self,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerBase,
+        max_waiting: int = 1024,
+        idle_work: tuple[IdleWork, IdleGate] | None = None,
     ) -> None:
         self.engine = engine
+        # Fine-tuning's units, run between steps when the gate allows (site_engine/idle_work.py).
+        self._idle = idle_work
+        self._last_unit_s = 0.0
+        self.idle_units = 0  # units run since start (tests and metrics read it)
         self.tokenizer = tokenizer
         self._max_waiting = max_waiting
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
@@ -317,7 +326,10 @@ class EngineService:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._drain_commands(block=not self.engine.has_unfinished())
+            idle = self._idle is not None and self._idle[0].has_work()
+            self._drain_commands(block=not (self.engine.has_unfinished() or idle))
+            if idle:
+                self._run_idle_unit()
             if self.engine.has_unfinished():
                 decoding = any(s.completion_tokens > 0 for s in self._streams.values())
                 began = time.monotonic()
@@ -340,6 +352,19 @@ class EngineService:
                 self._rates.add(StepWork(ended, ended - began, decoded, decoding, prefilled))
             else:
                 self._publish(self.engine.stats())
+
+    def _run_idle_unit(self) -> None:
+        """One unit of idle work if the gate allows it now (after the commands just taken:
+        a request that arrived meanwhile is waiting, and the gate sees it)."""
+        assert self._idle is not None
+        work, gate = self._idle
+        if not gate.allows(self.engine.stats(), self._last_unit_s):
+            return
+        try:
+            self._last_unit_s = work.run_unit()
+        except Exception:
+            log.exception("idle work failed; the engine goes on")
+        self.idle_units += 1
 
     def _publish(self, stats: EngineStats) -> None:
         if stats.iterations > self._stats.iterations:

@@ -90,6 +90,31 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
         await self._no_adapters(context)
         return site_pb2.AdapterList()  # never reached: abort raises
 
+    async def StartFineTune(
+        self, request: site_pb2.FineTuneSpec, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        await self._no_fine_tuning(context)
+        return site_pb2.FineTuneProgress()  # never reached: abort raises
+
+    async def GetFineTuneProgress(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        await self._no_fine_tuning(context)
+        return site_pb2.FineTuneProgress()
+
+    async def CancelFineTune(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        await self._no_fine_tuning(context)
+        return site_pb2.FineTuneProgress()
+
+    async def _no_fine_tuning(self, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"site {self._identity.site_name} serves embedding model "
+            f"{self._identity.model_name}: it takes no fine-tuning jobs",
+        )
+
     async def _no_adapters(self, context: grpc.aio.ServicerContext) -> None:
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -38,7 +39,11 @@ from site_engine.engine_service import (
     QueueFull,
     StreamEvent,
 )
+from site_engine.grpc_fine_tuning import FineTuneHandlers
 from site_engine.request_options import engine_request
+
+if TYPE_CHECKING:
+    from site_engine.finetune.jobs import FineTuneJobs
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "fedllm.site.v1.SiteEngine"
@@ -167,9 +172,12 @@ def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
     )
 
 
-class SiteServicer(site_pb2_grpc.SiteEngineServicer):
-    def __init__(self, service: EngineService, identity: SiteIdentity) -> None:
+class SiteServicer(FineTuneHandlers, site_pb2_grpc.SiteEngineServicer):
+    def __init__(
+        self, service: EngineService, identity: SiteIdentity, jobs: FineTuneJobs | None = None
+    ) -> None:
         self._service = service
+        self._jobs = jobs  # None: this site takes no fine-tuning jobs
         self._identity = identity
         self._tokenizer = service.tokenizer
         self._report_sequence = 0
@@ -300,6 +308,7 @@ class SiteServicer(site_pb2_grpc.SiteEngineServicer):
             block_hash_scheme=HASH_SCHEME if limits.prefix_caching else "",
             host_kv_blocks=limits.host_kv_blocks,
             adapters=self._service.served_adapters(),
+            accepts_fine_tuning=self._jobs is not None,
         )
 
     def load_report(self) -> site_pb2.LoadReport:

@@ -93,6 +93,16 @@ class SiteSettings:
     max_loras: int = 4
     max_cpu_loras: int = 8
     max_lora_rank: int = 16
+    # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
+    # of device memory reserved for training (LoRA weights, optimizer state, one micro-batch's
+    # activations), taken from the KV cache's budget at start; 0 refuses every job. Jobs,
+    # checkpoints (every `checkpoint_every` optimizer steps) and adapters live under
+    # `finetune_dir`; one unit of training holds the engine's loop `finetune_max_step_ms` at
+    # most (micro-batches shrink until it does).
+    finetune_reserve_bytes: int = 0
+    finetune_dir: Path = Path("var/finetune")
+    finetune_checkpoint_every: int = 10
+    finetune_max_step_ms: float = 200.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -146,6 +156,13 @@ class SiteSettings:
             raise SettingsError(
                 "SITE_MAX_LORAS must be >= 1 and <= SITE_MAX_CPU_LORAS, SITE_MAX_LORA_RANK in 1..64"
             )
+        if self.finetune_reserve_bytes < 0 or self.finetune_checkpoint_every < 1:
+            raise SettingsError(
+                "SITE_FINETUNE_RESERVE_BYTES must be >= 0 (0: no fine-tuning) and "
+                "SITE_FINETUNE_CHECKPOINT_EVERY >= 1"
+            )
+        if not self.finetune_max_step_ms > 0:
+            raise SettingsError("SITE_FINETUNE_MAX_STEP_MS must be > 0")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
@@ -187,7 +204,14 @@ class SiteSettings:
         if "model_dir" not in values:
             raise SettingsError("the model directory is required: SITE_MODEL_DIR or --model")
         values["model_dir"] = Path(values["model_dir"])
-        for name in ("tokenizer_dir", "tls_cert", "tls_key", "tls_client_ca", "lora_dir"):
+        for name in (
+            "tokenizer_dir",
+            "tls_cert",
+            "tls_key",
+            "tls_client_ca",
+            "lora_dir",
+            "finetune_dir",
+        ):
             if values.get(name) is not None:
                 values[name] = Path(values[name])
         values.setdefault("model_name", default_model_name(values["model_dir"]))

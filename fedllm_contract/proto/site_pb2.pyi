@@ -96,6 +96,27 @@ CACHE_TIER_DEVICE: CacheTier.ValueType  # 0
 CACHE_TIER_HOST: CacheTier.ValueType  # 1
 Global___CacheTier: _TypeAlias = CacheTier  # noqa: Y015
 
+class _FineTuneState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FineTuneStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FineTuneState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FINE_TUNE_STATE_QUEUED: _FineTuneState.ValueType  # 0
+    FINE_TUNE_STATE_RUNNING: _FineTuneState.ValueType  # 1
+    FINE_TUNE_STATE_SUCCEEDED: _FineTuneState.ValueType  # 2
+    FINE_TUNE_STATE_FAILED: _FineTuneState.ValueType  # 3
+    FINE_TUNE_STATE_CANCELLED: _FineTuneState.ValueType  # 4
+
+class FineTuneState(_FineTuneState, metaclass=_FineTuneStateEnumTypeWrapper): ...
+
+FINE_TUNE_STATE_QUEUED: FineTuneState.ValueType  # 0
+FINE_TUNE_STATE_RUNNING: FineTuneState.ValueType  # 1
+FINE_TUNE_STATE_SUCCEEDED: FineTuneState.ValueType  # 2
+FINE_TUNE_STATE_FAILED: FineTuneState.ValueType  # 3
+FINE_TUNE_STATE_CANCELLED: FineTuneState.ValueType  # 4
+Global___FineTuneState: _TypeAlias = FineTuneState  # noqa: Y015
+
 @_typing.final
 class SamplingParams(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -601,6 +622,7 @@ class SiteInfo(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
     ADAPTERS_FIELD_NUMBER: _builtins.int
+    ACCEPTS_FINE_TUNING_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     model: _builtins.str
     max_model_len: _builtins.int
@@ -629,6 +651,8 @@ class SiteInfo(_message.Message):
     no KV cache (kv_blocks_total 0) and says the length of its vectors.
     """
     embedding_dimension: _builtins.int
+    accepts_fine_tuning: _builtins.bool
+    """Whether the site takes fine-tuning jobs (StartFineTune): SITE_FINETUNE_RESERVE_BYTES > 0."""
     @_builtins.property
     def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The LoRA adapters a GenerateRequest may name (its `adapter`), sorted; none: the base only."""
@@ -654,10 +678,11 @@ class SiteInfo(_message.Message):
         task: Global___ModelTask.ValueType = ...,
         embedding_dimension: _builtins.int = ...,
         adapters: _abc.Iterable[_builtins.str] | None = ...,
+        accepts_fine_tuning: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapters", b"adapters", "block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_fine_tuning", b"accepts_fine_tuning", "adapters", b"adapters", "block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1098,3 +1123,200 @@ class AdapterList(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdapterList: _TypeAlias = AdapterList  # noqa: Y015
+
+@_typing.final
+class FineTuneHyperparameters(_message.Message):
+    """fedllm_contract.fine_tuning, field for field."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    N_EPOCHS_FIELD_NUMBER: _builtins.int
+    BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    LEARNING_RATE_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    LORA_RANK_FIELD_NUMBER: _builtins.int
+    LORA_ALPHA_FIELD_NUMBER: _builtins.int
+    TARGET_MODULES_FIELD_NUMBER: _builtins.int
+    n_epochs: _builtins.int
+    batch_size: _builtins.int
+    learning_rate_multiplier: _builtins.float
+    lora_rank: _builtins.int
+    lora_alpha: _builtins.int
+    @_builtins.property
+    def target_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        n_epochs: _builtins.int = ...,
+        batch_size: _builtins.int = ...,
+        learning_rate_multiplier: _builtins.float = ...,
+        lora_rank: _builtins.int = ...,
+        lora_alpha: _builtins.int = ...,
+        target_modules: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "learning_rate_multiplier", b"learning_rate_multiplier", "lora_alpha", b"lora_alpha", "lora_rank", b"lora_rank", "n_epochs", b"n_epochs", "target_modules", b"target_modules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FineTuneHyperparameters: _TypeAlias = FineTuneHyperparameters  # noqa: Y015
+
+@_typing.final
+class FineTuneSpec(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    BASE_MODEL_FIELD_NUMBER: _builtins.int
+    TRAINING_JSONL_FIELD_NUMBER: _builtins.int
+    VALIDATION_JSONL_FIELD_NUMBER: _builtins.int
+    HYPERPARAMETERS_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    base_model: _builtins.str
+    training_jsonl: _builtins.bytes
+    validation_jsonl: _builtins.bytes
+    """Absent: no validation file."""
+    seed: _builtins.int
+    @_builtins.property
+    def hyperparameters(self) -> Global___FineTuneHyperparameters: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        base_model: _builtins.str = ...,
+        training_jsonl: _builtins.bytes = ...,
+        validation_jsonl: _builtins.bytes | None = ...,
+        hyperparameters: Global___FineTuneHyperparameters | None = ...,
+        seed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl", "hyperparameters", b"hyperparameters", "validation_jsonl", b"validation_jsonl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl", "base_model", b"base_model", "hyperparameters", b"hyperparameters", "job_id", b"job_id", "seed", b"seed", "training_jsonl", b"training_jsonl", "validation_jsonl", b"validation_jsonl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__validation_jsonl: _TypeAlias = _typing.Literal["validation_jsonl"]  # noqa: Y015
+    _WhichOneofArgType__validation_jsonl: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__validation_jsonl) -> _WhichOneofReturnType__validation_jsonl | None: ...
+
+Global___FineTuneSpec: _TypeAlias = FineTuneSpec  # noqa: Y015
+
+@_typing.final
+class FineTuneJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FineTuneJobRequest: _TypeAlias = FineTuneJobRequest  # noqa: Y015
+
+@_typing.final
+class FineTuneLoss(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    loss: _builtins.float
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        loss: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss", b"loss", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FineTuneLoss: _TypeAlias = FineTuneLoss  # noqa: Y015
+
+@_typing.final
+class FineTuneCheckpoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    TRAIN_LOSS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    path: _builtins.str
+    train_loss: _builtins.float
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        path: _builtins.str = ...,
+        train_loss: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "step", b"step", "train_loss", b"train_loss"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FineTuneCheckpoint: _TypeAlias = FineTuneCheckpoint  # noqa: Y015
+
+@_typing.final
+class FineTuneProgress(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    TOTAL_STEPS_FIELD_NUMBER: _builtins.int
+    TRAINED_TOKENS_FIELD_NUMBER: _builtins.int
+    LOSSES_FIELD_NUMBER: _builtins.int
+    VALIDATION_LOSSES_FIELD_NUMBER: _builtins.int
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    ADAPTER_PATH_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    state: Global___FineTuneState.ValueType
+    step: _builtins.int
+    total_steps: _builtins.int
+    trained_tokens: _builtins.int
+    adapter_path: _builtins.str
+    error: _builtins.str
+    @_builtins.property
+    def losses(self) -> _containers.RepeatedCompositeFieldContainer[Global___FineTuneLoss]: ...
+    @_builtins.property
+    def validation_losses(self) -> _containers.RepeatedCompositeFieldContainer[Global___FineTuneLoss]: ...
+    @_builtins.property
+    def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___FineTuneCheckpoint]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        state: Global___FineTuneState.ValueType = ...,
+        step: _builtins.int = ...,
+        total_steps: _builtins.int = ...,
+        trained_tokens: _builtins.int = ...,
+        losses: _abc.Iterable[Global___FineTuneLoss] | None = ...,
+        validation_losses: _abc.Iterable[Global___FineTuneLoss] | None = ...,
+        checkpoints: _abc.Iterable[Global___FineTuneCheckpoint] | None = ...,
+        adapter_path: _builtins.str | None = ...,
+        error: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_adapter_path", b"_adapter_path", "_error", b"_error", "adapter_path", b"adapter_path", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_adapter_path", b"_adapter_path", "_error", b"_error", "adapter_path", b"adapter_path", "checkpoints", b"checkpoints", "error", b"error", "job_id", b"job_id", "losses", b"losses", "state", b"state", "step", b"step", "total_steps", b"total_steps", "trained_tokens", b"trained_tokens", "validation_losses", b"validation_losses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__adapter_path: _TypeAlias = _typing.Literal["adapter_path"]  # noqa: Y015
+    _WhichOneofArgType__adapter_path: _TypeAlias = _typing.Literal["_adapter_path", b"_adapter_path"]  # noqa: Y015
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__adapter_path) -> _WhichOneofReturnType__adapter_path | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___FineTuneProgress: _TypeAlias = FineTuneProgress  # noqa: Y015

@@ -74,6 +74,21 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.UnloadAdapterRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
                 _registered_method=True)
+        self.StartFineTune = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/StartFineTune',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneSpec.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+                _registered_method=True)
+        self.GetFineTuneProgress = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/GetFineTuneProgress',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+                _registered_method=True)
+        self.CancelFineTune = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/CancelFineTune',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+                _registered_method=True)
 
 
 class SiteEngineServicer:
@@ -145,6 +160,31 @@ class SiteEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartFineTune(self, request, context):
+        """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+        site's idle cycles as the lowest class of work. A site that takes no jobs
+        (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
+        FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
+        known: ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFineTuneProgress(self, request, context):
+        """A job's progress (NOT_FOUND for a job the site does not know).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelFineTune(self, request, context):
+        """Ends a job not yet final; a final job's progress is answered unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -187,6 +227,21 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     servicer.UnloadAdapter,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.UnloadAdapterRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.SerializeToString,
+            ),
+            'StartFineTune': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartFineTune,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneSpec.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.SerializeToString,
+            ),
+            'GetFineTuneProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFineTuneProgress,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.SerializeToString,
+            ),
+            'CancelFineTune': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelFineTune,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -405,6 +460,87 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/UnloadAdapter',
             fedllm__contract_dot_proto_dot_site__pb2.UnloadAdapterRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartFineTune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/StartFineTune',
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneSpec.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFineTuneProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/GetFineTuneProgress',
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelFineTune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/CancelFineTune',
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,17 @@ class SiteEngineStub:
     """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
     a request of the adapter is queued or running: the caller retries once they end.
     """
+    StartFineTune: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneSpec, _site_pb2.FineTuneProgress]
+    """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+    site's idle cycles as the lowest class of work. A site that takes no jobs
+    (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
+    FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
+    known: ALREADY_EXISTS.
+    """
+    GetFineTuneProgress: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]
+    """A job's progress (NOT_FOUND for a job the site does not know)."""
+    CancelFineTune: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]
+    """Ends a job not yet final; a final job's progress is answered unchanged."""
 
 @_typing.type_check_only
 class SiteEngineAsyncStub(SiteEngineStub):
@@ -104,6 +115,17 @@ class SiteEngineAsyncStub(SiteEngineStub):
     """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
     a request of the adapter is queued or running: the caller retries once they end.
     """
+    StartFineTune: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneSpec, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
+    """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+    site's idle cycles as the lowest class of work. A site that takes no jobs
+    (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
+    FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
+    known: ALREADY_EXISTS.
+    """
+    GetFineTuneProgress: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
+    """A job's progress (NOT_FOUND for a job the site does not know)."""
+    CancelFineTune: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
+    """Ends a job not yet final; a final job's progress is answered unchanged."""
 
 class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -184,5 +206,34 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         """Stops serving an adapter (NOT_FOUND if not served). Refused with FAILED_PRECONDITION while
         a request of the adapter is queued or running: the caller retries once they end.
         """
+
+    @_abc_1.abstractmethod
+    def StartFineTune(
+        self,
+        request: _site_pb2.FineTuneSpec,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.FineTuneProgress, _abc.Awaitable[_site_pb2.FineTuneProgress]]:
+        """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+        site's idle cycles as the lowest class of work. A site that takes no jobs
+        (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
+        FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
+        known: ALREADY_EXISTS.
+        """
+
+    @_abc_1.abstractmethod
+    def GetFineTuneProgress(
+        self,
+        request: _site_pb2.FineTuneJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.FineTuneProgress, _abc.Awaitable[_site_pb2.FineTuneProgress]]:
+        """A job's progress (NOT_FOUND for a job the site does not know)."""
+
+    @_abc_1.abstractmethod
+    def CancelFineTune(
+        self,
+        request: _site_pb2.FineTuneJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.FineTuneProgress, _abc.Awaitable[_site_pb2.FineTuneProgress]]:
+        """Ends a job not yet final; a final job's progress is answered unchanged."""
 
 def add_SiteEngineServicer_to_server(servicer: SiteEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

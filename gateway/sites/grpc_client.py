@@ -5,6 +5,7 @@ not leave this module, and gRPC failures become the interface's exceptions."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -17,7 +18,9 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
+from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneSpec
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
+from fedllm_contract.proto.fine_tuning import progress_from_proto, spec_to_proto
 from fedllm_contract.proto.options import options_to_proto, priority_from_proto
 from gateway.federation import ModelTask
 from gateway.sites.interface import (
@@ -26,6 +29,7 @@ from gateway.sites.interface import (
     ClassLoadView,
     EmbedParams,
     EmbedResult,
+    FineTuneCallRefused,
     GenerateParams,
     HealthAnswer,
     LoadView,
@@ -79,6 +83,14 @@ _ADAPTER_REFUSALS = {
 # streams' data for the connection's flow-control window and stream slots, and an overloaded
 # site looked dead to the gateway.
 _CONTROL_CHANNEL_OPTIONS = (*_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+_FINE_TUNE_REFUSALS = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid",
+    grpc.StatusCode.ALREADY_EXISTS: "exists",
+    grpc.StatusCode.NOT_FOUND: "not_found",
+    grpc.StatusCode.FAILED_PRECONDITION: "precondition",
+}
+# Starting a job parses and tokenizes its files at the site: seconds for a large one.
+_FINE_TUNE_TIMEOUT_S = 120.0
 # Loading reads and checks the adapter's weights at the site: seconds for a large one.
 _ADAPTER_CHANGE_TIMEOUT_S = 120.0
 
@@ -276,6 +288,7 @@ class GrpcSiteClient:
             task=self._task(info.task),
             embedding_dimension=info.embedding_dimension,
             adapters=tuple(info.adapters),
+            accepts_fine_tuning=info.accepts_fine_tuning,
         )
 
     async def load_adapter(self, name: str, path: str) -> tuple[str, ...]:
@@ -293,6 +306,40 @@ class GrpcSiteClient:
         except grpc.aio.AioRpcError as exc:
             raise self._adapter_error(exc) from exc
         return tuple(answer.adapters)
+
+    async def start_fine_tune(self, spec: FineTuneSpec) -> FineTuneProgress:
+        call = self._stub.StartFineTune(spec_to_proto(spec), timeout=_FINE_TUNE_TIMEOUT_S)
+        try:
+            return await self._fine_tune(call)
+        except FineTuneCallRefused as exc:
+            if exc.reason != "exists":
+                raise
+        # The gateway sends a start again when the answer to the first was lost: the job the
+        # site already has is the one asked for (job ids are the gateway's own).
+        return await self.fine_tune_progress(spec.job_id)
+
+    async def fine_tune_progress(self, job_id: str) -> FineTuneProgress:
+        request = site_pb2.FineTuneJobRequest(job_id=job_id)
+        return await self._fine_tune(self._stub.GetFineTuneProgress(request, timeout=self._timeout))
+
+    async def cancel_fine_tune(self, job_id: str) -> FineTuneProgress:
+        request = site_pb2.FineTuneJobRequest(job_id=job_id)
+        return await self._fine_tune(self._stub.CancelFineTune(request, timeout=self._timeout))
+
+    async def _fine_tune(
+        self, call: grpc.aio.UnaryUnaryCall[Any, site_pb2.FineTuneProgress]
+    ) -> FineTuneProgress:
+        try:
+            answer = await call
+        except grpc.aio.AioRpcError as exc:
+            reason = _FINE_TUNE_REFUSALS.get(exc.code())
+            if reason is None:
+                raise self._error(exc) from exc
+            raise FineTuneCallRefused(self.name, exc.details() or exc.code().name, reason) from exc
+        try:
+            return progress_from_proto(answer)
+        except ValueError as exc:
+            raise SiteFailed(self.name, str(exc)) from exc
 
     def _adapter_error(self, exc: grpc.aio.AioRpcError) -> SiteCallError:
         reason = _ADAPTER_REFUSALS.get(exc.code())

@@ -73,6 +73,16 @@ class AdapterChangeRefused(SiteCallError):
         self.reason = reason
 
 
+class FineTuneCallRefused(SiteRejected):
+    """The site refused a fine-tuning call. `reason`: "invalid" (another base model, a bad file
+    or hyperparameters), "exists" (the job id is known), "not_found" (no such job),
+    "precondition" (the site takes no jobs, or its reserve cannot hold one example)."""
+
+    def __init__(self, site: str, message: str, reason: str) -> None:
+        super().__init__(site, message)
+        self.reason = reason
+
+
 class SiteTimedOut(SiteFailed):
     """The call's deadline (the request's timeout) passed after the site accepted it; the site
     sees the deadline too and cancels the request."""

@@ -97,12 +97,14 @@ def plan_kv_cache(
     max_model_len: int,
     requested_bytes: int = 0,
     reserve_share: float = RESERVE_SHARE,
+    training_bytes: int = 0,
 ) -> KvPlan:
     """Blocks of the KV cache from a trial; raises KvCacheTooSmall naming the numbers when the
     automatic cache cannot hold one max_model_len sequence, or `requested_bytes` does not fit
     next to what the engine needs besides."""
     reserve = int(measurement.total * reserve_share)
-    needs = measurement.step_and_sampler + measurement.graph_driver
+    # Fine-tuning's reserve (SITE_FINETUNE_RESERVE_BYTES) is the engine's like its step's.
+    needs = measurement.step_and_sampler + measurement.graph_driver + training_bytes
     available = measurement.free - needs - reserve
     one_sequence = blocks_for(max_model_len, block_size) * bytes_per_block
     if requested_bytes > 0:

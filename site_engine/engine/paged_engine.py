@@ -105,6 +105,9 @@ class EngineConfig:
     background_step_tokens: int = 0
     # LoRA adapters this engine serves (site_engine/engine/lora/); None: the base model only.
     lora: LoraSettings | None = None
+    # Device memory reserved for fine-tuning jobs (site_engine/finetune/), taken from the KV
+    # cache's automatic budget (or refused with an explicit one it leaves no room beside).
+    finetune_reserve_bytes: int = 0
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -130,7 +133,12 @@ def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
             # the graphs) come out of what the cache may take.
             lora = lora_slot_bytes(BaseShapes.of_model(loaded.model), config.lora, loaded.dtype)
             measurement = replace(measurement, free=measurement.free - lora)
-        return plan_kv_cache(measurement, requested_bytes=config.kv_cache_bytes, **sizes)
+        return plan_kv_cache(
+            measurement,
+            requested_bytes=config.kv_cache_bytes,
+            training_bytes=config.finetune_reserve_bytes,
+            **sizes,
+        )
     if config.kv_cache_bytes > 0:
         return plan_from_budget(config.kv_cache_bytes, **sizes)
     full = blocks_for(loaded.max_model_len, config.block_size)

@@ -1,0 +1,157 @@
+"""A job's checkpoints and final adapter on the site's disk, each written whole or not at all.
+
+SITE_FINETUNE_DIR/<job_id>/ holds the job's spec (spec.json and its files), `checkpoint-<step>/`
+directories (the PEFT adapter, plus trainer_state.pt: optimizer, scheduler, RNG state and the
+history), the final `adapter/` (PEFT's format, what site_engine/engine/lora/adapter.py reads),
+and `result.json` once the job ended. Every directory is written under a temporary name and
+renamed into place, so a site killed mid-write leaves either the whole directory or none of it
+(the temporary one is cleared at the next start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+
+from fedllm_contract.fine_tuning import (
+    FineTuneCheckpoint,
+    FineTuneHyperparameters,
+    FineTuneProgress,
+    FineTuneSpec,
+    FineTuneState,
+)
+from site_engine.finetune.trainer import History, LoraTrainer
+
+STATE_FILE = "trainer_state.pt"
+RESULT_FILE = "result.json"
+ADAPTER_DIR = "adapter"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _write_dir(target: Path, fill: Any) -> None:
+    """Calls fill(tmp) then renames tmp onto `target` (replacing an old one)."""
+    tmp = target.with_name(f".tmp-{target.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fill(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+def save_spec(job_dir: Path, spec: FineTuneSpec) -> None:
+    def fill(tmp: Path) -> None:
+        (tmp / "training.jsonl").write_bytes(spec.training_jsonl)
+        if spec.validation_jsonl is not None:
+            (tmp / "validation.jsonl").write_bytes(spec.validation_jsonl)
+        hp = asdict(spec.hyperparameters)
+        hp["target_modules"] = list(hp["target_modules"])
+        meta = {"job_id": spec.job_id, "base_model": spec.base_model, "seed": spec.seed,
+                "hyperparameters": hp}  # fmt: skip
+        (tmp / "spec.json").write_text(json.dumps(meta))
+
+    _write_dir(job_dir, fill)
+
+
+def load_spec(job_dir: Path) -> FineTuneSpec:
+    meta = json.loads((job_dir / "spec.json").read_text())
+    hp = dict(meta["hyperparameters"])
+    hp["target_modules"] = tuple(hp["target_modules"])
+    validation = job_dir / "validation.jsonl"
+    return FineTuneSpec(
+        job_id=meta["job_id"],
+        base_model=meta["base_model"],
+        training_jsonl=(job_dir / "training.jsonl").read_bytes(),
+        validation_jsonl=validation.read_bytes() if validation.is_file() else None,
+        hyperparameters=FineTuneHyperparameters(**hp),
+        seed=int(meta["seed"]),
+    )
+
+
+def checkpoint_steps(job_dir: Path) -> list[int]:
+    steps = [int(m[1]) for p in job_dir.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    return sorted(steps)
+
+
+def save_checkpoint(job_dir: Path, trainer: LoraTrainer) -> Path:
+    """checkpoint-<step>/: the adapter and everything a resumed trainer needs."""
+    target = job_dir / f"checkpoint-{trainer.history.step}"
+
+    def fill(tmp: Path) -> None:
+        trainer.model.save_pretrained(str(tmp))
+        state = {
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "rng": torch.get_rng_state(),
+            "history": asdict(trainer.history),
+        }
+        torch.save(state, tmp / STATE_FILE)
+
+    _write_dir(target, fill)
+    return target
+
+
+def restore_checkpoint(job_dir: Path, step: int, trainer: LoraTrainer) -> None:
+    """Loads checkpoint-<step> into a trainer freshly built for the same spec."""
+    path = job_dir / f"checkpoint-{step}"
+    weights = load_file(str(path / "adapter_model.safetensors"), device=str(trainer.device))
+    result = set_peft_model_state_dict(trainer.model, weights)
+    if result.unexpected_keys:
+        raise ValueError(f"{path} does not fit the job's model: {result.unexpected_keys[:3]}")
+    state = torch.load(path / STATE_FILE, map_location=trainer.device, weights_only=False)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"].cpu())
+    history = state["history"]
+    trainer.history = History(
+        step=history["step"],
+        trained_tokens=history["trained_tokens"],
+        losses=[(int(s), float(v)) for s, v in history["losses"]],
+        validation_losses=[(int(s), float(v)) for s, v in history["validation_losses"]],
+    )
+
+
+def save_adapter(job_dir: Path, trainer: LoraTrainer) -> Path:
+    target = job_dir / ADAPTER_DIR
+    _write_dir(target, lambda tmp: trainer.model.save_pretrained(str(tmp)))
+    return target
+
+
+def checkpoint_record(job_dir: Path, step: int, losses: dict[int, float]) -> FineTuneCheckpoint:
+    return FineTuneCheckpoint(step, str(job_dir / f"checkpoint-{step}"), losses.get(step, 0.0))
+
+
+def save_result(job_dir: Path, progress: FineTuneProgress) -> None:
+    record = asdict(progress)
+    record["state"] = progress.state.value
+    tmp = job_dir / f".tmp-{RESULT_FILE}"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, job_dir / RESULT_FILE)
+
+
+def load_result(job_dir: Path) -> FineTuneProgress | None:
+    path = job_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return FineTuneProgress(
+        job_id=record["job_id"],
+        state=FineTuneState(record["state"]),
+        step=record["step"],
+        total_steps=record["total_steps"],
+        trained_tokens=record["trained_tokens"],
+        losses=tuple((int(s), float(v)) for s, v in record["losses"]),
+        validation_losses=tuple((int(s), float(v)) for s, v in record["validation_losses"]),
+        checkpoints=tuple(FineTuneCheckpoint(**c) for c in record["checkpoints"]),
+        adapter_path=record["adapter_path"],
+        error=record["error"],
+    )

@@ -1,0 +1,139 @@
+"""A fine-tuning job's chat JSONL turned into token ids, with loss on the assistant's tokens only.
+
+The gateway validated the file line by line (OpenAI's chat format: one {"messages": [...]}
+object a line); this re-parses it and renders every conversation with the chat template the site
+serves (the tokenizer's own, ChatML when it has none), so that the model learns the exact token
+layout it will later see at inference. A token counts toward the loss when it starts inside an
+assistant message's rendered text: its content and the end-of-turn marker after it (the model
+learns to stop), never the template's `<|im_start|>assistant\\n` header, which the serving side
+writes itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from fedllm_contract.tokenizer import CHATML_TEMPLATE
+
+IGNORE = -100  # the label of a token the loss skips (torch's cross_entropy ignore_index)
+
+
+class TrainingDataError(ValueError):
+    """The file cannot be trained on; the message names the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One conversation: its token ids and labels (IGNORE where no loss is taken)."""
+
+    input_ids: tuple[int, ...]
+    labels: tuple[int, ...]
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(1 for label in self.labels if label != IGNORE)
+
+
+def parse_chat_jsonl(data: bytes) -> list[list[dict[str, str]]]:
+    """The conversations of a chat JSONL file (blank lines skipped); TrainingDataError naming
+    the first bad line."""
+    conversations: list[list[dict[str, str]]] = []
+    for number, raw in enumerate(data.decode("utf-8", errors="strict").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError as exc:
+            raise TrainingDataError(f"line {number}: not JSON: {exc}") from exc
+        messages = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise TrainingDataError(f"line {number}: expected {{'messages': [...]}}")
+        conversations.append([_message(number, m) for m in messages])
+        if not any(m["role"] == "assistant" for m in conversations[-1]):
+            raise TrainingDataError(f"line {number}: no assistant message to learn from")
+    if not conversations:
+        raise TrainingDataError("the file holds no examples")
+    return conversations
+
+
+def _message(number: int, message: Any) -> dict[str, str]:
+    if not isinstance(message, dict):
+        raise TrainingDataError(f"line {number}: a message must be an object")
+    role, content = message.get("role"), message.get("content")
+    if role not in ("system", "user", "assistant") or not isinstance(content, str):
+        raise TrainingDataError(
+            f"line {number}: a message needs a role (system, user, assistant) and text content"
+        )
+    return {"role": role, "content": content}
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], prompt: bool
+) -> str:
+    template = None if tokenizer.chat_template else CHATML_TEMPLATE
+    text = tokenizer.apply_chat_template(
+        list(messages), chat_template=template, tokenize=False, add_generation_prompt=prompt
+    )
+    assert isinstance(text, str)
+    return text
+
+
+def assistant_spans(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant turns (from after
+    the generation prompt to the end of the turn as the template writes it)."""
+    text = _render(tokenizer, messages, prompt=False)
+    spans: list[tuple[int, int]] = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:i], prompt=True)) if i else 0
+        through = _render(tokenizer, messages[: i + 1], prompt=False)
+        # Up to the end-of-turn marker: the newline a template writes after it is no token the
+        # model generates when served (it stops at the marker).
+        end = len(through.rstrip())
+        if not text.startswith(through):
+            raise TrainingDataError(
+                "the chat template does not render a conversation's turns as prefixes of it: "
+                "cannot tell the assistant's tokens apart"
+            )
+        spans.append((start, end))
+    return text, spans
+
+
+def encode(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], max_tokens: int
+) -> Example:
+    """One conversation's ids and labels, cut to `max_tokens` (its end is lost, not its start)."""
+    text, spans = assistant_spans(tokenizer, messages)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(encoded["input_ids"])[:max_tokens]
+    offsets = encoded["offset_mapping"][: len(ids)]
+    labels = [
+        token if any(lo <= start < hi for lo, hi in spans) else IGNORE
+        for token, (start, _) in zip(ids, offsets, strict=True)
+    ]
+    return Example(tuple(ids), tuple(labels))
+
+
+def encode_file(tokenizer: PreTrainedTokenizerBase, data: bytes, max_tokens: int) -> list[Example]:
+    """Every conversation of the file; TrainingDataError if one keeps no assistant token."""
+    examples = []
+    for number, messages in enumerate(parse_chat_jsonl(data), start=1):
+        example = encode(tokenizer, messages, max_tokens)
+        if not example.loss_tokens:
+            raise TrainingDataError(
+                f"example {number}: no assistant token within {max_tokens} tokens"
+            )
+        examples.append(example)
+    return examples

@@ -1,0 +1,68 @@
+"""The site's fine-tuning RPCs (StartFineTune, GetFineTuneProgress, CancelFineTune): the
+protobuf face of site_engine/finetune/jobs.py, mixed into the site's servicer (grpc_server.py).
+The job calls run off the event loop: starting a job parses and tokenizes its files."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+from fedllm_contract.fine_tuning import FineTuneProgress
+from fedllm_contract.proto import site_pb2
+from fedllm_contract.proto.fine_tuning import progress_to_proto, spec_from_proto
+from site_engine.finetune import FineTuneRefused
+
+if TYPE_CHECKING:
+    from site_engine.finetune.jobs import FineTuneJobs
+
+_FINE_TUNE_STATUS = {
+    FineTuneRefused.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    FineTuneRefused.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    FineTuneRefused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    FineTuneRefused.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+}
+
+
+class FineTuneHandlers:
+    _jobs: FineTuneJobs | None  # None: this site takes no fine-tuning jobs
+
+    async def StartFineTune(
+        self, request: site_pb2.FineTuneSpec, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        try:
+            spec = spec_from_proto(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"fine-tuning job: {exc}")
+        # Off the event loop: the files are parsed and tokenized here.
+        return await self._fine_tune(context, lambda jobs: jobs.start(spec))
+
+    async def GetFineTuneProgress(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        return await self._fine_tune(context, lambda jobs: jobs.progress(request.job_id))
+
+    async def CancelFineTune(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneProgress:
+        return await self._fine_tune(context, lambda jobs: jobs.cancel(request.job_id))
+
+    async def _fine_tune(
+        self,
+        context: grpc.aio.ServicerContext,
+        call: Callable[[FineTuneJobs], FineTuneProgress],
+    ) -> site_pb2.FineTuneProgress:
+        jobs = self._jobs
+        if jobs is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this site takes no fine-tuning jobs (SITE_FINETUNE_RESERVE_BYTES is 0)",
+            )
+            raise AssertionError("abort raises")
+        try:
+            progress = await asyncio.to_thread(call, jobs)
+        except FineTuneRefused as exc:
+            await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
+        return progress_to_proto(progress)
