@@ -32,7 +32,7 @@ from predictor.datasets import load_corpus
 from predictor.prepare import split_of
 from predictor.runtime import LengthPredictor
 from predictor.served_labels import join_records, read_labels, read_manifest
-from site_engine.engine.remaining import OUTRUN_SHARE, remaining_tokens
+from site_engine.engine.core.remaining import OUTRUN_SHARE, remaining_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PREDICTOR = REPO / "var" / "predictor" / "smollm2-135m-instruct-tfidf"
@@ -55,7 +55,7 @@ def _past(share: float) -> Rule:
 
 
 def _served(predicted: np.ndarray, produced: np.ndarray, max_tokens: int) -> np.ndarray:
-    """What the site engine reports (site_engine/engine/remaining.py), element by element."""
+    """What the site engine reports (site_engine/engine/core/remaining.py), element by element."""
     rows = zip(predicted.tolist(), produced.tolist(), strict=True)
     return np.asarray([remaining_tokens(p, g, max_tokens) for p, g in rows], dtype=np.float64)
 

@@ -19,7 +19,7 @@ per-process seed. xxh3 is not a cryptographic hash: a 64-bit id suffices because
 the operator's own machines (sites report them to the gateway only), and with N blocks held the
 chance of any accidental collision is about N^2 / 2^65 (1e-8 at a million blocks).
 
-Sites (site_engine/engine/prefix_cache.py) key their cached KV blocks by these ids; the gateway
+Sites (site_engine/engine/core/prefix_cache.py) key their cached KV blocks by these ids; the gateway
 computes the same ids from the prompt it routes, to know how much of it a site already holds.
 """
 

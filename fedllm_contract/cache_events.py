@@ -1,8 +1,8 @@
 """Prefix-cache events as typed values: what a site reports of the KV blocks it holds.
 
 The one definition both sides share. The site engine records them
-(site_engine/engine/prefix_cache.py), its gRPC adapter sends them in the load stream (site.proto's
-CacheEvents), the gateway's adapter builds these same values from the protobuf
+(site_engine/engine/core/prefix_cache.py), its gRPC adapter sends them in the load stream
+(site.proto's CacheEvents), the gateway's adapter builds these same values from the protobuf
 (gateway/sites/grpc_client.py), vLLM's KV events are translated into them
 (gateway/routing/prefix/vllm_events.py), and the prefix index applies them
 (gateway/routing/prefix/site_index.py): protobuf and msgpack stop at the adapters, so the index

@@ -35,9 +35,9 @@ from predictor.served_labels import (
     read_labels,
     write_manifest,
 )
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.model_loading import LoadedModel, load_model
 from site_engine.settings import default_model_name
 

@@ -33,7 +33,7 @@ from site_engine.embedding.batcher import (
 from site_engine.embedding.layout import is_embedding_model
 from site_engine.embedding.runner import load_embedding_runner
 from site_engine.embedding_http import EmbeddingFace
-from site_engine.engine.api import Engine
+from site_engine.engine.core.api import Engine
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine

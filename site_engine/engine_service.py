@@ -22,14 +22,14 @@ from transformers import PreTrainedTokenizerBase
 
 from site_engine.cache_event_journal import CacheEventJournal, Snapshot
 from site_engine.detokenizer import IncrementalDetokenizer
-from site_engine.engine.api import (
+from site_engine.engine.core.api import (
     Engine,
     EngineRequest,
     EngineStats,
     RequestOutput,
     RequestRejected,
 )
-from site_engine.engine.types import FinishReason, TokenLogprob, choice_seed
+from site_engine.engine.core.types import FinishReason, TokenLogprob, choice_seed
 from site_engine.idle_work import IdleGate, IdleWork
 from site_engine.step_rates import StepRates, StepWork
 

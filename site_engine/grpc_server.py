@@ -29,9 +29,9 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
 from site_engine.cache_event_journal import CacheEventStream
-from site_engine.engine.api import AdapterRefused, EngineRequest, RequestRejected
-from site_engine.engine.scheduler_config import ClassLoad
-from site_engine.engine.types import FinishReason, TokenLogprob
+from site_engine.engine.core.api import AdapterRefused, EngineRequest, RequestRejected
+from site_engine.engine.core.scheduler_config import ClassLoad
+from site_engine.engine.core.types import FinishReason, TokenLogprob
 from site_engine.engine_service import (
     DuplicateRequest,
     EngineFailure,

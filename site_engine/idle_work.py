@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from site_engine.engine.api import EngineStats
+from site_engine.engine.core.api import EngineStats
 
 
 class IdleWork(Protocol):

@@ -30,14 +30,14 @@ from prometheus_client.registry import Collector
 
 from fedllm_contract.cache_events import CacheEvent
 from fedllm_contract.priority import Priority
-from site_engine.engine.api import (
+from site_engine.engine.core.api import (
     Engine,
     EngineLimits,
     EngineRequest,
     EngineStats,
     RequestOutput,
 )
-from site_engine.engine.types import FinishReason
+from site_engine.engine.core.types import FinishReason
 
 log = logging.getLogger(__name__)
 # Seconds per engine step: sub-millisecond (GPU decode) to a slow CPU prefill.

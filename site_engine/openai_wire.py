@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract.grammar import ConstraintSpec
 from fedllm_contract.request_options import RequestOptions
-from site_engine.engine.types import SamplingParams, TokenLogprob
+from site_engine.engine.core.types import SamplingParams, TokenLogprob
 from site_engine.request_options import SAMPLING_OPTIONS, sampling_params
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import fields
 
 from fedllm_contract.request_options import OPTION_NAMES, RequestOptions
-from site_engine.engine.api import EngineRequest
-from site_engine.engine.types import SamplingParams
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 
 SAMPLING_OPTIONS = frozenset(f.name for f in fields(SamplingParams)) & OPTION_NAMES
 # The options the engine's SamplingParams does not hold, and where they go instead.

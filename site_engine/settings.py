@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from fedllm_contract.env_settings import SettingsError, build, read_env
-from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
+from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -48,17 +48,17 @@ class SiteSettings:
     policy: PolicyName = "fcfs"
     # The deferral bound on background work (flex and batch classes): prefill tokens of theirs
     # per step at most, so that an interactive request arriving mid-step waits at most one
-    # step with that much background in it before it joins (site_engine/engine/step_budget.py;
+    # step with that much background in it before it joins (site_engine/engine/core/step_budget.py;
     # in seconds: this / the site's prefill tokens per second). 0: no bound.
     deferral_bound_tokens: int = 512
-    # Automatic prefix caching (site_engine/engine/block_manager.py); --no-prefix-caching: off.
+    # Automatic prefix caching (site_engine/engine/core/block_manager.py); --no-prefix-caching: off.
     prefix_caching: bool = True
     # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
     host_kv_cache_gib: float = 0.0
     # The host tier's bandwidth share: bytes of copies to it per engine step at most (whole
     # blocks, at least one); a block worth a copy beyond it is simply evicted. And how many
     # steps after its request left a block counts as of a conversation still active, worth a
-    # copy (site_engine/engine/host_offload.py).
+    # copy (site_engine/engine/core/host_offload.py).
     host_kv_offload_bytes_per_step: int = 32 << 20
     host_kv_active_window_steps: int = 2000
     load_report_interval_ms: int = 500

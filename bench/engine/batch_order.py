@@ -58,9 +58,9 @@ from fedllm_contract.block_hash import prompt_block_hashes
 from gateway.batch_settings import BatchOrder
 from gateway.batches.blend import Roofline
 from gateway.batches.plan import PlanItem, item_order
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpu": {

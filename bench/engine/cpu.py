@@ -22,11 +22,11 @@ import torch
 
 from bench.common import markdown_table, results_dir, write_results
 from bench.engine.trace import TraceRequest, load_trace
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.scheduling_policy import PolicyName
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.scheduling_policy import PolicyName
-from site_engine.engine.types import SamplingParams
 from site_engine.make_model import make_model_dir
 from site_engine.model_loading import LoadedModel, load_model
 

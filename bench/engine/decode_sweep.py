@@ -23,10 +23,10 @@ from typing import Any
 from bench.engine.harness import Progress, free_device_memory, sync
 from bench.engine.metrics import kv_bytes_per_token, roofline_ms
 from bench.engine.roofline import kv_block_bytes, weight_bytes
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.kv_cache import KVCacheSpec, dtype_size
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import LoadedModel
 
 

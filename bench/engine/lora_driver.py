@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from bench.engine.metrics import percentile
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.lora.adapter import PROJECTIONS, WEIGHTS_FILE, BaseShapes
 from site_engine.engine.lora.random_adapter import write_config, write_random_adapter
 from site_engine.engine.paged_engine import PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 
 _Z99 = 2.326  # the standard normal's 99th percentile
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.model_runner import ModelRunner
-from site_engine.engine.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.model_loading import load_model
 
 MIB = 1 << 20

@@ -48,9 +48,9 @@ from bench.engine.paths import shared_path
 from bench.engine.prefill_kernels import HeadLayout, attention_flops
 from bench.engine.prefill_long import _prompt
 from bench.engine.report import versions
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 
 Inputs = dict[str, Any]
 

@@ -51,9 +51,9 @@ from bench.engine.harness import Progress, free_device_memory, sync
 from bench.engine.model_setup import LLAMA_1B_LONG_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.paths import shared_path
 from bench.engine.report import fmt, versions
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import LoadedModel
 
 PHASES = ("kernels", "hf", "engine")

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from bench.engine.metrics import percentile
 from bench.engine.prefix_workloads import Session
-from site_engine.engine.api import EngineRequest, EngineStats, RequestRejected
+from site_engine.engine.core.api import EngineRequest, EngineStats, RequestRejected
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,9 @@ from typing import Protocol
 
 from bench.engine.metrics import percentile
 from fedllm_contract.priority import Priority
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 
 
 class Clock(Protocol):

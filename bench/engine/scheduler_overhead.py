@@ -45,8 +45,8 @@ from typing import Any
 
 from bench.common import command_line, markdown_table, results_dir, write_results
 from site_engine.cache_event_journal import CacheEventJournal
-from site_engine.engine.scheduler import Scheduler, SchedulerConfig
-from site_engine.engine.types import ModelRunnerOutput, SamplingParams
+from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
+from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams
 
 GPU_STEP_S = 0.010  # the ~10 ms GPU step the host work is compared with
 VOCAB = 128_000

@@ -25,9 +25,9 @@ import torch
 from bench.common import markdown_table, results_dir, write_results
 from predictor.datasets import load_corpus
 from predictor.label_served import render_prompt
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.gguf_import import materialize
 from site_engine.model_loading import LoadedModel, load_model
 

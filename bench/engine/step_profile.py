@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from bench.engine.decode_probe import build
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import LoadedModel, load_model
 
 

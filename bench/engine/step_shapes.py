@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from bench.engine.harness import GIB, Progress
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.model_loading import LoadedModel
 
 _GREEDY = SamplingParams(max_tokens=4096, temperature=0.0, ignore_eos=True)

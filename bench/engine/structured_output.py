@@ -38,9 +38,9 @@ import torch
 from bench.common import machine, results_dir
 from bench.engine.model_setup import LLAMA_1B_SHAPE, LLAMA_8B_SHAPE, SMALL_SHAPE, build_model_dir
 from fedllm_contract.grammar import ConstraintSpec
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import LoadedModel, load_model
 
 RESULTS = results_dir("structured_output")

@@ -29,9 +29,9 @@ import torch
 
 from bench.common import command_line, markdown_table, results_dir, write_results
 from fedllm_contract.grammar import ConstraintSpec
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.engine_service import EngineService
 from site_engine.model_loading import LoadedModel, load_model
 

@@ -1,5 +1,5 @@
 """The host tier's memory (pinned on CUDA) and the copies the scheduler decides between it and the
-device's paged KV cache (site_engine/engine/host_tier.py decides, this module moves bytes).
+device's paged KV cache (site_engine/engine/core/host_tier.py decides, this module moves bytes).
 
 A slot holds one block of every layer, K and V: [num_layers, 2, block_size, kv_heads, head_dim],
 contiguous, so one block moves in one memcpy. On CUDA the copies run on a side stream,
@@ -20,8 +20,8 @@ from itertools import groupby
 
 import torch
 
+from site_engine.engine.core.types import KvCopy
 from site_engine.engine.kv_cache import PagedKVCache
-from site_engine.engine.types import KvCopy
 
 
 class HostKvPool:

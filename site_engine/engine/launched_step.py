@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from site_engine.engine.sampler import SampledTokens
-from site_engine.engine.types import (
+from site_engine.engine.core.types import (
     PENDING_TOKEN,
     ModelRunnerOutput,
     ScheduledChunk,
     TokenLogprob,
 )
+from site_engine.engine.sampler import SampledTokens
 
 
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.host_staging import HostStaging
-from site_engine.engine.types import ScheduledChunk
 
 if TYPE_CHECKING:
     from site_engine.engine.structured_output import MaskFiller

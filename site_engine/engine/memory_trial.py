@@ -18,12 +18,12 @@ import gc
 import torch
 
 from site_engine.engine.attention import TorchReferenceAttention
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.engine.cuda.graphs import bucket_sizes
 from site_engine.engine.cuda.step_graphs import token_buckets
 from site_engine.engine.memory_plan import GRAPH_BYTES_PER_LAYER, TrialMeasurement, blocks_for
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.models import build_flat_model
-from site_engine.engine.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.model_loading import LoadedModel
 
 # Sampling that allocates the most temporaries per row (softmax, top-p sort, seeded noise).

@@ -22,6 +22,7 @@ from site_engine.engine.attention import (
     AttentionMetadata,
     TorchReferenceAttention,
 )
+from site_engine.engine.core.types import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.launched_step import LaunchedStep, no_pending_rows
@@ -29,7 +30,6 @@ from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.model_config import eos_token_ids, max_model_len
 from site_engine.engine.models import FlatCausalLM, build_flat_model
 from site_engine.engine.sampler import Sampler
-from site_engine.engine.types import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 
 if TYPE_CHECKING:
     from site_engine.engine.cuda.graphs import DecodeGraphs

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedllm_contract.cache_events import CacheEvent
-from site_engine.engine.api import (
+from site_engine.engine.core.api import (
     AdapterRefused,
     EngineLimits,
     EngineRequest,
@@ -28,7 +28,16 @@ from site_engine.engine.api import (
     RequestOutput,
     RequestRejected,
 )
-from site_engine.engine.host_offload import OffloadLimits
+from site_engine.engine.core.host_offload import OffloadLimits
+from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from site_engine.engine.core.scheduling_policy import PolicyName
+from site_engine.engine.core.sequence import Sequence
+from site_engine.engine.core.types import (
+    FinishReason,
+    ModelRunnerOutput,
+    SamplingParams,
+    SchedulerOutput,
+)
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.logit_processing import GrammarMasks
@@ -48,19 +57,10 @@ from site_engine.engine.memory_plan import (
     startup_report,
 )
 from site_engine.engine.model_runner import ModelRunner
-from site_engine.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from site_engine.engine.scheduling_policy import PolicyName
-from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import (
-    FinishReason,
-    ModelRunnerOutput,
-    SamplingParams,
-    SchedulerOutput,
-)
 
 if TYPE_CHECKING:
+    from site_engine.engine.core.types import Guide
     from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
-    from site_engine.engine.types import Guide
 from site_engine.model_loading import LoadedModel
 
 MIB = 1 << 20
@@ -85,7 +85,7 @@ class EngineConfig:
     # Schedule step N+1 while step N runs. None: on for CUDA, off elsewhere (a CPU step does its
     # work before returning, so there is nothing to overlap; True still works there, for tests).
     async_scheduling: bool | None = None
-    # Automatic prefix caching (site_engine/engine/block_manager.py); block ids are seeded by
+    # Automatic prefix caching (site_engine/engine/core/block_manager.py); block ids are seeded by
     # `model_name`, the name the gateway routes by, so that it computes the same ids.
     prefix_caching: bool = True
     model_name: str = ""
@@ -93,7 +93,7 @@ class EngineConfig:
     host_kv_cache_bytes: int = 0
     # The host tier's bandwidth share: bytes of copies to it decided per step at most (whole
     # blocks; at least one block's worth), and how many steps after its request left a block
-    # counts as of an active conversation (site_engine/engine/host_offload.py).
+    # counts as of an active conversation (site_engine/engine/core/host_offload.py).
     host_kv_offload_bytes_per_step: int = 32 << 20
     host_kv_active_window_steps: int = 2000
     # Constrained requests' grammars compile on this many threads of their own, off the step
@@ -101,7 +101,7 @@ class EngineConfig:
     grammar_compile_threads: int = 2
     grammar_compile_timeout_s: float = 5.0
     # The deferral bound: background (flex, batch) prefill tokens per step at most; 0: none
-    # (site_engine/engine/step_budget.py).
+    # (site_engine/engine/core/step_budget.py).
     background_step_tokens: int = 0
     # LoRA adapters this engine serves (site_engine/engine/lora/); None: the base model only.
     lora: LoraSettings | None = None

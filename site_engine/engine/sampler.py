@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.host_staging import HostStaging
 from site_engine.engine.logit_processing import (
     GrammarMasks,
@@ -25,7 +26,6 @@ from site_engine.engine.logit_processing import (
     apply_penalties,
     prepare_grammar_masks,
 )
-from site_engine.engine.types import ScheduledChunk
 
 if TYPE_CHECKING:
     from site_engine.engine.structured_output import MaskFiller

@@ -1,5 +1,5 @@
 """Constrained decoding at the site: a request's grammar matcher (llguidance) as the Guide the
-scheduler advances and the sampler reads (site_engine/engine/types.py), and the masks of a
+scheduler advances and the sampler reads (site_engine/engine/core/types.py), and the masks of a
 step's constrained rows, filled together on llguidance's thread pool. Compiling the matchers is
 site_engine/engine/grammar_compiler.py's.
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 
-from site_engine.engine.types import Guide
+from site_engine.engine.core.types import Guide
 
 __all__ = ["LlgGuide", "MaskFiller", "fill_masks"]
 

@@ -19,9 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from fedllm_contract.tokenizer import load_tokenizer
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
 from tests.support.engine_runs import generate_all
@@ -103,7 +103,7 @@ def test_prefill_logits_match(model_dir: Path, cuda_device: str) -> None:
     with torch.inference_mode():
         theirs = loaded.model(input_ids=ids).logits[0, -1].float()
     runner = engine.runner
-    from site_engine.engine.types import ScheduledChunk, SchedulerOutput
+    from site_engine.engine.core.types import ScheduledChunk, SchedulerOutput
 
     chunk = ScheduledChunk("p", tuple(prompt), 0, tuple(range(13)), True,
                            SamplingParams(max_tokens=1, temperature=0.0), 0)  # fmt: skip

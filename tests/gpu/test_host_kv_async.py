@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from site_engine.engine.core.types import KvCopy
 from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.types import KvCopy
 
 pytestmark = [
     pytest.mark.gpu,

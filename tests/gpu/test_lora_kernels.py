@@ -25,14 +25,14 @@ import torch
 from transformers import LlamaConfig
 
 from fedllm_contract.tokenizer import load_tokenizer
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams, ScheduledChunk
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
 

@@ -16,10 +16,10 @@ import torch
 from transformers import LlamaConfig
 
 from fedllm_contract.tokenizer import load_tokenizer
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.memory_plan import KvCacheTooSmall
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.make_model import LLAMA3_ROPE_SCALING, build_random_model
 from site_engine.model_loading import LoadedModel, load_model
 

@@ -16,16 +16,16 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from site_engine.engine.cuda.attention import CudaPagedAttention
-from site_engine.engine.cuda.step_graphs import FlatStepGraphs, token_buckets
-from site_engine.engine.launched_step import LaunchedStep
-from site_engine.engine.model_runner import ModelRunner
-from site_engine.engine.types import (
+from site_engine.engine.core.types import (
     PENDING_TOKEN,
     SamplingParams,
     ScheduledChunk,
     SchedulerOutput,
 )
+from site_engine.engine.cuda.attention import CudaPagedAttention
+from site_engine.engine.cuda.step_graphs import FlatStepGraphs, token_buckets
+from site_engine.engine.launched_step import LaunchedStep
+from site_engine.engine.model_runner import ModelRunner
 from site_engine.make_model import build_random_model
 
 pytestmark = pytest.mark.gpu

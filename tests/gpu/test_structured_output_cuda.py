@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fedllm_contract.grammar import ConstraintSpec
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.model_loading import load_model
 from tests.support.engine_runs import generate_all
 

@@ -23,10 +23,10 @@ from fedllm_contract.fine_tuning import (
     FineTuneSpec,
     FineTuneState,
 )
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.engine_service import EngineService
 from site_engine.finetune.data import IGNORE, Example, encode_file
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from site_engine.engine.api import Engine, EngineRequest
+from site_engine.engine.core.api import Engine, EngineRequest
 
 
 def generate_all(engine: Engine, requests: list[EngineRequest]) -> dict[str, list[int]]:

@@ -22,7 +22,7 @@ from gateway.errors import GatewayError
 from gateway.sites.grpc_client import _to_proto
 from gateway.sites.interface import GenerateParams
 from gateway.sites.openai_wire import completion_body, option_fields
-from site_engine.engine.types import SamplingParams
+from site_engine.engine.core.types import SamplingParams
 from site_engine.grpc_server import InvalidRequest, _check_options
 from site_engine.openai_wire import BadRequest as FaceBadRequest
 from site_engine.openai_wire import _sampling as face_sampling

@@ -27,9 +27,9 @@ from fedllm_contract.proto.fine_tuning import (
 from fedllm_contract.tokenizer import tokenizer_fingerprint
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import FineTuneCallRefused
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.engine_service import EngineService
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune.data import IGNORE, TrainingDataError, encode, parse_chat_jsonl

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.launch import free_port
 from fedllm_contract.priority import Priority
-from site_engine.engine.api import EngineRequest, EngineStats
+from site_engine.engine.core.api import EngineRequest, EngineStats
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.engine_service import EngineService
 from site_engine.metrics import EngineStatsCollector, MeteredEngine, SiteMetrics, serve_metrics
 from site_engine.model_loading import LoadedModel, load_model

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.models import FlatCausalLM
-from site_engine.engine.types import ScheduledChunk
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
             512, 640, 768, 896, 1024)  # fmt: skip

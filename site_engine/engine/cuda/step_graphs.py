@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.cuda.graphs import (
     bucket_sizes,
     capture_buckets,
@@ -50,7 +51,6 @@ from site_engine.engine.cuda.graphs import (
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.models import FlatCausalLM
-from site_engine.engine.types import ScheduledChunk
 
 # Token counts of the captured buckets: fine steps where padding would cost most (a padded
 # token costs its share of every matrix product), coarser as the step grows.

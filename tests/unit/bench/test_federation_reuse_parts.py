@@ -25,7 +25,7 @@ from bench.federation.prefix_workloads import (
 from bench.federation.text_tokens import WordTokens
 from bench.federation.workload import Request
 from fedllm_contract.tokenizer import load_tokenizer
-from site_engine.engine.api import EngineStats
+from site_engine.engine.core.api import EngineStats
 from site_engine.metrics import EngineStatsCollector
 from tests.conftest import SHARED
 

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from site_engine.engine.scheduler import Scheduler, SchedulerConfig
-from site_engine.engine.sequence import Sequence, SequenceStatus
-from site_engine.engine.types import (
+from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
+from site_engine.engine.core.sequence import Sequence, SequenceStatus
+from site_engine.engine.core.types import (
     PENDING_TOKEN,
     FinishReason,
     ModelRunnerOutput,

@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from site_engine.engine.block_manager import BlockManager, OutOfBlocks
+from site_engine.engine.core.block_manager import BlockManager, OutOfBlocks
 
 
 def snapshot(bm: BlockManager) -> tuple[object, ...]:

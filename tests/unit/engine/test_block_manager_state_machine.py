@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from site_engine.engine.block_manager import BlockManager, OutOfBlocks
+from site_engine.engine.core.block_manager import BlockManager, OutOfBlocks
 
 REQUEST_IDS = st.sampled_from([f"r{i}" for i in range(6)])
 

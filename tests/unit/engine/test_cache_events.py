@@ -14,7 +14,7 @@ from fedllm_contract.cache_events import (
     Tier,
 )
 from site_engine.cache_event_journal import CacheEventJournal, CacheEventStream, Snapshot
-from site_engine.engine.block_manager import BlockManager, CopyPlan
+from site_engine.engine.core.block_manager import BlockManager, CopyPlan
 
 DEVICE, HOST = Tier.DEVICE, Tier.HOST
 

@@ -22,10 +22,10 @@ from transformers import (
 )
 
 from fedllm_contract.tokenizer import load_tokenizer
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from site_engine.engine.api import EngineStats
+from site_engine.engine.core.api import EngineStats
 from site_engine.engine_service import CumulativeKv
 from site_engine.step_rates import StepRates, StepWork
 

@@ -11,11 +11,11 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 from site_engine.engine.attention import TorchReferenceAttention
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.models import fused, llama_fused
 from site_engine.engine.models.fused import fuse_linears
-from site_engine.engine.types import SamplingParams, ScheduledChunk
 from site_engine.make_model import build_random_model
 
 DIMS = {

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from fedllm_contract.cache_events import BlocksStored
-from site_engine.engine.block_manager import NO_HIT, BlockManager
-from site_engine.engine.host_offload import OffloadLimits, OffloadPolicy
-from site_engine.engine.scheduler import Scheduler
-from site_engine.engine.scheduler_config import SchedulerConfig
-from site_engine.engine.types import ModelRunnerOutput, SamplingParams
+from site_engine.engine.core.block_manager import NO_HIT, BlockManager
+from site_engine.engine.core.host_offload import OffloadLimits, OffloadPolicy
+from site_engine.engine.core.scheduler import Scheduler
+from site_engine.engine.core.scheduler_config import SchedulerConfig
+from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedllm_contract.grammar import ConstraintSpec
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.sampler import Sampler
-from site_engine.engine.types import SamplingParams, ScheduledChunk
 
 
 def chunk(

@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import SamplingParams
 from site_engine.make_model import make_long_context_dir
 from site_engine.model_loading import load_model
 from tests.support.engine_runs import generate_all

@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from site_engine.engine.api import EngineRequest, RequestRejected
+from site_engine.engine.core.api import EngineRequest, RequestRejected
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.lora.adapter import AdapterError, BaseShapes, LoraAdapter, read_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.model_loading import LoadedModel, load_model
 
 PREFIX = "base_model.model.model.layers"

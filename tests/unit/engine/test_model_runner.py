@@ -26,9 +26,9 @@ from transformers import (
     Qwen2Config,
 )
 
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.models import UnsupportedModelError
-from site_engine.engine.types import SamplingParams, ScheduledChunk, SchedulerOutput
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64

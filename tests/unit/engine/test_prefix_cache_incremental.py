@@ -20,11 +20,11 @@ from fedllm_contract.cache_events import (
     CacheEvent,
     Tier,
 )
-from site_engine.engine.block_manager import BlockManager
-from site_engine.engine.prefix_cache import CacheEventRecorder
-from site_engine.engine.scheduler import Scheduler, SchedulerConfig
-from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
+from site_engine.engine.core.block_manager import BlockManager
+from site_engine.engine.core.prefix_cache import CacheEventRecorder
+from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
+from site_engine.engine.core.sequence import Sequence
+from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
 # --- block ids ------------------------------------------------------------------------------
 

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fedllm_contract.block_hash import prompt_block_hashes
-from site_engine.engine.scheduler import SchedulerConfig
-from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import SchedulerOutput
+from site_engine.engine.core.scheduler import SchedulerConfig
+from site_engine.engine.core.sequence import Sequence
+from site_engine.engine.core.types import SchedulerOutput
 from tests.unit.engine.test_block_accounting_properties import CONFIG_FIELDS, Driver
 
 MODEL = "m"

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.model_loading import LoadedModel, load_model
 
 BLOCK_SIZE = 4

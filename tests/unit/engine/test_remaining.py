@@ -1,4 +1,7 @@
-"""The tokens a running request is still expected to produce (site_engine/engine/remaining.py)."""
+"""The tokens a running request is still expected to produce.
+
+What site_engine/engine/core/remaining.py computes.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,9 @@ import math
 
 import pytest
 
-from site_engine.engine.remaining import OUTRUN_SHARE, remaining_tokens
-from site_engine.engine.sequence import Sequence
-from site_engine.engine.types import SamplingParams
+from site_engine.engine.core.remaining import OUTRUN_SHARE, remaining_tokens
+from site_engine.engine.core.sequence import Sequence
+from site_engine.engine.core.types import SamplingParams
 
 
 @pytest.mark.parametrize(

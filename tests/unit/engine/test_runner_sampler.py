@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.sampler import Sampler, apply_top_p, step_seed
-from site_engine.engine.types import SamplingParams, ScheduledChunk
 
 
 def chunk(request_id: str, sampling: SamplingParams, num_generated: int = 0) -> ScheduledChunk:

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.sampler import Sampler
-from site_engine.engine.types import SamplingParams, ScheduledChunk
 
 
 def chunk(request_id: str, sampling: SamplingParams) -> ScheduledChunk:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.scheduler import ClassLoad, Scheduler, SchedulerConfig, SchedulerStats
-from site_engine.engine.scheduling_policy import PolicyName, admission_order
-from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
-from site_engine.engine.types import (
+from site_engine.engine.core.scheduler import ClassLoad, Scheduler, SchedulerConfig, SchedulerStats
+from site_engine.engine.core.scheduling_policy import PolicyName, admission_order
+from site_engine.engine.core.sequence import Sequence, SequenceStatus, SequenceUpdate
+from site_engine.engine.core.types import (
     FinishReason,
     ModelRunnerOutput,
     SamplingParams,

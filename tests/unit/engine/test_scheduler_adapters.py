@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from site_engine.engine.scheduler import Scheduler, SchedulerConfig
-from site_engine.engine.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
+from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
+from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
 PROMPT = tuple(range(10, 30))  # 5 full blocks of 4
 

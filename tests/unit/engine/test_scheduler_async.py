@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from site_engine.engine.types import (
+from site_engine.engine.core.types import (
     PENDING_TOKEN,
     FinishReason,
     ModelRunnerOutput,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from site_engine.engine.scheduler import Scheduler
-from site_engine.engine.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
+from site_engine.engine.core.scheduler import Scheduler
+from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 from tests.unit.engine.test_scheduler import make as make_scheduler
 
 PROMPT = list(range(100, 116))  # four blocks of 4

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.scheduler import ClassLoad, Scheduler
-from site_engine.engine.scheduling_policy import admission_order
-from site_engine.engine.sequence import Sequence, SequenceStatus
-from site_engine.engine.step_budget import StepBudget
-from site_engine.engine.types import SamplingParams, SchedulerOutput
+from site_engine.engine.core.scheduler import ClassLoad, Scheduler
+from site_engine.engine.core.scheduling_policy import admission_order
+from site_engine.engine.core.sequence import Sequence, SequenceStatus
+from site_engine.engine.core.step_budget import StepBudget
+from site_engine.engine.core.types import SamplingParams, SchedulerOutput
 from tests.unit.engine.test_scheduler import (
     first_scheduled_order,
     make,

@@ -13,9 +13,9 @@ import jsonschema_rs
 import pytest
 
 from fedllm_contract.grammar import ConstraintSpec
-from site_engine.engine.api import EngineRequest, RequestRejected
+from site_engine.engine.core.api import EngineRequest, RequestRejected
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine.types import FinishReason, SamplingParams
 from site_engine.model_loading import LoadedModel
 from tests.support.engine_runs import generate_all
 from tests.unit.engine.smollm2 import chat_ids, loaded

@@ -1,4 +1,4 @@
-"""The incremental waiting queue (site_engine/engine/waiting_queue.py) against the ordering it
+"""The incremental waiting queue (site_engine/engine/core/waiting_queue.py) against the ordering it
 replaced: sorting the whole queue every step. Random arrivals, admissions, preemptions, retires
 and classes; after every operation the queue must read exactly as the reference sort orders the
 same sequences, and a scheduler driven at random must agree with it too."""
@@ -10,11 +10,11 @@ import random
 import pytest
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.scheduler import Scheduler
-from site_engine.engine.scheduling_policy import PolicyName
-from site_engine.engine.sequence import Sequence, SequenceStatus
-from site_engine.engine.types import SamplingParams
-from site_engine.engine.waiting_queue import WaitingQueue
+from site_engine.engine.core.scheduler import Scheduler
+from site_engine.engine.core.scheduling_policy import PolicyName
+from site_engine.engine.core.sequence import Sequence, SequenceStatus
+from site_engine.engine.core.types import SamplingParams
+from site_engine.engine.core.waiting_queue import WaitingQueue
 from tests.unit.engine.test_scheduler import make, step
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.host_offload import OffloadLimits
-from site_engine.engine.scheduling_policy import POLICY_NAMES, PolicyName
+from site_engine.engine.core.host_offload import OffloadLimits
+from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
 
 _POSITIVE_INT_FIELDS = (
     "num_blocks",
@@ -24,9 +24,9 @@ class SchedulerConfig:
     `prefix_caching` shares cached prompt blocks between sequences (site_engine/engine/
     block_manager.py), their ids seeded by `model_name` and each request's cache salt;
     `host_kv_blocks` > 0 adds a host-memory tier of that many blocks, which copies blocks to
-    it as `host_offload` says (site_engine/engine/host_offload.py).
+    it as `host_offload` says (site_engine/engine/core/host_offload.py).
     `background_step_tokens` is the deferral bound: the most prefill tokens of background (flex,
-    batch) sequences one step computes (site_engine/engine/step_budget.py); 0: no bound.
+    batch) sequences one step computes (site_engine/engine/core/step_budget.py); 0: no bound.
     `max_loras`: how many distinct LoRA adapters running sequences may use at once (the device's
     adapter slots; 0: the engine serves none)."""
 

@@ -22,8 +22,8 @@ from bisect import bisect_left
 from collections.abc import Iterator
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.scheduling_policy import PolicyName
-from site_engine.engine.sequence import Sequence, SequenceStatus
+from site_engine.engine.core.scheduling_policy import PolicyName
+from site_engine.engine.core.sequence import Sequence, SequenceStatus
 
 # (not ever scheduled, [SPF rank,] arrival index): admission_order's key without the class.
 _Key = tuple[bool, float, int] | tuple[bool, int]

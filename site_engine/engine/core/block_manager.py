@@ -14,7 +14,7 @@ head: reusing them costs nothing. A block is evicted (its id forgotten) only whe
 out again. At admission `lookup` finds the longest chain of a prompt's ids that is held, and
 `admit` shares those blocks by reference count.
 
-With a host tier (site_engine/engine/host_tier.py) the chain goes on in host memory where the
+With a host tier (site_engine/engine/core/host_tier.py) the chain goes on in host memory where the
 device's ends: those blocks get fresh device blocks and a copy back before the step runs. Of the
 blocks near the head of the free queue, those likely to be read again are copied to the host
 ahead of their eviction (`offload_ahead`), within a per-step budget (site_engine/engine/
@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedllm_contract.cache_events import CacheEvent, Tier
-from site_engine.engine.host_offload import OffloadCounters, OffloadLimits, OffloadPolicy
-from site_engine.engine.host_tier import HostTier
-from site_engine.engine.prefix_cache import BlockIndex, CacheEventRecorder, snapshot_events
-from site_engine.engine.types import KvCopy
+from site_engine.engine.core.host_offload import OffloadCounters, OffloadLimits, OffloadPolicy
+from site_engine.engine.core.host_tier import HostTier
+from site_engine.engine.core.prefix_cache import BlockIndex, CacheEventRecorder, snapshot_events
+from site_engine.engine.core.types import KvCopy
 
 
 class OutOfBlocks(RuntimeError):

@@ -11,8 +11,8 @@ from typing import Protocol
 
 from fedllm_contract.cache_events import CacheEvent
 from fedllm_contract.priority import Priority
-from site_engine.engine.scheduler_config import ClassLoad
-from site_engine.engine.types import FinishReason, SamplingParams, TokenLogprob
+from site_engine.engine.core.scheduler_config import ClassLoad
+from site_engine.engine.core.types import FinishReason, SamplingParams, TokenLogprob
 
 
 class RequestRejected(ValueError):
@@ -76,7 +76,8 @@ class EngineStats:
     kv_blocks_total: int
     iterations: int
     num_preemptions: int = 0
-    # The prefix cache's cumulative counters, in tokens (site_engine/engine/scheduler_config.py).
+    # The prefix cache's cumulative counters, in tokens
+    # (site_engine/engine/core/scheduler_config.py).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_host_hits: int = 0
@@ -86,7 +87,7 @@ class EngineStats:
     host_kv_bytes_offloaded: int = 0
     host_kv_bytes_onloaded: int = 0
     # Blocks evicted without a host copy: worth one but over the per-step budget, or unlikely
-    # to be read again (site_engine/engine/host_offload.py).
+    # to be read again (site_engine/engine/core/host_offload.py).
     host_kv_blocks_skipped_budget: int = 0
     host_kv_blocks_declined: int = 0
     # Waiting, running and preempted sequences of each priority class, interactive first.

@@ -3,8 +3,8 @@
 A cached block is a full block of tokens whose KV is (or is being) written, named by its chained
 id (fedllm_contract/block_hash.py: the id covers the block's tokens, every token before them, the
 model and the cache salt). `BlockIndex` maps ids to places in one tier: device block numbers for
-the GPU cache (site_engine/engine/block_manager.py), slots for the host-memory tier
-(site_engine/engine/host_tier.py). It keeps each id's parent so that the ids it holds can be
+the GPU cache (site_engine/engine/core/block_manager.py), slots for the host-memory tier
+(site_engine/engine/core/host_tier.py). It keeps each id's parent so that the ids it holds can be
 listed as chains for a snapshot. One id names one place: a second block that fills with the same
 tokens (two requests computing one prefix side by side) stays unindexed, as vLLM leaves duplicate
 blocks out of its lookups.
@@ -96,7 +96,7 @@ class BlockIndex:
         self._hash_at: dict[int, int] = {}
         self._parent_of: dict[int, int] = {}
         # Admissions that found each held id (the host tier copies blocks hit before,
-        # site_engine/engine/host_offload.py); an id never hit has no entry.
+        # site_engine/engine/core/host_offload.py); an id never hit has no entry.
         self._hits: dict[int, int] = {}
 
     def __len__(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from fedllm_contract.cache_events import Tier
-from site_engine.engine.prefix_cache import BlockIndex, CacheEventRecorder
+from site_engine.engine.core.prefix_cache import BlockIndex, CacheEventRecorder
 
 
 class HostTier:

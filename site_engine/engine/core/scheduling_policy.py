@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal, get_args
 
-from site_engine.engine.sequence import Sequence
+from site_engine.engine.core.sequence import Sequence
 
 PolicyName = Literal["fcfs", "spf", "static"]
 POLICY_NAMES: frozenset[str] = frozenset(get_args(PolicyName))

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from fedllm_contract.block_hash import block_hashes, chain_hash
 from fedllm_contract.priority import Priority
-from site_engine.engine.remaining import remaining_tokens
-from site_engine.engine.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
+from site_engine.engine.core.remaining import remaining_tokens
+from site_engine.engine.core.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -137,7 +137,7 @@ class Sequence:
 
     @property
     def remaining_predicted_tokens(self) -> int:
-        """Output tokens still expected (site_engine/engine/remaining.py); 0 once finished."""
+        """Output tokens still expected (site_engine/engine/core/remaining.py); 0 once finished."""
         if self.is_finished:
             return 0
         return remaining_tokens(

@@ -23,7 +23,7 @@ away; one that reaches max_tokens is never scheduled past it. Called strictly as
 schedule -> update -> schedule, nothing is ever pending when a step is scheduled.
 
 Prefix caching (config.prefix_caching): at admission the longest chain of the sequence's full
-blocks held in the cache (site_engine/engine/block_manager.py) is shared instead of computed,
+blocks held in the cache (site_engine/engine/core/block_manager.py) is shared instead of computed,
 never the whole sequence: its last token is always computed, for its logits (vLLM caps a hit at
 num_tokens - 1 the same way). Only the uncached tokens count against the step's token budget, and
 the admission plan counts a block that running sequences already hold once. Full blocks are
@@ -54,13 +54,13 @@ from collections.abc import Iterable
 from fedllm_contract.block_hash import root_hash
 from fedllm_contract.cache_events import CacheEvent
 from fedllm_contract.priority import Priority
-from site_engine.engine.block_manager import BlockManager, CacheHit
-from site_engine.engine.class_preemption import pick_victim, room_without
-from site_engine.engine.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
-from site_engine.engine.sequence import Sequence, SequenceStatus, SequenceUpdate
-from site_engine.engine.sequence_cache import SequenceCache
-from site_engine.engine.step_budget import StepBudget
-from site_engine.engine.types import (
+from site_engine.engine.core.block_manager import BlockManager, CacheHit
+from site_engine.engine.core.class_preemption import pick_victim, room_without
+from site_engine.engine.core.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
+from site_engine.engine.core.sequence import Sequence, SequenceStatus, SequenceUpdate
+from site_engine.engine.core.sequence_cache import SequenceCache
+from site_engine.engine.core.step_budget import StepBudget
+from site_engine.engine.core.types import (
     PENDING_TOKEN,
     FinishReason,
     Guide,
@@ -69,7 +69,7 @@ from site_engine.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
-from site_engine.engine.waiting_queue import WaitingQueue
+from site_engine.engine.core.waiting_queue import WaitingQueue
 
 __all__ = ["ClassLoad", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Which running sequence a priority class preempts, and whether preempting lower classes would
-make room for an admission (site_engine/engine/scheduler.py plans the steps). Pure Python.
+make room for an admission (site_engine/engine/core/scheduler.py plans the steps). Pure Python.
 
 The rules: a sequence is preempted for a higher class's slot or blocks, or for the KV growth of
 its own class; the victim is of the lowest class running, the most recently admitted of it (it
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence as Seq
 
-from site_engine.engine.block_manager import BlockManager, CacheHit
-from site_engine.engine.sequence import Sequence
+from site_engine.engine.core.block_manager import BlockManager, CacheHit
+from site_engine.engine.core.sequence import Sequence
 
 
 def pick_victim(running: Seq[Sequence], lowest: int) -> Sequence | None:

@@ -1,16 +1,16 @@
 """How the scheduler uses the prefix cache for its sequences: the lookup at admission, indexing
 full blocks once their KV is launched, the host tier's copies, and the counters it reports.
 
-The rules (site_engine/engine/scheduler.py says why): a hit never covers a sequence's last token;
-only full blocks of known tokens whose KV a launched step writes are indexed. Pure Python.
+The rules (site_engine/engine/core/scheduler.py says why): a hit never covers a sequence's last
+token; only full blocks of known tokens whose KV a launched step writes are indexed. Pure Python.
 """
 
 from __future__ import annotations
 
-from site_engine.engine.block_manager import NO_HIT, BlockManager, CacheHit, CopyPlan
-from site_engine.engine.sequence import Sequence
+from site_engine.engine.core.block_manager import NO_HIT, BlockManager, CacheHit, CopyPlan
+from site_engine.engine.core.sequence import Sequence
 
-# SchedulerStats' cumulative counters (site_engine/engine/scheduler_config.py), by name.
+# SchedulerStats' cumulative counters (site_engine/engine/core/scheduler_config.py), by name.
 COUNTERS = (
     "prefix_cache_queries",
     "prefix_cache_hits",

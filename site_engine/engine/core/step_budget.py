@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from site_engine.engine.sequence import Sequence
+from site_engine.engine.core.sequence import Sequence
 
 
 @dataclass(slots=True)
