@@ -163,6 +163,14 @@ class SiteSettings:
             )
         if not self.finetune_max_step_ms > 0:
             raise SettingsError("SITE_FINETUNE_MAX_STEP_MS must be > 0")
+        if self.finetune_reserve_bytes and self.lora_dir is None:
+            # A job's adapter is served through the site's LoRA slots, which only a site with
+            # --lora-dir has: without them a finished job could never be served, and the
+            # gateway would wait on it forever.
+            raise SettingsError(
+                "SITE_FINETUNE_RESERVE_BYTES > 0 needs SITE_LORA_DIR (--lora-dir): a trained "
+                "adapter is served through the site's LoRA slots"
+            )
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"SITE_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"

@@ -157,6 +157,9 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
             # preempting it for an interactive one costs the recompute of its last block only.
             prefix_caching=True,
             background_step_tokens=p["deferral_bound_tokens"],
+            # A site that takes fine-tuning jobs keeps their reserve out of the cache
+            # (bench.engine.finetune_colocated).
+            finetune_reserve_bytes=p.get("finetune_reserve_bytes", 0),
         ),
     )
 

@@ -6,8 +6,10 @@ file is refused line by line with nothing made; a cancelled job stays cancelled;
 restarted mid-job goes on with it, and a restarted gateway serves the trained model still.
 
 The site's trainer is a TEST DOUBLE (tests/support/fine_tune_trainer.py: real peft LoRA steps,
-one per poll) until the site's trainer and its gRPC calls merge; the site's serving and adapter
-loading are the real site's."""
+one per poll) so that the gateway's side is checked step by step: a job held at a step to be
+cancelled or to outlive its gateway, each step's event recorded once across restarts, the key's
+usage and the metrics. The site's serving and adapter loading are the real site's;
+tests/e2e/test_fine_tuning_http.py runs a job on the site's real trainer end to end."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A TEST DOUBLE of a site's fine-tuning trainer only (issue 54), for the gateway's side of the
-fine-tuning API until the site's trainer and its gRPC calls merge.
+fine-tuning API where a test must hold a job at a step (cancel, a gateway restart mid-job); the
+site's real trainer runs end to end in tests/e2e/test_fine_tuning_http.py.
 
 `PeftTrainerDouble` follows the FineTuningSite protocol's state machine (queued -> running ->
 succeeded, or failed/cancelled) as a site would, and really trains: each progress call runs one

@@ -121,3 +121,11 @@ def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
     assert (
         engine_config(SiteSettings.load({"SITE_MODEL_DIR": "m"}), torch.device("cpu")).lora is None
     )
+
+
+def test_a_site_taking_fine_tuning_jobs_needs_lora_slots_to_serve_them(tmp_path: Path) -> None:
+    env = {"SITE_MODEL_DIR": "m", "SITE_FINETUNE_RESERVE_BYTES": str(1 << 30)}
+    with pytest.raises(SiteSettingsError, match="SITE_LORA_DIR"):
+        SiteSettings.load(env)
+    settings = SiteSettings.load({**env, "SITE_LORA_DIR": str(tmp_path)})
+    assert (settings.finetune_reserve_bytes, settings.lora_dir) == (1 << 30, tmp_path)

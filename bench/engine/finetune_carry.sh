@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prepares, here, what `python -m bench.engine.finetune_colocated` needs on the GPU machine
+# beyond the working tree: the site's trainer imports peft, which the machine's image lacks (it
+# has torch and transformers) and cannot download (no internet), so peft travels as a wheel with
+# what it imports that the image may lack (accelerate, psutil), and the xxhash and protobuf
+# wheels (the block hashes, the contract; prefix_carry.sh found the image without them), all at
+# their constraints.txt pins for CPython 3.12 manylinux x86_64; and the GPT-2 tokenizer from
+# ../shared (not sent with the working tree). Everything goes to .finetunecarry/ (git-ignored).
+#
+# Run from the repository root:
+#     bash bench/engine/finetune_carry.sh
+# carry `.finetunecarry` and run on the device (see bench/results/README.md for the command):
+#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#         --target /tmp/site .finetunecarry/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \
+#     python3 -m bench.engine.finetune_colocated --preset gpu \
+#         --tokenizer-dir .finetunecarry/tokenizers/gpt2 --results-dir "$OUT"
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SHARED="${FEDLLM_SHARED_DIR:-../shared}"
+PIP="${PIP:-.venv/bin/python -m pip}"
+OUT=.finetunecarry
+rm -rf "$OUT" && mkdir -p "$OUT/whl" "$OUT/tokenizers"
+for name in peft accelerate psutil xxhash protobuf; do
+    spec="$(grep -i "^$name==" constraints.txt | head -1)"
+    [[ -n "$spec" ]] || { echo "no pin for $name in constraints.txt" >&2; exit 1; }
+    $PIP download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d "$OUT/whl" "$spec"
+done
+cp -r "$SHARED/tokenizers/gpt2" "$OUT/tokenizers/"
+du -sh "$OUT"

@@ -1,0 +1,294 @@
+"""A LoRA fine-tuning job trained in the idle cycles of an engine serving interactive chat
+(issue 54): how much of its alone speed the job keeps, and what it costs interactive latency.
+
+    python -m bench.engine.finetune_colocated               (GPU: bench/results/
+                                                             finetune_colocated/*_<gpu>.*)
+    python -m bench.engine.finetune_colocated --preset cpu  (CPU smoke: *_cpu.*)
+
+One engine, warmed up, with SITE_FINETUNE_RESERVE_BYTES taken out of its KV cache as a site
+takes it, and the site's own trainer (site_engine/finetune/jobs.py) gated by the site's own
+IdleGate between model steps, as EngineService runs it:
+1. Capacity: a burst of interactive-shaped requests (all at once) gives the requests/s the
+   engine finishes.
+2. `job_alone`: the job's units back to back with no requests for `job_alone_s`: its tokens/s.
+3. `alone`: interactive chat arriving as a Poisson process at `load` (0.6) x capacity for
+   `window_s`, then drained; no job.
+4. `with_job`: the same arrivals with the job running in the idle cycles.
+Keys: `job_tokens_per_s_vs_alone` (the job's trained tokens/s within the with_job window over
+its job_alone tokens/s; goal >= 0.5) and `interactive_ttft_p99_ratio` (with_job / alone; goal
+<= 1.2), with `interactive_tpot_p99_ratio` beside them.
+
+The job's data is a synthetic chat JSONL made here (random words, chat-like lengths) with more
+epochs than the bench can finish, so the job runs through every phase; it is cancelled at the
+end. Both presets run on the wall clock; the CPU preset is a smoke test of the wiring (a tiny
+model on a shared CPU), its figures say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.engine.engine_runs import warm_up
+from bench.engine.finetune_driver import JobClock, drive_with_job, run_job_alone
+from bench.engine.harness import GIB, Progress
+from bench.engine.model_setup import LLAMA_8B_8K_DIR, LLAMA_8B_8K_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.priority import build_engine, device_label, ratio, summary
+from bench.engine.priority_driver import Shape, WallClock, burst, make_requests, poisson_arrivals
+from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
+from fedllm_contract.priority import Priority
+from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
+from site_engine.idle_work import IdleGate
+from site_engine.model_loading import LoadedModel
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "gpu": {
+        "shape": LLAMA_8B_8K_SHAPE,
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "kv_cache_gib": 0.0,  # what the GPU has after the weights, a trial step and the reserve
+        "deferral_bound_tokens": 512,
+        "reserve_gib": 12.0,
+        "max_step_ms": 200.0,  # SITE_FINETUNE_MAX_STEP_MS's default
+        "interactive": Shape(prompt=(64, 768), answer=(32, 256)),
+        "burst_requests": 256,
+        "window_s": 30.0,
+        "drain_s": 10.0,
+        "job_alone_s": 20.0,
+        # The job: examples of about `example_words` words, batches of `batch_size`.
+        "examples": 512,
+        "example_words": (64, 320),
+        "batch_size": 8,
+        "max_tokens": 512,
+    },
+    "cpu": {
+        "shape": {
+            **SMALL_SHAPE,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "head_dim": 16,
+            "max_position_embeddings": 1024,
+        },
+        "device": "cpu",
+        "dtype": "float32",
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "kv_cache_blocks": 192,
+        "deferral_bound_tokens": 32,
+        "reserve_gib": 0.25,
+        "max_step_ms": 50.0,
+        "interactive": Shape(prompt=(16, 96), answer=(8, 32)),
+        "burst_requests": 32,
+        "window_s": 6.0,
+        "drain_s": 6.0,
+        "job_alone_s": 3.0,
+        "examples": 64,
+        "example_words": (8, 40),
+        "batch_size": 4,
+        "max_tokens": 128,
+    },
+}
+KEYS = ("job_tokens_per_s_vs_alone", "interactive_ttft_p99_ratio", "interactive_tpot_p99_ratio")
+GOALS = (">= 0.5", "<= 1.2", "(reported)")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.engine.finetune_colocated", description=__doc__
+    )
+    add = parser.add_argument
+    add("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
+    add("--model-dir", type=Path, default=None, help="built there first if empty")
+    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
+    add("--load", type=float, default=0.6, help="interactive rate / interactive capacity")
+    add("--window-s", type=float, default=None, help="seconds of interactive arrivals")
+    add("--drain-s", type=float, default=None, help="seconds more for them to finish")
+    add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
+    add("--burst-requests", type=int, default=None, help="requests of the capacity burst")
+    add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
+    add("--reserve-gib", type=float, default=None, help="SITE_FINETUNE_RESERVE_BYTES, in GiB")
+    add("--results-dir", type=Path, default=results_dir("finetune_colocated"))
+    add("--name", default=None, help="default: finetune_colocated_<device>")
+    add("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 0 < args.load < 1:
+        parser.error("--load must be in (0, 1)")
+    args.p = dict(PRESETS[args.preset])
+    for key in ("window_s", "drain_s", "job_alone_s", "burst_requests", "max_step_ms",
+                "reserve_gib"):  # fmt: skip
+        if getattr(args, key) is not None:
+            if not getattr(args, key) > 0:
+                parser.error(f"--{key.replace('_', '-')} must be > 0")
+            args.p[key] = getattr(args, key)
+    return args
+
+
+WORDS = (
+    "the", "model", "answers", "in", "a", "short", "format", "with", "numbers", "and",
+    "lists", "of", "steps", "when", "asked", "about", "data", "tables", "or", "code",
+)  # fmt: skip
+
+
+def training_jsonl(count: int, words: tuple[int, int], seed: int) -> bytes:
+    """`count` chat examples (system, user, assistant) of random words, the answer being about
+    three quarters of each example's `words` (chat-like: the loss falls on the answer)."""
+    rng = random.Random(seed)
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(max(1, n)))
+
+    lines = []
+    for _ in range(count):
+        n = rng.randint(*words)
+        messages = [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": text(n // 4)},
+            {"role": "assistant", "content": text(n - n // 4)},
+        ]
+        lines.append(json.dumps({"messages": messages}).encode())
+    return b"\n".join(lines) + b"\n"
+
+
+def start_job(loaded: LoadedModel, p: dict[str, Any], directory: Path, seed: int) -> FineTuneJobs:
+    """The site's trainer over the served model, with one job queued that outlasts the bench."""
+    jobs = FineTuneJobs(
+        FineTuneSettings(
+            directory,
+            int(p["reserve_gib"] * GIB),
+            checkpoint_every=1_000_000,  # no checkpoint writes inside the measured phases
+            max_step_ms=p["max_step_ms"],
+            max_tokens=p["max_tokens"],
+        ),
+        loaded.model,
+        loaded.tokenizer,
+        "bench",
+    )
+    spec = FineTuneSpec(
+        job_id="bench-job",
+        base_model="bench",
+        training_jsonl=training_jsonl(p["examples"], p["example_words"], seed),
+        validation_jsonl=None,
+        hyperparameters=FineTuneHyperparameters(1000, p["batch_size"], 1.0),
+        seed=seed,
+    )
+    jobs.start(spec)
+    return jobs
+
+
+def measure(
+    loaded: LoadedModel, args: argparse.Namespace, job_dir: Path, log: Progress
+) -> dict[str, Any]:
+    p, vocab, seed = args.p, loaded.model.config.vocab_size, args.seed
+    engine = build_engine(loaded, p | {"finetune_reserve_bytes": int(p["reserve_gib"] * GIB)})
+    warm_up(engine, vocab, min(4, p["max_num_seqs"]), 0)
+    chat = p["interactive"]
+    cap_requests = make_requests("cap", p["burst_requests"], chat, Priority.INTERACTIVE, vocab,
+                                 seed + 1)  # fmt: skip
+    rps, _ = burst(engine, cap_requests, WallClock())
+    log(f"capacity: {rps:.2f} interactive req/s")
+    jobs = start_job(loaded, p, job_dir, seed)
+    gate = IdleGate(p["max_step_ms"] / 1000)
+    job = JobClock(jobs, "bench-job")
+    for _ in range(3):  # the trainer's first units build it: kept out of the measures
+        job.run_unit()
+    alone_job = run_job_alone(job, p["job_alone_s"])
+    log(f"job alone: {alone_job}")
+    times = poisson_arrivals(args.load * rps, p["window_s"], seed + 3)
+    chats = make_requests("chat", len(times), chat, Priority.INTERACTIVE, vocab, seed + 4)
+    arrivals = list(zip(times, chats, strict=True))
+    window, drain = p["window_s"], p["drain_s"]
+    alone, _ = drive_with_job(engine, arrivals, None, window, drain)
+    log(f"alone: {summary(alone)}")
+    chats = make_requests("chat-j", len(times), chat, Priority.INTERACTIVE, vocab, seed + 4)
+    arrivals = list(zip(times, chats, strict=True))
+    mixed, with_job = drive_with_job(engine, arrivals, (job, gate), window, drain)
+    log(f"with job: {summary(mixed)}; job {with_job}")
+    jobs.cancel("bench-job")
+    jobs.run_unit()  # drops the cancelled job's trainer
+    job_rate = with_job["trained_tokens_per_s"] if with_job else None
+    return {
+        "capacity": {"interactive_rps": rps},
+        "interactive_rate_rps": args.load * rps,
+        "kv_blocks": engine.limits.kv_blocks_total,
+        "job": {"alone": alone_job, "with_load": with_job},
+        "runs": {"alone": summary(alone), "with_job": summary(mixed)},
+        "job_tokens_per_s_vs_alone": ratio(job_rate, alone_job["trained_tokens_per_s"]),
+        "interactive_ttft_p99_ratio": ratio(mixed.p99(mixed.ttft_s), alone.p99(alone.ttft_s)),
+        "interactive_tpot_p99_ratio": ratio(mixed.p99(mixed.tpot_s), alone.p99(alone.tpot_s)),
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    keys = markdown_table(
+        ["key", "value", "goal"],
+        [[key, result[key], goal] for key, goal in zip(KEYS, GOALS, strict=True)],
+    )
+    runs = markdown_table(
+        ["run", "interactive done", "of", "TTFT p99 ms", "TPOT p99 ms", "steps"],
+        [
+            [name, r["interactive_finished"], r["interactive_requests"], r["ttft_p99_ms"],
+             r["tpot_p99_ms"], r["steps"]]
+            for name, r in result["runs"].items()
+        ],
+    )  # fmt: skip
+    job = result["job"]
+    return (
+        f"{keys}\n\n{runs}\n\nJob alone: {job['alone']}\n\nJob under load: {job['with_load']}\n\n"
+        f"Capacity: {result['capacity']}; load {result['load']} "
+        f"({result['interactive_rate_rps']:.2f} req/s) for {result['window_s']} s; "
+        f"reserve {result['reserve_gib']} GiB, "
+        f"max unit {result['max_step_ms']} ms; {result['kv_blocks']} KV blocks.\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    log = Progress()
+    p = args.p
+    default_dir = LLAMA_8B_8K_DIR if p["shape"] is LLAMA_8B_8K_SHAPE else None
+    model_dir = args.model_dir or default_dir or Path(f"/tmp/fedllm-bench-finetune-{args.preset}")
+    loaded = ensure_model(
+        model_dir, p["shape"], args.tokenizer_dir, log, dtype=p["dtype"], device=p["device"]
+    )
+    if loaded.device.type == "cpu":
+        torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="fedllm-finetune-bench-") as job_dir:
+        measured = measure(loaded, args, Path(job_dir), log)
+    device = device_label(loaded)
+    result: dict[str, Any] = {
+        "preset": args.preset,
+        "device": device,
+        "load": args.load,
+        "seed": args.seed,
+        "window_s": p["window_s"],
+        "drain_s": p["drain_s"],
+        "job_alone_s": p["job_alone_s"],
+        "reserve_gib": p["reserve_gib"],
+        "max_step_ms": p["max_step_ms"],
+        "deferral_bound_tokens": p["deferral_bound_tokens"],
+        "engine": {k: p[k] for k in ("max_num_seqs", "max_num_batched_tokens")},
+        "training": {k: p[k] for k in ("examples", "example_words", "batch_size", "max_tokens")},
+        "shape": p["shape"],
+        "clock": "wall clock",
+        "measured_at_unix_s": time.time(),
+        **measured,
+    }
+    name = args.name or f"finetune_colocated_{device}"
+    command = command_line("bench.engine.finetune_colocated", argv)
+    path = write_results(name, result, report(result), command, args.results_dir)
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""`python -m bench.engine.finetune_colocated --preset cpu`, shortened: the whole benchmark in
+process on a tiny model with the site's real trainer, checked for the shape and sanity of what it
+writes. It runs on the wall clock of a shared CPU, so only what must hold whatever the load is
+checked: every interactive request finished in both runs, the job trained alone and under load,
+and the keys are the ratios of the figures beside them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.engine.finetune_colocated import main, training_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_synthetic_training_file_is_chat_jsonl() -> None:
+    lines = training_jsonl(5, (8, 20), seed=1).decode().splitlines()
+    assert len(lines) == 5
+    for line in lines:
+        roles = [m["role"] for m in json.loads(line)["messages"]]
+        assert roles == ["system", "user", "assistant"]
+    assert training_jsonl(5, (8, 20), seed=1) == training_jsonl(5, (8, 20), seed=1)
+
+
+@pytest.mark.timeout(240)
+def test_a_short_cpu_run_writes_the_keys(tmp_path: Path, gpt2_tokenizer_dir: Path) -> None:
+    main([
+        "--preset", "cpu", "--window-s", "3", "--drain-s", "4", "--job-alone-s", "2",
+        "--burst-requests", "16", "--model-dir", str(tmp_path / "model"),
+        "--tokenizer-dir", str(gpt2_tokenizer_dir), "--results-dir", str(tmp_path / "out"),
+    ])  # fmt: skip
+    result = json.loads((tmp_path / "out" / "finetune_colocated_cpu.json").read_text())
+    assert result["command"].startswith("python -m bench.engine.finetune_colocated --preset cpu")
+    assert "| with_job |" in (tmp_path / "out" / "finetune_colocated_cpu.md").read_text()
+    alone, mixed = result["runs"]["alone"], result["runs"]["with_job"]
+    for run in (alone, mixed):
+        assert run["interactive_finished"] == run["interactive_requests"] > 0
+    job_alone, job_loaded = result["job"]["alone"], result["job"]["with_load"]
+    assert job_alone["trained_tokens"] > 0
+    assert job_alone["units"] > 0
+    assert job_loaded["trained_tokens"] > 0
+    assert job_loaded["units"] > 0
+    assert result["job_tokens_per_s_vs_alone"] == pytest.approx(
+        job_loaded["trained_tokens_per_s"] / job_alone["trained_tokens_per_s"]
+    )
+    assert result["interactive_ttft_p99_ratio"] == pytest.approx(
+        mixed["ttft_p99_ms"] / alone["ttft_p99_ms"]
+    )
