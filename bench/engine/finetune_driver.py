@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.engine.priority_driver import RunResult, _finish, _Timing
 from fedllm_contract.fine_tuning import FineTuneState
-from site_engine.engine.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.paged_engine import PagedEngine
 from site_engine.finetune.jobs import FineTuneJobs
 from site_engine.idle_work import IdleGate
