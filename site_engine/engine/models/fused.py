@@ -65,18 +65,22 @@ def fuse_linears(modules: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tens
     previous = _already_fused(linears)
     if previous is not None:
         return previous
-    weight = torch.cat([m.weight.detach() for m in linears], dim=0)
-    sizes = [m.out_features for m in linears]
-    for module, piece in zip(linears, torch.split(weight, sizes, dim=0), strict=True):
-        module.weight = nn.Parameter(piece, requires_grad=False)
     biases = [m.bias for m in linears]
-    bias = None
-    if any(b is not None for b in biases):
-        if any(b is None for b in biases):
-            raise TypeError("cannot fuse linears where only some have a bias")
-        bias = torch.cat([b.detach() for b in biases if b is not None])
-        for module, piece in zip(linears, torch.split(bias, sizes), strict=True):
-            module.bias = nn.Parameter(piece, requires_grad=False)
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise TypeError("cannot fuse linears where only some have a bias")
+    # Never inference tensors, even when the first fusing runs under inference mode (the memory
+    # trial does): a fine-tuning job at the site trains LoRA over these same weights, and
+    # autograd refuses to save an inference tensor for backward.
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([m.weight.detach() for m in linears], dim=0)
+        sizes = [m.out_features for m in linears]
+        for module, piece in zip(linears, torch.split(weight, sizes, dim=0), strict=True):
+            module.weight = nn.Parameter(piece, requires_grad=False)
+        bias = None
+        if biases[0] is not None:
+            bias = torch.cat([b.detach() for b in biases if b is not None])
+            for module, piece in zip(linears, torch.split(bias, sizes), strict=True):
+                module.bias = nn.Parameter(piece, requires_grad=False)
     linears[0].__dict__[_FUSED] = (weight, bias)
     return weight, bias
 

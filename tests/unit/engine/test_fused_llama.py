@@ -50,6 +50,19 @@ def test_fuse_linears_keeps_values_and_shares_memory() -> None:
     assert torch.allclose(torch.cat([a(x), b(x)], dim=-1), expected)
 
 
+def test_weights_fused_under_inference_mode_can_serve_a_backward_pass() -> None:
+    """The memory trial fuses under inference mode; a site's fine-tuning job then trains LoRA
+    over the same weights, and autograd must be able to save them for backward."""
+    linears = [torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(8, 6, bias=False)]
+    with torch.inference_mode():
+        weight, _ = fuse_linears(linears)
+    assert not weight.is_inference()
+    assert not any(m.weight.is_inference() for m in linears)
+    x = torch.randn(3, 8, requires_grad=True)
+    linears[0](x).sum().backward()  # raised "Inference tensors cannot be saved for backward"
+    assert x.grad is not None
+
+
 def test_fusing_again_reuses_the_fused_tensors() -> None:
     """A second engine (or the memory trial's runner before the engine's) on the same model
     neither copies the weights again nor holds two copies while it builds."""
