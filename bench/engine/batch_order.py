@@ -50,7 +50,7 @@ from bench.engine.batch_order_workload import (
 )
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import Progress
-from bench.engine.model_setup import LLAMA_8B_8K_DIR, LLAMA_8B_8K_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, SMALL_SHAPE, preset_model
 from bench.engine.paths import resolve_data_dir
 from bench.engine.prefix import build_engine, device_label
 from bench.engine.report import versions
@@ -280,14 +280,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         replot(args.replot)
         return
     p, log = args.p, Progress()
-    if p["device"] == "cpu":
-        torch.set_num_threads(1)
-    default_dir = LLAMA_8B_8K_DIR if p["shape"] is LLAMA_8B_8K_SHAPE else None
-    model_dir = (
-        args.model_dir or default_dir or Path(f"/tmp/fedllm-bench-batch-order-{args.preset}")
+    loaded = preset_model(
+        p, args.model_dir, args.tokenizer_dir, log, f"batch-order-{args.preset}", args.seed
     )
-    loaded = ensure_model(model_dir, p["shape"], args.tokenizer_dir, log, dtype=p["dtype"],
-                          device=p["device"], seed=args.seed)  # fmt: skip
     engine = build_engine(loaded, p)
     warm_up(engine, len(loaded.tokenizer), 4, args.seed)
     tokenizer = loaded.tokenizer

@@ -41,7 +41,7 @@ from bench.common import command_line, markdown_table, results_dir, write_result
 from bench.engine.engine_runs import warm_up
 from bench.engine.finetune_driver import JobClock, drive_with_job, run_job_alone
 from bench.engine.harness import GIB, Progress
-from bench.engine.model_setup import LLAMA_8B_8K_DIR, LLAMA_8B_8K_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, SMALL_SHAPE, preset_model
 from bench.engine.priority import build_engine, device_label, ratio, summary
 from bench.engine.priority_driver import Shape, WallClock, burst, make_requests, poisson_arrivals
 from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
@@ -257,13 +257,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     log = Progress()
     p = args.p
-    default_dir = LLAMA_8B_8K_DIR if p["shape"] is LLAMA_8B_8K_SHAPE else None
-    model_dir = args.model_dir or default_dir or Path(f"/tmp/fedllm-bench-finetune-{args.preset}")
-    loaded = ensure_model(
-        model_dir, p["shape"], args.tokenizer_dir, log, dtype=p["dtype"], device=p["device"]
-    )
-    if loaded.device.type == "cpu":
-        torch.set_num_threads(1)
+    loaded = preset_model(p, args.model_dir, args.tokenizer_dir, log, f"finetune-{args.preset}")
     with tempfile.TemporaryDirectory(prefix="fedllm-finetune-bench-") as job_dir:
         measured = measure(loaded, args, Path(job_dir), log)
     device = device_label(loaded)

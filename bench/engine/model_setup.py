@@ -166,3 +166,29 @@ def ensure_model(
     loaded = load_model(model_dir, device=device, dtype=dtype)
     log(f"model loaded from {model_dir}")
     return loaded
+
+
+def preset_model(
+    p: dict[str, Any],
+    model_dir: Path | None,
+    tokenizer_dir: Path | None,
+    log: Any,
+    name: str,
+    seed: int = 0,
+) -> LoadedModel:
+    """A bench preset's model: `model_dir` if given, else the one 8B directory every bench of
+    the Llama-3-8B shape shares (built once a machine), else /tmp/fedllm-bench-<name>. On the
+    CPU, one torch thread: the benches time the engine, not intra-op parallelism."""
+    default_dir = LLAMA_8B_8K_DIR if p["shape"] is LLAMA_8B_8K_SHAPE else None
+    loaded = ensure_model(
+        model_dir or default_dir or Path(f"/tmp/fedllm-bench-{name}"),
+        p["shape"],
+        tokenizer_dir,
+        log,
+        dtype=p["dtype"],
+        device=p["device"],
+        seed=seed,
+    )
+    if loaded.device.type == "cpu":
+        torch.set_num_threads(1)
+    return loaded

@@ -42,7 +42,7 @@ import torch
 from bench.common import command_line, markdown_table, results_dir, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import GIB, Progress
-from bench.engine.model_setup import LLAMA_8B_8K_DIR, LLAMA_8B_8K_SHAPE, SMALL_SHAPE, ensure_model
+from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, SMALL_SHAPE, preset_model
 from bench.engine.priority_driver import (
     Clock,
     RunResult,
@@ -301,13 +301,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     log = Progress()
     p = args.p
-    default_dir = LLAMA_8B_8K_DIR if p["shape"] is LLAMA_8B_8K_SHAPE else None
-    model_dir = args.model_dir or default_dir or Path(f"/tmp/fedllm-bench-priority-{args.preset}")
-    loaded = ensure_model(
-        model_dir, p["shape"], args.tokenizer_dir, log, dtype=p["dtype"], device=p["device"]
-    )
-    if loaded.device.type == "cpu":
-        torch.set_num_threads(1)
+    loaded = preset_model(p, args.model_dir, args.tokenizer_dir, log, f"priority-{args.preset}")
     engine = build_engine(loaded, p)
     warm_up(engine, loaded.model.config.vocab_size, min(4, p["max_num_seqs"]), 0)
     device = device_label(loaded)
