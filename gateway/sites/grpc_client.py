@@ -261,6 +261,11 @@ class GrpcSiteClient:
                 return HealthAnswer.REFUSED
             return HealthAnswer.NO_ANSWER
         if response.status == health_pb2.HealthCheckResponse.SERVING:
+            # Health travels on its own connection, so a serving site's generation connection
+            # is opened here, not by the first request: that request would pay the handshake,
+            # and a site that stalls before it (or is briefly too busy to answer it) would look
+            # dead to dispatch while its health says it serves.
+            self._channel.get_state(try_to_connect=True)
             return HealthAnswer.SERVING
         return HealthAnswer.NOT_SERVING
 

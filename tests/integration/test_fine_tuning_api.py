@@ -27,6 +27,7 @@ from litestar.testing import TestClient
 
 from devtools.launch import ManagedProcess, stop_all, wait_until_serving
 from gateway.app import create_app
+from gateway.db.migrate import downgrade
 from gateway.settings import GatewaySettings
 from tests.support.fine_tune_trainer import PeftTrainerDouble, TrainingSiteClient
 from tests.support.lora_site import spawn_lora_site, write_federation
@@ -127,6 +128,9 @@ def world(
         yield made
     finally:
         stop_all([site])
+        # The session's database is shared by every test of this worker: leave it empty, as the
+        # other Postgres tests do (a later test counting its request rows found these).
+        downgrade(postgres_url)
 
 
 def finished(client: openai.OpenAI, job_id: str) -> Any:
