@@ -40,7 +40,6 @@ from bench.engine.lora_driver import (
     decode_step_s,
     drive,
     make_requests,
-    poisson_arrivals,
     with_adapters,
     write_adapters,
     zipf_choices,
@@ -48,6 +47,7 @@ from bench.engine.lora_driver import (
 from bench.engine.lora_report import plot, report
 from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.priority import device_label
+from bench.engine.priority_driver import poisson_arrivals
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine

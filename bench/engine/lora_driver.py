@@ -96,16 +96,6 @@ def with_adapters(
     ]
 
 
-def poisson_arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    times: list[float] = []
-    t = rng.expovariate(rate)
-    while t < duration_s:
-        times.append(t)
-        t += rng.expovariate(rate)
-    return times
-
-
 @dataclass(slots=True)
 class _Timing:
     arrival_s: float
