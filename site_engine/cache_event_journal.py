@@ -62,16 +62,19 @@ class CacheEventJournal:
     def append(self, events: list[CacheEvent]) -> None:
         """Called on the engine thread with what the engine changed, in order."""
         with self._lock:
+            kept, ids = self._events, self._ids
+            # Inline (no call per event): a step at 1,024 sequences appends dozens of events.
             for event in events:
                 if isinstance(event, AllBlocksCleared):
                     # Readers of the old epoch start over from a snapshot; nothing before matters.
-                    self._first += len(self._events)
-                    self._events.clear()
-                    self._ids = 0
+                    self._first += len(kept)
+                    kept.clear()
+                    ids = 0
                     self._epoch = _new_epoch()
                     continue
-                self._events.append(event)
-                self._ids += _weight(event)
+                kept.append(event)
+                ids += len(event.block_ids) or 1  # _weight
+            self._ids = ids
             while self._ids > self._max_ids and self._events:
                 dropped = self._events.popleft()
                 self._ids -= _weight(dropped)

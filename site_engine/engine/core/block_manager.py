@@ -28,7 +28,7 @@ runner.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fedllm_contract.cache_events import CacheEvent, Tier
@@ -105,7 +105,12 @@ class BlockManager:
         # hands each running sequence's table to the runner, and most steps change none.
         self._frozen: dict[str, tuple[int, ...]] = {}
         self.events = CacheEventRecorder()
-        self._index = BlockIndex(Tier.DEVICE, self.events) if caching else None
+        self._index = BlockIndex(Tier.DEVICE, self.events, num_blocks) if caching else None
+        # Device block -> its id (None: none), read without a call for every block freed or
+        # handed out; all None without caching.
+        self._indexed: Sequence[int | None] = [None] * num_blocks
+        if self._index is not None:
+            self._indexed = self._index.ids_at
         self._host = HostTier(host_slots, self.events) if host_slots else None
         self._policy = OffloadPolicy(offload) if host_slots else None
         # Device block -> the step whose copies took it to the host ahead of its eviction;
@@ -235,7 +240,9 @@ class BlockManager:
             # Its copy back (for a sequence preempted since) must land before this step
             # overwrites it: the step waits for the copies listed so far.
             self._copies_before_step = len(self._copies)
-        if self._index is not None and (block_hash := self._index.hash_at(block)) is not None:
+        block_hash = self._indexed[block]
+        if block_hash is not None:
+            assert self._index is not None
             if self._policy is not None and self._host is not None and block_hash not in self._host:
                 self._policy.evicted_uncopied(block_hash, self._index.hits_of(block_hash))
             self._index.remove_at(block)
@@ -254,13 +261,15 @@ class BlockManager:
             # Its conversation is active: the next turn's prompt starts with these blocks.
             self._policy.left(h for b in table[:registered] if (h := hash_at(b)) is not None)
         released = 0
+        refcounts, free_queue, indexed = self._refcounts, self._free, self._indexed
+        caching = self._index is not None
         # Last blocks first: of one request's cached blocks, the deepest is evicted first.
-        for block in reversed(table) if self._index is not None else table:
-            self._refcounts[block] -= 1
-            if self._refcounts[block] == 0:
-                self._free[block] = None
-                if self._index is not None and self._index.hash_at(block) is None:
-                    self._free.move_to_end(block, last=False)
+        for block in reversed(table) if caching else table:
+            refcounts[block] -= 1
+            if refcounts[block] == 0:
+                free_queue[block] = None
+                if caching and indexed[block] is None:
+                    free_queue.move_to_end(block, last=False)
                 released += 1
         return released
 
@@ -270,12 +279,7 @@ class BlockManager:
         device cache, continued in the host tier. Changes nothing."""
         if self._index is None:
             return NO_HIT
-        device: list[int] = []
-        for block_hash in hashes:
-            block = self._index.place_of(block_hash)
-            if block is None:
-                break
-            device.append(block)
+        device = self._index.leading_places(hashes)
         slots: list[int] = []
         if self._host is not None:
             for block_hash in hashes[len(device) :]:
@@ -344,18 +348,26 @@ class BlockManager:
     def register(self, request_id: str, hashes: Sequence[int], num_full: int) -> None:
         """Index the first `num_full` blocks of the table by `hashes` (the sequence's block ids):
         their KV is written, or being written by a scheduled step, and their tokens are known."""
+        self.register_all([(request_id, hashes, num_full)])
+
+    def register_all(self, registrations: Iterable[tuple[str, Sequence[int], int]]) -> None:
+        """`register` of each (request id, hashes, num_full) in order, with one pass over the
+        index: the sequences whose blocks filled in one step."""
         index = self._index
         if index is None:
             return
-        done = self._registered[request_id]
-        if num_full <= done:
-            return
-        table = self._tables[request_id]
-        # Only the blocks that filled since the last call: O(new full blocks), not O(table).
-        for i in range(done, num_full):
-            # False for a duplicate (another block holds this id): it stays unindexed.
-            index.add(hashes[i], hashes[i - 1] if i else 0, table[i])
-        self._registered[request_id] = num_full
+        registered, tables = self._registered, self._tables
+        entries: list[tuple[int, int, int]] = []
+        append = entries.append
+        for request_id, hashes, num_full in registrations:
+            done = registered[request_id]
+            if num_full <= done:
+                continue
+            table = tables[request_id]
+            for i in range(done, num_full):
+                append((hashes[i], hashes[i - 1] if i else 0, table[i]))
+            registered[request_id] = num_full
+        index.add_all(entries)
 
     def offload_ahead(self, lookahead: int, step_id: int = 0) -> None:
         """Copy to the host tier the wanted cached blocks among the next `lookahead` blocks to

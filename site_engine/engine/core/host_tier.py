@@ -23,7 +23,7 @@ class HostTier:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.num_slots = num_slots
-        self.index = BlockIndex(Tier.HOST, events)
+        self.index = BlockIndex(Tier.HOST, events, num_slots)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._lru: OrderedDict[int, None] = OrderedDict()  # slots holding an id, LRU first
         self._pinned: frozenset[int] = frozenset()

@@ -103,6 +103,11 @@ class Scheduler:
         # Request ids of each scheduled step not yet updated, oldest first: such an id cannot be
         # reused until the step's late results can no longer be mistaken for the new request's.
         self._in_flight: dict[int, frozenset[str]] = {}
+        # The sequences given a chunk that samples nothing (a prefill chunk short of the end)
+        # in the step being planned, and those of each step in flight: `update` registers their
+        # filled blocks without a pass over every chunk of the step.
+        self._unsampled: list[str] = []
+        self._unsampled_by_step: dict[int, list[str]] = {}
         # advance_guides' verdicts (step id, request id -> finish reason), taken by `update`.
         self._guided: tuple[int, dict[str, FinishReason | None]] | None = None
         self._next_step_id = 1
@@ -268,6 +273,9 @@ class Scheduler:
         step_id = self._next_step_id
         self._next_step_id += 1
         self._in_flight[step_id] = frozenset([chunk.request_id for chunk in chunks])
+        if self._unsampled:
+            self._unsampled_by_step[step_id] = self._unsampled
+            self._unsampled = []
         plan = self._cache.take_copies(self.config.max_blocks_per_step, step_id)
         return SchedulerOutput(
             chunks=tuple(chunks),
@@ -545,6 +553,8 @@ class Scheduler:
             self._cache.computed(seq, start, end)
         if chunk.sample:
             seq.num_pending += 1
+        else:
+            self._unsampled.append(seq.request_id)
         return chunk
 
     def advance_guides(self, output: SchedulerOutput, result: ModelRunnerOutput) -> None:
@@ -588,16 +598,20 @@ class Scheduler:
             guided = self._guided[1]
         self._guided = None
         caching = self._blocks.caching
+        # Sequences with blocks to index, registered together (SequenceCache.register_all),
+        # in the order of the calls one by one, each before its retirement frees its blocks.
+        filled: list[Sequence] = []
+        unsampled = self._unsampled_by_step.pop(output.step_id, ())
         if caching:
             # Indexed only now, once the step that writes them is launched: a block indexed in
             # `schedule` could be hit by a chunk of the same step, which the runner may run
             # before the chunk that writes it (eager prefill before the decode graphs).
-            for chunk in output.chunks:
-                if chunk.sample:
-                    continue  # registered below, with its sampled token
-                seq = self._live.get(chunk.request_id)
-                if seq is not None and seq.status is SequenceStatus.RUNNING:
-                    self._cache.register(seq)
+            for request_id in unsampled:
+                seq = self._live.get(request_id)
+                if seq is None or seq.status is not SequenceStatus.RUNNING:
+                    continue
+                if seq.num_computed_tokens >= seq.next_full_block_at:
+                    filled.append(seq)
         updates: list[SequenceUpdate] = []
         for chunk in chunks:
             seq = self._live[chunk.request_id]
@@ -608,13 +622,16 @@ class Scheduler:
             # Most steps fill no block of a decoding sequence: those skip the call.
             running = seq.status is SequenceStatus.RUNNING
             if caching and running and seq.num_computed_tokens >= seq.next_full_block_at:
-                self._cache.register(seq)
+                filled.append(seq)
             if chunk.request_id in guided:
                 reason = guided[chunk.request_id]
             else:
                 reason = self._advance_guide(seq, token) if seq.guide is not None else None
             reason = reason or self._stop_reason(seq, token)
             if reason is not None:
+                if filled:
+                    self._cache.register_all(filled)
+                    filled = []
                 self._retire(seq, reason)
             # A token its grammar refused is no part of the answer.
             new = () if reason is FinishReason.ERROR else (token,)
@@ -623,6 +640,8 @@ class Scheduler:
                     seq.request_id, new, reason, seq.num_cached_prompt_tokens, error=seq.error
                 )
             )
+        if filled:
+            self._cache.register_all(filled)
         self._end_static_batch_if_done()
         return updates
 

@@ -7,6 +7,7 @@ token; only full blocks of known tokens whose KV a launched step writes are inde
 
 from __future__ import annotations
 
+from fedllm_contract.block_hash import chains_block_hashes
 from site_engine.engine.core.block_manager import NO_HIT, BlockManager, CacheHit, CopyPlan
 from site_engine.engine.core.sequence import Sequence
 
@@ -57,18 +58,47 @@ class SequenceCache:
         if start < seq.num_prompt_tokens:
             self.counters["prompt_tokens_computed"] += min(end, seq.num_prompt_tokens) - start
 
-    def register(self, seq: Sequence) -> None:
-        """Index the full blocks of a running sequence whose KV is launched and whose tokens
-        are known; hashes only the blocks that filled since the last call. Nothing to do while
-        seq.num_computed_tokens < seq.next_full_block_at (callers may skip the call)."""
+    def register_all(self, seqs: list[Sequence]) -> None:
+        """Index the full blocks of running sequences whose KV is launched and whose tokens are
+        known, in order; hashes only the blocks that filled since the last call, all of them in
+        one pass (chains_block_hashes). A sequence has nothing to index while
+        seq.num_computed_tokens < seq.next_full_block_at (callers leave it out)."""
         if not self._caching:
             return
         size = self._size
-        known = len(seq.prompt_token_ids) + len(seq.output_token_ids)
-        num_full = min(seq.num_computed_tokens, known) // size
-        self._blocks.register(seq.request_id, seq.full_block_hashes(size, num_full), num_full)
-        # No block of it can become indexable before its computed tokens fill the next one.
-        seq.next_full_block_at = (num_full + 1) * size
+        tokens: list[int] = []
+        chains: list[tuple[int, int]] = []
+        extended: list[list[int]] = []  # the hash lists `chains` extend, in order
+        registrations: list[tuple[str, list[int], int]] = []
+        for seq in seqs:
+            output = seq.output_token_ids
+            num_prompt = len(seq.prompt_token_ids)
+            known = num_prompt + len(output)
+            computed = seq.num_computed_tokens
+            num_full = (computed if computed < known else known) // size
+            # No block of it can become indexable before its computed tokens fill the next one.
+            seq.next_full_block_at = (num_full + 1) * size
+            hashes = seq.block_hashes
+            done = len(hashes)
+            if num_full > done:
+                start, end = done * size, num_full * size
+                if start >= num_prompt:  # answer tokens, all known: no copy of the rest
+                    tokens += output[start - num_prompt : end - num_prompt]
+                else:
+                    tokens += seq.token_ids_between(start, end)
+                chains.append((hashes[-1] if done else seq.root_hash, num_full - done))
+                extended.append(hashes)
+            registrations.append((seq.request_id, hashes, num_full))
+        if chains:
+            ids = chains_block_hashes(tokens, size, chains)
+            at = 0
+            for hashes, (_, count) in zip(extended, chains, strict=True):
+                if count == 1:
+                    hashes.append(ids[at])
+                else:
+                    hashes += ids[at : at + count]
+                at += count
+        self._blocks.register_all(registrations)
 
     def take_copies(self, lookahead: int, step_id: int) -> CopyPlan:
         """Step `step_id`'s host-tier copies, those ahead of eviction (among the next
