@@ -6,10 +6,11 @@ the requested number of token slots. Physical blocks come from the head of a fre
 table is in general not contiguous; the model runner addresses the cache through the table.
 
 Prefix caching (vLLM's automatic prefix caching; block ids from fedllm_contract/block_hash.py):
-a full block whose tokens are known is indexed by its id (`register`). When its last holder
-frees it, it keeps its contents and its id and joins the free queue's tail, a table's last
-blocks first, so the queue's head is the least recently used block and, of one request, its
-deepest block goes first (a prefix outlives its extensions). Blocks that hold no id go to the
+a full block whose tokens are known is indexed by its id (`register`; `register_all` for the
+blocks that filled in a step, in one pass). When its last holder frees it, it keeps its
+contents and its id and joins the free queue's tail, a table's last blocks first, so the queue's
+head is the least recently used block and, of one request, its deepest block goes first (a
+prefix outlives its extensions). Blocks that hold no id go to the
 head: reusing them costs nothing. A block is evicted (its id forgotten) only when it is handed
 out again. At admission `lookup` finds the longest chain of a prompt's ids that is held, and
 `admit` shares those blocks by reference count.
