@@ -32,6 +32,7 @@ from site_engine.engine.core.host_offload import OffloadLimits
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.core.scheduling_policy import PolicyName
 from site_engine.engine.core.sequence import Sequence
+from site_engine.engine.core.step_cost import StepCost
 from site_engine.engine.core.types import (
     FinishReason,
     ModelRunnerOutput,
@@ -584,7 +585,12 @@ class PagedEngine:
             adapters_on_device=lora.on_device,
             adapters_in_host=lora.in_host,
             adapter_load_s=lora.load_s,
+            step_cost_s=_terms(self._scheduler.step_cost),
         )
+
+
+def _terms(cost: StepCost | None) -> tuple[float, ...]:
+    return () if cost is None else (cost.base_s, cost.per_token_s, cost.per_context_s)
 
 
 def _offload_limits(config: EngineConfig, block_bytes: int) -> OffloadLimits:
