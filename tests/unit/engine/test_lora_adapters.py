@@ -6,6 +6,7 @@ makes real ones with peft and checks the answers against PeftModel)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,39 @@ def test_host_memory_keeps_max_cpu_loras_but_never_evicts_one_in_use(
     registry.load("d", in_use={"a", "c"})  # nothing may go: one over for a while
     assert list(registry.resident) == ["a", "c", "d"]
     registry.close()
+
+
+@pytest.mark.parametrize("max_loads", [1, 2])
+def test_a_request_waits_for_its_own_adapters_load_only(
+    tmp_path: Path, loaded: LoadedModel, max_loads: int
+) -> None:
+    """An adapter whose file is a pipe no one writes yet: its load blocks opening it. With two
+    loaders the other adapter loads and runs meanwhile; with one it queues behind (what made
+    cold adapters at 1,000 adapters wait seconds)."""
+    base = base_of(loaded)
+    write_adapter(tmp_path / "fast", base)
+    write_adapter(tmp_path / "slow", base, seed=1)
+    pipe = tmp_path / "slow" / "adapter_model.safetensors"
+    pipe.unlink()
+    os.mkfifo(pipe)
+    eng = engine(loaded, tmp_path, max_loads=max_loads)
+    try:
+        for rid, adapter in (("slow", "slow"), ("fast", "fast"), ("base", None)):
+            eng.add_request(request(rid, adapter))
+        done: set[str] = set()
+        for _ in range(200):
+            done |= {out.request_id for out in eng.step() if out.finish_reason is not None}
+            if "base" in done and ("fast" in done or max_loads == 1):
+                break
+        assert "base" in done
+        assert "slow" not in done
+        assert ("fast" in done) is (max_loads > 1)
+    finally:
+        with open(pipe, "wb") as writer:  # the blocked load reads this and fails
+            writer.write(b"not a safetensors file")
+    left = drain(eng)
+    assert left["slow"][1] is FinishReason.ERROR
+    assert "slow" in left["slow"][2]
+    if max_loads == 1:
+        assert left["fast"][1] is FinishReason.LENGTH
+    eng.close()
