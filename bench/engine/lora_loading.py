@@ -78,7 +78,9 @@ def drop_cached(path: Path) -> None:
         os.close(fd)
 
 
-def phases_now(path: Path, base: BaseShapes, dtype: torch.dtype) -> dict[str, float]:
+def phases_now(
+    path: Path, base: BaseShapes, dtype: torch.dtype, pin: bool = False
+) -> dict[str, float]:
     """read_adapter's steps, timed (ms); the same calls it makes, in its order."""
     t0 = time.perf_counter()
     rank, _ = read_config(path, RANK)
@@ -90,7 +92,9 @@ def phases_now(path: Path, base: BaseShapes, dtype: torch.dtype) -> dict[str, fl
     t2 = time.perf_counter()
     tensors = map_tensors(path / WEIGHTS_FILE, entries)
     kept = [
-        lora_adapter._transposed(tensors[key], dtype) for p in pairs.values() for key in p.values()
+        lora_adapter._transposed(tensors[key], dtype, pin)
+        for p in pairs.values()
+        for key in p.values()
     ]
     t3 = time.perf_counter()
     del kept, tensors
@@ -159,6 +163,15 @@ def throughput(
     return {"loads_per_s": len(names) / elapsed, "seconds": elapsed, "max_stall_ms": stall * 1e3}
 
 
+def _paths() -> list[tuple[str, Callable[[Path, BaseShapes, torch.dtype], dict[str, float]]]]:
+    """The load paths timed: with CUDA, also the site's own (page-locked host copies)."""
+    paths: list[tuple[str, Callable[[Path, BaseShapes, torch.dtype], dict[str, float]]]]
+    paths = [("now", phases_now), ("before", phases_before)]
+    if torch.cuda.is_available():
+        paths.append(("now_pinned", lambda path, base, dtype: phases_now(path, base, dtype, True)))
+    return paths
+
+
 def write_adapters(root: Path, base: BaseShapes, count: int) -> list[str]:
     names = [f"a{i:03d}" for i in range(count)]
     for i, name in enumerate(names):
@@ -183,7 +196,7 @@ def run_shape(
             by: dict[str, Any] = {"phases": {}, "throughput": {}}
             for cache in ("hot", "cold"):
                 cold = cache == "cold"
-                for how, fn in (("now", phases_now), ("before", phases_before)):
+                for how, fn in _paths():
                     time_phases(paths[:2], base, dtype, False, fn)  # warm the code paths
                     by["phases"][f"{how}_{cache}"] = time_phases(paths, base, dtype, cold, fn)
                 for loads in threads:
@@ -200,7 +213,8 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"Rank {RANK} on all seven projections; torch threads {result['torch_threads']}. "
         "`now`: site_engine/engine/lora/adapter.py (header checks, mapped file, one copy per "
-        "tensor); `before`: safetensors.load_file, checks on the tensors, "
+        "tensor; `now_pinned`: then page-locked, what a CUDA site keeps); `before`: "
+        "safetensors.load_file, checks on the tensors, "
         "`.t().to(dtype).contiguous()`. `cold`: each file's pages dropped first "
         "(posix_fadvise DONTNEED; the VM's host may still cache the disk).",
         "",

@@ -166,20 +166,24 @@ def _check_pair(
         )
 
 
-def _transposed(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _transposed(weight: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """weight.T in `dtype`, contiguous, in memory of its own (never a view of the file): one
-    copy, converting as it goes."""
+    copy, converting as it goes; then a second into page-locked memory if `pin`."""
     if weight.dtype == dtype:
-        return weight.t().clone(memory_format=torch.contiguous_format)
-    return weight.t().to(dtype, memory_format=torch.contiguous_format)
+        out = weight.t().clone(memory_format=torch.contiguous_format)
+    else:
+        out = weight.t().to(dtype, memory_format=torch.contiguous_format)
+    return out.pin_memory() if pin else out
 
 
 def read_adapter(
-    path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype
+    path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype, pin: bool = False
 ) -> LoraAdapter:
     """The adapter in `path`, checked against `base`; AdapterError with the reason otherwise.
     Every check reads the config and the weights file's header only; the data is read once,
-    by the copies that lay it out (weights_file.py says why not safetensors.load_file)."""
+    by the copies that lay it out (weights_file.py says why not safetensors.load_file). `pin`
+    (CUDA only) puts the weights in page-locked memory: a slot write's non-blocking copies are
+    then asynchronous DMA, not a synchronous staged copy on the engine's thread."""
     rank, scaling = read_config(path, max_rank)
     file = path / WEIGHTS_FILE
     try:
@@ -194,7 +198,10 @@ def read_adapter(
     except (OSError, ValueError) as exc:
         raise AdapterError(f"cannot read {file}: {exc}") from exc
     weights = {
-        where: (_transposed(tensors[pair["A"]], dtype), _transposed(tensors[pair["B"]], dtype))
+        where: (
+            _transposed(tensors[pair["A"]], dtype, pin),
+            _transposed(tensors[pair["B"]], dtype, pin),
+        )
         for where, pair in pairs.items()
     }
     return LoraAdapter(name, rank, scaling, weights)

@@ -101,6 +101,9 @@ class AdapterRegistry:
         self.settings = settings
         self._base = base
         self._dtype = dtype
+        # Host copies in page-locked memory on CUDA: slot writes copy them asynchronously (the
+        # caching host allocator keeps a block from reuse until its copies are done).
+        self._pin = device.type == "cuda"
         self.slots = LoraSlots(base, settings.max_loras, settings.max_rank, dtype, device)
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[LoraAdapter]] = {}
@@ -183,7 +186,8 @@ class AdapterRegistry:
     def _read(self, name: str) -> LoraAdapter:
         base, settings = self._base, self.settings
         started = time.perf_counter()
-        adapter = read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+        path, rank, dtype = self._path(name), settings.max_rank, self._dtype
+        adapter = read_adapter(path, name, base, rank, dtype, pin=self._pin)
         self._read_s.append(time.perf_counter() - started)
         return adapter
 
