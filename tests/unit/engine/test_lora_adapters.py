@@ -277,3 +277,67 @@ def test_a_request_waits_for_its_own_adapters_load_only(
     if max_loads == 1:
         assert left["fast"][1] is FinishReason.LENGTH
     eng.close()
+
+
+def test_loads_finishing_together_keep_the_host_lru_in_bounds(
+    tmp_path: Path, loaded: LoadedModel
+) -> None:
+    """Four loads on four workers, collected by one settle: all kept while in use (over the
+    bound for a while), then the next adapter in evicts the oldest down to max_cpu_loras."""
+    base = base_of(loaded)
+    for seed, name in enumerate("abcde"):
+        write_adapter(tmp_path / name, base, seed=seed)
+    with pytest.raises(ValueError, match="max_lora_loads must be >= 1, got 0"):
+        LoraSettings(tmp_path, max_loads=0)
+    settings = LoraSettings(tmp_path, max_loras=1, max_cpu_loras=2, max_rank=8, max_loads=4)
+    registry = AdapterRegistry(settings, base, torch.float32, torch.device("cpu"))
+    assert [registry.request(name) for name in "abcd"] == [False] * 4
+    ready: list[str] = []
+    for _ in range(500):
+        if not registry.loading:
+            break
+        registry.wait(1.0)
+        got, failed = registry.settle(lambda: set("abcd"))
+        assert failed == {}
+        ready += got
+    assert sorted(ready) == list("abcd")
+    assert sorted(registry.resident) == list("abcd")  # all in use: none evicted
+    registry.load("e", in_use=set())
+    assert len(registry.resident) == 2
+    assert registry.resident[-1] == "e"
+    registry.close()
+
+
+def _header_of(data: bytes) -> dict[str, Any]:
+    length = int.from_bytes(data[:8], "little")
+    header: dict[str, Any] = json.loads(data[8 : 8 + length])
+    return header
+
+
+def _with_header(data: bytes, header: dict[str, Any]) -> bytes:
+    length = int.from_bytes(data[:8], "little")
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data[8 + length :]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda d: d[:5], "not a safetensors file"),
+        (lambda d: (10**9).to_bytes(8, "little") + d[8:], "not a safetensors file"),
+        (lambda d: d[:-4], "do not fit"),
+        (lambda d: _with_header(d, {k: {**v, "dtype": "I32"} if k != "__metadata__" else v
+                                    for k, v in _header_of(d).items()}), "not a float type"),
+        (lambda d: _with_header(d, {k: {**v, "shape": [1]} if k != "__metadata__" else v
+                                    for k, v in _header_of(d).items()}), "do not fit"),
+    ],
+)  # fmt: skip
+def test_a_malformed_weights_file_is_refused_before_its_data_is_read(
+    tmp_path: Path, loaded: LoadedModel, corrupt: Any, message: str
+) -> None:
+    base = base_of(loaded)
+    path = write_adapter(tmp_path / "bad", base)
+    weights = path / "adapter_model.safetensors"
+    weights.write_bytes(corrupt(weights.read_bytes()))
+    with pytest.raises(AdapterError, match=f"cannot read .*{message}"):
+        read_adapter(path, "bad", base, 16, torch.float32)
