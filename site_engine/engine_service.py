@@ -155,7 +155,6 @@ class EngineService:
         self.engine = engine
         # Fine-tuning's units, run between steps when the gate allows (site_engine/idle_work.py).
         self._idle = idle_work
-        self._last_unit_s = 0.0
         self.idle_units = 0  # units run since start (tests and metrics read it)
         self.tokenizer = tokenizer
         self._max_waiting = max_waiting
@@ -358,10 +357,10 @@ class EngineService:
         a request that arrived meanwhile is waiting, and the gate sees it)."""
         assert self._idle is not None
         work, gate = self._idle
-        if not gate.allows(self.engine.stats(), self._last_unit_s):
-            return
         try:
-            self._last_unit_s = work.run_unit()
+            if not gate.allows(self.engine.stats(), work.next_unit_s()):
+                return
+            work.run_unit()
         except Exception:
             log.exception("idle work failed; the engine goes on")
         self.idle_units += 1

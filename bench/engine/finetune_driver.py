@@ -30,6 +30,9 @@ class JobClock:
     def tokens(self) -> int:
         return self.jobs.progress(self.job_id).trained_tokens
 
+    def next_unit_s(self) -> float:
+        return self.jobs.next_unit_s()
+
     def run_unit(self) -> float:
         took = self.jobs.run_unit()
         progress = self.jobs.progress(self.job_id)
@@ -80,7 +83,7 @@ def drive_with_job(
     tokens_at_start = clock.tokens() if clock is not None else 0
     units_at_start = clock.units if clock is not None else 0
     tokens_in_window: int | None = None
-    last_unit_s, next_arrival = 0.0, 0
+    next_arrival = 0
     start = time.monotonic()
     while True:
         now = time.monotonic() - start
@@ -92,8 +95,12 @@ def drive_with_job(
         while next_arrival < len(pending) and pending[next_arrival][0] <= now:
             engine.add_request(pending[next_arrival][1])
             next_arrival += 1
-        if clock is not None and gate is not None and gate.allows(engine.stats(), last_unit_s):
-            last_unit_s = clock.run_unit()
+        if (
+            clock is not None
+            and gate is not None
+            and gate.allows(engine.stats(), clock.next_unit_s())
+        ):
+            clock.run_unit()
         if not engine.has_unfinished():
             if clock is None and next_arrival < len(pending):
                 time.sleep(max(0.0, pending[next_arrival][0] - (time.monotonic() - start)))
