@@ -119,6 +119,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
     add("--burst-requests", type=int, default=None, help="requests of the capacity burst")
     add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
+    add("--busy-share", type=float, default=1.0,
+        help="IdleGate.busy_share: the most of the time units take while requests run")  # fmt: skip
     add("--reserve-gib", type=float, default=None, help="SITE_FINETUNE_RESERVE_BYTES, in GiB")
     add("--results-dir", type=Path, default=results_dir("finetune_colocated"))
     add("--name", default=None, help="default: finetune_colocated_<device>")
@@ -126,6 +128,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
+    if not 0 < args.busy_share <= 1:
+        parser.error("--busy-share must be in (0, 1]")
     args.p = dict(PRESETS[args.preset])
     for key in ("window_s", "drain_s", "job_alone_s", "burst_requests", "max_step_ms",
                 "reserve_gib"):  # fmt: skip
@@ -200,7 +204,7 @@ def measure(
     rps, _ = burst(engine, cap_requests, WallClock())
     log(f"capacity: {rps:.2f} interactive req/s")
     jobs = start_job(loaded, p, job_dir, seed)
-    gate = IdleGate(p["max_step_ms"] / 1000)
+    gate = IdleGate(p["max_step_ms"] / 1000, busy_share=args.busy_share)
     job = JobClock(jobs, "bench-job")
     cuda = loaded.device.type == "cuda"
     if cuda:
@@ -301,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "job_alone_s": p["job_alone_s"],
         "reserve_gib": p["reserve_gib"],
         "max_step_ms": p["max_step_ms"],
+        "busy_share": args.busy_share,
         "deferral_bound_tokens": p["deferral_bound_tokens"],
         "engine": {k: p[k] for k in ("max_num_seqs", "max_num_batched_tokens")},
         "training": {k: p[k] for k in ("examples", "example_words", "batch_size", "max_tokens")},

@@ -71,6 +71,18 @@ def test_one_slow_unit_shrinks_the_next_instead_of_closing_the_gate() -> None:
     assert gate.allows(stats(0, 0), math.inf)  # nothing in at all: even an unknown unit
 
 
+def test_a_unit_over_the_bound_is_held_back_but_not_starved() -> None:
+    gate = IdleGate(0.05, patience=4.0)
+    running = stats(0, 2)
+    assert not gate.allows(running, 0.2, held_s=0.79)  # one sequence is 0.2 s: over the bound
+    assert gate.allows(running, 0.2, held_s=0.8)  # after 4 x its length since the last unit
+    assert not gate.allows(running, math.inf, held_s=0.19)  # unknown: 4 x the bound
+    assert gate.allows(running, math.inf, held_s=0.2)
+    assert not gate.allows(stats(1, 2), 0.2, held_s=100.0)  # never with a request waiting
+    with pytest.raises(ValueError, match="IdleGate needs"):
+        IdleGate(0.05, patience=0.0)
+
+
 @pytest.mark.parametrize(
     "bad",
     [{"bound_s": 0.0}, {"bound_s": 0.1, "smoothing": 0.0}, {"bound_s": 0.1, "growth": 1.0}],
