@@ -83,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         help="background (flex, batch) prefill tokens per step at most (default 512; 0: none)",
     )
     parser.add_argument(
+        "--deferral-bound-slack",
+        type=float,
+        help="while interactive requests run, the fraction of a step's interactive time that "
+        "background rows may add (default 0.15; 0: the token bound alone)",
+    )
+    parser.add_argument(
         "--no-prefix-caching",
         dest="prefix_caching",
         action="store_false",
@@ -174,6 +180,7 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         grammar_compile_threads=settings.grammar_compile_threads,
         grammar_compile_timeout_s=settings.grammar_compile_timeout_s,
         background_step_tokens=settings.deferral_bound_tokens,
+        background_step_slack=settings.deferral_bound_slack,
         lora=lora_settings(settings),
         finetune_reserve_bytes=settings.finetune_reserve_bytes,
     )

@@ -217,6 +217,24 @@ class EngineStatsCollector(Collector):
             counter.add_metric(labels, float(value))
             yield counter
         yield from _class_metrics(self._site, stats)
+        yield from _step_cost_metrics(self._site, stats)
+
+
+_STEP_COST_TERMS = ("base", "per_token", "per_context_position")
+
+
+def _step_cost_metrics(site: str, stats: EngineStats) -> Iterator[Metric]:
+    """The step cost the deferral bound's time side learned (none until it has one)."""
+    if not stats.step_cost_s:
+        return
+    family = GaugeMetricFamily(
+        "fedllm_site_step_cost_seconds",
+        "Learned seconds of an engine step: its base, each computed token, each KV position read",
+        labels=["site", "term"],
+    )
+    for term, value in zip(_STEP_COST_TERMS, stats.step_cost_s, strict=True):
+        family.add_metric([site, term], value)
+    yield family
 
 
 def _class_metrics(site: str, stats: EngineStats) -> Iterator[Metric]:

@@ -51,6 +51,10 @@ class SiteSettings:
     # step with that much background in it before it joins (site_engine/engine/core/step_budget.py;
     # in seconds: this / the site's prefill tokens per second). 0: no bound.
     deferral_bound_tokens: int = 512
+    # Its time side: while interactive requests run, background rows (decodes too) may add at
+    # most this fraction of the step's interactive part, its time predicted from the steps run
+    # (site_engine/engine/core/step_cost.py); 0: the token bound alone.
+    deferral_bound_slack: float = 0.15
     # Automatic prefix caching (site_engine/engine/core/block_manager.py); --no-prefix-caching: off.
     prefix_caching: bool = True
     # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
@@ -198,6 +202,8 @@ class SiteSettings:
             )
         if self.deferral_bound_tokens < 0:
             raise SettingsError("SITE_DEFERRAL_BOUND_TOKENS must be >= 0 (0: no bound)")
+        if not 0.0 <= self.deferral_bound_slack <= 10.0:
+            raise SettingsError("SITE_DEFERRAL_BOUND_SLACK must be in [0, 10] (0: no time bound)")
         if self.kv_cache_mib < 0 or self.load_report_interval_ms < 10:
             raise SettingsError(
                 "SITE_KV_CACHE_MIB must be >= 0, SITE_LOAD_REPORT_INTERVAL_MS >= 10"

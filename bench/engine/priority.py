@@ -67,6 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_batched_tokens": 8192,
         "kv_cache_gib": 0.0,  # what the GPU has after the weights and a trial step
         "deferral_bound_tokens": 512,
+        "deferral_bound_slack": 0.15,
         "interactive": Shape(prompt=(64, 768), answer=(32, 256)),
         "batch": Shape(prompt=(128, 1024), answer=(64, 384)),
         "burst_requests": 256,
@@ -89,6 +90,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kv_cache_blocks": 192,
         # 3.2 ms of background prefill a step at most, a third of a step's fixed cost.
         "deferral_bound_tokens": 32,
+        "deferral_bound_slack": 0.15,
         "interactive": Shape(prompt=(16, 96), answer=(8, 32)),
         "batch": Shape(prompt=(32, 128), answer=(16, 48)),
         "burst_requests": 48,
@@ -111,6 +113,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--drain-s", type=float, default=None, help="seconds more for them to finish")
     add("--burst-requests", type=int, default=None, help="requests of each capacity burst")
     add("--deferral-bound-tokens", type=int, default=None, help="0: no bound")
+    add("--deferral-bound-slack", type=float, default=None, help="0: no time bound")
     add("--results-dir", type=Path, default=results_dir("priority"))
     add("--name", default=None, help="default: priority_<device>")
     add("--seeds", default="0,1,2", help="comma-separated; each draws its own requests")
@@ -129,6 +132,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             args.p[key] = getattr(args, key)
     if args.deferral_bound_tokens is not None:
         args.p["deferral_bound_tokens"] = args.deferral_bound_tokens
+    if args.deferral_bound_slack is not None:
+        args.p["deferral_bound_slack"] = args.deferral_bound_slack
     return args
 
 
@@ -157,6 +162,9 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
             # preempting it for an interactive one costs the recompute of its last block only.
             prefix_caching=True,
             background_step_tokens=p["deferral_bound_tokens"],
+            background_step_slack=p.get("deferral_bound_slack", 0.0),
+            # On a token clock the driver reports each step's time (priority_driver.py).
+            measure_step_time=p["clock"] is None,
             # A site that takes fine-tuning jobs keeps their reserve out of the cache
             # (bench.engine.finetune_colocated).
             finetune_reserve_bytes=p.get("finetune_reserve_bytes", 0),
@@ -293,7 +301,8 @@ def report(result: dict[str, Any]) -> str:
     return (
         f"{keys}\n\nBy seed:\n\n{per_seed}\n\n{markdown_table(headers, rows)}\n\n"
         f"Capacity: {result['capacity']}; deferral bound {result['deferral_bound_tokens']} "
-        f"tokens; {result['clock']}; {result['window_s']} s of arrivals a run.\n"
+        f"tokens, slack {result['deferral_bound_slack']}; {result['clock']}; "
+        f"{result['window_s']} s of arrivals a run.\n"
     )
 
 
@@ -311,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "device": device,
         "load": args.load,
         "deferral_bound_tokens": p["deferral_bound_tokens"],
+        "deferral_bound_slack": p["deferral_bound_slack"],
         "window_s": p["window_s"],
         "drain_s": p["drain_s"],
         "clock": "token clock " + str(p["clock"]) if p["clock"] else "wall clock",

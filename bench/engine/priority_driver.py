@@ -18,7 +18,7 @@ from typing import Protocol
 
 from bench.engine.metrics import percentile
 from fedllm_contract.priority import Priority
-from site_engine.engine.core.api import EngineRequest
+from site_engine.engine.core.api import EngineRequest, RequestOutput
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import PagedEngine
 
@@ -26,7 +26,10 @@ from site_engine.engine.paged_engine import PagedEngine
 class Clock(Protocol):
     def now(self) -> float: ...
 
-    def stepped(self, tokens: int) -> None: ...
+    def stepped(self, tokens: int) -> float | None:
+        """A step computed `tokens`: the seconds it took on this clock, None where the engine
+        timed it itself (the wall clock)."""
+        ...
 
     def idle_until(self, t: float) -> None: ...
 
@@ -40,8 +43,8 @@ class WallClock:
     def now(self) -> float:
         return time.perf_counter() - self._start
 
-    def stepped(self, tokens: int) -> None:
-        pass
+    def stepped(self, tokens: int) -> float | None:
+        return None
 
     def idle_until(self, t: float) -> None:
         time.sleep(max(0.0, min(t - self.now(), 0.01)))
@@ -58,8 +61,10 @@ class TokenClock:
     def now(self) -> float:
         return self._t
 
-    def stepped(self, tokens: int) -> None:
-        self._t += self._base_s + self._per_token_s * tokens
+    def stepped(self, tokens: int) -> float | None:
+        seconds = self._base_s + self._per_token_s * tokens
+        self._t += seconds
+        return seconds
 
     def idle_until(self, t: float) -> None:
         self._t = max(self._t, t)
@@ -168,7 +173,7 @@ def drive(
             continue
         outputs = engine.step()
         prompt_tokens = engine.scheduler_stats().prompt_tokens_computed
-        clock.stepped(prompt_tokens - computed + sum(len(o.new_token_ids) for o in outputs))
+        _stepped(engine, clock, prompt_tokens - computed, outputs)
         computed = prompt_tokens
         result.steps += 1
         t = clock.now()
@@ -224,7 +229,17 @@ def burst(engine: PagedEngine, requests: list[EngineRequest], clock: Clock) -> t
     while engine.has_unfinished():
         outputs = engine.step()
         prompt_tokens = engine.scheduler_stats().prompt_tokens_computed
-        clock.stepped(prompt_tokens - computed + sum(len(o.new_token_ids) for o in outputs))
+        _stepped(engine, clock, prompt_tokens - computed, outputs)
         computed = prompt_tokens
     elapsed = max(clock.now() - start, 1e-9)
     return len(requests) / elapsed, sum(r.sampling.max_tokens for r in requests) / elapsed
+
+
+def _stepped(
+    engine: PagedEngine, clock: Clock, prefilled: int, outputs: list[RequestOutput]
+) -> None:
+    """Advances the clock by the step just run; a clock of its own tells the engine what the
+    step took (the step cost the deferral bound's time side learns, step_cost.py)."""
+    seconds = clock.stepped(prefilled + sum(len(o.new_token_ids) for o in outputs))
+    if seconds is not None:
+        engine.record_step_seconds(seconds)

@@ -32,6 +32,7 @@ from site_engine.engine.core.host_offload import OffloadLimits
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.core.scheduling_policy import PolicyName
 from site_engine.engine.core.sequence import Sequence
+from site_engine.engine.core.step_cost import StepCost
 from site_engine.engine.core.types import (
     FinishReason,
     ModelRunnerOutput,
@@ -103,6 +104,12 @@ class EngineConfig:
     # The deferral bound: background (flex, batch) prefill tokens per step at most; 0: none
     # (site_engine/engine/core/step_budget.py).
     background_step_tokens: int = 0
+    # Its time side: background rows may add at most this fraction of a step's interactive
+    # part (its cost learned from the steps run: site_engine/engine/core/step_cost.py); 0: none.
+    background_step_slack: float = 0.0
+    # Whether step() times itself for that cost (the wall clock); False: the owner reports each
+    # step's seconds with record_step_seconds (a benchmark on a clock of its own).
+    measure_step_time: bool = True
     # LoRA adapters this engine serves (site_engine/engine/lora/); None: the base model only.
     lora: LoraSettings | None = None
     # Device memory reserved for fine-tuning jobs (site_engine/finetune/), taken from the KV
@@ -189,6 +196,7 @@ class PagedEngine:
                 host_kv_blocks=host_blocks,
                 host_offload=_offload_limits(config, block_bytes),
                 background_step_tokens=config.background_step_tokens,
+                background_step_slack=config.background_step_slack,
                 max_loras=config.lora.max_loras if config.lora else 0,
             )
         )
@@ -212,6 +220,8 @@ class PagedEngine:
         self._in_flight: tuple[SchedulerOutput, LaunchedStep] | None = None
         self._graphs_note = self._describe_graphs(before, _device_memory(loaded.device))
         self._closed = False
+        self._measure_steps = config.measure_step_time
+        self._applied_work: tuple[int, int] | None = None
 
     def _describe_graphs(self, before: tuple[int, int], after: tuple[int, int]) -> str:
         count = self._runner.num_graphs
@@ -422,12 +432,23 @@ class PagedEngine:
         (synchronous), or the one launched by the previous call (async scheduling)."""
         if self._closed:
             raise RuntimeError("the engine was closed")
+        began = time.perf_counter()
         try:
-            return self._step()
+            outputs = self._step()
         except Exception:
             # A failed step may have left cached blocks half written: none may be shared again.
             self._scheduler.clear_prefix_cache()
             raise
+        if self._measure_steps:
+            self.record_step_seconds(time.perf_counter() - began)
+        return outputs
+
+    def record_step_seconds(self, seconds: float) -> None:
+        """The last step() took `seconds`: charged to the step whose tokens it applied (with
+        async scheduling it waited for that step's results), for the learned step cost."""
+        applied, self._applied_work = self._applied_work, None
+        if applied is not None:
+            self._scheduler.observe_step(applied[0], applied[1], seconds)
 
     def _step(self) -> list[RequestOutput]:
         failed = self._take_grammars() + self._take_adapters()
@@ -491,6 +512,8 @@ class PagedEngine:
         """
         if known is None:
             known = launched.result()
+        if scheduled.num_tokens:
+            self._applied_work = (scheduled.num_tokens, scheduled.context_tokens)
         updates = self._scheduler.update(scheduled, known)
         return [
             RequestOutput(
@@ -562,7 +585,12 @@ class PagedEngine:
             adapters_on_device=lora.on_device,
             adapters_in_host=lora.in_host,
             adapter_load_s=lora.load_s,
+            step_cost_s=_terms(self._scheduler.step_cost),
         )
+
+
+def _terms(cost: StepCost | None) -> tuple[float, ...]:
+    return () if cost is None else (cost.base_s, cost.per_token_s, cost.per_context_s)
 
 
 def _offload_limits(config: EngineConfig, block_bytes: int) -> OffloadLimits:

@@ -3,9 +3,14 @@ quick preset, whole (two real sites serving 24 random adapters behind the latenc
 gateways for adapter-aware completion_cost and the adapter-blind least_requests and mico),
 checked for the shape and sanity of what it writes.
 
-Which arm has the better goodput is not asserted: a few dozen requests on two shared cores are
-not a measurement (the GPU run is: /work/gpu-lora-route.txt's command). Where each adapter's
-requests went is: the adapter-aware arm keeps an adapter on fewer sites than a blind arm."""
+Which arm is better is not asserted, neither in goodput nor in over how many sites each adapter's
+requests went: a few dozen requests on two shared cores are not a measurement. Even the spread
+is a draw there: the adapter-aware arm yields to a site loaded well beyond the other, and such
+bursts come and go with the machine's load, so in one CI run in many it tied a blind arm. That
+the aware profile keeps an adapter's requests where the adapter is, at equal load, and places a
+cold adapter once for its whole burst, is asserted without chance in
+tests/unit/routing/test_adapter_affinity.py and, through real sites, in
+tests/e2e/test_adapter_routing_http.py."""
 
 from __future__ import annotations
 
@@ -52,4 +57,3 @@ def test_quick_lora_run_writes_a_complete_result(tmp_path: Path) -> None:
         spread[arm] = run["sites_per_adapter"]
         assert 1.0 <= spread[arm] <= 2.0
     assert set(spread) == {"least_requests", "mico", "completion_cost"}
-    assert spread["completion_cost"] < max(spread["least_requests"], spread["mico"]), spread

@@ -139,6 +139,35 @@ def test_class_metrics_show_waiting_running_preempted_and_ttft_by_class(
     }  # fmt: skip
 
 
+def test_the_learned_step_cost_is_a_gauge_once_learned(loaded: LoadedModel) -> None:
+    """Steps reported on a clock of the test's own (5 ms + 1 ms a token computed, as the
+    priority bench's token clock counts them): the gauge is absent until the engine has seen
+    enough steps, then shows about what that clock charges."""
+    metrics = SiteMetrics("s1")
+    paged = PagedEngine(loaded, EngineConfig(max_num_seqs=4, measure_step_time=False))
+    engine = MeteredEngine(paged, metrics)
+    metrics.watch(_Snapshot(engine))
+    name = "fedllm_site_step_cost_seconds"
+    assert not any(key[0] == name for key in parse(generate_latest(metrics.registry).decode()))
+    for n in range(24):
+        engine.add_request(request(f"r{n}", 2 + n % 7))
+        if n % 3 < 2:
+            continue
+        while engine.has_unfinished():
+            before = paged.scheduler_stats().prompt_tokens_computed
+            outputs = engine.step()
+            prefilled = paged.scheduler_stats().prompt_tokens_computed - before
+            tokens = prefilled + sum(len(o.new_token_ids) for o in outputs)
+            paged.record_step_seconds(0.005 + 0.001 * tokens)
+    samples = parse(generate_latest(metrics.registry).decode())
+    terms = {t: samples[(name, frozenset({"site": "s1", "term": t}.items()))] for t in TERMS}
+    assert terms["base"] == pytest.approx(0.005, abs=2e-3)
+    assert terms["per_token"] == pytest.approx(0.001, rel=0.3)
+
+
+TERMS = ("base", "per_token", "per_context_position")
+
+
 def one_running_one_waiting(samples: Samples) -> bool:
     return (
         scalar(samples, "fedllm_site_running_requests") == 1

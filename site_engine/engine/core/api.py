@@ -97,6 +97,9 @@ class EngineStats:
     adapters_on_device: tuple[str, ...] = ()
     adapters_in_host: tuple[str, ...] = ()
     adapter_load_s: float = 0.0
+    # What a step costs as the engine learned it (core/step_cost.py): seconds of its base, a
+    # computed token and a KV position read; () until enough steps were seen.
+    step_cost_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

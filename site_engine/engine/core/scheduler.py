@@ -60,6 +60,7 @@ from site_engine.engine.core.scheduler_config import ClassLoad, SchedulerConfig,
 from site_engine.engine.core.sequence import Sequence, SequenceStatus, SequenceUpdate
 from site_engine.engine.core.sequence_cache import SequenceCache
 from site_engine.engine.core.step_budget import StepBudget
+from site_engine.engine.core.step_cost import StepCost, StepCostModel
 from site_engine.engine.core.types import (
     PENDING_TOKEN,
     FinishReason,
@@ -111,6 +112,17 @@ class Scheduler:
         self._num_preemptions = 0
         self._preemptions_by_class = dict.fromkeys(Priority, 0)
         self._cache = SequenceCache(self._blocks)
+        self._step_cost = StepCostModel()
+
+    @property
+    def step_cost(self) -> StepCost | None:
+        """The step cost learned so far (None until enough steps were reported)."""
+        return self._step_cost.current
+
+    def observe_step(self, tokens: int, context: int, seconds: float) -> None:
+        """A step that computed `tokens` positions reading `context` took `seconds` (measured by
+        the engine's owner): what the time side of the deferral bound learns from."""
+        self._step_cost.observe(tokens, context, seconds)
 
     def add(
         self,
@@ -239,7 +251,12 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[Sequence] = []
         cfg = self.config
-        budget = StepBudget.for_step(cfg.max_num_batched_tokens, cfg.background_step_tokens)
+        budget = StepBudget.for_step(
+            cfg.max_num_batched_tokens,
+            cfg.background_step_tokens,
+            self._step_cost.current,
+            cfg.background_step_slack,
+        )
         # A class whose waiting sequences change during this step (a victim joins them) admits
         # nobody in it, by the rule below: the class's queue is as it was when the step began.
         for priority in Priority:
@@ -277,6 +294,8 @@ class Scheduler:
             kv_copies=plan.copies,
             kv_copies_before_step=plan.before_step,
             kv_copies_wait_for_step=plan.wait_for_step,
+            num_tokens=budget.scheduled_tokens,
+            context_tokens=budget.context,
         )
 
     def _schedule_running(
@@ -300,6 +319,8 @@ class Scheduler:
         ]  # fmt: skip
         max_model_len = self.config.max_model_len
         blocks = self._blocks
+        # Background decodes bounded in time this step go through the budget like prefills.
+        fast_decode = not (priority.is_background and budget.timed and budget.cost is not None)
         for seq in members:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for an earlier one's growth
@@ -308,8 +329,9 @@ class Scheduler:
             # Done but for pending tokens: the step that sampled its last token retires it.
             done = num_output >= seq.sampling.max_tokens or num_tokens >= max_model_len
             wanted = 0 if done else num_tokens - seq.num_computed_tokens
-            # One token is a decode, never deferred (step_budget.py): only the step's budget.
-            decode = wanted == 1
+            # One token is a decode, never deferred in tokens (step_budget.py): only the step's
+            # budget, and the time bound if background rows have one.
+            decode = wanted == 1 and fast_decode
             num_new = min(1, budget.tokens) if decode else budget.allowance(seq, wanted)
             if num_new > 0:
                 # Most steps grow no table: _make_room (its first call the same) only if not.
@@ -321,6 +343,7 @@ class Scheduler:
                 chunks.append(self._chunk(seq, num_new))
                 if decode:
                     budget.tokens -= 1  # what take() does for a decode
+                    budget.context += num_total
                 else:
                     budget.take(seq, wanted, num_new)
 
@@ -400,7 +423,7 @@ class Scheduler:
                 break  # strict policy order: nobody overtakes a candidate that does not fit
             cached = hit.num_blocks * cfg.block_size
             wanted = seq.num_tokens - cached
-            num_new = budget.allowance(seq, wanted)
+            num_new = budget.allowance(seq, wanted, cached)
             if num_new == 0 and not self._static:
                 break  # the deferral bound: this background prefill waits for a later step
             # Blocks copied back from the host tier: the copies overlap this step, the

@@ -27,6 +27,9 @@ class SchedulerConfig:
     it as `host_offload` says (site_engine/engine/core/host_offload.py).
     `background_step_tokens` is the deferral bound: the most prefill tokens of background (flex,
     batch) sequences one step computes (site_engine/engine/core/step_budget.py); 0: no bound.
+    `background_step_slack` is its time side: while interactive rows run, background rows may
+    add at most this fraction of the interactive part's predicted time to a step (the cost
+    learned from the steps run, step_cost.py); 0: no time bound.
     `max_loras`: how many distinct LoRA adapters running sequences may use at once (the device's
     adapter slots; 0: the engine serves none)."""
 
@@ -44,6 +47,7 @@ class SchedulerConfig:
     host_kv_blocks: int = 0
     host_offload: OffloadLimits = field(default_factory=OffloadLimits)
     background_step_tokens: int = 0
+    background_step_slack: float = 0.0
     max_loras: int = 0
 
     def __post_init__(self) -> None:
@@ -64,6 +68,10 @@ class SchedulerConfig:
         if self.background_step_tokens < 0:
             raise ValueError(
                 f"background_step_tokens must be >= 0, got {self.background_step_tokens}"
+            )
+        if not 0.0 <= self.background_step_slack <= 10.0:
+            raise ValueError(
+                f"background_step_slack must be in [0, 10], got {self.background_step_slack}"
             )
         if self.host_kv_blocks < 0 or (self.host_kv_blocks and not self.prefix_caching):
             raise ValueError(

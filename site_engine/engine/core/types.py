@@ -218,6 +218,8 @@ class SchedulerOutput:
     copies back for sequences that compute from the next step) overlap the step and bind only a
     later one: if `kv_copies_wait_for_step` > 0, the forward pass must also wait for the copies
     listed by that step (if they are still running).
+    `num_tokens` and `context_tokens`: the positions the step computes and those its rows read
+    (each row's length after the step), the inputs of its cost (core/step_cost.py).
     """
 
     chunks: tuple[ScheduledChunk, ...]
@@ -227,6 +229,9 @@ class SchedulerOutput:
     kv_copies: tuple[KvCopy, ...] = ()
     kv_copies_before_step: int = 0
     kv_copies_wait_for_step: int = 0
+    # What the step computes and reads (its cost's inputs: step_cost.py), summed as scheduled.
+    num_tokens: int = 0
+    context_tokens: int = 0
 
     @property
     def num_batched_tokens(self) -> int:
