@@ -60,6 +60,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_batched_tokens": 8192,
         "kv_cache_gib": 0.0,  # what the GPU has after the weights, a trial step and the reserve
         "deferral_bound_tokens": 512,
+        "clock": None,  # the wall clock (bench.engine.priority.build_engine reads it)
         # 12 GiB ran out of memory on the H100: site_engine/finetune/memory.py's estimate is low.
         "reserve_gib": 30.0,
         "max_step_ms": 200.0,  # SITE_FINETUNE_MAX_STEP_MS's default
@@ -88,6 +89,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_batched_tokens": 256,
         "kv_cache_blocks": 192,
         "deferral_bound_tokens": 32,
+        "clock": None,
         "reserve_gib": 0.25,
         "max_step_ms": 50.0,
         "interactive": Shape(prompt=(16, 96), answer=(8, 32)),
