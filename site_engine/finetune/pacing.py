@@ -25,7 +25,8 @@ class UnitPacer:
     smoothing: float = 0.3  # weight of the newest unit in the mean
     growth: float = 2.0  # the most the budget may grow from one unit to the next
     seconds_per_token: float | None = field(default=None, init=False)
-    budget: int = field(default=0, init=False)  # tokens the last unit was allowed (0: none yet)
+    # What the last unit was allowed, or ran when one example was longer (0: none yet).
+    budget: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not self.bound_s > 0 or not 0 < self.smoothing <= 1 or not self.growth > 1:
@@ -53,7 +54,7 @@ class UnitPacer:
         """A unit sized `budget` (next_budget's) computed `tokens` in `seconds`."""
         if budget < 1 or tokens < 1 or seconds < 0:
             raise ValueError(f"a unit of {tokens} tokens in {seconds} s cannot be measured")
-        self.budget = budget
+        self.budget = max(budget, tokens)  # an example over the budget ran: grow from it
         rate = seconds / tokens
         old = self.seconds_per_token
         self.seconds_per_token = rate if old is None else old + self.smoothing * (rate - old)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedllm_contract.fine_tuning import FineTuneHyperparameters
+from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from site_engine.engine.core.api import EngineStats
 from site_engine.finetune.data import IGNORE, Example
+from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.memory import (
     TrainingShape,
     kept_bytes,
@@ -49,11 +50,12 @@ def test_the_pacer_sizes_units_to_the_bound_from_measured_speed() -> None:
     pacer = UnitPacer(bound_s=0.05)
     assert pacer.next_budget(cap=10_000) == 1  # nothing measured: one sequence
     assert pacer.predict_s(100) == math.inf
-    pacer.observe(1, 40, 0.004)  # 0.1 ms a token
-    assert pacer.next_budget(cap=10_000) == 2  # at most twice the last budget
-    pacer.observe(2, 40, 0.004)
-    pacer.observe(4, 40, 0.004)
-    pacer.observe(256, 40, 0.004)
+    pacer.observe(1, 40, 0.004)  # one example of 40 tokens, 0.1 ms a token
+    assert pacer.next_budget(cap=10_000) == 80  # at most twice what the last unit ran
+    pacer.observe(80, 80, 0.008)
+    assert pacer.next_budget(cap=10_000) == 160
+    pacer.observe(160, 150, 0.015)
+    pacer.observe(320, 300, 0.03)
     assert pacer.next_budget(cap=10_000) == 500  # 50 ms / 0.1 ms
     assert pacer.next_budget(cap=300) == 300  # the memory cap
     assert pacer.predict_s(500) == pytest.approx(0.05)
@@ -198,3 +200,29 @@ def test_the_unit_cap_is_the_most_tokens_the_reserve_holds(tiny: LoadedModel) ->
         training_bytes(shape, hp, most, 100) <= reserve < training_bytes(shape, hp, most + 1, 100)
     )
     assert largest_unit_tokens(shape, hp, 100, training_bytes(shape, hp, 100, 100) - 1) == 0
+
+
+def test_a_site_predicts_its_next_unit_from_the_units_it_ran(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    line = (
+        b'{"messages": [{"role": "user", "content": "what is two and two"}, '
+        b'{"role": "assistant", "content": "two and two make four, as always"}]}\n'
+    )
+    hp = FineTuneHyperparameters(n_epochs=2, batch_size=4, learning_rate_multiplier=1.0)
+    jobs = FineTuneJobs(
+        FineTuneSettings(tmp_path, 1 << 30, max_step_ms=1000.0, max_rank=16),
+        tiny.model, tiny.tokenizer, "tiny",
+    )  # fmt: skip
+    jobs.start(FineTuneSpec("j", "tiny", line * 8, None, hp, 1))
+    assert jobs.next_unit_s() == math.inf  # no trainer, nothing measured
+    jobs.run_unit()
+    assert jobs.largest_unit_run > 0
+    first = jobs.largest_unit_run
+    predicted = jobs.next_unit_s()
+    assert 0 < predicted < math.inf
+    while jobs.progress("j").step < 2:
+        jobs.run_unit()
+    assert jobs.largest_unit_run > first  # the budget grew from one example towards the bound
+    cap, longest = jobs.unit_cap("j")
+    assert cap >= jobs.largest_unit_run >= longest
