@@ -132,6 +132,9 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     )
     parser.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
     parser.add_argument(
+        "--max-lora-loads", type=int, help="adapters read from disk at once (default 4)"
+    )
+    parser.add_argument(
         "--finetune-reserve-bytes",
         type=int,
         help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
@@ -194,6 +197,7 @@ def lora_settings(settings: SiteSettings) -> LoraSettings | None:
         max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras,
         max_rank=settings.max_lora_rank,
+        max_loads=settings.max_lora_loads,
     )
 
 

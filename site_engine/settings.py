@@ -93,10 +93,13 @@ class SiteSettings:
     # its directory's name; None serves the base model only. Up to max_loras distinct adapters
     # run at once (device slots, each padded to max_lora_rank <= 64), max_cpu_loras stay loaded
     # in host memory (least recently used evicted). CPU (PyTorch) and CUDA (Triton kernels, graphs).
+    # max_lora_loads adapters are read from disk at once, each on its own worker thread: with
+    # one, a burst of cold adapters (many adapters, Zipf popularity) queues behind each other.
     lora_dir: Path | None = None
     max_loras: int = 4
     max_cpu_loras: int = 8
     max_lora_rank: int = 16
+    max_lora_loads: int = 4
     # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
     # of device memory reserved for training (LoRA weights, optimizer state, one unit's
     # activations), taken from the KV cache's budget at start; 0 refuses every job. Jobs,
@@ -160,6 +163,8 @@ class SiteSettings:
             raise SettingsError(
                 "SITE_MAX_LORAS must be >= 1 and <= SITE_MAX_CPU_LORAS, SITE_MAX_LORA_RANK in 1..64"
             )
+        if self.max_lora_loads < 1:
+            raise SettingsError(f"SITE_MAX_LORA_LOADS must be >= 1, got {self.max_lora_loads}")
         if self.finetune_reserve_bytes < 0 or self.finetune_checkpoint_every < 1:
             raise SettingsError(
                 "SITE_FINETUNE_RESERVE_BYTES must be >= 0 (0: no fine-tuning) and "

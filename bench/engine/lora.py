@@ -121,6 +121,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--results-dir", type=Path, default=results_dir("engine_lora"))
     add("--name", default=None, help="default: engine_lora_<device>")
     add("--seed", type=int, default=0)
+    add("--max-lora-loads", type=int, default=None, help="loader threads (default: the site's)")
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
@@ -128,6 +129,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for key in ("window_s", "drain_s", "deadline_s"):
         if getattr(args, key) is not None:
             args.p[key] = getattr(args, key)
+    if args.max_lora_loads is not None and args.max_lora_loads < 1:
+        parser.error("--max-lora-loads must be >= 1")
+    loads = args.max_lora_loads
+    args.p["max_loads"] = LoraSettings(Path()).max_loads if loads is None else loads
     return args
 
 
@@ -190,7 +195,9 @@ def lora_phase(
     log: Progress,
 ) -> dict[str, Any]:
     p, vocab, seed, slo = args.p, loaded.model.config.vocab_size, args.seed, args.p["slo"]
-    settings = LoraSettings(root, p["max_loras"], p["max_cpu_loras"], p["rank"])
+    settings = LoraSettings(
+        root, p["max_loras"], p["max_cpu_loras"], p["rank"], max_loads=p["max_loads"]
+    )
     engine = build_engine(loaded, p, settings)
     warm_up(engine, vocab, min(4, p["max_num_seqs"]), seed)
     names = adapter_names(max(p["adapters"]))
@@ -263,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "max_num_batched_tokens",
                 "max_loras",
                 "max_cpu_loras",
+                "max_loads",
                 "rank",
                 "distinct_weights",
             )

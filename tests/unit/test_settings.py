@@ -107,10 +107,11 @@ def test_reliability_settings_from_env() -> None:
 def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
     import torch
 
-    from site_engine.__main__ import engine_config
+    from site_engine.__main__ import engine_config, parse_args
 
     env = {"SITE_MODEL_DIR": "m", "SITE_LORA_DIR": str(tmp_path), "SITE_MAX_LORAS": "2"}
-    lora = engine_config(SiteSettings.load(env), torch.device("cpu")).lora
+    cpu = torch.device("cpu")
+    lora = engine_config(SiteSettings.load(env), cpu).lora
     assert lora is not None
     assert (lora.directory, lora.max_loras, lora.max_cpu_loras, lora.max_rank) == (
         tmp_path,
@@ -118,6 +119,14 @@ def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
         8,
         16,
     )
+    assert lora.max_loads == 4  # more than one: cold adapters do not queue behind each other
+    loads = engine_config(SiteSettings.load({**env, "SITE_MAX_LORA_LOADS": "7"}), cpu).lora
+    assert loads is not None
+    assert loads.max_loads == 7
+    flags = ["--model", "m", "--lora-dir", str(tmp_path), "--max-lora-loads", "3"]
+    assert parse_args(flags).max_lora_loads == 3
+    with pytest.raises(SiteSettingsError, match="SITE_MAX_LORA_LOADS must be >= 1, got 0"):
+        SiteSettings.load({**env, "SITE_MAX_LORA_LOADS": "0"})
     assert (
         engine_config(SiteSettings.load({"SITE_MODEL_DIR": "m"}), torch.device("cpu")).lora is None
     )

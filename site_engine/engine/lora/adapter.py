@@ -17,14 +17,20 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
+
+from site_engine.engine.lora.weights_file import (
+    TensorEntry,
+    WeightsFileError,
+    map_tensors,
+    read_header,
+)
 
 # The Llama-family projections an adapter may target, in the order the engine applies them.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -123,23 +129,28 @@ def read_config(path: Path, max_rank: int) -> tuple[int, float]:
     return rank, alpha / (math.sqrt(rank) if rslora else rank)
 
 
-def _pairs(tensors: Mapping[str, torch.Tensor]) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
+def _pairs(keys: Iterable[str]) -> dict[tuple[int, str], dict[str, str]]:
+    """The file's tensor names by (layer, projection) and A/B."""
+    pairs: dict[tuple[int, str], dict[str, str]] = {}
+    for key in keys:
         match = _KEY.match(key)
         if match is None:
             raise AdapterError(f"tensor {key!r} is not a LoRA A/B weight of a decoder layer")
         layer, proj, which = int(match[1]), match[2], match[3]
         if proj not in PROJECTIONS:
             raise AdapterError(f"{key}: {proj} is not one of {', '.join(PROJECTIONS)}")
-        pairs.setdefault((layer, proj), {})[which] = tensor
+        pairs.setdefault((layer, proj), {})[which] = key
     if not pairs:
         raise AdapterError(f"{WEIGHTS_FILE} holds no LoRA weights")
     return pairs
 
 
 def _check_pair(
-    where: tuple[int, str], pair: Mapping[str, torch.Tensor], rank: int, base: BaseShapes
+    where: tuple[int, str],
+    pair: Mapping[str, str],
+    entries: Mapping[str, TensorEntry],
+    rank: int,
+    base: BaseShapes,
 ) -> None:
     layer, proj = where
     if layer >= base.num_layers:
@@ -147,7 +158,7 @@ def _check_pair(
     if set(pair) != {"A", "B"}:
         raise AdapterError(f"layer {layer} {proj}: lora_A and lora_B must both be present")
     in_features, out_features = base.features[proj]
-    shapes = (tuple(pair["A"].shape), tuple(pair["B"].shape))
+    shapes = (entries[pair["A"]].shape, entries[pair["B"]].shape)
     if shapes != ((rank, in_features), (out_features, rank)):
         raise AdapterError(
             f"layer {layer} {proj}: A {list(shapes[0])} and B {list(shapes[1])} do not fit the "
@@ -155,22 +166,41 @@ def _check_pair(
         )
 
 
+def _transposed(weight: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """weight.T in `dtype`, contiguous, in memory of its own (never a view of the file): one
+    copy, converting as it goes; then a second into page-locked memory if `pin`."""
+    if weight.dtype == dtype:
+        out = weight.t().clone(memory_format=torch.contiguous_format)
+    else:
+        out = weight.t().to(dtype, memory_format=torch.contiguous_format)
+    return out.pin_memory() if pin else out
+
+
 def read_adapter(
-    path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype
+    path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype, pin: bool = False
 ) -> LoraAdapter:
-    """The adapter in `path`, checked against `base`; AdapterError with the reason otherwise."""
+    """The adapter in `path`, checked against `base`; AdapterError with the reason otherwise.
+    Every check reads the config and the weights file's header only; the data is read once,
+    by the copies that lay it out (weights_file.py says why not safetensors.load_file). `pin`
+    (CUDA only) puts the weights in page-locked memory: a slot write's non-blocking copies are
+    then asynchronous DMA, not a synchronous staged copy on the engine's thread."""
     rank, scaling = read_config(path, max_rank)
+    file = path / WEIGHTS_FILE
     try:
-        tensors = load_file(str(path / WEIGHTS_FILE), device="cpu")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise AdapterError(f"cannot read {path / WEIGHTS_FILE}: {exc}") from exc
-    pairs = _pairs(tensors)
+        entries = read_header(file)
+    except (OSError, WeightsFileError) as exc:
+        raise AdapterError(f"cannot read {file}: {exc}") from exc
+    pairs = _pairs(entries)
     for where, pair in pairs.items():
-        _check_pair(where, pair, rank, base)
+        _check_pair(where, pair, entries, rank, base)
+    try:
+        tensors = map_tensors(file, entries)
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"cannot read {file}: {exc}") from exc
     weights = {
         where: (
-            pair["A"].t().to(dtype).contiguous(),
-            pair["B"].t().to(dtype).contiguous(),
+            _transposed(tensors[pair["A"]], dtype, pin),
+            _transposed(tensors[pair["B"]], dtype, pin),
         )
         for where, pair in pairs.items()
     }

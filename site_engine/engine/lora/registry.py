@@ -1,12 +1,14 @@
 """The adapters a site serves: on disk, in a host-memory LRU, and in the device's slots.
 
 Adapters are the subdirectories of one directory (LoraSettings.directory), each a PEFT adapter
-named by its directory. A request for an adapter not in host memory starts its load on a worker
-thread (reading and checking the safetensors file takes milliseconds to seconds): the engine's
-step loop goes on for everyone else, and the adapter's requests wait in the queue until
-`settle` sees the load done. Everything here but the loading itself runs on the engine's
-thread, so no lock guards it, except `register` (any thread) and `unregister` (the engine's),
-which change the directory under a lock of their own.
+named by its directory. The first request for an adapter not in host memory starts its load
+at once, on one of `max_loads` worker threads (reading, checking and laying out an 8B model's
+rank-16 adapter takes ~60-150 ms of CPU: bench/results/engine_lora/lora_loading_cpu.md); loads
+queue in their requests' arrival order beyond that. The engine's step loop goes on for everyone
+else, and an adapter's requests wait in the queue until `settle` sees their own adapter's load
+done. Everything here but the loading itself runs on the engine's thread (the host LRU is
+changed in `settle` only, never by a worker), so no lock guards it, except `register` (any
+thread) and `unregister` (the engine's), which change the directory under a lock of their own.
 
 An adapter added at run time (`register`, the gRPC LoadAdapter) is checked in full, then linked
 into the directory: the directory stays the one list of what the site serves, and a restart
@@ -50,12 +52,14 @@ _READ_TIMES_KEPT = 16
 @dataclass(frozen=True, slots=True)
 class LoraSettings:
     """Where a site's adapters are and how many it keeps where. `max_rank` sizes the device
-    slots (every slot is padded to it), so it is the largest rank the site accepts."""
+    slots (every slot is padded to it), so it is the largest rank the site accepts; `max_loads`
+    adapters are read from disk at once (worker threads)."""
 
     directory: Path
     max_loras: int = 4
     max_cpu_loras: int = 8
     max_rank: int = 16
+    max_loads: int = 4
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -66,6 +70,8 @@ class LoraSettings:
             )
         if not 1 <= self.max_rank <= MAX_RANK:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
+        if self.max_loads < 1:
+            raise ValueError(f"max_lora_loads must be >= 1, got {self.max_loads}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +101,17 @@ class AdapterRegistry:
         self.settings = settings
         self._base = base
         self._dtype = dtype
+        # Host copies in page-locked memory on CUDA: slot writes copy them asynchronously (the
+        # caching host allocator keeps a block from reuse until its copies are done).
+        self._pin = device.type == "cuda"
         self.slots = LoraSlots(base, settings.max_loras, settings.max_rank, dtype, device)
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[LoraAdapter]] = {}
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
+        # Loads start in the order their first request arrived (the pool's queue is FIFO).
+        self._pool = ThreadPoolExecutor(settings.max_loads, thread_name_prefix="lora-load")
         self._files = threading.Lock()  # one directory change at a time (register/unregister)
-        # Seconds the last reads from disk took (the worker thread appends; a deque's append and
-        # a copy of it are atomic): the load time a router charges a request of a cold adapter.
+        # Seconds the last reads from disk took (worker threads append; a deque's append and a
+        # copy of it are atomic): the load time a router charges a request of a cold adapter.
         self._read_s: deque[float] = deque(maxlen=_READ_TIMES_KEPT)
 
     def served(self) -> tuple[str, ...]:
@@ -176,7 +186,8 @@ class AdapterRegistry:
     def _read(self, name: str) -> LoraAdapter:
         base, settings = self._base, self.settings
         started = time.perf_counter()
-        adapter = read_adapter(self._path(name), name, base, settings.max_rank, self._dtype)
+        path, rank, dtype = self._path(name), settings.max_rank, self._dtype
+        adapter = read_adapter(path, name, base, rank, dtype, pin=self._pin)
         self._read_s.append(time.perf_counter() - started)
         return adapter
 

@@ -6,6 +6,7 @@ makes real ones with peft and checks the answers against PeftModel)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,103 @@ def test_host_memory_keeps_max_cpu_loras_but_never_evicts_one_in_use(
     registry.load("d", in_use={"a", "c"})  # nothing may go: one over for a while
     assert list(registry.resident) == ["a", "c", "d"]
     registry.close()
+
+
+@pytest.mark.parametrize("max_loads", [1, 2])
+def test_a_request_waits_for_its_own_adapters_load_only(
+    tmp_path: Path, loaded: LoadedModel, max_loads: int
+) -> None:
+    """An adapter whose file is a pipe no one writes yet: its load blocks opening it. With two
+    loaders the other adapter loads and runs meanwhile; with one it queues behind (what made
+    cold adapters at 1,000 adapters wait seconds)."""
+    base = base_of(loaded)
+    write_adapter(tmp_path / "fast", base)
+    write_adapter(tmp_path / "slow", base, seed=1)
+    pipe = tmp_path / "slow" / "adapter_model.safetensors"
+    pipe.unlink()
+    os.mkfifo(pipe)
+    eng = engine(loaded, tmp_path, max_loads=max_loads)
+    try:
+        for rid, adapter in (("slow", "slow"), ("fast", "fast"), ("base", None)):
+            eng.add_request(request(rid, adapter))
+        done: set[str] = set()
+        for _ in range(200):
+            done |= {out.request_id for out in eng.step() if out.finish_reason is not None}
+            if "base" in done and ("fast" in done or max_loads == 1):
+                break
+        assert "base" in done
+        assert "slow" not in done
+        assert ("fast" in done) is (max_loads > 1)
+    finally:
+        with open(pipe, "wb") as writer:  # the blocked load reads this and fails
+            writer.write(b"not a safetensors file")
+    left = drain(eng)
+    assert left["slow"][1] is FinishReason.ERROR
+    assert "slow" in left["slow"][2]
+    if max_loads == 1:
+        assert left["fast"][1] is FinishReason.LENGTH
+    eng.close()
+
+
+def test_loads_finishing_together_keep_the_host_lru_in_bounds(
+    tmp_path: Path, loaded: LoadedModel
+) -> None:
+    """Four loads on four workers, collected by one settle: all kept while in use (over the
+    bound for a while), then the next adapter in evicts the oldest down to max_cpu_loras."""
+    base = base_of(loaded)
+    for seed, name in enumerate("abcde"):
+        write_adapter(tmp_path / name, base, seed=seed)
+    with pytest.raises(ValueError, match="max_lora_loads must be >= 1, got 0"):
+        LoraSettings(tmp_path, max_loads=0)
+    settings = LoraSettings(tmp_path, max_loras=1, max_cpu_loras=2, max_rank=8, max_loads=4)
+    registry = AdapterRegistry(settings, base, torch.float32, torch.device("cpu"))
+    assert [registry.request(name) for name in "abcd"] == [False] * 4
+    ready: list[str] = []
+    for _ in range(500):
+        if not registry.loading:
+            break
+        registry.wait(1.0)
+        got, failed = registry.settle(lambda: set("abcd"))
+        assert failed == {}
+        ready += got
+    assert sorted(ready) == list("abcd")
+    assert sorted(registry.resident) == list("abcd")  # all in use: none evicted
+    registry.load("e", in_use=set())
+    assert len(registry.resident) == 2
+    assert registry.resident[-1] == "e"
+    registry.close()
+
+
+def _header_of(data: bytes) -> dict[str, Any]:
+    length = int.from_bytes(data[:8], "little")
+    header: dict[str, Any] = json.loads(data[8 : 8 + length])
+    return header
+
+
+def _with_header(data: bytes, header: dict[str, Any]) -> bytes:
+    length = int.from_bytes(data[:8], "little")
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data[8 + length :]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda d: d[:5], "not a safetensors file"),
+        (lambda d: (10**9).to_bytes(8, "little") + d[8:], "not a safetensors file"),
+        (lambda d: d[:-4], "do not fit"),
+        (lambda d: _with_header(d, {k: {**v, "dtype": "I32"} if k != "__metadata__" else v
+                                    for k, v in _header_of(d).items()}), "not a float type"),
+        (lambda d: _with_header(d, {k: {**v, "shape": [1]} if k != "__metadata__" else v
+                                    for k, v in _header_of(d).items()}), "do not fit"),
+    ],
+)  # fmt: skip
+def test_a_malformed_weights_file_is_refused_before_its_data_is_read(
+    tmp_path: Path, loaded: LoadedModel, corrupt: Any, message: str
+) -> None:
+    base = base_of(loaded)
+    path = write_adapter(tmp_path / "bad", base)
+    weights = path / "adapter_model.safetensors"
+    weights.write_bytes(corrupt(weights.read_bytes()))
+    with pytest.raises(AdapterError, match=f"cannot read .*{message}"):
+        read_adapter(path, "bad", base, 16, torch.float32)
