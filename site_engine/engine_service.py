@@ -155,7 +155,7 @@ class EngineService:
         self.engine = engine
         # Fine-tuning's units, run between steps when the gate allows (site_engine/idle_work.py).
         self._idle = idle_work
-        self._last_unit_s = 0.0
+        self._idle_unit_end = time.monotonic()  # when the last unit ended (the gate's patience)
         self.idle_units = 0  # units run since start (tests and metrics read it)
         self.tokenizer = tokenizer
         self._max_waiting = max_waiting
@@ -358,10 +358,12 @@ class EngineService:
         a request that arrived meanwhile is waiting, and the gate sees it)."""
         assert self._idle is not None
         work, gate = self._idle
-        if not gate.allows(self.engine.stats(), self._last_unit_s):
-            return
         try:
-            self._last_unit_s = work.run_unit()
+            held_s = time.monotonic() - self._idle_unit_end
+            if not gate.allows(self.engine.stats(), work.next_unit_s(), held_s):
+                return
+            work.run_unit()
+            self._idle_unit_end = time.monotonic()
         except Exception:
             log.exception("idle work failed; the engine goes on")
         self.idle_units += 1

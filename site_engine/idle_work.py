@@ -4,12 +4,20 @@ Fine-tuning (site_engine/finetune/jobs.py) is such work. It runs on the engine's
 between model steps, so it never races a step for the model or the device and never holds the
 asyncio loop that serves gRPC. The gate is FineInfer's deferral rule: a unit runs only while no
 request of any class waits to be admitted (a waiting request would be held up by a whole unit),
-and, while requests are running, only if the last unit took no longer than the bound: each
-running request's next token is then late by one bounded unit at most.
+and, while requests are running, only if the NEXT unit is predicted to take no longer than the
+bound: each running request's next token is then late by one bounded unit at most. The work
+predicts from what its recent units measured and sizes its units to the bound
+(site_engine/finetune/pacing.py), so one slow unit shrinks the next ones instead of closing the
+gate. A unit it cannot predict (nothing measured yet) or cannot make short enough (one sequence
+alone is longer than the bound allows) runs at once while no request is in, and beside running
+requests only once the work has been held back `patience` times its predicted length (the
+bound's, when unknown) since its last unit: under steady load it is not starved for good, and
+such units take at most 1 / (1 + patience) of the engine's time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +29,11 @@ class IdleWork(Protocol):
         """Whether a unit is ready to run (any thread may ask; it must be cheap)."""
         ...
 
+    def next_unit_s(self) -> float:
+        """The seconds the next unit is expected to take (the engine's thread asks; may be
+        math.inf when unknown)."""
+        ...
+
     def run_unit(self) -> float:
         """Runs one unit on the engine's thread; returns the seconds it took."""
         ...
@@ -29,8 +42,24 @@ class IdleWork(Protocol):
 @dataclass(frozen=True, slots=True)
 class IdleGate:
     max_unit_s: float
+    patience: float = 4.0
+    # The most of the engine's time units within the bound may take while requests run: a
+    # unit then waits (1 - share) / share times its predicted length after the last one ended.
+    # 1.0 is FineInfer's rule alone (a unit between every two steps).
+    busy_share: float = 1.0
 
-    def allows(self, stats: EngineStats, last_unit_s: float) -> bool:
+    def __post_init__(self) -> None:
+        if not self.max_unit_s > 0 or not self.patience > 0 or not 0 < self.busy_share <= 1:
+            raise ValueError("IdleGate needs max_unit_s > 0, patience > 0 and busy_share in (0, 1]")
+
+    def allows(self, stats: EngineStats, next_unit_s: float, held_s: float = 0.0) -> bool:
+        """Whether the next unit, predicted to take `next_unit_s`, may run now, `held_s` after
+        the work's last unit ended."""
         if stats.num_waiting > 0:
             return False
-        return stats.num_running == 0 or last_unit_s <= self.max_unit_s
+        if stats.num_running == 0:
+            return True
+        if next_unit_s <= self.max_unit_s:
+            return held_s >= next_unit_s * (1 - self.busy_share) / self.busy_share
+        cost = next_unit_s if math.isfinite(next_unit_s) else self.max_unit_s
+        return held_s >= self.patience * cost

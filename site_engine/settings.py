@@ -101,11 +101,11 @@ class SiteSettings:
     max_lora_rank: int = 16
     max_lora_loads: int = 4
     # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
-    # of device memory reserved for training (LoRA weights, optimizer state, one micro-batch's
+    # of device memory reserved for training (LoRA weights, optimizer state, one unit's
     # activations), taken from the KV cache's budget at start; 0 refuses every job. Jobs,
     # checkpoints (every `checkpoint_every` optimizer steps) and adapters live under
-    # `finetune_dir`; one unit of training holds the engine's loop `finetune_max_step_ms` at
-    # most (micro-batches shrink until it does).
+    # `finetune_dir`; units of training are sized in tokens so each is predicted to hold the
+    # engine's loop `finetune_max_step_ms` at most (site_engine/finetune/pacing.py).
     finetune_reserve_bytes: int = 0
     finetune_dir: Path = Path("var/finetune")
     finetune_checkpoint_every: int = 10

@@ -47,6 +47,7 @@ from bench.engine.priority_driver import Shape, WallClock, burst, make_requests,
 from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from fedllm_contract.priority import Priority
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
+from site_engine.finetune.memory import TrainingShape, training_bytes
 from site_engine.idle_work import IdleGate
 from site_engine.model_loading import LoadedModel
 
@@ -59,6 +60,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_batched_tokens": 8192,
         "kv_cache_gib": 0.0,  # what the GPU has after the weights, a trial step and the reserve
         "deferral_bound_tokens": 512,
+        "clock": None,  # the wall clock (bench.engine.priority.build_engine reads it)
         # 12 GiB ran out of memory on the H100: site_engine/finetune/memory.py's estimate is low.
         "reserve_gib": 30.0,
         "max_step_ms": 200.0,  # SITE_FINETUNE_MAX_STEP_MS's default
@@ -87,6 +89,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_num_batched_tokens": 256,
         "kv_cache_blocks": 192,
         "deferral_bound_tokens": 32,
+        "clock": None,
         "reserve_gib": 0.25,
         "max_step_ms": 50.0,
         "interactive": Shape(prompt=(16, 96), answer=(8, 32)),
@@ -118,6 +121,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
     add("--burst-requests", type=int, default=None, help="requests of the capacity burst")
     add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
+    add("--busy-share", type=float, default=1.0,
+        help="IdleGate.busy_share: the most of the time units take while requests run")  # fmt: skip
     add("--reserve-gib", type=float, default=None, help="SITE_FINETUNE_RESERVE_BYTES, in GiB")
     add("--results-dir", type=Path, default=results_dir("finetune_colocated"))
     add("--name", default=None, help="default: finetune_colocated_<device>")
@@ -125,6 +130,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
+    if not 0 < args.busy_share <= 1:
+        parser.error("--busy-share must be in (0, 1]")
     args.p = dict(PRESETS[args.preset])
     for key in ("window_s", "drain_s", "job_alone_s", "burst_requests", "max_step_ms",
                 "reserve_gib"):  # fmt: skip
@@ -199,12 +206,21 @@ def measure(
     rps, _ = burst(engine, cap_requests, WallClock())
     log(f"capacity: {rps:.2f} interactive req/s")
     jobs = start_job(loaded, p, job_dir, seed)
-    gate = IdleGate(p["max_step_ms"] / 1000)
+    gate = IdleGate(p["max_step_ms"] / 1000, busy_share=args.busy_share)
     job = JobClock(jobs, "bench-job")
+    cuda = loaded.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    allocated = torch.cuda.memory_allocated() if cuda else 0
     for _ in range(3):  # the trainer's first units build it: kept out of the measures
         job.run_unit()
     alone_job = run_job_alone(job, p["job_alone_s"])
     log(f"job alone: {alone_job}")
+    memory = training_memory(
+        jobs, loaded, torch.cuda.max_memory_allocated() - allocated if cuda else None
+    )
+    log(f"training memory: {memory}")
     times = poisson_arrivals(args.load * rps, p["window_s"], seed + 3)
     chats = make_requests("chat", len(times), chat, Priority.INTERACTIVE, vocab, seed + 4)
     arrivals = list(zip(times, chats, strict=True))
@@ -223,10 +239,29 @@ def measure(
         "interactive_rate_rps": args.load * rps,
         "kv_blocks": engine.limits.kv_blocks_total,
         "job": {"alone": alone_job, "with_load": with_job},
+        "training_memory": memory,
         "runs": {"alone": summary(alone), "with_job": summary(mixed)},
         "job_tokens_per_s_vs_alone": ratio(job_rate, alone_job["trained_tokens_per_s"]),
         "interactive_ttft_p99_ratio": ratio(mixed.p99(mixed.ttft_s), alone.p99(alone.ttft_s)),
         "interactive_tpot_p99_ratio": ratio(mixed.p99(mixed.tpot_s), alone.p99(alone.tpot_s)),
+    }
+
+
+def training_memory(
+    jobs: FineTuneJobs, loaded: LoadedModel, peak_bytes: int | None
+) -> dict[str, Any]:
+    """The estimate (site_engine/finetune/memory.py) for the largest unit the job ran, against
+    the peak CUDA allocated above what was allocated before the job (None on a CPU)."""
+    cap, longest = jobs.unit_cap("bench-job")
+    hp = FineTuneHyperparameters(1000, 1, 1.0)  # the bench job's LoRA (its batch is not used)
+    largest = jobs.largest_unit_run
+    estimate = training_bytes(TrainingShape.of_model(loaded.model), hp, largest, longest)
+    return {
+        "largest_unit_tokens": largest,
+        "unit_cap_tokens": cap,
+        "estimate_bytes": estimate,
+        "cuda_peak_bytes": peak_bytes,
+        "estimate_covers_peak": None if peak_bytes is None else estimate >= peak_bytes,
     }
 
 
@@ -246,6 +281,7 @@ def report(result: dict[str, Any]) -> str:
     job = result["job"]
     return (
         f"{keys}\n\n{runs}\n\nJob alone: {job['alone']}\n\nJob under load: {job['with_load']}\n\n"
+        f"Training memory: {result['training_memory']}\n\n"
         f"Capacity: {result['capacity']}; load {result['load']} "
         f"({result['interactive_rate_rps']:.2f} req/s) for {result['window_s']} s; "
         f"reserve {result['reserve_gib']} GiB, "
@@ -271,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "job_alone_s": p["job_alone_s"],
         "reserve_gib": p["reserve_gib"],
         "max_step_ms": p["max_step_ms"],
+        "busy_share": args.busy_share,
         "deferral_bound_tokens": p["deferral_bound_tokens"],
         "engine": {k: p[k] for k in ("max_num_seqs", "max_num_batched_tokens")},
         "training": {k: p[k] for k in ("examples", "example_words", "batch_size", "max_tokens")},

@@ -1,7 +1,8 @@
 """The engine loop of bench.engine.finetune_colocated: interactive requests stepped at their
 arrival times on the wall clock, with a fine-tuning job's units run between steps as the site's
 EngineService runs them (site_engine/engine_service.py `_run`: a unit when the job has work and
-the IdleGate allows it, then a model step if any request is unfinished). Latencies and the
+the IdleGate allows it, given the next unit's predicted time and how long since the last one
+ended, then a model step if any request is unfinished). Latencies and the
 run's bookkeeping are priority_driver's."""
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class JobClock:
 
     def tokens(self) -> int:
         return self.jobs.progress(self.job_id).trained_tokens
+
+    def next_unit_s(self) -> float:
+        return self.jobs.next_unit_s()
 
     def run_unit(self) -> float:
         took = self.jobs.run_unit()
@@ -80,7 +84,7 @@ def drive_with_job(
     tokens_at_start = clock.tokens() if clock is not None else 0
     units_at_start = clock.units if clock is not None else 0
     tokens_in_window: int | None = None
-    last_unit_s, next_arrival = 0.0, 0
+    next_arrival, unit_end = 0, time.monotonic()
     start = time.monotonic()
     while True:
         now = time.monotonic() - start
@@ -92,8 +96,13 @@ def drive_with_job(
         while next_arrival < len(pending) and pending[next_arrival][0] <= now:
             engine.add_request(pending[next_arrival][1])
             next_arrival += 1
-        if clock is not None and gate is not None and gate.allows(engine.stats(), last_unit_s):
-            last_unit_s = clock.run_unit()
+        if (
+            clock is not None
+            and gate is not None
+            and gate.allows(engine.stats(), clock.next_unit_s(), time.monotonic() - unit_end)
+        ):
+            clock.run_unit()
+            unit_end = time.monotonic()
         if not engine.has_unfinished():
             if clock is None and next_arrival < len(pending):
                 time.sleep(max(0.0, pending[next_arrival][0] - (time.monotonic() - start)))

@@ -11,6 +11,7 @@ checkpoint.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import shutil
 import threading
@@ -26,7 +27,8 @@ from site_engine.engine.lora.adapter import PROJECTIONS
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune import checkpoint as disk
 from site_engine.finetune.data import Example, TrainingDataError, encode_file
-from site_engine.finetune.memory import TrainingShape, largest_micro_batch
+from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
+from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.trainer import LoraTrainer, steps_per_epoch
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ class _Job:
     spec: FineTuneSpec
     train: list[Example]
     validation: list[Example]
-    micro_batch: int
+    max_unit_tokens: int  # the most padded tokens a unit may take within the reserve
     progress: FineTuneProgress
     trainer: LoraTrainer | None = None
 
@@ -76,6 +78,9 @@ class FineTuneJobs:
         self._shape = TrainingShape.of_model(model)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}  # insertion order: oldest first
+        # The site's speed in seconds per trained token, whichever job measured it.
+        self._pacer = UnitPacer(settings.max_step_ms / 1000)
+        self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
         settings.directory.mkdir(parents=True, exist_ok=True)
         self._load_from_disk()
 
@@ -124,11 +129,28 @@ class FineTuneJobs:
                 disk.save_result(self.settings.directory / job_id, job.progress)
             return job.progress
 
+    def unit_cap(self, job_id: str) -> tuple[int, int]:
+        """(the most padded tokens a unit of the job may take within the reserve, its longest
+        example's tokens)."""
+        with self._lock:
+            job = self._job(job_id)
+            return job.max_unit_tokens, max(len(e.input_ids) for e in job.train + job.validation)
+
     def has_work(self) -> bool:
         with self._lock:
             return any(not j.progress.state.is_final or j.trainer for j in self._jobs.values())
 
     # ---- engine thread ---------------------------------------------------------------------
+    def next_unit_s(self) -> float:
+        """The seconds the next unit is expected to take: infinite while nothing says (no
+        trainer built yet, or no unit measured), so the gate runs it only with no request in."""
+        with self._lock:
+            job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
+        if job is None or job.trainer is None:
+            return math.inf
+        tokens = job.trainer.next_unit_tokens(self._pacer.next_budget(job.max_unit_tokens))
+        return self._pacer.predict_s(tokens) if tokens else 0.0
+
     def run_unit(self) -> float:
         """Runs one unit of the oldest unfinished job; returns the seconds it took."""
         began = time.monotonic()
@@ -152,12 +174,14 @@ class FineTuneJobs:
         if job.trainer is None:
             job.trainer = self._build_trainer(job, job_dir)
         trainer = job.trainer
+        budget, step = self._pacer.next_budget(job.max_unit_tokens), trainer.history.step
+        validating = trainer.validating  # no backward: a third of a training unit's cost
         began = time.monotonic()
-        stepped = trainer.work()
-        if (
-            time.monotonic() - began
-        ) * 1000 > self.settings.max_step_ms and trainer.micro_batch > 1:
-            trainer.micro_batch //= 2  # the next units stay under the bound (same result)
+        tokens = trainer.work(budget)
+        self.largest_unit_run = max(self.largest_unit_run, tokens)
+        if tokens and not validating:  # the optimizer step is in its unit's time: the mean has it
+            self._pacer.observe(budget, tokens, time.monotonic() - began)
+        stepped = trainer.history.step > step
         if stepped and trainer.history.step % self.settings.checkpoint_every == 0:
             disk.save_checkpoint(job_dir, trainer)
         if trainer.finished:
@@ -170,9 +194,8 @@ class FineTuneJobs:
     def _build_trainer(self, job: _Job, job_dir: Path) -> LoraTrainer:
         spec = job.spec
         trainer = LoraTrainer(
-            self._model, spec.hyperparameters, spec.seed, job.train, job.validation,
-            micro_batch=job.micro_batch,
-        )  # fmt: skip
+            self._model, spec.hyperparameters, spec.seed, job.train, job.validation
+        )
         steps = disk.checkpoint_steps(job_dir)
         if steps:
             disk.restore_checkpoint(job_dir, steps[-1], trainer)
@@ -218,7 +241,8 @@ class FineTuneJobs:
         return job
 
     def _prepare(self, spec: FineTuneSpec) -> _Job:
-        """Encodes the files and sizes the micro-batch; FineTuneRefused if they cannot train."""
+        """Encodes the files and caps a unit's tokens by the reserve; FineTuneRefused if they
+        cannot train."""
         limit = self.settings.max_tokens
         try:
             train = encode_file(self._tokenizer, spec.training_jsonl, limit)
@@ -231,8 +255,8 @@ class FineTuneJobs:
             raise FineTuneRefused(FineTuneRefused.INVALID, f"training data: {exc}") from exc
         hp = spec.hyperparameters
         longest = max(len(e.input_ids) for e in train + validation)
-        micro = largest_micro_batch(self._shape, hp, longest, self.settings.reserve_bytes)
-        if micro < 1:
+        most = largest_unit_tokens(self._shape, hp, longest, self.settings.reserve_bytes)
+        if most < 1:
             raise FineTuneRefused(
                 FineTuneRefused.PRECONDITION,
                 f"one example of {longest} tokens needs more than this site's fine-tuning "
@@ -240,7 +264,7 @@ class FineTuneJobs:
             )
         total = steps_per_epoch(len(train), hp.batch_size) * hp.n_epochs
         progress = FineTuneProgress(spec.job_id, FineTuneState.QUEUED, 0, total, 0)
-        return _Job(spec, train, validation, micro, progress)
+        return _Job(spec, train, validation, most, progress)
 
     def _load_from_disk(self) -> None:
         for job_dir in sorted(self.settings.directory.iterdir(), key=lambda p: p.stat().st_mtime):

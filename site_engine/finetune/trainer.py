@@ -11,8 +11,18 @@ visits the examples in `randperm(n, seed + e)` order, so which examples an optim
 is a function of (seed, step) alone: a resumed job takes the same batches as one never stopped.
 
 A unit of work is one micro-batch's forward and backward; an optimizer step is the last unit of
-its batch. Each batch's loss is the mean over its assistant tokens, whichever micro-batches it
-is cut into (each micro-batch adds its token-loss sum / the batch's token count).
+its batch. Micro-batches are bounded in tokens, not examples: a unit takes the batch's next
+examples in order while their padded size (rows x the longest) stays within the token budget
+the caller gives (site_engine/finetune/pacing.py sizes it from the time bound), and always at
+least one example, so a sequence longer than the budget is a unit on its own (never cut: its
+tokens attend to each other). Each batch's loss is the mean over its assistant tokens,
+whichever units it is cut into (each unit adds its token-loss sum / the batch's token count),
+so the accumulated gradient is the whole batch's.
+
+The loss is computed from the decoder's hidden states at the labelled positions only, in chunks
+of LOSS_CHUNK_TOKENS: the logits (vocabulary-wide, fp32 for the loss) of one chunk at a time
+are alive, each chunk's backward run at once into the hidden states' gradient, and then one
+backward through the decoder (site_engine/finetune/memory.py counts one chunk, not all tokens).
 """
 
 from __future__ import annotations
@@ -33,6 +43,9 @@ from site_engine.finetune.data import IGNORE, Example
 # AdamW's learning rate at learning_rate_multiplier 1: the usual LoRA rate for small and mid
 # models (the PEFT and QLoRA examples' 2e-4), decayed linearly to zero over the job.
 BASE_LEARNING_RATE = 2e-4
+# Labelled tokens whose logits are alive at once: 256 x a 128k vocabulary in fp32 with its
+# gradient is about 0.25 GiB, against 4 GiB for 2,048 tokens at once.
+LOSS_CHUNK_TOKENS = 256
 
 
 def steps_per_epoch(examples: int, batch_size: int) -> int:
@@ -93,18 +106,60 @@ def pad_batch(
     return ids.to(device), mask.to(device), labels.to(device)
 
 
-def token_loss_sum(
-    model: nn.Module, examples: Sequence[Example], device: torch.device
+def unit_tokens(examples: Sequence[Example]) -> int:
+    """The tokens a unit of these examples computes: rows x the longest (padding included)."""
+    return len(examples) * max(len(e.input_ids) for e in examples)
+
+
+def take(examples: Sequence[Example], max_tokens: int) -> int:
+    """How many of `examples`, from the first, one unit takes within `max_tokens` (>= 1)."""
+    count, longest = 1, len(examples[0].input_ids)
+    while count < len(examples):
+        longest = max(longest, len(examples[count].input_ids))
+        if (count + 1) * longest > max_tokens:
+            break
+        count += 1
+    return count
+
+
+def _chunk_loss(
+    head: nn.Module, rows: torch.Tensor, targets: torch.Tensor, softcap: float | None
 ) -> torch.Tensor:
-    """Summed next-token cross-entropy over the examples' labelled tokens (fp32)."""
+    logits = head(rows).float()
+    if softcap:  # Gemma-style final logit soft-capping, as the model's own forward does
+        logits = torch.tanh(logits / softcap) * softcap
+    return nn.functional.cross_entropy(logits, targets, reduction="sum")
+
+
+def token_loss_sum(
+    model: PeftModel,
+    examples: Sequence[Example],
+    device: torch.device,
+    backward_scale: float | None = None,
+) -> float:
+    """Summed next-token cross-entropy over the examples' labelled tokens (fp32). With
+    `backward_scale`, the gradient of (sum x backward_scale) is accumulated too."""
     ids, mask, labels = pad_batch(examples, device)
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    return nn.functional.cross_entropy(
-        logits[:, :-1].float().flatten(0, 1),
-        labels[:, 1:].flatten(),
-        ignore_index=IGNORE,
-        reduction="sum",
-    )
+    causal = model.get_base_model()
+    hidden = causal.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != IGNORE
+    rows, wanted = hidden[:, :-1][keep], targets[keep]
+    head = causal.get_output_embeddings()
+    softcap = getattr(causal.config, "final_logit_softcapping", None)
+    scale = backward_scale if rows.requires_grad and rows.shape[0] > 0 else None
+    learn = scale is not None
+    leaf = rows.detach().requires_grad_(learn)
+    total = 0.0
+    for start in range(0, leaf.shape[0], LOSS_CHUNK_TOKENS):
+        end = start + LOSS_CHUNK_TOKENS
+        loss = _chunk_loss(head, leaf[start:end], wanted[start:end], softcap)
+        if scale is not None:
+            (loss * scale).backward()  # type: ignore[no-untyped-call]
+        total += float(loss.detach())
+    if learn:
+        rows.backward(leaf.grad)
+    return total
 
 
 @dataclass(slots=True)
@@ -118,7 +173,8 @@ class History:
 
 
 class LoraTrainer:
-    """Trains one job, a micro-batch per `work()` call; the engine's thread calls it."""
+    """Trains one job, a unit of at most a token budget per `work()` call; the engine's thread
+    calls it."""
 
     def __init__(
         self,
@@ -127,7 +183,6 @@ class LoraTrainer:
         seed: int,
         train: Sequence[Example],
         validation: Sequence[Example] = (),
-        micro_batch: int | None = None,
     ) -> None:
         self.hp, self.seed = hp, seed
         self.train, self.validation = list(train), list(validation)
@@ -141,7 +196,6 @@ class LoraTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: max(0.0, 1.0 - s / total)
         )
-        self.micro_batch = min(micro_batch or hp.batch_size, hp.batch_size)
         self.history = History()
         self._done_in_step = 0  # examples of the current batch already run
         self._step_loss = 0.0
@@ -159,6 +213,11 @@ class LoraTrainer:
     def finished(self) -> bool:
         return self.history.step >= self.total_steps and not self._validation_due()
 
+    @property
+    def validating(self) -> bool:
+        """Whether the next unit is one of the epoch's validation."""
+        return self._validation_due()
+
     def _validation_due(self) -> bool:
         step = self.history.step
         return (
@@ -168,46 +227,64 @@ class LoraTrainer:
             and not any(s == step for s, _ in self.history.validation_losses)
         )
 
-    def work(self) -> bool:
-        """Runs one unit (a micro-batch of training, or of the epoch's validation); True when
-        an optimizer step ended with it."""
+    def _next_examples(self) -> list[Example] | None:
+        """The examples the next unit draws from (the rest of the batch or of the validation
+        set), None when the job has nothing left."""
         if self._validation_due():
-            self._validate_some()
-            return False
+            position = self._validation[0] if self._validation else 0
+            return self.validation[position:]
         if self.history.step >= self.total_steps:
-            return False
+            return None
         batch = batch_of(len(self.train), self.hp.batch_size, self.seed, self.history.step)
-        chunk = [
-            self.train[i] for i in batch[self._done_in_step : self._done_in_step + self.micro_batch]
-        ]
+        return [self.train[i] for i in batch[self._done_in_step :]]
+
+    def next_unit_tokens(self, max_tokens: int) -> int:
+        """The tokens (padded) `work(max_tokens)` would compute now; 0 if nothing is left."""
+        rest = self._next_examples()
+        return unit_tokens(rest[: take(rest, max_tokens)]) if rest else 0
+
+    def work(self, max_tokens: int) -> int:
+        """Runs one unit of at most `max_tokens` padded tokens (or one example longer than
+        that): training, or the epoch's validation. Returns the tokens it computed (0: none)."""
+        if self._validation_due():
+            return self._validate_some(max_tokens)
+        rest = self._next_examples()
+        if not rest:
+            return 0
+        batch = batch_of(len(self.train), self.hp.batch_size, self.seed, self.history.step)
+        chunk = rest[: take(rest, max_tokens)]
         batch_tokens = sum(self.train[i].loss_tokens for i in batch)
-        loss = token_loss_sum(self.model, chunk, self.device) / batch_tokens
-        loss.backward()  # type: ignore[no-untyped-call]
-        self._step_loss += float(loss.detach())
+        self._step_loss += token_loss_sum(self.model, chunk, self.device, 1 / batch_tokens) / (
+            batch_tokens
+        )
         self._done_in_step += len(chunk)
         self.history.trained_tokens += sum(e.trained_tokens for e in chunk)
-        if self._done_in_step < len(batch):
-            return False
+        if self._done_in_step == len(batch):
+            self._optimizer_step()
+        return unit_tokens(chunk)
+
+    def _optimizer_step(self) -> None:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.history.step += 1
         self.history.losses.append((self.history.step, self._step_loss))
         self._done_in_step, self._step_loss = 0, 0.0
-        return True
 
-    def _validate_some(self) -> None:
+    def _validate_some(self, max_tokens: int) -> int:
         position, total, tokens = self._validation or (0, 0.0, 0)
-        chunk = self.validation[position : position + self.micro_batch]
+        rest = self.validation[position:]
+        chunk = rest[: take(rest, max_tokens)]
         with torch.no_grad():
-            total += float(token_loss_sum(self.model, chunk, self.device))
+            total += token_loss_sum(self.model, chunk, self.device)
         tokens += sum(e.loss_tokens for e in chunk)
         position += len(chunk)
         if position < len(self.validation):
             self._validation = (position, total, tokens)
-            return
-        self._validation = None
-        self.history.validation_losses.append((self.history.step, total / max(tokens, 1)))
+        else:
+            self._validation = None
+            self.history.validation_losses.append((self.history.step, total / max(tokens, 1)))
+        return unit_tokens(chunk)
 
     def abandon_partial_step(self) -> None:
         """Drops the gradients of an optimizer step not finished (a resumed job redoes it)."""

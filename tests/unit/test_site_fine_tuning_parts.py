@@ -134,6 +134,9 @@ class RecordingWork:
     def has_work(self) -> bool:
         return True
 
+    def next_unit_s(self) -> float:
+        return 0.002
+
     def run_unit(self) -> float:
         with self.lock:
             self.waiting_at_units.append(self.engine.stats().num_waiting)
