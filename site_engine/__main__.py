@@ -146,6 +146,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument(
         "--finetune-max-step-ms", type=float, help="one unit of training at most (ms)"
     )
+    parser.add_argument(
+        "--finetune-busy-share",
+        type=float,
+        help="while requests run, the most of the engine's time training may take (default 0.15)",
+    )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -310,7 +315,8 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
     if metrics is not None:
         engine = MeteredEngine(engine, metrics)
     jobs = fine_tune_jobs(settings, loaded)
-    idle = (jobs, IdleGate(settings.finetune_max_step_ms / 1000)) if jobs is not None else None
+    gate = IdleGate(settings.finetune_max_step_ms / 1000, busy_share=settings.finetune_busy_share)
+    idle = (jobs, gate) if jobs is not None else None
     service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests, idle)
     identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
     # The gRPC boundary reads the adapter directory at each request (LoadAdapter adds to it).

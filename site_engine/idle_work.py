@@ -23,6 +23,10 @@ from typing import Protocol
 
 from site_engine.engine.core.api import EngineStats
 
+# A site's default busy share (SITE_FINETUNE_BUSY_SHARE): the same 15% of an interactive step that
+# background rows may add to it (SITE_DEFERRAL_BOUND_SLACK).
+DEFAULT_BUSY_SHARE = 0.15
+
 
 class IdleWork(Protocol):
     def has_work(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 from fedllm_contract.env_settings import SettingsError, build, read_env
 from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
+from site_engine.idle_work import DEFAULT_BUSY_SHARE
 
 DTYPES = ("float32", "bfloat16", "float16")
 POLICIES = tuple(sorted(POLICY_NAMES))
@@ -110,6 +111,10 @@ class SiteSettings:
     finetune_dir: Path = Path("var/finetune")
     finetune_checkpoint_every: int = 10
     finetune_max_step_ms: float = 200.0
+    # While requests run, the most of the engine's time training units may take (a unit then
+    # waits (1 - share) / share times its length after the last one): the same 15% that
+    # background rows may add to an interactive step (deferral_bound_slack).
+    finetune_busy_share: float = DEFAULT_BUSY_SHARE
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -172,6 +177,8 @@ class SiteSettings:
             )
         if not self.finetune_max_step_ms > 0:
             raise SettingsError("SITE_FINETUNE_MAX_STEP_MS must be > 0")
+        if not 0 < self.finetune_busy_share <= 1:
+            raise SettingsError("SITE_FINETUNE_BUSY_SHARE must be in (0, 1]")
         if self.finetune_reserve_bytes and self.lora_dir is None:
             # A job's adapter is served through the site's LoRA slots, which only a site with
             # --lora-dir has: without them a finished job could never be served, and the

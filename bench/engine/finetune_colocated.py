@@ -48,7 +48,7 @@ from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from fedllm_contract.priority import Priority
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.memory import TrainingShape, training_bytes
-from site_engine.idle_work import IdleGate
+from site_engine.idle_work import DEFAULT_BUSY_SHARE, IdleGate
 from site_engine.model_loading import LoadedModel
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -121,7 +121,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
     add("--burst-requests", type=int, default=None, help="requests of the capacity burst")
     add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
-    add("--busy-share", type=float, default=1.0,
+    add("--busy-share", type=float, default=DEFAULT_BUSY_SHARE,
         help="IdleGate.busy_share: the most of the time units take while requests run")  # fmt: skip
     add("--reserve-gib", type=float, default=None, help="SITE_FINETUNE_RESERVE_BYTES, in GiB")
     add("--results-dir", type=Path, default=results_dir("finetune_colocated"))

@@ -164,7 +164,7 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
             background_step_tokens=p["deferral_bound_tokens"],
             background_step_slack=p.get("deferral_bound_slack", 0.0),
             # On a token clock the driver reports each step's time (priority_driver.py).
-            measure_step_time=p["clock"] is None,
+            measure_step_time=p.get("clock") is None,
             # A site that takes fine-tuning jobs keeps their reserve out of the cache
             # (bench.engine.finetune_colocated).
             finetune_reserve_bytes=p.get("finetune_reserve_bytes", 0),

@@ -138,3 +138,25 @@ def test_a_site_taking_fine_tuning_jobs_needs_lora_slots_to_serve_them(tmp_path:
         SiteSettings.load(env)
     settings = SiteSettings.load({**env, "SITE_LORA_DIR": str(tmp_path)})
     assert (settings.finetune_reserve_bytes, settings.lora_dir) == (1 << 30, tmp_path)
+
+
+def test_the_background_time_shares_reach_the_engine_and_bad_ones_are_refused() -> None:
+    import torch
+
+    from site_engine.__main__ import engine_config, parse_args
+
+    env = {"SITE_MODEL_DIR": "m"}
+    settings = SiteSettings.load(env)
+    assert (settings.deferral_bound_slack, settings.finetune_busy_share) == (0.15, 0.15)
+    cpu = torch.device("cpu")
+    config = engine_config(SiteSettings.load({**env, "SITE_DEFERRAL_BOUND_SLACK": "0.4"}), cpu)
+    assert config.background_step_slack == 0.4
+    flags = ["--model", "m", "--deferral-bound-slack", "0", "--finetune-busy-share", "1"]
+    assert (parse_args(flags).deferral_bound_slack, parse_args(flags).finetune_busy_share) == (
+        0.0,
+        1.0,
+    )
+    with pytest.raises(SiteSettingsError, match="SITE_DEFERRAL_BOUND_SLACK must be in"):
+        SiteSettings.load({**env, "SITE_DEFERRAL_BOUND_SLACK": "-1"})
+    with pytest.raises(SiteSettingsError, match="SITE_FINETUNE_BUSY_SHARE must be in"):
+        SiteSettings.load({**env, "SITE_FINETUNE_BUSY_SHARE": "0"})
