@@ -36,6 +36,8 @@ EVENT_PREFIX = "ftevent-"
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
+    """What a job is asked to do, as the gateway resolved it (its "auto" settings filled in)."""
+
     id: str
     owner: Owner
     owner_key_name: str | None
@@ -50,18 +52,9 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
-class JobView:
-    id: str
-    owner: Owner
-    owner_key_name: str | None
-    model: str
-    training_file: str
-    validation_file: str | None
-    suffix: str | None
-    seed: int
-    n_epochs: int
-    batch_size: int
-    learning_rate_multiplier: float
+class JobView(NewJob):
+    """A job as stored: what it was asked to do and how far it got."""
+
     status: FineTuningStatus
     site: str | None
     step: int
