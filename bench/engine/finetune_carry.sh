@@ -14,18 +14,7 @@
 #         --target /tmp/site .finetunecarry/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \
 #     python3 -m bench.engine.finetune_colocated --preset gpu \
 #         --tokenizer-dir .finetunecarry/tokenizers/gpt2 --results-dir "$OUT"
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-SHARED="${FEDLLM_SHARED_DIR:-../shared}"
-PIP="${PIP:-.venv/bin/python -m pip}"
-OUT=.finetunecarry
-rm -rf "$OUT" && mkdir -p "$OUT/whl" "$OUT/tokenizers"
-for name in peft accelerate psutil xxhash protobuf; do
-    spec="$(grep -i "^$name==" constraints.txt | head -1)"
-    [[ -n "$spec" ]] || { echo "no pin for $name in constraints.txt" >&2; exit 1; }
-    $PIP download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform any -d "$OUT/whl" "$spec"
-done
-cp -r "$SHARED/tokenizers/gpt2" "$OUT/tokenizers/"
-du -sh "$OUT"
+source "$(dirname "$0")/carry_lib.sh"
+carry_start .finetunecarry
+carry_wheels peft accelerate psutil xxhash protobuf
+carry_done
