@@ -317,7 +317,10 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
     jobs = fine_tune_jobs(settings, loaded)
     gate = IdleGate(settings.finetune_max_step_ms / 1000, busy_share=settings.finetune_busy_share)
     idle = (jobs, gate) if jobs is not None else None
-    service = EngineService(engine, loaded.tokenizer, settings.max_queued_requests, idle)
+    on_unit = metrics.observe_idle_unit if metrics is not None else None
+    service = EngineService(
+        engine, loaded.tokenizer, settings.max_queued_requests, idle, on_idle_unit=on_unit
+    )
     identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
     # The gRPC boundary reads the adapter directory at each request (LoadAdapter adds to it).
     if adapters := paged.served_adapters():

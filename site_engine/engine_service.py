@@ -151,10 +151,13 @@ class EngineService:
         tokenizer: PreTrainedTokenizerBase,
         max_waiting: int = 1024,
         idle_work: tuple[IdleWork, IdleGate] | None = None,
+        on_idle_unit: Callable[[float, bool], None] | None = None,
     ) -> None:
         self.engine = engine
-        # Fine-tuning's units, run between steps when the gate allows (site_engine/idle_work.py).
+        # Fine-tuning's units, run between steps when the gate allows (site_engine/idle_work.py),
+        # and who hears of each (its seconds, whether requests were running: the metrics).
         self._idle = idle_work
+        self._on_idle_unit = on_idle_unit
         self._idle_unit_end = time.monotonic()  # when the last unit ended (the gate's patience)
         self.idle_units = 0  # units run since start (tests and metrics read it)
         self.tokenizer = tokenizer
@@ -360,10 +363,13 @@ class EngineService:
         work, gate = self._idle
         try:
             held_s = time.monotonic() - self._idle_unit_end
-            if not gate.allows(self.engine.stats(), work.next_unit_s(), held_s):
+            stats = self.engine.stats()
+            if not gate.allows(stats, work.next_unit_s(), held_s):
                 return
-            work.run_unit()
+            seconds = work.run_unit()
             self._idle_unit_end = time.monotonic()
+            if self._on_idle_unit is not None:
+                self._on_idle_unit(seconds, stats.num_running > 0)
         except Exception:
             log.exception("idle work failed; the engine goes on")
         self.idle_units += 1

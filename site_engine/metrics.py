@@ -93,6 +93,20 @@ class SiteMetrics:
             buckets=TTFT_BUCKETS,
         )
         self.ttft = {p: ttft.labels(site_name, p.label) for p in Priority}
+        unit = Histogram(
+            "fedllm_site_idle_work_unit_seconds",
+            "Seconds of each unit of idle work (fine-tuning), by whether requests were running",
+            ("site", "beside_requests"),
+            registry=r,
+            buckets=STEP_BUCKETS,
+        )
+        self.idle_units = {
+            beside: unit.labels(site_name, str(beside).lower()) for beside in (True, False)
+        }
+
+    def observe_idle_unit(self, seconds: float, beside_requests: bool) -> None:
+        """A unit of idle work ran (EngineService's on_idle_unit)."""
+        self.idle_units[beside_requests].observe(seconds)
 
     def watch(self, source: StatsSource) -> None:
         self.registry.register(EngineStatsCollector(self.site_name, source))

@@ -249,3 +249,47 @@ def test_a_job_cancelled_mid_way_stops_and_lets_its_trainer_go(
     again = jobs_in(tmp_path, tiny)  # a restart does not resume it
     assert again.progress("c").state is FineTuneState.CANCELLED
     assert not again.has_work()
+
+
+def test_idle_units_are_metered_beside_requests_and_alone(tiny: LoadedModel) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from site_engine.metrics import SiteMetrics
+
+    metrics = SiteMetrics("s1")
+    engine = PagedEngine(tiny, EngineConfig(max_num_seqs=2, kv_cache_bytes=8 << 20))
+    work = RecordingWork(engine)
+    service = EngineService(
+        engine,
+        tiny.tokenizer,
+        idle_work=(work, IdleGate(1.0)),
+        on_idle_unit=metrics.observe_idle_unit,
+    )
+    service.start()
+
+    async def two() -> None:
+        sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+        async def one(i: int) -> None:
+            async for _ in service.generate(EngineRequest(f"r{i}", (1, 2, 3, 4), sampling)):
+                pass
+
+        await asyncio.gather(one(0), one(1))  # both run at once: no one waits
+
+    try:
+        asyncio.run(two())
+        time.sleep(0.05)  # idle: units alone
+    finally:
+        service.stop()
+        engine.close()
+    counts = {
+        sample.labels["beside_requests"]: sample.value
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        if family.name == "fedllm_site_idle_work_unit_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+    assert counts["true"] >= 1  # units between the two requests' steps
+    assert counts["false"] >= 1
+    assert counts["true"] + counts["false"] == len(work.waiting_at_units)
