@@ -48,6 +48,8 @@ class _Child:
     started_at: float
     joined: bool = False
     exited: bool = False  # it joined, then its process exited: leaving
+    # retire() is stopping it: its exit is the stop's doing, no failure for tick() to report.
+    retiring: bool = False
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -84,12 +86,15 @@ class LocalProcesses:
         return self._last_start_s
 
     def pending(self) -> int:
-        starting = sum(not (c.joined or c.exited) for c in self._children.values())
-        blipping = sum(c.joined and c.name in self._unhealthy for c in self._children.values())
+        children = [c for c in self._children.values() if not c.retiring]
+        starting = sum(not (c.joined or c.exited) for c in children)
+        blipping = sum(c.joined and c.name in self._unhealthy for c in children)
         return starting + blipping
 
     def removable(self, site: SiteState) -> bool:
-        return any(c.name == site.name and c.joined for c in self._children.values())
+        return any(
+            c.name == site.name and c.joined and not c.retiring for c in self._children.values()
+        )
 
     def site_name(self, slot: int) -> str:
         return f"{self._config.name_prefix}-{slot}"
@@ -156,8 +161,11 @@ class LocalProcesses:
     async def retire(self, name: str) -> None:
         for slot, child in list(self._children.items()):
             if child.name == name:
+                # Marked before the SIGTERM: a tick() while the process ends must not take the
+                # exit for a crash (it reported a failure and freed the slot under this stop).
+                child.retiring = True
                 await self._stop(child)
-                del self._children[slot]
+                self._children.pop(slot, None)
 
     async def _stop(self, child: _Child) -> None:
         if child.waiter is not None and child.waiter is not asyncio.current_task():
@@ -181,7 +189,7 @@ class LocalProcesses:
         elsewhere, as for any failed site), and its slot is free again once it has."""
         self._unhealthy = {s.name for s in sites if not s.healthy and not s.draining}
         for child in list(self._children.values()):
-            if child.joined and child.popen.poll() is not None:
+            if child.joined and not child.retiring and child.popen.poll() is not None:
                 child.joined, child.exited = False, True
                 child.waiter = asyncio.create_task(self._exited(child), name=child.name)
 

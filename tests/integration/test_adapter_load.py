@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from gateway.db.migrate import upgrade
+from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import InferenceRequest, RequestStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.stores.adapter_load import AdapterLoad, adapter_load
@@ -49,7 +49,13 @@ def test_adapter_load_groups_the_window(database: str, request: pytest.FixtureRe
         finally:
             await engine.dispose()
 
-    assert asyncio.run(run()) == [
+    try:
+        loads = asyncio.run(run())
+    finally:
+        # The worker's PostgreSQL database is shared by its tests: these rows (ids r0..r5) broke
+        # test_load_history's inserts of the same ids when it ran after this one in CI.
+        downgrade(url)
+    assert loads == [
         AdapterLoad("m", "ft-a", requests=2, prompt_tokens=30, completion_tokens=5),
         AdapterLoad("m", "ft-b", requests=1, prompt_tokens=7, completion_tokens=3),
         AdapterLoad("n", "ft-a", requests=1, prompt_tokens=4, completion_tokens=4),
