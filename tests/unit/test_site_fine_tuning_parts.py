@@ -144,23 +144,27 @@ class RecordingWork:
         return 0.002
 
 
+def serve_all(service: EngineService, requests: int, max_tokens: int) -> None:
+    """`requests` greedy requests sent at once, each streamed to its end."""
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+    async def one(i: int) -> None:
+        async for _ in service.generate(EngineRequest(f"r{i}", (1, 2, 3, 4), sampling)):
+            pass
+
+    async def all_of_them() -> None:
+        await asyncio.gather(*(one(i) for i in range(requests)))
+
+    asyncio.run(all_of_them())
+
+
 def test_no_unit_runs_while_requests_wait(tiny: LoadedModel) -> None:
     engine = PagedEngine(tiny, EngineConfig(max_num_seqs=2, kv_cache_bytes=8 << 20))
     work = RecordingWork(engine)
     service = EngineService(engine, tiny.tokenizer, idle_work=(work, IdleGate(1.0)))
     service.start()
-
-    async def flood() -> None:
-        sampling = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-
-        async def one(i: int) -> None:
-            async for _ in service.generate(EngineRequest(f"r{i}", (1, 2, 3, 4), sampling)):
-                pass
-
-        await asyncio.gather(*(one(i) for i in range(8)))  # 6 of 8 wait at first
-
     try:
-        asyncio.run(flood())
+        serve_all(service, requests=8, max_tokens=16)  # 6 of 8 wait at first
         time.sleep(0.05)
     finally:
         service.stop()
@@ -267,18 +271,8 @@ def test_idle_units_are_metered_beside_requests_and_alone(tiny: LoadedModel) -> 
         on_idle_unit=metrics.observe_idle_unit,
     )
     service.start()
-
-    async def two() -> None:
-        sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-
-        async def one(i: int) -> None:
-            async for _ in service.generate(EngineRequest(f"r{i}", (1, 2, 3, 4), sampling)):
-                pass
-
-        await asyncio.gather(one(0), one(1))  # both run at once: no one waits
-
     try:
-        asyncio.run(two())
+        serve_all(service, requests=2, max_tokens=24)  # both run at once: no one waits
         time.sleep(0.05)  # idle: units alone
     finally:
         service.stop()

@@ -328,7 +328,7 @@ class Scheduler:
         max_model_len = self.config.max_model_len
         blocks = self._blocks
         # Background decodes bounded in time this step go through the budget like prefills.
-        fast_decode = not (priority.is_background and budget.timed and budget.cost is not None)
+        fast_decode = not (priority.is_background and budget.timed)
         for seq in members:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for an earlier one's growth

@@ -82,8 +82,12 @@ class StepBudget:
 
     @property
     def timed(self) -> bool:
-        """Whether background rows are bounded in time in this step."""
+        """Whether background rows are bounded in time in this step (only ever with a cost)."""
         return self.background_s != math.inf
+
+    def _times(self, seq: Sequence) -> StepCost | None:
+        """The cost that bounds `seq` in this step: a background row's while timed, else None."""
+        return self.cost if self.timed and seq.priority.is_background else None
 
     @property
     def scheduled_tokens(self) -> int:
@@ -113,17 +117,17 @@ class StepBudget:
         allowed = min(wanted, self.tokens)
         if _deferred(seq, wanted):
             allowed = min(allowed, self.background)
-        if self.cost is not None and self.timed and seq.priority.is_background:
+        cost = self._times(seq)
+        if cost is not None:
             before = seq.num_computed_tokens if computed is None else computed
-            allowed = min(allowed, self._fits_in_time(before))
+            allowed = min(allowed, self._fits_in_time(cost, before))
         return allowed
 
-    def _fits_in_time(self, computed: int) -> int:
+    def _fits_in_time(self, cost: StepCost, computed: int) -> int:
         """The most new tokens of a background row with `computed` positions in its cache whose
         extra time fits what background work may still add to this step."""
-        assert self.cost is not None
-        per_token = self.cost.per_token_s + self.cost.per_context_s
-        room = self.background_s - self.cost.per_context_s * computed
+        per_token = cost.per_token_s + cost.per_context_s
+        room = self.background_s - cost.per_context_s * computed
         if room < per_token:
             return 0
         return self.tokens if per_token <= 0 else int(room / per_token)
@@ -134,8 +138,9 @@ class StepBudget:
         self.tokens -= num_tokens
         total = seq.num_computed_tokens
         self.context += total
-        if self.cost is not None and self.timed and seq.priority.is_background:
-            self.background_s -= self.cost.extra_seconds(num_tokens, total)
+        cost = self._times(seq)
+        if cost is not None:
+            self.background_s -= cost.extra_seconds(num_tokens, total)
         if _deferred(seq, wanted):
             self.background -= num_tokens
         elif not seq.priority.is_background and num_tokens > 1:
