@@ -79,6 +79,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     system_fingerprint: None = None
+    service_tier: str = "default"  # on every chunk, as OpenAI sends it
     # With stream_options.include_usage: null on every chunk but the last, which has only usage
     # (OpenAI's shape); left out otherwise.
     usage: Usage | msgspec.UnsetType | None = msgspec.UNSET

@@ -28,6 +28,7 @@ from gateway.completions.result import (
     token_decoder,
     usage,
 )
+from gateway.completions.sampling_options import served_tier
 from gateway.dispatch.request import PreparedCompletion
 from gateway.dispatch.stream import Dispatch
 from gateway.errors import GatewayError
@@ -155,7 +156,12 @@ def _chat_chunk(
     if not prepared.include_usage:
         counts = msgspec.UNSET
     return ChatCompletionChunk(
-        prepared.request_id, prepared.created, prepared.served_model, choices, usage=counts
+        prepared.request_id,
+        prepared.created,
+        prepared.served_model,
+        choices,
+        service_tier=served_tier(prepared.params.options.priority),
+        usage=counts,
     )
 
 

@@ -15,6 +15,13 @@ unset:
 - every nested object that declares `properties`: in properties, items, `anyOf`/`oneOf`
   alternatives, `$defs`/`definitions`.
 
+The arguments are an object, always: a schema that leaves the root's `type` unset (`{}`, a bare
+`properties`, an `anyOf` of shapes) lets the grammar write any JSON value there, and a small
+model wrote a list (issue 58: 3 of 6 forced calls with `parameters: {}` came back as no call at
+all, finish_reason "stop"). JSON Schema ANDs the keywords of one object, so `"type": "object"`
+beside the client's keywords admits exactly the objects its schema admits; a `type` list is
+narrowed to its "object". A `type` without "object" is refused earlier (tools.py).
+
 Left as given: nested objects declaring no properties (free-form maps), objects whose
 `required` names keys they do not declare, objects combined with sibling `allOf`/`anyOf`/
 `oneOf`/`$ref` (the other schemas may declare keys of the same object) and those other schemas
@@ -32,8 +39,16 @@ _COMBINED = ("allOf", "anyOf", "oneOf", "$ref")
 
 
 def closed_arguments(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` (a function's parameters) with its objects closed; the input is not changed."""
-    return _closed_object(schema, close=True, root=True)
+    """`schema` (a function's parameters) held to an object, with its objects closed; the input
+    is not changed."""
+    return _closed_object({**schema, "type": "object"}, close=True, root=True)
+
+
+def admits_objects(schema: dict[str, Any]) -> bool:
+    """Whether a function's parameters may describe an object at all (its `type`, if given,
+    is or lists "object")."""
+    kind = schema.get("type", "object")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind)
 
 
 def _closed(schema: Any, *, close: bool) -> Any:

@@ -5,10 +5,11 @@ Every field OpenAI's API takes is declared with OpenAI's types, so a value OpenA
 gateway does with each (docs/openai-api.md, "Parameters"): most are served; the legacy
 `functions`/`function_call` are mapped onto tools (gateway/chat/legacy_functions.py); hints
 that change no answer here (metadata, store, reasoning_effort, verbosity, prediction,
-service_tier, safety_identifier, prompt caching options) are accepted and ignored; and what
-would need a capability no model here has (audio output, web search, moderation) is refused by
-name unless null (gateway/chat/service.py). A field OpenAI does not know is refused by name at
-decoding (gateway/api/chat_schemas.py).
+safety_identifier, prompt caching options) are accepted and ignored; `service_tier` picks the
+priority class ("flex" is served in the flex class, every other tier as "default") and is
+echoed in the answer; and what would need a capability no model here has (audio output, web
+search, moderation) is refused by name unless null (gateway/chat/service.py). A field OpenAI
+does not know is refused by name at decoding (gateway/api/chat_schemas.py).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     reasoning_effort: ReasoningEffort | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
     prediction: Prediction | None = None
+    # Served: "flex" in the flex class, the others at the default (interactive) one.
     service_tier: ServiceTier | None = None
     safety_identifier: Annotated[str, msgspec.Meta(max_length=128)] | None = None
     prompt_cache_retention: CacheRetention | None = None

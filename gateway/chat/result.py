@@ -17,6 +17,7 @@ from gateway.completions.result import (
     token_decoder,
     usage,
 )
+from gateway.completions.sampling_options import served_tier
 from gateway.dispatch.request import ToolCallParsing
 from gateway.dispatch.stream import Dispatch
 
@@ -45,6 +46,7 @@ class ChatCompletion(msgspec.Struct):
     usage: Usage
     object: Literal["chat.completion"] = "chat.completion"
     system_fingerprint: None = None
+    service_tier: str = "default"  # the tier it was served in (served_tier), as OpenAI tells it
 
 
 def chat_message(
@@ -84,4 +86,5 @@ async def collect_chat_completion(dispatch: Dispatch) -> ChatCompletion:
         model=prepared.served_model,
         choices=[chat_choice(dispatch, answer) for answer in answers],
         usage=usage(dispatch),
+        service_tier=served_tier(prepared.params.options.priority),
     )

@@ -96,7 +96,11 @@ def _sampling(req: ChatCompletionRequest, constraint: ConstraintSpec | None) -> 
         priority=TIER_PRIORITY.get(req.service_tier or "auto", Priority.INTERACTIVE),
     )
     return Sampling(
-        max_tokens=given.get(param), max_tokens_param=param, options=options, to_context_end=True
+        max_tokens=given.get(param),
+        max_tokens_param=param,
+        prompt_param="messages",
+        options=options,
+        to_context_end=True,
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedllm_contract.grammar import ConstraintSpec
-from gateway.chat.closed_objects import closed_arguments
+from gateway.chat.closed_objects import admits_objects, closed_arguments
 from gateway.chat.response_format import NAME, checked, schema_text
 from gateway.errors import invalid_request
 from gateway.federation import ToolCallFormat
@@ -66,6 +66,13 @@ def _function(tool: object, where: str) -> dict[str, Any]:
     parameters = function.get("parameters", _ANY_OBJECT)
     param = f"{where}.function.parameters"
     text = schema_text(parameters, param)
+    if not admits_objects(parameters):
+        # As OpenAI refuses it: a call's arguments are a JSON object.
+        raise invalid_request(
+            f"the parameters of '{name}' must be a JSON schema of type 'object' "
+            f"(got type {parameters.get('type')!r})",
+            param=param,
+        )
     checked(ConstraintSpec("json_schema", schema=text), param, f"the parameters of '{name}'")
     out: dict[str, Any] = {"name": name, "parameters": parameters}
     if description is not None:

@@ -32,6 +32,13 @@ MAX_STOP_CHARS = 1024
 TIER_PRIORITY: dict[str, Priority] = {"flex": Priority.FLEX}
 
 
+def served_tier(priority: Priority) -> str:
+    """The `service_tier` an answer carries, as OpenAI tells the tier it served in: "flex" for
+    the flex class, "default" for the rest (a batch item is served as OpenAI's batches are,
+    at the default tier's answers)."""
+    return "flex" if priority == Priority.FLEX else "default"
+
+
 def _stop(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 

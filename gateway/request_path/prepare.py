@@ -48,6 +48,8 @@ class Sampling:
     max_tokens: int | None = None
     # The wire name of the length limit the client used (chat has two), for error messages.
     max_tokens_param: str = "max_tokens"
+    # The wire name of the prompt, for a prompt that alone does not fit (chat: "messages").
+    prompt_param: str = "prompt"
     options: RequestOptions = field(default_factory=RequestOptions)
     # The wire name of the alternatives' count (completions call it logprobs).
     top_logprobs_param: str = "top_logprobs"
@@ -259,6 +261,16 @@ class Preparer:
             max_tokens = max(context - prompt_tokens, 1)
         if max_tokens < 1:
             raise invalid_request(f"{param} must be at least 1", param=param)
+        if context is not None and prompt_tokens >= context:
+            # The prompt leaves no room for one token whatever the limit: the prompt's fault,
+            # as OpenAI tells it ("messages" for chat).
+            raise invalid_request(
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"{sampling.prompt_param} resulted in {prompt_tokens} tokens. Please reduce "
+                f"the length of the {sampling.prompt_param}.",
+                param=sampling.prompt_param,
+                code="context_length_exceeded",
+            )
         if context is not None and prompt_tokens + max_tokens > context:
             raise invalid_request(
                 f"This model's maximum context length is {context} tokens. However, you "

@@ -21,9 +21,9 @@ import msgspec
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from fedllm_contract.request_options import Priority
 from gateway.batch_settings import ResponseSettings
 from gateway.chat.service import ChatService
+from gateway.completions.sampling_options import served_tier
 from gateway.db.models import utcnow
 from gateway.dispatch.request import PreparedCompletion
 from gateway.errors import GatewayError, NotFound, Unavailable, invalid_request
@@ -80,7 +80,7 @@ def _draft(req: ResponseCreateRequest, prepared: PreparedCompletion) -> Response
         prompt_cache_key=req.prompt_cache_key,
         safety_identifier=req.safety_identifier,
         # The tier it is served in, as OpenAI answers it.
-        service_tier="flex" if prepared.params.options.priority == Priority.FLEX else "default",
+        service_tier=served_tier(prepared.params.options.priority),
         store=req.store is not False,
         temperature=1.0 if req.temperature is None else req.temperature,
         text=_echo_text(req.text),

@@ -1,10 +1,12 @@
 """The OpenAI API as newer clients call it (issue 49), against real SmolLM2 sites through the
 openai SDK: the fields today's SDKs and agent frameworks send that change no answer here,
-accepted and ignored (the same greedy answer as without them), while values OpenAI itself
-refuses stay 400s; the legacy `functions` mapped onto tools and answered in the legacy shape;
-forced tool calls with a permissive schema (no `additionalProperties: false`) that always come
-back as valid calls, never as `<tool_call>` markup in the content, whole or streamed; and a
-batch of such requests whose usage totals its lines' cached prompt tokens."""
+accepted and ignored (the same greedy answer as without them; `service_tier` echoed as
+served), while values OpenAI itself refuses stay 400s; a prompt past the context blamed on
+`messages`; the legacy `functions` mapped onto tools and answered in the legacy shape; forced
+tool calls with a permissive schema (no `additionalProperties: false`) that always come back as
+valid calls, never as `<tool_call>` markup in the content, whole or streamed, and a forced tool
+with `parameters: {}` called with object arguments (issue 58); and a batch of such requests
+whose usage totals its lines' cached prompt tokens."""
 
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ import jsonschema_rs
 import openai
 import pytest
 from openai.types import Batch
-from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+from openai.types.chat import (
+    ChatCompletionMessageParam,
+    ChatCompletionToolChoiceOptionParam,
+    ChatCompletionToolParam,
+)
 from openai.types.chat.completion_create_params import Function
 
 from tests.e2e.conftest import wait_until_written
@@ -97,6 +103,8 @@ def test_the_fields_newer_clients_send_are_accepted_and_change_no_answer(
         model=MODEL, messages=CAPITAL, temperature=0, max_completion_tokens=24, **IGNORED
     )
     assert lenient.choices[0].message.content == plain.choices[0].message.content
+    # The tier each was served in, as OpenAI tells it (flex: the flex priority class).
+    assert (plain.service_tier, lenient.service_tier) == ("default", "flex")
     # An older spelling, through extra_body as a client whose SDK lacks it would send it.
     older = client.chat.completions.create(
         model=MODEL,
@@ -119,6 +127,22 @@ def test_the_fields_newer_clients_send_are_accepted_and_change_no_answer(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == plain.choices[0].message.content
     assert chunks[-1].usage is not None
+    assert {chunk.service_tier for chunk in chunks} == {"flex"}
+
+
+def test_a_prompt_past_the_context_is_reported_against_messages(client: openai.OpenAI) -> None:
+    """Issue 58: a prompt that alone leaves no room was blamed on max_tokens. The site's
+    context is 8,192 tokens; "hello " is one token."""
+    long: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello " * 9000}]
+    for limit in ({}, {"max_tokens": 16}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=MODEL, messages=long, **limit)
+        assert (caught.value.param, caught.value.code) == ("messages", "context_length_exceeded")
+        assert "your messages resulted in" in caught.value.message
+    # A prompt that fits with a limit that does not: still the limit's.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=8190)
+    assert (caught.value.param, caught.value.code) == ("max_tokens", "context_length_exceeded")
 
 
 def request_rows(federation: RealFederation) -> int:
@@ -202,7 +226,12 @@ def test_legacy_functions_are_called_and_answered_in_their_shape(client: openai.
     assert [c.finish_reason for c in chunks if c.finish_reason] == ["function_call"]
 
 
-async def forced_calls(base_url: str, stream: bool) -> list[tuple[str | None, list[str], str]]:
+async def forced_calls(
+    base_url: str,
+    stream: bool,
+    tool: ChatCompletionToolParam = WEATHER,
+    tool_choice: ChatCompletionToolChoiceOptionParam = "required",
+) -> list[tuple[str | None, list[str], str]]:
     """TRIES forced calls at max_tokens 64 and temperature 1, sent together: per try, its
     content, its calls' arguments and its finish reason."""
     async with openai.AsyncOpenAI(
@@ -211,7 +240,7 @@ async def forced_calls(base_url: str, stream: bool) -> list[tuple[str | None, li
 
         async def one(seed: int) -> tuple[str | None, list[str], str]:
             fields: dict[str, Any] = {
-                "model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                "model": MODEL, "messages": ASK, "tools": [tool], "tool_choice": tool_choice,
                 "max_tokens": 64, "temperature": 1.0, "seed": seed,
             }  # fmt: skip
             if not stream:
@@ -245,6 +274,31 @@ def test_forced_calls_with_a_permissive_schema_are_valid_calls_never_markup(
         assert all(valid_arguments(arguments) for arguments in calls), answers
         # Closed to the schema's keys: nothing invented beside them.
         assert all(set(json.loads(a)) <= {"city", "unit"} for a in calls), answers
+
+
+# A tool declaring no parameter schema of its own, as agents write a no-argument tool.
+NO_PARAMETERS: ChatCompletionToolParam = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "The current time", "parameters": {}},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_forced_tool_with_an_empty_schema_is_called_with_object_arguments(
+    federation: RealFederation, stream: bool
+) -> None:
+    """Issue 58: SmolLM2 wrote a list as the arguments of `parameters: {}` (3 of 6), which
+    came back as no call with finish_reason "stop". The arguments are now held to an object."""
+    named: ChatCompletionToolChoiceOptionParam = {
+        "type": "function",
+        "function": {"name": "get_time"},
+    }
+    answers = asyncio.run(forced_calls(federation.base_url, stream, NO_PARAMETERS, named))
+    for content, calls, reason in answers:
+        assert not (content or "").strip(), answers
+        assert len(calls) == 1, answers
+        assert reason == "tool_calls", answers
+        assert json.loads(calls[0]) == {}, answers  # no parameters declared: none taken
 
 
 SYSTEM = "You are a meteorologist. " + " ".join(

@@ -124,6 +124,18 @@ def test_forced_calls_are_checked_as_they_are_dispatched(chat: ChatService) -> N
     assert "the tool calls these tools ask for cannot be enforced" in error.message
 
 
+def test_parameters_that_cannot_describe_an_object_are_a_400(chat: ChatService) -> None:
+    """A call's arguments are an object (issue 58): a `type` without "object" is refused at
+    the tool, as OpenAI refuses it; an empty schema is an object's (no parameters)."""
+    error = refused(chat, tools=[tool("go", {"type": "string"})])
+    assert error.param == "tools[0].function.parameters"
+    assert "type 'object'" in error.message
+    refused(chat, tools=[tool("go", {"type": ["array", "null"]})])
+    spec = prepare(chat, tools=[tool("go", {})], tool_choice="required").params.options.constraint
+    assert spec is not None
+    assert refusal(spec) == ""
+
+
 def test_tools_whose_parameters_use_defs_are_enforceable(chat: ChatService) -> None:
     """pydantic writes nested models under $defs; a forced call embeds the parameters in the
     call's schema, where "#/$defs/..." pointed at the call's root: the site refused it."""

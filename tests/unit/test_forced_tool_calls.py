@@ -128,6 +128,30 @@ CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
 
 
 @pytest.mark.parametrize(
+    "parameters",
+    [
+        {},
+        {"properties": {"city": {"type": "string"}}},
+        {"type": ["object", "array"]},
+        {"anyOf": [{"type": "array"}, {"type": "object", "properties": {"city": {}}}]},
+    ],
+    ids=["empty", "untyped-properties", "type-list", "anyOf"],
+)
+def test_a_forced_calls_arguments_are_an_object_whatever_the_schema_leaves_open(
+    llg_tokenizer, parameters: dict[str, Any]
+) -> None:
+    """Issue 58: with `parameters: {}` SmolLM2 wrote a list as arguments, which is no call."""
+    spec = forced(parameters)
+    for value in ("[]", '["Paris"]', '"Paris"', "1", "null"):
+        written = call(f'{{"arguments": {value}, "name": "get_weather"}}')
+        assert not accepts(llg_tokenizer, spec, written), (parameters, value)
+    assert accepts(llg_tokenizer, spec, call('{"arguments": {}, "name": "get_weather"}'))
+    # The call parses as a call (the answer side drops a non-object as no call).
+    body = '{"arguments": {}, "name": "get_weather"}'
+    assert split_finished(call(body), FORCED, "stop").finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
     ("parsing", "text", "reason", "expected"),
     [
         # Forced: nothing but calls, the separators included; a cut call is dropped.
