@@ -75,6 +75,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
             settings.server.host,
             assembly.admin_sessions,
             LoginThrottle(assembly.login_failures),
+            settings.admin.metrics_token,
         )
         try:
             yield

@@ -27,6 +27,12 @@ class AdminSettings:
         help="the operator credential (16+ characters) for `/admin`, the admin API and "
         "`/metrics`; unset: they refuse everyone",
     )
+    metrics_token: str | None = setting(
+        None,
+        help="a read-only credential (16+ characters, not the admin token) that opens "
+        "`/metrics` and nothing else: what Prometheus scrapes with (deploy/k8s), so the "
+        "scraper never holds the admin token; unset: `/metrics` takes the admin credential only",
+    )
     session_ttl_s: float = setting(
         12 * 3600.0,
         help="a dashboard sign-in ends this long after it began, checked on the server (the "
@@ -38,6 +44,14 @@ class AdminSettings:
         require_positive(self, "session_ttl_s")
         if self.token is not None and len(self.token) < 16:
             raise SettingsError("GATEWAY_ADMIN_TOKEN must be at least 16 characters")
+        if self.metrics_token is not None:
+            if len(self.metrics_token) < 16:
+                raise SettingsError("GATEWAY_ADMIN_METRICS_TOKEN must be at least 16 characters")
+            if self.metrics_token == self.token:
+                # One credential both ways would make the read-only one an admin credential.
+                raise SettingsError(
+                    "GATEWAY_ADMIN_METRICS_TOKEN must differ from GATEWAY_ADMIN_TOKEN"
+                )
 
 
 @dataclass(frozen=True, slots=True)

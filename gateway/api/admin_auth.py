@@ -1,4 +1,6 @@
-"""The operator credential: a guard for /admin, the admin API and /metrics.
+"""The operator credential: a guard for /admin, the admin API and /metrics; and the read-only
+metrics credential (GATEWAY_ADMIN_METRICS_TOKEN), which opens /metrics alone, so that a scraper
+(Prometheus, in deploy/k8s) never holds the admin token.
 
 A request is an operator's when it carries `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>` or a
 live dashboard session cookie. The cookie is `<session id>.<issue time>.<HMAC of both under the
@@ -102,6 +104,7 @@ def cookie_device(admin_token: str, cookie: str | None, now: float) -> str | Non
 
 
 def bearer_is_admin(admin_token: str | None, authorization: str | None) -> bool:
+    """Whether `authorization` is `Bearer <admin_token>` (any token: the metrics one too)."""
     if not admin_token:
         return False
     scheme, _, credential = (authorization or "").partition(" ")
@@ -122,6 +125,8 @@ class AdminAccess:
     sessions: AdminSessionStore
     # Failed sign-ins, counted across the gateways of the database.
     login_throttle: LoginThrottle
+    # GATEWAY_ADMIN_METRICS_TOKEN: /metrics alone; None: /metrics takes the admin credential.
+    metrics_token: str | None = field(default=None, repr=False)
 
 
 def admin_access(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminAccess:
@@ -129,12 +134,14 @@ def admin_access(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminAccess:
     return access
 
 
-def guesser(connection: ASGIConnection[Any, Any, Any, Any], admin_token: str) -> str:
+def guesser(connection: ASGIConnection[Any, Any, Any, Any], admin_token: str | None) -> str:
     """Whom failed admin credentials are counted against: the browser's device, if it carries
-    a device cookie of this token, else the client's address."""
-    device = cookie_device(admin_token, connection.cookies.get(DEVICE_COOKIE), time.time())
-    if device is not None:
-        return f"device:{device}"
+    a device cookie of this token, else the client's address (always, without an admin token:
+    no cookie can be signed then)."""
+    if admin_token:
+        device = cookie_device(admin_token, connection.cookies.get(DEVICE_COOKIE), time.time())
+        if device is not None:
+            return f"device:{device}"
     return connection.client.host if connection.client is not None else "unknown"
 
 
@@ -148,26 +155,29 @@ def credential_throttled(wait_s: float) -> OpenAIError:
     )
 
 
-async def is_operator(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
-    """A live session cookie, or the right bearer token; a wrong bearer token is counted
-    against its client, and a client over its count gets 429 (raised) unheard."""
+async def is_operator(
+    connection: ASGIConnection[Any, Any, Any, Any], *, also: str | None = None
+) -> bool:
+    """A live session cookie, or the right bearer token (the admin token, or `also`: the
+    metrics token where the route takes it); a wrong bearer token is counted against its
+    client, and a client over its count gets 429 (raised) unheard, whichever token it guesses."""
     access = admin_access(connection)
     admin_token = access.token
-    if not admin_token:
-        return False
-    session_id = cookie_session(
-        admin_token, connection.cookies.get(ADMIN_COOKIE), time.time(), access.session_ttl_s
-    )
-    if session_id is not None and await access.sessions.is_live(session_id):
-        return True
+    if admin_token:
+        session_id = cookie_session(
+            admin_token, connection.cookies.get(ADMIN_COOKIE), time.time(), access.session_ttl_s
+        )
+        if session_id is not None and await access.sessions.is_live(session_id):
+            return True
+    tokens = [token for token in (admin_token, also) if token]
     authorization = connection.headers.get("authorization")
-    if authorization is None:
+    if not tokens or authorization is None:
         return False
     who, now = guesser(connection, admin_token), datetime.now(UTC)
     wait_s = await access.login_throttle.retry_after_s(who, now)
     if wait_s is not None:
         raise credential_throttled(wait_s)
-    if bearer_is_admin(admin_token, authorization):
+    if any(bearer_is_admin(token, authorization) for token in tokens):
         return True
     await access.login_throttle.failed(who, now)
     return False
@@ -233,6 +243,20 @@ async def require_admin(
     refuse_cross_site(connection, json_body=True)
     if not await is_operator(connection):
         raise unauthorized()
+
+
+async def require_metrics_reader(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
+    """Litestar guard of /metrics: the admin credential or the read-only metrics token."""
+    if not await is_operator(connection, also=admin_access(connection).metrics_token):
+        raise OpenAIError(
+            401,
+            "this endpoint needs the metrics or admin credential (Authorization: Bearer "
+            "<GATEWAY_ADMIN_METRICS_TOKEN> or <GATEWAY_ADMIN_TOKEN>)",
+            type="authentication_error",
+            code="admin_credential_required",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
 """GET /metrics (Prometheus text format, operators only) and the middleware that times every
 HTTP request.
 
-Prometheus scrapes with the admin credential as a bearer token:
+Prometheus scrapes with the read-only metrics credential (GATEWAY_ADMIN_METRICS_TOKEN; the
+admin credential works too) as a bearer token:
 
     scrape_configs:
       - job_name: fedllm-gateway
-        authorization: {type: Bearer, credentials_file: /etc/prometheus/gateway-admin-token}
+        authorization: {type: Bearer, credentials_file: /etc/prometheus/gateway-metrics-token}
         static_configs: [{targets: ["gateway:8000"]}]
 """
 
@@ -19,7 +20,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.api.admin_auth import require_admin
+from gateway.api.admin_auth import require_metrics_reader
 from gateway.metrics import GatewayMetrics
 
 UNMATCHED = "<unmatched>"  # never the raw path: that would make a series per URL
@@ -28,9 +29,9 @@ UNMATCHED = "<unmatched>"  # never the raw path: that would make a series per UR
 class MetricsController(Controller):
     path = "/metrics"
     tags = ("operations",)
-    guards = [require_admin]  # noqa: RUF012 (litestar's)
+    guards = [require_metrics_reader]  # noqa: RUF012 (litestar's)
 
-    @get("", summary="Prometheus metrics (needs the admin credential)")
+    @get("", summary="Prometheus metrics (needs the metrics or admin credential)")
     async def metrics(self, metrics: NamedDependency[GatewayMetrics]) -> Response[bytes]:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -60,6 +60,20 @@ def behind_proxy(start_federation) -> str:
     return federation.base_url
 
 
+METRICS_TOKEN = "metrics-reader-token-for-the-tests"
+
+
+@pytest.fixture(scope="module")
+def with_metrics_reader(start_federation) -> str:
+    """A gateway with the read-only metrics credential its Prometheus scrapes with."""
+    federation: Federation = start_federation(
+        live=[],
+        dead=("aws-use1",),
+        env={"GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_ADMIN_METRICS_TOKEN": METRICS_TOKEN},
+    )
+    return federation.base_url
+
+
 def _from(base_url: str, address: str) -> httpx.Client:
     transport = httpx.HTTPTransport(local_address=address)
     return httpx.Client(base_url=base_url, transport=transport, timeout=10)
@@ -191,3 +205,25 @@ def test_readiness_detail_is_for_operators_only(gateway: str) -> None:
     with httpx.Client(base_url=gateway, timeout=10) as browser:  # a signed-in dashboard
         browser.cookies.set(ADMIN_COOKIE, _operator_cookie(gateway))
         assert browser.get("/admin/api/readiness").json()["sites"] == {"aws-use1": False}
+
+
+def test_the_metrics_credential_opens_metrics_and_nothing_else(with_metrics_reader: str) -> None:
+    """Issue 58: scraping /metrics needed the whole admin token. The metrics token reads
+    /metrics alone; the admin token still does; guesses of either count as before."""
+    reader = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+    with _from(with_metrics_reader, "127.0.0.41") as scraper:
+        scraped = scraper.get("/metrics", headers=reader)
+        assert scraped.status_code == 200, scraped.text
+        assert "# TYPE fedllm_gateway_" in scraped.text
+        for path in ("/admin/api/keys", "/admin/api/readiness"):
+            refused = scraper.get(path, headers=reader)
+            assert refused.status_code == 401, (path, refused.text)
+        refused = scraper.post("/admin/api/keys", headers=reader, json={"name": "x"})
+        assert refused.status_code == 401
+        admin = scraper.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert admin.status_code == 200
+    with _from(with_metrics_reader, "127.0.0.42") as guesser:
+        wrong = {"Authorization": f"Bearer {METRICS_TOKEN}x"}
+        statuses = [guesser.get("/metrics", headers=wrong).status_code for _ in range(6)]
+        assert statuses == [401] * 5 + [429]
+        assert guesser.get("/metrics", headers=reader).status_code == 429  # not even tried

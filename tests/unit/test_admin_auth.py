@@ -1,4 +1,5 @@
-"""The operator credential check: bearer token or session cookie, nothing else."""
+"""The operator credential check: bearer token or session cookie, nothing else; the metrics
+credential's settings."""
 
 from __future__ import annotations
 
@@ -65,6 +66,18 @@ def test_a_forged_or_altered_cookie_names_nothing(cookie: str | None) -> None:
 def test_short_admin_token_is_refused_loudly() -> None:
     with pytest.raises(SettingsError, match="GATEWAY_ADMIN_TOKEN"):
         GatewaySettings.from_env({"GATEWAY_FEDERATION_FILE": "f.json", "GATEWAY_ADMIN_TOKEN": "x"})
+
+
+@pytest.mark.parametrize(
+    ("metrics_token", "says"),
+    [("short", "must be at least 16"), (TOKEN, "must differ from GATEWAY_ADMIN_TOKEN")],
+)
+def test_a_bad_metrics_token_is_refused_loudly(metrics_token: str, says: str) -> None:
+    env = {"GATEWAY_FEDERATION_FILE": "f.json", "GATEWAY_ADMIN_TOKEN": TOKEN}
+    with pytest.raises(SettingsError, match=f"GATEWAY_ADMIN_METRICS_TOKEN {says}"):
+        GatewaySettings.from_env({**env, "GATEWAY_ADMIN_METRICS_TOKEN": metrics_token})
+    settings = GatewaySettings.from_env({**env, "GATEWAY_ADMIN_METRICS_TOKEN": "m" * 16})
+    assert settings.admin.metrics_token == "m" * 16
 
 
 def test_a_device_cookie_is_signed_and_no_session_cookie() -> None:
