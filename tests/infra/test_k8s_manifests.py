@@ -1,8 +1,10 @@
 """The Kubernetes manifests (deploy/k8s), checked offline as CI can (no cluster): each overlay
 renders with `kubectl kustomize`, every built-in resource validates strictly against the
-Kubernetes API's schemas (kubernetes-validate bundles them), the autoscaler reads a metric the
-gateway exports and scales the StatefulSet the gateway follows, and the gateway's own files in
-the ConfigMap are what its parsers accept."""
+Kubernetes API's schemas (kubernetes-validate bundles them; its command line too, as
+`kubectl kustomize ... | kubernetes-validate`), the autoscaler reads a metric the gateway exports,
+from a Prometheus the manifests point at the gateway with the read-only metrics credential, and
+scales the StatefulSet the gateway follows; the sites' readiness survives a slow answer; and
+the gateway's own files in the ConfigMap are what its parsers accept."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,12 @@ K8S = REPO_ROOT / "deploy" / "k8s"
 OVERLAYS = ("keda", "hpa")
 # The oldest Kubernetes the manifests are for (gRPC probes are GA from 1.27), and the newest.
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-NOT_BUILT_IN = {("keda.sh/v1alpha1", "ScaledObject")}
+NOT_BUILT_IN = {
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+}
+# The command line kubernetes-validate installs, beside this interpreter.
+VALIDATE_CLI = Path(sys.executable).with_name("kubernetes-validate")
 
 
 def kubectl() -> str:
@@ -78,6 +86,40 @@ def test_a_mistake_is_caught() -> None:
     sites["spec"] = {**sites["spec"], "replica": 2}
     with pytest.raises(kubernetes_validate.ValidationError, match="replica"):
         kubernetes_validate.validate(sites, VERSIONS[0], strict=True)
+
+
+def piped(overlay_dir: Path, version: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl kustomize <overlay> | kubernetes-validate --strict` as CI's shell runs it."""
+    command = (
+        f"set -o pipefail; {kubectl()} kustomize {overlay_dir} | "
+        f"{VALIDATE_CLI} --strict --quiet --kubernetes-version {version} -"
+    )
+    return subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_kustomize_piped_into_kubernetes_validate_passes(overlay: str, version: str) -> None:
+    done = piped(K8S / "overlays" / overlay, version)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "did not validate" not in done.stdout + done.stderr
+
+
+def test_the_pipeline_fails_on_a_mistake(tmp_path: Path) -> None:
+    """The pipeline's verdict is not vacuous: a misspelt field fails it, naming the field."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    sites = copy / "base" / "sites.yaml"
+    text = sites.read_text()
+    sites.write_text(
+        text.replace("  serviceName: fed-site\n  replicas:", "  serviceName: fed-site\n  replica:")
+    )
+    assert sites.read_text() != text
+    done = piped(copy / "overlays" / "hpa", VERSIONS[0])
+    assert done.returncode != 0
+    assert "'replica' was unexpected" in done.stdout + done.stderr
 
 
 def gateway_files(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
@@ -173,3 +215,57 @@ def test_only_the_gateway_reaches_the_sites() -> None:
     (rule,) = policy["ingress"]
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= gateway.items()
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_scrapes_the_gateway_with_the_metrics_credential(overlay: str) -> None:
+    """Issue 58: nothing told Prometheus to scrape the gateway, and scraping took the admin
+    token, so the autoscaler's number never reached it. The rendered manifests hold a
+    ServiceMonitor on the gateway's Service, at the port and path /metrics is served on, with
+    the Secret key the gateway reads as its read-only metrics credential (not the admin
+    token's)."""
+    docs = rendered(overlay)
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == "fedllm"
+    service = one(docs, "Service", "fedllm-gateway")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    deployment = one(docs, "Deployment", "fedllm-gateway")
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    gateway = deployment["spec"]["template"]["spec"]["containers"][0]
+    (served,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert served["targetPort"] in {p["name"] for p in gateway["ports"]}
+    auth = endpoint["authorization"]
+    assert auth["type"] == "Bearer"
+    credential = auth["credentials"]
+    env = env_of(gateway)
+    metrics_ref = env["GATEWAY_ADMIN_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    admin_ref = env["GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert (credential["name"], credential["key"]) == (metrics_ref["name"], metrics_ref["key"])
+    assert credential["key"] != admin_ref["key"]
+    if overlay == "keda":
+        # KEDA asks the Prometheus the operator runs (its `prometheus-operated` Service).
+        trigger = one(docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]
+        assert "://prometheus-operated." in trigger["serverAddress"]
+
+
+def test_a_slow_answer_does_not_make_a_site_unready() -> None:
+    """Issue 58: one probe answered late (failureThreshold 1, the default 1 s timeout) took
+    the site out of DNS, and the gateway drained it. One answer may now take seconds, and one
+    miss is not enough."""
+    sites = one(rendered("keda"), "StatefulSet")
+    probe = sites["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe.get("timeoutSeconds", 1) >= 5
+    assert probe.get("failureThreshold", 3) >= 3
+    # Still taken out within half a minute when it really stops answering.
+    most_s = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+    assert most_s <= 30
