@@ -34,6 +34,7 @@ from devtools.demo_report import (
 )
 from devtools.launch import (
     ManagedProcess,
+    StopSignal,
     free_port,
     spawn_site,
     start_gateway,
@@ -357,11 +358,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _wait_forever() -> None:
+    """Until Ctrl-C, SIGTERM or SIGHUP: the way a kept-running demo is meant to end, so it is
+    no failure (exit 0: `make demo` must not report `Error 143`); the services stop after."""
     try:
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
-        print("stopping")
+    except (KeyboardInterrupt, StopSignal):
+        print("stopping the gateway and the sites", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

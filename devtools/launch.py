@@ -106,9 +106,14 @@ class ManagedProcess:
             self.popen.wait(timeout=10)
 
 
+class StopSignal(SystemExit):
+    """A stop asked by a signal within stopping_on_signals (its code: 128 + the signal's
+    number, what a shell reports for a process the signal ended)."""
+
+
 @contextmanager
 def stopping_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise SystemExit (as Ctrl-C raises
+    """Within the block, SIGTERM and SIGHUP raise StopSignal (a SystemExit, as Ctrl-C raises
     KeyboardInterrupt), so that the block's `finally` stops the processes it started when the
     program is asked to stop (`kill`, a closed terminal, a CI timeout) instead of leaving them
     running. A second signal while they stop is ignored."""
@@ -116,7 +121,7 @@ def stopping_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)
     def exit_now(signum: int, _frame: object) -> None:
         for each in signals:
             signal.signal(each, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
+        raise StopSignal(128 + signum)
 
     previous = {each: signal.signal(each, exit_now) for each in signals}
     try:
