@@ -76,6 +76,7 @@ class _Model(msgspec.Struct, forbid_unknown_fields=True):
     scale_in_below: _POSITIVE = 0.4
     lead_time_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     rate_s: _POSITIVE = 5.0
+    settle_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     in_window_s: _POSITIVE = 60.0
     in_headroom: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.2
     out_after_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
