@@ -51,6 +51,9 @@ class ElasticPreset:
     # The autoscaled arm's scaling file (gateway/scaling/config.py), less model and actuator.
     rule: tuple[tuple[str, float], ...]
     site_start_timeout_s: float = 600.0
+    # The autoscaled arm's warm pool (the local actuator's pool_size; docs/elastic.md): its
+    # processes are counted in the arm's site-seconds from their start, waiting or serving.
+    pool_size: int = 0
 
     @property
     def load_s(self) -> float:
