@@ -468,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     settings = parse_args(pool.site_args)
     _log_config(settings)
+    if task_of(settings) != "generate":
+        sys.exit("--pool: a pooled site serves a generative model (not an embedding model)")
     prepared = prepare(settings, pool.plan_file)
     phases.mark("pool_prepare")
     announce_pooled()

@@ -82,6 +82,8 @@ PRESETS: dict[str, ElasticPreset] = {
             ("target_backlog_s", 0.5),
             ("lead_time_s", 5.0),
             ("rate_s", 1.0),
+            # Its 1x lasts 6 s: the start-up settling (policy.py) scaled to its phases.
+            ("settle_s", 3.0),
             ("out_after_s", 0.5),
             ("in_window_s", 4.0),
             ("out_cooldown_s", 2.0),
