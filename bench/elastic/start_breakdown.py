@@ -7,7 +7,8 @@ and claims a pooled one (`python -m site_engine --pool`, prepared beforehand, cl
 gateway/scaling/local_pool.py does), alternating which goes first. For each: the phases its
 start-up log's `start phases:` line gives (site_engine/start_phases.py), then from outside the
 seconds from the launch (cold) or the claim (pooled) to its READY line and to the first token of
-a request sent then. Writes bench/results/elastic/start_breakdown_cpu.{json,md}: keys
+a request sent then. Writes bench/results/elastic/start_breakdown_cpu.{json,md} (`--name`;
+`--device cuda` for a GPU: then a KV size given, as here, still runs the memory trial): keys
 `cold_first_token_s` and `pooled_first_token_s` (one entry a run), the phases' min-max.
 """
 
@@ -36,10 +37,14 @@ _PHASES = re.compile(rb"start phases: (.*) \(total")
 _POLL_S = 0.01
 
 
+# Set by --device: the sites' device flags ("--device cuda --dtype bfloat16" on a GPU).
+DEVICE_ARGS: list[str] = []
+
+
 def site_command(model_dir: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "site_engine", "--model", str(model_dir), "--site-name", name,
             "--host", "127.0.0.1", "--port", "0", "--max-num-seqs", "4", "--torch-threads", "1",
-            "--kv-cache-mib", "16"]  # fmt: skip
+            "--kv-cache-mib", "16", *DEVICE_ARGS]  # fmt: skip
 
 
 def wait_for(log_path: Path, pattern: re.Pattern[bytes], popen: subprocess.Popen[bytes],
@@ -183,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.elastic.start_breakdown")
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared/tokenizers/gpt2")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (bfloat16; the trial runs)")
+    parser.add_argument("--name", default="start_breakdown_cpu", help="result file name")
     args = parser.parse_args(argv)
+    if args.device != "cpu":
+        DEVICE_ARGS[:] = ["--device", args.device, "--dtype", "bfloat16"]
     payload, table = report(measure(args.tokenizer.resolve(), args.runs))
     note = (
         "Phases from each site's `start phases:` log line; `ready_s` and `first_token_s` from "
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     given = sys.argv[1:] if argv is None else argv
     command = "python -m bench.elastic.start_breakdown " + " ".join(given)
-    write_results("start_breakdown_cpu", payload, f"{table}\n\n{note}\n", command,
+    write_results(args.name, payload, f"{table}\n\n{note}\n", command,
                   results_dir("elastic"))  # fmt: skip
     print(table)
     print("cold first token s:", payload["cold_first_token_s"])
