@@ -1,7 +1,10 @@
 """Starts a site engine: `python -m site_engine --model DIR --port 50051 --site-name NAME`.
 
 Every flag can also come from the environment (SITE_MODEL_DIR, SITE_PORT, ...). Prints
-`READY port=N` on stdout once it serves, so supervisors and tests can wait for it. A model
+`READY port=N` on stdout once it serves, so supervisors and tests can wait for it. With `--pool`
+it prepares what needs no device, prints `POOLED pid=N` and serves once claimed on stdin
+(site_engine/pool.py). The start-up log's `start phases:` line and the metric
+fedllm_site_start_phase_seconds say where its start went (site_engine/start_phases.py). A model
 directory laid out as a sentence-transformers model (all-MiniLM-L6-v2) is served as an embedding
 model (`--task embed`, or `auto`, the default, tells from the directory).
 """
@@ -36,7 +39,7 @@ from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.core.api import Engine
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
-from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine
+from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine, plan_kv
 from site_engine.engine_service import EngineService
 from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
@@ -44,7 +47,18 @@ from site_engine.idle_work import IdleGate
 from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
 from site_engine.model_loading import LoadedModel, load_model, resolve_model_dir
 from site_engine.openai_http import Face, HttpFace, HttpServer, serve_http
+from site_engine.pool import (
+    Prepared,
+    announce_pooled,
+    apply_claim_env,
+    planned_kv,
+    prepare,
+    read_claim,
+    split_pool_args,
+    take_device,
+)
 from site_engine.settings import SiteSettings
+from site_engine.start_phases import StartPhaseCollector, StartPhases
 from site_engine.tls import load_server_tls
 
 if TYPE_CHECKING:
@@ -229,20 +243,25 @@ class Serving:
     metrics_server: MetricsServer | None = None
 
 
-async def serve(settings: SiteSettings) -> None:
+async def serve(
+    settings: SiteSettings, phases: StartPhases | None = None, prepared: Prepared | None = None
+) -> None:
+    phases = phases if phases is not None else StartPhases.since_process_start()
     tls = load_server_tls(settings)  # before the model loads: a bad file fails at once
     torch.set_num_threads(settings.torch_threads)
     servicer: SiteServicer | EmbeddingServicer
-    if task_of(settings) == "embed":
+    if task_of(settings) == "embed" and prepared is None:
         servicer, serving = start_embedding(settings)
     else:
-        servicer, serving = start_generation(settings)
+        servicer, serving = start_generation(settings, phases, prepared)
+    phases.mark("service")
     server, health_servicer, port = await start_server(
         servicer,
         settings.host,
         settings.port,
         tls.credentials() if tls is not None else None,
     )
+    phases.mark("grpc_up")
     # What start-up built (torch, transformers, the model) lives as long as the process: out of
     # the collector's sight, it costs no time in the collections while serving, nor in the one at
     # exit (a second per stop for a small model's site, most of its shutdown).
@@ -251,6 +270,7 @@ async def serve(settings: SiteSettings) -> None:
     # log line from another thread could land between them.
     sys.stdout.write(f"READY port={port}\n")
     sys.stdout.flush()
+    log.info("%s", phases.line())
     log.info(
         "site %s serving %s on %s:%d (%s)",
         settings.site_name,
@@ -275,12 +295,18 @@ async def serve(settings: SiteSettings) -> None:
         serving.metrics_server.stop()
 
 
-def _identity(settings: SiteSettings, vocab_size: int, tokenizer: Any, device: str) -> SiteIdentity:
+def _identity(
+    settings: SiteSettings,
+    vocab_size: int,
+    tokenizer: Any,
+    device: str,
+    fingerprint: str | None = None,
+) -> SiteIdentity:
     return SiteIdentity(
         site_name=settings.site_name,
         model_name=settings.model_name,
         vocab_size=vocab_size,
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        tokenizer_fingerprint=fingerprint or tokenizer_fingerprint(tokenizer),
         device=device,
         dtype=settings.dtype,
         version=_package_version(),
@@ -295,24 +321,51 @@ def _http_face(settings: SiteSettings, face: Face) -> HttpServer | None:
     return server
 
 
-def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
-    """A generative model's engine, its service and its optional metrics and HTTP face."""
-    loaded = load_model(
-        settings.model_dir,
-        device=settings.device,
-        dtype=settings.dtype,
-        tokenizer_dir=settings.tokenizer_dir,
-    )
-    paged = PagedEngine(loaded, engine_config(settings, loaded.device))
+def _engine(
+    settings: SiteSettings, phases: StartPhases, prepared: Prepared | None
+) -> tuple[LoadedModel, PagedEngine]:
+    """The model on its device and its engine, each phase marked (module docstring)."""
+    if prepared is not None:
+        loaded = take_device(prepared, settings, phases)
+        config = engine_config(settings, loaded.device)
+        plan = planned_kv(prepared, loaded, settings, config)
+    else:
+        if torch.device(settings.device).type == "cuda":
+            torch.cuda.init()  # type: ignore[no-untyped-call]
+        phases.mark("device_init")
+        loaded = load_model(
+            settings.model_dir,
+            device=settings.device,
+            dtype=settings.dtype,
+            tokenizer_dir=settings.tokenizer_dir,
+        )
+        phases.mark("weights_read")
+        config = engine_config(settings, loaded.device)
+        plan = plan_kv(loaded, config)
+    phases.mark("memory_sizing")
+    paged = PagedEngine(loaded, config, plan)
+    phases.mark("kv_and_graphs")
     log.info("%s", paged.startup_report)
+    if prepared is not None:
+        paged.adopt_grammars(prepared.grammars)
     # Now rather than for the first constrained request: it reads the whole vocabulary holding
     # the GIL (~1 s), which would hold up every request on the site then.
     began = time.monotonic()
     paged.grammars()
     log.info("grammar compiler ready in %.2f s", time.monotonic() - began)
+    phases.mark("grammar")
+    return loaded, paged
+
+
+def start_generation(
+    settings: SiteSettings, phases: StartPhases, prepared: Prepared | None = None
+) -> tuple[SiteServicer, Serving]:
+    """A generative model's engine, its service and its optional metrics and HTTP face."""
+    loaded, paged = _engine(settings, phases, prepared)
     engine: Engine = paged
     metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
     if metrics is not None:
+        metrics.registry.register(StartPhaseCollector(settings.site_name, phases))
         engine = MeteredEngine(engine, metrics)
     jobs = fine_tune_jobs(settings, loaded)
     gate = IdleGate(settings.finetune_max_step_ms / 1000, busy_share=settings.finetune_busy_share)
@@ -321,7 +374,10 @@ def start_generation(settings: SiteSettings) -> tuple[SiteServicer, Serving]:
     service = EngineService(
         engine, loaded.tokenizer, settings.max_queued_requests, idle, on_idle_unit=on_unit
     )
-    identity = _identity(settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device))
+    fingerprint = prepared.tokenizer_fingerprint if prepared is not None else None
+    identity = _identity(
+        settings, loaded.vocab_size, loaded.tokenizer, str(loaded.device), fingerprint
+    )
     # The gRPC boundary reads the adapter directory at each request (LoadAdapter adds to it).
     if adapters := paged.served_adapters():
         log.info("LoRA adapters served: %s", ", ".join(adapters))
@@ -401,11 +457,35 @@ def start_embedding(settings: SiteSettings) -> tuple[EmbeddingServicer, Serving]
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = parse_args(argv)
+    phases = StartPhases.since_process_start()
+    phases.mark("imports")
+    given = sys.argv[1:] if argv is None else argv
+    pool = split_pool_args(given)
+    if pool is None:
+        settings = parse_args(given)
+        _log_config(settings)
+        asyncio.run(serve(settings, phases))
+        return
+    settings = parse_args(pool.site_args)
+    _log_config(settings)
+    if task_of(settings) != "generate":
+        sys.exit("--pool: a pooled site serves a generative model (not an embedding model)")
+    prepared = prepare(settings, pool.plan_file)
+    phases.mark("pool_prepare")
+    announce_pooled()
+    claim = read_claim(sys.stdin)
+    if claim is None:
+        log.info("the pool closed before a claim: exiting unused")
+        return
+    apply_claim_env(claim)
+    phases.mark("pooled_wait")
+    asyncio.run(serve(parse_args([*pool.site_args, *claim.args]), phases, prepared))
+
+
+def _log_config(settings: SiteSettings) -> None:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def scaling_document(preset: ElasticPreset, model_dir: Path, log_dir: Path) -> d
                     "slots": [{"env": dict(place.env), "args": site_args(place)}],
                     "log_dir": str(log_dir),
                     "start_timeout_s": preset.site_start_timeout_s,
+                    "pool_size": preset.pool_size,
                 },
             }
         ],

@@ -51,6 +51,9 @@ class ElasticPreset:
     # The autoscaled arm's scaling file (gateway/scaling/config.py), less model and actuator.
     rule: tuple[tuple[str, float], ...]
     site_start_timeout_s: float = 600.0
+    # The autoscaled arm's warm pool (the local actuator's pool_size; docs/elastic.md): its
+    # processes are counted in the arm's site-seconds from their start, waiting or serving.
+    pool_size: int = 0
 
     @property
     def load_s(self) -> float:
@@ -79,6 +82,8 @@ PRESETS: dict[str, ElasticPreset] = {
             ("target_backlog_s", 0.5),
             ("lead_time_s", 5.0),
             ("rate_s", 1.0),
+            # Its 1x lasts 6 s: the start-up settling (policy.py) scaled to its phases.
+            ("settle_s", 3.0),
             ("out_after_s", 0.5),
             ("in_window_s", 4.0),
             ("out_cooldown_s", 2.0),

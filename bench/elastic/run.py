@@ -127,8 +127,13 @@ def parse(argv: Sequence[str]) -> Options:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--name", help="result file name (default elastic_<preset>)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pool-size", type=int, help="the autoscaled arm's warm pool (default: the preset's, 0)"
+    )
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.pool_size is not None:
+        preset = replace(preset, pool_size=args.pool_size)
     if args.unit_share is not None:
         preset = replace(preset, unit_share=args.unit_share)
     if args.phase_s:

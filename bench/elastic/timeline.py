@@ -20,8 +20,12 @@ SAMPLE_S = 0.5
 
 
 def alive(site_names: Sequence[str]) -> set[str]:
-    """The site names among `site_names` whose `python -m site_engine` process runs now."""
+    """The site names among `site_names` whose `python -m site_engine` process runs now, and
+    the warm pool's processes of their prefixes (`<prefix>-pool-<n>`, gateway/scaling/
+    local_pool.py), waiting or claimed: what a pool holds is paid for like a site (a claimed
+    one keeps its pool name on its command line, so it is counted once)."""
     wanted = {f"--site-name\0{name}\0".encode(): name for name in site_names}
+    pools = {f"--site-name\0{name.rsplit('-', 1)[0]}-pool-".encode() for name in site_names}
     found: set[str] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -32,6 +36,8 @@ def alive(site_names: Sequence[str]) -> set[str]:
             continue
         if b"site_engine" in cmdline:
             found.update(name for needle, name in wanted.items() if needle in cmdline)
+            if any(pool in cmdline for pool in pools):
+                found.add(f"pool:{entry.name}")
     return found
 
 

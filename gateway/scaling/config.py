@@ -59,6 +59,9 @@ class _Actuator(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     log_dir: str = "elastic-sites"
     stop_timeout_s: _POSITIVE = 30.0
+    # Started processes kept waiting for a scale-out (local: pooled site engines; kubernetes:
+    # started pods, not Ready nor routed until claimed). docs/elastic.md, "The warm pool".
+    pool_size: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     # kubernetes: the pods' DNS names, `{i}` the StatefulSet ordinal, and their gRPC port.
     host_pattern: str | None = None
     port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 50051
@@ -76,6 +79,7 @@ class _Model(msgspec.Struct, forbid_unknown_fields=True):
     scale_in_below: _POSITIVE = 0.4
     lead_time_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     rate_s: _POSITIVE = 5.0
+    settle_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     in_window_s: _POSITIVE = 60.0
     in_headroom: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.2
     out_after_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
@@ -113,6 +117,7 @@ class ActuatorConfig:
     host: str = "127.0.0.1"
     log_dir: Path = Path("elastic-sites")
     stop_timeout_s: float = 30.0
+    pool_size: int = 0
     host_pattern: str | None = None
     port: int = 50051
     tls_server_name: str | None = None
@@ -180,6 +185,7 @@ def _actuator(raw: _Actuator, model: str, base_dir: Path, where: str) -> Actuato
         host=raw.host,
         log_dir=log_dir if log_dir.is_absolute() else (base_dir / log_dir).resolve(),
         stop_timeout_s=raw.stop_timeout_s,
+        pool_size=raw.pool_size,
         host_pattern=raw.host_pattern,
         port=raw.port,
         tls_server_name=raw.tls_server_name,

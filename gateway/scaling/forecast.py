@@ -6,6 +6,14 @@ tokens and A predicted answer tokens is P / prefill rate + A / full-batch decode
 the rates the sites measure now. A serving site does one second of such work per second when
 it is busy, so `rate / serving sites` is the utilisation the arrivals ask for.
 
+The arrivals are smoothed as tokens per second (prompt and answer apart) and priced at the
+rates of the latest observation: a rate is what the sites can do, the tokens are what comes. A
+smoothed rate of seconds priced tick by tick kept the price of each past tick: arrivals priced at
+the rule's priors (or at a site's first, cold measurements) while the sites were not measured
+yet weighed in it until they decayed, where the tokens repriced at once cost what the sites now
+measure (the predictive policy's seed 1 scaled out 3.8 s into 1x load on such a rate: 1.64
+site-s/s, against 0.33 for the same load at the end of the run; docs/elastic.md).
+
 Pure arithmetic on the policy's state: no clock of its own, tested through the policy on a fake
 clock (tests/unit/scaling/).
 """
@@ -31,7 +39,11 @@ class Flow:
     answer_tokens: int | None = None
     at: float | None = None
     arrived_s: float = 0.0  # work arrived since the policy's start (seconds of a site's time)
-    rate: float | None = None  # arrivals, smoothed: seconds of work per second
+    rate: float | None = None  # arrivals, smoothed: seconds of work per second (priced now)
+    # The arrivals smoothed in tokens per second (prompt, answer): what `rate` prices.
+    token_rates: tuple[float, float] | None = None
+    # When the first work arrived (the estimate's age: policy.py's settling).
+    first_arrival_at: float | None = None
     # The window of the smoothed level: samples since the model's last scaling step (a level
     # measured with another number of sites says nothing of this one), oldest first.
     samples: tuple[Sample, ...] = ()
@@ -50,7 +62,7 @@ class Flow:
         prompt, answer = tokens
         if self.at is None or self.prompt_tokens is None or self.answer_tokens is None:
             # The first observation: counters start here; no rate yet.
-            return Flow(prompt, answer, now, 0.0, None, (Sample(now, work_s, 0.0),))
+            return Flow(prompt, answer, now, 0.0, None, samples=(Sample(now, work_s, 0.0),))
         if now <= self.at:
             return self
         dt = now - self.at
@@ -58,12 +70,22 @@ class Flow:
         new_prompt = prompt - self.prompt_tokens if prompt >= self.prompt_tokens else prompt
         new_answer = answer - self.answer_tokens if answer >= self.answer_tokens else answer
         arrived = new_prompt / rates[0] + new_answer / rates[1]
-        instant = arrived / dt
-        weight = 1.0 - math.exp(-dt / smooth_s)
-        rate = instant if self.rate is None else self.rate + weight * (instant - self.rate)
+        instant = (new_prompt / dt, new_answer / dt)
+        if self.token_rates is None:
+            smoothed = instant
+        else:
+            weight = 1.0 - math.exp(-dt / smooth_s)
+            smoothed = (
+                self.token_rates[0] + weight * (instant[0] - self.token_rates[0]),
+                self.token_rates[1] + weight * (instant[1] - self.token_rates[1]),
+            )
+        rate = smoothed[0] / rates[0] + smoothed[1] / rates[1]
+        first = self.first_arrival_at
+        if first is None and (new_prompt or new_answer):
+            first = now
         total = self.arrived_s + arrived
         kept = _trim((*self.samples, Sample(now, work_s, total)), now - window_s)
-        return Flow(prompt, answer, now, total, rate, kept)
+        return Flow(prompt, answer, now, total, rate, smoothed, first, kept)
 
     def restart_window(self) -> Flow:
         """A scaling step: the level is measured anew from the last sample on."""

@@ -10,6 +10,10 @@ registry then (gateway/admin/membership.py) at host:N. Its output goes to
 start: its slot is free again. Retiring a site (after the controller drained it out of the
 registry) sends SIGTERM, then SIGKILL after `stop_timeout_s`; the gateway stopping retires all.
 
+With `pool_size` > 0 a start first claims a process of the warm pool (gateway/scaling/
+local_pool.py: started ahead, imports and weights done) and serves in about a second; a start
+finding none ready starts cold as above.
+
 The sites run as the gateway's children: a gateway killed outright (SIGKILL) leaves them
 running, as any supervisor's children.
 """
@@ -32,6 +36,7 @@ from gateway.errors import GatewayError
 from gateway.federation import SiteConfig
 from gateway.scaling.actuator import OnFailure
 from gateway.scaling.config import ActuatorConfig, LocalSlot
+from gateway.scaling.local_pool import LocalPool, Pooled
 from gateway.sites.registry import SiteState
 
 log = logging.getLogger(__name__)
@@ -79,11 +84,16 @@ class LocalProcesses:
         # tick) while their process runs: a blip (a check timed out on a busy machine) or a
         # restart on the way; counted as coming back, so that no other start is asked for.
         self._unhealthy: set[str] = set()
-        # How long the last start took from its spawn to joining (weights, CUDA graphs).
+        # How long the last start took from its spawn (or claim) to joining.
         self._last_start_s: float | None = None
+        self._pool = LocalPool(config, model)
 
     def start_seconds(self) -> float | None:
         return self._last_start_s
+
+    def pooled(self) -> list[Pooled]:
+        """The warm pool's processes now (claimed ones are sites, not in it)."""
+        return self._pool.members()
 
     def pending(self) -> int:
         children = [c for c in self._children.values() if not c.retiring]
@@ -102,7 +112,14 @@ class LocalProcesses:
     async def start(self, count: int) -> int:
         free = [i for i in range(len(self._config.slots)) if i not in self._children]
         for slot in free[:count]:
-            child = self._spawn(slot, self._config.slots[slot])
+            place, name = self._config.slots[slot], self.site_name(slot)
+            pooled = self._pool.take(place, name)
+            if pooled is not None:
+                log.info("site %s: claimed pooled process %d (slot %d): %s", name,
+                         pooled.popen.pid, slot, pooled.log_path)  # fmt: skip
+                child = _Child(name, slot, pooled.popen, pooled.log_path, time.monotonic())
+            else:
+                child = self._spawn(slot, place)
             self._children[slot] = child
             child.waiter = asyncio.create_task(self._join_when_ready(child), name=child.name)
         return min(count, len(free))
@@ -188,6 +205,7 @@ class LocalProcesses:
         """A joined site whose process exited leaves (its requests moved or continued
         elsewhere, as for any failed site), and its slot is free again once it has."""
         self._unhealthy = {s.name for s in sites if not s.healthy and not s.draining}
+        self._pool.fill()
         for child in list(self._children.values()):
             if child.joined and not child.retiring and child.popen.poll() is not None:
                 child.joined, child.exited = False, True
@@ -207,6 +225,7 @@ class LocalProcesses:
     async def close(self) -> None:
         await asyncio.gather(*(self._stop(child) for child in self._children.values()))
         self._children.clear()
+        await asyncio.to_thread(self._pool.close)
 
 
 class _StartFailed(Exception):

@@ -20,6 +20,12 @@ is tested on a fake clock (tests/unit/scaling/) and reads nothing else.
   site more, or as many as spread the forecast under the line or absorb the arrivals with
   `in_headroom` to spare (up to `max_sites`). A load step shows in the arrivals at once, long
   before the backlog it builds crosses the line. Below `min_sites`: at once.
+- **Settling.** For `settle_s` after the model's first arrivals the forecast looks no further
+  than now where the arrivals exceed the sites (the backlog itself must be over the line): the
+  sites' rates that price the arrivals
+  are the rule's priors until reported, then measured on sites serving their first requests
+  cold, and a rate extrapolated a lead (~20 s) ahead from them scaled out seed 1 of the GPU
+  bench 3.8 s into 1x load (docs/elastic.md, tests/unit/scaling/test_start_misread.py).
 - **Scale-in on a smoothed level, by draining.** One site fewer is decided when, over the last
   `in_window_s` (since the last step: a level measured with other sites says nothing of these),
   the time-weighted mean backlog with one site fewer is under `target_backlog_s x
@@ -59,8 +65,10 @@ class ScalingRule:
     scale_in_below: float = 0.4
     # How far ahead the forecast looks until the actuator has measured a site's start.
     lead_time_s: float = 30.0
-    # The arrival rate's smoothing (its exponential time constant).
+    # The arrival rate's smoothing (its exponential time constant), and how long after the
+    # model's first arrivals the forecast starts to look ahead (module docstring: settling).
     rate_s: float = 5.0
+    settle_s: float = 10.0
     # The window of the smoothed level scale-in reads, and the share of the remaining sites'
     # throughput left spare after one goes.
     in_window_s: float = 60.0
@@ -88,7 +96,8 @@ class ScalingRule:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{self.model}: {name} must be > 0")
-        waits = ("lead_time_s", "out_after_s", "in_after_s", "out_cooldown_s", "in_cooldown_s")
+        waits = ("settle_s", "lead_time_s", "out_after_s", "in_after_s", "out_cooldown_s",
+                 "in_cooldown_s")  # fmt: skip
         for name in waits:
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.model}: {name} must be >= 0")
@@ -176,14 +185,17 @@ class _Seen:
     rate: float  # arrivals, seconds of work per second
     lead_s: float
     flow: Flow
+    settled: bool = True  # the arrivals' estimate is old enough to look ahead on
 
     @property
     def sites(self) -> int:
         return self.serving + self.pending
 
     def forecast(self, sites: int) -> float:
-        """The total backlog one lead time ahead with `sites` serving."""
-        return max(0.0, self.work_s + (self.rate - sites) * self.lead_s)
+        """The total backlog one lead time ahead with `sites` serving (while settling, arrivals
+        beyond the sites' throughput are not extrapolated: the backlog now)."""
+        ahead = self.lead_s if self.settled or self.rate <= sites else 0.0
+        return max(0.0, self.work_s + (self.rate - sites) * ahead)
 
     def inputs(self) -> str:
         """What every reason says the decision was made on."""
@@ -220,7 +232,9 @@ def decide(
     tokens = (observed.arrived_prompt_tokens, observed.arrived_answer_tokens)
     flow = state.flow.advance(now, work, tokens, rates, rule.rate_s, rule.in_window_s)
     lead = observed.start_s if observed.start_s is not None else rule.lead_time_s
-    seen = _Seen(len(serving), observed.pending, work, flow.rate or 0.0, lead, flow)
+    first = flow.first_arrival_at
+    settled = first is not None and now - first >= rule.settle_s
+    seen = _Seen(len(serving), observed.pending, work, flow.rate or 0.0, lead, flow, settled)
     state = replace(state, flow=flow)
     if seen.sites < rule.min_sites:
         state = _stepped(state, now)
@@ -229,6 +243,10 @@ def decide(
     needed = _needed(rule, seen)
     if needed > seen.sites:
         return _scale_out(rule, replace(state, under_since=None), seen, needed, now)
+    if not seen.settled and _needed(rule, replace(seen, settled=True)) > seen.sites:
+        age = now - first if first is not None else 0.0
+        reason = f"holding; arrivals settling ({age:.0f}s of {rule.settle_s:g}s; {seen.inputs()})"
+        return _with(replace(state, over_since=None), seen.verdict(seen.sites, None, reason))
     return _scale_in(rule, replace(state, over_since=None), seen, serving, now)
 
 

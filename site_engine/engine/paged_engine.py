@@ -159,8 +159,12 @@ def kv_cache_blocks(loaded: LoadedModel, config: EngineConfig) -> int:
 
 
 class PagedEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        self._plan = plan_kv(loaded, config)
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig, plan: KvPlan | None = None
+    ) -> None:
+        # A plan recorded earlier for this card, model and settings (a pooled start,
+        # site_engine/pool.py) spares the memory trial.
+        self._plan = plan if plan is not None else plan_kv(loaded, config)
         num_blocks = self._plan.num_blocks
         block_bytes = self._plan.bytes_per_block
         host_blocks = config.host_kv_cache_bytes // block_bytes
@@ -278,6 +282,16 @@ class PagedEngine:
     @property
     def runner(self) -> ModelRunner:
         return self._runner
+
+    def adopt_grammars(self, compiler: GrammarCompiler) -> bool:
+        """A compiler built before the engine (a pooled site builds it while it waits: it reads
+        only the tokenizer); refused (False) unless it masks this engine's logits width."""
+        from site_engine.engine.grammar_compiler import GrammarWaits
+
+        if compiler.vocab_size != self._runner.vocab_size:
+            return False
+        self._grammars, self._waits = compiler, GrammarWaits(compiler)
+        return True
 
     def grammars(self) -> GrammarCompiler:
         """The compiler of constrained requests' grammars, built on first use (it reads the

@@ -125,6 +125,9 @@ class BlockManager:
         self._registered: dict[str, int] = {}
         self._copies: list[KvCopy] = []
         self._copies_before_step = 0
+        # The top of the cache lent to a neighbour instance on this GPU (idle memory first,
+        # site_engine/engine/core/kv_lending.py): blocks neither free nor held by any table.
+        self._lent: list[int] = []
 
     @property
     def num_blocks(self) -> int:
@@ -410,6 +413,36 @@ class BlockManager:
         indexes = [index for index in (self._index, self._host and self._host.index) if index]
         return snapshot_events(indexes)
 
+    @property
+    def num_lent_blocks(self) -> int:
+        return len(self._lent)
+
+    def lend_tail(self, count: int) -> int:
+        """Takes up to `count` blocks off the top of the cache (the highest indices, contiguous
+        down from the top or from what is already lent), each only if no table holds it: a
+        running sequence's block is never lent, so the tail stops at the highest held one.
+        Cached ids of the blocks taken are forgotten (as on a block handed out). Returns how
+        many were lent; the scheduler sees as many fewer free blocks."""
+        lent = 0
+        top = self._num_blocks - len(self._lent) - 1
+        while lent < count and top >= 0 and self._refcounts[top] == 0 and top not in self._loading:
+            del self._free[top]
+            if self._index is not None and self._indexed[top] is not None:
+                self._index.remove_at(top)
+            self._offloaded_at.pop(top, None)
+            self._lent.append(top)
+            lent += 1
+            top -= 1
+        return lent
+
+    def return_lent(self) -> int:
+        """The lent tail back to the free queue (at its end: handed out last); how many."""
+        returned = len(self._lent)
+        for block in self._lent:
+            self._free[block] = None
+        self._lent.clear()
+        return returned
+
     def clear_cache(self) -> None:
         """Forget every id of every tier (blocks keep their holders); one AllBlocksCleared event."""
         if self._index is None:
@@ -430,6 +463,10 @@ class BlockManager:
                 raise AssertionError(
                     f"block {block}: refcount {refcount} but held by {holders[block]} table(s)"
                 )
+            if block in self._lent:
+                if refcount or block in self._free:
+                    raise AssertionError(f"lent block {block} is also free or held")
+                continue
             if (block in self._free) == (refcount > 0):
                 state = "free and referenced" if refcount else "neither free nor referenced"
                 raise AssertionError(f"block {block} is {state}")

@@ -28,6 +28,7 @@ RULE = ScalingRule(
     scale_in_below=0.4,
     lead_time_s=10.0,
     rate_s=2.0,
+    settle_s=0.0,  # the start-up settling: test_start_misread.py
     in_window_s=30.0,
     in_headroom=0.2,
     out_after_s=1.0,
