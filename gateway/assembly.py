@@ -53,6 +53,7 @@ from gateway.sites.load_reports import LoadReportListener
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.sites.tls import load_site_tls
 from gateway.sites.vllm_kv_events import kv_event_followers
+from gateway.stores.adapter_owners import AdapterOwnerStore
 from gateway.stores.admin_sessions import AdminSessionStore
 from gateway.stores.file_store import FileStore
 from gateway.stores.idempotency_records import IdempotencyStore
@@ -229,7 +230,10 @@ class GatewayAssembly:
         metrics = GatewayMetrics()
         metrics.watch_sites(registry.all)
         predictor.metrics = metrics
-        adapter_catalogue = AdapterCatalogue(registry, federation.adapters)
+        adapter_catalogue = AdapterCatalogue(
+            registry, federation.adapters, AdapterOwnerStore(sessions)
+        )
+        await adapter_catalogue.refresh()  # owners before the first request
         completions = CompletionService(
             settings,
             registry,
@@ -308,7 +312,14 @@ class GatewayAssembly:
             sessions, served_models, settings.drift, settings.retrain, retrain_jobs
         )
         health.watch(metrics)
-        adapter_admin = AdapterAdmin(registry, adapter_catalogue, frozenset(served_models))
+        adapter_admin = AdapterAdmin(
+            registry,
+            adapter_catalogue,
+            frozenset(served_models),
+            tenancy.keys,
+            frozenset(model.name for model in federation.models),
+            settings.sites.adapter_load_timeout_s,
+        )
         fine_tuning = FineTuningService.build(
             sessions,
             registry,
@@ -367,6 +378,7 @@ class GatewayAssembly:
             "file-retention": files.delete_expired_forever(),
             "response-retention": responses.delete_expired_forever(),
             "fine-tuning": fine_tuning.runner.run(),
+            "adapter-owners": adapter_catalogue.run(settings.sites.health_interval_s),
             **kv_event_followers(registry.all()),
         }
         missing = missing_training_stack()

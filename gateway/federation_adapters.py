@@ -1,11 +1,12 @@
 """The federation file's `adapters`: what the operator says of LoRA adapters the sites serve.
 
-A site lists the adapters it serves (its SiteInfo); the gateway serves each under its own name
-as a model over the site's base, public to every key, with nothing in this file. An entry here
-names an adapter's `parent` (its base model: only sites of that model serve it) and, optionally,
-its `owner_key`: the name of the API key that may use it (every key of that name); any other
-key, or a request without a key, gets the same 404 as for an unknown model and does not see it
-in /v1/models:
+A site lists the adapters it serves (its SiteInfo), by name only; the gateway serves each under
+its own name as a model over the site's base, to the keys a declaration allows: an entry here,
+or for adapters loaded at run time the database (gateway/stores/adapter_owners.py). One nothing
+declares is no one's. An entry names an adapter's `parent` (its base model: only sites of that
+model serve it) and, optionally, its `owner_key`: the name of the API key that may use it (every
+key of that name); without one, every key's. Any other key, or a request without a key, gets
+the same 404 as for an unknown model and does not see it in /v1/models:
 
     "adapters": [{"name": "acme-support", "parent": "tiny-llama", "owner_key": "acme"}]
 """

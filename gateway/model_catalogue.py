@@ -1,21 +1,28 @@
 """What a request's `model` names: a base model of the federation file, or a LoRA adapter a
 healthy site serves over its base (vLLM's convention: an adapter is a model of its own name).
 
-The sites say which adapters they serve (SiteInfo.adapters, refreshed by every health check);
-the federation file may give one a parent and an owner key (gateway/federation_adapters.py),
-and so may an operator who loads one at run time (gateway/admin/adapters.py).
-An adapter private to a key is, to every other key, a model that does not exist. A fine-tuned
-model (`ft:...`, gateway/fine_tuning/) is its key's own: until the job's owner is declared (a
-moment after a site lists it, on a gateway that did not load it) it is nobody's, never everyone's.
+The sites say which adapters they serve (SiteInfo.adapters, refreshed by every health check),
+by name only. Who may use one is declared by the federation file (gateway/federation_adapters.py:
+every key, or the keys of a name) or, for an adapter loaded at run time (gateway/admin/adapters.py)
+and a fine-tuned model (`ft:...`, gateway/fine_tuning/), by a row of the database
+(gateway/stores/adapter_owners.py: every key, or one key by id), which every gateway of the
+database reads (at its start, then every `refresh_s`). An adapter nothing declares is nobody's:
+a site's own, or one another gateway loaded a moment ago, is refused until it is declared, never
+served to everyone. An adapter a key may not use is, to that key, a model that does not exist.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.federation_adapters import AdapterConfig
 from gateway.sites.registry import SiteRegistry
+from gateway.stores.adapter_owners import AdapterOwnerStore, Ownership
+
+log = logging.getLogger(__name__)
 
 # The names of fine-tuned models (gateway/fine_tuning/runner.py names them).
 FINE_TUNED_PREFIX = "ft:"
@@ -29,48 +36,93 @@ class ServedAdapter:
 
 
 class AdapterCatalogue:
-    def __init__(self, registry: SiteRegistry, declared: Iterable[AdapterConfig] = ()) -> None:
+    def __init__(
+        self,
+        registry: SiteRegistry,
+        in_file: Iterable[AdapterConfig] = (),
+        owners: AdapterOwnerStore | None = None,
+    ) -> None:
+        """`owners`: the database's rows (None: only this gateway's memory, as unit tests use)."""
         self._registry = registry
-        self._declared = {adapter.name: adapter for adapter in declared}
-        self._in_file = frozenset(self._declared)
+        self._in_file = {adapter.name: adapter for adapter in in_file}
+        self._owners = owners
+        self._stored: dict[str, Ownership] = {}
+        # Bumped by each change this gateway makes, so that a refresh that read the rows before
+        # the change does not undo it in memory.
+        self._changes = 0
 
-    def declare(self, adapter: AdapterConfig) -> None:
-        """An adapter loaded at run time: its parent and owner, as the file would give them."""
-        self._declared[adapter.name] = adapter
+    async def refresh(self) -> None:
+        """The database's owners, as every gateway of it wrote them."""
+        if self._owners is None:
+            return
+        while True:
+            changes = self._changes
+            rows = await self._owners.all()
+            if changes == self._changes:
+                self._stored = {row.name: row for row in rows}
+                return
 
-    def forget(self, name: str) -> None:
-        """An adapter unloaded everywhere: a run-time declaration goes (the file's stays)."""
-        if name not in self._in_file:
-            self._declared.pop(name, None)
+    async def run(self, refresh_s: float) -> None:
+        while True:
+            await asyncio.sleep(refresh_s)
+            try:
+                await self.refresh()
+            except Exception:  # the database away: the owners known stay, next pass retries
+                log.exception("adapter owners not refreshed")
 
-    def declared(self, name: str) -> AdapterConfig | None:
-        return self._declared.get(name)
+    async def declare(self, ownership: Ownership) -> None:
+        """An adapter loaded at run time, with its owner: written before any site serves it."""
+        self._changes += 1
+        self._stored[ownership.name] = ownership
+        if self._owners is not None:
+            await self._owners.put(ownership)
 
-    def served(self, key_name: str | None) -> list[ServedAdapter]:
+    async def forget(self, name: str) -> None:
+        """An adapter no site serves any more (the federation file's stays declared)."""
+        self._changes += 1
+        self._stored.pop(name, None)
+        if self._owners is not None:
+            await self._owners.remove(name)
+
+    def in_file(self, name: str) -> AdapterConfig | None:
+        return self._in_file.get(name)
+
+    def stored(self, name: str) -> Ownership | None:
+        return self._stored.get(name)
+
+    def parent_of(self, name: str) -> str | None:
+        """The base model the declarations give the adapter (None: undeclared)."""
+        declared = self._in_file.get(name) or self._stored.get(name)
+        return declared.parent if declared is not None else None
+
+    def served(self, key_id: int | None, key_name: str | None) -> list[ServedAdapter]:
         """The adapters healthy sites serve now that the key may use, by name."""
         found = (self.find(name) for name in self._registry.served_adapters())
         return sorted(
-            (a for a in found if a is not None and self.may_use(a.name, key_name)),
+            (a for a in found if a is not None and self.may_use(a.name, key_id, key_name)),
             key=lambda a: a.name,
         )
 
     def find(self, name: str) -> ServedAdapter | None:
         """The adapter `name` names, whoever owns it; None when no healthy site serves it (over
-        the parent the federation file gives it)."""
+        the parent its declaration gives it)."""
         parent = self._registry.served_adapters().get(name)
         if parent is None:
             return None
-        declared = self._declared.get(name)
+        declared = self.parent_of(name)
         if declared is not None:
-            if not self._registry.serves_adapter(declared.parent, name):
+            if not self._registry.serves_adapter(declared, name):
                 return None
-            parent = declared.parent
+            parent = declared
         return ServedAdapter(name, parent)
 
-    def may_use(self, adapter: str, key_name: str | None) -> bool:
-        """Whether the key (by name; None: no key) may use the adapter: one without an owner in
-        the federation file is every key's, but for an undeclared fine-tuned model."""
-        declared = self._declared.get(adapter)
-        if declared is None:
-            return not adapter.startswith(FINE_TUNED_PREFIX)
-        return declared.owner_key in (None, key_name)
+    def may_use(self, adapter: str, key_id: int | None, key_name: str | None) -> bool:
+        """Whether the key (its id and name; None, None: no key) may use the adapter. The
+        federation file names an owner by key name; the database by key id."""
+        in_file = self._in_file.get(adapter)
+        if in_file is not None:
+            return in_file.owner_key is None or in_file.owner_key == key_name
+        stored = self._stored.get(adapter)
+        if stored is None:
+            return False  # declared by no one: no one's
+        return stored.public or stored.key_id == key_id

@@ -186,6 +186,11 @@ class SitesSettings:
         help="load reports silent this long are logged as stalled; the site stays routable while "
         "its health checks pass, on its last report and this gateway's own ledger",
     )
+    adapter_load_timeout_s: float = setting(
+        120.0,
+        help="how long an admin adapter load waits for each site's answer; one that answers "
+        "later may still load it (its owner, written first, keeps it private)",
+    )
     health_failures_to_down: int = setting(
         3,
         help="health checks in a row without an answer (deadline passed) before a site is "
@@ -194,7 +199,13 @@ class SitesSettings:
     )
 
     def __post_init__(self) -> None:
-        require_positive(self, "health_interval_s", "connect_timeout_s", "load_report_stale_s")
+        require_positive(
+            self,
+            "health_interval_s",
+            "connect_timeout_s",
+            "load_report_stale_s",
+            "adapter_load_timeout_s",
+        )
         require_at_least(self, 1, "health_failures_to_down")
         if self.load_report_interval_ms < 10:
             raise SettingsError("GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10")

@@ -250,6 +250,8 @@ class Federation:
     http_proxy_ports: dict[str, int] = field(default_factory=dict)
     # Per site, what the federation file says beyond its place (prefill_tokens_per_s).
     site_extras: dict[str, dict[str, object]] = field(default_factory=dict)
+    # LoRA adapters the sites serve, declared every key's (an undeclared one is nobody's).
+    public_adapters: tuple[str, ...] = ()
     # Extra site flags (the host-memory tier, when the engine has it).
     site_args: tuple[str, ...] = ()
     proxy: subprocess.Popen[bytes] | None = None
@@ -304,6 +306,7 @@ class Federation:
             time.sleep(0.1)
 
     def federation_document(self, weights: Mapping[str, float]) -> dict[str, object]:
+        adapters = [{"name": name, "parent": ROUTED_MODEL} for name in self.public_adapters]
         return {
             "models": [{"name": ROUTED_MODEL, "tokenizer": str(self.tokenizer_dir)}],
             "sites": [
@@ -319,6 +322,7 @@ class Federation:
                 for i, spec in enumerate(self.preset.sites)
             ],
             "routing_profiles": [profile_entry(p) for p in BENCH_PROFILES],
+            **({"adapters": adapters} if adapters else {}),
         }
 
     def start_gateway(

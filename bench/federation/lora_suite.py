@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.federation.cluster import ARMS, Federation
-from bench.federation.lora_workload import LoraRuns, adapter_spread, lora_arrivals, write_adapters
+from bench.federation.lora_workload import (
+    LoraRuns,
+    adapter_names,
+    adapter_spread,
+    lora_arrivals,
+    write_adapters,
+)
 from bench.federation.metrics import RunSummary
 from bench.federation.options import Options
 from bench.federation.report import sweep_payload, write
@@ -95,7 +101,7 @@ def run_lora(options: Options, command: str, log: Callable[[str], None]) -> Path
     }
     federation = Federation(
         preset, options.work_dir, {shape.name: model_dir}, options.tokenizer_dir, None,
-        site_args=runs.site_args(adapters),
+        site_args=runs.site_args(adapters), public_adapters=tuple(adapter_names(runs.adapters)),
     )  # fmt: skip
     try:
         log("starting 2 sites and the latency injector")

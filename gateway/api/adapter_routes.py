@@ -1,8 +1,9 @@
 """LoRA adapters loaded and unloaded at run time (operators only; gateway/admin/adapters.py).
 
-- POST /admin/api/adapters            {"name", "path", "parent", "site"?, "owner_key"?}: loads
-                                      the adapter (a directory on the site's machine) on the
-                                      site, or on every healthy site of `parent`; 201
+- POST /admin/api/adapters            {"name", "path", "parent", "site"?, "owner_key_id"?,
+                                      "owner_key"?}: loads the adapter (a directory on the
+                                      site's machine) on the site, or on every healthy site of
+                                      `parent`, private to the key when one is given; 201
 - DELETE /admin/api/adapters/{name}   unloads it from every site that serves it
 """
 

@@ -30,8 +30,10 @@ class ChatController(Controller):
         completion_call: NamedDependency[CompletionCall],
     ) -> Response[ChatCompletion] | Stream:
         body = await request.body()
+        req = decode_chat_request(body)
+        completion_call.check_owner(req.model)
         prepared = await completion_call.tokenize_pool.run(
-            completion_call.chat.prepare, decode_chat_request(body), len(body)
+            completion_call.chat.prepare, req, len(body)
         )
         return await answer(
             OpenAIAnswer(

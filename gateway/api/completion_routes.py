@@ -48,6 +48,15 @@ class CompletionCall:
     tokenize_pool: TokenizePool
     idempotency: Idempotency
 
+    def check_owner(self, model: str) -> None:
+        """The 404 of an unknown model for another key's adapter, before anything else of the
+        request is validated or tokenized: the answer (status, body, time) is the same as for
+        a name that does not exist, so a key cannot tell that the adapter does."""
+        key = self.caller.key
+        self.completions.preparer.check_model_owner(
+            model, self.caller.key_id, key.name if key is not None else None
+        )
+
 
 async def provide_completion_call(request: Request[Any, Any, Any]) -> CompletionCall:
     """The `completion_call` dependency: 401 first for a key that is not allowed."""
@@ -78,10 +87,10 @@ class CompletionsController(Controller):
         completion_call: NamedDependency[CompletionCall],
     ) -> Response[Completion] | Stream:
         body = await request.body()
+        req = decode_body(body, CompletionRequest)
+        completion_call.check_owner(req.model)
         prepared = await completion_call.tokenize_pool.run(
-            completion_call.completions.prepare_prompts,
-            decode_body(body, CompletionRequest),
-            len(body),
+            completion_call.completions.prepare_prompts, req, len(body)
         )
         shape = OpenAIAnswer("/v1/completions", Completion, completion_events, collect_completion)
         if len(prepared) > 1:

@@ -33,7 +33,7 @@ class ModelsController(Controller):
         caller: Caller,
     ) -> ModelList:
         bases = [ModelCard(id=name, root=name) for name in tokenizers.models()]
-        adapters = completions.preparer.adapters.served(_key_name(caller))
+        adapters = completions.preparer.adapters.served(caller.key_id, _key_name(caller))
         return ModelList(data=[*bases, *(_adapter_card(a) for a in adapters)])
 
     @get(
@@ -53,7 +53,7 @@ class ModelsController(Controller):
             return ModelCard(id=name, root=name)
         catalogue = completions.preparer.adapters
         adapter = catalogue.find(name)
-        if adapter is None or not catalogue.may_use(name, _key_name(caller)):
+        if adapter is None or not catalogue.may_use(name, caller.key_id, _key_name(caller)):
             raise model_not_found(name)
         return _adapter_card(adapter)
 

@@ -86,6 +86,7 @@ class ResponsesController(Controller):
         call, service = response_call.call, response_call.responses
         body = await request.body()
         req = decode_response_request(body)
+        call.check_owner(req.model)
         owner = call.caller.key_id
         earlier = await service.earlier(req, owner)
         prepare = partial(service.prepare, earlier=earlier, owner=owner)

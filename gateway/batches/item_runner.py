@@ -180,7 +180,7 @@ class ItemRunner:
         # The owner is checked at submission; again here, as the federation file may have
         # changed hands since (a restart).
         key_name = run.key.name if run.key is not None else None
-        self._completions.preparer.check_owner(prepared, key_name)
+        self._completions.preparer.check_owner(prepared, run.api_key_id, key_name)
         prepared = self._completions.preparer.salted(prepared, run.api_key_id)
         if item.predicted_tokens is None:
             return prepared

@@ -159,7 +159,7 @@ class BatchService:
                 param="input_file_id",
             )
         # Another key's LoRA adapter is a model that does not exist (`key_name`: the caller's).
-        self._preparer.requests.check_model_owner(model, key_name)
+        self._preparer.requests.check_model_owner(model, owner, key_name)
         items = await self._validate(endpoint, model, entries)
         runnable = [item for item in items if item.error is None]
         if runnable and not self._preparer.requests.servable_now(model):

@@ -29,11 +29,11 @@ from fedllm_contract.fine_tuning import (
 from gateway.admin.adapters import AdapterAdmin, LoadAdapterBody
 from gateway.db.models import FineTuningStatus
 from gateway.errors import GatewayError, ServerSideError
-from gateway.federation_adapters import AdapterConfig
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
 from gateway.sites.interface import FineTuningSite, SiteCallError, SiteRejected
 from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.adapter_owners import Ownership
 from gateway.stores.file_store import FileStore
 from gateway.stores.fine_tuning_store import FineTuningStore, JobView
 
@@ -44,6 +44,11 @@ def fine_tuned_model(job: JobView) -> str:
     """The job's model name: ft:<base>:<suffix>:<id> (OpenAI's ft:<base>:<org>:<suffix>:<id>
     without the organisation, which this gateway does not have; the suffix empty when none)."""
     return f"ft:{job.model}:{job.suffix or ''}:{job.id.removeprefix('ftjob-')}"
+
+
+def _ownership(job: JobView, name: str) -> Ownership:
+    """The job's model is its key's own, by id (made without a key: callers without one)."""
+    return Ownership(name, job.model, public=False, key_id=job.owner)
 
 
 def trainer_of(site: SiteState) -> FineTuningSite | None:
@@ -221,28 +226,29 @@ class FineTuningRunner:
         log.info("fine-tuning job %s succeeded: %s", job.id, name)
 
     async def _load(self, job: JobView, name: str, path: str) -> None:
-        config = AdapterConfig(name, job.model, job.owner_key_name)
+        owner = _ownership(job, name)
         if name in self._registry.served_adapters():
-            self._catalogue.declare(config)  # loaded before this gateway restarted
+            await self._declare(owner)  # loaded before this gateway restarted
             return
         body = LoadAdapterBody(name, path, job.model, site=job.site, owner_key=job.owner_key_name)
         try:
-            await self._adapters.load(body)
+            await self._adapters.load(body, owner)
         except GatewayError as exc:
             if exc.code != "adapter_exists":
                 raise
-            self._catalogue.declare(config)  # another gateway of the database loaded it first
+            await self._declare(owner)  # another gateway of the database loaded it first
 
     async def declare_trained(self) -> list[JobView]:
         """Declares every succeeded job's model with its owner (the gateway's start awaits it:
         no request is served before), and returns those jobs."""
         jobs = await self._store.served()
         for job in jobs:
-            name = job.fine_tuned_model or ""
-            config = AdapterConfig(name, job.model, job.owner_key_name)
-            if self._catalogue.declared(name) != config:
-                self._catalogue.declare(config)
+            await self._declare(_ownership(job, job.fine_tuned_model or ""))
         return jobs
+
+    async def _declare(self, owner: Ownership) -> None:
+        if self._catalogue.stored(owner.name) != owner:
+            await self._catalogue.declare(owner)
 
     async def _serve_succeeded(self) -> None:
         """Declares the succeeded jobs' models (those another gateway trained, too), and loads

@@ -138,16 +138,20 @@ class Preparer:
         adapter = self.adapters.find(model)
         return (adapter.parent, adapter.name) if adapter is not None else (model, None)
 
-    def check_owner(self, prepared: PreparedCompletion, key_name: str | None) -> None:
+    def check_owner(
+        self, prepared: PreparedCompletion, key_id: int | None, key_name: str | None
+    ) -> None:
         """404, as for an unknown model, when the request is for another key's adapter."""
         adapter = prepared.params.options.adapter
-        if adapter is not None and not self.adapters.may_use(adapter, key_name):
+        if adapter is not None and not self.adapters.may_use(adapter, key_id, key_name):
             raise model_not_found(adapter)
 
-    def check_model_owner(self, model: str, key_name: str | None) -> None:
-        """check_owner for a model name (a batch's, before its items are prepared)."""
+    def check_model_owner(self, model: str, key_id: int | None, key_name: str | None) -> None:
+        """check_owner for a model name, before anything of the request is validated or
+        tokenized (a batch's before its items are): another key's adapter gets the 404 of an
+        unknown model at once, whatever else the request holds, as fast as an unknown name."""
         _, adapter = self.resolve(model)
-        if adapter is not None and not self.adapters.may_use(adapter, key_name):
+        if adapter is not None and not self.adapters.may_use(adapter, key_id, key_name):
             raise model_not_found(model)
 
     def servable_now(self, model: str) -> bool:

@@ -105,7 +105,7 @@ class CompletionService:
         key_name = admission.api_key_name if admission is not None else None
         planned: list[tuple[PreparedCompletion, Prediction | None]] = []
         for prepared in prompts:
-            self.preparer.check_owner(prepared, key_name)
+            self.preparer.check_owner(prepared, key_id, key_name)
             salted = self.preparer.salted(prepared, key_id)
             planned.append(await self.prediction.apply(salted, alone=self.admitter.alone))
         await self.admitter.charge([prepared for prepared, _ in planned], admission)

@@ -43,7 +43,9 @@ def federation(
     started: list[ManagedProcess] = [site]
     try:
         wait_until_serving(site)
-        federation_file = write_federation(work, tiny_llama_dir, site)
+        federation_file = write_federation(
+            work, tiny_llama_dir, site, [{"name": "support-ft", "parent": "tiny"}]
+        )
         url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         gateway = start_gateway(
             federation_file=federation_file, database_url=url, log_dir=work,

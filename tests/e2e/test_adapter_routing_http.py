@@ -55,7 +55,9 @@ def federation(tiny_llama_dir: Path, work: Path) -> Iterator[Federation]:
             started.append(sites[site])
         for process in sites.values():
             wait_until_serving(process)
-        federation_file = write_sites_federation(work, tiny_llama_dir, sites)
+        # The sites' own adapters, every key's (one no one declares is no one's: issue 58).
+        public = [{"name": name, "parent": "tiny"} for name in ("ft-1", "ft-2")]
+        federation_file = write_sites_federation(work, tiny_llama_dir, sites, public)
         url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         env = {"GATEWAY_ADMIN_TOKEN": ADMIN, "GATEWAY_ROUTING_POLICY": "completion_cost"}
         gateway = start_gateway(

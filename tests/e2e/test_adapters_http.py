@@ -1,6 +1,7 @@
 """LoRA adapters through the gateway with the official openai client (issue 51): a real site
-process serving two adapters from --lora-dir over the tiny model, and a real gateway whose
-federation file makes one of them private to a key. An adapter is a model of its own name (its
+process serving three adapters from --lora-dir over the tiny model, and a real gateway whose
+federation file makes one of them private to a key, one public, and says nothing of the third
+(nobody's: issue 58). An adapter is a model of its own name (its
 base as parent in /v1/models), its answers are the adapter's (greedy, unlike the base's), its
 request rows record it; an unknown adapter and another key's private one are the same
 OpenAI-shaped 404."""
@@ -37,7 +38,8 @@ def federation(
     work = tmp_path_factory.mktemp("adapters")
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32)
     targets = ("q_proj", "v_proj", "o_proj", "up_proj", "down_proj")
-    for seed, name in enumerate(("public-ft", "private-ft")):
+    # stray-ft: in the site's folder, declared by no one (issue 58: no one's).
+    for seed, name in enumerate(("public-ft", "private-ft", "stray-ft")):
         write_adapter(work / "lora" / name, BaseShapes.of_model(model), targets=targets, seed=seed)
     site = spawn_lora_site(tiny_llama_dir, work, max_loras=2)
     started: list[ManagedProcess] = [site]
@@ -47,7 +49,10 @@ def federation(
             work,
             tiny_llama_dir,
             site,
-            [{"name": "private-ft", "parent": "tiny", "owner_key": "tenant-a"}],
+            [
+                {"name": "private-ft", "parent": "tiny", "owner_key": "tenant-a"},
+                {"name": "public-ft", "parent": "tiny"},
+            ],
         )
         url = f"sqlite+aiosqlite:///{work / 'gateway.db'}"
         env = {"GATEWAY_REQUIRE_API_KEYS": "true", "GATEWAY_ADMIN_TOKEN": ADMIN}
@@ -115,6 +120,11 @@ def test_models_list_the_adapters_each_key_may_use_with_their_base(
     assert clients["tenant-a"].models.retrieve("private-ft").id == "private-ft"
     with pytest.raises(openai.NotFoundError):
         clients["tenant-b"].models.retrieve("private-ft")
+    for client in clients.values():  # the site serves stray-ft, but no one declared it
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("stray-ft")
+        with pytest.raises(openai.NotFoundError):
+            _answer(client, "stray-ft")
 
 
 def test_an_adapter_answers_as_itself_and_unlike_its_base(

@@ -41,15 +41,21 @@ def write_federation(
 
 
 def write_sites_federation(
-    work: Path, model_dir: Path, sites: Mapping[str, ManagedProcess]
+    work: Path,
+    model_dir: Path,
+    sites: Mapping[str, ManagedProcess],
+    adapters: Sequence[dict[str, Any]] = (),
 ) -> Path:
-    """work/federation.json: the tiny model served by each named site (one cloud, one region)."""
-    document = {
+    """work/federation.json: the tiny model served by each named site (one cloud, one region),
+    and the adapters section given."""
+    document: dict[str, Any] = {
         "models": [{"name": "tiny", "tokenizer": str(model_dir)}],
         "sites": [{"name": name, "cloud": "aws", "region": "us-east-1",
                    "endpoint": f"127.0.0.1:{site.port}", "model": "tiny"}
                   for name, site in sites.items()],
     }  # fmt: skip
+    if adapters:
+        document["adapters"] = list(adapters)
     path = work / "federation.json"
     path.write_text(json.dumps(document))
     return path

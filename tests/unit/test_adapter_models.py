@@ -4,6 +4,7 @@ file's `adapters` section."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from gateway.routing.types import RoutingRequest
 from gateway.settings import GatewaySettings
 from gateway.sites.interface import SiteInfoView
 from gateway.sites.registry import SiteRegistry, SiteState
+from gateway.stores.adapter_owners import Ownership
 from gateway.stores.request_log import RequestLog
 from gateway.tokenizers import ModelTokenizers
 from tests.unit.routing.sites import Site
@@ -60,7 +62,12 @@ def test_an_adapter_a_healthy_site_lists_resolves_to_its_sites_base() -> None:
     assert catalogue.find("other-ft") == ServedAdapter("other-ft", "other")
     assert catalogue.find("down-only") is None  # only an unhealthy site lists it
     assert catalogue.find("nobody-serves-this") is None
-    assert [a.name for a in catalogue.served(None)] == ["other-ft", "shared", "tenant-a"]
+    # Served, but declared by no one: no one's (issue 58), with a key or without.
+    assert catalogue.served(None, None) == []
+    assert catalogue.served(1, "key-a") == []
+    public = (AdapterConfig("shared", "m"), AdapterConfig("other-ft", "other"))
+    catalogue = AdapterCatalogue(_registry(), public)
+    assert [a.name for a in catalogue.served(None, None)] == ["other-ft", "shared"]
 
 
 def test_a_private_adapter_is_its_owners_only_and_a_declared_parent_binds() -> None:
@@ -68,14 +75,40 @@ def test_a_private_adapter_is_its_owners_only_and_a_declared_parent_binds() -> N
         AdapterConfig("tenant-a", "m", owner_key="key-a"),
         AdapterConfig("other-ft", "m"),  # the file says m; only a site of `other` lists it
     )
-    catalogue = AdapterCatalogue(_registry(), declared)
-    assert catalogue.may_use("tenant-a", "key-a")
-    assert not catalogue.may_use("tenant-a", "key-b")
-    assert not catalogue.may_use("tenant-a", None)
-    assert catalogue.may_use("shared", None)  # not in the file: every key's
-    assert [a.name for a in catalogue.served("key-b")] == ["shared"]
-    assert [a.name for a in catalogue.served("key-a")] == ["shared", "tenant-a"]
+    catalogue = AdapterCatalogue(_registry(), (*declared, AdapterConfig("shared", "m")))
+    assert catalogue.may_use("tenant-a", 1, "key-a")  # the file names owners by key name
+    assert not catalogue.may_use("tenant-a", 2, "key-b")
+    assert not catalogue.may_use("tenant-a", None, None)
+    assert catalogue.may_use("shared", None, None)  # in the file without an owner: every key's
+    assert [a.name for a in catalogue.served(2, "key-b")] == ["shared"]
+    assert [a.name for a in catalogue.served(1, "key-a")] == ["shared", "tenant-a"]
     assert catalogue.find("other-ft") is None
+
+
+def test_an_owner_loaded_at_run_time_is_a_key_id_never_a_name() -> None:
+    """Owners written at run time (the admin API, fine-tuning jobs) name a key by id: a second
+    key of the same name does not inherit its adapters (issue 58 LOW 3)."""
+    model = "ft:m:support:abc123"
+    registry = SiteRegistry([_site("a", "m", ("tenant-a", "shared", "keyless", model))])
+    catalogue = AdapterCatalogue(registry)
+    assert not any(catalogue.may_use(model, key, "acme") for key in (None, 1, 2))
+    owners = (
+        Ownership("tenant-a", "m", key_id=1),
+        Ownership("shared", "m", public=True),
+        Ownership("keyless", "m", key_id=None),  # made without a key
+        Ownership(model, "m", key_id=1),
+    )
+    for owner in owners:
+        asyncio.run(catalogue.declare(owner))
+    assert catalogue.may_use("tenant-a", 1, "acme")
+    assert not catalogue.may_use("tenant-a", 2, "acme")  # another key of the same name
+    assert not catalogue.may_use("tenant-a", None, None)
+    assert all(catalogue.may_use("shared", key, name) for key, name in ((1, "a"), (None, None)))
+    assert catalogue.may_use("keyless", None, None)
+    assert not catalogue.may_use("keyless", 1, "acme")
+    assert [a.name for a in catalogue.served(1, "acme")] == [model, "shared", "tenant-a"]
+    asyncio.run(catalogue.forget("tenant-a"))
+    assert not catalogue.may_use("tenant-a", 1, "acme")  # unloaded: undeclared again
 
 
 def test_routing_keeps_only_the_base_sites_that_list_the_adapter() -> None:
@@ -117,7 +150,9 @@ def services(gpt2_tokenizer_dir: Path) -> tuple[CompletionService, ChatService]:
         tokenizers,
         build_policy("round_robin"),
         unused_log,
-        adapters=AdapterCatalogue(registry, (AdapterConfig("tenant-a", "m", "key-a"),)),
+        adapters=AdapterCatalogue(
+            registry, (AdapterConfig("tenant-a", "m", "key-a"), AdapterConfig("shared", "m"))
+        ),
     )
     templates = ChatTemplates({"m": ChatTemplate.compile(CHATML_TEMPLATE, "default ChatML")})
     return completions, ChatService(templates, tokenizers, completions)
@@ -149,10 +184,10 @@ def test_an_unknown_model_and_another_keys_adapter_are_the_same_404(
     prepared = completions.prepare(
         decode_body(b'{"model": "tenant-a", "prompt": "x"}', CompletionRequest)
     )
-    completions.preparer.check_owner(prepared, "key-a")  # the owner's: nothing raised
-    for key in ("key-b", None):
+    completions.preparer.check_owner(prepared, 1, "key-a")  # the owner's: nothing raised
+    for key_id, key in ((2, "key-b"), (None, None)):
         with pytest.raises(GatewayError) as private:
-            completions.preparer.check_owner(prepared, key)
+            completions.preparer.check_owner(prepared, key_id, key)
         assert type(private.value) is type(unknown.value)  # NotFound: 404
         assert private.value.fields() == {**unknown.value.fields(), "message": _says("tenant-a")}
     assert unknown.value.fields()["message"] == _says("nope")

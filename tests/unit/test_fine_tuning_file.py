@@ -1,6 +1,6 @@
 """The fine-tuning API's parts that need no database (issue 54): a chat training file checked
-line by line, the hyperparameters' "auto", the model name a succeeded job is served under, and
-that model's privacy in the catalogue."""
+line by line, the hyperparameters' "auto", and the model name a succeeded job is served under
+(that model's privacy: tests/unit/test_adapter_models.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ import pytest
 
 from gateway.db.models import FineTuningStatus
 from gateway.errors import GatewayError
-from gateway.federation_adapters import AdapterConfig
 from gateway.fine_tuning.request import Hyperparameters, Resolved, resolve
 from gateway.fine_tuning.runner import fine_tuned_model
 from gateway.fine_tuning.training_file import MAX_LISTED, check_training_file
-from gateway.model_catalogue import AdapterCatalogue
-from gateway.sites.registry import SiteRegistry
 from gateway.stores.fine_tuning_store import JobView
-from tests.unit.test_adapter_models import _site
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 
@@ -87,17 +83,3 @@ def test_the_model_name_is_ft_base_suffix_id() -> None:
     )  # fmt: skip
     assert fine_tuned_model(job) == "ft:tiny:support:abc123"
     assert fine_tuned_model(replace(job, suffix=None)) == "ft:tiny::abc123"
-
-
-def test_a_fine_tuned_model_is_nobodys_until_its_owner_is_declared() -> None:
-    # A site lists it (another gateway loaded it, or this one restarted) before the runner has
-    # declared its owner: to every key, meanwhile, it does not exist; never everyone's.
-    model = "ft:m:support:abc123"
-    catalogue = AdapterCatalogue(SiteRegistry([_site("a", "m", (model, "plain"))]))
-    assert not catalogue.may_use(model, "key-a")
-    assert not catalogue.may_use(model, None)
-    assert catalogue.may_use("plain", "key-b")  # a site's own adapter stays every key's
-    catalogue.declare(AdapterConfig(model, "m", owner_key="key-a"))
-    assert catalogue.may_use(model, "key-a")
-    assert not catalogue.may_use(model, "key-b")
-    assert [a.name for a in catalogue.served("key-a")] == [model, "plain"]

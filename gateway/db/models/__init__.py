@@ -47,6 +47,7 @@ from gateway.db.models.requests import (
 from gateway.db.models.responses import StoredResponse
 from gateway.db.models.scaling import ScalingEvent
 from gateway.db.models.tenancy import (
+    AdapterOwner,
     AdminLoginFailure,
     AdminSession,
     ApiKey,
@@ -60,6 +61,7 @@ __all__ = [
     "FINAL_FINE_TUNING_STATES",
     "NAMING_CONVENTION",
     "OPEN_RETRAIN_STATES",
+    "AdapterOwner",
     "AdminLoginFailure",
     "AdminSession",
     "ApiKey",

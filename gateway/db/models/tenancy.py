@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Enum,
     ForeignKey,
     Index,
@@ -154,3 +155,21 @@ class AdminLoginFailure(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(64))
     failed_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
+class AdapterOwner(Base):
+    """Who may use a LoRA adapter loaded at run time (the admin API, or a fine-tuning job's
+    trained model), kept here so that every gateway of the database and a restarted one know
+    it: a site lists adapters by name only, and a served adapter no row (nor the federation
+    file) declares is nobody's."""
+
+    __tablename__ = "adapter_owners"
+
+    name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    parent: Mapped[str] = mapped_column(String(128))  # its base model
+    # Every key's; otherwise only `api_key_id`'s (null: callers without a key).
+    public: Mapped[bool] = mapped_column(Boolean, default=False)
+    # By id, not name (names repeat); a deleted key takes its private adapters' rows with it,
+    # and they fall back to nobody's.
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -30,6 +30,7 @@ from site_engine.engine.lora.weights_file import (
     WeightsFileError,
     map_tensors,
     read_header,
+    read_small,
 )
 
 # The Llama-family projections an adapter may target, in the order the engine applies them.
@@ -38,6 +39,8 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 MAX_RANK = 64
 _MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
 CONFIG_FILE = "adapter_config.json"
+# PEFT writes ~1 KiB; far more is not an adapter config, and is not read whole.
+MAX_CONFIG_BYTES = 1 << 20
 WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
@@ -108,7 +111,7 @@ def _number(config: Mapping[str, Any], key: str, default: float | None) -> float
 def read_config(path: Path, max_rank: int) -> tuple[int, float]:
     """(rank, scaling) from the adapter's config; AdapterError for one the engine cannot serve."""
     try:
-        config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        config = json.loads(read_small(path / CONFIG_FILE, MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise AdapterError(f"cannot read {path / CONFIG_FILE}: {exc}") from exc
     if not isinstance(config, dict):
@@ -204,4 +207,21 @@ def read_adapter(
         )
         for where, pair in pairs.items()
     }
+    for where, laid_out in weights.items():
+        check_finite(where, laid_out, dtype)
     return LoraAdapter(name, rank, scaling, weights)
+
+
+def check_finite(
+    where: tuple[int, str], pair: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype
+) -> None:
+    """AdapterError for a NaN or infinite weight, as read or once in the serving dtype (a value
+    past its range): one would make the adapter's rows NaN, and on a site whose kernels mix rows
+    of several adapters, corrupt other requests' rows too."""
+    layer, proj = where
+    for which, weight in zip("AB", pair, strict=True):
+        if not bool(torch.isfinite(weight).all()):
+            raise AdapterError(
+                f"layer {layer} {proj}: lora_{which} holds a NaN or infinite value (or one "
+                f"past the range of the serving dtype {str(dtype).removeprefix('torch.')})"
+            )

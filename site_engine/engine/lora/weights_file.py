@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -46,10 +48,34 @@ class TensorEntry:
     end: int
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading when it is a regular file (links followed); WeightsFileError
+    for a FIFO, a device or a directory: a FIFO's read waits for a writer for ever (and a plain
+    open of one, too), holding the site's loader thread, and a device may never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # returns at once, even for a FIFO
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WeightsFileError(f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_small(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, WeightsFileError past `limit` (read no further than that)."""
+    with open_regular(path) as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise WeightsFileError(f"{path.name} is over {limit} bytes")
+    return data
+
+
 def read_header(path: Path) -> dict[str, TensorEntry]:
     """The tensors a safetensors file holds, checked against its size; OSError if unreadable,
-    WeightsFileError if malformed. Reads the header only."""
-    with open(path, "rb") as file:
+    WeightsFileError if malformed or not a regular file. Reads the header only."""
+    with open_regular(path) as file:
         size = os.fstat(file.fileno()).st_size
         prefix = file.read(8)
         length = int.from_bytes(prefix, "little")
@@ -91,7 +117,7 @@ def map_tensors(path: Path, entries: Mapping[str, TensorEntry]) -> dict[str, tor
     """Views of the file's tensors over a private read-only mapping (pages are read when a
     copy touches them; the mapping goes when the last view does). Callers copy what they keep:
     a view would break if the file were truncated in place."""
-    with open(path, "rb") as file:
+    with open_regular(path) as file:
         mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
     with warnings.catch_warnings():  # frombuffer warns on any buffer it cannot prove writable
         warnings.simplefilter("ignore", UserWarning)

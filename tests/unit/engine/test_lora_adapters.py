@@ -6,7 +6,7 @@ makes real ones with peft and checks the answers against PeftModel)."""
 from __future__ import annotations
 
 import json
-import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from site_engine.engine.core.api import EngineRequest, RequestRejected
 from site_engine.engine.core.types import FinishReason, SamplingParams
+from site_engine.engine.lora import registry as lora_registry
 from site_engine.engine.lora.adapter import AdapterError, BaseShapes, LoraAdapter, read_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.lora.slots import LoraSlots
@@ -245,17 +246,24 @@ def test_host_memory_keeps_max_cpu_loras_but_never_evicts_one_in_use(
 
 @pytest.mark.parametrize("max_loads", [1, 2])
 def test_a_request_waits_for_its_own_adapters_load_only(
-    tmp_path: Path, loaded: LoadedModel, max_loads: int
+    tmp_path: Path, loaded: LoadedModel, max_loads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An adapter whose file is a pipe no one writes yet: its load blocks opening it. With two
-    loaders the other adapter loads and runs meanwhile; with one it queues behind (what made
-    cold adapters at 1,000 adapters wait seconds)."""
+    """An adapter whose load is held (its read waits for the test; the files are real, and its
+    weights file is not a safetensors file): with two loaders the other adapter loads and runs
+    meanwhile; with one it queues behind (what made cold adapters at 1,000 adapters wait
+    seconds). The hold was a FIFO as the weights file until loads refused FIFOs (issue 58)."""
     base = base_of(loaded)
     write_adapter(tmp_path / "fast", base)
     write_adapter(tmp_path / "slow", base, seed=1)
-    pipe = tmp_path / "slow" / "adapter_model.safetensors"
-    pipe.unlink()
-    os.mkfifo(pipe)
+    (tmp_path / "slow" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    release = threading.Event()
+
+    def held(path: Path, name: str, *args: Any, **kwargs: Any) -> LoraAdapter:
+        if name == "slow":
+            release.wait(60)
+        return read_adapter(path, name, *args, **kwargs)
+
+    monkeypatch.setattr(lora_registry, "read_adapter", held)
     eng = engine(loaded, tmp_path, max_loads=max_loads)
     try:
         for rid, adapter in (("slow", "slow"), ("fast", "fast"), ("base", None)):
@@ -269,8 +277,7 @@ def test_a_request_waits_for_its_own_adapters_load_only(
         assert "slow" not in done
         assert ("fast" in done) is (max_loads > 1)
     finally:
-        with open(pipe, "wb") as writer:  # the blocked load reads this and fails
-            writer.write(b"not a safetensors file")
+        release.set()  # the held load reads the bad file and fails
     left = drain(eng)
     assert left["slow"][1] is FinishReason.ERROR
     assert "slow" in left["slow"][2]
