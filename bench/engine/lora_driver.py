@@ -183,11 +183,12 @@ def drive(
                 timing.done = True
                 done += 1
     result.elapsed_s = time.perf_counter() - start
-    _cancel_rest(engine, [r for _, r in arrivals])
+    cancel_rest(engine, [r for _, r in arrivals])
     return result
 
 
-def _cancel_rest(engine: PagedEngine, requests: Sequence[EngineRequest]) -> None:
+def cancel_rest(engine: PagedEngine, requests: Sequence[EngineRequest]) -> None:
+    """Cancels what of `requests` is unfinished and steps the engine until it is idle."""
     for request in requests:
         engine.abort(request.request_id, FinishReason.CANCELLED)  # False for finished ones
     while engine.has_unfinished():
@@ -204,22 +205,23 @@ def burst_rps(engine: PagedEngine, requests: Sequence[EngineRequest]) -> float:
     return len(requests) / max(time.perf_counter() - start, 1e-9)
 
 
-def decode_step_s(
+def fill_decoding(
     engine: PagedEngine,
     vocab: int,
     rows: int,
     adapters: Sequence[str | None],
-    steps: int,
+    max_tokens: int,
     seed: int,
-) -> float:
-    """Seconds of one decode step of `rows` sequences (row i uses adapters[i % len]), once
-    every row is past its prompt: the mean over `steps` steps."""
+    prompt: int = 32,
+) -> list[EngineRequest]:
+    """`rows` sequences (row i uses adapters[i % len]) added and stepped until every row is
+    past its prompt and decoding: the next step is a decode step of all `rows`."""
     rng = random.Random(seed)
     requests = [
         EngineRequest(
             f"decode-{seed}-{i}",
-            tuple(rng.randrange(1, vocab) for _ in range(32)),
-            SamplingParams(max_tokens=steps * 2 + 128, temperature=0.0, ignore_eos=True),
+            tuple(rng.randrange(1, vocab) for _ in range(prompt)),
+            SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
             adapter=adapters[i % len(adapters)],
         )
         for i in range(rows)
@@ -235,13 +237,32 @@ def decode_step_s(
             break
     for _ in range(5):  # past the step that admitted the last row
         engine.step()
+    return requests
+
+
+def timed_steps(engine: PagedEngine, steps: int) -> float:
+    """Mean seconds of `steps` engine steps, the device drained before and after."""
     _sync()
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
     _sync()
-    elapsed = (time.perf_counter() - start) / steps
-    _cancel_rest(engine, requests)
+    return (time.perf_counter() - start) / steps
+
+
+def decode_step_s(
+    engine: PagedEngine,
+    vocab: int,
+    rows: int,
+    adapters: Sequence[str | None],
+    steps: int,
+    seed: int,
+) -> float:
+    """Seconds of one decode step of `rows` sequences (row i uses adapters[i % len]), once
+    every row is past its prompt: the mean over `steps` steps."""
+    requests = fill_decoding(engine, vocab, rows, adapters, steps * 2 + 128, seed)
+    elapsed = timed_steps(engine, steps)
+    cancel_rest(engine, requests)
     return elapsed
 
 
