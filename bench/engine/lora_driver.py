@@ -269,3 +269,28 @@ def decode_step_s(
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+# The share of requests that must meet both SLOs for a load to be within them (the knee).
+KNEE_ATTAINMENT = 0.9
+
+
+def slo_attainment(arm: ArmResult, ttft_slo_s: float, tpot_slo_s: float) -> float:
+    """The share of the arm's requests that finished within both SLOs."""
+    return arm.goodput_rps(ttft_slo_s, tpot_slo_s) * arm.window_s / max(1, arm.requests)
+
+
+def knee_rps(points: Sequence[tuple[float, float]]) -> tuple[float, bool]:
+    """The arrival rate where SLO attainment falls to KNEE_ATTAINMENT, from (rate, attainment)
+    points in rising rate (a ladder stopped at its first failing rung): linear between the last
+    rung within and the first beyond; (rate, True) when every rung was within (a lower bound),
+    0.0 when none was."""
+    within = [(rate, got) for rate, got in points if got >= KNEE_ATTAINMENT]
+    if not within:
+        return 0.0, False
+    last = within[-1]
+    beyond = [(rate, got) for rate, got in points if rate > last[0] and got < KNEE_ATTAINMENT]
+    if not beyond:
+        return last[0], True
+    (r0, a0), (r1, a1) = last, beyond[0]
+    return r0 + (r1 - r0) * (a0 - KNEE_ATTAINMENT) / (a0 - a1), False
