@@ -21,10 +21,11 @@ def test_a_cpu_run_writes_both_arms(tmp_path: Path, gpt2_tokenizer_dir: Path) ->
     ])  # fmt: skip
     result = json.loads((tmp_path / "lora_profile_cpu.json").read_text())
     assert result["command"].startswith("python -m bench.engine.lora_profile --preset cpu")
-    for arm in ("base", "lora"):
+    for arm in ("base", "lora", "lora_8", "lora_no_adapter_rows"):
         assert result[arm]["step_ms"] > 0
         assert result[arm]["graph_replays_per_step"] == 0  # no CUDA graphs on the CPU
     assert result["step_vs_base"] == result["lora"]["step_ms"] / result["base"]["step_ms"]
+    assert set(result["steps_vs_base"]) == {"lora", "lora_8", "lora_no_adapter_rows"}
     assert "Step vs base" in (tmp_path / "lora_profile_cpu.md").read_text()
 
 
