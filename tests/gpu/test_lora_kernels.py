@@ -46,6 +46,7 @@ from site_engine.model_loading import load_model
 pytestmark = pytest.mark.gpu
 
 RANKS = (4, 8, 12, 16)  # mixed in one step, zero-padded to the slots' max rank (16)
+WIDE_RANKS = (4, 16, 32, 64)  # a site of max rank 64 (the widest tiles the kernels take)
 
 
 def _dtype(device: str) -> torch.dtype:
@@ -62,12 +63,14 @@ def _stack_slots(
     in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A [slots, in, len(widths) * max_rank] and B [slots, max_rank, sum(widths)] as LoraSlots
-    lays a stack out, each slot of a rank in RANKS (zero past it), and each slot's scaling."""
+    lays a stack out, each slot of a random rank up to max_rank (zero past it), and each slot's
+    scaling."""
+    ranks = RANKS if max_rank == 16 else WIDE_RANKS
     parts = len(widths)
     a = torch.randn(slots, in_f, parts * max_rank, generator=gen) * 0.05
     b = torch.randn(slots, max_rank, sum(widths), generator=gen) * 0.05
     for slot in range(slots):
-        rank = RANKS[int(torch.randint(len(RANKS), (1,), generator=gen))]
+        rank = ranks[int(torch.randint(len(ranks), (1,), generator=gen))]
         a.view(slots, in_f, parts, max_rank)[slot, :, :, rank:] = 0
         b[slot, rank:] = 0
     scaling = 0.5 + torch.rand(slots, generator=gen) * 1.5
@@ -94,20 +97,33 @@ def _reference(
 
 
 # One projection and stacks of two and three (q/k/v-like widths, not multiples of the kernels'
-# column block); input widths that split the shrink's reduction differently; 1..256 tokens.
+# column block); input widths that split the shrink's reduction differently; 1..256 tokens;
+# tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64.
 @pytest.mark.parametrize(
-    ("tokens", "in_f", "widths"),
-    [(1, 2560, (384,)), (7, 1024, (200, 200)), (64, 1536, (256, 72, 72)), (256, 2048, (96,))],
+    ("tokens", "in_f", "widths", "block_m", "max_rank"),
+    [
+        (1, 2560, (384,), 16, 16),
+        (7, 1024, (200, 200), 64, 16),
+        (64, 1536, (256, 72, 72), 16, 16),
+        (150, 1024, (128, 64, 64), 64, 16),
+        (256, 2048, (96,), 16, 16),
+        (40, 1024, (128, 64, 64), 64, 64),
+    ],
 )
 def test_kernels_match_the_reference(
-    tokens: int, in_f: int, widths: tuple[int, ...], kernel_device: str
+    tokens: int,
+    in_f: int,
+    widths: tuple[int, ...],
+    block_m: int,
+    max_rank: int,
+    kernel_device: str,
 ) -> None:
     from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
 
     seed = _fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     device, dtype = kernel_device, _dtype(kernel_device)
-    slots, max_rank, out_f = 64, 16, sum(widths)
+    slots, out_f = 64, sum(widths)
     a, b, scaling = _stack_slots(in_f, widths, slots, max_rank, gen)
     x = torch.randn(tokens, in_f, generator=gen).to(dtype)
     # Every slot in use at 256 tokens; a quarter of the rows with no adapter.
@@ -119,7 +135,7 @@ def test_kernels_match_the_reference(
     expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
-    seg = segments(token_slots.to(device), slots)
+    seg = segments(token_slots.to(device), slots, block_m)
     shrunk = lora_shrink(x.to(device), a.to(device), scaling.to(device), seg)
     lora_expand(shrunk, b.to(device), got[:, 32 : 32 + out_f], seg, widths)
     got = got.cpu()

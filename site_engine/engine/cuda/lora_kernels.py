@@ -2,9 +2,10 @@
 adapter only, for a stack of projections at once.
 
 A step's tokens are grouped by slot (a counting sort of the slot indices) and cut into tiles of
-BLOCK_M tokens of one slot; a program takes one tile. For a stack of projections that read the
-same input (q/k/v, gate/up: lora/slots.py's `Stack`), one shrink and one expand serve all of
-them, as vLLM's lora_shrink/lora_expand serve their "slices":
+16 tokens of one slot (64 in steps of more than 512 tokens: prefill); a program takes one tile.
+For a stack of projections that read the same input (q/k/v, gate/up: lora/slots.py's `Stack`),
+one shrink and one expand serve all of them, as vLLM's lora_shrink/lora_expand serve their
+"slices":
 
     shrink  s[t, :]      = scaling[slot] * x[t, :] @ A[slot]        ([in] @ [in, n * R])
     expand  y[t, cols_j] += s[t, j*R : (j+1)*R] @ B[slot][:, cols_j]  (each projection j)
@@ -16,13 +17,14 @@ untouched, bit for bit.
 Everything that depends on which rows use which slot is computed on the device by fixed-shape
 torch ops from the slot-index tensor (`segments`): no host sync, so a CUDA graph captured over a
 static slot-index buffer replays a step's layout that the host wrote into that buffer. The grid
-is sized for the worst case, min(T, cdiv(T, BLOCK_M) + slots) tiles (each slot in use has at
+is sized for the worst case, min(T, cdiv(T, tile) + slots) tiles (each slot in use has at
 least one token per tile); programs past the real tiles return at once.
 
 The shrink splits the input features over programs (a decode step of 64 adapters has few tiles
-and a long reduction: the splits keep every SM reading); each writes its partial sums to its
-own plane of a float32 buffer and the expand adds the planes: no atomics, so a step's result
-does not depend on the order programs ran in (graphs and eager runs agree bit for bit).
+and a long reduction: the splits keep every SM reading; a prefill step has tiles enough, and
+its partial sums are bounded to 8 MiB); each writes its partial sums to its own plane of a
+float32 buffer and the expand adds the planes: no atomics, so a step's result does not depend
+on the order programs ran in (graphs and eager runs agree bit for bit).
 
 The slot tensors are lora/slots.py's (per layer A [slots, in, n * R], B [slots, R, out], each
 slot's block contiguous, so a tile's weight reads are long and coalesced); ranks are zero-padded
@@ -42,12 +44,17 @@ import triton.language as tl
 if TYPE_CHECKING:
     from site_engine.engine.lora.slots import LoraSlots
 
-BLOCK_M = 16  # tokens per tile: tl.dot's smallest M
-_BLOCK_K = 128
+# Tokens per tile: tl.dot's smallest M for decode-sized steps, where a slot has a few rows;
+# more for prefill-sized ones, so a slot's weights are read once per 64 of its tokens, not 16.
+_TILE_ROWS = 16
+_PREFILL_TILE_ROWS = 64
+_PREFILL_TOKENS = 512  # steps of more tokens than this use the larger tiles
+_BLOCK_K = 128  # at most; less for wide stacks (block_k), so a stage's tiles stay small
 _BLOCK_N = 128
 _MAX_SPLITS = 16
 _SPLIT_FEATURES = 512  # input features per shrink program, at least
 _PROGRAMS = 2048  # shrink programs to aim for (a few per SM of an H100/H200)
+_PARTIAL_BYTES = 8 << 20  # the shrink's partial sums at most (the memory plan's LoRA slack)
 MAX_STACK = 3  # projections a stack may hold (q/k/v)
 
 
@@ -55,24 +62,32 @@ MAX_STACK = 3  # projections a stack may hold (q/k/v)
 class Segments:
     """A step's tokens grouped by slot, as device tensors of fixed shapes (graph-safe)."""
 
+    block_m: int  # tokens per tile
     order: torch.Tensor  # [T] int32: token indices sorted by slot (base rows first)
     tile_slot: torch.Tensor  # [tiles] int32: a tile's slot, -1 past the real tiles
     tile_start: torch.Tensor  # [tiles] int32: its first position in `order`
     tile_end: torch.Tensor  # [tiles] int32: the end of its slot's run in `order`
 
 
-def max_tiles(tokens: int, num_slots: int) -> int:
+def tile_rows(tokens: int) -> int:
+    """Tokens per tile for a step of `tokens` (a graph's bucket: fixed per graph)."""
+    return _TILE_ROWS if tokens <= _PREFILL_TOKENS else _PREFILL_TILE_ROWS
+
+
+def max_tiles(tokens: int, num_slots: int, block_m: int) -> int:
     """Tiles a step of `tokens` can need: each slot in use has a partial tile at most, and a
     tile holds at least one token."""
-    return min(tokens, -(-tokens // BLOCK_M) + num_slots)
+    return min(tokens, -(-tokens // block_m) + num_slots)
 
 
-def segments(token_slots: torch.Tensor, num_slots: int) -> Segments:
-    """The tiles of a step whose token t uses slot token_slots[t] (-1: none). A counting sort
-    (one-hot prefix sums, then a scatter) rather than torch.sort: fixed shapes and plain kernels,
-    nothing that could sync with the host inside a graph capture."""
+def segments(token_slots: torch.Tensor, num_slots: int, block_m: int | None = None) -> Segments:
+    """The tiles of a step whose token t uses slot token_slots[t] (-1: none), `block_m` tokens
+    each (default: tile_rows). A counting sort (one-hot prefix sums, then a scatter) rather than
+    torch.sort: fixed shapes and plain kernels, nothing that could sync with the host inside a
+    graph capture."""
     device = token_slots.device
     tokens = token_slots.shape[0]
+    block_m = tile_rows(tokens) if block_m is None else block_m
     column = (token_slots.long() + 1).unsqueeze(1)  # 0: no adapter, s + 1: slot s
     one_hot = torch.zeros((tokens, num_slots + 1), dtype=torch.int32, device=device)
     one_hot.scatter_(1, column, 1)
@@ -84,17 +99,17 @@ def segments(token_slots: torch.Tensor, num_slots: int) -> Segments:
     order = torch.empty(tokens, dtype=torch.int32, device=device)
     order.scatter_(0, place, torch.arange(tokens, dtype=torch.int32, device=device))
     starts, counts = starts_all[1:], counts_all[1:]
-    tiles = (counts + BLOCK_M - 1) // BLOCK_M
+    tiles = (counts + block_m - 1) // block_m
     tiles_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-    index = torch.arange(max_tiles(tokens, num_slots), dtype=torch.int32, device=device)
+    index = torch.arange(max_tiles(tokens, num_slots, block_m), dtype=torch.int32, device=device)
     slot_of = torch.searchsorted(tiles_end, index, right=True).to(torch.int32)
     valid = slot_of < num_slots
     slot = slot_of.clamp(max=num_slots - 1)
     first_tile = tiles_end[slot] - tiles[slot]
-    tile_start = starts[slot] + (index - first_tile) * BLOCK_M
+    tile_start = starts[slot] + (index - first_tile) * block_m
     tile_end = starts[slot] + counts[slot]
     neg = torch.full_like(slot, -1)
-    return Segments(order, torch.where(valid, slot, neg), tile_start, tile_end)
+    return Segments(block_m, order, torch.where(valid, slot, neg), tile_start, tile_end)
 
 
 @triton.jit
@@ -199,11 +214,24 @@ def _block(width: int) -> int:
     return max(16, int(triton.next_power_of_2(width)))
 
 
-def split_k(in_features: int, tiles: int) -> int:
+def split_k(in_features: int, tiles: int, tokens: int, width: int) -> int:
     """Programs the shrink splits the input features over: at least _SPLIT_FEATURES features
-    each, about _PROGRAMS programs in all, at most _MAX_SPLITS."""
+    each, about _PROGRAMS programs in all, at most _MAX_SPLITS, and partial sums of at most
+    _PARTIAL_BYTES (a prefill step of 8k tokens at rank 64 takes one split)."""
     by_grid = _PROGRAMS // max(1, tiles)
-    return max(1, min(_MAX_SPLITS, in_features // _SPLIT_FEATURES, by_grid))
+    by_memory = _PARTIAL_BYTES // max(1, tokens * width * 4)
+    return max(1, min(_MAX_SPLITS, in_features // _SPLIT_FEATURES, by_grid, by_memory))
+
+
+def block_k(block_r: int) -> int:
+    """Input features per shrink iteration: an A tile of at most 128 x 64 elements."""
+    return max(32, min(_BLOCK_K, 8192 // block_r))
+
+
+def num_warps(block_m: int, block_n: int) -> int:
+    """Warps of a program whose accumulator is block_m x block_n float32: 8 past 4,096
+    elements (64 registers a thread at 4 warps), so large tiles do not spill."""
+    return 8 if block_m * block_n > 4096 else 4
 
 
 def lora_shrink(
@@ -218,16 +246,18 @@ def lora_shrink(
     tokens, in_f = x.shape
     _, _, width = a.shape
     tiles = seg.tile_slot.shape[0]
-    splits = split_k(in_f, tiles)
+    splits = split_k(in_f, tiles, tokens, width)
     out = torch.empty((splits, tokens, width), dtype=torch.float32, device=x.device)
-    k_per_split = triton.cdiv(triton.cdiv(in_f, splits), _BLOCK_K) * _BLOCK_K
+    block_r = _block(width)
+    step = block_k(block_r)
+    k_per_split = triton.cdiv(triton.cdiv(in_f, splits), step) * step
     _shrink_kernel[(tiles, splits)](
         x, a, out, scaling, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end,
         in_f, width, k_per_split,
         x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=BLOCK_M, BLOCK_K=_BLOCK_K, BLOCK_R=_block(width),
-        IEEE=x.dtype == torch.float32,
+        BLOCK_M=seg.block_m, BLOCK_K=step, BLOCK_R=block_r,
+        IEEE=x.dtype == torch.float32, num_warps=num_warps(seg.block_m, block_r),
     )  # fmt: skip
     return out
 
@@ -257,8 +287,8 @@ def lora_expand(
         *padded, rank, shrunk.shape[0],
         shrunk.stride(0), shrunk.stride(1), shrunk.stride(2),
         b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_R=_block(rank),
-        IEEE=y.dtype == torch.float32,
+        BLOCK_M=seg.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=_block(rank),
+        IEEE=y.dtype == torch.float32, num_warps=num_warps(seg.block_m, _BLOCK_N),
     )  # fmt: skip
 
 
