@@ -12,8 +12,9 @@ then
   host-side launches per step (cudaLaunchKernel, cudaGraphLaunch).
 The JSON and MD go into --results-dir (lora_profile_<device>.*).
 
-The model is built in memory on the device (random weights, no checkpoint written) and the KV
-cache has a fixed budget (no memory trial): the whole run should take 2-3 minutes on one H100.
+The model is built in memory on the device (random weights, no checkpoint written), the KV cache
+has a fixed 8 GiB budget (the memory trial only checks that it fits) and the flat step graphs
+stop at 2,048 tokens: the whole run should take 2-3 minutes on one H100 (not yet timed there).
 
 Device command (one GPU; here first: `bash bench/engine/lora_carry.sh`, carry `.loracarry`):
 
@@ -63,7 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "adapters": 64,
         "rank": 16,
         "max_num_batched_tokens": 2048,  # fewer flat-step graphs to capture than the bench's
-        "kv_cache_bytes": 8 << 30,  # 256 rows of ~200 tokens need ~6.5 GiB at 8B
+        "kv_cache_bytes": 8 << 30,  # 256 rows of up to ~110 tokens: ~3.5 GiB at 8B
     },
     "cpu": {
         "shape": {
