@@ -47,14 +47,13 @@ from bench.engine.lora_driver import (
     burst_rps,
     decode_step_s,
     drive,
-    knee_rps,
+    knee_phase,
     make_requests,
-    slo_attainment,
     with_adapters,
     write_adapters,
     zipf_choices,
 )
-from bench.engine.lora_report import plot, report
+from bench.engine.lora_report import across_seeds, plot, report
 from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.priority import device_label
 from bench.engine.priority_driver import poisson_arrivals
@@ -211,44 +210,6 @@ def base_phase(
     return result | {"base_knee": knee}, arrivals
 
 
-def knee_phase(
-    engine: PagedEngine,
-    vocab: int,
-    p: dict[str, Any],
-    capacity_rps: float,
-    seed: int,
-    adapters: Sequence[str],
-    log: Progress,
-) -> dict[str, Any]:
-    """The ladder of loads up to the first rung past the SLOs (module docstring, step 3);
-    `adapters`: drawn with Zipf(1) for each request (none: the base)."""
-    slo = p["slo"]
-    points: list[tuple[float, float]] = []
-    rungs: list[dict[str, Any]] = []
-    for load in p["knee_loads"]:
-        if log.elapsed() + p["knee_window_s"] + p["drain_s"] > p["deadline_s"]:
-            rungs.append({"load": load, "skipped": f"past the {p['deadline_s']} s deadline"})
-            break
-        rate = load * capacity_rps
-        times = poisson_arrivals(rate, p["knee_window_s"], seed + 5)
-        tag = f"knee{load}"
-        requests = make_requests(len(times), p["lengths"], vocab, seed + 6, tag)
-        if adapters:
-            chosen = zipf_choices(adapters, len(requests), seed + 7)
-            requests = with_adapters(requests, list(chosen), tag)
-        arm = drive(engine, list(zip(times, requests, strict=True)), p["knee_window_s"],
-                    p["drain_s"])  # fmt: skip
-        attained = slo_attainment(arm, slo["ttft_s"], slo["tpot_s"])
-        points.append((rate, attained))
-        summary = arm.summary(slo["ttft_s"], slo["tpot_s"])
-        rungs.append({"load": load, "rate_rps": rate, "attainment": attained} | summary)
-        log(f"knee, {len(adapters)} adapters, load {load}: {attained:.2f} within the SLOs")
-        if attained < KNEE_ATTAINMENT:
-            break
-    knee, lower_bound = knee_rps(points)
-    return {"knee_rps": knee, "lower_bound": lower_bound, "rungs": rungs}
-
-
 def lora_phase(
     loaded: LoadedModel,
     args: argparse.Namespace,
@@ -324,35 +285,6 @@ def run_seed(
         "capacity_rps": base["capacity_rps"],
         "rate_rps": base["rate_rps"],
     }  # fmt: skip
-
-
-# The headline keys, and whether lower is better (the worst seed is the highest then).
-HEADLINE = {"decode_step_vs_base": True, "tpot_p50_vs_base": True, "goodput_vs_base": False,
-            "capacity_vs_base": False}  # fmt: skip
-
-
-def across_seeds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The headline keys over the seeds' runs: the worst seed's value, each key's [min, max]
-    (per adapter count for the keys by adapters) and each seed's."""
-    worst: dict[str, Any] = {}
-    spread: dict[str, Any] = {}
-
-    def over(values: list[float | None], lower_better: bool) -> tuple[Any, Any]:
-        known = [v for v in values if v is not None]
-        if not known:
-            return None, None
-        return (max(known) if lower_better else min(known)), [min(known), max(known)]
-
-    for key, lower_better in HEADLINE.items():
-        first = runs[0][key]
-        if isinstance(first, dict):
-            pairs = {c: over([r[key].get(c) for r in runs], lower_better) for c in first}
-            worst[key] = {c: pair[0] for c, pair in pairs.items()}
-            spread[key] = {c: pair[1] for c, pair in pairs.items()}
-        else:
-            worst[key], spread[key] = over([r[key] for r in runs], lower_better)
-    by_seed = {str(r["seed"]): {key: r[key] for key in HEADLINE} for r in runs}
-    return worst | {"range": spread, "by_seed": by_seed}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,10 +18,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from bench.engine.harness import Progress
 from bench.engine.metrics import percentile
+from bench.engine.priority_driver import poisson_arrivals
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.lora.adapter import PROJECTIONS, WEIGHTS_FILE, BaseShapes
@@ -294,3 +297,42 @@ def knee_rps(points: Sequence[tuple[float, float]]) -> tuple[float, bool]:
         return last[0], True
     (r0, a0), (r1, a1) = last, beyond[0]
     return r0 + (r1 - r0) * (a0 - KNEE_ATTAINMENT) / (a0 - a1), False
+
+
+def knee_phase(
+    engine: PagedEngine,
+    vocab: int,
+    p: dict[str, Any],
+    capacity_rps: float,
+    seed: int,
+    adapters: Sequence[str],
+    log: Progress,
+) -> dict[str, Any]:
+    """The knee of bench/engine/lora.py (its docstring, step 3): a ladder of loads (p's
+    knee_loads x `capacity_rps`) up to the first rung past the SLOs; `adapters`: drawn with
+    Zipf(1) for each request (none: the base)."""
+    slo = p["slo"]
+    points: list[tuple[float, float]] = []
+    rungs: list[dict[str, Any]] = []
+    for load in p["knee_loads"]:
+        if log.elapsed() + p["knee_window_s"] + p["drain_s"] > p["deadline_s"]:
+            rungs.append({"load": load, "skipped": f"past the {p['deadline_s']} s deadline"})
+            break
+        rate = load * capacity_rps
+        times = poisson_arrivals(rate, p["knee_window_s"], seed + 5)
+        tag = f"knee{load}"
+        requests = make_requests(len(times), p["lengths"], vocab, seed + 6, tag)
+        if adapters:
+            chosen = zipf_choices(adapters, len(requests), seed + 7)
+            requests = with_adapters(requests, list(chosen), tag)
+        arm = drive(engine, list(zip(times, requests, strict=True)), p["knee_window_s"],
+                    p["drain_s"])  # fmt: skip
+        attained = slo_attainment(arm, slo["ttft_s"], slo["tpot_s"])
+        points.append((rate, attained))
+        summary = arm.summary(slo["ttft_s"], slo["tpot_s"])
+        rungs.append({"load": load, "rate_rps": rate, "attainment": attained} | summary)
+        log(f"knee, {len(adapters)} adapters, load {load}: {attained:.2f} within the SLOs")
+        if attained < KNEE_ATTAINMENT:
+            break
+    knee, lower_bound = knee_rps(points)
+    return {"knee_rps": knee, "lower_bound": lower_bound, "rungs": rungs}

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.common import markdown_table
+
+# The headline keys, and whether lower is better (the worst seed is the highest then).
+HEADLINE = {"decode_step_vs_base": True, "tpot_p50_vs_base": True, "goodput_vs_base": False,
+            "capacity_vs_base": False}  # fmt: skip
+
+
+def across_seeds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The headline keys over the seeds' runs: the worst seed's value, each key's [min, max]
+    (per adapter count for the keys by adapters) and each seed's."""
+    worst: dict[str, Any] = {}
+    spread: dict[str, Any] = {}
+
+    def over(values: list[float | None], lower_better: bool) -> tuple[Any, Any]:
+        known = [v for v in values if v is not None]
+        if not known:
+            return None, None
+        return (max(known) if lower_better else min(known)), [min(known), max(known)]
+
+    for key, lower_better in HEADLINE.items():
+        first = runs[0][key]
+        if isinstance(first, dict):
+            pairs = {c: over([r[key].get(c) for r in runs], lower_better) for c in first}
+            worst[key] = {c: pair[0] for c, pair in pairs.items()}
+            spread[key] = {c: pair[1] for c, pair in pairs.items()}
+        else:
+            worst[key], spread[key] = over([r[key] for r in runs], lower_better)
+    by_seed = {str(r["seed"]): {key: r[key] for key in HEADLINE} for r in runs}
+    return worst | {"range": spread, "by_seed": by_seed}
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
