@@ -12,12 +12,19 @@ Steps:
 2. The LoRA engine (max_loras 64 GPU slots, a host LRU of max_cpu_loras): the same arrivals
    with each request's adapter drawn with Zipf(1) popularity over 8, 64 and 1,000 adapters;
    a decode step of 256 rows over 64 distinct adapters (4 rows each), timed.
-Keys: `goodput_vs_base` {adapters: goodput / base goodput} (goodput: requests per second that
-finish within the TTFT and TPOT SLOs; goals >= 0.9 at 8, >= 0.8 at 1,000) and
-`decode_step_vs_base` (goal <= 1.25). `merged`: one adapter merged into the base weights is the
-base model with other numbers in its matrices, so its step and goodput are the base's (not
-measured apart); serving N adapters that way takes N deployments, N GPUs of this size, each
-loaded 1/N as much, against one GPU here.
+3. The knee: on each engine (the base; LoRA with `knee_adapters` adapters, Zipf(1)) a ladder of
+   loads (`knee_loads` x the base's burst capacity, `knee_window_s` each), stopped at the first
+   rung where fewer than 90% of requests meet both SLOs; the knee is the rate where that share
+   crosses 90% (linear between rungs).
+Keys (issue 59's goals): `decode_step_vs_base` (<= 1.15 at 64 adapters), `tpot_p50_vs_base`
+{adapters: LoRA TPOT p50 / base TPOT p50} (<= 1.15 at 8 and 64), `goodput_vs_base` {adapters:
+goodput / base goodput} (goodput: requests per second that finish within the TTFT and TPOT
+SLOs; >= 0.9 at 1,000) and `capacity_vs_base` (the LoRA knee over the base's, >= 0.85).
+`--seeds N` runs it all for N seeds in one process (one model build): the headline keys are
+then the worst seed's, `range` holds each key's [min, max] and `by_seed` each seed's.
+`merged`: one adapter merged into the base weights is the base model with other numbers in its
+matrices, so its step and goodput are the base's (not measured apart); serving N adapters that
+way takes N deployments, N GPUs of this size, each loaded 1/N as much, against one GPU here.
 """
 
 from __future__ import annotations
@@ -34,17 +41,19 @@ from bench.common import command_line, results_dir, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import Progress
 from bench.engine.lora_driver import (
+    KNEE_ATTAINMENT,
     Lengths,
     adapter_names,
     burst_rps,
     decode_step_s,
     drive,
+    knee_phase,
     make_requests,
     with_adapters,
     write_adapters,
     zipf_choices,
 )
-from bench.engine.lora_report import plot, report
+from bench.engine.lora_report import across_seeds, plot, report
 from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.priority import device_label
 from bench.engine.priority_driver import poisson_arrivals
@@ -76,6 +85,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decode_rows": 256,
         "decode_adapters": 64,
         "decode_steps": 30,
+        "knee_adapters": 64,
+        "knee_loads": (0.6, 0.8, 1.0, 1.2),
+        "knee_window_s": 15.0,
     },
     "cpu": {
         "shape": {
@@ -103,6 +115,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decode_rows": 8,
         "decode_adapters": 4,
         "decode_steps": 5,
+        "knee_adapters": 4,
+        "knee_loads": (0.6, 1.0, 1.4),
+        "knee_window_s": 1.0,
     },
 }
 
@@ -120,13 +135,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--deadline-s", type=float, default=None, help="skip arms that would end later")
     add("--results-dir", type=Path, default=results_dir("engine_lora"))
     add("--name", default=None, help="default: engine_lora_<device>")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="the first seed")
+    add("--seeds", type=int, default=1, help="seeds run (min-max reported)")
+    add("--knee-window-s", type=float, default=None, help="seconds of arrivals per knee rung")
+    add("--knee-loads", type=float, nargs="+", default=None, help="the knee's ladder of loads")
     add("--max-lora-loads", type=int, default=None, help="loader threads (default: the site's)")
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
     args.p = dict(PRESETS[args.preset])
-    for key in ("window_s", "drain_s", "deadline_s"):
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    for key in ("window_s", "drain_s", "deadline_s", "knee_window_s", "knee_loads"):
         if getattr(args, key) is not None:
             args.p[key] = getattr(args, key)
     if args.max_lora_loads is not None and args.max_lora_loads < 1:
@@ -162,10 +182,11 @@ def _close(engine: PagedEngine) -> None:
 
 
 def base_phase(
-    loaded: LoadedModel, args: argparse.Namespace, log: Progress
+    loaded: LoadedModel, args: argparse.Namespace, seed: int, log: Progress
 ) -> tuple[dict[str, Any], list[tuple[float, Any]]]:
-    """Capacity, the base arm and the base decode step, on an engine without LoRA."""
-    p, vocab, seed = args.p, loaded.model.config.vocab_size, args.seed
+    """Capacity, the base arm, the base decode step and the base's knee, on an engine without
+    LoRA."""
+    p, vocab = args.p, loaded.model.config.vocab_size
     engine = build_engine(loaded, p, None)
     warm_up(engine, vocab, min(4, p["max_num_seqs"]), seed)
     rps = burst_rps(
@@ -183,18 +204,22 @@ def base_phase(
     log(f"base: {base}")
     step = decode_step_s(engine, vocab, p["decode_rows"], [None], p["decode_steps"], seed + 4)
     log(f"base decode step of {p['decode_rows']} rows: {step * 1000:.2f} ms")
+    knee = knee_phase(engine, vocab, p, rps, seed, [], log)
     _close(engine)
-    return {"capacity_rps": rps, "rate_rps": rate, "base": base, "base_step_s": step}, arrivals
+    result = {"capacity_rps": rps, "rate_rps": rate, "base": base, "base_step_s": step}
+    return result | {"base_knee": knee}, arrivals
 
 
 def lora_phase(
     loaded: LoadedModel,
     args: argparse.Namespace,
+    seed: int,
+    base: dict[str, Any],
     arrivals: list[tuple[float, Any]],
     root: Path,
     log: Progress,
 ) -> dict[str, Any]:
-    p, vocab, seed, slo = args.p, loaded.model.config.vocab_size, args.seed, args.p["slo"]
+    p, vocab, slo = args.p, loaded.model.config.vocab_size, args.p["slo"]
     settings = LoraSettings(
         root, p["max_loras"], p["max_cpu_loras"], p["rank"], max_loads=p["max_loads"]
     )
@@ -221,8 +246,45 @@ def lora_phase(
             "distinct_adapters_used": len(set(chosen))
         }
         log(f"{count} adapters: {arms[str(count)]}")
+    knee = knee_phase(
+        engine, vocab, p, base["capacity_rps"], seed, names[: p["knee_adapters"]], log
+    )
     _close(engine)
-    return {"arms": arms, "lora_step_s": step}
+    return {"arms": arms, "lora_step_s": step, "lora_knee": knee}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def run_seed(
+    loaded: LoadedModel, args: argparse.Namespace, seed: int, root: Path, log: Progress
+) -> dict[str, Any]:
+    """Every phase for one seed: the result keys of one run."""
+    p = args.p
+    base, arrivals = base_phase(loaded, args, seed, log)
+    lora = lora_phase(loaded, args, seed, base, arrivals, root, log)
+    base_run = base["base"]
+    arms = lora["arms"]
+    ratios = {count: _ratio(arm.get("goodput_rps"), base_run["goodput_rps"])
+              for count, arm in arms.items()}  # fmt: skip
+    tpot = {count: _ratio(arm.get("tpot_p50_ms"), base_run["tpot_p50_ms"])
+            for count, arm in arms.items()}  # fmt: skip
+    knees = {"base": base["base_knee"], "lora": lora["lora_knee"]}
+    return {
+        "seed": seed,
+        "goodput_vs_base": ratios,
+        "tpot_p50_vs_base": tpot,
+        "decode_step_vs_base": lora["lora_step_s"] / base["base_step_s"],
+        "capacity_vs_base": _ratio(knees["lora"]["knee_rps"], knees["base"]["knee_rps"]),
+        "decode_step_ms": {"base": base["base_step_s"] * 1000, "lora": lora["lora_step_s"] * 1000},
+        "runs": {"base": base_run, **{f"{k}_adapters": v for k, v in arms.items()}},
+        "knee": knees | {"adapters": p["knee_adapters"], "loads": list(p["knee_loads"]),
+                         "window_s": p["knee_window_s"], "attainment": KNEE_ATTAINMENT},
+        "merged": merged_comparison(ratios, base_run["goodput_rps"]),
+        "capacity_rps": base["capacity_rps"],
+        "rate_rps": base["rate_rps"],
+    }  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -238,26 +300,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     base_shapes = BaseShapes.of_model(loaded.model)
     write_adapters(root, base_shapes, max(p["adapters"]), p["distinct_weights"], p["rank"])
     log(f"{max(p['adapters'])} adapters in {root}")
-    base, arrivals = base_phase(loaded, args, log)
-    lora = lora_phase(loaded, args, arrivals, root, log)
-    base_goodput = base["base"]["goodput_rps"]
-    ratios = {
-        count: (
-            arm["goodput_rps"] / base_goodput if base_goodput and "goodput_rps" in arm else None
-        )
-        for count, arm in lora["arms"].items()
-    }
+    seeds = range(args.seed, args.seed + args.seeds)
+    runs = [run_seed(loaded, args, seed, root, log) for seed in seeds]
     device = device_label(loaded)
     result: dict[str, Any] = {
         "preset": args.preset,
         "device": device,
-        "goodput_vs_base": ratios,
-        "decode_step_vs_base": lora["lora_step_s"] / base["base_step_s"],
-        "decode_step_ms": {"base": base["base_step_s"] * 1000, "lora": lora["lora_step_s"] * 1000},
-        "runs": {"base": base["base"], **{f"{k}_adapters": v for k, v in lora["arms"].items()}},
-        "merged": merged_comparison(ratios, base["base"]["goodput_rps"]),
-        "capacity_rps": base["capacity_rps"],
-        "rate_rps": base["rate_rps"],
+        **runs[0],
+        **across_seeds(runs),
+        "seeds": list(seeds),
         "load": args.load,
         "slo": p["slo"],
         "window_s": p["window_s"],

@@ -18,10 +18,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from bench.engine.harness import Progress
 from bench.engine.metrics import percentile
+from bench.engine.priority_driver import poisson_arrivals
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.lora.adapter import PROJECTIONS, WEIGHTS_FILE, BaseShapes
@@ -183,11 +186,12 @@ def drive(
                 timing.done = True
                 done += 1
     result.elapsed_s = time.perf_counter() - start
-    _cancel_rest(engine, [r for _, r in arrivals])
+    cancel_rest(engine, [r for _, r in arrivals])
     return result
 
 
-def _cancel_rest(engine: PagedEngine, requests: Sequence[EngineRequest]) -> None:
+def cancel_rest(engine: PagedEngine, requests: Sequence[EngineRequest]) -> None:
+    """Cancels what of `requests` is unfinished and steps the engine until it is idle."""
     for request in requests:
         engine.abort(request.request_id, FinishReason.CANCELLED)  # False for finished ones
     while engine.has_unfinished():
@@ -204,22 +208,23 @@ def burst_rps(engine: PagedEngine, requests: Sequence[EngineRequest]) -> float:
     return len(requests) / max(time.perf_counter() - start, 1e-9)
 
 
-def decode_step_s(
+def fill_decoding(
     engine: PagedEngine,
     vocab: int,
     rows: int,
     adapters: Sequence[str | None],
-    steps: int,
+    max_tokens: int,
     seed: int,
-) -> float:
-    """Seconds of one decode step of `rows` sequences (row i uses adapters[i % len]), once
-    every row is past its prompt: the mean over `steps` steps."""
+    prompt: int = 32,
+) -> list[EngineRequest]:
+    """`rows` sequences (row i uses adapters[i % len]) added and stepped until every row is
+    past its prompt and decoding: the next step is a decode step of all `rows`."""
     rng = random.Random(seed)
     requests = [
         EngineRequest(
             f"decode-{seed}-{i}",
-            tuple(rng.randrange(1, vocab) for _ in range(32)),
-            SamplingParams(max_tokens=steps * 2 + 128, temperature=0.0, ignore_eos=True),
+            tuple(rng.randrange(1, vocab) for _ in range(prompt)),
+            SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
             adapter=adapters[i % len(adapters)],
         )
         for i in range(rows)
@@ -235,16 +240,99 @@ def decode_step_s(
             break
     for _ in range(5):  # past the step that admitted the last row
         engine.step()
+    return requests
+
+
+def timed_steps(engine: PagedEngine, steps: int) -> float:
+    """Mean seconds of `steps` engine steps, the device drained before and after."""
     _sync()
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
     _sync()
-    elapsed = (time.perf_counter() - start) / steps
-    _cancel_rest(engine, requests)
+    return (time.perf_counter() - start) / steps
+
+
+def decode_step_s(
+    engine: PagedEngine,
+    vocab: int,
+    rows: int,
+    adapters: Sequence[str | None],
+    steps: int,
+    seed: int,
+) -> float:
+    """Seconds of one decode step of `rows` sequences (row i uses adapters[i % len]), once
+    every row is past its prompt: the mean over `steps` steps."""
+    requests = fill_decoding(engine, vocab, rows, adapters, steps * 2 + 128, seed)
+    elapsed = timed_steps(engine, steps)
+    cancel_rest(engine, requests)
     return elapsed
 
 
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+# The share of requests that must meet both SLOs for a load to be within them (the knee).
+KNEE_ATTAINMENT = 0.9
+
+
+def slo_attainment(arm: ArmResult, ttft_slo_s: float, tpot_slo_s: float) -> float:
+    """The share of the arm's requests that finished within both SLOs."""
+    return arm.goodput_rps(ttft_slo_s, tpot_slo_s) * arm.window_s / max(1, arm.requests)
+
+
+def knee_rps(points: Sequence[tuple[float, float]]) -> tuple[float, bool]:
+    """The arrival rate where SLO attainment falls to KNEE_ATTAINMENT, from (rate, attainment)
+    points in rising rate (a ladder stopped at its first failing rung): linear between the last
+    rung within and the first beyond; (rate, True) when every rung was within (a lower bound),
+    0.0 when none was."""
+    within = [(rate, got) for rate, got in points if got >= KNEE_ATTAINMENT]
+    if not within:
+        return 0.0, False
+    last = within[-1]
+    beyond = [(rate, got) for rate, got in points if rate > last[0] and got < KNEE_ATTAINMENT]
+    if not beyond:
+        return last[0], True
+    (r0, a0), (r1, a1) = last, beyond[0]
+    return r0 + (r1 - r0) * (a0 - KNEE_ATTAINMENT) / (a0 - a1), False
+
+
+def knee_phase(
+    engine: PagedEngine,
+    vocab: int,
+    p: dict[str, Any],
+    capacity_rps: float,
+    seed: int,
+    adapters: Sequence[str],
+    log: Progress,
+) -> dict[str, Any]:
+    """The knee of bench/engine/lora.py (its docstring, step 3): a ladder of loads (p's
+    knee_loads x `capacity_rps`) up to the first rung past the SLOs; `adapters`: drawn with
+    Zipf(1) for each request (none: the base)."""
+    slo = p["slo"]
+    points: list[tuple[float, float]] = []
+    rungs: list[dict[str, Any]] = []
+    for load in p["knee_loads"]:
+        if log.elapsed() + p["knee_window_s"] + p["drain_s"] > p["deadline_s"]:
+            rungs.append({"load": load, "skipped": f"past the {p['deadline_s']} s deadline"})
+            break
+        rate = load * capacity_rps
+        times = poisson_arrivals(rate, p["knee_window_s"], seed + 5)
+        tag = f"knee{load}"
+        requests = make_requests(len(times), p["lengths"], vocab, seed + 6, tag)
+        if adapters:
+            chosen = zipf_choices(adapters, len(requests), seed + 7)
+            requests = with_adapters(requests, list(chosen), tag)
+        arm = drive(engine, list(zip(times, requests, strict=True)), p["knee_window_s"],
+                    p["drain_s"])  # fmt: skip
+        attained = slo_attainment(arm, slo["ttft_s"], slo["tpot_s"])
+        points.append((rate, attained))
+        summary = arm.summary(slo["ttft_s"], slo["tpot_s"])
+        rungs.append({"load": load, "rate_rps": rate, "attainment": attained} | summary)
+        log(f"knee, {len(adapters)} adapters, load {load}: {attained:.2f} within the SLOs")
+        if attained < KNEE_ATTAINMENT:
+            break
+    knee, lower_bound = knee_rps(points)
+    return {"knee_rps": knee, "lower_bound": lower_bound, "rungs": rungs}

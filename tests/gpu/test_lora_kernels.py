@@ -1,10 +1,11 @@
 """The segmented LoRA kernels (site_engine/engine/cuda/lora_kernels.py) and LoRA on CUDA.
 
-- the shrink/expand kernels against a float64 reference: 64 slots of mixed ranks (zero-padded
-  to 64), rows of no adapter (untouched, bit for bit), 1..256 tokens, the delta into a column
-  slice of a wider output (the fused q/k/v and gate/up GEMMs' outputs);
-- the kernels' step against the PyTorch path's one-hot step over the same slots, every
-  projection;
+- the shrink/expand kernels against a float64 reference, fresh random data on every run: stacks
+  of one to three projections, 64 slots of mixed ranks 4-16 (zero-padded to 16), rows of no
+  adapter (untouched, bit for bit), 1..256 tokens, the deltas into a column slice of a wider
+  output (the fused q/k/v and gate/up GEMMs' outputs); a slot of NaN reaches no other row;
+- the kernels' step against the PyTorch path's segmented step over the same slots, every
+  stack at once and each projection alone;
 - the engine on CUDA: with graphs (decode and flat step graphs capturing the LoRA kernels over
   their static slot-index buffers) token for token the same as without graphs, with more
   adapters than slots (slots rewritten in place between replays), in float32; and in bfloat16
@@ -30,7 +31,13 @@ from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
-from site_engine.engine.lora.slots import LoraSlots, StepDeltas
+from site_engine.engine.lora.slots import (
+    GATE_UP,
+    QKV,
+    LoraSlots,
+    SegmentedTorchStep,
+    StepDeltas,
+)
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.make_model import build_random_model
@@ -38,7 +45,8 @@ from site_engine.model_loading import load_model
 
 pytestmark = pytest.mark.gpu
 
-RANKS = (4, 8, 16, 32, 64)
+RANKS = (4, 8, 12, 16)  # mixed in one step, zero-padded to the slots' max rank (16)
+WIDE_RANKS = (4, 16, 32, 64)  # a site of max rank 64 (the widest tiles the kernels take)
 
 
 def _dtype(device: str) -> torch.dtype:
@@ -46,71 +54,133 @@ def _dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device == "cuda" else torch.float32
 
 
-def _stacked(
-    in_f: int, out_f: int, slots: int, max_rank: int, seed: int
+def _fresh_seed() -> int:
+    """New random data on every run (the kernels must hold for any), named in failures."""
+    return random.SystemRandom().randrange(2**31)
+
+
+def _stack_slots(
+    in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A [in, slots, max_rank] and B [slots, max_rank, out] of slots of mixed ranks (zero past
-    each slot's rank, as LoraSlots pads them), and each slot's scaling."""
-    generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(in_f, slots, max_rank, generator=generator) * 0.05
-    b = torch.randn(slots, max_rank, out_f, generator=generator) * 0.05
+    """A [slots, in, len(widths) * max_rank] and B [slots, max_rank, sum(widths)] as LoraSlots
+    lays a stack out, each slot of a random rank up to max_rank (zero past it), and each slot's
+    scaling."""
+    ranks = RANKS if max_rank == 16 else WIDE_RANKS
+    parts = len(widths)
+    a = torch.randn(slots, in_f, parts * max_rank, generator=gen) * 0.05
+    b = torch.randn(slots, max_rank, sum(widths), generator=gen) * 0.05
     for slot in range(slots):
-        rank = RANKS[slot % len(RANKS)]
-        a[:, slot, rank:] = 0
+        rank = ranks[int(torch.randint(len(ranks), (1,), generator=gen))]
+        a.view(slots, in_f, parts, max_rank)[slot, :, :, rank:] = 0
         b[slot, rank:] = 0
-    scaling = 0.5 + torch.rand(slots, generator=generator) * 1.5
+    scaling = 0.5 + torch.rand(slots, generator=gen) * 1.5
     return a, b, scaling
 
 
 def _reference(
     x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
-    token_slots: torch.Tensor, y: torch.Tensor,
+    token_slots: torch.Tensor, y: torch.Tensor, widths: tuple[int, ...],
 ) -> torch.Tensor:  # fmt: skip
-    """y + each row's delta, row by row, in float64."""
+    """y + each row's deltas, row by row and projection by projection, in float64."""
     out = y.double().clone()
+    rank = b.shape[1]
     for row, slot in enumerate(token_slots.tolist()):
-        if slot >= 0:
-            shrunk = x[row].double() @ a[:, slot].double() * float(scaling[slot])
-            out[row] += shrunk @ b[slot].double()
+        if slot < 0:
+            continue
+        first = 0
+        for j, width in enumerate(widths):
+            a_j = a[slot, :, j * rank : (j + 1) * rank].double()
+            shrunk = x[row].double() @ a_j * float(scaling[slot])
+            out[row, first : first + width] += shrunk @ b[slot, :, first : first + width].double()
+            first += width
     return out
 
 
-# Input widths that split the shrink's reduction over 2, 4, 1 and 8 programs.
-@pytest.mark.parametrize(("tokens", "in_f"), [(1, 2560), (7, 4608), (64, 1536), (256, 8192)])
-def test_kernels_match_the_reference(tokens: int, in_f: int, kernel_device: str) -> None:
+# One projection and stacks of two and three (q/k/v-like widths, not multiples of the kernels'
+# column block); input widths that split the shrink's reduction differently; 1..256 tokens;
+# tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64.
+@pytest.mark.parametrize(
+    ("tokens", "in_f", "widths", "block_m", "max_rank"),
+    [
+        (1, 2560, (384,), 16, 16),
+        (7, 1024, (200, 200), 64, 16),
+        (64, 1536, (256, 72, 72), 16, 16),
+        (150, 1024, (128, 64, 64), 64, 16),
+        (256, 2048, (96,), 16, 16),
+        (40, 1024, (128, 64, 64), 64, 64),
+    ],
+)
+def test_kernels_match_the_reference(
+    tokens: int,
+    in_f: int,
+    widths: tuple[int, ...],
+    block_m: int,
+    max_rank: int,
+    kernel_device: str,
+) -> None:
     from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
 
+    seed = _fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
     device, dtype = kernel_device, _dtype(kernel_device)
-    slots, max_rank, out_f = 64, 64, 384
-    a, b, scaling = _stacked(in_f, out_f, slots, max_rank, seed=tokens)
-    generator = torch.Generator().manual_seed(1000 + tokens)
-    x = torch.randn(tokens, in_f, generator=generator).to(dtype)
+    slots, out_f = 64, sum(widths)
+    a, b, scaling = _stack_slots(in_f, widths, slots, max_rank, gen)
+    x = torch.randn(tokens, in_f, generator=gen).to(dtype)
     # Every slot in use at 256 tokens; a quarter of the rows with no adapter.
-    token_slots = torch.randint(0, slots, (tokens,), generator=generator)
-    token_slots[torch.rand(tokens, generator=generator) < 0.25] = -1
-    # The delta goes into the middle columns of a wider output (a fused GEMM's slice).
-    wide = torch.randn(tokens, out_f + 96, generator=generator).to(dtype)
+    token_slots = torch.randint(0, slots, (tokens,), generator=gen)
+    token_slots[torch.rand(tokens, generator=gen) < 0.25] = -1
+    # The deltas go into the middle columns of a wider output (a fused GEMM's slice).
+    wide = torch.randn(tokens, out_f + 96, generator=gen).to(dtype)
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
-    expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f])
+    expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
-    seg = segments(token_slots.to(device), slots)
+    seg = segments(token_slots.to(device), slots, block_m)
     shrunk = lora_shrink(x.to(device), a.to(device), scaling.to(device), seg)
-    lora_expand(shrunk, b.to(device), got[:, 32 : 32 + out_f], seg)
+    lora_expand(shrunk, b.to(device), got[:, 32 : 32 + out_f], seg, widths)
     got = got.cpu()
 
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(
-        got[:, 32 : 32 + out_f].double(), expected, atol=tolerance, rtol=tolerance
-    )
+        got[:, 32 : 32 + out_f].double(), expected, atol=tolerance, rtol=tolerance,
+        msg=lambda m: f"seed {seed}: {m}",
+    )  # fmt: skip
     # Rows of no adapter, and the columns beside the slice, are left exactly as they were.
     base_rows = token_slots < 0
-    assert torch.equal(got[base_rows], wide[base_rows])
-    assert torch.equal(got[:, :32], wide[:, :32])
-    assert torch.equal(got[:, 32 + out_f :], wide[:, 32 + out_f :])
+    assert torch.equal(got[base_rows], wide[base_rows]), seed
+    assert torch.equal(got[:, :32], wide[:, :32]), seed
+    assert torch.equal(got[:, 32 + out_f :], wide[:, 32 + out_f :]), seed
     # The deltas are large beside the tolerance: a kernel that dropped them would fail.
     moved = (got - wide)[~base_rows].abs().amax(dim=1)
-    assert bool((moved > 10 * tolerance).all())
+    assert bool((moved > 10 * tolerance).all()), seed
+
+
+def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
+    """A slot full of NaN (written past any load check): its own rows only are NaN."""
+    from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
+
+    gen = torch.Generator().manual_seed(_fresh_seed())
+    device, dtype = kernel_device, _dtype(kernel_device)
+    widths = (64, 32, 32)
+    a, b, scaling = _stack_slots(256, widths, 4, 16, gen)
+    a[2] = float("nan")
+    b[2] = float("nan")
+    token_slots = torch.tensor([2, 0, -1, 2, 1, -1, 3, 0] * 4)
+    x = torch.randn(token_slots.shape[0], 256, generator=gen).to(dtype)
+    y = torch.randn(token_slots.shape[0], sum(widths), generator=gen).to(dtype)
+    a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
+    expected = _reference(x, a, b, scaling, token_slots, y, widths)
+    got = y.to(device).clone()
+    seg = segments(token_slots.to(device), 4)
+    lora_expand(lora_shrink(x.to(device), a.to(device), scaling.to(device), seg),
+                b.to(device), got, seg, widths)  # fmt: skip
+    got = got.cpu()
+    poisoned = token_slots == 2
+    assert bool(got[poisoned].isnan().all())
+    assert not bool(got[~poisoned].isnan().any())
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(got[~poisoned].double(), expected[~poisoned], atol=tolerance,
+                               rtol=tolerance)  # fmt: skip
 
 
 def _shapes() -> BaseShapes:
@@ -140,33 +210,40 @@ def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
 
     device, dtype = kernel_device, _dtype(kernel_device)
     base = _shapes()
-    slots = LoraSlots(base, num_slots=6, max_rank=32, dtype=dtype, device=torch.device(device))
+    slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=dtype, device=torch.device(device))
     adapters = [
-        _adapter("all-r32", base, 32, PROJECTIONS, seed=1),
+        _adapter("all-r16", base, 16, PROJECTIONS, seed=1),
         _adapter("attn-r4", base, 4, ("q_proj", "k_proj", "v_proj", "o_proj"), seed=2),
-        _adapter("mlp-r16", base, 16, ("gate_proj", "up_proj", "down_proj"), seed=3),
+        _adapter("mlp-r12", base, 12, ("gate_proj", "up_proj", "down_proj"), seed=3),
         _adapter("qv-r8", base, 8, ("q_proj", "v_proj"), seed=4),
     ]
     by_name = {adapter.name: adapter for adapter in adapters}
     assigned = slots.assign(by_name, by_name.__getitem__)
-    rng = random.Random(5)
+    rng = random.Random(_fresh_seed())
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
     token_slots = token_slots.to(device)
-    kernels = SegmentedLoraStep(slots.a, slots.b, slots.scaling, token_slots)
-    reference = slots.one_hot_step(token_slots)
-    generator = torch.Generator().manual_seed(6)
+    kernels = SegmentedLoraStep(slots, token_slots)
+    reference = SegmentedTorchStep(slots, token_slots)
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
     for layer in range(base.num_layers):
-        for proj in PROJECTIONS:
-            in_f, out_f = base.features[proj]
+        for projections in (QKV, ("o_proj",), GATE_UP, ("down_proj",)):
+            in_f = base.features[projections[0]][0]
+            out_f = sum(base.features[p][1] for p in projections)
             x = torch.randn(40, in_f, generator=generator).to(dtype).to(device)
             y = torch.randn(40, out_f, generator=generator).to(dtype).to(device)
-            want, got = y.clone(), y.clone()
-            reference.add(layer, proj, x, want)
-            kernels.add(layer, proj, x, got)
+            want, got, each = y.clone(), y.clone(), y.clone()
+            reference.add_stack(layer, projections, x, want)
+            kernels.add_stack(layer, projections, x, got)
+            first = 0
+            for proj in projections:  # one projection of a stack alone: its columns only
+                width = base.features[proj][1]
+                kernels.add(layer, proj, x, each[:, first : first + width])
+                first += width
             torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
-            assert not torch.equal(want, y), (layer, proj)
+            torch.testing.assert_close(each.float(), want.float(), atol=tolerance, rtol=tolerance)
+            assert not torch.equal(want, y), (layer, projections)
 
 
 # The engine tests: a small Llama on the GPU and four random PEFT adapters of mixed ranks.
@@ -290,7 +367,7 @@ def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
             return runner.compute_logits(hidden, inputs).float()
 
     kernels = logits(inputs.lora)
-    reference = logits(registry.slots.one_hot_step(token_slots))
+    reference = logits(SegmentedTorchStep(registry.slots, token_slots))
     base = logits(None)
     adapted = [i for i, c in enumerate(chunks) if c.adapter]
     effect = float((kernels[adapted] - base[adapted]).abs().amax())
@@ -343,9 +420,9 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -
     with torch.inference_mode():
         runner.attention.prepare(inputs.metadata)
         base_hidden = eager.forward(*args)
-        eager.lora = slots.one_hot_step(token_slots)
+        eager.lora = SegmentedTorchStep(slots, token_slots)
         want = eager.forward(*args)
-        fused.lora = SegmentedLoraStep(slots.a, slots.b, slots.scaling, token_slots)
+        fused.lora = SegmentedLoraStep(slots, token_slots)
         got = fused.forward(*args)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
     assert float((want - base_hidden).abs().amax()) > 0.1

@@ -1,60 +1,93 @@
-"""Segmented LoRA kernels (Punica/S-LoRA style): each row's delta through its own adapter only.
+"""Segmented LoRA kernels (Punica's SGMV, S-LoRA's MBGMV): each row's delta through its own
+adapter only, for a stack of projections at once.
 
-The CPU path (lora/slots.py) multiplies every row by every slot's A and B and zeroes the other
-slots' part: `slots` times the work, and at 64 slots on a GPU it would read every adapter for
-every row. Here a step's tokens are grouped by slot (a counting sort of the slot indices) and cut
-into tiles of BLOCK_M tokens of one slot; a program takes one tile:
+A step's tokens are grouped by slot (a counting sort of the slot indices) and cut into tiles of
+16 tokens of one slot (64 in steps of more than 512 tokens: prefill); a program takes one tile.
+For a stack of projections that read the same input (q/k/v, gate/up: lora/slots.py's `Stack`),
+one shrink and one expand serve all of them, as vLLM's lora_shrink/lora_expand serve their
+"slices":
 
-    shrink  s[t, :]  = scaling[slot] * x[t, :] @ A[slot]       ([in] @ [in, r] -> [r])
-    expand  y[t, n] += s[t, :] @ B[slot][:, n]                 ([r] @ [r, out])
+    shrink  s[t, :]      = scaling[slot] * x[t, :] @ A[slot]        ([in] @ [in, n * R])
+    expand  y[t, cols_j] += s[t, j*R : (j+1)*R] @ B[slot][:, cols_j]  (each projection j)
 
-so each tile reads its slot's A and B once. A slot index of -1 (a base row, or graph padding)
-belongs to no tile: its row is untouched.
+so each tile reads its slot's A and B once, every projection of the stack in one launch. A slot
+index of -1 (a base row, or graph padding) belongs to no tile: its row costs nothing and is left
+untouched, bit for bit.
 
 Everything that depends on which rows use which slot is computed on the device by fixed-shape
 torch ops from the slot-index tensor (`segments`): no host sync, so a CUDA graph captured over a
 static slot-index buffer replays a step's layout that the host wrote into that buffer. The grid
-is sized for the worst case (every slot's last tile partial: cdiv(T, BLOCK_M) + slots tiles);
-programs past the real tiles return at once.
+is sized for the worst case, min(T, cdiv(T, tile) + slots) tiles (each slot in use has at
+least one token per tile); programs past the real tiles return at once.
 
-The shrink splits the input features over SPLIT_K programs (a decode step of 64 adapters has
-few tiles and a long reduction); each writes its partial sums to its own plane of a float32
-buffer and the expand adds the planes: no atomics, so a step's result does not depend on the
-order programs ran in (graphs and eager runs agree bit for bit).
+The shrink splits the input features over programs (a decode step of 64 adapters has few tiles
+and a long reduction: the splits keep every SM reading; a prefill step has tiles enough, and
+its partial sums are bounded to 8 MiB); each writes its partial sums to its own plane of a
+float32 buffer and the expand adds the planes: no atomics, so a step's result does not depend
+on the order programs ran in (graphs and eager runs agree bit for bit).
 
-The slot tensors keep lora/slots.py's layout (A [in, slots, r], B [slots, r, out] per layer);
-ranks are zero-padded to the site's max rank, so mixed ranks cost the padded rank.
+The slot tensors are lora/slots.py's (per layer A [slots, in, n * R], B [slots, R, out], each
+slot's block contiguous, so a tile's weight reads are long and coalesced); ranks are zero-padded
+to the site's max rank R, so mixed ranks cost the padded rank. Offsets into the slot tensors
+are formed in 64 bits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 16  # tokens per tile: tl.dot's smallest M
-_BLOCK_K = 64
-_BLOCK_N = 64
+if TYPE_CHECKING:
+    from site_engine.engine.lora.slots import LoraSlots
+
+# Tokens per tile: tl.dot's smallest M for decode-sized steps, where a slot has a few rows;
+# more for prefill-sized ones, so a slot's weights are read once per 64 of its tokens, not 16.
+_TILE_ROWS = 16
+_PREFILL_TILE_ROWS = 64
+_PREFILL_TOKENS = 512  # steps of more tokens than this use the larger tiles
+_BLOCK_K = 128  # at most; less for wide stacks (block_k), so a stage's tiles stay small
+_BLOCK_N = 128
+_MAX_SPLITS = 16
+_SPLIT_FEATURES = 512  # input features per shrink program, at least
+_PROGRAMS = 2048  # shrink programs to aim for (a few per SM of an H100/H200)
+_PARTIAL_BYTES = 8 << 20  # the shrink's partial sums at most (the memory plan's LoRA slack)
+MAX_STACK = 3  # projections a stack may hold (q/k/v)
 
 
 @dataclass(frozen=True, slots=True)
 class Segments:
     """A step's tokens grouped by slot, as device tensors of fixed shapes (graph-safe)."""
 
+    block_m: int  # tokens per tile
     order: torch.Tensor  # [T] int32: token indices sorted by slot (base rows first)
     tile_slot: torch.Tensor  # [tiles] int32: a tile's slot, -1 past the real tiles
     tile_start: torch.Tensor  # [tiles] int32: its first position in `order`
     tile_end: torch.Tensor  # [tiles] int32: the end of its slot's run in `order`
 
 
-def segments(token_slots: torch.Tensor, num_slots: int) -> Segments:
-    """The tiles of a step whose token t uses slot token_slots[t] (-1: none). A counting sort
-    (one-hot prefix sums, then a scatter) rather than torch.sort: fixed shapes and plain kernels,
-    nothing that could sync with the host inside a graph capture."""
+def tile_rows(tokens: int) -> int:
+    """Tokens per tile for a step of `tokens` (a graph's bucket: fixed per graph)."""
+    return _TILE_ROWS if tokens <= _PREFILL_TOKENS else _PREFILL_TILE_ROWS
+
+
+def max_tiles(tokens: int, num_slots: int, block_m: int) -> int:
+    """Tiles a step of `tokens` can need: each slot in use has a partial tile at most, and a
+    tile holds at least one token."""
+    return min(tokens, -(-tokens // block_m) + num_slots)
+
+
+def segments(token_slots: torch.Tensor, num_slots: int, block_m: int | None = None) -> Segments:
+    """The tiles of a step whose token t uses slot token_slots[t] (-1: none), `block_m` tokens
+    each (default: tile_rows). A counting sort (one-hot prefix sums, then a scatter) rather than
+    torch.sort: fixed shapes and plain kernels, nothing that could sync with the host inside a
+    graph capture."""
     device = token_slots.device
     tokens = token_slots.shape[0]
+    block_m = tile_rows(tokens) if block_m is None else block_m
     column = (token_slots.long() + 1).unsqueeze(1)  # 0: no adapter, s + 1: slot s
     one_hot = torch.zeros((tokens, num_slots + 1), dtype=torch.int32, device=device)
     one_hot.scatter_(1, column, 1)
@@ -66,24 +99,24 @@ def segments(token_slots: torch.Tensor, num_slots: int) -> Segments:
     order = torch.empty(tokens, dtype=torch.int32, device=device)
     order.scatter_(0, place, torch.arange(tokens, dtype=torch.int32, device=device))
     starts, counts = starts_all[1:], counts_all[1:]
-    tiles = (counts + BLOCK_M - 1) // BLOCK_M
+    tiles = (counts + block_m - 1) // block_m
     tiles_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-    index = torch.arange(-(-tokens // BLOCK_M) + num_slots, dtype=torch.int32, device=device)
+    index = torch.arange(max_tiles(tokens, num_slots, block_m), dtype=torch.int32, device=device)
     slot_of = torch.searchsorted(tiles_end, index, right=True).to(torch.int32)
     valid = slot_of < num_slots
     slot = slot_of.clamp(max=num_slots - 1)
     first_tile = tiles_end[slot] - tiles[slot]
-    tile_start = starts[slot] + (index - first_tile) * BLOCK_M
+    tile_start = starts[slot] + (index - first_tile) * block_m
     tile_end = starts[slot] + counts[slot]
     neg = torch.full_like(slot, -1)
-    return Segments(order, torch.where(valid, slot, neg), tile_start, tile_end)
+    return Segments(block_m, order, torch.where(valid, slot, neg), tile_start, tile_end)
 
 
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, out_ptr, scaling_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
-    k_total, R, k_per_split,
-    sx_t, sx_k, sa_k, sa_s, sa_r, so_split, so_t, so_r,
+    k_total, width, k_per_split,
+    sx_t, sx_k, sa_s, sa_k, sa_r, so_split, so_t, so_r,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
@@ -97,13 +130,14 @@ def _shrink_kernel(
     mask_m = rows < end
     tok = tl.load(order_ptr + rows, mask=mask_m, other=0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < R
+    mask_r = offs_r < width
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     k_begin = split * k_per_split
+    k_stop = tl.minimum(k_begin + k_per_split, k_total)
     a_slot = a_ptr + slot.to(tl.int64) * sa_s
-    for k0 in range(k_begin, k_begin + k_per_split, BLOCK_K):
+    for k0 in range(k_begin, k_stop, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = (offs_k < k_total) & (offs_k < k_begin + k_per_split)
+        mask_k = offs_k < k_stop
         x = tl.load(
             x_ptr + tok[:, None] * sx_t + offs_k[None, :] * sx_k,
             mask=mask_m[:, None] & mask_k[None, :],
@@ -126,7 +160,7 @@ def _shrink_kernel(
 @triton.jit
 def _expand_kernel(
     s_ptr, b_ptr, y_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
-    N, R, splits,
+    width0, width1, width2, R, splits,
     ss_split, ss_t, ss_r, sb_s, sb_r, sb_n, sy_t, sy_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
@@ -135,6 +169,19 @@ def _expand_kernel(
     slot = tl.load(tile_slot_ptr + tile)
     if slot < 0:
         return
+    # Which projection of the stack this program's columns belong to (a block never straddles
+    # two: each projection's columns start a block of their own).
+    blocks0 = tl.cdiv(width0, BLOCK_N)
+    blocks1 = tl.cdiv(width1, BLOCK_N)
+    in1 = pid_n >= blocks0
+    in2 = pid_n >= blocks0 + blocks1
+    part = in1.to(tl.int32) + in2.to(tl.int32)
+    first_col = tl.where(in2, width0 + width1, tl.where(in1, width0, 0))
+    width = tl.where(in2, width2, tl.where(in1, width1, width0))
+    first_block = tl.where(in2, blocks0 + blocks1, tl.where(in1, blocks0, 0))
+    offs_local = (pid_n - first_block) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_local < width
+    cols = (first_col + offs_local).to(tl.int64)
     start = tl.load(tile_start_ptr + tile)
     end = tl.load(tile_end_ptr + tile)
     rows = start + tl.arange(0, BLOCK_M)
@@ -144,13 +191,11 @@ def _expand_kernel(
     mask_r = offs_r < R
     mask_s = mask_m[:, None] & mask_r[None, :]
     shrunk = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    s_rows = s_ptr + tok[:, None] * ss_t + (part * R + offs_r)[None, :] * ss_r
     for split in range(splits):
-        s = s_ptr + split * ss_split + tok[:, None] * ss_t + offs_r[None, :] * ss_r
-        shrunk += tl.load(s, mask=mask_s, other=0.0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+        shrunk += tl.load(s_rows + split * ss_split, mask=mask_s, other=0.0)
     b = tl.load(
-        b_ptr + slot.to(tl.int64) * sb_s + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n,
+        b_ptr + slot.to(tl.int64) * sb_s + offs_r[:, None] * sb_r + cols[None, :] * sb_n,
         mask=mask_r[:, None] & mask_n[None, :],
         other=0.0,
     )
@@ -159,19 +204,34 @@ def _expand_kernel(
         delta = tl.dot(shrunk.to(b.dtype), b, input_precision="ieee")
     else:
         delta = tl.dot(shrunk.to(b.dtype), b)
-    y_rows = y_ptr + tok[:, None] * sy_t + offs_n[None, :] * sy_n
+    y_rows = y_ptr + tok[:, None] * sy_t + cols[None, :] * sy_n
     mask_y = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_rows, mask=mask_y, other=0.0)
     tl.store(y_rows, (y.to(tl.float32) + delta).to(y.dtype), mask=mask_y)
 
 
-def _block_r(rank: int) -> int:
-    return max(16, int(triton.next_power_of_2(rank)))
+def _block(width: int) -> int:
+    return max(16, int(triton.next_power_of_2(width)))
 
 
-def split_k(in_features: int) -> int:
-    """Programs the shrink splits the input features over: ~1,024 features each, at most 8."""
-    return max(1, min(8, in_features // 1024))
+def split_k(in_features: int, tiles: int, tokens: int, width: int) -> int:
+    """Programs the shrink splits the input features over: at least _SPLIT_FEATURES features
+    each, about _PROGRAMS programs in all, at most _MAX_SPLITS, and partial sums of at most
+    _PARTIAL_BYTES (a prefill step of 8k tokens at rank 64 takes one split)."""
+    by_grid = _PROGRAMS // max(1, tiles)
+    by_memory = _PARTIAL_BYTES // max(1, tokens * width * 4)
+    return max(1, min(_MAX_SPLITS, in_features // _SPLIT_FEATURES, by_grid, by_memory))
+
+
+def block_k(block_r: int) -> int:
+    """Input features per shrink iteration: an A tile of at most 128 x 64 elements."""
+    return max(32, min(_BLOCK_K, 8192 // block_r))
+
+
+def num_warps(block_m: int, block_n: int) -> int:
+    """Warps of a program whose accumulator is block_m x block_n float32: 8 past 4,096
+    elements (64 registers a thread at 4 warps), so large tiles do not spill."""
+    return 8 if block_m * block_n > 4096 else 4
 
 
 def lora_shrink(
@@ -179,68 +239,95 @@ def lora_shrink(
     a: torch.Tensor,
     scaling: torch.Tensor,
     seg: Segments,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Partial sums [splits, T, r] (float32) of scaling[slot_t] * x[t] @ a[:, slot_t]: x [T, in],
-    a [in, slots, r] (one layer of the stacked slots). Rows of no slot are left unwritten."""
+    """Partial sums [splits, T, width] (float32) of scaling[slot_t] * x[t] @ a[slot_t]: x
+    [T, in], a [slots, in, width] (one layer of a stack's slots, or a column slice of it).
+    Rows of no slot are left unwritten."""
     tokens, in_f = x.shape
-    _, _, rank = a.shape
-    splits = split_k(in_f)
-    if out is None:
-        out = torch.empty((splits, tokens, rank), dtype=torch.float32, device=x.device)
-    k_per_split = triton.cdiv(triton.cdiv(in_f, splits), _BLOCK_K) * _BLOCK_K
-    grid = (seg.tile_slot.shape[0], splits)
-    _shrink_kernel[grid](
+    _, _, width = a.shape
+    tiles = seg.tile_slot.shape[0]
+    splits = split_k(in_f, tiles, tokens, width)
+    out = torch.empty((splits, tokens, width), dtype=torch.float32, device=x.device)
+    block_r = _block(width)
+    step = block_k(block_r)
+    k_per_split = triton.cdiv(triton.cdiv(in_f, splits), step) * step
+    _shrink_kernel[(tiles, splits)](
         x, a, out, scaling, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end,
-        in_f, rank, k_per_split,
+        in_f, width, k_per_split,
         x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=BLOCK_M, BLOCK_K=_BLOCK_K, BLOCK_R=_block_r(rank),
-        IEEE=x.dtype == torch.float32,
+        BLOCK_M=seg.block_m, BLOCK_K=step, BLOCK_R=block_r,
+        IEEE=x.dtype == torch.float32, num_warps=num_warps(seg.block_m, block_r),
     )  # fmt: skip
     return out
 
 
-def lora_expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, seg: Segments) -> None:
-    """y[t] += shrunk[:, t].sum(0) @ b[slot_t], in place: shrunk from lora_shrink, b
-    [slots, r, out] (one layer), y [T, out] (may be a column slice of a wider output)."""
+def lora_expand(
+    shrunk: torch.Tensor,
+    b: torch.Tensor,
+    y: torch.Tensor,
+    seg: Segments,
+    widths: tuple[int, ...],
+) -> None:
+    """y[t, cols_j] += shrunk[:, t, j*R : (j+1)*R].sum(0) @ b[slot_t][:, cols_j], in place, for
+    each projection j of the stack (`widths`: their output columns, side by side in b and y):
+    shrunk from lora_shrink, b [slots, R, out] (one layer), y [T, out] (may be a column slice
+    of a wider output)."""
     _, rank, out_f = b.shape
-    if y.shape[1] != out_f:
-        raise ValueError(f"the output has {y.shape[1]} columns, the adapter's B {out_f}")
-    grid = (seg.tile_slot.shape[0], triton.cdiv(out_f, _BLOCK_N))
-    _expand_kernel[grid](
+    if not 1 <= len(widths) <= MAX_STACK or sum(widths) != out_f or y.shape[1] != out_f:
+        raise ValueError(
+            f"widths {widths}: the output has {y.shape[1]} columns, the adapters' B {out_f}"
+        )
+    if shrunk.shape[2] != rank * len(widths):
+        raise ValueError(f"the shrink gave {shrunk.shape[2]} columns for {len(widths)} x {rank}")
+    padded = (*widths, 0, 0)[:MAX_STACK]
+    blocks = sum(triton.cdiv(w, _BLOCK_N) for w in widths)
+    _expand_kernel[(seg.tile_slot.shape[0], blocks)](
         shrunk, b, y, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end,
-        out_f, rank, shrunk.shape[0],
+        *padded, rank, shrunk.shape[0],
         shrunk.stride(0), shrunk.stride(1), shrunk.stride(2),
         b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_R=_block_r(rank),
-        IEEE=y.dtype == torch.float32,
+        BLOCK_M=seg.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=_block(rank),
+        IEEE=y.dtype == torch.float32, num_warps=num_warps(seg.block_m, _BLOCK_N),
     )  # fmt: skip
 
 
 class SegmentedLoraStep:
-    """A step's LoRA deltas through the segmented kernels: lora/slots.py's LoraStep on CUDA."""
+    """A step's LoRA deltas through the segmented kernels: lora/slots.py's SegmentedTorchStep
+    on CUDA, over the same slot tensors."""
 
-    def __init__(
-        self,
-        a: dict[str, torch.Tensor],
-        b: dict[str, torch.Tensor],
-        scaling: torch.Tensor,
-        token_slots: torch.Tensor,
-    ) -> None:
-        self._a, self._b, self._scaling = a, b, scaling
-        num_slots = scaling.shape[0]
+    def __init__(self, slots: LoraSlots, token_slots: torch.Tensor) -> None:
+        self._slots = slots
         # Once per step, shared by every layer and projection.
-        self._segments = segments(token_slots, num_slots)
+        self._segments = segments(token_slots, slots.num_slots)
 
     def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y += each row's delta of `proj` in `layer` (y may be a column slice of a fused
         projection's output)."""
-        a = self._a.get(proj)
-        if a is None:
+        tensors = self._slots.stacked(proj)
+        if tensors is None:
             return  # no adapter in a slot targets this projection
-        shrunk = lora_shrink(x, a[layer], self._scaling, self._segments)
-        lora_expand(shrunk, self._b[proj][layer], y, self._segments)
+        a, b = tensors
+        stack, rank = self._slots.stacks[proj], self._slots.max_rank
+        column = stack.projections.index(proj) * rank
+        first, end = stack.columns(proj)
+        shrunk = lora_shrink(x, a[layer, :, :, column : column + rank], self._slots.scaling,
+                             self._segments)  # fmt: skip
+        lora_expand(shrunk, b[layer, :, :, first:end], y, self._segments, (end - first,))
+
+    def add_stack(
+        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """y += the deltas of every projection of the stack, one shrink and one expand."""
+        stack = self._slots.stacks[projections[0]]
+        if stack.projections != projections:
+            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
+        tensors = self._slots.stacked(projections[0])
+        if tensors is None:
+            return
+        a, b = tensors
+        shrunk = lora_shrink(x, a[layer], self._slots.scaling, self._segments)
+        lora_expand(shrunk, b[layer], y, self._segments, stack.widths)
 
     def project(
         self, layer: int, proj: str, module: torch.nn.Module, x: torch.Tensor

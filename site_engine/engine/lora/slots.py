@@ -1,44 +1,79 @@
 """The adapters a step can use at once (`max_loras` slots), and each row's delta.
 
-Per projection, every slot's weights are stacked in one tensor per layer, zero-padded to the
-site's `max_rank` so that adapters of mixed ranks share it:
+Projections that read the same input are stacked (q/k/v, gate/up: `Stack`), so that one shrink
+and one expand serve all of them, as Punica's SGMV and vLLM's lora_shrink/lora_expand do for
+their "slices". Per stack, every slot's weights are one tensor per layer, each slot's block
+contiguous (what the kernels read), ranks zero-padded to the site's `max_rank` (R):
 
-    a[proj]: [layers, in, slots, max_rank]     b[proj]: [layers, slots, max_rank, out]
+    a[stack]: [layers, slots, in, projections * R]   projection j's A in columns j*R ...
+    b[stack]: [layers, slots, R, sum of outs]        projection j's B in its output columns
 
-A step gives each token a slot index (-1: the base model, no delta). The delta is then two
-GEMMs over all slots at once, with the rows of other slots zeroed in between:
+so a stack's fused output y [T, sum of outs] gets, for token t of slot s,
 
-    shrunk = (x @ a[l].view(in, slots * r)).view(T, slots, r) * w
-    y     += shrunk.view(T, slots * r) @ b[l].view(slots * r, out)
+    y[t, cols_j] += (scaling[s] * x[t] @ a[l, s][:, j*R : (j+1)*R]) @ b[l, s][:, cols_j]
 
-where w[t, s] is slot s's scaling if token t uses slot s, else 0.
-
-`w` is built once per step from the slot index tensor (a one-hot times each slot's scaling), so
-no Python runs per row or per slot, shapes do not depend on which rows use which adapter, and the
-slot indices stay a tensor input (what a captured CUDA graph needs). The price is `slots` times
-the shrink and expand work of one adapter per row, small beside the base GEMM on CPU with a few
-slots. On CUDA, `step` gives the segmented Triton kernels' step instead
-(site_engine/engine/cuda/lora_kernels.py), which touches each row's own adapter only, over the
-same slot tensors. A runner with CUDA graphs allocates every projection's tensors up front
-(`allocate_all`): a captured graph reads the tensors it saw at capture, and slots are written in
-place.
+A step gives each token a slot index (-1: the base model, no delta). Each row's delta is computed
+from its own slot's weights only (segments of rows by slot, never a mask over all slots): one
+tenant's adapter cannot reach another's rows, not even through 0 * NaN, and rows of no adapter
+cost nothing. On CUDA `step` gives the segmented Triton kernels' step (cuda/lora_kernels.py),
+whose tiles come from the slot-index tensor on the device (graph-safe); elsewhere
+`SegmentedTorchStep` groups the rows on the host (the CPU path: no graphs there). A runner with
+CUDA graphs allocates every stack's tensors up front (`allocate_all`): a captured graph reads the
+tensors it saw at capture, and slots are written in place.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from site_engine.engine.lora.adapter import BaseShapes, LoraAdapter
+from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
+
+# Projections that read the same input, in the order of the fused models' outputs.
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+_GROUPS = (QKV, ("o_proj",), GATE_UP, ("down_proj",))
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """Projections sharing an input, their outputs side by side (a fused GEMM's columns)."""
+
+    projections: tuple[str, ...]
+    in_features: int
+    widths: tuple[int, ...]  # each projection's output features
+
+    @property
+    def out_features(self) -> int:
+        return sum(self.widths)
+
+    def columns(self, proj: str) -> tuple[int, int]:
+        """(first, end) of `proj`'s output columns."""
+        index = self.projections.index(proj)
+        first = sum(self.widths[:index])
+        return first, first + self.widths[index]
+
+
+def stacks_of(base: BaseShapes) -> dict[str, Stack]:
+    """Each projection's stack: the fused models' groups where their inputs agree."""
+    stacks: dict[str, Stack] = {}
+    for group in _GROUPS:
+        inputs = {base.features[proj][0] for proj in group}
+        parts = [group] if len(inputs) == 1 else [(proj,) for proj in group]
+        for part in parts:
+            stack = Stack(part, base.features[part[0]][0], tuple(base.features[p][1] for p in part))
+            stacks.update(dict.fromkeys(part, stack))
+    assert set(stacks) == set(PROJECTIONS)
+    return stacks
 
 
 class StepDeltas(Protocol):
-    """A step's per-row LoRA deltas, as the models apply them (LoraStep here, or the segmented
-    kernels' step on CUDA)."""
+    """A step's per-row LoRA deltas, as the models apply them."""
 
     def project(self, layer: int, proj: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """module(x) (the base GEMM, once for all rows) plus each row's delta."""
@@ -46,6 +81,13 @@ class StepDeltas(Protocol):
 
     def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y += each row's delta of `proj` in `layer`, in place (y may be a column slice)."""
+        ...
+
+    def add_stack(
+        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """y += each row's deltas of the stack `projections` (QKV, GATE_UP), whose outputs are
+        y's columns side by side, in place."""
         ...
 
 
@@ -65,10 +107,13 @@ class LoraSlots:
         self.max_rank = max_rank
         self.dtype = dtype
         self.device = device
-        # Allocated for a projection when the first adapter that targets it takes a slot.
+        self.stacks = stacks_of(base)
+        # Allocated for a stack when the first adapter that targets one of its projections
+        # takes a slot; keyed by the stack's first projection.
         self.a: dict[str, torch.Tensor] = {}
         self.b: dict[str, torch.Tensor] = {}
         self.scaling = torch.zeros(num_slots, dtype=dtype, device=device)
+        self.ranks = [0] * num_slots  # the rank of the adapter in each slot (0: none)
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # least recently used first
 
     def slot_of(self, name: str) -> int | None:
@@ -94,8 +139,11 @@ class LoraSlots:
         return {name: self._slot_of[name] for name in wanted}
 
     def drop(self, name: str) -> None:
-        """Forgets `name`'s slot (its adapter is no longer served): the slot is free again."""
-        self._slot_of.pop(name, None)
+        """Forgets `name`'s slot (its adapter is no longer served) and zeroes it: the slot is
+        free again and holds nothing of the adapter."""
+        slot = self._slot_of.pop(name, None)
+        if slot is not None:
+            self._clear(slot)
 
     def _free_slot(self) -> int:
         if len(self._slot_of) < self.num_slots:
@@ -105,60 +153,77 @@ class LoraSlots:
         return slot
 
     def allocate_all(self) -> None:
-        """Every projection's slot tensors now (zero: no delta until an adapter is written)."""
-        for proj in self.base.features:
+        """Every stack's slot tensors now (zero: no delta until an adapter is written)."""
+        for proj in self.stacks:
             self._tensors(proj)
 
     def token_slots(self, names: Iterable[str]) -> list[int]:
         """The slot of each name ("": the base model, -1); every named adapter must hold one."""
         return [self._slot_of[name] if name else -1 for name in names]
 
+    def stacked(self, proj: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(a, b) of `proj`'s stack (None: no adapter in a slot targets it yet)."""
+        key = self.stacks[proj].projections[0]
+        return (self.a[key], self.b[key]) if key in self.a else None
+
     def _tensors(self, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if proj not in self.a:
-            in_f, out_f = self.base.features[proj]
+        stack = self.stacks[proj]
+        key = stack.projections[0]
+        if key not in self.a:
             layers, slots, rank = self.base.num_layers, self.num_slots, self.max_rank
+            width = len(stack.projections) * rank
             dtype, device = self.dtype, self.device
-            self.a[proj] = torch.zeros(layers, in_f, slots, rank, dtype=dtype, device=device)
-            self.b[proj] = torch.zeros(layers, slots, rank, out_f, dtype=dtype, device=device)
-        return self.a[proj], self.b[proj]
+            self.a[key] = torch.zeros(
+                layers, slots, stack.in_features, width, dtype=dtype, device=device
+            )
+            self.b[key] = torch.zeros(
+                layers, slots, rank, stack.out_features, dtype=dtype, device=device
+            )
+        return self.a[key], self.b[key]
+
+    def _clear(self, slot: int) -> None:
+        for key in self.a:
+            self.a[key][:, slot].zero_()
+            self.b[key][:, slot].zero_()
+        self.scaling[slot] = 0
+        self.ranks[slot] = 0
 
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         """The adapter's weights into `slot`; the rank padding and untargeted modules zero."""
-        for proj in self.a:
-            self.a[proj][:, :, slot].zero_()
-            self.b[proj][:, slot].zero_()
-        rank = adapter.rank
+        self._clear(slot)
+        rank, width = adapter.rank, self.max_rank
         for (layer, proj), (a, b) in adapter.weights.items():
             stacked_a, stacked_b = self._tensors(proj)
-            stacked_a[layer, :, slot, :rank].copy_(a, non_blocking=True)
-            stacked_b[layer, slot, :rank].copy_(b, non_blocking=True)
+            stack = self.stacks[proj]
+            column = stack.projections.index(proj) * width
+            first, end = stack.columns(proj)
+            stacked_a[layer, slot, :, column : column + rank].copy_(a, non_blocking=True)
+            stacked_b[layer, slot, :rank, first:end].copy_(b, non_blocking=True)
         self.scaling[slot] = adapter.scaling
+        self.ranks[slot] = rank
         self._slot_of[adapter.name] = slot
 
     def step(self, token_slots: torch.Tensor) -> StepDeltas:
         """The deltas of one step whose token t uses slot token_slots[t] ([T] int64, -1: none).
-        Only tensor ops on `token_slots`: a graph captured over a static buffer replays it."""
+        On CUDA only tensor ops on `token_slots`: a graph captured over a static buffer
+        replays it."""
         if self.device.type == "cuda":
             from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
 
-            return SegmentedLoraStep(self.a, self.b, self.scaling, token_slots)
-        return self.one_hot_step(token_slots)
-
-    def one_hot_step(self, token_slots: torch.Tensor) -> LoraStep:
-        """The PyTorch path's step on any device (the CPU's; the reference of the kernels')."""
-        one_hot = torch.nn.functional.one_hot(token_slots + 1, self.num_slots + 1)[:, 1:]
-        weights = (one_hot.to(self.dtype) * self.scaling).unsqueeze(-1)
-        return LoraStep(self.a, self.b, weights)
+            return SegmentedLoraStep(self, token_slots)
+        return SegmentedTorchStep(self, token_slots)
 
 
-class LoraStep:
-    """Applies the step's per-row deltas in the model's projections."""
+class SegmentedTorchStep:
+    """The PyTorch path's step (the CPU's; the kernels' reference): the rows of each slot in
+    use gathered, their delta computed from that slot's weights at its adapter's own rank, and
+    added back into those rows only. The grouping is read on the host once per step."""
 
-    def __init__(
-        self, a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], weights: torch.Tensor
-    ) -> None:
-        self._a, self._b = a, b
-        self._weights = weights  # [T, slots, 1]: each row's scaling in its own slot, else 0
+    def __init__(self, slots: LoraSlots, token_slots: torch.Tensor) -> None:
+        self._slots = slots
+        host = token_slots.cpu()
+        used = [s for s in torch.unique(host).tolist() if s >= 0]
+        self._rows = [(s, torch.nonzero(host == s).squeeze(1).to(token_slots.device)) for s in used]
 
     def project(self, layer: int, proj: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """module(x) (the base GEMM, once for all rows) plus each row's delta."""
@@ -168,11 +233,28 @@ class LoraStep:
 
     def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y += each row's delta of `proj` in `layer`, in place (y may be a column slice)."""
-        a = self._a.get(proj)
-        if a is None:
+        tensors = self._slots.stacked(proj)
+        if tensors is None:
             return  # no adapter in a slot targets this projection
-        b = self._b[proj]
-        rows = x.shape[0]
-        _, in_f, slots, rank = a.shape
-        shrunk = (x @ a[layer].view(in_f, slots * rank)).view(rows, slots, rank) * self._weights
-        y.addmm_(shrunk.view(rows, slots * rank), b[layer].view(slots * rank, -1))
+        a, b = tensors
+        stack = self._slots.stacks[proj]
+        column = stack.projections.index(proj) * self._slots.max_rank
+        first, end = stack.columns(proj)
+        for slot, rows in self._rows:
+            rank = self._slots.ranks[slot]
+            slot_a = a[layer, slot, :, column : column + rank]
+            slot_b = b[layer, slot, :rank, first:end]
+            # peft's order: (x @ A.T) @ B.T, then times the scaling.
+            delta = (x.index_select(0, rows) @ slot_a) @ slot_b * self._slots.scaling[slot]
+            y.index_add_(0, rows, delta)
+
+    def add_stack(
+        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """y += the deltas of each projection of the stack, into its columns of y."""
+        stack = self._slots.stacks[projections[0]]
+        if stack.projections != projections:
+            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
+        for proj in projections:
+            first, end = stack.columns(proj)
+            self.add(layer, proj, x, y[:, first:end])

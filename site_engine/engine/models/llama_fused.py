@@ -6,8 +6,9 @@ sizes fixed (cuda/elementwise.py; other activations compiled), one gate/up GEMM.
 model lives on a CUDA device; see fused.py for why.
 
 LoRA rows (`lora`, set by the runner or, inside captured graphs, by the graphs over their static
-slot-index buffer) add their deltas after each base GEMM: into the q/k/v and gate/up slices of
-the fused outputs, and after o_proj and down_proj (lora/slots.py, cuda/lora_kernels.py).
+slot-index buffer) add their deltas after each base GEMM: the q/k/v and gate/up stacks into the
+fused outputs at once (one shrink and one expand each), and after o_proj and down_proj
+(lora/slots.py, cuda/lora_kernels.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch.nn import functional
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.lora.slots import StepDeltas
+from site_engine.engine.lora.slots import GATE_UP, QKV, StepDeltas
 from site_engine.engine.models import (
     child,
     child_list,
@@ -191,9 +192,7 @@ class LlamaFusedFlatModel:
             normed, residual = _add_norm(attn_out, residual, layer.post_norm, layer.eps)
             gate_up = functional.linear(normed, layer.gate_up_weight, layer.gate_up_bias)
             if self.lora is not None:
-                width = gate_up.shape[1] // 2
-                self.lora.add(index, "gate_proj", normed, gate_up[:, :width])
-                self.lora.add(index, "up_proj", normed, gate_up[:, width:])
+                self.lora.add_stack(index, GATE_UP, normed, gate_up)
             gated = _gated_act(gate_up, layer.act, layer.act_is_silu)
             mlp_out = layer.down_proj(gated)
             if self.lora is not None:
@@ -218,10 +217,7 @@ class LlamaFusedFlatModel:
         tokens, head_dim = hidden.shape[0], self.spec.head_dim
         qkv = functional.linear(hidden, layer.qkv_weight, layer.qkv_bias)
         if self.lora is not None:
-            q_end, k_end = layer.q_size, layer.q_size + layer.kv_size
-            self.lora.add(index, "q_proj", hidden, qkv[:, :q_end])
-            self.lora.add(index, "k_proj", hidden, qkv[:, q_end:k_end])
-            self.lora.add(index, "v_proj", hidden, qkv[:, k_end:])
+            self.lora.add_stack(index, QKV, hidden, qkv)
         query, key, value = torch.split(qkv, [layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
         query, key = _rotate_qk(
             query.view(tokens, -1, head_dim), key.view(tokens, -1, head_dim), cos, sin
