@@ -150,9 +150,14 @@ def test_kernels_match_the_reference(
     assert torch.equal(got[base_rows], wide[base_rows]), seed
     assert torch.equal(got[:, :32], wide[:, :32]), seed
     assert torch.equal(got[:, 32 + out_f :], wide[:, 32 + out_f :]), seed
-    # The deltas are large beside the tolerance: a kernel that dropped them would fail.
-    moved = (got - wide)[~base_rows].abs().amax(dim=1)
-    assert bool((moved > 10 * tolerance).all()), seed
+    # A kernel that dropped the deltas must fail: most adapter rows' expected deltas are large
+    # beside the tolerance (a low-rank slot can give a small one, so not all: on the GPU that
+    # made this check flaky), and every such row moved.
+    want = (expected - wide[:, 32 : 32 + out_f].double()).abs().amax(dim=1)[~base_rows]
+    moved = (got - wide)[~base_rows].abs().amax(dim=1).double()
+    large = want > 10 * tolerance
+    assert bool(large.float().mean() >= 0.5), (seed, want)
+    assert bool((moved[large] > 5 * tolerance).all()), seed
 
 
 def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
