@@ -133,7 +133,8 @@ class AdapterRegistry:
             raise AdapterError(f"adapter name {name!r}: non-empty, no '/', no leading '.'")
         source = source.resolve()
         if not source.is_dir():
-            raise AdapterError(f"{source} is not a directory on the site's machine")
+            # Not the path itself: error messages never show the site's paths.
+            raise AdapterError(f"adapter {name!r}: the path given is not a directory on the site")
         read_adapter(source, name, self._base, self.settings.max_rank, self._dtype)  # the check
         with self._files:
             entry = self._path(name)
@@ -224,7 +225,9 @@ class AdapterRegistry:
                 continue
             except Exception as exc:  # a broken file: its requests fail, the site serves on
                 log.exception("loading adapter %s failed", name)
-                failed[name] = f"adapter {name!r} could not be loaded: {exc}"
+                # The exception's type only: its message may name the site's paths (the log
+                # has it whole).
+                failed[name] = f"adapter {name!r} could not be loaded ({type(exc).__name__})"
                 continue
             self._keep(adapter, in_use())
             ready.append(name)
