@@ -333,7 +333,7 @@ class PagedEngine:
     def load_adapter(self, name: str, path: str) -> None:
         """Any thread: the registry checks the files and links them in under its own lock."""
         registry = self._live_registry()
-        if name in registry.served():
+        if name in registry.entries():
             raise AdapterRefused(AdapterRefused.EXISTS, f"adapter {name!r} is already served")
         try:
             registry.register(name, Path(path))
@@ -345,7 +345,7 @@ class PagedEngine:
         would hold the caller for as long as the longest of them, and a refusal lets the
         operator choose (retry, or cancel them)."""
         registry = self._live_registry()
-        if name not in registry.served():
+        if name not in registry.entries():
             raise AdapterRefused(AdapterRefused.NOT_FOUND, f"adapter {name!r} is not served")
         if name in self._scheduler.live_adapters():
             raise AdapterRefused(

@@ -198,6 +198,22 @@ def _transposed(weight: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Te
     return out.pin_memory() if pin else out
 
 
+def check_adapter(
+    path: Path, base: BaseShapes, max_rank: int
+) -> tuple[int, float, dict[str, TensorEntry], dict[tuple[int, str], dict[str, str]]]:
+    """(rank, scaling, the weights file's entries, its A/B names by (layer, projection)) once
+    every check that needs no weight data passed (config, names, shapes); AdapterError if not."""
+    rank, scaling = read_config(path, max_rank)
+    try:
+        entries = read_header(path / WEIGHTS_FILE)
+    except (OSError, WeightsFileError) as exc:
+        raise _unreadable(WEIGHTS_FILE, exc) from exc
+    pairs = _pairs(entries)
+    for where, pair in pairs.items():
+        _check_pair(where, pair, entries, rank, base)
+    return rank, scaling, entries, pairs
+
+
 def read_adapter(
     path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype, pin: bool = False
 ) -> LoraAdapter:
@@ -206,15 +222,8 @@ def read_adapter(
     by the copies that lay it out (weights_file.py says why not safetensors.load_file). `pin`
     (CUDA only) puts the weights in page-locked memory: a slot write's non-blocking copies are
     then asynchronous DMA, not a synchronous staged copy on the engine's thread."""
-    rank, scaling = read_config(path, max_rank)
+    rank, scaling, entries, pairs = check_adapter(path, base, max_rank)
     file = path / WEIGHTS_FILE
-    try:
-        entries = read_header(file)
-    except (OSError, WeightsFileError) as exc:
-        raise _unreadable(WEIGHTS_FILE, exc) from exc
-    pairs = _pairs(entries)
-    for where, pair in pairs.items():
-        _check_pair(where, pair, entries, rank, base)
     try:
         tensors = map_tensors(file, entries)
     except (OSError, ValueError) as exc:

@@ -38,9 +38,11 @@ import torch
 from site_engine.engine.lora.adapter import (
     CONFIG_FILE,
     MAX_RANK,
+    WEIGHTS_FILE,
     AdapterError,
     BaseShapes,
     LoraAdapter,
+    check_adapter,
     read_adapter,
 )
 from site_engine.engine.lora.slots import LoraSlots, StepDeltas
@@ -84,6 +86,18 @@ class AdapterResidency:
     load_s: float = 0.0
 
 
+def _signature(path: Path) -> tuple[int, ...]:
+    """The sizes and mtimes of an adapter's two files (-1 for one that is missing)."""
+    values: list[int] = []
+    for file in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            stat = (path / file).stat()
+            values += [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            values += [-1, -1]
+    return tuple(values)
+
+
 def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
     """Device bytes of the slots of every projection (A and B, padded to max_rank), plus the
     kernels' per-step buffers (a few MiB at most)."""
@@ -113,11 +127,38 @@ class AdapterRegistry:
         # Seconds the last reads from disk took (worker threads append; a deque's append and a
         # copy of it are atomic): the load time a router charges a request of a cold adapter.
         self._read_s: deque[float] = deque(maxlen=_READ_TIMES_KEPT)
+        # Adapter -> (its files' sizes and mtimes, whether it can be served): served()'s checks.
+        self._verdicts: dict[str, tuple[tuple[int, ...], bool]] = {}
 
-    def served(self) -> tuple[str, ...]:
-        """The adapters this site can serve: its directory's PEFT adapters, by name."""
+    def entries(self) -> tuple[str, ...]:
+        """Its directory's PEFT adapters by name, whether they can be served or not (what an
+        operator may unload)."""
         root = self.settings.directory
         return tuple(sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).is_file()))
+
+    def served(self) -> tuple[str, ...]:
+        """The adapters this site can serve, what it advertises (SiteInfo.adapters, so the
+        gateway's /v1/models): the entries whose config and weights' header pass every check
+        that needs no weight data, less those a load refused (NaN weights...), each until its
+        files change. The checks' verdicts are kept by the files' sizes and mtimes."""
+        return tuple(name for name in self.entries() if self._loadable(name))
+
+    def _loadable(self, name: str) -> bool:
+        path = self._path(name)
+        files = _signature(path)
+        known = self._verdicts.get(name)
+        if known is None or known[0] != files:
+            try:
+                check_adapter(path, self._base, self.settings.max_rank)
+                known = (files, True)
+            except AdapterError:
+                known = (files, False)
+            self._verdicts[name] = known
+        return known[1]
+
+    def _refused(self, name: str) -> None:
+        """A load of `name` was refused: it is not advertised until its files change."""
+        self._verdicts[name] = (_signature(self._path(name)), False)
 
     def check_name(self, name: str) -> None:
         """AdapterError unless `name` is an adapter of this site's directory."""
@@ -206,7 +247,11 @@ class AdapterRegistry:
         """Reads `name` now, on this thread (an operator's preload, tests); AdapterError, with
         nothing changed, if it cannot be served."""
         self.check_name(name)
-        adapter = self._read(name)
+        try:
+            adapter = self._read(name)
+        except AdapterError:
+            self._refused(name)
+            raise
         self._keep(adapter, in_use)
         return adapter
 
@@ -222,6 +267,7 @@ class AdapterRegistry:
                 adapter = future.result()
             except AdapterError as exc:
                 failed[name] = f"adapter {name!r} cannot be served: {exc}"
+                self._refused(name)
                 continue
             except Exception as exc:  # a broken file: its requests fail, the site serves on
                 log.exception("loading adapter %s failed", name)

@@ -7,6 +7,7 @@ steps are PeftModel's, token for token (a tiny random Llama, float32)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,30 @@ def test_a_nan_adapter_is_refused_and_the_others_answer_as_peft_does(
     assert str(staging) not in str(refused.value)
     assert "nan-again" not in engine.served_adapters()
     engine.close()
+
+
+def test_a_site_advertises_only_the_adapters_it_can_load(
+    tmp_path: Path, loaded: LoadedModel
+) -> None:
+    """What SiteInfo.adapters (so the gateway's /v1/models) lists: not an adapter whose config
+    or shapes fail the checks, nor one a load refused (NaN weights), until its files change."""
+    base = BaseShapes.of_model(loaded.model)
+    write_adapter(tmp_path / "good", base)
+    write_adapter(tmp_path / "too-big", base, rank=32)
+    write_adapter(tmp_path / "aLoRA", base, alora_invocation_tokens=[5])
+    _poke(write_adapter(tmp_path / "nan", base, targets=("q_proj", "v_proj")), float("nan"))
+    registry = AdapterRegistry(LoraSettings(tmp_path), base, torch.float32, torch.device("cpu"))
+    assert registry.entries() == ("aLoRA", "good", "nan", "too-big")
+    assert registry.served() == ("good", "nan")  # NaN shows only in the data
+    with pytest.raises(AdapterError, match="holds NaN"):
+        registry.load("nan")
+    assert registry.served() == ("good",)
+    tensors = load_file(str(tmp_path / "nan" / WEIGHTS_FILE))
+    tensors[KEY] = torch.nan_to_num(tensors[KEY])
+    fixed = tmp_path / "nan" / WEIGHTS_FILE
+    save_file(tensors, str(fixed))  # fixed in place, the same size: told by its mtime
+    mtime = fixed.stat().st_mtime_ns + 10**9  # coarse file clocks: a second later, surely
+    os.utime(fixed, ns=(mtime, mtime))
+    assert registry.served() == ("good", "nan")
+    assert registry.load("nan").rank == 4
+    registry.close()
