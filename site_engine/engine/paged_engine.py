@@ -585,6 +585,10 @@ class PagedEngine:
             adapters_on_device=lora.on_device,
             adapters_in_host=lora.in_host,
             adapter_load_s=lora.load_s,
+            adapter_loads=lora.loads,
+            adapter_load_failures=lora.load_failures,
+            adapter_waits=lora.waits,
+            adapter_wait_s=lora.wait_s,
             step_cost_s=_terms(self._scheduler.step_cost),
         )
 

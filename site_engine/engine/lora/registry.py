@@ -84,6 +84,12 @@ class AdapterResidency:
     on_device: tuple[str, ...] = ()
     in_host: tuple[str, ...] = ()
     load_s: float = 0.0
+    # Since start: adapters read from disk for requests, loads refused or failed, requests that
+    # waited for their adapter's load, and the seconds they waited, summed.
+    loads: int = 0
+    load_failures: int = 0
+    waits: int = 0
+    wait_s: float = 0.0
 
 
 def _signature(path: Path) -> tuple[int, ...]:
@@ -127,6 +133,11 @@ class AdapterRegistry:
         # Seconds the last reads from disk took (worker threads append; a deque's append and a
         # copy of it are atomic): the load time a router charges a request of a cold adapter.
         self._read_s: deque[float] = deque(maxlen=_READ_TIMES_KEPT)
+        # When each request that found its adapter not in host memory asked, by adapter (the
+        # engine's thread): settle() turns them into the waiting metrics.
+        self._asked: dict[str, list[float]] = {}
+        self._loads = self._load_failures = self._waits = 0
+        self._wait_s = 0.0
         # Adapter -> (its files' sizes and mtimes, whether it can be served): served()'s checks.
         self._verdicts: dict[str, tuple[tuple[int, ...], bool]] = {}
 
@@ -223,6 +234,7 @@ class AdapterRegistry:
             return True
         if name not in self._loading:
             self._loading[name] = self._pool.submit(self._read, name)
+        self._asked.setdefault(name, []).append(time.perf_counter())
         return False
 
     def _read(self, name: str) -> LoraAdapter:
@@ -240,8 +252,9 @@ class AdapterRegistry:
         host = sorted(name for name in self._host if name not in device)
         times = list(self._read_s)
         return AdapterResidency(
-            tuple(sorted(device)), tuple(host), sum(times) / len(times) if times else 0.0
-        )
+            tuple(sorted(device)), tuple(host), sum(times) / len(times) if times else 0.0,
+            self._loads, self._load_failures, self._waits, self._wait_s,
+        )  # fmt: skip
 
     def load(self, name: str, in_use: Collection[str] = ()) -> LoraAdapter:
         """Reads `name` now, on this thread (an operator's preload, tests); AdapterError, with
@@ -261,21 +274,28 @@ class AdapterRegistry:
         done = [name for name, future in self._loading.items() if future.done()]
         ready: list[str] = []
         failed: dict[str, str] = {}
+        now = time.perf_counter()
         for name in done:
             future = self._loading.pop(name)
+            asked = self._asked.pop(name, [])
+            self._waits += len(asked)
+            self._wait_s += sum(now - at for at in asked)
             try:
                 adapter = future.result()
             except AdapterError as exc:
                 failed[name] = f"adapter {name!r} cannot be served: {exc}"
                 self._refused(name)
+                self._load_failures += 1
                 continue
             except Exception as exc:  # a broken file: its requests fail, the site serves on
                 log.exception("loading adapter %s failed", name)
                 # The exception's type only: its message may name the site's paths (the log
                 # has it whole).
                 failed[name] = f"adapter {name!r} could not be loaded ({type(exc).__name__})"
+                self._load_failures += 1
                 continue
             self._keep(adapter, in_use())
+            self._loads += 1
             ready.append(name)
         return ready, failed
 

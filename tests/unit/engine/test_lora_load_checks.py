@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry, generate_latest
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -28,8 +29,10 @@ from site_engine.engine.lora.adapter import (
 )
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
+from site_engine.metrics import EngineStatsCollector
 from site_engine.model_loading import LoadedModel, load_model
 from tests.unit.engine.test_lora_adapters import drain, write_adapter
+from tests.unit.test_site_metrics import FixedStats, parse, scalar
 
 MAX_TOKENS = 6
 KEY = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
@@ -170,6 +173,15 @@ def test_a_nan_adapter_is_refused_and_the_others_answer_as_peft_does(
     assert done["no-alpha"][0] == _peft_answer(tiny_llama_dir, root / "no-alpha", prompt)
     assert done["no-alpha"][0] != base
     assert engine.adapters is not None and engine.adapters.resident == ("no-alpha",)  # noqa: PT018
+    # The loads and the waits as the site's metrics show them: one load, one refused, two
+    # requests that waited (base rows never wait).
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector("s1", FixedStats(engine.stats())))
+    samples = parse(generate_latest(registry).decode())
+    assert scalar(samples, "fedllm_site_adapter_loads_total") == 1
+    assert scalar(samples, "fedllm_site_adapter_load_failures_total") == 1
+    assert scalar(samples, "fedllm_site_adapter_waits_total") == 2
+    assert 0 < scalar(samples, "fedllm_site_adapter_wait_seconds_total") < 120
     with pytest.raises(AdapterRefused, match="holds NaN") as refused:
         engine.load_adapter("nan-again", str(staging))
     assert refused.value.reason == AdapterRefused.INVALID
