@@ -15,8 +15,9 @@ into the directory: the directory stays the one list of what the site serves, an
 serves it again. `unregister` removes the entry (a link is unlinked; a real folder is moved
 under `.unloaded/`, never deleted) and drops the copies in host memory and in device slots.
 
-Host memory keeps up to `max_cpu_loras` adapters, least recently used evicted first, never one
-that a live request uses (it may then hold more for a while). The device holds up to
+Host memory keeps up to `max_cpu_loras` adapters, and with `max_cpu_bytes` at most that many
+bytes of them, least recently used evicted first, never one that a live request uses (it may
+then hold more for a while). The device holds up to
 `max_loras` of them in slots (site_engine/engine/lora/slots.py); the scheduler admits requests of
 at most that many distinct adapters at once, so every step's adapters fit.
 """
@@ -62,6 +63,8 @@ class LoraSettings:
     max_cpu_loras: int = 8
     max_rank: int = 16
     max_loads: int = 4
+    # Bytes the adapters in host memory may take at most (0: max_cpu_loras alone bounds them).
+    max_cpu_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -74,6 +77,8 @@ class LoraSettings:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
         if self.max_loads < 1:
             raise ValueError(f"max_lora_loads must be >= 1, got {self.max_loads}")
+        if self.max_cpu_bytes < 0:
+            raise ValueError(f"max_cpu_bytes must be >= 0, got {self.max_cpu_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,8 +313,20 @@ class AdapterRegistry:
         self._host[adapter.name] = adapter
         self._host.move_to_end(adapter.name)
         evictable = [n for n in self._host if n not in in_use and n != adapter.name]
-        while len(self._host) > self.settings.max_cpu_loras and evictable:
+        while self._over_host_bounds() and evictable:
             del self._host[evictable.pop(0)]
+
+    def _over_host_bounds(self) -> bool:
+        """More adapters in host memory than max_cpu_loras, or more bytes than max_cpu_bytes."""
+        settings = self.settings
+        if len(self._host) > settings.max_cpu_loras:
+            return True
+        return 0 < settings.max_cpu_bytes < self.host_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the adapters in host memory."""
+        return sum(adapter.num_bytes for adapter in self._host.values())
 
     def step(self, adapters: Sequence[str], lens: Sequence[int]) -> StepDeltas | None:
         """The deltas of a step whose chunk i (lens[i] tokens) uses adapters[i] ("": none);

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from site_engine.__main__ import lora_settings
 from site_engine.engine.core.api import AdapterRefused, EngineRequest
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.lora.adapter import (
@@ -31,6 +32,7 @@ from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.metrics import EngineStatsCollector
 from site_engine.model_loading import LoadedModel, load_model
+from site_engine.settings import SettingsError, SiteSettings
 from tests.unit.engine.test_lora_adapters import drain, write_adapter
 from tests.unit.test_site_metrics import FixedStats, parse, scalar
 
@@ -215,3 +217,32 @@ def test_a_site_advertises_only_the_adapters_it_can_load(
     assert registry.served() == ("good", "nan")
     assert registry.load("nan").rank == 4
     registry.close()
+
+
+def test_host_memory_keeps_adapters_within_its_bytes(tmp_path: Path, loaded: LoadedModel) -> None:
+    """With max_cpu_bytes, host memory holds at most that many bytes of adapters (least
+    recently used evicted first) however many max_cpu_loras would allow, but never evicts one
+    in use; and the site setting in GiB becomes those bytes."""
+    base = BaseShapes.of_model(loaded.model)
+    for i in range(4):
+        write_adapter(tmp_path / f"a{i}", base, seed=i)
+    one = read_adapter(tmp_path / "a0", "a0", base, 16, torch.float32).num_bytes
+    settings = LoraSettings(tmp_path, max_loras=1, max_cpu_loras=8, max_cpu_bytes=2 * one)
+    registry = AdapterRegistry(settings, base, torch.float32, torch.device("cpu"))
+    for name in ("a0", "a1", "a2"):
+        registry.load(name)
+    assert list(registry.resident) == ["a1", "a2"]
+    assert registry.host_bytes == 2 * one
+    registry.load("a3", in_use=("a1", "a2"))  # over the bound for a while: none evictable
+    assert list(registry.resident) == ["a1", "a2", "a3"]
+    registry.load("a0")
+    assert list(registry.resident) == ["a3", "a0"]
+    registry.close()
+    with pytest.raises(ValueError, match="max_cpu_bytes must be >= 0"):
+        LoraSettings(tmp_path, max_cpu_bytes=-1)
+    site = SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_LORA_DIR": str(tmp_path),
+                              "SITE_MAX_CPU_LORA_GIB": "0.5"})  # fmt: skip
+    lora = lora_settings(site)
+    assert lora is not None and lora.max_cpu_bytes == 1 << 29  # noqa: PT018
+    with pytest.raises(SettingsError, match="SITE_MAX_CPU_LORA_GIB must be >= 0"):
+        SiteSettings.load({"SITE_MODEL_DIR": "m", "SITE_MAX_CPU_LORA_GIB": "-1"})
