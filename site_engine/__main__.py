@@ -144,6 +144,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument(
         "--max-cpu-loras", type=int, help="adapters kept in host memory (default 8)"
     )
+    parser.add_argument(
+        "--max-cpu-lora-gib",
+        type=float,
+        help="host memory the adapters kept there may take (GiB; 0: --max-cpu-loras alone)",
+    )
     parser.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
     parser.add_argument(
         "--max-lora-loads", type=int, help="adapters read from disk at once (default 4)"
@@ -215,6 +220,7 @@ def lora_settings(settings: SiteSettings) -> LoraSettings | None:
         settings.lora_dir,
         max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras,
+        max_cpu_bytes=int(settings.max_cpu_lora_gib * (1 << 30)),
         max_rank=settings.max_lora_rank,
         max_loads=settings.max_lora_loads,
     )

@@ -153,7 +153,7 @@ _STATS_GAUGES = (
 )
 
 
-def _prefix_cache_counters(stats: EngineStats) -> tuple[tuple[str, str, int], ...]:
+def _engine_counters(stats: EngineStats) -> tuple[tuple[str, str, float], ...]:
     return (
         (
             "prefix_cache_queries_tokens",
@@ -195,6 +195,26 @@ def _prefix_cache_counters(stats: EngineStats) -> tuple[tuple[str, str, int], ..
             "KV blocks evicted without a host copy as unlikely to be read again",
             stats.host_kv_blocks_declined,
         ),
+        (
+            "adapter_loads",
+            "LoRA adapters read from disk into host memory for requests (its rate: loads a second)",
+            stats.adapter_loads,
+        ),
+        (
+            "adapter_load_failures",
+            "LoRA adapter loads refused (invalid adapter) or failed",
+            stats.adapter_load_failures,
+        ),
+        (
+            "adapter_waits",
+            "Requests that waited for their LoRA adapter's load",
+            stats.adapter_waits,
+        ),
+        (
+            "adapter_wait_seconds",
+            "Seconds requests waited for their LoRA adapter's load, summed",
+            stats.adapter_wait_s,
+        ),
     )
 
 
@@ -225,7 +245,7 @@ class EngineStatsCollector(Collector):
         for name, doc, value in (
             ("iterations", "Engine iterations since start", stats.iterations),
             ("preemptions", "Sequences preempted for KV memory since start", stats.num_preemptions),
-            *_prefix_cache_counters(stats),
+            *_engine_counters(stats),
         ):
             counter = CounterMetricFamily(f"fedllm_site_{name}", doc, labels=["site"])
             counter.add_metric(labels, float(value))

@@ -99,6 +99,9 @@ class SiteSettings:
     lora_dir: Path | None = None
     max_loras: int = 4
     max_cpu_loras: int = 8
+    # Host memory the adapters kept there may take at most (GiB, pinned on CUDA; 0: no bound
+    # but max_cpu_loras): least recently used evicted first, never one a live request uses.
+    max_cpu_lora_gib: float = 0.0
     max_lora_rank: int = 16
     max_lora_loads: int = 4
     # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
@@ -168,6 +171,8 @@ class SiteSettings:
             raise SettingsError(
                 "SITE_MAX_LORAS must be >= 1 and <= SITE_MAX_CPU_LORAS, SITE_MAX_LORA_RANK in 1..64"
             )
+        if self.max_cpu_lora_gib < 0:
+            raise SettingsError(f"SITE_MAX_CPU_LORA_GIB must be >= 0, got {self.max_cpu_lora_gib}")
         if self.max_lora_loads < 1:
             raise SettingsError(f"SITE_MAX_LORA_LOADS must be >= 1, got {self.max_lora_loads}")
         if self.finetune_reserve_bytes < 0 or self.finetune_checkpoint_every < 1:

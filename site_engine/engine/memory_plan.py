@@ -27,6 +27,11 @@ RESERVE_SHARE = 0.05
 # Driver-side memory of one instantiated CUDA graph, per decoder layer (H100: ~2-3.5 MiB per
 # graph of a 16-layer model, bench/results/engine_prefill/engine_prefill_long_h100_notes.md).
 GRAPH_BYTES_PER_LAYER = 256 << 10
+# The most blocks a cache may hold: block ids are int32 wherever a kernel reads them (the block
+# tables of the Triton kernels and of the CUDA graphs, cuDNN's page tables), and the cache holds
+# one block more than the scheduler hands out (the graphs' scratch block, id num_blocks). Element
+# offsets are 64-bit in every kernel (docs/engine-gpu.md, "KV offsets"), so this is the only bound.
+MAX_BLOCKS = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,8 @@ class KvPlan:
     max_model_len: int
     measurement: TrialMeasurement | None
     reserve: int
+    # Blocks the free memory held when MAX_BLOCKS capped the automatic size (0: not capped).
+    uncapped_blocks: int = 0
 
     @property
     def kv_bytes(self) -> int:
@@ -83,6 +90,25 @@ class KvPlan:
 
 class KvCacheTooSmall(ValueError):
     """The settings leave too little memory for a KV cache that holds one full sequence."""
+
+
+class KvCacheUnindexable(ValueError):
+    """An explicit KV cache size of more blocks than the kernels can index (MAX_BLOCKS)."""
+
+
+def _indexable(blocks: int, bytes_per_block: int, requested_bytes: int) -> int:
+    """`blocks` if the kernels can index them; an explicit size beyond is refused."""
+    if blocks <= MAX_BLOCKS:
+        return blocks
+    if requested_bytes > 0:
+        raise KvCacheUnindexable(
+            f"a KV cache of {_gib(requested_bytes)} is {blocks:,} blocks of {bytes_per_block} "
+            f"bytes, but the kernels index at most {MAX_BLOCKS:,} blocks (block ids are int32 in "
+            "their block tables and cuDNN's page tables, one id kept for the CUDA graphs' "
+            f"scratch block): give at most {_gib(MAX_BLOCKS * bytes_per_block)}, or a larger "
+            "block size"
+        )
+    return MAX_BLOCKS
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -117,7 +143,9 @@ def plan_kv_cache(
         blocks = requested_bytes // bytes_per_block
     else:
         blocks = max(available, 0) // bytes_per_block
-    plan = KvPlan(blocks, block_size, bytes_per_block, max_model_len, measurement, reserve)
+    indexable = _indexable(blocks, bytes_per_block, requested_bytes)
+    plan = KvPlan(indexable, block_size, bytes_per_block, max_model_len, measurement, reserve,
+                  uncapped_blocks=blocks if indexable < blocks else 0)  # fmt: skip
     # An explicit size smaller than one full sequence is the operator's choice (tests use one
     # to force preemption; the scheduler refuses requests that could never fit it).
     if requested_bytes <= 0 and blocks * bytes_per_block < one_sequence:
@@ -141,6 +169,7 @@ def plan_from_budget(
         raise KvCacheTooSmall(
             f"a KV budget of {budget_bytes / MIB:.1f} MiB holds no block of {bytes_per_block} bytes"
         )
+    blocks = _indexable(blocks, bytes_per_block, budget_bytes)
     return KvPlan(blocks, block_size, bytes_per_block, max_model_len, None, 0)
 
 
@@ -167,6 +196,11 @@ def startup_report(plan: KvPlan, graphs: str) -> str:
         f"tokens, {_gib(plan.kv_bytes)}; {plan.full_length_sequences:,} sequence(s) of "
         f"max_model_len {plan.max_model_len:,} fit at once; {graphs}"
     )
+    if plan.uncapped_blocks:
+        line += (
+            f"; capped from {plan.uncapped_blocks:,} blocks at the {MAX_BLOCKS:,} the kernels "
+            "index (int32 block ids)"
+        )
     m = plan.measurement
     if m is not None:
         line += (

@@ -347,7 +347,7 @@ class PagedEngine:
     def load_adapter(self, name: str, path: str) -> None:
         """Any thread: the registry checks the files and links them in under its own lock."""
         registry = self._live_registry()
-        if name in registry.served():
+        if name in registry.entries():
             raise AdapterRefused(AdapterRefused.EXISTS, f"adapter {name!r} is already served")
         try:
             registry.register(name, Path(path))
@@ -359,7 +359,7 @@ class PagedEngine:
         would hold the caller for as long as the longest of them, and a refusal lets the
         operator choose (retry, or cancel them)."""
         registry = self._live_registry()
-        if name not in registry.served():
+        if name not in registry.entries():
             raise AdapterRefused(AdapterRefused.NOT_FOUND, f"adapter {name!r} is not served")
         if name in self._scheduler.live_adapters():
             raise AdapterRefused(
@@ -599,6 +599,10 @@ class PagedEngine:
             adapters_on_device=lora.on_device,
             adapters_in_host=lora.in_host,
             adapter_load_s=lora.load_s,
+            adapter_loads=lora.loads,
+            adapter_load_failures=lora.load_failures,
+            adapter_waits=lora.waits,
+            adapter_wait_s=lora.wait_s,
             step_cost_s=_terms(self._scheduler.step_cost),
         )
 

@@ -97,6 +97,12 @@ class EngineStats:
     adapters_on_device: tuple[str, ...] = ()
     adapters_in_host: tuple[str, ...] = ()
     adapter_load_s: float = 0.0
+    # Since start (lora/registry.py AdapterResidency): adapters loaded for requests, loads that
+    # failed, requests that waited for their adapter, and the seconds they waited, summed.
+    adapter_loads: int = 0
+    adapter_load_failures: int = 0
+    adapter_waits: int = 0
+    adapter_wait_s: float = 0.0
     # What a step costs as the engine learned it (core/step_cost.py): seconds of its base, a
     # computed token and a KV position read; () until enough steps were seen.
     step_cost_s: tuple[float, ...] = ()

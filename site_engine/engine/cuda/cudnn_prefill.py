@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,6 +58,11 @@ _MIN_QUERY_BUCKET = 256
 _MIN_PAGE_BUCKET = 64
 # cuDNN 9.7 is the first to take paged K/V together with ragged queries.
 _MIN_BACKEND_VERSION = 90700
+# The ragged offsets and page tables handed to cuDNN are int32 (_index_tensor in
+# cudnn_graphs.py), and how cuDNN indexes a paged container past 2^31 elements is not
+# documented: a plan whose element offsets reach this goes to the Triton kernel, 64-bit
+# throughout (docs/engine-gpu.md, "KV offsets").
+_INT32_ELEMENTS = 1 << 31
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,23 @@ class LongChunkPlan:
     min_context: int
     # (first query row, new tokens, context length) of each chunk, on the host.
     shapes: tuple[tuple[int, int, int], ...] = ()
+
+
+def int32_offsets_fit(
+    plan: LongChunkPlan, query: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor,
+    gather: bool,
+) -> bool:  # fmt: skip
+    """Whether every element offset cuDNN would compute for `plan` stays below 2^31: the
+    queries' and outputs' ragged offsets (a chunk's last row x the row stride), the gathered
+    contexts' (all their positions x kv_heads x head_dim) or, in paged mode, the cache's."""
+    block_size = key_cache.shape[1]
+    rows_end = max(start + new for start, new, _ in plan.shapes)
+    if rows_end * max(query.stride(0), out.stride(0)) >= _INT32_ELEMENTS:
+        return False
+    if not gather:
+        return key_cache.shape[0] * key_cache.stride(0) < _INT32_ELEMENTS
+    positions = sum(-(-context // block_size) * block_size for _, _, context in plan.shapes)
+    return positions * key_cache.stride(1) < _INT32_ELEMENTS
 
 
 def _next_power_of_two(value: int, floor: int) -> int:
@@ -253,9 +275,18 @@ class CudnnLongPrefill:
         scale: float,
     ) -> bool:
         """Writes the long chunks' rows of `out`; False (nothing written) when cuDNN has no
-        plan for this shape, so the caller runs them through the Triton kernel."""
+        plan for this shape, or its int32 offsets could not reach every element, so the caller
+        runs them through the Triton kernel."""
+        if not int32_offsets_fit(plan, query, out, key_cache, self.gather):
+            return False
         if self.gather and len(plan.shapes) == 1 and is_whole_chunk(*plan.shapes[0][1:]):
             return self._run_exact(query, key_cache, value_cache, out, plan, scale)
+        return self._run_ragged(query, key_cache, value_cache, out, plan, scale)
+
+    def _run_ragged(self, query: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, out: torch.Tensor, plan: LongChunkPlan,
+                    scale: float) -> bool:  # fmt: skip
+        """Any chunks through a ragged graph (cudnn_graphs.build_ragged)."""
         key = RaggedKey(
             Layout.of(query, key_cache, out, scale), chunks=len(plan.rows),
             query_bucket=plan.query_bucket, page_bucket=plan.page_bucket,
@@ -303,8 +334,7 @@ class CudnnLongPrefill:
         key = ExactKey(Layout.of(query, key_cache, out, scale), new, context)
         built = self._graph(key, lambda handle: build_exact(self._cudnn, handle, key))
         if built is None:
-            return self.run(query, key_cache, value_cache, out, replace(plan, shapes=()),
-                            scale=scale)  # fmt: skip
+            return self._run_ragged(query, key_cache, value_cache, out, plan, scale)
         rows = slice(start, start + new)
         tensors = built.tensors
         pack = {

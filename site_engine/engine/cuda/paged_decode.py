@@ -31,13 +31,15 @@ def _paged_decode_kernel(
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    row = seq
+    row = seq.to(tl.int64)
     if FLAT:
         # A flat batch of chunks: serve only the one-token chunks, at their row of the batch.
-        row = tl.load(query_start_ptr + seq)
-        if tl.load(query_start_ptr + seq + 1) - row != 1:
+        row_start = tl.load(query_start_ptr + seq)
+        if tl.load(query_start_ptr + seq + 1) - row_start != 1:
             return
+        row = row_start.to(tl.int64)
     context_len = tl.load(context_lens_ptr + seq)
+    row_table = seq.to(tl.int64) * stride_bt_seq
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_t = tl.arange(0, TILE)
@@ -57,9 +59,11 @@ def _paged_decode_kernel(
     for tile_start in range(start, context_len, TILE):
         pos = tile_start + offs_t
         valid = (pos < context_len) & (pos >= first)
-        block = tl.load(
-            block_tables_ptr + seq * stride_bt_seq + pos // BLOCK_SIZE, mask=valid, other=0
-        )
+        # 64-bit: block x stride passes 2^31 elements once a layer's cache holds more than
+        # 2^31 / (block_size x kv_heads x head_dim) blocks (1,048,576 at 16 x 2 x 64), and an
+        # int32 product wraps to another block's data or before the cache (docs/engine-gpu.md).
+        block = tl.load(block_tables_ptr + row_table + pos // BLOCK_SIZE, mask=valid, other=0)
+        block = block.to(tl.int64)
         slot = pos % BLOCK_SIZE
         k = tl.load(
             k_cache_ptr + block[:, None] * stride_k_block + slot[:, None] * stride_k_slot

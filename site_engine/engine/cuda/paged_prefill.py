@@ -207,7 +207,7 @@ def _paged_prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    table_ptr = block_tables_ptr + seq * stride_bt_seq
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     k_base = k_cache_ptr + kv_head * stride_kv_head
     v_base = v_cache_ptr + kv_head * stride_kv_head
     # The tile's queries sit at positions [tile_first, tile_last]. Causal: the last sees up to

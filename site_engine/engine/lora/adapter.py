@@ -8,8 +8,11 @@ B [out, r]; the delta of a projection is `x @ A.T @ B.T * scaling`, scaling = al
 site needs a handful of its fields, and the serving image need not carry peft and its imports.
 
 Everything is checked before anything is kept: an adapter whose rank, layers or shapes do not
-fit the base, or that uses a PEFT feature the engine does not apply (DoRA, biases, per-module
-ranks, extra trained modules), raises AdapterError and leaves no trace.
+fit the base, that uses a PEFT feature the engine does not apply as peft does (DoRA, aLoRA,
+layer replication, biases, per-module ranks, extra trained modules...), or whose weights hold
+NaN, infinite values or values past the serving dtype's range, raises AdapterError and leaves no
+trace. A config without `lora_alpha` takes peft's default, 8. Messages name the adapter's files,
+never the site's paths.
 """
 
 from __future__ import annotations
@@ -54,7 +57,19 @@ _UNSUPPORTED = {
     "rank_pattern": "per-module ranks (rank_pattern)",
     "alpha_pattern": "per-module alphas (alpha_pattern)",
     "target_parameters": "target_parameters",
+    # peft applies these at inference, and the engine does not: served, they would diverge.
+    "alora_invocation_tokens": "aLoRA (alora_invocation_tokens: the adapter only from its "
+    "invocation tokens on)",
+    "layer_replication": "layer_replication (layers repeated into a deeper model)",
+    "trainable_token_indices": "trainable tokens (trainable_token_indices)",
+    "use_qalora": "QALoRA (use_qalora)",
+    "use_bdlora": "BD-LoRA (use_bdlora)",
+    "kasa_config": "KaSA (kasa_config: the base weights truncated by SVD)",
+    "monteclora_config": "MonteCLoRA (monteclora_config)",
+    "arrow_config": "Arrow routing (arrow_config)",
 }
+# peft's LoraConfig default when a config names no lora_alpha (not the rank).
+PEFT_DEFAULT_ALPHA = 8
 
 
 class AdapterError(ValueError):
@@ -101,6 +116,13 @@ class LoraAdapter:
         return frozenset(proj for _, proj in self.weights)
 
 
+def _unreadable(file_name: str, exc: Exception) -> AdapterError:
+    """The reason a file could not be read, by its name: an OSError's own message would show
+    the site's path."""
+    reason = (exc.strerror or type(exc).__name__) if isinstance(exc, OSError) else str(exc)
+    return AdapterError(f"cannot read {file_name}: {reason}")
+
+
 def _number(config: Mapping[str, Any], key: str, default: float | None) -> float:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -113,7 +135,7 @@ def read_config(path: Path, max_rank: int) -> tuple[int, float]:
     try:
         config = json.loads(read_small(path / CONFIG_FILE, MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, ValueError) as exc:
-        raise AdapterError(f"cannot read {path / CONFIG_FILE}: {exc}") from exc
+        raise _unreadable(CONFIG_FILE, exc) from exc
     if not isinstance(config, dict):
         raise AdapterError(f"{CONFIG_FILE} is not a JSON object")
     if config.get("peft_type", "LORA") != "LORA":
@@ -127,7 +149,7 @@ def read_config(path: Path, max_rank: int) -> tuple[int, float]:
     limit = min(max_rank, MAX_RANK)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= limit:
         raise AdapterError(f"rank {rank!r} is outside 1..{limit} (this site's max_lora_rank)")
-    alpha = _number(config, "lora_alpha", rank)
+    alpha = _number(config, "lora_alpha", PEFT_DEFAULT_ALPHA)
     rslora = config.get("use_rslora", False) is True
     return rank, alpha / (math.sqrt(rank) if rslora else rank)
 
@@ -179,6 +201,22 @@ def _transposed(weight: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Te
     return out.pin_memory() if pin else out
 
 
+def check_adapter(
+    path: Path, base: BaseShapes, max_rank: int
+) -> tuple[int, float, dict[str, TensorEntry], dict[tuple[int, str], dict[str, str]]]:
+    """(rank, scaling, the weights file's entries, its A/B names by (layer, projection)) once
+    every check that needs no weight data passed (config, names, shapes); AdapterError if not."""
+    rank, scaling = read_config(path, max_rank)
+    try:
+        entries = read_header(path / WEIGHTS_FILE)
+    except (OSError, WeightsFileError) as exc:
+        raise _unreadable(WEIGHTS_FILE, exc) from exc
+    pairs = _pairs(entries)
+    for where, pair in pairs.items():
+        _check_pair(where, pair, entries, rank, base)
+    return rank, scaling, entries, pairs
+
+
 def read_adapter(
     path: Path, name: str, base: BaseShapes, max_rank: int, dtype: torch.dtype, pin: bool = False
 ) -> LoraAdapter:
@@ -187,41 +225,38 @@ def read_adapter(
     by the copies that lay it out (weights_file.py says why not safetensors.load_file). `pin`
     (CUDA only) puts the weights in page-locked memory: a slot write's non-blocking copies are
     then asynchronous DMA, not a synchronous staged copy on the engine's thread."""
-    rank, scaling = read_config(path, max_rank)
+    rank, scaling, entries, pairs = check_adapter(path, base, max_rank)
     file = path / WEIGHTS_FILE
-    try:
-        entries = read_header(file)
-    except (OSError, WeightsFileError) as exc:
-        raise AdapterError(f"cannot read {file}: {exc}") from exc
-    pairs = _pairs(entries)
-    for where, pair in pairs.items():
-        _check_pair(where, pair, entries, rank, base)
     try:
         tensors = map_tensors(file, entries)
     except (OSError, ValueError) as exc:
-        raise AdapterError(f"cannot read {file}: {exc}") from exc
+        raise _unreadable(WEIGHTS_FILE, exc) from exc
     weights = {
         where: (
-            _transposed(tensors[pair["A"]], dtype, pin),
-            _transposed(tensors[pair["B"]], dtype, pin),
+            _checked(tensors[pair["A"]], where, "A", dtype, pin),
+            _checked(tensors[pair["B"]], where, "B", dtype, pin),
         )
         for where, pair in pairs.items()
     }
-    for where, laid_out in weights.items():
-        check_finite(where, laid_out, dtype)
     return LoraAdapter(name, rank, scaling, weights)
 
 
-def check_finite(
-    where: tuple[int, str], pair: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype
-) -> None:
-    """AdapterError for a NaN or infinite weight, as read or once in the serving dtype (a value
-    past its range): one would make the adapter's rows NaN, and on a site whose kernels mix rows
-    of several adapters, corrupt other requests' rows too."""
+def _checked(
+    weight: torch.Tensor, where: tuple[int, str], which: str, dtype: torch.dtype, pin: bool
+) -> torch.Tensor:
+    """`_transposed`, refusing weights with NaN or infinite values, or values past `dtype`'s
+    range (infinite once converted): served, one such value makes every row of the steps the
+    adapter shares NaN, other tenants' included, wherever a kernel adds a masked or zero-scaled
+    product of it."""
     layer, proj = where
-    for which, weight in zip("AB", pair, strict=True):
-        if not bool(torch.isfinite(weight).all()):
-            raise AdapterError(
-                f"layer {layer} {proj}: lora_{which} holds a NaN or infinite value (or one "
-                f"past the range of the serving dtype {str(dtype).removeprefix('torch.')})"
-            )
+    if not bool(torch.isfinite(weight).all()):
+        raise AdapterError(f"layer {layer} {proj} lora_{which} holds NaN or infinite values")
+    out = _transposed(weight, dtype, pin)
+    if not bool(torch.isfinite(out).all()):
+        peak = float(weight.abs().max())
+        limit = torch.finfo(dtype).max
+        raise AdapterError(
+            f"layer {layer} {proj} lora_{which} holds values up to {peak:.6g}, past the serving "
+            f"dtype's range ({str(dtype).removeprefix('torch.')}: at most {limit:.6g})"
+        )
+    return out

@@ -15,8 +15,9 @@ into the directory: the directory stays the one list of what the site serves, an
 serves it again. `unregister` removes the entry (a link is unlinked; a real folder is moved
 under `.unloaded/`, never deleted) and drops the copies in host memory and in device slots.
 
-Host memory keeps up to `max_cpu_loras` adapters, least recently used evicted first, never one
-that a live request uses (it may then hold more for a while). The device holds up to
+Host memory keeps up to `max_cpu_loras` adapters, and with `max_cpu_bytes` at most that many
+bytes of them, least recently used evicted first, never one that a live request uses (it may
+then hold more for a while). The device holds up to
 `max_loras` of them in slots (site_engine/engine/lora/slots.py); the scheduler admits requests of
 at most that many distinct adapters at once, so every step's adapters fit.
 """
@@ -38,9 +39,11 @@ import torch
 from site_engine.engine.lora.adapter import (
     CONFIG_FILE,
     MAX_RANK,
+    WEIGHTS_FILE,
     AdapterError,
     BaseShapes,
     LoraAdapter,
+    check_adapter,
     read_adapter,
 )
 from site_engine.engine.lora.slots import LoraSlots, StepDeltas
@@ -60,6 +63,8 @@ class LoraSettings:
     max_cpu_loras: int = 8
     max_rank: int = 16
     max_loads: int = 4
+    # Bytes the adapters in host memory may take at most (0: max_cpu_loras alone bounds them).
+    max_cpu_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -72,6 +77,8 @@ class LoraSettings:
             raise ValueError(f"max_lora_rank must be in 1..{MAX_RANK}, got {self.max_rank}")
         if self.max_loads < 1:
             raise ValueError(f"max_lora_loads must be >= 1, got {self.max_loads}")
+        if self.max_cpu_bytes < 0:
+            raise ValueError(f"max_cpu_bytes must be >= 0, got {self.max_cpu_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,24 @@ class AdapterResidency:
     on_device: tuple[str, ...] = ()
     in_host: tuple[str, ...] = ()
     load_s: float = 0.0
+    # Since start: adapters read from disk for requests, loads refused or failed, requests that
+    # waited for their adapter's load, and the seconds they waited, summed.
+    loads: int = 0
+    load_failures: int = 0
+    waits: int = 0
+    wait_s: float = 0.0
+
+
+def _signature(path: Path) -> tuple[int, ...]:
+    """The sizes and mtimes of an adapter's two files (-1 for one that is missing)."""
+    values: list[int] = []
+    for file in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            stat = (path / file).stat()
+            values += [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            values += [-1, -1]
+    return tuple(values)
 
 
 def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
@@ -113,11 +138,43 @@ class AdapterRegistry:
         # Seconds the last reads from disk took (worker threads append; a deque's append and a
         # copy of it are atomic): the load time a router charges a request of a cold adapter.
         self._read_s: deque[float] = deque(maxlen=_READ_TIMES_KEPT)
+        # When each request that found its adapter not in host memory asked, by adapter (the
+        # engine's thread): settle() turns them into the waiting metrics.
+        self._asked: dict[str, list[float]] = {}
+        self._loads = self._load_failures = self._waits = 0
+        self._wait_s = 0.0
+        # Adapter -> (its files' sizes and mtimes, whether it can be served): served()'s checks.
+        self._verdicts: dict[str, tuple[tuple[int, ...], bool]] = {}
 
-    def served(self) -> tuple[str, ...]:
-        """The adapters this site can serve: its directory's PEFT adapters, by name."""
+    def entries(self) -> tuple[str, ...]:
+        """Its directory's PEFT adapters by name, whether they can be served or not (what an
+        operator may unload)."""
         root = self.settings.directory
         return tuple(sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).is_file()))
+
+    def served(self) -> tuple[str, ...]:
+        """The adapters this site can serve, what it advertises (SiteInfo.adapters, so the
+        gateway's /v1/models): the entries whose config and weights' header pass every check
+        that needs no weight data, less those a load refused (NaN weights...), each until its
+        files change. The checks' verdicts are kept by the files' sizes and mtimes."""
+        return tuple(name for name in self.entries() if self._loadable(name))
+
+    def _loadable(self, name: str) -> bool:
+        path = self._path(name)
+        files = _signature(path)
+        known = self._verdicts.get(name)
+        if known is None or known[0] != files:
+            try:
+                check_adapter(path, self._base, self.settings.max_rank)
+                known = (files, True)
+            except AdapterError:
+                known = (files, False)
+            self._verdicts[name] = known
+        return known[1]
+
+    def _refused(self, name: str) -> None:
+        """A load of `name` was refused: it is not advertised until its files change."""
+        self._verdicts[name] = (_signature(self._path(name)), False)
 
     def check_name(self, name: str) -> None:
         """AdapterError unless `name` is an adapter of this site's directory."""
@@ -133,7 +190,8 @@ class AdapterRegistry:
             raise AdapterError(f"adapter name {name!r}: non-empty, no '/', no leading '.'")
         source = source.resolve()
         if not source.is_dir():
-            raise AdapterError(f"{source} is not a directory on the site's machine")
+            # Not the path itself: error messages never show the site's paths.
+            raise AdapterError(f"adapter {name!r}: the path given is not a directory on the site")
         read_adapter(source, name, self._base, self.settings.max_rank, self._dtype)  # the check
         with self._files:
             entry = self._path(name)
@@ -181,6 +239,7 @@ class AdapterRegistry:
             return True
         if name not in self._loading:
             self._loading[name] = self._pool.submit(self._read, name)
+        self._asked.setdefault(name, []).append(time.perf_counter())
         return False
 
     def _read(self, name: str) -> LoraAdapter:
@@ -198,14 +257,19 @@ class AdapterRegistry:
         host = sorted(name for name in self._host if name not in device)
         times = list(self._read_s)
         return AdapterResidency(
-            tuple(sorted(device)), tuple(host), sum(times) / len(times) if times else 0.0
-        )
+            tuple(sorted(device)), tuple(host), sum(times) / len(times) if times else 0.0,
+            self._loads, self._load_failures, self._waits, self._wait_s,
+        )  # fmt: skip
 
     def load(self, name: str, in_use: Collection[str] = ()) -> LoraAdapter:
         """Reads `name` now, on this thread (an operator's preload, tests); AdapterError, with
         nothing changed, if it cannot be served."""
         self.check_name(name)
-        adapter = self._read(name)
+        try:
+            adapter = self._read(name)
+        except AdapterError:
+            self._refused(name)
+            raise
         self._keep(adapter, in_use)
         return adapter
 
@@ -215,18 +279,28 @@ class AdapterRegistry:
         done = [name for name, future in self._loading.items() if future.done()]
         ready: list[str] = []
         failed: dict[str, str] = {}
+        now = time.perf_counter()
         for name in done:
             future = self._loading.pop(name)
+            asked = self._asked.pop(name, [])
+            self._waits += len(asked)
+            self._wait_s += sum(now - at for at in asked)
             try:
                 adapter = future.result()
             except AdapterError as exc:
                 failed[name] = f"adapter {name!r} cannot be served: {exc}"
+                self._refused(name)
+                self._load_failures += 1
                 continue
             except Exception as exc:  # a broken file: its requests fail, the site serves on
                 log.exception("loading adapter %s failed", name)
-                failed[name] = f"adapter {name!r} could not be loaded: {exc}"
+                # The exception's type only: its message may name the site's paths (the log
+                # has it whole).
+                failed[name] = f"adapter {name!r} could not be loaded ({type(exc).__name__})"
+                self._load_failures += 1
                 continue
             self._keep(adapter, in_use())
+            self._loads += 1
             ready.append(name)
         return ready, failed
 
@@ -239,8 +313,20 @@ class AdapterRegistry:
         self._host[adapter.name] = adapter
         self._host.move_to_end(adapter.name)
         evictable = [n for n in self._host if n not in in_use and n != adapter.name]
-        while len(self._host) > self.settings.max_cpu_loras and evictable:
+        while self._over_host_bounds() and evictable:
             del self._host[evictable.pop(0)]
+
+    def _over_host_bounds(self) -> bool:
+        """More adapters in host memory than max_cpu_loras, or more bytes than max_cpu_bytes."""
+        settings = self.settings
+        if len(self._host) > settings.max_cpu_loras:
+            return True
+        return 0 < settings.max_cpu_bytes < self.host_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the adapters in host memory."""
+        return sum(adapter.num_bytes for adapter in self._host.values())
 
     def step(self, adapters: Sequence[str], lens: Sequence[int]) -> StepDeltas | None:
         """The deltas of a step whose chunk i (lens[i] tokens) uses adapters[i] ("": none);

@@ -6,7 +6,11 @@ from __future__ import annotations
 import torch
 
 from site_engine.engine.attention import AttentionMetadata
-from site_engine.engine.cuda.cudnn_prefill import is_whole_chunk, plan_long_chunks
+from site_engine.engine.cuda.cudnn_prefill import (
+    int32_offsets_fit,
+    is_whole_chunk,
+    plan_long_chunks,
+)
 
 BLOCK = 16
 
@@ -85,3 +89,30 @@ def test_paged_mode_gathers_nothing() -> None:
     assert plan.kv_starts is None
     assert plan.page_bucket == 64  # the smallest bucket
     assert plan.query_bucket == 512
+
+
+def test_offsets_past_int32_go_to_the_triton_kernel() -> None:
+    """cuDNN's ragged offsets and page tables are int32 element counts: a step whose query rows,
+    gathered contexts or (paged mode) cache reach 2^31 elements is left to the Triton kernel,
+    which indexes in 64 bits. Shapes only (meta tensors): the sizes are those of real models."""
+    chunks = [(0, 4096), (8192, 4096)]  # two long chunks, the second one continuing a prefix
+    plan = plan_long_chunks(_metadata(chunks, [_table(0, 4096), _table(300, 12288)]), 4096,
+                            4096, BLOCK, gather=True)  # fmt: skip
+    assert plan is not None
+    # An 8B model's rows: fused QKV of 32 + 2 x 8 heads of 128 (the query is a view of them).
+    query = torch.empty_strided((8192, 32, 128), (6144, 128, 1), device="meta")
+    out = torch.empty((8192, 32, 128), device="meta")
+    cache = torch.empty((100_000, BLOCK, 8, 128), device="meta")
+    assert int32_offsets_fit(plan, query, out, cache, gather=True)
+    assert int32_offsets_fit(plan, query, out, cache, gather=False)
+    # 8,192 rows of 2^18 elements each: 2^31 at the last row.
+    wide = torch.empty_strided((8192, 32, 128), (1 << 18, 128, 1), device="meta")
+    assert not int32_offsets_fit(plan, wide, out, cache, gather=True)
+    # Paged mode reads the whole cache: 2^31 / (16 x 8 x 128) = 131,072 blocks is past it.
+    for blocks, fits in ((131_071, True), (131_072, False)):
+        paged = torch.empty((blocks, BLOCK, 8, 128), device="meta")
+        assert int32_offsets_fit(plan, query, out, paged, gather=False) is fits
+    # Gathered: the contexts' 4,096 + 12,288 positions x 8 x 128 fit; with heads of 2^14
+    # elements (2^17 a position) they do not.
+    huge_heads = torch.empty((100, BLOCK, 8, 1 << 14), device="meta")
+    assert not int32_offsets_fit(plan, query, out, huge_heads, gather=True)

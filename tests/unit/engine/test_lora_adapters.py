@@ -124,7 +124,8 @@ def test_missing_files_and_unknown_names_are_refused(tmp_path: Path, loaded: Loa
     for name in ("nope", "..", "../empty"):
         with pytest.raises(AdapterError, match="unknown adapter"):
             registry.check_name(name)
-    assert registry.served() == ("empty",)
+    assert registry.entries() == ("empty",)
+    assert registry.served() == ()  # no weights file: not advertised
     registry.close()
 
 
@@ -191,7 +192,7 @@ def test_the_engine_refuses_unknown_adapters_and_fails_invalid_ones_alone(
     write_adapter(tmp_path / "good", base, targets=("q_proj", "gate_proj", "down_proj"))
     write_adapter(tmp_path / "too-big", base, rank=16)
     eng = engine(loaded, tmp_path)
-    assert eng.served_adapters() == ("good", "too-big")
+    assert eng.served_adapters() == ("good",)  # too-big's rank: not advertised
     with pytest.raises(RequestRejected, match="unknown adapter 'other'"):
         eng.add_request(request("r0", "other"))
     for rid, adapter in (("base", None), ("good", "good"), ("bad", "too-big")):

@@ -7,8 +7,10 @@ import pytest
 
 from site_engine.engine.memory_plan import (
     GIB,
+    MAX_BLOCKS,
     RESERVE_SHARE,
     KvCacheTooSmall,
+    KvCacheUnindexable,
     TrialMeasurement,
     batch_defaults,
     plan_from_budget,
@@ -111,3 +113,32 @@ def test_an_explicit_cache_smaller_than_one_sequence_is_the_operators_choice() -
                          max_model_len=131072, requested_bytes=64 << 20)  # fmt: skip
     assert plan.num_blocks == 128
     assert plan.full_length_sequences == 0
+
+
+def test_more_blocks_than_the_kernels_index_are_capped_or_refused_with_the_numbers() -> None:
+    """Block ids are int32 in the kernels' block tables: a cache of tiny blocks on a large device
+    (here 32-byte blocks: one layer, one KV head of 8 at block size 1, in 80 GiB) holds more
+    than 2^31 - 1 of them. The automatic size is capped there and says so; an explicit one, and
+    a budget without a trial, are refused naming the limit and the numbers."""
+    trial = _trial(free_gib=75.0)
+    plan = plan_kv_cache(trial, bytes_per_block=32, block_size=1, max_model_len=4096)
+    free_blocks = (trial.free - trial.step_and_sampler - trial.graph_driver
+                   - int(H100 * RESERVE_SHARE)) // 32  # fmt: skip
+    assert free_blocks > MAX_BLOCKS == 2**31 - 1
+    assert plan.num_blocks == MAX_BLOCKS
+    assert plan.uncapped_blocks == free_blocks
+    assert f"capped from {free_blocks:,} blocks at the 2,147,483,647" in startup_report(plan, "")
+    with pytest.raises(KvCacheUnindexable) as refused:
+        plan_kv_cache(trial, bytes_per_block=32, block_size=1, max_model_len=4096,
+                      requested_bytes=68 * GIB)  # fmt: skip
+    message = str(refused.value)
+    assert "a KV cache of 68.00 GiB is 2,281,701,376 blocks of 32 bytes" in message
+    assert "at most 2,147,483,647 blocks (block ids are int32" in message
+    assert "give at most 64.00 GiB" in message
+    with pytest.raises(KvCacheUnindexable, match=r"2,348,810,240 blocks of 32 bytes"):
+        plan_from_budget(70 * GIB, bytes_per_block=32, block_size=1, max_model_len=4096)
+    exact = plan_kv_cache(trial, bytes_per_block=32, block_size=1, max_model_len=4096,
+                          requested_bytes=MAX_BLOCKS * 32)  # fmt: skip
+    assert exact.num_blocks == MAX_BLOCKS and exact.uncapped_blocks == 0  # noqa: PT018
+    assert "capped" not in startup_report(plan_kv_cache(
+        trial, bytes_per_block=1 << 19, block_size=16, max_model_len=4096), "")  # fmt: skip
