@@ -194,6 +194,7 @@ def time_grid(loaded: LoadedModel, p: dict[str, Any], log: Progress) -> list[dic
             "prefill_tokens": shape.prefill_tokens,
             "decode_rows": shape.decode_rows,
             "kv_read_tokens": kv_read_tokens(shape),
+            "prefill_attention": sum(c.new * (c.cached + c.new) for c in shape.prefill),
             "adapters": 0,
         }
         try:
@@ -249,6 +250,7 @@ def time_adapters(
                 "prefill_tokens": 0,
                 "decode_rows": p["adapter_rows"],
                 "kv_read_tokens": p["adapter_rows"] * context,
+                "prefill_attention": 0,
                 "adapters": count,
                 "ms": seconds * 1000.0,
                 "lora_engine": True,
