@@ -13,6 +13,7 @@ from fedsim.federation import Failure, RunResult, run
 from fedsim.gateway import GatewaySettings
 from fedsim.site import EOS, TOKEN, SimSite, SiteSpec
 from fedsim.step_time import StepFeatures, StepTimeModel
+from fedsim.study import goodput
 from fedsim.workload import SimRequest, WorkloadSpec, build
 from site_engine.engine.core.scheduler import Scheduler
 from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
@@ -177,3 +178,16 @@ def test_a_request_the_engine_refuses_is_refused_by_the_simulated_site_too() -> 
 def test_sim_requests_are_plain_values() -> None:
     r = SimRequest("x", 0.0, (1, 2), 3, 4)
     assert dataclasses.replace(r, arrival_s=1.0).arrival_s == 1.0
+
+
+def test_goodput_brackets_then_bisects_the_highest_rate_that_meets_the_slo() -> None:
+    asked: list[float] = []
+
+    def meets(rate: float) -> bool:
+        asked.append(rate)
+        return rate <= 7.3
+
+    found = goodput(meets, guess=2.0, steps=6)
+    assert 7.3 - 8.0 / 2**6 <= found <= 7.3
+    assert asked[:3] == [2.0, 4.0, 8.0]  # doubled until it failed
+    assert goodput(lambda rate: False, guess=2.0, steps=3) == 0.0
