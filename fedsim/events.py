@@ -19,6 +19,7 @@ class EventLoop:
         self._queue: list[tuple[float, int, Callback]] = []
         self._order = count()
         self.events_run = 0
+        self._stopped = False
 
     def now(self) -> float:
         return self._now
@@ -29,14 +30,19 @@ class EventLoop:
     def after(self, delay: float, callback: Callback) -> None:
         self.at(self._now + delay, callback)
 
+    def stop(self) -> None:
+        """`run` returns after the event that called this."""
+        self._stopped = True
+
     def run(self, until: float) -> None:
         queue = self._queue
-        while queue and queue[0][0] <= until:
+        while queue and queue[0][0] <= until and not self._stopped:
             when, _, callback = heapq.heappop(queue)
             self._now = when
             callback()
             self.events_run += 1
-        self._now = max(self._now, until)
+        if not self._stopped:
+            self._now = max(self._now, until)
 
     @property
     def pending(self) -> int:

@@ -95,9 +95,12 @@ def run(
     failures: Sequence[Failure] = (),
     drain_s: float = 60.0,
     capacity_weights: Sequence[float] | None = None,
+    give_up: Slo | None = None,
 ) -> RunResult:
     """Every request arrives, the federation runs until they finish or `drain_s` after the last
-    arrival; requests unfinished then count as not completed."""
+    arrival; requests unfinished then count as not completed. `give_up`: stop as soon as more
+    than 1% of the requests have waited longer than its TTFT for a first token (the run cannot
+    meet it any more: an overloaded run would otherwise cost the most to simulate)."""
     loop = EventLoop()
     gateway: SimGateway | None = None
 
@@ -112,8 +115,23 @@ def run(
     gateway.start(requests, horizon)
     for failure in failures:
         loop.at(failure.at_s, partial(gateway.fail, failure.site))
+    if give_up is not None:
+        loop.at(1.0, partial(_watch, loop, gateway, give_up, len(requests)))
     loop.run(horizon)
     return _result(gateway, sites, loop, horizon)
+
+
+def _watch(loop: EventLoop, gateway: SimGateway, slo: Slo, total: int) -> None:
+    now = loop.now()
+    late = 0
+    for flight in gateway.flights.values():
+        first = flight.first_token_s
+        waited = (now if first is None else first) - flight.request.arrival_s
+        late += waited > slo.ttft_p99_s or flight.rejected
+    if late > 0.01 * total:
+        loop.stop()
+        return
+    loop.after(1.0, partial(_watch, loop, gateway, slo, total))
 
 
 def _result(

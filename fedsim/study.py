@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from fedsim.federation import Slo, run
 from fedsim.gateway import GatewaySettings
 from fedsim.site import SiteSpec
 from fedsim.step_models import step_model
-from fedsim.workload import Source, WorkloadSpec, build, with_rate
+from fedsim.workload import Source, WorkloadSpec, build
 
 ARMS = (
     "round_robin",
@@ -104,6 +104,8 @@ def goodput(meets: Callable[[float], bool], guess: float, steps: int, floor: flo
     lo, hi = 0.0, guess
     while meets(hi):
         lo, hi = hi, hi * 2
+        if hi > 64 * guess:
+            raise ValueError(f"goodput beyond 64x the guess {guess}: the guess is wrong")
     if lo == 0.0:
         if not meets(guess * floor):
             return 0.0
@@ -119,14 +121,14 @@ def arm_goodput(
 ) -> dict[str, Any]:
     """One arm's goodput in one case and seed, and the runs the bisection made."""
     sites = case.sites()
-    guess = 2.5 * sum(
+    # About what an H100 site of the 8B shape serves of ShareGPT-like traffic at the SLO.
+    guess = 20.0 * sum(
         CARDS[c].bandwidth_bytes_s / CARDS["h100"].bandwidth_bytes_s for c in case.cards
     )
-    base_rate = 1.0
     spec = WorkloadSpec(
         case.source,
-        base_rate,
-        duration_s * guess,
+        guess,
+        duration_s,
         seed,
         "served",
         8192,
@@ -134,15 +136,16 @@ def arm_goodput(
         case.adapter_share,
         traces,
     )
-    base = build(spec)
     runs: list[dict[str, Any]] = []
     settings = GatewaySettings(policy=arm)
 
     def meets(rate: float) -> bool:
-        requests = [r for r in with_rate(base, rate) if r.arrival_s <= duration_s]
+        # The seed's lengths in the same order, Poisson arrivals at `rate`.
+        requests = build(replace(spec, rate=rate))
         began = time.perf_counter()
-        result = run(sites, requests, settings, drain_s=120.0)
+        result = run(sites, requests, settings, drain_s=120.0, give_up=slo)
         runs.append({"rate": rate, "wall_s": time.perf_counter() - began} | result.summary())
+        print(f"    {case.name} {arm} seed {seed} @ {rate:.2f}/s: {runs[-1]}", flush=True)
         return result.meets(slo)
 
     rate = goodput(meets, guess, steps)
@@ -221,6 +224,52 @@ def _plot(payload: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def write(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    slo: Slo,
+    chosen: Sequence[Case],
+    table: dict[str, dict[str, dict[str, float]]],
+    details: dict[str, Any],
+    wall_s: float,
+) -> dict[str, Any]:
+    """routing.{json,md,png} of what is measured so far (written after every arm: a study
+    stopped midway keeps what it found)."""
+    complete = {c: arms for c, arms in table.items() if args.default in arms}
+    command = "python -m fedsim.study " + " ".join(argv if argv is not None else [])
+    payload = {
+        "command": command,
+        "slo": {"ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": slo.tpot_p99_s},
+        "seeds": args.seeds,
+        "arms": args.arms,
+        "default": args.default,
+        "cases": {
+            c.name: {
+                "cards": c.cards,
+                "rtts_s": c.rtts_s,
+                "source": c.source,
+                "adapters": c.adapters,
+                "model": c.model,
+            }
+            for c in chosen
+        },
+        "goodput_rps": table,
+        "summary": summarize(complete, args.default) if complete else {},
+        "complete": len(details) == len(chosen) * len(args.arms) * args.seeds,
+        "runs": details,
+        "wall_s": wall_s,
+    }
+    if complete:
+        keys = ("default_vs_round_robin_min", "default_vs_best_arm_min")
+        payload |= {k: payload["summary"][k] for k in keys}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "routing.json").write_text(json.dumps(payload, indent=2) + "\n")
+    if complete:
+        (args.out / "routing.md").write_text(_markdown(payload))
+        _plot(payload, args.out / "routing.png")
+    return payload
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedsim.study")
     parser.add_argument("--quick", action="store_true", help="the 4-site cases only")
@@ -248,40 +297,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "goodput_rps"
                 ]
                 details[f"{case.name}/{arm}/{seed}"] = found
+                write(args, argv, slo, chosen, table, details, time.perf_counter() - began)
                 print(
                     f"[{time.perf_counter() - began:7.0f}s] {case.name} {arm} seed {seed}: "
                     f"{found['goodput_rps']:.2f} req/s",
                     flush=True,
                 )
-    command = "python -m fedsim.study " + " ".join(argv if argv is not None else [])
-    payload = {
-        "command": command,
-        "slo": {"ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": slo.tpot_p99_s},
-        "seeds": args.seeds,
-        "arms": args.arms,
-        "default": args.default,
-        "cases": {
-            c.name: {
-                "cards": c.cards,
-                "rtts_s": c.rtts_s,
-                "source": c.source,
-                "adapters": c.adapters,
-                "model": c.model,
-            }
-            for c in chosen
-        },
-        "goodput_rps": table,
-        "summary": summarize(table, args.default),
-        "runs": details,
-        "wall_s": time.perf_counter() - began,
-    }
-    payload |= {
-        k: payload["summary"][k] for k in ("default_vs_round_robin_min", "default_vs_best_arm_min")
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "routing.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (args.out / "routing.md").write_text(_markdown(payload))
-    _plot(payload, args.out / "routing.png")
+    payload = write(args, argv, slo, chosen, table, details, time.perf_counter() - began)
     print(_markdown(payload))
 
 
