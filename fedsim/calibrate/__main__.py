@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     grid_cards = sorted({o.card for g in args.grid for o in grid_observations(g)})
     headline = [f for f in fits if f.card in grid_cards] if grid_cards else fits
     gpu = args.gpu or (grid_cards[0] if grid_cards else "existing")
-    command = "python -m fedsim.calibrate " + " ".join(str(a) for a in (argv or []))
+    given = sys.argv[1:] if argv is None else argv
+    command = "python -m fedsim.calibrate " + " ".join(str(a) for a in given)
     payload = {
         "command": command,
         "step_time_error_p50": max(f.error_p50 for f in headline),
