@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from statistics import median_low
 
@@ -78,6 +78,9 @@ class SiteState:
     adapter_residency: SiteAdapters = field(default_factory=SiteAdapters, compare=False)
     # Its model's admitted work (shared with its same-model peers; set by SiteRegistry).
     arrivals: Arrivals = field(default_factory=Arrivals, compare=False, repr=False)
+    # What report_at and checked_at are read from: the monotonic clock, or a simulation's
+    # virtual one (fedsim/), which runs this same state on simulated time.
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
 
     @property
     def outstanding_tokens(self) -> int:
@@ -100,7 +103,7 @@ class SiteState:
         return self.report.queued_prompt_tokens if self.report is not None else 0
 
     def apply_report(self, report: LoadView) -> None:
-        self.report, self.report_at = report, time.monotonic()
+        self.report, self.report_at = report, self.clock()
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
         self.prefill_rate.observe(report.prefill_tokens_per_s)
         self.adapter_residency.apply(
@@ -170,12 +173,12 @@ class SiteState:
     def mark_healthy(self, info: SiteInfoView) -> None:
         self.healthy, self.info, self.last_error = True, info, None
         self.unanswered_checks = 0
-        self.checked_at = time.monotonic()
+        self.checked_at = self.clock()
         self.prefix.history.set_capacity_tokens(self.kv_capacity_tokens)
 
     def mark_unhealthy(self, reason: str) -> None:
         self.healthy, self.last_error = False, reason
-        self.checked_at = time.monotonic()
+        self.checked_at = self.clock()
 
 
 def median_step(steps: Iterable[StepTime | None]) -> StepTime | None:

@@ -1,0 +1,160 @@
+"""One simulated federation run: sites, gateway, workload, failures; and what came of it
+(TTFT, TPOT, goodput at the SLO)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from fedsim.events import EventLoop
+from fedsim.gateway import Flight, GatewaySettings, SimGateway
+from fedsim.site import SimSite, SiteSpec
+from fedsim.workload import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_p99_s: float = 2.0
+    tpot_p99_s: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    site: str
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    requests: int
+    completed: int
+    rejected: int
+    ttft_s: tuple[float, ...]  # of completed requests, in arrival order
+    tpot_s: tuple[float, ...]  # of completed requests with more than one token
+    offloads: int
+    failovers: int
+    steps: int
+    events: int
+    sim_s: float
+    site_busy: dict[str, float] = field(default_factory=dict)
+
+    def percentile(self, values: Sequence[float], q: float) -> float:
+        return percentile(values, q)
+
+    @property
+    def ttft_p50(self) -> float:
+        return percentile(self.ttft_s, 0.5)
+
+    @property
+    def ttft_p99(self) -> float:
+        return percentile(self.ttft_s, 0.99)
+
+    @property
+    def tpot_p50(self) -> float:
+        return percentile(self.tpot_s, 0.5)
+
+    @property
+    def tpot_p99(self) -> float:
+        return percentile(self.tpot_s, 0.99)
+
+    def meets(self, slo: Slo) -> bool:
+        """Every request served (none rejected or unfinished) and both p99s within the SLO."""
+        if self.completed < self.requests:
+            return False
+        return self.ttft_p99 <= slo.ttft_p99_s and self.tpot_p99 <= slo.tpot_p99_s
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "requests": self.requests,
+            "completed": self.completed,
+            "rejected": self.rejected,
+            "ttft_p50_s": self.ttft_p50,
+            "ttft_p99_s": self.ttft_p99,
+            "tpot_p50_s": self.tpot_p50,
+            "tpot_p99_s": self.tpot_p99,
+            "offloads": self.offloads,
+            "failovers": self.failovers,
+            "steps": self.steps,
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile; inf for no values (nothing served is no latency met)."""
+    if not values:
+        return math.inf
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def run(
+    specs: Sequence[SiteSpec],
+    requests: Sequence[SimRequest],
+    settings: GatewaySettings,
+    failures: Sequence[Failure] = (),
+    drain_s: float = 60.0,
+    capacity_weights: Sequence[float] | None = None,
+    give_up: Slo | None = None,
+) -> RunResult:
+    """Every request arrives, the federation runs until they finish or `drain_s` after the last
+    arrival; requests unfinished then count as not completed. `give_up`: stop as soon as more
+    than 1% of the requests have waited longer than its TTFT for a first token (the run cannot
+    meet it any more: an overloaded run would otherwise cost the most to simulate)."""
+    loop = EventLoop()
+    gateway: SimGateway | None = None
+
+    def on_updates(site: SimSite, updates: Sequence[object]) -> None:
+        assert gateway is not None
+        gateway.on_updates(site, updates)  # type: ignore[arg-type]
+
+    sites = [SimSite(spec, loop, on_updates) for spec in specs]
+    gateway = SimGateway(loop, sites, settings, capacity_weights)
+    last = max((r.arrival_s for r in requests), default=0.0)
+    horizon = last + drain_s
+    gateway.start(requests, horizon)
+    for failure in failures:
+        loop.at(failure.at_s, partial(gateway.fail, failure.site))
+    if give_up is not None:
+        loop.at(1.0, partial(_watch, loop, gateway, give_up, len(requests)))
+    loop.run(horizon)
+    return _result(gateway, sites, loop, horizon)
+
+
+def _watch(loop: EventLoop, gateway: SimGateway, slo: Slo, total: int) -> None:
+    now = loop.now()
+    late = 0
+    for flight in gateway.flights.values():
+        first = flight.first_token_s
+        waited = (now if first is None else first) - flight.request.arrival_s
+        late += waited > slo.ttft_p99_s or flight.rejected
+    if late > 0.01 * total:
+        loop.stop()
+        return
+    loop.after(1.0, partial(_watch, loop, gateway, slo, total))
+
+
+def _result(
+    gateway: SimGateway, sites: Sequence[SimSite], loop: EventLoop, horizon: float
+) -> RunResult:
+    flights: list[Flight] = list(gateway.flights.values())
+    done = [f for f in flights if f.finished_s is not None and f.first_token_s is not None]
+    ttft = tuple(f.first_token_s - f.request.arrival_s for f in done)  # type: ignore[operator]
+    tpot = tuple(
+        (f.finished_s - f.first_token_s) / (f.produced - 1)  # type: ignore[operator]
+        for f in done
+        if f.produced > 1
+    )
+    return RunResult(
+        requests=len(flights),
+        completed=len(done),
+        rejected=sum(f.rejected for f in flights),
+        ttft_s=ttft,
+        tpot_s=tpot,
+        offloads=gateway.offloads,
+        failovers=gateway.failovers,
+        steps=sum(s.steps for s in sites),
+        events=loop.events_run,
+        sim_s=horizon,
+        site_busy={s.name: s.busy_s for s in sites},
+    )

@@ -1,0 +1,291 @@
+"""The simulated gateway: the gateway's own routing state and code on the virtual clock.
+
+Each site is a real `SiteState` (gateway/sites/registry.py: its ledger, load reports, step-time
+and prefill-rate estimators, prefix index, adapter residency) whose clock is the simulation's;
+each request is placed by a real routing profile (gateway/routing/policy.py: build_policy), is
+counted on its site by a real `SiteLease` (prompt + planned answer left, recharged as tokens
+stream back, as gateway/dispatch/stream.py does), and queued work moves by the real offload
+planner (gateway/admin/offload.py: plan_offloads). What travels is delayed by half the site's
+round trip each way: the request to the site, its tokens and its load reports back.
+
+Failover: a site that dies loses its requests; each is placed again among the others with its
+prompt plus what it had generated as the new prompt and the rest of its answer to go (the
+gateway's continuation, gateway/dispatch/continuation.py); the health monitor marks the site
+down at its next check (GATEWAY_HEALTH_INTERVAL_S).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import cast
+
+from fedsim.events import EventLoop
+from fedsim.site import MODEL, SimSite
+from fedsim.workload import SimRequest
+from gateway.admin.offload import plan_offloads
+from gateway.federation import SiteConfig
+from gateway.routing.adapter_residency import SiteAdapters
+from gateway.routing.policy import RoutingPolicy, build_policy
+from gateway.routing.types import RoutingRequest, UnpredictedPlan
+from gateway.sites.interface import ALL_CAPABILITIES, SiteClient, SiteInfoView
+from gateway.sites.lease import SiteLease
+from gateway.sites.registry import SiteRegistry, SiteState
+from site_engine.engine.core.sequence import SequenceUpdate
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The gateway's settings the simulation uses, at their defaults (gateway/settings.py)."""
+
+    policy: str = "round_robin"
+    unpredicted: UnpredictedPlan = "max_tokens"
+    load_report_interval_s: float = 0.25
+    health_interval_s: float = 2.0
+    site_max_queued_requests: int | None = 256
+    offload: bool = True
+    offload_interval_s: float = 0.5
+    offload_transfer_cost_s: float = 0.05
+
+
+class SimSiteClient:
+    """What SiteState asks of its client in the simulation: capabilities, and whether the site
+    hands queued requests back (our engines do). The requests themselves go to the SimSite."""
+
+    capabilities = ALL_CAPABILITIES
+    can_release_queued = True
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class Flight:
+    """One request's life at the gateway."""
+
+    request: SimRequest
+    routing: RoutingRequest
+    lease: SiteLease | None = None
+    site: str = ""
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    produced: int = 0
+    rejected: bool = False
+    moves: int = 0
+    # The tokens produced on sites this request left (failover), already in `produced`.
+    carried: int = 0
+    # The routing's planned answer (routing.answer_tokens, a property: read once a placement).
+    planned: int = 0
+    sites: list[str] = field(default_factory=list)
+
+
+class SimGateway:
+    def __init__(
+        self,
+        loop: EventLoop,
+        sites: Sequence[SimSite],
+        settings: GatewaySettings,
+        capacity_weights: Sequence[float] | None = None,
+    ) -> None:
+        self._loop = loop
+        self.settings = settings
+        self.sites = {site.name: site for site in sites}
+        weights = capacity_weights or [1.0] * len(sites)
+        self.states: dict[str, SiteState] = {}
+        for i, (site, weight) in enumerate(zip(sites, weights, strict=True)):
+            spec = site.spec
+            config = SiteConfig(spec.name, "sim", spec.region, f"sim:{i}", MODEL, weight)
+            state = SiteState(
+                config,
+                i + 1,
+                cast(SiteClient, SimSiteClient()),
+                clock=loop.now,
+                adapter_residency=SiteAdapters(clock=loop.now),
+            )
+            state.mark_healthy(self._info(site))
+            state.rtt.observe(spec.rtt_s)
+            self.states[spec.name] = state
+        self.registry = SiteRegistry(self.states.values())
+        self.policy: RoutingPolicy = build_policy(
+            settings.policy, max_site_queue=settings.site_max_queued_requests
+        )
+        self.flights: dict[str, Flight] = {}
+        self.offloads = 0
+        self.failovers = 0
+
+    @staticmethod
+    def _info(site: SimSite) -> SiteInfoView:
+        spec = site.spec
+        return SiteInfoView(
+            site_name=spec.name,
+            model=MODEL,
+            max_model_len=spec.context,
+            vocab_size=1 << 17,
+            tokenizer_fingerprint="sim",
+            device=spec.card.name,
+            dtype="bfloat16",
+            kv_block_size=spec.block_size,
+            kv_blocks_total=spec.num_blocks,
+            max_num_seqs=spec.max_num_seqs,
+            engine="paged-fcfs",
+            version="fedsim",
+            prefix_caching=spec.prefix_caching,
+            adapters=tuple(f"lora{i:03d}" for i in range(1000)) if spec.max_loras else (),
+        )
+
+    # -- requests -------------------------------------------------------------------------
+    def start(self, requests: Sequence[SimRequest], horizon_s: float) -> None:
+        for request in requests:
+            self._loop.at(request.arrival_s, partial(self.arrive, request))
+        interval = self.settings.load_report_interval_s
+        for name in self.sites:
+            self._loop.at(interval, partial(self._report, name, interval, horizon_s))
+        if self.settings.offload:
+            self._loop.at(self.settings.offload_interval_s, lambda: self._offload(horizon_s))
+
+    def arrive(self, request: SimRequest) -> None:
+        routing = RoutingRequest(
+            model=MODEL,
+            prompt_tokens=len(request.prompt),
+            max_tokens=request.max_tokens,
+            predicted_tokens=request.predicted,
+            predicted_bucket=request.bucket,
+            unpredicted=self.settings.unpredicted,
+            prompt_token_ids=request.prompt,
+            adapter=request.adapter or None,
+        )
+        flight = Flight(request, routing)
+        self.flights[request.request_id] = flight
+        self._place(flight, self.states.values())
+
+    def _place(self, flight: Flight, candidates: Iterable[SiteState]) -> None:
+        state = self.policy.route(flight.routing, list(candidates)).site
+        if state is None:  # 503: no site may take it now
+            flight.rejected = True
+            if flight.lease is not None:
+                flight.lease.release()
+            return
+        flight.planned = flight.routing.answer_tokens
+        tokens = flight.routing.prompt_tokens + flight.planned
+        if flight.lease is None:
+            flight.lease = SiteLease.take(state, tokens)
+        else:
+            flight.lease.move(state, tokens)
+        flight.site = state.name
+        flight.sites.append(state.name)
+        site = self.sites[state.name]
+        self._loop.after(site.spec.rtt_s / 2, lambda: self._send(flight, site))
+
+    def _send(self, flight: Flight, site: SimSite) -> None:
+        if flight.site != site.name or flight.finished_s is not None:
+            return
+        if not site.alive:  # connection refused: another site at once
+            self._loop.after(site.spec.rtt_s / 2, lambda: self._failover(flight, site.name))
+            return
+        r, routing = flight.request, flight.routing
+        left = r.answer_tokens - flight.produced
+        site.add(
+            r.request_id + (f"~{flight.moves}" if flight.moves else ""),
+            routing.prompt_token_ids,
+            left,
+            max(left, routing.max_tokens),
+            routing.predicted_tokens,
+            r.adapter,
+            r.priority,
+        )
+
+    def on_updates(self, site: SimSite, updates: Sequence[SequenceUpdate]) -> None:
+        """A site's step ended: its tokens reach the gateway half a round trip later."""
+        if updates:
+            self._loop.after(site.spec.rtt_s / 2, lambda: self._tokens(site.name, updates))
+
+    def _tokens(self, site: str, updates: Sequence[SequenceUpdate]) -> None:
+        now = self._loop.now()
+        flights = self.flights
+        for update in updates:
+            rid = update.request_id
+            flight = flights.get(rid) or flights.get(rid.split("~")[0])
+            if flight is None or flight.site != site or flight.finished_s is not None:
+                continue
+            if update.new_token_ids:
+                flight.produced += len(update.new_token_ids)
+                if flight.first_token_s is None:
+                    flight.first_token_s = now
+            lease = flight.lease
+            if update.finish_reason is not None:
+                if update.finish_reason.value == "released":
+                    continue  # handled by the offload that asked for it
+                flight.finished_s = now
+                if lease is not None:
+                    lease.release()
+            elif lease is not None:
+                left = max(flight.planned - flight.produced + flight.carried, 0)
+                lease.recharge(flight.routing.prompt_tokens + left)
+
+    # -- load reports, offload, failures --------------------------------------------------
+    def _report(self, name: str, interval: float, horizon_s: float) -> None:
+        site = self.sites[name]
+        if site.alive:
+            view = site.load_view()
+            state = self.states[name]
+
+            def deliver() -> None:
+                state.apply_report(view)
+                if view.cache_events is not None:
+                    state.prefix.apply(view.cache_events)
+
+            self._loop.after(site.spec.rtt_s / 2, deliver)
+        if self._loop.now() + interval <= horizon_s:
+            self._loop.after(interval, lambda: self._report(name, interval, horizon_s))
+
+    def _offload(self, horizon_s: float) -> None:
+        transfer = self.settings.offload_transfer_cost_s
+        for plan in plan_offloads(list(self.states.values()), transfer):
+            giver = self.sites[plan.giver]
+            for request_id in giver.release_queued(plan.count):
+                flight = self.flights.get(request_id.split("~")[0])
+                if flight is None:
+                    continue
+                self.offloads += 1
+                flight.moves += 1
+                others = [s for s in self.states.values() if s.name != plan.giver]
+                # The release's answer comes back a round trip after the ask.
+                self._loop.after(giver.spec.rtt_s, partial(self._place, flight, others))
+        if self._loop.now() + self.settings.offload_interval_s <= horizon_s:
+            self._loop.after(self.settings.offload_interval_s, lambda: self._offload(horizon_s))
+
+    def fail(self, name: str) -> None:
+        """Site `name` dies now: its streams break (seen half a round trip later), the health
+        monitor marks it down at its next check."""
+        site = self.sites[name]
+        lost = site.fail()
+        for request_id in lost:
+            flight = self.flights.get(request_id.split("~")[0])
+            if flight is not None and flight.site == name:
+                self._loop.after(site.spec.rtt_s / 2, partial(self._failover, flight, name))
+        interval = self.settings.health_interval_s
+        next_check = (self._loop.now() // interval + 1) * interval
+        self._loop.at(next_check, lambda: self.states[name].mark_unhealthy("sim: site failed"))
+
+    def _failover(self, flight: Flight, dead: str) -> None:
+        if flight.finished_s is not None:
+            return
+        self.failovers += 1
+        flight.moves += 1
+        r = flight.request
+        produced = flight.produced
+        flight.carried = produced
+        prompt = r.prompt + tuple(range(2, 2 + produced))  # the answer so far, continued
+        left = max(r.answer_tokens - produced, 1)
+        flight.routing = RoutingRequest(
+            model=MODEL,
+            prompt_tokens=len(prompt),
+            max_tokens=max(r.max_tokens - produced, left),
+            predicted_tokens=None if r.predicted is None else max(r.predicted - produced, 1),
+            predicted_bucket=r.bucket,
+            unpredicted=self.settings.unpredicted,
+            prompt_token_ids=prompt,
+            adapter=r.adapter or None,
+        )
+        self._place(flight, [s for s in self.states.values() if s.name != dead])

@@ -1,0 +1,271 @@
+"""A simulated site: the real engine core (site_engine.engine.core.scheduler.Scheduler, with its
+block manager, prefix cache, priority classes and adapter slots) stepped on the virtual clock,
+the model's forward replaced by the fitted step time (fedsim/step_time.py).
+
+Each step is the engine's own loop, synchronously: schedule, then after the step's fitted time
+update with one sampled token per sampling chunk (EOS once a sequence reaches the answer length
+the workload gave it), then the next schedule. A LoRA adapter not in the site's host memory is
+read from disk first (the scheduler holds its requests back, `awaiting_adapter`); the adapter's
+device slots are the scheduler's `max_loras`. The load reports are built from the scheduler's
+stats and the engine's own step rates (site_engine/step_rates.py), as the site's server does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fedllm_contract.cache_events import CacheEventBatch
+from fedllm_contract.priority import Priority
+from fedsim.cards import Card, ModelShape, kv_blocks
+from fedsim.events import EventLoop
+from fedsim.step_time import StepFeatures, StepTimeModel
+from gateway.sites.interface import ClassLoadView, LoadView
+from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
+from site_engine.engine.core.scheduling_policy import PolicyName
+from site_engine.engine.core.sequence import SequenceUpdate
+from site_engine.engine.core.types import (
+    FinishReason,
+    ModelRunnerOutput,
+    SamplingParams,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+from site_engine.step_rates import StepRates, StepWork
+
+EOS = 0
+TOKEN = 1  # every other sampled token: the simulation needs lengths, not text
+MODEL = "sim-model"
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSpec:
+    name: str
+    card: Card
+    model: ModelShape
+    step: StepTimeModel  # already on this card
+    rtt_s: float
+    region: str = "region"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    prefix_caching: bool = True
+    max_loras: int = 0
+    max_cpu_loras: int = 0
+    adapter_load_s: float = 0.5
+    max_model_len: int | None = None
+    policy: PolicyName = "fcfs"
+
+    @property
+    def num_blocks(self) -> int:
+        return kv_blocks(self.card, self.model, self.block_size)
+
+    @property
+    def context(self) -> int:
+        return self.max_model_len or self.model.max_model_len
+
+
+# What the site tells its owner after each step: (site, updates) at the step's end.
+OnUpdates = Callable[["SimSite", Sequence[SequenceUpdate]], None]
+
+
+class SimSite:
+    """One engine on the virtual clock (the module docstring)."""
+
+    def __init__(self, spec: SiteSpec, loop: EventLoop, on_updates: OnUpdates) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._loop = loop
+        self._on_updates = on_updates
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=spec.num_blocks,
+                block_size=spec.block_size,
+                max_num_seqs=spec.max_num_seqs,
+                max_num_batched_tokens=spec.max_num_batched_tokens,
+                max_model_len=spec.context,
+                policy=spec.policy,
+                eos_token_ids=frozenset({EOS}),
+                prefix_caching=spec.prefix_caching,
+                model_name=MODEL,
+                max_loras=spec.max_loras,
+            )
+        )
+        self._answers: dict[str, int] = {}  # request id -> answer length to produce
+        self._host: OrderedDict[str, None] = OrderedDict()  # adapters in host memory, LRU
+        self._loading: set[str] = set()
+        self._busy = False
+        self.alive = True
+        self.rates = StepRates()
+        self.steps = 0
+        self.busy_s = 0.0
+        self._report_sequence = 0
+        # Each step's chunks as (request id, tokens), when asked for (tests compare schedules).
+        self.trace: list[tuple[tuple[str, int], ...]] | None = None
+
+    # -- requests -------------------------------------------------------------------------
+    def add(
+        self,
+        request_id: str,
+        prompt: tuple[int, ...],
+        answer_tokens: int,
+        max_tokens: int,
+        predicted: int | None,
+        adapter: str = "",
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> None:
+        """Queue a request that answers `answer_tokens` tokens (ValueError as the engine's)."""
+        if not self.alive:
+            raise ConnectionError(f"site {self.name} is down")
+        awaiting = bool(adapter) and adapter not in self._host
+        self.scheduler.add(
+            request_id,
+            prompt,
+            SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            predicted_tokens=predicted,
+            priority=priority,
+            adapter=adapter,
+            awaiting_adapter=awaiting,
+        )
+        self._answers[request_id] = answer_tokens
+        if awaiting:
+            self._load(adapter)
+        elif adapter:
+            self._host.move_to_end(adapter)
+        self._wake()
+
+    def release_queued(self, count: int) -> list[str]:
+        """Hand back up to `count` never-started requests (offload): their ids."""
+        released = self.scheduler.release_queued(count)
+        for seq in released:
+            self._answers.pop(seq.request_id, None)
+        return [seq.request_id for seq in released]
+
+    def fail(self) -> list[str]:
+        """The site dies: every live request is lost; their ids."""
+        self.alive = False
+        lost = list(self._answers)
+        self._answers.clear()
+        return lost
+
+    # -- adapters -------------------------------------------------------------------------
+    def _load(self, adapter: str) -> None:
+        if adapter in self._loading:
+            return
+        self._loading.add(adapter)
+        self._loop.after(self.spec.adapter_load_s, lambda: self._loaded(adapter))
+
+    def _loaded(self, adapter: str) -> None:
+        self._loading.discard(adapter)
+        if not self.alive:
+            return
+        self._host[adapter] = None
+        self._host.move_to_end(adapter)
+        live = self.scheduler.live_adapters()
+        while len(self._host) > max(self.spec.max_cpu_loras, 1):
+            oldest = next((a for a in self._host if a not in live), None)
+            if oldest is None:
+                break
+            del self._host[oldest]
+        self.scheduler.adapter_loaded(adapter)
+        self._wake()
+
+    # -- the step loop --------------------------------------------------------------------
+    def _wake(self) -> None:
+        if not self._busy and self.alive and self.scheduler.has_unfinished():
+            self._step()
+
+    def _step(self) -> None:
+        output = self.scheduler.schedule()
+        if output.is_empty:  # nothing runnable now (adapters loading): idle until an event
+            self.scheduler.update(output, ModelRunnerOutput({}))
+            return
+        if self.trace is not None:
+            self.trace.append(tuple((c.request_id, len(c.token_ids)) for c in output.chunks))
+        features = StepFeatures.of(output)
+        seconds = self.spec.step.seconds(features)
+        self._busy = True
+        began = self._loop.now()
+        self._loop.after(seconds, lambda: self._finish(output, features, began, seconds))
+
+    def _finish(
+        self, output: SchedulerOutput, features: StepFeatures, began: float, seconds: float
+    ) -> None:
+        self._busy = False
+        if not self.alive:
+            return
+        sampled = {c.request_id: self._sample(c) for c in output.chunks if c.sample}
+        updates = self.scheduler.update(output, ModelRunnerOutput(sampled))
+        self.scheduler.observe_step(output.num_tokens, output.context_tokens, seconds)
+        decoded = sum(1 for c in output.chunks if c.sample and c.num_generated > 0)
+        self.rates.add(
+            StepWork(
+                self._loop.now(),
+                seconds,
+                decoded,
+                features.decode_rows > 0,
+                features.prefill_tokens,
+            )
+        )
+        self.steps += 1
+        self.busy_s += seconds
+        for update in updates:
+            if update.finish_reason is not None:
+                self._answers.pop(update.request_id, None)
+        self._on_updates(self, updates)
+        self._wake()
+
+    def _sample(self, chunk: ScheduledChunk) -> int:
+        """EOS at the answer's last token, another token before it."""
+        produced = chunk.num_generated  # tokens generated before this one
+        return EOS if produced + 1 >= self._answers.get(chunk.request_id, 1) else TOKEN
+
+    # -- what the site reports ------------------------------------------------------------
+    def load_view(self) -> LoadView:
+        """A load report, as the site's server builds it from the engine's stats."""
+        stats = self.scheduler.stats()
+        now = self._loop.now()
+        events = None
+        if self.spec.prefix_caching:
+            self._report_sequence += 1
+            first = self._report_sequence == 1
+            taken = self.scheduler.take_cache_events()
+            listed = self.scheduler.cache_snapshot() if first else taken
+            events = CacheEventBatch(
+                1, self.spec.block_size, self._report_sequence, tuple(listed), snapshot=first
+            )
+        on_device = tuple(sorted(self.scheduler.live_adapters()))
+        return LoadView(
+            queued_requests=stats.num_waiting,
+            running_requests=stats.num_running,
+            queued_prompt_tokens=stats.queued_prompt_tokens,
+            running_tokens=stats.cached_tokens,
+            predicted_remaining_tokens=stats.predicted_remaining_tokens,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            decode_tokens_per_s=self.rates.decode_tokens_per_s(now),
+            iterations=stats.iterations,
+            sequence=self._report_sequence,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            cache_events=events,
+            prefill_tokens_per_s=self.rates.prefill_tokens_per_s(now),
+            by_class=tuple(
+                ClassLoadView(
+                    c.priority,
+                    c.num_waiting,
+                    c.num_running,
+                    c.queued_prompt_tokens,
+                    c.running_tokens,
+                    c.predicted_remaining_tokens,
+                )
+                for c in stats.by_class
+            ),
+            adapters_on_device=on_device,
+            adapters_in_host=tuple(a for a in self._host if a not in on_device),
+            adapter_load_s=self.spec.adapter_load_s if self.spec.max_loras else 0.0,
+        )
+
+
+__all__ = ["EOS", "MODEL", "FinishReason", "SimSite", "SiteSpec"]

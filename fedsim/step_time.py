@@ -1,0 +1,135 @@
+"""The fitted part of a simulated site: how long one engine step takes, from what the real
+scheduler put in it.
+
+time = base + (prefill_base, when the step computes any prompt token)
+     + per_prefill_token x prefill tokens + per_decode_row x decode rows
+     + per_kv_token x KV tokens read + per_attention x prefill attention pairs
+     + (adapter_base + per_adapter x distinct adapters, when any row uses an adapter)
+
+The terms are the roofline's: weights read once a step (base), the launch cost of a step that
+prefills (a decode-only step replays a CUDA graph; one with prefill chunks runs the flat step
+graph or eagerly: bench/results/engine_serving: a 1B step with ~1,500 prompt tokens took 8 ms on
+an H200 against 3 ms for 192 decode rows), the matmul work of each computed
+position (prefill tokens, decode rows), the KV each row reads (each row's length after the
+step, the scheduler's own `context_tokens`), the quadratic attention of prefill chunks
+(new tokens x the positions they attend to), and the LoRA deltas (each distinct adapter's
+weights read, its segment's kernels). On another card (fedsim/cards.py) the memory-bound terms
+scale by bandwidth, the compute-bound ones by FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+
+from fedsim.cards import Card
+from site_engine.engine.core.types import SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    prefill_tokens: int
+    decode_rows: int
+    kv_read_tokens: int
+    prefill_attention: int
+    adapters: int
+
+    @classmethod
+    def of(cls, output: SchedulerOutput) -> StepFeatures:
+        """What a step the scheduler planned holds."""
+        prefill = decode = attention = 0
+        adapters: set[str] = set()
+        for chunk in output.chunks:
+            n = len(chunk.token_ids)
+            if n == 1 and chunk.num_generated > 0:
+                decode += 1
+            else:
+                prefill += n
+                attention += n * (chunk.start_position + n)
+            if chunk.adapter:
+                adapters.add(chunk.adapter)
+        return cls(prefill, decode, output.context_tokens, attention, len(adapters))
+
+
+# The terms each side of the roofline scales.
+_MEMORY_TERMS = ("base_s", "prefill_base_s", "per_kv_token_s", "adapter_base_s", "per_adapter_s")
+_COMPUTE_TERMS = ("per_prefill_token_s", "per_decode_row_s", "per_attention_s")
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    """Seconds of one step (the module docstring's sum); `card`: the card it was fitted on."""
+
+    card: str
+    base_s: float
+    per_prefill_token_s: float
+    per_decode_row_s: float
+    per_kv_token_s: float
+    per_attention_s: float = 0.0
+    prefill_base_s: float = 0.0
+    adapter_base_s: float = 0.0
+    per_adapter_s: float = 0.0
+
+    def seconds(self, f: StepFeatures) -> float:
+        t = (
+            self.base_s
+            + self.per_prefill_token_s * f.prefill_tokens
+            + self.per_decode_row_s * f.decode_rows
+            + self.per_kv_token_s * f.kv_read_tokens
+            + self.per_attention_s * f.prefill_attention
+        )
+        if f.prefill_tokens:
+            t += self.prefill_base_s
+        if f.adapters:
+            t += self.adapter_base_s + self.per_adapter_s * f.adapters
+        return t
+
+    def on(self, fitted_on: Card, card: Card) -> StepTimeModel:
+        """The same model on `card`: memory terms x bandwidth ratio, compute x FLOPs ratio."""
+        memory = fitted_on.bandwidth_bytes_s / card.bandwidth_bytes_s
+        compute = fitted_on.bf16_flops / card.bf16_flops
+        scaled = {name: getattr(self, name) * memory for name in _MEMORY_TERMS}
+        scaled |= {name: getattr(self, name) * compute for name in _COMPUTE_TERMS}
+        return replace(self, card=card.name, **scaled)
+
+    def to_json(self) -> dict[str, float | str]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> StepTimeModel:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown step-time terms {sorted(unknown)}")
+        return cls(**data)  # type: ignore[arg-type]
+
+
+COEFFICIENTS = (
+    "base_s",
+    "per_prefill_token_s",
+    "per_decode_row_s",
+    "per_kv_token_s",
+    "per_attention_s",
+    "prefill_base_s",
+    "adapter_base_s",
+    "per_adapter_s",
+)
+
+
+def design_row(f: StepFeatures) -> list[float]:
+    """The step's value of each coefficient's feature, in COEFFICIENTS' order."""
+    any_adapter = 1.0 if f.adapters else 0.0
+    return [
+        1.0,
+        float(f.prefill_tokens),
+        float(f.decode_rows),
+        float(f.kv_read_tokens),
+        float(f.prefill_attention),
+        1.0 if f.prefill_tokens else 0.0,
+        any_adapter,
+        float(f.adapters),
+    ]
+
+
+def model_from(card: str, values: Sequence[float]) -> StepTimeModel:
+    return StepTimeModel(card, **dict(zip(COEFFICIENTS, values, strict=True)))
