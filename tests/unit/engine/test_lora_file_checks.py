@@ -98,7 +98,7 @@ def test_a_non_finite_weight_is_refused_and_nothing_is_registered(
     lora_dir = tmp_path / "lora"
     lora_dir.mkdir()
     registry = AdapterRegistry(LoraSettings(lora_dir), base, dtype, torch.device("cpu"))
-    with pytest.raises(AdapterError, match="lora_B holds (NaN or infinite values|values up to)"):
+    with pytest.raises(AdapterError, match=r"lora_B holds (NaN or infinite values|values up to)"):
         registry.register("bad", path)
     assert registry.served() == ()
     registry.close()
