@@ -40,8 +40,8 @@ is tested on a fake clock (tests/unit/scaling/) and reads nothing else.
   with the arrivals under the sites' throughput, the time the sites take to bring the backlog
   back under the line by themselves; with the arrivals at or over it, unbounded (the peak lasts
   as long as the arrivals stay high). One no longer than `short_peak_s` (0: never) is short: the
-  actuator places the new site in idle memory first (gateway/scaling/idle_memory.py), a new GPU
-  otherwise.
+  new site belongs in idle memory on a GPU already held (gateway/scaling/idle_memory.py; no
+  actuator acts on it yet, docs/elastic.md says what is missing), a new GPU otherwise.
 
 Every verdict carries its inputs (backlog, arrivals, lead, forecast, smoothed level) and says
 them in its reason: the scaling events and the metrics explain each decision.
