@@ -290,9 +290,10 @@ def _scale_out(
     peak_s = _peak_s(seen, line)
     short = rule.short_peak_s > 0 and peak_s <= rule.short_peak_s
     where = "idle memory first" if short else "a new GPU"
+    peak = f"peak {peak_s:.0f}s" if math.isfinite(peak_s) else "a sustained peak"
     reason = (
         f"forecast {_per_site(seen.forecast(seen.sites), seen.sites):.2f}s/site over "
-        f"{line:.2f}s ({seen.inputs()}): {needed} site(s); peak {peak_s:.0f}s: {where}"
+        f"{line:.2f}s ({seen.inputs()}): {needed} site(s); {peak}: {where}"
     )
     action = ScaleOut(needed - seen.sites, peak_s, short)
     return _with(state, seen.verdict(needed, action, reason))

@@ -20,6 +20,7 @@ from gateway.scaling.policy import (
     ScaleOut,
     ScalingRule,
     SiteObservation,
+    Verdict,
     decide,
 )
 from site_engine.engine.core.block_manager import BlockManager
@@ -154,7 +155,7 @@ RULE = ScalingRule("m", max_sites=3, lead_time_s=10.0, settle_s=0.0, out_after_s
                    out_cooldown_s=0.0, short_peak_s=30.0)  # fmt: skip
 
 
-def scale_out(rule: ScalingRule, backlog_s: float, arrivals_s: float) -> ScaleOut:
+def scale_out(rule: ScalingRule, backlog_s: float, arrivals_s: float) -> Verdict:
     """The scale-out for one site with `backlog_s` of work and `arrivals_s` of work arrived
     per second over the last 20 s (1,000 answer tokens: one second of a site)."""
     state = ModelState()
@@ -164,22 +165,31 @@ def scale_out(rule: ScalingRule, backlog_s: float, arrivals_s: float) -> ScaleOu
         observed = ModelObservation("m", sites, arrived_answer_tokens=tokens)
         state, verdict = decide(rule, state, observed, float(now))
     assert isinstance(verdict.action, ScaleOut), verdict.reason
+    return verdict
+
+
+def action(verdict: Verdict) -> ScaleOut:
+    assert isinstance(verdict.action, ScaleOut)
     return verdict.action
 
 
 def test_a_short_peak_goes_to_idle_memory_and_a_sustained_one_to_a_new_gpu() -> None:
     # A burst of 10 s of work with arrivals at half a site: one site clears the 8 s over the
     # 2 s line in 16 s, within short_peak_s (30 s).
-    burst = scale_out(RULE, 10.0, 0.5)
+    said = scale_out(RULE, 10.0, 0.5)
+    burst = action(said)
+    assert said.reason.endswith("s: idle memory first"), said.reason
     assert burst.idle_memory
     assert 14.0 < burst.peak_s < 18.0
     # Arrivals beyond what the site serves: the peak lasts as long as they do.
-    sustained = scale_out(RULE, 3.0, 1.5)
+    said = scale_out(RULE, 3.0, 1.5)
+    sustained = action(said)
+    assert said.reason.endswith("a sustained peak: a new GPU"), said.reason
     assert not sustained.idle_memory
     assert sustained.peak_s == math.inf
     # The same burst with a 10 s notion of short: a new GPU; with 0, idle memory is off.
-    assert not scale_out(replace(RULE, short_peak_s=10.0), 10.0, 0.5).idle_memory
-    assert not scale_out(replace(RULE, short_peak_s=0.0), 10.0, 0.5).idle_memory
+    assert not action(scale_out(replace(RULE, short_peak_s=10.0), 10.0, 0.5)).idle_memory
+    assert not action(scale_out(replace(RULE, short_peak_s=0.0), 10.0, 0.5)).idle_memory
 
 
 def test_short_peak_s_is_validated() -> None:
