@@ -88,6 +88,7 @@ class _Model(msgspec.Struct, forbid_unknown_fields=True):
     in_cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 120.0
     site_tokens_per_s: _POSITIVE = 1000.0
     site_prefill_tokens_per_s: _POSITIVE = 10000.0
+    short_peak_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 class _File(msgspec.Struct, forbid_unknown_fields=True):

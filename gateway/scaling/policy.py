@@ -36,6 +36,12 @@ is tested on a fake clock (tests/unit/scaling/) and reads nothing else.
   step. A noisy instantaneous backlog moves the window's mean little: no flapping. The site that
   goes is, among those the actuator may take away, the one whose cache is worth least (fewest
   prefix blocks the gateway knows it holds), then the one with the least work, then the newest.
+- **How long the peak lasts.** A scale-out says how long the forecast's excess lasts (`peak_s`):
+  with the arrivals under the sites' throughput, the time the sites take to bring the backlog
+  back under the line by themselves; with the arrivals at or over it, unbounded (the peak lasts
+  as long as the arrivals stay high). One no longer than `short_peak_s` (0: never) is short: the
+  new site belongs in idle memory on a GPU already held (gateway/scaling/idle_memory.py; no
+  actuator acts on it yet, docs/elastic.md says what is missing), a new GPU otherwise.
 
 Every verdict carries its inputs (backlog, arrivals, lead, forecast, smoothed level) and says
 them in its reason: the scaling events and the metrics explain each decision.
@@ -83,6 +89,9 @@ class ScalingRule:
     # reports (or its same-model peers') measure them.
     site_tokens_per_s: float = 1000.0
     site_prefill_tokens_per_s: float = 10000.0
+    # A scale-out whose peak the forecast says lasts no longer than this goes to idle memory on a
+    # GPU already held, before a new GPU (module docstring; 0: always a new GPU).
+    short_peak_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_sites <= self.max_sites or self.max_sites < 1:
@@ -97,7 +106,7 @@ class ScalingRule:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{self.model}: {name} must be > 0")
         waits = ("settle_s", "lead_time_s", "out_after_s", "in_after_s", "out_cooldown_s",
-                 "in_cooldown_s")  # fmt: skip
+                 "in_cooldown_s", "short_peak_s")  # fmt: skip
         for name in waits:
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.model}: {name} must be >= 0")
@@ -154,6 +163,10 @@ class ModelState:
 @dataclass(frozen=True, slots=True)
 class ScaleOut:
     count: int
+    # How long the forecast's excess lasts (module docstring; inf: as long as the arrivals).
+    peak_s: float = math.inf
+    # The peak is short (peak_s <= the rule's short_peak_s): idle memory first.
+    idle_memory: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +287,23 @@ def _scale_out(
         return _with(state, seen.verdict(seen.sites, None, "high; in cooldown"))
     state = _stepped(state, now)
     line = rule.target_backlog_s * rule.scale_out_at
+    peak_s = _peak_s(seen, line)
+    short = rule.short_peak_s > 0 and peak_s <= rule.short_peak_s
+    where = "idle memory first" if short else "a new GPU"
+    peak = f"peak {peak_s:.0f}s" if math.isfinite(peak_s) else "a sustained peak"
     reason = (
         f"forecast {_per_site(seen.forecast(seen.sites), seen.sites):.2f}s/site over "
-        f"{line:.2f}s ({seen.inputs()}): {needed} site(s)"
+        f"{line:.2f}s ({seen.inputs()}): {needed} site(s); {peak}: {where}"
     )
-    return _with(state, seen.verdict(needed, ScaleOut(needed - seen.sites), reason))
+    action = ScaleOut(needed - seen.sites, peak_s, short)
+    return _with(state, seen.verdict(needed, action, reason))
+
+
+def _peak_s(seen: _Seen, line: float) -> float:
+    """How long the excess over the line lasts without the new site (module docstring)."""
+    if seen.sites == 0 or seen.rate >= seen.sites:
+        return math.inf
+    return max(0.0, seen.work_s - line * seen.sites) / (seen.sites - seen.rate)
 
 
 def _scale_in(

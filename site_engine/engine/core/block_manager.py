@@ -417,6 +417,18 @@ class BlockManager:
     def num_lent_blocks(self) -> int:
         return len(self._lent)
 
+    def free_tail_blocks(self) -> int:
+        """How many blocks `lend_tail` could take now (the free run down from the top, below
+        what is already lent); changes nothing."""
+        top = self._num_blocks - len(self._lent) - 1
+        count = 0
+        while self._lendable(top - count):
+            count += 1
+        return count
+
+    def _lendable(self, block: int) -> bool:
+        return block >= 0 and self._refcounts[block] == 0 and block not in self._loading
+
     def lend_tail(self, count: int) -> int:
         """Takes up to `count` blocks off the top of the cache (the highest indices, contiguous
         down from the top or from what is already lent), each only if no table holds it: a
@@ -425,7 +437,7 @@ class BlockManager:
         many were lent; the scheduler sees as many fewer free blocks."""
         lent = 0
         top = self._num_blocks - len(self._lent) - 1
-        while lent < count and top >= 0 and self._refcounts[top] == 0 and top not in self._loading:
+        while lent < count and self._lendable(top):
             del self._free[top]
             if self._index is not None and self._indexed[top] is not None:
                 self._index.remove_at(top)

@@ -25,6 +25,16 @@ class Lending:
     plan: KvPlan  # the lender's cache while it lends
 
 
+def lendable_bytes(manager: BlockManager, plan: KvPlan) -> int:
+    """What `lend` would grant now at most (0 while lending): the free top, less the blocks the
+    lender keeps for one full-length sequence. The figure a placement weighs a GPU's room by."""
+    if manager.num_lent_blocks:
+        return 0
+    keep = blocks_for(plan.max_model_len, plan.block_size)
+    blocks = min(manager.free_tail_blocks(), plan.num_blocks - keep)
+    return max(0, blocks) * plan.bytes_per_block
+
+
 def lend(manager: BlockManager, plan: KvPlan, wanted_bytes: int) -> Lending:
     """Lends the top blocks covering `wanted_bytes`, or nothing; one lending at a time. The
     lender keeps at least one full-length sequence's blocks (what its plan promised)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from site_engine.engine.core.block_manager import BlockManager
-from site_engine.engine.core.kv_lending import lend, take_back
+from site_engine.engine.core.kv_lending import lend, lendable_bytes, take_back
 from site_engine.engine.memory_plan import KvPlan
 
 BLOCK, BYTES = 16, 1000
@@ -91,3 +91,32 @@ def test_random_traffic_never_shares_a_lent_block() -> None:
         manager.return_lent()
         manager.check_invariants()
         assert manager.num_free_blocks + len(held(manager)) == total
+
+
+def test_lendable_bytes_is_exactly_what_a_lending_can_take() -> None:
+    """The room a placement is offered (lendable_bytes) lends whole, and one block more is
+    refused; a held top block means no room; while lending, none."""
+    manager = BlockManager(20, BLOCK)
+    manager.grow("a", 3 * BLOCK)  # 0-2
+    manager.grow("b", 2 * BLOCK)  # 3-4
+    manager.free("a")
+    # The free top 5-19: 15 blocks (the cache keeps 20 - 15 >= 4, one 64-token sequence).
+    room = lendable_bytes(manager, plan(20))
+    assert room == 15 * BYTES
+    assert lend(manager, plan(20), room + BYTES).blocks == 0
+    assert manager.num_free_blocks == 18
+    lending = lend(manager, plan(20), room)
+    assert lending.blocks == 15
+    assert lendable_bytes(manager, lending.plan) == 0
+    take_back(manager, lending, lending.plan)
+    # A larger free top is capped by what the cache keeps: 20 - 4.
+    manager.free("b")
+    assert lendable_bytes(manager, plan(20)) == 16 * BYTES
+    manager.check_invariants()
+    # 18 free blocks under a held top block: no room at all.
+    fresh = BlockManager(20, BLOCK)
+    fresh.grow("x", 19 * BLOCK)  # 0-18
+    fresh.grow("y", BLOCK)  # 19: the top
+    fresh.free("x")
+    assert lendable_bytes(fresh, plan(20)) == 0
+    assert fresh.free_tail_blocks() == 0

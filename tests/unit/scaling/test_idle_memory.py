@@ -1,0 +1,204 @@
+"""Idle memory first: the gateway's placement of a short peak's instance in the free top of a
+held GPU's KV cache (gateway/scaling/idle_memory.py), against each site's real lending
+bookkeeping (site_engine/engine/core/kv_lending.py on a BlockManager), and the policy's choice
+between it and a new GPU (gateway/scaling/policy.py, `short_peak_s`)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gateway.scaling.config import LocalSlot, ScalingConfigError, parse_scaling
+from gateway.scaling.idle_memory import MIB, IdleMemory, LendFailed, Room, beside
+from gateway.scaling.policy import (
+    ModelObservation,
+    ModelState,
+    ScaleOut,
+    ScalingRule,
+    SiteObservation,
+    Verdict,
+    decide,
+)
+from site_engine.engine.core.block_manager import BlockManager
+from site_engine.engine.core.kv_lending import Lending, lend, take_back
+from site_engine.engine.memory_plan import KvPlan
+
+BLOCK = 16
+BLOCK_BYTES = MIB  # one MiB a block: budgets in whole blocks
+GPU0 = LocalSlot((("CUDA_VISIBLE_DEVICES", "0"),), ("--device", "cuda"))
+GPU1 = LocalSlot((("CUDA_VISIBLE_DEVICES", "1"),), ("--device", "cuda"))
+
+
+class Site:
+    """One site's KV cache and its lending, as the site keeps them."""
+
+    def __init__(self, blocks: int) -> None:
+        self.manager = BlockManager(blocks, BLOCK)
+        self.plan = KvPlan(blocks, BLOCK, BLOCK_BYTES, 4 * BLOCK, None, 0)
+        self.lending: Lending | None = None
+
+    def held(self) -> set[int]:
+        return {b for rid in self.manager.request_ids() for b in self.manager.block_table(rid)}
+
+
+class Sites:
+    """The lending calls answered by each site's own bookkeeping; `unreachable` sites fail
+    the call (LendFailed) and `overstating` ones report more than they lent."""
+
+    def __init__(self, **sites: Site) -> None:
+        self.sites = sites
+        self.unreachable: set[str] = set()
+        self.overstating: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+
+    async def lend(self, site: str, wanted_bytes: int) -> int:
+        self.calls.append(("lend", site))
+        if site in self.unreachable:
+            raise LendFailed(f"{site}: connection refused")
+        s = self.sites[site]
+        s.lending = lend(s.manager, s.plan, wanted_bytes)
+        s.plan = s.lending.plan
+        return s.lending.bytes * (2 if site in self.overstating else 1)
+
+    async def take_back(self, site: str) -> None:
+        self.calls.append(("take_back", site))
+        s = self.sites[site]
+        assert s.lending is not None
+        s.plan = take_back(s.manager, s.lending, s.plan)
+        s.lending = None
+
+
+def test_the_site_with_most_room_lends_and_gets_it_back_on_retire() -> None:
+    a, b = Site(20), Site(40)
+    sites = Sites(a=a, b=b)
+    memory = IdleMemory(sites)
+    rooms = [Room("a", GPU0, 16 * MIB), Room("b", GPU1, 36 * MIB)]
+    borrowing = asyncio.run(memory.place("x", rooms, 10 * MIB))
+    assert borrowing is not None
+    assert (borrowing.lender, borrowing.bytes) == ("b", 10 * MIB)
+    assert b.manager.num_lent_blocks == 10
+    assert b.plan.num_blocks == 30
+    assert a.manager.num_lent_blocks == 0
+    # The instance runs on b's GPU with exactly the lent memory as its KV cache.
+    placed = beside(borrowing)
+    assert placed.env == GPU1.env
+    assert placed.args == ("--device", "cuda", "--kv-cache-mib", "10")
+    assert asyncio.run(memory.retire("x"))
+    assert b.manager.num_lent_blocks == 0
+    assert b.plan.num_blocks == 40
+    assert b.manager.num_free_blocks == 40
+    assert memory.borrowings() == []
+    assert not asyncio.run(memory.retire("x"))  # nothing borrowed any more: nothing given back
+    b.manager.check_invariants()
+
+
+def test_never_more_than_what_is_lendable() -> None:
+    a = Site(20)
+    sites = Sites(a=a)
+    memory = IdleMemory(sites)
+    # Its lendable share is under the budget: not even asked.
+    assert asyncio.run(memory.place("x", [Room("a", GPU0, 8 * MIB)], 10 * MIB)) is None
+    assert sites.calls == []
+    # A site answering more than it said it could lend: given back, and no placement.
+    sites.overstating.add("a")
+    assert asyncio.run(memory.place("x", [Room("a", GPU0, 12 * MIB)], 10 * MIB)) is None
+    assert sites.calls == [("lend", "a"), ("take_back", "a")]
+    assert a.manager.num_lent_blocks == 0
+    assert a.plan.num_blocks == 20
+
+
+def test_a_failed_lend_falls_back_to_the_next_gpu_then_to_a_new_one() -> None:
+    a, b = Site(40), Site(20)
+    sites = Sites(a=a, b=b)
+    sites.unreachable.add("a")
+    memory = IdleMemory(sites)
+    rooms = [Room("a", GPU0, 36 * MIB), Room("b", GPU1, 16 * MIB)]
+    borrowing = asyncio.run(memory.place("x", rooms, 8 * MIB))
+    assert borrowing is not None
+    assert borrowing.lender == "b"
+    assert sites.calls == [("lend", "a"), ("lend", "b")]
+    # b lends to one instance at a time and a is unreachable: the next one needs a new GPU.
+    assert asyncio.run(memory.place("y", rooms, 8 * MIB)) is None
+    assert [b.instance for b in memory.borrowings()] == ["x"]
+
+
+def test_a_placement_never_takes_memory_a_running_sequence_holds() -> None:
+    """The gateway's figure of a site's room is older than the site's cache: a sequence grew
+    into the top since. The site refuses (its tail stops at the held block) and the instance
+    goes to a new GPU; no held block is lent."""
+    a = Site(20)
+    a.manager.grow("r1", 4 * BLOCK)  # blocks 0-3
+    a.manager.grow("r2", 16 * BLOCK)  # 4-19: the top
+    a.manager.free("r1")
+    before = a.held()
+    memory = IdleMemory(Sites(a=a))
+    assert asyncio.run(memory.place("x", [Room("a", GPU0, 16 * MIB)], 4 * MIB)) is None
+    assert a.manager.num_lent_blocks == 0
+    assert a.held() == before
+    a.manager.check_invariants()
+
+
+def test_bad_budgets_and_a_second_placement_of_one_instance_are_refused() -> None:
+    memory = IdleMemory(Sites(a=Site(20)))
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        asyncio.run(memory.place("x", [Room("a", GPU0, 16 * MIB)], 1000))
+    assert asyncio.run(memory.place("x", [Room("a", GPU0, 16 * MIB)], 4 * MIB)) is not None
+    with pytest.raises(ValueError, match="already borrows"):
+        asyncio.run(memory.place("x", [Room("a", GPU0, 16 * MIB)], 4 * MIB))
+
+
+RULE = ScalingRule("m", max_sites=3, lead_time_s=10.0, settle_s=0.0, out_after_s=0.0,
+                   out_cooldown_s=0.0, short_peak_s=30.0)  # fmt: skip
+
+
+def scale_out(rule: ScalingRule, backlog_s: float, arrivals_s: float) -> Verdict:
+    """The scale-out for one site with `backlog_s` of work and `arrivals_s` of work arrived
+    per second over the last 20 s (1,000 answer tokens: one second of a site)."""
+    state = ModelState()
+    sites = (SiteObservation("a", True, True, backlog_s),)
+    for now in range(21):
+        tokens = round(arrivals_s * now * rule.site_tokens_per_s)
+        observed = ModelObservation("m", sites, arrived_answer_tokens=tokens)
+        state, verdict = decide(rule, state, observed, float(now))
+    assert isinstance(verdict.action, ScaleOut), verdict.reason
+    return verdict
+
+
+def action(verdict: Verdict) -> ScaleOut:
+    assert isinstance(verdict.action, ScaleOut)
+    return verdict.action
+
+
+def test_a_short_peak_goes_to_idle_memory_and_a_sustained_one_to_a_new_gpu() -> None:
+    # A burst of 10 s of work with arrivals at half a site: one site clears the 8 s over the
+    # 2 s line in 16 s, within short_peak_s (30 s).
+    said = scale_out(RULE, 10.0, 0.5)
+    burst = action(said)
+    assert said.reason.endswith("s: idle memory first"), said.reason
+    assert burst.idle_memory
+    assert 14.0 < burst.peak_s < 18.0
+    # Arrivals beyond what the site serves: the peak lasts as long as they do.
+    said = scale_out(RULE, 3.0, 1.5)
+    sustained = action(said)
+    assert said.reason.endswith("a sustained peak: a new GPU"), said.reason
+    assert not sustained.idle_memory
+    assert sustained.peak_s == math.inf
+    # The same burst with a 10 s notion of short: a new GPU; with 0, idle memory is off.
+    assert not action(scale_out(replace(RULE, short_peak_s=10.0), 10.0, 0.5)).idle_memory
+    assert not action(scale_out(replace(RULE, short_peak_s=0.0), 10.0, 0.5)).idle_memory
+
+
+def test_short_peak_s_is_validated() -> None:
+    with pytest.raises(ValueError, match="short_peak_s"):
+        ScalingRule("m", short_peak_s=-1.0)
+    bad = b"""{"models": [{"model": "m", "short_peak_s": -5,
+               "actuator": {"kind": "signal"}}]}"""
+    with pytest.raises(ScalingConfigError, match="short_peak_s"):
+        parse_scaling(bad, Path("."), frozenset({"m"}))
+    good = b"""{"models": [{"model": "m", "short_peak_s": 20, "actuator": {"kind": "signal"}}]}"""
+    config = parse_scaling(good, Path("."), frozenset({"m"}))
+    assert config.rules["m"].short_peak_s == 20.0
