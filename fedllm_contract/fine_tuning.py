@@ -12,6 +12,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# The most a job's files (training and validation together) may hold: a job reaches its site in
+# one StartFineTune message, which the site's gRPC server takes up to this plus
+# FINE_TUNE_MESSAGE_OVERHEAD_BYTES (site_engine/grpc_server.py), and the gateway refuses larger
+# files when the job is made (GATEWAY_FINE_TUNING_MAX_FILE_BYTES, at most this).
+MAX_JOB_FILES_BYTES = 64 << 20
+# Room for the rest of a StartFineTune message (ids, hyperparameters, protobuf framing).
+FINE_TUNE_MESSAGE_OVERHEAD_BYTES = 1 << 20
+
 
 class FineTuneState(enum.Enum):
     """A job's state at its site (the gateway maps it to OpenAI's job status)."""

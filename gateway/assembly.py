@@ -327,7 +327,8 @@ class GatewayAssembly:
             adapter_admin,
             metrics,
             served_models,
-            settings.fine_tuning.poll_s,
+            settings.fine_tuning,
+            tokenize_pool,
         )
         assembly = cls(
             settings=settings,

@@ -12,6 +12,7 @@ from fedllm_contract.env_settings import (
     require_positive,
     setting,
 )
+from fedllm_contract.fine_tuning import MAX_JOB_FILES_BYTES
 
 # The order a site starts a batch's items in (gateway/batches/plan.py): BlendServe's resource-
 # aware prefix tree, the longest planned answer first, as submitted, or depth-first by prefix.
@@ -127,8 +128,39 @@ class FineTuningSettings:
         "checkpoints and end) and hands queued jobs to sites; a new job is handed at once",
     )
 
+    max_file_bytes: int = setting(
+        MAX_JOB_FILES_BYTES,
+        help="the most a fine-tuning job's files (training and validation together) may hold, "
+        "checked at upload (`purpose: fine-tune`) and when a job is made: 400 `file_too_large` "
+        "naming this limit. At most 64 MiB, what a site takes in the one message that starts "
+        "a job",
+    )
+    jobs_per_key: int = setting(
+        2,
+        help="fine-tuning jobs one key may have unfinished (queued or running) at once; its "
+        "next one gets 429 `fine_tuning_jobs_limit_exceeded` until one ends",
+    )
+    tokens_per_key_day: int = setting(
+        50_000_000,
+        help="tokens one key may train in 24 hours (a job's estimate: its training file's "
+        "bytes / 4 x its epochs, then what the site reports trained), its own budget apart "
+        "from inference; a key with a `tokens_per_minute` limit gets at most 1,440 times that. "
+        "Beyond: 429 `training_tokens_limit_exceeded`",
+    )
+    start_timeout_s: float = setting(
+        3600.0,
+        help="a queued job that no site has taken this long after it was made fails "
+        "(`error.code` `no_site_took_job`) instead of waiting for ever",
+    )
+
     def __post_init__(self) -> None:
-        require_positive(self, "poll_s")
+        require_positive(self, "poll_s", "start_timeout_s")
+        require_at_least(self, 1, "jobs_per_key", "tokens_per_key_day")
+        if not 1024 <= self.max_file_bytes <= MAX_JOB_FILES_BYTES:
+            raise SettingsError(
+                f"GATEWAY_FINE_TUNING_MAX_FILE_BYTES must be in 1024..{MAX_JOB_FILES_BYTES} "
+                "(what a site takes in one message)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

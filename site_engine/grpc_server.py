@@ -25,6 +25,7 @@ from fedllm_contract.cache_events import (
     CacheEventBatch,
     Tier,
 )
+from fedllm_contract.fine_tuning import FINE_TUNE_MESSAGE_OVERHEAD_BYTES, MAX_JOB_FILES_BYTES
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
@@ -48,10 +49,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SERVICE_NAME = "fedllm.site.v1.SiteEngine"
 MAX_REQUEST_ID_LEN = 128
-# Set explicitly rather than left to gRPC's default: a prompt of a full context (token ids or
-# text) fits many times over, and a larger message is refused with RESOURCE_EXHAUSTED before
-# anything is decoded or allocated for it.
-MAX_RECEIVE_MESSAGE_BYTES = 4 << 20
+# Set explicitly rather than left to gRPC's default: the largest message is a fine-tuning job's
+# start, its files whole (a prompt of a full context fits many times over), and a larger message
+# is refused with RESOURCE_EXHAUSTED before anything is decoded or allocated for it.
+MAX_RECEIVE_MESSAGE_BYTES = MAX_JOB_FILES_BYTES + FINE_TUNE_MESSAGE_OVERHEAD_BYTES
 # Stop strings are matched against the text after every token: bounded so no request can make
 # decoding slow for everyone in its batch. Looser than the gateway's own limits.
 MAX_STOP_STRINGS = 16

@@ -94,8 +94,7 @@ class FineTuningController(Controller):
         caller: NamedDependency[Caller],
     ) -> FineTuningJobObject:
         body = decode_body(await request.body(), JobCreateRequest)
-        key_name = caller.key.name if caller.key is not None else None
-        return job_object(await fine_tuning.create(body, caller.key_id, key_name))
+        return job_object(await fine_tuning.create(body, caller.key_id, caller.key))
 
     @get("/", summary="The caller's fine-tuning jobs, newest first")
     async def list_jobs(

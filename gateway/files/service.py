@@ -3,8 +3,9 @@ caller's key, and the deletion of expired files.
 
 Batch input files (purpose `batch`) are checked line by line at upload
 (gateway/files/batch_input.py), so a malformed file is refused then, naming the line, and
-nothing is stored. Training data (purpose `fine-tune`) is stored as sent and checked line by
-line when a fine-tuning job is made from it (gateway/fine_tuning/training_file.py), as OpenAI
+nothing is stored. Training data (purpose `fine-tune`) is refused past
+GATEWAY_FINE_TUNING_MAX_FILE_BYTES, else stored as sent and checked line by line when a
+fine-tuning job is made from it (gateway/fine_tuning/training_file.py), as OpenAI
 does. Batches write their results as files of purpose `batch_output`
 (gateway/batches/finalize.py). Where files are stored and why: gateway/stores/file_store.py.
 """
@@ -41,6 +42,17 @@ MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400
 MAX_FILE_PAGE = 10_000
 MAX_FILENAME = 256
 _PURGE_EVERY_S = 600.0
+
+
+def file_too_large(param: str, size: int, limit: int) -> GatewayError:
+    """400 for training data past GATEWAY_FINE_TUNING_MAX_FILE_BYTES, naming the limit."""
+    return invalid_request(
+        f"{param}: the file holds {size} bytes; fine-tuning takes files of at most {limit} "
+        "bytes (GATEWAY_FINE_TUNING_MAX_FILE_BYTES; a job's training and validation files "
+        "together): split it, or train on part of it",
+        param=param,
+        code="file_too_large",
+    )
 
 
 def file_not_found(file_id: str) -> GatewayError:
@@ -99,6 +111,10 @@ class FileService:
         )
         if purpose == UPLOAD_PURPOSE:
             await self._pool.run(check, content)  # parsing 64 MiB stays off the event loop
+        elif len(content) > self._settings.fine_tuning.max_file_bytes:
+            # Its lines are checked when a job is made from it (as OpenAI does); its size now,
+            # so that no file is kept that no job could be made from.
+            raise file_too_large("file", len(content), self._settings.fine_tuning.max_file_bytes)
         new = NewFile(f"file-{uuid.uuid4().hex}", owner, purpose, filename, expires_at)
         quota = self._settings.files.storage_per_key_bytes
         try:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from datetime import timedelta
 
 from fedllm_contract.fine_tuning import (
     FineTuneHyperparameters,
@@ -27,7 +28,7 @@ from fedllm_contract.fine_tuning import (
     FineTuneState,
 )
 from gateway.admin.adapters import AdapterAdmin, LoadAdapterBody
-from gateway.db.models import FineTuningStatus
+from gateway.db.models import FineTuningStatus, utcnow
 from gateway.errors import GatewayError, ServerSideError
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
@@ -68,6 +69,7 @@ class FineTuningRunner:
         adapters: AdapterAdmin,
         metrics: GatewayMetrics | None = None,
         poll_s: float = 2.0,
+        start_timeout_s: float = 3600.0,
     ) -> None:
         self._store = store
         self._files = files
@@ -75,6 +77,7 @@ class FineTuningRunner:
         self._catalogue = catalogue
         self._adapters = adapters
         self._poll_s = poll_s
+        self._start_timeout = timedelta(seconds=start_timeout_s)
         self._wake = asyncio.Event()
         # Jobs by status as of the last pass (the fine_tuning_jobs gauge).
         self.counts: dict[str, int] = {}
@@ -142,6 +145,15 @@ class FineTuningRunner:
         await self._apply(job, progress)
 
     async def _start(self, job: JobView, holding: Counter[str]) -> None:
+        if utcnow() - job.created_at > self._start_timeout:
+            limit_s = self._start_timeout.total_seconds()
+            await self._fail(
+                job,
+                "no_site_took_job",
+                f"no site serving {job.model} took the job within {limit_s:.0f} s "
+                "(GATEWAY_FINE_TUNING_START_TIMEOUT_S)",
+            )
+            return
         sites = self.training_sites(job.model)
         if not sites:
             return  # waits, queued, for a site that takes jobs of its base

@@ -2,8 +2,9 @@
 each scoped to the caller's key (another key's job is the 404 of an unknown one).
 
 A job is created only whole: its model a base model that a site serving it trains jobs of, its
-files the caller's own of purpose `fine-tune`, each a valid chat training file (every bad line
-named: gateway/fine_tuning/training_file.py). Then it is queued, and the runner
+files the caller's own of purpose `fine-tune`, within GATEWAY_FINE_TUNING_MAX_FILE_BYTES, each a
+valid chat training file (every bad line named: gateway/fine_tuning/training_file.py), and its
+key within its training limits (gateway/fine_tuning/limits.py). Then it is queued, and the runner
 (gateway/fine_tuning/runner.py) hands it to a site.
 """
 
@@ -18,24 +19,30 @@ from collections.abc import Collection
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.admin.adapters import AdapterAdmin
+from gateway.batch_settings import FineTuningSettings
 from gateway.db.models import FineTuningStatus
 from gateway.errors import GatewayError, NotFound, invalid_request
+from gateway.files.service import file_too_large
+from gateway.fine_tuning.limits import TrainingLimits, estimated_tokens, window_start
 from gateway.fine_tuning.request import JobCreateRequest, resolve
 from gateway.fine_tuning.runner import FineTuningRunner
-from gateway.fine_tuning.training_file import check_training_file
+from gateway.fine_tuning.training_file import read_training_file
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
 from gateway.sites.interface import SiteCallError
 from gateway.sites.registry import SiteRegistry
-from gateway.stores.file_store import FINE_TUNE_PURPOSE, FileStore
+from gateway.stores.file_store import FINE_TUNE_PURPOSE, FileStore, FileView
 from gateway.stores.fine_tuning_store import (
     CheckpointView,
     EventView,
     FineTuningStore,
+    JobUse,
     JobView,
     NewJob,
 )
 from gateway.stores.pages import Owner, Page
+from gateway.tenancy.keys import KeyRecord
+from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +73,16 @@ class FineTuningService:
         files: FileStore,
         runner: FineTuningRunner,
         base_models: Collection[str],
+        settings: FineTuningSettings,
+        pool: TokenizePool,
     ) -> None:
         self.store = store
         self._files = files
         self.runner = runner
         self._bases = frozenset(base_models)
+        self._max_file_bytes = settings.max_file_bytes
+        self._limits = TrainingLimits(settings.jobs_per_key, settings.tokens_per_key_day)
+        self._pool = pool
 
     @classmethod
     def build(
@@ -81,29 +93,62 @@ class FineTuningService:
         adapters: AdapterAdmin,
         metrics: GatewayMetrics,
         base_models: Collection[str],
-        poll_s: float,
+        settings: FineTuningSettings,
+        pool: TokenizePool,
     ) -> FineTuningService:
         store, files = FineTuningStore(sessions), FileStore(sessions)
-        runner = FineTuningRunner(store, files, registry, catalogue, adapters, metrics, poll_s)
-        return cls(store, files, runner, base_models)
+        runner = FineTuningRunner(
+            store,
+            files,
+            registry,
+            catalogue,
+            adapters,
+            metrics,
+            settings.poll_s,
+            settings.start_timeout_s,
+        )
+        return cls(store, files, runner, base_models, settings, pool)
 
     async def create(
-        self, request: JobCreateRequest, owner: Owner, key_name: str | None
+        self, request: JobCreateRequest, owner: Owner, key: KeyRecord | None
     ) -> JobView:
         """The job, queued; 400 and nothing made for a model no site trains, a file that is
-        not the caller's fine-tune file, or a bad line in either file."""
+        not the caller's fine-tune file, a file past GATEWAY_FINE_TUNING_MAX_FILE_BYTES or a
+        bad line in either file; 429 for a key at its training limits (limits.py)."""
         self._check_model(request.model)
-        training = await self._read_file(request.training_file, owner, "training_file")
-        examples = check_training_file(training, "training_file").examples
+        training_view = await self._file(request.training_file, owner, "training_file")
+        validation_view = None
         if request.validation_file is not None:
-            validation = await self._read_file(request.validation_file, owner, "validation_file")
-            check_training_file(validation, "validation_file")
+            validation_view = await self._file(request.validation_file, owner, "validation_file")
+        size = training_view.bytes + (validation_view.bytes if validation_view else 0)
+        if size > self._max_file_bytes:
+            param = (
+                "validation_file"
+                if training_view.bytes <= self._max_file_bytes
+                else "training_file"
+            )
+            raise file_too_large(param, size, self._max_file_bytes)
+        who = f"API key {key.prefix}... ('{key.name}')" if key is not None else "this caller"
+        tokens_per_minute = key.tokens_per_minute if key is not None else None
+        epochs = resolve(request.hyperparameters, 1).n_epochs  # epochs depend on no example
+        wanted = estimated_tokens(training_view.bytes, epochs)
+
+        def admit(uses: list[JobUse]) -> None:
+            self._limits.check(who, tokens_per_minute, uses, wanted)
+
+        # Refused before the files are read and parsed, and again as the job is written.
+        admit(await self.store.uses(owner, window_start()))
+        training = await self._content(request.training_file, owner, "training_file")
+        examples = (await read_training_file(self._pool, training, "training_file")).examples
+        if request.validation_file is not None:
+            validation = await self._content(request.validation_file, owner, "validation_file")
+            await read_training_file(self._pool, validation, "validation_file")
         hyper = resolve(request.hyperparameters, examples)
         seed = request.seed if request.seed is not None else random.randrange(2**31)
         new = NewJob(
             f"{JOB_PREFIX}{uuid.uuid4().hex[:24]}",
             owner,
-            key_name,
+            key.name if key is not None else None,
             request.model,
             request.training_file,
             request.validation_file,
@@ -113,7 +158,7 @@ class FineTuningService:
             hyper.batch_size,
             hyper.learning_rate_multiplier,
         )
-        job = await self.store.create(new)
+        job = await self.store.create(new, admit, window_start())
         if job is None:  # a file deleted while it was checked
             raise invalid_request(
                 "the training or validation file was deleted meanwhile",
@@ -139,12 +184,10 @@ class FineTuningService:
                 code="model_not_available",
             )
 
-    async def _read_file(self, file_id: str, owner: Owner, param: str) -> bytes:
+    async def _file(self, file_id: str, owner: Owner, param: str) -> FileView:
         view = await self._files.get(file_id, owner)
         if view is None:
-            raise invalid_request(
-                f"{param}: no such file: {file_id}", param=param, code="file_not_found"
-            )
+            raise _no_file(file_id, param)
         if view.purpose != FINE_TUNE_PURPOSE:
             raise invalid_request(
                 f"{param}: file {file_id} has purpose {view.purpose!r}; upload training data "
@@ -152,11 +195,12 @@ class FineTuningService:
                 param=param,
                 code="invalid_file_purpose",
             )
+        return view
+
+    async def _content(self, file_id: str, owner: Owner, param: str) -> bytes:
         content = await self._files.content(file_id, owner)
         if content is None:
-            raise invalid_request(
-                f"{param}: no such file: {file_id}", param=param, code="file_not_found"
-            )
+            raise _no_file(file_id, param)  # deleted since it was looked at
         return content
 
     async def get(self, job_id: str, owner: Owner) -> JobView:
@@ -210,6 +254,10 @@ class FineTuningService:
                 message += f" (site {job.site} could not be told: {exc.detail})"
         await self.store.finish(job_id, FineTuningStatus.CANCELLED, message)
         return await self.get(job_id, owner)
+
+
+def _no_file(file_id: str, param: str) -> GatewayError:
+    return invalid_request(f"{param}: no such file: {file_id}", param=param, code="file_not_found")
 
 
 def _check_limit(limit: int) -> None:

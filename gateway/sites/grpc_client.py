@@ -316,6 +316,10 @@ class GrpcSiteClient:
         call = self._stub.StartFineTune(spec_to_proto(spec), timeout=_FINE_TUNE_TIMEOUT_S)
         try:
             return await self._fine_tune(call)
+        except SiteBusy as exc:
+            # The site's handler never answers RESOURCE_EXHAUSTED: gRPC does, for a message past
+            # the site's receive limit. Sending it again would fail the same way, for ever.
+            raise FineTuneCallRefused(self.name, str(exc), "too_large") from exc
         except FineTuneCallRefused as exc:
             if exc.reason != "exists":
                 raise

@@ -76,7 +76,8 @@ class AdapterChangeRefused(SiteCallError):
 class FineTuneCallRefused(SiteRejected):
     """The site refused a fine-tuning call. `reason`: "invalid" (another base model, a bad file
     or hyperparameters), "exists" (the job id is known), "not_found" (no such job),
-    "precondition" (the site takes no jobs, or its reserve cannot hold one example)."""
+    "precondition" (the site takes no jobs, or its reserve cannot hold one example),
+    "too_large" (the job's files pass what the site takes in one message: it never will)."""
 
     def __init__(self, site: str, message: str, reason: str) -> None:
         super().__init__(site, message)

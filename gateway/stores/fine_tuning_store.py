@@ -10,6 +10,7 @@ two gateways polling the same job write each step's event once.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,10 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneState
 from gateway.db.models import (
     FINAL_FINE_TUNING_STATES,
+    ApiKey,
     FineTuningCheckpoint,
     FineTuningEvent,
     FineTuningJob,
     FineTuningStatus,
+    StoredFile,
     utcnow,
 )
 from gateway.stores.file_store import file_exists, owned_by
@@ -49,6 +52,16 @@ class NewJob:
     n_epochs: int
     batch_size: int
     learning_rate_multiplier: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobUse:
+    """One of a key's jobs as its training limits see it (gateway/fine_tuning/limits.py)."""
+
+    final: bool
+    trained_tokens: int
+    epochs: int
+    training_bytes: int  # 0 when its training file is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +153,20 @@ class FineTuningStore:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
-    async def create(self, new: NewJob) -> JobView | None:
+    async def create(
+        self,
+        new: NewJob,
+        admit: Callable[[list[JobUse]], None] | None = None,
+        since: datetime | None = None,
+    ) -> JobView | None:
         """The job and its first event, in one transaction; None (nothing written) when either
-        file is not the owner's live file (deleted in between)."""
+        file is not the owner's live file (deleted in between). `admit` is given the owner's
+        jobs made since `since` (the limits' window began) or still unfinished, read with the
+        owner's key row locked (so that concurrent creates of one key, on any gateway, take
+        turns); what it raises undoes everything."""
         async with self._sessions.begin() as session:
+            if admit is not None:
+                admit(await _uses(session, new.owner, since or utcnow()))
             for file_id in (new.training_file, new.validation_file):
                 if file_id is not None and not await file_exists(session, file_id, new.owner):
                     return None
@@ -170,6 +193,11 @@ class FineTuningStore:
             await session.flush()
             _add_event(session, new.id, f"Created fine-tuning job: {new.id}")
             return _job(row)
+
+    async def uses(self, owner: Owner, since: datetime) -> list[JobUse]:
+        """The owner's jobs made since `since` or still unfinished."""
+        async with self._sessions.begin() as session:
+            return await _uses(session, owner, since)
 
     async def get(self, job_id: str, owner: Owner) -> JobView | None:
         async with self._sessions() as session:
@@ -333,6 +361,28 @@ class FineTuningStore:
             level = "error" if status is FineTuningStatus.FAILED else "info"
             _add_event(session, job_id, message, level=level)
             return True
+
+
+async def _uses(session: AsyncSession, owner: Owner, since: datetime) -> list[JobUse]:
+    if owner is not None:
+        await session.execute(select(ApiKey.id).where(ApiKey.id == owner).with_for_update())
+    query = (
+        select(
+            FineTuningJob.status,
+            FineTuningJob.trained_tokens,
+            FineTuningJob.n_epochs,
+            StoredFile.bytes,
+        )
+        .outerjoin(StoredFile, StoredFile.id == FineTuningJob.training_file)
+        .where(
+            owned_by(FineTuningJob.api_key_id, owner),
+            or_(FineTuningJob.created_at >= since, _NOT_FINAL),
+        )
+    )
+    return [
+        JobUse(FineTuningStatus(status).is_final, int(trained), int(epochs), int(size or 0))
+        for status, trained, epochs, size in (await session.execute(query)).all()
+    ]
 
 
 def _record_steps(session: AsyncSession, row: FineTuningJob, progress: FineTuneProgress) -> None:

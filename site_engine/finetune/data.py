@@ -1,9 +1,10 @@
 """A fine-tuning job's chat JSONL turned into token ids, with loss on the assistant's tokens only.
 
 The gateway validated the file line by line (OpenAI's chat format: one {"messages": [...]}
-object a line); this re-parses it and renders every conversation with the chat template the site
-serves (the tokenizer's own, ChatML when it has none), so that the model learns the exact token
-layout it will later see at inference. A token counts toward the loss when it starts inside an
+object a line) with the check this runs again (fedllm_contract/training_data.py, both sides'
+one), and this renders every conversation with the chat template the site serves (the
+tokenizer's own, ChatML when it has none), so that the model learns the exact token layout it
+will later see at inference. A token counts toward the loss when it starts inside an
 assistant message's rendered text: its content and the end-of-turn marker after it (the model
 learns to stop), never the template's `<|im_start|>assistant\\n` header, which the serving side
 writes itself.
@@ -11,14 +12,14 @@ writes itself.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from fedllm_contract import training_data
 from fedllm_contract.tokenizer import CHATML_TEMPLATE
+from fedllm_contract.training_data import TrainingFileError
 
 IGNORE = -100  # the label of a token the loss skips (torch's cross_entropy ignore_index)
 
@@ -44,36 +45,13 @@ class Example:
 
 
 def parse_chat_jsonl(data: bytes) -> list[list[dict[str, str]]]:
-    """The conversations of a chat JSONL file (blank lines skipped); TrainingDataError naming
-    the first bad line."""
-    conversations: list[list[dict[str, str]]] = []
-    for number, raw in enumerate(data.decode("utf-8", errors="strict").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except ValueError as exc:
-            raise TrainingDataError(f"line {number}: not JSON: {exc}") from exc
-        messages = record.get("messages") if isinstance(record, dict) else None
-        if not isinstance(messages, list) or not messages:
-            raise TrainingDataError(f"line {number}: expected {{'messages': [...]}}")
-        conversations.append([_message(number, m) for m in messages])
-        if not any(m["role"] == "assistant" for m in conversations[-1]):
-            raise TrainingDataError(f"line {number}: no assistant message to learn from")
-    if not conversations:
-        raise TrainingDataError("the file holds no examples")
-    return conversations
-
-
-def _message(number: int, message: Any) -> dict[str, str]:
-    if not isinstance(message, dict):
-        raise TrainingDataError(f"line {number}: a message must be an object")
-    role, content = message.get("role"), message.get("content")
-    if role not in ("system", "user", "assistant") or not isinstance(content, str):
-        raise TrainingDataError(
-            f"line {number}: a message needs a role (system, user, assistant) and text content"
-        )
-    return {"role": role, "content": content}
+    """The conversations of a chat JSONL file, checked as the gateway checked it (the one
+    check both import: fedllm_contract/training_data.py); TrainingDataError naming the bad
+    lines."""
+    try:
+        return training_data.conversations(data)
+    except TrainingFileError as exc:
+        raise TrainingDataError(str(exc)) from exc
 
 
 def _render(

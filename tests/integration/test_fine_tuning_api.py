@@ -68,13 +68,14 @@ class World:
 
 
 @contextmanager
-def gateway(world: World) -> Iterator[TestClient[Any]]:
-    """A gateway in this process whose site's client has the trainer double's calls."""
+def gateway(world: World, env: dict[str, str] | None = None) -> Iterator[TestClient[Any]]:
+    """A gateway in this process whose site's client has the trainer double's calls (`env`:
+    settings beside the tests' own)."""
     federation = write_federation(world.work, world.model_dir, world.site)
     settings = GatewaySettings.from_env({
         "GATEWAY_FEDERATION_FILE": str(federation), "GATEWAY_DATABASE_URL": world.database_url,
         "GATEWAY_REQUIRE_API_KEYS": "true", "GATEWAY_ADMIN_TOKEN": ADMIN,
-        "GATEWAY_HEALTH_INTERVAL_S": "0.5", "GATEWAY_FINE_TUNING_POLL_S": "0.2",
+        "GATEWAY_HEALTH_INTERVAL_S": "0.5", "GATEWAY_FINE_TUNING_POLL_S": "0.2", **(env or {}),
     })  # fmt: skip
     with TestClient(create_app(settings), base_url=BASE, timeout=60) as client:
         assembly = client.app.state.assembly

@@ -15,20 +15,32 @@ import httpx
 @dataclass
 class Probe:
     worst_s: float = 0.0
+    answers: int = 0
 
 
 @contextmanager
-def probing_healthz(base_url: str, every_s: float = 0.05) -> Iterator[Probe]:
-    """Asks `/healthz` over and over until the block ends; `worst_s` is the slowest answer."""
+def probing_healthz(
+    base_url: str, every_s: float = 0.05, client: httpx.Client | None = None
+) -> Iterator[Probe]:
+    """Asks `/healthz` over and over until the block ends; `worst_s` is the slowest answer.
+    `client`: one to ask through (a litestar TestClient's app in this process), else a new
+    one."""
     probe, done = Probe(), threading.Event()
 
+    def ask(client: httpx.Client) -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            assert client.get(f"{base_url}/healthz").status_code == 200
+            probe.worst_s = max(probe.worst_s, time.monotonic() - started)
+            probe.answers += 1
+            time.sleep(every_s)
+
     def run() -> None:
-        with httpx.Client(timeout=30) as client:
-            while not done.is_set():
-                started = time.monotonic()
-                assert client.get(f"{base_url}/healthz").status_code == 200
-                probe.worst_s = max(probe.worst_s, time.monotonic() - started)
-                time.sleep(every_s)
+        if client is not None:
+            ask(client)
+            return
+        with httpx.Client(timeout=30) as own:
+            ask(own)
 
     prober = threading.Thread(target=run)
     prober.start()

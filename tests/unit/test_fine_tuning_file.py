@@ -18,6 +18,7 @@ from gateway.fine_tuning.training_file import MAX_LISTED, check_training_file
 from gateway.stores.fine_tuning_store import JobView
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+ANSWER = {"role": "assistant", "content": "yo"}
 
 
 def _file(*lines: object) -> bytes:
@@ -33,12 +34,14 @@ def _refusal(content: bytes) -> str:
     return refused.value.message
 
 
-def test_a_good_file_counts_its_examples_and_tools_are_allowed() -> None:
-    tool = {"role": "tool", "content": "42"}
-    with_tools = {"messages": [*GOOD["messages"], tool], "tools": []}
+def test_a_good_file_counts_its_examples_and_a_tools_field_is_allowed() -> None:
+    with_tools = {"messages": GOOD["messages"], "tools": [], "parallel_tool_calls": False}
     assert check_training_file(_file(GOOD, with_tools), "training_file").examples == 2
     no_final_newline = _file(GOOD, GOOD).rstrip(b"\n")
     assert check_training_file(no_final_newline, "training_file").examples == 2
+    # JSONL lines end at \n only: a raw U+2028 in a string is text (and the site agrees).
+    separator = b'{"messages": [{"role": "assistant", "content": "a\xe2\x80\xa8b"}]}'
+    assert check_training_file(_file(GOOD, separator), "training_file").examples == 2
 
 
 @pytest.mark.parametrize(
@@ -53,6 +56,11 @@ def test_a_good_file_counts_its_examples_and_tools_are_allowed() -> None:
         ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content must be"),
         ({"messages": ["hi"]}, "messages[0] is not an object"),
         (b"", "an empty line"),
+        # The site renders and learns system, user and assistant messages only (issue 58).
+        ({"messages": [{"role": "tool", "content": "4"}, ANSWER]}, "messages[0].role must be"),
+        # Issue 58: these were 500s.
+        (b'{"messages": [{"role": "assistant", "content": "\xff"}]}', "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ],
 )
 def test_each_kind_of_bad_line_is_named_by_its_number(line: object, reason: str) -> None:

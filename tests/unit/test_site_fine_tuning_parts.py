@@ -25,6 +25,8 @@ from fedllm_contract.proto.fine_tuning import (
     spec_to_proto,
 )
 from fedllm_contract.tokenizer import tokenizer_fingerprint
+from gateway.errors import GatewayError
+from gateway.fine_tuning.training_file import check_training_file
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import FineTuneCallRefused
 from site_engine.engine.core.api import EngineRequest
@@ -34,7 +36,12 @@ from site_engine.engine_service import EngineService
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune.data import IGNORE, TrainingDataError, encode, parse_chat_jsonl
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
-from site_engine.grpc_server import SiteIdentity, SiteServicer, start_server
+from site_engine.grpc_server import (
+    MAX_RECEIVE_MESSAGE_BYTES,
+    SiteIdentity,
+    SiteServicer,
+    start_server,
+)
 from site_engine.idle_work import IdleGate
 from site_engine.model_loading import LoadedModel, load_model
 
@@ -73,15 +80,46 @@ def test_the_loss_is_on_the_assistant_turn_and_its_end_only(smollm2_dir: Path) -
     ("data", "says"),
     [
         (LINE + b"\nnot json", "line 2: not JSON"),
-        (b'{"messages": []}', "line 1: expected"),
+        (b'{"messages": []}', "line 1: 'messages' must be a non-empty list"),
         (b'{"messages": [{"role": "user", "content": "hi"}]}', "line 1: no assistant message"),
-        (b'{"messages": [{"role": "robot", "content": "hi"}]}', "line 1: a message needs"),
-        (b"\n\n", "no examples"),
+        (b'{"messages": [{"role": "robot", "content": "hi"}]}', "line 1: messages.0..role"),
+        (b'{"messages": [{"role": "tool", "content": "4"}]}', "line 1: messages.0..role"),
+        (b"\n\n", "line 1: an empty line"),
+        (b"", "no training example"),
     ],
 )
 def test_a_bad_file_is_refused_naming_its_line(data: bytes, says: str) -> None:
     with pytest.raises(TrainingDataError, match=says):
         parse_chat_jsonl(data)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"messages": [{"role": "tool", "content": "4"}, {"role": "assistant", "content": "y"}]}',
+        b'{"messages": [{"role": "assistant", "content": "a\xe2\x80\xa8b"}]}',  # raw U+2028
+        b'{"messages": [{"role": "assistant", "content": "\xff"}]}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"messages": [{"role": "assistant", "content": "y"}], "tools": []}',
+        b"",
+    ],
+)
+def test_the_site_refuses_exactly_the_lines_the_gateway_refuses(line: bytes) -> None:
+    """Issue 58: a `tool` message or a raw U+2028 passed the gateway's check and then failed
+    the job at the site. Both now run fedllm_contract/training_data.py; this holds them to
+    it."""
+    data = LINE + b"\n" + line + b"\n" + LINE + b"\n"
+    try:
+        check_training_file(data, "training_file")
+        gateway_refuses = None
+    except GatewayError as exc:
+        gateway_refuses = exc.message
+    try:
+        parse_chat_jsonl(data)
+        site_refuses = None
+    except TrainingDataError as exc:
+        site_refuses = str(exc)
+    assert site_refuses == gateway_refuses
 
 
 def test_refusals_leave_nothing_behind(tmp_path: Path, tiny: LoadedModel) -> None:
@@ -192,6 +230,11 @@ def test_the_grpc_contract_through_the_gateways_client(tmp_path: Path, tiny: Loa
             with pytest.raises(FineTuneCallRefused, match="not the job's base") as other:
                 await client.start_fine_tune(spec(base="other"))
             assert other.value.reason == "invalid"
+            # Past the site's message limit: refused for good, never sent again (issue 58).
+            huge = spec(data=b" " * MAX_RECEIVE_MESSAGE_BYTES)
+            with pytest.raises(FineTuneCallRefused) as too_large:
+                await client.start_fine_tune(huge)
+            assert too_large.value.reason == "too_large"
             with pytest.raises(FineTuneCallRefused) as unknown:
                 await client.fine_tune_progress("nope")
             assert unknown.value.reason == "not_found"
