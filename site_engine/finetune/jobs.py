@@ -200,6 +200,7 @@ class FineTuneJobs:
         job_dir = self.settings.directory / job.spec.job_id
         if job.trainer is None:
             job.trainer = self._build_trainer(job, job_dir)
+            self._publish(job, FineTuneState.RUNNING)  # from its checkpoint's step, if resumed
             return
         trainer = job.trainer
         if job.unit is None:
