@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Annotated
 
@@ -38,7 +39,12 @@ from gateway.errors import (
 )
 from gateway.federation_adapters import AdapterConfig
 from gateway.model_catalogue import AdapterCatalogue
-from gateway.sites.interface import AdapterChangeRefused, AdapterLoading, SiteCallError
+from gateway.sites.interface import (
+    AdapterArchiveLoading,
+    AdapterChangeRefused,
+    AdapterLoading,
+    SiteCallError,
+)
 from gateway.sites.registry import SiteRegistry, SiteState
 
 log = logging.getLogger(__name__)
@@ -113,6 +119,25 @@ class AdapterAdmin:
                  ", ".join(o.site for o in outcomes if o.ok))  # fmt: skip
         return AdapterChangeView(body.name, body.parent, body.owner_key, outcomes)
 
+    async def load_archive(
+        self, config: AdapterConfig, archive: bytes, sites: Sequence[SiteState]
+    ) -> list[SiteChangeView]:
+        """Serves an adapter whose files the gateway holds (a fine-tuned model's, kept in its
+        file store: gateway/fine_tuning/runner.py) on `sites`, sending each the files; declared
+        first, as load declares. Each site's outcome; an error when no site serves it after."""
+        earlier = self._catalogue.declared(config.name)
+        if earlier is not None and earlier != config:
+            raise Conflict(f"adapter {config.name!r} is declared with another parent or owner",
+                           param="name", code="adapter_exists")  # fmt: skip
+        self._catalogue.declare(config)
+        outcomes = list(
+            await asyncio.gather(*(self._send_one(site, config.name, archive) for site in sites))
+        )
+        if outcomes and config.name not in self._registry.served_adapters():
+            self._catalogue.forget(config.name)
+            raise self._first_error(outcomes)
+        return outcomes
+
     async def unload(self, name: str) -> AdapterChangeView:
         """Unloads the adapter from every site that lists it; an error when none did."""
         sites = [site for site in self._registry.all() if name in site.adapters]
@@ -151,12 +176,13 @@ class AdapterAdmin:
         client = site.client
         if not isinstance(client, AdapterLoading):
             return _unsupported(site)
-        try:
-            served = await client.load_adapter(body.name, body.path)
-        except SiteCallError as exc:
-            return _refusal(site, exc)
-        _take_adapters(site, served)
-        return SiteChangeView(site.name, True)
+        return await _changed(site, client.load_adapter(body.name, body.path))
+
+    async def _send_one(self, site: SiteState, name: str, archive: bytes) -> SiteChangeView:
+        client = site.client
+        if not isinstance(client, AdapterArchiveLoading):
+            return _unsupported(site)
+        return await _changed(site, client.load_adapter_archive(name, archive))
 
     async def _unload_one(self, site: SiteState, name: str) -> SiteChangeView:
         client = site.client
@@ -186,6 +212,16 @@ class AdapterAdmin:
         if reason in ("exists", "busy"):
             return Conflict(message, param="name", code=f"adapter_{reason}")
         return service_unavailable(message)
+
+
+async def _changed(site: SiteState, change: Awaitable[tuple[str, ...]]) -> SiteChangeView:
+    """The outcome of a load at `site`, whose answer (the adapters it serves) is taken in."""
+    try:
+        served = await change
+    except SiteCallError as exc:
+        return _refusal(site, exc)
+    _take_adapters(site, served)
+    return SiteChangeView(site.name, True)
 
 
 def _refusal(site: SiteState, exc: SiteCallError) -> SiteChangeView:
