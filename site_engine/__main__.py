@@ -394,7 +394,7 @@ def start_generation(
         serving.metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
     face = HttpFace(service, settings.model_name, loaded.vocab_size)
     serving.http_server = _http_face(settings, face)
-    return SiteServicer(service, identity, jobs), serving
+    return SiteServicer(service, identity, jobs, settings.lora_dir), serving
 
 
 def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs | None:

@@ -90,6 +90,20 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
         await self._no_adapters(context)
         return site_pb2.AdapterList()  # never reached: abort raises
 
+    async def LoadAdapterArchive(
+        self,
+        request_iterator: AsyncIterator[site_pb2.AdapterArchiveChunk],
+        context: grpc.aio.ServicerContext,
+    ) -> site_pb2.AdapterList:
+        await self._no_adapters(context)
+        return site_pb2.AdapterList()
+
+    async def GetFineTunedAdapter(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[site_pb2.DataChunk]:
+        await self._no_fine_tuning(context)
+        yield site_pb2.DataChunk()  # never reached: abort raises
+
     async def StartFineTune(
         self, request: site_pb2.FineTuneSpec, context: grpc.aio.ServicerContext
     ) -> site_pb2.FineTuneProgress:

@@ -1,11 +1,13 @@
-"""The site's fine-tuning RPCs (StartFineTune, GetFineTuneProgress, CancelFineTune): the
+"""The site's fine-tuning RPCs (StartFineTune, GetFineTuneProgress, CancelFineTune,
+GetFineTunedAdapter): the
 protobuf face of site_engine/finetune/jobs.py, mixed into the site's servicer (grpc_server.py).
 The job calls run off the event loop: starting a job parses and tokenizes its files."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -13,6 +15,7 @@ import grpc
 from fedllm_contract.fine_tuning import FineTuneProgress
 from fedllm_contract.proto import site_pb2
 from fedllm_contract.proto.fine_tuning import progress_to_proto, spec_from_proto
+from site_engine.adapter_archive import chunks, pack
 from site_engine.finetune import FineTuneRefused
 
 if TYPE_CHECKING:
@@ -48,6 +51,17 @@ class FineTuneHandlers:
         self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.FineTuneProgress:
         return await self._fine_tune(context, lambda jobs: jobs.cancel(request.job_id))
+
+    async def GetFineTunedAdapter(
+        self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[site_pb2.DataChunk]:
+        progress = await self._fine_tune(context, lambda jobs: jobs.progress(request.job_id))
+        if progress.state != site_pb2.FINE_TUNE_STATE_SUCCEEDED or not progress.adapter_path:
+            message = f"job {request.job_id!r} has not succeeded: no adapter yet"
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        data = await asyncio.to_thread(pack, Path(progress.adapter_path))
+        for piece in chunks(data):
+            yield site_pb2.DataChunk(data=piece)
 
     async def _fine_tune(
         self,

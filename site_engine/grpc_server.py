@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -29,6 +31,7 @@ from fedllm_contract.fine_tuning import FINE_TUNE_MESSAGE_OVERHEAD_BYTES, MAX_JO
 from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
+from site_engine.adapter_archive import MAX_ARCHIVE_BYTES, ArchiveError, received_dir, unpack
 from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.core.api import AdapterRefused, EngineRequest, RequestRejected
 from site_engine.engine.core.scheduler_config import ClassLoad
@@ -175,10 +178,16 @@ def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
 
 class SiteServicer(FineTuneHandlers, site_pb2_grpc.SiteEngineServicer):
     def __init__(
-        self, service: EngineService, identity: SiteIdentity, jobs: FineTuneJobs | None = None
+        self,
+        service: EngineService,
+        identity: SiteIdentity,
+        jobs: FineTuneJobs | None = None,
+        adapter_dir: Path | None = None,
     ) -> None:
         self._service = service
         self._jobs = jobs  # None: this site takes no fine-tuning jobs
+        # The site's adapter directory (--lora-dir), where adapters sent whole are kept.
+        self._adapter_dir = adapter_dir
         self._identity = identity
         self._tokenizer = service.tokenizer
         self._report_sequence = 0
@@ -275,6 +284,34 @@ class SiteServicer(FineTuneHandlers, site_pb2_grpc.SiteEngineServicer):
         try:
             await self._service.load_adapter(request.name, request.path)
         except AdapterRefused as exc:
+            await context.abort(_ADAPTER_STATUS[exc.reason], str(exc))
+        return site_pb2.AdapterList(adapters=self._service.served_adapters())
+
+    async def LoadAdapterArchive(
+        self,
+        request_iterator: AsyncIterator[site_pb2.AdapterArchiveChunk],
+        context: grpc.aio.ServicerContext,
+    ) -> site_pb2.AdapterList:
+        name, data = "", bytearray()
+        async for chunk in request_iterator:
+            name = name or chunk.name
+            data += chunk.data
+            if len(data) > MAX_ARCHIVE_BYTES:
+                message = f"an adapter archive is at most {MAX_ARCHIVE_BYTES} bytes"
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        if self._adapter_dir is None:
+            message = "this site was started without --lora-dir: no adapters"
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+            raise AssertionError("abort raises")
+        target = received_dir(self._adapter_dir)
+        try:
+            await asyncio.to_thread(unpack, bytes(data), target)
+        except ArchiveError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            await self._service.load_adapter(name, str(target))
+        except AdapterRefused as exc:
+            shutil.rmtree(target, ignore_errors=True)
             await context.abort(_ADAPTER_STATUS[exc.reason], str(exc))
         return site_pb2.AdapterList(adapters=self._service.served_adapters())
 

@@ -118,6 +118,48 @@ FINE_TUNE_STATE_CANCELLED: FineTuneState.ValueType  # 4
 Global___FineTuneState: _TypeAlias = FineTuneState  # noqa: Y015
 
 @_typing.final
+class DataChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DataChunk: _TypeAlias = DataChunk  # noqa: Y015
+
+@_typing.final
+class AdapterArchiveChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Set on the first message."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdapterArchiveChunk: _TypeAlias = AdapterArchiveChunk  # noqa: Y015
+
+@_typing.final
 class SamplingParams(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

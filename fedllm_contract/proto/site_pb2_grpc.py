@@ -89,6 +89,16 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
                 _registered_method=True)
+        self.GetFineTunedAdapter = channel.unary_stream(
+                '/fedllm.site.v1.SiteEngine/GetFineTunedAdapter',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.DataChunk.FromString,
+                _registered_method=True)
+        self.LoadAdapterArchive = channel.stream_unary(
+                '/fedllm.site.v1.SiteEngine/LoadAdapterArchive',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterArchiveChunk.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
+                _registered_method=True)
 
 
 class SiteEngineServicer:
@@ -185,6 +195,25 @@ class SiteEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetFineTunedAdapter(self, request, context):
+        """A succeeded job's trained adapter, its files as one tar archive in chunks, so that the
+        gateway can keep it and serve it on other sites (NOT_FOUND for a job the site does not
+        know; FAILED_PRECONDITION for one that has not succeeded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadAdapterArchive(self, request_iterator, context):
+        """LoadAdapter for an adapter whose files the caller sends: the first message names it, the
+        messages' data in order is a tar archive of its files (adapter_config.json,
+        adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
+        LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -242,6 +271,16 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     servicer.CancelFineTune,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.SerializeToString,
+            ),
+            'GetFineTunedAdapter': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetFineTunedAdapter,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.DataChunk.SerializeToString,
+            ),
+            'LoadAdapterArchive': grpc.stream_unary_rpc_method_handler(
+                    servicer.LoadAdapterArchive,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterArchiveChunk.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -541,6 +580,60 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/CancelFineTune',
             fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFineTunedAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/GetFineTunedAdapter',
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.DataChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapterArchive(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/fedllm.site.v1.SiteEngine/LoadAdapterArchive',
+            fedllm__contract_dot_proto_dot_site__pb2.AdapterArchiveChunk.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
             options,
             channel_credentials,
             insecure,

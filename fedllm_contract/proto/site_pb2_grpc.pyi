@@ -80,6 +80,17 @@ class SiteEngineStub:
     """A job's progress (NOT_FOUND for a job the site does not know)."""
     CancelFineTune: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]
     """Ends a job not yet final; a final job's progress is answered unchanged."""
+    GetFineTunedAdapter: _grpc.UnaryStreamMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.DataChunk]
+    """A succeeded job's trained adapter, its files as one tar archive in chunks, so that the
+    gateway can keep it and serve it on other sites (NOT_FOUND for a job the site does not
+    know; FAILED_PRECONDITION for one that has not succeeded).
+    """
+    LoadAdapterArchive: _grpc.StreamUnaryMultiCallable[_site_pb2.AdapterArchiveChunk, _site_pb2.AdapterList]
+    """LoadAdapter for an adapter whose files the caller sends: the first message names it, the
+    messages' data in order is a tar archive of its files (adapter_config.json,
+    adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
+    LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
+    """
 
 @_typing.type_check_only
 class SiteEngineAsyncStub(SiteEngineStub):
@@ -126,6 +137,17 @@ class SiteEngineAsyncStub(SiteEngineStub):
     """A job's progress (NOT_FOUND for a job the site does not know)."""
     CancelFineTune: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
     """Ends a job not yet final; a final job's progress is answered unchanged."""
+    GetFineTunedAdapter: _aio.UnaryStreamMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.DataChunk]  # type: ignore[assignment]
+    """A succeeded job's trained adapter, its files as one tar archive in chunks, so that the
+    gateway can keep it and serve it on other sites (NOT_FOUND for a job the site does not
+    know; FAILED_PRECONDITION for one that has not succeeded).
+    """
+    LoadAdapterArchive: _aio.StreamUnaryMultiCallable[_site_pb2.AdapterArchiveChunk, _site_pb2.AdapterList]  # type: ignore[assignment]
+    """LoadAdapter for an adapter whose files the caller sends: the first message names it, the
+    messages' data in order is a tar archive of its files (adapter_config.json,
+    adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
+    LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
+    """
 
 class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -235,5 +257,28 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_site_pb2.FineTuneProgress, _abc.Awaitable[_site_pb2.FineTuneProgress]]:
         """Ends a job not yet final; a final job's progress is answered unchanged."""
+
+    @_abc_1.abstractmethod
+    def GetFineTunedAdapter(
+        self,
+        request: _site_pb2.FineTuneJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_site_pb2.DataChunk], _abc.AsyncIterator[_site_pb2.DataChunk]]:
+        """A succeeded job's trained adapter, its files as one tar archive in chunks, so that the
+        gateway can keep it and serve it on other sites (NOT_FOUND for a job the site does not
+        know; FAILED_PRECONDITION for one that has not succeeded).
+        """
+
+    @_abc_1.abstractmethod
+    def LoadAdapterArchive(
+        self,
+        request_iterator: _MaybeAsyncIterator[_site_pb2.AdapterArchiveChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.AdapterList, _abc.Awaitable[_site_pb2.AdapterList]]:
+        """LoadAdapter for an adapter whose files the caller sends: the first message names it, the
+        messages' data in order is a tar archive of its files (adapter_config.json,
+        adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
+        LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
+        """
 
 def add_SiteEngineServicer_to_server(servicer: SiteEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

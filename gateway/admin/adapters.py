@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Annotated
 
@@ -41,7 +42,12 @@ from gateway.errors import (
     service_unavailable,
 )
 from gateway.model_catalogue import AdapterCatalogue
-from gateway.sites.interface import AdapterChangeRefused, AdapterLoading, SiteCallError
+from gateway.sites.interface import (
+    AdapterArchiveLoading,
+    AdapterChangeRefused,
+    AdapterLoading,
+    SiteCallError,
+)
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.adapter_owners import Ownership
 from gateway.tenancy.keys import KeyService
@@ -140,6 +146,23 @@ class AdapterAdmin:
                  ", ".join(o.site for o in outcomes if o.ok))  # fmt: skip
         return AdapterChangeView(body.name, body.parent, owner_name, outcomes, ownership.key_id)
 
+    async def load_archive(
+        self, ownership: Ownership, archive: bytes, sites: Sequence[SiteState]
+    ) -> list[SiteChangeView]:
+        """Serves an adapter whose files the gateway holds (a fine-tuned model's, kept in its
+        file store: gateway/fine_tuning/runner.py) on `sites`, sending each the files; its owner
+        declared first, as load declares (and kept: the model is its job's). Each site's
+        outcome; an error when no site serves it after."""
+        if self._catalogue.stored(ownership.name) != ownership:
+            await self._catalogue.declare(ownership)
+        name = ownership.name
+        outcomes = list(
+            await asyncio.gather(*(self._send_one(site, name, archive) for site in sites))
+        )
+        if outcomes and name not in self._registry.served_adapters():
+            raise self._first_error(outcomes)
+        return outcomes
+
     async def unload(self, name: str) -> AdapterChangeView:
         """Unloads the adapter from every site that lists it; an error when none did. A name no
         site lists loses the owner an unfinished load left, if any."""
@@ -219,10 +242,19 @@ class AdapterAdmin:
         client = site.client
         if not isinstance(client, AdapterLoading):
             return _unsupported(site)
+        return await self._changed(site, client.load_adapter(body.name, body.path))
+
+    async def _send_one(self, site: SiteState, name: str, archive: bytes) -> SiteChangeView:
+        client = site.client
+        if not isinstance(client, AdapterArchiveLoading):
+            return _unsupported(site)
+        return await self._changed(site, client.load_adapter_archive(name, archive))
+
+    async def _changed(self, site: SiteState, change: Awaitable[tuple[str, ...]]) -> SiteChangeView:
+        """The outcome of a load at `site`, whose answer (the adapters it serves) is taken in;
+        "unreachable" past the load timeout."""
         try:
-            served = await asyncio.wait_for(
-                client.load_adapter(body.name, body.path), self._timeout_s
-            )
+            served = await asyncio.wait_for(change, self._timeout_s)
         except TimeoutError:
             message = (f"no answer in {self._timeout_s:g} s; the load may still finish there "
                        "(the adapter keeps the owner this load gave it)")  # fmt: skip

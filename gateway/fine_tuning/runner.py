@@ -21,6 +21,8 @@ import logging
 from collections import Counter
 from datetime import timedelta
 
+from sqlalchemy.exc import IntegrityError
+
 from fedllm_contract.fine_tuning import (
     FineTuneHyperparameters,
     FineTuneProgress,
@@ -32,13 +34,20 @@ from gateway.db.models import FineTuningStatus, utcnow
 from gateway.errors import GatewayError, ServerSideError
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
-from gateway.sites.interface import FineTuningSite, SiteCallError, SiteRejected
+from gateway.sites.interface import (
+    FineTunedAdapterSource,
+    FineTuningSite,
+    SiteCallError,
+    SiteRejected,
+)
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.adapter_owners import Ownership
-from gateway.stores.file_store import FileStore
+from gateway.stores.file_store import FileStore, NewFile
 from gateway.stores.fine_tuning_store import FineTuningStore, JobView
 
 log = logging.getLogger(__name__)
+# OpenAI's purpose of a fine-tuning job's result files.
+ADAPTER_FILE_PURPOSE = "fine-tune-results"
 
 
 def fine_tuned_model(job: JobView) -> str:
@@ -50,6 +59,12 @@ def fine_tuned_model(job: JobView) -> str:
 def _ownership(job: JobView, name: str) -> Ownership:
     """The job's model is its key's own, by id (made without a key: callers without one)."""
     return Ownership(name, job.model, public=False, key_id=job.owner)
+
+
+def adapter_file_id(job: JobView) -> str:
+    """The file-store id of the job's trained adapter (a tar archive of its files), kept for
+    as long as the job: every site of the base loads it from there."""
+    return f"file-ftadapter-{job.id.removeprefix('ftjob-')}"
 
 
 def trainer_of(site: SiteState) -> FineTuningSite | None:
@@ -83,6 +98,8 @@ class FineTuningRunner:
         self.counts: dict[str, int] = {}
         # Trained models whose site refused to load them again (until this gateway restarts).
         self._unservable: set[str] = set()
+        # (model, site): a site that refused a trained model's files (until a restart).
+        self._refused: set[tuple[str, str]] = set()
         if metrics is not None:
             metrics.watch_fine_tuning(lambda: self.counts)
 
@@ -211,14 +228,19 @@ class FineTuningRunner:
         log.warning("fine-tuning job %s failed: %s", job.id, message)
 
     async def _succeed(self, job: JobView, adapter_path: str | None) -> None:
-        """Serves the trained adapter, then marks the job succeeded; a site that cannot be
-        reached now is asked again next pass, one that refuses the adapter fails the job."""
+        """Keeps the trained adapter's files in the file store, serves it on every healthy
+        site of its base, then marks the job succeeded; a site that cannot be reached now is
+        asked again next pass, an adapter no site takes fails the job."""
         if not adapter_path:
             await self._fail(job, "training_failed", "the site named no trained adapter")
             return
         name = fine_tuned_model(job)
         try:
-            await self._load(job, name, adapter_path)
+            archive = await self._keep_adapter(job)
+            if archive is None:  # a site that cannot hand it over: served where it trained
+                await self._load(job, name, adapter_path)
+            else:
+                await self._spread(job, name, archive)
         except ServerSideError as exc:
             log.info("fine-tuning job %s: adapter not loaded yet: %s", job.id, exc.message)
             return
@@ -236,6 +258,49 @@ class FineTuningRunner:
             with contextlib.suppress(GatewayError):
                 await self._adapters.unload(name)
         log.info("fine-tuning job %s succeeded: %s", job.id, name)
+
+    async def _keep_adapter(self, job: JobView) -> bytes | None:
+        """The job's adapter files (a tar archive) from the file store, fetched there first
+        from the site that trained it; None when that site cannot hand them over."""
+        kept = await self._files.content(adapter_file_id(job), job.owner)
+        if kept is not None:
+            return kept
+        site = self._registry.get(job.site or "")
+        client = site.client if site is not None else None
+        if not isinstance(client, FineTunedAdapterSource):
+            return None
+        try:
+            archive = await client.fine_tuned_adapter(job.id)
+        except SiteRejected as exc:
+            log.info("fine-tuning job %s: its site keeps the adapter: %s", job.id, exc)
+            return None
+        new = NewFile(adapter_file_id(job), job.owner, ADAPTER_FILE_PURPOSE,
+                      f"{fine_tuned_model(job)}.tar", expires_at=None)  # fmt: skip
+        with contextlib.suppress(IntegrityError):  # another gateway of the database kept it
+            await self._files.create(new, archive, quota=None)
+        return archive
+
+    async def _spread(self, job: JobView, name: str, archive: bytes) -> None:
+        """Sends the adapter to every healthy site of its base that does not serve it yet
+        (those that refused it once are left alone until this gateway restarts)."""
+        sites = [
+            s for s in self._registry.all()
+            if s.model == job.model and s.healthy and name not in s.adapters
+            and (name, s.name) not in self._refused
+        ]  # fmt: skip
+        if not sites:
+            return
+        try:
+            outcomes = await self._adapters.load_archive(_ownership(job, name), archive, sites)
+        except GatewayError:
+            if name in self._registry.served_adapters():
+                return
+            raise
+        for outcome in outcomes:
+            if not outcome.ok and outcome.reason != "unreachable":
+                self._refused.add((name, outcome.site))
+                log.warning("fine-tuned model %s not served on %s: %s", name, outcome.site,
+                            outcome.error)  # fmt: skip
 
     async def _load(self, job: JobView, name: str, path: str) -> None:
         owner = _ownership(job, name)
@@ -263,17 +328,35 @@ class FineTuningRunner:
             await self._catalogue.declare(owner)
 
     async def _serve_succeeded(self) -> None:
-        """Declares the succeeded jobs' models (those another gateway trained, too), and loads
-        one no healthy site serves from its site's path."""
+        """Declares the succeeded jobs' models (those another gateway trained, too) and serves
+        each on every healthy site of its base from the file store (a site started or back
+        since gets it; the trainer site may be gone), or, for an adapter its site could not
+        hand over, from that site's path when no healthy site serves it."""
         for job in await self.declare_trained():
             name = job.fine_tuned_model or ""
-            site = self._registry.get(job.site or "")
-            if name in self._registry.served_adapters() or site is None or not site.healthy:
-                continue
-            if name in self._unservable:
-                continue
             try:
-                await self._load(job, name, job.adapter_path or "")
+                await self._serve_again(job, name)
+            except SiteCallError as exc:
+                log.info("fine-tuned model %s: %s; trying again later", name, exc)
             except GatewayError as exc:
                 self._unservable.add(name)  # said once; a restarted gateway tries again
                 log.warning("fine-tuned model %s not served again: %s", name, exc.message)
+
+    async def _serve_again(self, job: JobView, name: str) -> None:
+        if name in self._unservable:
+            return
+        lacking = any(
+            s.model == job.model and s.healthy and name not in s.adapters
+            and (name, s.name) not in self._refused
+            for s in self._registry.all()
+        )  # fmt: skip
+        if not lacking:
+            return
+        archive = await self._files.content(adapter_file_id(job), job.owner)
+        if archive is not None:
+            await self._spread(job, name, archive)
+            return
+        site = self._registry.get(job.site or "")
+        if name in self._registry.served_adapters() or site is None or not site.healthy:
+            return
+        await self._load(job, name, job.adapter_path or "")

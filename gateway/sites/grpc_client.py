@@ -93,6 +93,8 @@ _FINE_TUNE_REFUSALS = {
 _FINE_TUNE_TIMEOUT_S = 120.0
 # Loading reads and checks the adapter's weights at the site: seconds for a large one.
 _ADAPTER_CHANGE_TIMEOUT_S = 120.0
+# A message of an adapter sent whole (LoadAdapterArchive), under gRPC's 4 MiB default.
+_ARCHIVE_CHUNK_BYTES = 1 << 20
 
 
 def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
@@ -312,6 +314,32 @@ class GrpcSiteClient:
             raise self._adapter_error(exc) from exc
         return tuple(answer.adapters)
 
+    async def load_adapter_archive(self, name: str, archive: bytes) -> tuple[str, ...]:
+        async def messages() -> AsyncGenerator[site_pb2.AdapterArchiveChunk, None]:
+            yield site_pb2.AdapterArchiveChunk(name=name)
+            for start in range(0, len(archive), _ARCHIVE_CHUNK_BYTES):
+                data = archive[start : start + _ARCHIVE_CHUNK_BYTES]
+                yield site_pb2.AdapterArchiveChunk(data=data)
+
+        try:
+            answer = await self._stub.LoadAdapterArchive(
+                messages(), timeout=_ADAPTER_CHANGE_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise self._adapter_error(exc) from exc
+        return tuple(answer.adapters)
+
+    async def fine_tuned_adapter(self, job_id: str) -> bytes:
+        request = site_pb2.FineTuneJobRequest(job_id=job_id)
+        call = self._stub.GetFineTunedAdapter(request, timeout=_ADAPTER_CHANGE_TIMEOUT_S)
+        data = bytearray()
+        try:
+            async for chunk in call:
+                data += chunk.data
+        except grpc.aio.AioRpcError as exc:
+            raise self._fine_tune_error(exc) from exc
+        return bytes(data)
+
     async def start_fine_tune(self, spec: FineTuneSpec) -> FineTuneProgress:
         call = self._stub.StartFineTune(spec_to_proto(spec), timeout=_FINE_TUNE_TIMEOUT_S)
         try:
@@ -341,14 +369,17 @@ class GrpcSiteClient:
         try:
             answer = await call
         except grpc.aio.AioRpcError as exc:
-            reason = _FINE_TUNE_REFUSALS.get(exc.code())
-            if reason is None:
-                raise self._error(exc) from exc
-            raise FineTuneCallRefused(self.name, exc.details() or exc.code().name, reason) from exc
+            raise self._fine_tune_error(exc) from exc
         try:
             return progress_from_proto(answer)
         except ValueError as exc:
             raise SiteFailed(self.name, str(exc)) from exc
+
+    def _fine_tune_error(self, exc: grpc.aio.AioRpcError) -> SiteCallError:
+        reason = _FINE_TUNE_REFUSALS.get(exc.code())
+        if reason is None:
+            return self._error(exc)
+        return FineTuneCallRefused(self.name, exc.details() or exc.code().name, reason)
 
     def _adapter_error(self, exc: grpc.aio.AioRpcError) -> SiteCallError:
         reason = _ADAPTER_REFUSALS.get(exc.code())

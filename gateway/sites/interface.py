@@ -334,6 +334,23 @@ class AdapterLoading(Protocol):
 
 
 @runtime_checkable
+class AdapterArchiveLoading(Protocol):
+    """A site that serves an adapter whose files the gateway sends (one tar archive of its
+    adapter_config.json and weights: site_engine/adapter_archive.py), as load_adapter serves a
+    directory on the site's machine; refused as load_adapter is."""
+
+    async def load_adapter_archive(self, name: str, archive: bytes) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class FineTunedAdapterSource(Protocol):
+    """A training site that hands over a succeeded job's adapter files (the tar archive
+    AdapterArchiveLoading takes); FineTuneCallRefused when it has no such adapter."""
+
+    async def fine_tuned_adapter(self, job_id: str) -> bytes: ...
+
+
+@runtime_checkable
 class FineTuningSite(Protocol):
     """A site that trains LoRA fine-tuning jobs of its model in the cycles inference leaves idle
     (issue 54; it says so in SiteInfoView.accepts_fine_tuning). Each call answers the job's

@@ -29,6 +29,7 @@ from site_engine.finetune import checkpoint as disk
 from site_engine.finetune.data import Example, TrainingDataError, encode_file
 from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
 from site_engine.finetune.pacing import UnitPacer
+from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
 from site_engine.finetune.trainer import LoraTrainer, steps_per_epoch
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,17 @@ class FineTuneSettings:
 
 
 @dataclass(slots=True)
+class _Unit:
+    """A unit of training under way, run a piece at a time (site_engine/finetune/pieces.py)."""
+
+    pieces: PiecewiseRun[int]
+    budget: int
+    step: int  # the trainer's step when it began
+    validating: bool
+    seconds: float = 0.0  # its pieces' time so far
+
+
+@dataclass(slots=True)
 class _Job:
     spec: FineTuneSpec
     train: list[Example]
@@ -63,6 +75,15 @@ class _Job:
     max_unit_tokens: int  # the most padded tokens a unit may take within the reserve
     progress: FineTuneProgress
     trainer: LoraTrainer | None = None
+    unit: _Unit | None = None
+
+    def drop_trainer(self) -> None:
+        if self.unit is not None:
+            self.unit.pieces.abandon()
+            self.unit = None
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
 
 
 class FineTuneJobs:
@@ -80,6 +101,8 @@ class FineTuneJobs:
         self._jobs: dict[str, _Job] = {}  # insertion order: oldest first
         # The site's speed in seconds per trained token, whichever job measured it.
         self._pacer = UnitPacer(settings.max_step_ms / 1000)
+        # How many layer boundaries a piece of a unit crosses to stay within the bound.
+        self._pieces = PieceSizer(settings.max_step_ms / 1000)
         self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
         settings.directory.mkdir(parents=True, exist_ok=True)
         self._load_from_disk()
@@ -142,14 +165,18 @@ class FineTuneJobs:
 
     # ---- engine thread ---------------------------------------------------------------------
     def next_unit_s(self) -> float:
-        """The seconds the next unit is expected to take: infinite while nothing says (no
-        trainer built yet, or no unit measured), so the gate runs it only with no request in."""
+        """The seconds the next call of run_unit is expected to take: a unit's, or the piece's
+        it will be cut to when that is shorter; infinite while nothing says (no trainer built
+        yet, or nothing measured), so the gate runs it only with no request in."""
         with self._lock:
             job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
         if job is None or job.trainer is None:
             return math.inf
+        piece = self._pieces.piece_s if self._pieces.piece_s is not None else math.inf
+        if job.unit is not None:
+            return piece
         tokens = job.trainer.next_unit_tokens(self._pacer.next_budget(job.max_unit_tokens))
-        return self._pacer.predict_s(tokens) if tokens else 0.0
+        return min(self._pacer.predict_s(tokens), piece) if tokens else 0.0
 
     def run_unit(self) -> float:
         """Runs one unit of the oldest unfinished job; returns the seconds it took."""
@@ -158,9 +185,7 @@ class FineTuneJobs:
             job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
             ended = [j for j in self._jobs.values() if j.progress.state.is_final and j.trainer]
         for done in ended:  # cancelled since their last unit
-            assert done.trainer is not None
-            done.trainer.close()
-            done.trainer = None
+            done.drop_trainer()
         if job is not None:
             try:
                 self._advance(job)
@@ -170,18 +195,37 @@ class FineTuneJobs:
         return time.monotonic() - began
 
     def _advance(self, job: _Job) -> None:
+        """One piece of the job's current unit (a new unit first if none is under way); the
+        trainer's build is a call of its own."""
         job_dir = self.settings.directory / job.spec.job_id
         if job.trainer is None:
             job.trainer = self._build_trainer(job, job_dir)
+            self._publish(job, FineTuneState.RUNNING)  # from its checkpoint's step, if resumed
+            return
         trainer = job.trainer
-        budget, step = self._pacer.next_budget(job.max_unit_tokens), trainer.history.step
-        validating = trainer.validating  # no backward: a third of a training unit's cost
+        if job.unit is None:
+            budget = self._pacer.next_budget(job.max_unit_tokens)
+            run = PiecewiseRun(
+                lambda: trainer.work(budget),
+                decoder_layers(trainer.model),
+                self._pieces.boundaries,
+            )
+            # Validation has no backward: a third of a training unit's cost.
+            job.unit = _Unit(run, budget, trainer.history.step, trainer.validating)
+        unit = job.unit
         began = time.monotonic()
-        tokens = trainer.work(budget)
+        done = unit.pieces.step()
+        took = time.monotonic() - began
+        unit.seconds += took
+        self._pieces.observe(unit.pieces.last_piece_boundaries, took)
+        if not done:
+            return
+        job.unit = None
+        tokens = unit.pieces.result()
         self.largest_unit_run = max(self.largest_unit_run, tokens)
-        if tokens and not validating:  # the optimizer step is in its unit's time: the mean has it
-            self._pacer.observe(budget, tokens, time.monotonic() - began)
-        stepped = trainer.history.step > step
+        if tokens and not unit.validating:  # the optimizer step is in its unit's time
+            self._pacer.observe(unit.budget, tokens, unit.seconds)
+        stepped = trainer.history.step > unit.step
         if stepped and trainer.history.step % self.settings.checkpoint_every == 0:
             disk.save_checkpoint(job_dir, trainer)
         if trainer.finished:
@@ -228,9 +272,7 @@ class FineTuneJobs:
             if not job.progress.state.is_final:
                 job.progress = replace(job.progress, state=state, **fields)  # type: ignore[arg-type]
                 disk.save_result(self.settings.directory / job.spec.job_id, job.progress)
-        if job.trainer is not None:
-            job.trainer.close()
-            job.trainer = None
+        job.drop_trainer()
         log.info("fine-tuning job %s %s", job.spec.job_id, job.progress.state.value)
 
     # ---- helpers ---------------------------------------------------------------------------

@@ -49,3 +49,8 @@ def test_a_short_cpu_run_writes_the_keys(tmp_path: Path, gpt2_tokenizer_dir: Pat
     assert result["interactive_ttft_p99_ratio"] == pytest.approx(
         mixed["ttft_p99_ms"] / alone["ttft_p99_ms"]
     )
+    peft = result["peft_alone"]
+    assert peft["tokens_per_s"] > 0
+    assert result["trainer_vs_peft"] == pytest.approx(
+        job_alone["trained_tokens_per_s"] / peft["tokens_per_s"]
+    )

@@ -284,8 +284,10 @@ def test_a_job_cancelled_mid_way_stops_and_lets_its_trainer_go(
     jobs = jobs_in(tmp_path, tiny)
     hp = FineTuneHyperparameters(n_epochs=3, batch_size=1, learning_rate_multiplier=1.0)
     jobs.start(FineTuneSpec("c", "tiny", LINE, None, hp, 5))
-    jobs.run_unit()
+    jobs.run_unit()  # builds the trainer
     assert jobs.progress("c").state is FineTuneState.RUNNING
+    while jobs.progress("c").step < 1:  # the first step, a piece at a time
+        jobs.run_unit()
     assert jobs.cancel("c").state is FineTuneState.CANCELLED
     assert jobs.has_work()  # its trainer is still held until the engine thread's next unit
     jobs.run_unit()

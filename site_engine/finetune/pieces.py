@@ -1,0 +1,173 @@
+"""One unit of training run in pieces at decoder-layer boundaries, so that no hold of the engine's
+loop is much longer than the time bound, whatever the unit: its first one (nothing measured
+yet), one example longer than the bound allows (a sequence is never cut), or the optimizer
+step's unit.
+
+The unit runs on a thread of its own, handed the engine's thread's turn and handing it back:
+only one of the two ever runs (a strict hand-off through two semaphores), so the model and the
+device are used by one thread at a time, as before. A piece ends at a layer boundary: before a
+decoder layer's forward (a forward pre-hook) or before its backward (a hook on the gradient of
+its output, set when its forward ran). The number of boundaries a piece crosses adapts to the
+bound from what the last piece measured (on CUDA one synchronisation a piece, so the time is
+the device's, not the launches'). Hooks live on the trainer's own copy of the modules
+(site_engine/finetune/trainer.py), never on the serving model's, and only while a unit runs.
+
+An abandoned run (its job cancelled or failed mid-unit) is resumed with an exception raised at
+its boundary, which unwinds its forward or backward; its gradients are then partial and the
+trainer drops them (LoraTrainer.abandon_partial_step).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+T = TypeVar("T")
+
+
+class _Abandoned(BaseException):
+    """Raised at a boundary of an abandoned run, to unwind it (not an Exception: nothing the
+    trainer catches should catch it)."""
+
+
+class PiecewiseRun(Generic[T]):
+    def __init__(
+        self, work: Callable[[], T], layers: Sequence[nn.Module], boundaries_per_piece: int
+    ) -> None:
+        if boundaries_per_piece < 1:
+            raise ValueError("a piece crosses at least one boundary")
+        self.boundaries_per_piece = boundaries_per_piece
+        self._work = work
+        self._layers = list(layers)
+        self._turn = threading.Semaphore(0)  # the unit's thread may run
+        self._back = threading.Semaphore(0)  # the engine's thread may run
+        self._crossed = 0  # boundaries crossed in this piece
+        self._abandoned = False
+        self._done = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self._handles: list[RemovableHandle] = []
+        self._thread = threading.Thread(target=self._main, name="finetune-unit", daemon=True)
+        self._started = False
+        self.last_piece_boundaries = 0
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def step(self) -> bool:
+        """Runs the unit's next piece (engine thread); True once the unit has ended."""
+        if self._done:
+            return True
+        self._crossed = 0
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        self._turn.release()
+        self._back.acquire()
+        self.last_piece_boundaries = self._crossed
+        return self._done
+
+    def result(self) -> T:
+        """The unit's result once done; its exception raised again if it failed."""
+        assert self._done, "the unit has not ended"
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def abandon(self) -> None:
+        """Ends a run not done (its thread unwinds at its boundary, its hooks go)."""
+        if self._done:
+            return
+        self._abandoned = True
+        if not self._started:
+            self._done = True
+            return
+        self._turn.release()
+        self._back.acquire()
+
+    # ---- the unit's thread -----------------------------------------------------------------
+    def _main(self) -> None:
+        self._turn.acquire()
+        try:
+            if self._abandoned:
+                raise _Abandoned
+            for layer in self._layers:
+                self._handles.append(layer.register_forward_pre_hook(self._before_forward))
+                self._handles.append(layer.register_forward_hook(self._after_forward))
+            self._result = self._work()
+        except _Abandoned:
+            pass
+        except BaseException as exc:  # the engine's thread raises it again (result())
+            self._error = exc
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            _sync(self._layers)
+            self._done = True
+            self._back.release()
+
+    def _before_forward(self, module: nn.Module, args: object) -> None:
+        self._boundary()
+
+    def _after_forward(self, module: nn.Module, args: object, output: object) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(self._before_backward)  # type: ignore[no-untyped-call]
+
+    def _before_backward(self, grad: torch.Tensor) -> None:
+        self._boundary()
+
+    def _boundary(self) -> None:
+        self._crossed += 1
+        if self._crossed < self.boundaries_per_piece:
+            return
+        _sync(self._layers)  # the piece's time is the device's
+        self._back.release()
+        self._turn.acquire()
+        if self._abandoned:
+            raise _Abandoned
+
+
+def _sync(layers: Sequence[nn.Module]) -> None:
+    for parameter in layers[0].parameters() if layers else ():
+        if parameter.device.type == "cuda":
+            torch.cuda.synchronize(parameter.device)
+        return
+
+
+class PieceSizer:
+    """How many layer boundaries the next piece crosses, so that it takes about `bound_s`: from
+    the seconds a boundary took in the last piece, growing at most `growth`-fold a piece."""
+
+    def __init__(self, bound_s: float, growth: float = 2.0) -> None:
+        if not bound_s > 0 or not growth > 1:
+            raise ValueError("PieceSizer needs bound_s > 0 and growth > 1")
+        self.bound_s, self.growth = bound_s, growth
+        self.boundaries = 1  # the first piece: one layer, nothing measured
+        self.piece_s: float | None = None  # the last piece's seconds
+
+    def observe(self, boundaries: int, seconds: float) -> None:
+        self.piece_s = seconds
+        if boundaries < 1:
+            return  # a piece with no boundary (the unit's tail): says nothing of a layer
+        per = seconds / boundaries
+        fit = int(self.bound_s / per) if per > 0 else self.boundaries * 2
+        self.boundaries = max(1, min(fit, int(self.boundaries * self.growth) or 1))
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """A transformers causal LM's decoder layers (through peft's wrapper); [] when it has no
+    `layers` list, and then a unit is one piece."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    get_decoder = getattr(base, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, nn.ModuleList) else []
