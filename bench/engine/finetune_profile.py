@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine.finetune_profile",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU")
-    parser.add_argument("--results-dir", type=Path, default=results_dir("finetune_profile"))
+    parser.add_argument("--results-dir", type=Path, default=results_dir("finetune_colocated"))
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.cpu_smoke
     device = torch.device("cuda" if cuda else "cpu")
