@@ -99,7 +99,8 @@ def _reference(
 
 # One projection and stacks of two and three (q/k/v-like widths, not multiples of the kernels'
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
-# tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64.
+# tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
+# shrinks of 1 to 16 splits.
 @pytest.mark.parametrize(
     ("tokens", "in_f", "widths", "block_m", "max_rank"),
     [
@@ -109,6 +110,7 @@ def _reference(
         (150, 1024, (128, 64, 64), 64, 16),
         (256, 2048, (96,), 16, 16),
         (40, 1024, (128, 64, 64), 64, 64),
+        (32, 8192, (320, 64), 16, 16),  # 16 shrink splits (the expand's widest unrolled sum)
     ],
 )
 def test_kernels_match_the_reference(
@@ -157,7 +159,8 @@ def test_kernels_match_the_reference(
     want = (expected - wide[:, 32 : 32 + out_f].double()).abs().amax(dim=1)[~base_rows]
     moved = (got - wide)[~base_rows].abs().amax(dim=1).double()
     large = want > 10 * tolerance
-    assert bool(large.float().mean() >= 0.5), (seed, want)
+    # (A step of one token is a base row a quarter of the time: then no row has a delta.)
+    assert want.numel() == 0 or bool(large.float().mean() >= 0.5), (seed, want)
     assert bool((moved[large] > 5 * tolerance).all()), seed
 
 
