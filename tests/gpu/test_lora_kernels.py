@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,7 +99,8 @@ def _reference(
 
 # One projection and stacks of two and three (q/k/v-like widths, not multiples of the kernels'
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
-# tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64.
+# tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
+# shrinks of 1 to 16 splits.
 @pytest.mark.parametrize(
     ("tokens", "in_f", "widths", "block_m", "max_rank"),
     [
@@ -108,6 +110,7 @@ def _reference(
         (150, 1024, (128, 64, 64), 64, 16),
         (256, 2048, (96,), 16, 16),
         (40, 1024, (128, 64, 64), 64, 64),
+        (32, 8192, (320, 64), 16, 16),  # 16 shrink splits (the expand's widest unrolled sum)
     ],
 )
 def test_kernels_match_the_reference(
@@ -156,7 +159,8 @@ def test_kernels_match_the_reference(
     want = (expected - wide[:, 32 : 32 + out_f].double()).abs().amax(dim=1)[~base_rows]
     moved = (got - wide)[~base_rows].abs().amax(dim=1).double()
     large = want > 10 * tolerance
-    assert bool(large.float().mean() >= 0.5), (seed, want)
+    # (A step of one token is a base row a quarter of the time: then no row has a delta.)
+    assert want.numel() == 0 or bool(large.float().mean() >= 0.5), (seed, want)
     assert bool((moved[large] > 5 * tolerance).all()), seed
 
 
@@ -335,6 +339,61 @@ def test_engine_with_graphs_matches_eager_with_adapters(
     assert answers[True] == answers[False]
     probes = {rid: t for rid, t in answers[True].items() if rid.startswith("probe-")}
     assert len({tuple(t) for t in probes.values()}) == len(probes), probes
+
+
+class _CountedGraph:
+    """A captured graph that counts its replays."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+        self.graph, self.replays = graph, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.graph.replay()
+
+    def reset(self) -> None:
+        self.graph.reset()
+
+
+def _count_replays(buckets: dict[int, Any]) -> list[_CountedGraph]:
+    counted = []
+    for bucket in buckets.values():
+        bucket.graph = _CountedGraph(bucket.graph)
+        counted.append(bucket.graph)
+    return counted
+
+
+def test_steps_without_adapters_replay_the_base_graphs(
+    cuda_device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
+) -> None:
+    """A LoRA engine keeps a base-model graph per bucket beside each LoRA graph; steps whose
+    rows have no adapter replay it (no LoRA launch at all), steps with one the LoRA graph, and
+    base requests answer as an engine without LoRA does."""
+    model_dir = _model_dir(tmp_path, gpt2_tokenizer_dir)
+    root = _adapter_dir(tmp_path, model_dir)
+    base_requests = [r for r in _requests() if r.adapter is None]
+    answers = {}
+    for lora in (LoraSettings(root, max_loras=3, max_cpu_loras=4, max_rank=16), None):
+        loaded = load_model(model_dir, device=cuda_device)
+        config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8,
+                              kv_cache_bytes=8 << 20, cuda_graphs=True, lora=lora)  # fmt: skip
+        engine = PagedEngine(loaded, config)
+        if lora is None:
+            answers[False] = _run(engine, base_requests)
+            engine.close()
+            continue
+        sets = [engine._runner.graphs, engine._runner.step_graphs]
+        assert all(g is not None and g._base_captured.keys() == g._captured.keys() for g in sets)
+        with_lora = [c for g in sets for c in _count_replays(g._captured)]  # type: ignore[union-attr]
+        base = [c for g in sets for c in _count_replays(g._base_captured)]  # type: ignore[union-attr]
+        answers[True] = _run(engine, base_requests)
+        assert sum(c.replays for c in with_lora) == 0
+        assert sum(c.replays for c in base) > 0
+        adapted = [r for r in _requests() if r.adapter is not None]
+        _run(engine, [dataclasses.replace(r, request_id=f"a-{r.request_id}") for r in adapted])
+        assert sum(c.replays for c in with_lora) > 0
+        engine.close()
+    assert answers[True] == answers[False]
 
 
 def test_fused_model_deltas_match_the_pytorch_path_in_bf16(

@@ -19,7 +19,12 @@ stream), so one buffer serves every step.
 
 With LoRA slots, each graph also runs the segmented LoRA kernels over a static slot-index buffer
 (one entry per row, -1: no adapter, as for padding rows) that `run` writes from the staging copy,
-and over the slots' stacked A/B tensors, which adapters are written into in place.
+and over the slots' stacked A/B tensors, which adapters are written into in place. Inside a graph
+a step's layout is data, so the LoRA kernels launch even when no row has an adapter (~256 nearly
+empty launches a step of a 32-layer model, ~0.8 ms on an H200): each bucket therefore also keeps
+a graph of the base model alone, replayed for steps whose rows have no adapter (`base_only`).
+Both sets share one memory pool (never replayed at once; the base graph's allocations are a
+subset of the LoRA graph's), so the second set costs its instantiated graphs, not activations.
 """
 
 from __future__ import annotations
@@ -105,6 +110,12 @@ def bucket_sizes(max_batch: int, only_largest: bool = False) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
+def base_only(lora_slots: Sequence[int] | None) -> bool:
+    """Whether a step's rows use no adapter (lora_slots[i] < 0 for every row, or no slots at
+    all): such a step replays the graph of the base model alone."""
+    return lora_slots is None or all(slot < 0 for slot in lora_slots)
+
+
 def release_graphs(graphs: Sequence[torch.cuda.CUDAGraph]) -> None:
     """Frees captured graphs (their instantiated form and their hold on the memory pool)."""
     for graph in graphs:
@@ -165,6 +176,7 @@ class DecodeGraphs:
             logits_out = torch.empty((max_batch, vocab), dtype=torch.float32, device=device)
         self._logits_out = logits_out
         self._captured: dict[int, _Captured] = {}
+        self._base_captured: dict[int, _Captured] = {}  # LoRA engines only (base_only steps)
 
     @property
     def max_batch(self) -> int:
@@ -183,17 +195,18 @@ class DecodeGraphs:
             context_lens_host=(1,) * batch,
         )  # fmt: skip
 
-    def _forward(self, batch: int, metadata: AttentionMetadata) -> torch.Tensor:
+    def _forward(self, batch: int, metadata: AttentionMetadata, lora: bool = True) -> torch.Tensor:
         self._attention.prepare(metadata)
-        if self._lora is not None:
+        slots = self._lora if lora else None
+        if slots is not None:
             # Built inside the capture: the kernels' tiles come from the static buffer.
-            self._model.lora = self._lora.step(self._lora_slots[:batch])  # type: ignore[attr-defined]
+            self._model.lora = slots.step(self._lora_slots[:batch])  # type: ignore[attr-defined]
         try:
             hidden = self._model.forward(
                 self._input_ids[:batch], self._positions[:batch], self._kv_cache, metadata
             )
         finally:
-            if self._lora is not None:
+            if slots is not None:
                 self._model.lora = None  # type: ignore[attr-defined]
         return self._model.compute_logits(hidden, out=self._logits_out[:batch])
 
@@ -204,14 +217,23 @@ class DecodeGraphs:
         captured = capture_buckets(self.buckets, lambda b: self._forward(b, metadata[b]))
         for batch, (graph, logits) in captured.items():
             self._captured[batch] = _Captured(graph, logits)
+        if self._lora is None:
+            return
+        pool = captured[self.buckets[-1]][0].pool()
+        base = capture_buckets(self.buckets, lambda b: self._forward(b, metadata[b], False),
+                               pool=pool)  # fmt: skip
+        for batch, (graph, logits) in base.items():
+            self._base_captured[batch] = _Captured(graph, logits)
 
     @property
     def num_graphs(self) -> int:
-        return len(self._captured)
+        return len(self._captured) + len(self._base_captured)
 
     def close(self) -> None:
-        release_graphs([captured.graph for captured in self._captured.values()])
+        every = (*self._captured.values(), *self._base_captured.values())
+        release_graphs([captured.graph for captured in every])
         self._captured.clear()
+        self._base_captured.clear()
 
     def _reset_padding(self, start: int) -> None:
         scratch_slot = self._scratch_block * self._block_size
@@ -272,6 +294,7 @@ class DecodeGraphs:
             self._lora_slots[:count] = staged[:, 5]
         if count < batch:
             self._reset_padding(count)
-        captured = self._captured[batch]
+        base = base_only(lora_slots) and bool(self._base_captured)
+        captured = (self._base_captured if base else self._captured)[batch]
         captured.graph.replay()
         return captured.logits[:count]

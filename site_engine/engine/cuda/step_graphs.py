@@ -28,7 +28,8 @@ copy per array; with async scheduling a decode row's input token may still be on
 (it is taken from the previous step's samples there). Two staging sets alternate, as in
 graphs.py. Without `capture` (CPU tests) the same static-buffer forward runs eagerly. The logits
 go into one static buffer shared with the decode graphs (graphs.py says why). LoRA rows: as in
-graphs.py, a static slot-index buffer per token, staged with the other token columns.
+graphs.py, a static slot-index buffer per token, staged with the other token columns, and a
+second body per bucket without the LoRA kernels for steps whose rows have no adapter.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import torch
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.cuda.graphs import (
+    base_only,
     bucket_sizes,
     capture_buckets,
     input_tokens,
@@ -136,6 +138,7 @@ class FlatStepGraphs:
         self.row_buckets = bucket_sizes(min(max_tokens, max_seqs), only_largest)
         self._sampled_hidden: torch.Tensor | None = None
         self._captured: dict[int, _Bucket] = {}
+        self._base_captured: dict[int, _Bucket] = {}  # LoRA engines only (base_only steps)
         self._lm_head: dict[int, _Bucket] = {}
 
     @property
@@ -144,12 +147,14 @@ class FlatStepGraphs:
 
     @property
     def num_graphs(self) -> int:
-        return len(self._captured) + len(self._lm_head)
+        return len(self._captured) + len(self._base_captured) + len(self._lm_head)
 
     def close(self) -> None:
-        buckets = (*self._captured.values(), *self._lm_head.values())
+        buckets = (*self._captured.values(), *self._base_captured.values(),
+                   *self._lm_head.values())  # fmt: skip
         release_graphs([b.graph for b in buckets if b.graph is not None])
         self._captured.clear()
+        self._base_captured.clear()
         self._lm_head.clear()
 
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
@@ -170,20 +175,22 @@ class FlatStepGraphs:
             for_graph=True,
         )
 
-    def _body(self, tokens: int) -> torch.Tensor:
+    def _body(self, tokens: int, lora: bool = True) -> torch.Tensor:
         """The forward pass of a bucket, up to the sampled rows' hidden states (gathered into
-        the static buffer, every row a bucket could sample)."""
+        the static buffer, every row a bucket could sample); `lora`: with the LoRA kernels
+        (when the graphs have slots), else the base model alone."""
         metadata = self._metadata(tokens)
         self._attention.prepare(metadata)
-        if self._lora is not None:
+        slots = self._lora if lora else None
+        if slots is not None:
             # Built inside the capture: the kernels' tiles come from the static buffer.
-            self._model.lora = self._lora.step(self._lora_slots[:tokens])  # type: ignore[attr-defined]
+            self._model.lora = slots.step(self._lora_slots[:tokens])  # type: ignore[attr-defined]
         try:
             hidden = self._model.forward(
                 self._input_ids[:tokens], self._positions[:tokens], self._kv_cache, metadata
             )
         finally:
-            if self._lora is not None:
+            if slots is not None:
                 self._model.lora = None  # type: ignore[attr-defined]
         if self._sampled_hidden is None:
             rows = self.row_buckets[-1]
@@ -207,6 +214,10 @@ class FlatStepGraphs:
             self._captured[tokens] = _Bucket(graph, hidden)
         # The same memory pool: a step replays its body, then its lm_head, never both at once.
         pool = bodies[self.buckets[-1]][0].pool()
+        if self._lora is not None:  # bodies without the LoRA kernels, for base_only steps
+            base = capture_buckets(self.buckets, lambda t: self._body(t, False), pool=pool)
+            for tokens, (graph, hidden) in base.items():
+                self._base_captured[tokens] = _Bucket(graph, hidden)
         for rows, (graph, logits) in capture_buckets(self.row_buckets, self._logits,
                                                      pool=pool).items():  # fmt: skip
             self._lm_head[rows] = _Bucket(graph, logits)
@@ -283,9 +294,11 @@ class FlatStepGraphs:
         self._query_start.copy_(self._staged_seqs[:, 0])
         self._context_lens.copy_(self._staged_seqs[: self.max_seqs, 1])
         self._sample_rows.copy_(self._staged_seqs[: self.max_seqs, 2])
-        bucket = self._captured.get(tokens)
+        base = base_only(lora_slots)
+        buckets = self._base_captured if base and self._base_captured else self._captured
+        bucket = buckets.get(tokens)
         if bucket is None or bucket.graph is None:
-            self._body(tokens)  # not captured: the same computation, eagerly
+            self._body(tokens, lora=not base)  # not captured: the same computation, eagerly
         else:
             bucket.graph.replay()
         if sampled == 0:  # chunks that do not end their prompts: no logits to compute
