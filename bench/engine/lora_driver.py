@@ -31,6 +31,9 @@ from site_engine.engine.lora.adapter import PROJECTIONS, WEIGHTS_FILE, BaseShape
 from site_engine.engine.lora.random_adapter import write_config, write_random_adapter
 from site_engine.engine.paged_engine import PagedEngine
 
+# How long fill_decoding waits for every row to decode (adapters read from disk first).
+FILL_TIMEOUT_S = 600.0
+
 _Z99 = 2.326  # the standard normal's 99th percentile
 
 
@@ -232,12 +235,19 @@ def fill_decoding(
     for request in requests:
         engine.add_request(request)
     started: set[str] = set()
-    for _ in range(10_000):
-        for output in engine.step():
+    # Bounded in time, not in steps: while adapters load (on loader threads) a step with every
+    # row waiting returns at once, and 10,000 of them once ran out before the 64 adapters of the
+    # H200 profile had loaded, so the profile timed a step of a fraction of its rows.
+    deadline = time.monotonic() + FILL_TIMEOUT_S
+    while len(started) < rows:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(started)} of {rows} rows decoding after {FILL_TIMEOUT_S:g} s")
+        outputs = engine.step()
+        for output in outputs:
             if output.new_token_ids:
                 started.add(output.request_id)
-        if len(started) == rows:
-            break
+        if not outputs:
+            time.sleep(0.001)  # nothing ran: adapters still loading
     for _ in range(5):  # past the step that admitted the last row
         engine.step()
     return requests
