@@ -15,11 +15,18 @@ step, the scheduler's own `context_tokens`), the quadratic attention of prefill 
 (new tokens x the positions they attend to), and the LoRA deltas (each distinct adapter's
 weights read, its segment's kernels). On another card (fedsim/cards.py) the memory-bound terms
 scale by bandwidth, the compute-bound ones by FLOPs.
+
+The engine loop's host time (`HostOverhead`, h = constant + per row): the grid times
+`ModelRunner.execute` synchronized, device time plus the runner's host work in series; the engine
+with async scheduling prepares step N+1 while the device runs step N, so its period is
+max(device, host) = max(grid - h, h). h is fitted on whole `engine.step()` periods (decode_sweep,
+step_grid's `--engine-steps`; fedsim/calibrate/host.py); absent (0), the model is the grid's.
+It is a CPU's cost, so it does not scale with the card.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
 from fedsim.cards import Card
@@ -33,6 +40,11 @@ class StepFeatures:
     kv_read_tokens: int
     prefill_attention: int
     adapters: int
+
+    @property
+    def rows(self) -> int:
+        """Sequences in the step: decode rows plus prefill chunks (counted in prefill_tokens)."""
+        return self.decode_rows + (1 if self.prefill_tokens else 0)
 
     @classmethod
     def of(cls, output: SchedulerOutput) -> StepFeatures:
@@ -57,6 +69,27 @@ _COMPUTE_TERMS = ("per_prefill_token_s", "per_decode_row_s", "per_attention_s")
 
 
 @dataclass(frozen=True, slots=True)
+class HostOverhead:
+    """The engine loop's host seconds per step, overlapped by async scheduling (the module
+    docstring)."""
+
+    base_s: float = 0.0
+    per_row_s: float = 0.0
+    # The host time of a serving loop (arrivals, admissions, finishes, the driver's per-token
+    # bookkeeping) over the decode sweep's: fitted on one measured burst (replay.fit_loop_scale).
+    loop_scale: float = 1.0
+
+    def seconds(self, f: StepFeatures) -> float:
+        return max(self.base_s + self.per_row_s * f.rows, 0.0)
+
+    def period(self, grid_s: float, f: StepFeatures) -> float:
+        """The engine's step period where the grid's synchronized step takes `grid_s`: the
+        device's part (grid - h) or the host's, whichever is longer."""
+        h = min(self.seconds(f), grid_s)
+        return max(grid_s - h, self.loop_scale * h)
+
+
+@dataclass(frozen=True, slots=True)
 class StepTimeModel:
     """Seconds of one step (the module docstring's sum); `card`: the card it was fitted on."""
 
@@ -69,6 +102,7 @@ class StepTimeModel:
     prefill_base_s: float = 0.0
     adapter_base_s: float = 0.0
     per_adapter_s: float = 0.0
+    host: HostOverhead = HostOverhead()
 
     def seconds(self, f: StepFeatures) -> float:
         t = (
@@ -82,7 +116,7 @@ class StepTimeModel:
             t += self.prefill_base_s
         if f.adapters:
             t += self.adapter_base_s + self.per_adapter_s * f.adapters
-        return t
+        return self.host.period(t, f)
 
     def on(self, fitted_on: Card, card: Card) -> StepTimeModel:
         """The same model on `card`: memory terms x bandwidth ratio, compute x FLOPs ratio."""
@@ -92,16 +126,22 @@ class StepTimeModel:
         scaled |= {name: getattr(self, name) * compute for name in _COMPUTE_TERMS}
         return replace(self, card=card.name, **scaled)
 
-    def to_json(self) -> dict[str, float | str]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> StepTimeModel:
+    def from_json(cls, data: Mapping[str, object]) -> StepTimeModel:
         names = {f.name for f in fields(cls)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown step-time terms {sorted(unknown)}")
-        return cls(**data)  # type: ignore[arg-type]
+        values = dict(data)
+        host = values.pop("host", None)
+        if host is not None:
+            if not isinstance(host, dict):
+                raise ValueError(f"host overhead must be an object, not {host!r}")
+            values["host"] = HostOverhead(**host)
+        return cls(**values)  # type: ignore[arg-type]
 
 
 COEFFICIENTS = (
@@ -132,4 +172,5 @@ def design_row(f: StepFeatures) -> list[float]:
 
 
 def model_from(card: str, values: Sequence[float]) -> StepTimeModel:
-    return StepTimeModel(card, **dict(zip(COEFFICIENTS, values, strict=True)))
+    terms: dict[str, float] = dict(zip(COEFFICIENTS, values, strict=True))
+    return StepTimeModel(card, **terms)  # type: ignore[arg-type]  # host keeps its default

@@ -22,14 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 from fedsim.cards import CARDS, MODELS
 from fedsim.federation import Slo, run
 from fedsim.gateway import GatewaySettings
 from fedsim.site import SiteSpec
 from fedsim.step_models import STEP_MODELS, step_model
-from fedsim.workload import Source, WorkloadSpec, build
+from fedsim.workload import Predictor, Source, WorkloadSpec, build
 
 ARMS = (
     "round_robin",
@@ -128,7 +128,13 @@ def arm_goodput(
     traces: Path | None,
     models: Path = STEP_MODELS,
 ) -> dict[str, Any]:
-    """One arm's goodput in one case and seed, and the runs the bisection made."""
+    """One arm's goodput in one case and seed, and the runs the bisection made. An arm is a
+    routing profile, or `profile@predictor` (served, oracle, none: fedsim/workload.py) to
+    measure what predicted lengths buy it."""
+    policy, _, how = arm.partition("@")
+    predictor = cast(Predictor, how or "served")
+    if predictor not in get_args(Predictor):
+        raise ValueError(f"arm {arm!r}: predictor must be one of {get_args(Predictor)}")
     sites = case.sites(models)
     # About what an H100 site of the 8B shape serves of ShareGPT-like traffic at the SLO.
     guess = 20.0 * sum(
@@ -139,14 +145,14 @@ def arm_goodput(
         guess,
         duration_s,
         seed,
-        "served",
+        predictor,
         8192,
         case.adapters,
         case.adapter_share,
         traces,
     )
     runs: list[dict[str, Any]] = []
-    settings = GatewaySettings(policy=arm)
+    settings = GatewaySettings(policy=policy)
 
     def meets(rate: float) -> bool:
         # The seed's lengths in the same order, Poisson arrivals at `rate`.

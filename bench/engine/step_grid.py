@@ -15,6 +15,11 @@ row's length after the step) and distinct adapters.
     python -m bench.engine.step_grid --results-dir DIR            (GPU: both shapes)
     python -m bench.engine.step_grid --preset cpu --results-dir DIR   (CPU smoke run, tiny shape)
 
+`--engine-steps` also times whole `engine.step()` periods on a filled engine (1-256 decode rows,
+async scheduling on and off: bench.engine.decode_sweep's rows, under each model's
+"engine_steps"), the engine loop's host time the grid's synchronized execute calls do not show;
+fedsim fits its host term on them (fedsim/calibrate/host.py). About 15 s more a model.
+
 On the GPU machine, in ONE device call (about 3 minutes on an H100: both models built, two
 engines each, the grid timed), after `bash bench/engine/step_grid_carry.sh` here; carry
 `.stepgridcarry`:
@@ -22,7 +27,7 @@ engines each, the grid timed), after `bash bench/engine/step_grid_carry.sh` here
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .stepgridcarry/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD \
         FEDLLM_SHARED_DIR=$PWD/.stepgridcarry && \
-    python3 -m bench.engine.step_grid --results-dir $OUT/sim
+    python3 -m bench.engine.step_grid --engine-steps --results-dir $OUT/sim
 
 It writes DIR/step_grid_<gpu>.json (and .md); copy it to bench/results/sim/ and fit with
 `python -m fedsim.calibrate --grid bench/results/sim/step_grid_<gpu>.json`.
@@ -41,11 +46,13 @@ from typing import Any
 import torch
 
 from bench.common import command_line, markdown_table, write_results
+from bench.engine.decode_sweep import decode_sweep
 from bench.engine.harness import GIB, Progress
 from bench.engine.lora_driver import adapter_names, decode_step_s, write_adapters
 from bench.engine.model_setup import LLAMA_1B_SHAPE, LLAMA_8B_8K_SHAPE, SMALL_SHAPE
 from bench.engine.paths import shared_path
 from bench.engine.priority import device_label
+from bench.engine.roofline import measure_copy_bandwidth
 from bench.engine.step_shapes import PrefillChunk, StepShape, _randomize_cache, build_steps
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.lora.adapter import BaseShapes
@@ -70,6 +77,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "adapter_steps": 10,
         "reps": 7,
         "warmup": 2,
+        # --engine-steps: whole engine.step() calls on a filled engine (bench.engine.decode_sweep)
+        "engine_rows": (1, 32, 64, 128, 256),
+        "engine_prompt_len": 512,
+        "engine_steps": 32,
     },
     "cpu": {
         "models": {
@@ -95,6 +106,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "adapter_steps": 2,
         "reps": 2,
         "warmup": 1,
+        "engine_rows": (1, 4),
+        "engine_prompt_len": 16,
+        "engine_steps": 3,
     },
 }
 
@@ -261,11 +275,35 @@ def time_adapters(
     return rows
 
 
-def run_model(name: str, shape: dict[str, Any], p: dict[str, Any], log: Progress) -> dict[str, Any]:
+def time_engine_steps(
+    loaded: LoadedModel, p: dict[str, Any], log: Progress
+) -> list[dict[str, Any]]:
+    """Whole engine.step() periods on a filled engine, b decode rows, async scheduling on and
+    off (decode_sweep's rows): the grid times ModelRunner.execute synchronized, so only these
+    hold the engine loop's host time and what async scheduling hides of it (fedsim's
+    HostOverhead is fitted on them)."""
+    args = argparse.Namespace(
+        decode_batch_sizes=p["engine_rows"],
+        decode_prompt_len=p["engine_prompt_len"],
+        decode_steps=p["engine_steps"],
+        decode_warmup_steps=p["warmup"],
+        max_num_batched_tokens=4096,
+        block_size=16,
+        seed=0,
+    )
+    mib = 256 if loaded.device.type == "cuda" else 8
+    bandwidth = measure_copy_bandwidth(loaded.device, mib << 20)["read_write_bytes_per_s"]
+    return decode_sweep(loaded, args, bandwidth, budget_s=120.0, log=log)
+
+
+def run_model(
+    name: str, shape: dict[str, Any], p: dict[str, Any], log: Progress, engine_steps: bool = False
+) -> dict[str, Any]:
     began = time.perf_counter()
     loaded = build_model(shape, p["dtype"], p["device"], seed=0)
     log(f"{name}: built in {time.perf_counter() - began:.1f} s")
     steps = time_grid(loaded, p, log)
+    engine_rows = time_engine_steps(loaded, p, log) if engine_steps else None
     try:
         steps += time_adapters(loaded, p, Path(f"/tmp/fedllm-stepgrid-adapters-{name}"), log)
     except Exception as exc:  # the base grid stands without the adapter rows; say why
@@ -278,6 +316,8 @@ def run_model(name: str, shape: dict[str, Any], p: dict[str, Any], log: Progress
         "seconds": time.perf_counter() - began,
         "steps": steps,
     }
+    if engine_rows is not None:
+        result["engine_steps"] = engine_rows
     del loaded
     gc.collect()
     if torch.cuda.is_available():
@@ -309,11 +349,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
     parser.add_argument("--models", nargs="*", default=None, help="a subset of the preset's")
     parser.add_argument("--results-dir", type=Path, required=True)
+    parser.add_argument(
+        "--engine-steps",
+        action="store_true",
+        help="also time whole engine.step() calls on a filled engine (the host overhead)",
+    )
     args = parser.parse_args(argv)
     p = PRESETS[args.preset]
     log = Progress()
     models = [
-        run_model(name, shape, p, log)
+        run_model(name, shape, p, log, args.engine_steps)
         for name, shape in p["models"].items()
         if args.models is None or name in args.models
     ]

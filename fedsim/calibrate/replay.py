@@ -1,17 +1,20 @@
 """The simulator against measured GPU runs: the same requests, the same engine limits, one
 simulated site with the fitted step time, and the TTFT and TPOT percentiles compared.
 
-Replayed: bench/results/engine/engine_h200.json's `engine_burst` (1,000 requests at once) and
-`engine_poisson` (the same at 20 requests/s): Llama-3.2-1B-shaped on an H200, max_num_seqs 256,
-budget 4,096 tokens, prefix caching on. Their trace is rebuilt exactly as the run built it
-(bench/engine/workload.py: Alpaca and LIMA prompts in GPT-2 token ids, the reference answer
-lengths replayed, seed 0; its Poisson arrivals), from the datasets in ../shared/datasets.
+Replayed: bench/results/engine/engine_h200.json's `engine_burst` (1,000 requests at once),
+`engine_subset_burst` (its first 256) and `engine_poisson` (the 1,000 at 20 requests/s), and
+engine_serving/engine_serving_h200.json's `burst` (the same 1,000-request burst two days and many
+engine changes later): Llama-3.2-1B-shaped on an H200, max_num_seqs 256, budget 4,096 tokens,
+prefix caching on. Their trace is rebuilt exactly as the runs built it (bench/engine/workload.py:
+Alpaca and LIMA prompts in GPT-2 token ids, the reference answer lengths replayed, seed 0; its
+Poisson arrivals), from the datasets in ../shared/datasets; the rebuilt trace's output tokens are
+checked against each run's.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +68,24 @@ def _simulated(result: RunResult) -> dict[str, float]:
     }
 
 
-def engine_h200(results: Path, step: StepTimeModel, shared: Path) -> list[Replayed]:
-    """engine_burst and engine_poisson of engine_h200.json, replayed (the module docstring)."""
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    name: str
+    source: str
+    summary: dict[str, Any]
+    requests: list[SimRequest]
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+
+
+def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
+    """The runs of engine_h200.json and engine_serving_h200.json (the module docstring), their
+    trace rebuilt."""
     path = results / "engine" / "engine_h200.json"
     data = json.loads(path.read_text())
+    serving_path = results / "engine_serving" / "engine_serving_h200.json"
+    serving = json.loads(serving_path.read_text()) if serving_path.is_file() else None
     config, trace = data["config"], data["trace"]
     spec = WorkloadSpec(
         counts=tuple((corpus, count) for corpus, count in trace["by_corpus"].items()),
@@ -78,23 +95,26 @@ def engine_h200(results: Path, step: StepTimeModel, shared: Path) -> list[Replay
     )
     tokenizer = load_tokenizer(shared / "tokenizers" / "gpt2")
     workload = load_workload(spec, tokenizer.encode, shared / "datasets")
-    site = SiteSpec(
-        "h200",
-        CARDS["h200"],
-        MODELS["llama1b"],
-        step,
-        rtt_s=0.0,
-        max_num_seqs=config["max_num_seqs"],
-        max_num_batched_tokens=config["max_num_batched_tokens"],
-        block_size=config["block_size"],
-        max_model_len=4096,
-    )
-    arrivals = {
-        "engine_burst": [0.0] * len(workload),
-        "engine_poisson": poisson_arrivals(len(workload), config["poisson_rate"], config["seed"]),
+    runs: dict[str, tuple[str, dict[str, Any], dict[str, Any], list[float]]] = {
+        name: (path.name, data["runs"][name]["summary"], data["runs"][name]["engine_config"], t)
+        for name, t in (
+            ("engine_burst", [0.0] * len(workload)),
+            ("engine_subset_burst", [0.0] * data["hf_subset_requests"]),
+            (
+                "engine_poisson",
+                poisson_arrivals(len(workload), config["poisson_rate"], config["seed"]),
+            ),
+        )
     }
-    out = []
-    for name, times in arrivals.items():
+    if serving is not None and "burst" in serving:
+        burst = serving["burst"]
+        times = [0.0] * burst["trace_requests"]
+        runs["serving_burst"] = (serving_path.name, burst["summary"], burst["engine_config"], times)
+    out = {}
+    for name, (source, summary, engine, times) in runs.items():
+        chosen = workload[: len(times)]
+        if sum(w.output_tokens for w in chosen) != summary["output_tokens"]:
+            raise ValueError(f"{source}:{name}: the rebuilt trace is not the run's")
         requests = [
             SimRequest(
                 w.request_id,
@@ -105,17 +125,55 @@ def engine_h200(results: Path, step: StepTimeModel, shared: Path) -> list[Replay
                 w.output_tokens,
                 bucket_of(w.output_tokens),
             )
-            for w, at in zip(workload, times, strict=True)
+            for w, at in zip(chosen, times, strict=True)
         ]
-        # The engine alone: no gateway queue bound in front of it.
-        settings = GatewaySettings(site_max_queued_requests=None, offload=False)
-        result = run([site], requests, settings, drain_s=600.0)
-        out.append(
-            Replayed(
-                name,
-                f"{path.name}:{name}",
-                _measured(data["runs"][name]["summary"]),
-                _simulated(result),
-            )
+        out[name] = MeasuredRun(
+            name,
+            f"{source}:{name}",
+            summary,
+            requests,
+            engine["max_num_seqs"],
+            engine["max_num_batched_tokens"],
+            engine["block_size"],
         )
     return out
+
+
+def replay(measured: MeasuredRun, step: StepTimeModel) -> RunResult:
+    """One measured run through one simulated H200 site with the engine's limits."""
+    site = SiteSpec(
+        "h200",
+        CARDS["h200"],
+        MODELS["llama1b"],
+        step,
+        rtt_s=0.0,
+        max_num_seqs=measured.max_num_seqs,
+        max_num_batched_tokens=measured.max_num_batched_tokens,
+        block_size=measured.block_size,
+        max_model_len=4096,
+    )
+    # The engine alone: no gateway queue bound in front of it.
+    settings = GatewaySettings(site_max_queued_requests=None, offload=False)
+    return run([site], list(measured.requests), settings, drain_s=600.0)
+
+
+def compare(measured: MeasuredRun, step: StepTimeModel) -> Replayed:
+    result = replay(measured, step)
+    return Replayed(measured.name, measured.source, _measured(measured.summary), _simulated(result))
+
+
+def fit_loop_scale(measured: MeasuredRun, step: StepTimeModel, iterations: int = 8) -> float:
+    """The host term's loop_scale that makes `measured` (a burst: its wall time is the site's
+    busy time) last as long simulated as it did: bisection on [1, 4]. FITTING ONLY: the run
+    it is fitted on is not one the calibration reports a replay error for."""
+    low, high = 1.0, 4.0
+    wall = measured.summary["wall_s"]
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        busy = sum(
+            replay(
+                measured, replace(step, host=replace(step.host, loop_scale=mid))
+            ).site_busy.values()
+        )
+        low, high = (mid, high) if busy < wall else (low, mid)
+    return (low + high) / 2

@@ -1,0 +1,75 @@
+"""The engine loop's host term (fedsim/step_time.py's HostOverhead), fitted on whole
+`engine.step()` periods.
+
+The grid times `ModelRunner.execute` synchronized: device time plus the runner's host work. A
+real engine with async scheduling overlaps the host work of step N+1 with the device's step N,
+so a filled engine's measured period is shorter than the grid's time for the same step: on an
+H200, 256 decode rows at ~550 positions take 5.3 ms in the grid and in an engine with async
+scheduling off, 3.3 ms with it on (engine_h200.json's decode_sweep). h = grid - period is the
+host time the overlap hides; it is fitted as constant + per row by least squares.
+
+Rows used, per (card, model): a grid's `engine_steps` (bench/engine/step_grid.py
+--engine-steps) where present, else the decode sweeps bench/results holds for the H200 1B
+(engine/engine_h200.json, engine_serving/engine_serving_h200.json). These are a different phase
+from the workload runs replay.py compares against, so the replays validate the term.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsim.step_time import HostOverhead, StepFeatures, StepTimeModel
+
+EXISTING_SWEEPS = (
+    ("h200", "llama1b", Path("engine") / "engine_h200.json"),
+    ("h200", "llama1b", Path("engine_serving") / "engine_serving_h200.json"),
+)
+
+
+def _sweep(rows: Iterable[dict[str, Any]]) -> list[tuple[StepFeatures, float]]:
+    """(features, measured period s) of decode_sweep-shaped rows (async scheduling on)."""
+    return [
+        (
+            StepFeatures(0, r["batch_size"], round(r["batch_size"] * r["mean_context_len"]), 0, 0),
+            r["decode_step_ms"] / 1e3,
+        )
+        for r in rows
+        if "decode_step_ms" in r
+    ]
+
+
+def engine_step_rows(
+    results: Path, grids: Sequence[Path]
+) -> dict[tuple[str, str], list[tuple[StepFeatures, float]]]:
+    """Whole engine-step periods per (card, model): the grids' own, else the existing sweeps."""
+    out: dict[tuple[str, str], list[tuple[StepFeatures, float]]] = {}
+    for grid in grids:
+        for model in json.loads(grid.read_text())["models"]:
+            rows = _sweep(model.get("engine_steps") or [])
+            if rows:
+                out.setdefault((model["device"], model["model"]), []).extend(rows)
+    gridded = set(out)
+    for card, model, relative in EXISTING_SWEEPS:
+        path = results / relative
+        if (card, model) in gridded or not path.is_file():
+            continue
+        rows = _sweep(json.loads(path.read_text()).get("decode_sweep") or [])
+        out.setdefault((card, model), []).extend(rows)
+    return out
+
+
+def fit_host(step: StepTimeModel, rows: Sequence[tuple[StepFeatures, float]]) -> HostOverhead:
+    """h = the kernel model's time - the measured period, as constant + per row (>= 0 each)."""
+    if len(rows) < 2:
+        raise ValueError(f"a host term needs two engine-step rows or more, got {len(rows)}")
+    kernel = replace(step, host=HostOverhead())
+    x = np.array([[1.0, float(f.rows)] for f, _ in rows])
+    hidden = np.array([kernel.seconds(f) - seconds for f, seconds in rows])
+    (base, per_row), *_ = np.linalg.lstsq(x, hidden, rcond=None)
+    return HostOverhead(max(float(base), 0.0), max(float(per_row), 0.0))
