@@ -50,6 +50,9 @@ class NewBatch:
     input_file_id: str | None = None
     completion_window: str | None = None
     expires_at: datetime | None = None
+    # The moment expires_at counts from (None: when the store writes the row); one clock read
+    # for both, so expires_at - created_at is the window exactly, not a second short.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,7 @@ class BatchService:
             raise service_unavailable(f"no site can serve model '{model}' now")
         if admit is not None:
             await admit([(item.prompt_tokens, item.max_tokens) for item in runnable])
+        now = utcnow()
         new = NewBatch(
             id=f"batch_{uuid.uuid4().hex}",
             owner=owner,
@@ -175,7 +176,8 @@ class BatchService:
             metadata=request.metadata,
             input_file_id=request.input_file_id,
             completion_window=request.completion_window,
-            expires_at=utcnow() + timedelta(hours=hours) if hours is not None else None,
+            expires_at=now + timedelta(hours=hours) if hours is not None else None,
+            created_at=now,
         )
         batch = await self._store.create(new, items)
         if batch is None:  # the file was deleted while its requests were being validated

@@ -82,7 +82,7 @@ class BatchStore:
                 completed=0,
                 failed=sum(1 for item in items if item.error is not None),
                 cancelled=0,
-                created_at=utcnow(),
+                created_at=new.created_at or utcnow(),
             )
             session.add(row)
             await session.flush()
