@@ -36,7 +36,7 @@ from site_engine.embedding.batcher import (
 from site_engine.embedding.layout import is_embedding_model
 from site_engine.embedding.runner import load_embedding_runner
 from site_engine.embedding_http import EmbeddingFace
-from site_engine.engine.core.api import Engine
+from site_engine.engine.core.api import Engine, StructuredOutputUnavailable
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine, plan_kv
@@ -352,13 +352,16 @@ def _engine(
     paged = PagedEngine(loaded, config, plan)
     phases.mark("kv_and_graphs")
     log.info("%s", paged.startup_report)
-    if prepared is not None:
+    if prepared is not None and prepared.grammars is not None:
         paged.adopt_grammars(prepared.grammars)
     # Now rather than for the first constrained request: it reads the whole vocabulary holding
     # the GIL (~1 s), which would hold up every request on the site then.
     began = time.monotonic()
-    paged.grammars()
-    log.info("grammar compiler ready in %.2f s", time.monotonic() - began)
+    try:
+        paged.grammars()
+        log.info("grammar compiler ready in %.2f s", time.monotonic() - began)
+    except StructuredOutputUnavailable as exc:
+        log.warning("%s: constrained requests are refused, the rest is served", exc)
     phases.mark("grammar")
     return loaded, paged
 

@@ -28,18 +28,20 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
 from fedllm_contract.tokenizer import tokenizer_fingerprint
-from site_engine.engine.grammar_compiler import GrammarCompiler
 from site_engine.engine.memory_plan import KvPlan
 from site_engine.engine.paged_engine import EngineConfig, plan_kv
 from site_engine.kv_plan_record import plan_key, record_plan, recorded_plan
 from site_engine.model_loading import TORCH_DTYPES, LoadedModel, load_model, resolve_model_dir
 from site_engine.settings import SiteSettings
 from site_engine.start_phases import StartPhases
+
+if TYPE_CHECKING:
+    from site_engine.engine.grammar_compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
 POOL_FLAG = "--pool"
@@ -76,7 +78,7 @@ class Prepared:
     """What a pooled process built before its claim."""
 
     loaded: LoadedModel  # on the host
-    grammars: GrammarCompiler
+    grammars: GrammarCompiler | None  # None: llguidance is not installed (no constraints)
     plan_file: Path
     tokenizer_fingerprint: str  # a hash over the vocabulary (~0.8 s for GPT-2's on a busy CPU)
 
@@ -86,13 +88,18 @@ def prepare(settings: SiteSettings, plan_file: Path) -> Prepared:
     loaded = load_model(
         settings.model_dir, device="cpu", dtype=settings.dtype, tokenizer_dir=settings.tokenizer_dir
     )
-    grammars = GrammarCompiler(
-        loaded.tokenizer,
-        loaded.vocab_size,
-        loaded.eos_token_ids,
-        threads=settings.grammar_compile_threads,
-        timeout_s=settings.grammar_compile_timeout_s,
-    )
+    try:
+        from site_engine.engine.grammar_compiler import GrammarCompiler
+    except ModuleNotFoundError:
+        grammars = None  # the engine says so at start-up (PagedEngine.grammars)
+    else:
+        grammars = GrammarCompiler(
+            loaded.tokenizer,
+            loaded.vocab_size,
+            loaded.eos_token_ids,
+            threads=settings.grammar_compile_threads,
+            timeout_s=settings.grammar_compile_timeout_s,
+        )
     return Prepared(loaded, grammars, plan_file, tokenizer_fingerprint(loaded.tokenizer))
 
 

@@ -232,25 +232,50 @@ def fill_decoding(
         )
         for i in range(rows)
     ]
+    # Every adapter resident first (one one-token request each): had the rows waited on the
+    # loads, the first rows would have decoded all their tokens and ended while the last
+    # adapters loaded, and the timed step would hold a fraction of the rows (the H100 profile
+    # of 2026-11-27 timed 64 adapters faster than the base that way).
+    warm = [
+        EngineRequest(
+            f"decode-{seed}-warm-{i}",
+            tuple(rng.randrange(1, vocab) for _ in range(prompt)),
+            SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+            adapter=adapter,
+        )
+        for i, adapter in enumerate(dict.fromkeys(a for a in adapters if a is not None))
+    ]
+    _step_until_started(engine, warm)
     for request in requests:
         engine.add_request(request)
-    started: set[str] = set()
+    _step_until_started(engine, requests, add=False)
+    for _ in range(5):  # past the step that admitted the last row
+        outputs = engine.step()
+    decoding = sum(1 for output in outputs if output.new_token_ids)
+    if decoding != rows:
+        raise RuntimeError(f"the filled step decodes {decoding} rows, not {rows}")
+    return requests
+
+
+def _step_until_started(
+    engine: PagedEngine, requests: Sequence[EngineRequest], add: bool = True
+) -> None:
+    """Steps until each request has produced a token (added first when `add`)."""
+    if add:
+        for request in requests:
+            engine.add_request(request)
+    waiting = {request.request_id for request in requests}
     # Bounded in time, not in steps: while adapters load (on loader threads) a step with every
     # row waiting returns at once, and 10,000 of them once ran out before the 64 adapters of the
-    # H200 profile had loaded, so the profile timed a step of a fraction of its rows.
+    # H200 profile had loaded.
     deadline = time.monotonic() + FILL_TIMEOUT_S
-    while len(started) < rows:
+    while waiting:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(started)} of {rows} rows decoding after {FILL_TIMEOUT_S:g} s")
+            raise RuntimeError(f"{len(waiting)} rows not decoding after {FILL_TIMEOUT_S:g} s")
         outputs = engine.step()
-        for output in outputs:
-            if output.new_token_ids:
-                started.add(output.request_id)
+        waiting.difference_update(o.request_id for o in outputs if o.new_token_ids)
         if not outputs:
             time.sleep(0.001)  # nothing ran: adapters still loading
-    for _ in range(5):  # past the step that admitted the last row
-        engine.step()
-    return requests
 
 
 def timed_steps(engine: PagedEngine, steps: int) -> float:

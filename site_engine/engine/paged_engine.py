@@ -27,6 +27,7 @@ from site_engine.engine.core.api import (
     EngineStats,
     RequestOutput,
     RequestRejected,
+    StructuredOutputUnavailable,
 )
 from site_engine.engine.core.host_offload import OffloadLimits
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
@@ -298,7 +299,15 @@ class PagedEngine:
         whole vocabulary once, ~1.5 s for SmolLM2's); a site builds it at start-up."""
         if self._grammars is None:
             # Imported on first use: llguidance is needed only where constraints are served.
-            from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
+            # Without it (a bare GPU image) the site serves everything else and refuses
+            # constrained requests with a reason, rather than failing to start.
+            try:
+                from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
+            except ModuleNotFoundError as exc:
+                raise StructuredOutputUnavailable(
+                    "this site cannot constrain answers (response_format json_schema, forced "
+                    f"tools): {exc.name or 'llguidance'} is not installed on it"
+                ) from exc
 
             self._grammars = GrammarCompiler(
                 self._loaded.tokenizer,

@@ -19,6 +19,10 @@ class RequestRejected(ValueError):
     """The request can never be served by this engine (e.g. longer than the context)."""
 
 
+class StructuredOutputUnavailable(RequestRejected):
+    """This site cannot constrain answers (JSON schema, tools): llguidance is not installed."""
+
+
 class AdapterRefused(ValueError):
     """A LoRA adapter cannot be loaded or unloaded; `reason` says which way (the gRPC status)."""
 
