@@ -200,7 +200,8 @@ def test_a_pool_pod_waits_unjoined_and_joins_at_a_scale_out_without_a_start(
             return host in resolving
 
         pods.resolve = resolve
-        sessions = create_sessionmaker(create_engine(sqlite_url))
+        engine = create_engine(sqlite_url)
+        sessions = create_sessionmaker(engine)
         rule = ScalingRule("m", min_sites=1, max_sites=4)
         scaling = ScalingConfig((ModelScaling(rule, pods_config(pool_size=1)),))
         metrics = GatewayMetrics()
@@ -286,6 +287,7 @@ def test_a_pool_pod_waits_unjoined_and_joins_at_a_scale_out_without_a_start(
             ("join", "pod-3", "kubernetes"),
         ]
         await controller.close()
+        await engine.dispose()
         await membership.close()
         for site in registry.all():
             await site.client.close()
