@@ -182,11 +182,15 @@ class ModelCapacity:
     arrival_rate: float = 0.0
     lead_s: float = 0.0
     level_s: float = 0.0
+    pool_pods: int = 0
 
 
 SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (
     ("desired_sites", "Sites the scaling controller wants serving the model (the autoscaler's "
-     "target: KEDA or the HPA scale the sites to it)", lambda m: m.desired_sites),
+     "target without a pool)", lambda m: m.desired_sites),
+    ("desired_pods", "Pods the model's StatefulSet should run: the desired sites plus the "
+     "kubernetes actuator's warm pool (pool_size), what KEDA or the HPA scale it to "
+     "(deploy/k8s)", lambda m: m.desired_sites + m.pool_pods),
     ("serving_sites", "The model's sites taking new work (healthy, not draining)",
      lambda m: m.serving_sites),
     ("pending_sites", "Sites asked for that do not serve yet (starting)",

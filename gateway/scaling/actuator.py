@@ -42,6 +42,11 @@ class Actuator(Protocol):
         fewer)."""
         ...
 
+    def draining(self, name: str) -> None:
+        """The controller begins draining this site out (a scale-in); `retire` follows once it
+        left the registry."""
+        ...
+
     async def retire(self, name: str) -> None:
         """The site was drained and left the registry: stop what runs it."""
         ...
@@ -127,8 +132,11 @@ class SignalOnly:
         self._asked.ask(count)
         return count
 
-    async def retire(self, name: str) -> None:
+    def draining(self, name: str) -> None:
         return  # the autoscaler removes what it runs
+
+    async def retire(self, name: str) -> None:
+        return
 
     async def run(self) -> None:
         return  # nothing to follow

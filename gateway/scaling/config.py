@@ -59,8 +59,9 @@ class _Actuator(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     log_dir: str = "elastic-sites"
     stop_timeout_s: _POSITIVE = 30.0
-    # Started processes kept waiting for a scale-out (local: pooled site engines; kubernetes:
-    # started pods, not Ready nor routed until claimed). docs/elastic.md, "The warm pool".
+    # Started sites kept waiting for a scale-out (local: pooled site-engine processes, no GPU;
+    # kubernetes: started pods beyond the desired sites, each holding its GPU, resolved but not
+    # joined until a scale-out wants their ordinal). docs/elastic.md, "The warm pool".
     pool_size: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     # kubernetes: the pods' DNS names, `{i}` the StatefulSet ordinal, and their gRPC port.
     host_pattern: str | None = None
@@ -171,6 +172,10 @@ def _actuator(raw: _Actuator, model: str, base_dir: Path, where: str) -> Actuato
     if raw.kind == "kubernetes" and (raw.host_pattern is None or "{i}" not in raw.host_pattern):
         raise ScalingConfigError(
             f"{where}: a kubernetes actuator needs 'host_pattern' with {{i}} (the pod ordinal)"
+        )
+    if raw.kind == "signal" and raw.pool_size:
+        raise ScalingConfigError(
+            f"{where}: a signal actuator has no pool (pool_size is for local or kubernetes)"
         )
     log_dir = Path(raw.log_dir)
     return ActuatorConfig(

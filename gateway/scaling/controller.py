@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.admin.membership import SiteMembership
 from gateway.metrics import GatewayMetrics, ModelCapacity
 from gateway.scaling.actuator import Actuator
-from gateway.scaling.config import ScalingConfig
+from gateway.scaling.config import ActuatorConfig, ScalingConfig
 from gateway.scaling.observe import observe
 from gateway.scaling.policy import ModelState, ScaleIn, ScaleOut, ScalingRule, Verdict, decide
 from gateway.sites.registry import SiteRegistry
@@ -48,6 +48,13 @@ class ModelView:
     arrival_rate: float = 0.0
     lead_s: float = 0.0
     level_s: float = 0.0
+    pool_pods: int = 0  # the kubernetes actuator's warm pool: pods run beyond the desired sites
+
+
+def pool_pods(actuator: ActuatorConfig) -> int:
+    """Pods the autoscaler runs beyond the desired sites: the kubernetes actuator's pool (the
+    local pool is processes this gateway runs itself, not pods)."""
+    return actuator.pool_size if actuator.kind == "kubernetes" else 0
 
 
 def _finite(value: float) -> float | None:
@@ -125,6 +132,7 @@ class ScalingController:
             await self._record(rule.model, "scale_in", verdict, action.site, verdict.reason)
             leaving = self._membership.leave(action.site, "controller", verdict.reason)
             if leaving is not None:
+                actuator.draining(action.site)
                 task = asyncio.create_task(self._retire(actuator, action.site, leaving))
                 self._retiring.add(task)
                 task.add_done_callback(self._retiring.discard)
@@ -168,7 +176,7 @@ class ScalingController:
             ModelCapacity(
                 view.model, view.serving_sites, view.pending_sites, view.desired_sites,
                 view.backlog_s, view.forecast_backlog_s, view.arrival_rate, view.lead_s,
-                view.level_s,
+                view.level_s, view.pool_pods,
             )
             for view in self.views()
         ]  # fmt: skip
@@ -195,6 +203,7 @@ class ScalingController:
                     arrival_rate=verdict.arrival_rate if verdict else 0.0,
                     lead_s=verdict.lead_s if verdict else rule.lead_time_s,
                     level_s=verdict.level_s if verdict else 0.0,
+                    pool_pods=pool_pods(scaling.actuator),
                 )
             )
         return views

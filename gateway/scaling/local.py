@@ -175,6 +175,9 @@ class LocalProcesses:
             await asyncio.sleep(_POLL_S)
         raise _StartFailed(f"not serving after {self._config.start_timeout_s:g}s")
 
+    def draining(self, name: str) -> None:
+        return  # its process serves what it has until retire() stops it
+
     async def retire(self, name: str) -> None:
         for slot, child in list(self._children.items()):
             if child.name == name:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gateway.federation import parse_federation
-from gateway.metrics import SCALING_GAUGES
+from gateway.metrics import SCALING_GAUGES, ModelCapacity
 from gateway.scaling.config import parse_scaling
 from tests.conftest import REPO_ROOT
 
@@ -166,7 +166,7 @@ def test_the_gateway_files_parse_and_name_the_statefulset(overlay: str) -> None:
     assert gateway_env["GATEWAY_SCALING_FILE"]["value"] == "/etc/fedllm/scaling.json"
 
 
-def test_keda_scales_the_statefulset_on_the_desired_sites() -> None:
+def test_keda_scales_the_statefulset_on_the_desired_pods() -> None:
     docs = rendered("keda")
     scaled = one(docs, "ScaledObject")
     spec = scaled["spec"]
@@ -175,10 +175,7 @@ def test_keda_scales_the_statefulset_on_the_desired_sites() -> None:
     sites = one(docs, "StatefulSet", target["name"])
     assert scaled["metadata"]["namespace"] == sites["metadata"]["namespace"]
     rule = scaling_rule(docs)
-    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
-        rule["min_sites"],
-        rule["max_sites"],
-    )
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == replica_bounds(rule)
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "prometheus"
     assert trigger["metricType"] == "AverageValue"
@@ -186,9 +183,9 @@ def test_keda_scales_the_statefulset_on_the_desired_sites() -> None:
     assert set(metadata) >= {"serverAddress", "query", "threshold"}
     assert metadata["threshold"] == "1"  # replicas = the gateway's number
     exported = {f"fedllm_gateway_scaling_{name}" for name, _, _ in SCALING_GAUGES}
-    assert "fedllm_gateway_scaling_desired_sites" in exported
+    assert "fedllm_gateway_scaling_desired_pods" in exported
     assert metadata["query"] == (
-        f'max(fedllm_gateway_scaling_desired_sites{{model="{rule["model"]}"}})'
+        f'max(fedllm_gateway_scaling_desired_pods{{model="{rule["model"]}"}})'
     )
 
 
@@ -198,10 +195,10 @@ def test_the_hpa_scales_the_statefulset_on_the_external_metric() -> None:
     target = spec["scaleTargetRef"]
     one(docs, "StatefulSet", target["name"])
     rule = scaling_rule(docs)
-    assert (spec["minReplicas"], spec["maxReplicas"]) == (rule["min_sites"], rule["max_sites"])
+    assert (spec["minReplicas"], spec["maxReplicas"]) == replica_bounds(rule)
     (metric,) = spec["metrics"]
     external = metric["external"]
-    assert external["metric"]["name"] == "fedllm_gateway_scaling_desired_sites"
+    assert external["metric"]["name"] == "fedllm_gateway_scaling_desired_pods"
     assert external["metric"]["selector"]["matchLabels"] == {"model": rule["model"]}
     assert external["target"] == {"type": "AverageValue", "averageValue": "1"}
 
@@ -269,3 +266,38 @@ def test_a_slow_answer_does_not_make_a_site_unready() -> None:
     # Still taken out within half a minute when it really stops answering.
     most_s = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
     assert most_s <= 30
+
+
+def replica_bounds(rule: dict[str, Any]) -> tuple[int, int]:
+    """The autoscaler's replica bounds for a scaling rule: its sites' plus the warm pool's."""
+    pool = int(rule["actuator"].get("pool_size", 0))
+    return int(rule["min_sites"]) + pool, int(rule["max_sites"]) + pool
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_autoscaler_runs_the_warm_pool_beyond_the_desired_sites(overlay: str) -> None:
+    """Issue 62: the kubernetes actuator's pool is pods the StatefulSet runs beyond the sites
+    the gateway wants serving. The manifests configure one, the autoscaler reads the gauge that
+    counts it (desired sites + pool_size, not the desired sites alone), and its bounds make room
+    for it above min_sites and max_sites; the initial replicas are min_sites + the pool."""
+    docs = rendered(overlay)
+    rule = scaling_rule(docs)
+    pool = rule["actuator"]["pool_size"]
+    assert pool >= 1
+    gauges = {name: value for name, _, value in SCALING_GAUGES}
+    capacity = ModelCapacity(rule["model"], 2, 0, 3, 0.0, 0.0, pool_pods=pool)
+    assert gauges["desired_pods"](capacity) == 3 + pool
+    assert gauges["desired_sites"](capacity) == 3
+    if overlay == "keda":
+        spec = one(docs, "ScaledObject")["spec"]
+        bounds = (spec["minReplicaCount"], spec["maxReplicaCount"])
+        read = spec["triggers"][0]["metadata"]["query"]
+    else:
+        spec = one(docs, "HorizontalPodAutoscaler")["spec"]
+        bounds = (spec["minReplicas"], spec["maxReplicas"])
+        read = spec["metrics"][0]["external"]["metric"]["name"]
+    assert "fedllm_gateway_scaling_desired_pods" in read
+    assert "desired_sites" not in read
+    assert bounds == (rule["min_sites"] + pool, rule["max_sites"] + pool)
+    sites = one(docs, "StatefulSet")["spec"]
+    assert sites["replicas"] == rule["min_sites"] + pool

@@ -166,6 +166,8 @@ def test_a_good_file_parses() -> None:
         (scaling(actuator={"kind": "local"}), "needs 'command' and 'slots'"),
         (scaling(actuator={"kind": "kubernetes", "host_pattern": "pod.svc"}), "host_pattern"),
         (scaling(actuator={"kind": "ssh"}), "invalid scaling file"),
+        (scaling(actuator={"kind": "signal", "pool_size": 1}), "signal actuator has no pool"),
+        (scaling(actuator={"kind": "signal", "pool_size": 65}), "invalid scaling file"),
         (scaling(target_backlog_s=0), "invalid scaling file"),
         (scaling(in_headroom=1.0), "invalid scaling file"),
         (scaling(in_window_s=0), "invalid scaling file"),
