@@ -7,17 +7,15 @@ Hidden here by putting None in sys.modules for llguidance, as an interpreter wit
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedllm_contract.grammar import ConstraintSpec
 from site_engine.engine.core.api import EngineRequest, StructuredOutputUnavailable
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.model_loading import LoadedModel, load_model
+from site_engine.model_loading import load_model
 from site_engine.pool import prepare
 from site_engine.settings import SiteSettings
 
@@ -33,18 +31,10 @@ def without_llguidance(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "llguidance", None)
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_llama_dir: Path) -> Iterator[LoadedModel]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model(tiny_llama_dir, device="cpu")
-    torch.set_num_threads(previous)
-
-
 def test_constrained_requests_are_refused_and_the_rest_served(
-    loaded: LoadedModel, without_llguidance: None
+    tiny_llama_dir: Path, without_llguidance: None
 ) -> None:
-    engine = PagedEngine(loaded, EngineConfig(max_num_seqs=2))
+    engine = PagedEngine(load_model(tiny_llama_dir, device="cpu"), EngineConfig(max_num_seqs=2))
     with pytest.raises(StructuredOutputUnavailable, match="llguidance is not installed"):
         engine.grammars()
     spec = ConstraintSpec("json_schema", schema=SCHEMA)
