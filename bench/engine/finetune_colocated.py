@@ -230,10 +230,11 @@ def job_at_peft_step(
         loaded.tokenizer,
         "bench",
     )
-    # Twice the width in words: longer than the width in tokens whatever the tokenizer, so
-    # every example is cut to exactly the width (the loss on its answer's start).
-    data = training_jsonl(rows * (steps + 2), (2 * width, 2 * width), seed)
-    hp = FineTuneHyperparameters(1, rows, 1.0)
+    # As many words as the width: with the chat template's tokens, longer than the width in
+    # tokens whatever the tokenizer, so every example is cut to exactly the width; the question
+    # (a quarter of the words) ends well within it, so the loss has the answer's start.
+    data = training_jsonl(rows * (steps + 2), (width, width), seed)
+    hp = FineTuneHyperparameters(2, rows, 1.0)  # an epoch more: no adapter saved while timed
     jobs.start(FineTuneSpec("peft-shaped", "bench", data, None, hp, seed))
     cuda = loaded.device.type == "cuda"
     jobs.run_unit(alone=True)  # builds the trainer
