@@ -225,10 +225,12 @@ class FineTuneJobs:
                 budget = min(self.settings.idle_unit_tokens, job.max_unit_tokens)
             else:
                 budget = self._pacer.next_budget(job.max_unit_tokens)
-            run = PiecewiseRun(
-                lambda: trainer.work(budget),
+            # `run` is bound before its thread starts, so the work may mark boundaries on it.
+            run: PiecewiseRun[int] = PiecewiseRun(
+                lambda: trainer.work(budget, run.pause),
                 decoder_layers(trainer.model),
                 self._pieces.boundaries,
+                self.settings.max_step_ms / 1000,
             )
             # Validation has no backward: a third of a training unit's cost.
             job.unit = _Unit(run, budget, trainer.history.step, trainer.validating, alone)

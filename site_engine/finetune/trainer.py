@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -150,9 +150,11 @@ def token_loss_sum(
     examples: Sequence[Example],
     device: torch.device,
     backward_scale: float | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> float:
     """Summed next-token cross-entropy over the examples' labelled tokens (fp32). With
-    `backward_scale`, the gradient of (sum x backward_scale) is accumulated too."""
+    `backward_scale`, the gradient of (sum x backward_scale) is accumulated too. `pause` is
+    called between two chunks of the loss (a boundary of the unit's pieces)."""
     ids, mask, labels = pad_batch(examples, device)
     causal = model.get_base_model()
     hidden = causal.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -166,6 +168,8 @@ def token_loss_sum(
     leaf = rows.detach().requires_grad_(learn)
     total = 0.0
     for start in range(0, leaf.shape[0], LOSS_CHUNK_TOKENS):
+        if start and pause is not None:
+            pause()
         end = start + LOSS_CHUNK_TOKENS
         loss = _chunk_loss(head, leaf[start:end], wanted[start:end], softcap)
         if scale is not None:
@@ -260,23 +264,26 @@ class LoraTrainer:
         rest = self._next_examples()
         return unit_tokens(rest[: take(rest, max_tokens)]) if rest else 0
 
-    def work(self, max_tokens: int) -> int:
+    def work(self, max_tokens: int, pause: Callable[[], None] | None = None) -> int:
         """Runs one unit of at most `max_tokens` padded tokens (or one example longer than
-        that): training, or the epoch's validation. Returns the tokens it computed (0: none)."""
+        that): training, or the epoch's validation. Returns the tokens it computed (0: none).
+        `pause` marks the boundaries no layer's hook reaches: between the loss's chunks and
+        before the optimizer step (site_engine/finetune/pieces.py)."""
         if self._validation_due():
-            return self._validate_some(max_tokens)
+            return self._validate_some(max_tokens, pause)
         rest = self._next_examples()
         if not rest:
             return 0
         batch = batch_of(len(self.train), self.hp.batch_size, self.seed, self.history.step)
         chunk = rest[: take(rest, max_tokens)]
         batch_tokens = sum(self.train[i].loss_tokens for i in batch)
-        self._step_loss += token_loss_sum(self.model, chunk, self.device, 1 / batch_tokens) / (
-            batch_tokens
-        )
+        loss = token_loss_sum(self.model, chunk, self.device, 1 / batch_tokens, pause)
+        self._step_loss += loss / batch_tokens
         self._done_in_step += len(chunk)
         self.history.trained_tokens += sum(e.trained_tokens for e in chunk)
         if self._done_in_step == len(batch):
+            if pause is not None:
+                pause()
             self._optimizer_step()
         return unit_tokens(chunk)
 
@@ -288,12 +295,12 @@ class LoraTrainer:
         self.history.losses.append((self.history.step, self._step_loss))
         self._done_in_step, self._step_loss = 0, 0.0
 
-    def _validate_some(self, max_tokens: int) -> int:
+    def _validate_some(self, max_tokens: int, pause: Callable[[], None] | None) -> int:
         position, total, tokens = self._validation or (0, 0.0, 0)
         rest = self.validation[position:]
         chunk = rest[: take(rest, max_tokens)]
         with torch.no_grad():
-            total += token_loss_sum(self.model, chunk, self.device)
+            total += token_loss_sum(self.model, chunk, self.device, pause=pause)
         tokens += sum(e.loss_tokens for e in chunk)
         position += len(chunk)
         if position < len(self.validation):
