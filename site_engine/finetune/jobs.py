@@ -30,7 +30,7 @@ from site_engine.finetune.data import Example, TrainingDataError, encode_file
 from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
 from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
-from site_engine.finetune.trainer import LoraTrainer, steps_per_epoch
+from site_engine.finetune.trainer import LoraTrainer, LossChunks, steps_per_epoch
 
 log = logging.getLogger(__name__)
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -266,6 +266,8 @@ class FineTuneJobs:
         trainer = LoraTrainer(
             self._model, spec.hyperparameters, spec.seed, job.train, job.validation
         )
+        # A loss chunk lies between two boundaries of a piece: half the bound at most.
+        trainer.loss_chunks = LossChunks(self.settings.max_step_ms / 2000)
         steps = disk.checkpoint_steps(job_dir)
         if steps:
             disk.restore_checkpoint(job_dir, steps[-1], trainer)

@@ -17,7 +17,7 @@ from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from site_engine.finetune.data import IGNORE, Example
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
-from site_engine.finetune.trainer import LOSS_CHUNK_TOKENS, LoraTrainer
+from site_engine.finetune.trainer import LOSS_CHUNK_TOKENS, LoraTrainer, LossChunks
 from site_engine.model_loading import LoadedModel, load_model
 
 HP = FineTuneHyperparameters(n_epochs=1, batch_size=2, learning_rate_multiplier=1.0)
@@ -121,6 +121,24 @@ def test_the_tail_of_a_unit_is_cut_too_and_trains_the_same(tiny: LoadedModel) ->
     for name, weight in _lora(whole).items():
         torch.testing.assert_close(_lora(cut)[name], weight)
     run.pause()  # on any other thread: nothing
+
+
+def test_loss_chunks_shrink_to_half_the_bound_and_grow_back() -> None:
+    """A loss chunk is one segment between two boundaries: on a small model with a large
+    vocabulary a 256-token chunk alone was 3-5x a CPU site's 50 ms bound."""
+    fixed = LossChunks()
+    fixed.observe(256, 10.0)
+    assert fixed.tokens == LOSS_CHUNK_TOKENS  # no target: the most, always
+    chunks = LossChunks(target_s=0.025)
+    chunks.observe(256, 0.2)  # 0.78 ms a token: 32 fit in 25 ms
+    assert chunks.tokens == 32
+    chunks.observe(32, 0.001)  # much faster now: at most twice as many
+    assert chunks.tokens == 64
+    chunks.observe(64, 100.0)
+    assert chunks.tokens == 16  # the floor: below it a chunk is all launches
+    for _ in range(10):
+        chunks.observe(chunks.tokens, 0.0001)
+    assert chunks.tokens == LOSS_CHUNK_TOKENS  # the memory bound
 
 
 def test_a_long_example_holds_the_loop_no_longer_than_twice_the_bound(
