@@ -10,7 +10,8 @@ takes it, and the site's own trainer (site_engine/finetune/jobs.py) gated by the
 IdleGate between model steps, as EngineService runs it:
 1. Capacity: a burst of interactive-shaped requests (all at once) gives the requests/s the
    engine finishes.
-2. `job_alone`: the job's units back to back with no requests for `job_alone_s`: its tokens/s.
+2. `job_alone`: the job's units back to back with no requests for `job_alone_s`: its tokens/s
+   (idle-sized units, `run_unit(alone=True)`, as a site runs them with no request in).
 3. `alone`: interactive chat arriving as a Poisson process at `load` (0.6) x capacity for
    `window_s`, then drained; no job.
 4. `with_job`: the same arrivals with the job running in the idle cycles.
