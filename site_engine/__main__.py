@@ -170,6 +170,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         type=float,
         help="while requests run, the most of the engine's time training may take (default 0.15)",
     )
+    parser.add_argument(
+        "--finetune-idle-unit-tokens",
+        type=int,
+        help="a training unit's padded tokens at most with no request in (default 4096)",
+    )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
     return SiteSettings.load(**vars(args))
@@ -413,6 +418,7 @@ def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs 
             settings.finetune_reserve_bytes,
             checkpoint_every=settings.finetune_checkpoint_every,
             max_step_ms=settings.finetune_max_step_ms,
+            idle_unit_tokens=settings.finetune_idle_unit_tokens,
             max_tokens=loaded.max_model_len,
             max_rank=settings.max_lora_rank,
         ),

@@ -366,7 +366,9 @@ class EngineService:
             stats = self.engine.stats()
             if not gate.allows(stats, work.next_unit_s(), held_s):
                 return
-            seconds = work.run_unit()
+            # Alone: nothing in the engine at all (a request between waiting and running, or
+            # waiting on its grammar, counts as in).
+            seconds = work.run_unit(alone=not self.engine.has_unfinished())
             self._idle_unit_end = time.monotonic()
             if self._on_idle_unit is not None:
                 self._on_idle_unit(seconds, stats.num_running > 0)

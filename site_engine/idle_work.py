@@ -12,7 +12,10 @@ gate. A unit it cannot predict (nothing measured yet) or cannot make short enoug
 alone is longer than the bound allows) runs at once while no request is in, and beside running
 requests only once the work has been held back `patience` times its predicted length (the
 bound's, when unknown) since its last unit: under steady load it is not starved for good, and
-such units take at most 1 / (1 + patience) of the engine's time.
+such units take at most 1 / (1 + patience) of the engine's time. With no request in at all the
+work is told so (`run_unit(alone=True)`): fine-tuning then begins units of thousands of tokens
+(no time bound on the unit), still run in bounded pieces, so a request arriving meanwhile waits
+for the piece under way, not for the unit.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ class IdleWork(Protocol):
         math.inf when unknown)."""
         ...
 
-    def run_unit(self) -> float:
-        """Runs one unit on the engine's thread; returns the seconds it took."""
+    def run_unit(self, alone: bool) -> float:
+        """Runs one unit (or a piece of one) on the engine's thread; returns the seconds it
+        took. `alone`: no request waits or runs, so the work may begin a unit larger than the
+        bound (fine-tuning's idle-sized units) as long as what this call runs stays bounded."""
         ...
 
 

@@ -118,6 +118,10 @@ class SiteSettings:
     # waits (1 - share) / share times its length after the last one): the same 15% that
     # background rows may add to an interactive step (deferral_bound_slack).
     finetune_busy_share: float = DEFAULT_BUSY_SHARE
+    # With no request waiting or running, a unit of training takes up to this many padded
+    # tokens (8 x 512) with no time bound: its pieces still hand the loop back within
+    # finetune_max_step_ms, so a request arriving meanwhile waits one piece, not the unit.
+    finetune_idle_unit_tokens: int = 4096
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -184,6 +188,11 @@ class SiteSettings:
             raise SettingsError("SITE_FINETUNE_MAX_STEP_MS must be > 0")
         if not 0 < self.finetune_busy_share <= 1:
             raise SettingsError("SITE_FINETUNE_BUSY_SHARE must be in (0, 1]")
+        if self.finetune_idle_unit_tokens < 1:
+            raise SettingsError(
+                "SITE_FINETUNE_IDLE_UNIT_TOKENS must be >= 1 (a unit's padded tokens with no "
+                f"request in), got {self.finetune_idle_unit_tokens}"
+            )
         if self.finetune_reserve_bytes and self.lora_dir is None:
             # A job's adapter is served through the site's LoRA slots, which only a site with
             # --lora-dir has: without them a finished job could never be served, and the

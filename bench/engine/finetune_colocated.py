@@ -10,14 +10,18 @@ takes it, and the site's own trainer (site_engine/finetune/jobs.py) gated by the
 IdleGate between model steps, as EngineService runs it:
 1. Capacity: a burst of interactive-shaped requests (all at once) gives the requests/s the
    engine finishes.
-2. `job_alone`: the job's units back to back with no requests for `job_alone_s`: its tokens/s.
+2. `job_alone`: the job's units back to back with no requests for `job_alone_s`: its tokens/s
+   (idle-sized units, `run_unit(alone=True)`, as a site runs them with no request in).
 3. `alone`: interactive chat arriving as a Poisson process at `load` (0.6) x capacity for
    `window_s`, then drained; no job.
 4. `with_job`: the same arrivals with the job running in the idle cycles.
 0. `peft_alone` (before the engine is built, so it has the memory): a plain peft +
    transformers loop on the same model at `peft_step` (8x512 tokens a step on the GPU; bf16,
-   SDPA, fused AdamW; bench/engine/finetune_profile.py's), for `trainer_vs_peft` (the job
-   alone's trained tokens/s over the loop's; goal >= 0.8).
+   SDPA, fused AdamW; bench/engine/finetune_profile.py's), for `trainer_vs_peft` (goal >= 0.8):
+   against `job_at_peft_step`, the site's trainer alone with nothing waiting (idle-sized units,
+   `run_unit(alone=True)`, in bounded pieces as a site runs them) on a job of the loop's shape:
+   examples of exactly the loop's width (longer chats cut to it), batches of its rows, the
+   idle unit size one whole batch (SITE_FINETUNE_IDLE_UNIT_TOKENS' 4096 = 8x512 on the GPU).
 Keys: `job_tokens_per_s_vs_alone` (the job's trained tokens/s within the with_job window over
 its job_alone tokens/s; goal >= 0.5) and `interactive_ttft_p99_ratio` (with_job / alone; goal
 <= 1.2), with `interactive_tpot_p99_ratio` beside them.
@@ -207,6 +211,57 @@ def start_job(loaded: LoadedModel, p: dict[str, Any], directory: Path, seed: int
     return jobs
 
 
+def job_at_peft_step(
+    loaded: LoadedModel, p: dict[str, Any], directory: Path, seed: int, steps: int = 5
+) -> dict[str, Any]:
+    """The site's trainer alone, nothing waiting (idle-sized units in bounded pieces), on a job
+    of the peft loop's shape (`peft_step` rows x width, every example cut to exactly the width):
+    its trained tokens/s over `steps` optimizer steps after two warm-up steps."""
+    rows, width = p["peft_step"]
+    jobs = FineTuneJobs(
+        FineTuneSettings(
+            directory,
+            int(p["reserve_gib"] * GIB),
+            checkpoint_every=1_000_000,
+            max_step_ms=p["max_step_ms"],
+            max_tokens=width,
+            idle_unit_tokens=rows * width,
+        ),
+        loaded.model,
+        loaded.tokenizer,
+        "bench",
+    )
+    # As many words as the width: with the chat template's tokens, longer than the width in
+    # tokens whatever the tokenizer, so every example is cut to exactly the width; the question
+    # (a quarter of the words) ends well within it, so the loss has the answer's start.
+    data = training_jsonl(rows * (steps + 2), (width, width), seed)
+    hp = FineTuneHyperparameters(2, rows, 1.0)  # an epoch more: no adapter saved while timed
+    jobs.start(FineTuneSpec("peft-shaped", "bench", data, None, hp, seed))
+    cuda = loaded.device.type == "cuda"
+    jobs.run_unit(alone=True)  # builds the trainer
+
+    def run_to(step: int) -> None:
+        while jobs.progress("peft-shaped").step < step:
+            jobs.run_unit(alone=True)
+
+    run_to(2)
+    if cuda:
+        torch.cuda.synchronize()
+    before, pieces = jobs.progress("peft-shaped").trained_tokens, jobs.pieces_run
+    began = time.perf_counter()
+    run_to(2 + steps)  # the last piece of a unit synchronises (pieces.py): the device's time
+    seconds = time.perf_counter() - began
+    tokens = jobs.progress("peft-shaped").trained_tokens - before
+    jobs.cancel("peft-shaped")
+    jobs.run_unit()  # drops its trainer
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"rows": rows, "width": width, "steps": steps, "seconds": seconds,
+            "trained_tokens": tokens, "tokens_per_s": tokens / seconds,
+            "largest_unit_tokens": jobs.largest_unit_run,
+            "pieces_per_step": (jobs.pieces_run - pieces) / steps}  # fmt: skip
+
+
 def measure(
     loaded: LoadedModel, args: argparse.Namespace, job_dir: Path, log: Progress
 ) -> dict[str, Any]:
@@ -221,6 +276,8 @@ def measure(
                                  seed + 1)  # fmt: skip
     rps, _ = burst(engine, cap_requests, WallClock())
     log(f"capacity: {rps:.2f} interactive req/s")
+    at_peft = job_at_peft_step(loaded, p, job_dir / "peft-shaped", seed)
+    log(f"site trainer alone at the peft step: {at_peft}")
     jobs = start_job(loaded, p, job_dir, seed)
     gate = IdleGate(p["max_step_ms"] / 1000, busy_share=args.busy_share)
     job = JobClock(jobs, "bench-job")
@@ -230,7 +287,7 @@ def measure(
         torch.cuda.reset_peak_memory_stats()
     allocated = torch.cuda.memory_allocated() if cuda else 0
     for _ in range(3):  # the trainer's first units build it: kept out of the measures
-        job.run_unit()
+        job.run_unit(alone=True)
     alone_job = run_job_alone(job, p["job_alone_s"])
     log(f"job alone: {alone_job}")
     memory = training_memory(
@@ -256,7 +313,8 @@ def measure(
         "kv_blocks": engine.limits.kv_blocks_total,
         "job": {"alone": alone_job, "with_load": with_job},
         "peft_alone": peft,
-        "trainer_vs_peft": ratio(alone_job["trained_tokens_per_s"], peft["tokens_per_s"]),
+        "job_at_peft_step": at_peft,
+        "trainer_vs_peft": ratio(at_peft["tokens_per_s"], peft["tokens_per_s"]),
         "training_memory": memory,
         "runs": {"alone": summary(alone), "with_job": summary(mixed)},
         "job_tokens_per_s_vs_alone": ratio(job_rate, alone_job["trained_tokens_per_s"]),
@@ -323,6 +381,8 @@ def report(result: dict[str, Any]) -> str:
     job = result["job"]
     return (
         f"{keys}\n\n{runs}\n\nJob alone: {job['alone']}\n\nJob under load: {job['with_load']}\n\n"
+        f"Trainer alone at the peft step: {result['job_at_peft_step']}; peft + transformers: "
+        f"{result['peft_alone']}\n\n"
         f"Training memory: {result['training_memory']}\n\n"
         f"Capacity: {result['capacity']}; load {result['load']} "
         f"({result['interactive_rate_rps']:.2f} req/s) for {result['window_s']} s; "

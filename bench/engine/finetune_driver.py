@@ -34,8 +34,8 @@ class JobClock:
     def next_unit_s(self) -> float:
         return self.jobs.next_unit_s()
 
-    def run_unit(self) -> float:
-        took = self.jobs.run_unit()
+    def run_unit(self, alone: bool) -> float:
+        took = self.jobs.run_unit(alone)
         progress = self.jobs.progress(self.job_id)
         if progress.state is FineTuneState.FAILED:  # out of memory, say: no figure to report
             raise RuntimeError(f"the fine-tuning job failed: {progress.error}")
@@ -57,11 +57,12 @@ class JobClock:
 
 
 def run_job_alone(job: JobClock, seconds: float) -> dict[str, Any]:
-    """The job's units back to back, no requests, for `seconds`: its speed alone."""
+    """The job's units back to back, no requests, for `seconds`: its speed alone (idle-sized
+    units, as a site runs them with no request in)."""
     before, units_before = job.tokens(), job.units
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        job.run_unit()
+        job.run_unit(alone=True)
     elapsed = time.monotonic() - start
     return job.summary(job.tokens() - before, elapsed, units_before)
 
@@ -101,7 +102,7 @@ def drive_with_job(
             and gate is not None
             and gate.allows(engine.stats(), clock.next_unit_s(), time.monotonic() - unit_end)
         ):
-            clock.run_unit()
+            clock.run_unit(alone=not engine.has_unfinished())
             unit_end = time.monotonic()
         if not engine.has_unfinished():
             if clock is None and next_arrival < len(pending):
@@ -130,6 +131,6 @@ def drive_with_job(
     if tokens_in_window is None:  # everything finished before the window ended
         # The job ran alone for the rest of the window: the window's figure includes that.
         while time.monotonic() - start < window_s:
-            clock.run_unit()
+            clock.run_unit(alone=True)
         tokens_in_window = clock.tokens() - tokens_at_start
     return result, clock.summary(tokens_in_window, window_s, units_at_start)

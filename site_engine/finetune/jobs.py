@@ -30,7 +30,7 @@ from site_engine.finetune.data import Example, TrainingDataError, encode_file
 from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
 from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
-from site_engine.finetune.trainer import LoraTrainer, steps_per_epoch
+from site_engine.finetune.trainer import LoraTrainer, LossChunks, steps_per_epoch
 
 log = logging.getLogger(__name__)
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -38,8 +38,8 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 @dataclass(frozen=True, slots=True)
 class FineTuneSettings:
-    """Where jobs live, the memory reserved for training, how often to checkpoint and how long
-    one unit of training may hold the engine's loop."""
+    """Where jobs live, the memory reserved for training, how often to checkpoint, how long one
+    piece of training may hold the engine's loop, and how large a unit is with nothing else in."""
 
     directory: Path
     reserve_bytes: int
@@ -48,12 +48,17 @@ class FineTuneSettings:
     max_tokens: int = 1024  # an example's tokens at most (longer ones lose their end)
     # The largest rank this site serves (SITE_MAX_LORA_RANK): a job's adapter must be servable.
     max_rank: int = 64
+    # A unit's padded tokens at most while no request waits or runs (the reserve's cap too):
+    # no time bound then, since a unit's pieces still hand the loop back within the bound.
+    idle_unit_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if self.reserve_bytes <= 0 or self.checkpoint_every < 1 or not self.max_step_ms > 0:
             raise ValueError(
                 "fine-tuning needs reserve_bytes > 0, checkpoint_every >= 1 and max_step_ms > 0"
             )
+        if self.idle_unit_tokens < 1:
+            raise ValueError(f"idle_unit_tokens must be >= 1, not {self.idle_unit_tokens}")
 
 
 @dataclass(slots=True)
@@ -64,6 +69,7 @@ class _Unit:
     budget: int
     step: int  # the trainer's step when it began
     validating: bool
+    alone: bool  # sized for an engine with no request in (idle_unit_tokens, no time bound)
     seconds: float = 0.0  # its pieces' time so far
 
 
@@ -104,6 +110,7 @@ class FineTuneJobs:
         # How many layer boundaries a piece of a unit crosses to stay within the bound.
         self._pieces = PieceSizer(settings.max_step_ms / 1000)
         self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
+        self.pieces_run = 0  # calls of run_unit that ran a piece of a unit (the tests read it)
         settings.directory.mkdir(parents=True, exist_ok=True)
         self._load_from_disk()
 
@@ -178,8 +185,18 @@ class FineTuneJobs:
         tokens = job.trainer.next_unit_tokens(self._pacer.next_budget(job.max_unit_tokens))
         return min(self._pacer.predict_s(tokens), piece) if tokens else 0.0
 
-    def run_unit(self) -> float:
-        """Runs one unit of the oldest unfinished job; returns the seconds it took."""
+    def unit_budget(self) -> int | None:
+        """The token budget of the unit under way (None: none is), the benches' and tests'
+        view of how the unit was sized."""
+        with self._lock:
+            job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
+        return job.unit.budget if job is not None and job.unit is not None else None
+
+    def run_unit(self, alone: bool = False) -> float:
+        """Runs one piece of the oldest unfinished job's unit; returns the seconds it took.
+        `alone`: no request waits or runs, so a unit begun now is idle-sized (up to
+        idle_unit_tokens) instead of sized to the time bound; its pieces stay bounded, so a
+        request arriving meanwhile waits for one piece, not for the unit."""
         began = time.monotonic()
         with self._lock:
             job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
@@ -188,13 +205,13 @@ class FineTuneJobs:
             done.drop_trainer()
         if job is not None:
             try:
-                self._advance(job)
+                self._advance(job, alone)
             except Exception as exc:  # the job fails; the site serves on
                 log.exception("fine-tuning job %s failed", job.spec.job_id)
                 self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
         return time.monotonic() - began
 
-    def _advance(self, job: _Job) -> None:
+    def _advance(self, job: _Job, alone: bool) -> None:
         """One piece of the job's current unit (a new unit first if none is under way); the
         trainer's build is a call of its own."""
         job_dir = self.settings.directory / job.spec.job_id
@@ -204,18 +221,24 @@ class FineTuneJobs:
             return
         trainer = job.trainer
         if job.unit is None:
-            budget = self._pacer.next_budget(job.max_unit_tokens)
-            run = PiecewiseRun(
-                lambda: trainer.work(budget),
+            if alone:
+                budget = min(self.settings.idle_unit_tokens, job.max_unit_tokens)
+            else:
+                budget = self._pacer.next_budget(job.max_unit_tokens)
+            # `run` is bound before its thread starts, so the work may mark boundaries on it.
+            run: PiecewiseRun[int] = PiecewiseRun(
+                lambda: trainer.work(budget, run.pause),
                 decoder_layers(trainer.model),
                 self._pieces.boundaries,
+                self.settings.max_step_ms / 1000,
             )
             # Validation has no backward: a third of a training unit's cost.
-            job.unit = _Unit(run, budget, trainer.history.step, trainer.validating)
+            job.unit = _Unit(run, budget, trainer.history.step, trainer.validating, alone)
         unit = job.unit
         began = time.monotonic()
         done = unit.pieces.step()
         took = time.monotonic() - began
+        self.pieces_run += 1
         unit.seconds += took
         self._pieces.observe(unit.pieces.last_piece_boundaries, took)
         if not done:
@@ -223,7 +246,10 @@ class FineTuneJobs:
         job.unit = None
         tokens = unit.pieces.result()
         self.largest_unit_run = max(self.largest_unit_run, tokens)
-        if tokens and not unit.validating:  # the optimizer step is in its unit's time
+        # The optimizer step is in its unit's time. An idle-sized unit spreads the fixed cost
+        # of a unit over many more tokens than a bounded one: its seconds per token would size
+        # the bounded units too large, so the pacer learns from bounded units only.
+        if tokens and not unit.validating and not unit.alone:
             self._pacer.observe(unit.budget, tokens, unit.seconds)
         stepped = trainer.history.step > unit.step
         if stepped and trainer.history.step % self.settings.checkpoint_every == 0:
@@ -240,6 +266,8 @@ class FineTuneJobs:
         trainer = LoraTrainer(
             self._model, spec.hyperparameters, spec.seed, job.train, job.validation
         )
+        # A loss chunk lies between two boundaries of a piece: half the bound at most.
+        trainer.loss_chunks = LossChunks(self.settings.max_step_ms / 2000)
         steps = disk.checkpoint_steps(job_dir)
         if steps:
             disk.restore_checkpoint(job_dir, steps[-1], trainer)

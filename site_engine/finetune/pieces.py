@@ -7,10 +7,12 @@ The unit runs on a thread of its own, handed the engine's thread's turn and hand
 only one of the two ever runs (a strict hand-off through two semaphores), so the model and the
 device are used by one thread at a time, as before. A piece ends at a layer boundary: before a
 decoder layer's forward (a forward pre-hook) or before its backward (a hook on the gradient of
-its output, set when its forward ran). The number of boundaries a piece crosses adapts to the
-bound from what the last piece measured (on CUDA one synchronisation a piece, so the time is
-the device's, not the launches'). Hooks live on the trainer's own copy of the modules
-(site_engine/finetune/trainer.py), never on the serving model's, and only while a unit runs.
+its output, set when its forward ran), or where the work calls `pause` (the trainer does
+between the loss's token chunks and before the optimizer step, which no layer's hook reaches).
+The number of boundaries a piece crosses adapts to the bound from what the last piece measured
+(on CUDA one synchronisation a piece, so the time is the device's, not the launches'). Hooks
+live on the trainer's own copy of the modules (site_engine/finetune/trainer.py), never on the
+serving model's, and only while a unit runs.
 
 An abandoned run (its job cancelled or failed mid-unit) is resumed with an exception raised at
 its boundary, which unwinds its forward or backward; its gradients are then partial and the
@@ -19,7 +21,9 @@ trainer drops them (LoraTrainer.abandon_partial_step).
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -37,11 +41,22 @@ class _Abandoned(BaseException):
 
 class PiecewiseRun(Generic[T]):
     def __init__(
-        self, work: Callable[[], T], layers: Sequence[nn.Module], boundaries_per_piece: int
+        self,
+        work: Callable[[], T],
+        layers: Sequence[nn.Module],
+        boundaries_per_piece: int,
+        bound_s: float = math.inf,
     ) -> None:
-        if boundaries_per_piece < 1:
-            raise ValueError("a piece crosses at least one boundary")
+        if boundaries_per_piece < 1 or not bound_s > 0:
+            raise ValueError("a piece crosses at least one boundary, within a bound > 0")
         self.boundaries_per_piece = boundaries_per_piece
+        # A piece also ends at the first boundary past half the bound by the host's clock:
+        # boundaries are not alike (a loss chunk over a large vocabulary costs many layers),
+        # and the count the sizer sets from the last piece's mean would put several heavy ones
+        # in one piece. Half: the segment after it may be as long again. (On CUDA the host's
+        # clock runs ahead of the device, so there this only ever ends a piece earlier.)
+        self._yield_after_s = bound_s / 2
+        self._piece_began = 0.0
         self._work = work
         self._layers = list(layers)
         self._turn = threading.Semaphore(0)  # the unit's thread may run
@@ -65,6 +80,7 @@ class PiecewiseRun(Generic[T]):
         if self._done:
             return True
         self._crossed = 0
+        self._piece_began = time.perf_counter()
         if not self._started:
             self._started = True
             self._thread.start()
@@ -79,6 +95,12 @@ class PiecewiseRun(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
+
+    def pause(self) -> None:
+        """A boundary the work marks itself (between loss chunks, before the optimizer step:
+        the unit's tail has no layer to hook); a no-op on any thread but the unit's own."""
+        if threading.current_thread() is self._thread:
+            self._boundary()
 
     def abandon(self) -> None:
         """Ends a run not done (its thread unwinds at its boundary, its hooks go)."""
@@ -126,7 +148,8 @@ class PiecewiseRun(Generic[T]):
 
     def _boundary(self) -> None:
         self._crossed += 1
-        if self._crossed < self.boundaries_per_piece:
+        early = time.perf_counter() - self._piece_began < self._yield_after_s
+        if self._crossed < self.boundaries_per_piece and early:
             return
         _sync(self._layers)  # the piece's time is the device's
         self._back.release()

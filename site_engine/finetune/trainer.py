@@ -20,9 +20,10 @@ whichever units it is cut into (each unit adds its token-loss sum / the batch's 
 so the accumulated gradient is the whole batch's.
 
 The loss is computed from the decoder's hidden states at the labelled positions only, in chunks
-of LOSS_CHUNK_TOKENS: the logits (vocabulary-wide, fp32 for the loss) of one chunk at a time
-are alive, each chunk's backward run at once into the hidden states' gradient, and then one
-backward through the decoder (site_engine/finetune/memory.py counts one chunk, not all tokens).
+of LOSS_CHUNK_TOKENS at most (fewer where one would outlast half a site's time bound,
+LossChunks): the logits (vocabulary-wide, fp32 for the loss) of one chunk at a time are alive,
+each chunk's backward run at once into the hidden states' gradient, and then one backward
+through the decoder (site_engine/finetune/memory.py counts one chunk, not all tokens).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -145,14 +147,40 @@ def _chunk_loss(
     return nn.functional.cross_entropy(logits, targets, reduction="sum")
 
 
+@dataclass(slots=True)
+class LossChunks:
+    """Labelled tokens one chunk of the loss takes: LOSS_CHUNK_TOKENS at most (the memory
+    bound), fewer where a chunk would take longer than `target_s` (the site's jobs set it to
+    half the time bound: a chunk sits between two boundaries of a unit's pieces, and no piece
+    can be shorter). A small model with a large vocabulary is the case: on the CPU preset a
+    256-token chunk took 150-250 ms against a 50 ms bound. Timed on the host's clock, which is
+    the device's here: each chunk's loss is read back (`float`). None: always the most."""
+
+    target_s: float | None = None
+    tokens: int = LOSS_CHUNK_TOKENS
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if self.target_s is None or tokens < 1 or not seconds > 0:
+            return
+        fit = int(self.target_s * tokens / seconds)
+        self.tokens = max(_MIN_LOSS_CHUNK, min(LOSS_CHUNK_TOKENS, fit, 2 * self.tokens))
+
+
+_MIN_LOSS_CHUNK = 16  # below this a chunk is all launches
+
+
 def token_loss_sum(
     model: PeftModel,
     examples: Sequence[Example],
     device: torch.device,
     backward_scale: float | None = None,
+    pause: Callable[[], None] | None = None,
+    chunks: LossChunks | None = None,
 ) -> float:
     """Summed next-token cross-entropy over the examples' labelled tokens (fp32). With
-    `backward_scale`, the gradient of (sum x backward_scale) is accumulated too."""
+    `backward_scale`, the gradient of (sum x backward_scale) is accumulated too. `pause` is
+    called between two chunks of the loss (a boundary of the unit's pieces); `chunks` sizes
+    them (LOSS_CHUNK_TOKENS each without it)."""
     ids, mask, labels = pad_batch(examples, device)
     causal = model.get_base_model()
     hidden = causal.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -165,12 +193,19 @@ def token_loss_sum(
     learn = scale is not None
     leaf = rows.detach().requires_grad_(learn)
     total = 0.0
-    for start in range(0, leaf.shape[0], LOSS_CHUNK_TOKENS):
-        end = start + LOSS_CHUNK_TOKENS
+    start = 0
+    while start < leaf.shape[0]:
+        if start and pause is not None:
+            pause()
+        end = start + (chunks.tokens if chunks is not None else LOSS_CHUNK_TOKENS)
+        began = time.perf_counter()
         loss = _chunk_loss(head, leaf[start:end], wanted[start:end], softcap)
         if scale is not None:
             (loss * scale).backward()  # type: ignore[no-untyped-call]
         total += float(loss.detach())
+        if chunks is not None:
+            chunks.observe(min(end, leaf.shape[0]) - start, time.perf_counter() - began)
+        start = end
     if learn:
         rows.backward(leaf.grad)
     return total
@@ -217,6 +252,7 @@ class LoraTrainer:
         self._done_in_step = 0  # examples of the current batch already run
         self._step_loss = 0.0
         self._validation: tuple[int, float, int] | None = None  # (position, loss sum, tokens)
+        self.loss_chunks = LossChunks()
 
     @property
     def steps_per_epoch(self) -> int:
@@ -260,23 +296,28 @@ class LoraTrainer:
         rest = self._next_examples()
         return unit_tokens(rest[: take(rest, max_tokens)]) if rest else 0
 
-    def work(self, max_tokens: int) -> int:
+    def work(self, max_tokens: int, pause: Callable[[], None] | None = None) -> int:
         """Runs one unit of at most `max_tokens` padded tokens (or one example longer than
-        that): training, or the epoch's validation. Returns the tokens it computed (0: none)."""
+        that): training, or the epoch's validation. Returns the tokens it computed (0: none).
+        `pause` marks the boundaries no layer's hook reaches: between the loss's chunks and
+        before the optimizer step (site_engine/finetune/pieces.py)."""
         if self._validation_due():
-            return self._validate_some(max_tokens)
+            return self._validate_some(max_tokens, pause)
         rest = self._next_examples()
         if not rest:
             return 0
         batch = batch_of(len(self.train), self.hp.batch_size, self.seed, self.history.step)
         chunk = rest[: take(rest, max_tokens)]
         batch_tokens = sum(self.train[i].loss_tokens for i in batch)
-        self._step_loss += token_loss_sum(self.model, chunk, self.device, 1 / batch_tokens) / (
-            batch_tokens
+        loss = token_loss_sum(
+            self.model, chunk, self.device, 1 / batch_tokens, pause, self.loss_chunks
         )
+        self._step_loss += loss / batch_tokens
         self._done_in_step += len(chunk)
         self.history.trained_tokens += sum(e.trained_tokens for e in chunk)
         if self._done_in_step == len(batch):
+            if pause is not None:
+                pause()
             self._optimizer_step()
         return unit_tokens(chunk)
 
@@ -288,12 +329,14 @@ class LoraTrainer:
         self.history.losses.append((self.history.step, self._step_loss))
         self._done_in_step, self._step_loss = 0, 0.0
 
-    def _validate_some(self, max_tokens: int) -> int:
+    def _validate_some(self, max_tokens: int, pause: Callable[[], None] | None) -> int:
         position, total, tokens = self._validation or (0, 0.0, 0)
         rest = self.validation[position:]
         chunk = rest[: take(rest, max_tokens)]
         with torch.no_grad():
-            total += token_loss_sum(self.model, chunk, self.device)
+            total += token_loss_sum(
+                self.model, chunk, self.device, pause=pause, chunks=self.loss_chunks
+            )
         tokens += sum(e.loss_tokens for e in chunk)
         position += len(chunk)
         if position < len(self.validation):

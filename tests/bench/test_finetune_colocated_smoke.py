@@ -51,6 +51,11 @@ def test_a_short_cpu_run_writes_the_keys(tmp_path: Path, gpt2_tokenizer_dir: Pat
     )
     peft = result["peft_alone"]
     assert peft["tokens_per_s"] > 0
+    # The site's trainer alone on the loop's shape, in idle-sized units of one whole batch.
+    at_peft = result["job_at_peft_step"]
+    assert (at_peft["rows"], at_peft["width"]) == (peft["rows"], peft["width"])
+    assert at_peft["largest_unit_tokens"] == peft["rows"] * peft["width"]
+    assert at_peft["trained_tokens"] == peft["rows"] * peft["width"] * at_peft["steps"]
     assert result["trainer_vs_peft"] == pytest.approx(
-        job_alone["trained_tokens_per_s"] / peft["tokens_per_s"]
+        at_peft["tokens_per_s"] / peft["tokens_per_s"]
     )

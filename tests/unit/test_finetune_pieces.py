@@ -1,8 +1,9 @@
 """A unit of training cut into pieces at decoder-layer boundaries (site_engine/finetune/pieces.py):
 it trains exactly as the unit run whole, each piece holds the engine's loop about the bound, and
-a unit abandoned mid-way unwinds and leaves no hook behind. Through a site's jobs, one example
-far longer than the bound allows no longer holds the loop for its whole unit (issue 60: units of
-2.5-5 s were seen on a CPU site with a 200 ms bound)."""
+a unit abandoned mid-way unwinds and leaves no hook behind; the unit's tail (loss chunks, the
+optimizer step) is cut too. Through a site's jobs, one example far longer than the bound allows
+no longer holds the loop for its whole unit (issue 60: units of 2.5-5 s were seen on a CPU site
+with a 200 ms bound)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from site_engine.finetune.data import IGNORE, Example
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
-from site_engine.finetune.trainer import LoraTrainer
+from site_engine.finetune.trainer import LOSS_CHUNK_TOKENS, LoraTrainer, LossChunks
 from site_engine.model_loading import LoadedModel, load_model
 
 HP = FineTuneHyperparameters(n_epochs=1, batch_size=2, learning_rate_multiplier=1.0)
@@ -97,13 +98,49 @@ def test_pieces_grow_to_the_bound_and_shrink_from_it() -> None:
         PieceSizer(bound_s=0)
 
 
-@pytest.mark.xfail(
-    reason="issue 60, open: the unit's tail (final norm, lm_head and loss forward and backward, "
-    "the optimizer step) is one piece with no layer boundary inside; on a tiny model with a "
-    "large vocabulary it alone exceeds twice the bound (seen on the loaded 2-core machine: one "
-    "call a unit of 3-6x the bound)",
-    strict=False,
-)
+def test_the_tail_of_a_unit_is_cut_too_and_trains_the_same(tiny: LoadedModel) -> None:
+    """The boundaries no layer hook reaches: between the loss's token chunks and before the
+    optimizer step (a long example's tail was one piece of 3-5x the bound on a CPU site). A
+    piece also ends at the first boundary past half its time bound, whatever the count."""
+    train = [example(600, 1)]  # 300 labelled tokens: two chunks of the loss
+    assert sum(e.loss_tokens for e in train) > LOSS_CHUNK_TOKENS
+    whole, cut = LoraTrainer(tiny.model, HP, 3, train), LoraTrainer(tiny.model, HP, 3, train)
+    whole.work(10_000)
+    layers = decoder_layers(cut.model)
+    # A count no unit reaches, and a time bound every boundary is past: one boundary a piece.
+    run: PiecewiseRun[int] = PiecewiseRun(
+        lambda: cut.work(10_000, run.pause), layers, boundaries_per_piece=1000, bound_s=1e-9
+    )
+    pieces = 1
+    while not run.step():
+        assert run.last_piece_boundaries == 1
+        pieces += 1
+    # The layers' 2 x L, one between the two loss chunks, one before the optimizer step, the end.
+    assert pieces == 2 * len(layers) + 3
+    assert cut.history.losses == whole.history.losses
+    for name, weight in _lora(whole).items():
+        torch.testing.assert_close(_lora(cut)[name], weight)
+    run.pause()  # on any other thread: nothing
+
+
+def test_loss_chunks_shrink_to_half_the_bound_and_grow_back() -> None:
+    """A loss chunk is one segment between two boundaries: on a small model with a large
+    vocabulary a 256-token chunk alone was 3-5x a CPU site's 50 ms bound."""
+    fixed = LossChunks()
+    fixed.observe(256, 10.0)
+    assert fixed.tokens == LOSS_CHUNK_TOKENS  # no target: the most, always
+    chunks = LossChunks(target_s=0.025)
+    chunks.observe(256, 0.2)  # 0.78 ms a token: 32 fit in 25 ms
+    assert chunks.tokens == 32
+    chunks.observe(32, 0.001)  # much faster now: at most twice as many
+    assert chunks.tokens == 64
+    chunks.observe(64, 100.0)
+    assert chunks.tokens == 16  # the floor: below it a chunk is all launches
+    for _ in range(10):
+        chunks.observe(chunks.tokens, 0.0001)
+    assert chunks.tokens == LOSS_CHUNK_TOKENS  # the memory bound
+
+
 def test_a_long_example_holds_the_loop_no_longer_than_twice_the_bound(
     tiny: LoadedModel, tmp_path: Path
 ) -> None:

@@ -160,3 +160,16 @@ def test_the_background_time_shares_reach_the_engine_and_bad_ones_are_refused() 
         SiteSettings.load({**env, "SITE_DEFERRAL_BOUND_SLACK": "-1"})
     with pytest.raises(SiteSettingsError, match="SITE_FINETUNE_BUSY_SHARE must be in"):
         SiteSettings.load({**env, "SITE_FINETUNE_BUSY_SHARE": "0"})
+
+
+def test_the_idle_unit_size_is_read_and_a_bad_one_refused() -> None:
+    from site_engine.__main__ import parse_args
+
+    env = {"SITE_MODEL_DIR": "m"}
+    assert SiteSettings.load(env).finetune_idle_unit_tokens == 4096  # 8 x 512
+    read = SiteSettings.load({**env, "SITE_FINETUNE_IDLE_UNIT_TOKENS": "2048"})
+    assert read.finetune_idle_unit_tokens == 2048
+    flags = ["--model", "m", "--finetune-idle-unit-tokens", "8192"]
+    assert parse_args(flags).finetune_idle_unit_tokens == 8192
+    with pytest.raises(SiteSettingsError, match="SITE_FINETUNE_IDLE_UNIT_TOKENS must be >= 1"):
+        SiteSettings.load({**env, "SITE_FINETUNE_IDLE_UNIT_TOKENS": "0"})

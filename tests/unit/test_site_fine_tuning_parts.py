@@ -175,7 +175,7 @@ class RecordingWork:
     def next_unit_s(self) -> float:
         return 0.002
 
-    def run_unit(self) -> float:
+    def run_unit(self, alone: bool) -> float:
         with self.lock:
             self.waiting_at_units.append(self.engine.stats().num_waiting)
         time.sleep(0.002)
