@@ -4,19 +4,21 @@ prevents). Pure Python.
 
 With max_loras distinct adapters running, a waiting request for another adapter cannot be
 admitted. If later requests for the running adapters were admitted past it, a steadily used
-adapter would never drain and the waiting one would wait forever. So once such a request is
-found in policy order, one running adapter is drained: its new requests behind that request,
-in the same class or a lower one, wait (its running ones keep decoding) until it runs no more
-and its slot goes to the first request in order that needs one. Only that adapter is held
-back: the others' requests and base-model ones do not keep the slot taken and go on being
-admitted (S-LoRA's FCFS holds back every adapter; that idles the whole batch to free one slot).
+adapter would never drain and the waiting one would wait forever. Mostly some adapter drains on
+its own soon, so such a request is overtaken for adapter_overtake_steps steps (counted from the
+first step it found every slot taken); then one running adapter is drained for it: its new
+requests behind that request, in the same class or a lower one, wait (its running ones keep
+decoding) until it runs no more and its slot goes to the first request in order that needs
+one. Only that adapter is held back: the others' requests and base-model ones do not keep the
+slot taken and go on being admitted (holding back every adapter, as strict FCFS would, idles
+the whole batch to free one slot).
 
-The wait is bounded by the drained adapter's running sequences finishing: the one chosen
-expects the fewest tokens to its last running sequence's end, then holds back the fewest
-waiting requests. An adapter running a sequence of a class above the waiting request's is
-chosen last: that class's requests are never held back for a lower class, so it may not
-drain. The choice is kept while its adapter runs and a request waits for a slot, so that the
-draining is not spread over adapters that each keep their slot.
+After the overtaking steps, the wait is bounded by the drained adapter's running sequences
+finishing: the one chosen expects the fewest tokens to its last running sequence's end, then
+holds back the fewest waiting requests. An adapter running a sequence of a class above the
+waiting request's is chosen last: that class's requests are never held back for a lower class,
+so it may not drain. The choice is kept while its adapter runs, so that the draining is not
+spread over adapters that each keep their slot.
 """
 
 from __future__ import annotations

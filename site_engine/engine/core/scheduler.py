@@ -40,6 +40,12 @@ sequences of lower classes (class_preemption.py), never of its own or a higher o
 waits for. KV growth preempts the lowest class first, `seq` itself before any higher one. The
 background classes' prefill per step is bounded (step_budget.py, the deferral bound).
 
+LoRA adapters: the running sequences use at most max_loras distinct adapters. A waiting request
+whose adapter has no slot is passed over like one whose grammar compiles, but for at most
+adapter_overtake_steps steps: then one running adapter drains for it (adapter_slots.py), that
+adapter's requests behind it in order waiting so that its slot frees, while the other adapters'
+and base requests go on.
+
 "static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
 until its longest member is done; finished members stop computing but keep their blocks until
 the batch ends, which is what a padded static batch costs in memory.
@@ -436,7 +442,7 @@ class Scheduler:
             if not self._adapter_ready(seq, adapters):
                 # As for a grammar, the requests behind it go on, but for one adapter's: while
                 # it waits for a slot, that adapter drains and gives its slot up.
-                if not seq.awaiting_adapter and self._hold is None:
+                if not seq.awaiting_adapter and self._overtaken_enough(seq):
                     self._hold_adapter(seq, adapters, islice(candidates, index + 1, None))
                 continue
             if seq.num_pending:
@@ -469,6 +475,7 @@ class Scheduler:
             seq.num_computed_tokens = cached
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
+            seq.slot_wait_since = -1  # a preempted one counts its wait afresh
             self._running.append(seq)
             self._running_count[priority] += 1
             if seq.adapter:
@@ -540,6 +547,15 @@ class Scheduler:
         if seq.awaiting_adapter:
             return False
         return seq.adapter in running or len(running) < self.config.max_loras
+
+    def _overtaken_enough(self, seq: Sequence) -> bool:
+        """Whether `seq`, which finds every adapter slot taken, has been overtaken for
+        adapter_overtake_steps steps (counted from the first step it found them taken) and
+        nobody is held back for it yet in this step."""
+        if seq.slot_wait_since < 0:
+            seq.slot_wait_since = self._next_step_id
+        waited = self._next_step_id - seq.slot_wait_since
+        return self._hold is None and waited >= self.config.adapter_overtake_steps
 
     def _hold_adapter(
         self, seq: Sequence, running: Collection[str], behind: Iterable[Sequence]

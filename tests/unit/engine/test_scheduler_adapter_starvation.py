@@ -9,6 +9,8 @@ requests without an adapter."""
 
 from __future__ import annotations
 
+import pytest
+
 from fedllm_contract.priority import Priority
 from site_engine.engine.core.adapter_slots import adapter_to_drain
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
@@ -16,7 +18,9 @@ from site_engine.engine.core.sequence import Sequence
 from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
 
-def make(max_loras: int = 1, max_num_seqs: int = 8) -> Scheduler:
+def make(max_loras: int = 1, max_num_seqs: int = 8, overtake_steps: int = 0) -> Scheduler:
+    """No overtaking by default: the drain starts at once, as these tests follow it step by
+    step (the default config's bound is tested on its own below)."""
     return Scheduler(
         SchedulerConfig(
             num_blocks=256,
@@ -28,6 +32,7 @@ def make(max_loras: int = 1, max_num_seqs: int = 8) -> Scheduler:
             prefix_caching=False,
             model_name="m",
             max_loras=max_loras,
+            adapter_overtake_steps=overtake_steps,
         )
     )
 
@@ -36,15 +41,18 @@ def tokens_for(out: SchedulerOutput) -> ModelRunnerOutput:
     return ModelRunnerOutput({c.request_id: 1 for c in out.chunks if c.sample})
 
 
-def test_a_waiting_adapter_is_served_while_a_running_one_keeps_arriving() -> None:
-    scheduler = make()
+@pytest.mark.parametrize("overtake_steps", [0, 20])
+def test_a_waiting_adapter_is_served_while_a_running_one_keeps_arriving(
+    overtake_steps: int,
+) -> None:
+    scheduler = make(overtake_steps=overtake_steps)
     answer = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     scheduler.add("a-0", (1, 2, 3), answer, adapter="a")
     out = scheduler.schedule()
     scheduler.update(out, tokens_for(out))
     scheduler.add("b-0", (4, 5, 6), answer, adapter="b")
     served_at = None
-    for step in range(1, 60):
+    for step in range(1, 90):
         # One new request for the running adapter every step: a steady popular adapter.
         scheduler.add(f"a-{step}", (1, 2, 3), answer, adapter="a")
         out = scheduler.schedule()
@@ -52,10 +60,10 @@ def test_a_waiting_adapter_is_served_while_a_running_one_keeps_arriving() -> Non
             served_at = step
             break
         scheduler.update(out, tokens_for(out))
-    # Every "a" request that arrived before "b-0" ends within 5 steps; FCFS would then hold the
-    # later ones back until "b" has had its slot.
-    assert served_at is not None, "b-0 never admitted in 59 steps"
-    assert served_at <= 12
+    # Overtaken for `overtake_steps` steps (counted from the first it found the slot taken), then
+    # the "a" requests running end within 5 steps and none is admitted meanwhile.
+    assert served_at is not None, "b-0 never admitted in 89 steps"
+    assert overtake_steps < served_at <= overtake_steps + 6
 
 
 def answer(n: int = 4) -> SamplingParams:
@@ -137,6 +145,22 @@ def test_an_interactive_request_waiting_for_a_slot_holds_back_lower_classes() ->
     scheduler.add("a-flex", (1, 2, 3), answer(), adapter="a", priority=Priority.FLEX)
     first = first_admitted(scheduler, 16)
     assert first["b-0"] < first["a-flex"]
+
+
+def test_the_default_config_bounds_the_overtaking() -> None:
+    default = SchedulerConfig(
+        num_blocks=8, block_size=4, max_num_seqs=1, max_num_batched_tokens=8, max_model_len=16
+    )
+    assert 0 < default.adapter_overtake_steps < 1000
+    with pytest.raises(ValueError, match="adapter_overtake_steps"):
+        SchedulerConfig(
+            num_blocks=8,
+            block_size=4,
+            max_num_seqs=1,
+            max_num_batched_tokens=8,
+            max_model_len=16,
+            adapter_overtake_steps=-1,
+        )
 
 
 def trace(max_loras: int, adapters: tuple[str, ...]) -> list[tuple[tuple[str, int, int], ...]]:
