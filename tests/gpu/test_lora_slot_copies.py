@@ -42,7 +42,7 @@ def test_a_slot_written_while_steps_run_answers_as_one_written_with_none_running
     busy_at_write: list[bool] = []
     for idle in (True, False):
         loaded = load_model(model_dir, device=cuda_device)
-        lora = LoraSettings(root, max_loras=1, max_cpu_loras=4, max_rank=16)
+        lora = LoraSettings(root, max_loras=1, max_cpu_loras=4, max_rank=16, copy_stream=True)
         config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8,
                               kv_cache_bytes=8 << 20, cuda_graphs=graphs, lora=lora,
                               async_scheduling=True)  # fmt: skip

@@ -19,8 +19,8 @@ cost nothing. On CUDA `step` gives the segmented Triton kernels' step (cuda/lora
 whose tiles come from the slot-index tensor on the device (graph-safe); elsewhere
 `SegmentedTorchStep` groups the rows on the host (the CPU path: no graphs there). A runner with
 CUDA graphs allocates every stack's tensors up front (`allocate_all`): a captured graph reads the
-tensors it saw at capture, and slots are written in place (on CUDA on a stream of their own,
-ordered against the steps by events: lora/slot_copies.py).
+tensors it saw at capture, and slots are written in place (on CUDA with LoraSettings.copy_stream,
+on a stream of their own, ordered against the steps by events: lora/slot_copies.py).
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class LoraSlots:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        copy_stream: bool = False,
     ) -> None:
         self.base = base
         self.num_slots = num_slots
@@ -119,7 +120,7 @@ class LoraSlots:
         self.ranks = [0] * num_slots  # the rank of the adapter in each slot (0: none)
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # least recently used first
         # On CUDA, writes go on a stream of their own (lora/slot_copies.py).
-        self._copies = SlotCopies(device) if device.type == "cuda" else None
+        self._copies = SlotCopies(device) if copy_stream and device.type == "cuda" else None
 
     def slot_of(self, name: str) -> int | None:
         return self._slot_of.get(name)
