@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedllm_contract.cache_events import CacheEventBatch
 from fedllm_contract.priority import Priority
@@ -54,6 +54,7 @@ class SiteSpec:
     max_loras: int = 0
     max_cpu_loras: int = 0
     adapter_load_s: float = 0.5
+    adapter_overtake_steps: int | None = None  # None: the engine's default
     max_model_len: int | None = None
     policy: PolicyName = "fcfs"
 
@@ -78,20 +79,21 @@ class SimSite:
         self.name = spec.name
         self._loop = loop
         self._on_updates = on_updates
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                num_blocks=spec.num_blocks,
-                block_size=spec.block_size,
-                max_num_seqs=spec.max_num_seqs,
-                max_num_batched_tokens=spec.max_num_batched_tokens,
-                max_model_len=spec.context,
-                policy=spec.policy,
-                eos_token_ids=frozenset({EOS}),
-                prefix_caching=spec.prefix_caching,
-                model_name=MODEL,
-                max_loras=spec.max_loras,
-            )
+        config = SchedulerConfig(
+            num_blocks=spec.num_blocks,
+            block_size=spec.block_size,
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_model_len=spec.context,
+            policy=spec.policy,
+            eos_token_ids=frozenset({EOS}),
+            prefix_caching=spec.prefix_caching,
+            model_name=MODEL,
+            max_loras=spec.max_loras,
         )
+        if spec.adapter_overtake_steps is not None:
+            config = replace(config, adapter_overtake_steps=spec.adapter_overtake_steps)
+        self.scheduler = Scheduler(config)
         self._answers: dict[str, int] = {}  # request id -> answer length to produce
         self._host: OrderedDict[str, None] = OrderedDict()  # adapters in host memory, LRU
         self._loading: set[str] = set()

@@ -40,6 +40,12 @@ sequences of lower classes (class_preemption.py), never of its own or a higher o
 waits for. KV growth preempts the lowest class first, `seq` itself before any higher one. The
 background classes' prefill per step is bounded (step_budget.py, the deferral bound).
 
+LoRA adapters: the running sequences use at most max_loras distinct adapters. A waiting request
+whose adapter has no slot is passed over like one whose grammar compiles, but for at most
+adapter_overtake_steps steps: then one running adapter drains for it (adapter_slots.py), that
+adapter's requests behind it in order waiting so that its slot frees, while the other adapters'
+and base requests go on.
+
 "static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
 until its longest member is done; finished members stop computing but keep their blocks until
 the batch ends, which is what a padded static batch costs in memory.
@@ -49,11 +55,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from itertools import islice
 
 from fedllm_contract.block_hash import root_hash
 from fedllm_contract.cache_events import CacheEvent
 from fedllm_contract.priority import Priority
+from site_engine.engine.core.adapter_slots import adapter_to_drain, outranked
 from site_engine.engine.core.block_manager import BlockManager, CacheHit
 from site_engine.engine.core.class_preemption import pick_victim, room_without
 from site_engine.engine.core.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
@@ -118,6 +126,11 @@ class Scheduler:
         self._preemptions_by_class = dict.fromkeys(Priority, 0)
         self._cache = SequenceCache(self._blocks)
         self._step_cost = StepCostModel()
+        # The running adapter being drained for a waiting request that has no adapter slot
+        # (adapter_slots.py), kept across steps while it runs; `_hold` is it in the step being
+        # planned once such a request was met (None before: nobody is held back yet).
+        self._drain: str | None = None
+        self._hold: str | None = None
 
     @property
     def step_cost(self) -> StepCost | None:
@@ -264,6 +277,7 @@ class Scheduler:
         )
         # A class whose waiting sequences change during this step (a victim joins them) admits
         # nobody in it, by the rule below: the class's queue is as it was when the step began.
+        self._hold = None
         for priority in Priority:
             self._schedule_running(priority, chunks, preempted, budget)
             self._end_static_batch_if_done()
@@ -283,6 +297,10 @@ class Scheduler:
                 )
                 rows = self._running_count[priority]
                 budget.interactive_planned(rows, waiting, cfg.max_num_seqs)
+        # Nobody waited for a slot: a drained adapter that no longer runs is chosen anew.
+        drain = self._drain
+        if drain is not None and self._hold is None:
+            self._drain = drain if any(seq.adapter == drain for seq in self._running) else None
         left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
         if chunks:
@@ -412,15 +430,21 @@ class Scheduler:
         planned, outranking = self._planned_for(priority)
         admitted = 0
         adapters = {seq.adapter for seq in self._running if seq.adapter}
-        for seq in candidates:
+        for index, seq in enumerate(candidates):
             # A static batch may take members beyond this step's token budget: they prefill in
             # later steps, as members of the same batch.
             if budget.tokens == 0 and not self._static:
                 break
             if seq.awaiting_guide:
                 continue  # not ready: it does not hold up the requests behind it
+            if seq.adapter and seq.adapter == self._hold:
+                continue  # behind a request that waits for this adapter's slot
             if not self._adapter_ready(seq, adapters):
-                continue  # as for a grammar: it waits for its adapter, others go on
+                # As for a grammar, the requests behind it go on, but for one adapter's: while
+                # it waits for a slot, that adapter drains and gives its slot up.
+                if not seq.awaiting_adapter and self._overtaken_enough(seq):
+                    self._hold_adapter(seq, adapters, islice(candidates, index + 1, None))
+                continue
             if seq.num_pending:
                 break  # preempted with a token still on the device: re-prefill needs its value
             hit = self._cache.lookup(seq)
@@ -451,6 +475,7 @@ class Scheduler:
             seq.num_computed_tokens = cached
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
+            seq.slot_wait_since = -1  # a preempted one counts its wait afresh
             self._running.append(seq)
             self._running_count[priority] += 1
             if seq.adapter:
@@ -522,6 +547,26 @@ class Scheduler:
         if seq.awaiting_adapter:
             return False
         return seq.adapter in running or len(running) < self.config.max_loras
+
+    def _overtaken_enough(self, seq: Sequence) -> bool:
+        """Whether `seq`, which finds every adapter slot taken, has been overtaken for
+        adapter_overtake_steps steps (counted from the first step it found them taken) and
+        nobody is held back for it yet in this step."""
+        if seq.slot_wait_since < 0:
+            seq.slot_wait_since = self._next_step_id
+        waited = self._next_step_id - seq.slot_wait_since
+        return self._hold is None and waited >= self.config.adapter_overtake_steps
+
+    def _hold_adapter(
+        self, seq: Sequence, running: Collection[str], behind: Iterable[Sequence]
+    ) -> None:
+        """`seq` waits for an adapter slot (all max_loras are `running`): hold back the new
+        requests of the adapter being drained, chosen anew unless the last choice still runs
+        and is not kept running by a class above `seq`'s."""
+        drain = self._drain
+        if drain is None or drain not in running or outranked(self._running, drain, seq.priority):
+            drain = adapter_to_drain(self._running, seq.priority, behind)
+        self._drain = self._hold = drain
 
     def adapter_loaded(self, adapter: str) -> None:
         """`adapter` is in host memory: the requests that wait for it may be admitted."""

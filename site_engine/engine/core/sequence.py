@@ -73,6 +73,9 @@ class Sequence:
     # `awaiting_adapter` while the adapter is loading into host memory (it is not admitted).
     adapter: str = ""
     awaiting_adapter: bool = False
+    # The step at which it first found every adapter slot taken (-1: never): how long later
+    # requests of the running adapters have overtaken it (scheduler.py, adapter_slots.py).
+    slot_wait_since: int = -1
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -65,6 +65,10 @@ class LoraSettings:
     max_loads: int = 4
     # Bytes the adapters in host memory may take at most (0: max_cpu_loras alone bounds them).
     max_cpu_bytes: int = 0
+    # CUDA: write adapters into their slots on a stream of their own (lora/slot_copies.py). Off
+    # until tests/gpu/test_lora_slot_copies.py has passed on a GPU: written on 2026-11-27 with
+    # no device time left to run it, and a wrong ordering there would mix adapters' weights.
+    copy_stream: bool = False
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -129,7 +133,9 @@ class AdapterRegistry:
         # Host copies in page-locked memory on CUDA: slot writes copy them asynchronously (the
         # caching host allocator keeps a block from reuse until its copies are done).
         self._pin = device.type == "cuda"
-        self.slots = LoraSlots(base, settings.max_loras, settings.max_rank, dtype, device)
+        self.slots = LoraSlots(
+            base, settings.max_loras, settings.max_rank, dtype, device, settings.copy_stream
+        )
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[LoraAdapter]] = {}
         # Loads start in the order their first request arrived (the pool's queue is FIFO).

@@ -19,13 +19,15 @@ cost nothing. On CUDA `step` gives the segmented Triton kernels' step (cuda/lora
 whose tiles come from the slot-index tensor on the device (graph-safe); elsewhere
 `SegmentedTorchStep` groups the rows on the host (the CPU path: no graphs there). A runner with
 CUDA graphs allocates every stack's tensors up front (`allocate_all`): a captured graph reads the
-tensors it saw at capture, and slots are written in place.
+tensors it saw at capture, and slots are written in place (on CUDA with LoraSettings.copy_stream,
+on a stream of their own, ordered against the steps by events: lora/slot_copies.py).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
+from site_engine.engine.lora.slot_copies import SlotCopies
 
 # Projections that read the same input, in the order of the fused models' outputs.
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -101,6 +104,7 @@ class LoraSlots:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        copy_stream: bool = False,
     ) -> None:
         self.base = base
         self.num_slots = num_slots
@@ -115,6 +119,8 @@ class LoraSlots:
         self.scaling = torch.zeros(num_slots, dtype=dtype, device=device)
         self.ranks = [0] * num_slots  # the rank of the adapter in each slot (0: none)
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # least recently used first
+        # On CUDA, writes go on a stream of their own (lora/slot_copies.py).
+        self._copies = SlotCopies(device) if copy_stream and device.type == "cuda" else None
 
     def slot_of(self, name: str) -> int | None:
         return self._slot_of.get(name)
@@ -136,7 +142,10 @@ class LoraSlots:
         for name in wanted:
             if name not in self._slot_of:
                 self._write(self._free_slot(), fetch(name))
-        return {name: self._slot_of[name] for name in wanted}
+        slots = {name: self._slot_of[name] for name in wanted}
+        if self._copies is not None:
+            self._copies.assigned(slots.values())
+        return slots
 
     def drop(self, name: str) -> None:
         """Forgets `name`'s slot (its adapter is no longer served) and zeroes it: the slot is
@@ -144,6 +153,8 @@ class LoraSlots:
         slot = self._slot_of.pop(name, None)
         if slot is not None:
             self._clear(slot)
+            if self._copies is not None:
+                self._copies.cleared(slot)
 
     def _free_slot(self) -> int:
         if len(self._slot_of) < self.num_slots:
@@ -190,6 +201,21 @@ class LoraSlots:
 
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         """The adapter's weights into `slot`; the rank padding and untargeted modules zero."""
+        # The stacks' tensors it needs are allocated (zeroed) on the compute stream first.
+        missing = {
+            proj for _, proj in adapter.weights if self.stacks[proj].projections[0] not in self.a
+        }
+        for proj in missing:
+            self._tensors(proj)
+        copies = self._copies
+        writing: AbstractContextManager[None] = (
+            nullcontext() if copies is None else copies.writing(slot, after_compute=bool(missing))
+        )
+        with writing:
+            self._write_in_place(slot, adapter)
+        self._slot_of[adapter.name] = slot
+
+    def _write_in_place(self, slot: int, adapter: LoraAdapter) -> None:
         self._clear(slot)
         rank, width = adapter.rank, self.max_rank
         for (layer, proj), (a, b) in adapter.weights.items():
@@ -201,7 +227,6 @@ class LoraSlots:
             stacked_b[layer, slot, :rank, first:end].copy_(b, non_blocking=True)
         self.scaling[slot] = adapter.scaling
         self.ranks[slot] = rank
-        self._slot_of[adapter.name] = slot
 
     def step(self, token_slots: torch.Tensor) -> StepDeltas:
         """The deltas of one step whose token t uses slot token_slots[t] ([T] int64, -1: none).

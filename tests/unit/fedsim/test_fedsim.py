@@ -191,3 +191,16 @@ def test_goodput_brackets_then_bisects_the_highest_rate_that_meets_the_slo() -> 
     assert 7.3 - 8.0 / 2**6 <= found <= 7.3
     assert asked[:3] == [2.0, 4.0, 8.0]  # doubled until it failed
     assert goodput(lambda rate: False, guess=2.0, steps=3) == 0.0
+
+
+def test_a_site_takes_the_engine_s_adapter_overtaking_unless_it_names_one() -> None:
+    spec = dataclasses.replace(_spec(), max_loras=2)
+    engine_default = SimSite(spec, EventLoop(), lambda s, u: None).scheduler.config
+    named = dataclasses.replace(
+        spec, adapter_overtake_steps=engine_default.adapter_overtake_steps + 7
+    )
+    config = SimSite(named, EventLoop(), lambda s, u: None).scheduler.config
+    assert config.adapter_overtake_steps == engine_default.adapter_overtake_steps + 7
+    assert dataclasses.replace(config, adapter_overtake_steps=0) == dataclasses.replace(
+        engine_default, adapter_overtake_steps=0
+    )
