@@ -9,8 +9,7 @@ tokenize pool (gateway/tokenize_pool.py), a slice of items at a time, never on t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import msgspec
 
@@ -41,16 +40,21 @@ SLICE_ITEMS = 256
 # Keys of a file line's body that a batch does not take as they are: the batch names the model
 # and collects answers rather than streaming them.
 _NOT_STORED = ("model", "stream", "stream_options")
+# Bodies were decoded by msgspec (no lone surrogates, bounded nesting): they encode back.
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """One item as submitted: where it is (for errors), its custom_id, its request body as it
-    will be stored (less custom_id and model) and the size of its JSON."""
+    will be stored (less custom_id and model) as JSON, and the size of the JSON it came in. A
+    tuple of strings and numbers, as NewItem (gateway/batches/records.py) and for the same
+    reason: a batch's entries wait whole for their validation, and their bodies' dicts and
+    lists held as objects made each full collection of the garbage collector walk them all."""
 
     where: str
     custom_id: str
-    body: dict[str, Any]
+    body: bytes
     size: int
 
 
@@ -81,7 +85,7 @@ def inline_entries(requests: Sequence[msgspec.Raw], max_item_bytes: int) -> list
                 param=f"{where}.custom_id",
             )
         seen[item.custom_id] = index
-        entries.append(Entry(where, item.custom_id, item_body(item), len(raw)))
+        entries.append(Entry(where, item.custom_id, _encode(item_body(item)), len(raw)))
     return entries
 
 
@@ -114,7 +118,7 @@ def file_entries(
         if body.get("stream"):
             _refuse(line, where, "a batch collects answers: body.stream must be false", "stream")
         stored = {key: value for key, value in body.items() if key not in _NOT_STORED}
-        entries.append(Entry(where, line.custom_id, stored, len(line.body)))
+        entries.append(Entry(where, line.custom_id, _encode(stored), len(line.body)))
     assert model is not None  # parse_lines refuses a file without requests
     return model, entries
 
@@ -155,13 +159,14 @@ class ItemPreparer:
         nobody serves is the batch's 404."""
         items = []
         for entry in entries:
+            body = _decode(entry.body)
             try:
-                prepared = self.prepare(endpoint, model, entry.body)
+                prepared = self.prepare(endpoint, model, body)
             except GatewayError as exc:
                 if exc.code == "model_not_found":
                     raise model_not_found(model) from exc
                 failed = NewItem(
-                    entry.custom_id, entry.body, 0, 0, exc.fields(), self._status_of(exc)
+                    entry.custom_id, entry.body.decode(), 0, 0, exc.fields(), self._status_of(exc)
                 )
                 items.append(failed)
                 continue
@@ -169,7 +174,7 @@ class ItemPreparer:
             items.append(
                 NewItem(
                     entry.custom_id,
-                    entry.body,
+                    entry.body.decode(),
                     len(params.prompt_token_ids),
                     params.max_tokens * params.options.n,
                 )

@@ -249,12 +249,17 @@ class BatchService:
         return COMPLETIONS, request.model, entries
 
     async def _validate(self, endpoint: str, model: str, entries: list[Entry]) -> list[NewItem]:
-        """Every entry prepared as its endpoint would, a bounded slice per turn of the pool."""
+        """Every entry prepared as its endpoint would, a bounded slice per turn of the pool.
+        Takes `entries` (empties it): each slice is let go once its items are made, so a large
+        batch's bodies are held once, not as entries and items both."""
+        parts = slices(entries)
+        entries.clear()
         items: list[NewItem] = []
-        for part in slices(entries):
+        for number, part in enumerate(parts):
             items.extend(
                 await self._pool.run(partial(self._preparer.validate, endpoint, model), part)
             )
+            parts[number] = []
         return items
 
     async def get(self, batch_id: str, owner: Owner) -> BatchView:

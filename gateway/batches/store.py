@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, insert, or_, select, update
+from sqlalchemy import Select, and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.batches.bulk import write_items
 from gateway.batches.records import (
     BatchView,
     ItemAssignment,
@@ -86,29 +87,7 @@ class BatchStore:
             )
             session.add(row)
             await session.flush()
-            for start in range(0, len(items), _CHUNK):
-                await session.execute(
-                    insert(BatchItem),
-                    [
-                        {
-                            "batch_id": new.id,
-                            "item_index": start + offset,
-                            "plan_rank": start + offset,
-                            "custom_id": item.custom_id,
-                            "body": item.body,
-                            "status": BatchItemStatus.QUEUED
-                            if item.error is None
-                            else BatchItemStatus.FAILED,
-                            "prompt_tokens": item.prompt_tokens,
-                            "max_tokens": item.max_tokens,
-                            "attempts": 0,
-                            "error": item.error,
-                            "status_code": item.status_code,
-                            "finished_at": None if item.error is None else utcnow(),
-                        }
-                        for offset, item in enumerate(items[start : start + _CHUNK])
-                    ],
-                )
+            await write_items(session, new.id, items)
             return batch_view(row)
 
     async def usage(self, batch_ids: Sequence[str]) -> dict[str, TokenUsage]:

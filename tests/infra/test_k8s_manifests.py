@@ -49,8 +49,12 @@ def kubectl() -> str:
 
 @cache
 def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
+    return render(K8S / "overlays" / overlay)
+
+
+def render(directory: Path) -> tuple[dict[str, Any], ...]:
     done = subprocess.run(
-        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
+        [kubectl(), "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -105,6 +109,16 @@ def test_kustomize_piped_into_kubernetes_validate_passes(overlay: str, version: 
     done = piped(K8S / "overlays" / overlay, version)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "did not validate" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_deploy_k8s_itself_renders_the_hpa_overlay_and_validates(version: str) -> None:
+    """`kubectl kustomize deploy/k8s | kubernetes-validate`, as issue 58 writes it: the
+    directory's own kustomization is the default deployment, the hpa overlay."""
+    done = piped(K8S, version)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "did not validate" not in done.stdout + done.stderr
+    assert render(K8S) == rendered("hpa")
 
 
 def test_the_pipeline_fails_on_a_mistake(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ async def finalize(db: Db, batch_id: str) -> BatchView | None:
 
 
 def items(count: int) -> list[NewItem]:
-    return [NewItem(f"c{i}", {"prompt": f"p{i}"}, 3, 10) for i in range(count)]
+    return [NewItem(f"c{i}", json.dumps({"prompt": f"p{i}"}), 3, 10) for i in range(count)]
 
 
 def test_files_are_stored_in_parts_scoped_bounded_and_expire(run) -> None:

@@ -4,6 +4,7 @@ item moves fenced by attempts, counters and settling, cancel, and leases between
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
@@ -73,7 +74,7 @@ def run(request) -> Iterator[Callable[[Scenario], None]]:
 
 
 def new_items(count: int) -> list[NewItem]:
-    return [NewItem(f"c{i}", {"prompt": f"p{i}"}, 3, 10 + i) for i in range(count)]
+    return [NewItem(f"c{i}", json.dumps({"prompt": f"p{i}"}), 3, 10 + i) for i in range(count)]
 
 
 def new_batch(batch_id: str, owner: int | None = None, **extra: object) -> NewBatch:
@@ -339,7 +340,7 @@ def test_planned_work_counts_prompt_and_planned_answer_of_final_items(run) -> No
     async def scenario(
         store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
     ) -> None:
-        items = [NewItem(f"c{i}", {"prompt": "p"}, 10, 100) for i in range(3)]
+        items = [NewItem(f"c{i}", json.dumps({"prompt": "p"}), 10, 100) for i in range(3)]
         await store.create(new_batch("batch_w"), items)
         # Planned: 10 + 20 (predicted), 10 + 100 (max_tokens, no prediction), 10 + 5.
         await store.assign(
@@ -364,7 +365,7 @@ def test_a_lane_reads_the_plan_order_page_by_page(run) -> None:
     async def scenario(
         store: BatchStore, leases: BatchLeases, sites: dict[str, int], fin: BatchFinalizer
     ) -> None:
-        items = [NewItem(f"c{i}", {"prompt": "p"}, 3, 50 + i) for i in range(6)]
+        items = [NewItem(f"c{i}", json.dumps({"prompt": "p"}), 3, 50 + i) for i in range(6)]
         await store.create(new_batch("batch_l"), items)
         await store.assign(
             "batch_l",

@@ -144,7 +144,7 @@ def test_bad_completion_window(window: str) -> None:
 
 def test_slices_are_bounded_in_bytes_and_items() -> None:
     def entry(size: int) -> Entry:
-        return Entry("w", "c", {}, size)
+        return Entry("w", "c", b"{}", size)
 
     sizes = [100 << 10, 100 << 10, 100 << 10, 300 << 10, 1]
     assert [len(s) for s in slices([entry(n) for n in sizes])] == [2, 1, 1, 1]
