@@ -16,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from functools import partial
 
@@ -33,6 +30,7 @@ from gateway.batches.store import BatchStore
 from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import BatchItemStatus, BatchStatus, utcnow
 from gateway.db.session import create_engine, create_sessionmaker
+from tests.loop_held import ticking
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 ITEMS = 20_000
@@ -64,34 +62,6 @@ def run(postgres_url: str) -> Iterator[Callable[[Scenario], None]]:
     finally:
         gc.unfreeze()
         downgrade(postgres_url)
-
-
-@dataclass
-class Held:
-    """The most CPU time the loop spent between two turns of the ticker."""
-
-    most_s: float = 0.0
-    turns: int = 0
-
-
-@asynccontextmanager
-async def ticking() -> AsyncIterator[Held]:
-    held = Held()
-
-    async def tick() -> None:
-        last = time.thread_time()
-        while True:
-            await asyncio.sleep(0)
-            now = time.thread_time()
-            held.most_s, held.turns = max(held.most_s, now - last), held.turns + 1
-            last = now
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    try:
-        yield held
-    finally:
-        ticker.cancel()
 
 
 def chat_items(count: int) -> list[NewItem]:

@@ -11,6 +11,7 @@ test_fine_tuning_api.py: its trainer is a test double, its serving the real site
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from tests.integration.test_fine_tuning_api import (
     sdk,
     world,
 )
+from tests.loop_held import ticking_in
 from tests.security.healthz_probe import probing_healthz
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -135,11 +137,21 @@ def test_a_60_mib_training_file_does_not_delay_a_health_check(world: World) -> N
         frank = sdk(client, make_key(client, "ft-frank"))
         upload = frank.files.create(file=("huge.jsonl", content), purpose="fine-tune")
         client.get("/healthz")  # warm
-        with probing_healthz("", every_s=0.02, client=client) as probe:
-            started = time.monotonic()
-            with pytest.raises(openai.BadRequestError) as refused:
-                frank.fine_tuning.jobs.create(model="tiny", training_file=upload.id)
-            took_s = time.monotonic() - started
+        # As a gateway runs (gateway/__main__.py): what was imported before serving is out of
+        # the collector's sight, else a full collection walks pytest's and torch's heap.
+        gc.collect()
+        gc.freeze()
+        try:
+            with (
+                ticking_in(client.blocking_portal) as held,
+                probing_healthz("", every_s=0.02, client=client) as probe,
+            ):
+                started = time.monotonic()
+                with pytest.raises(openai.BadRequestError) as refused:
+                    frank.fine_tuning.jobs.create(model="tiny", training_file=upload.id)
+                took_s = time.monotonic() - started
+        finally:
+            gc.unfreeze()
         error = refusal(refused.value)
         assert error["code"] == "invalid_training_file"
         assert f"line {count + 1}: messages[0].role must be one of" in error["message"]
@@ -149,3 +161,9 @@ def test_a_60_mib_training_file_does_not_delay_a_health_check(world: World) -> N
         # to 3,200 ms with the file split whole, or parsed on the loop): bounded here with room
         # for the load, as tests/security/test_batch_uploads.py bounds its own.
         assert probe.worst_s < 0.5, f"/healthz took {probe.worst_s * 1000:.0f} ms ({took_s:.1f} s)"
+        # The goal itself, in what the code decides: the gateway's loop never runs more than
+        # 100 ms of CPU at a stretch while the file is read and checked, so a health check
+        # waits at most that for the loop (tests/loop_held.py; the wall-clock bound above also
+        # holds the host's load). Measured 36 ms; parsed on the loop it was 1.4-3.2 s.
+        assert held.turns > 20, held
+        assert held.most_s < 0.1, f"the loop ran {held.most_s * 1000:.0f} ms of CPU at a stretch"
