@@ -240,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedsim.study")
     parser.add_argument("--quick", action="store_true", help="the 4-site cases only")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--seed-ids",
+        type=int,
+        nargs="*",
+        default=None,
+        help="these seeds instead of 0..--seeds-1 (to add seeds to a study: study_report merges)",
+    )
     parser.add_argument("--arms", nargs="*", default=list(ARMS))
     parser.add_argument("--cases", nargs="*", default=None)
     parser.add_argument("--default", default="completion_cost")
@@ -265,10 +272,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     table: dict[str, dict[str, dict[str, float]]] = {}
     details: dict[str, Any] = {}
     began = time.perf_counter()
+    seeds = range(args.seeds) if args.seed_ids is None else args.seed_ids
+    args.seeds = len(seeds)
     # Seeds outermost within a case: a study stopped midway holds every arm of the first seeds,
     # each a paired comparison (the same requests), rather than all seeds of the first arms.
     for case in chosen:
-        for seed in range(args.seeds):
+        for seed in seeds:
             for arm in args.arms:
                 found = arm_goodput(
                     case,

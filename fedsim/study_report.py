@@ -39,6 +39,17 @@ def paired(seeds_a: dict[str, float], seeds_b: dict[str, float]) -> list[float]:
     return [ratio(seeds_a[s], seeds_b[s]) for s in sorted(seeds_a) if s in seeds_b]
 
 
+def mean_ratio(seeds_a: dict[str, float], seeds_b: dict[str, float]) -> float:
+    """a's mean over b's, over the seeds both ran (an arm short of seeds is not compared with
+    another's other seeds)."""
+    common = [s for s in seeds_a if s in seeds_b]
+    if not common:
+        return math.nan
+    return ratio(
+        statistics.fmean(seeds_a[s] for s in common), statistics.fmean(seeds_b[s] for s in common)
+    )
+
+
 def verdict(ratios: Sequence[float], tie: float) -> str:
     """`wins` / `loses` only when every seed says so by more than the bisection's resolution."""
     if ratios and min(ratios) > 1.0 + tie:
@@ -60,17 +71,17 @@ def _case_summary(arms: dict[str, dict[str, float]], default: str, tie: float) -
         "min_max": {a: [min(s.values()), max(s.values())] for a, s in arms.items()},
         "best_arm": best,
         "default_vs_round_robin": (
-            ratio(means[default], means["round_robin"]) if "round_robin" in means else math.nan
+            mean_ratio(arms[default], arms["round_robin"]) if "round_robin" in arms else math.nan
         ),
         "default_vs_round_robin_by_seed": vs_rr,
-        "default_vs_best_arm": ratio(means[default], means[best]),
+        "default_vs_best_arm": mean_ratio(arms[default], arms[best]),
         "default_vs_best_arm_by_seed": vs_best,
         "strongest_load_only": strongest,
     }
     if strongest is not None:
         out["predicted_vs_strongest_load_only"] = {
             arm: {
-                "mean_ratio": ratio(means[arm], means[strongest]),
+                "mean_ratio": mean_ratio(arms[arm], arms[strongest]),
                 "by_seed": (r := paired(arms[arm], arms[strongest])),
                 "verdict": verdict(r, tie),
             }
@@ -123,7 +134,8 @@ def markdown(payload: dict[str, Any]) -> str:
         "",
         f"Goodput at the SLO (TTFT p99 <= {payload['slo']['ttft_p99_s']} s, TPOT p99 <= "
         f"{payload['slo']['tpot_p99_s']} s), requests/s: mean over seeds, then min-max over "
-        f"seeds. Default arm `{payload['default']}`. Bisection resolution "
+        f"seeds; ratios over the seeds both arms ran. Default arm `{payload['default']}`. "
+        "Bisection resolution "
         f"{100 * s['tie_resolution']:.1f}% of the rate: a ratio within that of 1 is a tie.",
         "",
         "| case | seeds | " + " | ".join(arms) + " | default / round robin | default / best |",
@@ -136,7 +148,8 @@ def markdown(payload: dict[str, Any]) -> str:
             else "-"
             for a in arms
         )
-        n = len(next(iter(payload["goodput_rps"][case].values())))
+        counts = [len(seeds) for seeds in payload["goodput_rps"][case].values()]
+        n = f"{min(counts)}-{max(counts)}" if min(counts) < max(counts) else str(max(counts))
         lines.append(
             f"| {case} | {n} | {cells} | {cs['default_vs_round_robin']:.3f} "
             f"({_range(cs['default_vs_round_robin_by_seed'])}) | "
@@ -195,16 +208,19 @@ def render(payload: dict[str, Any], out: Path) -> None:
         plot(payload, out / "routing.png")
 
 
-def _bisection(part: dict[str, Any]) -> tuple[float, int]:
-    """(grow, steps) of a study; from its command where it predates those keys."""
+def _tie(part: dict[str, Any]) -> float:
+    """The bisection's resolution of a study or a merged report; from its command where it
+    predates those keys."""
+    if "tie_resolution" in part:
+        return float(part["tie_resolution"])
     if "bisection_steps" in part:
-        return part["grow"], part["bisection_steps"]
+        return resolution(part["grow"], part["bisection_steps"])
     words = part["command"].split()
 
     def flag(name: str, default: str) -> str:
         return words[words.index(name) + 1] if name in words else default
 
-    return float(flag("--grow", "2.0")), int(flag("--bisection-steps", "4"))
+    return resolution(float(flag("--grow", "2.0")), int(flag("--bisection-steps", "4")))
 
 
 def merge(parts: Sequence[dict[str, Any]], findings: str = "") -> dict[str, Any]:
@@ -220,7 +236,7 @@ def merge(parts: Sequence[dict[str, Any]], findings: str = "") -> dict[str, Any]
             for arm, seeds in arms.items():
                 table.setdefault(case, {}).setdefault(arm, {}).update(seeds)
     arms = list(dict.fromkeys(a for p in parts for a in p["arms"]))
-    tie = max(resolution(*_bisection(p)) for p in parts)
+    tie = max(_tie(p) for p in parts)
     complete = {c: a for c, a in table.items() if first["default"] in a}
     payload = {
         "commands": [c for p in parts for c in p.get("commands", [p.get("command", "")])],
@@ -233,6 +249,7 @@ def merge(parts: Sequence[dict[str, Any]], findings: str = "") -> dict[str, Any]
         "complete": all(p.get("complete", False) for p in parts),
         "runs": {k: v for p in parts for k, v in p["runs"].items()},
         "wall_s": sum(p.get("wall_s", 0.0) for p in parts),
+        "tie_resolution": tie,
         "findings": findings,
     }
     if payload["summary"]:
