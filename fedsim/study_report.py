@@ -88,6 +88,16 @@ def _case_summary(arms: dict[str, dict[str, float]], default: str, tie: float) -
             for arm in PREDICTED
             if arm in arms
         }
+    # `arm@none` plans the answer without a prediction: arm over it is what the predictor buys.
+    out["arm_vs_no_prediction"] = {
+        arm: {
+            "mean_ratio": mean_ratio(arms[arm], arms[f"{arm}@none"]),
+            "by_seed": (r := paired(arms[arm], arms[f"{arm}@none"])),
+            "verdict": verdict(r, tie),
+        }
+        for arm in arms
+        if f"{arm}@none" in arms
+    }
     return out
 
 
@@ -155,13 +165,20 @@ def markdown(payload: dict[str, Any]) -> str:
             f"({_range(cs['default_vs_round_robin_by_seed'])}) | "
             f"{cs['default_vs_best_arm']:.3f} ({_range(cs['default_vs_best_arm_by_seed'])}) |"
         )
-    lines += ["", "Predicted-length arms over the strongest load-only arm (per seed, paired):", ""]
+    lines += ["", "Predicted-length arms over the strongest load-only arm, and arms over themselves"]
+    lines += ["without a prediction (`@none`), per seed paired:", ""]
     lines += ["| case | strongest load-only | arm | mean ratio | by seed | verdict |"]
     lines += ["|---|---|---|---|---|---|"]
     for case, cs in s["cases"].items():
         for arm, v in cs.get("predicted_vs_strongest_load_only", {}).items():
             lines.append(
                 f"| {case} | {cs['strongest_load_only']} | {arm} | {v['mean_ratio']:.3f} | "
+                f"{_range(v['by_seed'])} | {v['verdict']} |"
+            )
+    for case, cs in s["cases"].items():
+        for arm, v in cs.get("arm_vs_no_prediction", {}).items():
+            lines.append(
+                f"| {case} | {arm}@none (no prediction) | {arm} | {v['mean_ratio']:.3f} | "
                 f"{_range(v['by_seed'])} | {v['verdict']} |"
             )
     lines += [

@@ -64,3 +64,12 @@ def test_merge_joins_arms_of_one_case_run_by_separate_studies() -> None:
     assert payload["arms"] == ["completion_cost", "round_robin", "least_requests"]
     assert payload["summary"]["tie_resolution"] == max(resolution(1.2, 3), resolution(2.0, 4))
     assert math.isclose(payload["default_vs_round_robin_min"], 1.2)
+
+
+def test_an_arm_is_compared_with_itself_without_a_prediction_seed_by_seed() -> None:
+    table = _table([110, 120, 130], [100] * 3, [100] * 3)
+    table["4_unequal_x"]["completion_cost@none"] = _seeds([110, 118, 131])
+    case = summarize(table, "completion_cost", resolution(1.2, 3))["cases"]["4_unequal_x"]
+    v = case["arm_vs_no_prediction"]["completion_cost"]
+    assert v["by_seed"] == [1.0, 120 / 118, 130 / 131]
+    assert v["verdict"] == "within spread"
