@@ -165,8 +165,12 @@ def markdown(payload: dict[str, Any]) -> str:
             f"({_range(cs['default_vs_round_robin_by_seed'])}) | "
             f"{cs['default_vs_best_arm']:.3f} ({_range(cs['default_vs_best_arm_by_seed'])}) |"
         )
-    lines += ["", "Predicted-length arms over the strongest load-only arm, and arms over themselves"]
-    lines += ["without a prediction (`@none`), per seed paired:", ""]
+    lines += [
+        "",
+        "Predicted-length arms over the strongest load-only arm, and arms over themselves "
+        "without a prediction (`@none`), per seed paired:",
+        "",
+    ]
     lines += ["| case | strongest load-only | arm | mean ratio | by seed | verdict |"]
     lines += ["|---|---|---|---|---|---|"]
     for case, cs in s["cases"].items():
