@@ -236,7 +236,7 @@ def _tie(part: dict[str, Any]) -> float:
         return float(part["tie_resolution"])
     if "bisection_steps" in part:
         return resolution(part["grow"], part["bisection_steps"])
-    words = part["command"].split()
+    words = (part.get("command") or part["commands"][0]).split()
 
     def flag(name: str, default: str) -> str:
         return words[words.index(name) + 1] if name in words else default
