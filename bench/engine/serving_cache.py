@@ -33,14 +33,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
-from bench.common import markdown_table
 from bench.engine.engine_runs import warm_up
 from bench.engine.open_loop import run_rate
 from bench.engine.workload import WorkloadRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 
 if TYPE_CHECKING:
-    from bench.engine.serving import Run
+    from bench.engine.serving_run import Run
     from site_engine.model_loading import LoadedModel
 
 ARMS = ("on", "off")
@@ -127,28 +126,3 @@ def ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "prefix_cache_tpot_p50_ratio": max(tpot) if tpot else None,
         "prefix_cache_pair_ratios": {"goodput": goodput, "tpot_p50": tpot},
     }
-
-
-def report(payload: dict[str, Any]) -> list[str]:
-    """The Markdown section of the cache phase (empty without one)."""
-    result = payload.get("prefix_cache")
-    if not result:
-        return []
-    rows = [
-        (arm, i, f"{r['output_tok_s']:.0f}", _fmt(r["tpot_p50_ms"]), _fmt(r["ttft_p99_ms"]),
-         "yes" if r["meets_slo"] else "no", _fmt(r.get("prefix_cache_hit_fraction"), 3))
-        for arm in ARMS for i, r in enumerate(result["runs"][arm])
-    ]  # fmt: skip
-    header = ("cache", "pair", "output tok/s", "TPOT p50 ms", "TTFT p99 ms", "SLO",
-              "hit fraction")  # fmt: skip
-    return [
-        f"\n## Prefix cache on vs off at {result['rate_rps']:g} req/s\n",
-        markdown_table(header, rows),
-        f"\nprefix_cache_goodput_ratio (on/off output tok/s, least pair): "
-        f"{_fmt(payload.get('prefix_cache_goodput_ratio'), 3)}; prefix_cache_tpot_p50_ratio "
-        f"(largest pair): {_fmt(payload.get('prefix_cache_tpot_p50_ratio'), 3)}",
-    ]
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"

@@ -8,7 +8,6 @@ from typing import Any
 
 import bench.common as common
 from bench.common import markdown_table
-from bench.engine import serving_cache
 from bench.engine.report import fmt
 
 
@@ -29,7 +28,7 @@ def report(payload: dict[str, Any]) -> str:
         parts += _steps_section(payload)
     for mix, rows in (payload.get("sweeps") or {}).items():
         parts += _sweep_section(mix, rows, payload)
-    parts += serving_cache.report(payload)
+    parts += _cache_section(payload)
     if payload.get("hf_continuous_batching"):
         parts += _hf_section(payload)
     if payload.get("burst") or payload.get("baseline"):
@@ -238,3 +237,28 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _cache_section(payload: dict[str, Any]) -> list[str]:
+    """The Markdown section of the cache phase (bench.engine.serving_cache; empty without one)."""
+    result = payload.get("prefix_cache")
+    if not result:
+        return []
+    rows = [
+        (arm, i, f"{r['output_tok_s']:.0f}", _fmt(r["tpot_p50_ms"]), _fmt(r["ttft_p99_ms"]),
+         "yes" if r["meets_slo"] else "no", _fmt(r.get("prefix_cache_hit_fraction"), 3))
+        for arm in ("on", "off") for i, r in enumerate(result["runs"][arm])
+    ]  # fmt: skip
+    header = ("cache", "pair", "output tok/s", "TPOT p50 ms", "TTFT p99 ms", "SLO",
+              "hit fraction")  # fmt: skip
+    return [
+        f"\n## Prefix cache on vs off at {result['rate_rps']:g} req/s\n",
+        markdown_table(header, rows),
+        f"\nprefix_cache_goodput_ratio (on/off output tok/s, least pair): "
+        f"{_fmt(payload.get('prefix_cache_goodput_ratio'), 3)}; prefix_cache_tpot_p50_ratio "
+        f"(largest pair): {_fmt(payload.get('prefix_cache_tpot_p50_ratio'), 3)}",
+    ]
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

@@ -75,7 +75,7 @@ gateway = {
   domain_name     = "llm.example.com"
   certificate_arn = "arn:aws:acm:us-east-1:123456789012:certificate/00000000-0000-0000-0000-000000000000"
   route53_zone_id = "Z0123456789EXAMPLE"
-  routing_policy  = "mico"
+  routing_policy  = "completion_cost"
   settings = {
     # Sites are up to an ocean away: allow for slower health answers and load reports.
     GATEWAY_CONNECT_TIMEOUT_S   = "5"

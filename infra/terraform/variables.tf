@@ -130,7 +130,7 @@ variable "gateway" {
       route53_zone_id hosted zone to create domain_name in (null: point a CNAME yourself)
       routing_policy  round_robin | least_requests | least_tokens | least_tokens_guess | mico |
                       least_latency | completion_cost | prefix_affinity | dynamo_cost
-                      (default completion_cost: docs/federation-bench.md)
+                      (default completion_cost, the gateway's: docs/routing.md)
       cpu, memory     task size (default 2048 CPU units, 8192 MiB)
       vpc_cidr        the gateway VPC (default 10.40.0.0/16)
       availability_zones  the two or more zones of the gateway VPC (default <region>a, <region>b)

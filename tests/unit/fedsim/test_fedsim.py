@@ -204,3 +204,17 @@ def test_a_site_takes_the_engine_s_adapter_overtaking_unless_it_names_one() -> N
     assert dataclasses.replace(config, adapter_overtake_steps=0) == dataclasses.replace(
         engine_default, adapter_overtake_steps=0
     )
+
+
+def test_goodput_brackets_down_from_a_guess_above_the_answer_by_the_growth_factor() -> None:
+    asked: list[float] = []
+
+    def meets(rate: float) -> bool:
+        asked.append(rate)
+        return rate <= 7.3
+
+    found = goodput(meets, guess=10.0, steps=5, grow=1.25)
+    assert asked[:3] == [10.0, 8.0, 6.4]  # down by 1.25 until it held
+    assert 7.3 - 1.6 / 2**5 <= found <= 7.3
+    with pytest.raises(ValueError, match="grow must exceed 1"):
+        goodput(meets, guess=10.0, steps=1, grow=1.0)
