@@ -3,6 +3,8 @@ and whether one may be captured now, idle or busy. Torch-free, with a clock of t
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from site_engine.engine.core.graph_capture import (
@@ -26,7 +28,7 @@ def graphs(labels: list[str], calls: list[str], clock: Clock, each_s: float) -> 
         calls.append(label)
         clock.now += each_s
 
-    return [PendingGraph(label, lambda label=label: capture(label)) for label in labels]
+    return [PendingGraph(label, partial(capture, label)) for label in labels]
 
 
 def test_lazy_order_takes_the_largest_first_then_the_smallest_up() -> None:
@@ -37,31 +39,36 @@ def test_lazy_order_takes_the_largest_first_then_the_smallest_up() -> None:
 
 
 def test_idle_turns_capture_until_the_time_budget_then_stop() -> None:
-    clock, calls = Clock(), []
+    clock, calls = Clock(), list[str]()
     labels = [f"g{i}" for i in range(7)]
     queue = GraphCaptureQueue(
         graphs(labels, calls, clock, each_s=0.02), CapturePolicy(idle_budget_s=0.05), clock
     )
-    assert queue.due(busy=False) and not queue.done and queue.ready_s is None
+    assert queue.due(busy=False)
+    assert not queue.done
+    assert queue.ready_s is None
     assert queue.capture(busy=False) == 3  # 0.02, 0.04, 0.06 >= 0.05: stop
-    assert calls == labels[:3] and queue.remaining == tuple(labels[3:])
+    assert calls == labels[:3]
+    assert queue.remaining == tuple(labels[3:])
     assert queue.capture(busy=False) == 3
     assert queue.capture(busy=False) == 1
-    assert calls == labels and queue.captured == labels
-    assert queue.done and not queue.due(busy=False)
+    assert calls == labels
+    assert queue.captured == labels
+    assert queue.done
+    assert not queue.due(busy=False)
     assert queue.ready_s == pytest.approx(7 * 0.02)
     assert queue.capture(busy=False) == 0
 
 
 def test_an_idle_turn_captures_one_even_when_it_outlasts_the_budget() -> None:
-    clock, calls = Clock(), []
+    clock, calls = Clock(), list[str]()
     queue = GraphCaptureQueue(graphs(["a", "b"], calls, clock, each_s=1.0), clock=clock)
     assert queue.capture(busy=False) == 1
     assert calls == ["a"]
 
 
 def test_busy_engine_captures_one_graph_per_n_steps() -> None:
-    clock, calls = Clock(), []
+    clock, calls = Clock(), list[str]()
     queue = GraphCaptureQueue(
         graphs(["a", "b", "c"], calls, clock, each_s=0.0),
         CapturePolicy(busy_every_steps=3),
@@ -74,23 +81,26 @@ def test_busy_engine_captures_one_graph_per_n_steps() -> None:
             assert queue.capture(busy=True) == 1  # one only, however fast
             captured_at.append(step)
     assert captured_at == [3, 6, 9]
-    assert calls == ["a", "b", "c"] and queue.done
+    assert calls == ["a", "b", "c"]
+    assert queue.done
     assert queue.capture(busy=True) == 0
 
 
 def test_a_busy_capture_is_not_due_before_its_steps_and_idle_is_always_due() -> None:
-    clock, calls = Clock(), []
+    clock, calls = Clock(), list[str]()
     queue = GraphCaptureQueue(
         graphs(["a", "b"], calls, clock, each_s=0.0), CapturePolicy(busy_every_steps=2), clock
     )
     queue.step_done()
-    assert not queue.due(busy=True) and queue.capture(busy=True) == 0
+    assert not queue.due(busy=True)
+    assert queue.capture(busy=True) == 0
     assert queue.due(busy=False)
-    assert queue.capture(busy=False) == 2 and calls == ["a", "b"]
+    assert queue.capture(busy=False) == 2
+    assert calls == ["a", "b"]
 
 
 def test_a_failed_capture_is_dropped_and_reported_the_rest_go_on() -> None:
-    clock, calls = Clock(), []
+    clock, calls = Clock(), list[str]()
 
     def broken() -> None:
         raise RuntimeError("capture failed")
@@ -100,22 +110,29 @@ def test_a_failed_capture_is_dropped_and_reported_the_rest_go_on() -> None:
     )
     with pytest.raises(RuntimeError, match="capture failed"):
         queue.capture(busy=False)
-    assert queue.failed == ["bad"] and queue.remaining == ("ok",)
+    assert queue.failed == ["bad"]
+    assert queue.remaining == ("ok",)
     assert queue.capture(busy=False) == 1
-    assert queue.done and queue.captured == ["ok"] and calls == ["ok"]
+    assert queue.done
+    assert queue.captured == ["ok"]
+    assert calls == ["ok"]
 
 
 def test_an_empty_queue_is_ready_at_once_and_extend_reopens_it() -> None:
-    clock, calls = Clock(), []
+    clock, calls = Clock(), list[str]()
     queue = GraphCaptureQueue(clock=clock)
-    assert queue.done and queue.ready_s == 0.0 and not queue.due(busy=False)
+    assert queue.done
+    assert queue.ready_s == 0.0
+    assert not queue.due(busy=False)
     queue.extend(graphs(["x"], calls, clock, each_s=0.5))
-    assert not queue.done and queue.ready_s is None
-    assert queue.capture(busy=False) == 1 and queue.ready_s == pytest.approx(0.5)
+    assert not queue.done
+    assert queue.ready_s is None
+    assert queue.capture(busy=False) == 1
+    assert queue.ready_s == pytest.approx(0.5)
 
 
 def test_policy_is_validated() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="busy_every_steps >= 1"):
         CapturePolicy(busy_every_steps=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="idle_budget_s > 0"):
         CapturePolicy(idle_budget_s=0.0)

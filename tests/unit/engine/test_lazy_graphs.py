@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,8 @@ class Probes:
         self.calls: list[tuple[str, bool, int]] = []  # (label, step in flight, iterations)
 
     def graphs(self, count: int) -> list[PendingGraph]:
-        return [
-            PendingGraph(f"probe {i}", lambda i=i: self.call(f"probe {i}")) for i in range(count)
-        ]
+        labels = [f"probe {i}" for i in range(count)]
+        return [PendingGraph(label, partial(self.call, label)) for label in labels]
 
     def call(self, label: str) -> None:
         self.calls.append((label, self.engine.step_in_flight, self.engine.stats().iterations))
@@ -158,7 +158,7 @@ def test_the_service_captures_while_idle_and_serves_meanwhile(loaded: LoadedMode
             holding.set()
             release.wait(30)  # holds the loop in a capture while a request arrives
 
-    engine.graph_queue.extend(PendingGraph(f"slow {i}", lambda i=i: slow(i)) for i in range(4))
+    engine.graph_queue.extend(PendingGraph(f"slow {i}", partial(slow, i)) for i in range(4))
     ready: list[float] = []
     engine.on_graphs_ready = ready.append
     request = make_requests(seed=4)[0]
