@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,7 +125,10 @@ class EngineConfig:
     # eagerly) and capture the graphs one at a time between steps (core/graph_capture.py).
     # Off by default: written without a GPU run; tests/gpu/test_lazy_graphs.py turns it on.
     lazy_graphs: bool = False
-    graph_capture: CapturePolicy = field(default_factory=CapturePolicy)
+    # Lazy graphs' pace (core/graph_capture.CapturePolicy): one capture per this many steps
+    # while requests run; captures per idle loop turn for up to this many seconds.
+    graph_capture_every_steps: int = 8
+    graph_capture_idle_s: float = 0.05
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -199,7 +202,8 @@ class PagedEngine:
             lazy_graphs=config.lazy_graphs,
         )
         # Lazy graphs: what remains to capture (empty otherwise); who hears of the last one.
-        self.graph_queue = GraphCaptureQueue(self._runner.pending_graphs(), config.graph_capture)
+        pace = CapturePolicy(config.graph_capture_every_steps, config.graph_capture_idle_s)
+        self.graph_queue = GraphCaptureQueue(self._runner.pending_graphs(), pace)
         self.on_graphs_ready: Callable[[float], None] | None = None
         self._scheduler = Scheduler(
             SchedulerConfig(

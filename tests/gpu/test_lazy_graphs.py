@@ -17,7 +17,6 @@ import torch
 
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.core.api import EngineRequest
-from site_engine.engine.core.graph_capture import CapturePolicy
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.make_model import build_random_model
@@ -63,7 +62,7 @@ def engine_of(loaded: LoadedModel, lazy: bool, overlap: bool) -> PagedEngine:
             kv_cache_bytes=NUM_BLOCKS * per_block,
             async_scheduling=overlap,
             lazy_graphs=lazy,
-            graph_capture=CapturePolicy(busy_every_steps=2),
+            graph_capture_every_steps=2,
         ),
     )
 

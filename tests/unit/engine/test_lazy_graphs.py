@@ -21,7 +21,7 @@ import torch
 
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.core.api import EngineRequest
-from site_engine.engine.core.graph_capture import CapturePolicy, PendingGraph
+from site_engine.engine.core.graph_capture import PendingGraph
 from site_engine.engine.core.types import FinishReason
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
@@ -52,7 +52,7 @@ def engine_of(loaded: LoadedModel, lazy: bool, every: int = 3) -> PagedEngine:
             kv_cache_bytes=NUM_BLOCKS * per_block,
             async_scheduling=True,  # steps in flight between step() calls: what a drain is for
             lazy_graphs=lazy,
-            graph_capture=CapturePolicy(busy_every_steps=every),
+            graph_capture_every_steps=every,
         ),
     )
 
