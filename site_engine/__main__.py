@@ -110,6 +110,14 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         help="compute every prompt from its first token (prefix caching is on by default)",
     )
     parser.add_argument(
+        "--lazy-graphs",
+        dest="lazy_graphs",
+        action="store_true",
+        default=None,
+        help="CUDA: serve before the CUDA graphs exist and capture them between steps "
+        "(off by default: not yet run on a GPU)",
+    )
+    parser.add_argument(
         "--host-kv-cache-gib",
         type=float,
         help="host memory for the prefix cache's second tier (GiB, pinned on CUDA; 0: none)",
@@ -215,6 +223,7 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         background_step_slack=settings.deferral_bound_slack,
         lora=lora_settings(settings),
         finetune_reserve_bytes=settings.finetune_reserve_bytes,
+        lazy_graphs=settings.lazy_graphs,
     )
 
 
@@ -385,8 +394,19 @@ def start_generation(
     gate = IdleGate(settings.finetune_max_step_ms / 1000, busy_share=settings.finetune_busy_share)
     idle = (jobs, gate) if jobs is not None else None
     on_unit = metrics.observe_idle_unit if metrics is not None else None
+    if paged.graphs_pending:
+
+        def graphs_ready(_: float) -> None:
+            phases.after_ready("graphs_ready")
+
+        paged.on_graphs_ready = graphs_ready
     service = EngineService(
-        engine, loaded.tokenizer, settings.max_queued_requests, idle, on_idle_unit=on_unit
+        engine,
+        loaded.tokenizer,
+        settings.max_queued_requests,
+        idle,
+        on_idle_unit=on_unit,
+        graphs=paged if paged.graphs_pending else None,
     )
     fingerprint = prepared.tokenizer_fingerprint if prepared is not None else None
     identity = _identity(

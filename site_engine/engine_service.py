@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -36,6 +36,17 @@ from site_engine.step_rates import StepRates, StepWork
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _IDLE_WAIT_S = 0.05
+
+
+class LazyGraphs(Protocol):
+    """An engine whose CUDA graphs are captured while it serves (PagedEngine, lazy graphs)."""
+
+    @property
+    def graphs_pending(self) -> bool: ...
+
+    def capture_idle_graphs(self) -> int:
+        """Captures some of them if nothing runs (the engine's thread); returns how many."""
+        ...
 
 
 class DuplicateRequest(ValueError):
@@ -152,8 +163,12 @@ class EngineService:
         max_waiting: int = 1024,
         idle_work: tuple[IdleWork, IdleGate] | None = None,
         on_idle_unit: Callable[[float, bool], None] | None = None,
+        graphs: LazyGraphs | None = None,
     ) -> None:
         self.engine = engine
+        # Lazy graphs (EngineConfig.lazy_graphs): captured while the engine idles; the engine
+        # captures some between busy steps itself.
+        self._graphs = graphs
         # Fine-tuning's units, run between steps when the gate allows (site_engine/idle_work.py),
         # and who hears of each (its seconds, whether requests were running: the metrics).
         self._idle = idle_work
@@ -330,7 +345,10 @@ class EngineService:
     def _run(self) -> None:
         while not self._stopping.is_set():
             idle = self._idle is not None and self._idle[0].has_work()
-            self._drain_commands(block=not (self.engine.has_unfinished() or idle))
+            graphs = self._graphs is not None and self._graphs.graphs_pending
+            self._drain_commands(block=not (self.engine.has_unfinished() or idle or graphs))
+            if graphs and not self.engine.has_unfinished():
+                self._capture_idle_graphs()
             if idle:
                 self._run_idle_unit()
             if self.engine.has_unfinished():
@@ -355,6 +373,14 @@ class EngineService:
                 self._rates.add(StepWork(ended, ended - began, decoded, decoding, prefilled))
             else:
                 self._publish(self.engine.stats())
+
+    def _capture_idle_graphs(self) -> None:
+        assert self._graphs is not None
+        try:
+            self._graphs.capture_idle_graphs()
+        except Exception:
+            log.exception("capturing CUDA graphs failed; the engine goes on eagerly")
+            self._graphs = None
 
     def _run_idle_unit(self) -> None:
         """One unit of idle work if the gate allows it now (after the commands just taken:

@@ -58,6 +58,9 @@ class SiteSettings:
     deferral_bound_slack: float = 0.15
     # Automatic prefix caching (site_engine/engine/core/block_manager.py); --no-prefix-caching: off.
     prefix_caching: bool = True
+    # CUDA only: serve at once, before any CUDA graph exists, and capture them between steps
+    # (EngineConfig.lazy_graphs, docs/elastic.md). Off by default: not yet run on a GPU.
+    lazy_graphs: bool = False
     # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
     host_kv_cache_gib: float = 0.0
     # The host tier's bandwidth share: bytes of copies to it per engine step at most (whole
@@ -213,6 +216,9 @@ class SiteSettings:
             raise SettingsError(f"SITE_POLICY must be one of {POLICIES}, got {self.policy!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SettingsError(f"SITE_DEVICE must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.lazy_graphs and not self.device.startswith("cuda"):
+            raise SettingsError("SITE_LAZY_GRAPHS needs SITE_DEVICE=cuda[:N]: a CPU site has no "
+                                "CUDA graphs to capture")  # fmt: skip
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "torch_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -10,6 +10,10 @@ Phases, in order (each the seconds since the previous mark):
   or the budget elsewhere), `kv_and_graphs` (the KV cache allocated, CUDA graphs captured),
   `grammar` (the grammar compiler's vocabulary), `grpc_up` (the service and its server started).
 
+After READY, `graphs_ready` (lazy graphs only, SITE_LAZY_GRAPHS): the seconds from `grpc_up` to
+the last CUDA graph captured, while the site served; in the gauge and its own log line, not in the
+start's total (the site served meanwhile).
+
 What the site cannot see (joining the gateway, the first token a client gets) the actuator and
 the bench measure from outside.
 """
@@ -47,6 +51,7 @@ class StartPhases:
         self._last = began
         self._began = began
         self._phases: list[tuple[str, float]] = []
+        self._after: list[tuple[str, float]] = []
 
     @classmethod
     def since_process_start(cls) -> StartPhases:
@@ -58,6 +63,17 @@ class StartPhases:
         self._phases.append((phase, seconds))
         self._last = now
         return seconds
+
+    def after_ready(self, phase: str) -> float:
+        """Records `phase` as the seconds since the last mark (the start's last phase), apart
+        from the start's own phases (it ends while the site serves); logs it. Any thread."""
+        seconds = max(0.0, time.monotonic() - self._last)
+        self._after.append((phase, seconds))
+        log.info("after READY: %s %.3fs since the start's last phase", phase, seconds)
+        return seconds
+
+    def after(self) -> list[tuple[str, float]]:
+        return list(self._after)
 
     def restart(self) -> None:
         """A pooled process is claimed: the phases after this count from now."""
@@ -88,6 +104,6 @@ class StartPhaseCollector:
             "Seconds each phase of the site's start took (docs/elastic.md)",
             labels=("site", "phase"),
         )
-        for phase, seconds in self._phases.phases():
+        for phase, seconds in self._phases.phases() + self._phases.after():
             gauge.add_metric((self._site, phase), seconds)
         yield gauge

@@ -22,6 +22,7 @@ from site_engine.engine.attention import (
     AttentionMetadata,
     TorchReferenceAttention,
 )
+from site_engine.engine.core.graph_capture import PendingGraph
 from site_engine.engine.core.types import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from site_engine.engine.host_kv import HostKvPool
 from site_engine.engine.kv_cache import PagedKVCache
@@ -126,6 +127,7 @@ class ModelRunner:
         only_largest_graphs: bool = False,
         host_kv_slots: int = 0,
         adapters: AdapterRegistry | None = None,
+        lazy_graphs: bool = False,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
@@ -134,7 +136,9 @@ class ModelRunner:
         largest (the memory trial's runner: every step runs, padded, through those two).
         host_kv_slots > 0 adds the prefix cache's host tier (site_engine/engine/host_kv.py),
         whose copies each step's SchedulerOutput lists. `adapters`: the LoRA adapters whose
-        deltas rows of a step may add (site_engine/engine/lora/)."""
+        deltas rows of a step may add (site_engine/engine/lora/). `lazy_graphs`: capture no graph
+        here; `pending_graphs` lists them for the engine to capture between steps, and a step
+        whose graph is not captured yet runs eagerly (site_engine/engine/core/graph_capture.py)."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -182,7 +186,8 @@ class ModelRunner:
                 only_largest=only_largest_graphs,
                 lora=lora_slots,
             )
-            self.graphs.capture()
+            if not lazy_graphs:
+                self.graphs.capture()
         self.step_graphs: FlatStepGraphs | None = None
         if use_graphs and cuda_graph_max_tokens >= 2:
             from site_engine.engine.cuda.step_graphs import FlatStepGraphs
@@ -199,7 +204,18 @@ class ModelRunner:
                 only_largest=only_largest_graphs,
                 lora=lora_slots,
             )
-            self.step_graphs.capture()
+            if not lazy_graphs:
+                self.step_graphs.capture()
+
+    def pending_graphs(self) -> list[PendingGraph]:
+        """The graphs not captured yet, one capture callable each (lazy graphs; none on CPU):
+        the decode graphs first (most steps of a new site's first requests), then the flat
+        step graphs. Each must be called with no step of this runner queued on the device."""
+        pending: list[PendingGraph] = []
+        for graphs in (self.graphs, self.step_graphs):
+            if graphs is not None and not graphs.num_graphs:
+                pending += graphs.pending()
+        return pending
 
     @property
     def num_graphs(self) -> int:
@@ -312,6 +328,8 @@ class ModelRunner:
         """A step with prefill chunks that the flat step graphs can take whole."""
         if self.step_graphs is None or not self.step_graphs.fits(chunks):
             return False
+        if not self.step_graphs.ready(chunks):  # lazy graphs: its body is not captured yet
+            return False
         if self._attention_needs_eager(chunks):
             return False
         return any(not _is_decode(chunk) for chunk in chunks)
@@ -355,7 +373,7 @@ class ModelRunner:
         eager: list[ScheduledChunk] = []
         for chunk in chunks:
             (graphed if _is_decode(chunk) else eager).append(chunk)
-        if len(graphed) > self.graphs.max_batch or self._attention_needs_eager(eager):
+        if not self.graphs.ready(len(graphed)) or self._attention_needs_eager(eager):
             # A long chunk for the attention's eager path: the decode rows join its forward
             # rather than reading every weight again in a decode graph.
             return [], list(chunks)

@@ -12,7 +12,9 @@ the device's work instead of adding to it; outputs come back one `step()` later.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +31,7 @@ from site_engine.engine.core.api import (
     RequestRejected,
     StructuredOutputUnavailable,
 )
+from site_engine.engine.core.graph_capture import CapturePolicy, GraphCaptureQueue
 from site_engine.engine.core.host_offload import OffloadLimits
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.core.scheduling_policy import PolicyName
@@ -64,6 +67,8 @@ if TYPE_CHECKING:
     from site_engine.engine.core.types import Guide
     from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
 from site_engine.model_loading import LoadedModel
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 # With nothing to step but requests waiting for their grammars, a step waits this long at most
@@ -116,6 +121,14 @@ class EngineConfig:
     # Device memory reserved for fine-tuning jobs (site_engine/finetune/), taken from the KV
     # cache's automatic budget (or refused with an explicit one it leaves no room beside).
     finetune_reserve_bytes: int = 0
+    # CUDA only: start with no graph captured, serve at once (steps without their graph run
+    # eagerly) and capture the graphs one at a time between steps (core/graph_capture.py).
+    # Off by default: written without a GPU run; tests/gpu/test_lazy_graphs.py turns it on.
+    lazy_graphs: bool = False
+    # Lazy graphs' pace (core/graph_capture.CapturePolicy): one capture per this many steps
+    # while requests run; captures per idle loop turn for up to this many seconds.
+    graph_capture_every_steps: int = 8
+    graph_capture_idle_s: float = 0.05
 
 
 def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
@@ -186,7 +199,12 @@ class PagedEngine:
             cuda_graph_max_tokens=config.max_num_batched_tokens if config.cuda_graphs else 0,
             host_kv_slots=host_blocks,
             adapters=self._adapters,
+            lazy_graphs=config.lazy_graphs,
         )
+        # Lazy graphs: what remains to capture (empty otherwise); who hears of the last one.
+        pace = CapturePolicy(config.graph_capture_every_steps, config.graph_capture_idle_s)
+        self.graph_queue = GraphCaptureQueue(self._runner.pending_graphs(), pace)
+        self.on_graphs_ready: Callable[[float], None] | None = None
         self._scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=num_blocks,
@@ -230,6 +248,9 @@ class PagedEngine:
 
     def _describe_graphs(self, before: tuple[int, int], after: tuple[int, int]) -> str:
         count = self._runner.num_graphs
+        if not count and not self.graph_queue.done:
+            pending = len(self.graph_queue.remaining)
+            return f"{pending} CUDA graphs to capture between steps while serving (lazy graphs)"
         if not count:
             return "no CUDA graphs"
         reserved = after[0] - before[0] - self._runner.kv_cache.num_bytes
@@ -266,6 +287,7 @@ class PagedEngine:
             return
         self._closed = True
         self._in_flight = None
+        self.graph_queue = GraphCaptureQueue()  # its callables capture into the runner's sets
         if self._grammars is not None:
             self._grammars.close()
         if self._adapters is not None:
@@ -464,7 +486,58 @@ class PagedEngine:
             raise
         if self._measure_steps:
             self.record_step_seconds(time.perf_counter() - began)
+        if not self.graph_queue.done:
+            self.graph_queue.step_done()
+            if self.graph_queue.due(busy=True):
+                outputs += self._drain()
+                self._capture_graphs(busy=True)
         return outputs
+
+    @property
+    def graphs_pending(self) -> bool:
+        """Lazy graphs: whether some remain to be captured."""
+        return not self.graph_queue.done
+
+    @property
+    def step_in_flight(self) -> bool:
+        """Whether a launched step's results are not applied yet (async scheduling)."""
+        return self._in_flight is not None
+
+    def capture_idle_graphs(self) -> int:
+        """Lazy graphs, while nothing runs: captures a time-bounded run of the pending graphs
+        (CapturePolicy.idle_budget_s); returns how many. The engine thread calls it."""
+        if self.has_unfinished() or self._closed:
+            return 0
+        return self._capture_graphs(busy=False)
+
+    def _drain(self) -> list[RequestOutput]:
+        """Applies the step in flight now (it gives up its overlap with the next one), so that
+        no step of ours is queued on the device while a graph is captured."""
+        if self._in_flight is None:
+            return []
+        scheduled, launched = self._in_flight
+        self._in_flight = None
+        outputs = self._apply(scheduled, launched)
+        self._applied_work = None  # the next step() times no step of its own for it
+        return outputs
+
+    def _capture_graphs(self, busy: bool) -> int:
+        assert self._in_flight is None, "a graph is captured with no step in flight"
+        pending = not self.graph_queue.done
+        try:
+            count = self.graph_queue.capture(busy)
+        except Exception:
+            log.exception("capturing CUDA graph %s failed; its steps stay eager",
+                          self.graph_queue.failed[-1])  # fmt: skip
+            count = 0
+        if pending and self.graph_queue.done:
+            ready_s = self.graph_queue.ready_s or 0.0
+            log.info("graphs ready: %d CUDA graphs captured while serving, %.2f s after the "
+                     "engine was built (%d failed, their steps eager)",
+                     self._runner.num_graphs, ready_s, len(self.graph_queue.failed))  # fmt: skip
+            if self.on_graphs_ready is not None:
+                self.on_graphs_ready(ready_s)
+        return count
 
     def record_step_seconds(self, seconds: float) -> None:
         """The last step() took `seconds`: charged to the step whose tokens it applied (with

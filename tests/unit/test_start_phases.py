@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from site_engine.engine.memory_plan import KvPlan, TrialMeasurement
 from site_engine.kv_plan_record import plan_key, record_plan, recorded_plan
+from site_engine.settings import SettingsError, SiteSettings
 from site_engine.start_phases import StartPhaseCollector, StartPhases, process_age_s
 
 
@@ -61,3 +63,29 @@ def test_an_unreadable_plan_file_means_a_trial_not_a_failed_start(tmp_path: Path
     assert recorded_plan(path, "k") is None
     path.write_text('{"k": {"num_blocks": 3}}')
     assert recorded_plan(path, "k") is None
+
+
+def test_graphs_ready_comes_after_ready_in_the_metric_not_in_the_start_total() -> None:
+    """Lazy graphs: the last graph is captured while the site serves; its time is reported
+    apart from the start (whose total the bench compares) and in the gauge."""
+    phases = StartPhases(time.monotonic() - 1.0)
+    phases.mark("grpc_up")
+    total = phases.total_s
+    time.sleep(0.02)
+    seconds = phases.after_ready("graphs_ready")
+    assert seconds >= 0.02
+    assert phases.total_s == total
+    assert "graphs_ready" not in phases.line()
+    assert phases.after() == [("graphs_ready", seconds)]
+    registry = CollectorRegistry()
+    registry.register(StartPhaseCollector("s1", phases))
+    text = generate_latest(registry).decode()
+    assert 'fedllm_site_start_phase_seconds{phase="graphs_ready",site="s1"}' in text
+
+
+def test_lazy_graphs_are_refused_on_a_cpu_site(tmp_path: Path) -> None:
+    env = {"SITE_MODEL_DIR": str(tmp_path), "SITE_LAZY_GRAPHS": "true"}
+    with pytest.raises(SettingsError, match="SITE_LAZY_GRAPHS needs SITE_DEVICE=cuda"):
+        SiteSettings.load(env)
+    assert SiteSettings.load({**env, "SITE_DEVICE": "cuda:0"}).lazy_graphs
+    assert not SiteSettings.load({"SITE_MODEL_DIR": str(tmp_path)}).lazy_graphs

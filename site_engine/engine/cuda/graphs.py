@@ -33,11 +33,13 @@ import bisect
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.core.graph_capture import PendingGraph, lazy_order
 from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.lora.slots import LoraSlots
@@ -60,20 +62,39 @@ def capture_buckets(
     memory trial sees. `pool`: another capture's memory pool to share (what the graphs of both
     captures allocate inside must never be live at once: they are replayed one after another)."""
     captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-    stream = _capture_stream()
     for size in sorted(sizes, reverse=True):
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                forward(size)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            output = forward(size)
+        graph, output = capture_one(size, forward, pool)
         pool = graph.pool()
         captured[size] = (graph, output)
     torch.cuda.synchronize()
     return captured
+
+
+def capture_one(
+    size: int, forward: Callable[[int], torch.Tensor], pool: Any = None, lazy: bool = False
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """capture_buckets for one size. `lazy`: a capture between steps of a serving engine
+    (EngineConfig.lazy_graphs), which waits for the capture to finish and checks only this
+    thread's calls ("thread_local"): another thread of the site (an adapter's or a grammar's)
+    may touch the device meanwhile, on a stream of its own, which "global" would refuse."""
+    stream = _capture_stream()
+    if lazy:
+        # The eager steps before it left activations cached in the default pool, which the
+        # graph's private pool cannot reuse: handed back, the two need not be held at once.
+        torch.cuda.empty_cache()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward(size)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    mode = "thread_local" if lazy else "global"
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
+        output = forward(size)
+    if lazy:
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+    return graph, output
 
 
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -177,6 +198,7 @@ class DecodeGraphs:
         self._logits_out = logits_out
         self._captured: dict[int, _Captured] = {}
         self._base_captured: dict[int, _Captured] = {}  # LoRA engines only (base_only steps)
+        self._pool: Any = None  # lazy captures' shared memory pool, once the first exists
 
     @property
     def max_batch(self) -> int:
@@ -224,6 +246,36 @@ class DecodeGraphs:
                                pool=pool)  # fmt: skip
         for batch, (graph, logits) in base.items():
             self._base_captured[batch] = _Captured(graph, logits)
+
+    def pending(self) -> list[PendingGraph]:
+        """What `capture` would capture, one graph per callable (lazy graphs: captured between
+        steps), in `lazy_order`; a LoRA engine's base-only graph of a size after its LoRA one."""
+        pending: list[PendingGraph] = []
+        for batch in lazy_order(self.buckets):
+            pending.append(PendingGraph(f"decode {batch}", partial(self._capture_lazy, batch)))
+            if self._lora is not None:
+                capture = partial(self._capture_lazy, batch, lora=False)
+                pending.append(PendingGraph(f"decode {batch} base", capture))
+        return pending
+
+    @torch.inference_mode()
+    def _capture_lazy(self, batch: int, lora: bool = True) -> None:
+        # The static inputs still hold the last step's rows: its warm-ups would write their
+        # K/V again (into blocks that may be another sequence's by now). Padding rows write
+        # into the scratch block only.
+        self._reset_padding(0)
+        metadata = self._metadata(batch)
+        graph, logits = capture_one(
+            batch, lambda b: self._forward(b, metadata, lora), self._pool, lazy=True
+        )
+        self._pool = graph.pool()
+        (self._captured if lora else self._base_captured)[batch] = _Captured(graph, logits)
+
+    def ready(self, count: int) -> bool:
+        """Whether a decode step of `count` rows has its graph (lazy graphs: not yet, maybe)."""
+        if count > self.max_batch:
+            return False
+        return self.buckets[bisect.bisect_left(self.buckets, count)] in self._captured
 
     @property
     def num_graphs(self) -> int:
@@ -294,7 +346,10 @@ class DecodeGraphs:
             self._lora_slots[:count] = staged[:, 5]
         if count < batch:
             self._reset_padding(count)
-        base = base_only(lora_slots) and bool(self._base_captured)
-        captured = (self._base_captured if base else self._captured)[batch]
+        # Lazy graphs: a size's base-only graph may not exist yet where its LoRA one does; the
+        # LoRA graph computes the same for rows of slot -1.
+        captured = self._base_captured.get(batch) if base_only(lora_slots) else None
+        if captured is None:
+            captured = self._captured[batch]
         captured.graph.replay()
         return captured.logits[:count]

@@ -37,16 +37,20 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
+from site_engine.engine.core.graph_capture import PendingGraph, lazy_order
 from site_engine.engine.core.types import ScheduledChunk
 from site_engine.engine.cuda.graphs import (
     base_only,
     bucket_sizes,
     capture_buckets,
+    capture_one,
     input_tokens,
     release_graphs,
 )
@@ -103,6 +107,7 @@ class FlatStepGraphs:
         self.max_seqs = max_seqs
         self._capture = capture
         self._block_size = kv_cache.block_size
+        self._scratch_block = scratch_block
         self._scratch_slot = scratch_block * self._block_size
         device = kv_cache.device
         self._input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
@@ -140,6 +145,7 @@ class FlatStepGraphs:
         self._captured: dict[int, _Bucket] = {}
         self._base_captured: dict[int, _Bucket] = {}  # LoRA engines only (base_only steps)
         self._lm_head: dict[int, _Bucket] = {}
+        self._pool: Any = None  # lazy captures' shared memory pool, once the first exists
 
     @property
     def max_tokens(self) -> int:
@@ -156,6 +162,57 @@ class FlatStepGraphs:
         self._captured.clear()
         self._base_captured.clear()
         self._lm_head.clear()
+
+    def pending(self) -> list[PendingGraph]:
+        """What `capture` would capture, one graph per callable (lazy graphs), in `lazy_order`:
+        the bodies (a LoRA engine's base-only body of a size after its LoRA one), then the
+        lm_heads (until its graph exists, a step's lm_head runs eagerly after the body's replay)."""
+        if not self._capture:
+            return []
+        pending: list[PendingGraph] = []
+        for tokens in lazy_order(self.buckets):
+            pending.append(PendingGraph(f"step {tokens}", partial(self._capture_body, tokens)))
+            if self._lora is not None:
+                capture = partial(self._capture_body, tokens, lora=False)
+                pending.append(PendingGraph(f"step {tokens} base", capture))
+        for rows in lazy_order(self.row_buckets):
+            pending.append(PendingGraph(f"lm_head {rows}", partial(self._capture_head, rows)))
+        return pending
+
+    def _reset_inputs(self) -> None:
+        """The static inputs as at construction: a lazy capture's warm-ups then write K/V into
+        the scratch block only, not again into the last step's slots."""
+        self._input_ids.zero_()
+        self._positions.zero_()
+        self._slots.fill_(self._scratch_slot)
+        self._lora_slots.fill_(-1)
+        self._query_start.zero_()
+        self._context_lens.fill_(1)
+        self._block_tables.fill_(self._scratch_block)
+        self._sample_rows.zero_()
+
+    @torch.inference_mode()
+    def _capture_body(self, tokens: int, lora: bool = True) -> None:
+        self._reset_inputs()
+        graph, hidden = capture_one(tokens, lambda t: self._body(t, lora), self._pool, lazy=True)
+        self._pool = graph.pool()
+        (self._captured if lora else self._base_captured)[tokens] = _Bucket(graph, hidden)
+
+    @torch.inference_mode()
+    def _capture_head(self, rows: int) -> None:
+        if self._sampled_hidden is None:  # allocated by a body's first run (its warm-up)
+            self._reset_inputs()
+            self._body(self.buckets[0])
+        graph, logits = capture_one(rows, self._logits, self._pool, lazy=True)
+        self._pool = graph.pool()
+        self._lm_head[rows] = _Bucket(graph, logits)
+
+    def ready(self, chunks: Sequence[ScheduledChunk]) -> bool:
+        """Whether the step's body has its graph (lazy graphs: not yet, maybe)."""
+        total = sum(chunk.num_tokens for chunk in chunks)
+        if total > self.max_tokens:
+            return False
+        return self.buckets[bisect.bisect_left(self.buckets, total)] in self._captured
 
     def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
         return len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
@@ -295,8 +352,11 @@ class FlatStepGraphs:
         self._context_lens.copy_(self._staged_seqs[: self.max_seqs, 1])
         self._sample_rows.copy_(self._staged_seqs[: self.max_seqs, 2])
         base = base_only(lora_slots)
-        buckets = self._base_captured if base and self._base_captured else self._captured
-        bucket = buckets.get(tokens)
+        # Lazy graphs: a size's base-only body may not exist yet where its LoRA one does; the
+        # LoRA body computes the same for rows of slot -1.
+        bucket = self._base_captured.get(tokens) if base else None
+        if bucket is None:
+            bucket = self._captured.get(tokens)
         if bucket is None or bucket.graph is None:
             self._body(tokens, lora=not base)  # not captured: the same computation, eagerly
         else:
