@@ -31,13 +31,9 @@ def test_quick_text_run_adapts_the_predictor_and_writes_a_complete_result(tmp_pa
     trained = json.loads((base / "manifest.json").read_text())["training"]
     assert "dolly" not in trained["records_by_corpus"]
     assert trained["data"]["excluded_corpora"] == ["dolly"]
-    # The adaptation's 100 train-split requests at 8 rps instead of the quick preset's 4 (12 s of
-    # arrivals, not 25), and each arm's sweep run 3 s of arrivals at that rate: as many requests
-    # as the preset's 6 s at 4 rps; 8 rps is the preset's own second rate for this workload.
     command = [
         sys.executable, "-m", "bench.federation", "--quick", "--workload", "text",
         "--predictor-dir", str(base), "--adapt-samples", "100", "--only", "sweep",
-        "--rates", "8", "--duration-s", "3",
         "--tokenizer-dir", str(SHARED / "tokenizers" / "gpt2"),
         "--data-dir", str(SHARED / "datasets"),
         "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path / "out"),
