@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedllm_contract.block_hash import prompt_block_hashes
 from fedllm_contract.cache_events import CHAIN_START, BlocksStored, CacheEventBatch
@@ -39,6 +40,7 @@ HOT_PROMPTS = 32
 PROMPT = 2048
 SUFFIX = 256
 INDEX_BLOCKS = 1_000_000
+VOCAB = 50257
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ def _info(name: str) -> SiteInfoView:
         site_name=name,
         model=MODEL,
         max_model_len=8192,
-        vocab_size=50257,
+        vocab_size=VOCAB,
         tokenizer_fingerprint="bench",
         device="cpu",
         dtype="float32",
@@ -104,8 +106,19 @@ def _percentile(sorted_values: list[float], share: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(share * len(sorted_values)))]
 
 
+def _tokens(rng: random.Random, count: int) -> tuple[int, ...]:
+    """`count` token ids, uniform below VOCAB: 16-bit draws with those past it rejected (a
+    third the time of one randrange a token, which made most of a run's time)."""
+    drawn: list[int] = []
+    while len(drawn) < count:
+        wanted = count - len(drawn)
+        raw = array("H", rng.randbytes(2 * (wanted + wanted // 3 + 8)))
+        drawn.extend([token for token in raw if token < VOCAB])
+    return tuple(drawn[:count])
+
+
 def _hot_prompts(rng: random.Random) -> list[tuple[int, ...]]:
-    return [tuple(rng.randrange(50257) for _ in range(PROMPT)) for _ in range(HOT_PROMPTS)]
+    return [_tokens(rng, PROMPT) for _ in range(HOT_PROMPTS)]
 
 
 def _prefix(rng: random.Random, hot: list[tuple[int, ...]], blocks: int) -> SitePrefix:
@@ -145,8 +158,8 @@ def _states(sites: int, rng: random.Random, index_blocks: int) -> list[SiteState
 
 def _request(rng: random.Random, hot: list[tuple[int, ...]]) -> RoutingRequest:
     fresh = rng.random() >= 0.5
-    head = tuple(rng.randrange(50257) for _ in range(PROMPT)) if fresh else rng.choice(hot)
-    tokens = (*head, *(rng.randrange(50257) for _ in range(SUFFIX)))
+    head = _tokens(rng, PROMPT) if fresh else rng.choice(hot)
+    tokens = (*head, *_tokens(rng, SUFFIX))
     return RoutingRequest(
         model=MODEL,
         prompt_tokens=len(tokens),
@@ -157,12 +170,34 @@ def _request(rng: random.Random, hot: list[tuple[int, ...]]) -> RoutingRequest:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    """A seed's requests, drawn once for every policy, and the generator's state after them
+    (the load reports between decisions continue from it)."""
+
+    requests: tuple[RoutingRequest, ...]
+    rng_state: tuple[object, ...]
+
+    @classmethod
+    def draw(cls, decisions: int, seed: int) -> _Workload:
+        rng = random.Random(seed)
+        hot = _hot_prompts(random.Random(1))
+        requests = tuple(_request(rng, hot) for _ in range(decisions))
+        return cls(requests, rng.getstate())
+
+    def fresh(self) -> tuple[list[RoutingRequest], random.Random]:
+        """Copies without the block ids an earlier policy computed (RoutingRequest keeps them):
+        every policy pays for hashing the prompt, as on the request path."""
+        rng = random.Random()
+        rng.setstate(self.rng_state)
+        return [replace(request) for request in self.requests], rng
+
+
 async def _time_policy(
-    policy_name: str, states: list[SiteState], decisions: int, seed: int
+    policy_name: str, states: list[SiteState], workload: _Workload
 ) -> DecisionTimes:
-    rng = random.Random(seed)
-    hot = _hot_prompts(random.Random(1))
-    requests = [_request(rng, hot) for _ in range(decisions)]
+    requests, rng = workload.fresh()
+    decisions = len(requests)
     policy = build_policy(policy_name)
     leases: list[SiteLease] = []
     elapsed: list[float] = []
@@ -205,11 +240,12 @@ def time_decisions(
 
     async def all_policies() -> list[DecisionTimes]:
         states = _states(sites, random.Random(seed), index_blocks)
+        warm_up, timed = _Workload.draw(1_000, seed + 1), _Workload.draw(decisions, seed)
         try:
             results = []
             for name in policies:
-                await _time_policy(name, states, 1_000, seed + 1)  # warm-up
-                results.append(await _time_policy(name, states, decisions, seed))
+                await _time_policy(name, states, warm_up)
+                results.append(await _time_policy(name, states, timed))
             return results
         finally:
             for state in states:
