@@ -39,6 +39,7 @@ from devtools.launch import (
     free_port,
     spawn_site,
     start_gateway,
+    stop_all,
     stopping_on_signals,
     wait_until_serving,
 )
@@ -357,8 +358,9 @@ def _run(args: argparse.Namespace) -> int:
             _wait_forever()
         return 0 if ok == len(answers) else 1
     finally:
-        for process in reversed(processes):
-            process.stop()
+        # All at once (each drains while the others do): one after another, four services
+        # each allowed 10 s took past a minute on a loaded machine after Ctrl-C.
+        stop_all(list(reversed(processes)))
 
 
 def _wait_forever() -> None:

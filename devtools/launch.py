@@ -58,11 +58,39 @@ class LaunchError(RuntimeError):
     """A process did not come up; the message includes the end of its log."""
 
 
+# Ports handed out for a process to bind later come from below Linux's ephemeral range
+# (32768-60999), where no port-0 bind lands, and from a slice of their own per pytest-xdist
+# worker: a port picked here and bound seconds later by a starting process can then be taken
+# meanwhile neither by another process's port-0 bind nor by another worker's pick (CI saw a
+# test's site and a bench's site on one port, each picked by a port-0 bind).
+_PICKED_PORTS = range(20000, 32000)
+_port_cursor: list[int] = []
+
+
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "") or 1)
+    index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    width = len(_PICKED_PORTS) // max(count, 1)
+    start = _PICKED_PORTS.start + (index % max(count, 1)) * width
+    return range(start, start + width)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port free now on 127.0.0.1, for a process to bind (see _PICKED_PORTS)."""
+    ports = _port_slice()
+    if not _port_cursor:  # each process starts at its own place in the slice
+        _port_cursor.append(secrets.randbelow(len(ports)))
+    for _ in range(len(ports)):
+        port = ports[_port_cursor[0] % len(ports)]
+        _port_cursor[0] += 1
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 @dataclass

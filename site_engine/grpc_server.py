@@ -406,8 +406,15 @@ async def start_server(
     With `credentials` (site_engine/tls.py) the one port, health service included, speaks only
     TLS; without, only plaintext.
     """
+    # No SO_REUSEPORT (gRPC sets it by default): a second server on a taken port would bind too
+    # and the kernel would split connections between the two, so a gateway could reach another
+    # site's engine (seen in CI: a test's site port reused by a bench's site serving another
+    # model). A taken port fails the start instead.
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)]
+        options=[
+            ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
     )
     site_pb2_grpc.add_SiteEngineServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
