@@ -14,12 +14,17 @@ from fedllm_contract.proto import site_pb2_grpc
 from site_engine.grpc_server import start_server
 
 
+def _servicer() -> site_pb2_grpc.SiteEngineServicer:
+    # Every method answers UNIMPLEMENTED (the generated base class); only the binding is tested.
+    return site_pb2_grpc.SiteEngineServicer()  # type: ignore[abstract]
+
+
 def test_a_second_site_server_on_a_taken_port_fails_to_start() -> None:
     async def scenario() -> None:
-        first, _, port = await start_server(site_pb2_grpc.SiteEngineServicer(), "127.0.0.1", 0)
+        first, _, port = await start_server(_servicer(), "127.0.0.1", 0)
         try:
             with pytest.raises((OSError, RuntimeError), match="bind"):
-                await start_server(site_pb2_grpc.SiteEngineServicer(), "127.0.0.1", port)
+                await start_server(_servicer(), "127.0.0.1", port)
         finally:
             await first.stop(None)
 
