@@ -31,7 +31,13 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.common import (
+    command_line,
+    markdown_table,
+    results_dir,
+    write_one_site_federation,
+    write_results,
+)
 from devtools.launch import GATEWAY_PYTHON_ENV, start_gateway, start_site
 from site_engine.make_model import make_model_dir
 
@@ -176,22 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = make_model_dir(work / "tiny-llama", "llama", args.tokenizer.resolve())
     site = start_site(model_dir=model_dir, site_name="s", model_name="tiny", log_dir=work)
     federation = work / "federation.json"
-    federation.write_text(
-        json.dumps(
-            {
-                "models": [{"name": "tiny", "tokenizer": str(model_dir)}],
-                "sites": [
-                    {
-                        "name": "s",
-                        "cloud": "aws",
-                        "region": "us-east-1",
-                        "endpoint": f"127.0.0.1:{site.port}",
-                        "model": "tiny",
-                    }
-                ],
-            }
-        )
-    )
+    write_one_site_federation(federation, model_dir, site.port)
     gateway = None
     try:
         with fresh_database(args.database) as url:

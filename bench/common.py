@@ -84,3 +84,12 @@ def write_results(
         f"# {name}\n\nCommand: `{command}`\n\nMachine: {stamped['machine']}\n\n{markdown}\n"
     )
     return json_path
+
+
+def write_one_site_federation(path: Path, model_dir: Path, port: int) -> None:
+    """A federation file of one model, `tiny` (its tokenizer in `model_dir`), served by one
+    local site `s` on `port`: what the single-site benches put a gateway in front of."""
+    site = {"name": "s", "cloud": "aws", "region": "us-east-1",
+            "endpoint": f"127.0.0.1:{port}", "model": "tiny"}  # fmt: skip
+    models = [{"name": "tiny", "tokenizer": str(model_dir)}]
+    path.write_text(json.dumps({"models": models, "sites": [site]}))

@@ -11,7 +11,6 @@ that a change of the host's speed hits both. Writes bench/results/launch_time/la
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -19,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import markdown_table, results_dir, write_results
+from bench.common import markdown_table, results_dir, write_one_site_federation, write_results
 from devtools.forkserver import FORK_SERVER_ENV
 from devtools.launch import (
     GATEWAY_PYTHON_ENV,
@@ -40,22 +39,7 @@ def _round(model_dir: Path, work: Path) -> tuple[float, float]:
     site = start_site(model_dir=model_dir, site_name="s", model_name="tiny", log_dir=work)
     site_ready = time.monotonic()
     federation = work / "federation.json"
-    federation.write_text(
-        json.dumps(
-            {
-                "models": [{"name": "tiny", "tokenizer": str(model_dir)}],
-                "sites": [
-                    {
-                        "name": "s",
-                        "cloud": "aws",
-                        "region": "us-east-1",
-                        "endpoint": f"127.0.0.1:{site.port}",
-                        "model": "tiny",
-                    }
-                ],
-            }
-        )
-    )
+    write_one_site_federation(federation, model_dir, site.port)
     gateway = None
     try:
         gateway = start_gateway(

@@ -7,14 +7,13 @@ Run on the GPU machine: python3 -m pytest -m gpu tests/gpu/test_lazy_graphs.py
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench.engine.lora_profile import counting_replays
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
@@ -30,23 +29,6 @@ from tests.unit.engine.test_engine_correctness import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-@contextmanager
-def counting_replays() -> Iterator[dict[str, int]]:
-    """Counts torch.cuda.CUDAGraph.replay calls while open (as bench/engine/lora_profile.py)."""
-    counts = {"replays": 0}
-    original = torch.cuda.CUDAGraph.replay
-
-    def replay(self: torch.cuda.CUDAGraph) -> None:
-        counts["replays"] += 1
-        original(self)
-
-    torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
-    try:
-        yield counts
-    finally:
-        torch.cuda.CUDAGraph.replay = original  # type: ignore[method-assign]
 
 
 def engine_of(loaded: LoadedModel, lazy: bool, overlap: bool) -> PagedEngine:
