@@ -9,12 +9,19 @@ after it): the same schedule, so the tokens must be the same, request by request
 wait would let a running step read the half-written slot of the next adapter, or the next step
 read it before its copy ended. A race shows only when the timing lets it, so a pass says the
 order held on these runs; the test also checks that some write did start while a step ran.
+
+The model is tiny: its steps end on the device before the host has planned the next one, so no
+write would ever meet a running step (the H100 of 2026-11-27: 0 of the writes did). In the busy
+run every step therefore starts with a few milliseconds of device-side spinning
+(`torch.cuda._sleep`), queued on the compute stream before the step's reads: a step is still
+running when the host writes the next adapter's slot, as with a large model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +33,9 @@ from site_engine.model_loading import load_model
 from tests.gpu.test_lora_kernels import _adapter_dir, _model_dir, _requests, _run
 
 pytestmark = pytest.mark.gpu
+
+# ~5 ms of a step's device time at the H100's and H200's ~1.8-2 GHz.
+_SPIN_CYCLES = 10_000_000
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -66,6 +76,14 @@ def test_a_slot_written_while_steps_run_answers_as_one_written_with_none_running
                 torch.cuda.synchronize()
 
         monkeypatch.setattr(slots, "_write", written)
+        if not idle:
+            launch = engine.runner.launch_logits
+
+            def slow_step(*args: Any, launch: Callable[..., Any] = launch) -> Any:
+                torch.cuda._sleep(_SPIN_CYCLES)  # type: ignore[no-untyped-call]
+                return launch(*args)
+
+            monkeypatch.setattr(engine.runner, "launch_logits", slow_step)
         answers[idle] = _run(engine, _requests())
         engine.close()
     assert len(busy_at_write) >= 4, "the slot was not rewritten: the case tests nothing"
