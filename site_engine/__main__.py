@@ -112,10 +112,10 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument(
         "--lazy-graphs",
         dest="lazy_graphs",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="CUDA: serve before the CUDA graphs exist and capture them between steps "
-        "(off by default: not yet run on a GPU)",
+        help="CUDA: serve before the CUDA graphs exist and capture them between steps (on by "
+        "default on CUDA; --no-lazy-graphs captures them all before READY)",
     )
     parser.add_argument(
         "--host-kv-cache-gib",

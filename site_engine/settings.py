@@ -59,7 +59,8 @@ class SiteSettings:
     # Automatic prefix caching (site_engine/engine/core/block_manager.py); --no-prefix-caching: off.
     prefix_caching: bool = True
     # CUDA only: serve at once, before any CUDA graph exists, and capture them between steps
-    # (EngineConfig.lazy_graphs, docs/elastic.md). Off by default: not yet run on a GPU.
+    # (EngineConfig.lazy_graphs, docs/elastic.md). `load` turns it on for a CUDA site unless
+    # SITE_LAZY_GRAPHS says otherwise (tests/gpu/test_lazy_graphs.py passed on an H100).
     lazy_graphs: bool = False
     # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
     host_kv_cache_gib: float = 0.0
@@ -260,6 +261,8 @@ class SiteSettings:
         ):
             if values.get(name) is not None:
                 values[name] = Path(values[name])
+        # A CUDA site serves before its graphs exist unless told not to; a CPU site has none.
+        values.setdefault("lazy_graphs", str(values.get("device", "cpu")).startswith("cuda"))
         values.setdefault("model_name", default_model_name(values["model_dir"]))
         values.setdefault("site_name", values["model_name"])
         return build(cls, values)

@@ -123,7 +123,7 @@ class EngineConfig:
     finetune_reserve_bytes: int = 0
     # CUDA only: start with no graph captured, serve at once (steps without their graph run
     # eagerly) and capture the graphs one at a time between steps (core/graph_capture.py).
-    # Off by default: written without a GPU run; tests/gpu/test_lazy_graphs.py turns it on.
+    # Off for an engine built in code; a CUDA site turns it on (SiteSettings.load, docs/elastic.md).
     lazy_graphs: bool = False
     # Lazy graphs' pace (core/graph_capture.CapturePolicy): one capture per this many steps
     # while requests run; captures per idle loop turn for up to this many seconds.

@@ -89,3 +89,10 @@ def test_lazy_graphs_are_refused_on_a_cpu_site(tmp_path: Path) -> None:
         SiteSettings.load(env)
     assert SiteSettings.load({**env, "SITE_DEVICE": "cuda:0"}).lazy_graphs
     assert not SiteSettings.load({"SITE_MODEL_DIR": str(tmp_path)}).lazy_graphs
+
+
+def test_a_cuda_site_serves_before_its_graphs_unless_told_not_to(tmp_path: Path) -> None:
+    env = {"SITE_MODEL_DIR": str(tmp_path), "SITE_DEVICE": "cuda:0"}
+    assert SiteSettings.load(env).lazy_graphs
+    assert not SiteSettings.load({**env, "SITE_LAZY_GRAPHS": "false"}).lazy_graphs
+    assert not SiteSettings.load(env, lazy_graphs=False).lazy_graphs
