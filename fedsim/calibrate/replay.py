@@ -4,7 +4,8 @@ simulated site with the fitted step time, and the TTFT and TPOT percentiles comp
 Replayed: bench/results/engine/engine_h200.json's `engine_burst` (1,000 requests at once),
 `engine_subset_burst` (its first 256) and `engine_poisson` (the 1,000 at 20 requests/s), and
 engine_serving/engine_serving_h200.json's `burst` (the same 1,000-request burst two days and many
-engine changes later): Llama-3.2-1B-shaped on an H200, max_num_seqs 256, budget 4,096 tokens,
+engine changes later), and each engine_h200_r<rate>.json's runs (bench.engine.gpu at another Poisson
+rate and trace size, named with the file's suffix): Llama-3.2-1B-shaped on an H200, max_num_seqs 256, budget 4,096 tokens,
 prefix caching on. Their trace is rebuilt exactly as the runs built it (bench/engine/workload.py:
 Alpaca and LIMA prompts in GPT-2 token ids, the reference answer lengths replayed, seed 0; its
 Poisson arrivals), from the datasets in ../shared/datasets; the rebuilt trace's output tokens are
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.engine.workload import WorkloadSpec, load_workload, poisson_arrivals
+from bench.engine.workload import WorkloadRequest, WorkloadSpec, load_workload, poisson_arrivals
 from fedllm_contract.tokenizer import load_tokenizer
 from fedsim.cards import CARDS, MODELS
 from fedsim.federation import RunResult, run
@@ -79,17 +80,15 @@ class MeasuredRun:
     block_size: int
 
 
-def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
-    """The runs of engine_h200.json and engine_serving_h200.json (the module docstring), their
-    trace rebuilt."""
-    # Today's engine (2026-11-27) where it has run; the file of 2026-11-21 was measured on an
-    # engine whose admitting steps were ~10x slower (docs/simulator.md).
-    path = results / "engine" / "engine_h200_20261127.json"
-    if not path.is_file():
-        path = results / "engine" / "engine_h200.json"
-    data = json.loads(path.read_text())
-    serving_path = results / "engine_serving" / "engine_serving_h200.json"
-    serving = json.loads(serving_path.read_text()) if serving_path.is_file() else None
+# Runs of bench.engine.gpu at other Poisson rates on today's engine (engine_h200_r<rate>.json):
+# each file's trace is rebuilt from its own config.
+_RATE_RUNS = "engine_h200_r*.json"
+
+_Run = tuple[str, dict[str, Any], dict[str, Any], list[float]]
+
+
+def _workload_of(data: dict[str, Any], shared: Path) -> list[WorkloadRequest]:
+    """The trace a bench.engine.gpu result file ran, rebuilt from its config."""
     config, trace = data["config"], data["trace"]
     spec = WorkloadSpec(
         counts=tuple((corpus, count) for corpus, count in trace["by_corpus"].items()),
@@ -98,9 +97,22 @@ def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
         seed=config["seed"],
     )
     tokenizer = load_tokenizer(shared / "tokenizers" / "gpt2")
-    workload = load_workload(spec, tokenizer.encode, shared / "datasets")
-    runs: dict[str, tuple[str, dict[str, Any], dict[str, Any], list[float]]] = {
-        name: (path.name, data["runs"][name]["summary"], data["runs"][name]["engine_config"], t)
+    return load_workload(spec, tokenizer.encode, shared / "datasets")
+
+
+def _engine_file(path: Path, shared: Path, suffix: str) -> dict[str, MeasuredRun]:
+    """The burst, subset and Poisson runs of one bench.engine.gpu result file, named with
+    `suffix`, their trace rebuilt as the run built it."""
+    data = json.loads(path.read_text())
+    config = data["config"]
+    workload = _workload_of(data, shared)
+    runs: dict[str, _Run] = {
+        name + suffix: (
+            path.name,
+            data["runs"][name]["summary"],
+            data["runs"][name]["engine_config"],
+            t,
+        )
         for name, t in (
             ("engine_burst", [0.0] * len(workload)),
             ("engine_subset_burst", [0.0] * int(data.get("hf_subset_requests") or 0)),
@@ -111,10 +123,10 @@ def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
         )
         if name in data["runs"]
     }
-    if serving is not None and "burst" in serving:
-        burst = serving["burst"]
-        times = [0.0] * burst["trace_requests"]
-        runs["serving_burst"] = (serving_path.name, burst["summary"], burst["engine_config"], times)
+    return _as_measured(runs, workload)
+
+
+def _as_measured(runs: dict[str, _Run], workload: list[WorkloadRequest]) -> dict[str, MeasuredRun]:
     out = {}
     for name, (source, summary, engine, times) in runs.items():
         chosen = workload[: len(times)]
@@ -141,6 +153,30 @@ def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
             engine["max_num_batched_tokens"],
             engine["block_size"],
         )
+    return out
+
+
+def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
+    """The runs of engine_h200.json, engine_serving_h200.json and engine_h200_r*.json (the
+    module docstring), their trace rebuilt."""
+    # Today's engine (2026-11-27) where it has run; the file of 2026-11-21 was measured on an
+    # engine whose admitting steps were ~10x slower (docs/simulator.md).
+    path = results / "engine" / "engine_h200_20261127.json"
+    if not path.is_file():
+        path = results / "engine" / "engine_h200.json"
+    out = _engine_file(path, shared, "")
+    serving_path = results / "engine_serving" / "engine_serving_h200.json"
+    serving = json.loads(serving_path.read_text()) if serving_path.is_file() else None
+    if serving is not None and "burst" in serving:
+        burst = serving["burst"]
+        times = [0.0] * burst["trace_requests"]
+        workload = _workload_of(json.loads(path.read_text()), shared)
+        out |= _as_measured(
+            {"serving_burst": (serving_path.name, burst["summary"], burst["engine_config"], times)},
+            workload,
+        )
+    for extra in sorted((results / "engine").glob(_RATE_RUNS)):
+        out |= _engine_file(extra, shared, "_" + extra.stem.removeprefix("engine_h200_"))
     return out
 
 
