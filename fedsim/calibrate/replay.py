@@ -4,8 +4,9 @@ simulated site with the fitted step time, and the TTFT and TPOT percentiles comp
 Replayed: bench/results/engine/engine_h200.json's `engine_burst` (1,000 requests at once),
 `engine_subset_burst` (its first 256) and `engine_poisson` (the 1,000 at 20 requests/s), and
 engine_serving/engine_serving_h200.json's `burst` (the same 1,000-request burst two days and many
-engine changes later), and each engine_h200_r<rate>.json's runs (bench.engine.gpu at another Poisson
-rate and trace size, named with the file's suffix): Llama-3.2-1B-shaped on an H200, max_num_seqs 256, budget 4,096 tokens,
+engine changes later), and each engine_h200_r<rate>.json's runs (bench.engine.gpu at another
+Poisson rate and trace size, named with the file's suffix): Llama-3.2-1B-shaped on an H200,
+max_num_seqs 256, budget 4,096 tokens,
 prefix caching on. Their trace is rebuilt exactly as the runs built it (bench/engine/workload.py:
 Alpaca and LIMA prompts in GPT-2 token ids, the reference answer lengths replayed, seed 0; its
 Poisson arrivals), from the datasets in ../shared/datasets; the rebuilt trace's output tokens are
@@ -90,8 +91,15 @@ _Run = tuple[str, dict[str, Any], dict[str, Any], list[float]]
 def _workload_of(data: dict[str, Any], shared: Path) -> list[WorkloadRequest]:
     """The trace a bench.engine.gpu result file ran, rebuilt from its config."""
     config, trace = data["config"], data["trace"]
+    # The run's own order of corpora (bench/engine/run_phases.py); by_corpus counts the shuffled
+    # trace in order of first appearance, which is the run's order only by chance.
+    counts = (
+        (("alpaca_random", config["requests_alpaca"]), ("lima", config["requests_lima"]))
+        if "requests_alpaca" in config
+        else tuple(trace["by_corpus"].items())
+    )
     spec = WorkloadSpec(
-        counts=tuple((corpus, count) for corpus, count in trace["by_corpus"].items()),
+        counts=counts,
         max_prompt_tokens=config["max_prompt_tokens"],
         max_output_tokens=config["max_response_tokens"],
         seed=config["seed"],
