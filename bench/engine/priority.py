@@ -185,6 +185,7 @@ def summary(run: RunResult) -> dict[str, Any]:
         "ttft_p99_ms": ttft * ms if ttft is not None else None,
         "tpot_p99_ms": tpot * ms if tpot is not None else None,
         "interactive_tokens_in_window": run.interactive_tokens_in_window,
+        "interactive_cached_prompt_tokens": run.interactive_cached_prompt_tokens,
         "batch_tokens_in_window": run.batch_tokens_in_window,
         "preemptions": run.preemptions,
         "steps": run.steps,
