@@ -129,9 +129,15 @@ class RunResult:
     # and a cache cleared at the run's start (drive says why).
     interactive_cached_prompt_tokens: int = 0
     preemptions: dict[str, int] = field(default_factory=dict)
+    # The step cost the engine had learned by the run's end (base, per token, per KV position
+    # read, in seconds; empty before it learned one): what the time side bounded the batch by.
+    step_cost_s: tuple[float, ...] = ()
 
     def p99(self, values: list[float]) -> float | None:
-        return percentile(values, 99) if values else None
+        return self.percentile(values, 99)
+
+    def percentile(self, values: list[float], q: float) -> float | None:
+        return percentile(values, q) if values else None
 
 
 def drive(
@@ -227,10 +233,12 @@ def _finish(
         result.interactive_cached_prompt_tokens += timing.cached
         if timing.tokens > 1:
             result.tpot_s.append((timing.last_s - timing.first_s) / (timing.tokens - 1))
+    stats = engine.stats()
     result.preemptions = {
         load.priority.label: load.num_preemptions - before.get(load.priority, 0)
-        for load in engine.stats().by_class
+        for load in stats.by_class
     }
+    result.step_cost_s = stats.step_cost_s
 
 
 def burst(engine: PagedEngine, requests: list[EngineRequest], clock: Clock) -> tuple[float, float]:
