@@ -19,6 +19,7 @@ Steps, on one warmed-up engine:
 3. `with_batch`: the same arrivals while a batch of priority BATCH, larger than the engine can
    finish in the run, is queued at t=0: held by the driver as the gateway holds a batch, the
    engine's queue topped up to twice its sequence limit before every step.
+Each run starts from an empty prefix cache: both replay the same prompts (priority_driver.drive).
 Keys: `interactive_ttft_p99_ratio` and `interactive_tpot_p99_ratio` (with_batch / alone; goal
 <= 1.2 each) and `batch_share_of_idle`: the batch's output tokens within the window over the
 batch capacity the interactive load leaves, batch tok/s x window x (1 - load) (goal >= 0.8).
@@ -179,16 +180,20 @@ def new_clock(p: dict[str, Any]) -> Clock:
 def summary(run: RunResult) -> dict[str, Any]:
     ms = 1000.0
     ttft, tpot = run.p99(run.ttft_s), run.p99(run.tpot_s)
+    median = run.percentile(run.ttft_s, 50)
     return {
         "interactive_requests": run.interactive_total,
         "interactive_finished": run.interactive_done,
+        "ttft_p50_ms": median * ms if median is not None else None,
         "ttft_p99_ms": ttft * ms if ttft is not None else None,
         "tpot_p99_ms": tpot * ms if tpot is not None else None,
         "interactive_tokens_in_window": run.interactive_tokens_in_window,
+        "interactive_cached_prompt_tokens": run.interactive_cached_prompt_tokens,
         "batch_tokens_in_window": run.batch_tokens_in_window,
         "preemptions": run.preemptions,
         "steps": run.steps,
         "clock_s": run.clock_s,
+        "step_cost_s": list(run.step_cost_s),
     }
 
 
@@ -278,16 +283,19 @@ def report(result: dict[str, Any]) -> str:
             name,
             r["interactive_finished"],
             r["interactive_requests"],
+            r["ttft_p50_ms"],
             r["ttft_p99_ms"],
             r["tpot_p99_ms"],
             r["batch_tokens_in_window"],
             r["preemptions"].get("batch", 0),
+            r["interactive_cached_prompt_tokens"],
         ]
         for seed in result["seeds"]
         for name, r in seed["runs"].items()
     ]
-    headers = ["seed", "run", "interactive done", "of", "TTFT p99 ms", "TPOT p99 ms",
-               "batch tokens", "batch preemptions"]  # fmt: skip
+    headers = ["seed", "run", "interactive done", "of", "TTFT p50 ms", "TTFT p99 ms",
+               "TPOT p99 ms", "batch tokens", "batch preemptions",
+               "interactive prompt tokens cached"]  # fmt: skip
     per_seed = markdown_table(
         ["seed", *KEYS], [[seed["seed"], *(seed[k] for k in KEYS)] for seed in result["seeds"]]
     )

@@ -642,6 +642,14 @@ class PagedEngine:
             self._limits, prefix_caching=prefix_caching, host_kv_blocks=config.host_kv_blocks
         )
 
+    def clear_prefix_cache(self) -> None:
+        """An idle engine forgets every cached block (the blocks stay, unindexed): a benchmark's
+        arms that replay the same prompts each start from the same cold cache, rather than the
+        second finding the first one's prompts cached (bench/engine/priority_driver.py)."""
+        if self.has_unfinished():
+            raise RuntimeError("clear_prefix_cache needs an idle engine")
+        self._scheduler.clear_prefix_cache()
+
     def take_cache_events(self) -> list[CacheEvent]:
         return self._scheduler.take_cache_events()
 
