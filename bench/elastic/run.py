@@ -33,10 +33,10 @@ from bench.elastic.presets import PRESETS, ElasticPreset
 from bench.elastic.report import arm_result, write
 from bench.elastic.timeline import Timeline
 from bench.elastic.workload import arrival_times, templates, timed
+from bench.engine.paths import shared_path
 from bench.loadgen.client import run_open_loop
 from bench.loadgen.models import default_tokenizer, write_model
 from bench.loadgen.text_tokens import WordTokens
-from bench.loadgen.traces import TRACES_DIR
 from bench.loadgen.workload import Request, describe
 from devtools.forkserver import FORK_SERVER_ENV
 from fedllm_contract.tokenizer import load_tokenizer
@@ -118,7 +118,9 @@ def parse(argv: Sequence[str]) -> Options:
     parser.add_argument("--tokenizer-dir", type=Path, help="default: var/models/SmolLM2-*")
     parser.add_argument("--data-dir", type=Path, help="datasets (default ../shared/datasets)")
     parser.add_argument(
-        "--trace-file", type=Path, default=TRACES_DIR / "mooncake_fast25_synthetic_trace.jsonl"
+        "--trace-file",
+        type=Path,
+        default=shared_path(None, "datasets", "traces", "mooncake_fast25_synthetic_trace.jsonl"),
     )
     parser.add_argument(
         "--predictor-dir", type=Path, help="the gateways' length predictor (default: none)"

@@ -23,7 +23,6 @@ from pathlib import Path
 from bench.loadgen.text_tokens import WordTokens
 from bench.loadgen.workload import Request, scaled
 
-TRACES_DIR = Path(__file__).resolve().parent.parent.parent.parent / "shared/datasets/traces"
 TRACE_BLOCK_TOKENS = 512  # what a hash id stands for in the Mooncake traces
 # Room left in front of every prompt (the federation bench put a per-arm marker there).
 MARKER_TOKENS = 4
