@@ -15,7 +15,7 @@ GATEWAY_STAMP := $(GATEWAY_VENV)/.installed-$(DEPS_SUM)
 DATA_DIR ?= ../shared/datasets
 TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
 
-.PHONY: setup setup-run demo test test-gpu lint unit proto clean bench-engine-cpu bench-engine-gpu predictor-default bench-predictor
+.PHONY: setup setup-run demo test test-gpu lint unit proto clean bench-engine-gpu predictor-default bench-predictor
 
 # The admin dashboard's chart library (uPlot), from the npm registry at set-up time and served
 # by the gateway itself (never a CDN); re-installed when the lock file changes.
@@ -110,9 +110,6 @@ test-gpu:
 unit: setup
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-bench-engine-cpu: setup
-	$(BIN)/python -m bench.engine.cpu --tokenizer-dir $(TOKENIZER_DIR) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
-
 # On the GPU machine (its own python3 with torch + CUDA): the H200 benchmark of docs/engine-gpu.md.
 bench-engine-gpu:
 	python3 -m bench.engine.gpu --tokenizer-dir $(TOKENIZER_DIR)
@@ -123,12 +120,6 @@ predictor-default: setup
 
 bench-predictor: setup
 	$(BIN)/python -m bench.predictor --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR)
-
-# MICO's Table 1 and more on real site processes behind the real gateway (docs/multisite-bench.md).
-# ~20 min on 2 cores; uses var/predictor/default when `make predictor-default` has built it.
-.PHONY: bench-multisite
-bench-multisite: setup
-	$(BIN)/python -m bench.multisite --tokenizer-dir $(TOKENIZER_DIR) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(MULTISITE_ARGS)
 
 # Dashboard page load time and bytes sent with a day of 9-site history (headless Chromium).
 .PHONY: bench-dashboard

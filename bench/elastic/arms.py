@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.elastic.presets import ElasticPreset, Place
-from bench.federation.topology import ROUTED_MODEL
+from bench.loadgen.workload import ROUTED_MODEL
 from devtools.launch import ManagedProcess, spawn_site, start_gateway, stop_all, wait_until_serving
 
 ARMS = ("autoscaled", "static1", "static2")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.federation.prefix_workloads import Shape
-from bench.federation.topology import _SMOL_135M, _TINY, ModelShape
+from bench.loadgen.models import SMOL_135M, TINY, ModelShape
+from bench.loadgen.traces import Shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ _GPU_SITE = ("--device", "cuda", "--dtype", "bfloat16", "--max-num-seqs", "64",
 PRESETS: dict[str, ElasticPreset] = {
     "cpu": ElasticPreset(
         name="cpu",
-        shape=_TINY,
+        shape=TINY,
         places=(Place((), _CPU_SITE), Place((), _CPU_SITE)),
         phases=(Phase(1, 6), Phase(3, 10), Phase(1, 12)),
         drain_s=30.0,
@@ -77,7 +77,7 @@ PRESETS: dict[str, ElasticPreset] = {
         max_prompt_tokens=256,
         max_answer_tokens=48,
         answer_scale=0.1,
-        trace=Shape(16, 256, 48, 0.1, 0),
+        trace=Shape(16, 256, 48, 0.1),
         rule=(
             ("target_backlog_s", 0.5),
             ("lead_time_s", 5.0),
@@ -94,7 +94,7 @@ PRESETS: dict[str, ElasticPreset] = {
     ),
     "gpu": ElasticPreset(
         name="gpu",
-        shape=_SMOL_135M,
+        shape=SMOL_135M,
         places=(
             Place((("CUDA_VISIBLE_DEVICES", "0"),), _GPU_SITE),
             Place((("CUDA_VISIBLE_DEVICES", "1"),), _GPU_SITE),
@@ -111,7 +111,7 @@ PRESETS: dict[str, ElasticPreset] = {
         max_prompt_tokens=4096,
         max_answer_tokens=1024,
         answer_scale=1.0,
-        trace=Shape(512, 4096, 1024, 1.0, 0),
+        trace=Shape(512, 4096, 1024, 1.0),
         # From the first GPU runs (bench/results/elastic/elastic_h100x4.md): one site's backlog
         # is ~0.7 s at 1x and grows past its capacity at 3x, so the line is 2 s of work a site.
         # A site starts in 18-19.5 s: the forecast looks that far ahead (20 s until the actuator

@@ -3,7 +3,7 @@ tables and the autoscaled arm's scaling events) and NAME.png (load, sites and TT
 
 - `slo_attainment` of an arm: the share of its requests whose own TTFT and TPOT met the SLO (a
   request cut off at the drain's end while streaming is judged on what it streamed, one that
-  failed or never streamed misses; bench/federation/loadgen.py).
+  failed or never streamed misses; bench/loadgen/client.py).
 - `site_seconds` (GPU-seconds): its site processes' lifetimes within the run (first arrival to
   the last answer or the cut), sampled from /proc: a site starting or draining is paid for.
 - `lost`: requests that got an error (the drain's cut is not an error: the benchmark hung up).
@@ -25,8 +25,7 @@ from typing import Any
 from bench.common import markdown_table
 from bench.elastic.presets import ElasticPreset
 from bench.elastic.timeline import Timeline
-from bench.federation.loadgen import CUT_OFF, Outcome, RunOutcomes
-from bench.federation.metrics import percentile
+from bench.loadgen.client import CUT_OFF, Outcome, RunOutcomes, percentile
 
 GOALS = {
     "slo_attainment_vs_static2": (">=", 0.95),

@@ -1,12 +1,12 @@
 """`python -m bench.elastic`: the arms, one after the other on fresh processes, under the same
 stepped open-loop load; the result files (bench/elastic/report.py).
 
-1. A random model of the preset's shape with SmolLM2's tokenizer (bench/federation/topology.py).
+1. A random model of the preset's shape with SmolLM2's tokenizer (bench/loadgen/models.py).
 2. The unit rate (1x), unless given (`--unit-rps`, or the merged result's): a static one-site
    federation is sent 4 x its batch slots of the workload's requests at once; what it completes
    per second is one site's capacity, 1x is `unit_share` of it.
 3. Each arm: its sites and gateway started (bench/elastic/arms.py), the load sent through the
-   public API (bench/federation/loadgen.py), the timeline sampled (bench/elastic/timeline.py),
+   public API (bench/loadgen/client.py), the timeline sampled (bench/elastic/timeline.py),
    then the gateway's scaling events read from its database, and everything stopped.
 """
 
@@ -33,11 +33,11 @@ from bench.elastic.presets import PRESETS, ElasticPreset
 from bench.elastic.report import arm_result, write
 from bench.elastic.timeline import Timeline
 from bench.elastic.workload import arrival_times, templates, timed
-from bench.federation.loadgen import run_open_loop
-from bench.federation.options import SHARED, default_tokenizer
-from bench.federation.text_tokens import WordTokens
-from bench.federation.topology import write_model
-from bench.federation.workload import Request, describe
+from bench.engine.paths import shared_path
+from bench.loadgen.client import run_open_loop
+from bench.loadgen.models import default_tokenizer, write_model
+from bench.loadgen.text_tokens import WordTokens
+from bench.loadgen.workload import Request, describe
 from devtools.forkserver import FORK_SERVER_ENV
 from fedllm_contract.tokenizer import load_tokenizer
 
@@ -118,7 +118,9 @@ def parse(argv: Sequence[str]) -> Options:
     parser.add_argument("--tokenizer-dir", type=Path, help="default: var/models/SmolLM2-*")
     parser.add_argument("--data-dir", type=Path, help="datasets (default ../shared/datasets)")
     parser.add_argument(
-        "--trace-file", type=Path, default=SHARED / "mooncake_fast25_synthetic_trace.jsonl"
+        "--trace-file",
+        type=Path,
+        default=shared_path(None, "datasets", "traces", "mooncake_fast25_synthetic_trace.jsonl"),
     )
     parser.add_argument(
         "--predictor-dir", type=Path, help="the gateways' length predictor (default: none)"

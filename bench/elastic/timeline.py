@@ -5,6 +5,7 @@ controller's desired sites and backlog, from /metrics as an operator reads them)
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -14,9 +15,18 @@ from pathlib import Path
 import httpx
 
 from bench.elastic.arms import ADMIN_TOKEN
-from bench.federation.runs import prometheus_sums
 
 SAMPLE_S = 0.5
+_SAMPLE = re.compile(r"^(fedllm_[a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", re.MULTILINE)
+
+
+def prometheus_sums(text: str) -> dict[str, float]:
+    """Each metric's samples summed over their labels."""
+    sums: dict[str, float] = {}
+    for name, _labels, value in _SAMPLE.findall(text):
+        if value != "NaN":
+            sums[name] = sums.get(name, 0.0) + float(value)
+    return sums
 
 
 def alive(site_names: Sequence[str]) -> set[str]:

@@ -1,5 +1,5 @@
 """The elastic benchmark's load: open-loop Poisson arrivals whose rate steps 1x -> 3x -> 1x of a
-unit rate, each request alternately a ShareGPT-like prompt (bench/federation's `sharegpt` mix:
+unit rate, each request alternately a ShareGPT-like prompt (bench/loadgen/workload.py's mix:
 Dolly records with their context and synthetic log-normal prompts, with SmolLM2's own answer
 lengths) and a turn of the synthetic Mooncake trace (conversations whose prompts share prefix
 blocks), in the trace's order. Every arm gets exactly the same requests at the same offsets.
@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.elastic.presets import ElasticPreset, Phase
-from bench.federation.prefix_workloads import read_trace, trace_requests
-from bench.federation.text_tokens import WordTokens
-from bench.federation.workload import Request, arrivals, load_pools
+from bench.loadgen.text_tokens import WordTokens
+from bench.loadgen.traces import read_trace, trace_requests
+from bench.loadgen.workload import Request, arrivals, load_pools
 
 # Templates drawn per source before timing: more than any run sends.
 _TEMPLATE_RPS = 50.0

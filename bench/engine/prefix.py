@@ -45,7 +45,6 @@ from bench.engine.prefix_workloads import (
     Session,
     TraceTokens,
     load_mt_bench,
-    load_trace,
     lru_bound,
     noreuse_sessions,
     shared_sessions,
@@ -53,6 +52,7 @@ from bench.engine.prefix_workloads import (
     trace_sessions,
 )
 from bench.engine.report import versions
+from bench.loadgen.traces import read_trace
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
 
@@ -330,7 +330,7 @@ def run_shared(runner: Runner, args: argparse.Namespace, encode: Any, vocab: int
 
 def run_trace(runner: Runner, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     p = runner.p
-    rows = load_trace(traces_dir(args) / "mooncake_fast25_synthetic_trace.jsonl")
+    rows = read_trace(traces_dir(args) / "mooncake_fast25_synthetic_trace.jsonl")
     first = len(rows) - p["trace_requests"] if p["trace_requests"] else 0
     rows = rows[first:]
     parts = trace_parts(rows, len(p["trace_rates"]))

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TRACE_BLOCK = 512
+from bench.loadgen.traces import TRACE_BLOCK_TOKENS as TRACE_BLOCK
+from bench.loadgen.traces import TraceRecord
+
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 Encode = Callable[[str], Sequence[int]]
 
@@ -45,14 +47,6 @@ class Session:
     arrival_s: float
     prefix: tuple[int, ...]  # before the first turn's tail (the common system prompt)
     turns: tuple[Turn, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRow:
-    timestamp_ms: int
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
 
 
 def poisson_times(count: int, rate: float, rng: random.Random) -> list[float]:
@@ -112,19 +106,6 @@ def noreuse_sessions(
     return sessions
 
 
-def load_trace(path: Path) -> list[TraceRow]:
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            rows.append(
-                TraceRow(
-                    r["timestamp"], r["input_length"], r["output_length"], tuple(r["hash_ids"])
-                )
-            )
-    return rows
-
-
 class TraceTokens:
     """The 512 tokens of each hash id, drawn once from a generator seeded by the id."""
 
@@ -140,20 +121,20 @@ class TraceTokens:
             self._blocks[hash_id] = tokens
         return tokens
 
-    def prompt(self, row: TraceRow, cap: int) -> tuple[int, ...]:
+    def prompt(self, row: TraceRecord, cap: int) -> tuple[int, ...]:
         length = min(row.input_length, cap)
         blocks = row.hash_ids[: -(-length // TRACE_BLOCK)]
         return tuple(t for h in blocks for t in self.block(h))[:length]
 
 
-def trace_parts(rows: Sequence[TraceRow], parts: int) -> list[Sequence[TraceRow]]:
+def trace_parts(rows: Sequence[TraceRecord], parts: int) -> list[Sequence[TraceRecord]]:
     """The trace cut into `parts` consecutive slices of (nearly) equal request counts."""
     size = -(-len(rows) // parts)
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def trace_sessions(
-    rows: Sequence[TraceRow],
+    rows: Sequence[TraceRecord],
     tokens: TraceTokens,
     *,
     rate: float,
@@ -163,14 +144,14 @@ def trace_sessions(
 ) -> tuple[list[Session], float]:
     """One part of the trace at mean `rate`; returns its sessions and the speed-up applied to
     the trace's clock (trace seconds per replayed second)."""
-    start = rows[0].timestamp_ms
-    span_s = (rows[-1].timestamp_ms - start) / 1000
+    start = rows[0].at_ms
+    span_s = (rows[-1].at_ms - start) / 1000
     native = (len(rows) - 1) / span_s if span_s > 0 else rate
     scale = native / rate  # replayed seconds per trace second
     sessions = [
         Session(
             f"{label}-{i}",
-            (row.timestamp_ms - start) / 1000 * scale,
+            (row.at_ms - start) / 1000 * scale,
             (),
             (Turn(tokens.prompt(row, cap), max(1, min(row.output_length, max_answer))),),
         )
@@ -180,7 +161,7 @@ def trace_sessions(
 
 
 def lru_bound(
-    rows: Sequence[TraceRow], cap: int, capacity_tokens: float, block_size: int
+    rows: Sequence[TraceRecord], cap: int, capacity_tokens: float, block_size: int
 ) -> dict[str, Any]:
     """Prompt tokens a single LRU cache of `capacity_tokens` could skip on the trace (inputs
     capped at `cap`), in arrival order, with the engine's blocks of `block_size` tokens (a

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.engine.metrics import percentile
 from site_engine.cache_event_journal import CacheEventJournal
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
 from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams
@@ -176,13 +177,8 @@ class Arm:
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """0 where nothing was timed (an arm that never called `stats()`)."""
+    return percentile(values, q) if values else 0.0
 
 
 def summarize(times: Sequence[float]) -> dict[str, float]:

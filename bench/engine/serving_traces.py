@@ -11,12 +11,12 @@ prefix cache gains nothing on this mix; what it measures is long prefill next to
 from __future__ import annotations
 
 import csv
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engine.workload import WorkloadRequest
+from bench.loadgen.traces import read_trace
 
 AZURE_CONV = "azure_llm_inference_2023_conv.csv"
 MOONCAKE_SYNTHETIC = "mooncake_fast25_synthetic_trace.jsonl"
@@ -34,13 +34,8 @@ def load_trace_lengths(traces_dir: Path) -> TraceLengths:
             (int(row["ContextTokens"]), int(row["GeneratedTokens"]))
             for row in csv.DictReader(handle)
         )
-    mooncake = []
-    with (traces_dir / MOONCAKE_SYNTHETIC).open() as handle:
-        for line in handle:
-            if line.strip():
-                record = json.loads(line)
-                mooncake.append((int(record["input_length"]), int(record["output_length"])))
-    return TraceLengths(azure=azure, mooncake=tuple(mooncake))
+    mooncake = read_trace(traces_dir / MOONCAKE_SYNTHETIC)
+    return TraceLengths(azure, tuple((r.input_length, r.output_length) for r in mooncake))
 
 
 def fit_to_context(prompt: int, answer: int, context: int) -> tuple[int, int, bool]:

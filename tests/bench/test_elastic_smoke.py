@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.federation.options import default_tokenizer
+from bench.loadgen.models import default_tokenizer
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow

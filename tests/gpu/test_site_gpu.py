@@ -8,7 +8,7 @@ docs/engine-gpu.md measured best on an H200 (1,024 sequences, 8,192 tokens a ste
 
 The site process needs the site's own packages (grpcio, grpcio-health-checking, protobuf,
 litestar, uvicorn), which the bare GPU image lacks: carry them as wheels
-(bench/federation/device_wheels.sh) and put them on PYTHONPATH, or this test fails saying so.
+(bench/elastic/device_wheels.sh) and put them on PYTHONPATH, or this test fails saying so.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _require_site_packages() -> None:
     missing = [name for name in ("grpc", "grpc_health", "litestar", "uvicorn")
                if importlib.util.find_spec(name) is None]  # fmt: skip
     if missing:
-        pytest.fail(f"the site needs {missing}: install bench/federation/device_wheels.sh's "
+        pytest.fail(f"the site needs {missing}: install bench/elastic/device_wheels.sh's "
                     "wheels and put them on PYTHONPATH")  # fmt: skip
 
 

@@ -7,19 +7,19 @@ import math
 import pytest
 
 from bench.engine.prefix_workloads import (
-    TraceRow,
     TraceTokens,
     lru_bound,
     shared_sessions,
     trace_parts,
     trace_sessions,
 )
+from bench.loadgen.traces import TraceRecord
 
 A, B, C = 1, 2, 3
 
 
-def row(ms: int, length: int, *ids: int) -> TraceRow:
-    return TraceRow(ms, length, 5, ids)
+def row(ms: int, length: int, *ids: int) -> TraceRecord:
+    return TraceRecord(ms, length, 5, ids)
 
 
 def test_lru_bound_counts_leading_cached_blocks_short_of_the_last_token() -> None:

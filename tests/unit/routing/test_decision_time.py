@@ -1,10 +1,10 @@
 """The latency-aware policy and the completion-cost one decide in under 1 ms (p99) at 9 sites
 whose prefix indexes hold 1M block ids together, on the gateway's own site objects
-(bench.multisite.decision: SiteState with info, pushed load reports and a followed cache)."""
+(bench.decision_time: SiteState with info, pushed load reports and a followed cache)."""
 
 from __future__ import annotations
 
-from bench.multisite.decision import DecisionTimes, time_decisions
+from bench.decision_time import DecisionTimes, time_decisions
 
 BUDGET_MS = 1.0
 

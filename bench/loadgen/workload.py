@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.federation.text_tokens import WordTokens
+from bench.loadgen.text_tokens import WordTokens
 from predictor.datasets import load_corpus
 from predictor.prepare import split_of
 from predictor.served_labels import join_records, read_labels
 
 Encode = Callable[[str], Sequence[int]]
 
+# The model name every site serves (Request.model None names it).
+ROUTED_MODEL = "fed"
 SYNTHETIC_MEDIAN = 250
 SYNTHETIC_P99 = 3000
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile

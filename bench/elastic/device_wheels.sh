@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Prepares what `python -m bench.federation` needs on the GPU machine beyond the working tree:
+# Prepares what `python -m bench.elastic` (bench/elastic/device_pair.sh) and the site's GPU tests
+# need on the GPU machine beyond the working tree:
 # 1. .whl/: the wheels the gateway and the site engines need there
 # (Python 3.12, manylinux x86_64), beyond what its image already holds (torch, transformers,
 # tokenizers, onnxruntime, numpy, httpx, anyio, jinja2, prometheus-client, rich, click, pyyaml,
 # multidict, typing-extensions: /work/.library/device/KINDS.md). Versions are constraints.txt's;
 # grpcio and protobuf travel too because the generated site_pb2 needs protobuf 7 and
-# grpcio-health-checking needs its own grpcio; pyzmq for the gateway (vLLM KV events); and
-# SGLang's router (the sglang-router wheel, its Rust router: the `sglang_router` arm).
+# grpcio-health-checking needs its own grpcio; pyzmq for the gateway (vLLM KV events).
 # 2. .fedcarry/: SmolLM2's tokenizer (tokenizer files of var/models/SmolLM2-*, no weights), the
-# Dolly file of the shared datasets, the Mooncake synthetic trace and MT-Bench's questions
-# (traces/), and the served model's predictor artifact (FEDLLM_BENCH_PREDICTOR, default
-# var/predictor/smollm2-135m-instruct: `python -m predictor.served_build` makes it; with
-# SGLang's 30 MB wheel the MiniLM one may not fit the 64 MiB carry: the TF-IDF one,
+# Dolly file of the shared datasets, the Mooncake synthetic trace (traces/), and the served
+# model's predictor artifact (FEDLLM_BENCH_PREDICTOR, default var/predictor/smollm2-135m-instruct:
+# `python -m predictor.served_build` makes it; beside the wheels the MiniLM one may not fit the
+# 64 MiB carry: the TF-IDF one,
 # `python -m predictor.served_build --fast`, is var/predictor/smollm2-135m-instruct-tfidf).
 # ../shared is not sent with the working tree, so these travel in a carried folder.
 #
 # Run from the repository root:
-#     bash bench/federation/device_wheels.sh
+#     bash bench/elastic/device_wheels.sh
 # then carry `.whl` and `.fedcarry` (about 45 MB together) and start the device command with
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -41,19 +41,14 @@ for name in "${PACKAGES[@]}"; do
         --implementation cp "${platform_args[@]}" -d .whl "$spec"
 done
 
-# SGLang's router: a benchmark arm only (not a dependency of the project).
-$PIP download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${platform_args[@]}" -d .whl "sglang-router==${SGLANG_ROUTER_VERSION:-0.3.2}"
-
 rm -rf .fedcarry && mkdir -p .fedcarry/tokenizer .fedcarry/datasets/traces
 tokenizer="$(ls -d var/models/SmolLM2-135M-Instruct-*/ | head -1)"
 [[ -n "$tokenizer" ]] || { echo "no var/models/SmolLM2-*: run the tests' smollm2_dir once" >&2; exit 1; }
 cp "$tokenizer"/tokenizer.json "$tokenizer"/tokenizer_config.json .fedcarry/tokenizer/
 cp "$tokenizer"/chat_template.jinja .fedcarry/tokenizer/ 2>/dev/null || true
 cp "${FEDLLM_DATA_DIR:-../shared/datasets}/dolly_3k.json" .fedcarry/datasets/
-for trace in mooncake_fast25_synthetic_trace.jsonl mt_bench_question.jsonl; do
-    cp "${FEDLLM_DATA_DIR:-../shared/datasets}/traces/$trace" .fedcarry/datasets/traces/
-done
+cp "${FEDLLM_DATA_DIR:-../shared/datasets}/traces/mooncake_fast25_synthetic_trace.jsonl" \
+    .fedcarry/datasets/traces/
 predictor="${FEDLLM_BENCH_PREDICTOR:-var/predictor/smollm2-135m-instruct}"
 [[ -f "$predictor/manifest.json" ]] || { echo "no $predictor: python -m predictor.served_build" >&2; exit 1; }
 # Serving reads the ONNX model, its tokenizer and the manifest; the torch weights (35 MB) only

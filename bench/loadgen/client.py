@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 
-from bench.federation.topology import ROUTED_MODEL
-from bench.federation.workload import Request
+from bench.loadgen.workload import ROUTED_MODEL, Request
 
 SITE_HEADER = "x-fedllm-site"
 
@@ -66,6 +66,14 @@ class Outcome:
         if self.completion_tokens <= 1:
             return 0.0
         return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    """Nearest-rank percentile; inf for an empty list (nothing answered: the SLO is missed)."""
+    if not values:
+        return math.inf
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,13 @@ tokens (1M over 9 sites by default), some of them the blocks of a few hot 2,048-
 half continue a hot prompt (a long match on the sites that hold it), half are new. The
 decision computes the request's block ids (144 of them) itself, as the first policy reading
 prefixes does on the request path.
+
+    python -m bench.decision_time [--sites 9] [--decisions 20000]   # a table on stdout
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
@@ -23,6 +26,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from bench.common import markdown_table
 from fedllm_contract.block_hash import prompt_block_hashes
 from fedllm_contract.cache_events import CHAIN_START, BlocksStored, CacheEventBatch
 from gateway.federation import SiteConfig
@@ -252,3 +256,21 @@ def time_decisions(
                 await state.client.close()
 
     return asyncio.run(all_policies())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.decision_time")
+    parser.add_argument("--sites", type=int, default=9)
+    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    rows = [
+        (t.policy, t.p50_ms, t.p99_ms, t.max_ms, t.cpu_p50_ms, t.cpu_p99_ms)
+        for t in time_decisions(args.sites, args.decisions, args.seed)
+    ]
+    header = ("policy", "p50 ms", "p99 ms", "max ms", "CPU p50 ms", "CPU p99 ms")
+    print(markdown_table(header, rows))
+
+
+if __name__ == "__main__":
+    main()

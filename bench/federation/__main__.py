@@ -1,4 +1,0 @@
-from bench.federation.suite import main
-
-if __name__ == "__main__":
-    raise SystemExit(main())
