@@ -724,7 +724,8 @@ class PagedEngine:
             running_tokens=stats.cached_tokens,
             predicted_remaining_tokens=stats.predicted_remaining_tokens,
             kv_blocks_used=stats.kv_blocks_used,
-            kv_blocks_total=stats.kv_blocks_total,
+            # Lent blocks are the neighbour's memory now (idle memory first).
+            kv_blocks_total=stats.kv_blocks_total - self._scheduler.block_manager.num_lent_blocks,
             iterations=stats.iterations,
             num_preemptions=stats.num_preemptions,
             prefix_cache_queries=stats.prefix_cache_queries,
