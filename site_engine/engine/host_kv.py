@@ -9,8 +9,9 @@ block's last write may still be running; the copy must read it after), and the c
 waits only for what its step needs: the copies back from the host it reads, and, when it
 overwrites a block copied ahead of its eviction, that copy's event, only if the copy has not
 finished yet. Copies to the host otherwise overlap the steps and never hold one up (issue 50).
-Consecutive copies of one direction are batched: one gather (or scatter) kernel over the device
-blocks and one memcpy per block to (or from) contiguous staging.
+Consecutive copies of one direction are batched: one gather (or scatter) kernel per layer over the
+device blocks (the cache is one tensor per layer: kv_cache.py) and one memcpy per block to (or
+from) contiguous staging.
 """
 
 from __future__ import annotations
