@@ -667,6 +667,8 @@ class PagedEngine:
         return lending.bytes
 
     def _resize_cache(self, num_blocks: int) -> None:
+        # The queue's callables hold the old graph sets (their memory pools): dropped first.
+        self.graph_queue = GraphCaptureQueue()
         try:
             self._runner.resize_kv(num_blocks)
         finally:
