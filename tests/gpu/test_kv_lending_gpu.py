@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.make_model import build_random_model
+from site_engine.make_model import make_model_dir
 from site_engine.model_loading import LoadedModel, load_model
-from tests.unit.engine.test_engine_correctness import BLOCK_SIZE, CONFIGS, make_requests
+from tests.unit.engine.test_engine_correctness import BLOCK_SIZE, make_requests
 
 pytestmark = pytest.mark.gpu
 MIB = 1 << 20
@@ -73,11 +72,9 @@ def lend_and_check(engine: PagedEngine) -> None:
 def test_a_lending_frees_device_memory_and_the_tokens_stay(
     lazy: bool, cuda_device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
 ) -> None:
-    model_dir = tmp_path / "llama"
-    build_random_model(CONFIGS["llama"], seed=1).save_pretrained(str(model_dir))
-    load_tokenizer(gpt2_tokenizer_dir).save_pretrained(str(model_dir))
+    model_dir = make_model_dir(tmp_path / "llama", "llama", gpt2_tokenizer_dir)
     loaded = load_model(model_dir, device=cuda_device)
-    requests = make_requests(seed=3)
+    requests = make_requests(seed=3)  # ignore_eos: the model's EOS does not end them
 
     alone = engine_of(loaded, lazy)
     expected = serve(alone, requests)

@@ -41,6 +41,10 @@ class Membership:
     def __init__(self, registry: SiteRegistry) -> None:
         self.registry = registry
         self.serial = 0
+        self.failures: list[str] = []  # the actuator's failed starts
+
+    async def failed(self, model: str, reason: str) -> None:
+        self.failures.append(reason)
 
     async def join(self, config: SiteConfig, origin: str, note: str = "") -> None:
         self.serial += 1
@@ -76,11 +80,6 @@ def environ(process: int) -> list[bytes]:
 def test_a_short_peak_starts_beside_a_site_in_its_lent_memory(
     tiny_llama_dir: Path, tmp_path: Path, sqlite_url: str
 ) -> None:
-    failures: list[str] = []
-
-    async def on_failure(model: str, reason: str) -> None:
-        failures.append(reason)
-
     async def run() -> None:
         site = (sys.executable, "-m", "site_engine", "--model", str(tiny_llama_dir),
                 "--max-num-seqs", "4", "--torch-threads", "1")  # fmt: skip
@@ -91,7 +90,8 @@ def test_a_short_peak_starts_beside_a_site_in_its_lent_memory(
         registry = SiteRegistry([])
         idle = IdleMemory(SiteLender(registry))
         membership = Membership(registry)
-        actuator = LocalProcesses("tiny", config, membership, on_failure, idle)  # type: ignore[arg-type]
+        failures = membership.failures
+        actuator = LocalProcesses("tiny", config, membership, membership.failed, idle)  # type: ignore[arg-type]
         upgrade(sqlite_url)
         rule = ScalingRule("tiny", min_sites=1, max_sites=2)
         controller = ScalingController(
