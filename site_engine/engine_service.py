@@ -269,6 +269,20 @@ class EngineService:
         """On the engine's thread, between steps: it checks the live requests' adapters."""
         await self._call(lambda: self.engine.unload_adapter(name))
 
+    async def kv_room(self) -> int:
+        """Idle memory first: what the KV cache could lend now (engine thread)."""
+        result: int = await self._call(self.engine.kv_room)
+        return result
+
+    async def lend_kv(self, wanted_bytes: int) -> int:
+        """On the engine's thread, between steps (the cache shrinks there)."""
+        result: int = await self._call(lambda: self.engine.lend_kv(wanted_bytes))
+        return result
+
+    async def return_kv(self) -> int:
+        result: int = await self._call(self.engine.return_kv)
+        return result
+
     def cumulative_kv(self) -> CumulativeKv:
         return self._cumulative_kv
 

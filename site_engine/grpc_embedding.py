@@ -122,6 +122,21 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
         await self._no_fine_tuning(context)
         return site_pb2.FineTuneProgress()
 
+    async def KvRoom(
+        self, request: site_pb2.KvRoomRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.KvBytes:
+        return site_pb2.KvBytes(bytes=0)  # no KV cache: nothing to lend
+
+    async def LendKv(
+        self, request: site_pb2.LendKvRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.KvBytes:
+        return site_pb2.KvBytes(bytes=0)  # refused: no KV cache
+
+    async def ReturnKv(
+        self, request: site_pb2.ReturnKvRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.KvBytes:
+        return site_pb2.KvBytes(bytes=0)  # nothing was lent
+
     async def _no_fine_tuning(self, context: grpc.aio.ServicerContext) -> None:
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,

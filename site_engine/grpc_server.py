@@ -44,6 +44,7 @@ from site_engine.engine_service import (
     StreamEvent,
 )
 from site_engine.grpc_fine_tuning import FineTuneHandlers
+from site_engine.grpc_kv_lending import KvLendingHandlers
 from site_engine.request_options import engine_request
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
     )
 
 
-class SiteServicer(FineTuneHandlers, site_pb2_grpc.SiteEngineServicer):
+class SiteServicer(FineTuneHandlers, KvLendingHandlers, site_pb2_grpc.SiteEngineServicer):
     def __init__(
         self,
         service: EngineService,

@@ -367,6 +367,15 @@ class MeteredEngine:
     def unload_adapter(self, name: str) -> None:
         self._engine.unload_adapter(name)
 
+    def kv_room(self) -> int:
+        return self._engine.kv_room()
+
+    def lend_kv(self, wanted_bytes: int) -> int:
+        return self._engine.lend_kv(wanted_bytes)
+
+    def return_kv(self) -> int:
+        return self._engine.return_kv()
+
 
 @dataclass(slots=True)
 class MetricsServer:

@@ -167,8 +167,9 @@ def _randomize_cache(runner: ModelRunner, blocks: int) -> None:
     """Random K/V in the first `blocks` blocks of every layer: cached positions hold real-looking
     numbers (timing on zeros can flatter the matrix units)."""
     generator = torch.Generator(device=runner.kv_cache.device).manual_seed(0)
-    view = runner.kv_cache.tensor[:, :, :blocks]
-    view.copy_(torch.randn(view.shape, generator=generator, device=view.device) * 0.5)
+    for layer in runner.kv_cache.layers:
+        view = layer[:, :blocks]
+        view.copy_(torch.randn(view.shape, generator=generator, device=view.device) * 0.5)
 
 
 def _timed(run: Callable[[], Any]) -> float:

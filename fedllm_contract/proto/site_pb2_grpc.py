@@ -99,6 +99,21 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterArchiveChunk.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
                 _registered_method=True)
+        self.KvRoom = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/KvRoom',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.KvRoomRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+                _registered_method=True)
+        self.LendKv = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/LendKv',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.LendKvRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+                _registered_method=True)
+        self.ReturnKv = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/ReturnKv',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.ReturnKvRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+                _registered_method=True)
 
 
 class SiteEngineServicer:
@@ -214,6 +229,33 @@ class SiteEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KvRoom(self, request, context):
+        """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
+        lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LendKv(self, request, context):
+        """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
+        sequence holds) to an instance placed beside this site on its GPU, and releases that
+        memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
+        lends already; INVALID_ARGUMENT for 0 bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReturnKv(self, request, context):
+        """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
+        bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
+        again (still lent: the call may be repeated).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +323,21 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     servicer.LoadAdapterArchive,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterArchiveChunk.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.AdapterList.SerializeToString,
+            ),
+            'KvRoom': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvRoom,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.KvRoomRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.SerializeToString,
+            ),
+            'LendKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.LendKv,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.LendKvRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.SerializeToString,
+            ),
+            'ReturnKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReturnKv,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.ReturnKvRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -634,6 +691,87 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/LoadAdapterArchive',
             fedllm__contract_dot_proto_dot_site__pb2.AdapterArchiveChunk.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.AdapterList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvRoom(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/KvRoom',
+            fedllm__contract_dot_proto_dot_site__pb2.KvRoomRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LendKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/LendKv',
+            fedllm__contract_dot_proto_dot_site__pb2.LendKvRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReturnKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/ReturnKv',
+            fedllm__contract_dot_proto_dot_site__pb2.ReturnKvRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
             options,
             channel_credentials,
             insecure,

@@ -91,6 +91,21 @@ class SiteEngineStub:
     adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
     LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
     """
+    KvRoom: _grpc.UnaryUnaryMultiCallable[_site_pb2.KvRoomRequest, _site_pb2.KvBytes]
+    """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
+    lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+    """
+    LendKv: _grpc.UnaryUnaryMultiCallable[_site_pb2.LendKvRequest, _site_pb2.KvBytes]
+    """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
+    sequence holds) to an instance placed beside this site on its GPU, and releases that
+    memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
+    lends already; INVALID_ARGUMENT for 0 bytes.
+    """
+    ReturnKv: _grpc.UnaryUnaryMultiCallable[_site_pb2.ReturnKvRequest, _site_pb2.KvBytes]
+    """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
+    bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
+    again (still lent: the call may be repeated).
+    """
 
 @_typing.type_check_only
 class SiteEngineAsyncStub(SiteEngineStub):
@@ -147,6 +162,21 @@ class SiteEngineAsyncStub(SiteEngineStub):
     messages' data in order is a tar archive of its files (adapter_config.json,
     adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
     LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
+    """
+    KvRoom: _aio.UnaryUnaryMultiCallable[_site_pb2.KvRoomRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
+    """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
+    lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+    """
+    LendKv: _aio.UnaryUnaryMultiCallable[_site_pb2.LendKvRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
+    """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
+    sequence holds) to an instance placed beside this site on its GPU, and releases that
+    memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
+    lends already; INVALID_ARGUMENT for 0 bytes.
+    """
+    ReturnKv: _aio.UnaryUnaryMultiCallable[_site_pb2.ReturnKvRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
+    """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
+    bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
+    again (still lent: the call may be repeated).
     """
 
 class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
@@ -279,6 +309,39 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         messages' data in order is a tar archive of its files (adapter_config.json,
         adapter_model.safetensors), which the site keeps under its adapter directory. Refused as
         LoadAdapter refuses (a bad archive: INVALID_ARGUMENT).
+        """
+
+    @_abc_1.abstractmethod
+    def KvRoom(
+        self,
+        request: _site_pb2.KvRoomRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
+        """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
+        lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+        """
+
+    @_abc_1.abstractmethod
+    def LendKv(
+        self,
+        request: _site_pb2.LendKvRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
+        """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
+        sequence holds) to an instance placed beside this site on its GPU, and releases that
+        memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
+        lends already; INVALID_ARGUMENT for 0 bytes.
+        """
+
+    @_abc_1.abstractmethod
+    def ReturnKv(
+        self,
+        request: _site_pb2.ReturnKvRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
+        """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
+        bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
+        again (still lent: the call may be repeated).
         """
 
 def add_SiteEngineServicer_to_server(servicer: SiteEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -37,9 +37,10 @@ class Actuator(Protocol):
         far ahead the controller's forecast looks."""
         ...
 
-    async def start(self, count: int) -> int:
+    async def start(self, count: int, idle_memory: bool = False) -> int:
         """Begins starting `count` sites; returns how many it could begin (a full machine:
-        fewer)."""
+        fewer). `idle_memory`: the scale-out is short-lived (ScaleOut.idle_memory): an actuator
+        that can, starts it in the free KV memory of a GPU it holds before taking a new one."""
         ...
 
     def draining(self, name: str) -> None:
@@ -128,8 +129,8 @@ class SignalOnly:
         if expired := self._asked.expired():
             await self._on_failure(self._model, f"{expired} site(s) asked for never joined")
 
-    async def start(self, count: int) -> int:
-        self._asked.ask(count)
+    async def start(self, count: int, idle_memory: bool = False) -> int:
+        self._asked.ask(count)  # the autoscaler chooses where: `idle_memory` is not its to say
         return count
 
     def draining(self, name: str) -> None:

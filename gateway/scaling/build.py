@@ -9,8 +9,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.scaling.actuator import Actuator, OnFailure, SignalOnly
 from gateway.scaling.config import ModelScaling, ScalingConfig
 from gateway.scaling.controller import ScalingController
+from gateway.scaling.idle_memory import IdleMemory
 from gateway.scaling.kubernetes import KubernetesPods
 from gateway.scaling.local import LocalProcesses
+from gateway.scaling.site_lender import SiteLender
 from gateway.sites.registry import SiteRegistry
 
 
@@ -39,7 +41,8 @@ def _actuator(
 ) -> Actuator:
     model, config = scaling.rule.model, scaling.actuator
     if config.kind == "local":
-        return LocalProcesses(model, config, membership, on_failure)
+        idle = IdleMemory(SiteLender(registry)) if config.idle_memory_kv_mib else None
+        return LocalProcesses(model, config, membership, on_failure, idle)
     if config.kind == "kubernetes":
         max_sites = scaling.rule.max_sites
         return KubernetesPods(model, config, max_sites, registry, membership, on_failure)

@@ -68,6 +68,10 @@ class _Actuator(msgspec.Struct, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 50051
     tls_server_name: str | None = None
     resolve_every_s: _POSITIVE = 5.0
+    # local: a scale-out marked idle-memory-first (the rule's short_peak_s) starts its site in
+    # the free top of a running site's KV cache, beside it on its GPU, with a KV cache of this
+    # many MiB (0: never; every start takes a free slot). docs/elastic.md, "Idle memory first".
+    idle_memory_kv_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class _Model(msgspec.Struct, forbid_unknown_fields=True):
@@ -124,6 +128,7 @@ class ActuatorConfig:
     port: int = 50051
     tls_server_name: str | None = None
     resolve_every_s: float = 5.0
+    idle_memory_kv_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,10 @@ def _actuator(raw: _Actuator, model: str, base_dir: Path, where: str) -> Actuato
         raise ScalingConfigError(
             f"{where}: a signal actuator has no pool (pool_size is for local or kubernetes)"
         )
+    if raw.kind != "local" and raw.idle_memory_kv_mib:
+        raise ScalingConfigError(
+            f"{where}: idle_memory_kv_mib is for a local actuator (it starts sites beside others)"
+        )
     log_dir = Path(raw.log_dir)
     return ActuatorConfig(
         kind=raw.kind,
@@ -196,6 +205,7 @@ def _actuator(raw: _Actuator, model: str, base_dir: Path, where: str) -> Actuato
         port=raw.port,
         tls_server_name=raw.tls_server_name,
         resolve_every_s=raw.resolve_every_s,
+        idle_memory_kv_mib=raw.idle_memory_kv_mib,
     )
 
 

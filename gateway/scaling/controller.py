@@ -123,7 +123,7 @@ class ScalingController:
         if isinstance(action, ScaleOut):
             log.info("%s: scale out by %d: %s", rule.model, action.count, verdict.reason)
             await self._record(rule.model, "scale_out", verdict, None, verdict.reason)
-            started = await actuator.start(action.count)
+            started = await actuator.start(action.count, idle_memory=action.idle_memory)
             if started < action.count:
                 missing = action.count - started
                 await self.start_failed(rule.model, f"no free slot for {missing} site(s)")

@@ -31,6 +31,10 @@ class LendFailed(Exception):
 
 
 class Lender(Protocol):
+    async def room(self, site: str) -> int:
+        """The bytes `site` could lend now (0 while it lends). LendFailed: no answer."""
+        ...
+
     async def lend(self, site: str, wanted_bytes: int) -> int:
         """Asks `site` to lend the top of its KV cache: the bytes lent (0: refused; a site
         lends whole blocks, so possibly a little over `wanted_bytes`). LendFailed: no answer."""
@@ -70,6 +74,26 @@ class IdleMemory:
 
     def borrowings(self) -> list[Borrowing]:
         return list(self._borrowings.values())
+
+    def borrows(self, instance: str) -> bool:
+        return instance in self._borrowings
+
+    async def rooms(self, candidates: list[tuple[str, LocalSlot]]) -> list[Room]:
+        """The rooms of `candidates` (site, slot) that could lend now: a site that lends
+        already, has no room or did not answer (logged) is left out."""
+        lending = {b.lender for b in self._borrowings.values()}
+        rooms: list[Room] = []
+        for site, slot in candidates:
+            if site in lending:
+                continue
+            try:
+                room = await self._lender.room(site)
+            except LendFailed as exc:
+                log.warning("site %s did not say its KV room: %s", site, exc)
+                continue
+            if room > 0:
+                rooms.append(Room(site, slot, room))
+        return rooms
 
     async def place(self, instance: str, rooms: list[Room], budget_bytes: int) -> Borrowing | None:
         if budget_bytes < MIB:

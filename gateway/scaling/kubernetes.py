@@ -110,7 +110,8 @@ class KubernetesPods:
         ordinal = self._ordinal(site.name)
         return site.origin == self.kind and ordinal is not None and ordinal == max(ours)
 
-    async def start(self, count: int) -> int:
+    async def start(self, count: int, idle_memory: bool = False) -> int:
+        # A pod holds a GPU of its own (the scheduler places it): `idle_memory` is not followed.
         self._asked.ask(count)
         if self.pool_size:
             if self._serving_ordinals is None:  # asked before the first pass over the pods

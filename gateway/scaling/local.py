@@ -10,6 +10,13 @@ registry then (gateway/admin/membership.py) at host:N. Its output goes to
 start: its slot is free again. Retiring a site (after the controller drained it out of the
 registry) sends SIGTERM, then SIGKILL after `stop_timeout_s`; the gateway stopping retires all.
 
+With `idle_memory_kv_mib` set and an IdleMemory given, a scale-out marked idle-memory-first
+(ScaleOut.idle_memory) first places each site in the free top of a running site's KV cache
+(gateway/scaling/idle_memory.py): the site lends that memory (it releases it), and the new
+site, a borrower named `<prefix>-idle-<n>`, starts cold beside its lender (the lender's slot,
+so its CUDA_VISIBLE_DEVICES, with `--kv-cache-mib`); a placement that finds no room takes a free
+slot as any start. A borrower that retires, exits or fails to start gives the lending back.
+
 With `pool_size` > 0 a start first claims a process of the warm pool (gateway/scaling/
 local_pool.py: started ahead, imports and weights done) and serves in about a second; a start
 finding none ready starts cold as above.
@@ -36,6 +43,7 @@ from gateway.errors import GatewayError
 from gateway.federation import SiteConfig
 from gateway.scaling.actuator import OnFailure
 from gateway.scaling.config import ActuatorConfig, LocalSlot
+from gateway.scaling.idle_memory import MIB, IdleMemory, beside
 from gateway.scaling.local_pool import LocalPool, Pooled
 from gateway.sites.registry import SiteState
 
@@ -55,6 +63,8 @@ class _Child:
     exited: bool = False  # it joined, then its process exited: leaving
     # retire() is stopping it: its exit is the stop's doing, no failure for tick() to report.
     retiring: bool = False
+    # It runs in memory its slot's site lent (idle memory first), beside that site.
+    borrowing: bool = False
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -74,12 +84,16 @@ class LocalProcesses:
         config: ActuatorConfig,
         membership: SiteMembership,
         on_failure: OnFailure,
+        idle_memory: IdleMemory | None = None,
     ) -> None:
         self._model = model
         self._config = config
         self._membership = membership
         self._on_failure = on_failure
-        self._children: dict[int, _Child] = {}  # slot -> the site running there
+        # Name -> the site: one per slot that holds it, and borrowers beside them.
+        self._children: dict[str, _Child] = {}
+        self._idle = idle_memory if config.idle_memory_kv_mib else None
+        self._borrowers = 0  # borrowers started (their names' serial)
         # Its joined sites that failed their last health check (the registry's, at the last
         # tick) while their process runs: a blip (a check timed out on a busy machine) or a
         # restart on the way; counted as coming back, so that no other start is asked for.
@@ -109,9 +123,13 @@ class LocalProcesses:
     def site_name(self, slot: int) -> str:
         return f"{self._config.name_prefix}-{slot}"
 
-    async def start(self, count: int) -> int:
-        free = [i for i in range(len(self._config.slots)) if i not in self._children]
-        for slot in free[:count]:
+    async def start(self, count: int, idle_memory: bool = False) -> int:
+        started = 0
+        while idle_memory and started < count and await self._start_beside():
+            started += 1
+        held = {c.slot for c in self._children.values() if not c.borrowing}
+        free = [i for i in range(len(self._config.slots)) if i not in held]
+        for slot in free[: count - started]:
             place, name = self._config.slots[slot], self.site_name(slot)
             pooled = self._pool.take(place, name)
             if pooled is not None:
@@ -119,13 +137,41 @@ class LocalProcesses:
                          pooled.popen.pid, slot, pooled.log_path)  # fmt: skip
                 child = _Child(name, slot, pooled.popen, pooled.log_path, time.monotonic())
             else:
-                child = self._spawn(slot, place)
-            self._children[slot] = child
-            child.waiter = asyncio.create_task(self._join_when_ready(child), name=child.name)
-        return min(count, len(free))
+                child = self._spawn(slot, place, name)
+            self._begin(child)
+        return started + min(count - started, len(free))
 
-    def _spawn(self, slot: int, place: LocalSlot) -> _Child:
-        name = self.site_name(slot)
+    def _begin(self, child: _Child) -> None:
+        self._children[child.name] = child
+        child.waiter = asyncio.create_task(self._join_when_ready(child), name=child.name)
+
+    async def _start_beside(self) -> bool:
+        """One site in idle memory beside a serving site of ours; False: no room anywhere."""
+        if self._idle is None:
+            return False
+        lenders = [c for c in self._children.values()
+                   if c.joined and not (c.borrowing or c.retiring)]  # fmt: skip
+        rooms = await self._idle.rooms([(c.name, self._config.slots[c.slot]) for c in lenders])
+        name = f"{self._config.name_prefix}-idle-{self._borrowers}"
+        borrowing = await self._idle.place(name, rooms, self._config.idle_memory_kv_mib * MIB)
+        if borrowing is None:
+            return False
+        self._borrowers += 1
+        slot = next(c.slot for c in lenders if c.name == borrowing.lender)
+        log.info("site %s: in %d MiB of site %s's KV cache (slot %d)", name,
+                 borrowing.bytes // MIB, borrowing.lender, slot)  # fmt: skip
+        child = self._spawn(slot, beside(borrowing), name)
+        child.borrowing = True
+        self._begin(child)
+        return True
+
+    async def _forget(self, child: _Child) -> None:
+        """Its process is gone: its slot (or its lender's memory) is free again."""
+        self._children.pop(child.name, None)
+        if child.borrowing and self._idle is not None:
+            await self._idle.retire(child.name)
+
+    def _spawn(self, slot: int, place: LocalSlot, name: str) -> _Child:
         command = [*self._config.command]
         if "--model-name" not in command:
             command += ["--model-name", self._model]
@@ -161,7 +207,7 @@ class LocalProcesses:
             self._last_start_s = took
         except (_StartFailed, GatewayError) as exc:
             await self._stop(child)
-            self._children.pop(child.slot, None)
+            await self._forget(child)
             await self._on_failure(self._model, f"site {child.name} did not start: {exc}")
 
     async def _wait_ready(self, child: _Child) -> int:
@@ -179,13 +225,13 @@ class LocalProcesses:
         return  # its process serves what it has until retire() stops it
 
     async def retire(self, name: str) -> None:
-        for slot, child in list(self._children.items()):
-            if child.name == name:
-                # Marked before the SIGTERM: a tick() while the process ends must not take the
-                # exit for a crash (it reported a failure and freed the slot under this stop).
-                child.retiring = True
-                await self._stop(child)
-                self._children.pop(slot, None)
+        child = self._children.get(name)
+        if child is not None:
+            # Marked before the SIGTERM: a tick() while the process ends must not take the
+            # exit for a crash (it reported a failure and freed the slot under this stop).
+            child.retiring = True
+            await self._stop(child)
+            await self._forget(child)
 
     async def _stop(self, child: _Child) -> None:
         if child.waiter is not None and child.waiter is not asyncio.current_task():
@@ -219,13 +265,18 @@ class LocalProcesses:
         leaving = self._membership.leave(child.name, self.kind, f"its process exited ({code})")
         if leaving is not None:
             await leaving
-        self._children.pop(child.slot, None)
+        await self._forget(child)
         await self._on_failure(self._model, f"site {child.name} exited ({code})")
 
     async def run(self) -> None:
         return
 
     async def close(self) -> None:
+        # Borrowers first: their lenders take their memory back before they stop too.
+        borrowers = [c for c in self._children.values() if c.borrowing]
+        await asyncio.gather(*(self._stop(child) for child in borrowers))
+        for child in borrowers:
+            await self._forget(child)
         await asyncio.gather(*(self._stop(child) for child in self._children.values()))
         self._children.clear()
         await asyncio.to_thread(self._pool.close)

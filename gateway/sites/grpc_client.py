@@ -93,6 +93,9 @@ _FINE_TUNE_REFUSALS = {
 _FINE_TUNE_TIMEOUT_S = 120.0
 # Loading reads and checks the adapter's weights at the site: seconds for a large one.
 _ADAPTER_CHANGE_TIMEOUT_S = 120.0
+# A lending resizes the site's KV cache between two of its steps and, with CUDA graphs captured
+# at start, captures them again: seconds on a large model.
+_KV_LENDING_TIMEOUT_S = 120.0
 # A message of an adapter sent whole (LoadAdapterArchive), under gRPC's 4 MiB default.
 _ARCHIVE_CHUNK_BYTES = 1 << 20
 
@@ -313,6 +316,23 @@ class GrpcSiteClient:
         except grpc.aio.AioRpcError as exc:
             raise self._adapter_error(exc) from exc
         return tuple(answer.adapters)
+
+    # ---- idle memory first (KvLendingSite) -------------------------------------------------
+    async def kv_room(self) -> int:
+        return await self._kv_call(self._stub.KvRoom, site_pb2.KvRoomRequest())
+
+    async def lend_kv(self, wanted_bytes: int) -> int:
+        return await self._kv_call(self._stub.LendKv, site_pb2.LendKvRequest(bytes=wanted_bytes))
+
+    async def return_kv(self) -> int:
+        return await self._kv_call(self._stub.ReturnKv, site_pb2.ReturnKvRequest())
+
+    async def _kv_call(self, method: Any, request: Any) -> int:
+        try:
+            answer = await method(request, timeout=_KV_LENDING_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from exc
+        return int(answer.bytes)
 
     async def load_adapter_archive(self, name: str, archive: bytes) -> tuple[str, ...]:
         async def messages() -> AsyncGenerator[site_pb2.AdapterArchiveChunk, None]:

@@ -334,6 +334,20 @@ class AdapterLoading(Protocol):
 
 
 @runtime_checkable
+class KvLendingSite(Protocol):
+    """A site whose KV cache lends its free top to an instance placed beside it on its GPU
+    (idle memory first; docs/elastic.md): `kv_room` the bytes it could lend now, `lend_kv` the
+    bytes lent (0: refused), `return_kv` the bytes taken back (0: none lent). SiteCallError
+    when the call fails (the site refused it as malformed, or cannot be reached)."""
+
+    async def kv_room(self) -> int: ...
+
+    async def lend_kv(self, wanted_bytes: int) -> int: ...
+
+    async def return_kv(self) -> int: ...
+
+
+@runtime_checkable
 class AdapterArchiveLoading(Protocol):
     """A site that serves an adapter whose files the gateway sends (one tar archive of its
     adapter_config.json and weights: site_engine/adapter_archive.py), as load_adapter serves a

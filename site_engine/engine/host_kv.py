@@ -9,8 +9,9 @@ block's last write may still be running; the copy must read it after), and the c
 waits only for what its step needs: the copies back from the host it reads, and, when it
 overwrites a block copied ahead of its eviction, that copy's event, only if the copy has not
 finished yet. Copies to the host otherwise overlap the steps and never hold one up (issue 50).
-Consecutive copies of one direction are batched: one gather (or scatter) kernel over the device
-blocks and one memcpy per block to (or from) contiguous staging.
+Consecutive copies of one direction are batched: one gather (or scatter) kernel per layer over the
+device blocks (the cache is one tensor per layer: kv_cache.py) and one memcpy per block to (or
+from) contiguous staging.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ class HostKvPool:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self._cache = cache
-        layers, kv, _, block_size, heads, head_dim = cache.tensor.shape
+        spec = cache.spec
         cuda = cache.device.type == "cuda"
         self.slots = torch.empty(
-            (num_slots, layers, kv, block_size, heads, head_dim),
+            (num_slots, spec.num_layers, 2, cache.block_size, spec.num_kv_heads, spec.head_dim),
             dtype=cache.dtype,
             pin_memory=cuda,
         )
@@ -112,7 +113,7 @@ class HostKvPool:
 
     def _to_host(self, batch: list[KvCopy]) -> None:
         # [layers, 2, n, ...] gathered, then block-major so each block is one contiguous memcpy.
-        staged = self._cache.tensor.index_select(2, self._block_index(batch))
+        staged = self._cache.gather(self._block_index(batch))
         staged = staged.permute(2, 0, 1, 3, 4, 5).contiguous()
         for row, copy in enumerate(batch):
             self.slots[copy.slot].copy_(staged[row], non_blocking=True)
@@ -123,6 +124,4 @@ class HostKvPool:
         )
         for row, copy in enumerate(batch):
             staged[row].copy_(self.slots[copy.slot], non_blocking=True)
-        self._cache.tensor.index_copy_(
-            2, self._block_index(batch), staged.permute(1, 2, 0, 3, 4, 5)
-        )
+        self._cache.scatter(self._block_index(batch), staged.permute(1, 2, 0, 3, 4, 5))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from site_engine.engine.cuda.graphs import DecodeGraphs
     from site_engine.engine.cuda.step_graphs import FlatStepGraphs
     from site_engine.engine.lora.registry import AdapterRegistry
-    from site_engine.engine.lora.slots import StepDeltas
+    from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +109,18 @@ def _default_attention(device: torch.device, dtype: torch.dtype) -> AttentionBac
     return TorchReferenceAttention()
 
 
+@dataclass(frozen=True, slots=True)
+class _GraphSettings:
+    """What the CUDA graph sets are made with (again after a resize of the cache)."""
+
+    max_batch: int
+    max_tokens: int
+    only_largest: bool
+    lora: LoraSlots | None
+    logits_out: torch.Tensor
+    lazy: bool
+
+
 class ModelRunner:
     """Owns the paged KV cache and runs the loaded model over flat batches."""
 
@@ -166,46 +178,71 @@ class ModelRunner:
         self.host_kv = HostKvPool(self.kv_cache, host_kv_slots) if host_kv_slots else None
         self.sampler = sampler or Sampler()
         self.graphs: DecodeGraphs | None = None
+        self.step_graphs: FlatStepGraphs | None = None
+        self._graph_settings: _GraphSettings | None = None
         if use_graphs:
-            from site_engine.engine.cuda.graphs import DecodeGraphs
-
             # One float32 logits buffer that every graph writes into (cuda/graphs.py says why).
             logits_out = torch.empty(
                 (cuda_graph_max_batch, self.flat_model.vocab_size),
                 dtype=torch.float32,
                 device=device,
             )
-            self.graphs = DecodeGraphs(
-                self.flat_model,
-                self.attention,
-                self.kv_cache,
-                max_batch=cuda_graph_max_batch,
-                max_blocks_per_seq=-(-self._max_model_len // block_size),
-                scratch_block=num_blocks,
-                logits_out=logits_out,
-                only_largest=only_largest_graphs,
-                lora=lora_slots,
-            )
-            if not lazy_graphs:
-                self.graphs.capture()
-        self.step_graphs: FlatStepGraphs | None = None
-        if use_graphs and cuda_graph_max_tokens >= 2:
-            from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+            self._graph_settings = _GraphSettings(
+                cuda_graph_max_batch, cuda_graph_max_tokens, only_largest_graphs, lora_slots,
+                logits_out, lazy_graphs,
+            )  # fmt: skip
+            self._make_graphs(self._graph_settings)
 
+    def _make_graphs(self, settings: _GraphSettings) -> None:
+        """The graph sets over the cache as it is now (its scratch block the top one),
+        captured unless lazy."""
+        from site_engine.engine.cuda.graphs import DecodeGraphs
+        from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+
+        shared: dict[str, Any] = {
+            "max_blocks_per_seq": -(-self._max_model_len // self.block_size),
+            "scratch_block": self._num_blocks,
+            "logits_out": settings.logits_out,
+            "only_largest": settings.only_largest,
+            "lora": settings.lora,
+        }
+        model = (self.flat_model, self.attention, self.kv_cache)
+        self.graphs = DecodeGraphs(*model, max_batch=settings.max_batch, **shared)
+        if not settings.lazy:
+            self.graphs.capture()
+        if settings.max_tokens >= 2:
             self.step_graphs = FlatStepGraphs(
-                self.flat_model,
-                self.attention,
-                self.kv_cache,
-                max_tokens=cuda_graph_max_tokens,
-                max_seqs=cuda_graph_max_batch,
-                max_blocks_per_seq=-(-self._max_model_len // block_size),
-                scratch_block=num_blocks,
-                logits_out=logits_out,
-                only_largest=only_largest_graphs,
-                lora=lora_slots,
+                *model, max_tokens=settings.max_tokens, max_seqs=settings.max_batch, **shared
             )
-            if not lazy_graphs:
+            if not settings.lazy:
                 self.step_graphs.capture()
+
+    def resize_kv(self, num_blocks: int) -> None:
+        """The KV cache shrinks or grows to `num_blocks` (blocks for sequences: the scheduler's
+        count), the blocks below both sizes kept (kv_cache.PagedKVCache.resize); blocks above
+        `num_blocks` must be free. The step in flight, if any, is finished on the device first
+        (no queued kernel or host-tier copy may read a dropped layer). The CUDA graphs hold the
+        old layers' addresses: dropped and made again, over the new cache, captured here
+        (eager graphs) or listed by `pending_graphs` again (lazy graphs: the engine re-queues
+        them; steps run eagerly meanwhile). On failure the cache keeps its old size."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.host_kv is not None:
+            self.host_kv.synchronize()
+        for graphs in (self.graphs, self.step_graphs):
+            if graphs is not None:
+                graphs.close()
+        self.graphs = self.step_graphs = None
+        settings = self._graph_settings
+        try:
+            # Graph padding rows write into one extra block, the top one.
+            self.kv_cache.resize(num_blocks + int(settings is not None))
+            self._num_blocks = num_blocks
+        finally:
+            if settings is not None:
+                self._make_graphs(settings)
 
     def pending_graphs(self) -> list[PendingGraph]:
         """The graphs not captured yet, one capture callable each (lazy graphs; none on CPU):

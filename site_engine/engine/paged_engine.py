@@ -33,6 +33,7 @@ from site_engine.engine.core.api import (
 )
 from site_engine.engine.core.graph_capture import CapturePolicy, GraphCaptureQueue
 from site_engine.engine.core.host_offload import OffloadLimits
+from site_engine.engine.core.kv_lending import Lending, lend, lendable_bytes, take_back
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from site_engine.engine.core.scheduling_policy import PolicyName
 from site_engine.engine.core.sequence import Sequence
@@ -202,8 +203,8 @@ class PagedEngine:
             lazy_graphs=config.lazy_graphs,
         )
         # Lazy graphs: what remains to capture (empty otherwise); who hears of the last one.
-        pace = CapturePolicy(config.graph_capture_every_steps, config.graph_capture_idle_s)
-        self.graph_queue = GraphCaptureQueue(self._runner.pending_graphs(), pace)
+        self._pace = CapturePolicy(config.graph_capture_every_steps, config.graph_capture_idle_s)
+        self.graph_queue = GraphCaptureQueue(self._runner.pending_graphs(), self._pace)
         self.on_graphs_ready: Callable[[float], None] | None = None
         self._scheduler = Scheduler(
             SchedulerConfig(
@@ -245,6 +246,8 @@ class PagedEngine:
         self._closed = False
         self._measure_steps = config.measure_step_time
         self._applied_work: tuple[int, int] | None = None
+        # The top of the cache lent to a neighbour instance (idle memory first), or None.
+        self._lending: Lending | None = None
 
     def _describe_graphs(self, before: tuple[int, int], after: tuple[int, int]) -> str:
         count = self._runner.num_graphs
@@ -535,8 +538,9 @@ class PagedEngine:
             log.info("graphs ready: %d CUDA graphs captured while serving, %.2f s after the "
                      "engine was built (%d failed, their steps eager)",
                      self._runner.num_graphs, ready_s, len(self.graph_queue.failed))  # fmt: skip
-            if self.on_graphs_ready is not None:
-                self.on_graphs_ready(ready_s)
+            ready, self.on_graphs_ready = self.on_graphs_ready, None  # the start's graphs only
+            if ready is not None:
+                ready(ready_s)
         return count
 
     def record_step_seconds(self, seconds: float) -> None:
@@ -623,12 +627,61 @@ class PagedEngine:
             for u in updates
         ]
 
+    def kv_room(self) -> int:
+        """Bytes `lend_kv` could lend now (0 while lending). Engine thread."""
+        return lendable_bytes(self._scheduler.block_manager, self._plan)
+
+    def lend_kv(self, wanted_bytes: int) -> int:
+        """Engine thread. Lends the free top of the cache covering `wanted_bytes`
+        (core/kv_lending.py: never a block a sequence holds) and releases its memory: the cache
+        shrinks (ModelRunner.resize_kv). Returns the bytes lent (0: refused, nothing lent;
+        also when the shrink could not allocate its one new layer). ValueError while lending."""
+        if wanted_bytes < 1:
+            raise ValueError(f"a lending needs at least one byte, not {wanted_bytes}")
+        manager = self._scheduler.block_manager
+        lending = lend(manager, self._plan, wanted_bytes)
+        if not lending.blocks:
+            return 0
+        try:
+            self._resize_cache(lending.plan.num_blocks)
+        except torch.OutOfMemoryError:
+            log.warning("the KV cache could not shrink to lend %d bytes", lending.bytes)
+            take_back(manager, lending, self._plan)
+            return 0
+        self._lending, self._plan = lending, lending.plan
+        self._limits = replace(self._limits, kv_blocks_total=lending.plan.num_blocks)
+        return lending.bytes
+
+    def return_kv(self) -> int:
+        """Engine thread. The neighbour left: the cache grows back (its memory re-acquired) and
+        the lent blocks are the scheduler's again; the bytes returned (0: nothing was lent).
+        Raises if the memory cannot be had again (the blocks stay lent; a later call may try
+        again)."""
+        lending = self._lending
+        if lending is None:
+            return 0
+        self._resize_cache(lending.plan.num_blocks + lending.blocks)
+        self._plan = take_back(self._scheduler.block_manager, lending, self._plan)
+        self._lending = None
+        self._limits = replace(self._limits, kv_blocks_total=self._plan.num_blocks)
+        return lending.bytes
+
+    def _resize_cache(self, num_blocks: int) -> None:
+        # The queue's callables hold the old graph sets (their memory pools): dropped first.
+        self.graph_queue = GraphCaptureQueue()
+        try:
+            self._runner.resize_kv(num_blocks)
+        finally:
+            # The graphs were made again over the resized (or restored) cache: lazy ones are
+            # captured again between steps, from the start.
+            self.graph_queue = GraphCaptureQueue(self._runner.pending_graphs(), self._pace)
+
     def restart_scheduler(self, *, prefix_caching: bool, host_tier: bool) -> None:
         """An idle engine starts over with an empty scheduler and cache index on the same runner
         (its CUDA graphs stay captured): a benchmark's arms with caching off, on, and with the
         host tier (if the runner has one) compare on one warmed-up engine."""
-        if self.has_unfinished():
-            raise RuntimeError("restart_scheduler needs an idle engine")
+        if self.has_unfinished() or self._lending is not None:
+            raise RuntimeError("restart_scheduler needs an idle engine that lends nothing")
         host_blocks = self._runner.host_kv.num_slots if host_tier and self._runner.host_kv else 0
         if host_tier and not host_blocks:
             raise ValueError("this engine was built without a host KV tier")
@@ -673,7 +726,8 @@ class PagedEngine:
             running_tokens=stats.cached_tokens,
             predicted_remaining_tokens=stats.predicted_remaining_tokens,
             kv_blocks_used=stats.kv_blocks_used,
-            kv_blocks_total=stats.kv_blocks_total,
+            # Lent blocks are the neighbour's memory now (idle memory first).
+            kv_blocks_total=stats.kv_blocks_total - self._scheduler.block_manager.num_lent_blocks,
             iterations=stats.iterations,
             num_preemptions=stats.num_preemptions,
             prefix_cache_queries=stats.prefix_cache_queries,

@@ -48,20 +48,23 @@ def test_a_block_offloaded_then_overwritten_reads_back_its_offloaded_content(
     # eviction are queued at the next step's start (the scheduler lists them then).
     busy(device)
     for block in BLOCKS:
-        cache.tensor[:, :, block].fill_(first[block])
+        for layer in cache.layers:
+            layer[:, block].fill_(first[block])
     pool.run([KvCopy(to_host=True, block=b, slot=b) for b in BLOCKS], 0, step_id=2)
     # Step 3 overwrites those blocks: it waits for step 2's copies (they may still run).
     pool.run((), 0, step_id=3, wait_for_step=2)
     for block in BLOCKS:
-        cache.tensor[:, :, block].fill_(-1.0)
+        for layer in cache.layers:
+            layer[:, block].fill_(-1.0)
     # Step 4 reads them back into other blocks (40..71) and reads those right away.
     back = [KvCopy(to_host=False, block=40 + b, slot=b) for b in BLOCKS]
     pool.run(back, len(back), step_id=4)
-    read = cache.tensor[:, :, 40 : 40 + len(BLOCKS)].amin(dim=(0, 1, 3, 4, 5))
+    blocks = torch.stack([layer[:, 40 : 40 + len(BLOCKS)] for layer in cache.layers])
+    read = blocks.amin(dim=(0, 1, 3, 4, 5))
     torch.cuda.synchronize(device)
     assert torch.equal(read, first), "a block read back what it held when copied out"
     assert torch.equal(pool.slots[:, 0, 0, 0, 0, 0], first.cpu())
-    assert bool((cache.tensor[:, :, : len(BLOCKS)] == -1.0).all())
+    assert all(bool((layer[:, : len(BLOCKS)] == -1.0).all()) for layer in cache.layers)
 
 
 def test_copies_to_the_host_do_not_hold_up_the_next_step(cuda_device: str) -> None:
@@ -77,7 +80,7 @@ def test_copies_to_the_host_do_not_hold_up_the_next_step(cuda_device: str) -> No
     pool.run([KvCopy(to_host=True, block=b, slot=b) for b in BLOCKS], 0, step_id=1)
     pool.run((), 0, step_id=2)  # overwrites nothing copied: no wait
     done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    cache.tensor[:, :, 70].fill_(7.0)
+    cache.layers[-1][:, 70].fill_(7.0)
     done.record()
     done.synchronize()
     copies = pool._ahead.get(1)

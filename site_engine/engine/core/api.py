@@ -161,3 +161,14 @@ class Engine(Protocol):
 
     def unload_adapter(self, name: str) -> None:
         """Stops serving `name`; AdapterRefused (BUSY) while a request of it is live."""
+
+    def kv_room(self) -> int:
+        """Bytes of the KV cache `lend_kv` could lend now (idle memory first; 0 while lending)."""
+
+    def lend_kv(self, wanted_bytes: int) -> int:
+        """Lends the free top of the KV cache covering `wanted_bytes` to an instance beside
+        this one and releases its memory: the bytes lent (0: refused). ValueError while it
+        lends already or for less than one byte."""
+
+    def return_kv(self) -> int:
+        """Re-acquires the lent memory and takes the blocks back: the bytes (0: none lent)."""

@@ -133,6 +133,11 @@ class Scheduler:
         self._hold: str | None = None
 
     @property
+    def block_manager(self) -> BlockManager:
+        """The cache's bookkeeping (the idle-memory lending works on it: core/kv_lending.py)."""
+        return self._blocks
+
+    @property
     def step_cost(self) -> StepCost | None:
         """The step cost learned so far (None until enough steps were reported)."""
         return self._step_cost.current

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.federation import SiteConfig
 from gateway.scaling.config import LocalSlot, ScalingConfigError, parse_scaling
 from gateway.scaling.idle_memory import MIB, IdleMemory, LendFailed, Room, beside
 from gateway.scaling.policy import (
@@ -23,8 +24,11 @@ from gateway.scaling.policy import (
     Verdict,
     decide,
 )
+from gateway.scaling.site_lender import SiteLender
+from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.registry import SiteRegistry, SiteState
 from site_engine.engine.core.block_manager import BlockManager
-from site_engine.engine.core.kv_lending import Lending, lend, take_back
+from site_engine.engine.core.kv_lending import Lending, lend, lendable_bytes, take_back
 from site_engine.engine.memory_plan import KvPlan
 
 BLOCK = 16
@@ -54,6 +58,12 @@ class Sites:
         self.unreachable: set[str] = set()
         self.overstating: set[str] = set()
         self.calls: list[tuple[str, str]] = []
+
+    async def room(self, site: str) -> int:
+        if site in self.unreachable:
+            raise LendFailed(f"{site}: connection refused")
+        s = self.sites[site]
+        return lendable_bytes(s.manager, s.plan)
 
     async def lend(self, site: str, wanted_bytes: int) -> int:
         self.calls.append(("lend", site))
@@ -202,3 +212,51 @@ def test_short_peak_s_is_validated() -> None:
     good = b"""{"models": [{"model": "m", "short_peak_s": 20, "actuator": {"kind": "signal"}}]}"""
     config = parse_scaling(good, Path("."), frozenset({"m"}))
     assert config.rules["m"].short_peak_s == 20.0
+
+
+def test_rooms_leave_out_a_lending_site_one_without_room_and_one_unreachable() -> None:
+    a, b, c, d = Site(20), Site(40), Site(8), Site(20)
+    a.manager.grow("r", 20 * BLOCK)  # the whole cache held: no room
+    sites = Sites(a=a, b=b, c=c, d=d)
+    sites.unreachable.add("c")
+    memory = IdleMemory(sites)
+    candidates = [("a", GPU0), ("b", GPU1), ("c", GPU0), ("d", GPU1)]
+    rooms = asyncio.run(memory.rooms(candidates))
+    assert rooms == [Room("b", GPU1, 36 * MIB), Room("d", GPU1, 16 * MIB)]
+    assert asyncio.run(memory.place("x", rooms, 4 * MIB)) is not None  # from b, the most room
+    assert memory.borrows("x")
+    assert [r.site for r in asyncio.run(memory.rooms(candidates))] == ["d"]
+
+
+def test_the_site_lender_fails_with_lend_failed_on_any_call_error() -> None:
+    """Real gRPC to a port nobody serves, and a site the registry does not hold."""
+    config = SiteConfig("gone", "local", "local", "127.0.0.1:9", "m")
+
+    async def calls() -> None:
+        client = GrpcSiteClient("gone", config.endpoint, 0.2)  # its channel is this loop's
+        registry = SiteRegistry([SiteState(config, 1, client)])
+        lender = SiteLender(registry)
+        for call in (lender.room("gone"), lender.lend("gone", MIB), lender.take_back("gone")):
+            with pytest.raises(LendFailed, match="gone"):
+                await call
+        with pytest.raises(LendFailed, match="not in the registry"):
+            await lender.room("other")
+        # IdleMemory turns the failure into no room (and no placement).
+        memory = IdleMemory(lender)
+        assert await memory.rooms([("gone", GPU0)]) == []
+        assert await memory.place("x", [Room("gone", GPU0, 8 * MIB)], MIB) is None
+        await registry.close()
+
+    asyncio.run(calls())
+
+
+def test_idle_memory_kv_mib_is_for_a_local_actuator() -> None:
+    bad = (
+        b"""{"models": [{"model": "m", "actuator": {"kind": "signal", "idle_memory_kv_mib": 4}}]}"""
+    )
+    with pytest.raises(ScalingConfigError, match="idle_memory_kv_mib"):
+        parse_scaling(bad, Path("."), frozenset({"m"}))
+    good = b"""{"models": [{"model": "m", "actuator": {"kind": "local", "command": ["x"],
+                "slots": [{}], "idle_memory_kv_mib": 4}}]}"""
+    config = parse_scaling(good, Path("."), frozenset({"m"}))
+    assert config.models[0].actuator.idle_memory_kv_mib == 4
