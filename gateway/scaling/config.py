@@ -72,6 +72,9 @@ class _Actuator(msgspec.Struct, forbid_unknown_fields=True):
     # the free top of a running site's KV cache, beside it on its GPU, with a KV cache of this
     # many MiB (0: never; every start takes a free slot). docs/elastic.md, "Idle memory first".
     idle_memory_kv_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # local: what such a site needs beside its KV cache (weights, activations, CUDA graphs), in
+    # MiB: borrowed from the lender too, so that the site fits in memory its lender gave back.
+    idle_memory_overhead_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class _Model(msgspec.Struct, forbid_unknown_fields=True):
@@ -129,6 +132,7 @@ class ActuatorConfig:
     tls_server_name: str | None = None
     resolve_every_s: float = 5.0
     idle_memory_kv_mib: int = 0
+    idle_memory_overhead_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +186,15 @@ def _actuator(raw: _Actuator, model: str, base_dir: Path, where: str) -> Actuato
         raise ScalingConfigError(
             f"{where}: a signal actuator has no pool (pool_size is for local or kubernetes)"
         )
-    if raw.kind != "local" and raw.idle_memory_kv_mib:
+    if raw.kind != "local" and (raw.idle_memory_kv_mib or raw.idle_memory_overhead_mib):
         raise ScalingConfigError(
-            f"{where}: idle_memory_kv_mib is for a local actuator (it starts sites beside others)"
+            f"{where}: idle_memory_kv_mib and idle_memory_overhead_mib are for a local actuator "
+            "(it starts sites beside others)"
+        )
+    if raw.idle_memory_overhead_mib and not raw.idle_memory_kv_mib:
+        raise ScalingConfigError(
+            f"{where}: idle_memory_overhead_mib without idle_memory_kv_mib: no site starts in "
+            "idle memory"
         )
     log_dir = Path(raw.log_dir)
     return ActuatorConfig(
@@ -206,6 +216,7 @@ def _actuator(raw: _Actuator, model: str, base_dir: Path, where: str) -> Actuato
         tls_server_name=raw.tls_server_name,
         resolve_every_s=raw.resolve_every_s,
         idle_memory_kv_mib=raw.idle_memory_kv_mib,
+        idle_memory_overhead_mib=raw.idle_memory_overhead_mib,
     )
 
 

@@ -141,10 +141,13 @@ class IdleMemory:
             log.warning("site %s could not take its lending back: %s", site, exc)
 
 
-def beside(borrowing: Borrowing) -> LocalSlot:
+def beside(borrowing: Borrowing, overhead_bytes: int = 0) -> LocalSlot:
     """Where the borrowing instance runs: its lender's slot (the same GPU), its KV cache the
-    lent memory (whole MiB, never more than lent)."""
-    return LocalSlot(
-        borrowing.slot.env,
-        (*borrowing.slot.args, "--kv-cache-mib", str(borrowing.bytes // MIB)),
-    )
+    lent memory less `overhead_bytes` (what the instance needs besides: weights, activations),
+    in whole MiB, never more than lent."""
+    kv_mib = (borrowing.bytes - overhead_bytes) // MIB
+    if kv_mib < 1:
+        raise ValueError(
+            f"{borrowing.bytes} bytes lent leave no KV cache beside {overhead_bytes} of overhead"
+        )
+    return LocalSlot(borrowing.slot.env, (*borrowing.slot.args, "--kv-cache-mib", str(kv_mib)))

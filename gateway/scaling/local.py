@@ -153,14 +153,16 @@ class LocalProcesses:
                    if c.joined and not (c.borrowing or c.retiring)]  # fmt: skip
         rooms = await self._idle.rooms([(c.name, self._config.slots[c.slot]) for c in lenders])
         name = f"{self._config.name_prefix}-idle-{self._borrowers}"
-        borrowing = await self._idle.place(name, rooms, self._config.idle_memory_kv_mib * MIB)
+        overhead = self._config.idle_memory_overhead_mib * MIB
+        budget = self._config.idle_memory_kv_mib * MIB + overhead
+        borrowing = await self._idle.place(name, rooms, budget)
         if borrowing is None:
             return False
         self._borrowers += 1
         slot = next(c.slot for c in lenders if c.name == borrowing.lender)
         log.info("site %s: in %d MiB of site %s's KV cache (slot %d)", name,
                  borrowing.bytes // MIB, borrowing.lender, slot)  # fmt: skip
-        child = self._spawn(slot, beside(borrowing), name)
+        child = self._spawn(slot, beside(borrowing, overhead), name)
         child.borrowing = True
         self._begin(child)
         return True

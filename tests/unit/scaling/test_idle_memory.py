@@ -260,3 +260,30 @@ def test_idle_memory_kv_mib_is_for_a_local_actuator() -> None:
                 "slots": [{}], "idle_memory_kv_mib": 4}}]}"""
     config = parse_scaling(good, Path("."), frozenset({"m"}))
     assert config.models[0].actuator.idle_memory_kv_mib == 4
+
+
+def test_a_borrower_borrows_its_overhead_too_and_keeps_only_its_kv_budget_for_the_cache() -> None:
+    a = Site(40)
+    memory = IdleMemory(Sites(a=a))
+    # 10 MiB of KV cache and 6 MiB of weights and activations: 16 MiB lent, a 10 MiB cache.
+    borrowing = asyncio.run(memory.place("x", [Room("a", GPU0, 36 * MIB)], 16 * MIB))
+    assert borrowing is not None
+    assert borrowing.bytes == 16 * MIB
+    assert beside(borrowing, 6 * MIB).args[-2:] == ("--kv-cache-mib", "10")
+    with pytest.raises(ValueError, match="no KV cache"):
+        beside(borrowing, 16 * MIB)
+
+
+def test_idle_memory_overhead_needs_a_kv_budget_and_a_local_actuator() -> None:
+    local = b""""kind": "local", "command": ["x"], "slots": [{}]"""
+    alone = b"""{"models": [{"model": "m", "actuator": {%s, "idle_memory_overhead_mib": 6}}]}"""
+    with pytest.raises(ScalingConfigError, match="without idle_memory_kv_mib"):
+        parse_scaling(alone % local, Path("."), frozenset({"m"}))
+    signal = b"""{"models": [{"model": "m", "actuator": {"kind": "signal",
+                  "idle_memory_overhead_mib": 6}}]}"""
+    with pytest.raises(ScalingConfigError, match="for a local actuator"):
+        parse_scaling(signal, Path("."), frozenset({"m"}))
+    both = b"""{"models": [{"model": "m", "actuator": {%s, "idle_memory_kv_mib": 4,
+                "idle_memory_overhead_mib": 6}}]}"""
+    config = parse_scaling(both % local, Path("."), frozenset({"m"}))
+    assert config.models[0].actuator.idle_memory_overhead_mib == 6
