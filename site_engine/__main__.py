@@ -40,7 +40,7 @@ from site_engine.engine.core.api import Engine, StructuredOutputUnavailable
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine, plan_kv
-from site_engine.engine_service import EngineService
+from site_engine.engine_service import EngineService, OnDemandReserve
 from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
 from site_engine.idle_work import IdleGate
@@ -166,6 +166,14 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         type=int,
         help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
     )
+    parser.add_argument(
+        "--finetune-reserve-on-demand",
+        dest="finetune_reserve_on_demand",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="take the reserve from the KV cache only while a job trains (default: held from "
+        "the start)",
+    )
     parser.add_argument("--finetune-dir", help="fine-tuning jobs, checkpoints and adapters")
     parser.add_argument(
         "--finetune-checkpoint-every", type=int, help="optimizer steps between checkpoints"
@@ -223,6 +231,7 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         background_step_slack=settings.deferral_bound_slack,
         lora=lora_settings(settings),
         finetune_reserve_bytes=settings.finetune_reserve_bytes,
+        finetune_reserve_on_demand=settings.finetune_reserve_on_demand,
         lazy_graphs=settings.lazy_graphs,
     )
 
@@ -407,6 +416,11 @@ def start_generation(
         idle,
         on_idle_unit=on_unit,
         graphs=paged if paged.graphs_pending else None,
+        reserve=(
+            OnDemandReserve(paged, settings.finetune_reserve_bytes)
+            if jobs is not None and settings.finetune_reserve_on_demand
+            else None
+        ),
     )
     fingerprint = prepared.tokenizer_fingerprint if prepared is not None else None
     identity = _identity(

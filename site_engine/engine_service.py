@@ -49,6 +49,25 @@ class LazyGraphs(Protocol):
         ...
 
 
+class KvReserve(Protocol):
+    """An engine that lends the top of its KV cache to its own fine-tuning while a job trains
+    (PagedEngine with EngineConfig.finetune_reserve_on_demand)."""
+
+    def reserve_kv(self, wanted_bytes: int) -> bool:
+        """Whether the reserve is held now (False: still draining; ask again later)."""
+        ...
+
+    def release_kv_reserve(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OnDemandReserve:
+    """The fine-tuning reserve taken from the cache only while a job trains."""
+
+    engine: KvReserve
+    bytes: int
+
+
 class DuplicateRequest(ValueError):
     """A request with this id is already queued or running at this site."""
 
@@ -164,8 +183,12 @@ class EngineService:
         idle_work: tuple[IdleWork, IdleGate] | None = None,
         on_idle_unit: Callable[[float, bool], None] | None = None,
         graphs: LazyGraphs | None = None,
+        reserve: OnDemandReserve | None = None,
     ) -> None:
         self.engine = engine
+        # Fine-tuning's memory held only while a job trains (None: held from the start).
+        self._reserve = reserve
+        self._reserve_wanted = self._reserve_held = False
         # Lazy graphs (EngineConfig.lazy_graphs): captured while the engine idles; the engine
         # captures some between busy steps itself.
         self._graphs = graphs
@@ -359,6 +382,8 @@ class EngineService:
     def _run(self) -> None:
         while not self._stopping.is_set():
             idle = self._idle is not None and self._idle[0].has_work()
+            if self._reserve_wanted and not idle:
+                self._release_reserve()
             graphs = self._graphs is not None and self._graphs.graphs_pending
             self._drain_commands(block=not (self.engine.has_unfinished() or idle or graphs))
             if graphs and not self.engine.has_unfinished():
@@ -402,6 +427,8 @@ class EngineService:
         assert self._idle is not None
         work, gate = self._idle
         try:
+            if self._reserve is not None and not self._hold_reserve():
+                return  # the reserve's blocks still drain: the job waits for its memory
             held_s = time.monotonic() - self._idle_unit_end
             stats = self.engine.stats()
             if not gate.allows(stats, work.next_unit_s(), held_s):
@@ -415,6 +442,25 @@ class EngineService:
         except Exception:
             log.exception("idle work failed; the engine goes on")
         self.idle_units += 1
+
+    def _hold_reserve(self) -> bool:
+        assert self._reserve is not None
+        held = self._reserve.engine.reserve_kv(self._reserve.bytes)
+        if held and not self._reserve_held:
+            log.info("a job trains: %d bytes of the KV cache lent to it", self._reserve.bytes)
+        self._reserve_wanted, self._reserve_held = True, held
+        return held
+
+    def _release_reserve(self) -> None:
+        assert self._reserve is not None
+        try:
+            returned = self._reserve.engine.release_kv_reserve()
+        except Exception:
+            log.exception("the fine-tuning reserve could not go back to the KV cache; retrying")
+            return
+        self._reserve_wanted = self._reserve_held = False
+        if returned:
+            log.info("no job trains: %d bytes of reserve back in the KV cache", returned)
 
     def _publish(self, stats: EngineStats) -> None:
         if stats.iterations > self._stats.iterations:

@@ -115,6 +115,10 @@ class SiteSettings:
     # `finetune_dir`; units of training are sized in tokens so each is predicted to hold the
     # engine's loop `finetune_max_step_ms` at most (site_engine/finetune/pacing.py).
     finetune_reserve_bytes: int = 0
+    # The reserve taken from the KV cache only while a job trains (the cache is planned at full
+    # size, the reserve's top blocks drained and lent to the trainer when a job starts, given
+    # back when none runs; docs/fine-tuning.md). Off: held from the start, as before.
+    finetune_reserve_on_demand: bool = False
     finetune_dir: Path = Path("var/finetune")
     finetune_checkpoint_every: int = 10
     finetune_max_step_ms: float = 200.0
@@ -197,6 +201,8 @@ class SiteSettings:
                 "SITE_FINETUNE_IDLE_UNIT_TOKENS must be >= 1 (a unit's padded tokens with no "
                 f"request in), got {self.finetune_idle_unit_tokens}"
             )
+        if self.finetune_reserve_on_demand and not self.finetune_reserve_bytes:
+            raise SettingsError("SITE_FINETUNE_RESERVE_ON_DEMAND needs SITE_FINETUNE_RESERVE_BYTES")
         if self.finetune_reserve_bytes and self.lora_dir is None:
             # A job's adapter is served through the site's LoRA slots, which only a site with
             # --lora-dir has: without them a finished job could never be served, and the

@@ -122,6 +122,10 @@ class EngineConfig:
     # Device memory reserved for fine-tuning jobs (site_engine/finetune/), taken from the KV
     # cache's automatic budget (or refused with an explicit one it leaves no room beside).
     finetune_reserve_bytes: int = 0
+    # The reserve held only while a job trains: the cache is planned at full size and the
+    # reserve's blocks are drained and lent to the trainer when a job starts, given back when
+    # none runs (reserve_kv / release_kv_reserve; the site's SITE_FINETUNE_RESERVE_ON_DEMAND).
+    finetune_reserve_on_demand: bool = False
     # CUDA only: start with no graph captured, serve at once (steps without their graph run
     # eagerly) and capture the graphs one at a time between steps (core/graph_capture.py).
     # Off for an engine built in code; a CUDA site turns it on (SiteSettings.load, docs/elastic.md).
@@ -158,7 +162,9 @@ def plan_kv(loaded: LoadedModel, config: EngineConfig) -> KvPlan:
         return plan_kv_cache(
             measurement,
             requested_bytes=config.kv_cache_bytes,
-            training_bytes=config.finetune_reserve_bytes,
+            training_bytes=0
+            if config.finetune_reserve_on_demand
+            else config.finetune_reserve_bytes,
             **sizes,
         )
     if config.kv_cache_bytes > 0:
@@ -248,6 +254,7 @@ class PagedEngine:
         self._applied_work: tuple[int, int] | None = None
         # The top of the cache lent to a neighbour instance (idle memory first), or None.
         self._lending: Lending | None = None
+        self._reserved = False  # the lending is the trainer's reserve (reserve_kv)
 
     def _describe_graphs(self, before: tuple[int, int], after: tuple[int, int]) -> str:
         count = self._runner.num_graphs
@@ -638,8 +645,34 @@ class PagedEngine:
         also when the shrink could not allocate its one new layer). ValueError while lending."""
         if wanted_bytes < 1:
             raise ValueError(f"a lending needs at least one byte, not {wanted_bytes}")
+        if self._scheduler.block_manager.draining:
+            return 0  # the trainer's reserve is being drained: nothing for a neighbour
+        return self._take_lending(wanted_bytes, drain=False)
+
+    def reserve_kv(self, wanted_bytes: int) -> bool:
+        """Engine thread. The site's own fine-tuning takes `wanted_bytes` from the top of the
+        cache while a job trains (EngineConfig.finetune_reserve_on_demand): lent as to a
+        neighbour (the memory released), after draining it when running sequences hold part of
+        it (no new sequence takes those blocks meanwhile). Whether the reserve is held now;
+        False: not yet (call again between steps), or the cache lends to a neighbour."""
+        if self._lending is not None:
+            return self._reserved
+        self._reserved = self._take_lending(wanted_bytes, drain=True) > 0
+        return self._reserved
+
+    def release_kv_reserve(self) -> int:
+        """Engine thread. No job trains: the reserve (or a drain toward it) is the cache's
+        again; the bytes given back."""
+        if not self._reserved:
+            self._scheduler.block_manager.end_drain()
+            return 0
+        returned = self._give_back()
+        self._reserved = False
+        return returned
+
+    def _take_lending(self, wanted_bytes: int, drain: bool) -> int:
         manager = self._scheduler.block_manager
-        lending = lend(manager, self._plan, wanted_bytes)
+        lending = lend(manager, self._plan, wanted_bytes, drain=drain)
         if not lending.blocks:
             return 0
         try:
@@ -657,6 +690,11 @@ class PagedEngine:
         the lent blocks are the scheduler's again; the bytes returned (0: nothing was lent).
         Raises if the memory cannot be had again (the blocks stay lent; a later call may try
         again)."""
+        if self._reserved:
+            return 0  # the trainer's reserve, not a neighbour's: release_kv_reserve gives it back
+        return self._give_back()
+
+    def _give_back(self) -> int:
         lending = self._lending
         if lending is None:
             return 0

@@ -128,6 +128,10 @@ class BlockManager:
         # The top of the cache lent to a neighbour instance on this GPU (idle memory first,
         # site_engine/engine/core/kv_lending.py): blocks neither free nor held by any table.
         self._lent: list[int] = []
+        # Blocks from this index up are being drained for a lending (drain_tail): freed ones
+        # stay out of the free queue until the tail can be lent whole.
+        self._drain_from = num_blocks
+        self._drained: set[int] = set()
 
     @property
     def num_blocks(self) -> int:
@@ -268,9 +272,14 @@ class BlockManager:
         refcounts, free_queue, indexed = self._refcounts, self._free, self._indexed
         caching = self._index is not None
         # Last blocks first: of one request's cached blocks, the deepest is evicted first.
+        drain_from = self._drain_from
         for block in reversed(table) if caching else table:
             refcounts[block] -= 1
             if refcounts[block] == 0:
+                if block >= drain_from:
+                    self._hold_for_lending(block)
+                    released += 1
+                    continue
                 free_queue[block] = None
                 if caching and indexed[block] is None:
                     free_queue.move_to_end(block, last=False)
@@ -438,14 +447,67 @@ class BlockManager:
         lent = 0
         top = self._num_blocks - len(self._lent) - 1
         while lent < count and self._lendable(top):
-            del self._free[top]
-            if self._index is not None and self._indexed[top] is not None:
-                self._index.remove_at(top)
-            self._offloaded_at.pop(top, None)
+            if top in self._drained:
+                self._drained.discard(top)
+            else:
+                self._take_for_lending(top)
             self._lent.append(top)
             lent += 1
             top -= 1
         return lent
+
+    def _take_for_lending(self, block: int) -> None:
+        """A free block out of the free queue, its cached id forgotten."""
+        del self._free[block]
+        if self._index is not None and self._indexed[block] is not None:
+            self._index.remove_at(block)
+        self._offloaded_at.pop(block, None)
+
+    def _hold_for_lending(self, block: int) -> None:
+        """A block freed inside the drained tail: kept apart, its cached id forgotten."""
+        if self._index is not None and self._indexed[block] is not None:
+            self._index.remove_at(block)
+        self._offloaded_at.pop(block, None)
+        self._drained.add(block)
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_from < self._num_blocks
+
+    def drain_tail(self, count: int) -> int:
+        """Prepares lending the top `count` blocks (below what is lent) when running sequences
+        hold some of them: the free ones leave the free queue now, the held ones as their
+        sequences free them, so no new sequence takes a block of that tail (on a cache whose
+        free queue has cycled through every block, the top is rarely free all at once). The
+        scheduler sees the drained blocks as not free. Returns how many of the tail are still
+        held; `lend_tail(count)` succeeds once that is 0. `end_drain` gives the free ones back."""
+        if count < 1:
+            raise ValueError(f"a drain needs at least one block, not {count}")
+        top = self._num_blocks - len(self._lent)
+        start = max(0, top - count)
+        if self.draining and start != self._drain_from:
+            raise ValueError("a drain of another length is under way")
+        self._drain_from = start
+        held = 0
+        for block in range(start, top):
+            if block in self._drained:
+                continue
+            if self._lendable(block) and block in self._free:
+                self._take_for_lending(block)
+                self._drained.add(block)
+            else:
+                held += 1
+        return held
+
+    def end_drain(self) -> int:
+        """Stops draining (the tail was lent, or is no longer wanted): drained blocks not lent
+        go back to the free queue (at its end: handed out last); how many."""
+        back = len(self._drained)
+        for block in sorted(self._drained):
+            self._free[block] = None
+        self._drained.clear()
+        self._drain_from = self._num_blocks
+        return back
 
     def return_lent(self) -> int:
         """The lent tail back to the free queue (at its end: handed out last); how many."""
@@ -475,9 +537,11 @@ class BlockManager:
                 raise AssertionError(
                     f"block {block}: refcount {refcount} but held by {holders[block]} table(s)"
                 )
-            if block in self._lent:
+            if block in self._lent or block in self._drained:
                 if refcount or block in self._free:
-                    raise AssertionError(f"lent block {block} is also free or held")
+                    raise AssertionError(f"lent or drained block {block} is also free or held")
+                if block in self._drained and block < self._drain_from:
+                    raise AssertionError(f"drained block {block} below the drain")
                 continue
             if (block in self._free) == (refcount > 0):
                 state = "free and referenced" if refcount else "neither free nor referenced"

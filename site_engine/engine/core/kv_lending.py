@@ -28,25 +28,30 @@ class Lending:
 def lendable_bytes(manager: BlockManager, plan: KvPlan) -> int:
     """What `lend` would grant now at most (0 while lending): the free top, less the blocks the
     lender keeps for one full-length sequence. The figure a placement weighs a GPU's room by."""
-    if manager.num_lent_blocks:
+    if manager.num_lent_blocks or manager.draining:
         return 0
     keep = blocks_for(plan.max_model_len, plan.block_size)
     blocks = min(manager.free_tail_blocks(), plan.num_blocks - keep)
     return max(0, blocks) * plan.bytes_per_block
 
 
-def lend(manager: BlockManager, plan: KvPlan, wanted_bytes: int) -> Lending:
+def lend(manager: BlockManager, plan: KvPlan, wanted_bytes: int, drain: bool = False) -> Lending:
     """Lends the top blocks covering `wanted_bytes`, or nothing; one lending at a time. The
-    lender keeps at least one full-length sequence's blocks (what its plan promised)."""
+    lender keeps at least one full-length sequence's blocks (what its plan promised). `drain`:
+    when running sequences hold part of that top, it is drained (BlockManager.drain_tail: no new
+    sequence takes its blocks) so that a later call lends it; `end_drain` gives it up."""
     if manager.num_lent_blocks:
         raise ValueError("this cache already lends its top to a neighbour")
     wanted = -(-wanted_bytes // plan.bytes_per_block)
     keep = blocks_for(plan.max_model_len, plan.block_size)
     if wanted < 1 or plan.num_blocks - wanted < keep:
         return Lending(0, 0, plan)
+    if drain and manager.drain_tail(wanted):
+        return Lending(0, 0, plan)  # still held: lent once their sequences free them
     if manager.lend_tail(wanted) < wanted:
         manager.return_lent()
         return Lending(0, 0, plan)
+    manager.end_drain()
     return Lending(
         wanted, wanted * plan.bytes_per_block, replace(plan, num_blocks=plan.num_blocks - wanted)
     )
@@ -55,4 +60,5 @@ def lend(manager: BlockManager, plan: KvPlan, wanted_bytes: int) -> Lending:
 def take_back(manager: BlockManager, lending: Lending, plan: KvPlan) -> KvPlan:
     """The neighbour left (its memory freed): the lent blocks are the lender's again."""
     manager.return_lent()
+    manager.end_drain()
     return replace(plan, num_blocks=lending.plan.num_blocks + lending.blocks)

@@ -120,3 +120,46 @@ def test_lendable_bytes_is_exactly_what_a_lending_can_take() -> None:
     fresh.free("x")
     assert lendable_bytes(fresh, plan(20)) == 0
     assert fresh.free_tail_blocks() == 0
+
+
+def test_a_drained_top_is_lent_once_its_sequences_free_it_and_no_new_one_takes_it() -> None:
+    manager = BlockManager(8, BLOCK, caching=True)
+    manager.grow("a", 6 * BLOCK)  # 0-5
+    manager.grow("b", 2 * BLOCK)  # 6-7: the top
+    manager.free("a")
+    # b holds the top: a drain waits for it and takes nothing b or a newcomer could use.
+    assert lend(manager, plan(8, max_len=16), 2 * BYTES, drain=True).blocks == 0
+    assert manager.draining
+    assert lendable_bytes(manager, plan(8, max_len=16)) == 0  # no neighbour meanwhile
+    manager.grow("c", 6 * BLOCK)  # a newcomer gets the six free blocks below the drain
+    assert not set(manager.block_table("c")) & {6, 7}
+    assert not manager.try_grow("c", 7 * BLOCK)  # nothing more: the drained top is not free
+    manager.check_invariants()
+    manager.free("b")  # the top's holder ends: its blocks stay out of the free queue
+    assert manager.num_free_blocks == 0
+    manager.check_invariants()
+    lending = lend(manager, plan(8, max_len=16), 2 * BYTES, drain=True)
+    assert lending.blocks == 2
+    assert not manager.draining
+    assert lent_blocks(manager, 8) == {6, 7}
+    manager.check_invariants()
+    manager.free("c")
+    take_back(manager, lending, lending.plan)
+    assert manager.num_free_blocks == 8
+    manager.check_invariants()
+
+
+def test_a_drain_given_up_frees_its_blocks_again() -> None:
+    manager = BlockManager(8, BLOCK)
+    manager.grow("a", 6 * BLOCK)  # 0-5
+    manager.grow("b", 2 * BLOCK)  # 6-7
+    assert manager.drain_tail(2) == 2  # both held
+    manager.free("b")  # drained, not free
+    assert manager.num_free_blocks == 0
+    manager.check_invariants()
+    assert manager.end_drain() == 2  # the job that wanted them ended first
+    assert not manager.draining
+    manager.free("a")
+    assert manager.num_free_blocks == 8
+    assert manager.try_grow("c", 8 * BLOCK)
+    manager.check_invariants()
