@@ -2,18 +2,28 @@
 block manager, prefix cache, priority classes and adapter slots) stepped on the virtual clock,
 the model's forward replaced by the fitted step time (fedsim/step_time.py).
 
-Each step is the engine's own loop, synchronously: schedule, then after the step's fitted time
-update with one sampled token per sampling chunk (EOS once a sequence reaches the answer length
-the workload gave it), then the next schedule. A LoRA adapter not in the site's host memory is
-read from disk first (the scheduler holds its requests back, `awaiting_adapter`); the adapter's
-device slots are the scheduler's `max_loras`. The load reports are built from the scheduler's
-stats and the engine's own step rates (site_engine/step_rates.py), as the site's server does.
+Each step is the engine's own loop: after the step's fitted time it is updated with one sampled
+token per sampling chunk (EOS once a sequence reaches the answer length the workload gave it).
+With async scheduling (`SiteSpec.async_scheduling`, PagedEngine's default on a GPU) a step is
+planned when its predecessor starts, before that one's tokens are known, as
+`PagedEngine._run_step` does: step N starts, N+1 is scheduled at once; when N's time has passed N
+is updated and N+1 starts, N+2 is scheduled then, and so on. A request that arrives while N runs
+therefore joins N+2 at the earliest. A planned step that is empty is updated with no tokens right
+after N, and the next step is scheduled afresh once N is applied (the engine applies an empty
+step at once). A sequence that N finishes still has its row in N+1 (computed, its token thrown
+away): that row gets no token here, as the scheduler ignores chunks of finished sequences.
+Synchronously (async_scheduling False): schedule, step, update, schedule.
+
+A LoRA adapter not in the site's host memory is read from disk first (the scheduler holds its
+requests back, `awaiting_adapter`); the adapter's device slots are the scheduler's `max_loras`.
+The load reports are built from the scheduler's stats and the engine's own step rates
+(site_engine/step_rates.py), as the site's server does.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fedllm_contract.cache_events import CacheEventBatch
@@ -57,6 +67,10 @@ class SiteSpec:
     adapter_overtake_steps: int | None = None  # None: the engine's default
     max_model_len: int | None = None
     policy: PolicyName = "fcfs"
+    # PagedEngine schedules asynchronously on CUDA (its default there): step N+1 is planned when
+    # step N starts, so an arrival waits for the rest of N and all of N+1 before its own step.
+    # False: the engine's synchronous loop (its default off CUDA, or `overlap=False`).
+    async_scheduling: bool = True
 
     @property
     def num_blocks(self) -> int:
@@ -98,6 +112,8 @@ class SimSite:
         self._host: OrderedDict[str, None] = OrderedDict()  # adapters in host memory, LRU
         self._loading: set[str] = set()
         self._busy = False
+        # With async scheduling: the step planned to follow the one running (_start).
+        self._planned: SchedulerOutput | None = None
         self.alive = True
         self.rates = StepRates()
         self.steps = 0
@@ -183,24 +199,57 @@ class SimSite:
         if output.is_empty:  # nothing runnable now (adapters loading): idle until an event
             self.scheduler.update(output, ModelRunnerOutput({}))
             return
+        self._start(output)
+
+    def _start(self, output: SchedulerOutput) -> None:
         if self.trace is not None:
             self.trace.append(tuple((c.request_id, len(c.token_ids)) for c in output.chunks))
         features = StepFeatures.of(output)
         seconds = self.spec.step.seconds(features)
         self._busy = True
-        began = self._loop.now()
-        self._loop.after(seconds, lambda: self._finish(output, features, began, seconds))
+        if self.spec.async_scheduling:  # the successor is planned as this step starts
+            self._planned = self.scheduler.schedule()
+        self._loop.after(seconds, lambda: self._finish(output, features, seconds))
 
-    def _finish(
-        self, output: SchedulerOutput, features: StepFeatures, began: float, seconds: float
-    ) -> None:
-        self._busy = False
+    def _finish(self, output: SchedulerOutput, features: StepFeatures, seconds: float) -> None:
+        planned, self._planned = self._planned, None
         if not self.alive:
+            self._busy = False
             return
-        sampled = {c.request_id: self._sample(c) for c in output.chunks if c.sample}
+        # Rows of sequences an earlier step finished get no token (the scheduler ignores them).
+        sampled = {
+            c.request_id: self._sample(c)
+            for c in output.chunks
+            if c.sample and self.scheduler.get(c.request_id) is not None
+        }
         updates = self.scheduler.update(output, ModelRunnerOutput(sampled))
+        self._account(output, features, seconds, sampled)
+        for update in updates:
+            if update.finish_reason is not None:
+                self._answers.pop(update.request_id, None)
+        if planned is not None and planned.is_empty:
+            # Nothing to overlap with: applied now, and the next step is planned afresh.
+            self.scheduler.update(planned, ModelRunnerOutput({}))
+            planned = None
+        # A planned step is already launched behind this one: an arrival while the updates are
+        # delivered waits for the step after it.
+        self._busy = planned is not None
+        self._on_updates(self, updates)
+        if planned is not None:
+            self._start(planned)
+        else:
+            self._wake()
+
+    def _account(
+        self,
+        output: SchedulerOutput,
+        features: StepFeatures,
+        seconds: float,
+        sampled: Mapping[str, int],
+    ) -> None:
+        """The step's cost for the scheduler's step cost, the step rates and the site's totals."""
         self.scheduler.observe_step(output.num_tokens, output.context_tokens, seconds)
-        decoded = sum(1 for c in output.chunks if c.sample and c.num_generated > 0)
+        decoded = sum(1 for c in output.chunks if c.request_id in sampled and c.num_generated > 0)
         self.rates.add(
             StepWork(
                 self._loop.now(),
@@ -212,11 +261,6 @@ class SimSite:
         )
         self.steps += 1
         self.busy_s += seconds
-        for update in updates:
-            if update.finish_reason is not None:
-                self._answers.pop(update.request_id, None)
-        self._on_updates(self, updates)
-        self._wake()
 
     def _sample(self, chunk: ScheduledChunk) -> int:
         """EOS at the answer's last token, another token before it."""

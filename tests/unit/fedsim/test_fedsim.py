@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 
@@ -16,6 +17,7 @@ from fedsim.step_time import StepFeatures, StepTimeModel
 from fedsim.study import goodput
 from fedsim.workload import SimRequest, WorkloadSpec, build
 from site_engine.engine.core.scheduler import Scheduler
+from site_engine.engine.core.sequence import SequenceUpdate
 from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
 STEP = StepTimeModel("h100", 0.004, 2e-5, 3e-5, 1e-8, 0.0, 0.002)
@@ -47,22 +49,29 @@ def _requests() -> list[tuple[str, tuple[int, ...], int]]:
     return out
 
 
-def _simulated_schedule() -> list[tuple[tuple[str, int], ...]]:
+def _simulated_site(async_scheduling: bool = True) -> SimSite:
     loop = EventLoop()
-    site = SimSite(_spec(), loop, lambda s, u: None)
+    spec = dataclasses.replace(_spec(), async_scheduling=async_scheduling)
+    site = SimSite(spec, loop, lambda s, u: None)
     site.trace = []
     for rid, prompt, answer in _requests():
         site.add(rid, prompt, answer, 64, answer)
     loop.run(1e6)
     assert not site.scheduler.has_unfinished()
-    return site.trace
+    return site
 
 
-def _reference_schedule() -> list[tuple[tuple[str, int], ...]]:
-    """The same requests through a bare Scheduler: no event loop, no fitted time."""
-    spec = _spec()
-    sim = SimSite(spec, EventLoop(), lambda s, u: None)
-    scheduler = Scheduler(sim.scheduler.config)
+def _simulated_schedule(async_scheduling: bool = True) -> list[tuple[tuple[str, int], ...]]:
+    trace = _simulated_site(async_scheduling).trace
+    assert trace is not None
+    return trace
+
+
+def _reference_schedule(async_scheduling: bool) -> list[tuple[tuple[str, int], ...]]:
+    """The same requests through a bare Scheduler: no event loop, no fitted time. Async: in
+    PagedEngine's pipelined order (each step planned before its predecessor is updated; an
+    empty one updated at once, the next planned after); else schedule -> update -> schedule."""
+    scheduler = Scheduler(SimSite(_spec(), EventLoop(), lambda s, u: None).scheduler.config)
     answers = {rid: answer for rid, _, answer in _requests()}
     trace = []
     pending = list(_requests())
@@ -74,6 +83,7 @@ def _reference_schedule() -> list[tuple[tuple[str, int], ...]]:
         predicted_tokens=first[2],
     )
     output = scheduler.schedule()
+    planned = scheduler.schedule() if async_scheduling else None
     for rid, prompt, answer in pending:  # arrive while the first step runs
         scheduler.add(
             rid, prompt, SamplingParams(max_tokens=64, temperature=0.0), predicted_tokens=answer
@@ -83,20 +93,79 @@ def _reference_schedule() -> list[tuple[tuple[str, int], ...]]:
         sampled = {
             c.request_id: EOS if c.num_generated + 1 >= answers[c.request_id] else TOKEN
             for c in output.chunks
-            if c.sample
+            if c.sample and scheduler.get(c.request_id) is not None
         }
         scheduler.update(output, ModelRunnerOutput(sampled))
-        if not scheduler.has_unfinished():
-            return trace
-        output = scheduler.schedule()
+        if planned is not None and planned.is_empty:
+            scheduler.update(planned, ModelRunnerOutput({}))
+            planned = None
+        if planned is None:
+            if not scheduler.has_unfinished():
+                return trace
+            planned = scheduler.schedule()
+        output = planned
+        planned = scheduler.schedule() if async_scheduling else None
 
 
-def test_a_simulated_site_steps_exactly_as_the_real_scheduler_decides() -> None:
-    simulated = _simulated_schedule()
-    assert simulated == _reference_schedule()
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_simulated_site_steps_exactly_as_the_real_scheduler_decides(
+    async_scheduling: bool,
+) -> None:
+    simulated = _simulated_schedule(async_scheduling)
+    assert simulated == _reference_schedule(async_scheduling)
     # The case exercises what matters: chunked prefill and a full batch.
     assert any(n > 1 for step in simulated for _, n in step)
     assert max(len(step) for step in simulated) == SEQS
+
+
+def test_async_scheduling_pipelines_the_schedule() -> None:
+    pipelined, synchronous = _simulated_schedule(True), _simulated_schedule(False)
+    assert pipelined != synchronous
+    # A sequence that finishes on EOS has one more row computed (its token thrown away), and a
+    # request arriving while the first step runs misses the second, planned with it.
+    assert sum(map(len, pipelined)) > sum(map(len, synchronous))
+    assert [rid for rid, _ in pipelined[1]] == ["r0"]
+    assert "r1" in {rid for rid, _ in synchronous[1]}
+    # The thrown-away rows get no token: the decode rate counts the answers' tokens only.
+    decoded = sum(answer - 1 for _, _, answer in _requests())
+    for async_scheduling in (True, False):
+        site = _simulated_site(async_scheduling)
+        assert sum(step.decoded for step in site.rates.steps) == decoded
+
+
+def _first_token_steps(async_scheduling: bool) -> tuple[int, float]:
+    """A request that arrives while another's decode step runs: (steps from its arrival to its
+    first token, counting the one running then; seconds)."""
+    loop = EventLoop()
+    spec = dataclasses.replace(_spec(), async_scheduling=async_scheduling)
+    first: list[tuple[int, float]] = []
+    arrived: list[tuple[int, float]] = []
+
+    def arrive() -> None:
+        arrived.append((site.steps, loop.now()))
+        site.add("late", tuple(range(300, 310)), 5, 16, 5)
+
+    def on_updates(site: SimSite, updates: Sequence[SequenceUpdate]) -> None:
+        if site.steps == 10:  # the long request decodes alone: half its next step later
+            loop.after(STEP.seconds(StepFeatures(0, 1, 16 + 10, 0, 0)) / 2, arrive)
+        if not first and any(u.request_id == "late" and u.new_token_ids for u in updates):
+            first.append((site.steps, loop.now()))
+
+    site = SimSite(spec, loop, on_updates)
+    site.add("long", tuple(range(100, 116)), 200, 256, 200)
+    loop.run(1e6)
+    (steps_before, arrival), (steps_after, token_at) = arrived[0], first[0]
+    return steps_after - steps_before, token_at - arrival
+
+
+def test_an_arrival_mid_step_gets_its_first_token_one_step_later_with_async_scheduling() -> None:
+    async_steps, async_s = _first_token_steps(True)
+    sync_steps, sync_s = _first_token_steps(False)
+    # Synchronously: the rest of the running step, then its own. Async: the step planned when
+    # the running one started comes between.
+    assert (sync_steps, async_steps) == (2, 3)
+    one_decode = STEP.seconds(StepFeatures(0, 1, 16 + 20, 0, 0))
+    assert async_s - sync_s == pytest.approx(one_decode, rel=0.01)
 
 
 def test_the_schedule_is_the_scheduler_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
