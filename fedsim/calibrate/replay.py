@@ -108,9 +108,11 @@ def _workload_of(data: dict[str, Any], shared: Path) -> list[WorkloadRequest]:
     return load_workload(spec, tokenizer.encode, shared / "datasets")
 
 
-def _engine_file(path: Path, shared: Path, suffix: str) -> dict[str, MeasuredRun]:
+def _engine_file(
+    path: Path, shared: Path, suffix: str
+) -> tuple[dict[str, MeasuredRun], list[WorkloadRequest]]:
     """The burst, subset and Poisson runs of one bench.engine.gpu result file, named with
-    `suffix`, their trace rebuilt as the run built it."""
+    `suffix`, their trace rebuilt as the run built it; and that trace."""
     data = json.loads(path.read_text())
     config = data["config"]
     workload = _workload_of(data, shared)
@@ -131,7 +133,7 @@ def _engine_file(path: Path, shared: Path, suffix: str) -> dict[str, MeasuredRun
         )
         if name in data["runs"]
     }
-    return _as_measured(runs, workload)
+    return _as_measured(runs, workload), workload
 
 
 def _as_measured(runs: dict[str, _Run], workload: list[WorkloadRequest]) -> dict[str, MeasuredRun]:
@@ -172,19 +174,18 @@ def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
     path = results / "engine" / "engine_h200_20261127.json"
     if not path.is_file():
         path = results / "engine" / "engine_h200.json"
-    out = _engine_file(path, shared, "")
+    out, workload = _engine_file(path, shared, "")
     serving_path = results / "engine_serving" / "engine_serving_h200.json"
     serving = json.loads(serving_path.read_text()) if serving_path.is_file() else None
     if serving is not None and "burst" in serving:
         burst = serving["burst"]
         times = [0.0] * burst["trace_requests"]
-        workload = _workload_of(json.loads(path.read_text()), shared)
-        out |= _as_measured(
+        out |= _as_measured(  # the same trace as the engine file's burst
             {"serving_burst": (serving_path.name, burst["summary"], burst["engine_config"], times)},
             workload,
         )
     for extra in sorted((results / "engine").glob(_RATE_RUNS)):
-        out |= _engine_file(extra, shared, "_" + extra.stem.removeprefix("engine_h200_"))
+        out |= _engine_file(extra, shared, "_" + extra.stem.removeprefix("engine_h200_"))[0]
     return out
 
 

@@ -485,14 +485,15 @@ class BlockManager:
             raise ValueError(f"a drain needs at least one block, not {count}")
         top = self._num_blocks - len(self._lent)
         start = max(0, top - count)
-        if self.draining and start != self._drain_from:
-            raise ValueError("a drain of another length is under way")
+        if self.draining:
+            if start != self._drain_from:
+                raise ValueError("a drain of another length is under way")
+            # Asked again between steps while it drains: `free` kept the count, no scan.
+            return top - start - len(self._drained)
         self._drain_from = start
         held = 0
         for block in range(start, top):
-            if block in self._drained:
-                continue
-            if self._lendable(block) and block in self._free:
+            if block in self._free:  # one still loading is lent once its copy lands
                 self._take_for_lending(block)
                 self._drained.add(block)
             else:
@@ -510,10 +511,14 @@ class BlockManager:
         return back
 
     def return_lent(self) -> int:
-        """The lent tail back to the free queue (at its end: handed out last); how many."""
+        """The lent tail back to the free queue (at its end: handed out last), or to the drain
+        it was lent from while that is under way; how many."""
         returned = len(self._lent)
         for block in self._lent:
-            self._free[block] = None
+            if block >= self._drain_from:  # a lending short of a drained tail: still drained
+                self._drained.add(block)
+            else:
+                self._free[block] = None
         self._lent.clear()
         return returned
 

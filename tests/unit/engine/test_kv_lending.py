@@ -135,6 +135,7 @@ def test_a_drained_top_is_lent_once_its_sequences_free_it_and_no_new_one_takes_i
     assert not set(manager.block_table("c")) & {6, 7}
     assert not manager.try_grow("c", 7 * BLOCK)  # nothing more: the drained top is not free
     manager.check_invariants()
+    assert manager.drain_tail(2) == 2  # asked again meanwhile: still both held, nothing moved
     manager.free("b")  # the top's holder ends: its blocks stay out of the free queue
     assert manager.num_free_blocks == 0
     manager.check_invariants()
