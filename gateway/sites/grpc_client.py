@@ -63,7 +63,6 @@ _TIER_FROM_PROTO = {
 }
 _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
     # An Embed answer of 2,048 inputs of 1,024 dimensions is 8 MiB of float32, past gRPC's 4 MiB
     # default.
@@ -229,10 +228,15 @@ class GrpcSiteClient:
         # reconnect backoff grows to minutes, and calls fail at once while it waits. One
         # channel (TLS or not) carries generation and offload calls, the other (its own
         # connection) health checks, Info and load reports.
-        self._channel = open_channel(endpoint, tls, _CHANNEL_OPTIONS, tls_server_name)
+        # gRPC core takes min_reconnect_backoff_ms as the floor of each connection attempt's
+        # deadline (TCP, TLS and the HTTP/2 SETTINGS frame), not of the wait between attempts.
+        # At 200 ms, a site across a wide-area link, or one busy for a moment, failed every call
+        # made while its connection opened; a site that is down still refuses at once.
+        attempt = (("grpc.min_reconnect_backoff_ms", max(200, int(connect_timeout_s * 1000))),)
+        self._channel = open_channel(endpoint, tls, (*_CHANNEL_OPTIONS, *attempt), tls_server_name)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
         self._control_channel = open_channel(
-            endpoint, tls, _CONTROL_CHANNEL_OPTIONS, tls_server_name
+            endpoint, tls, (*_CONTROL_CHANNEL_OPTIONS, *attempt), tls_server_name
         )
         self._control = site_pb2_grpc.SiteEngineStub(self._control_channel)
         self._health = health_pb2_grpc.HealthStub(self._control_channel)
