@@ -94,8 +94,12 @@ class GrammarCompiler:
     def submit(self, spec: ConstraintSpec) -> Compilation:
         """The compile of `spec` on the pool: the one running, or a new one."""
         running = self._compiling.get(spec)
-        if running is not None and not running.done:
-            return running
+        if running is not None:
+            if not running.done:
+                return running
+            self._adopt(running)
+            if spec in self._cache:
+                return running  # done since the last poll: its outcome is a guide now
         compilation = Compilation(spec)
         self._compiling[spec] = compilation
         compilation.future = self._pool.submit(self._run, compilation)
@@ -109,6 +113,9 @@ class GrammarCompiler:
             if compilation.started is not None and now - compilation.started > self.timeout_s:
                 raise self._too_slow()
             return None
+        # Done after this poll's `collect`: cached now, or no later poll might come to do it (the
+        # last waiting request leaves with its guide) and its next request would compile again.
+        self._adopt(compilation)
         error = compilation.future.exception()
         if error is not None:
             # A new exception per request: the compile's may be raised for several.
@@ -123,13 +130,19 @@ class GrammarCompiler:
 
     def collect(self) -> None:
         """Moves the compiles that finished within the time limit into the cache."""
-        for spec, compilation in list(self._compiling.items()):
-            if not compilation.done:
-                continue
-            del self._compiling[spec]
-            seconds = compilation.seconds or 0.0
-            if compilation.future.exception() is None and seconds <= self.timeout_s:
-                self._remember(spec, compilation.future.result())
+        for compilation in list(self._compiling.values()):
+            if compilation.done:
+                self._adopt(compilation)
+
+    def _adopt(self, compilation: Compilation) -> None:
+        """A finished compile leaves the running table once, into the cache if it succeeded
+        within the time limit."""
+        if self._compiling.get(compilation.spec) is not compilation:
+            return  # adopted already, or superseded by a newer compile of the same spec
+        del self._compiling[compilation.spec]
+        seconds = compilation.seconds or 0.0
+        if compilation.future.exception() is None and seconds <= self.timeout_s:
+            self._remember(compilation.spec, compilation.future.result())
 
     def wait(self, compilations: Iterable[Compilation], timeout_s: float) -> None:
         """Returns once one of `compilations` is done, or after `timeout_s`."""

@@ -7,6 +7,7 @@ real tokenizer), and the JSON the grammar allows is json.dumps' form (issue 49).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from gateway.settings import GatewaySettings
 from gateway.sites.registry import SiteRegistry
 from gateway.stores.request_log import RequestLog
 from gateway.tokenizers import ModelTokenizers
-from site_engine.engine.grammar_compiler import GrammarCompiler
+from site_engine.engine.grammar_compiler import GrammarCompiler, GrammarWaits
 
 USER = {"role": "user", "content": "Describe a place."}
 PLACE = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -276,3 +277,26 @@ def test_an_answer_s_keys_come_in_the_schema_s_order(
         guide = site_compiler.guide(spec)
         taken = all(map(guide.consume, tokenizer.encode(answer))) and guide.matcher.is_accepting()
         assert taken == allowed, answer
+
+
+def test_a_compile_done_after_the_polls_collect_is_cached_once(
+    site_compiler: GrammarCompiler,
+) -> None:
+    """The last request waiting for a grammar can take its guide from a compile that finished
+    after that poll's `collect`: the grammar is cached then, not compiled again by the next
+    request of the same schema (CI once saw two constraints counted as one compile)."""
+    spec = ConstraintSpec("json_schema", schema=json.dumps({"type": "object", "title": "late"}))
+    before = site_compiler.compiled
+    waits = GrammarWaits(site_compiler)
+    waits.add("r", spec)
+    compilation = site_compiler.submit(spec)  # the same compile, running or done
+    site_compiler.wait([compilation], timeout_s=30.0)
+    assert compilation.done
+    # As if it finished between this poll's collect and its outcome.
+    assert site_compiler.outcome(compilation, time.monotonic()) is not None
+    assert site_compiler.compiled == before + 1
+    assert site_compiler.cached(spec) is not None
+    ready, failed = waits.settle(time.monotonic())
+    assert list(ready) == ["r"]
+    assert not failed
+    assert site_compiler.compiled == before + 1
