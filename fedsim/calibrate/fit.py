@@ -2,8 +2,7 @@
 
 Sources, all measured by the real engine (ModelRunner.execute or whole engine steps):
 - the step grid (bench/engine/step_grid.py: step_grid_<gpu>.json), the calibration run;
-- before it, what bench/results already holds: the decode sweeps (engine/engine_h200.json,
-  engine_serving/engine_serving_h200.json: B rows at ~550 positions) and the step shapes
+- before it, what bench/results already holds: the step shapes
   (engine_serving_h200.json, engine_prefill/engine_step_shapes_h100_seqs1024.json: mixed,
   prefill-only and decode-only steps; their chunk split is approximated from the row: equal
   fresh chunks, the continuing one after 300 cached positions, as bench/engine/step_shapes.py
@@ -66,20 +65,6 @@ def grid_observations(path: Path) -> list[Observation]:
     return out
 
 
-def _decode_rows(rows: Iterable[dict[str, Any]], card: str, source: str) -> list[Observation]:
-    return [
-        Observation(
-            card,
-            "llama1b",
-            StepFeatures(0, r["batch_size"], round(r["batch_size"] * r["mean_context_len"]), 0, 0),
-            r["decode_step_ms"] / 1e3,
-            f"{source}:decode{r['batch_size']}",
-        )
-        for r in rows
-        if "decode_step_ms" in r
-    ]
-
-
 def _shape_rows(rows: Iterable[dict[str, Any]], card: str, source: str) -> list[Observation]:
     """Step-shape rows: the mixed step and its two parts."""
     out = []
@@ -107,13 +92,11 @@ def _shape_rows(rows: Iterable[dict[str, Any]], card: str, source: str) -> list[
 def existing_observations(results: Path) -> list[Observation]:
     """The measured steps bench/results holds today (the module docstring)."""
     out: list[Observation] = []
-    engine = results / "engine" / "engine_h200.json"
-    if engine.is_file():
-        out += _decode_rows(json.loads(engine.read_text())["decode_sweep"], "h200", engine.name)
+    # The decode sweeps are engine-step periods with async scheduling on, not synchronized
+    # execute calls: they set the host term (host.py), never the kernel model.
     serving = results / "engine_serving" / "engine_serving_h200.json"
     if serving.is_file():
         data = json.loads(serving.read_text())
-        out += _decode_rows(data.get("decode_sweep") or [], "h200", serving.name)
         out += _shape_rows(data.get("step_shapes") or [], "h200", serving.name)
     shapes = results / "engine_prefill" / "engine_step_shapes_h100_seqs1024.json"
     if shapes.is_file():

@@ -8,10 +8,16 @@ H200, 256 decode rows at ~550 positions take 5.3 ms in the grid and in an engine
 scheduling off, 3.3 ms with it on (engine_h200.json's decode_sweep). h = grid - period is the
 host time the overlap hides; it is fitted as constant + per row by least squares.
 
-Rows used, per (card, model): a grid's `engine_steps` (bench/engine/step_grid.py
---engine-steps) where present, else the decode sweeps bench/results holds for the H200 1B
-(engine/engine_h200.json, engine_serving/engine_serving_h200.json). These are a different phase
-from the workload runs replay.py compares against, so the replays validate the term.
+Rows used, per (card, model), the first source that has them:
+1. the decode sweep of the engine run whose workloads replay.py replays (REPLAYED_SWEEP): the
+   period is the engine configuration's, and the simulated site replays that configuration. The
+   grid's own `engine_steps`, taken two minutes before that run on the same build and card, ran
+   256 rows in 5.3 ms against the run's 3.2 ms (and 8.2 against 6.0 ms with async scheduling
+   off): a difference in how the grid loads its model, not yet explained;
+2. a grid's `engine_steps` (bench/engine/step_grid.py --engine-steps);
+3. the older decode sweeps bench/results holds for the H200 1B (EXISTING_SWEEPS).
+The sweep is a phase apart from the workloads replayed (B decode rows at ~550 positions, no
+arrivals, no prefill), so the replays validate the term.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import numpy as np
 
 from fedsim.step_time import HostOverhead, StepFeatures, StepTimeModel
 
+REPLAYED_SWEEP = ("h200", "llama1b", Path("engine") / "engine_h200_20261127.json")
 EXISTING_SWEEPS = (
     ("h200", "llama1b", Path("engine") / "engine_h200.json"),
     ("h200", "llama1b", Path("engine_serving") / "engine_serving_h200.json"),
@@ -47,17 +54,25 @@ def _sweep(rows: Iterable[dict[str, Any]]) -> list[tuple[StepFeatures, float]]:
 def engine_step_rows(
     results: Path, grids: Sequence[Path]
 ) -> dict[tuple[str, str], list[tuple[StepFeatures, float]]]:
-    """Whole engine-step periods per (card, model): the grids' own, else the existing sweeps."""
+    """Whole engine-step periods per (card, model), the first source that has them (the module
+    docstring)."""
     out: dict[tuple[str, str], list[tuple[StepFeatures, float]]] = {}
+    card, model, relative = REPLAYED_SWEEP
+    if (results / relative).is_file():
+        rows = _sweep(json.loads((results / relative).read_text()).get("decode_sweep") or [])
+        if rows:
+            out[(card, model)] = rows
+    replayed = set(out)
     for grid in grids:
-        for model in json.loads(grid.read_text())["models"]:
-            rows = _sweep(model.get("engine_steps") or [])
-            if rows:
-                out.setdefault((model["device"], model["model"]), []).extend(rows)
-    gridded = set(out)
+        for entry in json.loads(grid.read_text())["models"]:
+            key = (entry["device"], entry["model"])
+            rows = _sweep(entry.get("engine_steps") or [])
+            if rows and key not in replayed:
+                out.setdefault(key, []).extend(rows)
+    measured = set(out)
     for card, model, relative in EXISTING_SWEEPS:
         path = results / relative
-        if (card, model) in gridded or not path.is_file():
+        if (card, model) in measured or not path.is_file():
             continue
         rows = _sweep(json.loads(path.read_text()).get("decode_sweep") or [])
         out.setdefault((card, model), []).extend(rows)

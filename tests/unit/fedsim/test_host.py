@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from fedsim.calibrate.host import fit_host
+from fedsim.calibrate.host import REPLAYED_SWEEP, engine_step_rows, fit_host
 from fedsim.step_time import HostOverhead, StepFeatures, StepTimeModel
 
 KERNEL = StepTimeModel(
@@ -43,3 +45,39 @@ def test_host_term_round_trips_through_json() -> None:
     assert StepTimeModel.from_json(model.to_json()) == model
     with pytest.raises(ValueError, match="unknown"):
         StepTimeModel.from_json({**model.to_json(), "bogus_s": 1.0})
+
+
+def _sweep_rows(ms_by_rows: dict[int, float]) -> list[dict[str, float]]:
+    return [
+        {"batch_size": b, "mean_context_len": 550.0, "decode_step_ms": ms}
+        for b, ms in ms_by_rows.items()
+    ]
+
+
+def test_the_replayed_runs_sweep_sets_the_host_rows_before_a_grids(tmp_path: Path) -> None:
+    """The engine whose workloads are replayed describes its own period; a grid's engine steps
+    serve the shapes that run has not measured, the older sweeps only what neither has."""
+    results = tmp_path / "results"
+    card, model, relative = REPLAYED_SWEEP
+    (results / relative).parent.mkdir(parents=True)
+    (results / relative).write_text(json.dumps({"decode_sweep": _sweep_rows({1: 1.4, 256: 3.2})}))
+    grid = tmp_path / "grid.json"
+    grid.write_text(
+        json.dumps(
+            {
+                "models": [
+                    {"device": card, "model": model, "engine_steps": _sweep_rows({256: 5.3})},
+                    {"device": card, "model": "llama8b", "engine_steps": _sweep_rows({1: 5.0})},
+                ]
+            }
+        )
+    )
+    rows = engine_step_rows(results, [grid])
+    assert [seconds for _, seconds in rows[(card, model)]] == pytest.approx([1.4e-3, 3.2e-3])
+    assert [f.decode_rows for f, _ in rows[(card, model)]] == [1, 256]
+    assert [seconds for _, seconds in rows[(card, "llama8b")]] == pytest.approx([5e-3])
+    # Without the replayed run's file, the grid's rows are the 1B's.
+    (results / relative).unlink()
+    assert [s for _, s in engine_step_rows(results, [grid])[(card, model)]] == pytest.approx(
+        [5.3e-3]
+    )
