@@ -13,7 +13,7 @@ Rows used, per (card, model), the first source that has them:
    period is the engine configuration's, and the simulated site replays that configuration. The
    grid's own `engine_steps`, taken two minutes before that run on the same build and card, ran
    256 rows in 5.3 ms against the run's 3.2 ms (and 8.2 against 6.0 ms with async scheduling
-   off): a difference in how the grid loads its model, not yet explained;
+   off), by the same decode_sweep function; why is not yet known;
 2. a grid's `engine_steps` (bench/engine/step_grid.py --engine-steps);
 3. the older decode sweeps bench/results holds for the H200 1B (EXISTING_SWEEPS).
 The sweep is a phase apart from the workloads replayed (B decode rows at ~550 positions, no
