@@ -26,9 +26,10 @@ from site_engine.engine.core.api import (
     Engine,
     EngineRequest,
     EngineStats,
-    RequestOutput,
     RequestRejected,
+    StepOutputs,
 )
+from site_engine.engine.core.outputs import NO_TOKEN
 from site_engine.engine.core.types import FinishReason, TokenLogprob, choice_seed
 from site_engine.idle_work import IdleGate, IdleWork
 from site_engine.step_rates import StepRates, StepWork
@@ -486,48 +487,58 @@ class EngineService:
             except queue.Empty:
                 return
 
-    def _route(self, outputs: list[RequestOutput]) -> int:
+    def _route(self, outputs: StepOutputs) -> int:
         """Hands a step's outputs to their streams; returns the tokens it decoded (those of
-        sequences past their first token: a first token is the prefill's)."""
+        sequences past their first token: a first token is the prefill's). Reads the step's
+        columns: a plain token costs its stream's detokenizer and one event, no object of the
+        engine's."""
         produced = decoded = 0
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
+        streams = self._streams
+        finished, logprobs = outputs.finished, outputs.logprobs
+        for index, (request_id, token) in enumerate(
+            zip(outputs.request_ids, outputs.tokens, strict=True)
+        ):
+            stream = streams.get(request_id)
             if stream is None:
                 continue
-            if output.finish_reason is FinishReason.ERROR:
+            reason, error = finished.get(index, (None, ""))
+            if reason is FinishReason.ERROR:
                 # No answer: what came so far was no complete one. The choice is gone from the
                 # engine; generate() ends the request's other choices.
-                stream.fail(output.error, rejected=True)
-                del self._streams[output.request_id]
-                self._forget_choice(output.request_id, stream.index)
+                stream.fail(error, rejected=True)
+                del streams[request_id]
+                self._forget_choice(request_id, stream.index)
                 continue
-            produced += len(output.new_token_ids)
+            new = () if token == NO_TOKEN else (token,)
+            produced += len(new)
             if stream.completion_tokens > 0:
-                decoded += len(output.new_token_ids)
-            stream.completion_tokens += len(output.new_token_ids)
-            stream.cached_prompt_tokens = output.cached_prompt_tokens
-            text = stream.detokenizer.push(output.new_token_ids)
-            reason = output.finish_reason
+                decoded += len(new)
+            stream.completion_tokens += len(new)
+            if stream.completion_tokens == len(new) or reason is not None:
+                # Known from the first token on; read then and at the end, not every step.
+                stream.cached_prompt_tokens = outputs.cached_prompt_tokens(index)
+            text = stream.detokenizer.push(new)
             if reason is None and stream.detokenizer.stopped:
-                self.engine.abort(output.request_id, FinishReason.STOP)
+                self.engine.abort(request_id, FinishReason.STOP)
                 reason = FinishReason.STOP
             if reason is not None:
                 text += stream.detokenizer.flush()
+            logprob = logprobs.get(index)
             stream.emit(
                 StreamEvent(
-                    token_ids=output.new_token_ids,
+                    token_ids=new,
                     text=text,
                     finish_reason=reason,
                     prompt_tokens=stream.prompt_tokens,
                     completion_tokens=stream.completion_tokens,
                     cached_prompt_tokens=stream.cached_prompt_tokens,
                     index=stream.index,
-                    logprobs=(output.logprobs,) if output.logprobs is not None else (),
+                    logprobs=(logprob,) if logprob is not None else (),
                 )
             )
             if reason is not None:
-                del self._streams[output.request_id]
-                self._forget_choice(output.request_id, stream.index)
+                del streams[request_id]
+                self._forget_choice(request_id, stream.index)
         self._generated_total += produced
         return decoded
 

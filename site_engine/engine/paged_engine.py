@@ -27,8 +27,8 @@ from site_engine.engine.core.api import (
     EngineLimits,
     EngineRequest,
     EngineStats,
-    RequestOutput,
     RequestRejected,
+    StepOutputs,
     StructuredOutputUnavailable,
 )
 from site_engine.engine.core.graph_capture import CapturePolicy, GraphCaptureQueue
@@ -207,6 +207,7 @@ class PagedEngine:
             host_kv_slots=host_blocks,
             adapters=self._adapters,
             lazy_graphs=config.lazy_graphs,
+            max_rows=config.max_num_seqs,
         )
         # Lazy graphs: what remains to capture (empty otherwise); who hears of the last one.
         self._pace = CapturePolicy(config.graph_capture_every_steps, config.graph_capture_idle_s)
@@ -435,19 +436,19 @@ class PagedEngine:
             raise RequestRejected(str(exc)) from exc
         return self._adapters.request(adapter)
 
-    def _take_adapters(self) -> list[RequestOutput]:
+    def _take_adapters(self) -> StepOutputs:
         """Admits the requests of adapters loaded since the last step; ends with an error those
         whose adapter failed to load (a wrong base, shape or rank): their outputs."""
+        outputs = StepOutputs()
         if self._adapters is None or not self._adapters.loading:
-            return []
+            return outputs
         ready, failed = self._adapters.settle(self._scheduler.live_adapters)
         for name in ready:
             self._scheduler.adapter_loaded(name)
-        outputs: list[RequestOutput] = []
         for name, why in failed.items():
             for request_id in self._scheduler.awaiting_adapter(name):
                 self._scheduler.finish(request_id, FinishReason.ERROR)
-                outputs.append(RequestOutput(request_id, (), FinishReason.ERROR, error=why))
+                outputs.add(request_id, finish=FinishReason.ERROR, error=why)
         return outputs
 
     def abort(self, request_id: str, reason: FinishReason) -> bool:
@@ -462,11 +463,12 @@ class PagedEngine:
     def has_unfinished(self) -> bool:
         return self._scheduler.has_unfinished() or self._in_flight is not None
 
-    def _take_grammars(self) -> list[RequestOutput]:
+    def _take_grammars(self) -> StepOutputs:
         """Hands the grammars compiled since the last step to their requests (now admissible)
         and ends those whose compile failed or ran past its time: their outputs."""
+        outputs = StepOutputs()
         if not self._waits:
-            return []
+            return outputs
         ready, failed = self._waits.settle(time.monotonic())
         why = {rid: f"the answer's constraint cannot be enforced: {e}" for rid, e in failed.items()}
         for request_id, guide in ready.items():
@@ -478,11 +480,12 @@ class PagedEngine:
                 why[request_id] = str(exc)
             else:
                 self._scheduler.set_guide(request_id, guide)
-        for request_id in why:
+        for request_id, error in why.items():
             self._scheduler.finish(request_id, FinishReason.ERROR)
-        return [RequestOutput(rid, (), FinishReason.ERROR, error=e) for rid, e in why.items()]
+            outputs.add(request_id, finish=FinishReason.ERROR, error=error)
+        return outputs
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepOutputs:
         """Schedule and launch a step; return the outputs of the step that completed: this one
         (synchronous), or the one launched by the previous call (async scheduling)."""
         if self._closed:
@@ -499,7 +502,7 @@ class PagedEngine:
         if not self.graph_queue.done:
             self.graph_queue.step_done()
             if self.graph_queue.due(busy=True):
-                outputs += self._drain()
+                outputs.extend(self._drain())
                 self._capture_graphs(busy=True)
         return outputs
 
@@ -520,11 +523,11 @@ class PagedEngine:
             return 0
         return self._capture_graphs(busy=False)
 
-    def _drain(self) -> list[RequestOutput]:
+    def _drain(self) -> StepOutputs:
         """Applies the step in flight now (it gives up its overlap with the next one), so that
         no step of ours is queued on the device while a graph is captured."""
         if self._in_flight is None:
-            return []
+            return StepOutputs()
         scheduled, launched = self._in_flight
         self._in_flight = None
         outputs = self._apply(scheduled, launched)
@@ -557,8 +560,9 @@ class PagedEngine:
         if applied is not None:
             self._scheduler.observe_step(applied[0], applied[1], seconds)
 
-    def _step(self) -> list[RequestOutput]:
-        failed = self._take_grammars() + self._take_adapters()
+    def _step(self) -> StepOutputs:
+        failed = self._take_grammars()
+        failed.extend(self._take_adapters())
         scheduled = self._scheduler.schedule()
         idle = scheduled.is_empty and not scheduled.kv_copies  # copies back: a step follows
         if idle and self._in_flight is None and not failed:
@@ -568,12 +572,13 @@ class PagedEngine:
                 self._waits.wait(_GRAMMAR_WAIT_S)
             elif self._adapters is not None:
                 self._adapters.wait(_GRAMMAR_WAIT_S)
-        return failed + self._run_step(scheduled)
+        failed.extend(self._run_step(scheduled))
+        return failed
 
-    def _run_step(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+    def _run_step(self, scheduled: SchedulerOutput) -> StepOutputs:
         previous = self._in_flight
-        step = self._runner.launch_logits(scheduled, previous[1] if previous else None)
-        outputs: list[RequestOutput] = []
+        step = self._runner.launch_logits(scheduled)
+        outputs = StepOutputs()
         masks: GrammarMasks | None = None
         if previous is not None and step.reads_host_state:
             # Constrained or penalized rows sample from what the previous step's tokens make of
@@ -598,7 +603,7 @@ class PagedEngine:
             outputs = self._apply(*previous)
         if not self._async or scheduled.is_empty:
             # An empty step has nothing to overlap with; applying it now lets the loop end.
-            outputs += self._apply(scheduled, launched)
+            outputs.extend(self._apply(scheduled, launched))
             self._in_flight = None
         return outputs
 
@@ -607,7 +612,7 @@ class PagedEngine:
         scheduled: SchedulerOutput,
         launched: LaunchedStep,
         known: ModelRunnerOutput | None = None,
-    ) -> list[RequestOutput]:
+    ) -> StepOutputs:
         """Applies a step's tokens (the scheduler's update advances grammars and histories).
 
         With async scheduling a step N+1 with constrained or penalized rows needs step N's
@@ -621,18 +626,14 @@ class PagedEngine:
             known = launched.result()
         if scheduled.num_tokens:
             self._applied_work = (scheduled.num_tokens, scheduled.context_tokens)
-        updates = self._scheduler.update(scheduled, known)
-        return [
-            RequestOutput(
-                u.request_id,
-                u.new_token_ids,
-                u.finish_reason,
-                cached_prompt_tokens=u.cached_prompt_tokens,
-                logprobs=known.logprobs.get(u.request_id),
-                error=u.error,
-            )
-            for u in updates
-        ]
+        outputs = self._scheduler.update(scheduled, known)
+        if known.logprobs:
+            index = {rid: i for i, rid in enumerate(outputs.request_ids) if rid in known.logprobs}
+            for request_id, logprob in known.logprobs.items():
+                at = index.get(request_id)
+                if at is not None:
+                    outputs.logprobs[at] = logprob
+        return outputs
 
     def kv_room(self) -> int:
         """Bytes `lend_kv` could lend now (0 while lending). Engine thread."""
