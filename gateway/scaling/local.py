@@ -257,6 +257,8 @@ class LocalProcesses:
         elsewhere, as for any failed site), and its slot is free again once it has."""
         self._unhealthy = {s.name for s in sites if not s.healthy and not s.draining}
         self._pool.fill()
+        if self._idle is not None:
+            await self._idle.renew_due()  # the borrowers' leases, before they lapse
         for child in list(self._children.values()):
             if child.joined and not child.retiring and child.popen.poll() is not None:
                 child.joined, child.exited = False, True
