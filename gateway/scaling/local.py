@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedllm_contract.site_environment import site_environment
 from gateway.admin.membership import SiteMembership
 from gateway.errors import GatewayError
 from gateway.federation import SiteConfig
@@ -186,7 +187,8 @@ class LocalProcesses:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **dict(place.env)},
+                # Only what a site needs, and the slot's own: not the gateway's secrets.
+                env=site_environment(os.environ, dict(place.env)),
             )
         log.info("starting site %s (slot %d, pid %d): %s", name, slot, popen.pid, log_path)
         return _Child(name, slot, popen, log_path, time.monotonic())
