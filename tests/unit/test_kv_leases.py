@@ -17,6 +17,7 @@ from site_engine.kv_leases import (
     LeaseNotHeld,
 )
 from site_engine.kv_lending_access import LendingAccess, peer_is_loopback
+from site_engine.settings import SettingsError, SiteSettings
 
 A, B = "a" * 24, "b" * 24
 
@@ -154,3 +155,13 @@ def test_only_the_gateway_may_lend() -> None:
     assert access.refusal("ipv4:127.0.0.1:1", _tls(b"aws-use1-1")) is not None
     # Over TLS without the gateway's name configured: no one.
     assert LendingAccess().refusal("ipv4:127.0.0.1:1", _tls(b"fedllm-gateway")) is not None
+
+
+def test_the_gateway_identity_setting() -> None:
+    settings = SiteSettings.load({"SITE_GATEWAY_IDENTITY": "fedllm-gateway"}, model_dir="m")
+    assert settings.gateway_identity == "fedllm-gateway"
+    assert SiteSettings.load({}, model_dir="m").gateway_identity is None
+    assert SiteSettings.load({"SITE_GATEWAY_IDENTITY": ""}, model_dir="m").gateway_identity is None
+    for bad in ("gate\x00way", "x" * 254):
+        with pytest.raises(SettingsError, match="SITE_GATEWAY_IDENTITY"):
+            SiteSettings.load({"SITE_GATEWAY_IDENTITY": bad}, model_dir="m")
