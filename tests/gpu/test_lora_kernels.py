@@ -1,6 +1,7 @@
 """The segmented LoRA kernels (site_engine/engine/cuda/lora_kernels.py) and LoRA on CUDA.
 
-- the shrink/expand kernels against a float64 reference, fresh random data on every run: stacks
+- the shrink/expand kernels, in one launch (`lora_delta`) and in two (`lora_shrink` +
+  `lora_expand`), against a float64 reference, fresh random data on every run: stacks
   of one to three projections, 64 slots of mixed ranks 4-16 (zero-padded to 16), rows of no
   adapter (untouched, bit for bit), 1..256 tokens, the deltas into a column slice of a wider
   output (the fused q/k/v and gate/up GEMMs' outputs); a slot of NaN reaches no other row;
@@ -101,6 +102,7 @@ def _reference(
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
 # tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
 # shrinks of 1 to 16 splits.
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 @pytest.mark.parametrize(
     ("tokens", "in_f", "widths", "block_m", "max_rank"),
     [
@@ -111,9 +113,11 @@ def _reference(
         (256, 2048, (96,), 16, 16),
         (40, 1024, (128, 64, 64), 64, 64),
         (32, 8192, (320, 64), 16, 16),  # 16 shrink splits (the expand's widest unrolled sum)
+        (256, 4096, (4096, 1024, 1024), 16, 16),  # the 8B q/k/v stack: whole blocks (EVEN_N)
     ],
 )
 def test_kernels_match_the_reference(
+    fused: bool,
     tokens: int,
     in_f: int,
     widths: tuple[int, ...],
@@ -121,8 +125,6 @@ def test_kernels_match_the_reference(
     max_rank: int,
     kernel_device: str,
 ) -> None:
-    from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
-
     seed = _fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     device, dtype = kernel_device, _dtype(kernel_device)
@@ -138,9 +140,7 @@ def test_kernels_match_the_reference(
     expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
-    seg = segments(token_slots.to(device), slots, block_m)
-    shrunk = lora_shrink(x.to(device), a.to(device), scaling.to(device), seg)
-    lora_expand(shrunk, b.to(device), got[:, 32 : 32 + out_f], seg, widths)
+    _apply(fused, token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
     got = got.cpu()
 
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -164,10 +164,41 @@ def test_kernels_match_the_reference(
     assert bool((moved[large] > 5 * tolerance).all()), seed
 
 
-def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
-    """A slot full of NaN (written past any load check): its own rows only are NaN."""
-    from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
+def _apply(
+    fused: bool, token_slots: torch.Tensor, slots: int, block_m: int | None, x: torch.Tensor,
+    a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: torch.Tensor,
+    widths: tuple[int, ...],
+) -> None:  # fmt: skip
+    """y (on the kernels' device) += the deltas, in one launch or in two."""
+    from site_engine.engine.cuda.lora_kernels import (
+        lora_delta,
+        lora_expand,
+        lora_shrink,
+        partials_shape,
+        segments,
+        sync_size,
+    )
 
+    device = y.device
+    seg = segments(token_slots.to(device), slots, block_m)
+    x, a, b, scaling = x.to(device), a.to(device), b.to(device), scaling.to(device)
+    if fused:
+        sync = torch.zeros(sync_size(seg), dtype=torch.int32, device=device)
+        lora_delta(x, a, b, y, scaling, seg, widths, sync)
+        # Every real tile's splits signalled once each, no other counter moved.
+        splits = partials_shape(x, a, seg)[0]
+        real = (seg.tile_slot >= 0).cpu()
+        done = sync[2:].cpu()
+        assert int(sync[1]) == 0  # no wait gave up
+        assert bool((done[real] == splits).all())
+        assert not bool(done[~real].any())
+    else:
+        lora_expand(lora_shrink(x, a, scaling, seg), b, y, seg, widths)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> None:
+    """A slot full of NaN (written past any load check): its own rows only are NaN."""
     gen = torch.Generator().manual_seed(_fresh_seed())
     device, dtype = kernel_device, _dtype(kernel_device)
     widths = (64, 32, 32)
@@ -180,9 +211,7 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
     expected = _reference(x, a, b, scaling, token_slots, y, widths)
     got = y.to(device).clone()
-    seg = segments(token_slots.to(device), 4)
-    lora_expand(lora_shrink(x.to(device), a.to(device), scaling.to(device), seg),
-                b.to(device), got, seg, widths)  # fmt: skip
+    _apply(fused, token_slots, 4, None, x, a, b, scaling, got, widths)
     got = got.cpu()
     poisoned = token_slots == 2
     assert bool(got[poisoned].isnan().all())
@@ -214,7 +243,8 @@ def _adapter(
     return LoraAdapter(name, rank, 16 / rank, weights)
 
 
-def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, fused: bool) -> None:
     from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
 
     device, dtype = kernel_device, _dtype(kernel_device)
@@ -232,7 +262,7 @@ def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
     token_slots = token_slots.to(device)
-    kernels = SegmentedLoraStep(slots, token_slots)
+    kernels = SegmentedLoraStep(slots, token_slots, fused=fused)
     reference = SegmentedTorchStep(slots, token_slots)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
