@@ -30,7 +30,7 @@ from transformers import LlamaConfig
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.core.types import SamplingParams, ScheduledChunk
-from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
+from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.lora.slots import (
@@ -44,6 +44,7 @@ from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
+from tests.support.lora_weights import mixed_adapters, random_adapter, reference, small_shapes
 
 pytestmark = pytest.mark.gpu
 
@@ -79,25 +80,6 @@ def _stack_slots(
     return a, b, scaling
 
 
-def _reference(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
-    token_slots: torch.Tensor, y: torch.Tensor, widths: tuple[int, ...],
-) -> torch.Tensor:  # fmt: skip
-    """y + each row's deltas, row by row and projection by projection, in float64."""
-    out = y.double().clone()
-    rank = b.shape[1]
-    for row, slot in enumerate(token_slots.tolist()):
-        if slot < 0:
-            continue
-        first = 0
-        for j, width in enumerate(widths):
-            a_j = a[slot, :, j * rank : (j + 1) * rank].double()
-            shrunk = x[row].double() @ a_j * float(scaling[slot])
-            out[row, first : first + width] += shrunk @ b[slot, :, first : first + width].double()
-            first += width
-    return out
-
-
 # One projection and stacks of two and three (q/k/v-like widths, not multiples of the kernels'
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
 # tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
@@ -116,7 +98,7 @@ def _reference(
         (256, 4096, (4096, 1024, 1024), 16, 16),  # the 8B q/k/v stack: whole blocks (EVEN_N)
     ],
 )
-def test_kernels_match_the_reference(
+def test_kernels_match_thereference(
     fused: bool,
     tokens: int,
     in_f: int,
@@ -137,7 +119,7 @@ def test_kernels_match_the_reference(
     # The deltas go into the middle columns of a wider output (a fused GEMM's slice).
     wide = torch.randn(tokens, out_f + 96, generator=gen).to(dtype)
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
-    expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
+    expected = reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
     _apply(fused, token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
@@ -209,7 +191,7 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> Non
     x = torch.randn(token_slots.shape[0], 256, generator=gen).to(dtype)
     y = torch.randn(token_slots.shape[0], sum(widths), generator=gen).to(dtype)
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
-    expected = _reference(x, a, b, scaling, token_slots, y, widths)
+    expected = reference(x, a, b, scaling, token_slots, y, widths)
     got = y.to(device).clone()
     _apply(fused, token_slots, 4, None, x, a, b, scaling, got, widths)
     got = got.cpu()
@@ -221,41 +203,14 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> Non
                                rtol=tolerance)  # fmt: skip
 
 
-def _shapes() -> BaseShapes:
-    features = {
-        "q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64), "o_proj": (128, 128),
-        "gate_proj": (128, 256), "up_proj": (128, 256), "down_proj": (256, 128),
-    }  # fmt: skip
-    return BaseShapes(2, features)
-
-
-def _adapter(
-    name: str, base: BaseShapes, rank: int, targets: tuple[str, ...], seed: int
-) -> LoraAdapter:
-    generator = torch.Generator().manual_seed(seed)
-    weights = {}
-    for layer in range(base.num_layers):
-        for proj in targets:
-            in_f, out_f = base.features[proj]
-            a = torch.randn(in_f, rank, generator=generator) * 0.1
-            b = torch.randn(rank, out_f, generator=generator) * 0.1
-            weights[(layer, proj)] = (a, b)
-    return LoraAdapter(name, rank, 16 / rank, weights)
-
-
 @pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, fused: bool) -> None:
     from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
 
     device, dtype = kernel_device, _dtype(kernel_device)
-    base = _shapes()
+    base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=dtype, device=torch.device(device))
-    adapters = [
-        _adapter("all-r16", base, 16, PROJECTIONS, seed=1),
-        _adapter("attn-r4", base, 4, ("q_proj", "k_proj", "v_proj", "o_proj"), seed=2),
-        _adapter("mlp-r12", base, 12, ("gate_proj", "up_proj", "down_proj"), seed=3),
-        _adapter("qv-r8", base, 8, ("q_proj", "v_proj"), seed=4),
-    ]
+    adapters = mixed_adapters(base)
     by_name = {adapter.name: adapter for adapter in adapters}
     assigned = slots.assign(by_name, by_name.__getitem__)
     rng = random.Random(_fresh_seed())
@@ -487,7 +442,7 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -
     base = BaseShapes.of_model(model)
     slots = LoraSlots(base, num_slots=3, max_rank=16, dtype=torch.float32, device=device)
     adapters = {
-        name: _adapter(name, base, rank, targets, seed)
+        name: random_adapter(name, base, rank, targets, seed)
         for seed, (name, (rank, targets)) in enumerate(ADAPTERS.items())
         if name != "all-r12"
     }

@@ -22,8 +22,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
 from site_engine.engine.lora.slots import GATE_UP, QKV, LoraSlots, SegmentedTorchStep
+from tests.support.lora_weights import mixed_adapters, reference, small_shapes
 
 pytestmark = pytest.mark.slow
 
@@ -55,25 +55,6 @@ def _stack(
         a.view(slots, in_f, parts, max_rank)[slot, :, :, rank:] = 0
         b[slot, rank:] = 0
     return a, b, 0.5 + torch.rand(slots, generator=gen) * 1.5
-
-
-def _reference(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
-    token_slots: torch.Tensor, y: torch.Tensor, widths: tuple[int, ...],
-) -> torch.Tensor:  # fmt: skip
-    """y + each row's deltas, row by row and projection by projection, in float64."""
-    out = y.double().clone()
-    rank = b.shape[1]
-    for row, slot in enumerate(token_slots.tolist()):
-        if slot < 0:
-            continue
-        first = 0
-        for j, width in enumerate(widths):
-            shrunk = x[row].double() @ a[slot, :, j * rank : (j + 1) * rank].double()
-            delta = (shrunk * float(scaling[slot])) @ b[slot, :, first : first + width].double()
-            out[row, first : first + width] += delta
-            first += width
-    return out
 
 
 def _run(
@@ -119,7 +100,7 @@ CASES = [
 
 @pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 @pytest.mark.parametrize(("tokens", "in_f", "widths", "slots", "max_rank", "block_m"), CASES)
-def test_kernels_match_the_float64_reference(
+def test_kernels_match_the_float64reference(
     kernels: ModuleType,
     fused: bool,
     tokens: int,
@@ -137,7 +118,7 @@ def test_kernels_match_the_float64_reference(
     token_slots[torch.rand(tokens, generator=gen) < 0.25] = -1
     out_f = sum(widths)
     wide = torch.randn(tokens, out_f + 48, generator=gen)
-    expected = _reference(x, a, b, scaling, token_slots, wide[:, 16 : 16 + out_f], widths)
+    expected = reference(x, a, b, scaling, token_slots, wide[:, 16 : 16 + out_f], widths)
     got = wide.clone()
     _run(kernels, fused, x, a, b, scaling, token_slots, got[:, 16 : 16 + out_f], widths,
          block_m, slots)  # fmt: skip
@@ -180,7 +161,7 @@ def test_a_nan_slot_reaches_no_other_row(kernels: ModuleType, fused: bool) -> No
     token_slots = torch.tensor([2, 0, -1, 2, 1, -1, 3, 0] * 4)
     x = torch.randn(32, 256, generator=gen)
     y = torch.randn(32, sum(widths), generator=gen)
-    expected = _reference(x, a, b, scaling, token_slots, y, widths)
+    expected = reference(x, a, b, scaling, token_slots, y, widths)
     got = _run(kernels, fused, x, a, b, scaling, token_slots, y.clone(), widths, 16, 4)
     poisoned = token_slots == 2
     assert bool(got[poisoned].isnan().all())
@@ -199,7 +180,7 @@ def test_a_wait_that_gives_up_writes_nan_into_its_tile_only(kernels: ModuleType)
     token_slots = torch.tensor([0, 1, 2, -1] * 6)
     x = torch.randn(24, 256, generator=gen)
     y = torch.randn(24, 64, generator=gen)
-    expected = _reference(x, a, b, scaling, token_slots, y, widths)
+    expected = reference(x, a, b, scaling, token_slots, y, widths)
     seg = kernels.segments(token_slots, 3)
     sync = torch.zeros(kernels.sync_size(seg), dtype=torch.int32)
     stuck = int((seg.tile_slot == 1).nonzero()[0])
@@ -232,43 +213,15 @@ def test_bad_scratch_and_counters_are_refused(kernels: ModuleType) -> None:
     assert torch.equal(y, before)
 
 
-def _shapes() -> BaseShapes:
-    features = {
-        "q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64), "o_proj": (128, 128),
-        "gate_proj": (128, 256), "up_proj": (128, 256), "down_proj": (256, 128),
-    }  # fmt: skip
-    return BaseShapes(2, features)
-
-
-def _adapter(
-    name: str, base: BaseShapes, rank: int, targets: tuple[str, ...], seed: int
-) -> LoraAdapter:
-    generator = torch.Generator().manual_seed(seed)
-    weights = {}
-    for layer in range(base.num_layers):
-        for proj in targets:
-            in_f, out_f = base.features[proj]
-            a = torch.randn(in_f, rank, generator=generator) * 0.1
-            b = torch.randn(rank, out_f, generator=generator) * 0.1
-            weights[(layer, proj)] = (a, b)
-    return LoraAdapter(name, rank, 16 / rank, weights)
-
-
 @pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 def test_the_kernels_step_matches_the_pytorch_step(kernels: ModuleType, fused: bool) -> None:
     """SegmentedLoraStep over LoraSlots (every stack at once, and each projection alone into
     its columns) against lora/slots.py's SegmentedTorchStep, more launches than a layer's
     four (its counter rows run out and new zeroed ones are taken)."""
-    base = _shapes()
+    base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=torch.float32,
                       device=torch.device("cpu"))  # fmt: skip
-    adapters = [
-        _adapter("all-r16", base, 16, PROJECTIONS, seed=1),
-        _adapter("attn-r4", base, 4, ("q_proj", "k_proj", "v_proj", "o_proj"), seed=2),
-        _adapter("mlp-r12", base, 12, ("gate_proj", "up_proj", "down_proj"), seed=3),
-        _adapter("qv-r8", base, 8, ("q_proj", "v_proj"), seed=4),
-    ]
-    by_name = {adapter.name: adapter for adapter in adapters}
+    by_name = {adapter.name: adapter for adapter in mixed_adapters(base)}
     assigned = slots.assign(by_name, by_name.__getitem__)
     rng = random.Random(_seed())
     names = ["", *by_name]
