@@ -170,7 +170,7 @@ def _apply(
         # Every real tile's splits signalled once each, no other counter moved.
         splits = partials_shape(x, a, seg)[0]
         real = (seg.tile_slot >= 0).cpu()
-        done = sync[2:].cpu()
+        done = sync[2 : 2 + seg.tiles].cpu()
         assert int(sync[1]) == 0  # no wait gave up
         assert bool((done[real] == splits).all())
         assert not bool(done[~real].any())

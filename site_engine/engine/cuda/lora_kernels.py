@@ -190,8 +190,10 @@ def _launch(
 
 
 def sync_size(seg: Segments) -> int:
-    """Counters one lora_delta launch needs: its ticket, its failure flag, one per tile."""
-    return 2 + seg.tiles
+    """Counters one lora_delta launch needs: its ticket, its failure flag, one per tile; padded
+    to 16 bytes, so every row of SegmentedLoraStep's counters is 16-byte aligned (one Triton
+    specialization, compiled by the warm-up before a graph capture, not during it)."""
+    return -(-(2 + seg.tiles) // 4) * 4
 
 
 def partials_shape(x: torch.Tensor, a: torch.Tensor, seg: Segments) -> tuple[int, int, int]:

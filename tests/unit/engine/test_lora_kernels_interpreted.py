@@ -76,8 +76,10 @@ def _run(
         assert int(sync[0]) == seg.tiles * (splits + blocks)
         assert int(sync[1]) == 0
         real = seg.tile_slot >= 0
-        assert torch.equal(sync[2:][real], torch.full_like(sync[2:][real], splits))
-        assert not bool(sync[2:][~real].any())
+        done = sync[2 : 2 + seg.tiles]
+        assert torch.equal(done[real], torch.full_like(done[real], splits))
+        assert not bool(done[~real].any())
+        assert not bool(sync[2 + seg.tiles :].any())  # the row's padding
     else:
         kernels.lora_expand(kernels.lora_shrink(x, a, scaling, seg, part), b, y, seg, widths)
     return y
