@@ -256,6 +256,7 @@ class Preparer:
             unpredicted=self._settings.routing.plan_without_prediction,
             client_cache_salt=delivery.cache_salt,
             session_key=session_key(delivery),
+            open_ended=sampling.max_tokens is None and sampling.to_context_end,
         )
 
     def _max_tokens(self, model: str, prompt_tokens: int, sampling: Sampling) -> int:
