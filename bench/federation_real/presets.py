@@ -149,11 +149,12 @@ def gpu_preset(count: int) -> Preset:
 
 
 # The GPU preset's offered load per pair of sites (an 8B and a 1B), by card: chosen on fedsim
-# (`python -m bench.federation_real` arms replayed at several rates on the grid-fitted step
-# models, 30 s, seed 0) as a rate that round robin and least_requests no longer serve at the SLO
-# and completion_cost still does. H100, 40 req/s: completion_cost 40.0 req/s of goodput (p99 SLO
-# met), least_requests 36.9, round robin 32.9; at 30 every arm served all. H200, 50 req/s:
-# 50.0 / 49.2 / 47.5 (at 40 every arm served all), so 55 there.
+# (the preset's sites and workload, seed 0, 25 s, the grid-fitted step models with the admitting
+# host term) as a rate that round robin and least_requests no longer serve at the SLO and
+# completion_cost still does. H100, 40 req/s: goodput completion_cost 40.0 req/s (p99 SLO met),
+# least_requests 37.3, round robin 33.0 (at 30 s on the models before: 40.0 / 36.9 / 32.9; at
+# 30 req/s every arm served all). H200, 55 req/s: 55.0 / 50.5 / 43.5 (at 50, 30 s, the models
+# before: 50.0 / 49.2 / 47.5, too close).
 PAIR_RATES = {"h100": 40.0, "h200": 55.0}
 
 

@@ -51,6 +51,7 @@ from fedllm_contract.tokenizer import load_tokenizer
 from fedsim.step_models import STEP_MODELS
 
 RESULTS = results_dir("federation_real")
+WARM_UP = 16
 _STARTED = time.monotonic()
 _HITS = "fedllm_site_prefix_cache_hits_tokens_total"
 _QUERIES = "fedllm_site_prefix_cache_queries_tokens_total"
@@ -108,12 +109,29 @@ def gateway_offloads(port: int) -> float:
     )
 
 
+def warm_up(federation: Federation, base: str, requests: Sequence[Request], vocab: int) -> None:
+    """The workload's first WARM_UP requests, 0.1 s apart, with a marker of their own, before the
+    first arm: first-call costs (kernels' first shapes, the sites' first streams) stay out of it."""
+    warm = [replace(r, at_s=0.1 * i) for i, r in enumerate(requests[:WARM_UP])]
+    log(f"warm-up: {len(warm)} requests")
+    asyncio.run(run_open_loop(base, marked(warm, "warm-up", vocab), drain_s=60.0))
+    if not federation.wait_idle(timeout_s=60):
+        raise RuntimeError("the sites still had requests 60 s after the warm-up")
+
+
 def run_arm(
-    federation: Federation, arm: str, requests: Sequence[Request], preset: Preset, vocab: int
+    federation: Federation,
+    arm: str,
+    requests: Sequence[Request],
+    preset: Preset,
+    vocab: int,
+    first: bool = False,
 ) -> tuple[dict[str, object], list[dict[str, object]]]:
     log(f"arm {arm}: gateway starting")
     gateway = federation.start_gateway(arm, replace(GATEWAY, policy=arm))
     try:
+        if first:
+            warm_up(federation, f"http://127.0.0.1:{gateway.port}", requests, vocab)
         before = federation.scrape_all()
         log(f"arm {arm}: {len(requests)} requests over {preset.duration_s:g}s")
         base = f"http://127.0.0.1:{gateway.port}"
@@ -165,8 +183,8 @@ def real_run(args: argparse.Namespace, command: str) -> Path:
     try:
         federation.start(timeout_s=900 if preset.device == "cuda" else 180)
         log(f"sites serving on {card}: {sorted(federation.sites)}")
-        for arm in preset.arms:
-            arms[arm], outcomes[arm] = run_arm(federation, arm, requests, preset, vocab)
+        for i, arm in enumerate(preset.arms):
+            arms[arm], outcomes[arm] = run_arm(federation, arm, requests, preset, vocab, i == 0)
         samples = federation.scrape_all()
     finally:
         federation.close()
