@@ -8,10 +8,12 @@ Sources (`--workload`):
   duration; every prompt's ids drawn afresh (nothing shared).
 - a path to a trace: `.jsonl` in the Mooncake format (timestamp ms, input_length,
   output_length, hash_ids: one id a 512-token block, shared ids are shared prefixes) or an
-  Azure LLM inference `.csv` (arrival times and lengths, no blocks). Rate x duration consecutive
-  requests from a seeded offset, their trace times compressed into the duration (the trace's
-  shape kept); a block id becomes `block_tokens` ids drawn from a seed of the block, so
-  prompts that share blocks share token ids and the sites' prefix caches hit.
+  Azure LLM inference `.csv` (arrival times and lengths, no blocks). Whole conversations of the
+  Mooncake trace (requests sharing their first block) in a seeded order until there are rate x
+  duration requests (of the Azure trace, consecutive requests from a seeded offset), their trace
+  times compressed into the duration (the trace's shape kept); a block id becomes
+  `block_tokens` ids drawn from a seed of the block, so prompts that share blocks share token ids
+  and the sites' prefix caches hit.
 
 Lengths are scaled by the preset's factor (CPU scale) and capped. Prompts are token ids within
 the tokenizer's vocabulary, sent as ids. Answers are replayed exactly (`ignore_eos`, max_tokens
@@ -79,8 +81,25 @@ def _trace(spec: WorkloadSpec, count: int) -> tuple[list[Lengths], list[float]]:
     rows = mooncake_lengths(path) if path.suffix == ".jsonl" else azure_lengths(path)
     if len(rows) < count:
         raise ValueError(f"{path} holds {len(rows)} requests, the run needs {count}")
-    start = random.Random(f"trace-offset-{spec.seed}").randrange(len(rows) - count + 1)
-    chosen = rows[start : start + count]
+    rng = random.Random(f"trace-offset-{spec.seed}")
+    if any(r.hash_ids for r in rows):
+        # Whole conversations (requests sharing their first block), in a seeded order, until
+        # there are enough: a window of consecutive requests of a trace interleaving thousands
+        # of conversations shares almost nothing (bench/loadgen/traces.py does the same).
+        families: dict[int, list[Lengths]] = {}
+        for row in rows:
+            families.setdefault(row.hash_ids[0] if row.hash_ids else -1, []).append(row)
+        order = sorted(families)
+        rng.shuffle(order)
+        chosen: list[Lengths] = []
+        for first in order:
+            if len(chosen) >= count:
+                break
+            chosen.extend(families[first])
+        chosen.sort(key=lambda r: r.at_s)
+    else:
+        start = rng.randrange(len(rows) - count + 1)
+        chosen = rows[start : start + count]
     span = max(chosen[-1].at_s - chosen[0].at_s, 1e-9)
     times = [(r.at_s - chosen[0].at_s) * spec.duration_s / span for r in chosen]
     return chosen, times

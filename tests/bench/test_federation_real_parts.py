@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -215,3 +216,19 @@ def test_the_replay_runs_every_arm_on_the_same_requests_and_refuses_other_ones()
     record["workload"] = {"fingerprint": "0" * 16}
     with pytest.raises(ValueError, match="fingerprint"):
         simulate(record)
+
+
+def test_a_trace_run_takes_whole_conversations_so_their_prefixes_repeat(tmp_path: Path) -> None:
+    lines = []
+    for i in range(40):  # 8 conversations of 5 turns, interleaved with each other
+        conversation, turn = i % 8, i // 8
+        ids = [100 + conversation] + [1000 + 10 * conversation + t for t in range(turn + 1)]
+        record = {"timestamp": 100 * i, "input_length": 512 * len(ids), "output_length": 20}
+        lines.append(json.dumps(record | {"hash_ids": ids}))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    requests = build(_spec(str(trace), rate_rps=2.5, length_scale=1 / 64, block_tokens=8))
+    firsts = [r.prompt_token_ids[:8] for r in requests]
+    # 10 wanted: two whole conversations of five turns, each opening with its own block.
+    assert len(requests) == 10
+    assert sorted(firsts.count(f) for f in set(firsts)) == [5, 5]
