@@ -4,8 +4,9 @@
 # models and the gateway count with it) and the wheels of the gateway's and the site's imports
 # the GPU image lacks, or holds at other versions (grpcio with grpcio-health-checking, protobuf 7
 # for the generated stubs). The list is what `python -m gateway` and `python -m site_engine`
-# import when they start and serve (tests/bench/test_federation_real_carry.py keeps it exact
-# against the image's package list in /work/.library/device/KINDS.md); no result files.
+# import when they start and serve a SQLite-backed federation (litestar's own sniffio and
+# annotated-types included; not its CLI's rich-click, nor polyfactory, Faker, litestar-htmx or
+# the site's lazily imported llguidance) less what the image holds; no result files.
 #
 #     bash bench/federation_real/carry.sh        # here, from the repository root
 # then, in the device call (carry [".fedrealcarry"]):
