@@ -55,7 +55,20 @@ class LengthClassifier(nn.Module):
     ) -> torch.Tensor:
         """Logits, one row per prompt; padding is left out of the mean over tokens.
         `prompt_chars` (float, one per prompt) is required iff the model has the length feature."""
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits: torch.Tensor = self.head(self.features(input_ids, attention_mask, prompt_chars))
+        return logits
+
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_chars: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """What the head reads: the mean of the encoder's token states (+ the scaled prompt
+        length with the length feature); a ranking head (predictor.ranking) reads it too."""
+        hidden: torch.Tensor = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         if self.length_feature:
@@ -63,8 +76,13 @@ class LengthClassifier(nn.Module):
                 raise ValueError("this model reads prompt_chars: pass each prompt's length")
             scaled = torch.log1p(prompt_chars.to(pooled.dtype)).unsqueeze(-1) / _LOG_CHARS_SCALE
             pooled = torch.cat([pooled, scaled], dim=-1)
-        logits: torch.Tensor = self.head(pooled)
-        return logits
+        return pooled
+
+    @property
+    def feature_width(self) -> int:
+        """The width of `features`: the encoder's hidden size (+1 with the length feature)."""
+        hidden = int(cast(Any, self.encoder).config.hidden_size)
+        return hidden + 1 if self.length_feature else hidden
 
     def word_embeddings(self) -> nn.Parameter:
         """The wordpiece embedding table (the largest single tensor of the encoder)."""
