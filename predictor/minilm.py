@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -190,29 +191,34 @@ def narrow(model: LengthClassifier, ffn_width: int | None, heads: int | None) ->
 def export_onnx(model: LengthClassifier, path: Path) -> None:
     """ONNX graph with dynamic batch and sequence axes, (input_ids, attention_mask
     [, prompt_chars]) -> probabilities."""
-    model.eval()
+    export_graph(_Probabilities(model), model.length_feature, path, [OUTPUT_NAME])
+
+
+def export_graph(
+    module: nn.Module, length_feature: bool, path: Path, outputs: Sequence[str]
+) -> None:
+    """Exports `module` (the classifier's inputs -> `outputs`, each with a batch axis) with
+    dynamic batch and sequence axes."""
+    module.eval()
     # A padded row in the example keeps the tracer from dropping the mask as all-ones.
     mask = torch.ones((2, 8), dtype=torch.long)
     mask[1, 5:] = 0
     example: tuple[torch.Tensor, ...] = (torch.full((2, 8), 1000, dtype=torch.long), mask)
     names = list(INPUT_NAMES)
-    axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "sequence"},
-        "attention_mask": {0: "batch", 1: "sequence"},
-    }
-    if model.length_feature:
+    axes: dict[str, dict[int, str]] = {name: {0: "batch", 1: "sequence"} for name in names}
+    if length_feature:
         example += (torch.tensor([40.0, 3000.0]),)
         names.append(PROMPT_CHARS_INPUT)
         axes[PROMPT_CHARS_INPUT] = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about python control flow in BERT
         torch.onnx.export(
-            _Probabilities(model),
+            module,
             example,
             str(path),
             input_names=names,
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
+            output_names=list(outputs),
+            dynamic_axes={**axes, **{name: {0: "batch"} for name in outputs}},
             opset_version=ONNX_OPSET,
             dynamo=False,
         )

@@ -3,15 +3,17 @@
     python -m bench.predictor.rank [--seeds 0 1 2] [--build-only] [--smoke]
     python -m bench.predictor.rank --heldout [--heldout-labels DIR]   # report only, once
 
-The classifier is the served model's predictor as `python -m predictor.served_build` builds it
-(var/predictor/smollm2-135m-instruct; built first when absent). For each seed, a ranking head on
-its encoder (predictor.rank_build; the seed drives the head's initialisation, its lists, their
-ties and its early-stopping share; the prompts it learns from and their encoder features are the
-same for every seed, computed once and cached). Both are scored through the runtime the gateway
-uses (ONNX, the artifacts as they ship) on the labels' validation split: Kendall's tau and
-Spearman of the expected length against the true length, MAE, p90 coverage. Beside them, in the
-same run: TF-IDF + logistic regression on the same buckets (the fast served artifact), linear
-rankers over TF-IDF (bench.predictor.linear_rank) and the prompt's length alone. Writes
+The classifier is the served model's classifier as `python -m predictor.served_build` builds it
+(var/predictor/smollm2-135m-instruct-classifier; built first when absent). For each seed, a
+ranking head on its encoder (predictor.rank_build; the seed drives the head's initialisation, its
+lists, their ties and its early-stopping share; the prompts it learns from and their encoder
+features are the same for every seed, computed once and cached). Seed 0 is the served predictor
+itself (var/predictor/smollm2-135m-instruct), the others are in var/predictor/rank-bench/. Both
+are scored through the runtime the gateway uses (ONNX, the artifacts as they ship) on the
+labels' validation split: Kendall's tau and Spearman of the expected length against the true
+length, MAE, p90 coverage. Beside them, in the same run: TF-IDF + logistic regression on the
+same buckets (the fast served artifact), linear rankers over TF-IDF
+(bench.predictor.linear_rank) and the prompt's length alone. Writes
 bench/results/predictor/predictor_rank.{json,md}; the model that ranks better on both measures
 (mean over seeds) is named the default.
 
@@ -35,8 +37,10 @@ from typing import Any
 import numpy as np
 
 from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.predictor.latency import single_prompt_ms
 from bench.predictor.linear_rank import fit_pairwise, fit_ridge
-from predictor.artifact import ArtifactError, load_manifest
+from predictor.artifact import ArtifactError, Manifest, load_manifest
+from predictor.datasets import DatasetError
 from predictor.evaluate import kendall_tau, spearman
 from predictor.finetune import FinetuneConfig
 from predictor.heldout import ALPACA_EVAL, load_heldout
@@ -57,9 +61,10 @@ from predictor.served_build import (
     SERVED_FAST_SPEC,
     SERVED_SPEC,
     build_served_predictor,
+    classifier_dir,
     served_records,
 )
-from predictor.served_labels import join_records, read_labels
+from predictor.served_labels import join_records, read_labels, read_manifest
 from predictor.training import TrainingSet, reusable_artifact, train_artifact
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +88,16 @@ class Setup:
 
     @property
     def classifier_dir(self) -> Path:
-        return self.work / "classifier" if self.smoke else DEFAULT_OUT
+        return self.work / "classifier" if self.smoke else classifier_dir(DEFAULT_OUT)
+
+    def ranking_dir(self, seed: int) -> Path:
+        """Seed 0 of the default configuration is the served predictor itself."""
+        if seed == 0 and not self.smoke:
+            return DEFAULT_OUT
+        return self.work / f"seed{seed}" / "ranking"
+
+    def features_cache(self, base: Manifest) -> Path:
+        return features_cache(self.work if self.smoke else DEFAULT_OUT.parent, base)
 
     def rank_config(self, seed: int) -> RankConfig:
         return replace(SMOKE_RANK if self.smoke else DEFAULT_RANK, seed=seed)
@@ -100,9 +114,11 @@ def _say(message: str) -> None:
 
 
 def build_classifier(setup: Setup, data: TrainingSet) -> Path:
-    """The served classifier (predictor.served_build's, reused when built from these labels)."""
+    """The served classifier (predictor.served_build's, reused when built from these labels; the
+    build also makes the served ranking artifact, which is seed 0 here)."""
     if not setup.smoke:
-        return build_served_predictor(DEFAULT_OUT, setup.labels, setup.data_dir)
+        build_served_predictor(DEFAULT_OUT, setup.labels, setup.data_dir)
+        return setup.classifier_dir
     spec = replace(SERVED_SPEC, finetune=SMOKE_FINETUNE)
     if reusable_artifact(setup.classifier_dir, spec, training_fingerprint(data.train)) is None:
         train_artifact(spec, data, setup.classifier_dir, progress=_say)
@@ -111,12 +127,12 @@ def build_classifier(setup: Setup, data: TrainingSet) -> Path:
 
 def build_ranking(setup: Setup, seed: int, classifier: Path, data: TrainingSet) -> Path:
     """The seed's ranking artifact on `classifier`, built unless already there."""
-    ranking = setup.work / f"seed{seed}" / "ranking"
+    ranking = setup.ranking_dir(seed)
     base = load_manifest(classifier)
     config = setup.rank_config(seed)
     if reusable_ranking(ranking, base, config) is None:
         _say(f"seed {seed}: training the ranking head on {classifier}")
-        cache = features_cache(setup.work, base)
+        cache = setup.features_cache(base)
         build_ranking_artifact(
             classifier, ranking, data, config, progress=_say, features_cache=cache
         )
@@ -129,7 +145,7 @@ def built(setup: Setup, seeds: Sequence[int]) -> dict[int, tuple[Path, Path]]:
     base = load_manifest(setup.classifier_dir)
     out = {}
     for seed in seeds:
-        ranking = setup.work / f"seed{seed}" / "ranking"
+        ranking = setup.ranking_dir(seed)
         made = load_manifest(ranking).training.get("ranking", {})
         if made.get("base_version") != base.version:
             raise ArtifactError(f"{ranking} was not built on {setup.classifier_dir}")
@@ -229,7 +245,11 @@ def heldout_records(labels_dir: Path, heldout_dir: Path | None) -> list[LabeledR
             f"{labels_dir} holds no labels: label the held-out prompts first "
             "(python -m predictor.label_served --heldout alpaca_eval --out DIR --device cuda)"
         )
-    joined = join_records(load_heldout(ALPACA_EVAL, heldout_dir), labels)
+    try:
+        prompts = load_heldout(ALPACA_EVAL, heldout_dir)
+    except DatasetError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    joined = join_records(prompts, labels)
     return [
         LabeledRecord(f"{r.corpus}:{r.index}", r.corpus, r.prompt, label.answer_tokens)
         for r, label in joined
@@ -265,6 +285,10 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
         records, name, split = splits["validation"], "predictor_rank", "validation"
     by_seed = evaluate(args.seeds, records, artifacts)
     simple = baselines(setup, splits, records)
+    first = artifacts[args.seeds[0]]
+    latency = single_prompt_ms(
+        {"classifier": first[0], "ranking": first[1]}, [r.prompt for r in records]
+    )
     payload: dict[str, Any] = {
         "split": split,
         "prompts": len(records),
@@ -274,16 +298,20 @@ def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
         "by_seed": {str(s): r for s, r in by_seed.items()},
         "baselines": simple,
         "artifacts": _artifacts(artifacts),
+        "p50_ms_single_1thread": latency,
+        "latency_note": f"seed {args.seeds[0]}'s ranking artifact against the classifier, "
+        "single prompts of at most 256 characters, taking turns",
         "rank_config": setup.rank_config(0).to_json(),
         "labels": str(args.labels),
         "smoke": setup.smoke,
     }
     if args.heldout:
         payload["report_only"] = True
+        made = read_manifest(args.heldout_labels)
         payload["note"] = (
-            "Held-out AlpacaEval prompts, labelled with SmolLM2-135M-Instruct's own greedy "
-            "answers (max_tokens 1024). Report-only: every setting was fixed on the validation "
-            "split before this was run; nothing was chosen or tuned on it."
+            f"Held-out AlpacaEval prompts, labelled with {made.model}'s own answers (temperature "
+            f"{made.temperature}, max_tokens {made.max_tokens}). Report-only: every setting was "
+            "fixed on the validation split before this was run; nothing was chosen or tuned on it."
         )
     return name, payload
 
@@ -330,6 +358,9 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{table}\n\n"
         f"Ranking minus classifier, paired by seed: Kendall tau {tau[0]:+.4f} to {tau[1]:+.4f}, "
         f"Spearman {rho[0]:+.4f} to {rho[1]:+.4f}. Default: **{payload['default']}**.\n\n"
+        f"One prompt, one thread, p50 ({payload['latency_note']}): "
+        + ", ".join(f"{k} {v:.2f} ms" for k, v in payload["p50_ms_single_1thread"].items())
+        + ".\n\n"
         "By corpus (mean over seeds):\n\n"
         + markdown_table(
             ["corpus", "tau ranking", "tau classifier", "Spearman ranking", "Spearman classifier"],

@@ -114,7 +114,9 @@ def test_bad_training_input_is_refused() -> None:
     with pytest.raises(ValueError, match="at least"):
         train_rank_head(features[:10], log_expected[:10], lengths[:10], TINY_RANK)
     with pytest.raises(ValueError, match="loss"):
-        RankConfig(loss="pointwise")  # type: ignore[arg-type]
+        RankConfig(loss="regression")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="length_weight"):
+        RankConfig(loss="pointwise", length_weight=0.0)
 
 
 def test_the_score_map_keeps_every_distinct_score_apart() -> None:
@@ -147,7 +149,7 @@ def test_the_ranking_artifact_serves_lengths_in_its_scores_order(ranked) -> None
     base_dir, rank_dir, data = ranked
     manifest = load_manifest(rank_dir)
     assert manifest.ranking is not None
-    assert manifest.ranking.loss == "listmle"
+    assert manifest.ranking.loss == "pairwise"
     assert manifest.kind == "minilm"
     assert manifest.training["ranking"]["head_records"] == 160
     assert manifest.scheme == load_manifest(base_dir).scheme
@@ -240,3 +242,48 @@ def test_a_manifest_naming_a_missing_score_output_is_refused(ranked, tmp_path: P
     (broken / MANIFEST_FILE).write_text(json.dumps(data))
     with pytest.raises(ArtifactError, match="needs a MiniLM graph"):
         load_manifest(broken)
+
+
+def test_the_gateways_retrain_modes_work_from_a_ranking_artifact(ranked, tmp_path: Path) -> None:
+    from predictor.retrain import retrain
+
+    _, rank_dir, data = ranked
+    samples = [(r.prompt + f" #{i}", r.length * 2) for i, r in enumerate(data.train[:150])]
+    calibrated = retrain(samples, rank_dir, tmp_path / "cal", mode="calibrate", progress=print)
+    assert LengthPredictor.load(tmp_path / "cal").ranks  # the head and its order are kept
+    assert calibrated.mode == "calibrate"
+    # A retrain fine-tunes the classifier from its weights (the base's, shipped as they were):
+    # the candidate is a classifier, which the gate judges against the ranking version.
+    finetune = replace(TINY_FINETUNE, prompt_length_feature=True, epochs=1)
+    spec = TrainSpec("minilm", "quantile_n10", finetune=finetune)
+    retrain(samples, rank_dir, tmp_path / "re", spec=spec, progress=print)
+    again = LengthPredictor.load(tmp_path / "re")
+    assert not again.ranks
+    assert again.manifest.training["warm_start"].endswith("weights.safetensors")
+
+
+def test_the_gateway_serves_a_ranking_artifact_as_any_other(ranked) -> None:
+    import asyncio
+
+    from gateway.prediction.lifecycle import load_predictor
+    from gateway.prediction.service import Prediction, PredictorService
+
+    _, rank_dir, data = ranked
+    prompts = [r.prompt for r in data.validation[:4]]
+
+    async def served() -> list[Prediction | None]:
+        service = PredictorService(load_predictor(rank_dir), loader=load_predictor)
+        service.start()
+        try:
+            return [await service.predict(p) for p in prompts]
+        finally:
+            await service.stop()
+
+    predictions = asyncio.run(served())
+    direct = LengthPredictor.load(rank_dir, threads=1)
+    for prompt, prediction in zip(prompts, predictions, strict=True):
+        want = direct.lengths([prompt])
+        assert prediction is not None
+        assert prediction.tokens == max(1, round(float(want.expected_tokens[0])))
+        assert prediction.p90_tokens == int(want.p90_tokens[0])
+        assert 1 <= prediction.within(64) <= 64
