@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from devtools.forkserver import FORK_SERVER_ENV, ForkedChild, ForkServer
+from fedllm_contract.site_environment import site_environment
 
 # Not anchored at the line's end (another thread's log line can land right after the number), but
 # the number must be followed by something, so a half-written line is not read as a shorter port.
@@ -179,11 +180,13 @@ def _spawn(
     env: Mapping[str, str] | None = None,
     wrapper: Sequence[str] = (),
     python: str | None = None,
+    inherited: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
     """`wrapper` runs before the interpreter (a tracer such as `strace -f -o FILE`); `python`
-    names another interpreter than this one."""
+    names another interpreter than this one; `inherited`: what of this process's environment
+    the child gets (None: all of it), `env` on top."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**(os.environ if inherited is None else inherited), **(env or {})}
     server = None if wrapper else _fork_server(python or sys.executable, args)
     if server is not None:
         return ManagedProcess(name, server.spawn(list(args[2:]), full_env, log_path), log_path)
@@ -253,7 +256,9 @@ def spawn_site(
     wrapper: Sequence[str] = (),
 ) -> ManagedProcess:
     """Starts `python -m site_engine` without waiting; see wait_until_serving. `env` adds to
-    this process's environment (SITE_TLS_* for a site with mutual TLS, SITE_LOG_LEVEL, ...)."""
+    what a site inherits of this process's environment (fedllm_contract/site_environment.py: a
+    demo run with GATEWAY_ADMIN_TOKEN set keeps it from the sites), e.g. SITE_TLS_* for a site
+    with mutual TLS, SITE_LOG_LEVEL."""
     args = [
         "-m",
         "site_engine",
@@ -267,7 +272,8 @@ def spawn_site(
         str(port),
         *extra_args,
     ]
-    return _spawn(site_name, args, log_dir / f"site-{site_name}.log", env, wrapper)
+    log_path = log_dir / f"site-{site_name}.log"
+    return _spawn(site_name, args, log_path, env, wrapper, inherited=site_environment(os.environ))
 
 
 def wait_until_serving(process: ManagedProcess, timeout_s: float = 120.0) -> ManagedProcess:

@@ -27,6 +27,19 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """One request's fate at the gateway: the site that finished it (its last), TTFT and TPOT
+    as a client sees them (None: no first token, or not finished)."""
+
+    request_id: str
+    site: str
+    completed: bool
+    ttft_s: float | None
+    tpot_s: float | None
+    produced: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     requests: int
     completed: int
@@ -39,6 +52,11 @@ class RunResult:
     events: int
     sim_s: float
     site_busy: dict[str, float] = field(default_factory=dict)
+    # Every request in arrival order (bench.federation_real compares them with a real run's).
+    outcomes: tuple[RequestOutcome, ...] = ()
+    # Per site: prompt tokens looked up in the prefix cache at admission, and those found.
+    prefix_query_tokens: dict[str, int] = field(default_factory=dict)
+    prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
 
     def percentile(self, values: Sequence[float], q: float) -> float:
         return percentile(values, q)
@@ -145,6 +163,8 @@ def _result(
         for f in done
         if f.produced > 1
     )
+    outcomes = tuple(_outcome(f) for f in flights)
+    stats = {s.name: s.scheduler.stats() for s in sites}
     return RunResult(
         requests=len(flights),
         completed=len(done),
@@ -157,4 +177,24 @@ def _result(
         events=loop.events_run,
         sim_s=horizon,
         site_busy={s.name: s.busy_s for s in sites},
+        outcomes=outcomes,
+        prefix_query_tokens={name: st.prefix_cache_queries for name, st in stats.items()},
+        prefix_hit_tokens={name: st.prefix_cache_hits for name, st in stats.items()},
+    )
+
+
+def _outcome(flight: Flight) -> RequestOutcome:
+    first, end = flight.first_token_s, flight.finished_s
+    arrival = flight.request.arrival_s
+    done = end is not None and first is not None
+    tpot = None
+    if done and first is not None and end is not None:
+        tpot = (end - first) / (flight.produced - 1) if flight.produced > 1 else 0.0
+    return RequestOutcome(
+        flight.request.request_id,
+        flight.site,
+        done,
+        None if first is None else first - arrival,
+        tpot,
+        flight.produced,
     )

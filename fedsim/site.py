@@ -74,9 +74,14 @@ class SiteSpec:
     # step N starts, so an arrival waits for the rest of N and all of N+1 before its own step.
     # False: the engine's synchronous loop (its default off CUDA, or `overlap=False`).
     async_scheduling: bool = True
+    # The KV blocks a real site reported (a replay of a measured federation); None: from the
+    # card's memory less the weights.
+    kv_blocks: int | None = None
 
     @property
     def num_blocks(self) -> int:
+        if self.kv_blocks is not None:
+            return self.kv_blocks
         return kv_blocks(self.card, self.model, self.block_size)
 
     @property

@@ -22,6 +22,15 @@ with async scheduling prepares step N+1 while the device runs step N, so its per
 max(device, host) = max(grid - h, h). h is fitted on whole `engine.step()` periods (decode_sweep,
 step_grid's `--engine-steps`; fedsim/calibrate/host.py); absent (0), the model is the grid's.
 It is a CPU's cost, so it does not scale with the card.
+
+A step that admits (a prompt chunk beside the decode rows) adds host time per KV token its rows
+read (`per_kv_token_admitting_s`): an H200 engine serving a full batch (1B shape, ~250 rows) took
+3.3 ms a step while admitting at ~27k KV tokens a step and 5.4-5.5 ms at 60-65k, where the
+grid's terms and the sweep's host term give ~3.6 ms for both. Which part of the loop spends it
+is not recorded. As host time it only shows where the host sets the pace (full batches); as
+device time it put the Poisson runs' TTFT p99 28% over. `loop_scale` (the serving loop's host
+time over the sweep's) was fitted on a burst before this term explained the bursts better; it
+is 1 unless set.
 """
 
 from __future__ import annotations
@@ -76,9 +85,11 @@ class HostOverhead:
 
     base_s: float = 0.0
     per_row_s: float = 0.0
-    # The host time of a serving loop (arrivals, admissions, finishes, the driver's per-token
-    # bookkeeping) over the decode sweep's: fitted on one measured burst (replay.fit_loop_scale).
+    # The host time of a serving loop over the decode sweep's (1: not fitted; the docstring).
     loop_scale: float = 1.0
+    # Host seconds per KV token read by the rows of a step that admits (the module docstring):
+    # fitted on one measured burst (fedsim/calibrate/replay.py's fit_admitting_kv).
+    per_kv_token_admitting_s: float = 0.0
 
     def seconds(self, f: StepFeatures) -> float:
         return max(self.base_s + self.per_row_s * f.rows, 0.0)
@@ -87,7 +98,10 @@ class HostOverhead:
         """The engine's step period where the grid's synchronized step takes `grid_s`: the
         device's part (grid - h) or the host's, whichever is longer."""
         h = min(self.seconds(f), grid_s)
-        return max(grid_s - h, self.loop_scale * h)
+        host = self.loop_scale * h
+        if f.prefill_tokens:
+            host += self.per_kv_token_admitting_s * f.kv_read_tokens
+        return max(grid_s - h, host)
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,6 +248,11 @@ class GatewayMetrics:
             "fedllm_gateway_continuations", "Answers that went on on another site after this "
             "site failed mid-stream", ("site",), registry=r,
         )  # fmt: skip
+        self.answers_out_of_time = Counter(
+            "fedllm_gateway_answers_out_of_time", "Answers without a client's length limit "
+            "ended at GATEWAY_OPEN_ANSWER_TIMEOUT_S (finish_reason length) on this site",
+            ("site",), registry=r,
+        )  # fmt: skip
         self.offloads = Counter(
             "fedllm_gateway_offloads", "Queued requests a giver site released that restarted "
             "on a taker site", ("giver", "taker"), registry=r,

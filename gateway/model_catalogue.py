@@ -3,10 +3,11 @@ healthy site serves over its base (vLLM's convention: an adapter is a model of i
 
 The sites say which adapters they serve (SiteInfo.adapters, refreshed by every health check),
 by name only. Who may use one is declared by the federation file (gateway/federation_adapters.py:
-every key, or the keys of a name) or, for an adapter loaded at run time (gateway/admin/adapters.py)
-and a fine-tuned model (`ft:...`, gateway/fine_tuning/), by a row of the database
-(gateway/stores/adapter_owners.py: every key, or one key by id), which every gateway of the
-database reads (at its start, then every `refresh_s`). An adapter nothing declares is nobody's:
+every key, one key by id, or by a name, which stands for the oldest live key of that name) or,
+for an adapter loaded at run time (gateway/admin/adapters.py) and a fine-tuned model (`ft:...`,
+gateway/fine_tuning/), by a row of the database (gateway/stores/adapter_owners.py: every key, or
+one key by id), which every gateway of the database reads (at its start, then every
+`refresh_s`, and at once after a key is made here). An adapter nothing declares is nobody's:
 a site's own, or one another gateway loaded a moment ago, is refused until it is declared, never
 served to everyone. An adapter a key may not use is, to that key, a model that does not exist.
 """
@@ -47,6 +48,9 @@ class AdapterCatalogue:
         self._in_file = {adapter.name: adapter for adapter in in_file}
         self._owners = owners
         self._stored: dict[str, Ownership] = {}
+        # The federation file's owners by key name -> the key each stands for (its oldest live
+        # key), read with the owners' rows. A name no live key has yet stands for no one.
+        self._file_owner_ids: dict[str, int] = {}
         # Bumped by each change this gateway makes, so that a refresh that read the rows before
         # the change does not undo it in memory.
         self._changes = 0
@@ -58,8 +62,10 @@ class AdapterCatalogue:
         while True:
             changes = self._changes
             rows = await self._owners.all()
+            owner_ids = await self._owners.oldest_live_keys(self.file_owner_names())
             if changes == self._changes:
                 self._stored = {row.name: row for row in rows}
+                self._file_owner_ids = owner_ids
                 return
 
     async def run(self, refresh_s: float) -> None:
@@ -86,6 +92,10 @@ class AdapterCatalogue:
 
     def in_file(self, name: str) -> AdapterConfig | None:
         return self._in_file.get(name)
+
+    def file_owner_names(self) -> frozenset[str]:
+        """The key names the federation file gives adapters to."""
+        return frozenset(a.owner_key for a in self._in_file.values() if a.owner_key is not None)
 
     def stored(self, name: str) -> Ownership | None:
         return self._stored.get(name)
@@ -117,11 +127,20 @@ class AdapterCatalogue:
         return ServedAdapter(name, parent)
 
     def may_use(self, adapter: str, key_id: int | None, key_name: str | None) -> bool:
-        """Whether the key (its id and name; None, None: no key) may use the adapter. The
-        federation file names an owner by key name; the database by key id."""
+        """Whether the key (its id and name; None, None: no key) may use the adapter. Owners
+        are key ids: the database's, the federation file's `owner_key_id`, and the oldest live
+        key of the file's `owner_key` name (another key of that name is not it). A catalogue
+        without a database (unit tests) has no ids for names and goes by the name."""
         in_file = self._in_file.get(adapter)
         if in_file is not None:
-            return in_file.owner_key is None or in_file.owner_key == key_name
+            if in_file.owner_key_id is not None:
+                return key_id == in_file.owner_key_id
+            if in_file.owner_key is None:
+                return True
+            if self._owners is None:
+                return in_file.owner_key == key_name
+            owner_id = self._file_owner_ids.get(in_file.owner_key)
+            return owner_id is not None and key_id == owner_id
         stored = self._stored.get(adapter)
         if stored is None:
             return False  # declared by no one: no one's

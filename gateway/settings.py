@@ -248,6 +248,14 @@ class LimitsSettings:
         help="deadline of one completion, over every site it tries; past it: 504 "
         "`request_timeout`, and the site cancels it",
     )
+    open_answer_timeout_s: float | None = setting(
+        None,
+        help="how long an answer whose client set no length limit (chat or Responses without "
+        "`max_tokens`) may run, from its dispatch: then it ends with finish_reason `length` "
+        "and what was generated, billed as generated, never a 504; below "
+        '`GATEWAY_REQUEST_TIMEOUT_S` (docs/openai-api.md, "Answers without a limit")',
+        shown_default="half `GATEWAY_REQUEST_TIMEOUT_S`",
+    )
     max_continuations: int = setting(
         2,
         help="how many times an answer whose site fails mid-stream may continue on another site "
@@ -274,7 +282,8 @@ class LimitsSettings:
     default_max_tokens: int = setting(
         16,
         help="/v1/completions' default when `max_tokens` is absent (OpenAI's); a chat "
-        "completion without it runs to its end or the model's context",
+        "completion without it runs to its end, the model's context or "
+        "`GATEWAY_OPEN_ANSWER_TIMEOUT_S`",
     )
     max_choices: int = setting(
         8, help="the most choices (`n`) one request may ask for; more get 400 naming `n`"
@@ -334,6 +343,12 @@ class LimitsSettings:
             "body_timeout_s",
             "body_min_bytes_per_s",
         )
+        open_answer = self.open_answer_timeout_s
+        if open_answer is not None and not 0 < open_answer < self.request_timeout_s:
+            raise SettingsError(
+                "GATEWAY_OPEN_ANSWER_TIMEOUT_S must be > 0 and below GATEWAY_REQUEST_TIMEOUT_S "
+                f"({self.request_timeout_s:g}), got {open_answer:g}"
+            )
         require_at_least(self, 0, "max_continuations")
         require_at_least(self, 1, "outcome_backlog_max", "max_choices")
         require_at_least(self, 4096, "max_header_bytes")
@@ -345,6 +360,13 @@ class LimitsSettings:
             raise SettingsError("GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN >= 1")
         if self.max_body_bytes < 1024 or self.default_max_tokens < 1:
             raise SettingsError("GATEWAY_MAX_BODY_BYTES >= 1024, GATEWAY_DEFAULT_MAX_TOKENS >= 1")
+
+    @property
+    def open_answer_s(self) -> float:
+        """How long an answer without a client's length limit may run (see the setting)."""
+        if self.open_answer_timeout_s is not None:
+            return self.open_answer_timeout_s
+        return self.request_timeout_s / 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract.tokenizer import load_tokenizer, tokenizer_fingerprint
 from gateway.federation import ModelConfig
+from gateway.token_bytes import TokenBytes
 
 # About a millisecond of encoding (a second per MiB): longer pieces release the GIL meanwhile.
 GIL_FREE_CHARS = 1024
@@ -61,6 +62,7 @@ class ModelTokenizers:
             name: tokenizer_fingerprint(tok) for name, tok in self._tokenizers.items()
         }
         self._specials = {name: _special_texts(tok) for name, tok in self._tokenizers.items()}
+        self._token_bytes = {name: TokenBytes(tok) for name, tok in self._tokenizers.items()}
 
     def __contains__(self, model: str) -> bool:
         return model in self._tokenizers
@@ -106,6 +108,10 @@ class ModelTokenizers:
         """An answer's text as the sites' detokenizer writes it (special tokens left out)."""
         text: str = self._tokenizers[model].decode(token_ids, skip_special_tokens=True)
         return text
+
+    def token_bytes(self, model: str, token_id: int) -> bytes:
+        """The token's own bytes (gateway/token_bytes.py): what logprobs' `bytes` carry."""
+        return self._token_bytes[model](token_id)
 
     def vocab_size(self, model: str) -> int:
         return len(self._tokenizers[model])

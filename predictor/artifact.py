@@ -3,7 +3,9 @@
     model.onnx       the model (MiniLM classifier or TF-IDF + logistic regression)
     tokenizer.json   the wordpiece tokenizer both kinds read prompts with (truncation set)
     manifest.json    what the model means: bucket edges and per-bucket lengths, version,
-                     training-data fingerprint, metrics, training configuration
+                     training-data fingerprint, metrics, training configuration; for a model
+                     with a ranking head, which output is its score and the score's map to
+                     tokens (`ranking`, predictor.score_map)
 
 The manifest records the model's and tokenizer's SHA-256, so a truncated or swapped file is caught
 at load time with a clear ArtifactError instead of as odd predictions later. Writers build the
@@ -27,6 +29,7 @@ from predictor.calibration import Calibration
 from predictor.decision import BucketDecision
 from predictor.distribution import BucketLengths
 from predictor.encoding import TOKENIZER_FILE, PromptEncoder
+from predictor.score_map import RankingHead
 
 SCHEMA_VERSION = 1
 MODEL_FILE = "model.onnx"
@@ -61,6 +64,9 @@ class Manifest:
     # The served-scale map of the expected and p90 lengths (predictor.calibration); absent: the
     # bucket lengths of the training data are the scale.
     calibration: Calibration | None = None
+    # A second graph output trained to rank (predictor.ranking) and its map to tokens: the
+    # expected and p90 lengths come from it, the bucket and probabilities from the classifier.
+    ranking: RankingHead | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +93,7 @@ class Manifest:
             "training": self.training,
             "metrics": self.metrics,
             **({"calibration": self.calibration.to_json()} if self.calibration else {}),
+            **({"ranking": self.ranking.to_json()} if self.ranking else {}),
         }
 
     @classmethod
@@ -142,7 +149,16 @@ def _parse(data: Mapping[str, Any]) -> Manifest:
         tokenizer_sha256=_text(data["input"], "tokenizer_sha256"),
         decision=decision,
         calibration=Calibration.from_json(data["calibration"]) if "calibration" in data else None,
+        ranking=_ranking(data, cast(Kind, data["kind"])),
     )
+
+
+def _ranking(data: Mapping[str, Any], kind: Kind) -> RankingHead | None:
+    if "ranking" not in data:
+        return None
+    if kind != "minilm":
+        raise ValueError(f"a ranking head needs a MiniLM graph, not kind {kind!r}")
+    return RankingHead.from_json(data["ranking"])
 
 
 def _text(data: Mapping[str, Any], key: str) -> str:

@@ -6,6 +6,9 @@ majority_baseline   accuracy of always answering the most common *training* buck
 mae_tokens          mean |expected length - true length|, in the serving model's tokens
 spearman            rank correlation of expected length and true length (a constant predictor,
                     such as the training mean, ranks nothing: 0.0 by definition here)
+kendall_tau         Kendall's tau-b of the same pairs: the share of pairs put in the right order
+                    minus the share put in the wrong one (ties adjusted), what vLLM-LTR reports
+                    for a shortest-first scheduler's ranking (0.0 for a constant predictor)
 """
 
 from __future__ import annotations
@@ -57,6 +60,37 @@ def spearman(predicted: np.ndarray, actual: np.ndarray) -> float:
     a, b = a - a.mean(), b - b.mean()
     denominator = float(np.sqrt((a * a).sum() * (b * b).sum()))
     return float((a * b).sum() / denominator) if denominator > 0 else 0.0
+
+
+def kendall_tau(predicted: np.ndarray, actual: np.ndarray) -> float:
+    """Kendall's tau-b (scipy's, O(n log n)); 0.0 when either side is constant."""
+    # Imported here: the gateway imports this module's neighbours without scipy.
+    from scipy.stats import kendalltau  # type: ignore[import-untyped]
+
+    a = np.asarray(predicted, dtype=np.float64)
+    b = np.asarray(actual, dtype=np.float64)
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return 0.0
+    return float(kendalltau(a, b).statistic)
+
+
+def length_scores(
+    expected: np.ndarray, p90: np.ndarray, actual: Sequence[int] | np.ndarray
+) -> dict[str, float | int]:
+    """How well predicted lengths rank and size the true ones: Kendall's tau, Spearman, MAE
+    of the expected length, the share of answers at or under the p90, the mean prediction."""
+    truth = np.asarray(actual, dtype=np.float64)
+    guess = np.asarray(expected, dtype=np.float64)
+    if len(truth) == 0 or guess.shape != truth.shape or np.shape(p90) != truth.shape:
+        raise ValueError("expected, p90 and actual need one (and at least one) value per prompt")
+    return {
+        "kendall_tau": kendall_tau(guess, truth),
+        "spearman": spearman(guess, truth),
+        "mae_tokens": float(np.abs(guess - truth).mean()),
+        "p90_coverage": float((truth <= np.asarray(p90)).mean()),
+        "mean_predicted": float(guess.mean()),
+        "n": len(truth),
+    }
 
 
 def majority_bucket(scheme: BucketScheme, train_lengths: Sequence[int]) -> int:

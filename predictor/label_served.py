@@ -10,6 +10,11 @@ batching, the same engine the sites run) with the deployment's sampling: greedy,
 the gateway records as a served request's completion tokens, so a predictor trained on these
 labels predicts what routing will see.
 
+`--heldout alpaca_eval` labels AlpacaEval's 805 instructions from ../shared/heldout instead
+(predictor.heldout; `--heldout-dir` / FEDLLM_HELDOUT_DIR): held-out prompts, whose labels only
+ever *report* a predictor with fixed settings (`python -m bench.predictor.rank --heldout`);
+write them outside the repository, e.g. var/predictor/heldout-labels/NAME.
+
 Prompts are visited in one seeded order spread over all corpora, so a partial run is still a
 fair sample; labels are appended as answers finish and a rerun skips what is done (resumable).
 Greedy answers are deterministic for a given device and dtype; across dtypes or batch mixes a
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from predictor.datasets import PromptRecord, load_corpus
+from predictor.heldout import HELDOUT_SETS, load_heldout
 from predictor.served_labels import (
     LabelManifest,
     ServedLabel,
@@ -64,8 +70,16 @@ def render_prompt(loaded: LoadedModel, prompt: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(str(text), add_special_tokens=False))
 
 
-def ordered_records(corpora: Sequence[str], data_dir: Path | None, seed: int) -> list[PromptRecord]:
-    records = [r for corpus in corpora for r in load_corpus(corpus, data_dir)]  # type: ignore[arg-type]
+def _records_of(corpus: str, data_dir: Path | None, heldout_dir: Path | None) -> list[PromptRecord]:
+    if corpus in HELDOUT_SETS:
+        return load_heldout(corpus, heldout_dir)
+    return load_corpus(corpus, data_dir)  # type: ignore[arg-type]
+
+
+def ordered_records(
+    corpora: Sequence[str], data_dir: Path | None, seed: int, heldout_dir: Path | None = None
+) -> list[PromptRecord]:
+    records = [r for corpus in corpora for r in _records_of(corpus, data_dir, heldout_dir)]
     random.Random(seed).shuffle(records)
     return records
 
@@ -183,7 +197,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-name", help="the name the gateway serves it by")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--corpora", nargs="+", default=list(LABEL_CORPORA), choices=LABEL_CORPORA)
+    sets = parser.add_mutually_exclusive_group()
+    sets.add_argument("--corpora", nargs="+", default=list(LABEL_CORPORA), choices=LABEL_CORPORA)
+    sets.add_argument(
+        "--heldout",
+        choices=HELDOUT_SETS,
+        help="label a held-out prompt set instead of the corpora (report-only data)",
+    )
+    parser.add_argument("--heldout-dir", type=Path)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0, help="order of the prompts")
     parser.add_argument("--limit", type=int, help="label at most this many (more on a rerun)")
@@ -193,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--threads", type=int, help="torch threads on CPU")
     args = parser.parse_args(argv)
+    corpora = (args.heldout,) if args.heldout else tuple(args.corpora)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.threads:
         import torch
@@ -206,12 +228,12 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         chat_template=True,
         dtype=args.dtype,
-        corpora=tuple(args.corpora),
+        corpora=corpora,
         extra={"device": args.device, "engine": "site_engine.PagedEngine"},
     )
     write_manifest(args.out, manifest)
     done = {label.key for label in read_labels(args.out)}
-    records = ordered_records(args.corpora, args.data_dir, args.seed)
+    records = ordered_records(corpora, args.data_dir, args.seed, args.heldout_dir)
     log.info("%d prompts, %d already labelled", len(records), len(done))
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,7 +56,20 @@ class LengthClassifier(nn.Module):
     ) -> torch.Tensor:
         """Logits, one row per prompt; padding is left out of the mean over tokens.
         `prompt_chars` (float, one per prompt) is required iff the model has the length feature."""
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits: torch.Tensor = self.head(self.features(input_ids, attention_mask, prompt_chars))
+        return logits
+
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_chars: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """What the head reads: the mean of the encoder's token states (+ the scaled prompt
+        length with the length feature); a ranking head (predictor.ranking) reads it too."""
+        hidden: torch.Tensor = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         if self.length_feature:
@@ -63,8 +77,13 @@ class LengthClassifier(nn.Module):
                 raise ValueError("this model reads prompt_chars: pass each prompt's length")
             scaled = torch.log1p(prompt_chars.to(pooled.dtype)).unsqueeze(-1) / _LOG_CHARS_SCALE
             pooled = torch.cat([pooled, scaled], dim=-1)
-        logits: torch.Tensor = self.head(pooled)
-        return logits
+        return pooled
+
+    @property
+    def feature_width(self) -> int:
+        """The width of `features`: the encoder's hidden size (+1 with the length feature)."""
+        hidden = int(cast(Any, self.encoder).config.hidden_size)
+        return hidden + 1 if self.length_feature else hidden
 
     def word_embeddings(self) -> nn.Parameter:
         """The wordpiece embedding table (the largest single tensor of the encoder)."""
@@ -172,29 +191,34 @@ def narrow(model: LengthClassifier, ffn_width: int | None, heads: int | None) ->
 def export_onnx(model: LengthClassifier, path: Path) -> None:
     """ONNX graph with dynamic batch and sequence axes, (input_ids, attention_mask
     [, prompt_chars]) -> probabilities."""
-    model.eval()
+    export_graph(_Probabilities(model), model.length_feature, path, [OUTPUT_NAME])
+
+
+def export_graph(
+    module: nn.Module, length_feature: bool, path: Path, outputs: Sequence[str]
+) -> None:
+    """Exports `module` (the classifier's inputs -> `outputs`, each with a batch axis) with
+    dynamic batch and sequence axes."""
+    module.eval()
     # A padded row in the example keeps the tracer from dropping the mask as all-ones.
     mask = torch.ones((2, 8), dtype=torch.long)
     mask[1, 5:] = 0
     example: tuple[torch.Tensor, ...] = (torch.full((2, 8), 1000, dtype=torch.long), mask)
     names = list(INPUT_NAMES)
-    axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "sequence"},
-        "attention_mask": {0: "batch", 1: "sequence"},
-    }
-    if model.length_feature:
+    axes: dict[str, dict[int, str]] = {name: {0: "batch", 1: "sequence"} for name in names}
+    if length_feature:
         example += (torch.tensor([40.0, 3000.0]),)
         names.append(PROMPT_CHARS_INPUT)
         axes[PROMPT_CHARS_INPUT] = {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about python control flow in BERT
         torch.onnx.export(
-            _Probabilities(model),
+            module,
             example,
             str(path),
             input_names=names,
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
+            output_names=list(outputs),
+            dynamic_axes={**axes, **{name: {0: "batch"} for name in outputs}},
             opset_version=ONNX_OPSET,
             dynamo=False,
         )

@@ -3,7 +3,12 @@ made by predictor.label_served), built once and reused, like the default artifac
 
     python -m predictor.served_build [--labels predictor/labels/smollm2-135m-instruct] \
         [--out var/predictor/smollm2-135m-instruct] [--data-dir D] [--force] [--fast] \
-        [--exclude-corpus NAME ...]
+        [--no-rank] [--exclude-corpus NAME ...]
+
+By default the served predictor is the MiniLM classifier with a ranking head on its encoder
+(predictor.rank_build): the classifier is built in OUT-classifier, the ranking artifact on it in
+OUT (it ranked the validation split's answers better: bench/results/predictor/predictor_rank.md).
+`--no-rank` builds the classifier alone in OUT.
 
 `--fast` trains the TF-IDF + logistic regression artifact instead of the MiniLM fine-tune
 (seconds instead of ~11 minutes on two cores; a little worse on the test split).
@@ -22,13 +27,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from predictor.artifact import load_manifest
 from predictor.datasets import DatasetError, load_corpus
 from predictor.finetune import FinetuneConfig
 from predictor.prepare import LabeledRecord, split_of, training_fingerprint
+from predictor.rank_build import (
+    DEFAULT_RANK,
+    RankBuildError,
+    build_ranking_artifact,
+    features_cache,
+    reusable_ranking,
+)
+from predictor.ranking import RankConfig
 from predictor.served_labels import LabelFileError, join_records, read_labels, read_manifest
 from predictor.training import TrainingSet, TrainSpec, reusable_artifact, train_artifact
 
@@ -74,15 +88,35 @@ def served_records(
     return splits
 
 
+def classifier_dir(out: Path) -> Path:
+    """Where the classifier under the ranking artifact at `out` lives (its base)."""
+    return out.with_name(out.name + "-classifier")
+
+
 def served_artifact_current(
     out: Path,
     labels_dir: Path = DEFAULT_LABELS,
     data_dir: str | Path | None = None,
     spec: TrainSpec = SERVED_SPEC,
+    rank: RankConfig | None = DEFAULT_RANK,
 ) -> bool:
-    """Whether `out` holds an artifact of `spec` trained on these labels (reused as it is)."""
-    train = served_records(labels_dir, data_dir)["train"]
-    return reusable_artifact(out, spec, training_fingerprint(train)) is not None
+    """Whether `out` holds what build_served_predictor would build from these labels (reused as
+    it is): the ranking artifact on a current classifier, or the classifier alone."""
+    fingerprint = training_fingerprint(served_records(labels_dir, data_dir)["train"])
+    if not _ranks(spec, rank):
+        return reusable_artifact(out, spec, fingerprint) is not None
+    base = reusable_artifact(classifier_dir(out), spec, fingerprint)
+    return base is not None and reusable_ranking(out, base, _rank(rank)) is not None
+
+
+def _ranks(spec: TrainSpec, rank: RankConfig | None) -> bool:
+    return spec.kind == "minilm" and rank is not None
+
+
+def _rank(rank: RankConfig | None) -> RankConfig:
+    if rank is None:
+        raise ValueError("no ranking configuration")
+    return rank
 
 
 def build_served_predictor(
@@ -92,20 +126,20 @@ def build_served_predictor(
     force: bool = False,
     spec: TrainSpec = SERVED_SPEC,
     exclude: Collection[str] = (),
+    rank: RankConfig | None = DEFAULT_RANK,
 ) -> Path:
-    """Trains (or reuses) the artifact at `out` from the labels; its manifest names the model."""
+    """Trains (or reuses) the artifact at `out` from the labels; its manifest names the model.
+
+    A MiniLM `spec` with `rank` (the default) builds the classifier in classifier_dir(out) and
+    the ranking artifact on it at `out` (predictor.rank_build); `rank=None` builds the classifier
+    alone at `out`. A classifier an earlier build left at `out` becomes the base, not rebuilt."""
 
     def progress(message: str) -> None:
         print(message, flush=True)
 
     model = read_manifest(labels_dir).model
     splits = served_records(labels_dir, data_dir, exclude)
-    existing = (
-        None if force else reusable_artifact(out, spec, training_fingerprint(splits["train"]))
-    )
-    if existing is not None:
-        progress(f"reusing {existing.version} at {out}: same {model} labels and configuration")
-        return out
+    fingerprint = training_fingerprint(splits["train"])
     source = {
         "served_model": model,
         "labels": str(labels_dir),
@@ -113,15 +147,37 @@ def build_served_predictor(
         "splits": "sha256(prompt) -> train 80% / validation 10% / test 10%",
         **({"excluded_corpora": sorted(exclude)} if exclude else {}),
     }
-    progress(f"training the {model} length predictor on {len(splits['train'])} labelled prompts")
-    train_artifact(
-        spec,
-        TrainingSet(splits["train"], splits["validation"], source),
-        out,
-        training_info={"served_model": model},
-        progress=progress,
-    )
+    data = TrainingSet(splits["train"], splits["validation"], source)
+    target = out
+    if _ranks(spec, rank):
+        target = classifier_dir(out)
+        _adopt_classifier(out, target, spec, fingerprint, progress)
+    existing = None if force else reusable_artifact(target, spec, fingerprint)
+    if existing is not None:
+        progress(f"reusing {existing.version} at {target}: same {model} labels and configuration")
+    else:
+        count = len(splits["train"])
+        progress(f"training the {model} length predictor on {count} labelled prompts")
+        train_artifact(spec, data, target, training_info={"served_model": model}, progress=progress)
+    if not _ranks(spec, rank):
+        return out
+    base, config = load_manifest(target), _rank(rank)
+    if not force and reusable_ranking(out, base, config) is not None:
+        progress(f"reusing the ranking artifact at {out}: same classifier and configuration")
+        return out
+    cache = features_cache(out.parent, base)
+    build_ranking_artifact(target, out, data, config, progress=progress, features_cache=cache)
     return out
+
+
+def _adopt_classifier(
+    out: Path, base: Path, spec: TrainSpec, fingerprint: str, progress: Callable[[str], None]
+) -> None:
+    """Moves a current classifier found at `out` (built before the ranking default) to `base`."""
+    if base.exists() or reusable_artifact(out, spec, fingerprint) is None:
+        return
+    progress(f"{out} holds a current classifier: it becomes the ranking head's base at {base}")
+    out.rename(base)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,6 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"default --out {DEFAULT_FAST_OUT}",
     )
     parser.add_argument(
+        "--no-rank",
+        action="store_true",
+        help="the classifier alone at --out, without the ranking head (predictor.rank_build)",
+    )
+    parser.add_argument(
         "--exclude-corpus",
         action="append",
         default=[],
@@ -153,10 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exclude_corpus and args.out == DEFAULT_OUT:
         parser.error("--exclude-corpus needs its own --out (the default is the served predictor)")
     try:
+        rank = None if args.no_rank else DEFAULT_RANK
         build_served_predictor(
-            out, args.labels, args.data_dir, args.force, spec, args.exclude_corpus
+            out, args.labels, args.data_dir, args.force, spec, args.exclude_corpus, rank
         )
-    except (LabelFileError, DatasetError) as exc:
+    except (LabelFileError, DatasetError, RankBuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

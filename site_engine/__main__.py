@@ -44,6 +44,7 @@ from site_engine.engine_service import EngineService, OnDemandReserve
 from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
 from site_engine.idle_work import IdleGate
+from site_engine.kv_lending_access import LendingAccess
 from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
 from site_engine.model_loading import LoadedModel, load_model, resolve_model_dir
 from site_engine.openai_http import Face, HttpFace, HttpServer, serve_http
@@ -130,6 +131,10 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain (mutual TLS)")
     parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", type=Path, help="PEM CA that signs client certs")
+    parser.add_argument(
+        "--gateway-identity",
+        help="the gateway certificate's common or DNS name: alone may lend KV memory over TLS",
+    )
     parser.add_argument(
         "--allow-plaintext",
         action="store_true",
@@ -436,7 +441,8 @@ def start_generation(
         serving.metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)
     face = HttpFace(service, settings.model_name, loaded.vocab_size)
     serving.http_server = _http_face(settings, face)
-    return SiteServicer(service, identity, jobs, settings.lora_dir), serving
+    access = LendingAccess(settings.gateway_identity)
+    return SiteServicer(service, identity, jobs, settings.lora_dir, access), serving
 
 
 def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs | None:

@@ -137,6 +137,12 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
     ) -> site_pb2.KvBytes:
         return site_pb2.KvBytes(bytes=0)  # nothing was lent
 
+    async def RenewKvLease(
+        self, request: site_pb2.RenewKvLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.KvBytes:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "an embedding site lends nothing")
+        return site_pb2.KvBytes()  # never reached: abort raises
+
     async def _no_fine_tuning(self, context: grpc.aio.ServicerContext) -> None:
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,

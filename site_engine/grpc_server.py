@@ -45,6 +45,8 @@ from site_engine.engine_service import (
 )
 from site_engine.grpc_fine_tuning import FineTuneHandlers
 from site_engine.grpc_kv_lending import KvLendingHandlers
+from site_engine.kv_leases import KvLeases
+from site_engine.kv_lending_access import LendingAccess
 from site_engine.request_options import engine_request
 
 if TYPE_CHECKING:
@@ -184,8 +186,13 @@ class SiteServicer(FineTuneHandlers, KvLendingHandlers, site_pb2_grpc.SiteEngine
         identity: SiteIdentity,
         jobs: FineTuneJobs | None = None,
         adapter_dir: Path | None = None,
+        lending_access: LendingAccess | None = None,
     ) -> None:
         self._service = service
+        # Idle memory first (grpc_kv_lending.py): who may lend (the gateway: over plaintext a
+        # caller on loopback), and the lease the lending is held by.
+        self._lending_access = lending_access or LendingAccess()
+        self._kv_leases = KvLeases(service)
         self._jobs = jobs  # None: this site takes no fine-tuning jobs
         # The site's adapter directory (--lora-dir), where adapters sent whole are kept.
         self._adapter_dir = adapter_dir
@@ -282,6 +289,9 @@ class SiteServicer(FineTuneHandlers, KvLendingHandlers, site_pb2_grpc.SiteEngine
     async def LoadAdapter(
         self, request: site_pb2.LoadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.AdapterList:
+        if not request.path.isprintable():  # a NUL would fail the file calls: not the site's
+            message = "an adapter path must not hold control characters (NUL among them)"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         try:
             await self._service.load_adapter(request.name, request.path)
         except AdapterRefused as exc:

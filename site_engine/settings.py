@@ -84,6 +84,12 @@ class SiteSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # The gateway's name in its client certificate (its common name or a DNS name): over mutual
+    # TLS only a client presenting it may lend this site's KV memory and take it back (KvRoom,
+    # LendKv, ReturnKv, RenewKvLease; site_engine/kv_lending_access.py). The CA signs every
+    # site's certificate too (the health probe's), so the CA alone does not say "gateway".
+    # None: nobody over TLS; over plaintext only a caller on loopback.
+    gateway_identity: str | None = None
     # Plaintext on a non-loopback host lets anyone who reaches the port generate for free and
     # release or cancel others' queued requests: refused unless overridden with this.
     allow_plaintext: bool = False
@@ -166,6 +172,10 @@ class SiteSettings:
         if any(tls.values()) and not all(tls.values()):
             missing = [name for name, path in tls.items() if path is None]
             raise SettingsError(f"TLS needs all of {list(tls)} or none; missing {missing}")
+        if self.gateway_identity is not None and not (
+            0 < len(self.gateway_identity) <= 253 and self.gateway_identity.isprintable()
+        ):
+            raise SettingsError("SITE_GATEWAY_IDENTITY must be 1..253 printable characters")
         if not (all(tls.values()) or self.allow_plaintext or _is_loopback(self.host)):
             raise SettingsError(
                 f"SITE_HOST={self.host} is not loopback and TLS is not configured: anyone who "

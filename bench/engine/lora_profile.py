@@ -10,7 +10,15 @@ then
 - the torch profiler over `--profile-steps` steps: every GPU kernel's count and time per step,
   grouped (LoRA shrink, LoRA expand, GEMMs, attention, gathers/scatters/scans, other), and the
   host-side launches per step (cudaLaunchKernel, cudaGraphLaunch).
-The JSON and MD go into --results-dir (lora_profile_<device>.*).
+The JSON and MD go into --results-dir (lora_profile_<device>.*), with issue 69's keys:
+`step_vs_base` {adapters: the LoRA engine's step over the base's} for 8 and 64 adapters, and
+`lora_kernel_bandwidth_fraction` {adapters: fraction}: the bytes the LoRA kernels must move in a
+step (bench/engine/lora_bytes.py: A and B of the adapters in use, the rows' inputs, their
+outputs read and written) over the LoRA kernels' GPU time a step (the profiler's), against the
+card's copy rate measured in the same run.
+
+`--kernels-only`: the LoRA kernels alone instead, old and new on the same inputs
+(bench/engine/lora_kernel_bench.py; lora_kernels_<device>.*).
 
 The model is built in memory on the device (random weights, no checkpoint written), the KV cache
 has a fixed 8 GiB budget (the memory trial only checks that it fits) and the flat step graphs
@@ -23,6 +31,8 @@ Device command (one GPU; here first: `bash bench/engine/lora_carry.sh`, carry `.
         FEDLLM_SHARED_DIR=$PWD/.loracarry && python3 -m bench.engine.lora_profile --results-dir $OUT
 
     python -m bench.engine.lora_profile --preset cpu   (the script's own smoke run; no kernels)
+    python -m bench.engine.lora_profile --kernels-only   (the baseline: .loracarry's file)
+    python -m bench.engine.lora_profile --kernels-only --preset cpu   (Triton's interpreter)
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ from typing import Any
 import torch
 
 from bench.common import command_line, results_dir, write_results
+from bench.engine import lora_kernel_bench
 from bench.engine.harness import Progress
+from bench.engine.lora_bytes import step_bytes
 from bench.engine.lora_driver import (
     adapter_names,
     cancel_rest,
@@ -48,6 +60,7 @@ from bench.engine.lora_driver import (
 from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE
 from bench.engine.paths import shared_path
 from bench.engine.priority import device_label
+from bench.engine.roofline import measure_copy_bandwidth
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
@@ -62,9 +75,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dtype": torch.bfloat16,
         "rows": 256,
         "adapters": 64,
+        "few_adapters": 8,
         "rank": 16,
         "max_num_batched_tokens": 2048,  # fewer flat-step graphs to capture than the bench's
         "kv_cache_bytes": 8 << 30,  # 256 rows of up to ~110 tokens: ~3.5 GiB at 8B
+        "preset": "gpu",
     },
     "cpu": {
         "shape": {
@@ -78,20 +93,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dtype": torch.float32,
         "rows": 8,
         "adapters": 4,
+        "few_adapters": 2,
         "rank": 8,
         "max_num_batched_tokens": 128,
         "kv_cache_bytes": 16 << 20,
+        "preset": "cpu",
     },
 }
 
 # Kernel-name fragments of each group, first match wins (lower case).
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("lora_fused", ("lora_delta",)),
     ("lora_shrink", ("shrink",)),
     ("lora_expand", ("expand",)),
     ("attention", ("paged", "attention", "attn", "flash", "decode_kernel")),
     ("gemm", ("gemm", "nvjet", "cutlass", "sm90_", "sm80_", "cublas", "matmul")),
     ("gather_scatter_scan", ("index", "gather", "scatter", "cumsum", "scan", "search", "sort")),
 )
+
+
+LORA_GROUPS = ("lora_fused", "lora_shrink", "lora_expand")
+COPY_BYTES = {"gpu": 1 << 30, "cpu": 64 << 20}  # the copy that measures the card's rate
 
 
 def kernel_group(name: str) -> str:
@@ -250,9 +272,14 @@ def report(result: dict[str, Any]) -> str:
         f"| host launch calls per step | {base['host_launch_calls_per_step']} | "
         f"{lora['host_launch_calls_per_step']} |",
         "",
-        f"Step vs base: **{result['step_vs_base']:.3f}x**; each fill of the LoRA engine "
-        "against the base: "
+        "Step vs base by adapters in the step (`step_vs_base`): "
+        + ", ".join(f"**{k}: {v:.3f}x**" for k, v in result["step_vs_base"].items())
+        + "; each fill of the LoRA engine against the base: "
         + ", ".join(f"{k} {v:.3f}x" for k, v in result["steps_vs_base"].items()),
+        "",
+        f"LoRA kernels' bytes over their time (`lora_kernel_bandwidth_fraction`, of the "
+        f"{result['copy_bytes_per_s'] / 1e12:.2f} TB/s copy rate measured in this run): "
+        + ", ".join(_bandwidth_line(k, b) for k, b in result["lora_kernel_bandwidth"].items()),
         "",
         "| group | base kernels/step | base ms/step | LoRA kernels/step | LoRA ms/step |",
         "|---|---|---|---|---|",
@@ -274,6 +301,52 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_bandwidth(
+    arm: dict[str, Any], loaded: LoadedModel, p: dict[str, Any], adapters: int, peak: float
+) -> dict[str, Any]:
+    """The LoRA kernels' bytes a step (bench/engine/lora_bytes.py) over their GPU time a step
+    (the profiler's lora groups), and that rate's fraction of the measured copy rate (None
+    where no LoRA kernel ran: the CPU)."""
+    element = torch.finfo(p["dtype"]).bits // 8
+    base = BaseShapes.of_model(loaded.model)
+    bytes_ = step_bytes(base, p["rank"], adapters, p["rows"], element)
+    groups = arm["groups"]
+    us = sum(groups.get(g, {}).get("us_per_step", 0.0) for g in LORA_GROUPS)
+    rate = bytes_ / (us * 1e-6) if us > 0 else None
+    return {
+        "bytes_per_step": bytes_,
+        "kernel_us_per_step": us,
+        "bytes_per_s": rate,
+        "fraction": rate / peak if rate is not None else None,
+    }
+
+
+def run_kernels_only(args: argparse.Namespace, argv: Sequence[str] | None, log: Progress) -> None:
+    """--kernels-only: the LoRA kernels alone (bench/engine/lora_kernel_bench.py)."""
+    p = PRESETS[args.preset]
+    result = lora_kernel_bench.run(p, args.baseline)
+    layers = int(p["shape"]["num_hidden_layers"])
+    device = "cpu"
+    if p["device"] == "cuda":
+        name = torch.cuda.get_device_name(0).lower()
+        device = next((gpu for gpu in ("h200", "h100", "a100", "l40s") if gpu in name), "gpu")
+    path = write_results(
+        f"lora_kernels_{device}",
+        {"device": device, "rank": p["rank"], **result, "shape": p["shape"]},
+        lora_kernel_bench.report(result, layers),
+        command_line("bench.engine.lora_profile", argv),
+        args.results_dir,
+    )
+    log(f"wrote {path}")
+
+
+def _bandwidth_line(adapters: str, b: dict[str, Any]) -> str:
+    if b["fraction"] is None:
+        return f"{adapters}: no LoRA kernel timed"
+    gb, ms = b["bytes_per_step"] / 1e9, b["kernel_us_per_step"] / 1000
+    return f"**{adapters}: {b['fraction']:.2f}** ({gb:.2f} GB in {ms:.2f} ms)"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine.lora_profile",
                                      description=__doc__)  # fmt: skip
@@ -284,12 +357,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     add("--steps", type=int, default=30, help="timed steps per engine")
     add("--profile-steps", type=int, default=5, help="profiled steps per engine")
     add("--seed", type=int, default=0)
+    add("--kernels-only", action="store_true", help="time the LoRA kernels alone, old and new")
+    add("--baseline", type=Path, default=Path(".loracarry/lora_kernels_baseline.py"),
+        help="--kernels-only: the old kernels to compare (lora_carry.sh writes them)")  # fmt: skip
     args = parser.parse_args(argv)
-    p = PRESETS[args.preset]
     log = Progress()
+    if args.kernels_only:
+        run_kernels_only(args, argv, log)
+        return
+    p = PRESETS[args.preset]
     loaded = random_model(p, args.tokenizer_dir, args.seed)
     log(f"model built on {p['device']}")
     names = adapter_names(p["adapters"])
+    few = p["few_adapters"]
     with tempfile.TemporaryDirectory(prefix="lora-profile-") as tmp:
         root = Path(tmp)
         distinct = min(16, p["adapters"])  # slots hold copies: the bytes need not differ
@@ -299,17 +379,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = LoraSettings(root, p["adapters"], p["adapters"], p["rank"])
         fills: dict[str, Sequence[str | None]] = {
             "lora": list(names),  # every adapter in the step: the headline
-            "lora_8": list(names[: min(8, len(names))]),
+            f"lora_{few}": list(names[:few]),
             "lora_no_adapter_rows": [None],  # a LoRA engine's step of base rows only
         }
         lora = run_engine(loaded, p, args, settings, fills, log)
+    peak = float(measure_copy_bandwidth(loaded.device, COPY_BYTES[p["preset"]])[
+        "read_write_bytes_per_s"])  # fmt: skip
+    arms = {p["adapters"]: lora["lora"], few: lora[f"lora_{few}"]}
+    bandwidth = {str(n): kernel_bandwidth(arm, loaded, p, n, peak) for n, arm in arms.items()}
     device = device_label(loaded)
     result = {
         "device": device,
         "rows": p["rows"],
         "adapters": p["adapters"],
         "rank": p["rank"],
-        "step_vs_base": lora["lora"]["step_ms"] / base["step_ms"],
+        "step_vs_base": {str(n): arm["step_ms"] / base["step_ms"] for n, arm in arms.items()},
+        "lora_kernel_bandwidth_fraction": {n: b["fraction"] for n, b in bandwidth.items()},
+        "lora_kernel_bandwidth": bandwidth,
+        "copy_bytes_per_s": peak,
         "steps_vs_base": {label: arm["step_ms"] / base["step_ms"] for label, arm in lora.items()},
         "base": base,
         **lora,

@@ -35,7 +35,6 @@ import numpy as np
 
 from bench.common import markdown_table, results_dir
 from bench.predictor.adapt import base_predictor, base_spec, retrained, scored, served_stream
-from predictor.distribution import expected_tokens
 from predictor.evaluate import spearman
 from predictor.gate import constant_rival
 from predictor.prepare import LabeledRecord
@@ -89,9 +88,11 @@ def dev_scores(path: Path, dev: Sequence[LabeledRecord], threads: int) -> Row:
     """What the gateway would serve (calibrated when the artifact holds a calibration), plus
     the raw expected length's Spearman."""
     predictor = LengthPredictor.load(path, threads=threads)
-    probs = predictor.probabilities([r.prompt for r in dev])
-    raw = expected_tokens(probs, predictor.manifest.lengths)
-    row = scored(*predictor.served_lengths(probs), dev)
+    served = predictor.lengths([r.prompt for r in dev])
+    row = scored(served.expected_tokens, served.p90_tokens, dev)
+    # The ranking value is the raw expected length for a classifier (a ranking head's score
+    # otherwise): the same order as before calibration.
+    raw = served.rank_score
     row["raw_spearman"] = spearman(raw, np.array([r.length for r in dev], dtype=np.float64))
     return row
 

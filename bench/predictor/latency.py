@@ -90,3 +90,22 @@ def measure(artifact: Path, prompts: Sequence[str], repeats: int = 300) -> dict[
         "single_prompts": float(len(short)),
         "long_prompts": float(len(long)),
     }
+
+
+def single_prompt_ms(
+    paths: dict[str, Path], prompts: Sequence[str], repeats: int = 400
+) -> dict[str, float]:
+    """p50 milliseconds of one prompt's prediction on one thread, as the gateway calls it; the
+    models take turns prompt by prompt, so a shared machine's load falls on both alike."""
+    loaded = {name: LengthPredictor.load(path, threads=1) for name, path in paths.items()}
+    short = [p for p in prompts if len(p) <= 256][:100] or list(prompts[:100])
+    for predictor in loaded.values():
+        for prompt in short[:20]:  # warm-up: first runs allocate and pick kernels
+            predictor.predict(prompt)
+    times: dict[str, list[float]] = {name: [] for name in loaded}
+    for i in range(repeats):
+        for name, predictor in loaded.items():
+            started = time.perf_counter()
+            predictor.predict(short[i % len(short)])
+            times[name].append((time.perf_counter() - started) * 1000)
+    return {name: float(np.median(values)) for name, values in times.items()}

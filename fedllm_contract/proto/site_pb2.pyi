@@ -137,15 +137,22 @@ class LendKvRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BYTES_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TTL_MS_FIELD_NUMBER: _builtins.int
     bytes: _builtins.int
+    lease_id: _builtins.str
+    """Chosen by the caller (a random token): only a call naming it returns or renews the lending."""
+    lease_ttl_ms: _builtins.int
     def __init__(
         self,
         *,
         bytes: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
+        lease_ttl_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "lease_id", b"lease_id", "lease_ttl_ms", b"lease_ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -155,16 +162,42 @@ Global___LendKvRequest: _TypeAlias = LendKvRequest  # noqa: Y015
 class ReturnKvRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    lease_id: _builtins.str
     def __init__(
         self,
+        *,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReturnKvRequest: _TypeAlias = ReturnKvRequest  # noqa: Y015
+
+@_typing.final
+class RenewKvLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TTL_MS_FIELD_NUMBER: _builtins.int
+    lease_id: _builtins.str
+    lease_ttl_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        lease_id: _builtins.str = ...,
+        lease_ttl_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "lease_ttl_ms", b"lease_ttl_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewKvLeaseRequest: _TypeAlias = RenewKvLeaseRequest  # noqa: Y015
 
 @_typing.final
 class KvBytes(_message.Message):

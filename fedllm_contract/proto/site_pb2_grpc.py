@@ -114,6 +114,11 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.ReturnKvRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
                 _registered_method=True)
+        self.RenewKvLease = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/RenewKvLease',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.RenewKvLeaseRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+                _registered_method=True)
 
 
 class SiteEngineServicer:
@@ -232,6 +237,9 @@ class SiteEngineServicer:
     def KvRoom(self, request, context):
         """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
         lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+        The four lending calls answer only the gateway (site_engine/kv_lending_access.py): over
+        mutual TLS a client whose certificate names SITE_GATEWAY_IDENTITY, over plaintext a
+        caller on loopback; anyone else gets PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -240,17 +248,29 @@ class SiteEngineServicer:
     def LendKv(self, request, context):
         """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
         sequence holds) to an instance placed beside this site on its GPU, and releases that
-        memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
-        lends already; INVALID_ARGUMENT for 0 bytes.
+        memory, under the caller's lease `lease_id`: answers the bytes lent (0: refused, nothing
+        lent). Unless renewed (RenewKvLease) within `lease_ttl_ms`, the lease expires and the site
+        takes the memory back by itself. FAILED_PRECONDITION while it lends already;
+        INVALID_ARGUMENT for 0 bytes, a lease id not of 16..128 printable ASCII characters, or a
+        term outside 1 s .. 1 h.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReturnKv(self, request, context):
-        """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
-        bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
-        again (still lent: the call may be repeated).
+        """The lease's holder is done: re-acquires the lent memory and takes the blocks back; answers
+        the bytes returned (0: no lease of that id is held, so nothing changes: never lent,
+        returned or reclaimed already, or another's). RESOURCE_EXHAUSTED when the memory cannot be
+        had again (still lent: the call may be repeated).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewKvLease(self, request, context):
+        """The lease's holder keeps the memory `lease_ttl_ms` longer from now: answers the bytes
+        still lent. NOT_FOUND for a lease the site does not hold (expired, returned, another's).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -337,6 +357,11 @@ def add_SiteEngineServicer_to_server(servicer, server):
             'ReturnKv': grpc.unary_unary_rpc_method_handler(
                     servicer.ReturnKv,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.ReturnKvRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.SerializeToString,
+            ),
+            'RenewKvLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewKvLease,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.RenewKvLeaseRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.KvBytes.SerializeToString,
             ),
     }
@@ -771,6 +796,33 @@ class SiteEngine:
             target,
             '/fedllm.site.v1.SiteEngine/ReturnKv',
             fedllm__contract_dot_proto_dot_site__pb2.ReturnKvRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewKvLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/RenewKvLease',
+            fedllm__contract_dot_proto_dot_site__pb2.RenewKvLeaseRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.KvBytes.FromString,
             options,
             channel_credentials,

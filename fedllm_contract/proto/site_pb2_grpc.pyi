@@ -94,17 +94,28 @@ class SiteEngineStub:
     KvRoom: _grpc.UnaryUnaryMultiCallable[_site_pb2.KvRoomRequest, _site_pb2.KvBytes]
     """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
     lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+    The four lending calls answer only the gateway (site_engine/kv_lending_access.py): over
+    mutual TLS a client whose certificate names SITE_GATEWAY_IDENTITY, over plaintext a
+    caller on loopback; anyone else gets PERMISSION_DENIED.
     """
     LendKv: _grpc.UnaryUnaryMultiCallable[_site_pb2.LendKvRequest, _site_pb2.KvBytes]
     """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
     sequence holds) to an instance placed beside this site on its GPU, and releases that
-    memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
-    lends already; INVALID_ARGUMENT for 0 bytes.
+    memory, under the caller's lease `lease_id`: answers the bytes lent (0: refused, nothing
+    lent). Unless renewed (RenewKvLease) within `lease_ttl_ms`, the lease expires and the site
+    takes the memory back by itself. FAILED_PRECONDITION while it lends already;
+    INVALID_ARGUMENT for 0 bytes, a lease id not of 16..128 printable ASCII characters, or a
+    term outside 1 s .. 1 h.
     """
     ReturnKv: _grpc.UnaryUnaryMultiCallable[_site_pb2.ReturnKvRequest, _site_pb2.KvBytes]
-    """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
-    bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
-    again (still lent: the call may be repeated).
+    """The lease's holder is done: re-acquires the lent memory and takes the blocks back; answers
+    the bytes returned (0: no lease of that id is held, so nothing changes: never lent,
+    returned or reclaimed already, or another's). RESOURCE_EXHAUSTED when the memory cannot be
+    had again (still lent: the call may be repeated).
+    """
+    RenewKvLease: _grpc.UnaryUnaryMultiCallable[_site_pb2.RenewKvLeaseRequest, _site_pb2.KvBytes]
+    """The lease's holder keeps the memory `lease_ttl_ms` longer from now: answers the bytes
+    still lent. NOT_FOUND for a lease the site does not hold (expired, returned, another's).
     """
 
 @_typing.type_check_only
@@ -166,17 +177,28 @@ class SiteEngineAsyncStub(SiteEngineStub):
     KvRoom: _aio.UnaryUnaryMultiCallable[_site_pb2.KvRoomRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
     """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
     lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+    The four lending calls answer only the gateway (site_engine/kv_lending_access.py): over
+    mutual TLS a client whose certificate names SITE_GATEWAY_IDENTITY, over plaintext a
+    caller on loopback; anyone else gets PERMISSION_DENIED.
     """
     LendKv: _aio.UnaryUnaryMultiCallable[_site_pb2.LendKvRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
     """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
     sequence holds) to an instance placed beside this site on its GPU, and releases that
-    memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
-    lends already; INVALID_ARGUMENT for 0 bytes.
+    memory, under the caller's lease `lease_id`: answers the bytes lent (0: refused, nothing
+    lent). Unless renewed (RenewKvLease) within `lease_ttl_ms`, the lease expires and the site
+    takes the memory back by itself. FAILED_PRECONDITION while it lends already;
+    INVALID_ARGUMENT for 0 bytes, a lease id not of 16..128 printable ASCII characters, or a
+    term outside 1 s .. 1 h.
     """
     ReturnKv: _aio.UnaryUnaryMultiCallable[_site_pb2.ReturnKvRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
-    """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
-    bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
-    again (still lent: the call may be repeated).
+    """The lease's holder is done: re-acquires the lent memory and takes the blocks back; answers
+    the bytes returned (0: no lease of that id is held, so nothing changes: never lent,
+    returned or reclaimed already, or another's). RESOURCE_EXHAUSTED when the memory cannot be
+    had again (still lent: the call may be repeated).
+    """
+    RenewKvLease: _aio.UnaryUnaryMultiCallable[_site_pb2.RenewKvLeaseRequest, _site_pb2.KvBytes]  # type: ignore[assignment]
+    """The lease's holder keeps the memory `lease_ttl_ms` longer from now: answers the bytes
+    still lent. NOT_FOUND for a lease the site does not hold (expired, returned, another's).
     """
 
 class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
@@ -319,6 +341,9 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
         """Idle memory first (docs/elastic.md): the bytes of this site's KV cache that LendKv could
         lend now (its free top, less one full-length sequence's blocks; 0 while it lends).
+        The four lending calls answer only the gateway (site_engine/kv_lending_access.py): over
+        mutual TLS a client whose certificate names SITE_GATEWAY_IDENTITY, over plaintext a
+        caller on loopback; anyone else gets PERMISSION_DENIED.
         """
 
     @_abc_1.abstractmethod
@@ -329,8 +354,11 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
         """Lends the free top of the KV cache covering `bytes` (whole blocks; never a block a
         sequence holds) to an instance placed beside this site on its GPU, and releases that
-        memory: answers the bytes lent (0: refused, nothing lent). FAILED_PRECONDITION while it
-        lends already; INVALID_ARGUMENT for 0 bytes.
+        memory, under the caller's lease `lease_id`: answers the bytes lent (0: refused, nothing
+        lent). Unless renewed (RenewKvLease) within `lease_ttl_ms`, the lease expires and the site
+        takes the memory back by itself. FAILED_PRECONDITION while it lends already;
+        INVALID_ARGUMENT for 0 bytes, a lease id not of 16..128 printable ASCII characters, or a
+        term outside 1 s .. 1 h.
         """
 
     @_abc_1.abstractmethod
@@ -339,9 +367,20 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         request: _site_pb2.ReturnKvRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
-        """The neighbour left: re-acquires the lent memory and takes the blocks back; answers the
-        bytes returned (0: nothing was lent). RESOURCE_EXHAUSTED when the memory cannot be had
-        again (still lent: the call may be repeated).
+        """The lease's holder is done: re-acquires the lent memory and takes the blocks back; answers
+        the bytes returned (0: no lease of that id is held, so nothing changes: never lent,
+        returned or reclaimed already, or another's). RESOURCE_EXHAUSTED when the memory cannot be
+        had again (still lent: the call may be repeated).
+        """
+
+    @_abc_1.abstractmethod
+    def RenewKvLease(
+        self,
+        request: _site_pb2.RenewKvLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.KvBytes, _abc.Awaitable[_site_pb2.KvBytes]]:
+        """The lease's holder keeps the memory `lease_ttl_ms` longer from now: answers the bytes
+        still lent. NOT_FOUND for a lease the site does not hold (expired, returned, another's).
         """
 
 def add_SiteEngineServicer_to_server(servicer: SiteEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -18,10 +18,12 @@ from typing import Any
 
 from fedsim.calibrate.fit import Fitted, existing_observations, fit_all, grid_observations
 from fedsim.calibrate.host import engine_step_rows, fit_host
-from fedsim.calibrate.replay import compare, fit_loop_scale, measured_runs
+from fedsim.calibrate.replay import compare, fit_admitting_kv, measured_runs
+from fedsim.step_time import StepTimeModel
 
-# The run the host term's loop_scale is fitted on (the newest engine's burst): FITTING ONLY,
-# its errors are reported apart, never as replay_error.
+# The run the admitting steps' KV term is fitted on (the newest engine's 1,000-request burst):
+# FITTING ONLY, its errors are reported apart, never as replay_error. The 3,000- and
+# 4,500-request bursts and the Poisson runs are the checks.
 FIT_RUN = "serving_burst"
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -29,7 +31,9 @@ RESULTS = REPO / "bench" / "results"
 STEP_MODELS = RESULTS / "sim" / "step_models.json"
 
 
-def _markdown(fits: Sequence[Fitted], replays: dict[str, Any], command: str) -> str:
+def _markdown(
+    fits: Sequence[Fitted], replays: dict[str, Any], command: str, fitted: Sequence[str] = ()
+) -> str:
     lines = [
         "# Simulator calibration",
         "",
@@ -56,9 +60,18 @@ def _markdown(fits: Sequence[Fitted], replays: dict[str, Any], command: str) -> 
         for key, measured in replay["measured"].items():
             simulated = replay["simulated"][key]
             error = replay["relative_error"].get(key, float("nan"))
-            label = f"{name} (loop_scale fitted on it)" if name == FIT_RUN else name
+            label = f"{name} (admitting term fitted on it)" if name in fitted else name
             lines.append(f"| {label} | {key} | {measured:.4f} | {simulated:.4f} | {error:.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def _with_admitting(fit: Fitted, fitted_on: StepTimeModel) -> Fitted:
+    """The admitting host term (measured on the H200's 1B shape only) on another card and
+    shape, as it is: a host's cost per KV token, not scaled (not measured there)."""
+    term = fitted_on.host.per_kv_token_admitting_s
+    return replace(
+        fit, step=replace(fit.step, host=replace(fit.step.host, per_kv_token_admitting_s=term))
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -68,6 +81,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     parser.add_argument("--out", type=Path, default=RESULTS / "sim")
     parser.add_argument("--gpu", default=None, help="the file's label (default: the grid's card)")
+    parser.add_argument(
+        "--engine-run",
+        type=Path,
+        default=None,
+        help="a newer engine's bench.engine.gpu file (1,000-request burst, Poisson run, decode "
+        "sweep): its sweep sets the host term, its burst the admitting term; the engine_h200_r* "
+        "files beside it are the checks (default: engine/engine_h200_20261127.json and the "
+        "serving burst)",
+    )
     args = parser.parse_args(argv)
     observations = existing_observations(args.results)
     for grid in args.grid:
@@ -75,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # The held-out error is the kernel model's (the grid's rows are synchronized execute
     # calls); the host term is then fitted on whole engine steps (fedsim/calibrate/host.py).
     fits = fit_all(observations)
-    engine_rows = engine_step_rows(args.results, args.grid)
+    engine_rows = engine_step_rows(args.results, args.grid, args.engine_run)
     fits = [
         replace(f, step=replace(f.step, host=fit_host(f.step, engine_rows[(f.card, f.model)])))
         if len(engine_rows.get((f.card, f.model), ())) >= 2
@@ -87,15 +109,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     fit_replay: dict[str, Any] = {}
     h200 = by_key.get(("h200", "llama1b"))
     if h200 is not None:
-        runs = measured_runs(args.results, args.shared)
+        runs = measured_runs(args.results, args.shared, args.engine_run)
+        fit_run = FIT_RUN if args.engine_run is None else "engine_burst"
         step = h200.step
-        if FIT_RUN in runs:
-            scale = fit_loop_scale(runs[FIT_RUN], step)
-            step = replace(step, host=replace(step.host, loop_scale=scale))
-            fits = [replace(f, step=step) if f is h200 else f for f in fits]
-            fit_replay = {FIT_RUN: compare(runs[FIT_RUN], step).to_json()}
+        if fit_run in runs:
+            kv = fit_admitting_kv(runs[fit_run], step)
+            step = replace(step, host=replace(step.host, per_kv_token_admitting_s=kv))
+            fit_replay = {fit_run: compare(runs[fit_run], step).to_json()}
+        fits = [replace(f, step=step) if f is h200 else f for f in fits]
+        fits = [f if f is h200 else _with_admitting(f, step) for f in fits]
         for name, measured in runs.items():
-            if name != FIT_RUN:
+            if name != fit_run:
                 replays[name] = compare(measured, step).to_json()
     # The headline is the calibration run's (the grid's card), else every fit's worst.
     grid_cards = sorted({o.card for g in args.grid for o in grid_observations(g)})
@@ -114,10 +138,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"calibration_{gpu}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (args.out / f"calibration_{gpu}.md").write_text(_markdown(fits, replays | fit_replay, command))
+    text = _markdown(fits, replays | fit_replay, command, list(fit_replay))
+    (args.out / f"calibration_{gpu}.md").write_text(text)
     models = {f"{f.card}/{f.model}": f.step.to_json() for f in fits}
     (args.out / "step_models.json").write_text(json.dumps(models, indent=2) + "\n")
-    print(_markdown(fits, replays | fit_replay, command))
+    print(text)
 
 
 if __name__ == "__main__":

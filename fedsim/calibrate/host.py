@@ -52,14 +52,15 @@ def _sweep(rows: Iterable[dict[str, Any]]) -> list[tuple[StepFeatures, float]]:
 
 
 def engine_step_rows(
-    results: Path, grids: Sequence[Path]
+    results: Path, grids: Sequence[Path], engine_run: Path | None = None
 ) -> dict[tuple[str, str], list[tuple[StepFeatures, float]]]:
     """Whole engine-step periods per (card, model), the first source that has them (the module
-    docstring)."""
+    docstring); `engine_run`: the replayed engine run's file, when not REPLAYED_SWEEP's."""
     out: dict[tuple[str, str], list[tuple[StepFeatures, float]]] = {}
     card, model, relative = REPLAYED_SWEEP
-    if (results / relative).is_file():
-        rows = _sweep(json.loads((results / relative).read_text()).get("decode_sweep") or [])
+    replayed_file = engine_run or results / relative
+    if replayed_file.is_file():
+        rows = _sweep(json.loads(replayed_file.read_text()).get("decode_sweep") or [])
         if rows:
             out[(card, model)] = rows
     replayed = set(out)

@@ -16,7 +16,7 @@ checked against each run's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from fedsim.cards import CARDS, MODELS
 from fedsim.federation import RunResult, run
 from fedsim.gateway import GatewaySettings
 from fedsim.site import SiteSpec
-from fedsim.step_time import StepTimeModel
+from fedsim.step_time import StepFeatures, StepTimeModel
 from fedsim.workload import SimRequest, bucket_of
 
 
@@ -166,17 +166,23 @@ def _as_measured(runs: dict[str, _Run], workload: list[WorkloadRequest]) -> dict
     return out
 
 
-def measured_runs(results: Path, shared: Path) -> dict[str, MeasuredRun]:
+def measured_runs(
+    results: Path, shared: Path, engine_run: Path | None = None
+) -> dict[str, MeasuredRun]:
     """The runs of engine_h200.json, engine_serving_h200.json and engine_h200_r*.json (the
-    module docstring), their trace rebuilt."""
+    module docstring), their trace rebuilt. `engine_run`: a newer engine's bench.engine.gpu file
+    instead of engine_h200_20261127.json; engine_serving_h200.json's burst (another engine's)
+    is then left out."""
     # Today's engine (2026-11-27) where it has run; the file of 2026-11-21 was measured on an
     # engine whose admitting steps were ~10x slower (docs/simulator.md).
-    path = results / "engine" / "engine_h200_20261127.json"
+    path = engine_run or results / "engine" / "engine_h200_20261127.json"
     if not path.is_file():
         path = results / "engine" / "engine_h200.json"
     out, workload = _engine_file(path, shared, "")
     serving_path = results / "engine_serving" / "engine_serving_h200.json"
-    serving = json.loads(serving_path.read_text()) if serving_path.is_file() else None
+    serving = None
+    if engine_run is None and serving_path.is_file():
+        serving = json.loads(serving_path.read_text())
     if serving is not None and "burst" in serving:
         burst = serving["burst"]
         times = [0.0] * burst["trace_requests"]
@@ -212,18 +218,38 @@ def compare(measured: MeasuredRun, step: StepTimeModel) -> Replayed:
     return Replayed(measured.name, measured.source, _measured(measured.summary), _simulated(result))
 
 
-def fit_loop_scale(measured: MeasuredRun, step: StepTimeModel, iterations: int = 8) -> float:
-    """The host term's loop_scale that makes `measured` (a burst: its wall time is the site's
-    busy time) last as long simulated as it did: bisection on [1, 4]. FITTING ONLY: the run
-    it is fitted on is not one the calibration reports a replay error for."""
-    low, high = 1.0, 4.0
+@dataclass(frozen=True, slots=True)
+class _Recording(StepTimeModel):
+    """A step model that keeps the features of every step it times."""
+
+    log: list[StepFeatures] = field(default_factory=list, compare=False)
+
+    def seconds(self, f: StepFeatures) -> float:
+        self.log.append(f)
+        return StepTimeModel.seconds(self, f)
+
+
+def burst_steps(measured: MeasuredRun, step: StepTimeModel) -> list[StepFeatures]:
+    """Every step of a burst's replay. A burst's schedule does not depend on the step times
+    (every request is there from the start), so its busy time under another host term is the
+    sum of that model's step times over these steps."""
+    if any(r.arrival_s > 0 for r in measured.requests):
+        raise ValueError(f"{measured.name} is not a burst: its schedule follows its step times")
+    recording = _Recording(**{f.name: getattr(step, f.name) for f in fields(StepTimeModel)})
+    replay(measured, recording)
+    return recording.log
+
+
+def fit_admitting_kv(measured: MeasuredRun, step: StepTimeModel, iterations: int = 30) -> float:
+    """The host term's per_kv_token_admitting_s that makes `measured` (a burst: its wall time is
+    the site's busy time) last as long simulated as it did: bisection on [0, 500 ns]. FITTING
+    ONLY: the run it is fitted on is not one the calibration reports a replay error for."""
     wall = measured.summary["wall_s"]
+    features = burst_steps(measured, step)
+    low, high = 0.0, 5e-7
     for _ in range(iterations):
         mid = (low + high) / 2
-        busy = sum(
-            replay(
-                measured, replace(step, host=replace(step.host, loop_scale=mid))
-            ).site_busy.values()
-        )
+        model = replace(step, host=replace(step.host, per_kv_token_admitting_s=mid))
+        busy = sum(model.seconds(f) for f in features)
         low, high = (mid, high) if busy < wall else (low, mid)
     return (low + high) / 2

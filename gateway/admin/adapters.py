@@ -33,6 +33,7 @@ from typing import Annotated
 import msgspec
 
 from gateway.admin.adapter_owner import owner_key
+from gateway.db.models import MAX_ROW_ID
 from gateway.errors import (
     Conflict,
     GatewayError,
@@ -67,7 +68,7 @@ class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True):
     site: str | None = None
     # The key the adapter is private to: by name (exactly one live key of it) or by id.
     owner_key: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
-    owner_key_id: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    owner_key_id: Annotated[int, msgspec.Meta(ge=1, le=MAX_ROW_ID)] | None = None
 
 
 class SiteChangeView(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -113,11 +114,15 @@ class AdapterAdmin:
     @staticmethod
     def parse(body: bytes) -> LoadAdapterBody:
         try:
-            return msgspec.json.decode(body, type=LoadAdapterBody)
+            parsed = msgspec.json.decode(body, type=LoadAdapterBody)
         except msgspec.ValidationError as exc:
             raise invalid_request(str(exc), code="invalid_adapter") from exc
         except msgspec.DecodeError as exc:
             raise invalid_request(f"the body is not JSON: {exc}") from exc
+        if not parsed.path.isprintable():  # a NUL: the site's file calls fail on it (was 503)
+            raise invalid_request("path must not hold control characters (NUL among them)",
+                                  param="path", code="invalid_adapter")  # fmt: skip
+        return parsed
 
     async def load(
         self, body: LoadAdapterBody, ownership: Ownership | None = None
@@ -173,6 +178,8 @@ class AdapterAdmin:
         in_file = self._catalogue.in_file(name)
         owner = in_file.owner_key if in_file is not None else None
         owner_id = stored.key_id if stored is not None else None
+        if in_file is not None and in_file.owner_key_id is not None:
+            owner_id = in_file.owner_key_id
         if not sites:
             if stored is None or in_file is not None:
                 raise NotFound(f"no site serves adapter {name!r}", param="name",
@@ -187,6 +194,29 @@ class AdapterAdmin:
             await self._catalogue.forget(name)
         log.info("adapter %s unloaded from %s", name, ", ".join(o.site for o in outcomes if o.ok))
         return AdapterChangeView(name, parent, owner, outcomes, owner_id)
+
+    async def check_key_name(self, name: str) -> None:
+        """Before a key is made: 409 when the federation file gives adapters to keys of this
+        name and a live key has it already. Such an owner stands for that (oldest) key alone,
+        so a second key of the name would not get them, which is not what naming it says."""
+        if name not in self._catalogue.file_owner_names():
+            return
+        live = [
+            key.id for key in await self._keys.list_keys() if key.name == name and not key.revoked
+        ]
+        if live:
+            raise Conflict(
+                f"the federation file gives adapters to the key named {name!r}, which key "
+                f"{live[0]} is: a second live key of that name would not get them. Name the key "
+                "otherwise, or revoke that one first",
+                param="name",
+                code="key_name_taken",
+            )
+
+    async def key_made(self) -> None:
+        """A key was made: the federation file's owners by name are read again (the first
+        key of such a name may use its adapters at once, on this gateway)."""
+        await self._catalogue.refresh()
 
     def _check_name_free(self, name: str) -> None:
         if name in self._models:
@@ -203,7 +233,12 @@ class AdapterAdmin:
         or an earlier unfinished load, declared the same). 409 for another parent or owner."""
         in_file = self._catalogue.in_file(body.name)
         if in_file is not None:
-            if (in_file.parent, in_file.owner_key) != (body.parent, owner_name):
+            same_owner = (
+                in_file.owner_key_id == ownership.key_id
+                if in_file.owner_key_id is not None
+                else in_file.owner_key == owner_name
+            )
+            if in_file.parent != body.parent or not same_owner:
                 raise Conflict(f"adapter {body.name!r} is declared with another parent or "
                                "owner by the federation file", param="name",
                                code="adapter_exists")  # fmt: skip

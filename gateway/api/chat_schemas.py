@@ -43,25 +43,27 @@ def decode_chat_request(body: bytes) -> ChatCompletionRequest:
         ) from exc
 
 
-class FunctionDelta(msgspec.Struct):
-    name: str
+class FunctionDelta(msgspec.Struct, omit_defaults=True):
+    # The name in a call's first delta only; then fragments of the arguments (the SDKs join
+    # the fragments of a call, found by its index).
     arguments: str
+    name: str | None = None
 
 
-class ToolCallDelta(msgspec.Struct):
-    """A whole call in one delta (the SDKs accumulate deltas by index; one is enough)."""
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """A piece of a call, as OpenAI streams one: the first carries its id, type and name."""
 
     index: int
-    id: str
     function: FunctionDelta
-    type: Literal["function"] = "function"
+    id: str | None = None
+    type: Literal["function"] | None = None
 
 
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
-    # A legacy caller's (`functions`) call, whole in one delta, in place of tool_calls.
+    # A legacy caller's (`functions`) call, in place of tool_calls (its name first, as above).
     function_call: FunctionDelta | None = None
 
 

@@ -49,9 +49,10 @@ class CompletionCall:
     idempotency: Idempotency
 
     def check_owner(self, model: str) -> None:
-        """The 404 of an unknown model for another key's adapter, before anything else of the
-        request is validated or tokenized: the answer (status, body, time) is the same as for
-        a name that does not exist, so a key cannot tell that the adapter does."""
+        """The model resolved for the caller's key first: the 404 of an unknown model for a
+        name not served and for another key's adapter alike, before anything else of the
+        request is validated or tokenized, so the answer (status, body, time) is the same and a
+        key cannot tell that the adapter exists."""
         key = self.caller.key
         self.completions.preparer.check_model_owner(
             model, self.caller.key_id, key.name if key is not None else None

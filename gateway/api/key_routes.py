@@ -10,6 +10,7 @@ from litestar import Controller, Request, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromQuery
 
+from gateway.admin.adapters import AdapterAdmin
 from gateway.api.admin_auth import require_admin
 from gateway.api.body import decode_body
 from gateway.api.key_schemas import (
@@ -65,15 +66,20 @@ class AdminKeysController(Controller):
         operation_class=json_body(KeyCreateRequest),
     )
     async def create_key(
-        self, request: Request[Any, Any, Any], tenancy: NamedDependency[Tenancy]
+        self,
+        request: Request[Any, Any, Any],
+        tenancy: NamedDependency[Tenancy],
+        adapter_admin: NamedDependency[AdapterAdmin],
     ) -> CreatedApiKey:
         body = decode_body(await request.body(), KeyCreateRequest)
+        await adapter_admin.check_key_name(body.name)  # 409: adapters' owner names one key
         new = await tenancy.keys.create(
             body.name,
             body.requests_per_minute,
             body.tokens_per_minute,
             body.max_concurrent_requests,
         )
+        await adapter_admin.key_made()
         return CreatedApiKey(**_fields(new.record), key=new.plaintext)
 
     @get("/", summary="Client API keys, revoked ones included")

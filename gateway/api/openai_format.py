@@ -17,15 +17,20 @@ from gateway.api.chat_schemas import (
 )
 from gateway.api.openai_errors import OpenAIError, error_envelope
 from gateway.chat.result import collect_chat_completion
-from gateway.chat.tool_calls import ToolCall, ToolCallScanner
-from gateway.completions.logprobs import ChatLogprobs, chat_logprobs, completion_logprobs
+from gateway.chat.tool_calls import CallDelta, Part, ToolCallScanner
+from gateway.completions.logprobs import (
+    ChatLogprobs,
+    TextOffsets,
+    chat_logprobs,
+    completion_logprobs,
+)
 from gateway.completions.result import (
     Completion,
     CompletionChoice,
     Usage,
     collect_completion,
     finish_reason,
-    token_decoder,
+    token_bytes,
     usage,
 )
 from gateway.completions.sampling_options import served_tier
@@ -66,7 +71,7 @@ class _CompletionStream:
     """Per choice: whether its echo went out, and where its text stands (logprobs offsets)."""
 
     started: set[int] = field(default_factory=set)
-    offsets: dict[int, int] = field(default_factory=dict)
+    offsets: dict[int, TextOffsets] = field(default_factory=dict)
 
     def choice(self, dispatch: Dispatch, chunk: SiteChunk) -> CompletionChoice:
         prepared = dispatch.prepared
@@ -74,14 +79,13 @@ class _CompletionStream:
         if chunk.index not in self.started:
             self.started.add(chunk.index)
             text = (prepared.echo or "") + text
-            self.offsets[chunk.index] = len(prepared.echo or "")
+            self.offsets[chunk.index] = TextOffsets(len(prepared.echo or ""))
         logprobs = None
         if prepared.params.options.logprobs and chunk.logprobs:
-            offset = self.offsets[chunk.index]
+            offsets = self.offsets[chunk.index]
             logprobs = completion_logprobs(
-                chunk.token_ids, chunk.logprobs, token_decoder(dispatch), offset
+                chunk.token_ids, chunk.logprobs, token_bytes(dispatch), offsets
             )
-        self.offsets[chunk.index] += len(chunk.text)
         reason = finish_reason(chunk.finish_reason)
         return CompletionChoice(text, chunk.index, logprobs, reason)
 
@@ -165,24 +169,26 @@ def _chat_chunk(
     )
 
 
-def _delta(part: str | ToolCall, number: int, legacy: bool) -> ChatDelta:
+def _delta(part: Part, legacy: bool) -> ChatDelta:
     if isinstance(part, str):
         return ChatDelta(content=part)
-    function = FunctionDelta(part.function.name, part.function.arguments)
+    function = FunctionDelta(part.arguments, part.name)
     if legacy:
         return ChatDelta(function_call=function)
-    return ChatDelta(tool_calls=[ToolCallDelta(number, part.id, function)])
+    first = part.id is not None
+    call = ToolCallDelta(part.number, function, part.id, "function" if first else None)
+    return ChatDelta(tool_calls=[call])
 
 
 @dataclass(slots=True)
 class _ChatStream:
-    """Per choice: its tool-call scanner (when the request has tools) and calls so far."""
+    """Per choice: its tool-call scanner (when the request has tools)."""
 
     dispatch: Dispatch
     scanners: dict[int, ToolCallScanner] = field(default_factory=dict)
 
     def deltas(self, chunk: SiteChunk) -> list[ChatChunkChoice]:
-        """The chunk's choice deltas: content, tool calls as they complete, logprobs, and at
+        """The chunk's choice deltas: content, tool calls as they are written, logprobs, and at
         the end its finish reason ("tool_calls" when it called any)."""
         prepared = self.dispatch.prepared
         parsing = prepared.tool_calls
@@ -191,22 +197,23 @@ class _ChatStream:
         reason = finish_reason(chunk.finish_reason)
         scanner = None
         if parsing is None:
-            parts: list[str | ToolCall] = [chunk.text] if chunk.text else []
+            parts: list[Part] = [chunk.text] if chunk.text else []
         else:
             scanner = self.scanners.setdefault(index, ToolCallScanner(parsing))
             parts = scanner.feed(chunk.text)
-            if chunk.finish_reason is not None and (rest := scanner.flush(reason)):
-                parts.append(rest)
-        calls = scanner.calls if scanner is not None else []
+            if chunk.finish_reason is not None:
+                parts += scanner.flush(reason)
         legacy = parsing is not None and parsing.legacy_functions
         for part in parts:
-            number = calls.index(part) if isinstance(part, ToolCall) else 0
-            if legacy and number:  # a legacy caller is told of its first call only
-                continue
-            out.append(ChatChunkChoice(_delta(part, number, legacy), index=index))
+            if isinstance(part, CallDelta):
+                if legacy and part.number:
+                    continue  # a legacy caller is told of its first call only
+                if part.id is None and not part.arguments:
+                    continue  # a call's end: OpenAI's stream has nothing for it
+            out.append(ChatChunkChoice(_delta(part, legacy), index=index))
         if prepared.params.options.logprobs and chunk.logprobs:
-            decode = token_decoder(self.dispatch)
-            values = ChatLogprobs(chat_logprobs(chunk.token_ids, chunk.logprobs, decode))
+            own = token_bytes(self.dispatch)
+            values = ChatLogprobs(chat_logprobs(chunk.token_ids, chunk.logprobs, own))
             if not out:
                 out.append(ChatChunkChoice(ChatDelta(), index=index))
             out[-1].logprobs = values

@@ -1,12 +1,15 @@
-"""A forced tool call's arguments schema with its objects closed: the keys a schema declares and
-no others.
+"""Schemas with their objects closed: the keys a schema declares and no others. A forced tool
+call's arguments are held to them, and so is a `strict` response_format schema.
 
 JSON Schema lets an object hold keys its schema does not name unless `additionalProperties` is
 false, and most tool schemas leave it unset (pydantic's, LangChain's, hand-written ones). A
 constraint enforcing such a schema as given lets a small model invent key after key until
 `max_tokens` cuts the call (issue 49: SmolLM2 did in 4 of 12 forced calls). So when a call is
 forced (`tool_choice` required or named), the arguments are held to the closed schema: every
-answer it allows is one the client's schema allows, without the keys nobody asked for.
+answer it allows is one the client's schema allows, without the keys nobody asked for. A
+`strict: true` json_schema response_format is closed alike (closed_schema): OpenAI treats a
+strict schema's objects as closed, and clients (instructor's JSON_SCHEMA mode) send strict
+schemas that do not say so, with which a small model invented keys until `max_tokens`.
 
 What is closed, where the schema leaves `additionalProperties` (and `unevaluatedProperties`)
 unset:
@@ -42,6 +45,12 @@ def closed_arguments(schema: dict[str, Any]) -> dict[str, Any]:
     """`schema` (a function's parameters) held to an object, with its objects closed; the input
     is not changed."""
     return _closed_object({**schema, "type": "object"}, close=True, root=True)
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A strict response_format's `schema` with its objects closed (by the rules above, the root
+    as any nested object: closed when it declares its properties); the input is not changed."""
+    return _closed_object(schema, close=True)
 
 
 def admits_objects(schema: dict[str, Any]) -> bool:

@@ -3,7 +3,8 @@
 
 A schema the grammar engine cannot enforce (invalid, or using a feature it has not implemented)
 is a 400 naming the parameter and, in the engine's words, what it cannot do: never an answer
-that was not held to it. `strict` changes nothing here: every schema is enforced whole.
+that was not held to it. Every schema is enforced whole; a `strict` one with its objects closed
+(gateway/chat/closed_objects.py), as OpenAI reads a strict schema.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from typing import Any
 
 from fedllm_contract.grammar import ConstraintSpec, refusal
+from gateway.chat.closed_objects import closed_schema
 from gateway.errors import invalid_request
 
 # OpenAI's rule for a schema's (and a function's) name.
@@ -61,5 +63,10 @@ def response_constraint(value: dict[str, Any] | None) -> ConstraintSpec | None:
             "json_schema.name must be 1-64 letters, digits, '_' or '-'", param=f"{where}.name"
         )
     schema = spec.get("schema", {"type": "object"})
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid_request("json_schema.strict must be a boolean", param=f"{where}.strict")
+    if strict and isinstance(schema, dict):
+        schema = closed_schema(schema)
     text = schema_text(schema, f"{where}.schema")
     return checked(ConstraintSpec("json_schema", schema=text), f"{where}.schema", "this schema")

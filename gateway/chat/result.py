@@ -14,7 +14,7 @@ from gateway.completions.result import (
     FinishReason,
     Usage,
     collect_choices,
-    token_decoder,
+    token_bytes,
     usage,
 )
 from gateway.completions.sampling_options import served_tier
@@ -71,8 +71,8 @@ def chat_choice(dispatch: Dispatch, answer: ChoiceAnswer) -> ChatChoice:
     message, reason = chat_message(answer.text, answer.finish_reason, prepared.tool_calls)
     logprobs = None
     if prepared.params.options.logprobs:
-        decode = token_decoder(dispatch)
-        logprobs = ChatLogprobs(chat_logprobs(answer.token_ids, answer.logprobs, decode))
+        own = token_bytes(dispatch)
+        logprobs = ChatLogprobs(chat_logprobs(answer.token_ids, answer.logprobs, own))
     return ChatChoice(message, reason, answer.index, logprobs)
 
 

@@ -190,5 +190,7 @@ class ChatService:
         )
         if tools is None:
             return prepared
-        parsing = ToolCallParsing(fmt.begin, fmt.end, tools.names, tools.forced, legacy)
+        parsing = ToolCallParsing(
+            fmt.begin, fmt.end, tools.names, tools.forced, legacy, named=tools.called
+        )
         return replace(prepared, tool_calls=parsing)

@@ -47,6 +47,16 @@ class ToolRequest:
         """`required` or a named function: the answer is calls only."""
         return self.choice not in ("auto", "none")
 
+    @property
+    def called(self) -> str | None:
+        """The function a forced answer calls, when only one can be: the named one, or the
+        only tool of a `required` choice."""
+        if not self.forced:
+            return None
+        if self.choice != "required":
+            return self.choice
+        return next(iter(self.names)) if len(self.names) == 1 else None
+
 
 def _function(tool: object, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type") != "function":

@@ -8,7 +8,12 @@ from typing import Literal, cast
 
 import msgspec
 
-from gateway.completions.logprobs import CompletionLogprobs, Decode, completion_logprobs
+from gateway.completions.logprobs import (
+    CompletionLogprobs,
+    TextOffsets,
+    TokenBytes,
+    completion_logprobs,
+)
 from gateway.dispatch.stream import Dispatch
 from gateway.sites.interface import SiteChunk, TokenLogprob
 
@@ -79,9 +84,10 @@ async def collect_choices(dispatch: Dispatch) -> list[ChoiceAnswer]:
     return choices
 
 
-def token_decoder(dispatch: Dispatch) -> Decode:
-    model, decode = dispatch.prepared.model, dispatch.placement.decode_answer
-    return lambda token_id: decode(model, [token_id])
+def token_bytes(dispatch: Dispatch) -> TokenBytes:
+    """Each token's own bytes, by the tokenizer of the request's model."""
+    model, of = dispatch.prepared.model, dispatch.placement.token_bytes
+    return lambda token_id: of(model, token_id)
 
 
 def usage(dispatch: Dispatch) -> Usage:
@@ -101,7 +107,7 @@ def completion_choice(dispatch: Dispatch, answer: ChoiceAnswer) -> CompletionCho
     logprobs = None
     if prepared.params.options.logprobs:
         logprobs = completion_logprobs(
-            answer.token_ids, answer.logprobs, token_decoder(dispatch), len(echo)
+            answer.token_ids, answer.logprobs, token_bytes(dispatch), TextOffsets(len(echo))
         )
     return CompletionChoice(echo + answer.text, answer.index, logprobs, answer.finish_reason)
 

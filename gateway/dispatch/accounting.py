@@ -24,6 +24,9 @@ _DRAIN_BACKLOG_S = 10.0
 class DispatchLimits:
     # The request's deadline over every site it tries (GATEWAY_REQUEST_TIMEOUT_S).
     request_timeout_s: float
+    # How long an answer whose client set no length limit may run before it ends with
+    # finish_reason "length" (GATEWAY_OPEN_ANSWER_TIMEOUT_S; below request_timeout_s).
+    open_answer_s: float
     # How many times a started answer may move to another site (GATEWAY_MAX_CONTINUATIONS).
     max_continuations: int
     # Whether finished answers leave a length sample for retraining (GATEWAY_COLLECT_SAMPLES).
@@ -45,6 +48,10 @@ class Placement(Protocol):
 
     def decode_answer(self, model: str, token_ids: Sequence[int]) -> str:
         """Answer tokens as the sites' detokenizer writes them."""
+        ...
+
+    def token_bytes(self, model: str, token_id: int) -> bytes:
+        """A token's own bytes (logprobs' `bytes`)."""
         ...
 
 

@@ -55,6 +55,9 @@ class PreparedCompletion:
     client_cache_salt: str | None = None
     # /v1/completions with echo: the prompt text, put before each choice's answer.
     echo: str | None = None
+    # The client set no length limit (chat or Responses without max_tokens): its answer runs to
+    # the context's end or its time (GATEWAY_OPEN_ANSWER_TIMEOUT_S), whichever comes first.
+    open_ended: bool = False
     # Chat with tools: how the model writes tool calls (its answer is parsed into tool_calls).
     tool_calls: ToolCallParsing | None = None
     # Whose conversation this is (gateway/request_path/prepare.py: session_key), for affinity.
@@ -110,3 +113,7 @@ class ToolCallParsing:
     # The request used the legacy `functions`: the answer is `message.function_call` (the
     # first call) with finish_reason "function_call", as OpenAI answers such callers.
     legacy_functions: bool = False
+    # The function every call of a forced answer calls, when it is known before the model
+    # writes it (a named tool_choice, or `required` with a single tool): its calls begin, and
+    # stream, from their opening tag.
+    named: str | None = None

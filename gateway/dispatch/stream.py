@@ -1,7 +1,8 @@
 """One accepted request on its way through its sites: streaming its chunks to the caller, moving
 it to another site when its site cannot take it (before it starts) or fails (mid-stream: the
 answer continues there from the tokens already produced), keeping the sites' token ledgers,
-bounding it by its deadline, and recording the outcome."""
+bounding it by its deadline (and an answer without a client's length limit by its time:
+gateway/dispatch/answer_time.py), and recording the outcome."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from gateway.dispatch.accounting import (
     OutcomeRecorder,
     Placement,
 )
-from gateway.dispatch.continuation import Splice, resume_point
+from gateway.dispatch.answer_time import AnswerClock
+from gateway.dispatch.continuation import ResumePoint, Splice, resume_point
 from gateway.dispatch.request import AdmissionPart, PreparedCompletion
 from gateway.errors import (
     GatewayError,
@@ -95,9 +97,9 @@ class Dispatch:
     continuations: list[Continuation] = field(default_factory=list)
     # What the current site is asked for: the prepared params, or a continuation's.
     _params: GenerateParams | None = None
-    # The answer so far: its token ids (every site's) and the text sent to the caller.
-    _answer_ids: list[int] = field(default_factory=list)
-    _sent: list[str] = field(default_factory=list)
+    # Each choice's answer so far: its token ids (every site's) and the text sent to the caller.
+    _answer_ids: dict[int, list[int]] = field(default_factory=dict)
+    _sent: dict[int, list[str]] = field(default_factory=dict)
     # Answer tokens the current site was given as part of its prompt (a continuation).
     _before: int = 0
     _splice: Splice | None = None
@@ -122,13 +124,20 @@ class Dispatch:
     # per request; read once, not at every chunk).
     _answer_plan: int = 0
     # Choices not finished yet (n > 1: the request ends when every one has).
-    _choices_left: int = 1
+    _open_choices: set[int] = field(default_factory=set)
+    # The time of an answer its client set no length limit to (gateway/dispatch/answer_time.py).
+    _clock: AnswerClock | None = None
     # Told each completed request's answer length (per-adapter length correction); None: nobody.
     lengths: LengthFeedback | None = None
 
     def __post_init__(self) -> None:
         self._answer_plan = self.prepared.routing.answer_tokens
-        self._choices_left = self.prepared.params.options.n
+        n = self.prepared.params.options.n
+        self._open_choices = set(range(n))
+        self._answer_ids = {i: [] for i in range(n)}
+        self._sent = {i: [] for i in range(n)}
+        if self.prepared.open_ended:
+            self._clock = AnswerClock(self.started_at + self.limits.open_answer_s)
         self._lease = SiteLease.take(self.site, self._planned_charge(self.params))
         # Admitted: its predicted work is an arrival of the model's (the scaling controller's
         # arrival rate), counted once however often it moves later.
@@ -174,7 +183,7 @@ class Dispatch:
         try:
             async for chunk in self._stream_with_failover():
                 if chunk.text:
-                    self._sent.append(chunk.text)
+                    self._sent.setdefault(chunk.index, []).append(chunk.text)
                 yield chunk
         except GatewayError as exc:
             self._settle()
@@ -260,8 +269,9 @@ class Dispatch:
             # with no await since the last site gave its place back.
             self._lease.move(self.site, self._planned_charge(self.params))
             try:
-                timeout_s = self._time_left_s()
-                async with aclosing(self.site.client.generate(self.params, timeout_s)) as chunks:
+                generated = self.site.client.generate(self.params, self._time_left_s())
+                chunks = generated if self._clock is None else self._clock.read(generated)
+                async with aclosing(generated), aclosing(chunks):
                     async for site_chunk in chunks:
                         if site_chunk.finish_reason == "released":
                             released_from = self.site
@@ -271,9 +281,13 @@ class Dispatch:
                         if chunk.token_ids or chunk.text or chunk.finish_reason:
                             yield chunk
                         if chunk.finish_reason is not None:
-                            self._choices_left -= 1
-                            if self._choices_left == 0:
+                            self._open_choices.discard(chunk.index)
+                            if not self._open_choices:
                                 return
+                if self._clock is not None and self._clock.ran_out:
+                    for index in sorted(self._open_choices):
+                        yield self._out_of_time(index)
+                    return
             except SiteUnavailable as exc:
                 self._last_failure = str(exc)
                 self.failed.add(self.site.name)
@@ -287,7 +301,8 @@ class Dispatch:
                 raise self._timed_out() from exc
             except SiteFailed as exc:
                 self.failed.add(self.site.name)
-                if not self._answer_ids and self._choices_left == self.params.options.n:
+                started = any(self._answer_ids.values())
+                if not started and len(self._open_choices) == self.params.options.n:
                     # Accepted but not started (queued at the site) when the site broke: the
                     # caller has seen nothing, so the request simply goes elsewhere.
                     self.site.mark_unhealthy(exc.detail)
@@ -347,7 +362,7 @@ class Dispatch:
             self.metrics.ttft_seconds.labels(self.site.name).observe(
                 time.monotonic() - self.started_at
             )
-        self._answer_ids.extend(chunk.token_ids)
+        self._answer_ids.setdefault(chunk.index, []).extend(chunk.token_ids)
         self.completion_tokens += len(chunk.token_ids)
         text, finish_reason = chunk.text, chunk.finish_reason
         if self._splice is not None:
@@ -388,13 +403,9 @@ class Dispatch:
         seeded sampler counts on from the kept tokens). Returns a final chunk instead when
         nothing is left to generate."""
         base = self.prepared.params
-        point = resume_point(
-            self._answer_ids,
-            "".join(self._sent),
-            lambda ids: self.placement.decode_answer(self.prepared.model, list(ids)),
-        )
+        point = self._resume_point(0)  # one choice: several do not continue elsewhere
         kept = len(point.kept_token_ids)
-        self._answer_ids = list(point.kept_token_ids)
+        self._answer_ids[0] = list(point.kept_token_ids)
         self.completion_tokens = kept
         left = base.max_tokens - kept
         if left <= 0:  # every token arrived, only the site's final chunk was lost
@@ -437,6 +448,32 @@ class Dispatch:
         self.site = next_site
         self.attempts += 1
         return None
+
+    def _resume_point(self, index: int) -> ResumePoint:
+        """Where choice `index`'s answer stands: the tokens whose text is whole, and the text
+        of them the caller has not been sent (held back by the site)."""
+        return resume_point(
+            self._answer_ids[index],
+            "".join(self._sent[index]),
+            lambda ids: self.placement.decode_answer(self.prepared.model, list(ids)),
+        )
+
+    def _out_of_time(self, index: int) -> SiteChunk:
+        """The last chunk of choice `index` when its answer's time ran out: finish_reason
+        "length", with the text its site held back (text that might have begun a stop
+        string); the answer is billed the tokens that arrived."""
+        self.finish_reason = "length"
+        self._open_choices.discard(index)
+        self.metrics.answers_out_of_time.labels(self.site.name).inc()
+        return SiteChunk(
+            accepted=True,
+            token_ids=(),
+            text=self._resume_point(index).carry,
+            finish_reason="length",
+            prompt_tokens=len(self.prepared.params.prompt_token_ids),
+            completion_tokens=self.completion_tokens,
+            index=index,
+        )
 
     async def _site_to_continue_on(self, params: GenerateParams) -> SiteState | None:
         """A site for the rest of a started answer. When none is healthy right now (a burst of

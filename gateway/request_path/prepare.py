@@ -147,11 +147,17 @@ class Preparer:
             raise model_not_found(adapter)
 
     def check_model_owner(self, model: str, key_id: int | None, key_name: str | None) -> None:
-        """check_owner for a model name, before anything of the request is validated or
-        tokenized (a batch's before its items are): another key's adapter gets the 404 of an
-        unknown model at once, whatever else the request holds, as fast as an unknown name."""
-        _, adapter = self.resolve(model)
-        if adapter is not None and not self.adapters.may_use(adapter, key_id, key_name):
+        """The model resolved for the caller's key, before anything of the request is validated
+        or tokenized (a batch's before its items are): a name this gateway does not serve and
+        another key's adapter or `ft:` model both get the 404 of an unknown model at once,
+        whatever else the request holds, as fast. (Checking only the adapter first let an
+        unknown name fail on the request's other checks, a 400, while another key's adapter got
+        the 404: the answers told the two apart; issue 67.)"""
+        base, adapter = self.resolve(model)
+        if adapter is None:
+            if base not in self._tokenizers and base not in self._embedding_models:
+                raise model_not_found(model)
+        elif not self.adapters.may_use(adapter, key_id, key_name):
             raise model_not_found(model)
 
     def servable_now(self, model: str) -> bool:
@@ -250,6 +256,7 @@ class Preparer:
             unpredicted=self._settings.routing.plan_without_prediction,
             client_cache_salt=delivery.cache_salt,
             session_key=session_key(delivery),
+            open_ended=sampling.max_tokens is None and sampling.to_context_end,
         )
 
     def _max_tokens(self, model: str, prompt_tokens: int, sampling: Sampling) -> int:

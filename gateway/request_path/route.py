@@ -66,6 +66,10 @@ class Router:
         """Answer tokens as the sites' detokenizer writes them (where a continuation resumes)."""
         return self._tokenizers.decode_answer(model, list(token_ids))
 
+    def token_bytes(self, model: str, token_id: int) -> bytes:
+        """A token's own bytes, as its tokenizer maps it (logprobs' `bytes`)."""
+        return self._tokenizers.token_bytes(model, token_id)
+
     def able_sites(self, prepared: PreparedCompletion) -> list[SiteState]:
         """The sites that can do what the request needs (n, logprobs, a constraint...); 400
         naming what, and which sites of the model cannot, when none of them can: the gateway

@@ -59,6 +59,7 @@ class CompletionService:
         self.router = Router(registry, policy, tokenizers, self.metrics)
         self.limits = DispatchLimits(
             request_timeout_s=settings.limits.request_timeout_s,
+            open_answer_s=settings.limits.open_answer_s,
             max_continuations=settings.limits.max_continuations,
             collect_samples=settings.predictor.collect_samples,
         )

@@ -2,9 +2,9 @@
 
 One builder serves both forms of an answer: fed the site's text piece by piece, it opens an
 assistant message at the first text, sends text deltas, closes the message when a function call
-begins or the answer ends, and turns each call the model wrote (gateway/chat/tool_calls.py finds
-them) into a `function_call` item. A whole answer is the same run with its events dropped, so a
-streamed answer and a whole one have the same items.
+begins or the answer ends, and turns each call the model writes (gateway/chat/tool_calls.py finds
+them) into a `function_call` item, its arguments sent as they are written. A whole answer is the
+same run with its events dropped, so a streamed answer and a whole one have the same items.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.chat.tool_calls import ToolCall, ToolCallScanner
+from gateway.chat.tool_calls import CallDelta, Part, ToolCallScanner
 from gateway.dispatch.request import ToolCallParsing
 from gateway.responses.items import (
     FunctionCallItem,
@@ -113,6 +113,13 @@ class _OpenMessage:
 
 
 @dataclass(slots=True)
+class _OpenCall:
+    item: FunctionCallItem
+    index: int
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class OutputBuilder:
     """The output items of one answer, fed its text as it comes."""
 
@@ -120,6 +127,7 @@ class OutputBuilder:
     items: list[OutputItem] = field(default_factory=list)
     _scanner: ToolCallScanner | None = None
     _message: _OpenMessage | None = None
+    _call: _OpenCall | None = None
     # With tools: whitespace that would open a message of nothing but the space between calls.
     _held: str = ""
     _calls: int = 0
@@ -129,20 +137,22 @@ class OutputBuilder:
             self._scanner = ToolCallScanner(self.parsing)
 
     def feed(self, text: str) -> list[Event]:
-        parts: list[str | ToolCall] = (
-            self._scanner.feed(text) if self._scanner is not None else [text]
-        )
+        parts: list[Part] = self._scanner.feed(text) if self._scanner is not None else [text]
+        return self._parts(parts)
+
+    def _parts(self, parts: list[Part]) -> list[Event]:
         events: list[Event] = []
         for part in parts:
-            events += self._text(part) if isinstance(part, str) else self._call(part)
+            events += self._text(part) if isinstance(part, str) else self._call_part(part)
         return events
 
     def finish(self, finish_reason: str | None) -> list[Event]:
         """The events that close the answer (an answer with neither text nor calls is one empty
         message, as chat's empty content)."""
         events: list[Event] = []
-        if self._scanner is not None and (rest := self._scanner.flush()):
-            events += self._text(rest)
+        if self._scanner is not None:
+            cut = finish_reason == "length"
+            events += self._parts(self._scanner.flush("length" if cut else "stop"))
         if self._message is None and not self._calls:
             events += self._open()
             events += self._text("")
@@ -187,19 +197,29 @@ class OutputBuilder:
             OutputItemEvent("response.output_item.done", message.index, item),
         ]
 
-    def _call(self, call: ToolCall) -> list[Event]:
-        events = self._close() if self._message is not None else []
-        self._held = ""
-        self._calls += 1
-        index = len(self.items)
-        function = call.function
-        item = FunctionCallItem(new_id("fc"), call.id, function.name, function.arguments)
-        self.items.append(item)
-        started = FunctionCallItem(item.id, call.id, function.name, "", "in_progress")
-        return [
-            *events,
-            OutputItemEvent("response.output_item.added", index, started),
-            ArgumentsDeltaEvent(item.id, index, function.arguments),
-            ArgumentsDoneEvent(item.id, index, function.arguments),
-            OutputItemEvent("response.output_item.done", index, item),
-        ]
+    def _call_part(self, part: CallDelta) -> list[Event]:
+        events: list[Event] = []
+        if part.id is not None:  # a call begins: an item of its own
+            events += self._close() if self._message is not None else []
+            self._held = ""
+            self._calls += 1
+            item = FunctionCallItem(new_id("fc"), part.id, part.name or "", "", "in_progress")
+            self._call = _OpenCall(item, len(self.items))
+            self.items.append(item)
+            events.append(OutputItemEvent("response.output_item.added", self._call.index, item))
+        call = self._call
+        assert call is not None
+        if part.arguments:
+            call.arguments.append(part.arguments)
+            events.append(ArgumentsDeltaEvent(call.item.id, call.index, part.arguments))
+        if part.last:
+            self._call = None
+            arguments = "".join(call.arguments)
+            status: ItemStatus = "incomplete" if part.cut else "completed"
+            item = msgspec.structs.replace(call.item, arguments=arguments, status=status)
+            self.items[call.index] = item
+            events += [
+                ArgumentsDoneEvent(item.id, call.index, arguments),
+                OutputItemEvent("response.output_item.done", call.index, item),
+            ]
+        return events

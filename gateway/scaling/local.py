@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedllm_contract.site_environment import site_environment
 from gateway.admin.membership import SiteMembership
 from gateway.errors import GatewayError
 from gateway.federation import SiteConfig
@@ -186,7 +187,8 @@ class LocalProcesses:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **dict(place.env)},
+                # Only what a site needs, and the slot's own: not the gateway's secrets.
+                env=site_environment(os.environ, dict(place.env)),
             )
         log.info("starting site %s (slot %d, pid %d): %s", name, slot, popen.pid, log_path)
         return _Child(name, slot, popen, log_path, time.monotonic())
@@ -257,6 +259,8 @@ class LocalProcesses:
         elsewhere, as for any failed site), and its slot is free again once it has."""
         self._unhealthy = {s.name for s in sites if not s.healthy and not s.draining}
         self._pool.fill()
+        if self._idle is not None:
+            await self._idle.renew_due()  # the borrowers' leases, before they lapse
         for child in list(self._children.values()):
             if child.joined and not child.retiring and child.popen.poll() is not None:
                 child.joined, child.exited = False, True

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedllm_contract.site_environment import site_environment
 from gateway.scaling.config import ActuatorConfig, LocalSlot
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,13 @@ class LocalPool:
         log_path = self._config.log_dir / f"{name}.log"
         with log_path.open("wb") as out:
             popen = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE,
+                # What a site needs of the gateway's environment, not its secrets: a pooled
+                # process keeps it as the site it becomes (the claim adds the slot's).
+                env=site_environment(os.environ),
             )
         log.info("pooled site process %s started (pid %d): %s", name, popen.pid, log_path)
         return Pooled(popen, log_path, time.monotonic())

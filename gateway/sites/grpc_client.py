@@ -32,6 +32,8 @@ from gateway.sites.interface import (
     FineTuneCallRefused,
     GenerateParams,
     HealthAnswer,
+    KvLease,
+    KvLeaseLost,
     LoadView,
     SiteBusy,
     SiteCallError,
@@ -325,11 +327,26 @@ class GrpcSiteClient:
     async def kv_room(self) -> int:
         return await self._kv_call(self._stub.KvRoom, site_pb2.KvRoomRequest())
 
-    async def lend_kv(self, wanted_bytes: int) -> int:
-        return await self._kv_call(self._stub.LendKv, site_pb2.LendKvRequest(bytes=wanted_bytes))
+    async def lend_kv(self, wanted_bytes: int, lease: KvLease) -> int:
+        request = site_pb2.LendKvRequest(
+            bytes=wanted_bytes, lease_id=lease.id, lease_ttl_ms=round(lease.ttl_s * 1000)
+        )
+        return await self._kv_call(self._stub.LendKv, request)
 
-    async def return_kv(self) -> int:
-        return await self._kv_call(self._stub.ReturnKv, site_pb2.ReturnKvRequest())
+    async def return_kv(self, lease_id: str) -> int:
+        return await self._kv_call(self._stub.ReturnKv, site_pb2.ReturnKvRequest(lease_id=lease_id))
+
+    async def renew_kv_lease(self, lease: KvLease) -> int:
+        request = site_pb2.RenewKvLeaseRequest(
+            lease_id=lease.id, lease_ttl_ms=round(lease.ttl_s * 1000)
+        )
+        try:
+            answer = await self._stub.RenewKvLease(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise KvLeaseLost(self.name, exc.details() or "no such lease") from exc
+            raise self._error(exc) from exc
+        return int(answer.bytes)
 
     async def _kv_call(self, method: Any, request: Any) -> int:
         try:

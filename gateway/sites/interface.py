@@ -84,6 +84,10 @@ class FineTuneCallRefused(SiteRejected):
         self.reason = reason
 
 
+class KvLeaseLost(SiteRejected):
+    """The site holds no lending under the lease named (it expired and was taken back)."""
+
+
 class SiteTimedOut(SiteFailed):
     """The call's deadline (the request's timeout) passed after the site accepted it; the site
     sees the deadline too and cancels the request."""
@@ -333,18 +337,31 @@ class AdapterLoading(Protocol):
     async def unload_adapter(self, name: str) -> tuple[str, ...]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class KvLease:
+    """The lease a lending is held by: `id` a secret the gateway chose (only calls naming it
+    return or renew the lending), `ttl_s` how long the site keeps it lent unrenewed."""
+
+    id: str = field(repr=False)
+    ttl_s: float
+
+
 @runtime_checkable
 class KvLendingSite(Protocol):
     """A site whose KV cache lends its free top to an instance placed beside it on its GPU
-    (idle memory first; docs/elastic.md): `kv_room` the bytes it could lend now, `lend_kv` the
-    bytes lent (0: refused), `return_kv` the bytes taken back (0: none lent). SiteCallError
-    when the call fails (the site refused it as malformed, or cannot be reached)."""
+    (idle memory first; docs/elastic.md), under a lease: `kv_room` the bytes it could lend now,
+    `lend_kv` the bytes lent (0: refused), `return_kv` the bytes the lease's lending gave back
+    (0: it holds none), `renew_kv_lease` the bytes still lent (SiteRejected: the site holds no
+    such lease any more). SiteCallError when a call fails (the site refused it as malformed or
+    from a caller other than the gateway, or cannot be reached)."""
 
     async def kv_room(self) -> int: ...
 
-    async def lend_kv(self, wanted_bytes: int) -> int: ...
+    async def lend_kv(self, wanted_bytes: int, lease: KvLease) -> int: ...
 
-    async def return_kv(self) -> int: ...
+    async def return_kv(self, lease_id: str) -> int: ...
+
+    async def renew_kv_lease(self, lease: KvLease) -> int: ...
 
 
 @runtime_checkable

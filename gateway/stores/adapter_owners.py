@@ -1,15 +1,17 @@
 """SQL of the owners of LoRA adapters loaded at run time (gateway/model_catalogue.py decides who
-may use what; gateway/admin/adapters.py and gateway/fine_tuning/runner.py write them)."""
+may use what; gateway/admin/adapters.py and gateway/fine_tuning/runner.py write them), and of
+the keys the federation file's owners by name stand for."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import AdapterOwner
+from gateway.db.models import AdapterOwner, ApiKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +62,16 @@ class AdapterOwnerStore:
     async def remove(self, name: str) -> None:
         async with self._sessions.begin() as session:
             await session.execute(delete(AdapterOwner).where(AdapterOwner.name == name))
+
+    async def oldest_live_keys(self, names: Collection[str]) -> dict[str, int]:
+        """For each of `names` that a live (unrevoked) key has, the id of the oldest such key."""
+        if not names:
+            return {}
+        query = (
+            select(ApiKey.name, func.min(ApiKey.id))
+            .where(ApiKey.name.in_(sorted(names)), ApiKey.revoked_at.is_(None))
+            .group_by(ApiKey.name)
+        )
+        async with self._sessions() as session:
+            rows = (await session.execute(query)).all()
+        return {str(name): int(key_id) for name, key_id in rows}

@@ -21,15 +21,41 @@ def test_a_cpu_run_writes_both_arms(tmp_path: Path, gpt2_tokenizer_dir: Path) ->
     ])  # fmt: skip
     result = json.loads((tmp_path / "lora_profile_cpu.json").read_text())
     assert result["command"].startswith("python -m bench.engine.lora_profile --preset cpu")
-    for arm in ("base", "lora", "lora_8", "lora_no_adapter_rows"):
+    for arm in ("base", "lora", "lora_2", "lora_no_adapter_rows"):
         assert result[arm]["step_ms"] > 0
         assert result[arm]["graph_replays_per_step"] == 0  # no CUDA graphs on the CPU
-    assert result["step_vs_base"] == result["lora"]["step_ms"] / result["base"]["step_ms"]
-    assert set(result["steps_vs_base"]) == {"lora", "lora_8", "lora_no_adapter_rows"}
+    base = result["base"]["step_ms"]
+    # The issue's keys, by adapters in the step (the CPU preset: 4 and 2).
+    assert result["step_vs_base"] == {
+        "4": result["lora"]["step_ms"] / base,
+        "2": result["lora_2"]["step_ms"] / base,
+    }
+    assert set(result["steps_vs_base"]) == {"lora", "lora_2", "lora_no_adapter_rows"}
+    # No LoRA kernel runs on the CPU (the PyTorch path): no fraction, but the bytes are there.
+    assert result["lora_kernel_bandwidth_fraction"] == {"4": None, "2": None}
+    assert result["lora_kernel_bandwidth"]["4"]["bytes_per_step"] > 0
+    assert result["copy_bytes_per_s"] > 0
     assert "Step vs base" in (tmp_path / "lora_profile_cpu.md").read_text()
 
 
+@pytest.mark.timeout(600)
+def test_a_cpu_kernels_only_run_checks_both_launch_paths(tmp_path: Path) -> None:
+    """--kernels-only on the CPU: the new kernels through Triton's interpreter, decode- and
+    prefill-sized steps, each variant's deltas against the PyTorch reference."""
+    pytest.importorskip("triton")
+    main(["--kernels-only", "--preset", "cpu", "--results-dir", str(tmp_path)])
+    result = json.loads((tmp_path / "lora_kernels_cpu.json").read_text())
+    assert set(result["cases"]) == {"decode_4", "prefill_2"}
+    for case in result["cases"].values():
+        assert set(case["variants"]) == {"two_launch", "one_launch", "one_launch_f256"}
+        for variant in case["variants"].values():
+            assert variant["max_relative_error"] < 1e-4
+            assert len(variant["stacks"]) == 4
+    assert "## decode_4" in (tmp_path / "lora_kernels_cpu.md").read_text()
+
+
 def test_kernel_names_fall_into_their_groups() -> None:
+    assert kernel_group("_lora_delta_kernel") == "lora_fused"
     assert kernel_group("_shrink_kernel") == "lora_shrink"
     assert kernel_group("_expand_group_kernel") == "lora_expand"
     assert kernel_group("nvjet_tst_128x64_64x8_1x2_h_bz_TNT") == "gemm"

@@ -222,7 +222,11 @@ def test_legacy_functions_are_called_and_answered_in_their_shape(client: openai.
     )
     chunks = [c.choices[0] for c in stream if c.choices]
     calls = [c.delta.function_call for c in chunks if c.delta.function_call]
-    assert [(c.name, c.arguments) for c in calls] == [(call.name, call.arguments)]
+    # Streamed as written: the name first, then the arguments piece by piece.
+    assert calls[0].name == call.name
+    assert all(c.name is None for c in calls[1:])
+    assert len(calls) > 2
+    assert "".join(c.arguments or "" for c in calls) == call.arguments
     assert [c.finish_reason for c in chunks if c.finish_reason] == ["function_call"]
 
 
@@ -248,15 +252,18 @@ async def forced_calls(
                 choice = answer.choices[0]
                 calls = [c.function.arguments for c in choice.message.tool_calls or []]
                 return choice.message.content, calls, str(choice.finish_reason)
-            content, calls, reason = "", [], ""
+            content, by_index, reason = "", dict[int, str](), ""
             async for chunk in await client.chat.completions.create(**fields, stream=True):
                 for delta_choice in chunk.choices:
                     content += delta_choice.delta.content or ""
                     for call in delta_choice.delta.tool_calls or []:
                         assert call.function is not None
-                        calls.append(call.function.arguments or "")
+                        # A call's arguments come in pieces, joined by the call's index.
+                        by_index[call.index] = (by_index.get(call.index) or "") + (
+                            call.function.arguments or ""
+                        )
                     reason = delta_choice.finish_reason or reason
-            return content or None, calls, reason
+            return content or None, list(by_index.values()), reason
 
         return await asyncio.gather(*(one(seed) for seed in range(TRIES)))
 
@@ -270,10 +277,14 @@ def test_forced_calls_with_a_permissive_schema_are_valid_calls_never_markup(
         assert content is None or MARKUP not in content, answers
         assert not (content or "").strip(), answers
         assert calls, answers
-        assert reason == "tool_calls", answers
-        assert all(valid_arguments(arguments) for arguments in calls), answers
+        assert reason in ("tool_calls", "length"), answers
+        # Parallel calls allowed: max_tokens may cut a later call, which then comes back as
+        # written with finish_reason "length" (issue 67); every call before it is whole.
+        whole = calls[:-1] if reason == "length" else calls
+        assert whole, answers
+        assert all(valid_arguments(arguments) for arguments in whole), answers
         # Closed to the schema's keys: nothing invented beside them.
-        assert all(set(json.loads(a)) <= {"city", "unit"} for a in calls), answers
+        assert all(set(json.loads(a)) <= {"city", "unit"} for a in whole), answers
 
 
 # A tool declaring no parameter schema of its own, as agents write a no-argument tool.

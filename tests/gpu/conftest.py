@@ -23,6 +23,14 @@ if importlib.util.find_spec("llguidance") is None:
     collect_ignore = [*globals().get("collect_ignore", []), "test_structured_output_cuda.py"]
 
 
+if interpreted():
+    # Triton 3.6's interpreter with numpy 2.4 (devtools/triton_interpreter.py); only on a CPU
+    # run, which has the whole repository.
+    from devtools.triton_interpreter import fix_scalar_index
+
+    fix_scalar_index()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every test under tests/gpu is a GPU test, marked or not: `make test` (-m "not gpu") never
     # runs one on a machine without CUDA.

@@ -3,9 +3,8 @@
 With TRITON_INTERPRET=1 the kernels run on CPU tensors (slowly), which checks their arithmetic
 and indexing on a machine without a GPU:
 `TRITON_INTERPRET=1 python -m pytest -m gpu tests/gpu/test_paged_*_kernel.py`
-(needs the triton package, which the project's CPU environment does not install, and numpy
-below 2.4: Triton 3.6's interpreter turns one-element arrays into scalars, which numpy 2.4
-refuses, "only 0-dimensional arrays can be converted to Python scalars").
+(needs the triton package: the dev extra installs it; conftest.py applies upstream's fix for
+Triton 3.6's interpreter under numpy 2.4, devtools/triton_interpreter.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The segmented LoRA kernels (site_engine/engine/cuda/lora_kernels.py) and LoRA on CUDA.
 
-- the shrink/expand kernels against a float64 reference, fresh random data on every run: stacks
+- the shrink/expand kernels, in one launch (`lora_delta`) and in two (`lora_shrink` +
+  `lora_expand`), against a float64 reference, fresh random data on every run: stacks
   of one to three projections, 64 slots of mixed ranks 4-16 (zero-padded to 16), rows of no
   adapter (untouched, bit for bit), 1..256 tokens, the deltas into a column slice of a wider
   output (the fused q/k/v and gate/up GEMMs' outputs); a slot of NaN reaches no other row;
@@ -29,7 +30,7 @@ from transformers import LlamaConfig
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.core.types import SamplingParams, ScheduledChunk
-from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
+from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.lora.slots import (
@@ -43,6 +44,7 @@ from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.make_model import build_random_model
 from site_engine.model_loading import load_model
+from tests.support.lora_weights import mixed_adapters, random_adapter, reference, small_shapes
 
 pytestmark = pytest.mark.gpu
 
@@ -78,29 +80,11 @@ def _stack_slots(
     return a, b, scaling
 
 
-def _reference(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
-    token_slots: torch.Tensor, y: torch.Tensor, widths: tuple[int, ...],
-) -> torch.Tensor:  # fmt: skip
-    """y + each row's deltas, row by row and projection by projection, in float64."""
-    out = y.double().clone()
-    rank = b.shape[1]
-    for row, slot in enumerate(token_slots.tolist()):
-        if slot < 0:
-            continue
-        first = 0
-        for j, width in enumerate(widths):
-            a_j = a[slot, :, j * rank : (j + 1) * rank].double()
-            shrunk = x[row].double() @ a_j * float(scaling[slot])
-            out[row, first : first + width] += shrunk @ b[slot, :, first : first + width].double()
-            first += width
-    return out
-
-
 # One projection and stacks of two and three (q/k/v-like widths, not multiples of the kernels'
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
 # tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
 # shrinks of 1 to 16 splits.
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 @pytest.mark.parametrize(
     ("tokens", "in_f", "widths", "block_m", "max_rank"),
     [
@@ -111,9 +95,11 @@ def _reference(
         (256, 2048, (96,), 16, 16),
         (40, 1024, (128, 64, 64), 64, 64),
         (32, 8192, (320, 64), 16, 16),  # 16 shrink splits (the expand's widest unrolled sum)
+        (256, 4096, (4096, 1024, 1024), 16, 16),  # the 8B q/k/v stack: whole blocks (EVEN_N)
     ],
 )
-def test_kernels_match_the_reference(
+def test_kernels_match_thereference(
+    fused: bool,
     tokens: int,
     in_f: int,
     widths: tuple[int, ...],
@@ -121,8 +107,6 @@ def test_kernels_match_the_reference(
     max_rank: int,
     kernel_device: str,
 ) -> None:
-    from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
-
     seed = _fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     device, dtype = kernel_device, _dtype(kernel_device)
@@ -135,12 +119,10 @@ def test_kernels_match_the_reference(
     # The deltas go into the middle columns of a wider output (a fused GEMM's slice).
     wide = torch.randn(tokens, out_f + 96, generator=gen).to(dtype)
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
-    expected = _reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
+    expected = reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
-    seg = segments(token_slots.to(device), slots, block_m)
-    shrunk = lora_shrink(x.to(device), a.to(device), scaling.to(device), seg)
-    lora_expand(shrunk, b.to(device), got[:, 32 : 32 + out_f], seg, widths)
+    _apply(fused, token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
     got = got.cpu()
 
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -164,10 +146,41 @@ def test_kernels_match_the_reference(
     assert bool((moved[large] > 5 * tolerance).all()), seed
 
 
-def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
-    """A slot full of NaN (written past any load check): its own rows only are NaN."""
-    from site_engine.engine.cuda.lora_kernels import lora_expand, lora_shrink, segments
+def _apply(
+    fused: bool, token_slots: torch.Tensor, slots: int, block_m: int | None, x: torch.Tensor,
+    a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: torch.Tensor,
+    widths: tuple[int, ...],
+) -> None:  # fmt: skip
+    """y (on the kernels' device) += the deltas, in one launch or in two."""
+    from site_engine.engine.cuda.lora_kernels import (
+        lora_delta,
+        lora_expand,
+        lora_shrink,
+        partials_shape,
+        segments,
+        sync_size,
+    )
 
+    device = y.device
+    seg = segments(token_slots.to(device), slots, block_m)
+    x, a, b, scaling = x.to(device), a.to(device), b.to(device), scaling.to(device)
+    if fused:
+        sync = torch.zeros(sync_size(seg), dtype=torch.int32, device=device)
+        lora_delta(x, a, b, y, scaling, seg, widths, sync)
+        # Every real tile's splits signalled once each, no other counter moved.
+        splits = partials_shape(x, a, seg)[0]
+        real = (seg.tile_slot >= 0).cpu()
+        done = sync[2 : 2 + seg.tiles].cpu()
+        assert int(sync[1]) == 0  # no wait gave up
+        assert bool((done[real] == splits).all())
+        assert not bool(done[~real].any())
+    else:
+        lora_expand(lora_shrink(x, a, scaling, seg), b, y, seg, widths)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> None:
+    """A slot full of NaN (written past any load check): its own rows only are NaN."""
     gen = torch.Generator().manual_seed(_fresh_seed())
     device, dtype = kernel_device, _dtype(kernel_device)
     widths = (64, 32, 32)
@@ -178,11 +191,9 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
     x = torch.randn(token_slots.shape[0], 256, generator=gen).to(dtype)
     y = torch.randn(token_slots.shape[0], sum(widths), generator=gen).to(dtype)
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
-    expected = _reference(x, a, b, scaling, token_slots, y, widths)
+    expected = reference(x, a, b, scaling, token_slots, y, widths)
     got = y.to(device).clone()
-    seg = segments(token_slots.to(device), 4)
-    lora_expand(lora_shrink(x.to(device), a.to(device), scaling.to(device), seg),
-                b.to(device), got, seg, widths)  # fmt: skip
+    _apply(fused, token_slots, 4, None, x, a, b, scaling, got, widths)
     got = got.cpu()
     poisoned = token_slots == 2
     assert bool(got[poisoned].isnan().all())
@@ -192,47 +203,21 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
                                rtol=tolerance)  # fmt: skip
 
 
-def _shapes() -> BaseShapes:
-    features = {
-        "q_proj": (128, 128), "k_proj": (128, 64), "v_proj": (128, 64), "o_proj": (128, 128),
-        "gate_proj": (128, 256), "up_proj": (128, 256), "down_proj": (256, 128),
-    }  # fmt: skip
-    return BaseShapes(2, features)
-
-
-def _adapter(
-    name: str, base: BaseShapes, rank: int, targets: tuple[str, ...], seed: int
-) -> LoraAdapter:
-    generator = torch.Generator().manual_seed(seed)
-    weights = {}
-    for layer in range(base.num_layers):
-        for proj in targets:
-            in_f, out_f = base.features[proj]
-            a = torch.randn(in_f, rank, generator=generator) * 0.1
-            b = torch.randn(rank, out_f, generator=generator) * 0.1
-            weights[(layer, proj)] = (a, b)
-    return LoraAdapter(name, rank, 16 / rank, weights)
-
-
-def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, fused: bool) -> None:
     from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
 
     device, dtype = kernel_device, _dtype(kernel_device)
-    base = _shapes()
+    base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=dtype, device=torch.device(device))
-    adapters = [
-        _adapter("all-r16", base, 16, PROJECTIONS, seed=1),
-        _adapter("attn-r4", base, 4, ("q_proj", "k_proj", "v_proj", "o_proj"), seed=2),
-        _adapter("mlp-r12", base, 12, ("gate_proj", "up_proj", "down_proj"), seed=3),
-        _adapter("qv-r8", base, 8, ("q_proj", "v_proj"), seed=4),
-    ]
+    adapters = mixed_adapters(base)
     by_name = {adapter.name: adapter for adapter in adapters}
     assigned = slots.assign(by_name, by_name.__getitem__)
     rng = random.Random(_fresh_seed())
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
     token_slots = token_slots.to(device)
-    kernels = SegmentedLoraStep(slots, token_slots)
+    kernels = SegmentedLoraStep(slots, token_slots, fused=fused)
     reference = SegmentedTorchStep(slots, token_slots)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -457,7 +442,7 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -
     base = BaseShapes.of_model(model)
     slots = LoraSlots(base, num_slots=3, max_rank=16, dtype=torch.float32, device=device)
     adapters = {
-        name: _adapter(name, base, rank, targets, seed)
+        name: random_adapter(name, base, rank, targets, seed)
         for seed, (name, (rank, targets)) in enumerate(ADAPTERS.items())
         if name != "all-r12"
     }

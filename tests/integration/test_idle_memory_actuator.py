@@ -27,7 +27,7 @@ from gateway.scaling.local import LocalProcesses
 from gateway.scaling.policy import ScaleOut, ScalingRule, Verdict
 from gateway.scaling.site_lender import SiteLender
 from gateway.sites.grpc_client import GrpcSiteClient
-from gateway.sites.interface import SiteCallError
+from gateway.sites.interface import KvLease, SiteCallError
 from gateway.sites.registry import SiteRegistry, SiteState
 
 pytestmark = pytest.mark.slow
@@ -115,7 +115,9 @@ def test_a_short_peak_starts_beside_a_site_in_its_lent_memory(
             assert lent_blocks > 0
             assert await lender.kv_room() == 0
             with pytest.raises(SiteCallError, match="already lends"):
-                await lender.lend_kv(MIB)
+                await lender.lend_kv(MIB, KvLease("another-gateways-lease", 60.0))
+            # The lending is held under the placement's lease, which renews at the site.
+            await SiteLender(registry).renew("el-0", borrowing.lease)
             borrower = await _joined(registry, "el-idle-0", failures)
             # Beside its lender (its slot's environment), its cache the lent memory.
             assert actuator.pending() == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -26,6 +26,8 @@ class TestPki:
     server_key: Path
     client_cert: Path
     client_key: Path
+    # Further client certificates of the same CA by common name (cert, key): not the gateway's.
+    other_clients: dict[str, tuple[Path, Path]] = field(default_factory=dict)
 
     def site_env(self) -> dict[str, str]:
         return {
@@ -93,9 +95,11 @@ def make_pki(
     ca_name: str = "fedllm test CA",
     server_dns: tuple[str, ...] = ("localhost",),
     server_ips: tuple[str, ...] = ("127.0.0.1",),
+    other_clients: tuple[str, ...] = (),
 ) -> TestPki:
     """A fresh CA in `directory` (created), with a server certificate for `server_dns` and
-    `server_ips`, and a client certificate for the gateway."""
+    `server_ips`, a client certificate for the gateway (`fedllm-gateway`), and one more client
+    certificate for each name of `other_clients` (another site's, say)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = _issue(
         ca_name,
@@ -138,10 +142,16 @@ def make_pki(
     _write(directory / "ca", ca[0], None)
     _write(directory / "server", *server)
     _write(directory / "client", *client)
+    others: dict[str, tuple[Path, Path]] = {}
+    for number, name in enumerate(other_clients):
+        client_auth = (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+        _write(directory / f"other-{number}", *_issue(name, ca, [leaf, client_auth]))
+        others[name] = (directory / f"other-{number}.crt", directory / f"other-{number}.key")
     return TestPki(
         ca_cert=directory / "ca.crt",
         server_cert=directory / "server.crt",
         server_key=directory / "server.key",
         client_cert=directory / "client.crt",
         client_key=directory / "client.key",
+        other_clients=others,
     )

@@ -191,6 +191,14 @@ def test_an_unknown_model_and_another_keys_adapter_are_the_same_404(
         assert type(private.value) is type(unknown.value)  # NotFound: 404
         assert private.value.fields() == {**unknown.value.fields(), "message": _says("tenant-a")}
     assert unknown.value.fields()["message"] == _says("nope")
+    # Resolved before anything else of a request (issue 67): a name not served and another
+    # key's adapter alike; the owner's adapter and a base pass.
+    for model in ("nope", "tenant-a"):
+        with pytest.raises(GatewayError) as first:
+            completions.preparer.check_model_owner(model, 2, "key-b")
+        assert first.value.fields() == {**unknown.value.fields(), "message": _says(model)}
+    completions.preparer.check_model_owner("tenant-a", 1, "key-a")
+    completions.preparer.check_model_owner("m", 2, "key-b")
 
 
 def _says(model: str) -> str:
@@ -204,9 +212,14 @@ GOOD: dict[str, object] = {
 
 
 def test_the_federation_file_gives_adapters_a_parent_and_an_owner(tmp_path: Path) -> None:
-    adapters = [{"name": "ft", "parent": "m", "owner_key": "acme"}, {"name": "pub", "parent": "m"}]
+    adapters = [{"name": "ft", "parent": "m", "owner_key": "acme"}, {"name": "pub", "parent": "m"},
+                {"name": "by-id", "parent": "m", "owner_key_id": 7}]  # fmt: skip
     config = parse_federation(json.dumps({**GOOD, "adapters": adapters}).encode(), tmp_path)
-    assert config.adapters == (AdapterConfig("ft", "m", "acme"), AdapterConfig("pub", "m"))
+    assert config.adapters == (
+        AdapterConfig("ft", "m", "acme"),
+        AdapterConfig("pub", "m"),
+        AdapterConfig("by-id", "m", owner_key_id=7),
+    )
     assert parse_federation(json.dumps(GOOD).encode(), tmp_path).adapters == ()
 
 
@@ -220,6 +233,9 @@ def test_the_federation_file_gives_adapters_a_parent_and_an_owner(tmp_path: Path
         ([{"name": "ft", "parent": "m", "owner": "acme"}], "unknown field"),
         ([{"name": "ft", "parent": "m", "owner_key": ""}], "owner_key"),
         ([{"name": "bad name", "parent": "m"}], "name"),
+        ([{"name": "ft", "parent": "m", "owner_key": "a", "owner_key_id": 1}], "not both"),
+        ([{"name": "ft", "parent": "m", "owner_key_id": 2**70}], "owner_key_id"),
+        ([{"name": "ft", "parent": "m", "owner_key_id": 0}], "owner_key_id"),
     ],
 )
 def test_adapter_entries_are_checked_loudly(adapters: object, message: str) -> None:

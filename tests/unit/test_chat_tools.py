@@ -11,7 +11,7 @@ import pytest
 from gateway.api.chat_schemas import decode_chat_request
 from gateway.chat.service import ChatService
 from gateway.chat.templates import CHATML_TEMPLATE, ChatTemplate, ChatTemplates
-from gateway.chat.tool_calls import ToolCall, ToolCallScanner, split_answer
+from gateway.chat.tool_calls import ToolCallScanner, split_answer
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.dispatch.request import ToolCallParsing
 from gateway.federation import ModelConfig
@@ -156,7 +156,13 @@ def test_response_formats_become_constraints(chat) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}}
     spec = prepare(chat, response_format=fmt).params.options.constraint
     assert spec is not None
-    assert (spec.kind, json.loads(spec.schema)) == ("json_schema", schema)
+    # strict: the schema's objects closed, as OpenAI reads a strict schema.
+    closed = {**schema, "additionalProperties": False}
+    assert (spec.kind, json.loads(spec.schema)) == ("json_schema", closed)
+    loose = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema}}
+    spec = prepare(chat, response_format=loose).params.options.constraint
+    assert spec is not None
+    assert json.loads(spec.schema) == schema
 
 
 PARSING = ToolCallParsing("<tool_call>\n", "\n</tool_call>", frozenset({"f"}))
@@ -181,10 +187,9 @@ def test_streamed_answers_hold_back_what_may_begin_a_call() -> None:
     text = 'Hi <tool_call>\n{"name": "f", "arguments": {"y": [1, 2]}}\n</tool_call> bye <tool'
     parts = [part for i in range(0, len(text), 3) for part in scanner.feed(text[i : i + 3])]
     contents = "".join(p for p in parts if isinstance(p, str))
-    calls = [p for p in parts if isinstance(p, ToolCall)]
     assert contents == "Hi  bye "
-    assert [json.loads(c.function.arguments) for c in calls] == [{"y": [1, 2]}]
-    assert scanner.flush() == "<tool"
+    assert [json.loads(c.function.arguments) for c in scanner.calls] == [{"y": [1, 2]}]
+    assert scanner.flush() == ["<tool"]
 
 
 LEGACY_WEATHER = WEATHER["function"]

@@ -16,7 +16,8 @@ import pytest
 from fedllm_contract.grammar import ConstraintSpec, grammar
 from fedllm_contract.tokenizer import load_tokenizer
 from gateway.chat.closed_objects import closed_arguments
-from gateway.chat.tool_calls import ToolCall, ToolCallScanner, split_finished
+from gateway.chat.response_format import response_constraint
+from gateway.chat.tool_calls import ToolCallScanner, split_finished
 from gateway.chat.tools import ToolRequest, tool_constraint
 from gateway.dispatch.request import ToolCallParsing
 from gateway.federation import ToolCallFormat
@@ -120,11 +121,55 @@ def test_a_forced_call_takes_no_key_its_schema_does_not_declare(llg_tokenizer) -
     )
 
 
+def strict_format(schema: dict[str, Any], strict: bool | None) -> ConstraintSpec:
+    spec: dict[str, Any] = {"name": "place", "schema": schema}
+    if strict is not None:
+        spec["strict"] = strict
+    constraint = response_constraint({"type": "json_schema", "json_schema": spec})
+    assert constraint is not None
+    return constraint
+
+
+def test_a_strict_response_format_takes_no_key_its_schema_does_not_declare(llg_tokenizer) -> None:
+    # As instructor's JSON_SCHEMA mode sends it: strict, without additionalProperties.
+    nested = {
+        "type": "object",
+        "properties": {"where": CITY, "tags": {"type": "array", "items": CITY}},
+        "required": ["where", "tags"],
+    }
+    ok = '{"where": {"city": "Paris"}, "tags": [{"city": "Lyon"}]}'
+    extras = [
+        '{"where": {"city": "Paris"}, "tags": [], "country": "France"}',
+        '{"where": {"city": "Paris", "zip": "75001"}, "tags": []}',
+        '{"where": {"city": "Paris"}, "tags": [{"city": "Lyon", "zip": "69001"}]}',
+    ]
+    strict = strict_format(nested, True)
+    assert accepts(llg_tokenizer, strict, ok)
+    for extra in extras:
+        assert not accepts(llg_tokenizer, strict, extra), extra
+    # The client's order is kept: the grammar writes keys in it.
+    assert list(json.loads(strict.schema)["properties"]) == ["where", "tags"]
+    # Not strict: JSON Schema's reading, other keys allowed, as before.
+    for loose in (strict_format(nested, False), strict_format(nested, None)):
+        assert all(accepts(llg_tokenizer, loose, extra) for extra in extras)
+    # Free-form maps (no declared properties) and explicit additionalProperties stay as given.
+    maps = {
+        "type": "object",
+        "properties": {"labels": {"type": "object"}, "counts": {
+            "type": "object", "additionalProperties": {"type": "integer"}}},
+        "required": ["labels", "counts"],
+    }  # fmt: skip
+    assert accepts(
+        llg_tokenizer, strict_format(maps, True), '{"labels": {"a": "b"}, "counts": {"x": 1}}'
+    )
+
+
 WEATHER = ToolCallParsing("<tool_call>\n", "\n</tool_call>", frozenset({"get_weather"}))
 FORCED = ToolCallParsing(WEATHER.begin, WEATHER.end, WEATHER.names, forced=True)
 LEGACY = ToolCallParsing(WEATHER.begin, WEATHER.end, WEATHER.names, legacy_functions=True)
 PARIS = call('{"name": "get_weather", "arguments": {"city": "Paris"}}')
 CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+UNNAMED = '<tool_call>\n{"name": "get_wea'
 
 
 @pytest.mark.parametrize(
@@ -154,20 +199,25 @@ def test_a_forced_calls_arguments_are_an_object_whatever_the_schema_leaves_open(
 @pytest.mark.parametrize(
     ("parsing", "text", "reason", "expected"),
     [
-        # Forced: nothing but calls, the separators included; a cut call is dropped.
+        # Forced: nothing but calls, the separators included.
         (FORCED, PARIS, "stop", (None, 1, "tool_calls")),
         (FORCED, f"{PARIS}\n{PARIS}", "stop", (None, 2, "tool_calls")),
-        (FORCED, f"{PARIS}\n{CUT}", "length", (None, 1, "tool_calls")),
+        # A call cut by max_tokens is returned as written, with finish_reason "length"...
+        (FORCED, f"{PARIS}\n{CUT}", "length", (None, 2, "length")),
+        (FORCED, CUT, "length", (None, 1, "length")),
+        # ...markup cut before any call began is dropped.
         (FORCED, f"{PARIS}\n<tool", "length", (None, 1, "tool_calls")),
-        (FORCED, CUT, "length", (None, 0, "length")),
-        # auto: text stays content; a call cut by max_tokens is dropped, not content.
+        (FORCED, '<tool_call>\n{"na', "length", (None, 0, "length")),
+        # auto: text stays content; a cut call is a call, never content.
         (WEATHER, f"Let me look.\n{PARIS}", "stop", ("Let me look.", 1, "tool_calls")),
-        (WEATHER, f"Let me look.\n{CUT}", "length", ("Let me look.", 0, "length")),
-        (WEATHER, f"{PARIS}\n{CUT}", "length", (None, 1, "tool_calls")),
+        (WEATHER, f"Let me look.\n{CUT}", "length", ("Let me look.", 1, "length")),
+        (WEATHER, f"{PARIS}\n{CUT}", "length", (None, 2, "length")),
         (WEATHER, "Sunny and warm", "length", ("Sunny and warm", 0, "length")),
         (WEATHER, f"{PARIS} then more words", "length", ("then more words", 1, "length")),
-        # An answer the model itself ended inside a call keeps it as text.
-        (WEATHER, CUT, "stop", (CUT, 0, "stop")),
+        # An answer the model itself ended inside markup that began no call keeps it as text;
+        # inside a begun call, the call stands.
+        (WEATHER, UNNAMED, "stop", (UNNAMED, 0, "stop")),
+        (WEATHER, CUT, "stop", (None, 1, "tool_calls")),
         # A legacy caller's answer: finish_reason function_call.
         (LEGACY, PARIS, "stop", (None, 1, "function_call")),
     ],
@@ -176,21 +226,22 @@ def test_whole_answers_never_carry_call_markup_as_content(parsing, text, reason,
     split = split_finished(text, parsing, reason)
     assert (split.content, len(split.calls), split.finish_reason) == expected
     for found in split.calls:
-        assert json.loads(found.function.arguments) == {"city": "Paris"}
+        assert found.function.name == "get_weather"
+        assert found.function.arguments in ('{"city": "Paris"}', '{"city": "Par')
 
 
 def streamed(parsing: ToolCallParsing, text: str, reason: str) -> tuple[str, int, str | None]:
     scanner = ToolCallScanner(parsing)
     parts = [part for i in range(0, len(text), 4) for part in scanner.feed(text[i : i + 4])]
-    parts.append(scanner.flush(reason))  # type: ignore[arg-type]
+    parts += scanner.flush(reason)  # type: ignore[arg-type]
     content = "".join(part for part in parts if isinstance(part, str))
-    calls = [part for part in parts if isinstance(part, ToolCall)]
-    return content, len(calls), scanner.finish_reason(reason)  # type: ignore[arg-type]
+    return content, len(scanner.calls), scanner.finish_reason(reason)  # type: ignore[arg-type]
 
 
 def test_streamed_answers_never_carry_call_markup_as_content() -> None:
-    assert streamed(FORCED, f"{PARIS}\n{PARIS}\n{CUT}", "length") == ("", 2, "tool_calls")
-    assert streamed(FORCED, CUT, "length") == ("", 0, "length")
-    assert streamed(WEATHER, f"Hm. {PARIS}\n{CUT}", "length") == ("Hm. \n", 1, "tool_calls")
+    assert streamed(FORCED, f"{PARIS}\n{PARIS}\n{CUT}", "length") == ("", 3, "length")
+    assert streamed(FORCED, f"{PARIS}\n{PARIS}\n<tool_c", "length") == ("", 2, "tool_calls")
+    assert streamed(FORCED, CUT, "length") == ("", 1, "length")
+    assert streamed(WEATHER, f"Hm. {PARIS}\n{CUT}", "length") == ("Hm. \n", 2, "length")
     assert streamed(WEATHER, "Hm. <tool", "length") == ("Hm. ", 0, "length")
     assert streamed(WEATHER, "Hm. <tool", "stop") == ("Hm. <tool", 0, "stop")

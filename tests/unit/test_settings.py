@@ -81,6 +81,12 @@ def test_site_settings_fail_loudly(env: dict[str, str], message: str) -> None:
         ({"GATEWAY_SITE_MAX_QUEUED_REQUESTS": "-3"}, "GATEWAY_SITE_MAX_QUEUED_REQUESTS"),
         ({"GATEWAY_MAX_IN_FLIGHT": "0"}, "GATEWAY_MAX_IN_FLIGHT"),
         ({"GATEWAY_IDEMPOTENCY_TTL_S": "0"}, "GATEWAY_IDEMPOTENCY_TTL_S"),
+        ({"GATEWAY_OPEN_ANSWER_TIMEOUT_S": "600"}, "GATEWAY_OPEN_ANSWER_TIMEOUT_S"),
+        ({"GATEWAY_OPEN_ANSWER_TIMEOUT_S": "0"}, "GATEWAY_OPEN_ANSWER_TIMEOUT_S"),
+        (
+            {"GATEWAY_REQUEST_TIMEOUT_S": "20", "GATEWAY_OPEN_ANSWER_TIMEOUT_S": "30"},
+            "below GATEWAY_REQUEST_TIMEOUT_S",
+        ),
     ],
 )
 def test_reliability_settings_fail_loudly(env: dict[str, str], message: str) -> None:
@@ -98,6 +104,12 @@ def test_reliability_settings_from_env() -> None:
         }
     )
     assert (settings.limits.max_continuations, settings.limits.max_in_flight) == (0, 7)
+    # An answer without a client's limit: half the request's deadline unless set.
+    assert settings.limits.open_answer_s == 300
+    shorter = {"GATEWAY_FEDERATION_FILE": "f.json", "GATEWAY_REQUEST_TIMEOUT_S": "20"}
+    assert GatewaySettings.from_env(shorter).limits.open_answer_s == 10
+    given = {**shorter, "GATEWAY_OPEN_ANSWER_TIMEOUT_S": "15"}
+    assert GatewaySettings.from_env(given).limits.open_answer_s == 15
     assert (settings.routing.site_max_queued_requests, settings.routing.site_max_queued_tokens) == (
         256,
         5000,

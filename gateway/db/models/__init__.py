@@ -7,6 +7,7 @@ One module per group of tables; everything is importable from here.
 """
 
 from gateway.db.models.base import (
+    MAX_ROW_ID,
     NAMING_CONVENTION,
     Base,
     UTCDateTime,
@@ -59,6 +60,7 @@ from gateway.db.models.tenancy import (
 
 __all__ = [
     "FINAL_FINE_TUNING_STATES",
+    "MAX_ROW_ID",
     "NAMING_CONVENTION",
     "OPEN_RETRAIN_STATES",
     "AdapterOwner",

@@ -8,6 +8,10 @@ from datetime import UTC, datetime
 from sqlalchemy import DateTime, Dialect, Enum, MetaData, TypeDecorator
 from sqlalchemy.orm import DeclarativeBase
 
+# Ids are 32-bit integer columns: a larger id an API is given is refused (400) before it reaches
+# the database, whose driver would fail on it (500; the schema fuzzer and issue 67 found cases).
+MAX_ROW_ID = 2**31 - 1
+
 # Deterministic constraint names, so migrations can address them on every backend.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

@@ -1,35 +1,43 @@
-"""Segmented LoRA kernels (Punica's SGMV, S-LoRA's MBGMV): each row's delta through its own
-adapter only, for a stack of projections at once.
+"""Segmented multi-LoRA kernels (Punica's SGMV, S-LoRA's MBGMV, vLLM's fused lora_shrink and
+lora_expand): each row's delta through its own adapter only, for a stack of projections at once,
+shrink and expand in one launch.
 
-A step's tokens are grouped by slot (a counting sort of the slot indices) and cut into tiles of
-16 tokens of one slot (64 in steps of more than 512 tokens: prefill); a program takes one tile.
 For a stack of projections that read the same input (q/k/v, gate/up: lora/slots.py's `Stack`),
-one shrink and one expand serve all of them, as vLLM's lora_shrink/lora_expand serve their
-"slices":
+and a step's tokens grouped by slot into tiles (cuda/lora_segments.py: a tile is a slot's whole
+run when it fits, so a decode step reads each slot's weights once):
 
     shrink  s[t, :]      = scaling[slot] * x[t, :] @ A[slot]        ([in] @ [in, n * R])
     expand  y[t, cols_j] += s[t, j*R : (j+1)*R] @ B[slot][:, cols_j]  (each projection j)
 
-so each tile reads its slot's A and B once, every projection of the stack in one launch. A slot
+both products on tensor cores (tl.dot; a chunk of 16 rows at decode, 64 at prefill). A slot
 index of -1 (a base row, or graph padding) belongs to no tile: its row costs nothing and is left
 untouched, bit for bit.
 
-Everything that depends on which rows use which slot is computed on the device by fixed-shape
-torch ops from the slot-index tensor (`segments`): no host sync, so a CUDA graph captured over a
-static slot-index buffer replays a step's layout that the host wrote into that buffer. The grid
-is sized for the worst case, min(T, cdiv(T, tile) + slots) tiles (each slot in use has at
-least one token per tile); programs past the real tiles return at once.
+**One launch per stack** (`lora_delta`): the grid holds the shrink's tasks (tile x split of the
+input features: a decode step of 64 adapters has few tiles and a long reduction, the splits keep
+every SM reading) and then the expand's (tile x block of output columns). A program takes the
+next task from an atomic ticket, so tasks start in ticket order: every shrink task has started
+(it is running or done) before any expand task does. An expand task loads its slot's B block,
+then waits until every split of its tile's shrink has signalled (a release increment after its
+partial sums are written; the waiter polls with volatile loads, then acquires), sums the splits'
+partial planes and adds its product into y in the same pass (y read once, written once). The
+wait cannot deadlock: what it waits for never waits. The wait is bounded (about a second): past
+it the tile's rows are written NaN, a loud failure instead of a hung GPU. Partial sums go to
+planes of a float32 buffer, no float atomics: a step's result does not depend on the order
+programs ran in (graphs and eager runs agree bit for bit). The per-launch counters are one row
+of a zeroed int32 buffer per launch of the step (`SegmentedLoraStep`), zeroed once a step; a
+wait that gave up raises the row's failure flag, and the launch's other waiters stop at once.
 
-The shrink splits the input features over programs (a decode step of 64 adapters has few tiles
-and a long reduction: the splits keep every SM reading; a prefill step has tiles enough, and
-its partial sums are bounded to 8 MiB); each writes its partial sums to its own plane of a
-float32 buffer and the expand adds the planes: no atomics, so a step's result does not depend
-on the order programs ran in (graphs and eager runs agree bit for bit).
+`lora_shrink` and `lora_expand` run the same two halves as two launches (the expand waiting for
+nothing); `SegmentedLoraStep(fused=False)` uses them. The kernel itself is cuda/lora_triton.py's;
+this module plans its launches (tile and block sizes, splits: ptxas-checked register and shared
+memory budgets, in the functions' docstrings).
 
-The slot tensors are lora/slots.py's (per layer A [slots, in, n * R], B [slots, R, out], each
-slot's block contiguous, so a tile's weight reads are long and coalesced); ranks are zero-padded
-to the site's max rank R, so mixed ranks cost the padded rank. Offsets into the slot tensors
-are formed in 64 bits.
+Everything that depends on which rows use which slot is computed on the device (segments): a
+CUDA graph captured over a static slot-index buffer replays a step's layout. The slot tensors
+are lora/slots.py's (per layer A [slots, in, n * R], B [slots, R, out], each slot's block
+contiguous, so weight reads are long and coalesced); ranks are zero-padded to the site's max
+rank R, so mixed ranks cost the padded rank. Offsets into the slot tensors are formed in 64 bits.
 """
 
 from __future__ import annotations
@@ -39,179 +47,41 @@ from typing import TYPE_CHECKING
 
 import torch
 import triton
-import triton.language as tl
+
+from site_engine.engine.cuda.lora_segments import (
+    DECODE_BLOCK_M,
+    Segments,
+    chunk_rows,
+    max_tiles,
+    segments,
+)
+from site_engine.engine.cuda.lora_triton import _lora_delta_kernel
 
 if TYPE_CHECKING:
     from site_engine.engine.lora.slots import LoraSlots
 
-# Tokens per tile: tl.dot's smallest M for decode-sized steps, where a slot has a few rows;
-# more for prefill-sized ones, so a slot's weights are read once per 64 of its tokens, not 16.
-_TILE_ROWS = 16
-_PREFILL_TILE_ROWS = 64
-_PREFILL_TOKENS = 512  # steps of more tokens than this use the larger tiles
-_BLOCK_K = 128  # at most; less for wide stacks (block_k), so a stage's tiles stay small
-_BLOCK_N = 128
-_DECODE_BLOCK_N = 256  # expand columns per program for decode-sized tiles (block_n says why)
+__all__ = [
+    "MAX_STACK",
+    "SegmentedLoraStep",
+    "Segments",
+    "chunk_rows",
+    "lora_delta",
+    "lora_expand",
+    "lora_shrink",
+    "max_tiles",
+    "partials_shape",
+    "segments",
+    "sync_size",
+]
+
+_BLOCK_N = 128  # expand columns per program for prefill chunks (64 rows)
+_DECODE_BLOCK_N = 256  # for decode chunks (16 rows): fewer, wider programs, same registers
 _MAX_SPLITS = 16
-_SPLIT_FEATURES = 512  # input features per shrink program, at least
-_PROGRAMS = 2048  # shrink programs to aim for (a few per SM of an H100/H200)
+_SPLIT_FEATURES = 512  # input features per shrink task, at least
+_PROGRAMS = 2048  # shrink tasks to aim for (a few per SM of an H100/H200)
 _PARTIAL_BYTES = 8 << 20  # the shrink's partial sums at most (the memory plan's LoRA slack)
 MAX_STACK = 3  # projections a stack may hold (q/k/v)
-
-
-@dataclass(frozen=True, slots=True)
-class Segments:
-    """A step's tokens grouped by slot, as device tensors of fixed shapes (graph-safe)."""
-
-    block_m: int  # tokens per tile
-    order: torch.Tensor  # [T] int32: token indices sorted by slot (base rows first)
-    tile_slot: torch.Tensor  # [tiles] int32: a tile's slot, -1 past the real tiles
-    tile_start: torch.Tensor  # [tiles] int32: its first position in `order`
-    tile_end: torch.Tensor  # [tiles] int32: the end of its slot's run in `order`
-
-
-def tile_rows(tokens: int) -> int:
-    """Tokens per tile for a step of `tokens` (a graph's bucket: fixed per graph)."""
-    return _TILE_ROWS if tokens <= _PREFILL_TOKENS else _PREFILL_TILE_ROWS
-
-
-def max_tiles(tokens: int, num_slots: int, block_m: int) -> int:
-    """Tiles a step of `tokens` can need: each slot in use has a partial tile at most, and a
-    tile holds at least one token."""
-    return min(tokens, -(-tokens // block_m) + num_slots)
-
-
-def segments(token_slots: torch.Tensor, num_slots: int, block_m: int | None = None) -> Segments:
-    """The tiles of a step whose token t uses slot token_slots[t] (-1: none), `block_m` tokens
-    each (default: tile_rows). A counting sort (one-hot prefix sums, then a scatter) rather than
-    torch.sort: fixed shapes and plain kernels, nothing that could sync with the host inside a
-    graph capture."""
-    device = token_slots.device
-    tokens = token_slots.shape[0]
-    block_m = tile_rows(tokens) if block_m is None else block_m
-    column = (token_slots.long() + 1).unsqueeze(1)  # 0: no adapter, s + 1: slot s
-    one_hot = torch.zeros((tokens, num_slots + 1), dtype=torch.int32, device=device)
-    one_hot.scatter_(1, column, 1)
-    counts_all = one_hot.sum(0, dtype=torch.int32)
-    starts_all = torch.cumsum(counts_all, 0, dtype=torch.int32) - counts_all
-    # A token's place in `order`: its slot's start plus how many of its slot's tokens precede it.
-    before = torch.cumsum(one_hot, 0, dtype=torch.int32).gather(1, column).squeeze(1) - 1
-    place = (starts_all.gather(0, column.squeeze(1)) + before).long()
-    order = torch.empty(tokens, dtype=torch.int32, device=device)
-    order.scatter_(0, place, torch.arange(tokens, dtype=torch.int32, device=device))
-    starts, counts = starts_all[1:], counts_all[1:]
-    tiles = (counts + block_m - 1) // block_m
-    tiles_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-    index = torch.arange(max_tiles(tokens, num_slots, block_m), dtype=torch.int32, device=device)
-    slot_of = torch.searchsorted(tiles_end, index, right=True).to(torch.int32)
-    valid = slot_of < num_slots
-    slot = slot_of.clamp(max=num_slots - 1)
-    first_tile = tiles_end[slot] - tiles[slot]
-    tile_start = starts[slot] + (index - first_tile) * block_m
-    tile_end = starts[slot] + counts[slot]
-    neg = torch.full_like(slot, -1)
-    return Segments(block_m, order, torch.where(valid, slot, neg), tile_start, tile_end)
-
-
-@triton.jit
-def _shrink_kernel(
-    x_ptr, a_ptr, out_ptr, scaling_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
-    k_total, width, k_per_split,
-    sx_t, sx_k, sa_s, sa_k, sa_r, so_split, so_t, so_r,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, IEEE: tl.constexpr,
-):  # fmt: skip
-    tile = tl.program_id(0)
-    split = tl.program_id(1)
-    slot = tl.load(tile_slot_ptr + tile)
-    if slot < 0:
-        return
-    start = tl.load(tile_start_ptr + tile)
-    end = tl.load(tile_end_ptr + tile)
-    rows = start + tl.arange(0, BLOCK_M)
-    mask_m = rows < end
-    tok = tl.load(order_ptr + rows, mask=mask_m, other=0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < width
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    k_begin = split * k_per_split
-    k_stop = tl.minimum(k_begin + k_per_split, k_total)
-    a_slot = a_ptr + slot.to(tl.int64) * sa_s
-    for k0 in range(k_begin, k_stop, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < k_stop
-        x = tl.load(
-            x_ptr + tok[:, None] * sx_t + offs_k[None, :] * sx_k,
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
-        a = tl.load(
-            a_slot + offs_k[:, None].to(tl.int64) * sa_k + offs_r[None, :] * sa_r,
-            mask=mask_k[:, None] & mask_r[None, :],
-            other=0.0,
-        )
-        if IEEE:
-            acc += tl.dot(x, a, input_precision="ieee")
-        else:
-            acc += tl.dot(x, a)
-    acc *= tl.load(scaling_ptr + slot).to(tl.float32)
-    out = out_ptr + split * so_split + tok[:, None] * so_t + offs_r[None, :] * so_r
-    tl.store(out, acc, mask=mask_m[:, None] & mask_r[None, :])
-
-
-@triton.jit
-def _expand_kernel(
-    s_ptr, b_ptr, y_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
-    width0, width1, width2, R, splits,
-    ss_split, ss_t, ss_r, sb_s, sb_r, sb_n, sy_t, sy_n,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr,
-    IEEE: tl.constexpr,
-):  # fmt: skip
-    tile = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    slot = tl.load(tile_slot_ptr + tile)
-    if slot < 0:
-        return
-    # Which projection of the stack this program's columns belong to (a block never straddles
-    # two: each projection's columns start a block of their own).
-    blocks0 = tl.cdiv(width0, BLOCK_N)
-    blocks1 = tl.cdiv(width1, BLOCK_N)
-    in1 = pid_n >= blocks0
-    in2 = pid_n >= blocks0 + blocks1
-    part = in1.to(tl.int32) + in2.to(tl.int32)
-    first_col = tl.where(in2, width0 + width1, tl.where(in1, width0, 0))
-    width = tl.where(in2, width2, tl.where(in1, width1, width0))
-    first_block = tl.where(in2, blocks0 + blocks1, tl.where(in1, blocks0, 0))
-    offs_local = (pid_n - first_block) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_local < width
-    cols = (first_col + offs_local).to(tl.int64)
-    start = tl.load(tile_start_ptr + tile)
-    end = tl.load(tile_end_ptr + tile)
-    rows = start + tl.arange(0, BLOCK_M)
-    mask_m = rows < end
-    tok = tl.load(order_ptr + rows, mask=mask_m, other=0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < R
-    mask_s = mask_m[:, None] & mask_r[None, :]
-    shrunk = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    s_rows = s_ptr + tok[:, None] * ss_t + (part * R + offs_r)[None, :] * ss_r
-    # Unrolled (SPLITS >= splits, a power of two): every plane's load is in flight at once,
-    # not one L2 round trip after another as a loop over a run-time count would wait for.
-    for split in tl.static_range(SPLITS):
-        shrunk += tl.load(s_rows + split * ss_split, mask=mask_s & (split < splits), other=0.0)
-    b = tl.load(
-        b_ptr + slot.to(tl.int64) * sb_s + offs_r[:, None] * sb_r + cols[None, :] * sb_n,
-        mask=mask_r[:, None] & mask_n[None, :],
-        other=0.0,
-    )
-    # The delta in the weights' dtype, as the PyTorch path rounds it; accumulated in float32.
-    if IEEE:
-        delta = tl.dot(shrunk.to(b.dtype), b, input_precision="ieee")
-    else:
-        delta = tl.dot(shrunk.to(b.dtype), b)
-    y_rows = y_ptr + tok[:, None] * sy_t + cols[None, :] * sy_n
-    mask_y = mask_m[:, None] & mask_n[None, :]
-    y = tl.load(y_rows, mask=mask_y, other=0.0)
-    tl.store(y_rows, (y.to(tl.float32) + delta).to(y.dtype), mask=mask_y)
+SHRINK, EXPAND, FUSED = 1, 2, 0  # what a launch runs
 
 
 def _block(width: int) -> int:
@@ -219,33 +89,156 @@ def _block(width: int) -> int:
 
 
 def block_n(block_m: int) -> int:
-    """Output columns per expand program. Decode-sized tiles (16 rows, a few of them real) take
-    _DECODE_BLOCK_N: an expand program's cost is its chain of dependent loads (tile, order,
-    partial planes, B and y), not its bytes, so fewer, wider programs do the same work in fewer
-    round trips (a 256-row step of 64 adapters: 17,920 programs for gate/up at 128 columns,
-    8,960 at 256), and each reads the shrink's partial planes for twice the columns. Prefill
-    tiles (64 rows) keep _BLOCK_N: their accumulator is already 8,192 elements."""
-    return _DECODE_BLOCK_N if block_m == _TILE_ROWS else _BLOCK_N
+    """Output columns per expand program: 256 for decode chunks (16 rows: an expand program's
+    cost is its chain of dependent loads, so fewer, wider programs), 128 for prefill chunks
+    (64 rows: the accumulator is already 8,192 elements)."""
+    return _DECODE_BLOCK_N if block_m == DECODE_BLOCK_M else _BLOCK_N
 
 
 def split_k(in_features: int, tiles: int, tokens: int, width: int) -> int:
-    """Programs the shrink splits the input features over: at least _SPLIT_FEATURES features
-    each, about _PROGRAMS programs in all, at most _MAX_SPLITS, and partial sums of at most
-    _PARTIAL_BYTES (a prefill step of 8k tokens at rank 64 takes one split)."""
+    """Splits of the input features: at least _SPLIT_FEATURES features each, about _PROGRAMS
+    shrink tasks in all, at most _MAX_SPLITS, and partial sums of at most _PARTIAL_BYTES (a
+    prefill step of 8k tokens at rank 64 takes one split)."""
     by_grid = _PROGRAMS // max(1, tiles)
     by_memory = _PARTIAL_BYTES // max(1, tokens * width * 4)
     return max(1, min(_MAX_SPLITS, in_features // _SPLIT_FEATURES, by_grid, by_memory))
 
 
-def block_k(block_r: int) -> int:
-    """Input features per shrink iteration: an A tile of at most 128 x 64 elements."""
-    return max(32, min(_BLOCK_K, 8192 // block_r))
+def block_k(block_w: int, block_m: int) -> int:
+    """Input features per shrink iteration: an A tile of at most 4,096 elements (64 x 64 for
+    q/k/v, 128 x 32 for gate/up, 256 x 16 for one rank-16 projection) and an x tile of at most
+    8,192 (128 features for prefill's 64-row chunks). With three stages in flight that is ~80-100
+    registers a thread and ~21-33 KB of shared memory at decode, 5-6 programs an SM (ptxas for
+    sm_90; 128 x 64 A tiles took 128 registers and 40 KB, 4 programs)."""
+    return max(32, min(256, 4096 // block_w, 8192 // block_m))
 
 
-def num_warps(block_m: int, block_n: int) -> int:
-    """Warps of a program whose accumulator is block_m x block_n float32: 8 past 4,096
-    elements (64 registers a thread at 4 warps), so large tiles do not spill."""
-    return 8 if block_m * block_n > 4096 else 4
+def num_warps(block_m: int, block_n: int, block_r: int) -> int:
+    """8 warps past 4,096 float32 accumulators or 8,192 B elements a program (64 registers a
+    thread at 4 warps), so wide tiles do not spill."""
+    return 8 if block_m * block_n > 4096 or block_r * block_n > 8192 else 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One stack launch's shapes and constants."""
+
+    splits: int
+    k_per_split: int
+    block_k: int
+    block_w: int
+    cols: int
+    blocks: int
+    widths: tuple[int, int, int]
+
+
+def _plan(x: torch.Tensor, a: torch.Tensor, seg: Segments, widths: tuple[int, ...]) -> _Plan:
+    tokens, in_f = x.shape
+    width = a.shape[2]
+    splits = split_k(in_f, seg.tiles, tokens, width)
+    block_w = _block(width)
+    step = block_k(block_w, seg.block_m)
+    cols = block_n(seg.block_m)
+    blocks = sum(triton.cdiv(w, cols) for w in widths)
+    padded = (*widths, 0, 0)[:MAX_STACK]
+    k_per_split = triton.cdiv(triton.cdiv(in_f, splits), step) * step
+    return _Plan(splits, k_per_split, step, block_w, cols, blocks, padded)  # type: ignore[arg-type]
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, widths: tuple[int, ...]) -> None:
+    _, rank, out_f = b.shape
+    if not 1 <= len(widths) <= MAX_STACK or sum(widths) != out_f or y.shape[1] != out_f:
+        raise ValueError(
+            f"widths {widths}: the output has {y.shape[1]} columns, the adapters' B {out_f}"
+        )
+    if a.shape[2] != rank * len(widths):
+        raise ValueError(f"A has {a.shape[2]} columns for {len(widths)} x rank {rank}")
+
+
+def _launch(
+    phase: int,
+    grid: int,
+    ops: tuple[torch.Tensor, ...],
+    seg: Segments,
+    plan: _Plan,
+    rank: int,
+) -> None:
+    """One launch of `phase` over ops (x, a, part, b, y, scaling, sync): a launch that runs
+    one half only is given stand-ins for the other half's tensors, which it does not read."""
+    x, a, part, b, y, scaling, sync = ops
+    if any(t.stride(-1) != 1 for t in (x, a, part, b, y)):
+        raise ValueError("the LoRA kernels need unit stride along the features")
+    block_r = _block(rank)
+    warps = 4
+    if phase != EXPAND:
+        warps = max(warps, num_warps(seg.block_m, plan.block_w, plan.block_w))
+    if phase != SHRINK:
+        warps = max(warps, num_warps(seg.block_m, plan.cols, block_r))
+    _lora_delta_kernel[(grid,)](
+        x, a, part, b, y, scaling, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end, sync,
+        x.shape[1], plan.k_per_split, plan.splits, plan.blocks, seg.tiles,
+        x.stride(0), a.stride(0), a.stride(1), part.stride(0), part.stride(1),
+        b.stride(0), b.stride(1), y.stride(0),
+        PHASE=phase, WIDTH=part.shape[2], WIDTH0=plan.widths[0], WIDTH1=plan.widths[1],
+        WIDTH2=plan.widths[2], RANK=rank, BLOCK_M=seg.block_m, BLOCK_K=plan.block_k,
+        BLOCK_W=plan.block_w, BLOCK_R=block_r, BLOCK_N=plan.cols,
+        SPLITS=int(triton.next_power_of_2(plan.splits)),
+        EVEN_K=x.shape[1] % plan.block_k == 0,
+        EVEN_N=all(w % plan.cols == 0 for w in plan.widths),
+        IEEE=a.dtype == torch.float32, num_warps=warps,
+    )  # fmt: skip
+
+
+def sync_size(seg: Segments) -> int:
+    """Counters one lora_delta launch needs: its ticket, its failure flag, one per tile; padded
+    to 16 bytes, so every row of SegmentedLoraStep's counters is 16-byte aligned (one Triton
+    specialization, compiled by the warm-up before a graph capture, not during it)."""
+    return -(-(2 + seg.tiles) // 4) * 4
+
+
+def partials_shape(x: torch.Tensor, a: torch.Tensor, seg: Segments) -> tuple[int, int, int]:
+    """The shrink's partial sums for x [T, in] and a [slots, in, width]: [splits, T, width],
+    float32."""
+    return _plan(x, a, seg, (a.shape[2],)).splits, x.shape[0], a.shape[2]
+
+
+def _partials(
+    x: torch.Tensor, a: torch.Tensor, plan: _Plan, given: torch.Tensor | None
+) -> torch.Tensor:
+    shape = (plan.splits, x.shape[0], a.shape[2])
+    if given is None:
+        return torch.empty(shape, dtype=torch.float32, device=x.device)
+    if tuple(given.shape) != shape or given.dtype != torch.float32 or not given.is_contiguous():
+        raise ValueError(f"partial sums: {tuple(given.shape)} {given.dtype}, need {shape} float32")
+    return given
+
+
+def lora_delta(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    y: torch.Tensor,
+    scaling: torch.Tensor,
+    seg: Segments,
+    widths: tuple[int, ...],
+    sync: torch.Tensor,
+    part: torch.Tensor | None = None,
+) -> None:
+    """y[t, cols_j] += (scaling[slot_t] * x[t] @ a[slot_t][:, j*R:(j+1)*R]) @ b[slot_t][:, cols_j]
+    for each projection j of the stack, in one launch: x [T, in], a [slots, in, n * R], b
+    [slots, R, out] (one layer of a stack's slots, or a column slice), y [T, out] (may be a
+    column slice of a wider output), `widths` the projections' output columns, side by side.
+    `sync`: int32, sync_size(seg) elements, zero, used by this launch only (after it: the
+    programs' count, 0 (1 or more: some wait gave up and wrote NaN), and each tile's splits
+    done). `part`: the
+    partial sums' scratch (default: allocated here; see partials_shape)."""
+    _check(a, b, y, widths)
+    if sync.dtype != torch.int32 or sync.numel() < sync_size(seg):
+        raise ValueError(f"sync must be int32 with {sync_size(seg)} elements at least")
+    plan = _plan(x, a, seg, widths)
+    part = _partials(x, a, plan, part)
+    grid = seg.tiles * (plan.splits + plan.blocks)
+    _launch(FUSED, grid, (x, a, part, b, y, scaling, sync), seg, plan, b.shape[1])
 
 
 def lora_shrink(
@@ -253,70 +246,76 @@ def lora_shrink(
     a: torch.Tensor,
     scaling: torch.Tensor,
     seg: Segments,
+    part: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Partial sums [splits, T, width] (float32) of scaling[slot_t] * x[t] @ a[slot_t]: x
-    [T, in], a [slots, in, width] (one layer of a stack's slots, or a column slice of it).
-    Rows of no slot are left unwritten."""
-    tokens, in_f = x.shape
-    _, _, width = a.shape
-    tiles = seg.tile_slot.shape[0]
-    splits = split_k(in_f, tiles, tokens, width)
-    out = torch.empty((splits, tokens, width), dtype=torch.float32, device=x.device)
-    block_r = _block(width)
-    step = block_k(block_r)
-    k_per_split = triton.cdiv(triton.cdiv(in_f, splits), step) * step
-    _shrink_kernel[(tiles, splits)](
-        x, a, out, scaling, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end,
-        in_f, width, k_per_split,
-        x.stride(0), x.stride(1), a.stride(0), a.stride(1), a.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=seg.block_m, BLOCK_K=step, BLOCK_R=block_r,
-        IEEE=x.dtype == torch.float32, num_warps=num_warps(seg.block_m, block_r),
-    )  # fmt: skip
-    return out
+    """The shrink alone: partial sums [splits, T, width] (float32) of scaling[slot_t] * x[t] @
+    a[slot_t]; rows of no slot are left unwritten (lora_expand sums them). `part`: the scratch
+    to write them into (default: allocated here; see partials_shape)."""
+    plan = _plan(x, a, seg, (a.shape[2],))
+    part = _partials(x, a, plan, part)
+    ops = (x, a, part, a, x, scaling, seg.order)  # the expand half's are stand-ins
+    _launch(SHRINK, seg.tiles * plan.splits, ops, seg, plan, 16)
+    return part
 
 
 def lora_expand(
-    shrunk: torch.Tensor,
+    part: torch.Tensor,
     b: torch.Tensor,
     y: torch.Tensor,
     seg: Segments,
     widths: tuple[int, ...],
 ) -> None:
-    """y[t, cols_j] += shrunk[:, t, j*R : (j+1)*R].sum(0) @ b[slot_t][:, cols_j], in place, for
-    each projection j of the stack (`widths`: their output columns, side by side in b and y):
-    shrunk from lora_shrink, b [slots, R, out] (one layer), y [T, out] (may be a column slice
-    of a wider output)."""
-    _, rank, out_f = b.shape
-    if not 1 <= len(widths) <= MAX_STACK or sum(widths) != out_f or y.shape[1] != out_f:
-        raise ValueError(
-            f"widths {widths}: the output has {y.shape[1]} columns, the adapters' B {out_f}"
-        )
-    if shrunk.shape[2] != rank * len(widths):
-        raise ValueError(f"the shrink gave {shrunk.shape[2]} columns for {len(widths)} x {rank}")
-    padded = (*widths, 0, 0)[:MAX_STACK]
+    """The expand alone: y[t, cols_j] += part[:, t, j*R : (j+1)*R].sum(0) @ b[slot_t][:, cols_j],
+    in place, `part` from lora_shrink of the same segments."""
+    splits, _tokens, width = part.shape
+    rank = b.shape[1]
+    if width != rank * len(widths):
+        raise ValueError(f"the shrink gave {width} columns for {len(widths)} x {rank}")
+    _check(part, b, y, widths)
     cols = block_n(seg.block_m)
     blocks = sum(triton.cdiv(w, cols) for w in widths)
-    splits = shrunk.shape[0]
-    _expand_kernel[(seg.tile_slot.shape[0], blocks)](
-        shrunk, b, y, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end,
-        *padded, rank, splits,
-        shrunk.stride(0), shrunk.stride(1), shrunk.stride(2),
-        b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1),
-        BLOCK_M=seg.block_m, BLOCK_N=cols, BLOCK_R=_block(rank),
-        SPLITS=int(triton.next_power_of_2(splits)),
-        IEEE=y.dtype == torch.float32, num_warps=num_warps(seg.block_m, cols),
-    )  # fmt: skip
+    padded = (*widths, 0, 0)[:MAX_STACK]
+    plan = _Plan(splits, 0, 16, _block(width), cols, blocks, padded)  # type: ignore[arg-type]
+    ops = (y, b, part, b, y, y, seg.order)  # the shrink half's are stand-ins
+    _launch(EXPAND, seg.tiles * blocks, ops, seg, plan, rank)
 
 
 class SegmentedLoraStep:
     """A step's LoRA deltas through the segmented kernels: lora/slots.py's SegmentedTorchStep
-    on CUDA, over the same slot tensors."""
+    on CUDA, over the same slot tensors; one launch per stack (fused=False: two)."""
 
-    def __init__(self, slots: LoraSlots, token_slots: torch.Tensor) -> None:
+    def __init__(self, slots: LoraSlots, token_slots: torch.Tensor, fused: bool = True) -> None:
         self._slots = slots
+        self._fused = fused
         # Once per step, shared by every layer and projection.
         self._segments = segments(token_slots, slots.num_slots)
+        # One zeroed row of counters per fused launch: rows for the fused model's four
+        # launches a layer, more allocated (zeroed) if a caller launches more.
+        self._rows = 4 * slots.base.num_layers
+        self._sync = self._sync_rows()
+        self._used = 0
+
+    def _sync_rows(self) -> torch.Tensor:
+        device = self._slots.device
+        return torch.zeros((self._rows, sync_size(self._segments)), dtype=torch.int32,
+                           device=device)  # fmt: skip
+
+    def _next_sync(self) -> torch.Tensor:
+        if self._used == self._sync.shape[0]:
+            self._sync, self._used = self._sync_rows(), 0
+        row = self._sync[self._used]
+        self._used += 1
+        return row
+
+    def _run(
+        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
+        widths: tuple[int, ...],
+    ) -> None:  # fmt: skip
+        scaling, seg = self._slots.scaling, self._segments
+        if self._fused:
+            lora_delta(x, a, b, y, scaling, seg, widths, self._next_sync())
+        else:
+            lora_expand(lora_shrink(x, a, scaling, seg), b, y, seg, widths)
 
     def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y += each row's delta of `proj` in `layer` (y may be a column slice of a fused
@@ -328,14 +327,13 @@ class SegmentedLoraStep:
         stack, rank = self._slots.stacks[proj], self._slots.max_rank
         column = stack.projections.index(proj) * rank
         first, end = stack.columns(proj)
-        shrunk = lora_shrink(x, a[layer, :, :, column : column + rank], self._slots.scaling,
-                             self._segments)  # fmt: skip
-        lora_expand(shrunk, b[layer, :, :, first:end], y, self._segments, (end - first,))
+        self._run(x, a[layer, :, :, column : column + rank], b[layer, :, :, first:end], y,
+                  (end - first,))  # fmt: skip
 
     def add_stack(
         self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
     ) -> None:
-        """y += the deltas of every projection of the stack, one shrink and one expand."""
+        """y += the deltas of every projection of the stack, one launch."""
         stack = self._slots.stacks[projections[0]]
         if stack.projections != projections:
             raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
@@ -343,8 +341,7 @@ class SegmentedLoraStep:
         if tensors is None:
             return
         a, b = tensors
-        shrunk = lora_shrink(x, a[layer], self._slots.scaling, self._segments)
-        lora_expand(shrunk, b[layer], y, self._segments, stack.widths)
+        self._run(x, a[layer], b[layer], y, stack.widths)
 
     def project(
         self, layer: int, proj: str, module: torch.nn.Module, x: torch.Tensor

@@ -81,3 +81,38 @@ def test_the_replayed_runs_sweep_sets_the_host_rows_before_a_grids(tmp_path: Pat
     assert [s for _, s in engine_step_rows(results, [grid])[(card, model)]] == pytest.approx(
         [5.3e-3]
     )
+
+
+def test_a_step_that_admits_adds_host_time_per_kv_token_only_where_the_host_sets_the_pace() -> None:
+    host = HostOverhead(base_s=3e-4, per_row_s=5e-6, per_kv_token_admitting_s=1e-7)
+    model = replace(KERNEL, host=host)
+    admitting = StepFeatures(16, 99, 20_000, 256, 0)  # 100 rows, 20k KV tokens read
+    # Host: 0.8 ms + 2 ms of KV = 2.8 ms, over the device's 2.2 ms (grid 3 ms less 0.8).
+    assert model.seconds(admitting) == pytest.approx(2.8e-3, rel=1e-3)
+    # The same step without a prompt chunk: the device's 2.2 ms, as without the term.
+    assert model.seconds(decode(100)) == pytest.approx(2.2e-3)
+    # Few KV tokens: the device still sets the pace, the term changes nothing.
+    light = StepFeatures(16, 99, 1_000, 256, 0)
+    assert model.seconds(light) == replace(
+        KERNEL, host=replace(host, per_kv_token_admitting_s=0)
+    ).seconds(light)
+
+
+def test_the_admitting_term_fitted_on_a_burst_recovers_its_wall_time() -> None:
+    from fedsim.calibrate.replay import MeasuredRun, burst_steps, fit_admitting_kv
+    from fedsim.workload import SimRequest
+
+    requests = [
+        SimRequest(f"r{i}", 0.0, tuple(range(i * 1000, i * 1000 + 400)), 60 + i % 7, 80)
+        for i in range(300)
+    ]
+    truth = replace(KERNEL, host=HostOverhead(3e-4, 5e-6, per_kv_token_admitting_s=8e-8))
+    start = replace(truth, host=replace(truth.host, per_kv_token_admitting_s=0.0))
+    probe = MeasuredRun("burst", "test", {"wall_s": 1.0}, requests, 64, 2048, 16)
+    steps = burst_steps(probe, start)
+    wall = sum(truth.seconds(f) for f in steps)
+    assert wall > sum(start.seconds(f) for f in steps)  # the term binds in some steps
+    measured = replace(probe, summary={"wall_s": wall})
+    assert fit_admitting_kv(measured, start) == pytest.approx(8e-8, rel=1e-3)
+    with pytest.raises(ValueError, match="not a burst"):
+        burst_steps(replace(probe, requests=[replace(requests[0], arrival_s=1.0)]), start)

@@ -5,7 +5,15 @@ import pytest
 from scipy.stats import spearmanr  # type: ignore[import-untyped]
 
 from predictor.buckets import BucketScheme
-from predictor.evaluate import average_ranks, majority_bucket, score, score_mean, spearman
+from predictor.evaluate import (
+    average_ranks,
+    kendall_tau,
+    length_scores,
+    majority_bucket,
+    score,
+    score_mean,
+    spearman,
+)
 from predictor.prepare import LabeledRecord
 
 SCHEME = BucketScheme("three", (0.0, 10.0, 100.0, 1000.0))
@@ -26,6 +34,22 @@ def test_average_ranks_share_ties():
 def test_constant_prediction_ranks_nothing():
     assert spearman(np.full(5, 3.0), np.arange(5.0)) == 0.0
     assert spearman(np.array([1.0]), np.array([2.0])) == 0.0
+    assert kendall_tau(np.full(5, 3.0), np.arange(5.0)) == 0.0
+
+
+def test_kendall_tau_counts_pairs_in_order_and_out_of_it():
+    # 6 pairs: 5 in order, 1 swapped (2 and 3): (5 - 1) / 6.
+    assert kendall_tau(np.array([1.0, 3.0, 2.0, 4.0]), np.arange(4.0)) == pytest.approx(4 / 6)
+    assert kendall_tau(np.arange(4.0), -np.arange(4.0)) == pytest.approx(-1.0)
+
+
+def test_length_scores_rank_and_size_predictions():
+    scores = length_scores(np.array([10.0, 20.0, 40.0]), np.array([15, 30, 40]), [12, 35, 30])
+    assert scores["kendall_tau"] == pytest.approx(1 / 3)
+    assert scores["mae_tokens"] == pytest.approx((2 + 15 + 10) / 3)
+    assert scores["p90_coverage"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="one"):
+        length_scores(np.array([1.0]), np.array([1.0]), [1, 2])
 
 
 def test_score_arithmetic():

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.datasets import load_corpus
+from predictor.datasets import DatasetError, load_corpus
+from predictor.heldout import load_heldout
 from predictor.label_served import main as label_main
 from predictor.served_labels import LabelFileError, join_records, read_labels, read_manifest
 
@@ -76,3 +77,61 @@ def test_a_torn_last_line_is_ignored_and_a_corrupt_one_is_not(tmp_path: Path) ->
     (tmp_path / "labels.jsonl").write_text("garbage\n" + json.dumps(good) + "\n")
     with pytest.raises(LabelFileError, match=r"labels\.jsonl:1"):
         read_labels(tmp_path)
+
+
+def write_alpaca_eval(directory: Path, instructions: list[str]) -> Path:
+    """A held-out folder holding an alpaca_eval.tar.xz shaped like the shared one."""
+    import io
+    import tarfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [{"instruction": text, "output": "an answer", "generator": "m"} for text in instructions]
+    payload = json.dumps(rows).encode()
+    with tarfile.open(directory / "alpaca_eval.tar.xz", "w:xz") as tar:
+        for name in ("alpaca_eval/b-model.json", "alpaca_eval/a-model.json"):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return directory
+
+
+def test_heldout_prompts_are_labelled_apart_from_the_corpora(
+    tiny_llama_dir: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    heldout = write_alpaca_eval(tmp_path / "heldout", ["Say hi.", "  Count to three.  ", "Why?"])
+    out = tmp_path / "labels"
+    label_main(
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--out",
+            str(out),
+            "--heldout",
+            "alpaca_eval",
+            "--heldout-dir",
+            str(heldout),
+            "--max-tokens",
+            "4",
+            "--max-num-seqs",
+            "2",
+        ]
+    )
+    labels = read_labels(out)
+    assert sorted(label.key for label in labels) == [("alpaca_eval", i) for i in range(3)]
+    assert read_manifest(out).corpora == ("alpaca_eval",)
+    records = load_heldout("alpaca_eval", heldout)
+    assert [r.prompt for r in records] == ["Say hi.", "Count to three.", "Why?"]
+    assert len(list(join_records(records, labels))) == 3
+    # No training command can read them: the corpora loader does not know the set.
+    with pytest.raises(DatasetError, match="unknown corpus"):
+        load_corpus("alpaca_eval", data_dir)  # type: ignore[arg-type]
+
+
+def test_a_missing_heldout_archive_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match=r"alpaca_eval\.tar\.xz"):
+        load_heldout("alpaca_eval", tmp_path / "empty")
+    with pytest.raises(DatasetError, match="held-out folder not found"):
+        load_heldout("alpaca_eval", tmp_path / "absent")
+    with pytest.raises(DatasetError, match="unknown held-out set"):
+        load_heldout("sharegpt", tmp_path / "empty")

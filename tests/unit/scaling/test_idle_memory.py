@@ -14,7 +14,7 @@ import pytest
 
 from gateway.federation import SiteConfig
 from gateway.scaling.config import LocalSlot, ScalingConfigError, parse_scaling
-from gateway.scaling.idle_memory import MIB, IdleMemory, LendFailed, Room, beside
+from gateway.scaling.idle_memory import MIB, IdleMemory, LeaseLost, LendFailed, Room, beside
 from gateway.scaling.policy import (
     ModelObservation,
     ModelState,
@@ -26,6 +26,7 @@ from gateway.scaling.policy import (
 )
 from gateway.scaling.site_lender import SiteLender
 from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.interface import KvLease
 from gateway.sites.registry import SiteRegistry, SiteState
 from site_engine.engine.core.block_manager import BlockManager
 from site_engine.engine.core.kv_lending import Lending, lend, lendable_bytes, take_back
@@ -50,14 +51,18 @@ class Site:
 
 
 class Sites:
-    """The lending calls answered by each site's own bookkeeping; `unreachable` sites fail
-    the call (LendFailed) and `overstating` ones report more than they lent."""
+    """The lending calls answered by each site's own bookkeeping, each lending held under the
+    lease it was made with (a return or renewal naming another does nothing, as at a site);
+    `unreachable` sites fail the call (LendFailed), `lost_answer` ones lend and then fail the
+    call, and `overstating` ones report more than they lent."""
 
     def __init__(self, **sites: Site) -> None:
         self.sites = sites
         self.unreachable: set[str] = set()
+        self.lost_answer: set[str] = set()
         self.overstating: set[str] = set()
         self.calls: list[tuple[str, str]] = []
+        self.leases: dict[str, str] = {}  # site -> the lease its lending is held under
 
     async def room(self, site: str) -> int:
         if site in self.unreachable:
@@ -65,21 +70,33 @@ class Sites:
         s = self.sites[site]
         return lendable_bytes(s.manager, s.plan)
 
-    async def lend(self, site: str, wanted_bytes: int) -> int:
+    async def lend(self, site: str, wanted_bytes: int, lease: KvLease) -> int:
         self.calls.append(("lend", site))
         if site in self.unreachable:
             raise LendFailed(f"{site}: connection refused")
         s = self.sites[site]
         s.lending = lend(s.manager, s.plan, wanted_bytes)
         s.plan = s.lending.plan
+        self.leases[site] = lease.id
+        if site in self.lost_answer:
+            raise LendFailed(f"{site}: deadline exceeded")
         return s.lending.bytes * (2 if site in self.overstating else 1)
 
-    async def take_back(self, site: str) -> None:
+    async def take_back(self, site: str, lease_id: str) -> None:
         self.calls.append(("take_back", site))
+        if site in self.unreachable:
+            raise LendFailed(f"{site}: connection refused")
         s = self.sites[site]
-        assert s.lending is not None
+        if self.leases.get(site) != lease_id or s.lending is None:
+            return  # not this lease's: nothing changes
         s.plan = take_back(s.manager, s.lending, s.plan)
         s.lending = None
+        del self.leases[site]
+
+    async def renew(self, site: str, lease: KvLease) -> None:
+        self.calls.append(("renew", site))
+        if self.leases.get(site) != lease.id:
+            raise LeaseLost(f"{site}: no such lease")
 
 
 def test_the_site_with_most_room_lends_and_gets_it_back_on_retire() -> None:
@@ -130,7 +147,8 @@ def test_a_failed_lend_falls_back_to_the_next_gpu_then_to_a_new_one() -> None:
     borrowing = asyncio.run(memory.place("x", rooms, 8 * MIB))
     assert borrowing is not None
     assert borrowing.lender == "b"
-    assert sites.calls == [("lend", "a"), ("lend", "b")]
+    # a's lease is given back in case it lent before its answer was lost (it did not).
+    assert sites.calls == [("lend", "a"), ("take_back", "a"), ("lend", "b")]
     # b lends to one instance at a time and a is unreachable: the next one needs a new GPU.
     assert asyncio.run(memory.place("y", rooms, 8 * MIB)) is None
     assert [b.instance for b in memory.borrowings()] == ["x"]
@@ -150,6 +168,50 @@ def test_a_placement_never_takes_memory_a_running_sequence_holds() -> None:
     assert a.manager.num_lent_blocks == 0
     assert a.held() == before
     a.manager.check_invariants()
+
+
+def test_a_lending_whose_answer_was_lost_is_given_back_by_its_lease() -> None:
+    """The site lent, then its answer went missing: the placement does not count it, and the
+    return naming the lease gives the site its memory back at once (not at the lease's end)."""
+    a, b = Site(20), Site(20)
+    sites = Sites(a=a, b=b)
+    sites.lost_answer.add("a")
+    memory = IdleMemory(sites)
+    rooms = [Room("a", GPU0, 16 * MIB), Room("b", GPU1, 12 * MIB)]
+    borrowing = asyncio.run(memory.place("x", rooms, 4 * MIB))
+    assert borrowing is not None
+    assert borrowing.lender == "b"
+    assert (a.lending, a.plan.num_blocks, a.manager.num_lent_blocks) == (None, 20, 0)
+    assert sites.leases == {"b": borrowing.lease.id}  # one lease per lending, each its own
+    assert len(borrowing.lease.id) >= 32
+    assert borrowing.lease.id not in repr(borrowing)  # a secret: out of logs and tracebacks
+
+
+def test_leases_are_renewed_a_third_of_their_term_after_the_last_renewal() -> None:
+    now = [0.0]
+    a = Site(20)
+    sites = Sites(a=a)
+    memory = IdleMemory(sites, lease_ttl_s=30.0, clock=lambda: now[0])
+    borrowing = asyncio.run(memory.place("x", [Room("a", GPU0, 16 * MIB)], 4 * MIB))
+    assert borrowing is not None
+    assert borrowing.lease.ttl_s == 30.0
+    for at, renewed in ((5.0, False), (9.9, False), (10.0, True), (15.0, False), (20.0, True)):
+        now[0] = at
+        sites.calls.clear()
+        asyncio.run(memory.renew_due())
+        assert (sites.calls == [("renew", "a")]) is renewed, at
+    # The site took the lending back (the lease lapsed while the gateway could not renew):
+    # logged, not renewed again, and a retire's return names the lease and changes nothing.
+    sites.leases.clear()
+    now[0] = 40.0
+    asyncio.run(memory.renew_due())
+    now[0] = 100.0
+    sites.calls.clear()
+    asyncio.run(memory.renew_due())
+    assert sites.calls == []
+    assert asyncio.run(memory.retire("x"))
+    assert sites.calls == [("take_back", "a")]
+    assert a.lending is not None  # the fake site's lending stands: the return was not its lease
 
 
 def test_bad_budgets_and_a_second_placement_of_one_instance_are_refused() -> None:
@@ -236,7 +298,10 @@ def test_the_site_lender_fails_with_lend_failed_on_any_call_error() -> None:
         client = GrpcSiteClient("gone", config.endpoint, 0.2)  # its channel is this loop's
         registry = SiteRegistry([SiteState(config, 1, client)])
         lender = SiteLender(registry)
-        for call in (lender.room("gone"), lender.lend("gone", MIB), lender.take_back("gone")):
+        lease = KvLease("x" * 32, 60.0)
+        calls = (lender.room("gone"), lender.lend("gone", MIB, lease),
+                 lender.take_back("gone", lease.id), lender.renew("gone", lease))  # fmt: skip
+        for call in calls:
             with pytest.raises(LendFailed, match="gone"):
                 await call
         with pytest.raises(LendFailed, match="not in the registry"):

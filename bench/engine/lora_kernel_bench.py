@@ -1,0 +1,362 @@
+"""`python -m bench.engine.lora_profile --kernels-only`: the multi-LoRA kernels alone, old and new
+on the same inputs, against the bytes they must move (issue 69).
+
+For the 8B shape at rank 16 on all seven projections (64 slots), a decode step of 256 rows over
+8 and over 64 adapters and a prefill step of 2,048 rows over 8, each stack's kernels run over
+`LAYERS` layers of distinct slot tensors (1.3 GB at 64 adapters: the weights stream from memory
+as in the engine, not from L2), in three variants:
+
+- `baseline`: the kernels before issue 69 (a file: `--baseline`, written by lora_carry.sh from
+  the commit before), shrink and expand in two launches;
+- `two_launch`: the new shrink and expand as two launches (lora_shrink, lora_expand);
+- `one_launch`: the new single launch per stack (lora_delta), what the engine runs;
+- `one_launch_f256`: the same with the shrink's input features split twice as finely (at least
+  256 a task instead of 512: more shrink tasks when few tiles, more partial planes to sum), a
+  setting to choose from this run, not what the engine runs.
+
+Each is timed as CUDA graph replays (the slot sort once, then the layers' launches, as a step's
+graph runs them), so launch gaps count as they do in the engine: per stack and layer the
+shrink's time (two-launch variants), the whole stack's, and all four stacks of a layer
+back to back. Bytes per stack are bench/engine/lora_bytes.py's floor (A and B of the slots in
+use, the rows' inputs once and outputs read and written); achieved rate = bytes / time, and its
+fraction of the card's copy rate measured in the same run. Three row orders (seeds): median and
+min-max. Each variant's deltas are checked against a float32 PyTorch reference on layer 0.
+
+On the CPU (`--preset cpu`) the same code runs a tiny shape through Triton's interpreter: a
+smoke run of the script, no timing worth reading, and no baseline (its kernels call Triton's
+own @jit helpers, which an interpreter turned on after triton's import cannot run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from bench.engine.lora_bytes import StackBytes, shapes_of, stack_bytes, unique_stacks
+from bench.engine.roofline import measure_copy_bandwidth
+from site_engine.engine.lora.slots import Stack
+
+CASES = {
+    "gpu": (("decode_8", 256, 8), ("decode_64", 256, 64), ("prefill_8", 2048, 8)),
+    "cpu": (("decode_4", 16, 4), ("prefill_2", 520, 2)),
+}
+LAYERS = {"gpu": 8, "cpu": 2}
+SLOTS = {"gpu": 64, "cpu": 4}
+SEEDS = {"gpu": 3, "cpu": 1}  # row orders timed (the CPU run is a smoke run)
+REPLAYS = 20
+Op = Callable[[int, int, bool], None]  # (stack index, layer, shrink only) -> None
+
+
+def load_baseline(path: Path | None, device: torch.device) -> ModuleType | None:
+    """The kernels before issue 69 from a file (lora_carry.sh writes it), on CUDA only."""
+    if path is None or not path.exists() or device.type != "cuda":
+        return None
+    spec = importlib.util.spec_from_file_location("lora_kernels_baseline", path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def new_kernels(device: torch.device) -> ModuleType:
+    if device.type == "cuda":
+        from site_engine.engine.cuda import lora_kernels
+
+        return lora_kernels
+    from devtools.triton_interpreter import interpreted_module
+
+    return interpreted_module(
+        "site_engine.engine.cuda.lora_kernels", kernels=("site_engine.engine.cuda.lora_triton",)
+    )
+
+
+class Inputs:
+    """One case's tensors: per stack A [layers, slots, in, n*R], B [layers, slots, R, out], x
+    [T, in], y [layers, T, out]; the slot scalings; the rows' slots (row i: adapter i % n)."""
+
+    def __init__(self, stacks: list[Stack], layers: int, slots: int, rank: int, tokens: int,
+                 adapters: int, dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+        gen = torch.Generator(device="cpu").manual_seed(0)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * 0.02).to(device, dtype)
+
+        self.stacks = stacks
+        self.a = [rand(layers, slots, s.in_features, len(s.widths) * rank) for s in stacks]
+        self.b = [rand(layers, slots, rank, s.out_features) for s in stacks]
+        self.x = [rand(tokens, s.in_features) * 50 for s in stacks]
+        self.y = [rand(layers, tokens, s.out_features) for s in stacks]
+        self.scaling = torch.full((slots,), 2.0, dtype=dtype, device=device)
+        self.slots = slots
+        self.token_slots = torch.arange(tokens, device=device) % adapters
+
+    def shuffle(self, seed: int) -> None:
+        """Another order of the same rows (the step's layout, not its bytes)."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        order = torch.randperm(self.token_slots.numel(), generator=gen).to(self.x[0].device)
+        self.token_slots = self.token_slots[order]
+
+
+def _ops(name: str, module: ModuleType, inp: Inputs) -> tuple[Callable[[], Any], Op]:
+    """(the slot sort, one stack's launches for one layer) of a variant; the sort's result is
+    held in a cell the launches read (captured together, as a step's graph runs them)."""
+    cell: dict[str, Any] = {}
+
+    def sort() -> None:
+        cell["seg"] = module.segments(inp.token_slots, inp.slots)
+        if name.startswith("one_launch"):
+            rows = len(inp.stacks) * inp.y[0].shape[0]
+            cell["sync"] = torch.zeros((rows, module.sync_size(cell["seg"])), dtype=torch.int32,
+                                       device=inp.x[0].device)  # fmt: skip
+
+    def op(i: int, layer: int, shrink_only: bool) -> None:
+        seg, stack = cell["seg"], inp.stacks[i]
+        x, a, b, y = inp.x[i], inp.a[i][layer], inp.b[i][layer], inp.y[i][layer]
+        if name.startswith("one_launch"):
+            sync = cell["sync"][i * inp.y[0].shape[0] + layer]
+            module.lora_delta(x, a, b, y, inp.scaling, seg, stack.widths, sync)
+            return
+        part = module.lora_shrink(x, a, inp.scaling, seg)
+        if not shrink_only:
+            module.lora_expand(part, b, y, seg, stack.widths)
+
+    return sort, op
+
+
+def _time_ms(fn: Callable[[], None], device: torch.device) -> float:
+    """Mean ms of fn as a CUDA graph replay (warmed up, compiled, outside the capture first);
+    on the CPU one call's wall time."""
+    if device.type != "cuda":
+        began = time.perf_counter()
+        fn()
+        return (time.perf_counter() - began) * 1000.0
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    event = getattr(torch.cuda, "Event")  # noqa: B009 (untyped in some torch releases)
+    start, end = event(enable_timing=True), event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / REPLAYS
+
+
+@contextlib.contextmanager
+def _settings(name: str, module: ModuleType) -> Iterator[None]:
+    """A variant's module settings while it is captured (they only shape launch arguments)."""
+    if not name.endswith("_f256"):
+        yield
+        return
+    before = getattr(module, "_SPLIT_FEATURES")  # noqa: B009 (a module's private setting)
+    setattr(module, "_SPLIT_FEATURES", 256)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(module, "_SPLIT_FEATURES", before)  # noqa: B010
+
+
+def time_variant(name: str, module: ModuleType, inp: Inputs, layers: int,
+                 device: torch.device) -> dict[str, Any]:  # fmt: skip
+    """Microseconds per layer: each stack's shrink (two-launch variants) and whole launches,
+    all stacks back to back; and the slot sort once."""
+    with _settings(name, module):
+        return _time_variant(name, module, inp, layers, device)
+
+
+def _time_variant(name: str, module: ModuleType, inp: Inputs, layers: int,
+                  device: torch.device) -> dict[str, Any]:  # fmt: skip
+    sort, op = _ops(name, module, inp)
+
+    def run(stacks: range, shrink_only: bool) -> Callable[[], None]:
+        def body() -> None:
+            sort()
+            for layer in range(layers):
+                for i in stacks:
+                    op(i, layer, shrink_only)
+
+        return body
+
+    sort_ms = _time_ms(run(range(0), False), device)
+
+    def per_layer(ms: float) -> float:
+        return (ms - sort_ms) * 1000.0 / layers
+
+    stacks: dict[str, dict[str, float]] = {}
+    for i, stack in enumerate(inp.stacks):
+        entry = {"us": per_layer(_time_ms(run(range(i, i + 1), False), device))}
+        if not name.startswith("one_launch"):
+            entry["shrink_us"] = per_layer(_time_ms(run(range(i, i + 1), True), device))
+            entry["expand_us"] = entry["us"] - entry["shrink_us"]
+        stacks["+".join(stack.projections)] = entry
+    layer_us = per_layer(_time_ms(run(range(len(inp.stacks)), False), device))
+    return {"sort_us": sort_ms * 1000.0, "layer_us": layer_us, "stacks": stacks}
+
+
+def check_variant(name: str, module: ModuleType, inp: Inputs) -> float:
+    """Worst error of a variant's deltas on layer 0 over the largest reference delta (rows of
+    no adapter: none in these cases)."""
+    sort, op = _ops(name, module, inp)
+    with _settings(name, module):
+        sort()
+        return _check(inp, op)
+
+
+def _check(inp: Inputs, op: Op) -> float:
+    worst = 0.0
+    for i in range(len(inp.stacks)):
+        inp.y[i][0].zero_()  # the delta alone (the timed replays added theirs)
+        op(i, 0, False)
+        got = inp.y[i][0].float()
+        want = torch.zeros_like(got)
+        for slot in torch.unique(inp.token_slots).tolist():
+            rows = torch.nonzero(inp.token_slots == slot).squeeze(1)
+            a, b = inp.a[i][0, slot].float(), inp.b[i][0, slot].float()
+            rank = b.shape[0]
+            shrunk = inp.x[i][rows].float() @ a * float(inp.scaling[slot])
+            first = 0
+            for j, width in enumerate(inp.stacks[i].widths):
+                part = shrunk[:, j * rank : (j + 1) * rank]
+                want[rows, first : first + width] = part @ b[:, first : first + width]
+                first += width
+        worst = max(worst, float((got - want).abs().amax() / want.abs().amax()))
+    return worst
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_case(label: str, tokens: int, adapters: int, variants: dict[str, ModuleType],
+             p: dict[str, Any], peak: float) -> dict[str, Any]:  # fmt: skip
+    """One case: every variant timed over SEEDS row orders, checked once, against the floor."""
+    device, layers, rank = torch.device(p["device"]), LAYERS[p["preset"]], p["rank"]
+    base = shapes_of(p["shape"], num_layers=layers)
+    stacks = unique_stacks(base)
+    inp = Inputs(stacks, layers, SLOTS[p["preset"]], rank, tokens, adapters, p["dtype"], device)
+    element = torch.finfo(p["dtype"]).bits // 8
+    floor = {s.name: s for s in (stack_bytes(st, rank, adapters, tokens, element) for st in stacks)}
+    out: dict[str, Any] = {"tokens": tokens, "adapters": adapters, "variants": {}}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for seed in range(SEEDS[p["preset"]]):
+        inp.shuffle(seed)
+        for name, module in variants.items():
+            runs[name].append(time_variant(name, module, inp, layers, device))
+    for name, module in variants.items():
+        out["variants"][name] = _variant_result(runs[name], floor, peak)
+        out["variants"][name]["max_relative_error"] = check_variant(name, module, inp)
+    out["floor_us_per_layer"] = sum(s.total for s in floor.values()) / peak * 1e6
+    out["bytes_per_layer"] = {n: _bytes(s) for n, s in floor.items()}
+    return out
+
+
+def _bytes(s: StackBytes) -> dict[str, int]:
+    return {"shrink": s.shrink, "expand": s.expand, "total": s.total}
+
+
+def _variant_result(runs: list[dict[str, Any]], floor: dict[str, StackBytes],
+                    peak: float) -> dict[str, Any]:  # fmt: skip
+    """Medians and ranges over the seeds; each stack's achieved rate and fraction of peak."""
+    stacks: dict[str, Any] = {}
+    for name, bytes_ in floor.items():
+        entry: dict[str, Any] = {}
+        for key in runs[0]["stacks"][name]:
+            entry[key] = _summary([r["stacks"][name][key] for r in runs])
+        us = entry["us"]["median"]
+        entry["bytes"] = bytes_.total
+        entry["floor_us"] = bytes_.total / peak * 1e6
+        entry["bytes_per_s"] = bytes_.total / (us * 1e-6) if us > 0 else None
+        entry["bandwidth_fraction"] = bytes_.total / (us * 1e-6) / peak if us > 0 else None
+        stacks[name] = entry
+    layer = _summary([r["layer_us"] for r in runs])
+    total = sum(s.total for s in floor.values())
+    return {
+        "sort_us": _summary([r["sort_us"] for r in runs]),
+        "layer_us": layer,
+        "layer_bandwidth_fraction": total / (layer["median"] * 1e-6) / peak
+        if layer["median"] > 0
+        else None,
+        "stacks": stacks,
+    }
+
+
+def run(p: dict[str, Any], baseline: Path | None) -> dict[str, Any]:
+    """Every case of the preset; the copy rate measured first."""
+    device = torch.device(p["device"])
+    peak_bytes = (1 << 30) if device.type == "cuda" else (64 << 20)
+    peak = float(measure_copy_bandwidth(device, peak_bytes)["read_write_bytes_per_s"])
+    new = new_kernels(device)
+    variants: dict[str, ModuleType] = {}
+    old = load_baseline(baseline, device)
+    if old is not None:
+        variants["baseline"] = old
+    variants["two_launch"] = new
+    variants["one_launch"] = new
+    variants["one_launch_f256"] = new
+    cases = {
+        label: run_case(label, tokens, adapters, variants, p, peak)
+        for label, tokens, adapters in CASES[p["preset"]]
+    }
+    return {
+        "peak_bytes_per_s": peak,
+        "layers_timed": LAYERS[p["preset"]],
+        "seeds": SEEDS[p["preset"]],
+        "baseline": str(baseline) if old is not None else None,
+        "cases": cases,
+    }
+
+
+def report(result: dict[str, Any], model_layers: int) -> str:
+    """The Markdown tables: per case, each variant's per-layer time by stack against the floor."""
+    peak = result["peak_bytes_per_s"]
+    lines = [
+        "# LoRA kernels alone (issue 69)",
+        "",
+        f"Copy rate measured in this run: {peak / 1e12:.2f} TB/s (read + write). Times per "
+        f"layer are medians of {result['seeds']} row orders (min-max), CUDA graph replays over "
+        f"{result['layers_timed']} layers of distinct slot tensors; `floor` = bytes / copy rate.",
+        f"Baseline kernels: {result['baseline'] or 'not run'}.",
+    ]
+    for label, case in result["cases"].items():
+        lines += ["", f"## {label}: {case['tokens']} rows over {case['adapters']} adapters", "",
+                  "| variant | stack | shrink us | expand us | stack us (min-max) | floor us |"
+                  " TB/s | of peak |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for name, var in case["variants"].items():
+            for stack, e in var["stacks"].items():
+                shrink = f"{e['shrink_us']['median']:.1f}" if "shrink_us" in e else "-"
+                expand = f"{e['expand_us']['median']:.1f}" if "expand_us" in e else "-"
+                rate = (e["bytes_per_s"] or 0) / 1e12
+                lines.append(
+                    f"| {name} | {stack} | {shrink} | {expand} | {e['us']['median']:.1f} "
+                    f"({e['us']['min']:.1f}-{e['us']['max']:.1f}) | {e['floor_us']:.1f} | "
+                    f"{rate:.2f} | {e['bandwidth_fraction'] or 0:.2f} |"
+                )
+        lines += ["", "| variant | layer us (min-max) | ms a step of "
+                  f"{model_layers} layers | of peak | slot sort us | max rel. error |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for name, var in case["variants"].items():
+            layer = var["layer_us"]
+            step_ms = (layer["median"] * model_layers + var["sort_us"]["median"]) / 1000.0
+            lines.append(
+                f"| {name} | {layer['median']:.1f} ({layer['min']:.1f}-{layer['max']:.1f}) | "
+                f"{step_ms:.3f} | {var['layer_bandwidth_fraction'] or 0:.2f} | "
+                f"{var['sort_us']['median']:.1f} | {var['max_relative_error']:.2e} |"
+            )
+        lines.append(f"\nFloor: {case['floor_us_per_layer']:.1f} us a layer.")
+    return "\n".join(lines) + "\n"

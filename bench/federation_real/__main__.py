@@ -1,0 +1,3 @@
+from bench.federation_real.run import main
+
+raise SystemExit(main())
