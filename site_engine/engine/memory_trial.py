@@ -19,8 +19,8 @@ import torch
 
 from site_engine.engine.attention import TorchReferenceAttention
 from site_engine.engine.core.types import SamplingParams, ScheduledChunk
-from site_engine.engine.cuda.graphs import bucket_sizes
-from site_engine.engine.cuda.step_graphs import token_buckets
+from site_engine.engine.graphs.decode_graphs import bucket_sizes
+from site_engine.engine.graphs.flat_step_graphs import token_buckets
 from site_engine.engine.memory_plan import GRAPH_BYTES_PER_LAYER, TrialMeasurement, blocks_for
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.models import build_flat_model

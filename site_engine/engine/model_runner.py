@@ -41,8 +41,8 @@ from site_engine.engine.models import FlatCausalLM, build_flat_model
 from site_engine.engine.sampler import Sampler, SampleSpec
 
 if TYPE_CHECKING:
-    from site_engine.engine.cuda.graphs import DecodeGraphs
-    from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+    from site_engine.engine.graphs.decode_graphs import DecodeGraphs
+    from site_engine.engine.graphs.flat_step_graphs import FlatStepGraphs
     from site_engine.engine.lora.registry import AdapterRegistry
     from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
@@ -145,6 +145,7 @@ class ModelRunner:
         adapters: AdapterRegistry | None = None,
         lazy_graphs: bool = False,
         max_rows: int = 0,
+        graph_capture: bool = True,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode steps of up to that many
         sequences in CUDA graphs; with cuda_graph_max_tokens >= 2 too, steps with prefill chunks
@@ -157,7 +158,9 @@ class ModelRunner:
         here; `pending_graphs` lists them for the engine to capture between steps, and a step
         whose graph is not captured yet runs eagerly (site_engine/engine/core/graph_capture.py).
         `max_rows`: rows of the running batch (the scheduler's max_num_seqs; default: the
-        graphs' batch, at least 64)."""
+        graphs' batch, at least 64). `graph_capture` False builds the graph runners on any
+        device without capturing them: their staging and static-buffer forward run eagerly
+        (tests of the graph paths on the CPU, under Triton's interpreter)."""
         _check_placement(model, device, dtype)
         model.train(False)  # dropout must be off; serving never trains
         self.model = model
@@ -169,7 +172,8 @@ class ModelRunner:
         self.adapters = adapters
         if adapters is not None:
             _check_lora_support(self.flat_model)
-        use_graphs = device.type == "cuda" and cuda_graph_max_batch > 0
+        use_graphs = (device.type == "cuda" or not graph_capture) and cuda_graph_max_batch > 0
+        self._graph_capture = graph_capture
         lora_slots = adapters.slots if adapters is not None and use_graphs else None
         if lora_slots is not None:
             lora_slots.allocate_all()  # the graphs capture the tensors they read
@@ -191,7 +195,7 @@ class ModelRunner:
         self.step_graphs: FlatStepGraphs | None = None
         self._graph_settings: _GraphSettings | None = None
         if use_graphs:
-            # One float32 logits buffer that every graph writes into (cuda/graphs.py says why).
+            # One float32 logits buffer every graph writes into (graphs/decode_graphs.py: why).
             logits_out = torch.empty(
                 (cuda_graph_max_batch, self.flat_model.vocab_size),
                 dtype=torch.float32,
@@ -206,8 +210,8 @@ class ModelRunner:
     def _make_graphs(self, settings: _GraphSettings) -> None:
         """The graph sets over the cache as it is now (its scratch block the top one),
         captured unless lazy."""
-        from site_engine.engine.cuda.graphs import DecodeGraphs
-        from site_engine.engine.cuda.step_graphs import FlatStepGraphs
+        from site_engine.engine.graphs.decode_graphs import DecodeGraphs
+        from site_engine.engine.graphs.flat_step_graphs import FlatStepGraphs
 
         shared: dict[str, Any] = {
             "max_blocks_per_seq": self.max_blocks_per_seq,
@@ -217,13 +221,15 @@ class ModelRunner:
             "lora": settings.lora,
         }
         model = (self.flat_model, self.attention, self.kv_cache)
-        self.graphs = DecodeGraphs(*model, max_batch=settings.max_batch, **shared)
+        capture = self._graph_capture
+        self.graphs = DecodeGraphs(*model, max_batch=settings.max_batch, capture=capture, **shared)
         if not settings.lazy:
             self.graphs.capture()
         if settings.max_tokens >= 2:
             self.step_graphs = FlatStepGraphs(
-                *model, max_tokens=settings.max_tokens, max_seqs=settings.max_batch, **shared
-            )
+                *model, max_tokens=settings.max_tokens, max_seqs=settings.max_batch,
+                capture=capture, **shared,
+            )  # fmt: skip
             if not settings.lazy:
                 self.step_graphs.capture()
 

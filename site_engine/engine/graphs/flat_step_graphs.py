@@ -44,7 +44,7 @@ import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.core.graph_capture import PendingGraph, lazy_order
-from site_engine.engine.cuda.graphs import (
+from site_engine.engine.graphs.decode_graphs import (
     base_only,
     bucket_sizes,
     capture_buckets,
@@ -210,6 +210,8 @@ class FlatStepGraphs:
         total = layout.num_tokens
         if total > self.max_tokens:
             return False
+        if not self._capture:
+            return True  # every step runs its bucket's forward eagerly
         return self.buckets[bisect.bisect_left(self.buckets, total)] in self._captured
 
     def fits(self, layout: StepLayout) -> bool:

@@ -152,10 +152,12 @@ class DecodeGraphs:
         logits_out: torch.Tensor | None = None,
         only_largest: bool = False,
         lora: LoraSlots | None = None,
+        capture: bool = True,
     ) -> None:
         """logits_out: [>= max_batch, vocab] float32 that every graph writes its logits into
         (allocated here when not given). lora: the adapter slots rows may use (run's
-        `token_slots`)."""
+        `token_slots`). Without `capture` (CPU tests, under Triton's interpreter) every step
+        runs the same static-buffer forward eagerly."""
         self._model, self._attention, self._kv_cache = model, attention, kv_cache
         self._lora = lora
         self.buckets = bucket_sizes(max_batch, only_largest)
@@ -174,8 +176,10 @@ class DecodeGraphs:
         # Pinned host staging (row, position, slot, context length, LoRA slot): a single copy
         # per step; two sets, alternated (see the module docstring). The rows' tables and last
         # tokens are gathered on the device from the running batch's (input_batch.py).
+        self._capture = capture
+        pin = device.type == "cuda"
         self._host = [
-            torch.zeros((max_batch, 5), dtype=torch.long, pin_memory=True) for _ in range(2)
+            torch.zeros((max_batch, 5), dtype=torch.long, pin_memory=pin) for _ in range(2)
         ]
         self._turn = 0
         self._staged = torch.zeros((max_batch, 5), dtype=torch.long, device=device)
@@ -221,6 +225,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        if not self._capture:
+            return
         self._reset_padding(0)
         metadata = {batch: self._metadata(batch) for batch in self.buckets}
         captured = capture_buckets(self.buckets, lambda b: self._forward(b, metadata[b]))
@@ -237,6 +243,8 @@ class DecodeGraphs:
     def pending(self) -> list[PendingGraph]:
         """What `capture` would capture, one graph per callable (lazy graphs: captured between
         steps), in `lazy_order`; a LoRA engine's base-only graph of a size after its LoRA one."""
+        if not self._capture:
+            return []
         pending: list[PendingGraph] = []
         for batch in lazy_order(self.buckets):
             pending.append(PendingGraph(f"decode {batch}", partial(self._capture_lazy, batch)))
@@ -262,6 +270,8 @@ class DecodeGraphs:
         """Whether a decode step of `count` rows has its graph (lazy graphs: not yet, maybe)."""
         if count > self.max_batch:
             return False
+        if not self._capture:
+            return True
         return self.buckets[bisect.bisect_left(self.buckets, count)] in self._captured
 
     @property
@@ -314,6 +324,11 @@ class DecodeGraphs:
             self._lora_slots[:count] = staged[:, 4]
         if count < batch_size:
             self._reset_padding(count)
+        if not self._capture:  # the same computation, eagerly
+            logits = self._forward(
+                batch_size, self._metadata(batch_size), not base_only(lora_slots)
+            )
+            return logits[:count]
         # Lazy graphs: a size's base-only graph may not exist yet where its LoRA one does; the
         # LoRA graph computes the same for rows of slot -1.
         captured = self._base_captured.get(batch_size) if base_only(lora_slots) else None
