@@ -40,7 +40,7 @@ class StepOutputs(Seq[RequestOutput]):
     knows the request's cached prompt tokens (its sequence: `num_cached_prompt_tokens`), or an
     int."""
 
-    __slots__ = ("finished", "logprobs", "request_ids", "sources", "tokens")
+    __slots__ = ("decoded", "finished", "logprobs", "request_ids", "sources", "tokens")
 
     def __init__(self) -> None:
         self.request_ids: list[str] = []
@@ -48,6 +48,8 @@ class StepOutputs(Seq[RequestOutput]):
         self.sources: list[Any] = []
         self.finished: dict[int, tuple[FinishReason, str]] = {}
         self.logprobs: dict[int, TokenLogprob] = {}
+        # Tokens of requests past their first (decodes): a step's decode rate.
+        self.decoded = 0
 
     def add_rows(self, request_ids: list[str], tokens: list[int], sources: list[Any]) -> int:
         """Appends many entries with a token each and nothing else; the index of the first."""
@@ -83,6 +85,7 @@ class StepOutputs(Seq[RequestOutput]):
 
     def extend(self, other: StepOutputs) -> None:
         offset = len(self.request_ids)
+        self.decoded += other.decoded
         self.request_ids += other.request_ids
         self.tokens += other.tokens
         self.sources += other.sources

@@ -986,6 +986,7 @@ class Scheduler:
         # One C-level loop appends every row's token to its answer (no Python call per row).
         deque(map(list.append, batch.pick(batch.outs, rows), values), maxlen=0)
         first = outputs.add_rows(batch.pick(batch.ids, rows), values, list(seqs))
+        outputs.decoded += len(values)  # a decode row had a token before this one
         stop = batch.tokens[rows] - batch.pending[rows] >= batch.limit[rows]
         eos = self._eos
         if eos.size:
@@ -1038,6 +1039,8 @@ class Scheduler:
             if not seq.num_pending:
                 del self._orphans[serial]
         seq.output_token_ids.append(token)
+        if len(seq.output_token_ids) > 1:
+            outputs.decoded += 1
         running = seq.status is SequenceStatus.RUNNING
         if self._blocks.caching and running and seq.num_computed_tokens >= seq.next_full_block_at:
             filled.append((seq, self._cache.full_blocks(seq)))
