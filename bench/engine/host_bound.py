@@ -21,6 +21,11 @@ caching on, async scheduling, CUDA graphs):
         (one GPU: bench/results/engine/host_bound_<card>.{json,md})
     python -m bench.engine.host_bound --small --device cpu --rows 8 16 --duration-s 2 --peak-s 2
         (the wiring, on the CPU)
+
+With --baseline-engine DIR (another commit's site_engine/engine) the same phases first run with
+that engine package in a subprocess on the same model (bench.engine.baseline_engine's hybrid
+tree: this checkout's bench and site code, the baseline's engine), its figures in the results'
+"baseline" section: a before and after in one run.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -307,23 +313,23 @@ def overload(loaded: LoadedModel, args: argparse.Namespace, log: Progress) -> di
 # ---- the run ------------------------------------------------------------------------------
 
 
-def report(payload: dict[str, Any]) -> str:
+def _section(payload: dict[str, Any], title: str) -> str:
     rows = [
         [rows, m["running"], m["step_ms"], m["gpu_ms"], m["step_vs_gpu_time"],
          m["host_cpu_ms_p50"], m["kernels_per_step"]]
-        for rows, m in payload["steps"].items()
+        for rows, m in payload.get("steps", {}).items()
     ]  # fmt: skip
     steps = markdown_table(
         ["decode rows", "running", "step ms", "GPU ms", "step / GPU", "host CPU ms p50",
          "kernels a step"],
         rows,
     )  # fmt: skip
-    text = f"## Steps at full batch\n\n{steps}\n"
+    text = f"## {title}: steps at full batch\n\n{steps}\n"
     load = payload.get("overload")
     if load:
         peak, over = load["peak"], load["overload"]
         text += (
-            "\n## Overload\n\n"
+            f"\n## {title}: overload\n\n"
             f"Peak {peak['peak_tokens_per_s']:.0f} output tok/s (step p50 "
             f"{peak['step_ms_p50']:.2f} ms); capacity {load['capacity_rps']:.1f} req/s at "
             f"{load['mean_answer_tokens']:.0f} tokens an answer. At {over['rate_rps']:.1f} "
@@ -332,6 +338,17 @@ def report(payload: dict[str, Any]) -> str:
             f"{over['step_ms_p50']:.2f} ms, {over['waiting_at_end']} waiting and "
             f"{over['running_at_end']} running at the end, TTFT p50 {over['ttft_p50_s']:.2f} s.\n"
         )
+    return text
+
+
+def report(payload: dict[str, Any]) -> str:
+    text = _section(payload, "This engine")
+    before = payload.get("baseline")
+    if before:
+        if "error" in before:
+            text += f"\n## Baseline\n\nFailed: {before['error']}\n"
+        else:
+            text += "\n" + _section(before, f"Baseline ({before.get('engine_dir')})")
     return text
 
 
@@ -361,7 +378,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--data-dir", type=Path, default=None)
     add("--results-dir", type=Path, default=results_dir("engine"))
     add("--name", default=None)
+    add("--baseline-engine", type=Path, default=None)
+    add("--baseline-timeout-s", type=float, default=280.0)
     return parser.parse_args(argv)
+
+
+def baseline(args: argparse.Namespace, argv: Sequence[str], log: Progress) -> dict[str, Any]:
+    """The same phases with the engine package of --baseline-engine, in a subprocess."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from bench.engine.baseline_engine import hybrid_tree
+
+    with tempfile.TemporaryDirectory(prefix="fedllm-baseline-") as tmp:
+        root = Path(tmp)
+        skip = {"--baseline-engine", "--results-dir", "--name", "--model-dir"}
+        kept: list[str] = []
+        items = list(argv)
+        while items:
+            item = items.pop(0)
+            if item in skip:
+                items.pop(0)
+                continue
+            kept.append(item)
+        command = [sys.executable, "-m", "bench.engine.host_bound", *kept,
+                   "--model-dir", str(args.model_dir.resolve()),
+                   "--tokenizer-dir", str(Path(args.tokenizer_dir).resolve()),
+                   "--data-dir", str(Path(args.data_dir).resolve()),
+                   "--results-dir", str(root / "results"), "--name", "baseline"]  # fmt: skip
+        result: dict[str, Any] = {"engine_dir": str(args.baseline_engine)}
+        try:
+            tree = hybrid_tree(args.baseline_engine.resolve(), root / "tree")
+            log(f"baseline engine from {args.baseline_engine}, in a subprocess")
+            env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+            done = subprocess.run(command, cwd=tree, env=env, timeout=args.baseline_timeout_s,
+                                  check=False)  # fmt: skip
+            result["returncode"] = done.returncode
+            result |= json.loads((root / "results" / "baseline.json").read_text())
+        except Exception as exc:
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            log(f"baseline failed: {result['error']}")
+        return result
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -378,9 +438,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     name = args.name or "host_bound_" + ("h200" if "H200" in card else "h100" if "H100" in card
                                           else "cpu")  # fmt: skip
     phases = set(args.phases.split(","))
-    payload: dict[str, Any] = {"settings": vars(args) | {"tokenizer_dir": str(args.tokenizer_dir),
-                               "data_dir": str(args.data_dir), "model_dir": str(args.model_dir),
-                               "results_dir": str(args.results_dir)}, "card": card}  # fmt: skip
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    payload: dict[str, Any] = {"settings": settings, "card": card}
+    if args.baseline_engine is not None:
+        payload["baseline"] = baseline(args, argv_list, log)
+        free_device_memory(loaded.device)
     if "steps" in phases:
         log("steps at full batch")
         payload["steps"] = step_phase(loaded, args, log)
