@@ -69,6 +69,10 @@ class FineTuneSpec:
     validation_jsonl: bytes | None
     hyperparameters: FineTuneHyperparameters
     seed: int
+    # Whose job it is (the gateway's key id as text; "" for a caller without a key): a site
+    # shares its training time between tenants round robin, so one key's long job does not hold
+    # another key's short one back.
+    tenant: str = ""
 
 
 @dataclass(frozen=True)

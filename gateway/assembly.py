@@ -326,9 +326,8 @@ class GatewayAssembly:
             adapter_catalogue,
             adapter_admin,
             metrics,
-            served_models,
+            {model.name: str(model.tokenizer) for model in generative},
             settings.fine_tuning,
-            tokenize_pool,
         )
         assembly = cls(
             settings=settings,
@@ -421,5 +420,6 @@ class GatewayAssembly:
             await self.tenancy.limits.close()  # its engine with it
         await self.idempotency.drain()
         self.tokenize_pool.close()
+        self.fine_tuning.close()
         await self.registry.close()
         await self.engine.dispose()

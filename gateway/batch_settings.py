@@ -152,10 +152,41 @@ class FineTuningSettings:
         help="a queued job that no site has taken this long after it was made fails "
         "(`error.code` `no_site_took_job`) instead of waiting for ever",
     )
+    validation_workers: int = setting(
+        1,
+        help="processes that check fine-tuning files when jobs are made (their own pool: the "
+        "tokenize pool that prepares chat requests is never held by them); further checks wait "
+        "their turn",
+    )
+    validation_cpu_share: float = setting(
+        0.5,
+        help="the share of a CPU each file-checking process holds itself to (it sleeps after "
+        "each slice of work for as long as this says), so that serving beside it finds a free "
+        "CPU; a check then takes at most 1 / this its CPU time. 1: no pauses",
+    )
+    validations_per_key: int = setting(
+        1,
+        help="jobs one key may have `validating_files` at once (counted in the transaction "
+        "that makes a job); its next create gets 429 `fine_tuning_validations_limit_exceeded` "
+        "until the check ends",
+    )
+    validation_timeout_s: float = setting(
+        900.0,
+        help="a job still `validating_files` this long after it was made (the gateway "
+        "checking it stopped) fails (`error.code` `validation_timeout`)",
+    )
 
     def __post_init__(self) -> None:
-        require_positive(self, "poll_s", "start_timeout_s")
-        require_at_least(self, 1, "jobs_per_key", "tokens_per_key_day")
+        require_positive(self, "poll_s", "start_timeout_s", "validation_timeout_s")
+        if not 0 < self.validation_cpu_share <= 1:
+            raise SettingsError(
+                "GATEWAY_FINE_TUNING_VALIDATION_CPU_SHARE must be in (0, 1], not "
+                f"{self.validation_cpu_share}"
+            )
+        require_at_least(
+            self, 1, "jobs_per_key", "tokens_per_key_day", "validation_workers",
+            "validations_per_key",
+        )  # fmt: skip
         if not 1024 <= self.max_file_bytes <= MAX_JOB_FILES_BYTES:
             raise SettingsError(
                 f"GATEWAY_FINE_TUNING_MAX_FILE_BYTES must be in 1024..{MAX_JOB_FILES_BYTES} "

@@ -5,7 +5,11 @@ most `threads` requests are prepared at once, the others wait their turn on the 
 bodies are already bounded by GATEWAY_MAX_BODY_BYTES).
 
 A small request (a body of at most `inline_bytes`) is prepared on the loop instead: it takes
-tens of microseconds, less than the hand-off to a thread and back costs."""
+tens of microseconds, less than the hand-off to a thread and back costs.
+
+Fine-tuning files are not checked here: they have processes of their own
+(gateway/fine_tuning/file_check.py), so that no file, however large, holds a request's turn
+(issue 67: two 20 MiB files held both threads, and a 3 KB chat waited 150 s)."""
 
 from __future__ import annotations
 

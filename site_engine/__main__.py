@@ -435,7 +435,13 @@ def start_generation(
     if adapters := paged.served_adapters():
         log.info("LoRA adapters served: %s", ", ".join(adapters))
     service.start()
-    serving = Serving(service.stop)
+
+    def stop_work() -> None:
+        if jobs is not None:  # a file under way is read again at the next start
+            jobs.close()
+        service.stop()
+
+    serving = Serving(stop_work)
     if metrics is not None:
         metrics.watch(service)
         serving.metrics_server = serve_metrics(metrics, settings.host, settings.metrics_port)

@@ -122,6 +122,12 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
         await self._no_fine_tuning(context)
         return site_pb2.FineTuneProgress()
 
+    async def ListFineTunes(
+        self, request: site_pb2.ListFineTunesRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneJobIds:
+        await self._no_fine_tuning(context)
+        return site_pb2.FineTuneJobIds()
+
     async def KvRoom(
         self, request: site_pb2.KvRoomRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.KvBytes:

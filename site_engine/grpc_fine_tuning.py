@@ -1,7 +1,11 @@
 """The site's fine-tuning RPCs (StartFineTune, GetFineTuneProgress, CancelFineTune,
-GetFineTunedAdapter): the
-protobuf face of site_engine/finetune/jobs.py, mixed into the site's servicer (grpc_server.py).
-The job calls run off the event loop: starting a job parses and tokenizes its files."""
+ListFineTunes, GetFineTunedAdapter): the protobuf face of site_engine/finetune/jobs.py, mixed
+into the site's servicer (grpc_server.py).
+
+StartFineTune registers the job and answers at once, on the event loop, with no await between
+the deadline's check and the registration: a start that arrives after its deadline (the gateway
+has given up on it, and may send the job elsewhere) registers nothing, and one that registers is
+answered. Its files are read afterwards on the site's intake thread (issue 67)."""
 
 from __future__ import annotations
 
@@ -35,12 +39,22 @@ class FineTuneHandlers:
     async def StartFineTune(
         self, request: site_pb2.FineTuneSpec, context: grpc.aio.ServicerContext
     ) -> site_pb2.FineTuneProgress:
+        jobs = await self._fine_tune_jobs(context)
         try:
             spec = spec_from_proto(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"fine-tuning job: {exc}")
-        # Off the event loop: the files are parsed and tokenized here.
-        return await self._fine_tune(context, lambda jobs: jobs.start(spec))
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the start of job {spec.job_id!r} arrived after its deadline: nothing started",
+            )
+        try:
+            progress = jobs.start(spec)  # quick: the files are read on the intake thread
+        except FineTuneRefused as exc:
+            await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
+        return progress_to_proto(progress)
 
     async def GetFineTuneProgress(
         self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
@@ -51,6 +65,12 @@ class FineTuneHandlers:
         self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
     ) -> site_pb2.FineTuneProgress:
         return await self._fine_tune(context, lambda jobs: jobs.cancel(request.job_id))
+
+    async def ListFineTunes(
+        self, request: site_pb2.ListFineTunesRequest, context: grpc.aio.ServicerContext
+    ) -> site_pb2.FineTuneJobIds:
+        jobs = await self._fine_tune_jobs(context)
+        return site_pb2.FineTuneJobIds(job_ids=jobs.live())
 
     async def GetFineTunedAdapter(
         self, request: site_pb2.FineTuneJobRequest, context: grpc.aio.ServicerContext
@@ -68,6 +88,14 @@ class FineTuneHandlers:
         context: grpc.aio.ServicerContext,
         call: Callable[[FineTuneJobs], FineTuneProgress],
     ) -> site_pb2.FineTuneProgress:
+        jobs = await self._fine_tune_jobs(context)
+        try:
+            progress = await asyncio.to_thread(call, jobs)
+        except FineTuneRefused as exc:
+            await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
+        return progress_to_proto(progress)
+
+    async def _fine_tune_jobs(self, context: grpc.aio.ServicerContext) -> FineTuneJobs:
         jobs = self._jobs
         if jobs is None:
             await context.abort(
@@ -75,8 +103,4 @@ class FineTuneHandlers:
                 "this site takes no fine-tuning jobs (SITE_FINETUNE_RESERVE_BYTES is 0)",
             )
             raise AssertionError("abort raises")
-        try:
-            progress = await asyncio.to_thread(call, jobs)
-        except FineTuneRefused as exc:
-            await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
-        return progress_to_proto(progress)
+        return jobs

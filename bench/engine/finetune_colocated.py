@@ -208,6 +208,7 @@ def start_job(loaded: LoadedModel, p: dict[str, Any], directory: Path, seed: int
         seed=seed,
     )
     jobs.start(spec)
+    jobs.settled(spec.job_id)  # its file read on the site's intake thread
     return jobs
 
 
@@ -237,6 +238,7 @@ def job_at_peft_step(
     data = training_jsonl(rows * (steps + 2), (width, width), seed)
     hp = FineTuneHyperparameters(2, rows, 1.0)  # an epoch more: no adapter saved while timed
     jobs.start(FineTuneSpec("peft-shaped", "bench", data, None, hp, seed))
+    jobs.settled("peft-shaped")
     cuda = loaded.device.type == "cuda"
     jobs.run_unit(alone=True)  # builds the trainer
 

@@ -38,6 +38,7 @@ def spec_to_proto(spec: FineTuneSpec) -> site_pb2.FineTuneSpec:
             target_modules=hp.target_modules,
         ),
         seed=spec.seed,
+        tenant=spec.tenant,
     )
     if spec.validation_jsonl is not None:
         message.validation_jsonl = spec.validation_jsonl
@@ -63,6 +64,7 @@ def spec_from_proto(message: site_pb2.FineTuneSpec) -> FineTuneSpec:
             target_modules=tuple(hp.target_modules),
         ),
         seed=message.seed,
+        tenant=message.tenant,
     )
 
 

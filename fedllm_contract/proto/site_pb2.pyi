@@ -1314,12 +1314,17 @@ class FineTuneSpec(_message.Message):
     VALIDATION_JSONL_FIELD_NUMBER: _builtins.int
     HYPERPARAMETERS_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     base_model: _builtins.str
     training_jsonl: _builtins.bytes
     validation_jsonl: _builtins.bytes
     """Absent: no validation file."""
     seed: _builtins.int
+    tenant: _builtins.str
+    """Whose job it is (the gateway's key id; empty: a caller without one): the site shares its
+    training time between tenants' jobs round robin.
+    """
     @_builtins.property
     def hyperparameters(self) -> Global___FineTuneHyperparameters: ...
     def __init__(
@@ -1331,10 +1336,11 @@ class FineTuneSpec(_message.Message):
         validation_jsonl: _builtins.bytes | None = ...,
         hyperparameters: Global___FineTuneHyperparameters | None = ...,
         seed: _builtins.int = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl", "hyperparameters", b"hyperparameters", "validation_jsonl", b"validation_jsonl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl", "base_model", b"base_model", "hyperparameters", b"hyperparameters", "job_id", b"job_id", "seed", b"seed", "training_jsonl", b"training_jsonl", "validation_jsonl", b"validation_jsonl"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl", "base_model", b"base_model", "hyperparameters", b"hyperparameters", "job_id", b"job_id", "seed", b"seed", "tenant", b"tenant", "training_jsonl", b"training_jsonl", "validation_jsonl", b"validation_jsonl"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__validation_jsonl: _TypeAlias = _typing.Literal["validation_jsonl"]  # noqa: Y015
     _WhichOneofArgType__validation_jsonl: _TypeAlias = _typing.Literal["_validation_jsonl", b"_validation_jsonl"]  # noqa: Y015
@@ -1360,6 +1366,41 @@ class FineTuneJobRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FineTuneJobRequest: _TypeAlias = FineTuneJobRequest  # noqa: Y015
+
+@_typing.final
+class ListFineTunesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFineTunesRequest: _TypeAlias = ListFineTunesRequest  # noqa: Y015
+
+@_typing.final
+class FineTuneJobIds(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_ids", b"job_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FineTuneJobIds: _TypeAlias = FineTuneJobIds  # noqa: Y015
 
 @_typing.final
 class FineTuneLoss(_message.Message):

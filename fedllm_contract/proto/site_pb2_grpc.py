@@ -89,6 +89,11 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
                 _registered_method=True)
+        self.ListFineTunes = channel.unary_unary(
+                '/fedllm.site.v1.SiteEngine/ListFineTunes',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.ListFineTunesRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobIds.FromString,
+                _registered_method=True)
         self.GetFineTunedAdapter = channel.unary_stream(
                 '/fedllm.site.v1.SiteEngine/GetFineTunedAdapter',
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
@@ -191,11 +196,15 @@ class SiteEngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StartFineTune(self, request, context):
-        """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
-        site's idle cycles as the lowest class of work. A site that takes no jobs
-        (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
-        FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
-        known: ALREADY_EXISTS.
+        """Accepts a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+        site's idle cycles as the lowest class of work: the site registers the job and answers at
+        once (QUEUED, total_steps 0), then parses its files in the background, so no deadline
+        bounds a large file. A file that cannot be trained, or whose longest example the reserve
+        cannot hold, fails the job (its progress says why). A site that takes no jobs
+        (SiteInfo.accepts_fine_tuning false): FAILED_PRECONDITION; another base model or bad
+        hyperparameters: INVALID_ARGUMENT; a job id already known, whatever its state:
+        ALREADY_EXISTS (a second start never parses again); a start past its deadline when it
+        arrives: DEADLINE_EXCEEDED, nothing registered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -209,7 +218,16 @@ class SiteEngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelFineTune(self, request, context):
-        """Ends a job not yet final; a final job's progress is answered unchanged.
+        """Ends a job not yet final (one still being parsed stops its parse); a final job's progress
+        is answered unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFineTunes(self, request, context):
+        """The ids of the jobs this site holds that are not final (queued, being parsed, running),
+        so that the gateway cancels any it does not hold as live.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -333,6 +351,11 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     servicer.CancelFineTune,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.SerializeToString,
+            ),
+            'ListFineTunes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFineTunes,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.ListFineTunesRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobIds.SerializeToString,
             ),
             'GetFineTunedAdapter': grpc.unary_stream_rpc_method_handler(
                     servicer.GetFineTunedAdapter,
@@ -662,6 +685,33 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/CancelFineTune',
             fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.FineTuneProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFineTunes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedllm.site.v1.SiteEngine/ListFineTunes',
+            fedllm__contract_dot_proto_dot_site__pb2.ListFineTunesRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.FineTuneJobIds.FromString,
             options,
             channel_credentials,
             insecure,

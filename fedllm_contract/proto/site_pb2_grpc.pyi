@@ -70,16 +70,26 @@ class SiteEngineStub:
     a request of the adapter is queued or running: the caller retries once they end.
     """
     StartFineTune: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneSpec, _site_pb2.FineTuneProgress]
-    """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
-    site's idle cycles as the lowest class of work. A site that takes no jobs
-    (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
-    FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
-    known: ALREADY_EXISTS.
+    """Accepts a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+    site's idle cycles as the lowest class of work: the site registers the job and answers at
+    once (QUEUED, total_steps 0), then parses its files in the background, so no deadline
+    bounds a large file. A file that cannot be trained, or whose longest example the reserve
+    cannot hold, fails the job (its progress says why). A site that takes no jobs
+    (SiteInfo.accepts_fine_tuning false): FAILED_PRECONDITION; another base model or bad
+    hyperparameters: INVALID_ARGUMENT; a job id already known, whatever its state:
+    ALREADY_EXISTS (a second start never parses again); a start past its deadline when it
+    arrives: DEADLINE_EXCEEDED, nothing registered.
     """
     GetFineTuneProgress: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]
     """A job's progress (NOT_FOUND for a job the site does not know)."""
     CancelFineTune: _grpc.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]
-    """Ends a job not yet final; a final job's progress is answered unchanged."""
+    """Ends a job not yet final (one still being parsed stops its parse); a final job's progress
+    is answered unchanged.
+    """
+    ListFineTunes: _grpc.UnaryUnaryMultiCallable[_site_pb2.ListFineTunesRequest, _site_pb2.FineTuneJobIds]
+    """The ids of the jobs this site holds that are not final (queued, being parsed, running),
+    so that the gateway cancels any it does not hold as live.
+    """
     GetFineTunedAdapter: _grpc.UnaryStreamMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.DataChunk]
     """A succeeded job's trained adapter, its files as one tar archive in chunks, so that the
     gateway can keep it and serve it on other sites (NOT_FOUND for a job the site does not
@@ -153,16 +163,26 @@ class SiteEngineAsyncStub(SiteEngineStub):
     a request of the adapter is queued or running: the caller retries once they end.
     """
     StartFineTune: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneSpec, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
-    """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
-    site's idle cycles as the lowest class of work. A site that takes no jobs
-    (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
-    FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
-    known: ALREADY_EXISTS.
+    """Accepts a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+    site's idle cycles as the lowest class of work: the site registers the job and answers at
+    once (QUEUED, total_steps 0), then parses its files in the background, so no deadline
+    bounds a large file. A file that cannot be trained, or whose longest example the reserve
+    cannot hold, fails the job (its progress says why). A site that takes no jobs
+    (SiteInfo.accepts_fine_tuning false): FAILED_PRECONDITION; another base model or bad
+    hyperparameters: INVALID_ARGUMENT; a job id already known, whatever its state:
+    ALREADY_EXISTS (a second start never parses again); a start past its deadline when it
+    arrives: DEADLINE_EXCEEDED, nothing registered.
     """
     GetFineTuneProgress: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
     """A job's progress (NOT_FOUND for a job the site does not know)."""
     CancelFineTune: _aio.UnaryUnaryMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.FineTuneProgress]  # type: ignore[assignment]
-    """Ends a job not yet final; a final job's progress is answered unchanged."""
+    """Ends a job not yet final (one still being parsed stops its parse); a final job's progress
+    is answered unchanged.
+    """
+    ListFineTunes: _aio.UnaryUnaryMultiCallable[_site_pb2.ListFineTunesRequest, _site_pb2.FineTuneJobIds]  # type: ignore[assignment]
+    """The ids of the jobs this site holds that are not final (queued, being parsed, running),
+    so that the gateway cancels any it does not hold as live.
+    """
     GetFineTunedAdapter: _aio.UnaryStreamMultiCallable[_site_pb2.FineTuneJobRequest, _site_pb2.DataChunk]  # type: ignore[assignment]
     """A succeeded job's trained adapter, its files as one tar archive in chunks, so that the
     gateway can keep it and serve it on other sites (NOT_FOUND for a job the site does not
@@ -287,11 +307,15 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         request: _site_pb2.FineTuneSpec,
         context: _ServicerContext,
     ) -> _typing.Union[_site_pb2.FineTuneProgress, _abc.Awaitable[_site_pb2.FineTuneProgress]]:
-        """Queues a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
-        site's idle cycles as the lowest class of work. A site that takes no jobs
-        (SiteInfo.accepts_fine_tuning false) or whose reserve cannot hold one example:
-        FAILED_PRECONDITION; another base model or a bad file: INVALID_ARGUMENT; a job id already
-        known: ALREADY_EXISTS.
+        """Accepts a LoRA fine-tuning job (fedllm_contract.fine_tuning.FineTuneSpec), trained in the
+        site's idle cycles as the lowest class of work: the site registers the job and answers at
+        once (QUEUED, total_steps 0), then parses its files in the background, so no deadline
+        bounds a large file. A file that cannot be trained, or whose longest example the reserve
+        cannot hold, fails the job (its progress says why). A site that takes no jobs
+        (SiteInfo.accepts_fine_tuning false): FAILED_PRECONDITION; another base model or bad
+        hyperparameters: INVALID_ARGUMENT; a job id already known, whatever its state:
+        ALREADY_EXISTS (a second start never parses again); a start past its deadline when it
+        arrives: DEADLINE_EXCEEDED, nothing registered.
         """
 
     @_abc_1.abstractmethod
@@ -308,7 +332,19 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         request: _site_pb2.FineTuneJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_site_pb2.FineTuneProgress, _abc.Awaitable[_site_pb2.FineTuneProgress]]:
-        """Ends a job not yet final; a final job's progress is answered unchanged."""
+        """Ends a job not yet final (one still being parsed stops its parse); a final job's progress
+        is answered unchanged.
+        """
+
+    @_abc_1.abstractmethod
+    def ListFineTunes(
+        self,
+        request: _site_pb2.ListFineTunesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_site_pb2.FineTuneJobIds, _abc.Awaitable[_site_pb2.FineTuneJobIds]]:
+        """The ids of the jobs this site holds that are not final (queued, being parsed, running),
+        so that the gateway cancels any it does not hold as live.
+        """
 
     @_abc_1.abstractmethod
     def GetFineTunedAdapter(

@@ -4,10 +4,11 @@ caller's key, and the deletion of expired files.
 Batch input files (purpose `batch`) are checked line by line at upload
 (gateway/files/batch_input.py), so a malformed file is refused then, naming the line, and
 nothing is stored. Training data (purpose `fine-tune`) is refused past
-GATEWAY_FINE_TUNING_MAX_FILE_BYTES, else stored as sent and checked line by line when a
-fine-tuning job is made from it (gateway/fine_tuning/training_file.py), as OpenAI
-does. Batches write their results as files of purpose `batch_output`
-(gateway/batches/finalize.py). Where files are stored and why: gateway/stores/file_store.py.
+GATEWAY_FINE_TUNING_MAX_FILE_BYTES, else stored as sent and checked line by line, against
+the context of the job's model too, when a fine-tuning job is made from it
+(gateway/fine_tuning/file_check.py), as OpenAI does. Batches write their results as files of
+purpose `batch_output` (gateway/batches/finalize.py). Where files are stored and why:
+gateway/stores/file_store.py.
 """
 
 from __future__ import annotations

@@ -2,16 +2,20 @@
 small job waited behind them; a key limited to 700 tokens a minute was given a job of ~100k
 tokens x 50 epochs).
 
-Two limits, both per key (the anonymous caller of an open gateway counts as one key):
-unfinished jobs at once (GATEWAY_FINE_TUNING_JOBS_PER_KEY), and tokens trained in a rolling 24
-hours (GATEWAY_FINE_TUNING_TOKENS_PER_KEY_DAY), a budget of its own: training runs in the
-sites' idle cycles, not in the minute windows inference is admitted in, but a key limited in
-tokens per minute trains at most what it could spend in a day (1,440 of its minutes). A job
-counts its estimate (its training file's bytes / 4 per epoch: the JSON around the text makes
-that an over-estimate of the tokens the site trains) until it ends, then what its site reported
-trained; failed and cancelled jobs count what they trained. The store checks both in the
-transaction that makes the job, its key's row locked, so that two gateways of one database
-cannot both admit a key's last place.
+Three limits, all per key (the anonymous caller of an open gateway counts as one key):
+unfinished jobs at once (GATEWAY_FINE_TUNING_JOBS_PER_KEY), jobs whose files are being checked
+at once (GATEWAY_FINE_TUNING_VALIDATIONS_PER_KEY: issue 67, two 20 MiB files of one key held the
+gateway's parsing for 150 s), and tokens trained in a rolling 24 hours
+(GATEWAY_FINE_TUNING_TOKENS_PER_KEY_DAY), a budget of its own: training runs in the sites' idle
+cycles, not in the minute windows inference is admitted in, but a key limited in tokens per
+minute trains at most what it could spend in a day (1,440 of its minutes). A job counts its
+estimate (its training file's bytes / 4 per epoch: the JSON around the text makes that an
+over-estimate of the tokens the site trains) until it ends, then what its site reported
+trained; failed and cancelled jobs count what they trained, and a job whose files were refused
+counts one epoch's estimate: the gateway read them once, at the key's expense (issue 67: a
+refused 20 MiB file cost its key nothing). The store checks all three in the transaction that
+makes the job, its key's row locked, so that concurrent creates of one key, on two gateways of
+one database too, cannot all pass.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ def estimated_tokens(training_bytes: int, epochs: int) -> int:
 
 
 def tokens_of(job: JobUse) -> int:
-    """What one of the key's jobs counts: its estimate until it ends, then what it trained."""
+    """What one of the key's jobs counts: its estimate until it ends, then what it trained (a
+    job whose files were refused: one reading of them)."""
+    if job.refused_files:
+        return estimated_tokens(job.training_bytes, 1)
     if job.final:
         return job.trained_tokens
     return max(job.trained_tokens, estimated_tokens(job.training_bytes, job.epochs))
@@ -50,6 +57,7 @@ def tokens_of(job: JobUse) -> int:
 class TrainingLimits:
     jobs_per_key: int
     tokens_per_day: int
+    validations_per_key: int = 1
 
     def budget(self, tokens_per_minute: int | None) -> int:
         """The key's training tokens per window."""
@@ -70,6 +78,15 @@ class TrainingLimits:
                 "or cancel one (POST /v1/fine_tuning/jobs/{id}/cancel)",
                 limit="requests",
                 code="fine_tuning_jobs_limit_exceeded",
+            )
+        validating = sum(1 for job in jobs if job.validating)
+        if validating >= self.validations_per_key:
+            raise RateLimited(
+                f"{who} has {validating} fine-tuning jobs whose files are being validated, its "
+                f"limit of {self.validations_per_key} (GATEWAY_FINE_TUNING_VALIDATIONS_PER_KEY): "
+                "retry when that ends",
+                limit="requests",
+                code="fine_tuning_validations_limit_exceeded",
             )
         budget = self.budget(tokens_per_minute)
         used = sum(tokens_of(job) for job in jobs)

@@ -10,7 +10,15 @@ loads one no healthy site serves any more from the path its site trained it to.
 A queued job goes to the site, of those serving its base that accept jobs (healthy, their
 SiteInfo says so and their client is a FineTuningSite), that holds the fewest unfinished jobs.
 Several gateways of one database may run this: a job is assigned by a conditional update, a
-status changes only from a state that is not final, and a step's event is written once.
+status changes only from a state that is not final, and a step's event is written once. A job
+still `validating_files` (gateway/fine_tuning/service.py) is not handed out; one whose
+validation outlived GATEWAY_FINE_TUNING_VALIDATION_TIMEOUT_S (its gateway stopped) fails.
+
+A site answers a start once it has registered the job and reads the files afterwards, so no
+deadline bounds a large file; a start whose answer did not come (a deadline passed in transit)
+leaves the job assigned, and the next pass asks the site whether it has it before anything is
+sent again (issue 67). Each pass begins by reconciling the sites' jobs with the database
+(gateway/fine_tuning/reconcile.py).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from fedllm_contract.fine_tuning import (
 from gateway.admin.adapters import AdapterAdmin, LoadAdapterBody
 from gateway.db.models import FineTuningStatus, utcnow
 from gateway.errors import GatewayError, ServerSideError
+from gateway.fine_tuning.reconcile import reconcile
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
 from gateway.sites.interface import (
@@ -85,6 +94,7 @@ class FineTuningRunner:
         metrics: GatewayMetrics | None = None,
         poll_s: float = 2.0,
         start_timeout_s: float = 3600.0,
+        validation_timeout_s: float = 900.0,
     ) -> None:
         self._store = store
         self._files = files
@@ -93,6 +103,7 @@ class FineTuningRunner:
         self._adapters = adapters
         self._poll_s = poll_s
         self._start_timeout = timedelta(seconds=start_timeout_s)
+        self._validation_timeout = timedelta(seconds=validation_timeout_s)
         self._wake = asyncio.Event()
         # Jobs by status as of the last pass (the fine_tuning_jobs gauge).
         self.counts: dict[str, int] = {}
@@ -122,6 +133,7 @@ class FineTuningRunner:
 
     async def run_once(self) -> None:
         await self._serve_succeeded()
+        await reconcile(self._registry, self._store)
         jobs = await self._store.unfinished()
         holding: Counter[str] = Counter(job.site for job in jobs if job.site is not None)
         for job in jobs:
@@ -142,23 +154,42 @@ class FineTuningRunner:
             await client.cancel_fine_tune(job.id)
 
     async def _advance(self, job: JobView, holding: Counter[str]) -> None:
+        if job.status is FineTuningStatus.VALIDATING_FILES:
+            if utcnow() - job.created_at > self._validation_timeout:
+                limit_s = self._validation_timeout.total_seconds()
+                await self._fail(
+                    job,
+                    "validation_timeout",
+                    f"its files were not validated within {limit_s:.0f} s (the gateway "
+                    "validating them stopped; GATEWAY_FINE_TUNING_VALIDATION_TIMEOUT_S): create "
+                    "the job again",
+                )
+            return
         if job.site is None:
             await self._start(job, holding)
             return
         site = self._registry.get(job.site)
         client = site.client if site is not None else None
-        if not isinstance(client, FineTuningSite):
+        if site is None or not isinstance(client, FineTuningSite):
             return  # the site left the federation for now: its job waits for it
         try:
             progress = await client.fine_tune_progress(job.id)
         except SiteRejected as exc:
             if job.status is FineTuningStatus.QUEUED:
-                # Assigned, then the start never reached the site (this gateway stopped in
-                # between): hand it out again.
+                # Assigned, then the start never reached the site (it was lost, or came after
+                # its deadline, or this gateway stopped in between): hand it out again.
                 await self._store.unassign(job.id, f"site {job.site} does not have the job")
                 return
             await self._fail(job, "site_lost_job", f"site {job.site} lost the job: {exc.detail}")
             return
+        except SiteCallError:
+            if job.status is FineTuningStatus.QUEUED and not site.healthy:
+                # Another site may take it; should this one come back holding it, the
+                # reconciliation cancels it there.
+                why = f"site {job.site} does not answer: the job waits for a site again"
+                await self._store.unassign(job.id, why)
+                return
+            raise
         await self._apply(job, progress)
 
     async def _start(self, job: JobView, holding: Counter[str]) -> None:
@@ -191,7 +222,21 @@ class FineTuningRunner:
             )
             return
         except SiteCallError as exc:
-            await self._store.unassign(job.id, f"site {site.name} did not take the job: {exc}")
+            # It may have registered the job all the same (the answer lost, or the deadline
+            # passed in transit): the next pass asks it, and sends the job again only if it
+            # does not have it. Never sent again blindly (issue 67: a 60 MiB file went out six
+            # times in four minutes).
+            await self._store.note(
+                job.id,
+                f"Site {site.name} did not confirm the start ({exc.detail}): it is asked "
+                "whether it has the job",
+                "warn",
+            )
+            return
+        if progress.state is FineTuneState.CANCELLED:
+            # The site cancelled this job before (a start of it there was reconciled away) and
+            # never starts it again.
+            await self._fail(job, "site_refused_job", f"site {site.name} cancelled the job")
             return
         await self._apply(job, progress)
 
@@ -205,7 +250,8 @@ class FineTuningRunner:
         if training is None:
             return None
         hyper = FineTuneHyperparameters(job.n_epochs, job.batch_size, job.learning_rate_multiplier)
-        return FineTuneSpec(job.id, job.model, training, validation, hyper, job.seed)
+        tenant = str(job.owner) if job.owner is not None else ""
+        return FineTuneSpec(job.id, job.model, training, validation, hyper, job.seed, tenant)
 
     async def _apply(self, job: JobView, progress: FineTuneProgress) -> None:
         recorded = await self._store.record(progress)

@@ -1,20 +1,26 @@
 """The fine-tuning API's operations: create, list, retrieve, cancel, events and checkpoints,
 each scoped to the caller's key (another key's job is the 404 of an unknown one).
 
-A job is created only whole: its model a base model that a site serving it trains jobs of, its
-files the caller's own of purpose `fine-tune`, within GATEWAY_FINE_TUNING_MAX_FILE_BYTES, each a
-valid chat training file (every bad line named: gateway/fine_tuning/training_file.py), and its
-key within its training limits (gateway/fine_tuning/limits.py). Then it is queued, and the runner
-(gateway/fine_tuning/runner.py) hands it to a site.
+A job is refused, nothing made, unless its model is a base model that a site serving it trains
+jobs of, its files the caller's own of purpose `fine-tune` within
+GATEWAY_FINE_TUNING_MAX_FILE_BYTES, and its key within its training limits
+(gateway/fine_tuning/limits.py). It is then made `validating_files` (in the transaction that
+checks the key's limits, so the check counts it at once) and its files are checked, once, in
+their own processes (gateway/fine_tuning/file_check.py), with the lines longer than the context
+the training sites of its base hold. The request waits for the check and answers the job queued,
+or 400 naming the bad lines; the job is then failed, and counts against its key (issue 67). The
+check ends whatever becomes of the request (a client gone does not leave its job validating).
+The runner (gateway/fine_tuning/runner.py) hands a queued job to a site.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import re
 import uuid
-from collections.abc import Collection
+from collections.abc import Mapping
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -23,10 +29,10 @@ from gateway.batch_settings import FineTuningSettings
 from gateway.db.models import FineTuningStatus
 from gateway.errors import GatewayError, NotFound, invalid_request
 from gateway.files.service import file_too_large
+from gateway.fine_tuning.file_check import FileChecker, LengthLimit
 from gateway.fine_tuning.limits import TrainingLimits, estimated_tokens, window_start
 from gateway.fine_tuning.request import JobCreateRequest, resolve
 from gateway.fine_tuning.runner import FineTuningRunner
-from gateway.fine_tuning.training_file import read_training_file
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalogue import AdapterCatalogue
 from gateway.sites.interface import SiteCallError
@@ -42,7 +48,6 @@ from gateway.stores.fine_tuning_store import (
 )
 from gateway.stores.pages import Owner, Page
 from gateway.tenancy.keys import KeyRecord
-from gateway.tokenize_pool import TokenizePool
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +77,22 @@ class FineTuningService:
         store: FineTuningStore,
         files: FileStore,
         runner: FineTuningRunner,
-        base_models: Collection[str],
+        base_models: Mapping[str, str],
         settings: FineTuningSettings,
-        pool: TokenizePool,
     ) -> None:
         self.store = store
         self._files = files
         self.runner = runner
-        self._bases = frozenset(base_models)
+        self._bases = dict(base_models)  # base model: its tokenizer's directory
         self._max_file_bytes = settings.max_file_bytes
-        self._limits = TrainingLimits(settings.jobs_per_key, settings.tokens_per_key_day)
-        self._pool = pool
+        self._limits = TrainingLimits(
+            settings.jobs_per_key, settings.tokens_per_key_day, settings.validations_per_key
+        )
+        self._checker = FileChecker(settings.validation_workers, settings.validation_cpu_share)
+        # Jobs made here take turns (the key's row lock orders them across gateways; on
+        # SQLite, which has no row locks, one gateway's turns are the only order).
+        self._admitting = asyncio.Lock()
+        self._checks: set[asyncio.Task[JobView]] = set()
 
     @classmethod
     def build(
@@ -92,9 +102,8 @@ class FineTuningService:
         catalogue: AdapterCatalogue,
         adapters: AdapterAdmin,
         metrics: GatewayMetrics,
-        base_models: Collection[str],
+        base_models: Mapping[str, str],
         settings: FineTuningSettings,
-        pool: TokenizePool,
     ) -> FineTuningService:
         store, files = FineTuningStore(sessions), FileStore(sessions)
         runner = FineTuningRunner(
@@ -106,15 +115,20 @@ class FineTuningService:
             metrics,
             settings.poll_s,
             settings.start_timeout_s,
+            settings.validation_timeout_s,
         )
-        return cls(store, files, runner, base_models, settings, pool)
+        return cls(store, files, runner, base_models, settings)
+
+    def close(self) -> None:
+        self._checker.close()
 
     async def create(
         self, request: JobCreateRequest, owner: Owner, key: KeyRecord | None
     ) -> JobView:
-        """The job, queued; 400 and nothing made for a model no site trains, a file that is
-        not the caller's fine-tune file, a file past GATEWAY_FINE_TUNING_MAX_FILE_BYTES or a
-        bad line in either file; 429 for a key at its training limits (limits.py)."""
+        """The job, queued; 400 for a model no site trains, a file that is not the caller's
+        fine-tune file, a file past GATEWAY_FINE_TUNING_MAX_FILE_BYTES (nothing made) or a bad
+        line in either file (the job made, and failed); 429 for a key at its training limits
+        (limits.py)."""
         self._check_model(request.model)
         training_view = await self._file(request.training_file, owner, "training_file")
         validation_view = None
@@ -130,21 +144,14 @@ class FineTuningService:
             raise file_too_large(param, size, self._max_file_bytes)
         who = f"API key {key.prefix}... ('{key.name}')" if key is not None else "this caller"
         tokens_per_minute = key.tokens_per_minute if key is not None else None
-        epochs = resolve(request.hyperparameters, 1).n_epochs  # epochs depend on no example
-        wanted = estimated_tokens(training_view.bytes, epochs)
+        # Its epochs and rate depend on no example; its batch size is set again once its
+        # examples are counted.
+        provisional = resolve(request.hyperparameters, 1)
+        wanted = estimated_tokens(training_view.bytes, provisional.n_epochs)
 
         def admit(uses: list[JobUse]) -> None:
             self._limits.check(who, tokens_per_minute, uses, wanted)
 
-        # Refused before the files are read and parsed, and again as the job is written.
-        admit(await self.store.uses(owner, window_start()))
-        training = await self._content(request.training_file, owner, "training_file")
-        examples = (await read_training_file(self._pool, training, "training_file")).examples
-        if request.validation_file is not None:
-            validation = await self._content(request.validation_file, owner, "validation_file")
-            await read_training_file(self._pool, validation, "validation_file")
-        hyper = resolve(request.hyperparameters, examples)
-        seed = request.seed if request.seed is not None else random.randrange(2**31)
         new = NewJob(
             f"{JOB_PREFIX}{uuid.uuid4().hex[:24]}",
             owner,
@@ -153,21 +160,60 @@ class FineTuningService:
             request.training_file,
             request.validation_file,
             request.suffix,
-            seed,
-            hyper.n_epochs,
-            hyper.batch_size,
-            hyper.learning_rate_multiplier,
+            request.seed if request.seed is not None else random.randrange(2**31),
+            provisional.n_epochs,
+            provisional.batch_size,
+            provisional.learning_rate_multiplier,
         )
-        job = await self.store.create(new, admit, window_start())
-        if job is None:  # a file deleted while it was checked
-            raise invalid_request(
-                "the training or validation file was deleted meanwhile",
-                param="training_file",
-                code="file_not_found",
-            )
-        log.info("fine-tuning job %s created for %s (%d examples)", job.id, job.model, examples)
+        async with self._admitting:
+            job = await self.store.create(new, admit, window_start())
+        if job is None:  # a file deleted while it was looked at
+            raise _no_file(request.training_file, "training_file")
+        check = asyncio.ensure_future(self._validate(job, request))
+        self._checks.add(check)
+        check.add_done_callback(self._check_done)
+        return await asyncio.shield(check)
+
+    def _check_done(self, check: asyncio.Task[JobView]) -> None:
+        self._checks.discard(check)
+        if not check.cancelled():
+            check.exception()  # its request's to raise; seen here too, for a request gone
+
+    async def _validate(self, job: JobView, request: JobCreateRequest) -> JobView:
+        """Checks the job's files and moves it on: queued, or failed with the check's error."""
+        try:
+            limit = self._length_limit(job.model)
+            training = await self._content(job.training_file, job.owner, "training_file")
+            summary = await self._checker.check(training, "training_file", limit)
+            del training
+            if job.validation_file is not None:
+                validation = await self._content(job.validation_file, job.owner, "validation_file")
+                await self._checker.check(validation, "validation_file", limit)
+        except GatewayError as exc:
+            error = {"code": exc.code or "validation_failed", "message": exc.message,
+                     "param": exc.param}  # fmt: skip
+            await self.store.finish(
+                job.id, FineTuningStatus.FAILED, f"Fine-tuning job failed: {exc.message}",
+                error=error,
+            )  # fmt: skip
+            raise
+        batch_size = resolve(request.hyperparameters, summary.examples).batch_size
+        validated = await self.store.validated(job.id, batch_size, summary.examples)
+        if validated is None:  # cancelled while its files were checked
+            return await self.get(job.id, job.owner)
+        log.info("fine-tuning job %s created for %s (%d examples)",
+                 job.id, job.model, summary.examples)  # fmt: skip
         self.runner.wake()
-        return job
+        return validated
+
+    def _length_limit(self, model: str) -> LengthLimit | None:
+        """The context every training site of the base holds (None: none says it)."""
+        contexts = [
+            site.info.max_model_len
+            for site in self.runner.training_sites(model)
+            if site.info is not None and site.info.max_model_len > 0
+        ]
+        return LengthLimit(self._bases[model], min(contexts)) if contexts else None
 
     def _check_model(self, model: str) -> None:
         if model not in self._bases:
@@ -249,9 +295,13 @@ class FineTuningService:
             try:
                 await self.runner.cancel_at_site(job)
             except SiteCallError as exc:
-                # Cancelled here all the same: the runner never asks after it again, and its
-                # adapter is never served.
-                message += f" (site {job.site} could not be told: {exc.detail})"
+                # Cancelled here all the same: its adapter is never served, and the runner's
+                # reconciliation cancels it at the site once the site answers (and says so in
+                # the job's events).
+                message += (
+                    f" (site {job.site} could not be told: {exc.detail}; it is told again "
+                    "until it confirms)"
+                )
         await self.store.finish(job_id, FineTuningStatus.CANCELLED, message)
         return await self.get(job_id, owner)
 

@@ -90,7 +90,8 @@ _FINE_TUNE_REFUSALS = {
     grpc.StatusCode.NOT_FOUND: "not_found",
     grpc.StatusCode.FAILED_PRECONDITION: "precondition",
 }
-# Starting a job parses and tokenizes its files at the site: seconds for a large one.
+# Starting a job carries its files (64 MiB at most) to the site, which registers the job and
+# answers; it reads the files afterwards (issue 67), so this bounds the transfer only.
 _FINE_TUNE_TIMEOUT_S = 120.0
 # Loading reads and checks the adapter's weights at the site: seconds for a large one.
 _ADAPTER_CHANGE_TIMEOUT_S = 120.0
@@ -403,6 +404,14 @@ class GrpcSiteClient:
     async def cancel_fine_tune(self, job_id: str) -> FineTuneProgress:
         request = site_pb2.FineTuneJobRequest(job_id=job_id)
         return await self._fine_tune(self._stub.CancelFineTune(request, timeout=self._timeout))
+
+    async def live_fine_tunes(self) -> list[str]:
+        call = self._stub.ListFineTunes(site_pb2.ListFineTunesRequest(), timeout=self._timeout)
+        try:
+            answer = await call
+        except grpc.aio.AioRpcError as exc:
+            raise self._fine_tune_error(exc) from exc
+        return list(answer.job_ids)
 
     async def _fine_tune(
         self, call: grpc.aio.UnaryUnaryCall[Any, site_pb2.FineTuneProgress]

@@ -388,10 +388,17 @@ class FineTuningSite(Protocol):
     progress as the site has it now (fedllm_contract/fine_tuning.py): whole histories, so the
     gateway may ask as often as it likes and lose no report. SiteRejected when the site refuses
     the job (another base, a malformed file) or, asked of a job's progress or cancel, does not
-    know the job (lost with its disk); SiteUnavailable when it cannot be reached."""
+    know the job (lost with its disk); SiteUnavailable when it cannot be reached.
+
+    A start is answered once the site has registered the job (it reads the files afterwards),
+    and a site refuses a second start of a job it knows: the client then answers the job's
+    progress. `live_fine_tunes` names the jobs the site holds that are not final, so that the
+    gateway cancels those it does not hold as live (issue 67)."""
 
     async def start_fine_tune(self, spec: FineTuneSpec) -> FineTuneProgress: ...
 
     async def fine_tune_progress(self, job_id: str) -> FineTuneProgress: ...
 
     async def cancel_fine_tune(self, job_id: str) -> FineTuneProgress: ...
+
+    async def live_fine_tunes(self) -> list[str]: ...

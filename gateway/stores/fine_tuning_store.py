@@ -54,6 +54,11 @@ class NewJob:
     learning_rate_multiplier: float
 
 
+# The error codes of a job whose files were refused when it was made: it costs its key one
+# reading of them (gateway/fine_tuning/limits.py).
+REFUSED_FILE_CODES = frozenset({"invalid_training_file"})
+
+
 @dataclass(frozen=True, slots=True)
 class JobUse:
     """One of a key's jobs as its training limits see it (gateway/fine_tuning/limits.py)."""
@@ -62,6 +67,8 @@ class JobUse:
     trained_tokens: int
     epochs: int
     training_bytes: int  # 0 when its training file is gone
+    validating: bool = False  # its files are being checked now
+    refused_files: bool = False  # it failed because its files were refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +166,12 @@ class FineTuningStore:
         admit: Callable[[list[JobUse]], None] | None = None,
         since: datetime | None = None,
     ) -> JobView | None:
-        """The job and its first event, in one transaction; None (nothing written) when either
-        file is not the owner's live file (deleted in between). `admit` is given the owner's
-        jobs made since `since` (the limits' window began) or still unfinished, read with the
-        owner's key row locked (so that concurrent creates of one key, on any gateway, take
-        turns); what it raises undoes everything."""
+        """The job, `validating_files`, and its first event, in one transaction; None (nothing
+        written) when either file is not the owner's live file (deleted in between). `admit` is
+        given the owner's jobs made since `since` (the limits' window began) or still
+        unfinished, read with the owner's key row locked (so that concurrent creates of one
+        key, on any gateway, take turns, each seeing the jobs the others made); what it raises
+        undoes everything."""
         async with self._sessions.begin() as session:
             if admit is not None:
                 admit(await _uses(session, new.owner, since or utcnow()))
@@ -182,7 +190,7 @@ class FineTuningStore:
                 n_epochs=new.n_epochs,
                 batch_size=new.batch_size,
                 learning_rate_multiplier=new.learning_rate_multiplier,
-                status=FineTuningStatus.QUEUED,
+                status=FineTuningStatus.VALIDATING_FILES,
                 step=0,
                 total_steps=0,
                 trained_tokens=0,
@@ -283,12 +291,51 @@ class FineTuningStore:
         async with self._sessions() as session:
             return int(await session.scalar(query) or 0)
 
+    async def validated(self, job_id: str, batch_size: int, examples: int) -> JobView | None:
+        """Moves a job whose files were checked from validating_files to queued, its batch
+        size resolved from its examples; None when it is no longer validating (cancelled)."""
+        async with self._sessions.begin() as session:
+            result = await session.execute(
+                update(FineTuningJob)
+                .where(
+                    FineTuningJob.id == job_id,
+                    FineTuningJob.status == FineTuningStatus.VALIDATING_FILES,
+                )
+                .values(status=FineTuningStatus.QUEUED, batch_size=batch_size)
+            )
+            if rowcount(result) != 1:
+                return None
+            _add_event(session, job_id, f"Files validated: {examples} training examples")
+            row = await session.get(FineTuningJob, job_id)
+            assert row is not None
+            return _job(row)
+
+    async def note(self, job_id: str, message: str, level: str = "warn") -> None:
+        """An event of the job that changes nothing else."""
+        async with self._sessions.begin() as session:
+            _add_event(session, job_id, message, level=level)
+
+    async def placements(
+        self, job_ids: list[str]
+    ) -> dict[str, tuple[FineTuningStatus, str | None]]:
+        """The status and site of each of the jobs the database has."""
+        query = select(FineTuningJob.id, FineTuningJob.status, FineTuningJob.site).where(
+            FineTuningJob.id.in_(job_ids)
+        )
+        async with self._sessions() as session:
+            rows = (await session.execute(query)).all()
+        return {job_id: (FineTuningStatus(status), site) for job_id, status, site in rows}
+
     async def assign(self, job_id: str, site: str) -> bool:
         """Gives the queued, unassigned job to `site`; False when another gateway did first."""
         async with self._sessions.begin() as session:
             result = await session.execute(
                 update(FineTuningJob)
-                .where(FineTuningJob.id == job_id, FineTuningJob.site.is_(None), _NOT_FINAL)
+                .where(
+                    FineTuningJob.id == job_id,
+                    FineTuningJob.site.is_(None),
+                    FineTuningJob.status == FineTuningStatus.QUEUED,
+                )
                 .values(site=site)
             )
             if rowcount(result) != 1:
@@ -372,6 +419,7 @@ async def _uses(session: AsyncSession, owner: Owner, since: datetime) -> list[Jo
             FineTuningJob.trained_tokens,
             FineTuningJob.n_epochs,
             StoredFile.bytes,
+            FineTuningJob.error,
         )
         .outerjoin(StoredFile, StoredFile.id == FineTuningJob.training_file)
         .where(
@@ -379,10 +427,21 @@ async def _uses(session: AsyncSession, owner: Owner, since: datetime) -> list[Jo
             or_(FineTuningJob.created_at >= since, _NOT_FINAL),
         )
     )
-    return [
-        JobUse(FineTuningStatus(status).is_final, int(trained), int(epochs), int(size or 0))
-        for status, trained, epochs, size in (await session.execute(query)).all()
-    ]
+    uses = []
+    for status, trained, epochs, size, error in (await session.execute(query)).all():
+        state = FineTuningStatus(status)
+        code = error.get("code") if isinstance(error, dict) else None
+        uses.append(
+            JobUse(
+                state.is_final,
+                int(trained),
+                int(epochs),
+                int(size or 0),
+                validating=state is FineTuningStatus.VALIDATING_FILES,
+                refused_files=state is FineTuningStatus.FAILED and code in REFUSED_FILE_CODES,
+            )
+        )
+    return uses
 
 
 def _record_steps(session: AsyncSession, row: FineTuningJob, progress: FineTuneProgress) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,24 +56,47 @@ def save_spec(job_dir: Path, spec: FineTuneSpec) -> None:
         hp = asdict(spec.hyperparameters)
         hp["target_modules"] = list(hp["target_modules"])
         meta = {"job_id": spec.job_id, "base_model": spec.base_model, "seed": spec.seed,
-                "hyperparameters": hp}  # fmt: skip
+                "hyperparameters": hp, "tenant": spec.tenant}  # fmt: skip
         (tmp / "spec.json").write_text(json.dumps(meta))
 
     _write_dir(job_dir, fill)
 
 
-def load_spec(job_dir: Path) -> FineTuneSpec:
+@dataclass(frozen=True, slots=True)
+class SpecMeta:
+    """A saved spec without its files (what a job that ended needs of it)."""
+
+    job_id: str
+    base_model: str
+    hyperparameters: FineTuneHyperparameters
+    seed: int
+    tenant: str
+
+
+def load_meta(job_dir: Path) -> SpecMeta:
     meta = json.loads((job_dir / "spec.json").read_text())
     hp = dict(meta["hyperparameters"])
     hp["target_modules"] = tuple(hp["target_modules"])
+    return SpecMeta(
+        meta["job_id"],
+        meta["base_model"],
+        FineTuneHyperparameters(**hp),
+        int(meta["seed"]),
+        str(meta.get("tenant", "")),  # a spec saved before tenants were sent: one of its own
+    )
+
+
+def load_spec(job_dir: Path) -> FineTuneSpec:
+    meta = load_meta(job_dir)
     validation = job_dir / "validation.jsonl"
     return FineTuneSpec(
-        job_id=meta["job_id"],
-        base_model=meta["base_model"],
+        job_id=meta.job_id,
+        base_model=meta.base_model,
         training_jsonl=(job_dir / "training.jsonl").read_bytes(),
         validation_jsonl=validation.read_bytes() if validation.is_file() else None,
-        hyperparameters=FineTuneHyperparameters(**hp),
-        seed=int(meta["seed"]),
+        hyperparameters=meta.hyperparameters,
+        seed=meta.seed,
+        tenant=meta.tenant,
     )
 
 

@@ -12,14 +12,14 @@ writes itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract import training_data
-from fedllm_contract.tokenizer import CHATML_TEMPLATE
-from fedllm_contract.training_data import TrainingFileError
+from fedllm_contract.training_data import Stopped, TrainingFileError
+from fedllm_contract.training_tokens import render
 
 IGNORE = -100  # the label of a token the loss skips (torch's cross_entropy ignore_index)
 
@@ -44,25 +44,16 @@ class Example:
         return sum(1 for label in self.labels if label != IGNORE)
 
 
-def parse_chat_jsonl(data: bytes) -> list[list[dict[str, str]]]:
+def parse_chat_jsonl(
+    data: bytes, stop: Callable[[], bool] | None = None
+) -> list[list[dict[str, str]]]:
     """The conversations of a chat JSONL file, checked as the gateway checked it (the one
     check both import: fedllm_contract/training_data.py); TrainingDataError naming the bad
-    lines."""
+    lines; Stopped when `stop` says so."""
     try:
-        return training_data.conversations(data)
+        return training_data.conversations(data, stop)
     except TrainingFileError as exc:
         raise TrainingDataError(str(exc)) from exc
-
-
-def _render(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], prompt: bool
-) -> str:
-    template = None if tokenizer.chat_template else CHATML_TEMPLATE
-    text = tokenizer.apply_chat_template(
-        list(messages), chat_template=template, tokenize=False, add_generation_prompt=prompt
-    )
-    assert isinstance(text, str)
-    return text
 
 
 def assistant_spans(
@@ -70,13 +61,13 @@ def assistant_spans(
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of its assistant turns (from after
     the generation prompt to the end of the turn as the template writes it)."""
-    text = _render(tokenizer, messages, prompt=False)
+    text = render(tokenizer, messages, prompt=False)
     spans: list[tuple[int, int]] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(_render(tokenizer, messages[:i], prompt=True)) if i else 0
-        through = _render(tokenizer, messages[: i + 1], prompt=False)
+        start = len(render(tokenizer, messages[:i], prompt=True)) if i else 0
+        through = render(tokenizer, messages[: i + 1], prompt=False)
         # Up to the end-of-turn marker: the newline a template writes after it is no token the
         # model generates when served (it stops at the marker).
         end = len(through.rstrip())
@@ -104,10 +95,19 @@ def encode(
     return Example(tuple(ids), tuple(labels))
 
 
-def encode_file(tokenizer: PreTrainedTokenizerBase, data: bytes, max_tokens: int) -> list[Example]:
-    """Every conversation of the file; TrainingDataError if one keeps no assistant token."""
+def encode_file(
+    tokenizer: PreTrainedTokenizerBase,
+    data: bytes,
+    max_tokens: int,
+    stop: Callable[[], bool] | None = None,
+) -> list[Example]:
+    """Every conversation of the file; TrainingDataError if one keeps no assistant token;
+    Stopped (fedllm_contract/training_data.py) as soon as `stop` says so: a job cancelled
+    while its file is read stops the reading (issue 67)."""
     examples = []
-    for number, messages in enumerate(parse_chat_jsonl(data), start=1):
+    for number, messages in enumerate(parse_chat_jsonl(data, stop), start=1):
+        if stop is not None and number % training_data.STOP_EVERY == 0 and stop():
+            raise Stopped(f"stopped at example {number}")
         example = encode(tokenizer, messages, max_tokens)
         if not example.loss_tokens:
             raise TrainingDataError(

@@ -1,95 +1,55 @@
-"""A site's fine-tuning jobs: accepted from any thread, trained one unit at a time on the engine's.
+"""A site's fine-tuning jobs: accepted from any thread, read in the background, trained one unit
+at a time on the engine's.
 
-Jobs train one at a time, oldest first. `start`, `progress` and `cancel` run on whatever thread
-the gRPC handler uses and touch only the job table (under a lock); `run_unit` runs on the
-engine's thread between model steps (EngineService asks `has_work` and calls it when the idle
-gate allows), so the model is only ever used by that one thread. A site started over finds its
-jobs on disk (site_engine/finetune/checkpoint.py) and resumes the unfinished ones from their last
-checkpoint.
+`start`, `progress`, `cancel` and `live` run on whatever thread the gRPC handler uses and touch
+only the job table (under a lock). `start` checks what it can at once, registers the job and
+answers; the job's files are read on the site's one intake thread (site_engine/finetune/
+intake.py), which a cancel stops (issue 67: a start that parsed inside the call outlasted its
+deadline, was sent again every two minutes, and a cancel during the parse found nothing to
+cancel). A job id the site knows, in whatever state, is never started again: the gateway's
+second start of a job is answered ALREADY_EXISTS, never parsed twice.
+
+`run_unit` runs on the engine's thread between model steps (EngineService asks `has_work` and
+calls it when the idle gate allows), so the model is only ever used by that one thread. Tenants
+(the gateway's keys) take turns a unit at a time (site_engine/finetune/turns.py), each tenant's
+jobs oldest first. A job keeps its trainer between its turns; a trainer is built only when the
+reserve holds its LoRA state beside the live trainers' and every live job's largest unit still
+fits (memory.py), so turns never take memory the KV cache counted on. A site started over finds
+its jobs on disk (site_engine/finetune/checkpoint.py), reads the unfinished ones again and
+resumes them from their last checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneSpec, FineTuneState
-from site_engine.engine.lora.adapter import PROJECTIONS
+from fedllm_contract.training_data import Stopped
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune import checkpoint as disk
-from site_engine.finetune.data import Example, TrainingDataError, encode_file
-from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
+from site_engine.finetune.intake import check_spec, read_examples
+from site_engine.finetune.job_state import FineTuneSettings, Job, Unit
+from site_engine.finetune.memory import TrainingShape, largest_unit_tokens, lora_bytes
 from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
-from site_engine.finetune.trainer import LoraTrainer, LossChunks, steps_per_epoch
+from site_engine.finetune.trainer import LoraTrainer, LossChunks
+from site_engine.finetune.turns import TenantTurns
+
+__all__ = ["FineTuneJobs", "FineTuneSettings"]
 
 log = logging.getLogger(__name__)
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-
-
-@dataclass(frozen=True, slots=True)
-class FineTuneSettings:
-    """Where jobs live, the memory reserved for training, how often to checkpoint, how long one
-    piece of training may hold the engine's loop, and how large a unit is with nothing else in."""
-
-    directory: Path
-    reserve_bytes: int
-    checkpoint_every: int = 10
-    max_step_ms: float = 200.0
-    max_tokens: int = 1024  # an example's tokens at most (longer ones lose their end)
-    # The largest rank this site serves (SITE_MAX_LORA_RANK): a job's adapter must be servable.
-    max_rank: int = 64
-    # A unit's padded tokens at most while no request waits or runs (the reserve's cap too):
-    # no time bound then, since a unit's pieces still hand the loop back within the bound.
-    idle_unit_tokens: int = 4096
-
-    def __post_init__(self) -> None:
-        if self.reserve_bytes <= 0 or self.checkpoint_every < 1 or not self.max_step_ms > 0:
-            raise ValueError(
-                "fine-tuning needs reserve_bytes > 0, checkpoint_every >= 1 and max_step_ms > 0"
-            )
-        if self.idle_unit_tokens < 1:
-            raise ValueError(f"idle_unit_tokens must be >= 1, not {self.idle_unit_tokens}")
-
-
-@dataclass(slots=True)
-class _Unit:
-    """A unit of training under way, run a piece at a time (site_engine/finetune/pieces.py)."""
-
-    pieces: PiecewiseRun[int]
-    budget: int
-    step: int  # the trainer's step when it began
-    validating: bool
-    alone: bool  # sized for an engine with no request in (idle_unit_tokens, no time bound)
-    seconds: float = 0.0  # its pieces' time so far
-
-
-@dataclass(slots=True)
-class _Job:
-    spec: FineTuneSpec
-    train: list[Example]
-    validation: list[Example]
-    max_unit_tokens: int  # the most padded tokens a unit may take within the reserve
-    progress: FineTuneProgress
-    trainer: LoraTrainer | None = None
-    unit: _Unit | None = None
-
-    def drop_trainer(self) -> None:
-        if self.unit is not None:
-            self.unit.pieces.abandon()
-            self.unit = None
-        if self.trainer is not None:
-            self.trainer.close()
-            self.trainer = None
 
 
 class FineTuneJobs:
@@ -104,7 +64,11 @@ class FineTuneJobs:
         self._model, self._tokenizer, self._model_name = model, tokenizer, model_name
         self._shape = TrainingShape.of_model(model)
         self._lock = threading.Lock()
-        self._jobs: dict[str, _Job] = {}  # insertion order: oldest first
+        self._jobs: dict[str, Job] = {}  # insertion order: oldest first
+        # One job's files read at a time: a second large file waits, its memory not yet taken.
+        self._intake = ThreadPoolExecutor(1, thread_name_prefix="finetune-intake")
+        self._closing = threading.Event()
+        self._turns = TenantTurns()
         # The site's speed in seconds per trained token, whichever job measured it.
         self._pacer = UnitPacer(settings.max_step_ms / 1000)
         # How many layer boundaries a piece of a unit crosses to stay within the bound.
@@ -116,115 +80,211 @@ class FineTuneJobs:
 
     # ---- any thread ------------------------------------------------------------------------
     def start(self, spec: FineTuneSpec) -> FineTuneProgress:
-        """Checks, persists and queues a job; FineTuneRefused says why not."""
-        if spec.base_model != self._model_name:
-            raise FineTuneRefused(
-                FineTuneRefused.INVALID,
-                f"this site serves {self._model_name!r}, not the job's base {spec.base_model!r}",
-            )
-        if not _JOB_ID.match(spec.job_id):
-            raise FineTuneRefused(FineTuneRefused.INVALID, f"bad job id {spec.job_id!r}")
-        if spec.hyperparameters.lora_rank > self.settings.max_rank:
-            raise FineTuneRefused(
-                FineTuneRefused.INVALID,
-                f"lora_rank {spec.hyperparameters.lora_rank} is above the largest rank this site "
-                f"serves ({self.settings.max_rank}, SITE_MAX_LORA_RANK)",
-            )
-        unknown = set(spec.hyperparameters.target_modules) - set(PROJECTIONS)
-        if unknown:
-            raise FineTuneRefused(
-                FineTuneRefused.INVALID,
-                f"target_modules {sorted(unknown)}: LoRA is served on {', '.join(PROJECTIONS)}",
-            )
+        """Checks the spec, registers the job (QUEUED, its steps unknown until its files are
+        read) and queues the reading of its files; FineTuneRefused says why not. Quick: the
+        files are read on the intake thread."""
+        check_spec(spec, self._model_name, self.settings.max_rank)
         with self._lock:
-            if spec.job_id in self._jobs:
-                raise FineTuneRefused(FineTuneRefused.EXISTS, f"job {spec.job_id!r} exists")
-        job = self._prepare(spec)
-        disk.save_spec(self.settings.directory / spec.job_id, spec)
-        with self._lock:
+            known = self._jobs.get(spec.job_id)
+            if known is not None:
+                raise FineTuneRefused(
+                    FineTuneRefused.EXISTS,
+                    f"job {spec.job_id!r} exists ({known.progress.state.value}): a job is "
+                    "started once",
+                )
+            progress = FineTuneProgress(spec.job_id, FineTuneState.QUEUED, 0, 0, 0)
+            job = Job(spec.job_id, spec.tenant, spec.hyperparameters, spec.seed, progress)
             self._jobs[spec.job_id] = job
-        log.info("fine-tuning job %s queued: %d steps", spec.job_id, job.progress.total_steps)
-        return job.progress
+        self._intake.submit(self._take_in, job, lambda: spec, True)
+        log.info("fine-tuning job %s accepted; its files are read in the background", job.job_id)
+        return progress
 
     def progress(self, job_id: str) -> FineTuneProgress:
         with self._lock:
             return self._job(job_id).progress
 
+    def settled(self, job_id: str, timeout_s: float | None = None) -> FineTuneProgress:
+        """The job's progress once its files are read (or the reading ended otherwise): what
+        the tests and benches wait for before they run its units."""
+        with self._lock:
+            job = self._job(job_id)
+        if not job.settled.wait(timeout_s):
+            raise TimeoutError(f"job {job_id!r}: its files were not read in {timeout_s} s")
+        return self.progress(job_id)
+
     def cancel(self, job_id: str) -> FineTuneProgress:
-        """Ends a job not yet final (the engine thread drops its trainer at its next unit)."""
+        """Ends a job not yet final: the reading of its files stops, and the engine thread
+        drops its trainer at its next unit."""
         with self._lock:
             job = self._job(job_id)
             if not job.progress.state.is_final:
                 job.progress = replace(job.progress, state=FineTuneState.CANCELLED)
-                disk.save_result(self.settings.directory / job_id, job.progress)
+                job.stop.set()
+                if job.on_disk:
+                    disk.save_result(self.settings.directory / job_id, job.progress)
             return job.progress
+
+    def live(self) -> list[str]:
+        """The jobs not final (queued, being read, training), oldest first."""
+        with self._lock:
+            return [j.job_id for j in self._jobs.values() if not j.progress.state.is_final]
 
     def unit_cap(self, job_id: str) -> tuple[int, int]:
         """(the most padded tokens a unit of the job may take within the reserve, its longest
         example's tokens)."""
         with self._lock:
-            job = self._job(job_id)
-            return job.max_unit_tokens, max(len(e.input_ids) for e in job.train + job.validation)
+            examples = self._job(job_id).examples
+        if examples is None:
+            raise FineTuneRefused(FineTuneRefused.PRECONDITION, f"job {job_id!r} is not ready")
+        return examples.max_unit_tokens, examples.longest
 
     def has_work(self) -> bool:
+        """A job to train, or an ended one whose trainer or examples the engine thread lets go."""
         with self._lock:
-            return any(not j.progress.state.is_final or j.trainer for j in self._jobs.values())
+            return any(j.examples is not None or j.trainer is not None for j in self._jobs.values())
+
+    def close(self) -> None:
+        """Stops the reading under way and any queued (the site stops: a job read again at its
+        next start), without waiting for it."""
+        self._closing.set()
+        self._intake.shutdown(wait=False, cancel_futures=True)
+
+    # ---- the intake thread -----------------------------------------------------------------
+    def _take_in(self, job: Job, spec_of: Callable[[], FineTuneSpec], save: bool) -> None:
+        """Saves the job's spec (`save`) and reads its files; the job fails when they cannot
+        train, and is left as it is when its reading was stopped."""
+        job_dir = self.settings.directory / job.job_id
+        try:
+            if self._stopped(job):
+                return
+            spec = spec_of()
+            if save:
+                disk.save_spec(job_dir, spec)
+                with self._lock:
+                    job.on_disk = True
+                    if job.progress.state.is_final:  # cancelled while it was saved
+                        disk.save_result(job_dir, job.progress)
+                        return
+            examples = read_examples(
+                spec,
+                self._tokenizer,
+                self._shape,
+                self.settings.max_tokens,
+                self.settings.reserve_bytes,
+                lambda: self._stopped(job),
+            )
+            del spec
+            with self._lock:
+                if job.progress.state.is_final:
+                    return
+                job.examples = examples
+                job.progress = replace(job.progress, total_steps=examples.total_steps)
+            log.info("fine-tuning job %s queued: %d steps", job.job_id, examples.total_steps)
+        except Stopped:
+            log.info("fine-tuning job %s: the reading of its files stopped", job.job_id)
+        except FineTuneRefused as exc:
+            self._finish(job, FineTuneState.FAILED, error=str(exc))
+        except Exception as exc:  # the job fails; the site serves on
+            log.exception("fine-tuning job %s: its files could not be read", job.job_id)
+            self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            job.settled.set()
+
+    def _stopped(self, job: Job) -> bool:
+        return job.stop.is_set() or self._closing.is_set()
 
     # ---- engine thread ---------------------------------------------------------------------
     def next_unit_s(self) -> float:
         """The seconds the next call of run_unit is expected to take: a unit's, or the piece's
         it will be cut to when that is shorter; infinite while nothing says (no trainer built
         yet, or nothing measured), so the gate runs it only with no request in."""
-        with self._lock:
-            job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
+        job = self._next_job()
         if job is None or job.trainer is None:
             return math.inf
         piece = self._pieces.piece_s if self._pieces.piece_s is not None else math.inf
         if job.unit is not None:
             return piece
-        tokens = job.trainer.next_unit_tokens(self._pacer.next_budget(job.max_unit_tokens))
+        budget = self._pacer.next_budget(self._unit_cap(job))
+        tokens = job.trainer.next_unit_tokens(budget)
         return min(self._pacer.predict_s(tokens), piece) if tokens else 0.0
 
     def unit_budget(self) -> int | None:
         """The token budget of the unit under way (None: none is), the benches' and tests'
         view of how the unit was sized."""
         with self._lock:
-            job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
-        return job.unit.budget if job is not None and job.unit is not None else None
+            under_way = [j.unit for j in self._jobs.values() if j.trainable and j.unit]
+        return under_way[0].budget if under_way else None
 
     def run_unit(self, alone: bool = False) -> float:
-        """Runs one piece of the oldest unfinished job's unit; returns the seconds it took.
+        """Runs one piece of a unit of the job whose turn it is; returns the seconds it took.
         `alone`: no request waits or runs, so a unit begun now is idle-sized (up to
         idle_unit_tokens) instead of sized to the time bound; its pieces stay bounded, so a
         request arriving meanwhile waits for one piece, not for the unit."""
         began = time.monotonic()
         with self._lock:
-            job = next((j for j in self._jobs.values() if not j.progress.state.is_final), None)
-            ended = [j for j in self._jobs.values() if j.progress.state.is_final and j.trainer]
-        for done in ended:  # cancelled since their last unit
+            ended = [
+                j
+                for j in self._jobs.values()
+                if j.progress.state.is_final and (j.trainer is not None or j.examples is not None)
+            ]
+        for done in ended:  # cancelled since their last unit, or just ended
             done.drop_trainer()
+            done.examples = None  # a large file's examples are not kept past the job
+        job = self._next_job()
         if job is not None:
             try:
                 self._advance(job, alone)
             except Exception as exc:  # the job fails; the site serves on
-                log.exception("fine-tuning job %s failed", job.spec.job_id)
+                log.exception("fine-tuning job %s failed", job.job_id)
                 self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
         return time.monotonic() - began
 
-    def _advance(self, job: _Job, alone: bool) -> None:
+    def _next_job(self) -> Job | None:
+        """The job a unit under way belongs to; else the first in the tenants' turn whose
+        trainer is live or fits beside the live ones."""
+        with self._lock:
+            ready = [j for j in self._jobs.values() if j.trainable]
+        under_way = next((j for j in ready if j.unit is not None), None)
+        if under_way is not None:
+            return under_way
+        live = [j for j in ready if j.trainer is not None]
+        for job in self._turns.order(ready, lambda j: j.tenant):
+            if job.trainer is not None or self._fits([*live, job]):
+                return job
+        return None
+
+    def _cap(self, job: Job, live: list[Job]) -> int:
+        """The most padded tokens a unit of `job` may take beside the LoRA state of `live`."""
+        assert job.examples is not None
+        others = sum(lora_bytes(self._shape, j.hyperparameters) for j in live if j is not job)
+        room = self.settings.reserve_bytes - others
+        return largest_unit_tokens(self._shape, job.hyperparameters, job.examples.longest, room)
+
+    def _fits(self, live: list[Job]) -> bool:
+        return all(self._cap(job, live) >= 1 for job in live)
+
+    def _unit_cap(self, job: Job) -> int:
+        with self._lock:
+            live = [j for j in self._jobs.values() if j.trainer is not None or j is job]
+        return max(1, self._cap(job, live))
+
+    def _advance(self, job: Job, alone: bool) -> None:
         """One piece of the job's current unit (a new unit first if none is under way); the
         trainer's build is a call of its own."""
-        job_dir = self.settings.directory / job.spec.job_id
+        job_dir = self.settings.directory / job.job_id
         if job.trainer is None:
+            self._turns.served(job.tenant)
             job.trainer = self._build_trainer(job, job_dir)
             self._publish(job, FineTuneState.RUNNING)  # from its checkpoint's step, if resumed
             return
         trainer = job.trainer
         if job.unit is None:
+            self._turns.served(job.tenant)
+            cap = self._unit_cap(job)
             if alone:
-                budget = min(self.settings.idle_unit_tokens, job.max_unit_tokens)
+                budget = min(self.settings.idle_unit_tokens, cap)
             else:
-                budget = self._pacer.next_budget(job.max_unit_tokens)
+                budget = self._pacer.next_budget(cap)
             # `run` is bound before its thread starts, so the work may mark boundaries on it.
             run: PiecewiseRun[int] = PiecewiseRun(
                 lambda: trainer.work(budget, run.pause),
@@ -233,7 +293,7 @@ class FineTuneJobs:
                 self.settings.max_step_ms / 1000,
             )
             # Validation has no backward: a third of a training unit's cost.
-            job.unit = _Unit(run, budget, trainer.history.step, trainer.validating, alone)
+            job.unit = Unit(run, budget, trainer.history.step, trainer.validating, alone)
         unit = job.unit
         began = time.monotonic()
         done = unit.pieces.step()
@@ -261,23 +321,24 @@ class FineTuneJobs:
         else:
             self._publish(job, FineTuneState.RUNNING)
 
-    def _build_trainer(self, job: _Job, job_dir: Path) -> LoraTrainer:
-        spec = job.spec
+    def _build_trainer(self, job: Job, job_dir: Path) -> LoraTrainer:
+        assert job.examples is not None
+        examples = job.examples
         trainer = LoraTrainer(
-            self._model, spec.hyperparameters, spec.seed, job.train, job.validation
+            self._model, job.hyperparameters, job.seed, examples.train, examples.validation
         )
         # A loss chunk lies between two boundaries of a piece: half the bound at most.
         trainer.loss_chunks = LossChunks(self.settings.max_step_ms / 2000)
         steps = disk.checkpoint_steps(job_dir)
         if steps:
             disk.restore_checkpoint(job_dir, steps[-1], trainer)
-            log.info("fine-tuning job %s resumed from step %d", spec.job_id, steps[-1])
+            log.info("fine-tuning job %s resumed from step %d", job.job_id, steps[-1])
         return trainer
 
-    def _publish(self, job: _Job, state: FineTuneState) -> None:
+    def _publish(self, job: Job, state: FineTuneState) -> None:
         assert job.trainer is not None
         history = job.trainer.history
-        job_dir = self.settings.directory / job.spec.job_id
+        job_dir = self.settings.directory / job.job_id
         losses = dict(history.losses)
         with self._lock:
             if job.progress.state.is_final:
@@ -295,48 +356,25 @@ class FineTuneJobs:
                 ),
             )
 
-    def _finish(self, job: _Job, state: FineTuneState, **fields: str) -> None:
+    def _finish(self, job: Job, state: FineTuneState, **fields: str) -> None:
         with self._lock:
             if not job.progress.state.is_final:
                 job.progress = replace(job.progress, state=state, **fields)  # type: ignore[arg-type]
-                disk.save_result(self.settings.directory / job.spec.job_id, job.progress)
+                if job.on_disk:
+                    disk.save_result(self.settings.directory / job.job_id, job.progress)
         job.drop_trainer()
-        log.info("fine-tuning job %s %s", job.spec.job_id, job.progress.state.value)
+        log.info("fine-tuning job %s %s", job.job_id, job.progress.state.value)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _job(self, job_id: str) -> _Job:
+    def _job(self, job_id: str) -> Job:
         job = self._jobs.get(job_id)
         if job is None:
             raise FineTuneRefused(FineTuneRefused.NOT_FOUND, f"no fine-tuning job {job_id!r}")
         return job
 
-    def _prepare(self, spec: FineTuneSpec) -> _Job:
-        """Encodes the files and caps a unit's tokens by the reserve; FineTuneRefused if they
-        cannot train."""
-        limit = self.settings.max_tokens
-        try:
-            train = encode_file(self._tokenizer, spec.training_jsonl, limit)
-            validation = (
-                encode_file(self._tokenizer, spec.validation_jsonl, limit)
-                if spec.validation_jsonl is not None
-                else []
-            )
-        except (TrainingDataError, UnicodeDecodeError) as exc:
-            raise FineTuneRefused(FineTuneRefused.INVALID, f"training data: {exc}") from exc
-        hp = spec.hyperparameters
-        longest = max(len(e.input_ids) for e in train + validation)
-        most = largest_unit_tokens(self._shape, hp, longest, self.settings.reserve_bytes)
-        if most < 1:
-            raise FineTuneRefused(
-                FineTuneRefused.PRECONDITION,
-                f"one example of {longest} tokens needs more than this site's fine-tuning "
-                f"reserve of {self.settings.reserve_bytes:,} bytes (SITE_FINETUNE_RESERVE_BYTES)",
-            )
-        total = steps_per_epoch(len(train), hp.batch_size) * hp.n_epochs
-        progress = FineTuneProgress(spec.job_id, FineTuneState.QUEUED, 0, total, 0)
-        return _Job(spec, train, validation, most, progress)
-
     def _load_from_disk(self) -> None:
+        """Registers the jobs on disk: an ended one with its result, an unfinished one read
+        again on the intake thread (then resumed from its last checkpoint)."""
         for job_dir in sorted(self.settings.directory.iterdir(), key=lambda p: p.stat().st_mtime):
             if job_dir.name.startswith(".tmp-"):
                 shutil.rmtree(job_dir, ignore_errors=True)
@@ -345,15 +383,14 @@ class FineTuneJobs:
                 continue
             for stale in job_dir.glob(".tmp-*"):  # a write the previous run did not finish
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-            spec = disk.load_spec(job_dir)
-            try:
-                job = self._prepare(spec)
-            except FineTuneRefused as exc:
-                log.error("fine-tuning job %s on disk cannot run here: %s", spec.job_id, exc)
-                continue
+            meta = disk.load_meta(job_dir)
             result = disk.load_result(job_dir)
-            if result is not None:
-                job.progress = result
-            self._jobs[spec.job_id] = job
-            if result is None:
-                log.info("fine-tuning job %s found on disk: it resumes", spec.job_id)
+            queued = FineTuneProgress(meta.job_id, FineTuneState.QUEUED, 0, 0, 0)
+            job = Job(meta.job_id, meta.tenant, meta.hyperparameters, meta.seed,
+                      result or queued, on_disk=True)  # fmt: skip
+            self._jobs[meta.job_id] = job
+            if result is not None and result.state.is_final:
+                job.settled.set()
+                continue
+            log.info("fine-tuning job %s found on disk: it resumes", meta.job_id)
+            self._intake.submit(self._take_in, job, partial(disk.load_spec, job_dir), False)

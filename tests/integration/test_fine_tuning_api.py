@@ -206,7 +206,7 @@ def test_a_job_trains_and_its_model_answers_for_its_key_only(world: World) -> No
         assert 'fedllm_gateway_fine_tuning_jobs{state="succeeded"}' in scraped
 
 
-def test_a_bad_file_is_refused_line_by_line_and_nothing_is_made(world: World) -> None:
+def test_a_bad_file_is_refused_line_by_line_and_its_job_fails(world: World) -> None:
     with gateway(world) as client:
         alice = sdk(client, world.keys["ft-alice"][1])
         before = len(alice.fine_tuning.jobs.list(limit=100).data)
@@ -231,6 +231,14 @@ def test_a_bad_file_is_refused_line_by_line_and_nothing_is_made(world: World) ->
             assert reason in message
         assert "line 1:" not in message
         assert "line 6:" not in message
+        # The job was made (its key's place taken while its file was checked) and failed: a
+        # refused file counts against its key (issue 67).
+        failed = alice.fine_tuning.jobs.list(limit=1).data[0]
+        assert failed.status == "failed"
+        assert failed.error is not None
+        assert (failed.error.code, failed.error.param) == ("invalid_training_file", "training_file")
+        assert "4 of the file's 6 lines" in failed.error.message
+        before += 1
 
         good = alice.files.create(file=("good.jsonl", GOOD), purpose="fine-tune")
         batch_file = alice.files.create(
@@ -255,7 +263,12 @@ def test_a_bad_file_is_refused_line_by_line_and_nothing_is_made(world: World) ->
             body = refused.value.body
             assert isinstance(body, dict)
             assert (body["param"], body.get("code")) == expected, body
-        assert len(alice.fine_tuning.jobs.list(limit=100).data) == before
+        # Nothing made for a refusal before the files are read; a job failed for its file.
+        after = alice.fine_tuning.jobs.list(limit=100).data
+        assert len(after) == before + 1
+        assert after[0].status == "failed"
+        assert after[0].error is not None
+        assert after[0].error.param == "validation_file"
 
 
 def test_a_cancelled_job_stays_cancelled(world: World) -> None:

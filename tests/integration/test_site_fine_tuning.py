@@ -111,6 +111,7 @@ async def _train_while_serving(
 ) -> Served:
     prompt = tuple(loaded.tokenizer.encode("The capital of France is", add_special_tokens=False))
     jobs.start(spec("job-a"))
+    jobs.settled("job-a", timeout_s=60)
     answers = 0
     while not jobs.progress("job-a").state.is_final:
         request = EngineRequest(f"r{answers}", prompt, SamplingParams(max_tokens=4, temperature=0))
@@ -160,11 +161,12 @@ def test_a_job_torn_down_mid_way_resumes_from_its_last_checkpoint(
 ) -> None:
     jobs = FineTuneJobs(settings(tmp_path), loaded.model, loaded.tokenizer, "smol")
     jobs.start(spec("job-b"))
+    jobs.settled("job-b", timeout_s=60)
     while jobs.progress("job-b").step < 12:
         jobs.run_unit()
     del jobs  # the site dies: steps 11 and 12 were never checkpointed
     again = FineTuneJobs(settings(tmp_path), loaded.model, loaded.tokenizer, "smol")
-    assert again.progress("job-b").state is FineTuneState.QUEUED
+    assert again.settled("job-b", timeout_s=60).state is FineTuneState.QUEUED
     again.run_unit()
     # Resumed from checkpoint-10: its first unit (token-bounded, so maybe not a whole batch)
     # leaves it at step 10 or 11, not at 0 or 1.

@@ -97,6 +97,9 @@ class PeftTrainerDouble:
             job.state = FineTuneState.CANCELLED
         return self._progress(job)
 
+    async def live_fine_tunes(self) -> list[str]:
+        return [job_id for job_id, job in self.jobs.items() if not job.state.is_final]
+
     def _job(self, job_id: str) -> _Job:
         if job_id not in self.jobs:
             raise SiteRejected("double", f"no fine-tuning job {job_id}")
@@ -165,6 +168,7 @@ class TrainingSiteClient:
         self.start_fine_tune = trainer.start_fine_tune
         self.fine_tune_progress = trainer.fine_tune_progress
         self.cancel_fine_tune = trainer.cancel_fine_tune
+        self.live_fine_tunes = trainer.live_fine_tunes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)

@@ -1,21 +1,27 @@
 """The fine-tuning API's parts that need no database (issue 54): a chat training file checked
-line by line, the hyperparameters' "auto", and the model name a succeeded job is served under
-(that model's privacy: tests/unit/test_adapter_models.py)."""
+line by line, and against the model's context (issue 67), the hyperparameters' "auto", a key's
+training limits, and the model name a succeeded job is served under (that model's privacy:
+tests/unit/test_adapter_models.py)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from fedllm_contract.tokenizer import load_tokenizer
+from fedllm_contract.training_data import MAX_LISTED
+from fedllm_contract.training_tokens import ContextCheck, token_count
 from gateway.db.models import FineTuningStatus
 from gateway.errors import GatewayError
+from gateway.fine_tuning.file_check import LengthLimit, check_training_file
+from gateway.fine_tuning.limits import TrainingLimits, tokens_of
 from gateway.fine_tuning.request import Hyperparameters, Resolved, resolve
 from gateway.fine_tuning.runner import fine_tuned_model
-from gateway.fine_tuning.training_file import MAX_LISTED, check_training_file
-from gateway.stores.fine_tuning_store import JobView
+from gateway.stores.fine_tuning_store import JobUse, JobView
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 ANSWER = {"role": "assistant", "content": "yo"}
@@ -27,9 +33,9 @@ def _file(*lines: object) -> bytes:
     )
 
 
-def _refusal(content: bytes) -> str:
+def _refusal(content: bytes, limit: LengthLimit | None = None) -> str:
     with pytest.raises(GatewayError) as refused:
-        check_training_file(content, "training_file")
+        check_training_file(content, "training_file", limit)
     assert (refused.value.param, refused.value.code) == ("training_file", "invalid_training_file")
     return refused.value.message
 
@@ -91,3 +97,62 @@ def test_the_model_name_is_ft_base_suffix_id() -> None:
     )  # fmt: skip
     assert fine_tuned_model(job) == "ft:tiny:support:abc123"
     assert fine_tuned_model(replace(job, suffix=None)) == "ft:tiny::abc123"
+
+
+def test_a_line_longer_than_the_context_is_named_with_its_tokens(gpt2_tokenizer_dir: Path) -> None:
+    tokenizer = load_tokenizer(gpt2_tokenizer_dir)
+    limit = LengthLimit(str(gpt2_tokenizer_dir), 256)
+    long = {"messages": [{"role": "user", "content": "word " * 300}, ANSWER]}
+    message = _refusal(_file(GOOD, long, GOOD), limit)
+    tokens = token_count(tokenizer, long["messages"])
+    assert tokens > 256
+    assert f"line 2: {tokens} tokens as the model's chat template renders it" in message
+    assert "longer than the model's context of 256 tokens" in message
+    assert "1 of the file's 3 lines" in message
+    fits = {"messages": [{"role": "user", "content": "word " * 150}, ANSWER]}
+    assert check_training_file(_file(GOOD, fits), "training_file", limit).examples == 2
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["word " * 50, "😀" * 40, "漢字かな交じり文" * 10, "a\u2028b\x00c" * 20, "  \n\t" * 30, ""],
+)
+def test_a_conversations_tokens_are_never_more_than_its_bound(
+    gpt2_tokenizer_dir: Path, content: str
+) -> None:
+    """The bound that spares a short line its count (fedllm_contract/training_tokens.py): a
+    byte-level tokenizer makes no more tokens than the rendered text has bytes."""
+    check = ContextCheck(load_tokenizer(gpt2_tokenizer_dir), 10**6)
+    for roles in (("user", "assistant"), ("system", "user", "assistant", "user", "assistant")):
+        messages = [{"role": role, "content": content} for role in roles]
+        assert token_count(check.tokenizer, messages) <= check.bound(messages)
+        assert check(messages) is None
+
+
+def test_a_line_the_chat_template_refuses_is_named(gpt2_tokenizer_dir: Path) -> None:
+    tokenizer = load_tokenizer(gpt2_tokenizer_dir)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('no system messages') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    check = ContextCheck(tokenizer, 1024)
+    assert check([{"role": "user", "content": "q"}, ANSWER]) is None
+    refused = check([{"role": "system", "content": "s"}, ANSWER])
+    assert refused is not None
+    assert "chat template cannot render it (no system messages)" in refused
+
+
+def test_a_refused_file_costs_a_reading_and_checks_under_way_are_bounded() -> None:
+    limits = TrainingLimits(jobs_per_key=5, tokens_per_day=10_000, validations_per_key=1)
+    refused = JobUse(True, 0, 3, 8_000, refused_files=True)
+    assert tokens_of(refused) == 2_000  # one reading: its bytes / 4, not x its epochs
+    assert tokens_of(JobUse(True, 0, 3, 8_000)) == 0  # a job cancelled before it trained
+    limits.check("k", None, [refused], 8_000)
+    with pytest.raises(GatewayError) as over:
+        limits.check("k", None, [refused], 8_001)
+    assert over.value.code == "training_tokens_limit_exceeded"
+    checking = JobUse(False, 0, 1, 100, validating=True)
+    with pytest.raises(GatewayError) as busy:
+        limits.check("k", None, [checking], 10)
+    assert busy.value.code == "fine_tuning_validations_limit_exceeded"
+    assert "GATEWAY_FINE_TUNING_VALIDATIONS_PER_KEY" in busy.value.message

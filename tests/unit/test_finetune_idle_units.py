@@ -61,6 +61,7 @@ def jobs_in(directory: Path, model: LoadedModel, idle_unit_tokens: int = 4096) -
 
 def run_job(jobs: FineTuneJobs, alone: bool) -> None:
     jobs.start(FineTuneSpec("j", "deep", DATA, None, HP, 7))
+    jobs.settled("j", timeout_s=60)
     while jobs.progress("j").state is not FineTuneState.SUCCEEDED:
         jobs.run_unit(alone=alone)
         assert jobs.progress("j").state is not FineTuneState.FAILED, jobs.progress("j").error
@@ -133,6 +134,7 @@ def test_a_request_arriving_during_an_idle_unit_waits_a_piece_not_the_unit(
 ) -> None:
     jobs = jobs_in(tmp_path, deep)
     jobs.start(FineTuneSpec("j", "deep", DATA, None, HP, 7))
+    jobs.settled("j", timeout_s=60)
     engine = PagedEngine(deep, EngineConfig(max_num_seqs=2, kv_cache_bytes=8 << 20))
     work = Recorder(jobs, engine)
     service = EngineService(engine, deep.tokenizer, idle_work=(work, IdleGate(TINY_BOUND_MS)))

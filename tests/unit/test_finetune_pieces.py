@@ -164,6 +164,7 @@ def test_a_long_example_holds_the_loop_no_longer_than_twice_the_bound(
     )  # fmt: skip
     hp = FineTuneHyperparameters(n_epochs=3, batch_size=1, learning_rate_multiplier=1.0)
     jobs.start(FineTuneSpec("long", "tiny", line * 2, None, hp, 1))
+    jobs.settled("long", timeout_s=60)
     jobs.run_unit()  # builds the trainer: a call of its own
     calls = []
     while jobs.progress("long").state.value != "succeeded":

@@ -243,6 +243,7 @@ def test_a_site_predicts_its_next_unit_from_the_units_it_ran(
         tiny.model, tiny.tokenizer, "tiny",
     )  # fmt: skip
     jobs.start(FineTuneSpec("j", "tiny", line * 8, None, hp, 1))
+    jobs.settled("j", timeout_s=60)
     assert jobs.next_unit_s() == math.inf  # no trainer, nothing measured
     jobs.run_unit()  # builds the trainer: a call of its own
     assert jobs.largest_unit_run == 0

@@ -26,7 +26,7 @@ from fedllm_contract.proto.fine_tuning import (
 )
 from fedllm_contract.tokenizer import tokenizer_fingerprint
 from gateway.errors import GatewayError
-from gateway.fine_tuning.training_file import check_training_file
+from gateway.fine_tuning.file_check import check_training_file
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import FineTuneCallRefused
 from site_engine.engine.core.api import EngineRequest
@@ -126,7 +126,6 @@ def test_refusals_leave_nothing_behind(tmp_path: Path, tiny: LoadedModel) -> Non
     jobs = jobs_in(tmp_path, tiny)
     cases = [
         (spec(base="other"), FineTuneRefused.INVALID, "not the job's base 'other'"),
-        (spec(data=b'{"messages": 3}'), FineTuneRefused.INVALID, "line 1"),
         (spec(job_id="../x"), FineTuneRefused.INVALID, "bad job id"),
     ]
     bad_targets = FineTuneHyperparameters(1, 1, 1.0, target_modules=("lm_head",))
@@ -138,13 +137,25 @@ def test_refusals_leave_nothing_behind(tmp_path: Path, tiny: LoadedModel) -> Non
             jobs.start(bad)
         assert caught.value.code == code
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(FineTuneRefused, match="reserve") as small:
-        jobs_in(tmp_path, tiny, reserve=1000).start(spec())
-    assert small.value.code == FineTuneRefused.PRECONDITION
-    assert jobs.start(spec()).state is FineTuneState.QUEUED
-    with pytest.raises(FineTuneRefused) as twice:
-        jobs.start(spec())
-    assert twice.value.code == FineTuneRefused.EXISTS
+    # Files are read after the start is answered: a file that cannot train, or whose example
+    # the reserve cannot hold, fails the job (and its second start is refused all the same).
+    assert jobs.start(spec("bad", data=b'{"messages": 3}')).state is FineTuneState.QUEUED
+    failed = jobs.settled("bad", timeout_s=60)
+    assert failed.state is FineTuneState.FAILED
+    assert "line 1" in (failed.error or "")
+    small = jobs_in(tmp_path / "small", tiny, reserve=1000)
+    small.start(spec())
+    tight = small.settled("job-1", timeout_s=60)
+    assert tight.state is FineTuneState.FAILED
+    assert "SITE_FINETUNE_RESERVE_BYTES" in (tight.error or "")
+    started = jobs.start(spec())
+    assert (started.state, started.total_steps) == (FineTuneState.QUEUED, 0)
+    assert jobs.settled("job-1", timeout_s=60).total_steps == 1
+    for known in ("job-1", "bad"):
+        with pytest.raises(FineTuneRefused) as twice:
+            jobs.start(spec(known))
+        assert twice.value.code == FineTuneRefused.EXISTS
+    assert jobs.live() == ["job-1"]
     with pytest.raises(FineTuneRefused) as unknown:
         jobs.progress("nope")
     assert unknown.value.code == FineTuneRefused.NOT_FOUND
@@ -239,10 +250,16 @@ def test_the_grpc_contract_through_the_gateways_client(tmp_path: Path, tiny: Loa
                 await client.fine_tune_progress("nope")
             assert unknown.value.reason == "not_found"
             started = await client.start_fine_tune(spec())
-            assert (started.state, started.total_steps) == (FineTuneState.QUEUED, 1)
-            assert (await client.fine_tune_progress("job-1")) == started
+            assert started.state is FineTuneState.QUEUED
+            assert jobs.settled("job-1", timeout_s=60).total_steps == 1
+            read = await client.fine_tune_progress("job-1")
+            assert (read.state, read.total_steps) == (FineTuneState.QUEUED, 1)
+            # A second start is refused at the site; the client answers the job it has.
+            assert await client.start_fine_tune(spec()) == read
+            assert await client.live_fine_tunes() == ["job-1"]
             cancelled = await client.cancel_fine_tune("job-1")
             assert cancelled.state is FineTuneState.CANCELLED
+            assert await client.live_fine_tunes() == []
         finally:
             await client.close()
             await server.stop(None)
@@ -260,6 +277,7 @@ def test_validation_loss_per_epoch_and_the_files_a_job_leaves(
         FineTuneSettings(tmp_path, 1 << 30, checkpoint_every=3), tiny.model, tiny.tokenizer, "tiny"
     )
     jobs.start(FineTuneSpec("v", "tiny", LINE + b"\n" + LINE, LINE, hp, 5))
+    jobs.settled("v", timeout_s=60)
     while not jobs.progress("v").state.is_final:
         jobs.run_unit()
     done = jobs.progress("v")
@@ -284,6 +302,7 @@ def test_a_job_cancelled_mid_way_stops_and_lets_its_trainer_go(
     jobs = jobs_in(tmp_path, tiny)
     hp = FineTuneHyperparameters(n_epochs=3, batch_size=1, learning_rate_multiplier=1.0)
     jobs.start(FineTuneSpec("c", "tiny", LINE, None, hp, 5))
+    jobs.settled("c", timeout_s=60)
     jobs.run_unit()  # builds the trainer
     assert jobs.progress("c").state is FineTuneState.RUNNING
     while jobs.progress("c").step < 1:  # the first step, a piece at a time

@@ -28,9 +28,13 @@ from gateway.db.models.base import Base, UTCDateTime, checked_enum, utcnow
 
 
 class FineTuningStatus(enum.StrEnum):
-    """OpenAI's job statuses ("validating_files" is not used: a file is validated at creation,
-    and a bad one is refused then)."""
+    """OpenAI's job statuses. A job is made `validating_files` (its key's place taken at once,
+    so that concurrent creates cannot all pass its limits) and leaves it when its files are
+    checked: queued, or failed naming the bad lines (gateway/fine_tuning/service.py)."""
 
+    VALIDATING_FILES = (
+        "validating_files"  # its files are being checked (16 characters: the column's)
+    )
     QUEUED = "queued"  # waiting for a site that accepts jobs of its base
     RUNNING = "running"
     SUCCEEDED = "succeeded"

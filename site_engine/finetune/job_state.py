@@ -1,0 +1,82 @@
+"""What a site holds of one fine-tuning job (site_engine/finetune/jobs.py keeps the table of
+them), and the settings every job of the site shares."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneProgress
+from site_engine.finetune.intake import Examples
+from site_engine.finetune.pieces import PiecewiseRun
+from site_engine.finetune.trainer import LoraTrainer
+
+
+@dataclass(frozen=True, slots=True)
+class FineTuneSettings:
+    """Where jobs live, the memory reserved for training, how often to checkpoint, how long one
+    piece of training may hold the engine's loop, and how large a unit is with nothing else in."""
+
+    directory: Path
+    reserve_bytes: int
+    checkpoint_every: int = 10
+    max_step_ms: float = 200.0
+    max_tokens: int = 1024  # an example's tokens at most (longer ones lose their end)
+    # The largest rank this site serves (SITE_MAX_LORA_RANK): a job's adapter must be servable.
+    max_rank: int = 64
+    # A unit's padded tokens at most while no request waits or runs (the reserve's cap too):
+    # no time bound then, since a unit's pieces still hand the loop back within the bound.
+    idle_unit_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.reserve_bytes <= 0 or self.checkpoint_every < 1 or not self.max_step_ms > 0:
+            raise ValueError(
+                "fine-tuning needs reserve_bytes > 0, checkpoint_every >= 1 and max_step_ms > 0"
+            )
+        if self.idle_unit_tokens < 1:
+            raise ValueError(f"idle_unit_tokens must be >= 1, not {self.idle_unit_tokens}")
+
+
+@dataclass(slots=True)
+class Unit:
+    """A unit of training under way, run a piece at a time (site_engine/finetune/pieces.py)."""
+
+    pieces: PiecewiseRun[int]
+    budget: int
+    step: int  # the trainer's step when it began
+    validating: bool
+    alone: bool  # sized for an engine with no request in (idle_unit_tokens, no time bound)
+    seconds: float = 0.0  # its pieces' time so far
+
+
+@dataclass(slots=True)
+class Job:
+    """One job: accepted, its files read in the background (`examples` once they are), trained
+    a unit at a time by its own trainer once its turn comes."""
+
+    job_id: str
+    tenant: str
+    hyperparameters: FineTuneHyperparameters
+    seed: int
+    progress: FineTuneProgress
+    # Set by a cancel: the reading of its files stops at once (so does a stopping site's).
+    stop: threading.Event = field(default_factory=threading.Event)
+    # Set once the intake is done with it (read, failed, stopped): what a caller may wait on.
+    settled: threading.Event = field(default_factory=threading.Event)
+    examples: Examples | None = None  # dropped once the job ends
+    on_disk: bool = False  # its spec is saved: a result may be written beside it
+    trainer: LoraTrainer | None = None
+    unit: Unit | None = None
+
+    @property
+    def trainable(self) -> bool:
+        return self.examples is not None and not self.progress.state.is_final
+
+    def drop_trainer(self) -> None:
+        if self.unit is not None:
+            self.unit.pieces.abandon()
+            self.unit = None
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
