@@ -340,7 +340,9 @@ class ModelRunner:
             raise ValueError("layout_chunks takes prefill chunks only")
         self.batch.apply(output)
         self._validate(output)
-        return self.batch.layout(output)
+        names = self.batch.adapters_of(output)
+        slots = self.adapters.assign_names(names) if self.adapters is not None and names else None
+        return self.batch.layout(output, slots)
 
     def prepare_masks(self, step: StepLogits, background: bool = False) -> GrammarMasks | None:
         """The grammar masks of the step's constrained rows, for `sample`
@@ -457,7 +459,10 @@ class ModelRunner:
 
     def forward(self, layout: StepLayout) -> torch.Tensor:
         """Final hidden states [T, hidden] of every token of the step; fills the KV cache."""
-        inputs = self.step_tensors(layout)
+        return self.forward_tensors(self.step_tensors(layout))
+
+    def forward_tensors(self, inputs: StepTensors) -> torch.Tensor:
+        """`forward` of a step's device tensors (step_tensors)."""
         self.attention.prepare(inputs.metadata)
         args = (inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata)
         if inputs.lora is None:
