@@ -32,7 +32,7 @@ from gateway.routing.types import RoutingRequest, UnpredictedPlan
 from gateway.sites.interface import ALL_CAPABILITIES, SiteClient, SiteInfoView
 from gateway.sites.lease import SiteLease
 from gateway.sites.registry import SiteRegistry, SiteState
-from site_engine.engine.core.sequence import SequenceUpdate
+from site_engine.engine.core.outputs import NO_TOKEN, StepOutputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,26 +195,27 @@ class SimGateway:
             r.priority,
         )
 
-    def on_updates(self, site: SimSite, updates: Sequence[SequenceUpdate]) -> None:
+    def on_updates(self, site: SimSite, updates: StepOutputs) -> None:
         """A site's step ended: its tokens reach the gateway half a round trip later."""
         if updates:
             self._loop.after(site.spec.rtt_s / 2, lambda: self._tokens(site.name, updates))
 
-    def _tokens(self, site: str, updates: Sequence[SequenceUpdate]) -> None:
+    def _tokens(self, site: str, updates: StepOutputs) -> None:
         now = self._loop.now()
         flights = self.flights
-        for update in updates:
-            rid = update.request_id
+        tokens, finished = updates.tokens, updates.finished
+        for index, rid in enumerate(updates.request_ids):
             flight = flights.get(rid) or flights.get(rid.split("~")[0])
             if flight is None or flight.site != site or flight.finished_s is not None:
                 continue
-            if update.new_token_ids:
-                flight.produced += len(update.new_token_ids)
+            if tokens[index] != NO_TOKEN:
+                flight.produced += 1
                 if flight.first_token_s is None:
                     flight.first_token_s = now
             lease = flight.lease
-            if update.finish_reason is not None:
-                if update.finish_reason.value == "released":
+            finish = finished.get(index)
+            if finish is not None:
+                if finish[0].value == "released":
                     continue  # handled by the offload that asked for it
                 flight.finished_s = now
                 if lease is not None:

@@ -27,8 +27,8 @@ from fedsim.site import TOKEN, SimSite, SiteSpec
 from fedsim.step_models import STEP_MODELS, step_model
 from fedsim.study import RESULTS
 from fedsim.workload import sharegpt_lengths
+from site_engine.engine.core.outputs import StepOutputs
 from site_engine.engine.core.scheduling_policy import PolicyName
-from site_engine.engine.core.sequence import SequenceUpdate
 
 BATCH_SIZES = tuple(range(2, 11))
 SPF_BATCH = 8
@@ -57,11 +57,10 @@ def run_policy(
     done: dict[str, int] = {}
     kv = [0]
 
-    def on_updates(site: SimSite, updates: Sequence[SequenceUpdate]) -> None:
+    def on_updates(site: SimSite, updates: StepOutputs) -> None:
         kv[0] += site.scheduler.stats().cached_tokens
-        for update in updates:
-            if update.finish_reason is not None:
-                done[update.request_id] = site.steps
+        for index in updates.finished:
+            done[updates.request_ids[index]] = site.steps
 
     site = SimSite(spec, loop, on_updates)
     for i, (prompt, answer) in enumerate(lengths):

@@ -23,8 +23,11 @@ The load reports are built from the scheduler's stats and the engine's own step 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
 
 from fedllm_contract.cache_events import CacheEventBatch
 from fedllm_contract.priority import Priority
@@ -32,18 +35,18 @@ from fedsim.cards import Card, ModelShape, kv_blocks
 from fedsim.events import EventLoop
 from fedsim.step_time import StepFeatures, StepTimeModel
 from gateway.sites.interface import ClassLoadView, LoadView
+from site_engine.engine.core.outputs import StepOutputs
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
 from site_engine.engine.core.scheduling_policy import PolicyName
-from site_engine.engine.core.sequence import SequenceUpdate
 from site_engine.engine.core.types import (
     FinishReason,
     ModelRunnerOutput,
     SamplingParams,
-    ScheduledChunk,
     SchedulerOutput,
 )
 from site_engine.step_rates import StepRates, StepWork
 
+IntArray = npt.NDArray[np.int64]
 EOS = 0
 TOKEN = 1  # every other sampled token: the simulation needs lengths, not text
 MODEL = "sim-model"
@@ -87,7 +90,7 @@ class SiteSpec:
 
 
 # What the site tells its owner after each step: (site, updates) at the step's end.
-OnUpdates = Callable[["SimSite", Sequence[SequenceUpdate]], None]
+OnUpdates = Callable[["SimSite", StepOutputs], None]
 
 
 class SimSite:
@@ -222,16 +225,10 @@ class SimSite:
             self._busy = False
             return
         # Rows of sequences an earlier step finished get no token (the scheduler ignores them).
-        sampled = {
-            c.request_id: self._sample(c)
-            for c in output.chunks
-            if c.sample and self.scheduler.get(c.request_id) is not None
-        }
-        updates = self.scheduler.update(output, ModelRunnerOutput(sampled))
-        self._account(output, features, seconds, sampled)
-        for update in updates:
-            if update.finish_reason is not None:
-                self._answers.pop(update.request_id, None)
+        updates = self.scheduler.update(output, ModelRunnerOutput(tokens=self._sample(output)))
+        self._account(output, features, seconds, updates)
+        for index in updates.finished:
+            self._answers.pop(updates.request_ids[index], None)
         if planned is not None and planned.is_empty:
             # Nothing to overlap with: applied now, and the next step is planned afresh.
             self.scheduler.update(planned, ModelRunnerOutput({}))
@@ -250,11 +247,13 @@ class SimSite:
         output: SchedulerOutput,
         features: StepFeatures,
         seconds: float,
-        sampled: Mapping[str, int],
+        updates: StepOutputs,
     ) -> None:
         """The step's cost for the scheduler's step cost, the step rates and the site's totals."""
         self.scheduler.observe_step(output.num_tokens, output.context_tokens, seconds)
-        decoded = sum(1 for c in output.chunks if c.request_id in sampled and c.num_generated > 0)
+        # Tokens past a request's first (its prefill's): every output but first tokens.
+        firsts = sum(1 for c in output.prefill_chunks if c.sample and c.num_generated == 0)
+        decoded = max(len(updates) - firsts, 0)
         self.rates.add(
             StepWork(
                 self._loop.now(),
@@ -267,10 +266,20 @@ class SimSite:
         self.steps += 1
         self.busy_s += seconds
 
-    def _sample(self, chunk: ScheduledChunk) -> int:
-        """EOS at the answer's last token, another token before it."""
-        produced = chunk.num_generated  # tokens generated before this one
-        return EOS if produced + 1 >= self._answers.get(chunk.request_id, 1) else TOKEN
+    def _sample(self, output: SchedulerOutput) -> IntArray:
+        """Every sampled row's token, in the step's sample order: EOS at the answer's last
+        token, another token before it."""
+        answers = self._answers
+        chunks = [c for c in output.prefill_chunks if c.sample]
+        wanted = np.array(
+            [answers.get(seq.request_id, 1) for seq in output.decode_seqs]
+            + [answers.get(c.request_id, 1) for c in chunks],
+            dtype=np.int64,
+        )
+        produced = np.concatenate(
+            [output.decode_generated, np.array([c.num_generated for c in chunks], dtype=np.int64)]
+        )
+        return np.where(produced + 1 >= wanted, EOS, TOKEN).astype(np.int64)
 
     # -- what the site reports ------------------------------------------------------------
     def load_view(self) -> LoadView:

@@ -58,12 +58,13 @@ class StepFeatures:
     @classmethod
     def of(cls, output: SchedulerOutput) -> StepFeatures:
         """What a step the scheduler planned holds."""
-        prefill = decode = attention = 0
-        adapters: set[str] = set()
-        for chunk in output.chunks:
+        prefill = attention = 0
+        decode = output.num_decodes
+        adapters = {seq.adapter for seq in output.decode_seqs if seq.adapter}
+        for chunk in output.prefill_chunks:
             n = len(chunk.token_ids)
             if n == 1 and chunk.num_generated > 0:
-                decode += 1
+                decode += 1  # one known token after an answer: a decode row's cost
             else:
                 prefill += n
                 attention += n * (chunk.start_position + n)

@@ -39,7 +39,7 @@ from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.core.api import Engine, StructuredOutputUnavailable
 from site_engine.engine.lora.registry import LoraSettings
 from site_engine.engine.memory_plan import batch_defaults
-from site_engine.engine.paged_engine import MIB, EngineConfig, PagedEngine, plan_kv
+from site_engine.engine.paged_engine import EngineConfig, PagedEngine, plan_kv
 from site_engine.engine_service import EngineService, OnDemandReserve
 from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
@@ -223,7 +223,7 @@ def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:
         max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
         block_size=settings.block_size,
-        kv_cache_bytes=settings.kv_cache_mib * MIB,
+        kv_cache_bytes=settings.kv_cache_mib << 20,
         policy=settings.policy,
         prefix_caching=settings.prefix_caching,
         model_name=settings.model_name,

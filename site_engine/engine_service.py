@@ -4,6 +4,12 @@ The engine is single-threaded by design: only the engine thread touches it. The 
 sends commands (add, abort, release) through a queue and receives outputs through per-request
 asyncio queues, so a long model step never blocks the gRPC event loop, and gRPC traffic never
 holds up the next step.
+
+A step's outputs leave the engine thread as they came (StepOutputs' columns), in one call per
+event loop (issue 66): detokenizing each request's token, checking its stop strings and building
+its event happen on the loop's thread, off the step's path. A stop string found there ends the
+request there (its last event) and asks the engine thread to abort it; every event of a request,
+from either thread, goes through its loop in order, and none follows its last.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from transformers import PreTrainedTokenizerBase
@@ -26,9 +33,10 @@ from site_engine.engine.core.api import (
     Engine,
     EngineRequest,
     EngineStats,
-    RequestOutput,
     RequestRejected,
+    StepOutputs,
 )
+from site_engine.engine.core.outputs import NO_TOKEN
 from site_engine.engine.core.types import FinishReason, TokenLogprob, choice_seed
 from site_engine.idle_work import IdleGate, IdleWork
 from site_engine.step_rates import StepRates, StepWork
@@ -104,7 +112,8 @@ class StreamEvent:
 
 @dataclass(slots=True)
 class _Stream:
-    """One choice's stream; the choices of one request share the asyncio queue."""
+    """One choice's stream; the choices of one request share the asyncio queue. Its counts,
+    its detokenizer and `closed` belong to its loop's thread (every event passes there)."""
 
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[StreamEvent]
@@ -113,13 +122,24 @@ class _Stream:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
     index: int = 0
+    closed: bool = False  # its last event was posted: nothing follows it
 
-    def emit(self, event: StreamEvent) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+    def post(self, event: StreamEvent) -> None:
+        """Loop thread: queue `event` unless the stream already ended."""
+        if self.closed:
+            return
+        if event.finish_reason is not None or event.error is not None:
+            self.closed = True
+        self.events.put_nowait(event)
 
     def finish(self, reason: FinishReason) -> None:
-        self.emit(
+        """Any thread: the stream ends with `reason` (no-op if it already ended)."""
+        self.loop.call_soon_threadsafe(self._finish, reason)
+
+    def _finish(self, reason: FinishReason) -> None:
+        self.post(
             StreamEvent(
+                text=self.detokenizer.flush(),
                 finish_reason=reason,
                 prompt_tokens=self.prompt_tokens,
                 completion_tokens=self.completion_tokens,
@@ -129,7 +149,11 @@ class _Stream:
         )
 
     def fail(self, message: str, rejected: bool = False) -> None:
-        self.emit(
+        """Any thread: the stream ends with an error."""
+        self.loop.call_soon_threadsafe(self._fail, message, rejected)
+
+    def _fail(self, message: str, rejected: bool) -> None:
+        self.post(
             StreamEvent(
                 error=message,
                 rejected=rejected,
@@ -204,6 +228,9 @@ class EngineService:
             queue.SimpleQueue()
         )
         self._streams: dict[str, _Stream] = {}  # by engine request id (one per choice)
+        # The event loops streams live on (usually one: the server's), replaced whole when one
+        # more is seen, so the engine thread reads a consistent tuple.
+        self._loops: tuple[asyncio.AbstractEventLoop, ...] = ()
         self._choices: dict[str, list[str]] = {}  # request id -> its choices' engine ids
         self._rates = StepRates()
         # Tokens generated since start (a Prometheus counter of the HTTP face reads it).
@@ -233,6 +260,8 @@ class EngineService:
         it, at once or later (its constraint failed it: the choices still running end too);
         EngineFailure when the engine broke under it."""
         loop = asyncio.get_running_loop()
+        if loop not in self._loops:
+            self._loops = (*self._loops, loop)
         events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         prompt_tokens = len(request.prompt_token_ids)
         choices = choice_requests(request, n)
@@ -391,7 +420,6 @@ class EngineService:
             if idle:
                 self._run_idle_unit()
             if self.engine.has_unfinished():
-                decoding = any(s.completion_tokens > 0 for s in self._streams.values())
                 began = time.monotonic()
                 try:
                     outputs = self.engine.step()
@@ -409,7 +437,7 @@ class EngineService:
                 decoded = self._route(outputs)
                 self._record_cache_events()
                 ended = time.monotonic()
-                self._rates.add(StepWork(ended, ended - began, decoded, decoding, prefilled))
+                self._rates.add(StepWork(ended, ended - began, decoded, decoded > 0, prefilled))
             else:
                 self._publish(self.engine.stats())
 
@@ -486,50 +514,76 @@ class EngineService:
             except queue.Empty:
                 return
 
-    def _route(self, outputs: list[RequestOutput]) -> int:
-        """Hands a step's outputs to their streams; returns the tokens it decoded (those of
-        sequences past their first token: a first token is the prefill's)."""
-        produced = decoded = 0
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is None:
+    def _route(self, outputs: StepOutputs) -> int:
+        """Hands a step's outputs to their streams' loops (one call a loop: `_deliver` runs
+        there); returns the tokens it decoded. On this thread only what the engine thread owns:
+        the streams of requests the engine finished leave `_streams`."""
+        tokens = outputs.tokens
+        self._generated_total += len(tokens) - tokens.count(NO_TOKEN)
+        streams = list(map(self._streams.get, outputs.request_ids))
+        ids = outputs.request_ids
+        for index in outputs.finished:
+            stream = streams[index]
+            if stream is not None:
+                del self._streams[ids[index]]
+                self._forget_choice(ids[index], stream.index)
+        if any(streams):
+            loops = self._loops
+            for loop in loops:
+                mine = streams
+                if len(loops) > 1:
+                    mine = [s if s is not None and s.loop is loop else None for s in streams]
+                if loop.is_closed():
+                    continue  # a loop whose streams are long gone (a finished test's, say)
+                loop.call_soon_threadsafe(self._deliver, outputs, mine)
+        return outputs.decoded
+
+    def _deliver(self, outputs: StepOutputs, streams: list[_Stream | None]) -> None:
+        """Loop thread: each output to its stream, detokenized, stop strings checked."""
+        finished, logprobs, tokens = outputs.finished, outputs.logprobs, outputs.tokens
+        for index, stream in enumerate(streams):
+            if stream is None or stream.closed:
                 continue
-            if output.finish_reason is FinishReason.ERROR:
+            reason, error = finished.get(index, (None, ""))
+            if reason is FinishReason.ERROR:
                 # No answer: what came so far was no complete one. The choice is gone from the
                 # engine; generate() ends the request's other choices.
-                stream.fail(output.error, rejected=True)
-                del self._streams[output.request_id]
-                self._forget_choice(output.request_id, stream.index)
+                stream._fail(error, True)
                 continue
-            produced += len(output.new_token_ids)
-            if stream.completion_tokens > 0:
-                decoded += len(output.new_token_ids)
-            stream.completion_tokens += len(output.new_token_ids)
-            stream.cached_prompt_tokens = output.cached_prompt_tokens
-            text = stream.detokenizer.push(output.new_token_ids)
-            reason = output.finish_reason
+            token = tokens[index]
+            new = () if token == NO_TOKEN else (token,)
+            stream.completion_tokens += len(new)
+            if stream.completion_tokens == len(new) or reason is not None:
+                # Known from the first token on; read then and at the end, not every step.
+                stream.cached_prompt_tokens = outputs.cached_prompt_tokens(index)
+            text = stream.detokenizer.push(new)
             if reason is None and stream.detokenizer.stopped:
-                self.engine.abort(output.request_id, FinishReason.STOP)
                 reason = FinishReason.STOP
+                engine_id = outputs.request_ids[index]
+                self._submit(partial(self._stopped, engine_id))
             if reason is not None:
                 text += stream.detokenizer.flush()
-            stream.emit(
+            logprob = logprobs.get(index)
+            stream.post(
                 StreamEvent(
-                    token_ids=output.new_token_ids,
+                    token_ids=new,
                     text=text,
                     finish_reason=reason,
                     prompt_tokens=stream.prompt_tokens,
                     completion_tokens=stream.completion_tokens,
                     cached_prompt_tokens=stream.cached_prompt_tokens,
                     index=stream.index,
-                    logprobs=(output.logprobs,) if output.logprobs is not None else (),
+                    logprobs=(logprob,) if logprob is not None else (),
                 )
             )
-            if reason is not None:
-                del self._streams[output.request_id]
-                self._forget_choice(output.request_id, stream.index)
-        self._generated_total += produced
-        return decoded
+
+    def _stopped(self, engine_id: str) -> None:
+        """Engine thread: a stop string ended `engine_id` on its loop (its last event is out)."""
+        stream = self._streams.pop(engine_id, None)
+        if stream is None:
+            return  # the engine finished it meanwhile
+        self.engine.abort(engine_id, FinishReason.STOP)
+        self._forget_choice(engine_id, stream.index)
 
     def _forget_choice(self, engine_id: str, index: int) -> None:
         """A choice finished: its request is gone from the site once every choice is."""

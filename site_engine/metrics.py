@@ -35,8 +35,9 @@ from site_engine.engine.core.api import (
     EngineLimits,
     EngineRequest,
     EngineStats,
-    RequestOutput,
+    StepOutputs,
 )
+from site_engine.engine.core.outputs import NO_TOKEN
 from site_engine.engine.core.types import FinishReason
 
 log = logging.getLogger(__name__)
@@ -330,19 +331,26 @@ class MeteredEngine:
         self._metrics.finished[FinishReason.RELEASED].inc(len(released))
         return released
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepOutputs:
         with self._metrics.step_seconds.time():
             outputs = self._engine.step()
-        generated = 0
+        tokens = outputs.tokens
+        generated = len(tokens) - tokens.count(NO_TOKEN)
         now = time.monotonic()
-        for output in outputs:
-            generated += len(output.new_token_ids)
-            if output.new_token_ids or output.finish_reason is not None:
-                arrival = self._arrivals.pop(output.request_id, None)
-                if arrival is not None and output.new_token_ids:
-                    self._metrics.ttft[arrival[1]].observe(now - arrival[0])
-            if output.finish_reason is not None:
-                self._metrics.finished[output.finish_reason].inc()
+        arrivals, finished = self._arrivals, outputs.finished
+        if arrivals:
+            # A request's first output (its TTFT) or its finish: a dict lookup per row, no
+            # object per row (the step's columns).
+            for index, request_id in enumerate(outputs.request_ids):
+                if request_id not in arrivals:
+                    continue
+                token = tokens[index]
+                if token != NO_TOKEN or index in finished:
+                    arrival = arrivals.pop(request_id)
+                    if token != NO_TOKEN:
+                        self._metrics.ttft[arrival[1]].observe(now - arrival[0])
+        for reason, _ in finished.values():
+            self._metrics.finished[reason].inc()
         self._metrics.generated_tokens.inc(generated)
         return outputs
 

@@ -152,7 +152,7 @@ def _compact(x: Inputs, shuffle: bool, random_values: bool) -> Inputs:
 
 def _graphed(launch: Callable[[], torch.Tensor]) -> Callable[[], object]:
     """The launch captured as the engine captures its steps (warm-ups, side stream)."""
-    from site_engine.engine.cuda.graphs import capture_buckets
+    from site_engine.engine.graphs.decode_graphs import capture_buckets
 
     graph, _ = capture_buckets((1,), lambda _size: launch())[1]
     return graph.replay

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -258,7 +259,7 @@ def burst(engine: PagedEngine, requests: list[EngineRequest], clock: Clock) -> t
 
 
 def _stepped(
-    engine: PagedEngine, clock: Clock, prefilled: int, outputs: list[RequestOutput]
+    engine: PagedEngine, clock: Clock, prefilled: int, outputs: Sequence[RequestOutput]
 ) -> None:
     """Advances the clock by the step just run; a clock of its own tells the engine what the
     step took (the step cost the deferral bound's time side learns, step_cost.py)."""

@@ -224,7 +224,7 @@ def time_grid(loaded: LoadedModel, p: dict[str, Any], log: Progress) -> list[dic
         for rep in range(p["warmup"] + p["reps"]):
             _sync(loaded)
             began = time.perf_counter()
-            runner.execute(step)  # waits for the sampled tokens: the step's work is done
+            step.run(runner)  # waits for the sampled tokens: the step's work is done
             if rep >= p["warmup"]:
                 times.append((time.perf_counter() - began) * 1000.0)
         rows.append(row | {"ms": statistics.median(times), "ms_all": times})

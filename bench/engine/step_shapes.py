@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from bench.engine.harness import GIB, Progress
-from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
@@ -126,9 +126,31 @@ class _Blocks:
         return tuple(range(self.next - count, self.next))
 
 
+@dataclass(frozen=True, slots=True)
+class HandStep:
+    """A step of hand-made chunks (chunk i in row i; a one-token chunk past position 0 a
+    decode row): what the runner runs with `run`."""
+
+    chunks: tuple[ScheduledChunk, ...]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    def run(self, runner: Any) -> None:
+        """Runs the step and waits for its sampled tokens."""
+        execute_chunks = getattr(runner, "execute_chunks", None)
+        if execute_chunks is not None:
+            execute_chunks(self.chunks)
+        else:  # an engine from before the running batch (issue 66)
+            from site_engine.engine.core.types import SchedulerOutput
+
+            runner.execute(SchedulerOutput(chunks=self.chunks))  # type: ignore[call-arg]
+
+
 def build_steps(
     shape: StepShape, block_size: int, num_blocks: int, vocab: int, seed: int
-) -> dict[str, SchedulerOutput]:
+) -> dict[str, HandStep]:
     """The mixed step of `shape` and its two parts; the parts reuse the mixed step's chunks."""
     rng = random.Random(seed)
     blocks = _Blocks(block_size, num_blocks)
@@ -157,9 +179,9 @@ def build_steps(
         for i in range(shape.decode_rows)
     ]
     return {
-        "mixed": SchedulerOutput(chunks=(*decode, *prefill)),
-        "prefill_only": SchedulerOutput(chunks=tuple(prefill)),
-        "decode_only": SchedulerOutput(chunks=tuple(decode)),
+        "mixed": HandStep((*decode, *prefill)),
+        "prefill_only": HandStep(tuple(prefill)),
+        "decode_only": HandStep(tuple(decode)),
     }
 
 
@@ -188,13 +210,16 @@ def measure_shape(
     times: dict[str, list[float]] = {name: [] for name in steps}
     for rep in range(warmup + reps):
         for name, output in steps.items():
-            elapsed = _timed(partial(runner.execute, output))
+            elapsed = _timed(partial(output.run, runner))
             if rep >= warmup:
                 times[name].append(elapsed)
     median = {name: statistics.median(values) for name, values in times.items()}
     parts = median["prefill_only"] + median["decode_only"]
     flat = getattr(runner, "step_graphs", None)  # engines before the flat step graphs have none
-    fits = flat is not None and flat.fits(steps["mixed"].chunks)
+    mixed = steps["mixed"]
+    fits = flat is not None and (
+        len(mixed.chunks) <= flat.max_seqs and mixed.num_batched_tokens <= flat.max_tokens
+    )
     return {
         "mixed_path": "flat step graph" if fits else "eager forward + decode graphs",
         "shape": shape.name,
@@ -271,20 +296,20 @@ def measure_shapes(
     return rows
 
 
-def profile_step(runner: ModelRunner, output: SchedulerOutput, label: str, steps: int = 5) -> str:
+def profile_step(runner: ModelRunner, output: HandStep, label: str, steps: int = 5) -> str:
     """The kernel table and the host profile of `steps` executions of one step."""
-    runner.execute(output)
+    output.run(runner)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
-            runner.execute(output)
+            output.run(runner)
     table = prof.key_averages().table(
         sort_by="cuda_time_total", row_limit=15, max_name_column_width=70
     )
     host = cProfile.Profile()
     host.enable()
     for _ in range(steps):
-        runner.execute(output)
+        output.run(runner)
     host.disable()
     stream = io.StringIO()
     pstats.Stats(host, stream=stream).sort_stats("tottime").print_stats(15)

@@ -1,9 +1,11 @@
 """A step whose device work is queued but whose sampled tokens the host has not read yet.
 
 Reading sampled tokens on the host waits for the device. Async scheduling defers that read: the
-engine schedules and launches step N+1 first (its decode chunks take their pending input tokens
-straight from step N's `sampled` tensor on the device), then reads step N's tokens, which by then
-have been copied into pinned memory behind the device work.
+engine schedules and launches step N+1 first (its decode rows take their input tokens from the
+model runner's per-row last tokens on the device, which step N's sampling wrote), then reads
+step N's tokens, which by then have been copied into pinned memory behind the device work.
+The tokens come back as one array in the step's sample order (SchedulerOutput: decode rows, then
+the sampling prefill chunks); logprobs only for the rows that asked, by request id.
 """
 
 from __future__ import annotations
@@ -11,14 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from site_engine.engine.core.types import (
-    PENDING_TOKEN,
-    ModelRunnerOutput,
-    ScheduledChunk,
-    TokenLogprob,
-)
+from site_engine.engine.core.types import ModelRunnerOutput, ScheduledChunk, TokenLogprob
 from site_engine.engine.sampler import SampledTokens
 
 
@@ -33,33 +31,29 @@ def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 @dataclass(frozen=True, slots=True)
 class LaunchedStep:
-    rows: dict[str, int]  # request id -> row of `sampled`, in row order
     sampled: torch.Tensor | None  # [N] int64 on the model's device; None if nothing was sampled
     host: torch.Tensor | None = None  # pinned copy of `sampled` (CUDA), filled asynchronously
     ready: torch.cuda.Event | None = None  # recorded after that copy
     # Logprobs of the rows that asked (host copies, filled with `host`): the sampled token's,
-    # and the top alternatives' ids and values.
+    # and the top alternatives' ids and values; `asking` names those rows (sample index, chunk).
     logprobs: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] | None = None
-    wants_logprobs: tuple[int, ...] = ()  # the rows that asked, and how many alternatives
-    top_counts: tuple[int, ...] = ()
+    asking: tuple[tuple[int, ScheduledChunk], ...] = ()
 
     @classmethod
     def nothing_sampled(cls) -> LaunchedStep:
-        return cls(rows={}, sampled=None)
+        return cls(sampled=None)
 
     @classmethod
     def start(
-        cls, chunks: Sequence[ScheduledChunk], sampled: torch.Tensor | SampledTokens
+        cls, special: Sequence[tuple[int, ScheduledChunk]], sampled: torch.Tensor | SampledTokens
     ) -> LaunchedStep:
-        """Queue the device-to-host copy of the samples (one row per chunk) behind the step."""
+        """Queue the device-to-host copy of the samples behind the step."""
         tokens = sampled if isinstance(sampled, SampledTokens) else SampledTokens(sampled)
-        rows = {chunk.request_id: row for row, chunk in enumerate(chunks)}
         logprobs = None
-        wants: tuple[int, ...] = ()
-        tops: tuple[int, ...] = ()
+        asking: tuple[tuple[int, ScheduledChunk], ...] = ()
         if tokens.logprobs is not None:
-            wants = tuple(row for row, c in enumerate(chunks) if c.sampling.logprobs)
-            tops = tuple(chunks[row].sampling.top_logprobs for row in wants)
+            chunk_of = dict(special)
+            asking = tuple((row, chunk_of[row]) for row in tokens.logprob_rows)
             logprobs = (
                 _to_host(tokens.logprobs),
                 _to_host(tokens.top_ids),
@@ -67,63 +61,35 @@ class LaunchedStep:
             )
         ids = tokens.ids
         if ids.device.type != "cuda":
-            return cls(rows, ids, logprobs=logprobs, wants_logprobs=wants, top_counts=tops)
+            return cls(ids, logprobs=logprobs, asking=asking)
         host = _to_host(ids)
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
-        return cls(rows, ids, host, ready, logprobs, wants, tops)
+        return cls(ids, host, ready, logprobs, asking)
 
     def result(self) -> ModelRunnerOutput:
-        """The sampled token of every sampled chunk; waits for the device if it must."""
+        """The sampled token of every sampled row, in sample order; waits for the device."""
         if self.sampled is None:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return ModelRunnerOutput(tokens=np.zeros(0, dtype=np.int64))
         if self.ready is not None:
             self.ready.synchronize()
-        values = (self.host if self.host is not None else self.sampled).tolist()
-        ids = dict(zip(self.rows, values, strict=True))
-        return ModelRunnerOutput(sampled_token_ids=ids, logprobs=self._logprobs())
+        tokens = (self.host if self.host is not None else self.sampled).numpy()
+        return ModelRunnerOutput(tokens=tokens, logprobs=self._logprobs())
 
     def _logprobs(self) -> dict[str, TokenLogprob]:
-        if self.logprobs is None or not self.wants_logprobs:
+        if self.logprobs is None or not self.asking:
             return {}
         chosen, top_ids, top_values = self.logprobs
         if chosen is None:
             return {}
-        names = list(self.rows)
         chosen_list = chosen.tolist()
         ids_list = top_ids.tolist() if top_ids is not None else None
         values_list = top_values.tolist() if top_values is not None else None
         out: dict[str, TokenLogprob] = {}
-        for row, count in zip(self.wants_logprobs, self.top_counts, strict=True):
+        for at, (_, chunk) in enumerate(self.asking):
+            count = chunk.sampling.top_logprobs
             top: tuple[tuple[int, float], ...] = ()
             if count and ids_list is not None and values_list is not None:
-                top = tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True))
-            out[names[row]] = TokenLogprob(chosen_list[row], top)
+                top = tuple(zip(ids_list[at][:count], values_list[at][:count], strict=True))
+            out[chunk.request_id] = TokenLogprob(chosen_list[at], top)
         return out
-
-    def pending_rows(self, chunks: Sequence[ScheduledChunk]) -> list[int]:
-        """Per chunk: the row of `sampled` its pending input token comes from, or -1."""
-        rows: list[int] = []
-        for chunk in chunks:
-            if PENDING_TOKEN not in chunk.token_ids:
-                rows.append(-1)
-                continue
-            row = self.rows.get(chunk.request_id)
-            if chunk.token_ids != (PENDING_TOKEN,) or row is None or self.sampled is None:
-                raise ValueError(
-                    f"request {chunk.request_id!r}: a pending input token must be the only token "
-                    "of a decode chunk whose sequence sampled in the previous step"
-                )
-            rows.append(row)
-        return rows
-
-
-def no_pending_rows(chunks: Sequence[ScheduledChunk]) -> list[int]:
-    """pending_rows() for a step launched without a previous one: pending tokens are an error."""
-    for chunk in chunks:
-        if PENDING_TOKEN in chunk.token_ids:
-            raise ValueError(
-                f"request {chunk.request_id!r} has a pending input token but no previous step "
-                "was given to take it from"
-            )
-    return [-1] * len(chunks)

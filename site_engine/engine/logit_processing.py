@@ -30,15 +30,18 @@ if TYPE_CHECKING:
 _BITS = 32
 
 
-def apply_logit_bias(
-    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], staging: HostStaging
-) -> None:
+# The rows of a step that ask for any of it, as (row of the logits, the row's chunk): a step's
+# other rows cost nothing here.
+Rows = Sequence[tuple[int, ScheduledChunk]]
+
+
+def apply_logit_bias(logits: torch.Tensor, rows_in: Rows, staging: HostStaging) -> None:
     """Adds each row's logit_bias in place (one index_put over every biased entry)."""
     rows: list[int] = []
     cols: list[int] = []
     values: list[float] = []
     vocab = logits.shape[1]
-    for row, chunk in enumerate(chunks):
+    for row, chunk in rows_in:
         for token, bias in chunk.sampling.logit_bias:
             if token < vocab:
                 rows.append(row)
@@ -69,16 +72,15 @@ def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     return counts[:, :vocab]
 
 
-def apply_penalties(
-    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], staging: HostStaging
-) -> None:
+def apply_penalties(logits: torch.Tensor, rows_in: Rows, staging: HostStaging) -> None:
     """OpenAI's presence and frequency penalties (answer tokens) and vLLM's repetition penalty
     (prompt and answer tokens), in place, on the rows that set any."""
-    rows = [row for row, chunk in enumerate(chunks) if chunk.sampling.penalized]
-    if not rows:
+    chosen = [(row, chunk) for row, chunk in rows_in if chunk.sampling.penalized]
+    if not chosen:
         return
     vocab = logits.shape[1]
-    picked = [chunks[row] for row in rows]
+    rows = [row for row, _ in chosen]
+    picked = [chunk for _, chunk in chosen]
     index = staging.values("penalized rows", rows, torch.long)
     sub = logits.index_select(0, index)
     answers = _counts(_padded([c.history for c in picked], vocab, staging, "answers"), vocab)
@@ -126,19 +128,19 @@ class GrammarMasks:
 
 
 def prepare_grammar_masks(
-    chunks: Sequence[ScheduledChunk],
+    rows_in: Rows,
     vocab: int,
     staging: HostStaging,
     filler: MaskFiller | None = None,
 ) -> GrammarMasks | None:
-    """The masks of the constrained rows among `chunks`, filled here, or begun on `filler`'s
+    """The masks of the constrained rows among `rows_in`, filled here, or begun on `filler`'s
     thread (the caller goes on with other host work and `apply_grammar_masks` waits for them).
 
     Each guide writes its mask (a guide whose answer is complete allows every token: its row's
     token is never used) straight into the pinned buffer the masks travel to the device from."""
     from site_engine.engine.structured_output import fill_masks  # only with constrained rows
 
-    guided = [(chunk.request_id, chunk.guide) for chunk in chunks if chunk.guide is not None]
+    guided = [(chunk.request_id, chunk.guide) for _, chunk in rows_in if chunk.guide is not None]
     if not guided:
         return None
     count, width = len(guided), mask_words(vocab)
@@ -154,22 +156,22 @@ def prepare_grammar_masks(
 
 def apply_grammar_masks(
     logits: torch.Tensor,
-    chunks: Sequence[ScheduledChunk],
+    rows_in: Rows,
     staging: HostStaging,
     masks: GrammarMasks | None = None,
 ) -> None:
     """Sets the logits of every token a row's grammar forbids to -inf, in place, from `masks`
-    (prepared for these chunks, in any row order) or masks filled now.
+    (prepared for these rows, in any row order) or masks filled now.
 
     The packed masks travel to the device as they are, a copy 32x smaller than a boolean
     mask, and one kernel unpacks them into the rows they belong to; on the CPU one
     `np.unpackbits` pass unpacks them (bit t of a little-endian word is byte t // 8's bit
     t % 8)."""
     if masks is None:
-        masks = prepare_grammar_masks(chunks, logits.shape[1], staging)
+        masks = prepare_grammar_masks(rows_in, logits.shape[1], staging)
         if masks is None:
             return
-    row_of = {chunk.request_id: row for row, chunk in enumerate(chunks) if chunk.guide is not None}
+    row_of = {chunk.request_id: row for row, chunk in rows_in if chunk.guide is not None}
     if set(row_of) != set(masks.request_ids):
         raise ValueError("the grammar masks were prepared for other rows than these")
     rows = [row_of[rid] for rid in masks.request_ids]

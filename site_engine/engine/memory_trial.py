@@ -18,9 +18,9 @@ import gc
 import torch
 
 from site_engine.engine.attention import TorchReferenceAttention
-from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
-from site_engine.engine.cuda.graphs import bucket_sizes
-from site_engine.engine.cuda.step_graphs import token_buckets
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
+from site_engine.engine.graphs.decode_graphs import bucket_sizes
+from site_engine.engine.graphs.flat_step_graphs import token_buckets
 from site_engine.engine.memory_plan import GRAPH_BYTES_PER_LAYER, TrialMeasurement, blocks_for
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.models import build_flat_model
@@ -86,17 +86,18 @@ def run_trial(
         cuda_graph_max_batch=max_num_seqs if cuda_graphs else 0,
         cuda_graph_max_tokens=max_num_batched_tokens if cuda_graphs else 0,
         only_largest_graphs=True,
+        max_rows=max_num_seqs,
     )
     trial_cache = runner.kv_cache.num_bytes
     table = tuple(range(blocks_for(tokens, block_size)))
     prefill = ScheduledChunk("trial-prefill", (0,) * tokens, 0, table, True, _HUNGRY, 0)
-    runner.execute(SchedulerOutput(chunks=(prefill,)))
+    runner.execute_chunks((prefill,))
     # Every row decodes position 1 of block 0: what the rows read does not change the memory.
     rows = tuple(
         ScheduledChunk(f"trial-{i}", (0,), 1, (0,), True, _HUNGRY_SEEDED if i % 2 else _HUNGRY, 1)
         for i in range(max_num_seqs)
     )
-    runner.execute(SchedulerOutput(chunks=rows))
+    runner.execute_chunks(rows)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_reserved(device)
     runner.close()

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from site_engine.engine.core.types import ScheduledChunk
@@ -64,32 +66,74 @@ def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class SampleSpec:
+    """What sampling a step's N rows reads: each row's temperature, top-p and answer tokens so
+    far (a seeded row's step), and the rows that need more than the vectorized path (logit bias,
+    penalties, a grammar, logprobs, a seed) as (row, chunk)."""
+
+    temperature: npt.NDArray[np.float32]
+    top_p: npt.NDArray[np.float32]
+    generated: npt.NDArray[np.int64]
+    special: tuple[tuple[int, ScheduledChunk], ...] = ()
+
+    @classmethod
+    def of_chunks(cls, chunks: Sequence[ScheduledChunk]) -> SampleSpec:
+        """One row per chunk, every chunk's sampling as it says (tests, tools)."""
+        return cls(
+            np.array([c.sampling.temperature for c in chunks], dtype=np.float32),
+            np.array([c.sampling.top_p for c in chunks], dtype=np.float32),
+            np.array([c.num_generated for c in chunks], dtype=np.int64),
+            tuple((i, c) for i, c in enumerate(chunks) if not _plain(c)),
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.temperature.shape[0])
+
+    @property
+    def greedy(self) -> bool:
+        return not bool((self.temperature > 0).any())
+
+
+def _spec(rows: SampleSpec | Sequence[ScheduledChunk]) -> SampleSpec:
+    return rows if isinstance(rows, SampleSpec) else SampleSpec.of_chunks(rows)
+
+
+def _plain(chunk: ScheduledChunk) -> bool:
+    sampling = chunk.sampling
+    return sampling.plain and (sampling.seed is None or sampling.greedy)
+
+
+@dataclass(frozen=True, slots=True)
 class SampledTokens:
-    """One step's samples, on the logits' device: a token id per row and, when some row asked
-    for logprobs, every row's sampled-token log probability and top alternatives."""
+    """One step's samples, on the logits' device: a token id per row and, for the rows that
+    asked for logprobs (`logprob_rows`), the sampled token's log probability and the top
+    alternatives."""
 
     ids: torch.Tensor  # [N] int64
-    logprobs: torch.Tensor | None = None  # [N] float32
-    top_ids: torch.Tensor | None = None  # [N, k] int64, k = the largest top_logprobs asked
-    top_logprobs: torch.Tensor | None = None  # [N, k] float32
+    logprob_rows: tuple[int, ...] = ()
+    logprobs: torch.Tensor | None = None  # [L] float32
+    top_ids: torch.Tensor | None = None  # [L, k] int64, k = the largest top_logprobs asked
+    top_logprobs: torch.Tensor | None = None  # [L, k] float32
 
 
-def _logprobs(
-    raw: torch.Tensor, ids: torch.Tensor, chunks: Sequence[ScheduledChunk]
-) -> SampledTokens:
+def _logprobs(raw: torch.Tensor, ids: torch.Tensor, asking: Sequence[tuple[int, ScheduledChunk]],
+              staging: HostStaging) -> SampledTokens:  # fmt: skip
     """Log probabilities as OpenAI and vLLM report them: float32 log-softmax of the raw logits
-    (before bias, penalties, masks and temperature)."""
-    logprobs = torch.log_softmax(raw.float(), dim=-1)
-    chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
-    k = max(chunk.sampling.top_logprobs for chunk in chunks)
+    (before bias, penalties, masks and temperature), of the rows that asked only."""
+    rows = [row for row, _ in asking]
+    index = staging.values("logprob rows", rows, torch.long)
+    logprobs = torch.log_softmax(raw.index_select(0, index).float(), dim=-1)
+    chosen = logprobs.gather(1, ids.index_select(0, index).unsqueeze(1)).squeeze(1)
+    k = max(chunk.sampling.top_logprobs for _, chunk in asking)
     if k == 0:
-        return SampledTokens(ids, chosen)
+        return SampledTokens(ids, tuple(rows), chosen)
     top = logprobs.topk(k, dim=-1)
-    return SampledTokens(ids, chosen, top.indices, top.values)
+    return SampledTokens(ids, tuple(rows), chosen, top.indices, top.values)
 
 
 class Sampler:
-    """Samples one token per row of float32 logits, following each chunk's SamplingParams.
+    """Samples one token per row of float32 logits, following each row's sampling parameters.
 
     `generator` drives unseeded rows (the global RNG when None); tests pass one for repeatability.
     """
@@ -103,19 +147,23 @@ class Sampler:
 
     def prepare_masks(
         self,
-        chunks: Sequence[ScheduledChunk],
+        rows: SampleSpec | Sequence[ScheduledChunk],
         vocab: int,
         device: torch.device,
         background: bool = False,
     ) -> GrammarMasks | None:
-        """The grammar masks `sample_step` will apply to these chunks' rows; with `background`
-        they fill on a thread of their own while the caller does other host work."""
+        """The grammar masks `sample_step` will apply to these rows (a SampleSpec, or one row
+        per chunk); with `background` they fill on a thread of their own while the caller does
+        other host work."""
+        spec = _spec(rows)
+        if not any(chunk.guide is not None for _, chunk in spec.special):
+            return None
         if background and self._filler is None:
             from site_engine.engine.structured_output import MaskFiller
 
             self._filler = MaskFiller()
         filler = self._filler if background else None
-        return prepare_grammar_masks(chunks, vocab, self._staging_for(device), filler)
+        return prepare_grammar_masks(spec.special, vocab, self._staging_for(device), filler)
 
     def close(self) -> None:
         """Stops the mask filler's thread, if one was started."""
@@ -148,57 +196,61 @@ class Sampler:
     def sample_tensor(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         """Like `sample`, but the N token ids stay on the logits' device (int64): no sync, so
         the next step can be launched before the host knows them."""
-        return self.sample_step(logits, chunks).ids
+        return self.sample_step(logits, SampleSpec.of_chunks(chunks)).ids
 
     def sample_step(
         self,
         logits: torch.Tensor,
-        chunks: Sequence[ScheduledChunk],
+        rows: SampleSpec | Sequence[ScheduledChunk],
         masks: GrammarMasks | None = None,
     ) -> SampledTokens:
-        """Samples every row; rows that ask for logit processing (bias, penalties, a grammar)
-        get it first, and logprobs when any row asks for them. Rows that ask for none of it
-        (`SamplingParams.plain`) take the path they took before any of it existed. `masks`:
-        the constrained rows' masks from `prepare_masks`, else they are filled here."""
-        if logits.shape[0] != len(chunks):
-            raise ValueError(f"{logits.shape[0]} logit rows for {len(chunks)} chunks")
-        if all(chunk.sampling.plain for chunk in chunks):
-            return SampledTokens(self._sample(logits, chunks))
-        processed = logits.clone()  # the raw logits stay as they are (logprobs, graph buffers)
-        staging = self._staging_for(logits.device)
-        apply_logit_bias(processed, chunks, staging)
-        apply_penalties(processed, chunks, staging)
-        apply_grammar_masks(processed, chunks, staging, masks)
-        ids = self._sample(processed, chunks)
-        if not any(chunk.sampling.logprobs for chunk in chunks):
+        """Samples every row (a SampleSpec, or one row per chunk); the special rows that ask for
+        logit processing (bias, penalties, a grammar) get it first, and logprobs where they ask
+        for them. A step of plain rows takes the vectorized path alone. `masks`: the constrained
+        rows' masks from `prepare_masks`, else they are filled here."""
+        spec = _spec(rows)
+        if logits.shape[0] != spec.num_rows:
+            raise ValueError(f"{logits.shape[0]} logit rows for {spec.num_rows} rows")
+        special = spec.special
+        if not special:
+            return SampledTokens(self._sample(logits, spec))
+        processing = [(row, c) for row, c in special if not c.sampling.plain]
+        processed = logits
+        if processing:
+            # The raw logits stay as they are (logprobs, graph buffers).
+            processed = logits.clone()
+            staging = self._staging_for(logits.device)
+            apply_logit_bias(processed, processing, staging)
+            apply_penalties(processed, processing, staging)
+            apply_grammar_masks(processed, processing, staging, masks)
+        ids = self._sample(processed, spec)
+        asking = [(row, c) for row, c in special if c.sampling.logprobs]
+        if not asking:
             return SampledTokens(ids)
-        return _logprobs(logits, ids, chunks)
+        return _logprobs(logits, ids, asking, self._staging_for(logits.device))
 
-    def _sample(self, logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, spec: SampleSpec) -> torch.Tensor:
         greedy_ids = logits.argmax(dim=-1)
-        params = [chunk.sampling for chunk in chunks]
-        if all(p.greedy for p in params):
+        if spec.greedy:
             return greedy_ids
         device = logits.device
         staging = self._staging_for(device)
-        temperature = staging.values("temperature", [p.temperature for p in params], logits.dtype)
+        temperature = staging.values("temperature", spec.temperature, logits.dtype)
         is_greedy = temperature == 0.0
         # Greedy rows take argmax of the raw logits below; dividing them by 1 keeps them finite.
         divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         divisor = divisor.clamp_min(MIN_TEMPERATURE)
         probs = torch.softmax(logits / divisor.unsqueeze(1), dim=-1)
-        if any(p.top_p < 1.0 for p in params):
-            top_p = staging.values("top_p", [p.top_p for p in params], logits.dtype)
+        if bool((spec.top_p < 1.0).any()):
+            top_p = staging.values("top_p", spec.top_p, logits.dtype)
             probs = apply_top_p(probs, top_p)
-        noise = self._exponential_noise(probs, chunks)
+        noise = self._exponential_noise(probs, spec)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(is_greedy, greedy_ids, sampled)
 
-    def _exponential_noise(
-        self, probs: torch.Tensor, chunks: Sequence[ScheduledChunk]
-    ) -> torch.Tensor:
+    def _exponential_noise(self, probs: torch.Tensor, spec: SampleSpec) -> torch.Tensor:
         noise = torch.empty_like(probs).exponential_(generator=self._generator)
-        for row, chunk in enumerate(chunks):
+        for row, chunk in spec.special:
             seed = chunk.sampling.seed
             if seed is None or chunk.sampling.greedy:
                 continue
@@ -207,7 +259,7 @@ class Sampler:
                 generator = torch.Generator(device=probs.device)
                 self._seeded[chunk.request_id] = generator
             # A continuation's steps count on from the tokens generated before it (elsewhere).
-            steps = chunk.sampling.generated_before + chunk.num_generated
+            steps = chunk.sampling.generated_before + int(spec.generated[row])
             generator.manual_seed(step_seed(seed, steps))
             noise[row].exponential_(generator=generator)
         # An exact 0 draw would turn p / E into inf (or nan for p == 0) and win the argmax.

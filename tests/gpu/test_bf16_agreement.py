@@ -103,13 +103,14 @@ def test_prefill_logits_match(model_dir: Path, cuda_device: str) -> None:
     with torch.inference_mode():
         theirs = loaded.model(input_ids=ids).logits[0, -1].float()
     runner = engine.runner
-    from site_engine.engine.core.types import ScheduledChunk, SchedulerOutput
+    from site_engine.engine.core.types import ScheduledChunk
 
     chunk = ScheduledChunk("p", tuple(prompt), 0, tuple(range(13)), True,
                            SamplingParams(max_tokens=1, temperature=0.0), 0)  # fmt: skip
     with torch.inference_mode():
-        inputs = runner.prepare_inputs([chunk])
-        ours = runner.compute_logits(runner.forward(inputs), inputs)[0]
+        layout = runner.layout_chunks([chunk])
+        hidden = runner.forward(layout)
+        ours = runner.flat_model.compute_logits(hidden[-1:])[0]
     error = (ours - theirs).norm() / theirs.norm()
     assert error < 2e-2, float(error)
-    assert runner.execute(SchedulerOutput(chunks=())).sampled_token_ids == {}
+    assert runner.execute_chunks(()).sampled_token_ids == {}

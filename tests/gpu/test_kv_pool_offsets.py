@@ -28,7 +28,7 @@ import torch
 from transformers import LlamaConfig
 
 from site_engine.engine.attention import AttentionMetadata
-from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.make_model import build_random_model
 from tests.gpu.kernel_device import assert_matches_reference
@@ -153,14 +153,14 @@ def _generate(
         ScheduledChunk(rid, prompt, 0, table, True, GREEDY, 0)
         for rid, prompt, table in zip(rids, prompts, tables, strict=True)
     )
-    sampled = runner.execute(SchedulerOutput(chunks=prefill)).sampled_token_ids
+    sampled = runner.execute_chunks(prefill).sampled_token_ids
     tokens = [[sampled[rid]] for rid in rids]
     for step in range(DECODE_STEPS):
         rows = tuple(
             ScheduledChunk(rid, (seq[-1],), PROMPT + step, table, True, GREEDY, step + 1)
             for rid, seq, table in zip(rids, tokens, tables, strict=True)
         )
-        sampled = runner.execute(SchedulerOutput(chunks=rows)).sampled_token_ids
+        sampled = runner.execute_chunks(rows).sampled_token_ids
         for rid, seq in zip(rids, tokens, strict=True):
             seq.append(sampled[rid])
     return tokens

@@ -403,8 +403,10 @@ def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
         block += len(table)
         tokens = tuple(rng.randrange(512) for _ in range(count))
         chunks.append(ScheduledChunk(f"c{i}", tokens, 0, table, True, greedy, 0, adapter=name))
-    inputs = runner.prepare_inputs(chunks)
+    layout = runner.layout_chunks(chunks)
+    inputs = runner.step_tensors(layout)
     assert type(inputs.lora).__name__ == "SegmentedLoraStep"
+    sample_index = torch.tensor(layout.sample_index, device=device)
     token_slots = torch.tensor(
         [s for c, s in zip(chunks, registry.assign([c.adapter for c in chunks]), strict=True)
          for _ in range(c.num_tokens)], device=device,
@@ -412,8 +414,8 @@ def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
 
     def logits(step: StepDeltas | None) -> torch.Tensor:
         with torch.inference_mode():
-            hidden = runner.forward(dataclasses.replace(inputs, lora=step))
-            return runner.compute_logits(hidden, inputs).float()
+            hidden = runner.forward_tensors(dataclasses.replace(inputs, lora=step))
+            return runner.flat_model.compute_logits(hidden.index_select(0, sample_index)).float()
 
     kernels = logits(inputs.lora)
     reference = logits(SegmentedTorchStep(registry.slots, token_slots))
@@ -458,7 +460,7 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -
         block += len(table)
         tokens = tuple(rng.randrange(512) for _ in range(count))
         chunks.append(ScheduledChunk(f"c{i}", tokens, 0, table, True, greedy, 0, adapter=name))
-    inputs = runner.prepare_inputs(chunks)
+    inputs = runner.step_tensors(runner.layout_chunks(chunks))
     token_slots = torch.tensor(
         [assigned[c.adapter] if c.adapter else -1 for c in chunks for _ in range(c.num_tokens)],
         device=device,

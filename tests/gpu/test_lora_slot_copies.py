@@ -57,8 +57,8 @@ def test_a_slot_written_while_steps_run_answers_as_one_written_with_none_running
                               kv_cache_bytes=8 << 20, cuda_graphs=graphs, lora=lora,
                               async_scheduling=True)  # fmt: skip
         engine = PagedEngine(loaded, config)
-        assert engine._adapters is not None
-        slots = engine._adapters.slots
+        assert engine.adapters is not None
+        slots = engine.adapters.slots
         write = slots._write
 
         def written(

@@ -1,5 +1,7 @@
 """What the serving layer needs from an engine, independent of how it schedules.
 
+RequestOutput and StepOutputs (core/outputs.py) are re-exported here.
+
 The engine is driven from a single thread (see site_engine/engine_service.py): every method
 here is called from that thread only, so engines need no locks. Imports no torch.
 """
@@ -11,8 +13,14 @@ from typing import Protocol
 
 from fedllm_contract.cache_events import CacheEvent
 from fedllm_contract.priority import Priority
+from site_engine.engine.core.outputs import RequestOutput, StepOutputs
 from site_engine.engine.core.scheduler_config import ClassLoad
-from site_engine.engine.core.types import FinishReason, SamplingParams, TokenLogprob
+from site_engine.engine.core.types import FinishReason, SamplingParams
+
+__all__ = [
+    "AdapterRefused", "Engine", "EngineLimits", "EngineRequest", "EngineStats", "RequestOutput",
+    "RequestRejected", "StepOutputs", "StructuredOutputUnavailable",
+]  # fmt: skip
 
 
 class RequestRejected(ValueError):
@@ -52,21 +60,6 @@ class EngineRequest:
     adapter: str | None = None
     # Its class: interactive first; flex and batch fill the capacity it leaves (scheduler.py).
     priority: Priority = Priority.INTERACTIVE
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """New tokens of one request from one step; finish_reason is set on its last output."""
-
-    request_id: str
-    new_token_ids: tuple[int, ...]
-    finish_reason: FinishReason | None = None
-    # Prompt tokens whose KV came from the prefix cache (known from the first output on).
-    cached_prompt_tokens: int = 0
-    # The sampled token's log probability, when the request asked for logprobs.
-    logprobs: TokenLogprob | None = None
-    # With FinishReason.ERROR: why the request failed (the client's error message).
-    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +131,7 @@ class Engine(Protocol):
     def release_queued(self, max_requests: int) -> list[EngineRequest]:
         """Removes up to max_requests queued requests that have not started and returns them."""
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepOutputs:
         """Runs one iteration; returns the outputs it produced (possibly none)."""
 
     def has_unfinished(self) -> bool: ...

@@ -102,9 +102,6 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refcounts = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
-        # Each table as a tuple, made when it changes (only `grow` adds blocks): every step
-        # hands each running sequence's table to the runner, and most steps change none.
-        self._frozen: dict[str, tuple[int, ...]] = {}
         self.events = CacheEventRecorder()
         self._index = BlockIndex(Tier.DEVICE, self.events, num_blocks) if caching else None
         # Device block -> its id (None: none), read without a call for every block freed or
@@ -183,7 +180,12 @@ class BlockManager:
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
         """The physical blocks of `request_id` in logical order; KeyError if it has no table."""
-        return self._frozen[request_id]
+        return tuple(self._tables[request_id])
+
+    def table_if_held(self, request_id: str) -> tuple[int, ...]:
+        """block_table(request_id), or () once it holds none (left since)."""
+        table = self._tables.get(request_id)
+        return () if table is None else tuple(table)
 
     def num_held(self, request_id: str) -> int:
         """len(block_table(request_id)) without copying the table (the admission plan asks it
@@ -219,6 +221,21 @@ class BlockManager:
         self.grow(request_id, num_tokens_total)
         return True
 
+    def grow_by_one(self, request_ids: Sequence[str]) -> list[int]:
+        """One more block at the end of each named table, in order, while free blocks last:
+        the decode rows of a step whose next token starts a block (a 1,024-sequence step has
+        ~64 of them). The blocks given, one per table from the first (fewer if blocks ran out:
+        the caller makes room for the rest one at a time)."""
+        given: list[int] = []
+        free, tables, take = self._free, self._tables, self._take_free_block
+        for request_id in request_ids:
+            if not free:
+                break
+            block = take()
+            tables[request_id].append(block)
+            given.append(block)
+        return given
+
     def grow(self, request_id: str, num_tokens_total: int) -> tuple[int, ...]:
         """Make the table of `request_id` cover `num_tokens_total` token slots.
 
@@ -232,8 +249,7 @@ class BlockManager:
         self._registered.setdefault(request_id, 0)
         for _ in range(missing):
             table.append(self._take_free_block())
-        frozen = self._frozen[request_id] = tuple(table)
-        return frozen
+        return tuple(table)
 
     def _take_free_block(self) -> int:
         """The head of the free queue, its id evicted. Never copied now: a copy the step had to
@@ -262,7 +278,6 @@ class BlockManager:
         KeyError for an id without a table: a double free is a caller bug and must be loud.
         """
         table = self._tables.pop(request_id)
-        del self._frozen[request_id]
         registered = self._registered.pop(request_id)
         if self._policy is not None and self._index is not None:
             hash_at = self._index.hash_at
@@ -553,8 +568,6 @@ class BlockManager:
                 raise AssertionError(f"block {block} is {state}")
         if set(self._registered) != set(self._tables):
             raise AssertionError("registration counts out of step with the tables")
-        if self._frozen != {rid: tuple(table) for rid, table in self._tables.items()}:
-            raise AssertionError("block-table tuples out of step with the tables")
         for request_id, table in self._tables.items():
             if self._registered[request_id] > len(table):
                 raise AssertionError(f"{request_id!r}: more blocks registered than held")

@@ -46,6 +46,16 @@ adapter_overtake_steps steps: then one running adapter drains for it (adapter_sl
 adapter's requests behind it in order waiting so that its slot frees, while the other adapters'
 and base requests go on.
 
+Host work per step (issue 66): a running sequence's numbers live in a row of the running batch
+(running_batch.py), so the common step, every decoding sequence one more token, is planned and
+applied with array operations over the rows: decodes are planned in bulk for each class before
+its prefill chunks (a long prefill cannot starve the decodes of its class of the step's token
+budget), a new block is Python only for the rows that cross a block boundary, the update appends
+the sampled tokens and finds the finished rows with vectorized checks, and Python runs per row
+only for what changed: admissions, prefill chunks, finishes, preemptions, grammars. The model
+runner is told the step as deltas (SchedulerOutput: rows that joined, blocks added to tables,
+decode rows as arrays).
+
 "static" is the batch-by-batch baseline: a batch is admitted only when none is running and runs
 until its longest member is done; finished members stop computing but keep their blocks until
 the batch ends, which is what a padded static batch costs in memory.
@@ -54,9 +64,11 @@ the batch ends, which is what a padded static batch costs in memory.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Collection, Iterable
 from itertools import islice
+
+import numpy as np
 
 from fedllm_contract.block_hash import root_hash
 from fedllm_contract.cache_events import CacheEvent
@@ -64,16 +76,19 @@ from fedllm_contract.priority import Priority
 from site_engine.engine.core.adapter_slots import adapter_to_drain, outranked
 from site_engine.engine.core.block_manager import BlockManager, CacheHit
 from site_engine.engine.core.class_preemption import pick_victim, room_without
+from site_engine.engine.core.outputs import NO_TOKEN, StepOutputs
+from site_engine.engine.core.remaining import OUTRUN_SHARE
+from site_engine.engine.core.running_batch import IntArray, RunningBatch
 from site_engine.engine.core.scheduler_config import ClassLoad, SchedulerConfig, SchedulerStats
-from site_engine.engine.core.sequence import Sequence, SequenceStatus, SequenceUpdate
+from site_engine.engine.core.sequence import Sequence, SequenceStatus
 from site_engine.engine.core.sequence_cache import SequenceCache
 from site_engine.engine.core.step_budget import StepBudget
 from site_engine.engine.core.step_cost import StepCost, StepCostModel
 from site_engine.engine.core.types import (
-    PENDING_TOKEN,
     FinishReason,
     Guide,
     ModelRunnerOutput,
+    RowJoin,
     SamplingParams,
     ScheduledChunk,
     SchedulerOutput,
@@ -81,6 +96,9 @@ from site_engine.engine.core.types import (
 from site_engine.engine.core.waiting_queue import WaitingQueue
 
 __all__ = ["ClassLoad", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+_NO_DELTA = (np.zeros(0, dtype=np.int64),) * 3
+# A chunk's planning key: its class, then its admission order (SchedulerOutput.chunks sorts by it).
+_CLASS_KEY = 1 << 48
 log = logging.getLogger(__name__)
 
 # Finishing for these reasons is the batch's own doing; a static batch keeps such a member's
@@ -103,15 +121,32 @@ class Scheduler:
         self._static = config.policy == "static"
         self._live: dict[str, Sequence] = {}
         self._waiting = WaitingQueue(config.policy, config.spf_aging)
-        self._running: list[Sequence] = []  # in admission order: the last one is preempted first
+        # In admission order (a dict for O(1) removal): the last one is preempted first.
+        self._running: dict[Sequence, None] = {}
+        # The adapters of the running sequences, with how many of them use each.
+        self._running_adapters: Counter[str] = Counter()
         # How many of `_running` are of each class: whether a class has a victim below it is
         # asked every step, and walking 1,024 running sequences to find none cost the step.
         self._running_count = dict.fromkeys(Priority, 0)
         self._held: list[Sequence] = []  # static mode: finished members still holding blocks
         self._left_since_step: set[str] = set()
-        # Request ids of each scheduled step not yet updated, oldest first: such an id cannot be
-        # reused until the step's late results can no longer be mistaken for the new request's.
-        self._in_flight: dict[int, frozenset[str]] = {}
+        # The running sequences' numbers, a row each (running_batch.py).
+        self._batch = RunningBatch(config.max_num_seqs)
+        self._eos = np.array(sorted(config.eos_token_ids), dtype=np.int64)
+        # The steps scheduled and not yet updated, oldest first (results come back in order; a
+        # row's serial, not its request id, tells a late result from a new occupant's).
+        self._in_flight: dict[int, None] = {}
+        # Rows given a decode in the step being planned; rows taken and tables grown since the
+        # last step (what the model runner is told: SchedulerOutput.joined, table_delta).
+        self._decoding = np.zeros(config.max_num_seqs, dtype=np.bool_)
+        self._joined: list[RowJoin] = []
+        self._grown: set[int] = set()
+        # Blocks added in bulk since the last step: (rows, positions in their tables, blocks).
+        self._table_parts: list[tuple[IntArray, IntArray, IntArray]] = []
+        self._budget: StepBudget | None = None  # the step's, while it is planned
+        # Preempted sequences with tokens of steps in flight, by the serial of the row they
+        # left: `update` still gives them those tokens.
+        self._orphans: dict[int, Sequence] = {}
         # The sequences given a chunk that samples nothing (a prefill chunk short of the end)
         # in the step being planned, and those of each step in flight: `update` registers their
         # filled blocks without a pass over every chunk of the step.
@@ -189,12 +224,9 @@ class Scheduler:
 
     def _check_admissible(self, seq: Sequence) -> None:
         rid, cfg = seq.request_id, self.config
-        if (
-            rid in self._live
-            or rid in self._left_since_step
-            or self._blocks.has_table(rid)
-            or any(rid in ids for ids in self._in_flight.values())
-        ):
+        # A step still in flight may hold a row of an earlier request of this id: its late
+        # results are told apart by the row's serial, not the id.
+        if rid in self._live or rid in self._left_since_step or self._blocks.has_table(rid):
             raise ValueError(f"request {rid!r}: request_id is already in use")
         num_prompt, max_tokens = seq.num_prompt_tokens, seq.sampling.max_tokens
         if num_prompt > cfg.max_model_len:
@@ -270,7 +302,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step, class by class from interactive down: each class's running
-        sequences, then its admissions, so a higher class takes the step's budget first."""
+        sequences (its decodes in bulk, then its prefill chunks), then its admissions, so a
+        higher class takes the step's budget first."""
         chunks: list[ScheduledChunk] = []
         preempted: list[Sequence] = []
         cfg = self.config
@@ -280,6 +313,7 @@ class Scheduler:
             self._step_cost.current,
             cfg.background_step_slack,
         )
+        self._budget = budget
         # A class whose waiting sequences change during this step (a victim joins them) admits
         # nobody in it, by the rule below: the class's queue is as it was when the step began.
         self._hold = None
@@ -302,23 +336,34 @@ class Scheduler:
                 )
                 rows = self._running_count[priority]
                 budget.interactive_planned(rows, waiting, cfg.max_num_seqs)
+        self._budget = None
         # Nobody waited for a slot: a drained adapter that no longer runs is chosen anew.
         drain = self._drain
         if drain is not None and self._hold is None:
             self._drain = drain if any(seq.adapter == drain for seq in self._running) else None
         left = frozenset(self._left_since_step) | {victim.request_id for victim in preempted}
         self._left_since_step.clear()
-        if chunks:
+        decoding = self._decoding
+        decodes = np.flatnonzero(decoding)
+        if decodes.size:
+            decoding[decodes] = False
+        if chunks or decodes.size:
             self._iterations += 1
         step_id = self._next_step_id
         self._next_step_id += 1
-        self._in_flight[step_id] = frozenset([chunk.request_id for chunk in chunks])
+        self._in_flight[step_id] = None
         if self._unsampled:
             self._unsampled_by_step[step_id] = self._unsampled
             self._unsampled = []
         plan = self._cache.take_copies(self.config.max_blocks_per_step, step_id)
+        batch = self._batch
+        decode_seqs = batch.pick(batch.seqs, decodes)
+        pending = batch.pending[decodes]
+        tokens = batch.tokens[decodes]
+        joined, self._joined = tuple(self._joined), []
         return SchedulerOutput(
-            chunks=tuple(chunks),
+            prefill_chunks=tuple(chunks),
+            prefill_serials=tuple(batch.serial[[c.row for c in chunks]].tolist()),
             finished_request_ids=left,
             preempted_request_ids=frozenset(victim.request_id for victim in preempted),
             step_id=step_id,
@@ -327,6 +372,59 @@ class Scheduler:
             kv_copies_wait_for_step=plan.wait_for_step,
             num_tokens=budget.scheduled_tokens,
             context_tokens=budget.context,
+            decode_rows=decodes,
+            decode_positions=batch.computed[decodes] - 1,
+            decode_generated=tokens - 1 - batch.prompt_len[decodes],
+            decode_serials=batch.serial[decodes],
+            decode_pending=pending > 1,
+            decode_tables=batch.held[decodes],
+            decode_seqs=decode_seqs,  # type: ignore[arg-type]
+            joined=joined,
+            table_delta=self._table_delta(),
+            special_decodes=tuple(np.flatnonzero(batch.guided[decodes]).tolist()),
+            decode_keys=batch.prio[decodes] * _CLASS_KEY + batch.order[decodes],
+            prefill_keys=self._prefill_keys(chunks),
+            table_of=self._blocks.table_if_held,
+        )
+
+    def _prefill_keys(self, chunks: list[ScheduledChunk]) -> tuple[int, ...]:
+        """Each prefill chunk's planning key (SchedulerOutput.chunks sorts by it)."""
+        if not chunks:
+            return ()
+        batch, rows = self._batch, [chunk.row for chunk in chunks]
+        return tuple((batch.prio[rows] * _CLASS_KEY + batch.order[rows]).tolist())
+
+    def _table_delta(self) -> tuple[IntArray, IntArray, IntArray]:
+        """The blocks added to running rows' tables since the last step, for the runner, as
+        (rows, positions in their tables, blocks)."""
+        parts, self._table_parts = self._table_parts, []
+        if self._grown:
+            batch, blocks = self._batch, self._blocks
+            rows: list[int] = []
+            cols: list[int] = []
+            added: list[int] = []
+            for row in sorted(self._grown):
+                seq = batch.seqs[row]
+                if seq is None:
+                    continue  # left again (preempted) before the step
+                start, held = int(batch.synced[row]), int(batch.held[row])
+                if held > start:
+                    table = blocks.block_table(seq.request_id)
+                    rows += [row] * (held - start)
+                    cols += range(start, held)
+                    added += table[start:held]
+                    batch.synced[row] = held
+            self._grown.clear()
+            if rows:
+                parts.append((np.array(rows), np.array(cols), np.array(added)))
+        if not parts:
+            return _NO_DELTA
+        if len(parts) == 1:
+            return parts[0]
+        return (
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
         )
 
     def _schedule_running(
@@ -336,75 +434,166 @@ class Scheduler:
         preempted: list[Sequence],
         budget: StepBudget,
     ) -> None:
-        """Schedule the running sequences of one class in admission order.
-
-        Run for every running sequence every step, so it reads the sequence's fields directly
-        rather than through its properties (the same arithmetic, fewer Python calls)."""
-        count = self._running_count[priority]
-        if count == 0:
+        """Schedule the running sequences of one class: its decodes in bulk (one token each for
+        every row whose only uncomputed token is the one it sampled last), then its prefill
+        chunks in admission order."""
+        if self._running_count[priority] == 0:
             return
-        running = self._running
-        # A copy: a preemption below takes sequences out of `_running` while this goes on.
-        members = running[:] if count == len(running) else [
-            seq for seq in running if seq.priority is priority
-        ]  # fmt: skip
-        max_model_len = self.config.max_model_len
-        blocks = self._blocks
-        # Background decodes bounded in time this step go through the budget like prefills.
-        fast_decode = not (priority.is_background and budget.timed)
-        for seq in members:
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted for an earlier one's growth
-            num_output = len(seq.output_token_ids) + seq.num_pending
-            num_tokens = len(seq.prompt_token_ids) + num_output
-            # Done but for pending tokens: the step that sampled its last token retires it.
-            done = num_output >= seq.sampling.max_tokens or num_tokens >= max_model_len
-            wanted = 0 if done else num_tokens - seq.num_computed_tokens
-            # One token is a decode, never deferred in tokens (step_budget.py): only the step's
-            # budget, and the time bound if background rows have one.
-            decode = wanted == 1 and fast_decode
-            num_new = min(1, budget.tokens) if decode else budget.allowance(seq, wanted)
-            if num_new > 0:
-                # Most steps grow no table: _make_room (its first call the same) only if not.
-                num_total = seq.num_computed_tokens + num_new
-                if not blocks.try_grow(seq.request_id, num_total) and not self._make_room(
-                    seq, num_total, preempted
-                ):
+        batch = self._batch
+        rows = batch.rows_of(priority)
+        computed, tokens = batch.computed[rows], batch.tokens[rows]
+        live = tokens < batch.limit[rows]  # done but for pending tokens: its last step retires it
+        wanted = tokens - computed
+        decode = live & (wanted == 1) & batch.fed[rows]
+        prefill = rows[live & ~decode & (wanted > 0)]
+        decodes = rows[decode]
+        if decodes.size:
+            if priority.is_background and budget.timed:
+                self._schedule_timed_decodes(decodes, preempted, budget)
+            else:
+                self._schedule_decodes(decodes, preempted, budget)
+        if prefill.size:
+            for row in batch.by_order(prefill).tolist():
+                seq = batch.seqs[row]
+                if seq is None:
+                    continue  # preempted for an earlier one's growth
+                if not self._schedule_prefill(seq, chunks, preempted, budget):
                     break  # `seq` itself was the last one of its class and got preempted
-                chunks.append(self._chunk(seq, num_new))
-                if decode:
-                    budget.tokens -= 1  # what take() does for a decode
-                    budget.context += num_total
-                else:
-                    budget.take(seq, wanted, num_new)
 
-    def _make_room(self, seq: Sequence, num_tokens_total: int, preempted: list[Sequence]) -> bool:
-        """Grow `seq`'s table, preempting running sequences (the lowest class first, the newest
-        of it first, never one of a higher class than `seq`) as long as needed.
+    def _schedule_decodes(
+        self, rows: IntArray, preempted: list[Sequence], budget: StepBudget
+    ) -> None:
+        """One token for each of `rows` (a decode, never deferred: only the step's budget
+        bounds it), the oldest first if the budget cannot take them all; a new block for the
+        rows whose token starts one."""
+        batch = self._batch
+        if rows.size > budget.tokens:
+            rows = batch.by_order(rows)[: max(budget.tokens, 0)]
+        size = self.config.block_size
+        grow = rows[batch.computed[rows] >= batch.held[rows] * size]
+        if grow.size:
+            ordered = batch.by_order(grow)
+            given = self._blocks.grow_by_one(batch.pick(batch.ids, ordered))
+            if given:
+                grown = ordered[: len(given)]
+                self._table_parts.append((grown, batch.held[grown], np.array(given)))
+                batch.held[grown] += 1
+                batch.synced[grown] += 1  # told the runner with this step's table delta
+            # Out of free blocks: the rest one at a time, preempting the newest for room.
+            for row in ordered[len(given) :].tolist():
+                seq = batch.seqs[row]
+                if seq is None:
+                    continue  # preempted for an older one's block
+                if not self._grow(seq, int(batch.computed[row]) + 1, preempted):
+                    break  # `seq` and everything newer of its class were preempted
+            # A victim's row is free now (no admission takes it before this class's decodes).
+            rows = rows[batch.active[rows]]
+        if rows.size:
+            self._commit_decodes(rows)
+            budget.tokens -= int(rows.size)
+            budget.context += int(self._batch.computed[rows].sum())
 
-        Returns False if `seq` had to be preempted itself.
-        """
-        while not self._blocks.try_grow(seq.request_id, num_tokens_total):
+    def _commit_decodes(self, rows: IntArray) -> None:
+        """`rows` decode in this step: one more position computed, one more token sampled."""
+        batch = self._batch
+        batch.computed[rows] += 1
+        batch.tokens[rows] += 1
+        batch.pending[rows] += 1
+        self._decoding[rows] = True
+
+    def _schedule_timed_decodes(
+        self, rows: IntArray, preempted: list[Sequence], budget: StepBudget
+    ) -> None:
+        """Background decodes while the step's background time is bounded (step_budget.py):
+        in admission order, each while its time fits, one at a time."""
+        batch = self._batch
+        size = self.config.block_size
+        for row in batch.by_order(rows).tolist():
+            seq = batch.seqs[row]
+            if seq is None:
+                continue
+            if budget.allowance(seq, 1) < 1:
+                continue  # waits, keeping its blocks, for a step with room
+            computed = int(batch.computed[row])
+            if computed >= int(batch.held[row]) * size and not self._grow(
+                seq, computed + 1, preempted
+            ):
+                break
+            self._commit_decodes(np.array([row], dtype=np.int64))
+            budget.take(seq, 1, 1)
+
+    def _schedule_prefill(
+        self,
+        seq: Sequence,
+        chunks: list[ScheduledChunk],
+        preempted: list[Sequence],
+        budget: StepBudget,
+    ) -> bool:
+        """The next prefill chunk of running `seq` as its budget allows; False if `seq` had to
+        be preempted for its blocks."""
+        wanted = seq.num_tokens - seq.num_computed_tokens
+        num_new = budget.allowance(seq, wanted)
+        if num_new <= 0:
+            return True
+        num_total = seq.num_computed_tokens + num_new
+        if not self._grow(seq, num_total, preempted):
+            return False
+        chunks.append(self._chunk(seq, num_new))
+        budget.take(seq, wanted, num_new)
+        return True
+
+    def _grow(self, seq: Sequence, num_tokens_total: int, preempted: list[Sequence]) -> bool:
+        """Grow `seq`'s table to `num_tokens_total` slots, preempting running sequences (the
+        lowest class first, the newest of it first, never one of a higher class than `seq`) as
+        long as needed. Returns False if `seq` had to be preempted itself."""
+        blocks = self._blocks
+        while not blocks.try_grow(seq.request_id, num_tokens_total):
             victim = self._victim(seq.priority)
             assert victim is not None  # `seq` itself qualifies
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
+        row = seq.row
+        self._batch.held[row] = blocks.num_held(seq.request_id)
+        self._grown.add(row)
         return True
 
+    def _stop_running(self, seq: Sequence) -> None:
+        del self._running[seq]
+        self._running_count[seq.priority] -= 1
+        if seq.adapter:
+            adapters = self._running_adapters
+            adapters[seq.adapter] -= 1
+            if not adapters[seq.adapter]:
+                del adapters[seq.adapter]
+
     def _victim(self, lowest: int) -> Sequence | None:
-        """The running sequence to preempt first among those of class `lowest` or below. It
-        was never scheduled in the step being planned: classes are scheduled from the top, and
-        within a class in admission order (the victim is the newest)."""
-        return pick_victim(self._running, lowest)
+        """The running sequence to preempt first among those of class `lowest` or below: the
+        lowest class, the newest of it (a decode of it planned in this step is taken back)."""
+        return pick_victim(list(self._running), lowest)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: its blocks go back, it re-prefills prompt + generated tokens
         later, ahead of its class (admission_order puts preempted sequences first)."""
-        self._running.remove(seq)
-        self._running_count[seq.priority] -= 1
+        batch = self._batch
+        row = seq.row
+        if self._decoding[row]:
+            # Its decode was planned in this step already (decodes go first): taken back.
+            self._decoding[row] = False
+            total = int(batch.computed[row])
+            batch.computed[row] -= 1
+            batch.tokens[row] -= 1
+            batch.pending[row] -= 1
+            if self._budget is not None:
+                self._budget.tokens += 1
+                self._budget.context -= total
+        serial = int(batch.serial[row])
+        self._stop_running(seq)
         self._blocks.free(seq.request_id)
+        batch.detach(seq)
+        if seq.num_pending:
+            self._orphans[serial] = seq  # `update` still gives it its tokens in flight
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -434,7 +623,7 @@ class Scheduler:
         plan_limit = cfg.num_blocks - cfg.watermark_blocks
         planned, outranking = self._planned_for(priority)
         admitted = 0
-        adapters = {seq.adapter for seq in self._running if seq.adapter}
+        adapters = self._running_adapters.keys()
         for index, seq in enumerate(candidates):
             # A static batch may take members beyond this step's token budget: they prefill in
             # later steps, as members of the same batch.
@@ -476,15 +665,16 @@ class Scheduler:
                 break
             self._waiting.admitting(seq)
             self._blocks.admit(seq.request_id, hit, cached + num_new, defer_onload=onload)
+            self._take_row(seq)
             self._cache.admitted(seq, hit)
             seq.num_computed_tokens = cached
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
             seq.slot_wait_since = -1  # a preempted one counts its wait afresh
-            self._running.append(seq)
+            self._running[seq] = None
             self._running_count[priority] += 1
             if seq.adapter:
-                adapters.add(seq.adapter)
+                self._running_adapters[seq.adapter] += 1
             planned += need
             outranking = True
             admitted += 1
@@ -492,6 +682,25 @@ class Scheduler:
                 chunks.append(self._chunk(seq, num_new))
                 budget.take(seq, wanted, num_new)
         self._waiting.drop_admitted(priority, admitted)
+
+    def _take_row(self, seq: Sequence) -> None:
+        """An admitted `seq` (its table made) takes a row of the running batch; the model
+        runner hears of it with the next step."""
+        batch = self._batch
+        row = batch.attach(seq, self.config.max_model_len)
+        batch.held[row] = self._blocks.num_held(seq.request_id)
+        self._grown.add(row)
+        self._joined.append(
+            RowJoin(
+                row,
+                seq.request_id,
+                seq.sampling,
+                seq.adapter,
+                seq.guide,
+                seq.output_token_ids,
+                seq.prompt_token_ids,
+            )
+        )
 
     def _evict_below(
         self,
@@ -504,6 +713,8 @@ class Scheduler:
         newest of it first) until the candidate admitted with `hit` has a batch slot and blocks
         for its first chunk. False, having preempted none, if preempting them all would not
         make that room: a victim that could not help would only lose its work."""
+        if not self._runs_below(priority):
+            return False
         lower = [victim for victim in self._running if victim.priority > priority]
         seats = len(self._running) - len(lower) < self.config.max_num_seqs
         if not (lower and seats and room_without(self._blocks, lower, hit, num_tokens_total)):
@@ -528,23 +739,33 @@ class Scheduler:
 
         A block a lower class shares with a higher one is left out too: the plan errs towards
         admitting, and the admission's real check (`_has_room`) is exact."""
-        blocks = self._blocks
+        blocks, batch = self._blocks, self._batch
         planned = blocks.num_used_blocks
-        outranking = False
         size = self.config.block_size
-        for seq in (*self._running, *self._held):
-            held = blocks.num_held(seq.request_id)
+        rows = batch.rows()
+        prio = batch.prio[rows]
+        below = prio > priority
+        held = batch.held[rows]
+        planned -= int(held[below].sum())
+        mine = ~below
+        outranking = bool(mine.any())
+        if outranking:
+            # Each holder's expected total (or what it holds now, if more) in blocks, past what
+            # it holds: _planned_blocks over the rows at once.
+            tokens = np.maximum(batch.expected_total[rows[mine]], batch.tokens[rows[mine]])
+            growth = -(-tokens // size) - held[mine]
+            planned += int(growth[growth > 0].sum())
+        for seq in self._held:  # static mode: finished members still holding blocks
+            count = blocks.num_held(seq.request_id)
             if seq.priority > priority:
-                planned -= held
+                planned -= count
                 continue
-            # _planned_blocks of a holder, its properties unrolled: run for every holder.
-            num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids) + seq.num_pending
-            tokens = max(len(seq.prompt_token_ids) + seq.expected_output_tokens, num_tokens)
-            planned += max(-(-tokens // size) - held, 0)
+            tokens_held = max(seq.expected_total_tokens, seq.num_tokens)
+            planned += max(-(-tokens_held // size) - count, 0)
             outranking = True
         return max(planned, 0), outranking
 
-    def _adapter_ready(self, seq: Sequence, running: set[str]) -> bool:
+    def _adapter_ready(self, seq: Sequence, running: Collection[str]) -> bool:
         """Whether `seq`'s adapter (if any) is in host memory and has a device slot to go to:
         the running sequences use at most max_loras distinct adapters, one step's worth."""
         if not seq.adapter:
@@ -596,21 +817,18 @@ class Scheduler:
         return max(self._blocks.blocks_needed(tokens), held)
 
     def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
-        """The chunk of `seq`'s next `num_new` positions; they count as computed from now on."""
+        """The prefill chunk of `seq`'s next `num_new` positions (all of them known tokens: a
+        row that sampled decodes instead); they count as computed from now on."""
         start = seq.num_computed_tokens
         end = start + num_new
         output = seq.output_token_ids
-        num_output = len(output) + seq.num_pending
         num_prompt = len(seq.prompt_token_ids)
-        if num_new == 1 and start >= num_prompt:  # a decode: token_ids_between's last cases
-            at = start - num_prompt
-            token_ids: tuple[int, ...] = (output[at],) if at < len(output) else (PENDING_TOKEN,)
-        else:
-            token_ids = seq.token_ids_between(start, end)
+        num_output = len(output) + seq.num_pending
         penalized = seq.sampling.penalized
+        row = seq.row
         chunk = ScheduledChunk(
             request_id=seq.request_id,
-            token_ids=token_ids,
+            token_ids=seq.token_ids_between(start, end),
             start_position=start,
             block_table=self._blocks.block_table(seq.request_id),
             sample=end == num_prompt + num_output,
@@ -620,12 +838,16 @@ class Scheduler:
             history=output if penalized else (),
             prompt_token_ids=seq.prompt_token_ids if penalized else (),
             adapter=seq.adapter,
+            row=row,
         )
-        seq.num_computed_tokens = end
-        if start < num_prompt:  # a decode computes no prompt token
+        batch = self._batch
+        batch.computed[row] = end
+        if start < num_prompt:
             self._cache.computed(seq, start, end)
         if chunk.sample:
-            seq.num_pending += 1
+            batch.pending[row] += 1
+            batch.tokens[row] += 1
+            batch.fed[row] = True
         else:
             self._unsampled.append(seq.request_id)
         return chunk
@@ -638,21 +860,53 @@ class Scheduler:
         oldest = next(iter(self._in_flight), None)
         if output.step_id != oldest:
             raise ValueError(f"step {output.step_id} is not the oldest awaiting results ({oldest})")
-        sampled = result.sampled_token_ids
+        tokens = self._sampled_tokens(output, result)
         verdicts: dict[str, FinishReason | None] = {}
-        for chunk in output.chunks:
-            seq = self._live.get(chunk.request_id)
-            # A missing token is update()'s error to raise.
-            if chunk.sample and seq is not None and seq.guide and chunk.request_id in sampled:
-                verdicts[chunk.request_id] = self._advance_guide(seq, sampled[chunk.request_id])
+        for index, seq in self._guided_entries(output):
+            verdicts[seq.request_id] = self._advance_guide(seq, int(tokens[index]))
         self._guided = (output.step_id, verdicts)
 
-    def update(self, output: SchedulerOutput, result: ModelRunnerOutput) -> list[SequenceUpdate]:
-        """Apply a step's results: resolve its pending tokens and retire the sequences that
-        finished (their blocks are free when this returns, except in static mode).
+    def _guided_entries(self, output: SchedulerOutput) -> list[tuple[int, Sequence]]:
+        """(sample index, sequence) of the step's constrained rows still running as planned."""
+        batch = self._batch
+        entries: list[tuple[int, Sequence]] = []
+        for index in output.special_decodes:
+            row = int(output.decode_rows[index])
+            if batch.serial[row] == output.decode_serials[index]:
+                entries.append((index, output.decode_seqs[index]))
+        index = output.num_decodes
+        for chunk, serial in zip(output.prefill_chunks, output.prefill_serials, strict=True):
+            if not chunk.sample:
+                continue
+            seq = batch.seqs[chunk.row]
+            if seq is not None and seq.guide is not None and batch.serial[chunk.row] == serial:
+                entries.append((index, seq))
+            index += 1
+        return entries
 
-        Steps must be updated once each, in the order they were scheduled. Chunks of sequences
-        that left since `schedule` (cancelled, or finished by an earlier step) are ignored.
+    def _sampled_tokens(self, output: SchedulerOutput, result: ModelRunnerOutput) -> IntArray:
+        """The step's sampled tokens in its sample order (decode rows, then sampling chunks);
+        ValueError, nothing changed, if one is missing for a sequence still here."""
+        count = output.num_sampled
+        if result.tokens is not None:
+            if len(result.tokens) != count:
+                raise ValueError(f"{len(result.tokens)} sampled tokens for {count} sampled rows")
+            return result.tokens
+        sampled = result.sampled_token_ids
+        ids = output.sample_request_ids()
+        missing = [rid for rid in ids if rid not in sampled and rid in self._live]
+        if missing:
+            raise ValueError(f"no sampled token for request(s) {sorted(missing)}")
+        return np.array([sampled.get(rid, NO_TOKEN) for rid in ids], dtype=np.int64)
+
+    def update(self, output: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
+        """Apply a step's results: resolve its pending tokens and retire the sequences that
+        finished (their blocks are free when this returns, except in static mode); the step's
+        outputs, one entry per sampled sequence still here (a token, maybe a finish).
+
+        Steps must be updated once each, in the order they were scheduled. Rows of sequences
+        that left since `schedule` (cancelled, or finished by an earlier step) are ignored; a
+        sequence preempted since still gets its token.
         """
         oldest = next(iter(self._in_flight), None)
         if output.step_id != oldest:
@@ -660,63 +914,154 @@ class Scheduler:
                 f"step {output.step_id} is not the oldest step awaiting results ({oldest}); "
                 "was update() applied twice, out of order, or to a stale SchedulerOutput?"
             )
-        sampled = result.sampled_token_ids
-        chunks = [c for c in output.chunks if c.sample and c.request_id in self._live]
-        missing = [c.request_id for c in chunks if c.request_id not in sampled]
-        if missing:
-            raise ValueError(f"no sampled token for request(s) {sorted(missing)}")
+        tokens = self._sampled_tokens(output, result)
         del self._in_flight[output.step_id]
         guided: dict[str, FinishReason | None] = {}
         if self._guided is not None and self._guided[0] == output.step_id:
             guided = self._guided[1]
         self._guided = None
-        caching = self._blocks.caching
-        # Sequences with blocks to index, registered together (SequenceCache.register_all),
-        # in the order of the calls one by one, each before its retirement frees its blocks.
-        filled: list[Sequence] = []
-        unsampled = self._unsampled_by_step.pop(output.step_id, ())
-        if caching:
-            # Indexed only now, once the step that writes them is launched: a block indexed in
-            # `schedule` could be hit by a chunk of the same step, which the runner may run
-            # before the chunk that writes it (eager prefill before the decode graphs).
-            for request_id in unsampled:
-                seq = self._live.get(request_id)
-                if seq is None or seq.status is not SequenceStatus.RUNNING:
-                    continue
-                if seq.num_computed_tokens >= seq.next_full_block_at:
-                    filled.append(seq)
-        updates: list[SequenceUpdate] = []
-        for chunk in chunks:
-            seq = self._live[chunk.request_id]
-            # A preempted sequence (now waiting) still gets the token its last step sampled.
-            token = sampled[chunk.request_id]
-            seq.num_pending -= 1
-            seq.output_token_ids.append(token)
-            # Most steps fill no block of a decoding sequence: those skip the call.
-            running = seq.status is SequenceStatus.RUNNING
-            if caching and running and seq.num_computed_tokens >= seq.next_full_block_at:
-                filled.append(seq)
-            if chunk.request_id in guided:
-                reason = guided[chunk.request_id]
-            else:
-                reason = self._advance_guide(seq, token) if seq.guide is not None else None
-            reason = reason or self._stop_reason(seq, token)
-            if reason is not None:
-                if filled:
-                    self._cache.register_all(filled)
-                    filled = []
-                self._retire(seq, reason)
-            # A token its grammar refused is no part of the answer.
-            new = () if reason is FinishReason.ERROR else (token,)
-            updates.append(
-                SequenceUpdate(
-                    seq.request_id, new, reason, seq.num_cached_prompt_tokens, error=seq.error
-                )
-            )
+        outputs = StepOutputs()
+        # Sequences with blocks to index, registered together (SequenceCache.register_all)
+        # before any retirement frees blocks; the sequences that finished, in order.
+        filled: list[tuple[Sequence, int]] = self._unsampled_filled(output.step_id)
+        finishing: list[tuple[Sequence, FinishReason]] = []
+        count = output.num_decodes
+        if count:
+            self._apply_decodes(output, tokens[:count], guided, outputs, filled, finishing)
+        index = count
+        for chunk, serial in zip(output.prefill_chunks, output.prefill_serials, strict=True):
+            if chunk.sample:
+                token = int(tokens[index])
+                self._apply_token(chunk.row, serial, token, guided, outputs, filled, finishing)
+                index += 1
         if filled:
             self._cache.register_all(filled)
+        for seq, reason in finishing:
+            self._retire(seq, reason)
         self._end_static_batch_if_done()
-        return updates
+        return outputs
+
+    def _unsampled_filled(self, step_id: int) -> list[tuple[Sequence, int]]:
+        """The sequences whose prefill chunks of step `step_id` sampled nothing and filled a
+        block: indexed only now, once the step that writes them is launched (a block indexed in
+        `schedule` could be hit by a chunk of the same step, which the runner may run before
+        the chunk that writes it)."""
+        unsampled = self._unsampled_by_step.pop(step_id, ())
+        if not self._blocks.caching:
+            return []
+        filled: list[tuple[Sequence, int]] = []
+        for request_id in unsampled:
+            seq = self._live.get(request_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            if seq.num_computed_tokens >= seq.next_full_block_at:
+                filled.append((seq, self._cache.full_blocks(seq)))
+        return filled
+
+    def _apply_decodes(
+        self,
+        output: SchedulerOutput,
+        tokens: IntArray,
+        guided: dict[str, FinishReason | None],
+        outputs: StepOutputs,
+        filled: list[tuple[Sequence, int]],
+        finishing: list[tuple[Sequence, FinishReason]],
+    ) -> None:
+        """The decode rows' tokens, in bulk for the rows still held by the sequences they were
+        planned for; one at a time for the others (preempted since: they keep their token)."""
+        batch = self._batch
+        rows, seqs = output.decode_rows, output.decode_seqs
+        live = batch.serial[rows] == output.decode_serials
+        if not live.all():
+            for i in np.flatnonzero(~live).tolist():
+                serial = int(output.decode_serials[i])
+                self._apply_token(-1, serial, int(tokens[i]), guided, outputs, filled, finishing)
+            keep = np.flatnonzero(live)
+            rows, tokens = rows[keep], tokens[keep]
+            seqs = [seqs[i] for i in keep.tolist()]
+            if not seqs:
+                return
+        batch.pending[rows] -= 1
+        values = tokens.tolist()
+        # One C-level loop appends every row's token to its answer (no Python call per row).
+        deque(map(list.append, batch.pick(batch.outs, rows), values), maxlen=0)
+        first = outputs.add_rows(batch.pick(batch.ids, rows), values, list(seqs))
+        outputs.decoded += len(values)  # a decode row had a token before this one
+        stop = batch.tokens[rows] - batch.pending[rows] >= batch.limit[rows]
+        eos = self._eos
+        if eos.size:
+            hit = tokens == eos[0] if eos.size == 1 else np.isin(tokens, eos)
+            stop |= hit & ~batch.ignore_eos[rows]
+        if self._blocks.caching:
+            fill = np.flatnonzero(batch.computed[rows] >= batch.next_full[rows])
+            if fill.size:
+                # SequenceCache.full_blocks of every filled row at once.
+                fill_rows = rows[fill]
+                known = batch.tokens[fill_rows] - batch.pending[fill_rows]
+                num_full = np.minimum(batch.computed[fill_rows], known) // self.config.block_size
+                batch.next_full[fill_rows] = (num_full + 1) * self.config.block_size
+                filled += zip([seqs[i] for i in fill.tolist()], num_full.tolist(), strict=True)
+        for i in np.flatnonzero(stop | batch.guided[rows]).tolist():
+            seq = seqs[i]
+            reason = self._reason(seq, values[i], guided)
+            if reason is not None:
+                finishing.append((seq, reason))
+                outputs.finish(first + i, reason, seq.error)
+                if reason is FinishReason.ERROR:
+                    outputs.drop_token(first + i)  # a token its grammar refused: no answer
+
+    def _apply_token(
+        self,
+        row: int,
+        serial: int,
+        token: int,
+        guided: dict[str, FinishReason | None],
+        outputs: StepOutputs,
+        filled: list[tuple[Sequence, int]],
+        finishing: list[tuple[Sequence, FinishReason]],
+    ) -> None:
+        """One sampled token of the row that had `serial` when planned: its sequence's, if it
+        still runs there or was preempted since (then it waits and still gets the token)."""
+        batch = self._batch
+        if row >= 0 and batch.serial[row] == serial:
+            seq = batch.seqs[row]
+            assert seq is not None
+            batch.pending[row] -= 1
+        else:
+            orphan = self._orphans.get(serial)
+            if orphan is None:
+                return  # it left the engine: its late tokens are no one's
+            if self._live.get(orphan.request_id) is not orphan:
+                del self._orphans[serial]
+                return
+            seq = orphan
+            seq.num_pending -= 1
+            if not seq.num_pending:
+                del self._orphans[serial]
+        seq.output_token_ids.append(token)
+        if len(seq.output_token_ids) > 1:
+            outputs.decoded += 1
+        running = seq.status is SequenceStatus.RUNNING
+        if self._blocks.caching and running and seq.num_computed_tokens >= seq.next_full_block_at:
+            filled.append((seq, self._cache.full_blocks(seq)))
+        reason = self._reason(seq, token, guided)
+        index = outputs.add(seq.request_id, token, source=seq)
+        if reason is not None:
+            finishing.append((seq, reason))
+            outputs.finish(index, reason, seq.error)
+            if reason is FinishReason.ERROR:
+                outputs.drop_token(index)
+
+    def _reason(
+        self, seq: Sequence, token: int, guided: dict[str, FinishReason | None]
+    ) -> FinishReason | None:
+        """Why `seq` finishes with `token` just appended, if it does: its grammar's verdict
+        (advance_guides', or advanced now), else the stop conditions."""
+        if seq.request_id in guided:
+            reason = guided[seq.request_id]
+        else:
+            reason = self._advance_guide(seq, token) if seq.guide is not None else None
+        return reason or self._stop_reason(seq, token)
 
     def _advance_guide(self, seq: Sequence, token: int) -> FinishReason | None:
         """Moves a constrained sequence's grammar past `token`; STOP once the grammar says the
@@ -748,8 +1093,8 @@ class Scheduler:
     def _retire(self, seq: Sequence, reason: FinishReason) -> None:
         was_running = seq.status is SequenceStatus.RUNNING
         if was_running:
-            self._running.remove(seq)
-            self._running_count[seq.priority] -= 1
+            self._stop_running(seq)
+            self._batch.detach(seq)  # its tokens still in flight, if any, are no one's
         else:
             self._waiting.remove(seq)
         del self._live[seq.request_id]
@@ -776,29 +1121,45 @@ class Scheduler:
         self._held.clear()
 
     def stats(self) -> SchedulerStats:
+        batch = self._batch
+        rows = batch.rows()
+        prio = batch.prio[rows]
+        computed = batch.computed[rows]
+        remaining = self._running_remaining(rows)
+        held = sum(seq.num_computed_tokens for seq in self._held)
         return SchedulerStats(
             num_waiting=len(self._waiting),
             num_running=len(self._running),
             queued_prompt_tokens=self._waiting.tokens,
-            predicted_remaining_tokens=self._waiting.remaining
-            + sum(seq.remaining_predicted_tokens for seq in self._running),
+            predicted_remaining_tokens=self._waiting.remaining + int(remaining.sum()),
             kv_blocks_used=self._blocks.num_used_blocks,
             kv_blocks_total=self._blocks.num_blocks,
-            cached_tokens=sum(s.num_computed_tokens for s in (*self._running, *self._held)),
+            cached_tokens=int(computed.sum()) + held,
             iterations=self._iterations,
             num_preemptions=self._num_preemptions,
             kv_blocks_cached=self._blocks.num_cached_blocks,
-            by_class=self._class_loads(),
+            by_class=self._class_loads(prio, computed, remaining),
             **self._cache.counters,
         )
 
-    def _class_loads(self) -> tuple[ClassLoad, ...]:
-        # Running sequences are at most max_num_seqs: walked; the waiting queue keeps its sums.
-        running_tokens: Counter[Priority] = Counter()
-        running_remaining: Counter[Priority] = Counter()
-        for seq in self._running:
-            running_tokens[seq.priority] += seq.num_computed_tokens
-            running_remaining[seq.priority] += seq.remaining_predicted_tokens
+    def _running_remaining(self, rows: IntArray) -> IntArray:
+        """Sequence.remaining_predicted_tokens of every running row at once (remaining.py)."""
+        batch = self._batch
+        prompt = batch.prompt_len[rows]
+        produced = batch.tokens[rows] - prompt
+        max_tokens = batch.max_tokens[rows]
+        predicted = batch.expected_total[rows] - prompt
+        allowed = np.maximum(max_tokens - produced, 0)
+        ahead = predicted - produced
+        outrun = np.maximum(np.ceil(OUTRUN_SHARE * produced).astype(np.int64), 1)
+        return np.minimum(np.where(ahead >= 1, ahead, outrun), allowed)
+
+    def _class_loads(
+        self, prio: IntArray, computed: IntArray, remaining: IntArray
+    ) -> tuple[ClassLoad, ...]:
+        classes = len(Priority)
+        running_tokens = np.bincount(prio, weights=computed, minlength=classes)
+        running_remaining = np.bincount(prio, weights=remaining, minlength=classes)
         return tuple(
             ClassLoad(
                 p,
@@ -806,8 +1167,9 @@ class Scheduler:
                 self._running_count[p],
                 self._preemptions_by_class[p],
                 queued_prompt_tokens=self._waiting.tokens_of(p),
-                running_tokens=running_tokens[p],
-                predicted_remaining_tokens=self._waiting.remaining_of(p) + running_remaining[p],
+                running_tokens=int(running_tokens[p]),
+                predicted_remaining_tokens=self._waiting.remaining_of(p)
+                + int(running_remaining[p]),
             )
             for p in Priority
         )
@@ -828,6 +1190,15 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Raise AssertionError if queues, sequences and block tables disagree (used by tests)."""
         self._blocks.check_invariants()
+        self._batch.check()
+        for seq in self._running:
+            row = seq.row
+            if row < 0 or self._batch.seqs[row] is not seq:
+                raise AssertionError(f"running {seq.request_id!r} holds no row")
+            if int(self._batch.held[row]) != self._blocks.num_held(seq.request_id):
+                raise AssertionError(f"running {seq.request_id!r}: row's block count is stale")
+        if self._batch.size != len(self._running):
+            raise AssertionError("running batch size out of step with the running list")
         self._waiting.check()
         if Counter(seq.priority for seq in self._running) != +Counter(self._running_count):
             raise AssertionError(f"running counts {self._running_count} out of step")

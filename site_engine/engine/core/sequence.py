@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fedllm_contract.block_hash import block_hashes, chain_hash
 from fedllm_contract.priority import Priority
+from site_engine.engine.core.outputs import RequestOutput
 from site_engine.engine.core.remaining import remaining_tokens
 from site_engine.engine.core.types import PENDING_TOKEN, FinishReason, Guide, SamplingParams
+
+if TYPE_CHECKING:
+    from site_engine.engine.core.running_batch import RunningBatch
 
 
 class SequenceStatus(enum.Enum):
@@ -45,8 +50,10 @@ class Sequence:
     predicted_tokens: int | None = None
     arrival_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    num_pending: int = 0
+    # num_computed_tokens, num_pending and next_full_block_at while it waits or has left; while
+    # it runs its row of the running batch holds them (the properties below read it).
+    _computed: int = 0
+    _pending: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
@@ -56,9 +63,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     num_cached_prompt_tokens: int = 0
     # Computed tokens from which its next block may be full and newly indexable: below that,
-    # `update` skips the sequence without a call (SequenceCache sets it; a call per sequence per
-    # step was most of what prefix caching cost a 1,024-sequence step).
-    next_full_block_at: int = 0
+    # `update` skips the sequence (SequenceCache sets it): next_full_block_at.
+    _next_full: int = 0
     # The grammar its answer must follow (constrained decoding), advanced token by token;
     # `awaiting_guide` while that grammar is still being compiled (it is not admitted).
     guide: Guide | None = None
@@ -76,6 +82,9 @@ class Sequence:
     # The step at which it first found every adapter slot taken (-1: never): how long later
     # requests of the running adapters have overtaken it (scheduler.py, adapter_slots.py).
     slot_wait_since: int = -1
+    # Its row of the running batch while it runs (running_batch.py), else None and -1.
+    _batch: RunningBatch | None = field(default=None, repr=False)
+    _row: int = -1
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -85,6 +94,54 @@ class Sequence:
                 f"request {self.request_id!r}: predicted_tokens must be >= 0 or None, "
                 f"got {self.predicted_tokens}"
             )
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Leading positions whose KV is in the cache or written by a scheduled step."""
+        batch = self._batch
+        return self._computed if batch is None else int(batch.computed[self._row])
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        batch = self._batch
+        if batch is None:
+            self._computed = value
+        else:
+            batch.computed[self._row] = value
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens sampled by scheduled steps whose values the host does not know yet."""
+        batch = self._batch
+        return self._pending if batch is None else int(batch.pending[self._row])
+
+    @num_pending.setter
+    def num_pending(self, value: int) -> None:
+        batch = self._batch
+        if batch is None:
+            self._pending = value
+        else:
+            # The row's token count moves with it only where the scheduler says so: a token
+            # sampled (pending + 1) adds one, one resolved (pending - 1, the answer + 1) none.
+            batch.pending[self._row] = value
+
+    @property
+    def next_full_block_at(self) -> int:
+        batch = self._batch
+        return self._next_full if batch is None else int(batch.next_full[self._row])
+
+    @next_full_block_at.setter
+    def next_full_block_at(self, value: int) -> None:
+        batch = self._batch
+        if batch is None:
+            self._next_full = value
+        else:
+            batch.next_full[self._row] = value
+
+    @property
+    def row(self) -> int:
+        """Its row of the running batch, -1 unless it runs."""
+        return self._row
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -192,12 +249,6 @@ class Sequence:
         return self.prompt_token_ids[start:] + tuple(self.output_token_ids[: end - num_prompt])
 
 
-@dataclass(frozen=True, slots=True)
-class SequenceUpdate:
-    """What one step did to one sequence: the tokens it gained and whether it finished."""
-
-    request_id: str
-    new_token_ids: tuple[int, ...]
-    finish_reason: FinishReason | None = None
-    cached_prompt_tokens: int = 0
-    error: str = ""  # with FinishReason.ERROR: why
+# What one step did to one sequence: the tokens it gained and whether it finished. The engine's
+# RequestOutput itself (core/outputs.py): the scheduler's update hands out the engine's outputs.
+SequenceUpdate = RequestOutput

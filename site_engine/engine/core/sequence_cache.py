@@ -58,11 +58,21 @@ class SequenceCache:
         if start < seq.num_prompt_tokens:
             self.counters["prompt_tokens_computed"] += min(end, seq.num_prompt_tokens) - start
 
-    def register_all(self, seqs: list[Sequence]) -> None:
-        """Index the full blocks of running sequences whose KV is launched and whose tokens are
-        known, in order; hashes only the blocks that filled since the last call, all of them in
-        one pass (chains_block_hashes). A sequence has nothing to index while
-        seq.num_computed_tokens < seq.next_full_block_at (callers leave it out)."""
+    def full_blocks(self, seq: Sequence) -> int:
+        """How many leading blocks of running `seq` are full of known tokens whose KV a launched
+        step writes (what `register_all` may index); no block can become indexable before its
+        computed tokens fill the next one, which `seq.next_full_block_at` is set to."""
+        known = seq.num_known_tokens
+        computed = seq.num_computed_tokens
+        num_full = (computed if computed < known else known) // self._size
+        seq.next_full_block_at = (num_full + 1) * self._size
+        return num_full
+
+    def register_all(self, filled: list[tuple[Sequence, int]]) -> None:
+        """Index the first `num_full` blocks of each (sequence, num_full) of `filled` (running
+        sequences whose KV is launched and whose tokens are known: `full_blocks`, or the same
+        computed for many rows at once), in order; hashes only the blocks that filled since the
+        last call, all of them in one pass (chains_block_hashes)."""
         if not self._caching:
             return
         size = self._size
@@ -70,20 +80,14 @@ class SequenceCache:
         chains: list[tuple[int, int]] = []
         extended: list[list[int]] = []  # the hash lists `chains` extend, in order
         registrations: list[tuple[str, list[int], int]] = []
-        for seq in seqs:
-            output = seq.output_token_ids
-            num_prompt = len(seq.prompt_token_ids)
-            known = num_prompt + len(output)
-            computed = seq.num_computed_tokens
-            num_full = (computed if computed < known else known) // size
-            # No block of it can become indexable before its computed tokens fill the next one.
-            seq.next_full_block_at = (num_full + 1) * size
+        for seq, num_full in filled:
             hashes = seq.block_hashes
             done = len(hashes)
             if num_full > done:
                 start, end = done * size, num_full * size
+                num_prompt = len(seq.prompt_token_ids)
                 if start >= num_prompt:  # answer tokens, all known: no copy of the rest
-                    tokens += output[start - num_prompt : end - num_prompt]
+                    tokens += seq.output_token_ids[start - num_prompt : end - num_prompt]
                 else:
                     tokens += seq.token_ids_between(start, end)
                 chains.append((hashes[-1] if done else seq.root_hash, num_full - done))

@@ -1,19 +1,42 @@
 """Plain typed objects exchanged between the scheduler and the model runner.
 
 This module is the contract of the engine step (schedule -> run model -> update). It imports no
-torch: the scheduler and the KV-block bookkeeping are pure Python and unit-tested without a model,
-and the model runner consumes these objects without knowing how they were decided.
+torch: the scheduler and the KV-block bookkeeping are Python and numpy, unit-tested without a
+model, and the model runner consumes these objects without knowing how they were decided.
+
+A step is told to the model runner as what changed (issue 66): the rows that joined the batch,
+the blocks added to rows' tables, the prefill chunks, and the decode rows as arrays. A decoding
+sequence costs a step no Python object: the runner keeps every row's block table and last sampled
+token itself, and reads the decode rows' positions from one array.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from fedllm_contract.grammar import ConstraintSpec
+
+if TYPE_CHECKING:
+    from site_engine.engine.core.sequence import Sequence as SchedSequence
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def _no_rows() -> IntArray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _no_flags() -> BoolArray:
+    return np.zeros(0, dtype=np.bool_)
+
 
 # A token id the host does not know yet: the token its sequence sampled in the step still running
 # on the device (async scheduling). The model runner reads it from that step's sampled tokens.
@@ -164,7 +187,11 @@ class ScheduledChunk:
     reach the end of the known tokens (chunked prefill): its logits are not needed.
     `num_generated` counts the tokens generated so far (known or pending), so that a seeded
     sampler can derive a per-step random stream that does not depend on the batch the sequence
-    shares.
+    shares. `row` is the sequence's row of the running batch (running_batch.py), which the
+    model runner keys its per-row state by.
+
+    A step's decode rows are not chunks (SchedulerOutput.decode_rows); `SchedulerOutput.chunks`
+    still makes one for each of them, for tests and tools that read a step whole.
     """
 
     request_id: str
@@ -183,6 +210,7 @@ class ScheduledChunk:
     prompt_token_ids: tuple[int, ...] = ()
     # The LoRA adapter whose deltas its rows add ("": the base model).
     adapter: str = ""
+    row: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -191,6 +219,27 @@ class ScheduledChunk:
     @property
     def is_prefill(self) -> bool:
         return self.num_tokens > 1 or self.num_generated == 0
+
+
+@dataclass(frozen=True, slots=True)
+class RowJoin:
+    """A sequence took a row of the running batch (admitted, or admitted again after a
+    preemption): what the model runner keeps of it for as long as it holds the row. `history`
+    is the sequence's own answer list (the scheduler appends to it; penalties read it)."""
+
+    row: int
+    request_id: str
+    sampling: SamplingParams
+    adapter: str = ""
+    guide: Guide | None = None
+    history: Sequence[int] = ()
+    prompt_token_ids: tuple[int, ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        """Sampled by the batch's vectorized path alone: no logit processing, no logprobs, no
+        seed (a seeded row draws its own noise)."""
+        return self.sampling.plain and (self.sampling.seed is None or self.sampling.greedy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,11 +256,19 @@ class KvCopy:
 class SchedulerOutput:
     """Everything the model runner needs for one step, and nothing it must decide itself.
 
-    `chunks` is one flat batch: prefill and decode chunks of different sequences mixed, in this
-    order, without padding. `finished_request_ids` are sequences that left the engine since the
-    previous step (finished, cancelled, released, or preempted), so the runner can drop any
-    per-request state it keeps (e.g. seeded random generators). `step_id` numbers the scheduler's
-    steps so that results are applied exactly once and in order.
+    The step is one flat batch: its decode rows (`decode_rows`, one token each, whose input is
+    the token the row sampled last, kept on the device by the runner), then its `prefill_chunks`
+    (prompts, prompt chunks, recomputes: every token known), in that order; the sampled rows are
+    the decode rows, then the prefill chunks with `sample`, in that order (the order
+    ModelRunnerOutput.tokens follows). Per decode row: its `decode_positions` (the position it
+    computes), `decode_generated` (answer tokens before this one: a seeded sampler's step),
+    `decode_serials` (its row's occupant when planned) and `decode_seqs`. `joined` lists the rows
+    taken since the previous step and `table_delta` the blocks added to rows' tables (the
+    runner keeps every row's table); the runner applies both before the step.
+
+    `finished_request_ids` are sequences that left the engine since the previous step (finished,
+    cancelled, released, or preempted), so the runner can drop any per-request state it keeps.
+    `step_id` numbers the scheduler's steps so that results are applied exactly once and in order.
     `kv_copies` are queued in this order after the work already queued (the last writes of the
     blocks they read); the forward pass must wait for the first `kv_copies_before_step` of them
     (copies back from the host that this step reads); the others (copies ahead of an eviction,
@@ -222,7 +279,7 @@ class SchedulerOutput:
     (each row's length after the step), the inputs of its cost (core/step_cost.py).
     """
 
-    chunks: tuple[ScheduledChunk, ...]
+    prefill_chunks: tuple[ScheduledChunk, ...] = ()
     finished_request_ids: frozenset[str] = field(default_factory=frozenset)
     preempted_request_ids: frozenset[str] = field(default_factory=frozenset)
     step_id: int = 0
@@ -232,20 +289,118 @@ class SchedulerOutput:
     # What the step computes and reads (its cost's inputs: step_cost.py), summed as scheduled.
     num_tokens: int = 0
     context_tokens: int = 0
+    decode_rows: IntArray = field(default_factory=_no_rows)
+    decode_positions: IntArray = field(default_factory=_no_rows)
+    decode_generated: IntArray = field(default_factory=_no_rows)
+    decode_serials: IntArray = field(default_factory=_no_rows)
+    # For SchedulerOutput.chunks alone: whether the input token was still on the device when
+    # planned, and how many blocks the row's table had.
+    decode_pending: BoolArray = field(default_factory=_no_flags)
+    decode_tables: IntArray = field(default_factory=_no_rows)
+    decode_seqs: Sequence[SchedSequence] = ()
+    # The serial of each prefill chunk's row when planned (running_batch.py).
+    prefill_serials: tuple[int, ...] = ()
+    joined: tuple[RowJoin, ...] = ()
+    # Blocks appended to rows' tables: (rows, positions in their tables, block ids).
+    table_delta: tuple[IntArray, IntArray, IntArray] = field(
+        default_factory=lambda: (_no_rows(), _no_rows(), _no_rows())
+    )
+    # The decode rows whose sampling reads host state (a grammar, penalties), as indices into
+    # decode_rows; and each decode row's and prefill chunk's planning key (class, then admission
+    # order: SchedulerOutput.chunks sorts by it).
+    special_decodes: tuple[int, ...] = ()
+    decode_keys: IntArray = field(default_factory=_no_rows)
+    prefill_keys: tuple[int, ...] = ()
+    # Each running sequence's block table by request id (for `chunks` alone).
+    table_of: Callable[[str], tuple[int, ...]] | None = field(default=None, repr=False,
+                                                              compare=False)  # fmt: skip
+    _materialized: list[ScheduledChunk] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def num_decodes(self) -> int:
+        return int(self.decode_rows.shape[0])
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.chunks)
+        return self.num_decodes + sum(chunk.num_tokens for chunk in self.prefill_chunks)
+
+    @property
+    def num_sampled(self) -> int:
+        return self.num_decodes + sum(1 for chunk in self.prefill_chunks if chunk.sample)
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.prefill_chunks and not self.num_decodes
+
+    def sample_request_ids(self) -> list[str]:
+        """The request id of each sampled row, in sample order."""
+        ids = [seq.request_id for seq in self.decode_seqs]
+        return ids + [chunk.request_id for chunk in self.prefill_chunks if chunk.sample]
+
+    @property
+    def chunks(self) -> Sequence[ScheduledChunk]:
+        """Every chunk of the step, decode rows made into chunks too, in the order the
+        scheduler planned them (class by class, each in admission order): for tests and tools
+        that read a step whole, right after `schedule` (a decode chunk's table and token are
+        read from its sequence, as they were when planned). The model runner never calls it."""
+        if self._materialized or self.is_empty:
+            return tuple(self._materialized)
+        table_of = self.table_of or (lambda request_id: ())
+        decodes = [
+            _decode_chunk(seq, position, generated, pending, table_of(seq.request_id)[:blocks], row)
+            for seq, position, generated, pending, blocks, row in zip(
+                self.decode_seqs,
+                self.decode_positions.tolist(),
+                self.decode_generated.tolist(),
+                self.decode_pending.tolist(),
+                self.decode_tables.tolist(),
+                self.decode_rows.tolist(),
+                strict=True,
+            )
+        ]
+        every = decodes + list(self.prefill_chunks)
+        keys = self.decode_keys.tolist() + list(self.prefill_keys)
+        if len(keys) == len(every):
+            order = sorted(range(len(every)), key=keys.__getitem__)
+            every = [every[i] for i in order]
+        self._materialized.extend(every)
+        return tuple(every)
+
+
+def _decode_chunk(
+    seq: Any, position: int, generated: int, pending: bool, table: tuple[int, ...], row: int
+) -> ScheduledChunk:
+    if pending:
+        token = PENDING_TOKEN
+    else:
+        (token,) = seq.token_ids_between(position, position + 1)
+    sampling = seq.sampling
+    penalized = sampling.penalized
+    return ScheduledChunk(
+        request_id=seq.request_id,
+        token_ids=(token,),
+        start_position=position,
+        block_table=table,
+        sample=True,
+        sampling=sampling,
+        num_generated=generated,
+        guide=seq.guide,
+        history=seq.output_token_ids if penalized else (),
+        prompt_token_ids=seq.prompt_token_ids if penalized else (),
+        adapter=seq.adapter,
+        row=row,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    """What one step produced: the sampled token of every chunk whose `sample` was True."""
+    """What one step produced: the sampled token of every sampled row.
 
-    sampled_token_ids: dict[str, int]
+    `tokens` follows the step's sample order (SchedulerOutput: decode rows, then the sampling
+    prefill chunks); the model runner fills it. `sampled_token_ids` by request id is the same
+    for callers without the array (tests, tools): used when `tokens` is None."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
     # For the requests that asked for logprobs: the sampled token's.
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    tokens: IntArray | None = None

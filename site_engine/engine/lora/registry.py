@@ -343,6 +343,11 @@ class AdapterRegistry:
         token_slots = per_chunk.repeat_interleave(torch.tensor(lens))
         return self.slots.step(token_slots.to(self.slots.device))
 
+    def assign_names(self, names: Sequence[str]) -> dict[str, int]:
+        """A slot for each adapter named (distinct, all of one step), written in first if need
+        be: what a step does before it runs."""
+        return self.slots.assign(names, self._fetch)
+
     def assign(self, adapters: Sequence[str]) -> list[int]:
         """Each chunk's slot (-1: "", the base model), writing adapters not in a slot into one:
         what a step does first, for all its chunks at once (an adapter written for one part of

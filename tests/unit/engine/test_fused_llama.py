@@ -112,7 +112,7 @@ def test_fused_forward_matches_transformers(config_class) -> None:
         0,
     )
     with torch.inference_mode():
-        inputs = runner.prepare_inputs([chunk])
+        inputs = runner.step_tensors(runner.layout_chunks([chunk]))
         hidden = flat.forward(inputs.input_ids, inputs.positions, cache, inputs.metadata)
         got = flat.compute_logits(hidden[-1:])[0]
     assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)

@@ -26,7 +26,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from site_engine.engine.core.types import SamplingParams, ScheduledChunk, SchedulerOutput
+from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.models import UnsupportedModelError
 
@@ -167,7 +167,7 @@ def drive(runner: ModelRunner, plans: list[Plan], seed: int = 0) -> dict[str, li
                     num_generated=plan.num_generated,
                 )
             )
-        result = runner.execute(SchedulerOutput(tuple(chunks), frozenset(finished)))
+        result = runner.execute_chunks(chunks, frozenset(finished))
         finished = set()
         for chunk in chunks:
             plan = next(p for p in plans if p.request_id == chunk.request_id)
@@ -233,8 +233,8 @@ def test_prefill_logits_match_forward(hf_model: PreTrainedModel) -> None:
         for i, prompt in enumerate(prompts)
     )
     with torch.inference_mode():
-        inputs = runner.prepare_inputs(chunks)
-        logits = runner.flat_model.compute_logits(runner.forward(inputs))
+        layout = runner.layout_chunks(chunks)
+        logits = runner.flat_model.compute_logits(runner.forward(layout))
         start = 0
         for prompt in prompts:
             expected = hf_model(torch.tensor([prompt])).logits[0].float()
@@ -278,16 +278,16 @@ def test_runner_properties_and_empty_step(tmp_path: Path) -> None:
     assert runner.max_model_len == 256
     assert runner.vocab_size == 512
     assert runner.eos_token_ids == frozenset({2, 5, 7})
-    assert runner.execute(SchedulerOutput(chunks=())).sampled_token_ids == {}
+    assert runner.execute_chunks(()).sampled_token_ids == {}
 
 
 def test_finished_requests_drop_sampler_state(tmp_path: Path) -> None:
     runner = make_runner(save_and_load(CONFIGS["gpt2"], tmp_path))
     seeded = SamplingParams(max_tokens=4, seed=5)
     chunk = ScheduledChunk("r", (1, 2, 3), 0, (3,), True, seeded, 0)
-    runner.execute(SchedulerOutput(chunks=(chunk,)))
+    runner.execute_chunks((chunk,))
     assert runner.sampler.num_tracked_requests == 1
-    runner.execute(SchedulerOutput(chunks=(), finished_request_ids=frozenset({"r"})))
+    runner.execute_chunks((), frozenset({"r"}))
     assert runner.sampler.num_tracked_requests == 0
 
 
@@ -309,13 +309,13 @@ def test_bad_chunks_are_rejected(tmp_path: Path) -> None:
     runner = make_runner(save_and_load(CONFIGS["gpt2"], tmp_path), num_blocks=8)
     too_few_blocks = ScheduledChunk("r", (1,) * 9, 0, (0, 1), True, GREEDY, 0)
     with pytest.raises(ValueError, match="cannot hold 9 positions"):
-        runner.execute(SchedulerOutput(chunks=(too_few_blocks,)))
+        runner.execute_chunks((too_few_blocks,))
     bad_block = ScheduledChunk("r", (1, 2), 0, (8,), True, GREEDY, 0)
     with pytest.raises(ValueError, match="out of range"):
-        runner.execute(SchedulerOutput(chunks=(bad_block,)))
+        runner.execute_chunks((bad_block,))
     past_end = ScheduledChunk("r", (1,), 256, tuple(range(8)), True, GREEDY, 3)
     with pytest.raises(ValueError, match="max length 256"):
-        runner.execute(SchedulerOutput(chunks=(past_end,)))
+        runner.execute_chunks((past_end,))
 
 
 def test_model_must_already_have_the_cache_dtype(tmp_path: Path) -> None:

@@ -131,6 +131,15 @@ class ReplayingManager(BlockManager):
         assert list(table) == self.plain.tables[request_id]
         return table
 
+    def grow_by_one(self, request_ids: Sequence[str]) -> list[int]:
+        given = super().grow_by_one(request_ids)
+        size = self.block_size
+        for request_id in request_ids[: len(given)]:
+            held = len(self.plain.tables[request_id])
+            self.plain.grow(request_id, (held + 1) * size)
+            assert list(self.block_table(request_id)) == self.plain.tables[request_id]
+        return given
+
     def lookup(self, hashes: Sequence[int]) -> CacheHit:
         hit = super().lookup(hashes)
         assert hit.device_blocks == self.plain.lookup(hashes)

@@ -111,7 +111,7 @@ def test_forget_drops_seeded_state() -> None:
 
 
 def test_row_count_must_match() -> None:
-    with pytest.raises(ValueError, match="2 logit rows for 1 chunks"):
+    with pytest.raises(ValueError, match="2 logit rows for 1 rows"):
         Sampler().sample(random_logits(2), [chunk("a", SamplingParams(max_tokens=1))])
 
 

@@ -72,7 +72,7 @@ def step(
     sampled = {
         c.request_id: tokens.get(c.request_id, fake_token(c)) for c in out.chunks if c.sample
     }
-    updates = sched.update(out, ModelRunnerOutput(sampled))
+    updates = list(sched.update(out, ModelRunnerOutput(sampled)))
     sched.check_invariants()
     return out, updates
 

@@ -13,7 +13,7 @@ import jsonschema_rs
 import pytest
 
 from fedllm_contract.grammar import ConstraintSpec
-from site_engine.engine.core.api import EngineRequest, RequestRejected
+from site_engine.engine.core.api import EngineRequest, RequestOutput, RequestRejected
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
@@ -92,7 +92,7 @@ def test_a_schema_feature_the_engine_cannot_enforce_is_refused_by_name(
     spec = ConstraintSpec("json_schema", schema=json.dumps(unenforceable))
     paged = engine(loaded, False)
     paged.add_request(constrained(loaded, "bad", spec))
-    outputs = []
+    outputs: list[RequestOutput] = []
     while paged.has_unfinished():
         outputs += paged.step()
     (output,) = outputs
@@ -188,7 +188,7 @@ def test_a_continued_constrained_answer_goes_on_where_it_stopped(loaded: LoadedM
         warm.add_request(bad)
     cold = engine(loaded, False)
     cold.add_request(bad)
-    outputs = []
+    outputs: list[RequestOutput] = []
     while cold.has_unfinished():
         outputs += cold.step()
     assert [o.finish_reason for o in outputs] == [FinishReason.ERROR]

@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from fedllm_contract.grammar import ConstraintSpec
-from site_engine.engine.core.api import EngineRequest, StructuredOutputUnavailable
+from site_engine.engine.core.api import (
+    EngineRequest,
+    RequestOutput,
+    StructuredOutputUnavailable,
+)
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import load_model
@@ -42,7 +46,7 @@ def test_constrained_requests_are_refused_and_the_rest_served(
     with pytest.raises(StructuredOutputUnavailable):
         engine.add_request(EngineRequest("json", PROMPT, constrained))
     engine.add_request(EngineRequest("free", PROMPT, SamplingParams(4, temperature=0.0)))
-    outputs = []
+    outputs: list[RequestOutput] = []
     while engine.has_unfinished():
         outputs += engine.step()
     assert [o.request_id for o in outputs if o.finish_reason is not None] == ["free"]

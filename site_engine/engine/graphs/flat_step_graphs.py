@@ -23,9 +23,10 @@ attends from or to them), write their K/V into a scratch block that no sequence 
 other operation is row-wise, so they cannot reach a real row. The per-sequence arrays are padded
 with sequences of zero query tokens, which the kernel skips.
 
-Inputs are staged on the host in numpy arrays (pinned when on CUDA) and reach the device in one
-copy per array; with async scheduling a decode row's input token may still be on the device
-(it is taken from the previous step's samples there). Two staging sets alternate, as in
+Inputs are staged on the host in numpy arrays (pinned when on CUDA) from the step's layout
+(input_batch.py) and reach the device in one copy per array; a decode row's input token is its
+row's last sampled token and every table is its row's, both gathered on the device from the
+running batch's. Two staging sets alternate, as in
 graphs.py. Without `capture` (CPU tests) the same static-buffer forward runs eagerly. The logits
 go into one static buffer shared with the decode graphs (graphs.py says why). LoRA rows: as in
 graphs.py, a static slot-index buffer per token, staged with the other token columns, and a
@@ -35,25 +36,22 @@ second body per bucket without the LoRA kernels for steps whose rows have no ada
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.core.graph_capture import PendingGraph, lazy_order
-from site_engine.engine.core.types import ScheduledChunk
-from site_engine.engine.cuda.graphs import (
+from site_engine.engine.graphs.decode_graphs import (
     base_only,
     bucket_sizes,
     capture_buckets,
     capture_one,
-    input_tokens,
     release_graphs,
 )
+from site_engine.engine.input_batch import InputBatch, StepLayout
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.models import FlatCausalLM
@@ -62,9 +60,10 @@ from site_engine.engine.models import FlatCausalLM
 # token costs its share of every matrix product), coarser as the step grows.
 _BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560,
             3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)  # fmt: skip
-# Host staging columns: per token (input id, position, slot, pending row, LoRA slot), per
-# sequence (query start, context length, sampled row).
-_TOKEN_COLS, _SEQ_COLS = 5, 3
+# Host staging columns: per token (known input id, position, slot, the batch row whose last
+# token is its input or -1, LoRA slot), per sequence (query start, context length, sampled row,
+# batch row: its block table is gathered from the running batch's on the device).
+_TOKEN_COLS, _SEQ_COLS = 5, 4
 
 
 def token_buckets(max_tokens: int, only_largest: bool = False) -> tuple[int, ...]:
@@ -129,7 +128,6 @@ class FlatStepGraphs:
             (
                 torch.zeros((max_tokens, _TOKEN_COLS), dtype=torch.long, pin_memory=pin),
                 torch.zeros((max_seqs + 1, _SEQ_COLS), dtype=torch.long, pin_memory=pin),
-                torch.zeros((max_seqs, max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
             )
             for _ in range(2)
         ]
@@ -207,15 +205,17 @@ class FlatStepGraphs:
         self._pool = graph.pool()
         self._lm_head[rows] = _Bucket(graph, logits)
 
-    def ready(self, chunks: Sequence[ScheduledChunk]) -> bool:
+    def ready(self, layout: StepLayout) -> bool:
         """Whether the step's body has its graph (lazy graphs: not yet, maybe)."""
-        total = sum(chunk.num_tokens for chunk in chunks)
+        total = layout.num_tokens
         if total > self.max_tokens:
             return False
+        if not self._capture:
+            return True  # every step runs its bucket's forward eagerly
         return self.buckets[bisect.bisect_left(self.buckets, total)] in self._captured
 
-    def fits(self, chunks: Sequence[ScheduledChunk]) -> bool:
-        return len(chunks) <= self.max_seqs and sum(c.num_tokens for c in chunks) <= self.max_tokens
+    def fits(self, layout: StepLayout) -> bool:
+        return layout.num_entries <= self.max_seqs and layout.num_tokens <= self.max_tokens
 
     def _metadata(self, tokens: int) -> AttentionMetadata:
         # The host tuples only give the kernel launcher its grid bounds (tokens, sequences);
@@ -279,71 +279,48 @@ class FlatStepGraphs:
                                                      pool=pool).items():  # fmt: skip
             self._lm_head[rows] = _Bucket(graph, logits)
 
-    def _stage(
-        self,
-        chunks: Sequence[ScheduledChunk],
-        pending_rows: Sequence[int],
-        tokens: int,
-        lora_slots: Sequence[int] | None,
-    ) -> tuple[int, int]:
-        """Fills this turn's host arrays; returns (sampled rows, widest block table)."""
-        host_tokens, host_seqs, host_tables = (t.numpy() for t in self._host[self._turn])
-        size = self._block_size
-        start = sampled = 0
-        widest = 1
-        adapter_slots = lora_slots if lora_slots is not None else [-1] * len(chunks)
-        rows_of = zip(chunks, pending_rows, adapter_slots, strict=True)
-        for index, (chunk, source, lora_slot) in enumerate(rows_of):
-            count, first, table = chunk.num_tokens, chunk.start_position, chunk.block_table
-            end = start + count
-            if count == 1:  # a decode row (most rows): plain Python is faster than numpy here
-                slot = table[first // size] * size + first % size
-                token = 0 if source >= 0 else chunk.token_ids[0]
-                host_tokens[start] = (token, first, slot, source, lora_slot)
-            else:
-                blocks = np.asarray(table, dtype=np.int64)
-                positions = np.arange(first, first + count)
-                rows = host_tokens[start:end]
-                rows[:, 0] = chunk.token_ids  # a chunk of several tokens has none pending
-                rows[:, 1] = positions
-                rows[:, 2] = blocks[positions // size] * size + positions % size
-                rows[:, 3] = -1
-                rows[:, 4] = lora_slot
-            host_seqs[index, :2] = (start, first + count)
-            if chunk.sample:
-                host_seqs[sampled, 2] = end - 1
-                sampled += 1
-            host_tables[index, : len(table)] = table
-            widest = max(widest, len(table))
-            start = end
-        host_tokens[start:tokens] = (0, 0, self._scratch_slot, -1, -1)
-        host_seqs[len(chunks) :, 0] = start  # padding sequences: zero query tokens
+    def _stage(self, layout: StepLayout, tokens: int) -> int:
+        """Fills this turn's host arrays from the layout; returns its sampled entries."""
+        host_tokens, host_seqs = (t.numpy() for t in self._host[self._turn])
+        total, entries = layout.num_tokens, layout.num_entries
+        count = layout.num_decodes
+        host_tokens[:total, 0] = layout.token_ids
+        host_tokens[:total, 1] = layout.positions
+        host_tokens[:total, 2] = layout.slots
+        # A decode row's input token is its row's last token, on the device.
+        host_tokens[:count, 3] = layout.rows[:count]
+        host_tokens[count:total, 3] = -1
+        host_tokens[:total, 4] = -1 if layout.lora_slots is None else layout.lora_slots
+        host_tokens[total:tokens] = (0, 0, self._scratch_slot, -1, -1)
+        host_seqs[: entries + 1, 0] = layout.query_start
+        host_seqs[entries + 1 :, 0] = total  # padding sequences: zero query tokens
+        host_seqs[:entries, 1] = layout.context_lens
+        sampled = layout.num_sampled
+        host_seqs[:sampled, 2] = layout.sample_index
         host_seqs[sampled:, 2] = 0
-        return sampled, widest
+        host_seqs[:entries, 3] = layout.rows
+        host_seqs[entries:, 3] = 0
+        return sampled
 
-    def run(
-        self,
-        chunks: Sequence[ScheduledChunk],
-        pending_rows: Sequence[int],
-        pending_source: torch.Tensor | None,
-        lora_slots: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """float32 logits [sampled chunks, vocab] of one step, in chunk order; lora_slots[i]:
-        chunk i's adapter slot (-1 or None: the base model)."""
+    def run(self, layout: StepLayout, batch: InputBatch) -> torch.Tensor:
+        """float32 logits [sampled entries, vocab] of one step, in sample order (decode rows,
+        then the chunks that sample)."""
+        lora_slots = layout.lora_slots
         if lora_slots is not None and self._lora is None:
             raise ValueError("LoRA rows in a step, but the step graphs have no LoRA slots")
-        total = sum(chunk.num_tokens for chunk in chunks)
-        tokens = self.buckets[bisect.bisect_left(self.buckets, total)]
+        tokens = self.buckets[bisect.bisect_left(self.buckets, layout.num_tokens)]
         self._turn ^= 1
-        sampled, widest = self._stage(chunks, pending_rows, tokens, lora_slots)
-        host_tokens, host_seqs, host_tables = self._host[self._turn]
+        sampled = self._stage(layout, tokens)
+        host_tokens, host_seqs = self._host[self._turn]
         staged = self._staged_tokens[:tokens]
         staged.copy_(host_tokens[:tokens], non_blocking=True)
         self._staged_seqs.copy_(host_seqs, non_blocking=True)
-        count = len(chunks)
-        self._block_tables[:count, :widest].copy_(host_tables[:count, :widest], non_blocking=True)
-        self._input_ids[:tokens] = input_tokens(staged[:, 0], staged[:, 3], pending_rows,
-                                                pending_source)  # fmt: skip
+        entries, widest = layout.num_entries, layout.widest
+        rows = self._staged_seqs[:entries, 3]
+        self._block_tables[:entries, :widest] = batch.tables_dev[:, :widest].index_select(0, rows)
+        source = staged[:, 3]
+        taken = batch.last_token.index_select(0, source.clamp_min(0))
+        self._input_ids[:tokens] = torch.where(source >= 0, taken, staged[:, 0])
         self._positions[:tokens] = staged[:, 1]
         self._slots[:tokens] = staged[:, 2]
         if self._lora is not None:  # a base-only engine's graphs read no slot buffer
@@ -363,8 +340,8 @@ class FlatStepGraphs:
             bucket.graph.replay()
         if sampled == 0:  # chunks that do not end their prompts: no logits to compute
             return self._logits_out[:0]
-        rows = self.row_buckets[bisect.bisect_left(self.row_buckets, sampled)]
-        head = self._lm_head.get(rows)
+        rows_bucket = self.row_buckets[bisect.bisect_left(self.row_buckets, sampled)]
+        head = self._lm_head.get(rows_bucket)
         if head is None or head.graph is None:
             return self._logits(sampled)
         head.graph.replay()

@@ -7,9 +7,13 @@ over static input buffers; a step copies its inputs into those buffers and repla
 A batch is padded up to its bucket with rows that attend to, and write into, a scratch block
 that no sequence owns.
 
-With async scheduling the host writes step N+1's inputs while step N may still be copying its
-own: the pinned staging buffers alternate between two sets, and a set is reused only two steps
-later, after the engine has waited for the step that used it.
+A step's rows come from the running batch the model runner keeps (input_batch.py): the host
+stages one small array per step (row, position, KV slot, context length, LoRA slot of each row),
+and the rows' input tokens (each row's last sampled token) and block tables are gathered on the
+device from the batch's, so a step of 1,024 rows costs the host a few numpy copies. With async
+scheduling the host writes step N+1's inputs while step N may still be copying its own: the
+pinned staging buffers alternate between two sets, and a set is reused only two steps later,
+after the engine has waited for the step that used it.
 
 Every bucket's graph writes its float32 logits into one static buffer (`logits_out`, shared with
 the flat step graphs): were each graph to keep its own output, the outputs alone would hold
@@ -30,17 +34,18 @@ subset of the LoRA graph's), so the second set costs its instantiated graphs, no
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.core.graph_capture import PendingGraph, lazy_order
-from site_engine.engine.core.types import ScheduledChunk
+from site_engine.engine.input_batch import InputBatch, StepLayout
 from site_engine.engine.kv_cache import PagedKVCache
 from site_engine.engine.lora.slots import LoraSlots
 from site_engine.engine.models import FlatCausalLM
@@ -107,21 +112,6 @@ def _capture_stream() -> torch.cuda.Stream:
     return _CAPTURE_STREAMS[device]
 
 
-def input_tokens(
-    known: torch.Tensor,
-    source_rows: torch.Tensor,
-    pending_rows: Sequence[int],
-    pending_source: torch.Tensor | None,
-) -> torch.Tensor:
-    """A step's input token ids on the device: `known` (staged from the host), except rows whose
-    `source_rows` entry is >= 0, whose token is still on the device in `pending_source` (the
-    previous step's samples, async scheduling). `pending_rows` is the host copy of the sources."""
-    if pending_source is None or all(row < 0 for row in pending_rows):
-        return known
-    taken = pending_source.index_select(0, source_rows.clamp_min(0))
-    return torch.where(source_rows >= 0, taken, known)
-
-
 def bucket_sizes(max_batch: int, only_largest: bool = False) -> tuple[int, ...]:
     """The batch sizes captured; `only_largest`: the largest alone (what a memory trial needs:
     the smaller graphs share its memory pool)."""
@@ -131,10 +121,10 @@ def bucket_sizes(max_batch: int, only_largest: bool = False) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
-def base_only(lora_slots: Sequence[int] | None) -> bool:
-    """Whether a step's rows use no adapter (lora_slots[i] < 0 for every row, or no slots at
-    all): such a step replays the graph of the base model alone."""
-    return lora_slots is None or all(slot < 0 for slot in lora_slots)
+def base_only(lora_slots: npt.NDArray[np.int64] | None) -> bool:
+    """Whether a step's rows use no adapter (no slots, or every one -1): such a step replays
+    the graph of the base model alone."""
+    return lora_slots is None or not bool((lora_slots >= 0).any())
 
 
 def release_graphs(graphs: Sequence[torch.cuda.CUDAGraph]) -> None:
@@ -162,10 +152,12 @@ class DecodeGraphs:
         logits_out: torch.Tensor | None = None,
         only_largest: bool = False,
         lora: LoraSlots | None = None,
+        capture: bool = True,
     ) -> None:
         """logits_out: [>= max_batch, vocab] float32 that every graph writes its logits into
         (allocated here when not given). lora: the adapter slots rows may use (run's
-        `token_slots`)."""
+        `token_slots`). Without `capture` (CPU tests, under Triton's interpreter) every step
+        runs the same static-buffer forward eagerly."""
         self._model, self._attention, self._kv_cache = model, attention, kv_cache
         self._lora = lora
         self.buckets = bucket_sizes(max_batch, only_largest)
@@ -181,17 +173,16 @@ class DecodeGraphs:
         self._block_tables = torch.full(
             (max_batch, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=device
         )
-        # Pinned host staging (token, position, slot, context length, pending-token row, LoRA
-        # slot): a single copy per step; two sets, alternated (see the module docstring).
+        # Pinned host staging (row, position, slot, context length, LoRA slot): a single copy
+        # per step; two sets, alternated (see the module docstring). The rows' tables and last
+        # tokens are gathered on the device from the running batch's (input_batch.py).
+        self._capture = capture
+        pin = device.type == "cuda"
         self._host = [
-            torch.zeros((max_batch, 6), dtype=torch.long, pin_memory=True) for _ in range(2)
-        ]
-        self._host_tables = [
-            torch.zeros((max_batch, max_blocks_per_seq), dtype=torch.int32, pin_memory=True)
-            for _ in range(2)
+            torch.zeros((max_batch, 5), dtype=torch.long, pin_memory=pin) for _ in range(2)
         ]
         self._turn = 0
-        self._staged = torch.zeros((max_batch, 6), dtype=torch.long, device=device)
+        self._staged = torch.zeros((max_batch, 5), dtype=torch.long, device=device)
         if logits_out is None:
             vocab = int(model.vocab_size)
             logits_out = torch.empty((max_batch, vocab), dtype=torch.float32, device=device)
@@ -234,6 +225,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        if not self._capture:
+            return
         self._reset_padding(0)
         metadata = {batch: self._metadata(batch) for batch in self.buckets}
         captured = capture_buckets(self.buckets, lambda b: self._forward(b, metadata[b]))
@@ -250,6 +243,8 @@ class DecodeGraphs:
     def pending(self) -> list[PendingGraph]:
         """What `capture` would capture, one graph per callable (lazy graphs: captured between
         steps), in `lazy_order`; a LoRA engine's base-only graph of a size after its LoRA one."""
+        if not self._capture:
+            return []
         pending: list[PendingGraph] = []
         for batch in lazy_order(self.buckets):
             pending.append(PendingGraph(f"decode {batch}", partial(self._capture_lazy, batch)))
@@ -275,6 +270,8 @@ class DecodeGraphs:
         """Whether a decode step of `count` rows has its graph (lazy graphs: not yet, maybe)."""
         if count > self.max_batch:
             return False
+        if not self._capture:
+            return True
         return self.buckets[bisect.bisect_left(self.buckets, count)] in self._captured
 
     @property
@@ -296,60 +293,46 @@ class DecodeGraphs:
         self._lora_slots[start:].fill_(-1)
         self._block_tables[start:, 0].fill_(self._scratch_block)
 
-    def run(
-        self,
-        chunks: Sequence[ScheduledChunk],
-        pending_rows: Sequence[int],
-        pending_source: torch.Tensor | None,
-        lora_slots: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """float32 logits [len(chunks), vocab] for decode chunks (one new token each).
-
-        pending_rows[i] >= 0: chunk i's input token is pending_source[pending_rows[i]], the
-        token its sequence sampled in the previous step, still on the device. lora_slots[i]:
-        chunk i's adapter slot (-1 or None: the base model).
-        """
+    def run(self, layout: StepLayout, batch: InputBatch) -> torch.Tensor:
+        """float32 logits [decode rows, vocab] of the layout's decode rows (its first
+        `num_decodes` entries, one token each), whose input tokens are their rows' last tokens
+        on the device (`batch.last_token`) and whose tables are `batch`'s."""
+        lora_slots = layout.lora_slots
         if lora_slots is not None and self._lora is None:
             raise ValueError("LoRA rows in a step, but the decode graphs have no LoRA slots")
-        count = len(chunks)
-        batch = self.buckets[bisect.bisect_left(self.buckets, count)]
+        count = layout.num_decodes
+        batch_size = self.buckets[bisect.bisect_left(self.buckets, count)]
         self._turn ^= 1
-        host_t, tables_t = self._host[self._turn], self._host_tables[self._turn]
-        host, tables = host_t.numpy(), tables_t.numpy()
-        widest = 1
-        block_size = self._block_size
-        slots = lora_slots if lora_slots is not None else itertools.repeat(-1)
-        rows = zip(chunks, pending_rows, slots, strict=False)  # slots may be endless
-        for row, (chunk, source_row, lora_slot) in enumerate(rows):
-            position = chunk.start_position
-            table = chunk.block_table
-            host[row] = (
-                chunk.token_ids[0] if source_row < 0 else 0,
-                position,
-                table[position // block_size] * block_size + position % block_size,
-                position + 1,
-                source_row,
-                lora_slot,
-            )
-            width = len(table)
-            tables[row, :width] = table
-            widest = max(widest, width)
-        self._staged[:count].copy_(host_t[:count], non_blocking=True)
-        self._block_tables[:count, :widest].copy_(tables_t[:count, :widest], non_blocking=True)
+        host_t = self._host[self._turn]
+        host = host_t.numpy()
+        # One pinned copy per step: row, position, slot, context length, LoRA slot per row.
+        host[:count, 0] = layout.rows[:count]
+        host[:count, 1] = layout.positions[:count]
+        host[:count, 2] = layout.slots[:count]
+        host[:count, 3] = layout.context_lens[:count]
+        host[:count, 4] = -1 if lora_slots is None else lora_slots[:count]
         staged = self._staged[:count]
-        self._input_ids[:count] = input_tokens(staged[:, 0], staged[:, 4], pending_rows,
-                                               pending_source)  # fmt: skip
+        staged.copy_(host_t[:count], non_blocking=True)
+        rows = staged[:, 0]
+        torch.index_select(batch.last_token, 0, rows, out=self._input_ids[:count])
         self._positions[:count] = staged[:, 1]
         self._slots[:count] = staged[:, 2]
         self._context_lens[:count] = staged[:, 3].to(torch.int32)
+        widest = layout.widest
+        self._block_tables[:count, :widest] = batch.tables_dev[:, :widest].index_select(0, rows)
         if self._lora is not None:  # a base-only engine's graphs read no slot buffer
-            self._lora_slots[:count] = staged[:, 5]
-        if count < batch:
+            self._lora_slots[:count] = staged[:, 4]
+        if count < batch_size:
             self._reset_padding(count)
+        if not self._capture:  # the same computation, eagerly
+            logits = self._forward(
+                batch_size, self._metadata(batch_size), not base_only(lora_slots)
+            )
+            return logits[:count]
         # Lazy graphs: a size's base-only graph may not exist yet where its LoRA one does; the
         # LoRA graph computes the same for rows of slot -1.
-        captured = self._base_captured.get(batch) if base_only(lora_slots) else None
+        captured = self._base_captured.get(batch_size) if base_only(lora_slots) else None
         if captured is None:
-            captured = self._captured[batch]
+            captured = self._captured[batch_size]
         captured.graph.replay()
         return captured.logits[:count]
