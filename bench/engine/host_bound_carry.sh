@@ -18,7 +18,7 @@
 source "$(dirname "$0")/carry_lib.sh"
 carry_start .hostboundcarry
 carry_wheels xxhash protobuf msgspec
-tar czf "$CARRY/datasets.tgz" -C "$SHARED/.." \
+tar czf "$CARRY/datasets.tgz" -C "$SHARED" \
     datasets/alpaca.jsonl datasets/gsm8k_train.jsonl datasets/dolly_3k.json datasets/lima.json
 git archive --format=tar.gz cac8a4f site_engine/engine > "$CARRY/baseline_engine.tgz"
 carry_done
