@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fedllm_contract import spf
 from fedllm_contract.priority import Priority
 from site_engine.engine.core.host_offload import OffloadLimits
 from site_engine.engine.core.scheduling_policy import (
@@ -53,7 +54,7 @@ class SchedulerConfig:
     policy: PolicyName = "fcfs"
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     watermark: float = 0.01
-    spf_aging: float = 1.0
+    spf_aging: float = spf.DEFAULT_AGING
     spf_max_overtakes: int | None = DEFAULT_SPF_MAX_OVERTAKES
     prefix_caching: bool = False
     model_name: str = ""

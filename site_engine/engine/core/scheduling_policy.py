@@ -9,19 +9,10 @@ they hold generated tokens a client is streaming, and re-running them late would
 already spent on them.
 
 "spf" (shortest predicted first) ranks a sequence by its expected output length plus an aging
-term, `spf_aging * arrival_index`. Aging is counted in arrivals rather than in time because a
-long request can only starve while new, shorter ones keep arriving: a sequence with expected
-length L ranks ahead of every later arrival (expected length >= 1) once more than
-(L - 1) / spf_aging requests have arrived after it. spf_aging = 0 is pure SPF (may starve).
-
-`spf_max_overtakes` (K) makes that a hard bound whatever the prediction: the length a sequence
-ranks by is capped at `spf_length_cap` = 0.75 + spf_aging * (K + 1) tokens, so that only the K
-arrivals right after a sequence can ever rank ahead of it (a later one, of expected length >= 1,
-ranks at >= 1 + spf_aging * (i + K + 1) > cap + spf_aging * i): at most K requests that arrived
-after a sequence are admitted before it, however long its prediction (the 0.25 below the
-boundary keeps float rounding from deciding it). Longer predictions than the cap rank among
-themselves first come, first served. The bound is made of the aging: with spf_aging = 0 there is
-no arrival term to bound by, and pure SPF keeps no bound. None: the aging alone.
+term, `spf_aging * arrival_index`, the length capped by `spf_max_overtakes` so that at most that
+many later arrivals of its class are admitted ahead of it however long its prediction: the rule
+of fedllm_contract/spf.py, which the gateway's queue shares. spf_aging = 0 is pure SPF (may
+starve: the bound is made of the aging).
 
 Static keys keep the queue incremental: a sequence's rank never changes while it waits.
 "static" admits in arrival order; it differs from "fcfs" in when it admits, not in whom.
@@ -36,27 +27,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal, get_args
 
+from fedllm_contract import spf
 from site_engine.engine.core.sequence import Sequence
 
 PolicyName = Literal["fcfs", "spf", "static"]
 POLICY_NAMES: frozenset[str] = frozenset(get_args(PolicyName))
-# The hard bound on later arrivals admitted ahead of a waiting sequence under SPF (the module
-# docstring); SchedulerConfig.spf_max_overtakes' default.
-DEFAULT_SPF_MAX_OVERTAKES = 256
+# SchedulerConfig.spf_max_overtakes' default (fedllm_contract/spf.py).
+DEFAULT_SPF_MAX_OVERTAKES = spf.DEFAULT_MAX_OVERTAKES
 
 
 def spf_length_cap(spf_aging: float, max_overtakes: int | None) -> float:
     """The longest expected length a sequence ranks by (inf: no cap)."""
-    if max_overtakes is None or spf_aging <= 0:
-        return float("inf")
-    if max_overtakes < 0:
-        raise ValueError(f"spf_max_overtakes must be >= 0 or None, got {max_overtakes}")
-    return 0.75 + spf_aging * (max_overtakes + 1)
+    return spf.length_cap(spf_aging, max_overtakes)
 
 
 def spf_rank(seq: Sequence, spf_aging: float, length_cap: float) -> float:
     """A sequence's SPF rank (lower is admitted first), fixed while it waits."""
-    return min(seq.expected_output_tokens, length_cap) + spf_aging * seq.arrival_index
+    return spf.rank(seq.expected_output_tokens, seq.arrival_index, spf_aging, length_cap)
 
 
 def admission_order(
