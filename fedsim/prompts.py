@@ -19,12 +19,15 @@ import random
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedsim.traces import Lengths, TraceError
 from predictor.datasets import load_corpus
 from predictor.prepare import split_of
-from predictor.runtime import LengthPredictor
 from predictor.served_labels import join_records, read_labels, read_manifest
+
+if TYPE_CHECKING:
+    from predictor.runtime import LengthPredictor
 
 _REPO = Path(__file__).resolve().parent.parent
 SERVED_LABELS = _REPO / "predictor" / "labels" / "smollm2-135m-instruct"
@@ -59,8 +62,11 @@ class ArtifactPredictor:
                 f"no predictor artifact at {artifact}: build the served one with "
                 "`python -m predictor.served_build`, or pass another artifact's directory"
             )
+        # onnxruntime only for the runs that predict with it (the stand-in needs none).
+        from predictor.runtime import LengthPredictor
+
         self.artifact = artifact
-        self._model = LengthPredictor.load(artifact, threads=1)
+        self._model: LengthPredictor = LengthPredictor.load(artifact, threads=1)
         self._known: dict[str, tuple[int, int]] = {}
 
     @property

@@ -1,5 +1,10 @@
 """The queue-order study's summary and files (fedsim/queue_study.py): NAME.json and NAME.md.
 
+    python -m fedsim.queue_report PART.json [PART.json ...] --name NAME [--out DIR]
+
+merges studies of the same setup run separately (one seed each, say: each within a few
+minutes of CPU) into one report, as if one study had run them all.
+
 Per arm, load and seed the run's figures; each arm against the baseline (the first arm) seed by
 seed, the same requests in both: the ratio of mean latency (arrival to last token), of TTFT p50
 and p99 (the mean over seeds of the arms' figures, divided, and each seed's ratio for the
@@ -10,9 +15,11 @@ against the SPF bound.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +72,11 @@ def summary(payload: dict[str, Any]) -> dict[str, Any]:
             continue
         found = {name: ratios(runs, arm, base, key) for name, key in METRICS.items()}
         out["vs_baseline"][arm] = found
+        unpredicted = f"{arm}@none"
+        if "@" not in arm and unpredicted in runs:  # what the predictor buys this order
+            out.setdefault("served_vs_none", {})[arm] = {
+                name: ratios(runs, arm, unpredicted, key) for name, key in METRICS.items()
+            }
         for name, by_load in found.items():
             key = f"{name}_vs_{_label(base)}"
             if key not in out:  # the first arm's ratios are the headline ({load: ratio})
@@ -147,6 +159,19 @@ def markdown(payload: dict[str, Any]) -> str:
                 for x in payload["loads"]
             ]
             lines.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
+    for arm, metrics in found.get("served_vs_none", {}).items():
+        lines += ["", f"`{arm}` with the predictor against `{arm}@none`:", ""]
+        for name, by_load in metrics.items():
+            cells = [
+                f"{by_load[str(x)]['ratio']:.3f} ({by_load[str(x)]['min']:.3f}-"
+                f"{by_load[str(x)]['max']:.3f})"
+                if str(x) in by_load
+                else "-"
+                for x in payload["loads"]
+            ]
+            lines.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
+    if payload.get("findings"):
+        lines += ["", payload["findings"]]
     if payload.get("goals"):
         lines += ["", "Goals: " + ", ".join(f"{k}: {v}" for k, v in payload["goals"].items())]
     return "\n".join(lines) + "\n"
@@ -159,3 +184,47 @@ def render(payload: dict[str, Any], out: Path, name: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out / f"{name}.md").write_text(markdown(payload))
+
+
+SETUP_KEYS = ("case", "source", "trace_file", "arms", "baseline", "loads", "duration_s", "spf",
+              "gateway_queue_requests", "predictors")  # fmt: skip
+
+
+def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Studies of one setup (SETUP_KEYS) over different seeds, as one."""
+    first = parts[0]
+    for part in parts[1:]:
+        for key in SETUP_KEYS:
+            if part.get(key) != first.get(key):
+                raise ValueError(f"studies differ in {key}: {part.get(key)} vs {first.get(key)}")
+    merged: dict[str, Any] = {key: first.get(key) for key in (*SETUP_KEYS, "saturate")}
+    merged["commands"] = [p["command"] for p in parts]
+    merged["command"] = " ; ".join(merged["commands"])
+    merged["seeds"] = [s for p in parts for s in p["seeds"]]
+    merged["wall_s"] = sum(p.get("wall_s", 0) for p in parts)
+    merged["capacity"] = {k: v for p in parts for k, v in p["capacity"].items()}
+    runs: dict[str, Any] = {}
+    for part in parts:
+        for arm, loads in part["runs"].items():
+            for load, seeds in loads.items():
+                runs.setdefault(arm, {}).setdefault(load, {}).update(seeds)
+    merged["runs"] = runs
+    return merged
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fedsim.queue_report")
+    parser.add_argument("parts", type=Path, nargs="+")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/sim"))
+    parser.add_argument("--findings", type=Path, default=None, help="a Markdown paragraph")
+    args = parser.parse_args(argv)
+    merged = merge([json.loads(p.read_text()) for p in args.parts])
+    if args.findings is not None:
+        merged["findings"] = args.findings.read_text().strip()
+    render(merged, args.out, args.name)
+    print((args.out / f"{args.name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

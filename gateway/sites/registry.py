@@ -37,31 +37,37 @@ class Arrivals:
 class PeerMedians:
     """What a site that never measured its own step time (prefill rate) reads its same-model
     peers' median from (SiteState.step, prefill_tokens_per_s): each median kept with the
-    `generation` of the peers' observations it was taken over, taken again only when one of
+    generation of the peers' observations it was taken over, taken again only when one of
     them learned from a report, not at every routing decision (which read it for every such
     site: O(sites^2) a decision). One object per model, shared by the model's sites
     (SiteRegistry links them)."""
 
-    generation: int = 0
+    step_generation: int = 0
+    prefill_generation: int = 0
     _step: StepTime | None = None
     _step_at: int = -1
     _prefill: float | None = None
     _prefill_at: int = -1
 
+    def changed(self) -> None:
+        """The peers changed (one joined or left): both medians are taken again."""
+        self.step_generation += 1
+        self.prefill_generation += 1
+
     def step(self, site: SiteState) -> StepTime | None:
         """The median of `site`'s and its peers' fitted step times (None: none fitted)."""
-        if self._step_at != self.generation:
+        if self._step_at != self.step_generation:
             self._step = median_step(s.step_time.fit() for s in (site, *site.peers))
-            self._step_at = self.generation
+            self._step_at = self.step_generation
         return self._step
 
     def prefill_tokens_per_s(self, site: SiteState) -> float | None:
         """The median of `site`'s and its peers' measured prefill rates (None: none measured)."""
-        if self._prefill_at != self.generation:
+        if self._prefill_at != self.prefill_generation:
             sites = (site, *site.peers)
             rates = [rate for s in sites if (rate := s.prefill_rate.value) is not None]
             self._prefill = median_low(rates) if rates else None
-            self._prefill_at = self.generation
+            self._prefill_at = self.prefill_generation
         return self._prefill
 
 
@@ -141,11 +147,13 @@ class SiteState:
 
     def apply_report(self, report: LoadView) -> None:
         self.report, self.report_at = report, self.clock()
-        seen = self.step_time.observations + self.prefill_rate.observations
+        steps, prefills = self.step_time.observations, self.prefill_rate.observations
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
         self.prefill_rate.observe(report.prefill_tokens_per_s)
-        if self.step_time.observations + self.prefill_rate.observations != seen:
-            self.peer_medians.generation += 1
+        if self.step_time.observations != steps:
+            self.peer_medians.step_generation += 1
+        if self.prefill_rate.observations != prefills:
+            self.peer_medians.prefill_generation += 1
         self.adapter_residency.apply(
             report.adapters_on_device, report.adapters_in_host, report.adapter_load_s
         )
@@ -159,16 +167,18 @@ class SiteState:
     def latency(self) -> SiteLatency:
         """Its latency signals, built again only when what they are made of changed (routing
         reads them for every site, several times a decision)."""
-        report, rtt = self.report, self.rtt.value
-        inputs = (report, self.in_flight, self.step_time.observations,
-                  self.peer_medians.generation, rtt, self.info)  # fmt: skip
+        report, rtt, own = self.report, self.rtt.value, self.step_time.fit()
+        # The peers' median counts only for a site that has not measured its own.
+        medians = self.peer_medians
+        peers = -1 if own is not None else medians.step_generation
+        inputs = (report, self.in_flight, self.step_time.observations, peers, rtt, self.info)
         cached = self._latency
         if cached is not None and cached[0] == inputs:
             return cached[1]
         reported = report.running_requests + report.queued_requests if report else 0
         latency = SiteLatency(
             rtt_s=rtt,
-            step=self.step,
+            step=own or medians.step(self),
             batch_slots=self.info.max_num_seqs if self.info is not None else None,
             requests=max(reported, self.in_flight),
             remaining_answer_tokens=report.predicted_remaining_tokens if report else 0,
@@ -254,7 +264,7 @@ class SiteRegistry:
 
     def _link_peers(self) -> None:
         for medians in self._peer_medians.values():
-            medians.generation += 1  # other peers: other medians
+            medians.changed()
         for site in self._sites.values():
             site.arrivals = self._arrivals.setdefault(site.config.model, Arrivals())
             site.peer_medians = self._peer_medians.setdefault(site.config.model, PeerMedians())
