@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--findings", type=Path, default=None, help="a Markdown paragraph")
     args = parser.parse_args(argv)
     merged = merge([json.loads(p.read_text()) for p in args.parts])
+    this = " ".join(sys.argv[1:] if argv is None else argv)
+    merged["command"] += f" ; merged by: python -m fedsim.queue_report {this}"
     if args.findings is not None:
         merged["findings"] = args.findings.read_text().strip()
     render(merged, args.out, args.name, figure=True)

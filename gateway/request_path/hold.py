@@ -115,14 +115,14 @@ class GatewayQueue:
         no longer awaited (its client gone); False while no site takes it."""
         if waiting.found.done():
             return True
-        decision = self._router.decide(waiting.prepared, waiting.routing)
-        site = decision.site
-        if site is None:
-            return False
-        self._router.count(decision)
         try:
+            decision = self._router.decide(waiting.prepared, waiting.routing)
+            site = decision.site
+            if site is None:
+                return False
+            self._router.count(decision)
             dispatch = waiting.open_dispatch(site)
-        except Exception as exc:  # the caller's request fails with it, not the pass
+        except Exception as exc:  # the caller's request fails with it (a 400, say), not the pass
             waiting.found.set_exception(exc)
             return True
         waiting.found.set_result((dispatch, decision))
