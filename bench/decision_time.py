@@ -1,4 +1,4 @@
-"""How long one routing decision takes at 9 sites, the predictor excluded.
+"""How long one routing decision takes at 9 sites and more, the predictor excluded.
 
 The policies are the gateway's own (`build_policy`), deciding over the gateway's own site
 objects (`SiteState` with a site configuration, an info answer and a load report, exactly what
@@ -13,7 +13,16 @@ half continue a hot prompt (a long match on the sites that hold it), half are ne
 decision computes the request's block ids (144 of them) itself, as the first policy reading
 prefixes does on the request path.
 
+The sites are linked as the gateway's registry links them (same-model peers), so a site that
+has not measured its own prefill rate reads its peers' median, as in the gateway.
+
     python -m bench.decision_time [--sites 9] [--decisions 20000]   # a table on stdout
+    python -m bench.decision_time --sites 9 64 256 --rounds 3 --out bench/results/routing
+        # decision_time.{json,md}: `decision_us` {sites: CPU p50 us of the default policy}
+
+How the cost grows with the sites is what the rounds measure: each round times every site
+count once, in turn, so a busy spell of this shared machine falls on all of them; the figure is
+the median over rounds of each round's CPU p50 (min-max beside it).
 """
 
 from __future__ import annotations
@@ -21,26 +30,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from bench.common import markdown_table
+from bench.common import command_line, markdown_table, write_results
 from fedllm_contract.block_hash import prompt_block_hashes
 from fedllm_contract.cache_events import CHAIN_START, BlocksStored, CacheEventBatch
 from gateway.federation import SiteConfig
 from gateway.routing.policy import POLICY_NAMES, build_policy
 from gateway.routing.prefix.site_prefix import SitePrefix
 from gateway.routing.types import RoutingRequest
+from gateway.settings import RoutingSettings
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import LoadView, SiteInfoView
 from gateway.sites.lease import SiteLease
-from gateway.sites.registry import SiteState
+from gateway.sites.registry import SiteRegistry, SiteState
 
 MODEL = "tiny"
 BLOCK = 16
 HOT_PROMPTS = 32
+HOT_HOLDERS = 3
 PROMPT = 2048
 SUFFIX = 256
 INDEX_BLOCKS = 1_000_000
@@ -125,13 +139,12 @@ def _hot_prompts(rng: random.Random) -> list[tuple[int, ...]]:
     return [_tokens(rng, PROMPT) for _ in range(HOT_PROMPTS)]
 
 
-def _prefix(rng: random.Random, hot: list[tuple[int, ...]], blocks: int) -> SitePrefix:
-    """A site's index after a snapshot: a third of the hot prompts' blocks, and other chains of
-    128 blocks up to `blocks` ids."""
+def _prefix(held_hot: list[tuple[int, ...]], rng: random.Random, blocks: int) -> SitePrefix:
+    """A site's index after a snapshot: the blocks of the hot prompts it holds, and other chains
+    of 128 blocks up to `blocks` ids."""
     prefix = SitePrefix(max_blocks=blocks + 1)
     events = [
-        BlocksStored(tuple(prompt_block_hashes(p, BLOCK, MODEL)), CHAIN_START)
-        for p in rng.sample(hot, HOT_PROMPTS // 3)
+        BlocksStored(tuple(prompt_block_hashes(p, BLOCK, MODEL)), CHAIN_START) for p in held_hot
     ]
     held = sum(len(e.block_ids) for e in events)
     while held < blocks:
@@ -142,8 +155,27 @@ def _prefix(rng: random.Random, hot: list[tuple[int, ...]], blocks: int) -> Site
     return prefix
 
 
+def _hot_holders(sites: int, rng: random.Random) -> list[list[int]]:
+    """Which hot prompts each site holds: every hot prompt on HOT_HOLDERS sites (on all of
+    them when there are fewer), as prefix-aware routing keeps a prompt's requests on a few
+    sites whatever the federation's size (9 sites: about a third of the hot prompts each)."""
+    held: list[list[int]] = [[] for _ in range(sites)]
+    for prompt in range(HOT_PROMPTS):
+        for site in rng.sample(range(sites), min(HOT_HOLDERS, sites)):
+            held[site].append(prompt)
+    return held
+
+
 def _states(sites: int, rng: random.Random, index_blocks: int) -> list[SiteState]:
+    """The sites' states, linked as same-model peers by a registry (as the gateway's are)."""
+    states = _unlinked_states(sites, rng, index_blocks)
+    SiteRegistry(states)
+    return states
+
+
+def _unlinked_states(sites: int, rng: random.Random, index_blocks: int) -> list[SiteState]:
     hot = _hot_prompts(random.Random(1))
+    holders = _hot_holders(sites, rng)
     states = []
     for i in range(sites):
         name = f"site-{i + 1}"
@@ -152,7 +184,7 @@ def _states(sites: int, rng: random.Random, index_blocks: int) -> list[SiteState
             config,
             i + 1,
             GrpcSiteClient(name, config.endpoint, 1.0),
-            prefix=_prefix(rng, hot, index_blocks // sites),
+            prefix=_prefix([hot[p] for p in holders[i]], rng, index_blocks // sites),
         )
         state.mark_healthy(_info(name))
         state.apply_report(_report(rng, 0))
@@ -258,18 +290,98 @@ def time_decisions(
     return asyncio.run(all_policies())
 
 
+def growth(
+    site_counts: Sequence[int],
+    policies: Sequence[str],
+    decisions: int,
+    rounds: int,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every policy at every site count, `rounds` times in turn: per policy and site count the
+    CPU p50 of each round (microseconds), their median, and that median over the first count's."""
+    per_round: dict[str, dict[int, list[float]]] = {
+        p: {n: [] for n in site_counts} for p in policies
+    }
+    for _ in range(rounds):
+        for sites in site_counts:
+            for run in time_decisions(sites, decisions, seed, policies=policies):
+                per_round[run.policy][sites].append(run.cpu_p50_ms * 1000.0)
+    out: dict[str, Any] = {}
+    for policy, by_sites in per_round.items():
+        medians = {n: statistics.median(values) for n, values in by_sites.items()}
+        first = medians[site_counts[0]]
+        out[policy] = {
+            "cpu_p50_us": {str(n): round(m, 1) for n, m in medians.items()},
+            "cpu_p50_us_rounds": {str(n): [round(v, 1) for v in vs] for n, vs in by_sites.items()},
+            f"vs_{site_counts[0]}_sites": {str(n): round(m / first, 3) for n, m in medians.items()},
+        }
+    return out
+
+
+def _growth_markdown(payload: dict[str, Any], default: str) -> str:
+    counts = list(payload["decision_us"])
+    lines = [
+        f"`decision_us` ({default}, the default policy): "
+        + ", ".join(f"{n} sites {payload['decision_us'][n]:.0f} us" for n in counts)
+        + f"; 64 over 9 sites: {payload['ratio_64_vs_9']}.",
+        "",
+        "| policy | " + " | ".join(f"{n} sites: CPU p50 us (min-max)" for n in counts) + " |",
+        "|---|" + "---|" * len(counts),
+    ]
+    for policy, row in payload["policies"].items():
+        cells = []
+        for n in counts:
+            values = row["cpu_p50_us_rounds"][n]
+            cells.append(f"{row['cpu_p50_us'][n]:.0f} ({min(values):.0f}-{max(values):.0f})")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.decision_time")
-    parser.add_argument("--sites", type=int, default=9)
+    parser.add_argument("--sites", type=int, nargs="+", default=[9])
     parser.add_argument("--decisions", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policies", nargs="+", default=None, help="default: every policy")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="write decision_time.{json,md}")
     args = parser.parse_args(argv)
-    rows = [
-        (t.policy, t.p50_ms, t.p99_ms, t.max_ms, t.cpu_p50_ms, t.cpu_p99_ms)
-        for t in time_decisions(args.sites, args.decisions, args.seed)
-    ]
-    header = ("policy", "p50 ms", "p99 ms", "max ms", "CPU p50 ms", "CPU p99 ms")
-    print(markdown_table(header, rows))
+    if any(n < 1 for n in args.sites) or args.rounds < 1 or args.decisions < 1:
+        parser.error("--sites, --rounds and --decisions must be >= 1")
+    policies = tuple(args.policies or POLICY_NAMES)
+    unknown = set(policies) - set(POLICY_NAMES)
+    if unknown:
+        parser.error(f"unknown policies {sorted(unknown)}; known: {sorted(POLICY_NAMES)}")
+    if args.out is None:
+        for sites in args.sites:
+            rows = [
+                (t.policy, t.sites, t.p50_ms, t.p99_ms, t.max_ms, t.cpu_p50_ms, t.cpu_p99_ms)
+                for t in time_decisions(sites, args.decisions, args.seed, policies)
+            ]
+            header = ("policy", "sites", "p50 ms", "p99 ms", "max ms", "CPU p50 ms", "CPU p99 ms")
+            print(markdown_table(header, rows))
+        return
+    product = RoutingSettings().policy
+    default = product if product in policies else policies[0]
+    found = growth(args.sites, policies, args.decisions, args.rounds, args.seed)
+    payload: dict[str, Any] = {
+        "default_policy": default,
+        "decisions": args.decisions,
+        "rounds": args.rounds,
+        "decision_us": found[default]["cpu_p50_us"],
+        "policies": found,
+    }
+    if 9 in args.sites and 64 in args.sites:
+        payload["ratio_64_vs_9"] = round(
+            payload["decision_us"]["64"] / payload["decision_us"]["9"], 3
+        )
+    else:
+        payload["ratio_64_vs_9"] = None
+    command = command_line("bench.decision_time", argv)
+    path = write_results(
+        "decision_time", payload, _growth_markdown(payload, default), command, args.out
+    )
+    print(path.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from fedsim.events import EventLoop
 from fedsim.gateway import Flight, GatewaySettings, SimGateway
 from fedsim.site import SimSite, SiteSpec
 from fedsim.workload import SimRequest
+from gateway.routing.hold_order import max_inversions, most_overtaken
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,24 @@ class RunResult:
     # Per site: prompt tokens looked up in the prefix cache at admission, and those found.
     prefix_query_tokens: dict[str, int] = field(default_factory=dict)
     prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
+    # Arrival to last token of each completed request, and when it ended, in arrival order.
+    latency_s: tuple[float, ...] = ()
+    finished_at_s: tuple[float, ...] = ()
+    # Held in the gateway's queue: how many, how many of them it gave up on, the longest hold.
+    held: int = 0
+    held_rejected: int = 0
+    held_max_s: float = 0.0
+    # The most later arrivals of its class admitted ahead of a request: per site (its waiting
+    # queue), and in the gateway's queue.
+    site_overtakes: dict[str, int] = field(default_factory=dict)
+    gateway_overtakes: int = 0
+    # Answer tokens the gateway received in each second of simulated time.
+    tokens_per_second: dict[int, int] = field(default_factory=dict)
+
+    def token_rate(self, start_s: int, end_s: int) -> float:
+        """Answer tokens per second received in [start_s, end_s)."""
+        seconds = range(start_s, end_s)
+        return sum(self.tokens_per_second.get(t, 0) for t in seconds) / max(len(seconds), 1)
 
     def percentile(self, values: Sequence[float], q: float) -> float:
         return percentile(values, q)
@@ -77,6 +96,14 @@ class RunResult:
     def tpot_p99(self) -> float:
         return percentile(self.tpot_s, 0.99)
 
+    @property
+    def mean_latency(self) -> float:
+        return sum(self.latency_s) / len(self.latency_s) if self.latency_s else math.inf
+
+    @property
+    def ttft_mean(self) -> float:
+        return sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else math.inf
+
     def meets(self, slo: Slo) -> bool:
         """Every request served (none rejected or unfinished) and both p99s within the SLO."""
         if self.completed < self.requests:
@@ -92,9 +119,15 @@ class RunResult:
             "ttft_p99_s": self.ttft_p99,
             "tpot_p50_s": self.tpot_p50,
             "tpot_p99_s": self.tpot_p99,
+            "mean_latency_s": self.mean_latency,
             "offloads": self.offloads,
             "failovers": self.failovers,
             "steps": self.steps,
+            "held": self.held,
+            "held_rejected": self.held_rejected,
+            "held_max_s": self.held_max_s,
+            "site_overtakes_max": max(self.site_overtakes.values(), default=0),
+            "gateway_overtakes_max": self.gateway_overtakes,
         }
 
 
@@ -158,6 +191,8 @@ def _result(
     flights: list[Flight] = list(gateway.flights.values())
     done = [f for f in flights if f.finished_s is not None and f.first_token_s is not None]
     ttft = tuple(f.first_token_s - f.request.arrival_s for f in done)  # type: ignore[operator]
+    latency = tuple(f.finished_s - f.request.arrival_s for f in done)  # type: ignore[operator]
+    held = [f for f in flights if f.held_s is not None]
     tpot = tuple(
         (f.finished_s - f.first_token_s) / (f.produced - 1)  # type: ignore[operator]
         for f in done
@@ -177,6 +212,14 @@ def _result(
         events=loop.events_run,
         sim_s=horizon,
         site_busy={s.name: s.busy_s for s in sites},
+        latency_s=latency,
+        finished_at_s=tuple(f.finished_s for f in done),  # type: ignore[misc]
+        held=len(held),
+        held_rejected=sum(f.rejected for f in held),
+        held_max_s=max((f.held_s or 0.0 for f in held), default=0.0),
+        site_overtakes={s.name: max_inversions(s.admissions) for s in sites},
+        gateway_overtakes=most_overtaken(gateway.held_served),
+        tokens_per_second=dict(gateway.tokens_per_second),
         outcomes=outcomes,
         prefix_query_tokens={name: st.prefix_cache_queries for name, st in stats.items()},
         prefix_hit_tokens={name: st.prefix_cache_hits for name, st in stats.items()},

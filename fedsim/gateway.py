@@ -8,6 +8,12 @@ stream back, as gateway/dispatch/stream.py does), and queued work moves by the r
 planner (gateway/admin/offload.py: plan_offloads). What travels is delayed by half the site's
 round trip each way: the request to the site, its tokens and its load reports back.
 
+When every site pushes back (each one's queue at the gateway's bound), a new request is held
+in the gateway's queue (GATEWAY_QUEUE_MAX_REQUESTS > 0) and offered to the sites again every
+GATEWAY_QUEUE_POLL_MS in the queue's order (gateway/routing/hold_order.py: `offer`, the same
+pass gateway/request_path/hold.py makes), until a site takes it or GATEWAY_QUEUE_TIMEOUT_S
+passes (then it is rejected, the 503); with no queue it is rejected at once.
+
 Failover: a site that dies loses its requests; each is placed again among the others with its
 prompt plus what it had generated as the new prompt and the rest of its answer to go (the
 gateway's continuation, gateway/dispatch/continuation.py); the health monitor marks the site
@@ -26,27 +32,44 @@ from fedsim.site import MODEL, SimSite
 from fedsim.workload import SimRequest
 from gateway.admin.offload import plan_offloads
 from gateway.federation import SiteConfig
+from gateway.queue_settings import QueueSettings
 from gateway.routing.adapter_residency import SiteAdapters
+from gateway.routing.hold_order import Held, HeldRequests, HoldOrder, offer, pushed_back
 from gateway.routing.policy import RoutingPolicy, build_policy
 from gateway.routing.types import RoutingRequest, UnpredictedPlan
+from gateway.settings import OffloadSettings, RoutingSettings, SitesSettings
 from gateway.sites.interface import ALL_CAPABILITIES, SiteClient, SiteInfoView
 from gateway.sites.lease import SiteLease
 from gateway.sites.registry import SiteRegistry, SiteState
 from site_engine.engine.core.outputs import NO_TOKEN, StepOutputs
 
+_ROUTING, _SITES, _OFFLOAD, _QUEUE = (
+    RoutingSettings(),
+    SitesSettings(),
+    OffloadSettings(),
+    QueueSettings(),
+)
+
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
-    """The gateway's settings the simulation uses, at their defaults (gateway/settings.py)."""
+    """The gateway's settings the simulation uses, at the product's defaults (gateway/settings.py
+    and gateway/queue_settings.py: the routing policy is the product's default)."""
 
-    policy: str = "round_robin"
-    unpredicted: UnpredictedPlan = "max_tokens"
-    load_report_interval_s: float = 0.25
-    health_interval_s: float = 2.0
-    site_max_queued_requests: int | None = 256
-    offload: bool = True
-    offload_interval_s: float = 0.5
-    offload_transfer_cost_s: float = 0.05
+    policy: str = _ROUTING.policy
+    unpredicted: UnpredictedPlan = _ROUTING.plan_without_prediction
+    load_report_interval_s: float = _SITES.load_report_interval_ms / 1000.0
+    health_interval_s: float = _SITES.health_interval_s
+    site_max_queued_requests: int | None = _ROUTING.site_max_queued_requests or None
+    offload: bool = _OFFLOAD.enabled
+    offload_interval_s: float = _OFFLOAD.interval_s
+    offload_transfer_cost_s: float = _OFFLOAD.transfer_cost_s
+    # The gateway's queue (module docstring): how many it holds (0: none), for how long, in
+    # which order, offered again how often.
+    hold_requests: int = _QUEUE.max_requests
+    hold_timeout_s: float = _QUEUE.timeout_s
+    hold_order: HoldOrder = _QUEUE.hold_order
+    hold_poll_s: float = _QUEUE.poll_ms / 1000.0
 
 
 class SimSiteClient:
@@ -78,6 +101,8 @@ class Flight:
     # The routing's planned answer (routing.answer_tokens, a property: read once a placement).
     planned: int = 0
     sites: list[str] = field(default_factory=list)
+    # Seconds it was held in the gateway's queue (None: never held).
+    held_s: float | None = None
 
 
 class SimGateway:
@@ -113,6 +138,11 @@ class SimGateway:
         self.flights: dict[str, Flight] = {}
         self.offloads = 0
         self.failovers = 0
+        self.held: HeldRequests[Flight] = HeldRequests(settings.hold_order)
+        self.held_served: list[Held[Flight]] = []  # in the order sites took them
+        # Answer tokens received per second of simulated time (the federation's throughput).
+        self.tokens_per_second: dict[int, int] = {}
+        self._offering = False
 
     @staticmethod
     def _info(site: SimSite) -> SiteInfoView:
@@ -157,15 +187,55 @@ class SimGateway:
         )
         flight = Flight(request, routing)
         self.flights[request.request_id] = flight
-        self._place(flight, self.states.values())
+        decision = self.policy.route(routing, list(self.states.values()))
+        if decision.site is not None:
+            self._assign(flight, decision.site)
+        elif pushed_back(decision) and len(self.held) < self.settings.hold_requests:
+            self.held.hold(flight, request.priority, routing.answer_tokens)
+            flight.held_s = 0.0
+            if not self._offering:
+                self._offering = True
+                self._loop.after(self.settings.hold_poll_s, self._offer_held)
+        else:
+            self._reject(flight)
+
+    def _offer_held(self) -> None:
+        """The gateway queue's pass (gateway/routing/hold_order.py: offer), then its timeouts."""
+        now = self._loop.now()
+        states = list(self.states.values())
+
+        def place(flight: Flight) -> bool:
+            state = self.policy.route(flight.routing, states).site
+            if state is None:
+                return False
+            flight.held_s = now - flight.request.arrival_s
+            self._assign(flight, state)
+            return True
+
+        self.held_served += offer(self.held, place, lambda f: (f.routing.model, f.routing.adapter))
+        for entry in self.held:
+            if now - entry.item.request.arrival_s >= self.settings.hold_timeout_s:
+                self.held.release(entry)
+                entry.item.held_s = now - entry.item.request.arrival_s
+                self._reject(entry.item)
+        self._offering = bool(self.held)
+        if self._offering:
+            self._loop.after(self.settings.hold_poll_s, self._offer_held)
+
+    def _reject(self, flight: Flight) -> None:
+        """503: no site may take it now."""
+        flight.rejected = True
+        if flight.lease is not None:
+            flight.lease.release()
 
     def _place(self, flight: Flight, candidates: Iterable[SiteState]) -> None:
         state = self.policy.route(flight.routing, list(candidates)).site
-        if state is None:  # 503: no site may take it now
-            flight.rejected = True
-            if flight.lease is not None:
-                flight.lease.release()
+        if state is None:
+            self._reject(flight)
             return
+        self._assign(flight, state)
+
+    def _assign(self, flight: Flight, state: SiteState) -> None:
         flight.planned = flight.routing.answer_tokens
         tokens = flight.routing.prompt_tokens + flight.planned
         if flight.lease is None:
@@ -210,6 +280,9 @@ class SimGateway:
                 continue
             if tokens[index] != NO_TOKEN:
                 flight.produced += 1
+                second = int(now)
+                counts = self.tokens_per_second
+                counts[second] = counts.get(second, 0) + 1
                 if flight.first_token_s is None:
                     flight.first_token_s = now
             lease = flight.lease

@@ -129,6 +129,10 @@ class SimSite:
         self._report_sequence = 0
         # Each step's chunks as (request id, tokens), when asked for (tests compare schedules).
         self.trace: list[tuple[tuple[str, int], ...]] | None = None
+        # (class, the scheduler's arrival index) of each request in the order first admitted:
+        # how many later arrivals were admitted ahead of each (the SPF bound's measure).
+        self.admissions: list[tuple[Priority, int]] = []
+        self._admitted: set[str] = set()
 
     # -- requests -------------------------------------------------------------------------
     def add(
@@ -202,8 +206,18 @@ class SimSite:
         if not self._busy and self.alive and self.scheduler.has_unfinished():
             self._step()
 
-    def _step(self) -> None:
+    def _schedule(self) -> SchedulerOutput:
         output = self.scheduler.schedule()
+        for chunk in output.chunks:
+            if chunk.request_id not in self._admitted:
+                self._admitted.add(chunk.request_id)
+                seq = self.scheduler.get(chunk.request_id)
+                if seq is not None:
+                    self.admissions.append((seq.priority, seq.arrival_index))
+        return output
+
+    def _step(self) -> None:
+        output = self._schedule()
         if output.is_empty:  # nothing runnable now (adapters loading): idle until an event
             self.scheduler.update(output, ModelRunnerOutput({}))
             return
@@ -216,7 +230,7 @@ class SimSite:
         seconds = self.spec.step.seconds(features)
         self._busy = True
         if self.spec.async_scheduling:  # the successor is planned as this step starts
-            self._planned = self.scheduler.schedule()
+            self._planned = self._schedule()
         self._loop.after(seconds, lambda: self._finish(output, features, seconds))
 
     def _finish(self, output: SchedulerOutput, features: StepFeatures, seconds: float) -> None:

@@ -25,10 +25,12 @@ from typing import Any, cast, get_args
 from fedsim.cards import CARDS, MODELS
 from fedsim.federation import Slo, run
 from fedsim.gateway import GatewaySettings
+from fedsim.prompts import SERVED_ARTIFACT
 from fedsim.site import SiteSpec
 from fedsim.step_models import STEP_MODELS, step_model
 from fedsim.study_report import markdown, merge, render
-from fedsim.workload import Predictor, Source, WorkloadSpec, build
+from fedsim.workload import Predictor, Source, WorkloadSpec, build, prediction_kind
+from gateway.settings import RoutingSettings
 
 ARMS = (
     "round_robin",
@@ -141,6 +143,8 @@ def arm_goodput(
     models: Path = STEP_MODELS,
     guess: float | None = None,
     grow: float = 2.0,
+    trace_file: Path | None = None,
+    artifact: Path = SERVED_ARTIFACT,
 ) -> dict[str, Any]:
     """One arm's goodput in one case and seed, and the runs the bisection made. An arm is a
     routing profile, or `profile@predictor` (served, oracle, none: fedsim/workload.py) to
@@ -153,7 +157,7 @@ def arm_goodput(
     if guess is None:
         guess = first_guess(case)
     spec = WorkloadSpec(
-        case.source,
+        "file" if trace_file is not None else case.source,
         guess,
         duration_s,
         seed,
@@ -162,6 +166,8 @@ def arm_goodput(
         case.adapters,
         case.adapter_share,
         traces,
+        trace_file=trace_file,
+        predictor_artifact=artifact,
     )
     runs: list[dict[str, Any]] = []
     settings = GatewaySettings(policy=policy)
@@ -176,7 +182,13 @@ def arm_goodput(
         return result.meets(slo)
 
     rate = goodput(meets, guess, steps, grow=grow)
-    return {"goodput_rps": rate, "guess_rps": guess, "grow": grow, "runs": runs}
+    return {
+        "goodput_rps": rate,
+        "guess_rps": guess,
+        "grow": grow,
+        "predictor": prediction_kind(spec),
+        "runs": runs,
+    }
 
 
 def first_guess(case: Case) -> float:
@@ -212,6 +224,7 @@ def write(
         "command": command,
         "slo": {"ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": slo.tpot_p99_s},
         "seeds": args.seeds,
+        "trace_file": str(args.trace_file) if args.trace_file else None,
         "arms": args.arms,
         "default": args.default,
         "grow": args.grow,
@@ -249,10 +262,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--arms", nargs="*", default=list(ARMS))
     parser.add_argument("--cases", nargs="*", default=None)
-    parser.add_argument("--default", default="completion_cost")
+    parser.add_argument("--default", default=RoutingSettings().policy, help="the product's")
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--bisection-steps", type=int, default=4)
     parser.add_argument("--traces", type=Path, default=None)
+    parser.add_argument(
+        "--trace-file",
+        type=Path,
+        default=None,
+        help="every case's workload from this trace (fedsim/traces.py: Mooncake's JSON lines "
+        "or Azure's CSV), instead of the case's own source",
+    )
+    parser.add_argument("--predictor-artifact", type=Path, default=SERVED_ARTIFACT)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--step-models", type=Path, default=STEP_MODELS)
     parser.add_argument(
@@ -290,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     args.step_models,
                     warm_guess(case, table.get(case.name, {})) if args.warm else None,
                     args.grow,
+                    args.trace_file,
+                    args.predictor_artifact,
                 )
                 table.setdefault(case.name, {}).setdefault(arm, {})[str(seed)] = found[
                     "goodput_rps"

@@ -1,36 +1,54 @@
-"""Simulated requests: lengths and arrivals from the traces (read where --traces points; never
-copied into the repository), or ShareGPT-like lengths; a LoRA mix; and the length predictor's
-answer for each.
+"""Simulated requests: lengths and arrivals from the traces (read where --traces points, or any
+trace file, fedsim/traces.py; never copied into the repository), real prompts with the served
+model's answer lengths (fedsim/prompts.py), or ShareGPT-like lengths; a LoRA mix; and the
+length predictor's answer for each.
+
+A run takes each request of its source once: a trace that holds fewer requests (that fit the
+context) than rate x duration is an error (TraceError), never replayed from its start (a replay
+repeats prompts the sites have cached: at ~62 req/s for 30 s the dev Mooncake trace ran out, and
+the routing study's fastest arms replayed cached prompts).
 
 Prompts are token ids the sites hash into their prefix cache as they hash real ones: unique per
 request, except where a trace says two prompts share blocks (Mooncake's `hash_ids`, one id per
 512 tokens), where they share the same ids and so the same cached blocks.
 
-The prediction: the served predictor's measured quality, not its code (the traces carry lengths,
-not text). Its predicted lengths are the true ones with log-normal error whose rank correlation
-with the truth is the served predictor's measured Spearman (bench/results/predictor/
+The prediction ("served"): where the workload has prompt text (the served prompts, a trace file
+with a `prompt` field) the served predictor itself, an ONNX artifact run with onnxruntime on each
+prompt (WorkloadSpec.predictor_artifact; fedsim/prompts.py). Where it has none (ShareGPT-like
+lengths, Mooncake, Azure) a STAND-IN for it: the true lengths with log-normal error whose rank
+correlation with the truth is the served predictor's measured Spearman (bench/results/predictor/
 predictor_served.json: 0.66), and its bucket the served scheme's (quantile edges of the same
-file); "oracle" predicts the truth; "none" predicts nothing (routing plans as it does without).
+file); `prediction_kind` says which, for the results. "oracle" predicts the truth; "none"
+predicts nothing (routing plans as it does without).
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 import random
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
 from fedllm_contract.priority import Priority
+from fedsim.prompts import SERVED_ARTIFACT, artifact_predictor, served_prompts
+from fedsim.traces import Lengths, TraceError, azure_lengths, jsonl_lengths, read_trace
 
-Source = Literal["sharegpt", "azure_conv", "azure_code", "mooncake"]
-SOURCES: tuple[Source, ...] = ("sharegpt", "azure_conv", "azure_code", "mooncake")
+# "served_prompts": real prompts with the served model's answer lengths (fedsim/prompts.py);
+# "file": WorkloadSpec.trace_file (fedsim/traces.py).
+Source = Literal["sharegpt", "azure_conv", "azure_code", "mooncake", "served_prompts", "file"]
+SOURCES: tuple[Source, ...] = (
+    "sharegpt",
+    "azure_conv",
+    "azure_code",
+    "mooncake",
+    "served_prompts",
+    "file",
+)
 Predictor = Literal["served", "oracle", "none"]
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake trace
 _SERVED_SPEARMAN = 0.658  # predictor_served.json's served_predictor.spearman
@@ -49,16 +67,6 @@ class SimRequest:
     bucket: int | None = None
     adapter: str = ""
     priority: Priority = Priority.INTERACTIVE
-
-
-@dataclass(frozen=True, slots=True)
-class Lengths:
-    """(prompt tokens, answer tokens) of one request, and where its prompt's blocks come from."""
-
-    prompt: int
-    answer: int
-    at_s: float = 0.0
-    hash_ids: tuple[int, ...] = ()
 
 
 def traces_dir(explicit: Path | None = None) -> Path:
@@ -85,48 +93,47 @@ def sharegpt_lengths(count: int, seed: int) -> list[Lengths]:
     ]
 
 
-def azure_lengths(path: Path) -> list[Lengths]:
-    """Azure LLM inference 2023 (conv or code): context and generated tokens, arrival offsets."""
-    rows: list[Lengths] = []
-    start: datetime | None = None
-    with path.open() as handle:
-        for row in csv.DictReader(handle):
-            at = datetime.fromisoformat(row["TIMESTAMP"][:26])
-            start = start or at
-            rows.append(
-                Lengths(
-                    int(row["ContextTokens"]),
-                    max(1, int(row["GeneratedTokens"])),
-                    (at - start).total_seconds(),
-                )
-            )
-    return rows
-
-
-def mooncake_lengths(path: Path) -> list[Lengths]:
-    rows: list[Lengths] = []
-    with path.open() as handle:
-        for line in handle:
-            r = json.loads(line)
-            rows.append(
-                Lengths(
-                    int(r["input_length"]),
-                    max(1, int(r["output_length"])),
-                    float(r["timestamp"]) / 1000.0,
-                    tuple(r["hash_ids"]),
-                )
-            )
-    return rows
-
-
-def trace_lengths(source: Source, traces: Path | None, count: int, seed: int) -> list[Lengths]:
+def trace_lengths(
+    source: Source,
+    traces: Path | None,
+    count: int,
+    seed: int,
+    trace_file: Path | None = None,
+) -> list[Lengths]:
     if source == "sharegpt":
         return sharegpt_lengths(count, seed)
+    return list(_pool(source, traces, trace_file))
+
+
+def _fitting(spec: WorkloadSpec, count: int) -> list[Lengths]:
+    """The source's requests that fit the context; ShareGPT-like ones are drawn until `count`
+    fit (the same seed draws the same lengths first)."""
+
+    def fit(pool: Sequence[Lengths]) -> list[Lengths]:
+        return [x for x in pool if x.prompt + x.answer <= spec.max_model_len and x.prompt > 0]
+
+    if spec.source != "sharegpt":
+        return fit(trace_lengths(spec.source, spec.traces, count, spec.seed, spec.trace_file))
+    drawn = count
+    while len(fits := fit(sharegpt_lengths(drawn, spec.seed))) < count and drawn < 64 * count:
+        drawn *= 2
+    return fits[:count]
+
+
+@cache
+def _pool(source: Source, traces: Path | None, trace_file: Path | None) -> tuple[Lengths, ...]:
+    """A trace's requests, read once per process."""
+    if source == "served_prompts":
+        return served_prompts()
+    if source == "file":
+        if trace_file is None:
+            raise TraceError("source 'file' needs a trace file (--trace-file)")
+        return tuple(read_trace(trace_file))
     root = traces_dir(traces)
     if source == "mooncake":
-        return mooncake_lengths(root / "mooncake_fast25_synthetic_trace.jsonl")
+        return tuple(jsonl_lengths(root / "mooncake_fast25_synthetic_trace.jsonl"))
     name = "conv" if source == "azure_conv" else "code"
-    return azure_lengths(root / f"azure_llm_inference_2023_{name}.csv")
+    return tuple(azure_lengths(root / f"azure_llm_inference_2023_{name}.csv"))
 
 
 def _prompt(index: int, lengths: Lengths) -> tuple[int, ...]:
@@ -194,16 +201,25 @@ class WorkloadSpec:
     traces: Path | None = None
     # Poisson arrivals at `rate`; False: the trace's own arrival times, compressed to `rate`.
     poisson: bool = True
+    # The trace of source "file" (fedsim/traces.py), and the predictor artifact "served" runs
+    # where the workload has prompt text (fedsim/prompts.py).
+    trace_file: Path | None = None
+    predictor_artifact: Path = SERVED_ARTIFACT
 
 
 def build(spec: WorkloadSpec) -> list[SimRequest]:
     """The requests of one run: `rate` x `duration_s` of them, lengths drawn from the source
-    (in the trace's order from a seeded offset), those that cannot fit the context left out."""
+    (in the trace's order from a seeded offset, each request once), those that cannot fit the
+    context left out; TraceError when the source holds too few (the module docstring)."""
     count = max(1, round(spec.rate * spec.duration_s))
-    pool = trace_lengths(spec.source, spec.traces, count, spec.seed)
-    fits = [x for x in pool if x.prompt + x.answer <= spec.max_model_len and x.prompt > 0]
-    if not fits:
-        raise ValueError(f"no request of {spec.source} fits {spec.max_model_len} tokens")
+    fits = _fitting(spec, count)
+    if count > len(fits):
+        raise TraceError(
+            f"{_named(spec)} holds {len(fits)} distinct requests that fit {spec.max_model_len} "
+            f"tokens; {spec.rate:g} req/s for {spec.duration_s:g} s needs {count} (at most "
+            f"{len(fits) / spec.duration_s:.1f} req/s for that long): a replay would send "
+            "prompts the sites have cached"
+        )
     rng = random.Random(f"arrivals-{spec.seed}")
     offset = rng.randrange(len(fits)) if spec.source != "sharegpt" else 0
     chosen = [fits[(offset + i) % len(fits)] for i in range(count)]
@@ -216,8 +232,7 @@ def build(spec: WorkloadSpec) -> list[SimRequest]:
         span = max(chosen[-1].at_s - chosen[0].at_s, 1e-9)
         scale = spec.duration_s / span
         times = [(x.at_s - chosen[0].at_s) * scale for x in chosen]
-    answers = [x.answer for x in chosen]
-    predicted = predict(answers, spec.predictor, spec.seed)
+    predicted, buckets = _predictions(spec, chosen)
     adapters = zipf_adapters(count, spec.adapters, spec.adapter_share, spec.seed)
     return [
         SimRequest(
@@ -227,11 +242,45 @@ def build(spec: WorkloadSpec) -> list[SimRequest]:
             answer_tokens=x.answer,
             max_tokens=min(max(x.answer, 1024), spec.max_model_len - x.prompt),
             predicted=predicted[i],
-            bucket=bucket_of(predicted[i]),
+            bucket=buckets[i],
             adapter=adapters[i],
         )
         for i, x in enumerate(chosen)
     ]
+
+
+def _named(spec: WorkloadSpec) -> str:
+    return f"trace file {spec.trace_file}" if spec.source == "file" else f"source {spec.source}"
+
+
+def _predictions(
+    spec: WorkloadSpec, chosen: Sequence[Lengths]
+) -> tuple[list[int | None], list[int | None]]:
+    """Each request's planned answer and bucket (the module docstring)."""
+    texts = [x.text for x in chosen]
+    if spec.predictor == "served" and any(t is not None for t in texts):
+        if any(t is None for t in texts):
+            raise TraceError(f"{_named(spec)}: some requests have a prompt text, others none")
+        model = artifact_predictor(spec.predictor_artifact)
+        found = model.predict([t for t in texts if t is not None])
+        return [p for p, _ in found], [b for _, b in found]
+    predicted = predict([x.answer for x in chosen], spec.predictor, spec.seed)
+    return predicted, [bucket_of(p) for p in predicted]
+
+
+def prediction_kind(spec: WorkloadSpec) -> str:
+    """What predicts a run's answer lengths, for its results: the served model (its artifact),
+    its stand-in (no prompt text), the truth or nothing."""
+    if spec.predictor != "served":
+        return spec.predictor
+    pool = _pool(spec.source, spec.traces, spec.trace_file) if spec.source != "sharegpt" else ()
+    if pool and all(x.text is not None for x in pool):
+        model = artifact_predictor(spec.predictor_artifact)
+        return f"served model ({spec.predictor_artifact.name}, version {model.version})"
+    return (
+        f"STAND-IN for the served predictor (no prompt text): log-normal error at its "
+        f"Spearman {_SERVED_SPEARMAN}"
+    )
 
 
 def with_rate(requests: Sequence[SimRequest], factor: float) -> list[SimRequest]:

@@ -33,6 +33,7 @@ from gateway.batch_settings import (
 )
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.federation import FederationConfigError, load_federation
+from gateway.queue_settings import QueueSettings
 from gateway.routing.policy import POLICY_NAMES
 from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS
 from gateway.routing.types import UNPREDICTED_PLANS, UnpredictedPlan
@@ -48,6 +49,7 @@ __all__ = [
     "FileSettings",
     "FineTuningSettings",
     "GatewaySettings",
+    "QueueSettings",
     "ResponseSettings",
     "SettingsError",
     "SiteTlsSettings",
@@ -462,6 +464,7 @@ class GatewaySettings:
     routing: RoutingSettings = field(default_factory=RoutingSettings)
     sites: SitesSettings = field(default_factory=SitesSettings)
     offload: OffloadSettings = field(default_factory=OffloadSettings)
+    queue: QueueSettings = field(default_factory=QueueSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     predictor: PredictorSettings = field(default_factory=PredictorSettings)
     drift: DriftSettings = field(default_factory=DriftSettings)

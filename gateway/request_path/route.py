@@ -44,12 +44,22 @@ class Router:
         return self._policy
 
     def route(self, prepared: PreparedCompletion) -> Decision[SiteState]:
-        """The site for a new request (decision.site None: no site can take it now); 400 when
-        no site of its model can do what it asks."""
-        decision = self._policy.route(prepared.routing, self.able_sites(prepared))
+        """The site for a new request (decision.site None: no site can take it now), counted
+        in the metrics; 400 when no site of its model can do what it asks."""
+        decision = self.decide(prepared)
+        self.count(decision)
+        return decision
+
+    def decide(
+        self, prepared: PreparedCompletion, routing: RoutingRequest | None = None
+    ) -> Decision[SiteState]:
+        """route() without counting the decision (the gateway's queue counts the one that
+        found a site, not each pass that found none)."""
+        return self._policy.route(routing or prepared.routing, self.able_sites(prepared))
+
+    def count(self, decision: Decision[SiteState]) -> None:
         site = decision.site
         self._metrics.routed(self._policy.name, site.name if site is not None else None)
-        return decision
 
     def reroute(
         self,

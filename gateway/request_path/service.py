@@ -20,6 +20,7 @@ from gateway.model_catalogue import AdapterCatalogue
 from gateway.prediction.by_model import ModelPredictors
 from gateway.prediction.service import Prediction, PredictorService
 from gateway.request_path.admit import Admitter
+from gateway.request_path.hold import GatewayQueue
 from gateway.request_path.predict import LengthPrediction
 from gateway.request_path.prepare import Preparer
 from gateway.request_path.record import RequestRecords
@@ -57,6 +58,8 @@ class CompletionService:
         self.records = RequestRecords(settings, request_log, self.metrics)
         self.admitter = Admitter(settings.limits.max_in_flight, self.records.writer)
         self.router = Router(registry, policy, tokenizers, self.metrics)
+        # Requests held while every site pushes back (gateway/request_path/hold.py).
+        self.queue = GatewayQueue(settings.queue, self.router)
         self.limits = DispatchLimits(
             request_timeout_s=settings.limits.request_timeout_s,
             open_answer_s=settings.limits.open_answer_s,
@@ -75,9 +78,11 @@ class CompletionService:
         self, prepared: PreparedCompletion, admission: Admission | None = None
     ) -> Dispatch:
         """Admits, predicts, routes and records the request; 503 (recorded as failed) when no
-        site can take it; 429 (not recorded) when `admission` refuses the predicted tokens or
-        the gateway already holds its limit of requests (GATEWAY_MAX_IN_FLIGHT); 503 while the
-        writes the database has not taken fill their queue (accepted work is never lost)."""
+        site can take it (every site pushing back: once held in the gateway's queue past its
+        timeout, when it holds any); 429 (not recorded) when `admission` refuses the predicted
+        tokens or the gateway already holds its limit of requests (GATEWAY_MAX_IN_FLIGHT); 503
+        while the writes the database has not taken fill their queue (accepted work is never
+        lost)."""
         (dispatch,) = await self.dispatch_all((prepared,), admission)
         return dispatch
 
@@ -113,23 +118,44 @@ class CompletionService:
         parts = self.admitter.parts(admission, len(planned))
         routed: list[tuple[Dispatch, Decision[SiteState], Prediction | None]] = []
         for (prepared, prediction), part in zip(planned, parts, strict=True):
-            decision = self.router.route(prepared)
-            if decision.site is None:
-                for dispatch, _, _ in routed:  # never recorded, never sent: nothing happened
-                    dispatch.abandon()
+            try:
+                dispatch, decision = await self._site_for(prepared, part, started)
+            except BaseException:
+                for earlier, _, _ in routed:  # never recorded, never sent: nothing happened
+                    earlier.abandon()
+                raise
+            if dispatch is None:
+                for earlier, _, _ in routed:
+                    earlier.abandon()
                 self.records.accepted(prepared, decision, prediction, admission)
                 self.admitter.refund(admission)
                 raise self.records.no_site(prepared, decision)
-            # Built (and counted on its site) before the next await: the next request of a
-            # burst, and the next prompt of this one, must see it.
-            dispatch = self.open_dispatch(
-                prepared, decision.site, started_at=started, admission=part
-            )
             routed.append((dispatch, decision, prediction))
         for dispatch, decision, prediction in routed:
             self.records.accepted(dispatch.prepared, decision, prediction, admission)
             self.records.routed_prompt(dispatch.prepared, dispatch.site)
         return [dispatch for dispatch, _, _ in routed]
+
+    async def _site_for(
+        self, prepared: PreparedCompletion, part: AdmissionPart | None, started: float
+    ) -> tuple[Dispatch | None, Decision[SiteState]]:
+        """A dispatch of the request on the site routing picks, at once or once the gateway's
+        queue gets it one (every site pushing back); None when no site takes it, with the
+        decision that says why."""
+
+        def open_on(site: SiteState) -> Dispatch:
+            return self.open_dispatch(prepared, site, started_at=started, admission=part)
+
+        decision = self.router.decide(prepared)
+        if decision.site is not None:
+            self.router.count(decision)
+            # Built (and counted on its site) before any await: the next request of a burst,
+            # and the next prompt of this one, must see it.
+            return open_on(decision.site), decision
+        if self.queue.takes(decision) and (placed := await self.queue.wait(prepared, open_on)):
+            return placed
+        self.router.count(decision)
+        return None, decision
 
     def open_dispatch(
         self,
@@ -152,4 +178,5 @@ class CompletionService:
         )
 
     async def drain(self) -> None:
+        await self.queue.close()
         await self.records.drain()

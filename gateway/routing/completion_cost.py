@@ -184,11 +184,18 @@ class KvRoomFilter:
     reads_prefix: bool = True
 
     def __call__(self, request: RoutingRequest, sites: Sequence[S]) -> list[S]:
-        needs = [request.total_tokens - s.prefix.match(request).device_tokens for s in sites]
-        now = [s for s, need in zip(sites, needs, strict=True) if fits(need, free_kv_tokens(s))]
+        total = request.total_tokens
+
+        def room(site: S, free: int | None) -> bool:
+            # The prefix is looked up only where the whole request would not fit: what it
+            # shares can only lower the need (most sites hold none of it; a lookup per site per
+            # decision was most of this filter's cost).
+            return fits(total, free) or fits(total - site.prefix.match(request).device_tokens, free)
+
+        now = [s for s in sites if room(s, free_kv_tokens(s))]
         if now:
             return now
-        return [s for s, need in zip(sites, needs, strict=True) if fits(need, s.kv_capacity_tokens)]
+        return [s for s in sites if room(s, s.kv_capacity_tokens)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ class RttEstimator:
 
     window: int = 8
     _samples: deque[float] = field(default_factory=deque)
+    _min: float | None = None  # kept at each observation: routing reads it per site per decision
 
     def observe(self, seconds: float) -> None:
         if seconds < 0:
@@ -58,10 +59,11 @@ class RttEstimator:
         self._samples.append(seconds)
         while len(self._samples) > self.window:
             self._samples.popleft()
+        self._min = min(self._samples)
 
     @property
     def value(self) -> float | None:
-        return min(self._samples) if self._samples else None
+        return self._min
 
 
 @dataclass(slots=True)
@@ -71,17 +73,23 @@ class StepTimeModel:
     first useful report; otherwise the weighted least-squares line through the observed
     (batch, running / rate) points, each older report weighing exp(-1/_STEP_MEMORY) less; the
     slope is never negative (a bigger batch is never faster per step) and the base never below
-    zero. With one batch size seen, the line is flat at the weighted mean step time."""
+    zero. With one batch size seen, the line is flat at the weighted mean step time.
+    The line is fitted once per useful report, not per `fit()` call (routing reads it for every
+    site at every decision); `observations` counts those reports (it changes when the line may
+    have)."""
 
     _w: float = 0.0
     _b: float = 0.0
     _t: float = 0.0
     _bb: float = 0.0
     _bt: float = 0.0
+    _line: StepTime | None = None
+    observations: int = 0
 
     def observe(self, running: int, decode_tokens_per_s: float) -> None:
         if running <= 0 or decode_tokens_per_s <= 0:
             return
+        self.observations += 1
         step = running / decode_tokens_per_s
         keep = math.exp(-1.0 / _STEP_MEMORY)
         self._w = keep * self._w + 1.0
@@ -89,8 +97,12 @@ class StepTimeModel:
         self._t = keep * self._t + step
         self._bb = keep * self._bb + running * running
         self._bt = keep * self._bt + running * step
+        self._line = self._fit()
 
     def fit(self) -> StepTime | None:
+        return self._line
+
+    def _fit(self) -> StepTime | None:
         if self._w == 0.0:
             return None
         mean_b, mean_t = self._b / self._w, self._t / self._w
@@ -113,6 +125,8 @@ class RateEstimate:
 
     _w: float = 0.0
     _sum: float = 0.0
+    _value: float | None = None  # kept at each observation: routing reads it per site
+    observations: int = 0
 
     def observe(self, rate: float) -> None:
         if rate <= 0:
@@ -120,10 +134,12 @@ class RateEstimate:
         keep = math.exp(-1.0 / _STEP_MEMORY)
         self._w = keep * self._w + 1.0
         self._sum = keep * self._sum + rate
+        self._value = self._sum / self._w
+        self.observations += 1
 
     @property
     def value(self) -> float | None:
-        return self._sum / self._w if self._w > 0.0 else None
+        return self._value
 
 
 @dataclass(frozen=True, slots=True)

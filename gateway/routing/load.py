@@ -23,9 +23,10 @@ def normalized(tokens: float, capacity_weight: float) -> float:
 
 def free_kv_tokens(site: RoutableSite) -> int | None:
     """Contract: kv_capacity_tokens - outstanding_tokens, floored at 0; None when unknown."""
-    if site.kv_capacity_tokens is None:
+    capacity = site.kv_capacity_tokens
+    if capacity is None:
         return None
-    return max(0, site.kv_capacity_tokens - site.outstanding_tokens)
+    return max(0, capacity - site.outstanding_tokens)
 
 
 def fits(need: int, free: int | None) -> bool:

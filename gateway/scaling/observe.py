@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterable
 from statistics import median
 
 from gateway.scaling.policy import ModelObservation, ScalingRule, SiteObservation
-from gateway.sites.registry import Arrivals, SiteState, median_step
+from gateway.sites.registry import Arrivals, SiteState
 
 
 def decode_tokens_per_s(site: SiteState, prior: float) -> float:
     """Tokens per second the site decodes at a full batch (measured, else its peers', else the
     prior)."""
-    step = site.step_time.fit() or median_step(p.step_time.fit() for p in site.peers)
+    step = site.step
     slots = site.info.max_num_seqs if site.info is not None else None
     if step is None or not slots:
         return prior

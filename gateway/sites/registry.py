@@ -34,6 +34,44 @@ class Arrivals:
 
 
 @dataclass(slots=True)
+class PeerMedians:
+    """What a site that never measured its own step time (prefill rate) reads its same-model
+    peers' median from (SiteState.step, prefill_tokens_per_s): each median kept with the
+    generation of the peers' observations it was taken over, taken again only when one of
+    them learned from a report, not at every routing decision (which read it for every such
+    site: O(sites^2) a decision). One object per model, shared by the model's sites
+    (SiteRegistry links them)."""
+
+    step_generation: int = 0
+    prefill_generation: int = 0
+    _step: StepTime | None = None
+    _step_at: int = -1
+    _prefill: float | None = None
+    _prefill_at: int = -1
+
+    def changed(self) -> None:
+        """The peers changed (one joined or left): both medians are taken again."""
+        self.step_generation += 1
+        self.prefill_generation += 1
+
+    def step(self, site: SiteState) -> StepTime | None:
+        """The median of `site`'s and its peers' fitted step times (None: none fitted)."""
+        if self._step_at != self.step_generation:
+            self._step = median_step(s.step_time.fit() for s in (site, *site.peers))
+            self._step_at = self.step_generation
+        return self._step
+
+    def prefill_tokens_per_s(self, site: SiteState) -> float | None:
+        """The median of `site`'s and its peers' measured prefill rates (None: none measured)."""
+        if self._prefill_at != self.prefill_generation:
+            sites = (site, *site.peers)
+            rates = [rate for s in sites if (rate := s.prefill_rate.value) is not None]
+            self._prefill = median_low(rates) if rates else None
+            self._prefill_at = self.prefill_generation
+        return self._prefill
+
+
+@dataclass(slots=True)
 class SiteState:
     config: SiteConfig
     site_id: int
@@ -78,9 +116,14 @@ class SiteState:
     adapter_residency: SiteAdapters = field(default_factory=SiteAdapters, compare=False)
     # Its model's admitted work (shared with its same-model peers; set by SiteRegistry).
     arrivals: Arrivals = field(default_factory=Arrivals, compare=False, repr=False)
+    # Its model's sites' medians (shared with its same-model peers; set by SiteRegistry).
+    peer_medians: PeerMedians = field(default_factory=PeerMedians, compare=False, repr=False)
     # What report_at and checked_at are read from: the monotonic clock, or a simulation's
     # virtual one (fedsim/), which runs this same state on simulated time.
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
+    _latency: tuple[tuple[object, ...], SiteLatency] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
     @property
     def outstanding_tokens(self) -> int:
@@ -104,23 +147,44 @@ class SiteState:
 
     def apply_report(self, report: LoadView) -> None:
         self.report, self.report_at = report, self.clock()
+        steps, prefills = self.step_time.observations, self.prefill_rate.observations
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
         self.prefill_rate.observe(report.prefill_tokens_per_s)
+        if self.step_time.observations != steps:
+            self.peer_medians.step_generation += 1
+        if self.prefill_rate.observations != prefills:
+            self.peer_medians.prefill_generation += 1
         self.adapter_residency.apply(
             report.adapters_on_device, report.adapters_in_host, report.adapter_load_s
         )
 
     @property
+    def step(self) -> StepTime | None:
+        """Its fitted step time, else its same-model peers' median (None: nobody measured)."""
+        return self.step_time.fit() or self.peer_medians.step(self)
+
+    @property
     def latency(self) -> SiteLatency:
-        report = self.report
+        """Its latency signals, built again only when what they are made of changed (routing
+        reads them for every site, several times a decision)."""
+        report, rtt, own = self.report, self.rtt.value, self.step_time.fit()
+        # The peers' median counts only for a site that has not measured its own.
+        medians = self.peer_medians
+        peers = -1 if own is not None else medians.step_generation
+        inputs = (report, self.in_flight, self.step_time.observations, peers, rtt, self.info)
+        cached = self._latency
+        if cached is not None and cached[0] == inputs:
+            return cached[1]
         reported = report.running_requests + report.queued_requests if report else 0
-        return SiteLatency(
-            rtt_s=self.rtt.value,
-            step=self.step_time.fit() or median_step(p.step_time.fit() for p in self.peers),
+        latency = SiteLatency(
+            rtt_s=rtt,
+            step=own or medians.step(self),
             batch_slots=self.info.max_num_seqs if self.info is not None else None,
             requests=max(reported, self.in_flight),
             remaining_answer_tokens=report.predicted_remaining_tokens if report else 0,
         )
+        self._latency = (inputs, latency)
+        return latency
 
     @property
     def name(self) -> str:
@@ -142,8 +206,7 @@ class SiteState:
             return self.config.prefill_tokens_per_s
         if (measured := self.prefill_rate.value) is not None:
             return measured
-        peers = [rate for p in self.peers if (rate := p.prefill_rate.value) is not None]
-        return median_low(peers) if peers else None
+        return self.peer_medians.prefill_tokens_per_s(self)
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -196,11 +259,15 @@ class SiteRegistry:
     def __init__(self, sites: Iterable[SiteState]) -> None:
         self._sites = {site.name: site for site in sites}
         self._arrivals: dict[str, Arrivals] = {}
+        self._peer_medians: dict[str, PeerMedians] = {}
         self._link_peers()
 
     def _link_peers(self) -> None:
+        for medians in self._peer_medians.values():
+            medians.changed()
         for site in self._sites.values():
             site.arrivals = self._arrivals.setdefault(site.config.model, Arrivals())
+            site.peer_medians = self._peer_medians.setdefault(site.config.model, PeerMedians())
             site.peers = tuple(
                 other
                 for other in self._sites.values()
@@ -220,6 +287,7 @@ class SiteRegistry:
         site = self._sites.pop(name, None)
         if site is not None:
             site.peers = ()
+            site.peer_medians = PeerMedians()
             self._link_peers()
         return site
 

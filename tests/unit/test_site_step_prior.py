@@ -76,3 +76,38 @@ def test_the_prefill_rate_is_the_operators_else_measured_else_the_peers() -> Non
     assert c.prefill_tokens_per_s == 2000.0  # the lower middle of the measured peers'
     configured.apply_report(report(0, 0.0, prefill=9000.0))
     assert configured.prefill_tokens_per_s == 500.0  # the federation file has the last word
+
+
+def test_the_peers_median_is_taken_again_whenever_a_peer_learns_or_the_peers_change() -> None:
+    """The median is kept between decisions (routing reads it for every site at every one); it
+    must still follow every new report of a peer, and sites joining or leaving."""
+    a, b, c, d = sites("a", "b", "c", "d")
+    registry = SiteRegistry([a, b, c])
+    a.apply_report(report(1, 20.0, prefill=1000.0))  # 50 ms a step
+    assert (c.latency.step, c.prefill_tokens_per_s) == (StepTime(0.05), 1000.0)
+    b.apply_report(report(1, 100.0, prefill=500.0))  # 10 ms: the lower middle now
+    assert (c.latency.step, c.prefill_tokens_per_s) == (StepTime(0.01), 500.0)
+    b.apply_report(report(0, 0.0))  # an idle report teaches nothing: the same medians
+    assert (c.latency.step, c.prefill_tokens_per_s) == (StepTime(0.01), 500.0)
+    registry.remove("b")
+    assert (c.latency.step, c.prefill_tokens_per_s) == (StepTime(0.05), 1000.0)
+    d.apply_report(report(1, 200.0, prefill=250.0))  # 5 ms, measured before it joins
+    registry.add(d)
+    assert (c.latency.step, c.prefill_tokens_per_s) == (StepTime(0.005), 250.0)
+    assert b.latency.step == StepTime(0.01)  # the one that left keeps its own
+
+
+def test_a_sites_latency_signals_follow_its_reports_requests_and_round_trips() -> None:
+    (a,) = sites("a")
+    first = a.latency
+    assert a.latency is first  # nothing changed: the same signals, not built again
+    a.in_flight += 3
+    assert a.latency.requests == 3
+    a.apply_report(replace(report(1, 20.0), queued_requests=5, predicted_remaining_tokens=70))
+    assert (a.latency.requests, a.latency.remaining_answer_tokens) == (6, 70)
+    assert a.latency.step == StepTime(0.05)
+    a.rtt.observe(0.2)
+    a.rtt.observe(0.1)
+    assert a.latency.rtt_s == 0.1
+    a.in_flight -= 3
+    assert a.latency.requests == 6

@@ -102,9 +102,9 @@ class SiteCacheIndex:
         """Contract: (cached, on_device): cached is the length of the longest run of
         `block_ids` from the first that the index holds in any tier, on_device how many of those
         are held on the device; (0, 0) while stale."""
-        if self.stale or not self._blocks:
-            return 0, 0
         blocks = self._blocks
+        if self.stale or not blocks or not block_ids or block_ids[0] not in blocks:
+            return 0, 0  # the common answer at most sites: not even the first block
         cached = len(list(takewhile(blocks.__contains__, block_ids)))
         if not self._host_blocks:
             return cached, cached

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fedllm_contract import spf
 from fedllm_contract.priority import Priority
 from site_engine.engine.core.host_offload import OffloadLimits
-from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
+from site_engine.engine.core.scheduling_policy import (
+    DEFAULT_SPF_MAX_OVERTAKES,
+    POLICY_NAMES,
+    PolicyName,
+)
 
 _POSITIVE_INT_FIELDS = (
     "num_blocks",
@@ -35,7 +40,11 @@ class SchedulerConfig:
     requests of the running adapters may be admitted past a waiting request whose adapter finds
     every slot taken, before one running adapter drains for it (adapter_slots.py); 128 was the
     best of 0-256 in fedsim's LoRA mix (32 Zipf adapters, 8 slots, 20 req/s for 60 s: TTFT p99
-    4.5-5.5 s over three seeds against 5.5-7.4 s never draining and 6.2-8.5 s at 0)."""
+    4.5-5.5 s over three seeds against 5.5-7.4 s never draining and 6.2-8.5 s at 0).
+    `spf_aging` and `spf_max_overtakes` shape the "spf" order (scheduling_policy.py): the aging
+    in tokens of rank per later arrival, and the hard bound on how many later arrivals of its
+    class may be admitted ahead of a waiting sequence (None: the aging's own, (L - 1) /
+    spf_aging for an expected length L; with spf_aging 0, pure SPF, there is none)."""
 
     num_blocks: int
     block_size: int
@@ -45,7 +54,8 @@ class SchedulerConfig:
     policy: PolicyName = "fcfs"
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     watermark: float = 0.01
-    spf_aging: float = 1.0
+    spf_aging: float = spf.DEFAULT_AGING
+    spf_max_overtakes: int | None = DEFAULT_SPF_MAX_OVERTAKES
     prefix_caching: bool = False
     model_name: str = ""
     host_kv_blocks: int = 0
@@ -74,6 +84,9 @@ class SchedulerConfig:
             )
         if self.spf_aging < 0:
             raise ValueError(f"spf_aging must be >= 0, got {self.spf_aging}")
+        overtakes = self.spf_max_overtakes
+        if overtakes is not None and (not isinstance(overtakes, int) or overtakes < 0):
+            raise ValueError(f"spf_max_overtakes must be an int >= 0 or None, got {overtakes!r}")
         if self.background_step_tokens < 0:
             raise ValueError(
                 f"background_step_tokens must be >= 0, got {self.background_step_tokens}"

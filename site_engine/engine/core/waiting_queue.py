@@ -4,7 +4,8 @@ step cost more host time than the step's decode). Pure Python.
 
 The order is scheduling_policy.admission_order's, exactly: a sequence's place within its class
 is given by a key that does not change while it waits (whether it was ever scheduled, its
-arrival index, and under SPF its expected output length, fixed at `add`), so each class is a
+arrival index, and under SPF its rank: expected output length, capped by the overtaking bound,
+plus aging; fixed at `add`), so each class is a
 list sorted by that key, kept sorted by binary insertion (a preempted sequence's key sorts it
 ahead of every fresh one, as admission_order puts it). Keys are unique (the arrival index is),
 so the sorted list is the one order sorting would give. Inserting and removing one sequence costs
@@ -22,7 +23,12 @@ from bisect import bisect_left
 from collections.abc import Iterator
 
 from fedllm_contract.priority import Priority
-from site_engine.engine.core.scheduling_policy import PolicyName
+from site_engine.engine.core.scheduling_policy import (
+    DEFAULT_SPF_MAX_OVERTAKES,
+    PolicyName,
+    spf_length_cap,
+    spf_rank,
+)
 from site_engine.engine.core.sequence import Sequence, SequenceStatus
 
 # (not ever scheduled, [SPF rank,] arrival index): admission_order's key without the class.
@@ -32,9 +38,17 @@ _Key = tuple[bool, float, int] | tuple[bool, int]
 class WaitingQueue:
     """The waiting sequences of every class, each class in admission order."""
 
-    def __init__(self, policy: PolicyName, spf_aging: float) -> None:
+    def __init__(
+        self,
+        policy: PolicyName,
+        spf_aging: float,
+        spf_max_overtakes: int | None = DEFAULT_SPF_MAX_OVERTAKES,
+    ) -> None:
+        """`spf_max_overtakes`: SchedulerConfig's (scheduling_policy.py: the bound on later
+        arrivals admitted ahead of a waiting sequence under SPF; None: the aging alone)."""
         self._spf = policy == "spf"
         self._aging = spf_aging
+        self._cap = spf_length_cap(spf_aging, spf_max_overtakes)
         self._keys: dict[Priority, list[_Key]] = {priority: [] for priority in Priority}
         self._seqs: dict[Priority, list[Sequence]] = {priority: [] for priority in Priority}
         self._size = 0
@@ -65,7 +79,7 @@ class WaitingQueue:
 
     def _key(self, seq: Sequence) -> _Key:
         if self._spf:
-            rank = seq.expected_output_tokens + self._aging * seq.arrival_index
+            rank = spf_rank(seq, self._aging, self._cap)
             return (not seq.ever_scheduled, rank, seq.arrival_index)
         return (not seq.ever_scheduled, seq.arrival_index)
 
