@@ -110,50 +110,45 @@ def _gpu_ms_per_step(engine: PagedEngine, steps: int) -> tuple[float, float]:
 
 
 def step_phase(
-    loaded: LoadedModel, args: argparse.Namespace, log: Progress
+    engine: PagedEngine, loaded: LoadedModel, args: argparse.Namespace, log: Progress
 ) -> dict[str, dict[str, float]]:
     """Per row count: the step period, the GPU time of a step, the host's CPU time a step."""
     out: dict[str, dict[str, float]] = {}
-    engine = PagedEngine(loaded, engine_config(args))
-    try:
-        for rows in args.rows:
-            answer = args.warmup_steps + 2 * args.steps + 64
-            _decoding(engine, rows, args.prompt_len, answer, seed=rows)
-            for _ in range(args.warmup_steps):
-                engine.step()
-            device = loaded.device
-            cpu: list[float] = []
-            sync(device)
-            began = time.perf_counter()
-            for _ in range(args.steps):
-                cpu_began = time.thread_time()
-                engine.step()
-                cpu.append(time.thread_time() - cpu_began)
-            sync(device)
-            period_ms = (time.perf_counter() - began) * 1000.0 / args.steps
-            gpu_ms, kernels = (
-                _gpu_ms_per_step(engine, args.profile_steps)
-                if device.type == "cuda"
-                else (float("nan"), 0.0)
-            )
-            running = engine.queue_lengths()[1]
-            out[str(rows)] = {
-                "running": running,
-                "step_ms": period_ms,
-                "gpu_ms": gpu_ms,
-                "step_vs_gpu_time": period_ms / gpu_ms if gpu_ms == gpu_ms else float("nan"),
-                "host_cpu_ms_p50": statistics.median(cpu) * 1000.0,
-                "kernels_per_step": kernels,
-            }
-            log(
-                f"  {rows} rows ({running} running): step {period_ms:.2f} ms, GPU {gpu_ms:.2f} "
-                f"ms, x{out[str(rows)]['step_vs_gpu_time']:.2f}; host CPU p50 "
-                f"{out[str(rows)]['host_cpu_ms_p50']:.2f} ms"
-            )
-            _cancel_all(engine)
-    finally:
-        engine.close()
-        free_device_memory(loaded.device)
+    for rows in args.rows:
+        answer = args.warmup_steps + 2 * args.steps + 64
+        _decoding(engine, rows, args.prompt_len, answer, seed=rows)
+        for _ in range(args.warmup_steps):
+            engine.step()
+        device = loaded.device
+        cpu: list[float] = []
+        sync(device)
+        began = time.perf_counter()
+        for _ in range(args.steps):
+            cpu_began = time.thread_time()
+            engine.step()
+            cpu.append(time.thread_time() - cpu_began)
+        sync(device)
+        period_ms = (time.perf_counter() - began) * 1000.0 / args.steps
+        gpu_ms, kernels = (
+            _gpu_ms_per_step(engine, args.profile_steps)
+            if device.type == "cuda"
+            else (float("nan"), 0.0)
+        )
+        running = engine.queue_lengths()[1]
+        out[str(rows)] = {
+            "running": running,
+            "step_ms": period_ms,
+            "gpu_ms": gpu_ms,
+            "step_vs_gpu_time": period_ms / gpu_ms if gpu_ms == gpu_ms else float("nan"),
+            "host_cpu_ms_p50": statistics.median(cpu) * 1000.0,
+            "kernels_per_step": kernels,
+        }
+        log(
+            f"  {rows} rows ({running} running): step {period_ms:.2f} ms, GPU {gpu_ms:.2f} "
+            f"ms, x{out[str(rows)]['step_vs_gpu_time']:.2f}; host CPU p50 "
+            f"{out[str(rows)]['host_cpu_ms_p50']:.2f} ms"
+        )
+        _cancel_all(engine)
     return out
 
 
@@ -270,7 +265,9 @@ def overload_phase(
     }
 
 
-def overload(loaded: LoadedModel, args: argparse.Namespace, log: Progress) -> dict[str, Any]:
+def overload(
+    engine: PagedEngine, loaded: LoadedModel, args: argparse.Namespace, log: Progress
+) -> dict[str, Any]:
     tokenizer = load_tokenizer(args.tokenizer_dir)
 
     def encode(text: str) -> list[int]:
@@ -279,28 +276,23 @@ def overload(loaded: LoadedModel, args: argparse.Namespace, log: Progress) -> di
     pools = load_pools(encode, loaded.vocab_size, args.data_dir, max_prompt_tokens=2048)
     requests = build_mix(pools, "short", args.pool_requests, args.seed)
     mean_answer = statistics.fmean(r.output_tokens for r in requests)
-    engine = PagedEngine(loaded, engine_config(args))
-    try:
-        warm = build_mix(pools, "short", 64, args.seed + 1)
-        for r in warm:
-            engine.add_request(_request(r.request_id, r.prompt_token_ids, 8))
-        while engine.has_unfinished():
-            engine.step()
-        peak = peak_phase(engine, requests, args)
-        capacity = peak["peak_tokens_per_s"] / mean_answer
-        tok_s, step_ms = peak["peak_tokens_per_s"], peak["step_ms_p50"]
-        log(f"  peak {tok_s:.0f} tok/s (step p50 {step_ms:.2f} ms): capacity {capacity:.1f} "
-            f"req/s at {mean_answer:.0f} tokens an answer")  # fmt: skip
-        rate = capacity * args.overload
-        fresh = build_mix(pools, "short", max(int(rate * args.duration_s) + 1, 1), args.seed + 2)
-        load = overload_phase(engine, fresh, rate, args)
-        ratio = load["tokens_per_s"] / peak["peak_tokens_per_s"]
-        log(f"  overload {rate:.1f} req/s: {load['tokens_per_s']:.0f} tok/s = x{ratio:.3f} of "
-            f"the peak, step p50 {load['step_ms_p50']:.2f} ms, {load['waiting_at_end']} "
-            "waiting at the end")  # fmt: skip
-    finally:
-        engine.close()
-        free_device_memory(loaded.device)
+    warm = build_mix(pools, "short", 64, args.seed + 1)
+    for r in warm:
+        engine.add_request(_request(r.request_id, r.prompt_token_ids, 8))
+    while engine.has_unfinished():
+        engine.step()
+    peak = peak_phase(engine, requests, args)
+    capacity = peak["peak_tokens_per_s"] / mean_answer
+    tok_s, step_ms = peak["peak_tokens_per_s"], peak["step_ms_p50"]
+    log(f"  peak {tok_s:.0f} tok/s (step p50 {step_ms:.2f} ms): capacity {capacity:.1f} "
+        f"req/s at {mean_answer:.0f} tokens an answer")  # fmt: skip
+    rate = capacity * args.overload
+    fresh = build_mix(pools, "short", max(int(rate * args.duration_s) + 1, 1), args.seed + 2)
+    load = overload_phase(engine, fresh, rate, args)
+    ratio = load["tokens_per_s"] / peak["peak_tokens_per_s"]
+    log(f"  overload {rate:.1f} req/s: {load['tokens_per_s']:.0f} tok/s = x{ratio:.3f} of "
+        f"the peak, step p50 {load['step_ms_p50']:.2f} ms, {load['waiting_at_end']} "
+        "waiting at the end")  # fmt: skip
     return {
         "mean_answer_tokens": mean_answer,
         "capacity_rps": capacity,
@@ -365,7 +357,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--profile-steps", type=int, default=20)
     add("--peak-s", type=float, default=20.0)
     add("--duration-s", type=float, default=30.0)
-    add("--settle-s", type=float, default=5.0)
+    add("--settle-s", type=float, default=10.0)
     add("--overload", type=float, default=1.25)
     add("--pool-requests", type=int, default=20000)
     add("--seed", type=int, default=0)
@@ -444,16 +436,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.baseline_engine is not None:
         payload["baseline"] = baseline(args, argv_list, log)
         free_device_memory(loaded.device)
-    if "steps" in phases:
-        log("steps at full batch")
-        payload["steps"] = step_phase(loaded, args, log)
-        payload["step_vs_gpu_time"] = {
-            k: v["step_vs_gpu_time"] for k, v in payload["steps"].items()
-        }
-    if "overload" in phases:
-        log("overload")
-        payload["overload"] = overload(loaded, args, log)
-        payload["overload_tokens_vs_peak"] = payload["overload"]["overload_tokens_vs_peak"]
+    # One engine for both phases: its graphs are captured once.
+    engine = PagedEngine(loaded, engine_config(args))
+    log(f"engine: {engine.startup_report}")
+    try:
+        if "steps" in phases:
+            log("steps at full batch")
+            steps = payload["steps"] = step_phase(engine, loaded, args, log)
+            payload["step_vs_gpu_time"] = {k: v["step_vs_gpu_time"] for k, v in steps.items()}
+        if "overload" in phases:
+            log("overload")
+            load = payload["overload"] = overload(engine, loaded, args, log)
+            payload["overload_tokens_vs_peak"] = load["overload_tokens_vs_peak"]
+    finally:
+        engine.close()
+        free_device_memory(loaded.device)
     payload.setdefault("steps", {})
     markdown = report(payload)
     write_results(name, payload, markdown, command_line("bench.engine.host_bound", argv),
