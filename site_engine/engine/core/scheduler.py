@@ -120,7 +120,7 @@ class Scheduler:
         )
         self._static = config.policy == "static"
         self._live: dict[str, Sequence] = {}
-        self._waiting = WaitingQueue(config.policy, config.spf_aging)
+        self._waiting = WaitingQueue(config.policy, config.spf_aging, config.spf_max_overtakes)
         # In admission order (a dict for O(1) removal): the last one is preempted first.
         self._running: dict[Sequence, None] = {}
         # The adapters of the running sequences, with how many of them use each.

@@ -208,6 +208,24 @@ def test_the_scheduler_keeps_the_default_bound_against_a_stream_of_short_request
     assert admitted.index("long") == DEFAULT_SPF_MAX_OVERTAKES
 
 
+@pytest.mark.parametrize("bound", [0, 5])
+def test_the_scheduler_keeps_a_configured_bound(bound: int) -> None:
+    """The bound set in the scheduler's config, not the default, is the one its queue keeps."""
+    sched: Scheduler = make(
+        num_blocks=300, block_size=16, max_num_seqs=1, max_model_len=8192, policy="spf",
+        spf_max_overtakes=bound,
+    )  # fmt: skip
+    sched.add("long", [1], SamplingParams(4000), 4000)
+    admitted: list[str] = []
+    for i in range(bound + 20):
+        sched.add(f"s{i}", [1], SamplingParams(1), 1)
+        out, _ = step(sched)
+        admitted += [c.request_id for c in out.chunks if c.start_position == 0]
+        if "long" in admitted:
+            break
+    assert admitted.index("long") == bound
+
+
 @pytest.mark.parametrize("bound", [-1, 1.5, "8"])
 def test_a_bad_overtaking_bound_is_refused(bound: object) -> None:
     with pytest.raises(ValueError, match="spf_max_overtakes"):
