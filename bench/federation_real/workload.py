@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.loadgen.workload import Request
-from fedsim.workload import Lengths, azure_lengths, mooncake_lengths, sharegpt_lengths
+from fedsim.traces import Lengths, azure_lengths, jsonl_lengths
+from fedsim.workload import sharegpt_lengths
 
 # Prompt ids come from [FIRST_ID, vocab - 1): clear of byte tokens and of GPT-2's end of text.
 FIRST_ID = 256
@@ -78,7 +79,7 @@ def _trace(spec: WorkloadSpec, count: int) -> tuple[list[Lengths], list[float]]:
     path = Path(spec.source)
     if not path.is_file():
         raise FileNotFoundError(f"no trace at {path} (--workload sharegpt or a trace file)")
-    rows = mooncake_lengths(path) if path.suffix == ".jsonl" else azure_lengths(path)
+    rows = jsonl_lengths(path) if path.suffix == ".jsonl" else azure_lengths(path)
     if len(rows) < count:
         raise ValueError(f"{path} holds {len(rows)} requests, the run needs {count}")
     rng = random.Random(f"trace-offset-{spec.seed}")
