@@ -23,14 +23,16 @@ max(device, host) = max(grid - h, h). h is fitted on whole `engine.step()` perio
 step_grid's `--engine-steps`; fedsim/calibrate/host.py); absent (0), the model is the grid's.
 It is a CPU's cost, so it does not scale with the card.
 
-A step that admits (a prompt chunk beside the decode rows) adds host time per KV token its rows
-read (`per_kv_token_admitting_s`): an H200 engine serving a full batch (1B shape, ~250 rows) took
-3.3 ms a step while admitting at ~27k KV tokens a step and 5.4-5.5 ms at 60-65k, where the
-grid's terms and the sweep's host term give ~3.6 ms for both. Which part of the loop spends it
-is not recorded. As host time it only shows where the host sets the pace (full batches); as
-device time it put the Poisson runs' TTFT p99 28% over. `loop_scale` (the serving loop's host
-time over the sweep's) was fitted on a burst before this term explained the bursts better; it
-is 1 unless set.
+A step that admits (a prompt chunk beside the decode rows) adds host time: a constant a step
+(`admitting_step_s`), fitted on one measured burst. Before issue 66 the engine's host work grew
+with the KV its rows read (`per_kv_token_admitting_s`, kept for the models fitted then: an H200
+at ~250 rows took 3.3 ms a step admitting at ~27k KV tokens and 5.4-5.5 ms at 60-65k); issue 66
+made a step's host work follow what changed (the rows admitted, not the batch), and on that
+engine the per-KV form fitted on the 1,000-request burst put the 3,000/4,500-request bursts
+29-68% slow, where a constant fitted on the same burst puts them within 15% (docs/simulator.md,
+"The refit after issue 66"). Which part of the loop spends it is not recorded. As host time it
+only shows where the host sets the pace (full batches). `loop_scale` (the serving loop's host
+time over the sweep's) is 1 unless set.
 """
 
 from __future__ import annotations
@@ -87,9 +89,12 @@ class HostOverhead:
     per_row_s: float = 0.0
     # The host time of a serving loop over the decode sweep's (1: not fitted; the docstring).
     loop_scale: float = 1.0
-    # Host seconds per KV token read by the rows of a step that admits (the module docstring):
-    # fitted on one measured burst (fedsim/calibrate/replay.py's fit_admitting_kv).
+    # Host seconds per KV token read by the rows of a step that admits: the engine before issue
+    # 66 (the module docstring); 0 in models fitted since.
     per_kv_token_admitting_s: float = 0.0
+    # Host seconds a step that admits adds (the module docstring): fitted on one measured burst
+    # (fedsim/calibrate/replay.py's fit_admitting).
+    admitting_step_s: float = 0.0
 
     def seconds(self, f: StepFeatures) -> float:
         return max(self.base_s + self.per_row_s * f.rows, 0.0)
@@ -100,7 +105,7 @@ class HostOverhead:
         h = min(self.seconds(f), grid_s)
         host = self.loop_scale * h
         if f.prefill_tokens:
-            host += self.per_kv_token_admitting_s * f.kv_read_tokens
+            host += self.admitting_step_s + self.per_kv_token_admitting_s * f.kv_read_tokens
         return max(grid_s - h, host)
 
 

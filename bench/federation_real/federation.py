@@ -144,7 +144,8 @@ class Federation:
 
     def federation_document(self) -> dict[str, object]:
         return {
-            "models": [{"name": ROUTED_MODEL, "tokenizer": str(self.tokenizer_dir)}],
+            # Absolute: each gateway runs in a folder of its own, so a relative path missed.
+            "models": [{"name": ROUTED_MODEL, "tokenizer": str(self.tokenizer_dir.resolve())}],
             "sites": [
                 {
                     "name": s.name,

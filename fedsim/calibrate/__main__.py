@@ -18,7 +18,7 @@ from typing import Any
 
 from fedsim.calibrate.fit import Fitted, existing_observations, fit_all, grid_observations
 from fedsim.calibrate.host import engine_step_rows, fit_host
-from fedsim.calibrate.replay import compare, fit_admitting_kv, measured_runs
+from fedsim.calibrate.replay import compare, fit_admitting, measured_runs
 from fedsim.step_time import StepTimeModel
 
 # The run the admitting steps' KV term is fitted on (the newest engine's 1,000-request burst):
@@ -67,11 +67,9 @@ def _markdown(
 
 def _with_admitting(fit: Fitted, fitted_on: StepTimeModel) -> Fitted:
     """The admitting host term (measured on the H200's 1B shape only) on another card and
-    shape, as it is: a host's cost per KV token, not scaled (not measured there)."""
-    term = fitted_on.host.per_kv_token_admitting_s
-    return replace(
-        fit, step=replace(fit.step, host=replace(fit.step.host, per_kv_token_admitting_s=term))
-    )
+    shape, as it is: a host's cost a step, not scaled (not measured there)."""
+    term = fitted_on.host.admitting_step_s
+    return replace(fit, step=replace(fit.step, host=replace(fit.step.host, admitting_step_s=term)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -113,8 +111,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         fit_run = FIT_RUN if args.engine_run is None else "engine_burst"
         step = h200.step
         if fit_run in runs:
-            kv = fit_admitting_kv(runs[fit_run], step)
-            step = replace(step, host=replace(step.host, per_kv_token_admitting_s=kv))
+            admitting = fit_admitting(runs[fit_run], step)
+            step = replace(step, host=replace(step.host, admitting_step_s=admitting))
             fit_replay = {fit_run: compare(runs[fit_run], step).to_json()}
         fits = [replace(f, step=step) if f is h200 else f for f in fits]
         fits = [f if f is h200 else _with_admitting(f, step) for f in fits]

@@ -240,16 +240,16 @@ def burst_steps(measured: MeasuredRun, step: StepTimeModel) -> list[StepFeatures
     return recording.log
 
 
-def fit_admitting_kv(measured: MeasuredRun, step: StepTimeModel, iterations: int = 30) -> float:
-    """The host term's per_kv_token_admitting_s that makes `measured` (a burst: its wall time is
-    the site's busy time) last as long simulated as it did: bisection on [0, 500 ns]. FITTING
-    ONLY: the run it is fitted on is not one the calibration reports a replay error for."""
+def fit_admitting(measured: MeasuredRun, step: StepTimeModel, iterations: int = 30) -> float:
+    """The host term's admitting_step_s that makes `measured` (a burst: its wall time is the
+    site's busy time) last as long simulated as it did: bisection on [0, 20 ms]. FITTING ONLY:
+    the run it is fitted on is not one the calibration reports a replay error for."""
     wall = measured.summary["wall_s"]
     features = burst_steps(measured, step)
-    low, high = 0.0, 5e-7
+    low, high = 0.0, 0.02
     for _ in range(iterations):
         mid = (low + high) / 2
-        model = replace(step, host=replace(step.host, per_kv_token_admitting_s=mid))
+        model = replace(step, host=replace(step.host, admitting_step_s=mid))
         busy = sum(model.seconds(f) for f in features)
         low, high = (mid, high) if busy < wall else (low, mid)
     return (low + high) / 2

@@ -98,21 +98,30 @@ def test_a_step_that_admits_adds_host_time_per_kv_token_only_where_the_host_sets
     ).seconds(light)
 
 
+def test_a_step_that_admits_adds_a_constant_of_host_time_where_the_host_sets_the_pace() -> None:
+    host = HostOverhead(base_s=3e-4, per_row_s=5e-6, admitting_step_s=2e-3)
+    model = replace(KERNEL, host=host)
+    # Host: 0.8 ms + 2 ms = 2.8 ms, over the device's 2.2 ms, whatever KV the rows read.
+    for kv in (1_000, 20_000):
+        assert model.seconds(StepFeatures(16, 99, kv, 256, 0)) == pytest.approx(2.8e-3, rel=1e-3)
+    assert model.seconds(decode(100)) == pytest.approx(2.2e-3)
+
+
 def test_the_admitting_term_fitted_on_a_burst_recovers_its_wall_time() -> None:
-    from fedsim.calibrate.replay import MeasuredRun, burst_steps, fit_admitting_kv
+    from fedsim.calibrate.replay import MeasuredRun, burst_steps, fit_admitting
     from fedsim.workload import SimRequest
 
     requests = [
         SimRequest(f"r{i}", 0.0, tuple(range(i * 1000, i * 1000 + 400)), 60 + i % 7, 80)
         for i in range(300)
     ]
-    truth = replace(KERNEL, host=HostOverhead(3e-4, 5e-6, per_kv_token_admitting_s=8e-8))
-    start = replace(truth, host=replace(truth.host, per_kv_token_admitting_s=0.0))
+    truth = replace(KERNEL, host=HostOverhead(3e-4, 5e-6, admitting_step_s=1.5e-3))
+    start = replace(truth, host=replace(truth.host, admitting_step_s=0.0))
     probe = MeasuredRun("burst", "test", {"wall_s": 1.0}, requests, 64, 2048, 16)
     steps = burst_steps(probe, start)
     wall = sum(truth.seconds(f) for f in steps)
     assert wall > sum(start.seconds(f) for f in steps)  # the term binds in some steps
     measured = replace(probe, summary={"wall_s": wall})
-    assert fit_admitting_kv(measured, start) == pytest.approx(8e-8, rel=1e-3)
+    assert fit_admitting(measured, start) == pytest.approx(1.5e-3, rel=1e-3)
     with pytest.raises(ValueError, match="not a burst"):
         burst_steps(replace(probe, requests=[replace(requests[0], arrival_s=1.0)]), start)
