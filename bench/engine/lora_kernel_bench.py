@@ -5,10 +5,14 @@ move (issue 69).
 For the 8B shape at rank 16 on all seven projections (64 slots), a decode step of 256 rows over
 8 and over 64 adapters and a prefill step of 2,048 rows over 8, each stack's kernels run over
 `LAYERS` layers of distinct slot tensors (1.3 GB at 64 adapters: the weights stream from memory
-as in the engine, not from L2), in four variants:
+as in the engine, not from L2), in five variants:
 
 - `segmented`: cuda/lora_segmented.py, the kernels before issue 69 and the engine's default
   path ("segmented"), shrink and expand in two launches;
+- `segmented_m64`: the same with 64-row tiles at decode too (the prefill tiles), so each slot's
+  rows (up to 64) are one tile and its A and B are read once a stack (16-row tiles read them
+  twice at 32 rows a slot: 8 adapters over 256 rows) at the cost of fewer, emptier tiles; a
+  tile choice to make from this run (docs/engine.md, the bytes floor), not what the engine runs;
 - `two_launch`: issue 69's shrink and expand (cuda/lora_kernels.py) as two launches
   (lora_shrink, lora_expand);
 - `one_launch`: issue 69's single launch per stack (lora_delta), the engine's "one_launch";
@@ -148,6 +152,7 @@ def _time_ms(fn: Callable[[], None], device: torch.device) -> float:
 # Variants that run a kernel module with some of its private planning constants changed (they
 # only shape launch arguments, so the change holds for the variant's capture and check only).
 VARIANT_SETTINGS: dict[str, dict[str, int]] = {
+    "segmented_m64": {"_PREFILL_TOKENS": 0},  # every step takes the 64-row tiles
     "one_launch_f256": {"_SPLIT_FEATURES": 256},
 }
 
@@ -296,8 +301,8 @@ def run(p: dict[str, Any]) -> dict[str, Any]:
     peak_bytes = (1 << 30) if device.type == "cuda" else (64 << 20)
     peak = float(measure_copy_bandwidth(device, peak_bytes)["read_write_bytes_per_s"])
     segmented, new = kernel_modules(device)
-    variants = {"segmented": segmented, "two_launch": new, "one_launch": new,
-                "one_launch_f256": new}  # fmt: skip
+    variants = {"segmented": segmented, "segmented_m64": segmented, "two_launch": new,
+                "one_launch": new, "one_launch_f256": new}  # fmt: skip
     cases = {
         label: run_case(label, tokens, adapters, variants, p, peak)
         for label, tokens, adapters in CASES[p["preset"]]
@@ -320,6 +325,7 @@ def report(result: dict[str, Any], model_layers: int) -> str:
         f"layer are medians of {result['seeds']} row orders (min-max), CUDA graph replays over "
         f"{result['layers_timed']} layers of distinct slot tensors; `floor` = bytes / copy rate.",
         "Variants: `segmented` (cuda/lora_segmented.py, the engine's default path), "
+        "`segmented_m64` (the same with 64-row tiles at decode: a slot's A and B read once), "
         "`two_launch`, `one_launch`, `one_launch_f256` (cuda/lora_kernels.py; `one_launch` is "
         'the engine\'s "one_launch" path).',
     ]

@@ -40,7 +40,7 @@ def test_a_cpu_run_writes_both_arms(tmp_path: Path, gpt2_tokenizer_dir: Path) ->
 
 
 @pytest.mark.timeout(600)
-def test_a_cpu_kernels_only_run_checks_both_launch_paths(tmp_path: Path) -> None:
+def test_a_cpu_kernels_only_run_checks_both_kernel_paths(tmp_path: Path) -> None:
     """--kernels-only on the CPU: both kernel paths through Triton's interpreter, decode- and
     prefill-sized steps, each variant's deltas against the PyTorch reference."""
     pytest.importorskip("triton")
@@ -49,7 +49,7 @@ def test_a_cpu_kernels_only_run_checks_both_launch_paths(tmp_path: Path) -> None
     assert set(result["cases"]) == {"decode_4", "prefill_2"}
     for case in result["cases"].values():
         assert set(case["variants"]) == {
-            "segmented", "two_launch", "one_launch", "one_launch_f256"
+            "segmented", "segmented_m64", "two_launch", "one_launch", "one_launch_f256"
         }  # fmt: skip
         for variant in case["variants"].values():
             assert variant["max_relative_error"] < 1e-4
