@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
-import torch
-
 if TYPE_CHECKING:
+    # Annotations only: the site's settings import the kernel names without torch.
+    import torch
+
     from site_engine.engine.lora.slots import LoraSlots
 
 LoraKernels = Literal["segmented", "one_launch"]
