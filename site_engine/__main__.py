@@ -38,6 +38,7 @@ from site_engine.embedding.runner import load_embedding_runner
 from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.core.api import Engine, StructuredOutputUnavailable
 from site_engine.engine.lora.registry import LoraSettings
+from site_engine.engine.lora.segmented_step import LORA_KERNELS
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine, plan_kv
 from site_engine.engine_service import EngineService, OnDemandReserve
@@ -167,6 +168,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         "--max-lora-loads", type=int, help="adapters read from disk at once (default 4)"
     )
     parser.add_argument(
+        "--lora-kernels",
+        choices=LORA_KERNELS,
+        help="CUDA: the LoRA kernels a step runs (default segmented)",
+    )
+    parser.add_argument(
         "--finetune-reserve-bytes",
         type=int,
         help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
@@ -251,6 +257,7 @@ def lora_settings(settings: SiteSettings) -> LoraSettings | None:
         max_cpu_bytes=int(settings.max_cpu_lora_gib * (1 << 30)),
         max_rank=settings.max_lora_rank,
         max_loads=settings.max_lora_loads,
+        kernels=settings.lora_kernels,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from fedllm_contract.env_settings import SettingsError, build, read_env
 from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
+from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KERNELS, LoraKernels
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 from site_engine.idle_work import DEFAULT_BUSY_SHARE
 
@@ -114,6 +115,8 @@ class SiteSettings:
     max_cpu_lora_gib: float = 0.0
     max_lora_rank: int = 16
     max_lora_loads: int = 4
+    # CUDA: the LoRA kernels a step runs (site_engine/engine/lora/segmented_step.py).
+    lora_kernels: LoraKernels = DEFAULT_LORA_KERNELS
     # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
     # of device memory reserved for training (LoRA weights, optimizer state, one unit's
     # activations), taken from the KV cache's budget at start; 0 refuses every job. Jobs,
@@ -197,6 +200,10 @@ class SiteSettings:
             raise SettingsError(f"SITE_MAX_CPU_LORA_GIB must be >= 0, got {self.max_cpu_lora_gib}")
         if self.max_lora_loads < 1:
             raise SettingsError(f"SITE_MAX_LORA_LOADS must be >= 1, got {self.max_lora_loads}")
+        if self.lora_kernels not in LORA_KERNELS:
+            raise SettingsError(
+                f"SITE_LORA_KERNELS must be one of {LORA_KERNELS}, got {self.lora_kernels!r}"
+            )
         if self.finetune_reserve_bytes < 0 or self.finetune_checkpoint_every < 1:
             raise SettingsError(
                 "SITE_FINETUNE_RESERVE_BYTES must be >= 0 (0: no fine-tuning) and "

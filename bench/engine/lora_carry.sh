@@ -3,9 +3,8 @@
 # tokenizer files, for `python -m bench.engine.lora` and tests/gpu/test_lora_kernels.py on the
 # GPU machine, which gets the working tree but not ../shared; and the xxhash and protobuf wheels
 # (the block hashes; prefix_carry.sh found the image without them). The bench writes its
-# PEFT-format adapters with safetensors alone: peft is not needed. And the LoRA kernels as they
-# were before issue 69 (lora_kernels_baseline.py, from git), which
-# `python -m bench.engine.lora_profile --kernels-only` times beside the current ones.
+# PEFT-format adapters with safetensors alone: peft is not needed. (The LoRA kernels before
+# issue 69 are in the tree again, cuda/lora_segmented.py: no baseline file is carried.)
 #
 # Run from the repository root:
 #     bash bench/engine/lora_carry.sh
@@ -16,6 +15,4 @@
 source "$(dirname "$0")/carry_lib.sh"
 carry_start .loracarry
 carry_wheels xxhash protobuf
-# The commit before issue 69's kernels (main at cac8a4f).
-git show cac8a4f:site_engine/engine/cuda/lora_kernels.py > "$CARRY/lora_kernels_baseline.py"
 carry_done

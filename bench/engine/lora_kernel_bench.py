@@ -1,15 +1,21 @@
-"""`python -m bench.engine.lora_profile --kernels-only`: the multi-LoRA kernels alone, old and new
-on the same inputs, against the bytes they must move (issue 69).
+"""`python -m bench.engine.lora_profile --kernels-only`: the multi-LoRA kernels alone, both of the
+engine's kernel paths (LoraSettings.kernels) on the same inputs, against the bytes they must
+move (issue 69).
 
 For the 8B shape at rank 16 on all seven projections (64 slots), a decode step of 256 rows over
 8 and over 64 adapters and a prefill step of 2,048 rows over 8, each stack's kernels run over
 `LAYERS` layers of distinct slot tensors (1.3 GB at 64 adapters: the weights stream from memory
-as in the engine, not from L2), in three variants:
+as in the engine, not from L2), in five variants:
 
-- `baseline`: the kernels before issue 69 (a file: `--baseline`, written by lora_carry.sh from
-  the commit before), shrink and expand in two launches;
-- `two_launch`: the new shrink and expand as two launches (lora_shrink, lora_expand);
-- `one_launch`: the new single launch per stack (lora_delta), what the engine runs;
+- `segmented`: cuda/lora_segmented.py, the kernels before issue 69 and the engine's default
+  path ("segmented"), shrink and expand in two launches;
+- `segmented_m64`: the same with 64-row tiles at decode too (the prefill tiles), so each slot's
+  rows (up to 64) are one tile and its A and B are read once a stack (16-row tiles read them
+  twice at 32 rows a slot: 8 adapters over 256 rows) at the cost of fewer, emptier tiles; a
+  tile choice to make from this run (docs/engine.md, the bytes floor), not what the engine runs;
+- `two_launch`: issue 69's shrink and expand (cuda/lora_kernels.py) as two launches
+  (lora_shrink, lora_expand);
+- `one_launch`: issue 69's single launch per stack (lora_delta), the engine's "one_launch";
 - `one_launch_f256`: the same with the shrink's input features split twice as finely (at least
   256 a task instead of 512: more shrink tasks when few tiles, more partial planes to sum), a
   setting to choose from this run, not what the engine runs.
@@ -22,20 +28,16 @@ use, the rows' inputs once and outputs read and written); achieved rate = bytes 
 fraction of the card's copy rate measured in the same run. Three row orders (seeds): median and
 min-max. Each variant's deltas are checked against a float32 PyTorch reference on layer 0.
 
-On the CPU (`--preset cpu`) the same code runs a tiny shape through Triton's interpreter: a
-smoke run of the script, no timing worth reading, and no baseline (its kernels call Triton's
-own @jit helpers, which an interpreter turned on after triton's import cannot run).
+On the CPU (`--preset cpu`) the same code runs a tiny shape through Triton's interpreter (both
+paths): a smoke run of the script, no timing worth reading.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -56,27 +58,16 @@ REPLAYS = 20
 Op = Callable[[int, int, bool], None]  # (stack index, layer, shrink only) -> None
 
 
-def load_baseline(path: Path | None, device: torch.device) -> ModuleType | None:
-    """The kernels before issue 69 from a file (lora_carry.sh writes it), on CUDA only."""
-    if path is None or not path.exists() or device.type != "cuda":
-        return None
-    spec = importlib.util.spec_from_file_location("lora_kernels_baseline", path)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def new_kernels(device: torch.device) -> ModuleType:
+def kernel_modules(device: torch.device) -> tuple[ModuleType, ModuleType]:
+    """(cuda/lora_segmented.py, cuda/lora_kernels.py): imported on CUDA, interpreted copies on
+    the CPU."""
     if device.type == "cuda":
-        from site_engine.engine.cuda import lora_kernels
+        from site_engine.engine.cuda import lora_kernels, lora_segmented
 
-        return lora_kernels
+        return lora_segmented, lora_kernels
     from devtools.triton_interpreter import interpreted_module
 
-    return interpreted_module(
+    return interpreted_module("site_engine.engine.cuda.lora_segmented"), interpreted_module(
         "site_engine.engine.cuda.lora_kernels", kernels=("site_engine.engine.cuda.lora_triton",)
     )
 
@@ -158,18 +149,26 @@ def _time_ms(fn: Callable[[], None], device: torch.device) -> float:
     return float(start.elapsed_time(end)) / REPLAYS
 
 
+# Variants that run a kernel module with some of its private planning constants changed (they
+# only shape launch arguments, so the change holds for the variant's capture and check only).
+VARIANT_SETTINGS: dict[str, dict[str, int]] = {
+    "segmented_m64": {"_PREFILL_TOKENS": 0},  # every step takes the 64-row tiles
+    "one_launch_f256": {"_SPLIT_FEATURES": 256},
+}
+
+
 @contextlib.contextmanager
 def _settings(name: str, module: ModuleType) -> Iterator[None]:
-    """A variant's module settings while it is captured (they only shape launch arguments)."""
-    if not name.endswith("_f256"):
-        yield
-        return
-    before = getattr(module, "_SPLIT_FEATURES")  # noqa: B009 (a module's private setting)
-    setattr(module, "_SPLIT_FEATURES", 256)  # noqa: B010
+    """A variant's module settings while it is captured and checked."""
+    changes = VARIANT_SETTINGS.get(name, {})
+    before = {key: getattr(module, key) for key in changes}
+    for key, value in changes.items():
+        setattr(module, key, value)
     try:
         yield
     finally:
-        setattr(module, "_SPLIT_FEATURES", before)  # noqa: B010
+        for key, value in before.items():
+            setattr(module, key, value)
 
 
 def time_variant(name: str, module: ModuleType, inp: Inputs, layers: int,
@@ -296,19 +295,14 @@ def _variant_result(runs: list[dict[str, Any]], floor: dict[str, StackBytes],
     }
 
 
-def run(p: dict[str, Any], baseline: Path | None) -> dict[str, Any]:
-    """Every case of the preset; the copy rate measured first."""
+def run(p: dict[str, Any]) -> dict[str, Any]:
+    """Every case of the preset, every variant of both paths; the copy rate measured first."""
     device = torch.device(p["device"])
     peak_bytes = (1 << 30) if device.type == "cuda" else (64 << 20)
     peak = float(measure_copy_bandwidth(device, peak_bytes)["read_write_bytes_per_s"])
-    new = new_kernels(device)
-    variants: dict[str, ModuleType] = {}
-    old = load_baseline(baseline, device)
-    if old is not None:
-        variants["baseline"] = old
-    variants["two_launch"] = new
-    variants["one_launch"] = new
-    variants["one_launch_f256"] = new
+    segmented, new = kernel_modules(device)
+    variants = {"segmented": segmented, "segmented_m64": segmented, "two_launch": new,
+                "one_launch": new, "one_launch_f256": new}  # fmt: skip
     cases = {
         label: run_case(label, tokens, adapters, variants, p, peak)
         for label, tokens, adapters in CASES[p["preset"]]
@@ -317,7 +311,6 @@ def run(p: dict[str, Any], baseline: Path | None) -> dict[str, Any]:
         "peak_bytes_per_s": peak,
         "layers_timed": LAYERS[p["preset"]],
         "seeds": SEEDS[p["preset"]],
-        "baseline": str(baseline) if old is not None else None,
         "cases": cases,
     }
 
@@ -331,7 +324,10 @@ def report(result: dict[str, Any], model_layers: int) -> str:
         f"Copy rate measured in this run: {peak / 1e12:.2f} TB/s (read + write). Times per "
         f"layer are medians of {result['seeds']} row orders (min-max), CUDA graph replays over "
         f"{result['layers_timed']} layers of distinct slot tensors; `floor` = bytes / copy rate.",
-        f"Baseline kernels: {result['baseline'] or 'not run'}.",
+        "Variants: `segmented` (cuda/lora_segmented.py, the engine's default path), "
+        "`segmented_m64` (the same with 64-row tiles at decode: a slot's A and B read once), "
+        "`two_launch`, `one_launch`, `one_launch_f256` (cuda/lora_kernels.py; `one_launch` is "
+        'the engine\'s "one_launch" path).',
     ]
     for label, case in result["cases"].items():
         lines += ["", f"## {label}: {case['tokens']} rows over {case['adapters']} adapters", "",

@@ -17,7 +17,9 @@ step (bench/engine/lora_bytes.py: A and B of the adapters in use, the rows' inpu
 outputs read and written) over the LoRA kernels' GPU time a step (the profiler's), against the
 card's copy rate measured in the same run.
 
-`--kernels-only`: the LoRA kernels alone instead, old and new on the same inputs
+`--lora-kernels segmented|one_launch`: the LoRA engine's kernel path (LoraSettings.kernels;
+default segmented, the engine's default), recorded as `lora_kernels` in the results.
+`--kernels-only`: the LoRA kernels alone instead, both paths on the same inputs
 (bench/engine/lora_kernel_bench.py; lora_kernels_<device>.*).
 
 The model is built in memory on the device (random weights, no checkpoint written), the KV cache
@@ -31,7 +33,7 @@ Device command (one GPU; here first: `bash bench/engine/lora_carry.sh`, carry `.
         FEDLLM_SHARED_DIR=$PWD/.loracarry && python3 -m bench.engine.lora_profile --results-dir $OUT
 
     python -m bench.engine.lora_profile --preset cpu   (the script's own smoke run; no kernels)
-    python -m bench.engine.lora_profile --kernels-only   (the baseline: .loracarry's file)
+    python -m bench.engine.lora_profile --kernels-only   (both kernel paths)
     python -m bench.engine.lora_profile --kernels-only --preset cpu   (Triton's interpreter)
 """
 
@@ -64,6 +66,11 @@ from bench.engine.roofline import measure_copy_bandwidth
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
+from site_engine.engine.lora.segmented_step import (
+    DEFAULT_LORA_KERNELS,
+    LORA_KERNELS,
+    check_lora_kernels,
+)
 from site_engine.engine.model_config import eos_token_ids
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
@@ -324,7 +331,7 @@ def kernel_bandwidth(
 def run_kernels_only(args: argparse.Namespace, argv: Sequence[str] | None, log: Progress) -> None:
     """--kernels-only: the LoRA kernels alone (bench/engine/lora_kernel_bench.py)."""
     p = PRESETS[args.preset]
-    result = lora_kernel_bench.run(p, args.baseline)
+    result = lora_kernel_bench.run(p)
     layers = int(p["shape"]["num_hidden_layers"])
     device = "cpu"
     if p["device"] == "cuda":
@@ -357,9 +364,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     add("--steps", type=int, default=30, help="timed steps per engine")
     add("--profile-steps", type=int, default=5, help="profiled steps per engine")
     add("--seed", type=int, default=0)
-    add("--kernels-only", action="store_true", help="time the LoRA kernels alone, old and new")
-    add("--baseline", type=Path, default=Path(".loracarry/lora_kernels_baseline.py"),
-        help="--kernels-only: the old kernels to compare (lora_carry.sh writes them)")  # fmt: skip
+    add("--kernels-only", action="store_true", help="time the LoRA kernels alone, both paths")
+    add("--lora-kernels", choices=LORA_KERNELS, default=DEFAULT_LORA_KERNELS,
+        help="the LoRA engine's kernel path (LoraSettings.kernels)")  # fmt: skip
     args = parser.parse_args(argv)
     log = Progress()
     if args.kernels_only:
@@ -376,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_adapters(root, BaseShapes.of_model(loaded.model), p["adapters"], distinct, p["rank"])
         log(f"{p['adapters']} adapters written")
         base = run_engine(loaded, p, args, None, {"base": [None]}, log)["base"]
-        settings = LoraSettings(root, p["adapters"], p["adapters"], p["rank"])
+        settings = LoraSettings(root, p["adapters"], p["adapters"], p["rank"],
+                                kernels=check_lora_kernels(args.lora_kernels))  # fmt: skip
         fills: dict[str, Sequence[str | None]] = {
             "lora": list(names),  # every adapter in the step: the headline
             f"lora_{few}": list(names[:few]),
@@ -393,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rows": p["rows"],
         "adapters": p["adapters"],
         "rank": p["rank"],
+        "lora_kernels": args.lora_kernels,
         "step_vs_base": {str(n): arm["step_ms"] / base["step_ms"] for n, arm in arms.items()},
         "lora_kernel_bandwidth_fraction": {n: b["fraction"] for n, b in bandwidth.items()},
         "lora_kernel_bandwidth": bandwidth,

@@ -31,6 +31,7 @@ def test_a_cpu_run_writes_both_arms(tmp_path: Path, gpt2_tokenizer_dir: Path) ->
         "2": result["lora_2"]["step_ms"] / base,
     }
     assert set(result["steps_vs_base"]) == {"lora", "lora_2", "lora_no_adapter_rows"}
+    assert result["lora_kernels"] == "segmented"  # the engine's default kernel path
     # No LoRA kernel runs on the CPU (the PyTorch path): no fraction, but the bytes are there.
     assert result["lora_kernel_bandwidth_fraction"] == {"4": None, "2": None}
     assert result["lora_kernel_bandwidth"]["4"]["bytes_per_step"] > 0
@@ -39,15 +40,17 @@ def test_a_cpu_run_writes_both_arms(tmp_path: Path, gpt2_tokenizer_dir: Path) ->
 
 
 @pytest.mark.timeout(600)
-def test_a_cpu_kernels_only_run_checks_both_launch_paths(tmp_path: Path) -> None:
-    """--kernels-only on the CPU: the new kernels through Triton's interpreter, decode- and
+def test_a_cpu_kernels_only_run_checks_both_kernel_paths(tmp_path: Path) -> None:
+    """--kernels-only on the CPU: both kernel paths through Triton's interpreter, decode- and
     prefill-sized steps, each variant's deltas against the PyTorch reference."""
     pytest.importorskip("triton")
     main(["--kernels-only", "--preset", "cpu", "--results-dir", str(tmp_path)])
     result = json.loads((tmp_path / "lora_kernels_cpu.json").read_text())
     assert set(result["cases"]) == {"decode_4", "prefill_2"}
     for case in result["cases"].values():
-        assert set(case["variants"]) == {"two_launch", "one_launch", "one_launch_f256"}
+        assert set(case["variants"]) == {
+            "segmented", "segmented_m64", "two_launch", "one_launch", "one_launch_f256"
+        }  # fmt: skip
         for variant in case["variants"].values():
             assert variant["max_relative_error"] < 1e-4
             assert len(variant["stacks"]) == 4

@@ -33,6 +33,13 @@ from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
+from site_engine.engine.lora.segmented_step import (
+    LORA_KERNELS,
+    LoraKernels,
+    SegmentedLoraStep,
+    StackLauncher,
+    launcher,
+)
 from site_engine.engine.lora.slots import (
     GATE_UP,
     QKV,
@@ -62,6 +69,20 @@ def _fresh_seed() -> int:
     return random.SystemRandom().randrange(2**31)
 
 
+# The engine's default kernels (cuda/lora_segmented.py) and issue 69's in one launch or in two
+# (cuda/lora_kernels.py): LoraSettings.kernels "segmented" and "one_launch".
+PATHS = ["segmented", "one_launch", "two_launch"]
+
+
+def _launcher(path: str, token_slots: torch.Tensor, slots: LoraSlots) -> StackLauncher:
+    if path == "segmented":
+        return launcher("segmented", token_slots, slots.num_slots, slots.base.num_layers)
+    from site_engine.engine.cuda.lora_kernels import OneLaunchLauncher
+
+    rows = 4 * slots.base.num_layers
+    return OneLaunchLauncher(token_slots, slots.num_slots, rows, fused=path == "one_launch")
+
+
 def _stack_slots(
     in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -84,7 +105,7 @@ def _stack_slots(
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
 # tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
 # shrinks of 1 to 16 splits.
-@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     ("tokens", "in_f", "widths", "block_m", "max_rank"),
     [
@@ -99,7 +120,7 @@ def _stack_slots(
     ],
 )
 def test_kernels_match_thereference(
-    fused: bool,
+    path: str,
     tokens: int,
     in_f: int,
     widths: tuple[int, ...],
@@ -122,7 +143,7 @@ def test_kernels_match_thereference(
     expected = reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
-    _apply(fused, token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
+    _apply(path, token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
     got = got.cpu()
 
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -147,11 +168,19 @@ def test_kernels_match_thereference(
 
 
 def _apply(
-    fused: bool, token_slots: torch.Tensor, slots: int, block_m: int | None, x: torch.Tensor,
+    path: str, token_slots: torch.Tensor, slots: int, block_m: int | None, x: torch.Tensor,
     a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: torch.Tensor,
     widths: tuple[int, ...],
 ) -> None:  # fmt: skip
-    """y (on the kernels' device) += the deltas, in one launch or in two."""
+    """y (on the kernels' device) += the deltas: the default path's kernels (segmented), or
+    issue 69's in one launch or in two."""
+    if path == "segmented":
+        from site_engine.engine.cuda import lora_segmented as old
+
+        tiles = old.segments(token_slots.to(y.device), slots, block_m)
+        x, a, b, scaling = x.to(y.device), a.to(y.device), b.to(y.device), scaling.to(y.device)
+        old.lora_expand(old.lora_shrink(x, a, scaling, tiles), b, y, tiles, widths)
+        return
     from site_engine.engine.cuda.lora_kernels import (
         lora_delta,
         lora_expand,
@@ -164,7 +193,7 @@ def _apply(
     device = y.device
     seg = segments(token_slots.to(device), slots, block_m)
     x, a, b, scaling = x.to(device), a.to(device), b.to(device), scaling.to(device)
-    if fused:
+    if path == "one_launch":
         sync = torch.zeros(sync_size(seg), dtype=torch.int32, device=device)
         lora_delta(x, a, b, y, scaling, seg, widths, sync)
         # Every real tile's splits signalled once each, no other counter moved.
@@ -178,8 +207,8 @@ def _apply(
         lora_expand(lora_shrink(x, a, scaling, seg), b, y, seg, widths)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
-def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_a_nan_slot_reaches_no_other_row(kernel_device: str, path: str) -> None:
     """A slot full of NaN (written past any load check): its own rows only are NaN."""
     gen = torch.Generator().manual_seed(_fresh_seed())
     device, dtype = kernel_device, _dtype(kernel_device)
@@ -193,7 +222,7 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> Non
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
     expected = reference(x, a, b, scaling, token_slots, y, widths)
     got = y.to(device).clone()
-    _apply(fused, token_slots, 4, None, x, a, b, scaling, got, widths)
+    _apply(path, token_slots, 4, None, x, a, b, scaling, got, widths)
     got = got.cpu()
     poisoned = token_slots == 2
     assert bool(got[poisoned].isnan().all())
@@ -203,10 +232,8 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str, fused: bool) -> Non
                                rtol=tolerance)  # fmt: skip
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
-def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, fused: bool) -> None:
-    from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
-
+@pytest.mark.parametrize("path", PATHS)
+def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, path: str) -> None:
     device, dtype = kernel_device, _dtype(kernel_device)
     base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=dtype, device=torch.device(device))
@@ -217,7 +244,7 @@ def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, fused: bo
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
     token_slots = token_slots.to(device)
-    kernels = SegmentedLoraStep(slots, token_slots, fused=fused)
+    kernels = SegmentedLoraStep(slots, _launcher(path, token_slots, slots))
     reference = SegmentedTorchStep(slots, token_slots)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -431,11 +458,13 @@ def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
     runner.close()
 
 
-def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -> None:
-    """The fused model (q/k/v and gate/up deltas into slices of the fused outputs) with the
-    kernels' step against the eager Llama model with the PyTorch path's step, float32."""
+@pytest.mark.parametrize("kernels", LORA_KERNELS)
+def test_fused_model_applies_the_deltas_of_the_eager_model(
+    kernel_device: str, kernels: LoraKernels
+) -> None:
+    """The fused model (q/k/v and gate/up deltas into slices of the fused outputs) with either
+    kernel path's step against the eager Llama model with the PyTorch path's step, float32."""
     from site_engine.engine.attention import TorchReferenceAttention
-    from site_engine.engine.cuda.lora_kernels import SegmentedLoraStep
     from site_engine.engine.models.llama import LlamaFlatModel
     from site_engine.engine.models.llama_fused import LlamaFusedFlatModel
 
@@ -473,7 +502,8 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -
         base_hidden = eager.forward(*args)
         eager.lora = SegmentedTorchStep(slots, token_slots)
         want = eager.forward(*args)
-        fused.lora = SegmentedLoraStep(slots, token_slots)
+        launches = launcher(kernels, token_slots, slots.num_slots, base.num_layers)
+        fused.lora = SegmentedLoraStep(slots, launches)
         got = fused.forward(*args)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
     assert float((want - base_hidden).abs().amax()) > 0.1

@@ -139,6 +139,14 @@ def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
     assert parse_args(flags).max_lora_loads == 3
     with pytest.raises(SiteSettingsError, match="SITE_MAX_LORA_LOADS must be >= 1, got 0"):
         SiteSettings.load({**env, "SITE_MAX_LORA_LOADS": "0"})
+    # The LoRA kernel path: the pre-issue-69 kernels unless told, a misspelt one refused.
+    assert lora.kernels == "segmented"
+    fused = engine_config(SiteSettings.load({**env, "SITE_LORA_KERNELS": "one_launch"}), cpu)
+    assert fused.lora is not None
+    assert fused.lora.kernels == "one_launch"
+    assert parse_args([*flags, "--lora-kernels", "one_launch"]).lora_kernels == "one_launch"
+    with pytest.raises(SiteSettingsError, match="SITE_LORA_KERNELS must be one of"):
+        SiteSettings.load({**env, "SITE_LORA_KERNELS": "stacked"})
     assert (
         engine_config(SiteSettings.load({"SITE_MODEL_DIR": "m"}), torch.device("cpu")).lora is None
     )

@@ -1,6 +1,7 @@
 """Segmented multi-LoRA kernels (Punica's SGMV, S-LoRA's MBGMV, vLLM's fused lora_shrink and
 lora_expand): each row's delta through its own adapter only, for a stack of projections at once,
-shrink and expand in one launch.
+shrink and expand in one launch. Not the engine's default (LoraSettings.kernels "one_launch"
+selects it; cuda/lora_segmented.py is the default: lora/segmented_step.py gives the H200 times).
 
 For a stack of projections that read the same input (q/k/v, gate/up: lora/slots.py's `Stack`),
 and a step's tokens grouped by slot into tiles (cuda/lora_segments.py: a tile is a slot's whole
@@ -25,11 +26,11 @@ wait cannot deadlock: what it waits for never waits. The wait is bounded (about 
 it the tile's rows are written NaN, a loud failure instead of a hung GPU. Partial sums go to
 planes of a float32 buffer, no float atomics: a step's result does not depend on the order
 programs ran in (graphs and eager runs agree bit for bit). The per-launch counters are one row
-of a zeroed int32 buffer per launch of the step (`SegmentedLoraStep`), zeroed once a step; a
+of a zeroed int32 buffer per launch of the step (`OneLaunchLauncher`), zeroed once a step; a
 wait that gave up raises the row's failure flag, and the launch's other waiters stop at once.
 
 `lora_shrink` and `lora_expand` run the same two halves as two launches (the expand waiting for
-nothing); `SegmentedLoraStep(fused=False)` uses them. The kernel itself is cuda/lora_triton.py's;
+nothing); `OneLaunchLauncher(fused=False)` uses them. The kernel itself is cuda/lora_triton.py's;
 this module plans its launches (tile and block sizes, splits: ptxas-checked register and shared
 memory budgets, in the functions' docstrings).
 
@@ -43,7 +44,6 @@ rank R, so mixed ranks cost the padded rank. Offsets into the slot tensors are f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -57,12 +57,9 @@ from site_engine.engine.cuda.lora_segments import (
 )
 from site_engine.engine.cuda.lora_triton import _lora_delta_kernel
 
-if TYPE_CHECKING:
-    from site_engine.engine.lora.slots import LoraSlots
-
 __all__ = [
     "MAX_STACK",
-    "SegmentedLoraStep",
+    "OneLaunchLauncher",
     "Segments",
     "chunk_rows",
     "lora_delta",
@@ -191,7 +188,7 @@ def _launch(
 
 def sync_size(seg: Segments) -> int:
     """Counters one lora_delta launch needs: its ticket, its failure flag, one per tile; padded
-    to 16 bytes, so every row of SegmentedLoraStep's counters is 16-byte aligned (one Triton
+    to 16 bytes, so every row of OneLaunchLauncher's counters is 16-byte aligned (one Triton
     specialization, compiled by the warm-up before a graph capture, not during it)."""
     return -(-(2 + seg.tiles) // 4) * 4
 
@@ -280,25 +277,26 @@ def lora_expand(
     _launch(EXPAND, seg.tiles * blocks, ops, seg, plan, rank)
 
 
-class SegmentedLoraStep:
-    """A step's LoRA deltas through the segmented kernels: lora/slots.py's SegmentedTorchStep
-    on CUDA, over the same slot tensors; one launch per stack (fused=False: two)."""
+class OneLaunchLauncher:
+    """A step's launches on this path (lora/segmented_step.py's StackLauncher, the engine's
+    LoraSettings.kernels "one_launch"): one launch per stack (fused=False: two)."""
 
-    def __init__(self, slots: LoraSlots, token_slots: torch.Tensor, fused: bool = True) -> None:
-        self._slots = slots
+    def __init__(
+        self, token_slots: torch.Tensor, num_slots: int, launches: int, fused: bool = True
+    ) -> None:
         self._fused = fused
         # Once per step, shared by every layer and projection.
-        self._segments = segments(token_slots, slots.num_slots)
-        # One zeroed row of counters per fused launch: rows for the fused model's four
-        # launches a layer, more allocated (zeroed) if a caller launches more.
-        self._rows = 4 * slots.base.num_layers
+        self._segments = segments(token_slots, num_slots)
+        self._device = token_slots.device
+        # One zeroed row of counters per fused launch: `launches` rows (the fused model's four
+        # a layer), more allocated (zeroed) if a caller launches more.
+        self._rows = max(1, launches)
         self._sync = self._sync_rows()
         self._used = 0
 
     def _sync_rows(self) -> torch.Tensor:
-        device = self._slots.device
         return torch.zeros((self._rows, sync_size(self._segments)), dtype=torch.int32,
-                           device=device)  # fmt: skip
+                           device=self._device)  # fmt: skip
 
     def _next_sync(self) -> torch.Tensor:
         if self._used == self._sync.shape[0]:
@@ -307,46 +305,13 @@ class SegmentedLoraStep:
         self._used += 1
         return row
 
-    def _run(
+    def run(
         self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
-        widths: tuple[int, ...],
+        scaling: torch.Tensor, widths: tuple[int, ...],
     ) -> None:  # fmt: skip
-        scaling, seg = self._slots.scaling, self._segments
+        """y += each row's delta of the stack (`widths`: its projections' output columns)."""
+        seg = self._segments
         if self._fused:
             lora_delta(x, a, b, y, scaling, seg, widths, self._next_sync())
         else:
             lora_expand(lora_shrink(x, a, scaling, seg), b, y, seg, widths)
-
-    def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
-        """y += each row's delta of `proj` in `layer` (y may be a column slice of a fused
-        projection's output)."""
-        tensors = self._slots.stacked(proj)
-        if tensors is None:
-            return  # no adapter in a slot targets this projection
-        a, b = tensors
-        stack, rank = self._slots.stacks[proj], self._slots.max_rank
-        column = stack.projections.index(proj) * rank
-        first, end = stack.columns(proj)
-        self._run(x, a[layer, :, :, column : column + rank], b[layer, :, :, first:end], y,
-                  (end - first,))  # fmt: skip
-
-    def add_stack(
-        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
-    ) -> None:
-        """y += the deltas of every projection of the stack, one launch."""
-        stack = self._slots.stacks[projections[0]]
-        if stack.projections != projections:
-            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
-        tensors = self._slots.stacked(projections[0])
-        if tensors is None:
-            return
-        a, b = tensors
-        self._run(x, a[layer], b[layer], y, stack.widths)
-
-    def project(
-        self, layer: int, proj: str, module: torch.nn.Module, x: torch.Tensor
-    ) -> torch.Tensor:
-        """module(x) (the base GEMM, once for all rows) plus each row's delta."""
-        y: torch.Tensor = module(x)
-        self.add(layer, proj, x, y)
-        return y

@@ -46,6 +46,11 @@ from site_engine.engine.lora.adapter import (
     check_adapter,
     read_adapter,
 )
+from site_engine.engine.lora.segmented_step import (
+    DEFAULT_LORA_KERNELS,
+    LoraKernels,
+    check_lora_kernels,
+)
 from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 log = logging.getLogger(__name__)
@@ -69,8 +74,12 @@ class LoraSettings:
     # until tests/gpu/test_lora_slot_copies.py has passed on a GPU: written on 2026-11-27 with
     # no device time left to run it, and a wrong ordering there would mix adapters' weights.
     copy_stream: bool = False
+    # CUDA: which LoRA kernels a step runs (lora/segmented_step.py: "segmented", the faster on
+    # an H200 so far, or issue 69's "one_launch"); a name outside those is refused here.
+    kernels: LoraKernels = DEFAULT_LORA_KERNELS
 
     def __post_init__(self) -> None:
+        check_lora_kernels(self.kernels)
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_cpu_loras < self.max_loras:
@@ -134,7 +143,13 @@ class AdapterRegistry:
         # caching host allocator keeps a block from reuse until its copies are done).
         self._pin = device.type == "cuda"
         self.slots = LoraSlots(
-            base, settings.max_loras, settings.max_rank, dtype, device, settings.copy_stream
+            base,
+            settings.max_loras,
+            settings.max_rank,
+            dtype,
+            device,
+            settings.copy_stream,
+            settings.kernels,
         )
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[LoraAdapter]] = {}

@@ -8,7 +8,7 @@ model lives on a CUDA device; see fused.py for why.
 LoRA rows (`lora`, set by the runner or, inside captured graphs, by the graphs over their static
 slot-index buffer) add their deltas after each base GEMM: the q/k/v and gate/up stacks into the
 fused outputs at once (one shrink and one expand each), and after o_proj and down_proj
-(lora/slots.py, cuda/lora_kernels.py).
+(lora/slots.py, lora/segmented_step.py and the kernels it picks in cuda/).
 """
 
 from __future__ import annotations

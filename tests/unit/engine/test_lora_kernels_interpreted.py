@@ -22,6 +22,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from site_engine.engine.lora.segmented_step import SegmentedLoraStep
 from site_engine.engine.lora.slots import GATE_UP, QKV, LoraSlots, SegmentedTorchStep
 from tests.support.lora_weights import mixed_adapters, reference, small_shapes
 
@@ -217,9 +218,9 @@ def test_bad_scratch_and_counters_are_refused(kernels: ModuleType) -> None:
 
 @pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 def test_the_kernels_step_matches_the_pytorch_step(kernels: ModuleType, fused: bool) -> None:
-    """SegmentedLoraStep over LoraSlots (every stack at once, and each projection alone into
-    its columns) against lora/slots.py's SegmentedTorchStep, more launches than a layer's
-    four (its counter rows run out and new zeroed ones are taken)."""
+    """SegmentedLoraStep over LoraSlots with this path's launcher (every stack at once, and
+    each projection alone into its columns) against lora/slots.py's SegmentedTorchStep, more
+    launches than a layer's four (its counter rows run out and new zeroed ones are taken)."""
     base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=torch.float32,
                       device=torch.device("cpu"))  # fmt: skip
@@ -228,7 +229,8 @@ def test_the_kernels_step_matches_the_pytorch_step(kernels: ModuleType, fused: b
     rng = random.Random(_seed())
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
-    step = kernels.SegmentedLoraStep(slots, token_slots, fused=fused)
+    launches = kernels.OneLaunchLauncher(token_slots, slots.num_slots, 4 * base.num_layers, fused)
+    step = SegmentedLoraStep(slots, launches)
     reference = SegmentedTorchStep(slots, token_slots)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     for layer in range(base.num_layers):

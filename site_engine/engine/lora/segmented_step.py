@@ -1,0 +1,108 @@
+"""A step's LoRA deltas through the segmented Triton kernels (CUDA), and which kernels.
+
+Two kernel paths serve the same slot tensors (lora/slots.py) and give the same deltas:
+
+- "segmented" (the default): cuda/lora_segmented.py, a shrink and an expand launch per stack,
+  16-row tiles at decode. On an H200 its kernels took 2.03 ms (8 adapters) and 3.59 ms (64)
+  of a 256-row decode step of the 8B shape (bench/results/engine_lora/lora_kernels_h200.md).
+- "one_launch": cuda/lora_kernels.py (issue 69's rewrite), shrink and expand in one launch per
+  stack, a slot's run in one tile. Slower on the same H200 run: 3.63 and 4.91 ms (its own
+  two-launch mode: 2.49 and 3.99), so it is opt-in until it wins; kept selectable so that one
+  GPU call can time both (bench.engine.lora_profile --lora-kernels, --kernels-only).
+
+The kernels live in cuda/, below lora/: they take plain tensors and a launcher object
+(`StackLauncher`), never the slots; this module reads the slots and calls them. The kernel
+modules are imported only on CUDA (triton is not a CPU dependency).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+if TYPE_CHECKING:
+    # Annotations only: the site's settings import the kernel names without torch.
+    import torch
+
+    from site_engine.engine.lora.slots import LoraSlots
+
+LoraKernels = Literal["segmented", "one_launch"]
+LORA_KERNELS: tuple[LoraKernels, ...] = get_args(LoraKernels)
+DEFAULT_LORA_KERNELS: LoraKernels = "segmented"
+# Launches a step's launcher plans for up front: the fused model's four stacks a layer.
+_STACKS_PER_LAYER = 4
+
+
+def check_lora_kernels(value: str) -> LoraKernels:
+    """`value` as a kernel path's name; a ValueError naming the choices otherwise (a setting
+    mistyped in a config or an environment variable must not fall back silently)."""
+    for name in LORA_KERNELS:
+        if value == name:
+            return name
+    raise ValueError(f"lora kernels must be one of {', '.join(LORA_KERNELS)}; got {value!r}")
+
+
+class StackLauncher(Protocol):
+    """One step's kernel launches (the rows' grouping by slot computed once for the step)."""
+
+    def run(
+        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
+        scaling: torch.Tensor, widths: tuple[int, ...],
+    ) -> None:  # fmt: skip
+        """y[t, cols_j] += (scaling[s] * x[t] @ a[s][:, j*R:(j+1)*R]) @ b[s][:, cols_j] for
+        each row t of slot s and each projection j of the stack."""
+
+
+def launcher(
+    kernels: LoraKernels, token_slots: torch.Tensor, num_slots: int, num_layers: int
+) -> StackLauncher:
+    """The named kernel path's launcher for a step whose token t uses slot token_slots[t]."""
+    if kernels == "segmented":
+        from site_engine.engine.cuda.lora_segmented import SegmentedLauncher
+
+        return SegmentedLauncher(token_slots, num_slots)
+    from site_engine.engine.cuda.lora_kernels import OneLaunchLauncher
+
+    return OneLaunchLauncher(token_slots, num_slots, _STACKS_PER_LAYER * num_layers)
+
+
+class SegmentedLoraStep:
+    """A step's LoRA deltas through a kernel path's launcher: lora/slots.py's
+    SegmentedTorchStep on CUDA, over the same slot tensors."""
+
+    def __init__(self, slots: LoraSlots, launches: StackLauncher) -> None:
+        self._slots = slots
+        self._launches = launches
+
+    def add(self, layer: int, proj: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """y += each row's delta of `proj` in `layer` (y may be a column slice of a fused
+        projection's output)."""
+        tensors = self._slots.stacked(proj)
+        if tensors is None:
+            return  # no adapter in a slot targets this projection
+        a, b = tensors
+        stack, rank = self._slots.stacks[proj], self._slots.max_rank
+        column = stack.projections.index(proj) * rank
+        first, end = stack.columns(proj)
+        self._launches.run(x, a[layer, :, :, column : column + rank], b[layer, :, :, first:end],
+                           y, self._slots.scaling, (end - first,))  # fmt: skip
+
+    def add_stack(
+        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """y += the deltas of every projection of the stack, its A and B read once."""
+        stack = self._slots.stacks[projections[0]]
+        if stack.projections != projections:
+            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
+        tensors = self._slots.stacked(projections[0])
+        if tensors is None:
+            return
+        a, b = tensors
+        self._launches.run(x, a[layer], b[layer], y, self._slots.scaling, stack.widths)
+
+    def project(
+        self, layer: int, proj: str, module: torch.nn.Module, x: torch.Tensor
+    ) -> torch.Tensor:
+        """module(x) (the base GEMM, once for all rows) plus each row's delta."""
+        y: torch.Tensor = module(x)
+        self.add(layer, proj, x, y)
+        return y
