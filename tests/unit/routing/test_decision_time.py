@@ -28,8 +28,9 @@ def _calibration_unit() -> None:
 
 def slowdown() -> float:
     """How much slower than its best this thread's CPU runs now: the calibration's p99 CPU time
-    over its fastest: 2.2-2.8 at load ~10 on the 2-core machine, less when idle; higher where other processes share the
-    core's caches and hyperthreads (CI at load 6-9 read decisions' p99 1.68 ms, issue 67)."""
+    over its fastest. 2.2-2.8 at load ~10 on the 2-core machine, less when idle: other processes
+    share the core's caches and hyperthreads (CI at load 6-9 read decisions' p99 1.68 ms, issue
+    67)."""
     times = []
     for _ in range(_CALIBRATIONS):
         started = time.thread_time_ns()
