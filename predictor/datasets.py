@@ -1,4 +1,5 @@
-"""Reading the prompt/response corpora (../shared/datasets by default; FEDLLM_DATA_DIR overrides).
+"""Reading the prompt/response corpora (../shared/datasets by default; FEDLLM_DATA_DIR, else
+FEDLLM_SHARED_DIR/datasets, overrides).
 
 Each corpus becomes a list of PromptRecord with the prompt text as the gateway will see it:
 the instruction, followed by its input (context) when there is one.
@@ -33,12 +34,19 @@ class PromptRecord:
 
 
 def data_dir(explicit: str | Path | None = None) -> Path:
-    """The explicit path, else FEDLLM_DATA_DIR, else ../shared/datasets next to the checkout."""
-    chosen = explicit or os.environ.get("FEDLLM_DATA_DIR") or DEFAULT_DATA_DIR
+    """The explicit path, else FEDLLM_DATA_DIR, else FEDLLM_SHARED_DIR/datasets, else
+    ../shared/datasets next to the checkout."""
+    shared = os.environ.get("FEDLLM_SHARED_DIR")
+    chosen = (
+        explicit
+        or os.environ.get("FEDLLM_DATA_DIR")
+        or (Path(shared) / "datasets" if shared else DEFAULT_DATA_DIR)
+    )
     path = Path(chosen)
     if not path.is_dir():
         raise DatasetError(
-            f"dataset folder {path} does not exist: pass --data-dir or set FEDLLM_DATA_DIR"
+            f"dataset folder {path} does not exist: pass --data-dir, or set FEDLLM_DATA_DIR (the "
+            "datasets folder) or FEDLLM_SHARED_DIR (the folder holding datasets/ and tokenizers/)"
         )
     return path
 

@@ -7,8 +7,12 @@ stretch in which nothing else could run), not by wall-clock lag: on a loaded 2-c
 turn waits for the CPU as long as the load makes it, whatever the code does, while the CPU time
 of one stretch is the code's own. Measured here at 20,000 items: the bulk write's longest
 stretch 16-20 ms (SQLAlchemy compiling the batch's first statements; the COPY's chunks take ~3
-ms), cancelling and writing the error file 9-10 ms; before this issue's fix the finalizer
+ms), cancelling and writing the error file 9-10 ms; before issue 58's fix the finalizer
 loaded each page of items as ORM objects with their request bodies, 31-55 ms at a stretch.
+Issue 67 (CI at load 6-9 failed every run, 33-72 ms): the ORM's mappers were configured on the
+first model object, within the write (35-72 ms; now as the session factory is made, before
+serving), and the finalizer's pages of 1,000 rows took 27-34 ms each (250 now: 5-9 ms at
+load ~10).
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ def test_the_readme_keeps_exactly_the_two_setup_commands() -> None:
         if line.split("#", 1)[0].strip()
     ]
     assert commands == ["make demo", "make test"]
-    text = README.read_text()  # each sets itself up: no other set-up step to follow
+    # Each sets itself up: no other set-up step to follow before the API is tried (deploying
+    # on GPUs, further down, installs a CUDA torch).
+    text = README.read_text().split("## Deploy on one host")[0]
     for step in ("make setup", "pip install", "npm ci", "npm install", "apt-get", "venv"):
         assert f"{step} " not in text, step
         assert f"`{step}`" not in text, step
@@ -75,3 +77,14 @@ def test_the_deployment_recipe_starts_the_sites_its_federation_file_names(tmp_pa
     assert set(json.loads(body.group(1))) <= {
         "name", "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
     }  # fmt: skip
+
+
+def test_the_ci_figures_are_kept_in_the_readme_alone() -> None:
+    """How long `.ci/run` takes and how many tests it runs: stated once (issue 67: the
+    development guide kept an older pair)."""
+    figure = re.compile(r"\d[\d,]* tests|\d+(\.\d+)? min(utes)?\b")
+    assert re.search(r"`\.ci/run` \(set-up, lint\s+and [\d,]+ tests", README.read_text())
+    for doc in (README.parent / "docs").glob("*.md"):
+        for line in doc.read_text().splitlines():
+            if ".ci/run" in line:
+                assert not figure.search(line), f"{doc.name}: {line}"

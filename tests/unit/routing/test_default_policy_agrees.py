@@ -46,6 +46,7 @@ def test_the_readme_demo_and_docs_name_the_settings_default() -> None:
     assert _one(r"GATEWAY_ROUTING_POLICY=(\w+)", "README.md") == DEFAULT
     assert _one(r"routing `(\w+)`, the default,", "README.md") == DEFAULT  # make demo's line
     assert _one(r"`routing_policy` \(default `(\w+)`", "docs/deploy.md") == DEFAULT
+    assert _one(r"behind a gateway routing with `(\w+)`", "docs/development.md") == DEFAULT
     assert _one(r"routing by the gateway's default policy \(`(\w+)`", "devtools/demo.py") == DEFAULT
     # The demo passes the settings' default, not a name of its own.
     assert "RoutingSettings().policy" in (ROOT / "devtools/demo.py").read_text()

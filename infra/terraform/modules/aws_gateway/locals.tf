@@ -11,9 +11,9 @@ locals {
   # sslmode=require: the connection stays inside the VPC and is encrypted; RDS enforces TLS.
   database_url = "postgresql+psycopg://${local.database_user}@${aws_db_instance.gateway.address}:${aws_db_instance.gateway.port}/${local.database_name}?sslmode=require"
   environment = merge(var.environment, {
-    GATEWAY_DATABASE_URL     = local.database_url
-    GATEWAY_HOST             = "0.0.0.0"
-    GATEWAY_PORT             = tostring(local.container_port)
+    GATEWAY_DATABASE_URL = local.database_url
+    GATEWAY_HOST         = "0.0.0.0"
+    GATEWAY_PORT         = tostring(local.container_port)
     # A public endpoint: every client request carries a live API key (docs/security.md).
     GATEWAY_REQUIRE_API_KEYS = "true"
   })

@@ -134,7 +134,7 @@ locals {
   # `python -m gateway.retrain_predictor` into a new directory of the predictor file system (see
   # the retrain_command output); VERSION is the operator's to replace.
   retrain_command = ["python", "-m", "gateway.retrain_predictor", "--out", "${local.predictor_mount}/VERSION", "--activate", "if-better"]
-  volumes           = ["state", "tmp"]
+  volumes         = ["state", "tmp"]
 }
 
 resource "aws_ecs_task_definition" "gateway" {
