@@ -167,6 +167,13 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         "--max-lora-loads", type=int, help="adapters read from disk at once (default 4)"
     )
     parser.add_argument(
+        "--lora-unified-slots",
+        dest="lora_unified_slots",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="adapter slots out of the KV block pool, max_loras a cap (default off)",
+    )
+    parser.add_argument(
         "--finetune-reserve-bytes",
         type=int,
         help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
@@ -251,6 +258,7 @@ def lora_settings(settings: SiteSettings) -> LoraSettings | None:
         max_cpu_bytes=int(settings.max_cpu_lora_gib * (1 << 30)),
         max_rank=settings.max_lora_rank,
         max_loads=settings.max_lora_loads,
+        unified=settings.lora_unified_slots,
     )
 
 

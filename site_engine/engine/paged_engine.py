@@ -46,7 +46,7 @@ from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.lazy_graphs import LazyGraphs
 from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.lora.adapter import BaseShapes
-from site_engine.engine.lora.registry import AdapterRegistry
+from site_engine.engine.lora.registry import AdapterRegistry, unified_adapter_blocks
 from site_engine.engine.memory_plan import GIB, KvPlan, startup_report
 from site_engine.engine.model_runner import ModelRunner
 
@@ -115,6 +115,9 @@ class PagedEngine:
                 background_step_tokens=config.background_step_tokens,
                 background_step_slack=config.background_step_slack,
                 max_loras=config.lora.max_loras if config.lora else 0,
+                adapter_blocks=unified_adapter_blocks(
+                    config.lora, BaseShapes.of_model(loaded.model), loaded.dtype, block_bytes
+                ),
             )
         )
         self._lender = KvLender(

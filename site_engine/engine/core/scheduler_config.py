@@ -82,6 +82,10 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.max_loras < 0:
             raise ValueError(f"max_loras must be >= 0, got {self.max_loras}")
+        if self.adapter_blocks > self.num_blocks:
+            raise ValueError(
+                f"an adapter takes {self.adapter_blocks} KV blocks, the cache has {self.num_blocks}"
+            )
         if self.adapter_blocks < 0 or (self.adapter_blocks and not self.max_loras):
             blocks = self.adapter_blocks
             raise ValueError(f"adapter_blocks must be >= 0 (> 0 needs max_loras), got {blocks}")
