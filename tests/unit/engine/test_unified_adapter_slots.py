@@ -1,12 +1,18 @@
 """Adapter slots in the KV block pool (issue 69, core/unified_slots.py), no model: slots grow
 while the pool has room and shrink when sequences need it, no sequence is refused or preempted
 for an adapter's memory while an idle adapter could be evicted, eviction goes by waiting demand
-then recency, max_loras is a cap, and waiting requests' adapters are prefetched."""
+then recency, max_loras is a cap, and waiting requests' adapters are prefetched; the runner
+writes each adapter into the slot the scheduler chose."""
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
 from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
+from site_engine.engine.lora.adapter import BaseShapes, LoraAdapter
+from site_engine.engine.lora.slots import LoraSlots
 
 BLOCK = 4
 K = 8  # blocks per adapter
@@ -164,3 +170,34 @@ def test_an_unloaded_adapter_gives_its_blocks_back() -> None:
     assert resident(scheduler) == set()
     assert scheduler.block_manager.num_free_blocks == 40
     scheduler.check_invariants()
+
+
+def test_the_runner_writes_each_adapter_into_the_slot_the_scheduler_chose() -> None:
+    """LoraSlots.place (no model): adapters written where the mapping says, one evicted and
+    written again into another slot holds its own weights there, and a step's adapter that the
+    scheduler did not place is an error, never a silent eviction."""
+    attention = dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), (4, 6))
+    base = BaseShapes(1, attention | dict.fromkeys(("gate_proj", "up_proj", "down_proj"), (4, 4)))
+    torch.manual_seed(0)
+    adapters = {
+        name: LoraAdapter(name, 2, 0.5, {(0, "q_proj"): (torch.randn(4, 2), torch.randn(2, 6))})
+        for name in "abc"
+    }
+    slots = LoraSlots(base, 2, 2, torch.float32, torch.device("cpu"))
+
+    def q_weights(slot: int) -> torch.Tensor:
+        stacked = slots.stacked("q_proj")
+        assert stacked is not None
+        return stacked[0][0, slot, :, :2]
+
+    slots.place((("a", 0), ("b", 1)), adapters.__getitem__)
+    assert torch.equal(q_weights(0), adapters["a"].weights[(0, "q_proj")][0])
+    assert torch.equal(q_weights(1), adapters["b"].weights[(0, "q_proj")][0])
+    slots.place((("c", 0),), adapters.__getitem__)  # a and b evicted, c in a's slot
+    slots.place((("c", 0), ("a", 1)), adapters.__getitem__)  # a back, in b's old slot
+    assert slots.slot_of("b") is None
+    assert torch.equal(q_weights(0), adapters["c"].weights[(0, "q_proj")][0])
+    assert torch.equal(q_weights(1), adapters["a"].weights[(0, "q_proj")][0])
+    assert slots.assign(["a", "c"], adapters.__getitem__) == {"a": 1, "c": 0}
+    with pytest.raises(ValueError, match="not placed"):
+        slots.assign(["b"], adapters.__getitem__)
