@@ -824,10 +824,16 @@ class Scheduler:
 
     def _room_from_idle_adapters(self, seq: Sequence, hit: CacheHit, num_tokens_total: int) -> bool:
         """Idle adapters (not `seq`'s) evicted until `seq`'s first chunk has its blocks, before
-        any sequence is preempted for them; whether it has room now."""
-        if self._slots is None:
+        any sequence is preempted for them; whether it has room now. None is evicted if that
+        would not make the room (no batch slot, or too few idle blocks): an adapter evicted
+        for nothing would only be written again."""
+        slots = self._slots
+        if slots is None or len(self._running) >= self.config.max_num_seqs:
             return False
         mine = (seq.adapter,) if seq.adapter else ()
+        idle = slots.idle_blocks(set(self._running_adapters) | set(mine))
+        if self._blocks.admit_shortfall(hit, num_tokens_total) > idle:
+            return False
         while not self._has_room(hit, num_tokens_total):
             if not self._evict_idle_adapter(mine):
                 return False

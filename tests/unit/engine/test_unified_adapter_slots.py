@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedllm_contract.priority import Priority
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
 from site_engine.engine.core.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 from site_engine.engine.lora.adapter import BaseShapes, LoraAdapter
@@ -106,6 +107,20 @@ def test_a_growing_sequence_takes_idle_adapters_blocks_before_preempting() -> No
     finish_all(scheduler)
     assert scheduler.stats().num_preemptions == 0
     assert resident(scheduler) == set()
+
+
+def test_idle_adapters_are_not_evicted_for_an_admission_they_cannot_help() -> None:
+    """An interactive request finds every batch slot taken by a batch-class one: a preemption
+    makes its room, and evicting the idle adapters would not have, so they stay."""
+    scheduler = make(num_blocks=40, max_num_seqs=1)
+    serve(scheduler, "a", "b")
+    scheduler.add("batch", (1, 2, 3), greedy(8), priority=Priority.BATCH)
+    step(scheduler)
+    scheduler.add("urgent", (1, 2, 3), greedy())
+    out = step(scheduler)
+    assert "urgent" in {c.request_id for c in out.chunks}
+    assert scheduler.stats().num_preemptions == 1
+    assert resident(scheduler) == {"a", "b"}
 
 
 def test_running_adapters_are_never_evicted_the_request_waits_instead() -> None:
