@@ -424,6 +424,7 @@ class PagedEngine:
     def lend_kv(self, wanted_bytes: int) -> int:
         """Engine thread. Lends the free top of the cache covering `wanted_bytes` and releases
         its memory (KvLender.lend): the bytes lent, 0 if refused."""
+        self._scheduler.evict_idle_adapters()  # unified slots: the top may hold an idle one
         lent = self._lender.lend(self._scheduler.block_manager, wanted_bytes)
         self._planned_limits()
         return lent
@@ -431,6 +432,7 @@ class PagedEngine:
     def reserve_kv(self, wanted_bytes: int) -> bool:
         """Engine thread. The site's own fine-tuning takes `wanted_bytes` from the top of the
         cache while a job trains (EngineConfig.finetune_reserve_on_demand, KvLender.reserve)."""
+        self._scheduler.evict_idle_adapters()
         held = self._lender.reserve(self._scheduler.block_manager, wanted_bytes)
         self._planned_limits()
         return held

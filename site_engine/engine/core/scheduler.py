@@ -854,6 +854,14 @@ class Scheduler:
             if not slots.prefetch(seq.adapter, keep):
                 break
 
+    def evict_idle_adapters(self) -> int:
+        """Unified slots: every idle adapter gives its blocks back (before the cache's top is
+        lent: kv_lending.py lends only free blocks, and an adapter's may sit there); how many."""
+        evicted = 0
+        while self._evict_idle_adapter(()):
+            evicted += 1
+        return evicted
+
     def drop_adapter(self, adapter: str) -> None:
         """`adapter` is no longer served (it has no live request): its slot's blocks go back."""
         if self._slots is not None:

@@ -178,6 +178,16 @@ def test_a_waiting_requests_adapter_is_prefetched() -> None:
     assert "b" not in resident(scheduler)
 
 
+def test_idle_adapters_leave_the_top_of_the_cache_before_it_is_lent() -> None:
+    scheduler = make(num_blocks=20)
+    serve(scheduler, "a", "b")
+    blocks = scheduler.block_manager
+    assert blocks.free_tail_blocks() < 20  # an adapter holds a block of the top
+    assert scheduler.evict_idle_adapters() == 2
+    assert blocks.free_tail_blocks() == 20
+    scheduler.check_invariants()
+
+
 def test_an_unloaded_adapter_gives_its_blocks_back() -> None:
     scheduler = make(num_blocks=40)
     serve(scheduler, "a")
