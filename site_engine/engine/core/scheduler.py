@@ -663,6 +663,9 @@ class Scheduler:
                 break  # preempted with a token still on the device: re-prefill needs its value
             hit = self._cache.lookup(seq)
             need = self._planned_blocks(seq) - self._blocks.shared_in_use(hit)
+            if self._slots is not None and seq.adapter and seq.adapter not in adapters:
+                # Unified slots: its adapter's blocks, idle until now (left out of `planned`).
+                need += self._slots.blocks_per_adapter
             # The plan counts this class and higher ones only: a lower class's expected growth
             # does not hold a higher class back (its sequences are preempted if KV runs out).
             if outranking and planned + need > plan_limit:
