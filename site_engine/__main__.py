@@ -173,6 +173,13 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         help="CUDA: the LoRA kernels a step runs (default segmented)",
     )
     parser.add_argument(
+        "--lora-unified-slots",
+        dest="lora_unified_slots",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="adapter slots out of the KV block pool, max_loras a cap (default off)",
+    )
+    parser.add_argument(
         "--finetune-reserve-bytes",
         type=int,
         help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
@@ -258,6 +265,7 @@ def lora_settings(settings: SiteSettings) -> LoraSettings | None:
         max_rank=settings.max_lora_rank,
         max_loads=settings.max_lora_loads,
         kernels=settings.lora_kernels,
+        unified=settings.lora_unified_slots,
     )
 
 

@@ -117,6 +117,11 @@ class SiteSettings:
     max_lora_loads: int = 4
     # CUDA: the LoRA kernels a step runs (site_engine/engine/lora/segmented_step.py).
     lora_kernels: LoraKernels = DEFAULT_LORA_KERNELS
+    # Adapter slots out of the KV cache's block pool (issue 69, S-LoRA's unified paging):
+    # max_loras is then a cap, each resident adapter holds its bytes' worth of KV blocks, and
+    # idle ones give them back when sequences need them. Off by default: the slot tensors are
+    # still allocated at the cap beside the cache (docs/engine.md, LoRA).
+    lora_unified_slots: bool = False
     # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
     # of device memory reserved for training (LoRA weights, optimizer state, one unit's
     # activations), taken from the KV cache's budget at start; 0 refuses every job. Jobs,

@@ -58,6 +58,7 @@ class AdapterFeed:
                 AdapterRefused.BUSY, f"adapter {name!r} has requests queued or running; retry"
             )
         registry.unregister(name)
+        scheduler.drop_adapter(name)  # unified slots: its blocks go back to the KV pool
         # Cached block ids are keyed by the adapter's name, not its weights: a later adapter of
         # this name must not reuse them. Every id goes (unloads are rare; one AllBlocksCleared).
         scheduler.clear_prefix_cache()

@@ -378,6 +378,9 @@ class ModelRunner:
             # reading, or reads blocks a previous step's copies back from it wrote.
             self.host_kv.run((), 0, output.step_id, output.kv_copies_wait_for_step)
         self.batch.apply(output)
+        if output.adapter_slots is not None and self.adapters is not None:
+            # Unified slots: the scheduler's placement first (an empty step may carry one).
+            self.adapters.place(output.adapter_slots)
         if output.is_empty:
             return StepLogits(None)
         adapter_slot: dict[str, int] | None = None

@@ -46,7 +46,7 @@ from site_engine.engine.launched_step import LaunchedStep
 from site_engine.engine.lazy_graphs import LazyGraphs
 from site_engine.engine.logit_processing import GrammarMasks
 from site_engine.engine.lora.adapter import BaseShapes
-from site_engine.engine.lora.registry import AdapterRegistry
+from site_engine.engine.lora.registry import AdapterRegistry, unified_adapter_blocks
 from site_engine.engine.memory_plan import GIB, KvPlan, startup_report
 from site_engine.engine.model_runner import ModelRunner
 
@@ -115,6 +115,9 @@ class PagedEngine:
                 background_step_tokens=config.background_step_tokens,
                 background_step_slack=config.background_step_slack,
                 max_loras=config.lora.max_loras if config.lora else 0,
+                adapter_blocks=unified_adapter_blocks(
+                    config.lora, BaseShapes.of_model(loaded.model), loaded.dtype, block_bytes
+                ),
             )
         )
         self._lender = KvLender(
@@ -421,6 +424,7 @@ class PagedEngine:
     def lend_kv(self, wanted_bytes: int) -> int:
         """Engine thread. Lends the free top of the cache covering `wanted_bytes` and releases
         its memory (KvLender.lend): the bytes lent, 0 if refused."""
+        self._scheduler.evict_idle_adapters()  # unified slots: the top may hold an idle one
         lent = self._lender.lend(self._scheduler.block_manager, wanted_bytes)
         self._planned_limits()
         return lent
@@ -428,6 +432,7 @@ class PagedEngine:
     def reserve_kv(self, wanted_bytes: int) -> bool:
         """Engine thread. The site's own fine-tuning takes `wanted_bytes` from the top of the
         cache while a job trains (EngineConfig.finetune_reserve_on_demand, KvLender.reserve)."""
+        self._scheduler.evict_idle_adapters()
         held = self._lender.reserve(self._scheduler.block_manager, wanted_bytes)
         self._planned_limits()
         return held

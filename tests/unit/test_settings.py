@@ -150,6 +150,12 @@ def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
     assert (
         engine_config(SiteSettings.load({"SITE_MODEL_DIR": "m"}), torch.device("cpu")).lora is None
     )
+    assert not lora.unified  # fixed slots unless asked
+    unified = engine_config(SiteSettings.load({**env, "SITE_LORA_UNIFIED_SLOTS": "1"}), cpu).lora
+    assert unified is not None
+    assert unified.unified
+    flags = ["--model", "m", "--lora-dir", str(tmp_path), "--lora-unified-slots"]
+    assert parse_args(flags).lora_unified_slots is True
 
 
 def test_a_site_taking_fine_tuning_jobs_needs_lora_slots_to_serve_them(tmp_path: Path) -> None:

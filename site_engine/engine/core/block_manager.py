@@ -323,9 +323,13 @@ class BlockManager:
 
     def can_admit(self, hit: CacheHit, num_tokens_total: int) -> bool:
         """Whether `admit(_, hit, num_tokens_total)` would succeed now."""
+        return self.admit_shortfall(hit, num_tokens_total) == 0
+
+    def admit_shortfall(self, hit: CacheHit, num_tokens_total: int) -> int:
+        """How many more free blocks `admit(_, hit, num_tokens_total)` needs (0: it fits)."""
         idle_hits = len(hit.device_blocks) - self.shared_in_use(hit)
         fresh = max(self.blocks_needed(num_tokens_total) - len(hit.device_blocks), 0)
-        return fresh <= len(self._free) - idle_hits
+        return max(fresh - (len(self._free) - idle_hits), 0)
 
     def admit(
         self, request_id: str, hit: CacheHit, num_tokens_total: int, *, defer_onload: bool = False

@@ -44,7 +44,10 @@ LoRA adapters: the running sequences use at most max_loras distinct adapters. A 
 whose adapter has no slot is passed over like one whose grammar compiles, but for at most
 adapter_overtake_steps steps: then one running adapter drains for it (adapter_slots.py), that
 adapter's requests behind it in order waiting so that its slot frees, while the other adapters'
-and base requests go on.
+and base requests go on. With config.adapter_blocks > 0 the slots come out of the KV block pool
+(unified_slots.py): an adapter is made resident when a request of it is admitted or waits near
+the head (prefetch), idle adapters give their blocks back before any sequence is preempted or
+refused for blocks, and max_loras only caps how many are resident.
 
 Host work per step (issue 66): a running sequence's numbers live in a row of the running batch
 (running_batch.py), so the common step, every decoding sequence one more token, is planned and
@@ -93,6 +96,7 @@ from site_engine.engine.core.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
+from site_engine.engine.core.unified_slots import UnifiedSlots, is_adapter_table
 from site_engine.engine.core.waiting_queue import WaitingQueue
 
 __all__ = ["ClassLoad", "Scheduler", "SchedulerConfig", "SchedulerStats"]
@@ -166,6 +170,12 @@ class Scheduler:
         # planned once such a request was met (None before: nobody is held back yet).
         self._drain: str | None = None
         self._hold: str | None = None
+        # Adapter slots in the KV block pool (unified_slots.py), or None: max_loras fixed slots.
+        self._slots = (
+            UnifiedSlots(self._blocks, config.adapter_blocks, config.max_loras)
+            if config.adapter_blocks
+            else None
+        )
 
     @property
     def block_manager(self) -> BlockManager:
@@ -208,6 +218,8 @@ class Scheduler:
         seq.priority = Priority(priority)
         if adapter and not self.config.max_loras:
             raise ValueError(f"request {request_id!r}: this engine serves no LoRA adapters")
+        if is_adapter_table(request_id):
+            raise ValueError(f"request id {request_id!r} is reserved for adapter slots")
         seq.adapter, seq.awaiting_adapter = adapter, awaiting_adapter and bool(adapter)
         seq.guide = guide
         seq.awaiting_guide = awaiting_guide and guide is None
@@ -337,6 +349,9 @@ class Scheduler:
                 rows = self._running_count[priority]
                 budget.interactive_planned(rows, waiting, cfg.max_num_seqs)
         self._budget = None
+        if self._slots is not None:
+            self._slots.touch(self._running_adapters.keys())
+            self._prefetch_adapters()
         # Nobody waited for a slot: a drained adapter that no longer runs is chosen anew.
         drain = self._drain
         if drain is not None and self._hold is None:
@@ -385,6 +400,7 @@ class Scheduler:
             decode_keys=batch.prio[decodes] * _CLASS_KEY + batch.order[decodes],
             prefill_keys=self._prefill_keys(chunks),
             table_of=self._blocks.table_if_held,
+            adapter_slots=None if self._slots is None else self._slots.take_mapping(),
         )
 
     def _prefill_keys(self, chunks: list[ScheduledChunk]) -> tuple[int, ...]:
@@ -548,6 +564,8 @@ class Scheduler:
         long as needed. Returns False if `seq` had to be preempted itself."""
         blocks = self._blocks
         while not blocks.try_grow(seq.request_id, num_tokens_total):
+            if self._evict_idle_adapter(()):
+                continue  # an idle adapter's blocks before any sequence's
             victim = self._victim(seq.priority)
             assert victim is not None  # `seq` itself qualifies
             self._preempt(victim)
@@ -634,6 +652,8 @@ class Scheduler:
             if seq.adapter and seq.adapter == self._hold:
                 continue  # behind a request that waits for this adapter's slot
             if not self._adapter_ready(seq, adapters):
+                if self._slots is not None and self._slot_free(seq, adapters):
+                    break  # its adapter's blocks are not free: as a sequence that does not fit
                 # As for a grammar, the requests behind it go on, but for one adapter's: while
                 # it waits for a slot, that adapter drains and gives its slot up.
                 if not seq.awaiting_adapter and self._overtaken_enough(seq):
@@ -643,6 +663,9 @@ class Scheduler:
                 break  # preempted with a token still on the device: re-prefill needs its value
             hit = self._cache.lookup(seq)
             need = self._planned_blocks(seq) - self._blocks.shared_in_use(hit)
+            if self._slots is not None and seq.adapter and seq.adapter not in adapters:
+                # Unified slots: its adapter's blocks, idle until now (left out of `planned`).
+                need += self._slots.blocks_per_adapter
             # The plan counts this class and higher ones only: a lower class's expected growth
             # does not hold a higher class back (its sequences are preempted if KV runs out).
             if outranking and planned + need > plan_limit:
@@ -659,8 +682,9 @@ class Scheduler:
             if onload:
                 num_new = 0
             # A victim's freed blocks stay indexed, so `hit` holds after preemptions.
-            if not self._has_room(hit, cached + num_new) and not self._evict_below(
-                priority, hit, cached + num_new, preempted
+            if not self._has_room(hit, cached + num_new) and not (
+                self._room_from_idle_adapters(seq, hit, cached + num_new)
+                or self._evict_below(priority, hit, cached + num_new, preempted)
             ):
                 break
             self._waiting.admitting(seq)
@@ -741,6 +765,9 @@ class Scheduler:
         admitting, and the admission's real check (`_has_room`) is exact."""
         blocks, batch = self._blocks, self._batch
         planned = blocks.num_used_blocks
+        if self._slots is not None:
+            # Idle adapters give their blocks back before a sequence waits for them.
+            planned -= self._slots.idle_blocks(self._running_adapters.keys())
         size = self.config.block_size
         rows = batch.rows()
         prio = batch.prio[rows]
@@ -772,7 +799,81 @@ class Scheduler:
             return True
         if seq.awaiting_adapter:
             return False
-        return seq.adapter in running or len(running) < self.config.max_loras
+        if seq.adapter in running:
+            return True
+        if len(running) >= self.config.max_loras:
+            return False
+        if self._slots is None:
+            return True
+        return self._slots.take(seq.adapter, running, self._adapter_demand)
+
+    def _slot_free(self, seq: Sequence, running: Collection[str]) -> bool:
+        """Whether `seq` (whose adapter is loaded in host memory) has a slot under the cap,
+        so that only blocks stand between its adapter and residency."""
+        return not seq.awaiting_adapter and len(running) < self.config.max_loras
+
+    def _adapter_demand(self) -> Counter[str]:
+        """Waiting requests by adapter (the eviction order's first key)."""
+        return Counter(seq.adapter for seq in self._waiting if seq.adapter)
+
+    def _evict_idle_adapter(self, also_in_use: Collection[str]) -> bool:
+        """Unified slots: an idle adapter (none running, none of `also_in_use`) gives its
+        blocks back to the pool; whether one did."""
+        slots = self._slots
+        if slots is None:
+            return False
+        in_use = set(self._running_adapters) | set(also_in_use)
+        return slots.evict_one(in_use, self._adapter_demand)
+
+    def _room_from_idle_adapters(self, seq: Sequence, hit: CacheHit, num_tokens_total: int) -> bool:
+        """Idle adapters (not `seq`'s) evicted until `seq`'s first chunk has its blocks, before
+        any sequence is preempted for them; whether it has room now. None is evicted if that
+        would not make the room (no batch slot, or too few idle blocks): an adapter evicted
+        for nothing would only be written again."""
+        slots = self._slots
+        if slots is None or len(self._running) >= self.config.max_num_seqs:
+            return False
+        mine = (seq.adapter,) if seq.adapter else ()
+        idle = slots.idle_blocks(set(self._running_adapters) | set(mine))
+        if self._blocks.admit_shortfall(hit, num_tokens_total) > idle:
+            return False
+        while not self._has_room(hit, num_tokens_total):
+            if not self._evict_idle_adapter(mine):
+                return False
+        return True
+
+    def _prefetch_adapters(self) -> None:
+        """The adapters of the first waiting requests (in admission order, loaded in host
+        memory) take their blocks while the pool keeps the watermark and the request's own
+        blocks free: their weights are written before their requests run. A prefetched adapter
+        is idle, so the first to give its blocks back if sequences need them."""
+        slots = self._slots
+        assert slots is not None
+        watermark = self.config.watermark_blocks
+        for seq in islice(self._waiting, slots.cap):
+            if not seq.adapter or seq.awaiting_adapter:
+                continue
+            keep = watermark + self._blocks.blocks_needed(seq.num_tokens)
+            if not slots.prefetch(seq.adapter, keep):
+                break
+
+    def evict_idle_adapters(self) -> int:
+        """Unified slots: every idle adapter gives its blocks back (before the cache's top is
+        lent: kv_lending.py lends only free blocks, and an adapter's may sit there); how many."""
+        evicted = 0
+        while self._evict_idle_adapter(()):
+            evicted += 1
+        return evicted
+
+    def drop_adapter(self, adapter: str) -> None:
+        """`adapter` is no longer served (it has no live request): its slot's blocks go back."""
+        if self._slots is not None:
+            self._slots.drop(adapter)
+
+    @property
+    def unified_slots(self) -> UnifiedSlots | None:
+        """The adapter slots in the KV pool (None: fixed slots)."""
+        return self._slots
 
     def _overtaken_enough(self, seq: Sequence) -> bool:
         """Whether `seq`, which finds every adapter slot taken, has been overtaken for
@@ -1203,7 +1304,10 @@ class Scheduler:
         if Counter(seq.priority for seq in self._running) != +Counter(self._running_count):
             raise AssertionError(f"running counts {self._running_count} out of step")
         holders = {seq.request_id for seq in (*self._running, *self._held)}
-        if holders != self._blocks.request_ids():
+        if self._slots is not None:
+            self._slots.check()
+        tables = {t for t in self._blocks.request_ids() if not is_adapter_table(t)}
+        if holders != tables:
             raise AssertionError(
                 f"tables {sorted(self._blocks.request_ids())} != holders {sorted(holders)}"
             )

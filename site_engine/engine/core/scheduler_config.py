@@ -41,6 +41,9 @@ class SchedulerConfig:
     every slot taken, before one running adapter drains for it (adapter_slots.py); 128 was the
     best of 0-256 in fedsim's LoRA mix (32 Zipf adapters, 8 slots, 20 req/s for 60 s: TTFT p99
     4.5-5.5 s over three seeds against 5.5-7.4 s never draining and 6.2-8.5 s at 0).
+    `adapter_blocks` > 0: adapter slots come out of the KV block pool, each resident adapter
+    holding that many blocks (unified_slots.py), and max_loras is only their cap; 0: max_loras
+    fixed slots beside the cache.
     `spf_aging` and `spf_max_overtakes` shape the "spf" order (scheduling_policy.py): the aging
     in tokens of rank per later arrival, and the hard bound on how many later arrivals of its
     class may be admitted ahead of a waiting sequence (None: the aging's own, (L - 1) /
@@ -64,6 +67,7 @@ class SchedulerConfig:
     background_step_slack: float = 0.0
     max_loras: int = 0
     adapter_overtake_steps: int = 128
+    adapter_blocks: int = 0
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INT_FIELDS:
@@ -78,6 +82,13 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.max_loras < 0:
             raise ValueError(f"max_loras must be >= 0, got {self.max_loras}")
+        if self.adapter_blocks > self.num_blocks:
+            raise ValueError(
+                f"an adapter takes {self.adapter_blocks} KV blocks, the cache has {self.num_blocks}"
+            )
+        if self.adapter_blocks < 0 or (self.adapter_blocks and not self.max_loras):
+            blocks = self.adapter_blocks
+            raise ValueError(f"adapter_blocks must be >= 0 (> 0 needs max_loras), got {blocks}")
         if self.adapter_overtake_steps < 0:
             raise ValueError(
                 f"adapter_overtake_steps must be >= 0, got {self.adapter_overtake_steps}"

@@ -314,6 +314,10 @@ class SchedulerOutput:
     # Each running sequence's block table by request id (for `chunks` alone).
     table_of: Callable[[str], tuple[int, ...]] | None = field(default=None, repr=False,
                                                               compare=False)  # fmt: skip
+    # Unified adapter slots (core/unified_slots.py): each resident adapter's slot, when that
+    # changed since the last step (None: unchanged, or fixed slots); the runner writes the
+    # adapters placed anew before the step runs.
+    adapter_slots: tuple[tuple[str, int], ...] | None = None
     _materialized: list[ScheduledChunk] = field(default_factory=list, repr=False, compare=False)
 
     @property

@@ -77,6 +77,9 @@ class LoraSettings:
     # CUDA: which LoRA kernels a step runs (lora/segmented_step.py: "segmented", the faster on
     # an H200 so far, or issue 69's "one_launch"); a name outside those is refused here.
     kernels: LoraKernels = DEFAULT_LORA_KERNELS
+    # Slots out of the KV cache's block pool (issue 69: core/unified_slots.py): max_loras is
+    # only a cap, and each resident adapter holds its bytes' worth of KV blocks.
+    unified: bool = False
 
     def __post_init__(self) -> None:
         check_lora_kernels(self.kernels)
@@ -122,12 +125,27 @@ def _signature(path: Path) -> tuple[int, ...]:
     return tuple(values)
 
 
-def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
-    """Device bytes of the slots of every projection (A and B, padded to max_rank), plus the
-    kernels' per-step buffers (a few MiB at most)."""
-    per_slot = sum(in_f + out_f for in_f, out_f in base.features.values()) * settings.max_rank
+def lora_adapter_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
+    """Device bytes of one slot: every projection's A and B, padded to max_rank."""
+    per_layer = sum(in_f + out_f for in_f, out_f in base.features.values()) * settings.max_rank
     element = torch.empty((), dtype=dtype).element_size()
-    return base.num_layers * per_slot * settings.max_loras * element + (16 << 20)
+    return base.num_layers * per_layer * element
+
+
+def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype) -> int:
+    """Device bytes of the max_loras slots, plus the kernels' per-step buffers (a few MiB at
+    most)."""
+    return lora_adapter_bytes(base, settings, dtype) * settings.max_loras + (16 << 20)
+
+
+def unified_adapter_blocks(
+    settings: LoraSettings | None, base: BaseShapes, dtype: torch.dtype, block_bytes: int
+) -> int:
+    """KV blocks one resident adapter holds with unified slots (SchedulerConfig.adapter_blocks;
+    0: fixed slots, or no adapters)."""
+    if settings is None or not settings.unified:
+        return 0
+    return -(-lora_adapter_bytes(base, settings, dtype) // block_bytes)
 
 
 class AdapterRegistry:
@@ -357,6 +375,11 @@ class AdapterRegistry:
         per_chunk = torch.tensor(self.assign(adapters))
         token_slots = per_chunk.repeat_interleave(torch.tensor(lens))
         return self.slots.step(token_slots.to(self.slots.device))
+
+    def place(self, mapping: Sequence[tuple[str, int]]) -> None:
+        """Unified slots: each resident adapter in the slot the scheduler chose, the new ones
+        written (prefetched ones included, before their requests run)."""
+        self.slots.place(mapping, self._fetch)
 
     def assign_names(self, names: Sequence[str]) -> dict[str, int]:
         """A slot for each adapter named (distinct, all of one step), written in first if need

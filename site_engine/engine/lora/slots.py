@@ -131,6 +131,9 @@ class LoraSlots:
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # least recently used first
         # On CUDA, writes go on a stream of their own (lora/slot_copies.py).
         self._copies = SlotCopies(device) if copy_stream and device.type == "cuda" else None
+        # Unified slots (core/unified_slots.py): the scheduler chooses each adapter's slot
+        # (`place`), and `assign` never evicts one by itself.
+        self.placed = False
 
     def slot_of(self, name: str) -> int | None:
         return self._slot_of.get(name)
@@ -157,6 +160,24 @@ class LoraSlots:
             self._copies.assigned(slots.values())
         return slots
 
+    def place(
+        self, mapping: Iterable[tuple[str, int]], fetch: Callable[[str], LoraAdapter]
+    ) -> None:
+        """The slots the scheduler chose (unified slots: every resident adapter's): adapters
+        no longer named, or named at another slot, are forgotten (no row reads their slot
+        again; a step in flight still may, and the writes are ordered after it), and those
+        new in their slot are written into it."""
+        self.placed = True
+        wanted = dict(mapping)
+        for name, slot in list(self._slot_of.items()):
+            if wanted.get(name) != slot:
+                del self._slot_of[name]
+        for name, slot in wanted.items():
+            if not 0 <= slot < self.num_slots:
+                raise ValueError(f"slot {slot} of adapter {name!r}: only {self.num_slots} slots")
+            if name not in self._slot_of:
+                self._write(slot, fetch(name))
+
     def drop(self, name: str) -> None:
         """Forgets `name`'s slot (its adapter is no longer served) and zeroes it: the slot is
         free again and holds nothing of the adapter."""
@@ -167,6 +188,8 @@ class LoraSlots:
                 self._copies.cleared(slot)
 
     def _free_slot(self) -> int:
+        if self.placed:
+            raise ValueError("an adapter of the step was not placed by the scheduler")
         if len(self._slot_of) < self.num_slots:
             return min(set(range(self.num_slots)) - set(self._slot_of.values()))
         # The oldest entry: assign() moved every adapter the step needs to the end.
