@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from bench.engine.finetune_colocated import main, training_jsonl
+from bench.engine.finetune_colocated import main
+from bench.engine.finetune_job import training_jsonl
 
 pytestmark = pytest.mark.slow
 
