@@ -45,7 +45,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,10 +183,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure(
-    loaded: LoadedModel, args: argparse.Namespace, job_dir: Path, log: Progress
-) -> dict[str, Any]:
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    job_dir: Path,
+    log: Progress,
+    write: Callable[[float, dict[str, Any], dict[int, dict[str, Any]]], None],
+) -> None:
     """What every seed and load shares (the peft loop, the engine, its capacity, the trainer
-    alone at the peft step), then each load's seeds (`by_load`)."""
+    alone at the peft step), then each load's seeds, written (`write`) as soon as they are
+    measured: a device call cut short keeps the loads it finished."""
     p, vocab = args.p, loaded.model.config.vocab_size
     # Before the engine takes the memory its cache may: the loop's 8x512 step needs its own.
     peft = peft_alone(loaded.model, *p["peft_step"])
@@ -206,12 +211,10 @@ def measure(
         "job_at_peft_step": at_peft,
         "trainer_vs_peft": ratio(at_peft["tokens_per_s"], peft["tokens_per_s"]),
     }
-    by_load = {
-        load: {seed: measure_seed(loaded, engine, args, load * rps, seed, job_dir, log)
-               for seed in args.seeds}
-        for load in args.loads
-    }  # fmt: skip
-    return {"shared": shared, "by_load": by_load}
+    for load in args.loads:
+        seeds = {seed: measure_seed(loaded, engine, args, load * rps, seed, job_dir, log)
+                 for seed in args.seeds}  # fmt: skip
+        write(load, shared, seeds)
 
 
 def job_work(
@@ -341,8 +344,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     log = Progress()
     p = args.p
     loaded = preset_model(p, args.model_dir, args.tokenizer_dir, log, f"finetune-{args.preset}")
-    with tempfile.TemporaryDirectory(prefix="fedllm-finetune-bench-") as job_dir:
-        measured = measure(loaded, args, Path(job_dir), log)
     device = device_label(loaded)
     settings: dict[str, Any] = {
         "preset": args.preset,
@@ -360,14 +361,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "training": {k: p[k] for k in ("examples", "example_words", "batch_size", "max_tokens")},
         "shape": p["shape"],
         "clock": "wall clock",
-        "measured_at_unix_s": time.time(),
     }
     command = command_line("bench.engine.finetune_colocated", argv)
-    for load, seeds in measured["by_load"].items():
-        result = settings | load_result(measured["shared"], seeds, load)
+
+    def write(load: float, shared: dict[str, Any], seeds: dict[int, dict[str, Any]]) -> None:
+        result = settings | load_result(shared, seeds, load) | {"measured_at_unix_s": time.time()}
         name = f"{args.name or f'finetune_colocated_{device}'}_load{load:g}"
         path = write_results(name, result, report(result), command, args.results_dir)
         log(f"wrote {path}")
+
+    with tempfile.TemporaryDirectory(prefix="fedllm-finetune-bench-") as job_dir:
+        measure(loaded, args, Path(job_dir), log, write)
 
 
 if __name__ == "__main__":
