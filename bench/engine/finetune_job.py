@@ -17,6 +17,7 @@ from bench.engine.harness import GIB
 from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.memory import TrainingShape, training_bytes
+from site_engine.finetune.step_work import PIECE_SHARE
 from site_engine.model_loading import LoadedModel
 
 WORDS = (
@@ -49,8 +50,8 @@ def start_job(
     loaded: LoadedModel, p: dict[str, Any], directory: Path, seed: int, mode: str = "idle"
 ) -> FineTuneJobs:
     """The site's trainer over the served model, with one job queued that outlasts the bench;
-    in rows mode its pieces are bounded by max_training_delay_ms."""
-    bound = p["max_training_delay_ms"] if mode == "rows" else p["max_step_ms"]
+    in rows mode its pieces are bounded by PIECE_SHARE of max_training_delay_ms."""
+    bound = p["max_training_delay_ms"] * PIECE_SHARE if mode == "rows" else p["max_step_ms"]
     jobs = FineTuneJobs(
         FineTuneSettings(
             directory,
