@@ -16,7 +16,7 @@ from fedllm_contract.fine_tuning import FineTuneState
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.paged_engine import PagedEngine
 from site_engine.finetune.jobs import FineTuneJobs
-from site_engine.idle_work import IdleGate
+from site_engine.idle_work import IdleGate, IdleWork
 
 
 @dataclass(slots=True)
@@ -25,17 +25,24 @@ class JobClock:
 
     jobs: FineTuneJobs
     job_id: str
+    # What runs the units: the jobs themselves (between steps, idle mode) or training rows
+    # beside each step (site_engine/finetune/step_work.py).
+    work: IdleWork | None = None
     units: int = 0
     unit_s: list[float] = field(default_factory=list)
+    # The units (pieces) run while a request was in the engine: the delay each added to a step.
+    beside_s: list[float] = field(default_factory=list)
 
     def tokens(self) -> int:
         return self.jobs.progress(self.job_id).trained_tokens
 
     def next_unit_s(self) -> float:
-        return self.jobs.next_unit_s()
+        return (self.work or self.jobs).next_unit_s()
 
     def run_unit(self, alone: bool) -> float:
-        took = self.jobs.run_unit(alone)
+        took = self.work.run_unit(alone) if self.work is not None else self.jobs.run_unit(alone)
+        if not alone:
+            self.beside_s.append(took)
         progress = self.jobs.progress(self.job_id)
         if progress.state is FineTuneState.FAILED:  # out of memory, say: no figure to report
             raise RuntimeError(f"the fine-tuning job failed: {progress.error}")

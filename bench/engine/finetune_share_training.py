@@ -81,7 +81,7 @@ class TrainingStep:
 @dataclass(slots=True)
 class Runnable:
     """A run to repeat: a CUDA graph's replay, or the eager call (`mode` says which, and why
-    where a capture failed). `keep`: what the graph's replays write into, kept alive."""
+    where a capture failed). `keep`: what the graph's replays read and write, kept alive."""
 
     run: Callable[[], object]
     mode: str
@@ -133,7 +133,11 @@ def replayable(
         torch.cuda.synchronize()
         reason = f"{type(exc).__name__}: {exc}"[:300]
         return Runnable(run, f"eager (capture failed: {reason})", tokens)
-    return Runnable(graph.replay, "cuda graph", tokens, (graph, out))
+    # `run` too: the graph reads its inputs (the tensors `run` holds: token ids, a batch's
+    # slot mapping) at their capture-time addresses; freed, the allocator hands that memory to
+    # the next batch built, and a replay then reads another batch's numbers (issue 70's part 3
+    # crashed so: an index_copy out of bounds on a slot mapping overwritten with token ids).
+    return Runnable(graph.replay, "cuda graph", tokens, (graph, out, run))
 
 
 def capture(step: TrainingStep, pool: Any = None) -> Runnable:

@@ -215,11 +215,14 @@ class FineTuneJobs:
             under_way = [j.unit for j in self._jobs.values() if j.trainable and j.unit]
         return under_way[0].budget if under_way else None
 
-    def run_unit(self, alone: bool = False) -> float:
+    def run_unit(self, alone: bool = False, rows: int | None = None) -> float:
         """Runs one piece of a unit of the job whose turn it is; returns the seconds it took.
         `alone`: no request waits or runs, so a unit begun now is idle-sized (up to
         idle_unit_tokens) instead of sized to the time bound; its pieces stay bounded, so a
-        request arriving meanwhile waits for one piece, not for the unit."""
+        request arriving meanwhile waits for one piece, not for the unit. `rows`: the training
+        rows a serving step leaves room for (site_engine/finetune/step_rows.py): a unit begun
+        now takes that many padded tokens (one whole example at least) instead of the pacer's
+        budget."""
         began = time.monotonic()
         with self._lock:
             ended = [
@@ -233,7 +236,7 @@ class FineTuneJobs:
         job = self._next_job()
         if job is not None:
             try:
-                self._advance(job, alone)
+                self._advance(job, alone, rows)
             except Exception as exc:  # the job fails; the site serves on
                 log.exception("fine-tuning job %s failed", job.job_id)
                 self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
@@ -268,7 +271,7 @@ class FineTuneJobs:
             live = [j for j in self._jobs.values() if j.trainer is not None or j is job]
         return max(1, self._cap(job, live))
 
-    def _advance(self, job: Job, alone: bool) -> None:
+    def _advance(self, job: Job, alone: bool, rows: int | None = None) -> None:
         """One piece of the job's current unit (a new unit first if none is under way); the
         trainer's build is a call of its own."""
         job_dir = self.settings.directory / job.job_id
@@ -281,7 +284,9 @@ class FineTuneJobs:
         if job.unit is None:
             self._turns.served(job.tenant)
             cap = self._unit_cap(job)
-            if alone:
+            if rows is not None:
+                budget = max(1, min(rows, cap))
+            elif alone:
                 budget = min(self.settings.idle_unit_tokens, cap)
             else:
                 budget = self._pacer.next_budget(cap)

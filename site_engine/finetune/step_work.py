@@ -1,0 +1,81 @@
+"""Fine-tuning as training rows beside every serving step (issue 70's "rows" mode): the engine
+loop runs one piece of the job's current unit with each step, sized by StepRows
+(site_engine/finetune/step_rows.py) to the room the serving batch leaves in the step's token
+budget and to what the measured training time allows within `max_training_delay_ms`.
+
+It is IdleWork (site_engine/idle_work.py), so EngineService runs it as it runs the idle units:
+on the engine's thread, after the commands just taken (a request that arrived meanwhile is
+waiting, and no rows run), with the reserve lent from the KV cache on demand while a job trains
+and given back when none is left (EngineService's OnDemandReserve). Paired with
+`rows_gate(bound)`: a gate that lets a bounded piece run with every step (FineInfer's rule, no
+busy share), while an unmeasured one (the trainer's build) waits as an idle unit does.
+The pieces themselves are bounded by the jobs' own time bound (FineTuneSettings.max_step_ms,
+within `max_training_delay_ms`; PIECE_SHARE of it where the caller follows this module): a unit
+of many rows, or one example longer than the rows, is run over several steps, a piece of layers
+at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from site_engine.engine.core.api import EngineStats
+from site_engine.finetune.jobs import FineTuneJobs
+from site_engine.finetune.step_rows import StepRows
+from site_engine.idle_work import IdleGate
+
+# The jobs' piece bound as a share of max_training_delay_ms: a piece is sized from the last
+# one's seconds per layer boundary, and a backward boundary costs about twice a forward one, so
+# a piece sized to the whole bound on forward boundaries ran up to 1.6x over it (CPU preset).
+PIECE_SHARE = 0.5
+
+
+def serving_tokens(stats: EngineStats) -> int:
+    """The tokens the next serving step may take: a decode row per running request and every
+    prompt token not yet computed (an upper bound: the training rows get only what is surely
+    left)."""
+    return stats.num_running + stats.queued_prompt_tokens
+
+
+def rows_gate(max_training_delay_ms: float) -> IdleGate:
+    return IdleGate(max_unit_s=max_training_delay_ms / 1000, busy_share=1.0)
+
+
+class StepRowsWork:
+    def __init__(
+        self,
+        jobs: FineTuneJobs,
+        rows: StepRows,
+        token_budget: int,
+        stats: Callable[[], EngineStats],
+    ) -> None:
+        if jobs.settings.max_step_ms > rows.max_training_delay_ms:
+            raise ValueError("the jobs' piece bound must be within max_training_delay_ms")
+        self.jobs, self.rows, self.token_budget = jobs, rows, token_budget
+        self._stats = stats
+        self.delays_ms: list[float] = []  # each piece run beside serving (the bench reads them)
+
+    def has_work(self) -> bool:
+        return self.jobs.has_work()
+
+    def next_unit_s(self) -> float:
+        """The bound once the jobs measured a piece (rows are sized to it); else theirs."""
+        predicted = self.jobs.next_unit_s()
+        if math.isinf(predicted):
+            return predicted
+        return min(predicted, self.rows.max_training_delay_ms / 1000)
+
+    def run_unit(self, alone: bool) -> float:
+        """One piece: alone, as an idle unit (nothing to delay); beside serving, `rows` rows
+        sized to the step's room and the bound, or none when a request waits."""
+        if alone:
+            return self.jobs.run_unit(alone=True)
+        stats = self._stats()
+        rows = self.rows.for_step(serving_tokens(stats), self.token_budget, stats.num_waiting)
+        if rows == 0:
+            return 0.0
+        seconds = self.jobs.run_unit(rows=rows)
+        self.rows.observe(rows, seconds)
+        self.delays_ms.append(1000 * seconds)
+        return seconds
