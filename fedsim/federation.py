@@ -71,6 +71,9 @@ class RunResult:
     gateway_overtakes: int = 0
     # Answer tokens the gateway received in each second of simulated time.
     tokens_per_second: dict[int, int] = field(default_factory=dict)
+    # Per site: adapter reads from disk started, and distinct adapters its requests named.
+    adapter_loads: dict[str, int] = field(default_factory=dict)
+    adapters_served: dict[str, int] = field(default_factory=dict)
 
     def token_rate(self, start_s: int, end_s: int) -> float:
         """Answer tokens per second received in [start_s, end_s)."""
@@ -223,6 +226,8 @@ def _result(
         outcomes=outcomes,
         prefix_query_tokens={name: st.prefix_cache_queries for name, st in stats.items()},
         prefix_hit_tokens={name: st.prefix_cache_hits for name, st in stats.items()},
+        adapter_loads={s.name: s.adapter_loads for s in sites},
+        adapters_served={s.name: len(s.adapters_served) for s in sites},
     )
 
 

@@ -33,6 +33,7 @@ from fedsim.workload import SimRequest
 from gateway.admin.offload import plan_offloads
 from gateway.federation import SiteConfig
 from gateway.queue_settings import QueueSettings
+from gateway.routing.adapter_affinity import AdapterRouting
 from gateway.routing.adapter_residency import SiteAdapters
 from gateway.routing.hold_order import Held, HeldRequests, HoldOrder, offer, pushed_back
 from gateway.routing.policy import RoutingPolicy, build_policy
@@ -57,6 +58,7 @@ class GatewaySettings:
     and gateway/queue_settings.py: the routing policy is the product's default)."""
 
     policy: str = _ROUTING.policy
+    adapter_routing: AdapterRouting = _ROUTING.adapter_routing
     unpredicted: UnpredictedPlan = _ROUTING.plan_without_prediction
     load_report_interval_s: float = _SITES.load_report_interval_ms / 1000.0
     health_interval_s: float = _SITES.health_interval_s
@@ -133,7 +135,9 @@ class SimGateway:
             self.states[spec.name] = state
         self.registry = SiteRegistry(self.states.values())
         self.policy: RoutingPolicy = build_policy(
-            settings.policy, max_site_queue=settings.site_max_queued_requests
+            settings.policy,
+            max_site_queue=settings.site_max_queued_requests,
+            adapter_routing=settings.adapter_routing,
         )
         self.flights: dict[str, Flight] = {}
         self.offloads = 0

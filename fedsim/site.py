@@ -119,6 +119,9 @@ class SimSite:
         self._answers: dict[str, int] = {}  # request id -> answer length to produce
         self._host: OrderedDict[str, None] = OrderedDict()  # adapters in host memory, LRU
         self._loading: set[str] = set()
+        # Reads of an adapter from disk started here, and the adapters its requests named.
+        self.adapter_loads = 0
+        self.adapters_served: set[str] = set()
         self._busy = False
         # With async scheduling: the step planned to follow the one running (_start).
         self._planned: SchedulerOutput | None = None
@@ -159,6 +162,8 @@ class SimSite:
             awaiting_adapter=awaiting,
         )
         self._answers[request_id] = answer_tokens
+        if adapter:
+            self.adapters_served.add(adapter)
         if awaiting:
             self._load(adapter)
         elif adapter:
@@ -184,6 +189,7 @@ class SimSite:
         if adapter in self._loading:
             return
         self._loading.add(adapter)
+        self.adapter_loads += 1
         self._loop.after(self.spec.adapter_load_s, lambda: self._loaded(adapter))
 
     def _loaded(self, adapter: str) -> None:

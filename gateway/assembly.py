@@ -243,6 +243,7 @@ class GatewayAssembly:
                 settings.routing.site_max_queued_requests or None,
                 settings.routing.site_max_queued_tokens or None,
                 federation.routing_profiles,
+                settings.routing.adapter_routing,
             ),
             RequestLog(sessions),
             predictor,

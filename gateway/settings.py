@@ -34,6 +34,7 @@ from gateway.batch_settings import (
 from gateway.drift_settings import DriftSettings, RetrainSettings
 from gateway.federation import FederationConfigError, load_federation
 from gateway.queue_settings import QueueSettings
+from gateway.routing.adapter_affinity import ADAPTER_ROUTINGS, AdapterRouting
 from gateway.routing.policy import POLICY_NAMES
 from gateway.routing.prefix.site_prefix import DEFAULT_PREFIX_INDEX_BLOCKS
 from gateway.routing.types import UNPREDICTED_PLANS, UnpredictedPlan
@@ -158,6 +159,12 @@ class RoutingSettings:
         0,
         help="the same bound on a site's queued prompt tokens (0: no bound)",
     )
+    adapter_routing: AdapterRouting = setting(
+        "affinity",
+        help="how routing treats a request's LoRA adapter: `affinity` (completion_cost charges "
+        "a cold adapter's load and keeps an adapter's requests where it is resident) or `blind` "
+        "(every site that serves it alike); fedsim.adapter_study compares them (docs/routing.md)",
+    )
     prefix_index_max_blocks: int = setting(
         DEFAULT_PREFIX_INDEX_BLOCKS,
         help="prefix-cache block ids kept per site (from its cache events, else from what this "
@@ -170,6 +177,11 @@ class RoutingSettings:
             raise SettingsError(
                 f"GATEWAY_PLAN_WITHOUT_PREDICTION must be one of {UNPREDICTED_PLANS}, "
                 f"got {self.plan_without_prediction!r}"
+            )
+        if self.adapter_routing not in ADAPTER_ROUTINGS:
+            raise SettingsError(
+                f"GATEWAY_ADAPTER_ROUTING must be one of {ADAPTER_ROUTINGS}, "
+                f"got {self.adapter_routing!r}"
             )
         require_at_least(self, 0, "site_max_queued_requests", "site_max_queued_tokens")
         require_at_least(self, 1, "prefix_index_max_blocks")

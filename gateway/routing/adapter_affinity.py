@@ -18,11 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from gateway.routing.adapter_residency import AdapterTier
 from gateway.routing.types import RoutableSite, RoutingRequest, Scored
 
 DEFAULT_HOST_VALUE = 0.5
+# How routing treats a request's LoRA adapter (GATEWAY_ADAPTER_ROUTING): "affinity" charges a
+# cold adapter's load in completion_cost and runs the adapter_affinity scorer; "blind" does
+# neither (every site the same for any adapter it serves), the arm the adapter-routing study
+# (fedsim/adapter_study.py) compares it with.
+AdapterRouting = Literal["affinity", "blind"]
+ADAPTER_ROUTINGS: tuple[AdapterRouting, ...] = ("affinity", "blind")
 
 
 @dataclass(frozen=True, slots=True)

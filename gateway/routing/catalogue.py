@@ -15,6 +15,7 @@ from typing import TypeVar
 from gateway.routing.adapter_affinity import (
     DEFAULT_HOST_VALUE,
     AdapterAffinity,
+    AdapterRouting,
     RecordAdapter,
     reads_adapters,
 )
@@ -56,10 +57,12 @@ from gateway.routing.types import RoutingObserver, SiteCost, SiteFilter, SitePic
 
 @dataclass(frozen=True, slots=True)
 class BuildContext:
-    """What the gateway's settings give every profile: the queue bounds (None: unbounded)."""
+    """What the gateway's settings give every profile: the queue bounds (None: unbounded) and
+    how it treats LoRA adapters (adapter_affinity.AdapterRouting)."""
 
     max_site_queue: int | None = None
     max_site_queued_tokens: int | None = None
+    adapter_routing: AdapterRouting = "affinity"
 
 
 P = TypeVar("P")
@@ -78,7 +81,7 @@ def _lowest(cost: Callable[[Params], SiteCost]) -> ScorerFactory:
     return build
 
 
-def _cost_model(params: Params) -> CompletionCostModel:
+def _cost_model(params: Params, context: BuildContext) -> CompletionCostModel:
     return CompletionCostModel(
         prefill_tokens_per_s=params.number(
             "prefill_tokens_per_s", DEFAULT_PREFILL_TOKENS_PER_S, minimum=1.0
@@ -87,6 +90,7 @@ def _cost_model(params: Params) -> CompletionCostModel:
         others_weight=params.number("others_weight", DEFAULT_OTHERS_WEIGHT),
         adapter_load_s=params.number("adapter_load_s", DEFAULT_ADAPTER_LOAD_S),
         adapter_host_s=params.number("adapter_host_s", DEFAULT_ADAPTER_HOST_S),
+        adapter_blind=context.adapter_routing == "blind",
     )
 
 
@@ -123,7 +127,7 @@ FILTERS: dict[str, FilterFactory] = {
     "kv_room": lambda p, c: KvRoomFilter(),
     "slot_room": lambda p, c: SlotRoomFilter(),
     "hot_spot_guard": lambda p, c: HotSpotGuard(
-        _cost_model(p), p.number("ratio", 2.0, minimum=1.0), p.number("margin_s", 1.0)
+        _cost_model(p, c), p.number("ratio", 2.0, minimum=1.0), p.number("margin_s", 1.0)
     ),
 }
 SCORERS: dict[str, ScorerFactory] = {
@@ -131,7 +135,9 @@ SCORERS: dict[str, ScorerFactory] = {
     "least_tokens": _lowest(lambda p: TokenLoadCost()),
     "least_tokens_guess": _lowest(lambda p: LedgerTokensCost()),
     "least_latency": _lowest(_latency_cost),
-    "completion_cost": _ratio_default(lambda p: CompletionCost(_cost_model(p))),
+    "completion_cost": lambda p, c: _ratio_default(
+        lambda q: CompletionCost(_cost_model(q, c), reads_adapters=c.adapter_routing != "blind")
+    )(p, c),
     "prefix_match": lambda p, c: PrefixMatchScorer(),
     "dynamo_cost": _lowest(_dynamo_cost),
     "adapter_affinity": lambda p, c: AdapterAffinity(p.number("host_value", DEFAULT_HOST_VALUE)),
@@ -234,11 +240,14 @@ def build_profile(settings: ProfileSettings, context: BuildContext | None = None
     tables); parts that learn from decisions observe them. ValueError naming the profile for an
     unknown part, a bad or unknown parameter or a weight <= 0."""
     context = context or BuildContext()
+    # Adapter-blind: the adapter scorer left out (the cost's adapter term is off in the model).
+    blind = context.adapter_routing == "blind"
     try:
         filters = [_built("filter", FILTERS, spec, context) for spec in settings.filters]
         scorers = [
             WeightedScorer(_built("scorer", SCORERS, spec, context), spec.weight)
             for spec in settings.scorers
+            if not (blind and spec.name == "adapter_affinity")
         ]
         picker = _built("picker", PICKERS, settings.picker, context)
     except ValueError as exc:

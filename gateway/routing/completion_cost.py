@@ -99,11 +99,13 @@ class CompletionCostModel:
     others_weight: float = DEFAULT_OTHERS_WEIGHT
     adapter_load_s: float = DEFAULT_ADAPTER_LOAD_S
     adapter_host_s: float = DEFAULT_ADAPTER_HOST_S
+    # True: no adapter term (GATEWAY_ADAPTER_ROUTING=blind: every site alike for an adapter).
+    adapter_blind: bool = False
 
     def adapter_s(self, request: RoutingRequest, site: RoutableSite) -> float:
         """Contract: the module docstring's adapter term: seconds before the request's adapter
         sits in a device slot at the site (0.0 for the base model or one already there)."""
-        if request.adapter is None:
+        if request.adapter is None or self.adapter_blind:
             return 0.0
         residency = site.adapter_residency
         tier = residency.tier(request.adapter)
