@@ -116,7 +116,7 @@ class PagedEngine:
                 background_step_slack=config.background_step_slack,
                 max_loras=config.lora.max_loras if config.lora else 0,
                 adapter_blocks=unified_adapter_blocks(
-                    config.lora, BaseShapes.of_model(loaded.model), loaded.dtype, block_bytes
+                    config.lora, loaded.model, loaded.dtype, block_bytes
                 ),
             )
         )

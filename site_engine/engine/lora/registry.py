@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from site_engine.engine.lora.adapter import (
     CONFIG_FILE,
@@ -139,13 +140,14 @@ def lora_slot_bytes(base: BaseShapes, settings: LoraSettings, dtype: torch.dtype
 
 
 def unified_adapter_blocks(
-    settings: LoraSettings | None, base: BaseShapes, dtype: torch.dtype, block_bytes: int
+    settings: LoraSettings | None, model: nn.Module, dtype: torch.dtype, block_bytes: int
 ) -> int:
     """KV blocks one resident adapter holds with unified slots (SchedulerConfig.adapter_blocks;
-    0: fixed slots, or no adapters)."""
+    0: fixed slots, or no adapters). The model's shapes are read only then: a model without
+    adapters need not be Llama-shaped (GPT-2 is not)."""
     if settings is None or not settings.unified:
         return 0
-    return -(-lora_adapter_bytes(base, settings, dtype) // block_bytes)
+    return -(-lora_adapter_bytes(BaseShapes.of_model(model), settings, dtype) // block_bytes)
 
 
 class AdapterRegistry:
