@@ -51,22 +51,21 @@ class AdapterCatalogue:
         # The federation file's owners by key name -> the key each stands for (its oldest live
         # key), read with the owners' rows. A name no live key has yet stands for no one.
         self._file_owner_ids: dict[str, int] = {}
-        # Bumped by each change this gateway makes, so that a refresh that read the rows before
-        # the change does not undo it in memory.
-        self._changes = 0
+        # Held by each change this gateway makes (memory and row) and by each refresh's read: a
+        # refresh whose read ended while a change's row was still being written found no newer
+        # change, wrote memory without the row, and the model was gone from /v1/models until the
+        # next refresh (a fine-tuned model missing right after its job succeeded: CI, issue 72).
+        self._lock = asyncio.Lock()
 
     async def refresh(self) -> None:
         """The database's owners, as every gateway of it wrote them."""
         if self._owners is None:
             return
-        while True:
-            changes = self._changes
+        async with self._lock:
             rows = await self._owners.all()
             owner_ids = await self._owners.oldest_live_keys(self.file_owner_names())
-            if changes == self._changes:
-                self._stored = {row.name: row for row in rows}
-                self._file_owner_ids = owner_ids
-                return
+            self._stored = {row.name: row for row in rows}
+            self._file_owner_ids = owner_ids
 
     async def run(self, refresh_s: float) -> None:
         while True:
@@ -78,17 +77,17 @@ class AdapterCatalogue:
 
     async def declare(self, ownership: Ownership) -> None:
         """An adapter loaded at run time, with its owner: written before any site serves it."""
-        self._changes += 1
-        self._stored[ownership.name] = ownership
-        if self._owners is not None:
-            await self._owners.put(ownership)
+        async with self._lock:
+            self._stored[ownership.name] = ownership
+            if self._owners is not None:
+                await self._owners.put(ownership)
 
     async def forget(self, name: str) -> None:
         """An adapter no site serves any more (the federation file's stays declared)."""
-        self._changes += 1
-        self._stored.pop(name, None)
-        if self._owners is not None:
-            await self._owners.remove(name)
+        async with self._lock:
+            self._stored.pop(name, None)
+            if self._owners is not None:
+                await self._owners.remove(name)
 
     def in_file(self, name: str) -> AdapterConfig | None:
         return self._in_file.get(name)

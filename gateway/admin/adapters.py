@@ -27,7 +27,6 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Sequence
-from dataclasses import replace
 from typing import Annotated
 
 import msgspec
@@ -296,7 +295,7 @@ class AdapterAdmin:
             return SiteChangeView(site.name, False, message, "unreachable")
         except SiteCallError as exc:
             return _refusal(site, exc)
-        _take_adapters(site, served)
+        site.take_adapters(served)
         return SiteChangeView(site.name, True)
 
     async def _unload_one(self, site: SiteState, name: str) -> SiteChangeView:
@@ -311,7 +310,7 @@ class AdapterAdmin:
             served = tuple(a for a in site.adapters if a != name)
         except SiteCallError as exc:
             return _refusal(site, exc)
-        _take_adapters(site, served)
+        site.take_adapters(served)
         return SiteChangeView(site.name, True)
 
     @staticmethod
@@ -338,10 +337,3 @@ def _refusal(site: SiteState, exc: SiteCallError) -> SiteChangeView:
 def _unsupported(site: SiteState) -> SiteChangeView:
     message = "this kind of site cannot load or unload adapters at run time"
     return SiteChangeView(site.name, False, message, "unsupported")
-
-
-def _take_adapters(site: SiteState, served: tuple[str, ...]) -> None:
-    """The site's adapter list as its answer gives it, for the catalogue at once (the next
-    health check would find the same)."""
-    if site.info is not None:
-        site.info = replace(site.info, adapters=served)

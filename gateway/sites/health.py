@@ -83,6 +83,7 @@ class HealthMonitor:
         else:
             # The check is the cheapest call a site answers: its duration is the round trip.
             site.rtt.observe(time.perf_counter() - started)
+            adapter_changes = site.adapter_changes
             try:
                 info = await site.client.info()
             except SiteCallError as exc:
@@ -93,7 +94,7 @@ class HealthMonitor:
                 if problem:
                     site.mark_unhealthy(problem)
                 else:
-                    site.mark_healthy(info)
+                    site.mark_healthy(info, adapter_changes)
                     self._log_stale(site)
         if was_healthy != site.healthy or (first_check and not site.healthy):
             level = logging.INFO if site.healthy else logging.WARNING

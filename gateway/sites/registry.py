@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median_low
 
 from gateway.federation import SiteConfig
@@ -121,6 +121,11 @@ class SiteState:
     # What report_at and checked_at are read from: the monotonic clock, or a simulation's
     # virtual one (fedsim/), which runs this same state on simulated time.
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
+    # Adapter changes this gateway made there (counted): a health check whose info was asked for
+    # before one answered keeps the list that answer gave. It took the old list, and a model just
+    # loaded (a fine-tuned one after its job succeeded) was gone from /v1/models until the next
+    # check (CI, issue 72).
+    adapter_changes: int = field(default=0, compare=False)
     _latency: tuple[tuple[object, ...], SiteLatency] | None = field(
         default=None, init=False, compare=False, repr=False
     )
@@ -233,7 +238,19 @@ class SiteState:
     def max_model_len(self) -> int | None:
         return self.info.max_model_len if self.info is not None else None
 
-    def mark_healthy(self, info: SiteInfoView) -> None:
+    def take_adapters(self, served: tuple[str, ...]) -> None:
+        """The site's adapter list as its answer to a load or unload gives it, for the catalogue
+        at once (the next health check would find the same)."""
+        self.adapter_changes += 1
+        if self.info is not None:
+            self.info = replace(self.info, adapters=served)
+
+    def mark_healthy(self, info: SiteInfoView, adapter_changes: int | None = None) -> None:
+        """`adapter_changes`: the count when `info` was asked for (None: now); if a change came
+        since, its adapter list stays."""
+        changed = adapter_changes is not None and adapter_changes != self.adapter_changes
+        if changed and self.info is not None:
+            info = replace(info, adapters=self.info.adapters)
         self.healthy, self.info, self.last_error = True, info, None
         self.unanswered_checks = 0
         self.checked_at = self.clock()

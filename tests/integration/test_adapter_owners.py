@@ -99,3 +99,48 @@ def test_the_migration_gives_earlier_fine_tuned_models_their_owners(database, re
     finally:
         engine.dispose()
         downgrade(url)
+
+
+class _SlowWrites(AdapterOwnerStore):
+    """The real store, whose writes start only once `release` is set: a write in flight."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def put(self, owner: Ownership) -> None:
+        self.writing.set()
+        await self.release.wait()
+        await super().put(owner)
+
+
+def test_a_refresh_during_a_declaration_does_not_undo_it(sqlite_url) -> None:
+    # CI (issue 72): a refresh that read the rows while a fine-tuned model's row was still being
+    # written wrote memory without it, and the model was missing from /v1/models after its job
+    # succeeded (until the next refresh).
+    upgrade(sqlite_url)
+    registry = SiteRegistry([_site("a", "m", ("a-ft",))])
+
+    async def scenario() -> None:
+        engine = create_engine(sqlite_url)
+        try:
+            store = _SlowWrites(create_sessionmaker(engine))
+            catalogue = AdapterCatalogue(registry, (), store)
+            declare = asyncio.create_task(catalogue.declare(Ownership("a-ft", "m", public=True)))
+            await store.writing.wait()
+            refresh = asyncio.create_task(catalogue.refresh())
+            await asyncio.wait({refresh}, timeout=0.3)  # it reads now, or waits for the write
+            store.release.set()
+            await asyncio.gather(declare, refresh)
+            assert catalogue.may_use("a-ft", None, None)
+            await catalogue.forget("a-ft")
+            await catalogue.refresh()
+            assert not catalogue.may_use("a-ft", None, None)
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        downgrade(sqlite_url)

@@ -108,3 +108,39 @@ def test_stalled_load_reports_leave_a_site_that_answers_healthy() -> None:
 def test_failures_to_down_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="failures_to_down"):
         HealthMonitor(SiteRegistry([]), {}, 1.0, failures_to_down=0)
+
+
+class _SlowInfo(ScriptedChecks):
+    """Its info (no adapters) is held until `release`: a check in flight."""
+
+    def __init__(self) -> None:
+        super().__init__([S, S])
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def info(self) -> SiteInfoView:
+        self.asked.set()
+        await self.release.wait()
+        return _info()
+
+
+def test_a_check_in_flight_keeps_the_adapter_list_a_load_gave_since() -> None:
+    # CI (issue 72): a check that asked for info before a fine-tuned model's load answered put
+    # the old list back, and the model was missing from /v1/models until the next check.
+    client = _SlowInfo()
+    site = SiteState(SiteConfig("a", "aws", "r", "127.0.0.1:1", "m"), 1, cast(SiteClient, client))
+    site.mark_healthy(_info())
+    monitor = HealthMonitor(SiteRegistry([site]), {}, 1.0, lambda _s: False)
+
+    async def scenario() -> None:
+        check = asyncio.create_task(monitor.check(site))
+        await client.asked.wait()
+        site.take_adapters(("ft:m:x",))
+        client.release.set()
+        await check
+        assert site.adapters == {"ft:m:x"}
+        client.asked.clear()
+        await monitor.check(site)  # asked for after the load: the site's own list counts again
+        assert not site.adapters
+
+    asyncio.run(scenario())
