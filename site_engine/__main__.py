@@ -44,7 +44,7 @@ from site_engine.engine.paged_engine import EngineConfig, PagedEngine, plan_kv
 from site_engine.engine_service import EngineService, OnDemandReserve
 from site_engine.grpc_embedding import EmbeddingServicer
 from site_engine.grpc_server import SERVICE_NAME, SiteIdentity, SiteServicer, start_server
-from site_engine.idle_work import IdleGate
+from site_engine.idle_work import IdleGate, IdleWork
 from site_engine.kv_lending_access import LendingAccess
 from site_engine.metrics import MeteredEngine, MetricsServer, SiteMetrics, serve_metrics
 from site_engine.model_loading import LoadedModel, load_model, resolve_model_dir
@@ -208,6 +208,16 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
         "--finetune-idle-unit-tokens",
         type=int,
         help="a training unit's padded tokens at most with no request in (default 4096)",
+    )
+    parser.add_argument(
+        "--finetune-mode",
+        help="idle: training units between steps; rows: a bounded piece with every step "
+        "(default idle)",
+    )
+    parser.add_argument(
+        "--finetune-max-training-delay-ms",
+        type=float,
+        help="rows mode: the most a step's training piece may delay it (default 10)",
     )
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     args = parser.parse_args(argv)
@@ -420,8 +430,7 @@ def start_generation(
         metrics.registry.register(StartPhaseCollector(settings.site_name, phases))
         engine = MeteredEngine(engine, metrics)
     jobs = fine_tune_jobs(settings, loaded)
-    gate = IdleGate(settings.finetune_max_step_ms / 1000, busy_share=settings.finetune_busy_share)
-    idle = (jobs, gate) if jobs is not None else None
+    idle = training_work(settings, jobs, paged) if jobs is not None else None
     on_unit = metrics.observe_idle_unit if metrics is not None else None
     if paged.graphs_pending:
 
@@ -466,6 +475,33 @@ def start_generation(
     return SiteServicer(service, identity, jobs, settings.lora_dir, access), serving
 
 
+def training_work(
+    settings: SiteSettings, jobs: FineTuneJobs, paged: PagedEngine
+) -> tuple[IdleWork, IdleGate]:
+    """What the engine loop runs of the jobs, and when (SITE_FINETUNE_MODE)."""
+    if settings.finetune_mode == "idle":
+        gate = IdleGate(
+            settings.finetune_max_step_ms / 1000, busy_share=settings.finetune_busy_share
+        )
+        return jobs, gate
+    from site_engine.finetune.step_rows import StepRows
+    from site_engine.finetune.step_work import StepRowsWork, rows_gate
+
+    bound_ms = settings.finetune_max_training_delay_ms
+    work = StepRowsWork(jobs, StepRows(bound_ms), paged.token_budget, paged.stats)
+    return work, rows_gate(bound_ms)
+
+
+def piece_bound_ms(settings: SiteSettings) -> float:
+    """The jobs' bound on one piece of training: the unit bound between steps, or in rows mode
+    the share of the step's delay bound that the pieces are sized to."""
+    if settings.finetune_mode == "idle":
+        return settings.finetune_max_step_ms
+    from site_engine.finetune.step_work import PIECE_SHARE
+
+    return settings.finetune_max_training_delay_ms * PIECE_SHARE
+
+
 def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs | None:
     """The site's fine-tuning jobs (those on disk resume), or None where the reserve is 0."""
     if not settings.finetune_reserve_bytes:
@@ -478,7 +514,7 @@ def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs 
             settings.finetune_dir,
             settings.finetune_reserve_bytes,
             checkpoint_every=settings.finetune_checkpoint_every,
-            max_step_ms=settings.finetune_max_step_ms,
+            max_step_ms=piece_bound_ms(settings),
             idle_unit_tokens=settings.finetune_idle_unit_tokens,
             max_tokens=loaded.max_model_len,
             max_rank=settings.max_lora_rank,
@@ -488,7 +524,8 @@ def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs 
         settings.model_name,
     )
     log.info(
-        "fine-tuning jobs accepted: %d bytes reserved, jobs in %s",
+        "fine-tuning jobs accepted (%s mode): %d bytes reserved, jobs in %s",
+        settings.finetune_mode,
         settings.finetune_reserve_bytes,
         settings.finetune_dir,
     )

@@ -15,6 +15,10 @@ from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KE
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 from site_engine.idle_work import DEFAULT_BUSY_SHARE
 
+# How fine-tuning shares the engine with serving (issue 70; docs/engine.md, Fine-tuning jobs).
+FINETUNE_MODES = ("idle", "rows")
+FineTuneMode = Literal["idle", "rows"]
+
 DTYPES = ("float32", "bfloat16", "float16")
 POLICIES = tuple(sorted(POLICY_NAMES))
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -131,7 +135,7 @@ class SiteSettings:
     finetune_reserve_bytes: int = 0
     # The reserve taken from the KV cache only while a job trains (the cache is planned at full
     # size, the reserve's top blocks drained and lent to the trainer when a job starts, given
-    # back when none runs; docs/fine-tuning.md). Off: held from the start, as before.
+    # back when none runs; docs/engine.md, Fine-tuning jobs). Off: held from the start, as before.
     finetune_reserve_on_demand: bool = False
     finetune_dir: Path = Path("var/finetune")
     finetune_checkpoint_every: int = 10
@@ -144,6 +148,15 @@ class SiteSettings:
     # tokens (8 x 512) with no time bound: its pieces still hand the loop back within
     # finetune_max_step_ms, so a request arriving meanwhile waits one piece, not the unit.
     finetune_idle_unit_tokens: int = 4096
+    # "idle": units between steps, paced by finetune_busy_share while requests run. "rows": a
+    # bounded piece of the job with every step, sized to the room the serving batch leaves in
+    # the step's token budget and to finetune_max_training_delay_ms, none while a request waits
+    # (site_engine/finetune/step_work.py): a job that waits for idle time starves under steady
+    # chat, since continuous batching almost never leaves a whole step idle.
+    finetune_mode: FineTuneMode = "idle"
+    # Rows mode: the most a step's training piece may delay it (pieces are sized to half of it;
+    # finetune_max_step_ms does not apply then).
+    finetune_max_training_delay_ms: float = 10.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -223,6 +236,12 @@ class SiteSettings:
                 "SITE_FINETUNE_IDLE_UNIT_TOKENS must be >= 1 (a unit's padded tokens with no "
                 f"request in), got {self.finetune_idle_unit_tokens}"
             )
+        if self.finetune_mode not in FINETUNE_MODES:
+            raise SettingsError(
+                f"SITE_FINETUNE_MODE must be one of {FINETUNE_MODES}, got {self.finetune_mode!r}"
+            )
+        if not self.finetune_max_training_delay_ms > 0:
+            raise SettingsError("SITE_FINETUNE_MAX_TRAINING_DELAY_MS must be > 0")
         if self.finetune_reserve_on_demand and not self.finetune_reserve_bytes:
             raise SettingsError("SITE_FINETUNE_RESERVE_ON_DEMAND needs SITE_FINETUNE_RESERVE_BYTES")
         if self.finetune_reserve_bytes and self.lora_dir is None:

@@ -168,6 +168,11 @@ class PagedEngine:
         return self._lender.plan
 
     @property
+    def token_budget(self) -> int:
+        """The most tokens one step schedules (max_num_batched_tokens)."""
+        return self._scheduler.config.max_num_batched_tokens
+
+    @property
     def startup_report(self) -> str:
         """One line: the KV cache (blocks, tokens, GiB, full-length sequences that fit), the
         graphs and their memory, where the device's memory went, and the prefix cache."""

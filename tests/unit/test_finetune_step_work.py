@@ -13,13 +13,14 @@ import torch
 from peft import get_peft_model
 
 from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec, FineTuneState
+from site_engine.__main__ import piece_bound_ms, training_work
 from site_engine.engine.core.api import EngineStats
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.engine_service import EngineService, OnDemandReserve
 from site_engine.finetune.data import Example, encode_file
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.step_rows import StepRows
-from site_engine.finetune.step_work import StepRowsWork, rows_gate
+from site_engine.finetune.step_work import StepRowsWork
 from site_engine.finetune.trainer import (
     BASE_LEARNING_RATE,
     _alias,
@@ -29,6 +30,8 @@ from site_engine.finetune.trainer import (
 )
 from site_engine.make_model import make_model_dir
 from site_engine.model_loading import LoadedModel, load_model
+from site_engine.settings import SettingsError as SiteSettingsError
+from site_engine.settings import SiteSettings
 
 HP = FineTuneHyperparameters(n_epochs=1, batch_size=2, learning_rate_multiplier=1.0)
 DATA = b"".join(
@@ -125,6 +128,13 @@ def test_rows_train_as_a_peft_loop_does(model: LoadedModel, tmp_path: Path) -> N
     assert ours == pytest.approx(peft, rel=1e-3, abs=1e-4)
 
 
+def test_a_site_refuses_an_unknown_mode_and_a_bound_of_zero(tmp_path: Path) -> None:
+    with pytest.raises(SiteSettingsError, match="SITE_FINETUNE_MODE must be one of"):
+        SiteSettings.load({"SITE_FINETUNE_MODE": "between"}, model_dir=tmp_path)
+    with pytest.raises(SiteSettingsError, match="SITE_FINETUNE_MAX_TRAINING_DELAY_MS"):
+        SiteSettings.load({"SITE_FINETUNE_MAX_TRAINING_DELAY_MS": "0"}, model_dir=tmp_path)
+
+
 def test_the_reserve_goes_back_to_the_kv_cache_after_the_job(
     model: LoadedModel, tmp_path: Path
 ) -> None:
@@ -132,16 +142,23 @@ def test_the_reserve_goes_back_to_the_kv_cache_after_the_job(
                           finetune_reserve_on_demand=True)  # fmt: skip
     engine = PagedEngine(model, config)
     full = engine.runner.kv_cache.num_bytes
-    settings = FineTuneSettings(tmp_path, 1 << 30, max_step_ms=BOUND_MS)
+    # Built as a site with SITE_FINETUNE_MODE=rows builds it.
+    site = SiteSettings.load({}, model_dir=tmp_path, lora_dir=tmp_path, finetune_mode="rows",
+                             finetune_max_training_delay_ms=2 * BOUND_MS,
+                             finetune_reserve_bytes=RESERVE)  # fmt: skip
+    assert piece_bound_ms(site) == BOUND_MS
+    settings = FineTuneSettings(tmp_path, 1 << 30, max_step_ms=piece_bound_ms(site))
     jobs = FineTuneJobs(settings, model.model, model.tokenizer, "m")
-    work = StepRowsWork(jobs, StepRows(BOUND_MS, min_rows=4), 256, engine.stats)
+    work, gate = training_work(site, jobs, engine)
+    assert isinstance(work, StepRowsWork)
+    assert work.rows.max_training_delay_ms == 2 * BOUND_MS
     lent: list[int] = []
 
     def note(seconds: float, running: bool) -> None:
         lent.append(engine.runner.kv_cache.num_bytes)
 
     reserve = OnDemandReserve(engine, RESERVE)
-    service = EngineService(engine, model.tokenizer, idle_work=(work, rows_gate(BOUND_MS)),
+    service = EngineService(engine, model.tokenizer, idle_work=(work, gate),
                             reserve=reserve, on_idle_unit=note)  # fmt: skip
     service.start()
     try:
