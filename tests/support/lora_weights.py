@@ -4,6 +4,10 @@ tests/unit/engine/test_lora_kernels_interpreted.py)."""
 
 from __future__ import annotations
 
+import random
+from types import ModuleType
+
+import pytest
 import torch
 
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
@@ -63,3 +67,34 @@ def reference(
             out[row, first : first + width] += delta
             first += width
     return out
+
+
+def fresh_seed() -> int:
+    """A seed of its own for each run (the tests print it in every failure)."""
+    return random.SystemRandom().randrange(2**31)
+
+
+def random_stack(
+    in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A [slots, in, n * R] and B [slots, R, sum(widths)] as LoraSlots lays a stack out, each
+    slot of a random rank up to R (zero past it), and each slot's scaling."""
+    parts = len(widths)
+    a = torch.randn(slots, in_f, parts * max_rank, generator=gen) * 0.05
+    b = torch.randn(slots, max_rank, sum(widths), generator=gen) * 0.05
+    for slot in range(slots):
+        rank = int(torch.randint(1, max_rank + 1, (1,), generator=gen))
+        a.view(slots, in_f, parts, max_rank)[slot, :, :, rank:] = 0
+        b[slot, rank:] = 0
+    return a, b, 0.5 + torch.rand(slots, generator=gen) * 1.5
+
+
+def interpreted_one_launch() -> ModuleType:
+    """The one-launch kernels (cuda/lora_kernels.py) run by Triton's interpreter on the CPU;
+    the test skips where triton is not installed (a dev dependency)."""
+    pytest.importorskip("triton")
+    from devtools.triton_interpreter import interpreted_module
+
+    return interpreted_module(
+        "site_engine.engine.cuda.lora_kernels", kernels=("site_engine.engine.cuda.lora_triton",)
+    )

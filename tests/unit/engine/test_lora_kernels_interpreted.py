@@ -24,38 +24,21 @@ import torch
 
 from site_engine.engine.lora.segmented_step import SegmentedLoraStep
 from site_engine.engine.lora.slots import GATE_UP, QKV, LoraSlots, SegmentedTorchStep
-from tests.support.lora_weights import mixed_adapters, reference, small_shapes
+from tests.support.lora_weights import (
+    fresh_seed,
+    interpreted_one_launch,
+    mixed_adapters,
+    random_stack,
+    reference,
+    small_shapes,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def kernels() -> ModuleType:
-    pytest.importorskip("triton")
-    from devtools.triton_interpreter import interpreted_module
-
-    return interpreted_module(
-        "site_engine.engine.cuda.lora_kernels", kernels=("site_engine.engine.cuda.lora_triton",)
-    )
-
-
-def _seed() -> int:
-    return random.SystemRandom().randrange(2**31)
-
-
-def _stack(
-    in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A [slots, in, n * R] and B [slots, R, sum(widths)] as LoraSlots lays a stack out, each
-    slot of a random rank up to R (zero past it), and each slot's scaling."""
-    parts = len(widths)
-    a = torch.randn(slots, in_f, parts * max_rank, generator=gen) * 0.05
-    b = torch.randn(slots, max_rank, sum(widths), generator=gen) * 0.05
-    for slot in range(slots):
-        rank = int(torch.randint(1, max_rank + 1, (1,), generator=gen))
-        a.view(slots, in_f, parts, max_rank)[slot, :, :, rank:] = 0
-        b[slot, rank:] = 0
-    return a, b, 0.5 + torch.rand(slots, generator=gen) * 1.5
+    return interpreted_one_launch()
 
 
 def _run(
@@ -113,9 +96,9 @@ def test_kernels_match_the_float64reference(
     max_rank: int,
     block_m: int,
 ) -> None:
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
-    a, b, scaling = _stack(in_f, widths, slots, max_rank, gen)
+    a, b, scaling = random_stack(in_f, widths, slots, max_rank, gen)
     x = torch.randn(tokens, in_f, generator=gen)
     token_slots = torch.randint(0, slots, (tokens,), generator=gen)
     token_slots[torch.rand(tokens, generator=gen) < 0.25] = -1
@@ -139,10 +122,10 @@ def test_kernels_match_the_float64reference(
 
 def test_one_launch_and_two_launches_agree_bit_for_bit(kernels: ModuleType) -> None:
     """The same partial sums summed in the same order: graphs (one path) and any rerun agree."""
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     widths, slots = (128, 64, 64), 5
-    a, b, scaling = _stack(512, widths, slots, 16, gen)
+    a, b, scaling = random_stack(512, widths, slots, 16, gen)
     x = torch.randn(48, 512, generator=gen)
     token_slots = torch.randint(-1, slots, (48,), generator=gen)
     y = torch.randn(48, sum(widths), generator=gen)
@@ -156,9 +139,9 @@ def test_one_launch_and_two_launches_agree_bit_for_bit(kernels: ModuleType) -> N
 
 @pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-launch"])
 def test_a_nan_slot_reaches_no_other_row(kernels: ModuleType, fused: bool) -> None:
-    gen = torch.Generator().manual_seed(_seed())
+    gen = torch.Generator().manual_seed(fresh_seed())
     widths = (64, 32, 32)
-    a, b, scaling = _stack(256, widths, 4, 16, gen)
+    a, b, scaling = random_stack(256, widths, 4, 16, gen)
     a[2] = float("nan")
     b[2] = float("nan")
     token_slots = torch.tensor([2, 0, -1, 2, 1, -1, 3, 0] * 4)
@@ -177,9 +160,9 @@ def test_a_wait_that_gives_up_writes_nan_into_its_tile_only(kernels: ModuleType)
     """The one-launch path's bounded wait: a tile whose splits never all signal (its counter
     set below zero here), in a launch whose failure flag is already raised (so the wait ends
     at once instead of after its ~10^6 polls), gets NaN rows; the other tiles are right."""
-    gen = torch.Generator().manual_seed(_seed())
+    gen = torch.Generator().manual_seed(fresh_seed())
     widths = (64,)
-    a, b, scaling = _stack(256, widths, 3, 16, gen)
+    a, b, scaling = random_stack(256, widths, 3, 16, gen)
     token_slots = torch.tensor([0, 1, 2, -1] * 6)
     x = torch.randn(24, 256, generator=gen)
     y = torch.randn(24, 64, generator=gen)
@@ -200,7 +183,7 @@ def test_a_wait_that_gives_up_writes_nan_into_its_tile_only(kernels: ModuleType)
 
 def test_bad_scratch_and_counters_are_refused(kernels: ModuleType) -> None:
     gen = torch.Generator().manual_seed(1)
-    a, b, scaling = _stack(256, (64,), 2, 16, gen)
+    a, b, scaling = random_stack(256, (64,), 2, 16, gen)
     x, y = torch.randn(8, 256), torch.randn(8, 64)
     seg = kernels.segments(torch.zeros(8, dtype=torch.long), 2)
     before = y.clone()
@@ -226,7 +209,7 @@ def test_the_kernels_step_matches_the_pytorch_step(kernels: ModuleType, fused: b
                       device=torch.device("cpu"))  # fmt: skip
     by_name = {adapter.name: adapter for adapter in mixed_adapters(base)}
     assigned = slots.assign(by_name, by_name.__getitem__)
-    rng = random.Random(_seed())
+    rng = random.Random(fresh_seed())
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
     launches = kernels.OneLaunchLauncher(token_slots, slots.num_slots, 4 * base.num_layers, fused)

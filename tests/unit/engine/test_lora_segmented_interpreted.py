@@ -23,7 +23,14 @@ from site_engine.engine.lora.segmented_step import (
     check_lora_kernels,
 )
 from site_engine.engine.lora.slots import GATE_UP, QKV, LoraSlots, SegmentedTorchStep
-from tests.support.lora_weights import mixed_adapters, reference, small_shapes
+from tests.support.lora_weights import (
+    fresh_seed,
+    interpreted_one_launch,
+    mixed_adapters,
+    random_stack,
+    reference,
+    small_shapes,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,31 +45,7 @@ def segmented() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def one_launch() -> ModuleType:
-    pytest.importorskip("triton")
-    from devtools.triton_interpreter import interpreted_module
-
-    return interpreted_module(
-        "site_engine.engine.cuda.lora_kernels", kernels=("site_engine.engine.cuda.lora_triton",)
-    )
-
-
-def _seed() -> int:
-    return random.SystemRandom().randrange(2**31)
-
-
-def _stack(
-    in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A [slots, in, n * R], B [slots, R, sum(widths)] as LoraSlots lays a stack out (each
-    slot of a random rank up to R, zero past it), and the slots' scalings."""
-    parts = len(widths)
-    a = torch.randn(slots, in_f, parts * max_rank, generator=gen) * 0.05
-    b = torch.randn(slots, max_rank, sum(widths), generator=gen) * 0.05
-    for slot in range(slots):
-        rank = int(torch.randint(1, max_rank + 1, (1,), generator=gen))
-        a.view(slots, in_f, parts, max_rank)[slot, :, :, rank:] = 0
-        b[slot, rank:] = 0
-    return a, b, 0.5 + torch.rand(slots, generator=gen) * 1.5
+    return interpreted_one_launch()
 
 
 # tokens, in_f, widths, slots, max_rank: a decode step of one row; q/k/v-like widths, not whole
@@ -80,9 +63,9 @@ def test_both_paths_match_the_float64_reference_and_each_other(
     segmented: ModuleType, one_launch: ModuleType, tokens: int, in_f: int,
     widths: tuple[int, ...], slots: int, max_rank: int,
 ) -> None:  # fmt: skip
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
-    a, b, scaling = _stack(in_f, widths, slots, max_rank, gen)
+    a, b, scaling = random_stack(in_f, widths, slots, max_rank, gen)
     x = torch.randn(tokens, in_f, generator=gen)
     token_slots = torch.randint(0, slots, (tokens,), generator=gen)
     token_slots[torch.rand(tokens, generator=gen) < 0.25] = -1
@@ -111,9 +94,9 @@ def test_both_paths_match_the_float64_reference_and_each_other(
 
 
 def test_a_nan_slot_reaches_no_other_row(segmented: ModuleType) -> None:
-    gen = torch.Generator().manual_seed(_seed())
+    gen = torch.Generator().manual_seed(fresh_seed())
     widths = (64, 32, 32)
-    a, b, scaling = _stack(256, widths, 4, 16, gen)
+    a, b, scaling = random_stack(256, widths, 4, 16, gen)
     a[2] = float("nan")
     b[2] = float("nan")
     token_slots = torch.tensor([2, 0, -1, 2, 1, -1, 3, 0] * 4)
@@ -139,7 +122,7 @@ def test_the_steps_of_both_paths_match_the_pytorch_step(
                       device=torch.device("cpu"))  # fmt: skip
     by_name = {adapter.name: adapter for adapter in mixed_adapters(base)}
     assigned = slots.assign(by_name, by_name.__getitem__)
-    rng = random.Random(_seed())
+    rng = random.Random(fresh_seed())
     token_slots = torch.tensor(
         [-1 if not n else assigned[n] for n in rng.choices(["", *by_name], k=40)]
     )
