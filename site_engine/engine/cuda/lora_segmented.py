@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from site_engine.engine.cuda.lora_segments import max_tiles, slot_tiles, sorted_by_slot
+
 # Tokens per tile: tl.dot's smallest M for decode-sized steps, where a slot has a few rows;
 # more for prefill-sized ones, so a slot's weights are read once per 64 of its tokens, not 16.
 _TILE_ROWS = 16
@@ -75,42 +77,16 @@ def tile_rows(tokens: int) -> int:
     return _TILE_ROWS if tokens <= _PREFILL_TOKENS else _PREFILL_TILE_ROWS
 
 
-def max_tiles(tokens: int, num_slots: int, block_m: int) -> int:
-    """Tiles a step of `tokens` can need: each slot in use has a partial tile at most, and a
-    tile holds at least one token."""
-    return min(tokens, -(-tokens // block_m) + num_slots)
-
-
 def segments(token_slots: torch.Tensor, num_slots: int, block_m: int | None = None) -> Segments:
     """The tiles of a step whose token t uses slot token_slots[t] (-1: none), `block_m` tokens
-    each (default: tile_rows). A counting sort (one-hot prefix sums, then a scatter) rather than
-    torch.sort: fixed shapes and plain kernels, nothing that could sync with the host inside a
-    graph capture."""
-    device = token_slots.device
+    each (default: tile_rows): the sort and the tiles of cuda/lora_segments.py, each tile's end
+    the end of its slot's run (the kernels take block_m rows of it at most)."""
     tokens = token_slots.shape[0]
     block_m = tile_rows(tokens) if block_m is None else block_m
-    column = (token_slots.long() + 1).unsqueeze(1)  # 0: no adapter, s + 1: slot s
-    one_hot = torch.zeros((tokens, num_slots + 1), dtype=torch.int32, device=device)
-    one_hot.scatter_(1, column, 1)
-    counts_all = one_hot.sum(0, dtype=torch.int32)
-    starts_all = torch.cumsum(counts_all, 0, dtype=torch.int32) - counts_all
-    # A token's place in `order`: its slot's start plus how many of its slot's tokens precede it.
-    before = torch.cumsum(one_hot, 0, dtype=torch.int32).gather(1, column).squeeze(1) - 1
-    place = (starts_all.gather(0, column.squeeze(1)) + before).long()
-    order = torch.empty(tokens, dtype=torch.int32, device=device)
-    order.scatter_(0, place, torch.arange(tokens, dtype=torch.int32, device=device))
-    starts, counts = starts_all[1:], counts_all[1:]
-    tiles = (counts + block_m - 1) // block_m
-    tiles_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-    index = torch.arange(max_tiles(tokens, num_slots, block_m), dtype=torch.int32, device=device)
-    slot_of = torch.searchsorted(tiles_end, index, right=True).to(torch.int32)
-    valid = slot_of < num_slots
-    slot = slot_of.clamp(max=num_slots - 1)
-    first_tile = tiles_end[slot] - tiles[slot]
-    tile_start = starts[slot] + (index - first_tile) * block_m
-    tile_end = starts[slot] + counts[slot]
-    neg = torch.full_like(slot, -1)
-    return Segments(block_m, order, torch.where(valid, slot, neg), tile_start, tile_end)
+    order, starts, counts = sorted_by_slot(token_slots, num_slots)
+    tiles = max_tiles(tokens, num_slots, block_m)
+    tile_slot, tile_start, tile_end = slot_tiles(starts, counts, block_m, tiles)
+    return Segments(block_m, order, tile_slot, tile_start, tile_end)
 
 
 @triton.jit

@@ -62,14 +62,29 @@ def segments(
 ) -> Segments:
     """The tiles of a step whose token t uses slot token_slots[t] (-1: none): chunks of
     `block_m` rows (default: chunk_rows), tiles of `tile_rows` (default: CHUNKS_PER_TILE
-    chunks). A counting sort (one-hot prefix sums, then a scatter) rather than torch.sort:
-    fixed shapes and plain kernels, nothing that could sync with the host inside a capture."""
-    device = token_slots.device
+    chunks). Fixed shapes and plain kernels (sorted_by_slot), nothing that could sync with the
+    host inside a capture."""
     tokens = token_slots.shape[0]
     block_m = chunk_rows(tokens) if block_m is None else block_m
     tile_rows = CHUNKS_PER_TILE * block_m if tile_rows is None else tile_rows
     if tile_rows % block_m or tile_rows <= 0:
         raise ValueError(f"tile_rows {tile_rows} is not a positive multiple of {block_m}")
+    order, starts, counts = sorted_by_slot(token_slots, num_slots)
+    tiles = max_tiles(tokens, num_slots, tile_rows)
+    tile_slot, tile_start, slot_end = slot_tiles(starts, counts, tile_rows, tiles)
+    tile_end = torch.minimum(tile_start + tile_rows, slot_end)
+    return Segments(block_m, tile_rows, order, tile_slot, tile_start, tile_end)
+
+
+def sorted_by_slot(
+    token_slots: torch.Tensor, num_slots: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The token indices sorted by slot (base rows first), each slot's first position in that
+    order and its token count. A counting sort (one-hot prefix sums, then a scatter) rather than
+    torch.sort: fixed shapes and plain kernels, nothing that could sync with the host inside a
+    graph capture."""
+    device = token_slots.device
+    tokens = token_slots.shape[0]
     column = (token_slots.long() + 1).unsqueeze(1)  # 0: no adapter, s + 1: slot s
     one_hot = torch.zeros((tokens, num_slots + 1), dtype=torch.int32, device=device)
     one_hot.scatter_(1, column, 1)
@@ -80,15 +95,23 @@ def segments(
     place = (starts_all.gather(0, column.squeeze(1)) + before).long()
     order = torch.empty(tokens, dtype=torch.int32, device=device)
     order.scatter_(0, place, torch.arange(tokens, dtype=torch.int32, device=device))
-    starts, counts = starts_all[1:], counts_all[1:]
-    tiles = (counts + tile_rows - 1) // tile_rows
-    tiles_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-    index = torch.arange(max_tiles(tokens, num_slots, tile_rows), dtype=torch.int32, device=device)
+    return order, starts_all[1:], counts_all[1:]
+
+
+def slot_tiles(
+    starts: torch.Tensor, counts: torch.Tensor, tile_rows: int, tiles: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each slot's run cut into tiles of `tile_rows`, `tiles` of them (the worst case): each
+    tile's slot (-1 past the real tiles), its first position in the order, and the end of its
+    slot's run."""
+    num_slots = starts.shape[0]
+    per_slot = (counts + tile_rows - 1) // tile_rows
+    tiles_end = torch.cumsum(per_slot, 0, dtype=torch.int32)
+    index = torch.arange(tiles, dtype=torch.int32, device=starts.device)
     slot_of = torch.searchsorted(tiles_end, index, right=True).to(torch.int32)
     valid = slot_of < num_slots
     slot = slot_of.clamp(max=num_slots - 1)
-    first_tile = tiles_end[slot] - tiles[slot]
+    first_tile = tiles_end[slot] - per_slot[slot]
     tile_start = starts[slot] + (index - first_tile) * tile_rows
-    tile_end = torch.minimum(tile_start + tile_rows, starts[slot] + counts[slot])
-    neg = torch.full_like(slot, -1)
-    return Segments(block_m, tile_rows, order, torch.where(valid, slot, neg), tile_start, tile_end)
+    tile_slot = torch.where(valid, slot, torch.full_like(slot, -1))
+    return tile_slot, tile_start, starts[slot] + counts[slot]
