@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 
 from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.engine.chat_stream import ChatStream
 from bench.engine.metrics import percentile
 from bench.engine.paths import shared_path
 from fedllm_contract.tokenizer import load_tokenizer
@@ -64,33 +64,17 @@ class Settings:
     seed: int = 0
 
 
-def _lognormal(rng: random.Random, median: float, p99: float, cap: int) -> int:
-    import math
-
-    sigma = math.log(p99 / median) / 2.3263478740408408
-    return max(1, min(cap, round(rng.lognormvariate(math.log(median), sigma))))
-
-
 class Workload:
-    """An endless, seeded stream of (prompt, answer length)."""
+    """An endless, seeded stream of chat requests (bench/engine/chat_stream.py)."""
 
     def __init__(self, settings: Settings) -> None:
-        self._rng = random.Random(settings.seed)
-        self._repeat = settings.repeat_fraction
-        self._shared = [self._prompt() for _ in range(settings.shared_prompts)]
-        self._count = 0
-
-    def _prompt(self) -> tuple[int, ...]:
-        length = _lognormal(self._rng, 60, 600, 1024)
-        return tuple(self._rng.randrange(8, VOCAB) for _ in range(length))
+        self._stream = ChatStream(settings.seed, settings.shared_prompts,
+                                  settings.repeat_fraction, 1024, range(8, VOCAB))  # fmt: skip
 
     def next(self) -> EngineRequest:
-        self._count += 1
-        shared = self._rng.random() < self._repeat
-        prompt = self._rng.choice(self._shared) if shared else self._prompt()
-        answer = _lognormal(self._rng, 250, 1024, 1024)
+        request_id, prompt, answer = self._stream.next()
         sampling = SamplingParams(max_tokens=answer, ignore_eos=True, temperature=0.0)
-        return EngineRequest(f"r{self._count}", prompt, sampling, predicted_tokens=answer)
+        return EngineRequest(request_id, prompt, sampling, predicted_tokens=answer)
 
 
 def _fake_model(runner: Any) -> None:

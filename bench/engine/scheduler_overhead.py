@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import math
 import pstats
 import random
 import statistics
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.engine.chat_stream import ChatStream
 from bench.engine.metrics import percentile
 from site_engine.cache_event_journal import CacheEventJournal
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
@@ -71,29 +71,15 @@ class Settings:
     waiting: int = 0
 
 
-def _lognormal(rng: random.Random, median: float, p99: float, cap: int) -> int:
-    sigma = math.log(p99 / median) / 2.3263478740408408
-    return max(1, min(cap, round(rng.lognormvariate(math.log(median), sigma))))
-
-
 class Workload:
-    """An endless stream of requests: (prompt, answer length), the same for every arm."""
+    """An endless stream of requests: (id, prompt, answer length), the same for every arm."""
 
     def __init__(self, settings: Settings) -> None:
-        self._rng = random.Random(settings.seed)
-        self._repeat = settings.repeat_fraction
-        self._shared = [self._prompt() for _ in range(settings.shared_prompts)]
-        self._count = 0
-
-    def _prompt(self) -> tuple[int, ...]:
-        length = _lognormal(self._rng, 60, 600, 2048)
-        return tuple(self._rng.randrange(VOCAB) for _ in range(length))
+        self._stream = ChatStream(settings.seed, settings.shared_prompts,
+                                  settings.repeat_fraction, 2048, range(VOCAB))  # fmt: skip
 
     def next(self) -> tuple[str, tuple[int, ...], int]:
-        self._count += 1
-        shared = self._rng.random() < self._repeat
-        prompt = self._rng.choice(self._shared) if shared else self._prompt()
-        return f"r{self._count}", prompt, _lognormal(self._rng, 250, 1024, 1024)
+        return self._stream.next()
 
 
 def _scheduler(settings: Settings, caching: bool) -> Scheduler:
