@@ -154,28 +154,12 @@ def markdown(payload: dict[str, Any]) -> str:
     lines += ["| arm | figure | " + " | ".join(f"load {x}" for x in payload["loads"]) + " |"]
     lines += ["|---|---|" + "---|" * len(payload["loads"])]
     for arm, metrics in found["vs_baseline"].items():
-        for name, by_load in metrics.items():
-            cells = [
-                f"{by_load[str(x)]['ratio']:.3f} ({by_load[str(x)]['min']:.3f}-"
-                f"{by_load[str(x)]['max']:.3f})"
-                if str(x) in by_load
-                else "-"
-                for x in payload["loads"]
-            ]
-            lines.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
+        lines += _ratio_rows(arm, metrics, payload["loads"])
     for arm, metrics in found.get("served_vs_none", {}).items():
         lines += ["", f"`{arm}` with its predictor against `{arm}@none` (no predictor):", ""]
         lines += ["| arm | figure | " + " | ".join(f"load {x}" for x in payload["loads"]) + " |"]
         lines += ["|---|---|" + "---|" * len(payload["loads"])]
-        for name, by_load in metrics.items():
-            cells = [
-                f"{by_load[str(x)]['ratio']:.3f} ({by_load[str(x)]['min']:.3f}-"
-                f"{by_load[str(x)]['max']:.3f})"
-                if str(x) in by_load
-                else "-"
-                for x in payload["loads"]
-            ]
-            lines.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
+        lines += _ratio_rows(arm, metrics, payload["loads"])
     if payload.get("findings"):
         lines += ["", payload["findings"]]
     if payload.get("goals"):
@@ -266,3 +250,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _ratio_rows(arm: str, metrics: dict[str, Any], loads: list[Any]) -> list[str]:
+    """A row a figure: its ratio at each load with the per-seed min-max ("-": not run)."""
+    rows = []
+    for name, by_load in metrics.items():
+        cells = [
+            f"{by_load[str(x)]['ratio']:.3f} ({by_load[str(x)]['min']:.3f}-"
+            f"{by_load[str(x)]['max']:.3f})"
+            if str(x) in by_load
+            else "-"
+            for x in loads
+        ]
+        rows.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
+    return rows
