@@ -194,6 +194,21 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _ratio_rows(arm: str, metrics: dict[str, Any], loads: list[Any]) -> list[str]:
+    """A row a figure: its ratio at each load with the per-seed min-max ("-": not run)."""
+    rows = []
+    for name, by_load in metrics.items():
+        cells = [
+            f"{by_load[str(x)]['ratio']:.3f} ({by_load[str(x)]['min']:.3f}-"
+            f"{by_load[str(x)]['max']:.3f})"
+            if str(x) in by_load
+            else "-"
+            for x in loads
+        ]
+        rows.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def render(payload: dict[str, Any], out: Path, name: str, figure: bool = False) -> None:
     """NAME.json and NAME.md (and NAME.png with `figure`)."""
     payload = dict(payload, name=name)
@@ -250,18 +265,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _ratio_rows(arm: str, metrics: dict[str, Any], loads: list[Any]) -> list[str]:
-    """A row a figure: its ratio at each load with the per-seed min-max ("-": not run)."""
-    rows = []
-    for name, by_load in metrics.items():
-        cells = [
-            f"{by_load[str(x)]['ratio']:.3f} ({by_load[str(x)]['min']:.3f}-"
-            f"{by_load[str(x)]['max']:.3f})"
-            if str(x) in by_load
-            else "-"
-            for x in loads
-        ]
-        rows.append(f"| {arm} | {name} | " + " | ".join(cells) + " |")
-    return rows
