@@ -95,10 +95,14 @@ def test_concurrent_requests_on_one_call_match_their_own_calls(site: ManagedProc
         assert "".join(c.text for c in chunks) == "".join(c.text for c in reference)
         final = chunks[-1]
         assert final.finish_reason == "length"
-        assert (final.prompt_tokens, final.completion_tokens) == (
-            reference[-1].usage.prompt_tokens,
-            reference[-1].usage.completion_tokens,
-        ) == (len(p.prompt_token_ids), p.max_tokens)
+        assert (
+            (final.prompt_tokens, final.completion_tokens)
+            == (
+                reference[-1].usage.prompt_tokens,
+                reference[-1].usage.completion_tokens,
+            )
+            == (len(p.prompt_token_ids), p.max_tokens)
+        )
         assert all(c.finish_reason is None for c in chunks[:-1])
 
 
@@ -128,10 +132,8 @@ def test_a_refused_request_fails_alone(site: ManagedProcess) -> None:
     async def run() -> tuple[BaseException | list[SiteChunk], ...]:
         client = client_of(site)
         try:
-            return tuple(
-                await asyncio.gather(collect(client, bad), collect(client, good),
-                                     return_exceptions=True)  # fmt: skip
-            )
+            both = collect(client, bad), collect(client, good)
+            return tuple(await asyncio.gather(*both, return_exceptions=True))
         finally:
             await client.close()
 
@@ -160,7 +162,9 @@ def test_past_the_queue_bound_a_request_is_busy_and_the_rest_are_served(
     outcomes = asyncio.run(run())
     busy = [o for o in outcomes if isinstance(o, SiteBusy)]
     served = [o for o in outcomes if isinstance(o, list)]
-    assert busy and served and len(busy) + len(served) == 10
+    assert busy
+    assert served
+    assert len(busy) + len(served) == 10
     assert all(o[-1].completion_tokens == 40 for o in served)
 
 
@@ -240,7 +244,7 @@ def test_a_site_that_goes_away_fails_the_requests_on_the_call(
                 got += len(chunk.token_ids)
                 if got >= 2:
                     process.kill()
-        except Exception as exc:  # noqa: BLE001 - the failure is what is checked
+        except Exception as exc:  # the failure is what is checked
             return exc
         finally:
             await client.close()
@@ -251,4 +255,4 @@ def test_a_site_that_goes_away_fails_the_requests_on_the_call(
     finally:
         process.stop()
     # Accepted, then the site broke under it: the dispatcher continues it elsewhere.
-    assert failure is not None and type(failure).__name__ == "SiteFailed"
+    assert type(failure).__name__ == "SiteFailed"
