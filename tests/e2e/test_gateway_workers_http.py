@@ -88,7 +88,7 @@ def test_two_workers_share_the_port_serve_streams_and_end_with_their_supervisor(
         gateway.popen.send_signal(signal.SIGTERM)
         gateway.popen.wait(timeout=60)
         gateway.stop()
-    gone, alive = psutil.wait_procs(
+    _, alive = psutil.wait_procs(
         [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)], timeout=10
     )
     assert not alive
