@@ -200,6 +200,7 @@ class GrpcSiteClient:
         connect_timeout_s: float,
         tls: SiteTls | None = None,
         tls_server_name: str | None = None,
+        stream_interval_s: float = 0.0,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
@@ -215,7 +216,7 @@ class GrpcSiteClient:
         attempt = (("grpc.min_reconnect_backoff_ms", max(200, int(connect_timeout_s * 1000))),)
         self._channel = open_channel(endpoint, tls, (*_CHANNEL_OPTIONS, *attempt), tls_server_name)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
-        self._generation = GenerateStreams(self._stub, self._status_error)
+        self._generation = GenerateStreams(self._stub, self._status_error, stream_interval_s)
         self._control_channel = open_channel(
             endpoint, tls, (*_CONTROL_CHANNEL_OPTIONS, *attempt), tls_server_name
         )

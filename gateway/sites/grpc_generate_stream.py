@@ -91,15 +91,19 @@ def merged_chunks(chunks: list[site_pb2.GenerateChunk]) -> list[SiteChunk]:
 class _Mailbox:
     """One request's chunks filed by the call's reader, until the request's reader takes them."""
 
-    __slots__ = ("accepted", "broken", "chunks", "expired", "failure", "waiter")
+    __slots__ = ("accepted", "broken", "chunks", "expired", "failure", "holding", "last", "waiter")
 
     def __init__(self) -> None:
         self.chunks: list[site_pb2.GenerateChunk] = []
         self.accepted = False
+        # A chunk with a finish (or the box's end) is filed: no interval holds it back.
+        self.last = False
         self.failure: tuple[grpc.StatusCode, str] | None = None
         self.broken: tuple[grpc.StatusCode, str] | None = None
         self.expired = False
         self.waiter: asyncio.Future[None] | None = None
+        # The reader holds its chunks for the stream interval: only an end wakes it sooner.
+        self.holding = False
 
     @property
     def news(self) -> bool:
@@ -121,6 +125,18 @@ class _Mailbox:
                 await self.waiter
             finally:
                 self.waiter = None
+
+    async def hold(self, delay_s: float) -> None:
+        """Lets `delay_s` pass unless the answer's last chunk (or its end) comes first."""
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        self.holding = True
+        timer = loop.call_later(delay_s, self.wake)
+        try:
+            await self.waiter
+        finally:
+            timer.cancel()
+            self.waiter, self.holding = None, False
 
     def expire(self) -> None:
         self.expired = True
@@ -172,7 +188,9 @@ class StreamCall:
                     if chunk.accepted:
                         box.accepted = True
                     box.chunks.append(chunk)
-                    if box.waiter is not None:
+                    if chunk.finish_reason:
+                        box.last = True
+                    if box.waiter is not None and (box.last or not box.holding):
                         box.wake()
                 for failure in batch.failures:
                     box = boxes.pop(failure.request_id, None)
@@ -213,9 +231,14 @@ class StreamCall:
 class GenerateStreams:
     """A site's generation traffic on one GenerateStream call at a time (GrpcSiteClient)."""
 
-    def __init__(self, stub: site_pb2_grpc.SiteEngineStub, error: StatusError) -> None:
+    def __init__(
+        self, stub: site_pb2_grpc.SiteEngineStub, error: StatusError, interval_s: float = 0.0
+    ) -> None:
         self._stub = stub
         self._error = error
+        # GATEWAY_STREAM_INTERVAL_MS: an answer's chunks at most this often, but the first (its
+        # first token) and the last (its finish) go as soon as they come.
+        self._interval_s = interval_s
         self._call: StreamCall | None = None
 
     def _open_call(self) -> StreamCall:
@@ -231,16 +254,25 @@ class GenerateStreams:
         until every choice finished; closing early cancels it at the site."""
         call = self._open_call()
         box = call.open(request)
-        timer = asyncio.get_running_loop().call_later(timeout_s, box.expire)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(timeout_s, box.expire)
+        interval = self._interval_s
+        sent_at: float | None = None  # when tokens last went out (the interval counts from it)
         finished = 0
         try:
             while finished < choices:
                 if not box.news:
                     await box.wait()
+                if sent_at is not None and not (box.last or box.ended):
+                    delay = sent_at + interval - loop.time()
+                    if delay > 0:
+                        await box.hold(delay)
                 if box.chunks:
                     chunks, box.chunks = box.chunks, []
                     for chunk in merged_chunks(chunks):
                         finished += chunk.finish_reason is not None
+                        if interval and chunk.token_ids:
+                            sent_at = loop.time()
                         yield chunk
                     continue
                 raise self._ended(box)

@@ -256,3 +256,37 @@ def test_a_site_that_goes_away_fails_the_requests_on_the_call(
         process.stop()
     # Accepted, then the site broke under it: the dispatcher continues it elsewhere.
     assert type(failure).__name__ == "SiteFailed"
+
+
+def test_a_stream_interval_sends_tokens_together_and_the_first_at_once(
+    site: ManagedProcess,
+) -> None:
+    p = params(PROMPTS[1], max_tokens=200, seed=3)
+
+    async def run() -> tuple[list[SiteChunk], list[float], float]:
+        client = GrpcSiteClient(
+            "stream-test", f"127.0.0.1:{site.port}", connect_timeout_s=5, stream_interval_s=0.25
+        )
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        chunks, times = [], []
+        try:
+            async for chunk in client.generate(p, timeout_s=60):
+                chunks.append(chunk)
+                times.append(loop.time())
+        finally:
+            await client.close()
+        return chunks, times, started
+
+    chunks, times, started = asyncio.run(run())
+    reference = one_call(site, p)
+    assert [t for c in chunks for t in c.token_ids] == [t for c in reference for t in c.token_ids]
+    assert "".join(c.text for c in chunks) == "".join(c.text for c in reference)
+    with_tokens = [(c, t) for c, t in zip(chunks, times, strict=True) if c.token_ids]
+    # The first token is not held back (it follows the acceptance at once); after it, chunks
+    # come at most every 0.25 s (the last, with its finish, as soon as it comes).
+    assert with_tokens[0][1] - times[0] < 0.2
+    gaps = [b - a for (_, a), (_, b) in zip(with_tokens, with_tokens[1:], strict=False)]
+    assert all(gap >= 0.2 for gap in gaps[:-1])
+    assert len(with_tokens) <= (times[-1] - started) / 0.25 + 3
+    assert chunks[-1].finish_reason == "length"
