@@ -5,6 +5,7 @@ text and usage), whatever else shares the call; refusals, cancels and deadlines 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Iterator
 from contextlib import aclosing
@@ -286,7 +287,7 @@ def test_a_stream_interval_sends_tokens_together_and_the_first_at_once(
     # The first token is not held back (it follows the acceptance at once); after it, chunks
     # come at most every 0.25 s (the last, with its finish, as soon as it comes).
     assert with_tokens[0][1] - times[0] < 0.2
-    gaps = [b - a for (_, a), (_, b) in zip(with_tokens, with_tokens[1:], strict=False)]
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(with_tokens)]
     assert all(gap >= 0.2 for gap in gaps[:-1])
     assert len(with_tokens) <= (times[-1] - started) / 0.25 + 3
     assert chunks[-1].finish_reason == "length"
