@@ -254,14 +254,16 @@ def spawn_site(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     wrapper: Sequence[str] = (),
+    module: str = "site_engine",
 ) -> ManagedProcess:
     """Starts `python -m site_engine` without waiting; see wait_until_serving. `env` adds to
     what a site inherits of this process's environment (fedllm_contract/site_environment.py: a
     demo run with GATEWAY_ADMIN_TOKEN set keeps it from the sites), e.g. SITE_TLS_* for a site
-    with mutual TLS, SITE_LOG_LEVEL."""
+    with mutual TLS, SITE_LOG_LEVEL. `module`: another program that takes the site's arguments
+    and starts it its own way (bench.serving_path.site: a synthetic engine's)."""
     args = [
         "-m",
-        "site_engine",
+        module,
         "--model",
         str(model_dir),
         "--site-name",

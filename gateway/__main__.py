@@ -12,6 +12,7 @@ from gateway.api.http_protocol import bounded_protocol
 from gateway.app import create_app
 from gateway.log_setup import configure_logging
 from gateway.settings import GatewaySettings, is_loopback
+from gateway.workers import Supervisor, listening_socket
 
 log = logging.getLogger("gateway")
 
@@ -37,6 +38,9 @@ def use_batch_scheduling() -> bool:
 
 def main() -> None:
     settings = GatewaySettings.from_env()
+    if settings.server.workers > 1:
+        configure_logging(settings)
+        raise SystemExit(Supervisor(settings).run())
     batch = settings.server.batch_scheduling and use_batch_scheduling()
     app = create_app(settings)
     configure_logging(settings)
@@ -54,7 +58,7 @@ def main() -> None:
     proxies = settings.access.proxy_networks()
     if proxies:
         log.info("X-Forwarded-For is believed from %s", ", ".join(proxies))
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.server.host,
         port=settings.server.port,
@@ -73,6 +77,9 @@ def main() -> None:
         proxy_headers=bool(proxies),
         forwarded_allow_ips=list(proxies),
     )
+    server = settings.server
+    sockets = [listening_socket(server.host, server.port, True)] if server.reuse_port else None
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 if __name__ == "__main__":

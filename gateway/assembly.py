@@ -205,6 +205,7 @@ class GatewayAssembly:
                     site_tls,
                     tokenizers,
                     _task_of(federation, site.model),
+                    settings.sites.stream_interval_ms / 1000,
                 ),
                 prefix=SitePrefix(settings.routing.prefix_index_max_blocks),
             )
@@ -262,7 +263,13 @@ class GatewayAssembly:
             sessions,
             (monitor, listener),
             drainer,
-            lambda site: site_client(site, settings.sites.connect_timeout_s, site_tls, tokenizers),
+            lambda site: site_client(
+                site,
+                settings.sites.connect_timeout_s,
+                site_tls,
+                tokenizers,
+                stream_interval_s=settings.sites.stream_interval_ms / 1000,
+            ),
             settings.routing.prefix_index_max_blocks,
             federation.models,
             settings.federation_file.resolve().parent,

@@ -85,6 +85,18 @@ class ServerSettings:
         help="`DEBUG`, `INFO`, `WARNING` or `ERROR`; API keys, the admin token and TLS keys are "
         "never logged",
     )
+    workers: int = setting(
+        1,
+        help="gateway processes serving this address (`gateway/workers.py`): with more than one, "
+        "`python -m gateway` supervises that many workers sharing the port, each a whole gateway "
+        "routing on the sites' load reports; needs PostgreSQL, where key limits, idempotency and "
+        "batches are shared by every process",
+    )
+    reuse_port: bool = setting(
+        False,
+        help="listen with `SO_REUSEPORT`, so several gateway processes on this host share the "
+        "port and the kernel spreads connections over them (the workers do it themselves)",
+    )
     batch_scheduling: bool = setting(
         True,
         help="run the gateway's threads under Linux's `SCHED_BATCH` policy (no special "
@@ -98,6 +110,8 @@ class ServerSettings:
             raise SettingsError(f"GATEWAY_PORT must be in 0..65535, got {self.port}")
         if self.tokenize_threads < 1:
             raise SettingsError("GATEWAY_TOKENIZE_THREADS >= 1")
+        if not 1 <= self.workers <= 256:
+            raise SettingsError(f"GATEWAY_WORKERS must be in 1..256, got {self.workers}")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(
                 f"GATEWAY_LOG_LEVEL must be one of {LOG_LEVELS}, got {self.log_level!r}"
@@ -206,6 +220,15 @@ class SitesSettings:
         help="how long an admin adapter load waits for each site's answer; one that answers "
         "later may still load it (its owner, written first, keeps it private)",
     )
+    stream_interval_ms: float = setting(
+        0.0,
+        help="the least time between two chunks of one answer from this project's sites: the "
+        "tokens that come sooner travel together in one chunk, one SSE event to the client (its "
+        "first token and its finish go at once). Each chunk costs the gateway a socket write "
+        "whatever its tokens: 20-50 ms cuts its CPU per token several times at thousands of "
+        "streams, unseen by a reader. 0: as they come (several tokens still share a chunk when "
+        "the gateway lags behind its sites)",
+    )
     health_failures_to_down: int = setting(
         3,
         help="health checks in a row without an answer (deadline passed) before a site is "
@@ -222,6 +245,8 @@ class SitesSettings:
             "adapter_load_timeout_s",
         )
         require_at_least(self, 1, "health_failures_to_down")
+        if not 0 <= self.stream_interval_ms <= 1000:
+            raise SettingsError("GATEWAY_STREAM_INTERVAL_MS must be in 0..1000")
         if self.load_report_interval_ms < 10:
             raise SettingsError("GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10")
 
@@ -493,6 +518,12 @@ class GatewaySettings:
 
     def __post_init__(self) -> None:
         _check_policy(self.routing.policy, self.federation_file)
+        if self.server.workers > 1 and not self.database.url.startswith("postgresql"):
+            raise SettingsError(
+                f"GATEWAY_WORKERS={self.server.workers} needs PostgreSQL "
+                "(GATEWAY_DATABASE_URL=postgresql+psycopg://...): on SQLite key limits and the "
+                "other state every worker must share live in one process's memory"
+            )
         access, host = self.access, self.server.host
         if not (access.require_api_keys or access.allow_open_access or is_loopback(host)):
             raise SettingsError(

@@ -302,8 +302,17 @@ class Serving:
     metrics_server: MetricsServer | None = None
 
 
+# What builds the model and its engine (`_engine`; a benchmark passes a synthetic engine's).
+EngineBuilder = Callable[
+    [SiteSettings, StartPhases, Prepared | None], tuple[LoadedModel, PagedEngine]
+]
+
+
 async def serve(
-    settings: SiteSettings, phases: StartPhases | None = None, prepared: Prepared | None = None
+    settings: SiteSettings,
+    phases: StartPhases | None = None,
+    prepared: Prepared | None = None,
+    build_engine: EngineBuilder | None = None,
 ) -> None:
     phases = phases if phases is not None else StartPhases.since_process_start()
     tls = load_server_tls(settings)  # before the model loads: a bad file fails at once
@@ -312,7 +321,7 @@ async def serve(
     if task_of(settings) == "embed" and prepared is None:
         servicer, serving = start_embedding(settings)
     else:
-        servicer, serving = start_generation(settings, phases, prepared)
+        servicer, serving = start_generation(settings, phases, prepared, build_engine)
     phases.mark("service")
     server, health_servicer, port = await start_server(
         servicer,
@@ -420,10 +429,13 @@ def _engine(
 
 
 def start_generation(
-    settings: SiteSettings, phases: StartPhases, prepared: Prepared | None = None
+    settings: SiteSettings,
+    phases: StartPhases,
+    prepared: Prepared | None = None,
+    build_engine: EngineBuilder | None = None,
 ) -> tuple[SiteServicer, Serving]:
     """A generative model's engine, its service and its optional metrics and HTTP face."""
-    loaded, paged = _engine(settings, phases, prepared)
+    loaded, paged = (build_engine or _engine)(settings, phases, prepared)
     engine: Engine = paged
     metrics = SiteMetrics(settings.site_name) if settings.metrics_port else None
     if metrics is not None:

@@ -1,15 +1,16 @@
 """Runs an engine on its own thread and exposes it to asyncio code (the gRPC server).
 
 The engine is single-threaded by design: only the engine thread touches it. The asyncio side
-sends commands (add, abort, release) through a queue and receives outputs through per-request
-asyncio queues, so a long model step never blocks the gRPC event loop, and gRPC traffic never
-holds up the next step.
+sends commands (add, abort, release) through a queue and reads outputs through each request's
+Answer (answer_stream.py), so a long model step never blocks the gRPC event loop, and gRPC
+traffic never holds up the next step.
 
 A step's outputs leave the engine thread as they came (StepOutputs' columns), in one call per
-event loop (issue 66): detokenizing each request's token, checking its stop strings and building
-its event happen on the loop's thread, off the step's path. A stop string found there ends the
-request there (its last event) and asks the engine thread to abort it; every event of a request,
-from either thread, goes through its loop in order, and none follows its last.
+event loop (issue 66). There each row's token only joins its choice's pending tokens (issue 74);
+detokenizing, checking stop strings and building an event happen when the answer's reader takes
+them, once for everything pending. A stop string found then ends the choice there (its last
+event) and asks the engine thread to abort it; every event of a request, from either thread,
+goes through its loop in order, and none follows its last.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from site_engine.answer_stream import Answer, ChoiceStream, OneReader, Reader, StreamEvent
 from site_engine.cache_event_journal import CacheEventJournal, Snapshot
 from site_engine.detokenizer import IncrementalDetokenizer
 from site_engine.engine.core.api import (
@@ -37,7 +39,7 @@ from site_engine.engine.core.api import (
     StepOutputs,
 )
 from site_engine.engine.core.outputs import NO_TOKEN
-from site_engine.engine.core.types import FinishReason, TokenLogprob, choice_seed
+from site_engine.engine.core.types import FinishReason, choice_seed
 from site_engine.idle_work import IdleGate, IdleWork
 from site_engine.step_rates import StepRates, StepWork
 
@@ -86,82 +88,6 @@ class QueueFull(RuntimeError):
 
 class EngineFailure(RuntimeError):
     """The engine step failed while this request was in it; the request did not complete."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
-    """One message for a Generate stream; the first has accepted=True and no tokens.
-
-    `index` says which choice the tokens are of (a request with n choices); completion_tokens
-    counts that choice's tokens so far, except on a finishing event as `generate` yields it,
-    where it counts every choice's (the request's usage, once the last choice finishes)."""
-
-    token_ids: tuple[int, ...] = ()
-    text: str = ""
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    accepted: bool = False
-    error: str | None = None
-    # With error: the request's own fault (its constraint failed it), not the engine's.
-    rejected: bool = False
-    cached_prompt_tokens: int = 0
-    index: int = 0
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(slots=True)
-class _Stream:
-    """One choice's stream; the choices of one request share the asyncio queue. Its counts,
-    its detokenizer and `closed` belong to its loop's thread (every event passes there)."""
-
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[StreamEvent]
-    detokenizer: IncrementalDetokenizer
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    index: int = 0
-    closed: bool = False  # its last event was posted: nothing follows it
-
-    def post(self, event: StreamEvent) -> None:
-        """Loop thread: queue `event` unless the stream already ended."""
-        if self.closed:
-            return
-        if event.finish_reason is not None or event.error is not None:
-            self.closed = True
-        self.events.put_nowait(event)
-
-    def finish(self, reason: FinishReason) -> None:
-        """Any thread: the stream ends with `reason` (no-op if it already ended)."""
-        self.loop.call_soon_threadsafe(self._finish, reason)
-
-    def _finish(self, reason: FinishReason) -> None:
-        self.post(
-            StreamEvent(
-                text=self.detokenizer.flush(),
-                finish_reason=reason,
-                prompt_tokens=self.prompt_tokens,
-                completion_tokens=self.completion_tokens,
-                cached_prompt_tokens=self.cached_prompt_tokens,
-                index=self.index,
-            )
-        )
-
-    def fail(self, message: str, rejected: bool = False) -> None:
-        """Any thread: the stream ends with an error."""
-        self.loop.call_soon_threadsafe(self._fail, message, rejected)
-
-    def _fail(self, message: str, rejected: bool) -> None:
-        self.post(
-            StreamEvent(
-                error=message,
-                rejected=rejected,
-                prompt_tokens=self.prompt_tokens,
-                completion_tokens=self.completion_tokens,
-                index=self.index,
-            )
-        )
 
 
 def choice_requests(request: EngineRequest, n: int) -> list[EngineRequest]:
@@ -227,7 +153,7 @@ class EngineService:
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
             queue.SimpleQueue()
         )
-        self._streams: dict[str, _Stream] = {}  # by engine request id (one per choice)
+        self._streams: dict[str, ChoiceStream] = {}  # by engine request id (one per choice)
         # The event loops streams live on (usually one: the server's), replaced whole when one
         # more is seen, so the engine thread reads a consistent tuple.
         self._loops: tuple[asyncio.AbstractEventLoop, ...] = ()
@@ -252,6 +178,37 @@ class EngineService:
         self._thread.join(timeout=10)
 
     # ---- asyncio side ----------------------------------------------------------------------
+    def open_answer(
+        self, request: EngineRequest, reader: Reader, stop: tuple[str, ...] = (), n: int = 1
+    ) -> tuple[Answer, list[EngineRequest]]:
+        """The answer of a request with n choices, read by `reader` on the running loop, and
+        the engine requests of its choices, for add()."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._loops:
+            self._loops = (*self._loops, loop)
+        choices = choice_requests(request, n)
+        detokenizers = [IncrementalDetokenizer(self.tokenizer, stop=stop) for _ in choices]
+        answer = Answer.open(
+            request.request_id, reader, len(request.prompt_token_ids), detokenizers
+        )
+        return answer, choices
+
+    def add(self, answer: Answer, choices: list[EngineRequest]) -> Future[None]:
+        """Queues the answer's choices in the engine (DuplicateRequest, QueueFull or the
+        engine's refusal through the future); from then on its steps reach its reader."""
+        return self._submit(lambda: self._add(answer, choices))
+
+    def take(self, answer: Answer) -> list[StreamEvent]:
+        """Loop thread: what the answer's choices have pending, an event each (the one a stop
+        string ended is aborted in the engine)."""
+        return answer.take(self._stop_choice)
+
+    def end(self, answer: Answer) -> None:
+        """Its reader went away before it finished (client gone, deadline, connection lost):
+        the engine drops it and frees its memory."""
+        if not answer.done:
+            self._submit(lambda: self._abort(answer.request_id, FinishReason.CANCELLED))
+
     async def generate(
         self, request: EngineRequest, stop: tuple[str, ...] = (), n: int = 1
     ) -> AsyncIterator[StreamEvent]:
@@ -259,43 +216,21 @@ class EngineService:
         finished; abandoning the iterator cancels it. RequestRejected when the engine refuses
         it, at once or later (its constraint failed it: the choices still running end too);
         EngineFailure when the engine broke under it."""
-        loop = asyncio.get_running_loop()
-        if loop not in self._loops:
-            self._loops = (*self._loops, loop)
-        events: asyncio.Queue[StreamEvent] = asyncio.Queue()
-        prompt_tokens = len(request.prompt_token_ids)
-        choices = choice_requests(request, n)
-        streams = [
-            _Stream(
-                loop,
-                events,
-                IncrementalDetokenizer(self.tokenizer, stop=stop),
-                prompt_tokens,
-                index=i,
-            )
-            for i in range(len(choices))
-        ]
-        await self._call(lambda: self._add(request.request_id, choices, streams))
-        left = len(choices)
-        tokens = [0] * len(choices)
+        reader = OneReader()
+        answer, choices = self.open_answer(request, reader, stop, n)
+        await asyncio.wrap_future(self.add(answer, choices))
         try:
-            yield StreamEvent(accepted=True, prompt_tokens=prompt_tokens)
-            while left:
-                event = await events.get()
-                if event.rejected:
-                    raise RequestRejected(event.error or "the request was refused")
-                if event.error is not None:
-                    left = 0  # the engine failed every request it held
-                    raise EngineFailure(event.error)
-                tokens[event.index] = event.completion_tokens
-                if event.finish_reason is not None:
-                    left -= 1
-                    event = replace(event, completion_tokens=sum(tokens))
-                yield event
+            yield StreamEvent(accepted=True, prompt_tokens=answer.prompt_tokens)
+            while not answer.done:
+                await reader.wait(answer)
+                for event in self.take(answer):
+                    if event.rejected:
+                        raise RequestRejected(event.error or "the request was refused")
+                    if event.error is not None:
+                        raise EngineFailure(event.error)
+                    yield event
         finally:
-            if left:
-                # The consumer went away (client disconnect, deadline): free the site's memory.
-                self._submit(lambda: self._abort(request.request_id, FinishReason.CANCELLED))
+            self.end(answer)
 
     async def cancel(self, request_id: str) -> bool:
         result: bool = await self._call(lambda: self._abort(request_id, FinishReason.CANCELLED))
@@ -361,7 +296,8 @@ class EngineService:
         return future
 
     # ---- engine thread ---------------------------------------------------------------------
-    def _add(self, request_id: str, choices: list[EngineRequest], streams: list[_Stream]) -> None:
+    def _add(self, answer: Answer, choices: list[EngineRequest]) -> None:
+        request_id = answer.request_id
         if request_id in self._choices or any(c.request_id in self._streams for c in choices):
             raise DuplicateRequest(f"request {request_id!r} is already at this site")
         # Counted here, on the engine thread, so a burst between two steps cannot overshoot.
@@ -369,7 +305,7 @@ class EngineService:
             raise QueueFull(f"the site's queue is full ({self._max_waiting} waiting requests)")
         added: list[str] = []
         try:
-            for choice, stream in zip(choices, streams, strict=True):
+            for choice, stream in zip(choices, answer.choices, strict=True):
                 self.engine.add_request(choice)
                 added.append(choice.request_id)
                 self._streams[choice.request_id] = stream
@@ -386,7 +322,7 @@ class EngineService:
             stream = self._streams.pop(engine_id, None)
             aborted = self.engine.abort(engine_id, reason) or aborted
             if stream is not None:
-                stream.finish(reason)
+                stream.finish_soon(reason)
         return aborted
 
     def _take_snapshot(self) -> Snapshot:
@@ -405,7 +341,7 @@ class EngineService:
             self._choices.pop(request.request_id, None)
             stream = self._streams.pop(request.request_id, None)
             if stream is not None:
-                stream.finish(FinishReason.RELEASED)
+                stream.finish_soon(FinishReason.RELEASED)
         return released
 
     def _run(self) -> None:
@@ -532,50 +468,16 @@ class EngineService:
             for loop in loops:
                 mine = streams
                 if len(loops) > 1:
-                    mine = [s if s is not None and s.loop is loop else None for s in streams]
+                    mine = [s if s is not None and s.answer.loop is loop else None for s in streams]
                 if loop.is_closed():
                     continue  # a loop whose streams are long gone (a finished test's, say)
-                loop.call_soon_threadsafe(self._deliver, outputs, mine)
+                loop.call_soon_threadsafe(_deliver, outputs, mine)
         return outputs.decoded
 
-    def _deliver(self, outputs: StepOutputs, streams: list[_Stream | None]) -> None:
-        """Loop thread: each output to its stream, detokenized, stop strings checked."""
-        finished, logprobs, tokens = outputs.finished, outputs.logprobs, outputs.tokens
-        for index, stream in enumerate(streams):
-            if stream is None or stream.closed:
-                continue
-            reason, error = finished.get(index, (None, ""))
-            if reason is FinishReason.ERROR:
-                # No answer: what came so far was no complete one. The choice is gone from the
-                # engine; generate() ends the request's other choices.
-                stream._fail(error, True)
-                continue
-            token = tokens[index]
-            new = () if token == NO_TOKEN else (token,)
-            stream.completion_tokens += len(new)
-            if stream.completion_tokens == len(new) or reason is not None:
-                # Known from the first token on; read then and at the end, not every step.
-                stream.cached_prompt_tokens = outputs.cached_prompt_tokens(index)
-            text = stream.detokenizer.push(new)
-            if reason is None and stream.detokenizer.stopped:
-                reason = FinishReason.STOP
-                engine_id = outputs.request_ids[index]
-                self._submit(partial(self._stopped, engine_id))
-            if reason is not None:
-                text += stream.detokenizer.flush()
-            logprob = logprobs.get(index)
-            stream.post(
-                StreamEvent(
-                    token_ids=new,
-                    text=text,
-                    finish_reason=reason,
-                    prompt_tokens=stream.prompt_tokens,
-                    completion_tokens=stream.completion_tokens,
-                    cached_prompt_tokens=stream.cached_prompt_tokens,
-                    index=stream.index,
-                    logprobs=(logprob,) if logprob is not None else (),
-                )
-            )
+    def _stop_choice(self, choice: ChoiceStream) -> None:
+        """Loop thread: a stop string ended `choice`; the engine thread aborts it."""
+        engine_id = engine_request_id(choice.answer.request_id, choice.index)
+        self._submit(partial(self._stopped, engine_id))
 
     def _stopped(self, engine_id: str) -> None:
         """Engine thread: a stop string ended `engine_id` on its loop (its last event is out)."""
@@ -595,6 +497,42 @@ class EngineService:
     def _fail_all(self, message: str) -> None:
         for request_id, stream in list(self._streams.items()):
             self.engine.abort(request_id, FinishReason.CANCELLED)
-            stream.fail(message)
+            stream.fail_soon(message)
         self._streams.clear()
         self._choices.clear()
+
+
+def engine_request_id(request_id: str, index: int) -> str:
+    """The engine's id of choice `index` of a request (choice_requests names them so)."""
+    return request_id if index == 0 else f"{request_id}#{index}"
+
+
+def _deliver(outputs: StepOutputs, streams: list[ChoiceStream | None]) -> None:
+    """Loop thread: each row's token to its choice's pending list, its reader told once (the
+    module docstring of answer_stream.py says why nothing more happens here)."""
+    finished, logprobs, tokens = outputs.finished, outputs.logprobs, outputs.tokens
+    for index, stream in enumerate(streams):
+        if stream is None or stream.ended:
+            continue
+        reason, error = finished.get(index, (None, "")) if finished else (None, "")
+        if reason is FinishReason.ERROR:
+            # No answer: what came so far was no complete one. The choice is gone from the
+            # engine; its reader ends the request's other choices.
+            stream.fail(error, True)
+            continue
+        token = tokens[index]
+        if token != NO_TOKEN:
+            stream.tokens.append(token)
+            if logprobs and index in logprobs:
+                stream.logprobs.append(logprobs[index])
+            stream.seen += 1
+            if stream.seen == 1:
+                # Known from the first token on; read then and at the end, not every step.
+                stream.cached_prompt_tokens = outputs.cached_prompt_tokens(index)
+        if reason is not None:
+            stream.cached_prompt_tokens = outputs.cached_prompt_tokens(index)
+            stream.end, stream.ended = reason, True
+        answer = stream.answer
+        if not answer.dirty:
+            answer.dirty = True
+            answer.reader.ready(answer)

@@ -61,12 +61,22 @@ class EmbeddingServicer(site_pb2_grpc.SiteEngineServicer):
     async def Generate(
         self, request: site_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[site_pb2.GenerateChunk]:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"site {self._identity.site_name} serves embedding model "
-            f"{self._identity.model_name}: it embeds (Embed) and does not generate",
-        )
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._does_not_generate())
         yield site_pb2.GenerateChunk()  # never reached: abort raises
+
+    async def GenerateStream(
+        self,
+        request_iterator: AsyncIterator[site_pb2.GenerateStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[site_pb2.GenerateStreamBatch]:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._does_not_generate())
+        yield site_pb2.GenerateStreamBatch()  # never reached: abort raises
+
+    def _does_not_generate(self) -> str:
+        return (
+            f"site {self._identity.site_name} serves embedding model "
+            f"{self._identity.model_name}: it embeds (Embed) and does not generate"
+        )
 
     async def Cancel(
         self, request: site_pb2.CancelRequest, context: grpc.aio.ServicerContext

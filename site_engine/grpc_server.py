@@ -32,6 +32,7 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.options import options_from_proto, priority_to_proto
 from fedllm_contract.request_options import RequestOptions
 from site_engine.adapter_archive import MAX_ARCHIVE_BYTES, ArchiveError, received_dir, unpack
+from site_engine.answer_stream import StreamEvent
 from site_engine.cache_event_journal import CacheEventStream
 from site_engine.engine.core.api import AdapterRefused, EngineRequest, RequestRejected
 from site_engine.engine.core.scheduler_config import ClassLoad
@@ -41,9 +42,9 @@ from site_engine.engine_service import (
     EngineFailure,
     EngineService,
     QueueFull,
-    StreamEvent,
 )
 from site_engine.grpc_fine_tuning import FineTuneHandlers
+from site_engine.grpc_generate_stream import GenerateStreamHandler
 from site_engine.grpc_kv_lending import KvLendingHandlers
 from site_engine.kv_leases import KvLeases
 from site_engine.kv_lending_access import LendingAccess
@@ -179,7 +180,9 @@ def _cache_events_to_proto(batch: CacheEventBatch) -> site_pb2.CacheEvents:
     )
 
 
-class SiteServicer(FineTuneHandlers, KvLendingHandlers, site_pb2_grpc.SiteEngineServicer):
+class SiteServicer(
+    GenerateStreamHandler, FineTuneHandlers, KvLendingHandlers, site_pb2_grpc.SiteEngineServicer
+):
     def __init__(
         self,
         service: EngineService,
@@ -236,6 +239,11 @@ class SiteServicer(FineTuneHandlers, KvLendingHandlers, site_pb2_grpc.SiteEngine
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
+
+    def _finish_to_proto(self, reason: object) -> site_pb2.FinishReason.ValueType:
+        if isinstance(reason, FinishReason):
+            return _FINISH_TO_PROTO[reason]
+        return site_pb2.FINISH_REASON_UNSPECIFIED
 
     async def Generate(
         self, request: site_pb2.GenerateRequest, context: grpc.aio.ServicerContext

@@ -29,8 +29,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from site_engine.answer_stream import StreamEvent
 from site_engine.engine.core.api import EngineRequest, RequestRejected
-from site_engine.engine_service import EngineFailure, EngineService, QueueFull, StreamEvent
+from site_engine.engine_service import EngineFailure, EngineService, QueueFull
 from site_engine.openai_wire import (
     Answer,
     BadRequest,

@@ -55,7 +55,7 @@ def goodput(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return best
 
 
-def _drain(engine: PagedEngine, request_ids: Sequence[str]) -> None:
+def drain_engine(engine: PagedEngine, request_ids: Sequence[str]) -> None:
     """Cancel what a truncated run left, so the next rate starts on an idle engine."""
     for request_id in request_ids:
         engine.abort(request_id, FinishReason.CANCELLED)
@@ -94,7 +94,7 @@ def run_rate(
         log=log,
         sample_queue=True,
     )
-    _drain(engine, [r.request_id for r in requests])
+    drain_engine(engine, [r.request_id for r in requests])
     missed = misses(summary, slo)
     row = {
         "mix": mix,

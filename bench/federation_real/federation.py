@@ -158,7 +158,10 @@ class Federation:
             ],
         }
 
-    def start_gateway(self, arm: str, settings: GatewaySettings) -> ManagedProcess:
+    def start_gateway(
+        self, arm: str, settings: GatewaySettings, extra_env: Mapping[str, str] | None = None
+    ) -> ManagedProcess:
+        """`extra_env`: GATEWAY_* settings over those of `settings`."""
         folder = self.work_dir / "gateways" / arm
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob("gateway.db*"):
@@ -169,7 +172,7 @@ class Federation:
             federation_file=federation,
             database_url=f"sqlite+aiosqlite:///{folder / 'gateway.db'}",
             log_dir=folder,
-            env=gateway_env(settings),
+            env=gateway_env(settings) | dict(extra_env or {}),
             expect_healthy_sites=len(self.sites),
             timeout_s=300,
         )

@@ -527,6 +527,89 @@ class Usage(_message.Message):
 Global___Usage: _TypeAlias = Usage  # noqa: Y015
 
 @_typing.final
+class GenerateStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateRequest]:
+        """Requests to start (each one's request_id names it in the chunks down), in order;"""
+
+    @_builtins.property
+    def cancel(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """then the request_ids of those to cancel (their chunks stop; nothing more is sent for them)."""
+
+    def __init__(
+        self,
+        *,
+        start: _abc.Iterable[Global___GenerateRequest] | None = ...,
+        cancel: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateStreamRequest: _TypeAlias = GenerateStreamRequest  # noqa: Y015
+
+@_typing.final
+class GenerateStreamBatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateChunk]: ...
+    @_builtins.property
+    def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateFailure]: ...
+    def __init__(
+        self,
+        *,
+        chunks: _abc.Iterable[Global___GenerateChunk] | None = ...,
+        failures: _abc.Iterable[Global___GenerateFailure] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "failures", b"failures"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateStreamBatch: _TypeAlias = GenerateStreamBatch  # noqa: Y015
+
+@_typing.final
+class GenerateFailure(_message.Message):
+    """A request of a GenerateStream call that ended without finishing: refused before it started,
+    or failed after. code is the grpc.StatusCode's value Generate would have ended with
+    (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED, INTERNAL...). It follows the request's
+    last chunk in its batch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    code: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateFailure: _TypeAlias = GenerateFailure  # noqa: Y015
+
+@_typing.final
 class GenerateChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

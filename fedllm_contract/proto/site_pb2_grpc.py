@@ -39,6 +39,11 @@ class SiteEngineStub:
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.stream_stream(
+                '/fedllm.site.v1.SiteEngine/GenerateStream',
+                request_serializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateStreamBatch.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/fedllm.site.v1.SiteEngine/Cancel',
                 request_serializer=fedllm__contract_dot_proto_dot_site__pb2.CancelRequest.SerializeToString,
@@ -133,6 +138,18 @@ class SiteEngineServicer:
         """Streams the tokens of one completion. The first message is sent once the request is
         admitted to the engine queue (accepted = true); the last one carries finish_reason and usage.
         A request released for offload ends with FINISH_REASON_RELEASED and no tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStream(self, request_iterator, context):
+        """Many completions on one call: what a gateway uses (issue 74). Each message up starts
+        requests and cancels others; each message down carries every chunk the site had ready for this
+        call's requests (a step's tokens in one message, several steps' when the reader lags), with
+        the same chunks, in the same order per request, as each request's Generate would stream.
+        A request that fails ends with a GenerateFailure instead of a finishing chunk. When the
+        call ends, for whatever reason, the site cancels every request of it still running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -302,6 +319,11 @@ def add_SiteEngineServicer_to_server(servicer, server):
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateRequest.FromString,
                     response_serializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateChunk.SerializeToString,
             ),
+            'GenerateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=fedllm__contract_dot_proto_dot_site__pb2.GenerateStreamBatch.SerializeToString,
+            ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
                     request_deserializer=fedllm__contract_dot_proto_dot_site__pb2.CancelRequest.FromString,
@@ -415,6 +437,33 @@ class SiteEngine:
             '/fedllm.site.v1.SiteEngine/Generate',
             fedllm__contract_dot_proto_dot_site__pb2.GenerateRequest.SerializeToString,
             fedllm__contract_dot_proto_dot_site__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fedllm.site.v1.SiteEngine/GenerateStream',
+            fedllm__contract_dot_proto_dot_site__pb2.GenerateStreamRequest.SerializeToString,
+            fedllm__contract_dot_proto_dot_site__pb2.GenerateStreamBatch.FromString,
             options,
             channel_credentials,
             insecure,

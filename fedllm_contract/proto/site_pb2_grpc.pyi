@@ -43,6 +43,14 @@ class SiteEngineStub:
     admitted to the engine queue (accepted = true); the last one carries finish_reason and usage.
     A request released for offload ends with FINISH_REASON_RELEASED and no tokens.
     """
+    GenerateStream: _grpc.StreamStreamMultiCallable[_site_pb2.GenerateStreamRequest, _site_pb2.GenerateStreamBatch]
+    """Many completions on one call: what a gateway uses (issue 74). Each message up starts
+    requests and cancels others; each message down carries every chunk the site had ready for this
+    call's requests (a step's tokens in one message, several steps' when the reader lags), with
+    the same chunks, in the same order per request, as each request's Generate would stream.
+    A request that fails ends with a GenerateFailure instead of a finishing chunk. When the
+    call ends, for whatever reason, the site cancels every request of it still running.
+    """
     Cancel: _grpc.UnaryUnaryMultiCallable[_site_pb2.CancelRequest, _site_pb2.CancelResponse]
     """Stops a queued or running request at once and frees its KV blocks."""
     ReleaseQueued: _grpc.UnaryUnaryMultiCallable[_site_pb2.ReleaseQueuedRequest, _site_pb2.ReleaseQueuedResponse]
@@ -135,6 +143,14 @@ class SiteEngineAsyncStub(SiteEngineStub):
     """Streams the tokens of one completion. The first message is sent once the request is
     admitted to the engine queue (accepted = true); the last one carries finish_reason and usage.
     A request released for offload ends with FINISH_REASON_RELEASED and no tokens.
+    """
+    GenerateStream: _aio.StreamStreamMultiCallable[_site_pb2.GenerateStreamRequest, _site_pb2.GenerateStreamBatch]  # type: ignore[assignment]
+    """Many completions on one call: what a gateway uses (issue 74). Each message up starts
+    requests and cancels others; each message down carries every chunk the site had ready for this
+    call's requests (a step's tokens in one message, several steps' when the reader lags), with
+    the same chunks, in the same order per request, as each request's Generate would stream.
+    A request that fails ends with a GenerateFailure instead of a finishing chunk. When the
+    call ends, for whatever reason, the site cancels every request of it still running.
     """
     Cancel: _aio.UnaryUnaryMultiCallable[_site_pb2.CancelRequest, _site_pb2.CancelResponse]  # type: ignore[assignment]
     """Stops a queued or running request at once and frees its KV blocks."""
@@ -231,6 +247,20 @@ class SiteEngineServicer(metaclass=_abc_1.ABCMeta):
         """Streams the tokens of one completion. The first message is sent once the request is
         admitted to the engine queue (accepted = true); the last one carries finish_reason and usage.
         A request released for offload ends with FINISH_REASON_RELEASED and no tokens.
+        """
+
+    @_abc_1.abstractmethod
+    def GenerateStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_site_pb2.GenerateStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_site_pb2.GenerateStreamBatch], _abc.AsyncIterator[_site_pb2.GenerateStreamBatch]]:
+        """Many completions on one call: what a gateway uses (issue 74). Each message up starts
+        requests and cancels others; each message down carries every chunk the site had ready for this
+        call's requests (a step's tokens in one message, several steps' when the reader lags), with
+        the same chunks, in the same order per request, as each request's Generate would stream.
+        A request that fails ends with a GenerateFailure instead of a finishing chunk. When the
+        call ends, for whatever reason, the site cancels every request of it still running.
         """
 
     @_abc_1.abstractmethod

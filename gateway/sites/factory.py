@@ -16,12 +16,18 @@ def site_client(
     site_tls: SiteTls | None,
     tokenizers: ModelTokenizers,
     task: ModelTask = "generate",
+    stream_interval_s: float = 0.0,
 ) -> SiteClient:
     """A client for the site (`task`: its model's); an unreadable API key file stops the start,
-    naming the site."""
+    naming the site. `stream_interval_s`: GATEWAY_STREAM_INTERVAL_MS, for this project's sites."""
     if site.kind == "grpc":
         return GrpcSiteClient(
-            site.name, site.endpoint, connect_timeout_s, site_tls, site.tls_server_name
+            site.name,
+            site.endpoint,
+            connect_timeout_s,
+            site_tls,
+            site.tls_server_name,
+            stream_interval_s,
         )
     assert site.openai is not None  # the federation file gives every openai site its fields
     try:

@@ -23,6 +23,7 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.fine_tuning import progress_from_proto, spec_to_proto
 from fedllm_contract.proto.options import options_to_proto, priority_from_proto
 from gateway.federation import ModelTask
+from gateway.sites.grpc_generate_stream import GenerateStreams
 from gateway.sites.interface import (
     ALL_CAPABILITIES,
     AdapterChangeRefused,
@@ -43,18 +44,11 @@ from gateway.sites.interface import (
     SiteRejected,
     SiteTimedOut,
     SiteUnavailable,
-    TokenLogprob,
 )
 from gateway.sites.tls import SiteTls, open_channel
 
 HEALTH_SERVICE = "fedllm.site.v1.SiteEngine"
 
-_FINISH_FROM_PROTO = {
-    site_pb2.FINISH_REASON_STOP: "stop",
-    site_pb2.FINISH_REASON_LENGTH: "length",
-    site_pb2.FINISH_REASON_CANCELLED: "cancelled",
-    site_pb2.FINISH_REASON_RELEASED: "released",
-}
 _TASK_FROM_PROTO: dict[int, ModelTask] = {
     site_pb2.MODEL_TASK_GENERATE: "generate",
     site_pb2.MODEL_TASK_EMBED: "embed",
@@ -114,23 +108,6 @@ def _to_proto(params: GenerateParams) -> site_pb2.GenerateRequest:
     )
     options_to_proto(params.options, request)
     return request
-
-
-def _from_proto(chunk: site_pb2.GenerateChunk) -> SiteChunk:
-    return SiteChunk(
-        accepted=chunk.accepted,
-        token_ids=tuple(chunk.token_ids),
-        text=chunk.text,
-        finish_reason=_FINISH_FROM_PROTO.get(chunk.finish_reason),
-        prompt_tokens=chunk.usage.prompt_tokens,
-        completion_tokens=chunk.usage.completion_tokens,
-        cached_prompt_tokens=chunk.usage.cached_prompt_tokens,
-        index=chunk.index,
-        logprobs=tuple(
-            TokenLogprob(lp.logprob, tuple((t.token_id, None, t.logprob) for t in lp.top))
-            for lp in chunk.logprobs
-        ),
-    )
 
 
 def _cache_event_from_proto(event: site_pb2.CacheEvent) -> CacheEvent | None:
@@ -223,6 +200,7 @@ class GrpcSiteClient:
         connect_timeout_s: float,
         tls: SiteTls | None = None,
         tls_server_name: str | None = None,
+        stream_interval_s: float = 0.0,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
@@ -238,6 +216,7 @@ class GrpcSiteClient:
         attempt = (("grpc.min_reconnect_backoff_ms", max(200, int(connect_timeout_s * 1000))),)
         self._channel = open_channel(endpoint, tls, (*_CHANNEL_OPTIONS, *attempt), tls_server_name)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
+        self._generation = GenerateStreams(self._stub, self._status_error, stream_interval_s)
         self._control_channel = open_channel(
             endpoint, tls, (*_CONTROL_CHANNEL_OPTIONS, *attempt), tls_server_name
         )
@@ -245,7 +224,10 @@ class GrpcSiteClient:
         self._health = health_pb2_grpc.HealthStub(self._control_channel)
 
     def _error(self, exc: grpc.aio.AioRpcError, accepted: bool = False) -> SiteCallError:
-        code, detail = exc.code(), exc.details() or exc.code().name
+        return self._status_error(exc.code(), exc.details() or exc.code().name, accepted)
+
+    def _status_error(self, code: grpc.StatusCode, detail: str, accepted: bool) -> SiteCallError:
+        detail = detail or code.name
         if code in _REJECTED:
             return SiteRejected(self.name, detail)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not accepted:
@@ -443,20 +425,10 @@ class GrpcSiteClient:
             raise SiteUnavailable(self.name, f"its model's task ({task}) is unknown to the gateway")
         return known
 
-    async def generate(
-        self, params: GenerateParams, timeout_s: float
-    ) -> AsyncGenerator[SiteChunk, None]:
-        """Streams the site's chunks; closing the iterator early cancels the call at the site."""
-        call = self._stub.Generate(_to_proto(params), timeout=timeout_s)
-        accepted = False
-        try:
-            async for chunk in call:
-                accepted = accepted or chunk.accepted
-                yield _from_proto(chunk)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc, accepted) from exc
-        finally:
-            call.cancel()
+    def generate(self, params: GenerateParams, timeout_s: float) -> AsyncGenerator[SiteChunk, None]:
+        """Streams the site's chunks, on the site's one GenerateStream call
+        (grpc_generate_stream.py); closing the iterator early cancels it at the site."""
+        return self._generation.generate(_to_proto(params), params.options.n, timeout_s)
 
     async def embed(self, params: EmbedParams, timeout_s: float) -> EmbedResult:
         request = site_pb2.EmbedRequest(
@@ -513,5 +485,6 @@ class GrpcSiteClient:
         return [released.request_id for released in response.released]
 
     async def close(self) -> None:
+        await self._generation.close()
         await self._channel.close()
         await self._control_channel.close()

@@ -38,6 +38,7 @@ class SiteLease:
         one step: no decision can see it on neither or on both."""
         self.release()
         site.in_flight += 1
+        site.placed += 1
         site.ledger_tokens += tokens
         self.site, self.tokens, self.held = site, tokens, True
 

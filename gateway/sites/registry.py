@@ -88,6 +88,12 @@ class SiteState:
     # Changed only through requests' leases (gateway/sites/lease.py).
     in_flight: int = 0
     ledger_tokens: int = 0
+    # Requests placed here since start (lease moves onto it), and that count as of the load
+    # report before the last: requests placed before that report arrived are surely in the
+    # last one (reports come every GATEWAY_LOAD_REPORT_INTERVAL_MS, more than a round trip).
+    placed: int = 0
+    placed_seen: int = field(default=0, compare=False)
+    _placed_at_report: int = field(default=0, compare=False, repr=False)
     # The site's last pushed load report, and when it came (monotonic seconds).
     report: LoadView | None = None
     report_at: float = 0.0
@@ -138,12 +144,31 @@ class SiteState:
         return max(self.ledger_tokens, reported)
 
     @property
+    def unreported(self) -> int:
+        """Requests placed here that its last report may not count yet (at most those still in
+        flight)."""
+        return min(self.in_flight, self.placed - self.placed_seen)
+
+    @property
+    def requests_at_site(self) -> int:
+        """Requests the site holds (running and waiting): its last report plus what this gateway
+        placed since; before any report, this gateway's requests in flight. Not this gateway's
+        in-flight count once the site reports: a request whose engine work is done stays in
+        flight here while its last tokens travel, and a gateway that reads more slowly than the
+        engine finishes requests saw a full site that had free slots (issue 74)."""
+        report = self.report
+        if report is None:
+            return self.in_flight
+        return report.running_requests + report.queued_requests + self.unreported
+
+    @property
     def queued_requests(self) -> int:
-        """Waiting at the site: its last report, or more when this gateway alone has sent more
-        requests than the site has batch slots (reports lag; a burst must still see a queue)."""
+        """Waiting at the site: its last report, or more when the requests it holds (with those
+        placed since the report) pass its batch slots (reports lag; a burst must still see a
+        queue)."""
         reported = self.report.queued_requests if self.report is not None else 0
         slots = self.info.max_num_seqs if self.info is not None else None
-        beyond = self.in_flight - slots if slots is not None else 0
+        beyond = self.requests_at_site - slots if slots is not None else 0
         return max(reported, beyond)
 
     @property
@@ -152,6 +177,7 @@ class SiteState:
 
     def apply_report(self, report: LoadView) -> None:
         self.report, self.report_at = report, self.clock()
+        self.placed_seen, self._placed_at_report = self._placed_at_report, self.placed
         steps, prefills = self.step_time.observations, self.prefill_rate.observations
         self.step_time.observe(report.running_requests, report.decode_tokens_per_s)
         self.prefill_rate.observe(report.prefill_tokens_per_s)

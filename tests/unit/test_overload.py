@@ -26,6 +26,7 @@ from gateway.routing.policy import build_policy
 from gateway.settings import GatewaySettings, LimitsSettings
 from gateway.sites.grpc_client import GrpcSiteClient
 from gateway.sites.interface import LoadView, SiteInfoView
+from gateway.sites.lease import SiteLease
 from gateway.sites.registry import SiteRegistry, SiteState
 from gateway.stores.request_log import Outcome, RequestLog
 from gateway.tokenizers import ModelTokenizers
@@ -117,16 +118,20 @@ def _info(slots: int) -> SiteInfoView:
 
 
 @pytest.mark.parametrize(
-    ("report", "slots", "in_flight", "queued"),
+    ("report", "slots", "in_flight", "placed", "queued"),
     [
-        (None, None, 5, 0),  # nothing known yet
-        (_report(3), None, 0, 3),  # the site's own report
-        (None, 2, 5, 3),  # this gateway alone sent 3 beyond the site's 2 slots
-        (_report(1), 2, 5, 3),  # the larger of both
-        (_report(4), 2, 5, 4),
+        (None, None, 5, 5, 0),  # nothing known yet
+        (_report(3), None, 0, 0, 3),  # the site's own report
+        (None, 2, 5, 5, 3),  # this gateway alone sent 3 beyond the site's 2 slots
+        # 1 running + 1 waiting reported, 3 placed since: 3 beyond the 2 slots.
+        (_report(1), 2, 5, 3, 3),
+        (_report(4), 2, 5, 0, 4),
+        # Issue 74: 5 still in flight here, but the site says it holds 2 (the others' last
+        # tokens are on their way) and nothing was placed since: its queue is its report's.
+        (_report(1), 2, 5, 0, 1),
     ],
 )
-def test_a_sites_queue_as_routing_sees_it(report, slots, in_flight, queued) -> None:
+def test_a_sites_queue_as_routing_sees_it(report, slots, in_flight, placed, queued) -> None:
     async def check() -> None:
         client = GrpcSiteClient("a", "127.0.0.1:1", 1.0)  # never called: only the state is read
         try:
@@ -136,6 +141,7 @@ def test_a_sites_queue_as_routing_sees_it(report, slots, in_flight, queued) -> N
                 client,
                 info=_info(slots) if slots is not None else None,
                 in_flight=in_flight,
+                placed=placed,
                 report=report,
             )
             assert site.queued_requests == queued
@@ -220,3 +226,24 @@ def test_the_predictor_hears_whether_a_request_is_alone(
 
     asyncio.run(run())
     assert predictors.alone == [alone]
+
+
+def test_requests_placed_before_the_report_before_last_count_as_reported() -> None:
+    async def check() -> None:
+        client = GrpcSiteClient("a", "127.0.0.1:1", 1.0)  # never called: only the state is read
+        try:
+            site = SiteState(
+                SiteConfig("a", "aws", "r", "127.0.0.1:1", "m"), 1, client, info=_info(2)
+            )
+            for _ in range(3):
+                SiteLease.take(site, 10)
+            site.apply_report(_report(1))  # may have been sent before the 3 arrived
+            assert (site.unreported, site.queued_requests) == (3, 3)
+            site.apply_report(_report(1))  # sent a report interval after: it counts them
+            assert (site.unreported, site.queued_requests) == (0, 1)
+            SiteLease.take(site, 10)
+            assert (site.unreported, site.queued_requests) == (1, 1)
+        finally:
+            await client.close()
+
+    asyncio.run(check())

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from fedllm_contract.grammar import ConstraintSpec, refusal
+from site_engine.answer_stream import StreamEvent
 from site_engine.engine.core.api import EngineRequest, RequestOutput, RequestRejected
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
-from site_engine.engine_service import EngineService, StreamEvent
+from site_engine.engine_service import EngineService
 from site_engine.model_loading import LoadedModel, load_model
 
 PROMPT = (1, 2, 3, 4, 5, 6, 7, 8)

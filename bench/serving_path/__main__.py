@@ -1,0 +1,3 @@
+from bench.serving_path.run import main
+
+raise SystemExit(main())
