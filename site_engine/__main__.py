@@ -308,6 +308,14 @@ EngineBuilder = Callable[
 ]
 
 
+# The engine thread waits for the GPU without the GIL, then needs it back to finish its step;
+# the event loop holds it while it serves streams. At CPython's default 5 ms switch interval a
+# busy loop held the engine's step up to 5 ms each time (an 8.5 ms step took 16 ms at p50 beside
+# a loop that never waited; 8.7 ms at this interval), so the site delivered less than its engine
+# made. The loop is only preempted when another thread waits.
+_SWITCH_INTERVAL_S = 0.0005
+
+
 async def serve(
     settings: SiteSettings,
     phases: StartPhases | None = None,
@@ -317,6 +325,7 @@ async def serve(
     phases = phases if phases is not None else StartPhases.since_process_start()
     tls = load_server_tls(settings)  # before the model loads: a bad file fails at once
     torch.set_num_threads(settings.torch_threads)
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     servicer: SiteServicer | EmbeddingServicer
     if task_of(settings) == "embed" and prepared is None:
         servicer, serving = start_embedding(settings)
@@ -581,18 +590,9 @@ def start_embedding(settings: SiteSettings) -> tuple[EmbeddingServicer, Serving]
     return EmbeddingServicer(batcher, identity, layout.dimension), serving
 
 
-# The engine thread waits for the GPU without the GIL, then needs it back to finish its step;
-# the event loop holds it while it serves streams. At CPython's default 5 ms switch interval a
-# busy loop held the engine's step up to 5 ms each time (an 8.5 ms step took 16 ms at p50 beside
-# a loop that never waited; 8.7 ms at this interval), so the site delivered less than its engine
-# made. The loop is only preempted when another thread waits.
-_SWITCH_INTERVAL_S = 0.0005
-
-
 def main(argv: list[str] | None = None) -> None:
     phases = StartPhases.since_process_start()
     phases.mark("imports")
-    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     given = sys.argv[1:] if argv is None else argv
     pool = split_pool_args(given)
     if pool is None:
