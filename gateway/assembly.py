@@ -48,6 +48,7 @@ from gateway.scaling.config import load_scaling
 from gateway.scaling.controller import ScalingController
 from gateway.settings import GatewaySettings
 from gateway.sites.factory import site_client
+from gateway.sites.grpc_generate_stream import ChunkPacer
 from gateway.sites.health import HealthMonitor
 from gateway.sites.load_reports import LoadReportListener
 from gateway.sites.registry import SiteRegistry, SiteState
@@ -195,6 +196,8 @@ class GatewayAssembly:
         engine = create_engine(settings.database.url)
         sessions = create_sessionmaker(engine)
         site_ids = await sync_sites(sessions, federation.sites)
+        # The chunk budget every answer streamed from this project's sites shares.
+        pacer = ChunkPacer(settings.sites.stream_chunks_per_s)
         registry = SiteRegistry(
             SiteState(
                 config=site,
@@ -205,7 +208,7 @@ class GatewayAssembly:
                     site_tls,
                     tokenizers,
                     _task_of(federation, site.model),
-                    settings.sites.stream_interval_ms / 1000,
+                    pacer,
                 ),
                 prefix=SitePrefix(settings.routing.prefix_index_max_blocks),
             )
@@ -268,7 +271,7 @@ class GatewayAssembly:
                 settings.sites.connect_timeout_s,
                 site_tls,
                 tokenizers,
-                stream_interval_s=settings.sites.stream_interval_ms / 1000,
+                pacer=pacer,
             ),
             settings.routing.prefix_index_max_blocks,
             federation.models,

@@ -220,14 +220,14 @@ class SitesSettings:
         help="how long an admin adapter load waits for each site's answer; one that answers "
         "later may still load it (its owner, written first, keeps it private)",
     )
-    stream_interval_ms: float = setting(
-        0.0,
-        help="the least time between two chunks of one answer from this project's sites: the "
-        "tokens that come sooner travel together in one chunk, one SSE event to the client (its "
-        "first token and its finish go at once). Each chunk costs the gateway a socket write "
-        "whatever its tokens: 20-50 ms cuts its CPU per token several times at thousands of "
-        "streams, unseen by a reader. 0: as they come (several tokens still share a chunk when "
-        "the gateway lags behind its sites)",
+    stream_chunks_per_s: float = setting(
+        8000.0,
+        help="the chunks a second one gateway process streams to its clients, shared by the "
+        "answers it streams from this project's sites: with n of them, an answer's chunks come "
+        "at most every n / this seconds, the tokens between them in one chunk (one SSE event); "
+        "its first token and its finish at once. Each chunk costs a socket write whatever its "
+        "tokens: a few answers stream token by token, thousands several tokens to a chunk (0: "
+        "no bound)",
     )
     health_failures_to_down: int = setting(
         3,
@@ -245,8 +245,8 @@ class SitesSettings:
             "adapter_load_timeout_s",
         )
         require_at_least(self, 1, "health_failures_to_down")
-        if not 0 <= self.stream_interval_ms <= 1000:
-            raise SettingsError("GATEWAY_STREAM_INTERVAL_MS must be in 0..1000")
+        if self.stream_chunks_per_s < 0:
+            raise SettingsError("GATEWAY_STREAM_CHUNKS_PER_S >= 0 (0: no bound)")
         if self.load_report_interval_ms < 10:
             raise SettingsError("GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10")
 

@@ -355,8 +355,9 @@ class Dispatch:
         return len(params.prompt_token_ids) + remaining
 
     def _observe(self, chunk: SiteChunk) -> SiteChunk:
-        """Counts the site's chunk and returns it as the caller sees it: usage over every site,
-        text joined across a continuation's seam."""
+        """Counts the site's chunk and returns it as the caller sees it: text joined across a
+        continuation's seam; the finishing chunk with the usage over every site (the others'
+        usage fields are the site's own: the answer's usage is read from the dispatch)."""
         if chunk.token_ids and self.first_token_at is None:
             self.first_token_at = utcnow()
             self.metrics.ttft_seconds.labels(self.site.name).observe(
@@ -386,7 +387,9 @@ class Dispatch:
                 )
             if finish_reason == "cancelled":
                 raise upstream_failed(f"site {self.site.name} cancelled the request")
-        return SiteChunk(  # not dataclasses.replace: this runs for every token
+        if finish_reason is None and text is chunk.text:
+            return chunk  # the common chunk, as the site sent it (usage is the dispatch's)
+        return SiteChunk(  # not dataclasses.replace: this runs for every chunk
             accepted=chunk.accepted,
             token_ids=chunk.token_ids,
             text=text,

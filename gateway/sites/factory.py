@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.federation import FederationConfigError, ModelTask, SiteConfig
 from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.grpc_generate_stream import ChunkPacer
 from gateway.sites.interface import SiteClient
 from gateway.sites.openai_client import OpenAISiteClient
 from gateway.sites.tls import SiteTls
@@ -16,10 +17,11 @@ def site_client(
     site_tls: SiteTls | None,
     tokenizers: ModelTokenizers,
     task: ModelTask = "generate",
-    stream_interval_s: float = 0.0,
+    pacer: ChunkPacer | None = None,
 ) -> SiteClient:
     """A client for the site (`task`: its model's); an unreadable API key file stops the start,
-    naming the site. `stream_interval_s`: GATEWAY_STREAM_INTERVAL_MS, for this project's sites."""
+    naming the site. `pacer`: the chunk budget this gateway's answers from this project's sites
+    share (GATEWAY_STREAM_CHUNKS_PER_S)."""
     if site.kind == "grpc":
         return GrpcSiteClient(
             site.name,
@@ -27,7 +29,7 @@ def site_client(
             connect_timeout_s,
             site_tls,
             site.tls_server_name,
-            stream_interval_s,
+            pacer,
         )
     assert site.openai is not None  # the federation file gives every openai site its fields
     try:

@@ -23,7 +23,7 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.fine_tuning import progress_from_proto, spec_to_proto
 from fedllm_contract.proto.options import options_to_proto, priority_from_proto
 from gateway.federation import ModelTask
-from gateway.sites.grpc_generate_stream import GenerateStreams
+from gateway.sites.grpc_generate_stream import ChunkPacer, GenerateStreams
 from gateway.sites.interface import (
     ALL_CAPABILITIES,
     AdapterChangeRefused,
@@ -200,7 +200,7 @@ class GrpcSiteClient:
         connect_timeout_s: float,
         tls: SiteTls | None = None,
         tls_server_name: str | None = None,
-        stream_interval_s: float = 0.0,
+        pacer: ChunkPacer | None = None,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
@@ -216,7 +216,7 @@ class GrpcSiteClient:
         attempt = (("grpc.min_reconnect_backoff_ms", max(200, int(connect_timeout_s * 1000))),)
         self._channel = open_channel(endpoint, tls, (*_CHANNEL_OPTIONS, *attempt), tls_server_name)
         self._stub = site_pb2_grpc.SiteEngineStub(self._channel)
-        self._generation = GenerateStreams(self._stub, self._status_error, stream_interval_s)
+        self._generation = GenerateStreams(self._stub, self._status_error, pacer)
         self._control_channel = open_channel(
             endpoint, tls, (*_CONTROL_CHANNEL_OPTIONS, *attempt), tls_server_name
         )

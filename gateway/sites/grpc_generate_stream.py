@@ -45,14 +45,19 @@ def _logprobs(chunk: site_pb2.GenerateChunk) -> tuple[TokenLogprob, ...]:
 
 
 def site_chunk(chunk: site_pb2.GenerateChunk) -> SiteChunk:
+    if not chunk.finish_reason:  # the common chunk: tokens, no usage (read once per answer)
+        logprobs = _logprobs(chunk) if chunk.logprobs else ()
+        return SiteChunk(chunk.accepted, tuple(chunk.token_ids), chunk.text, None, 0, 0, 0,
+                         chunk.index, logprobs)  # fmt: skip
+    usage = chunk.usage
     return SiteChunk(
         accepted=chunk.accepted,
         token_ids=tuple(chunk.token_ids),
         text=chunk.text,
         finish_reason=_FINISH_FROM_PROTO.get(chunk.finish_reason),
-        prompt_tokens=chunk.usage.prompt_tokens,
-        completion_tokens=chunk.usage.completion_tokens,
-        cached_prompt_tokens=chunk.usage.cached_prompt_tokens,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_prompt_tokens=usage.cached_prompt_tokens,
         index=chunk.index,
         logprobs=_logprobs(chunk) if chunk.logprobs else (),
     )
@@ -141,6 +146,26 @@ class _Mailbox:
     def expire(self) -> None:
         self.expired = True
         self.wake()
+
+
+class ChunkPacer:
+    """The chunks a second this gateway process sends its clients, shared by the answers it
+    streams from this project's sites (GATEWAY_STREAM_CHUNKS_PER_S; 0: no bound). Each chunk is
+    a socket write and a pass through dispatch and the answer's format whatever its tokens, so
+    at a thousand streams one gateway spent most of a core per token on chunks of one token.
+    With n answers streaming, an answer's chunks come at most every n / budget seconds: a
+    handful of answers stream as they come, many stream their tokens several to a chunk. Its
+    first token and its finish are never held."""
+
+    __slots__ = ("chunks_per_s", "streams")
+
+    def __init__(self, chunks_per_s: float = 0.0) -> None:
+        self.chunks_per_s = chunks_per_s
+        self.streams = 0
+
+    def interval_s(self) -> float:
+        """The least time between two chunks of an answer now."""
+        return self.streams / self.chunks_per_s if self.chunks_per_s else 0.0
 
 
 class StreamCall:
@@ -232,13 +257,14 @@ class GenerateStreams:
     """A site's generation traffic on one GenerateStream call at a time (GrpcSiteClient)."""
 
     def __init__(
-        self, stub: site_pb2_grpc.SiteEngineStub, error: StatusError, interval_s: float = 0.0
+        self,
+        stub: site_pb2_grpc.SiteEngineStub,
+        error: StatusError,
+        pacer: ChunkPacer | None = None,
     ) -> None:
         self._stub = stub
         self._error = error
-        # GATEWAY_STREAM_INTERVAL_MS: an answer's chunks at most this often, but the first (its
-        # first token) and the last (its finish) go as soon as they come.
-        self._interval_s = interval_s
+        self._pacer = pacer or ChunkPacer()
         self._call: StreamCall | None = None
 
     def _open_call(self) -> StreamCall:
@@ -256,27 +282,29 @@ class GenerateStreams:
         box = call.open(request)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(timeout_s, box.expire)
-        interval = self._interval_s
-        sent_at: float | None = None  # when tokens last went out (the interval counts from it)
+        pacer = self._pacer
+        pacer.streams += 1
+        sent_at: float | None = None  # when tokens last went out (the pacing counts from it)
         finished = 0
         try:
             while finished < choices:
                 if not box.news:
                     await box.wait()
                 if sent_at is not None and not (box.last or box.ended):
-                    delay = sent_at + interval - loop.time()
+                    delay = sent_at + pacer.interval_s() - loop.time()
                     if delay > 0:
                         await box.hold(delay)
                 if box.chunks:
                     chunks, box.chunks = box.chunks, []
                     for chunk in merged_chunks(chunks):
                         finished += chunk.finish_reason is not None
-                        if interval and chunk.token_ids:
+                        if chunk.token_ids:
                             sent_at = loop.time()
                         yield chunk
                     continue
                 raise self._ended(box)
         finally:
+            pacer.streams -= 1
             timer.cancel()
             # The site drops it unless it ended there (a failure, the call lost) or finished.
             gone = box.failure is not None or box.broken is not None

@@ -19,6 +19,7 @@ from fedllm_contract.proto import site_pb2, site_pb2_grpc
 from fedllm_contract.proto.options import options_to_proto
 from fedllm_contract.request_options import RequestOptions
 from gateway.sites.grpc_client import GrpcSiteClient
+from gateway.sites.grpc_generate_stream import ChunkPacer
 from gateway.sites.interface import (
     GenerateParams,
     SiteBusy,
@@ -259,14 +260,15 @@ def test_a_site_that_goes_away_fails_the_requests_on_the_call(
     assert type(failure).__name__ == "SiteFailed"
 
 
-def test_a_stream_interval_sends_tokens_together_and_the_first_at_once(
+def test_a_chunk_budget_sends_tokens_together_and_the_first_at_once(
     site: ManagedProcess,
 ) -> None:
     p = params(PROMPTS[1], max_tokens=200, seed=3)
 
     async def run() -> tuple[list[SiteChunk], list[float], float]:
+        # One answer streaming under a budget of 4 chunks a second: one every 0.25 s.
         client = GrpcSiteClient(
-            "stream-test", f"127.0.0.1:{site.port}", connect_timeout_s=5, stream_interval_s=0.25
+            "stream-test", f"127.0.0.1:{site.port}", connect_timeout_s=5, pacer=ChunkPacer(4.0)
         )
         loop = asyncio.get_running_loop()
         started = loop.time()
