@@ -152,6 +152,9 @@ class Answer:
     dirty: bool = False
     # Each choice's tokens as last taken: a finishing event carries their sum (the usage).
     choice_tokens: list[int] = field(default_factory=list)
+    # When its tokens last went to its reader (loop time; None: none yet), for a reader that
+    # paces them (grpc_generate_stream.py).
+    sent_at: float | None = None
 
     @classmethod
     def open(
@@ -170,6 +173,11 @@ class Answer:
     def done(self) -> bool:
         """Every choice's last event was taken."""
         return all(choice.closed for choice in self.choices)
+
+    @property
+    def ending(self) -> bool:
+        """A choice's end waits to be taken (no pacing holds it back)."""
+        return any(choice.ended and not choice.closed for choice in self.choices)
 
     def take(self, stopped: Callable[[ChoiceStream], None]) -> list[StreamEvent]:
         """What every choice has pending, an event each; `stopped(choice)` for a choice a stop

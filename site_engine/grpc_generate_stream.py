@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 # A message down is cut after this many chunks: a reader far behind gets several messages, each
 # well under the gateway's receive limit even with logprobs.
 _MAX_CHUNKS = 2048
+# A gateway's chunk interval is taken up to this (a longer one would only delay its answers).
+_MAX_INTERVAL_S = 1.0
 
 _REJECTED = grpc.StatusCode.INVALID_ARGUMENT
 _REFUSAL_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
@@ -63,6 +65,8 @@ class StreamCall:
     accepted: list[Answer] = field(default_factory=list)
     failures: list[tuple[str, grpc.StatusCode, str]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # The gateway's chunk interval (GenerateStreamRequest.chunk_interval_ms), in seconds.
+    interval_s: float = 0.0
 
     def ready(self, answer: Answer) -> None:
         self.ready_answers.append(answer)
@@ -122,9 +126,16 @@ class StreamWriter:
         self._service = service
         self._call = call
         self._finish_code = finish_codes
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _due(self) -> None:
+        self._timer = None
+        self._call.wake.set()
 
     def batches(self) -> list[site_pb2.GenerateStreamBatch]:
-        """Everything pending, as few messages as _MAX_CHUNKS allows (none: nothing new)."""
+        """Everything pending, as few messages as _MAX_CHUNKS allows (none: nothing new); an
+        answer whose tokens went out less than the gateway's chunk interval ago waits (its
+        first tokens and its end do not)."""
         call = self._call
         call.wake.clear()
         batch = site_pb2.GenerateStreamBatch()
@@ -133,21 +144,32 @@ class StreamWriter:
             batch.chunks.add(request_id=answer.request_id, accepted=True)
         call.accepted.clear()
         ready, call.ready_answers = call.ready_answers, []
+        loop = asyncio.get_running_loop()
+        now, interval = loop.time(), call.interval_s
         for answer in ready:
             if call.answers.get(answer.request_id) is not answer:
                 continue  # cancelled or failed: nothing more is sent for it
+            sent = answer.sent_at
+            if sent is not None and now < sent + interval and not answer.ending:
+                call.ready_answers.append(answer)  # still dirty: it is not told again
+                continue
             if len(batch.chunks) >= _MAX_CHUNKS:
                 batch = site_pb2.GenerateStreamBatch()
                 batches.append(batch)
-            self._take(answer, batch)
+            self._take(answer, batch, now)
+        if call.ready_answers and self._timer is None:
+            # Held answers are looked at again a few times an interval, together.
+            self._timer = loop.call_later(max(interval / 4, 0.002), self._due)
         for request_id, code, message in call.failures:
             batch.failures.add(request_id=request_id, code=code.value[0], message=message)
         call.failures.clear()
         return [b for b in batches if b.chunks or b.failures]
 
-    def _take(self, answer: Answer, batch: site_pb2.GenerateStreamBatch) -> None:
+    def _take(self, answer: Answer, batch: site_pb2.GenerateStreamBatch, now: float) -> None:
         request_id = answer.request_id
         for event in self._service.take(answer):
+            if event.token_ids:
+                answer.sent_at = now
             if event.error is not None:
                 # A constraint failed it (INVALID_ARGUMENT) or the engine broke under it: its
                 # other choices end too, and nothing more is sent for it.
@@ -207,6 +229,7 @@ class GenerateStreamHandler:
                 answer = call.answers.pop(request_id, None)
                 if answer is not None:
                     self._service.end(answer)
+            call.interval_s = min(max(message.chunk_interval_ms / 1000, 0.0), _MAX_INTERVAL_S)
 
     def _start(
         self,

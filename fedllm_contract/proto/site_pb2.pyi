@@ -532,6 +532,12 @@ class GenerateStreamRequest(_message.Message):
 
     START_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    CHUNK_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    chunk_interval_ms: _builtins.float
+    """From now on, an answer's chunks at most this often (ms; 0: as they come), its first tokens
+    and its finish at once: the gateway's share of its chunk budget per answer, so the site sends
+    tokens together rather than one chunk per step that the gateway would merge again.
+    """
     @_builtins.property
     def start(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateRequest]:
         """Requests to start (each one's request_id names it in the chunks down), in order;"""
@@ -545,10 +551,11 @@ class GenerateStreamRequest(_message.Message):
         *,
         start: _abc.Iterable[Global___GenerateRequest] | None = ...,
         cancel: _abc.Iterable[_builtins.str] | None = ...,
+        chunk_interval_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "chunk_interval_ms", b"chunk_interval_ms", "start", b"start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -171,8 +171,9 @@ class ChunkPacer:
 class StreamCall:
     """One open GenerateStream call: its reader and writer tasks, and its requests' mailboxes."""
 
-    def __init__(self, stub: site_pb2_grpc.SiteEngineStub) -> None:
+    def __init__(self, stub: site_pb2_grpc.SiteEngineStub, pacer: ChunkPacer) -> None:
         self._call = stub.GenerateStream()
+        self._pacer = pacer
         self._boxes: dict[str, _Mailbox] = {}
         self._starts: list[site_pb2.GenerateRequest] = []
         self._cancels: list[str] = []
@@ -233,7 +234,11 @@ class StreamCall:
             while self.broken is None:
                 await self._send.wait()
                 self._send.clear()
-                message = site_pb2.GenerateStreamRequest(start=self._starts, cancel=self._cancels)
+                message = site_pb2.GenerateStreamRequest(
+                    start=self._starts,
+                    cancel=self._cancels,
+                    chunk_interval_ms=self._pacer.interval_s() * 1000,
+                )
                 self._starts, self._cancels = [], []
                 await self._call.write(message)
         except grpc.aio.AioRpcError as exc:
@@ -270,7 +275,7 @@ class GenerateStreams:
     def _open_call(self) -> StreamCall:
         call = self._call
         if call is None or call.broken is not None:
-            call = self._call = StreamCall(self._stub)
+            call = self._call = StreamCall(self._stub, self._pacer)
         return call
 
     async def generate(
