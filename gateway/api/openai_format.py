@@ -67,6 +67,28 @@ def _event(payload: msgspec.Struct) -> bytes:
 
 
 @dataclass(slots=True)
+class _LastWrite:
+    """The end of a stream in one write: its last choice's finishing events, the usage event
+    and [DONE] (each yield is a socket write to the client)."""
+
+    choices: int
+    tail: bytes = b""
+
+    def holds(self, chunk: SiteChunk, events: bytes) -> bool:
+        """Keeps `events` for the last write if they finish the stream's only choice."""
+        if self.choices == 1 and chunk.finish_reason is not None:
+            self.tail += events
+            return True
+        return False
+
+    def add(self, events: bytes) -> None:
+        self.tail += events
+
+    def done(self) -> bytes:
+        return self.tail + b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
 class _CompletionStream:
     """Per choice: whether its echo went out, and where its text stands (logprobs offsets)."""
 
@@ -98,14 +120,17 @@ async def completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
     """
     prepared = dispatch.prepared
     state = _CompletionStream()
+    last = _LastWrite(prepared.params.options.n)
     try:
         async for chunk in dispatch.events():
-            yield _event(_chunk(prepared, [state.choice(dispatch, chunk)]))
+            event = _event(_chunk(prepared, [state.choice(dispatch, chunk)]))
+            if not last.holds(chunk, event):
+                yield event
         if prepared.include_usage:
-            yield _event(_chunk(prepared, [], usage(dispatch)))
+            last.add(_event(_chunk(prepared, [], usage(dispatch))))
     except (OpenAIError, GatewayError) as exc:
-        yield _event(error_envelope(exc))
-    yield b"data: [DONE]\n\n"
+        last.add(_event(error_envelope(exc)))
+    yield last.done()
 
 
 def merged_completion(answers: list[Completion], n: int) -> Completion:
@@ -235,16 +260,22 @@ async def chat_completion_events(dispatch: Dispatch) -> AsyncIterator[bytes]:
     prepared = dispatch.prepared
     started: set[int] = set()
     state = _ChatStream(dispatch)
+    last = _LastWrite(prepared.params.options.n)
     try:
         async for chunk in dispatch.events():
+            events = []
             if chunk.index not in started:
                 started.add(chunk.index)
                 role = ChatDelta(role="assistant", content="")
-                yield _event(_chat_chunk(prepared, [ChatChunkChoice(role, index=chunk.index)]))
-            for choice in state.deltas(chunk):
-                yield _event(_chat_chunk(prepared, [choice]))
+                events.append(
+                    _event(_chat_chunk(prepared, [ChatChunkChoice(role, index=chunk.index)]))
+                )
+            events += [_event(_chat_chunk(prepared, [choice])) for choice in state.deltas(chunk)]
+            if not last.holds(chunk, b"".join(events)):
+                for event in events:
+                    yield event
         if prepared.include_usage:
-            yield _event(_chat_chunk(prepared, [], usage(dispatch)))
+            last.add(_event(_chat_chunk(prepared, [], usage(dispatch))))
     except (OpenAIError, GatewayError) as exc:
-        yield _event(error_envelope(exc))
-    yield b"data: [DONE]\n\n"
+        last.add(_event(error_envelope(exc)))
+    yield last.done()
