@@ -22,6 +22,10 @@ goodput / base goodput} (goodput: requests per second that finish within the TTF
 SLOs; >= 0.9 at 1,000) and `capacity_vs_base` (the LoRA knee over the base's, >= 0.85).
 `--seeds N` runs it all for N seeds in one process (one model build): the headline keys are
 then the worst seed's, `range` holds each key's [min, max] and `by_seed` each seed's.
+`--lora-unified-slots` runs the LoRA engine with slots out of the KV block pool (the site's
+`--lora-unified-slots`; `--max-loras` is then a cap on resident adapters), `--lora-kernels` with
+another kernel path, `--max-loras`/`--max-cpu-loras` with other slot and host-LRU sizes than the
+preset's; the results' `engine` says which.
 `merged`: one adapter merged into the base weights is the base model with other numbers in its
 matrices, so its step and goodput are the base's (not measured apart); serving N adapters that
 way takes N deployments, N GPUs of this size, each loaded 1/N as much, against one GPU here.
@@ -59,6 +63,7 @@ from bench.engine.priority import device_label
 from bench.engine.priority_driver import poisson_arrivals
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
+from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KERNELS
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
 
@@ -140,6 +145,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--knee-window-s", type=float, default=None, help="seconds of arrivals per knee rung")
     add("--knee-loads", type=float, nargs="+", default=None, help="the knee's ladder of loads")
     add("--max-lora-loads", type=int, default=None, help="loader threads (default: the site's)")
+    add("--lora-unified-slots", action="store_true", help="slots out of the KV block pool")
+    add("--lora-kernels", choices=LORA_KERNELS, default=DEFAULT_LORA_KERNELS,
+        help="the LoRA engine's kernel path (CUDA)")  # fmt: skip
+    add("--max-loras", type=int, default=None, help="device slots (a cap when unified)")
+    add("--max-cpu-loras", type=int, default=None, help="adapters kept in host memory")
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
@@ -153,6 +163,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--max-lora-loads must be >= 1")
     loads = args.max_lora_loads
     args.p["max_loads"] = LoraSettings(Path()).max_loads if loads is None else loads
+    for key in ("max_loras", "max_cpu_loras"):
+        if getattr(args, key) is not None:
+            args.p[key] = getattr(args, key)
+    if args.p["max_cpu_loras"] < args.p["max_loras"]:
+        parser.error("--max-cpu-loras must be >= --max-loras")
+    args.p["unified_slots"] = args.lora_unified_slots
+    args.p["kernels"] = args.lora_kernels
     return args
 
 
@@ -221,8 +238,9 @@ def lora_phase(
 ) -> dict[str, Any]:
     p, vocab, slo = args.p, loaded.model.config.vocab_size, args.p["slo"]
     settings = LoraSettings(
-        root, p["max_loras"], p["max_cpu_loras"], p["rank"], max_loads=p["max_loads"]
-    )
+        root, p["max_loras"], p["max_cpu_loras"], p["rank"], max_loads=p["max_loads"],
+        kernels=p["kernels"], unified=p["unified_slots"],
+    )  # fmt: skip
     engine = build_engine(loaded, p, settings)
     warm_up(engine, vocab, min(4, p["max_num_seqs"]), seed)
     names = adapter_names(max(p["adapters"]))
@@ -324,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "max_loads",
                 "rank",
                 "distinct_weights",
+                "unified_slots",
+                "kernels",
             )
         },
         "decode": {k: p[k] for k in ("decode_rows", "decode_adapters", "decode_steps")},

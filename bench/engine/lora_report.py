@@ -91,6 +91,8 @@ def report(result: dict[str, Any]) -> str:
             f"{result['drain_s']} s. Goodput: requests "
             f"finished with TTFT <= {slo['ttft_s']} s and TPOT <= {slo['tpot_s']} s, per second.",
             "",
+            _engine_line(result["engine"]),
+            "",
             f"**goodput_vs_base**: {ratios} (goal >= 0.9 at 1,000 adapters)",
             "",
             f"**tpot_p50_vs_base**: {tpot} (goal <= 1.15 at 8 and 64 adapters)",
@@ -146,3 +148,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _engine_line(engine: dict[str, Any]) -> str:
+    """The LoRA engine's slots, host LRU and kernels (runs before these keys: fixed slots,
+    the default kernels)."""
+    unified = engine.get("unified_slots", False)
+    slots = f"{engine['max_loras']} {'resident at most (unified slots)' if unified else 'slots'}"
+    kernels = engine.get("kernels", "segmented")
+    return (f"LoRA engine: {slots}, {engine['max_cpu_loras']} adapters in host memory, "
+            f"kernels `{kernels}`.")  # fmt: skip

@@ -41,24 +41,24 @@ def test_a_cpu_run_writes_both_arms(tmp_path: Path, gpt2_tokenizer_dir: Path) ->
 
 @pytest.mark.timeout(600)
 def test_a_cpu_kernels_only_run_checks_both_kernel_paths(tmp_path: Path) -> None:
-    """--kernels-only on the CPU: both kernel paths through Triton's interpreter, decode- and
-    prefill-sized steps, each variant's deltas against the PyTorch reference."""
+    """--kernels-only on the CPU: both kernel paths (and a split-K variant) through Triton's
+    interpreter, decode- and prefill-sized steps, each variant's deltas against the PyTorch
+    reference, and a split-K tuning chosen."""
     pytest.importorskip("triton")
     main(["--kernels-only", "--preset", "cpu", "--results-dir", str(tmp_path)])
     result = json.loads((tmp_path / "lora_kernels_cpu.json").read_text())
     assert set(result["cases"]) == {"decode_4", "prefill_2"}
     for case in result["cases"].values():
-        assert set(case["variants"]) == {
-            "segmented", "segmented_m64", "two_launch", "one_launch", "one_launch_f256"
-        }  # fmt: skip
+        assert set(case["variants"]) == {"segmented", "splitk", "splitk_m16"}
         for variant in case["variants"].values():
             assert variant["max_relative_error"] < 1e-4
             assert len(variant["stacks"]) == 4
+    assert result["best_variant"] in {"splitk", "splitk_m16"}
+    assert result["best_tuning"] == result["settings"][result["best_variant"]]
     assert "## decode_4" in (tmp_path / "lora_kernels_cpu.md").read_text()
 
 
 def test_kernel_names_fall_into_their_groups() -> None:
-    assert kernel_group("_lora_delta_kernel") == "lora_fused"
     assert kernel_group("_shrink_kernel") == "lora_shrink"
     assert kernel_group("_expand_group_kernel") == "lora_expand"
     assert kernel_group("nvjet_tst_128x64_64x8_1x2_h_bz_TNT") == "gemm"

@@ -70,3 +70,26 @@ def test_the_knee_is_where_attainment_crosses_the_line() -> None:
     assert knee_rps([(1.0, 1.0), (2.0, 0.96), (4.0, 0.84)]) == pytest.approx((3.0, False))
     assert knee_rps([(1.0, 0.95), (2.0, 0.91)]) == (2.0, True)  # all within: a lower bound
     assert knee_rps([(1.0, 0.5)]) == (0.0, False)
+
+
+@pytest.mark.timeout(300)
+def test_a_unified_slots_cpu_run_answers_every_request(
+    tmp_path: Path, gpt2_tokenizer_dir: Path
+) -> None:
+    """--lora-unified-slots (the thousand-adapter run's setting for issue 77's GPU call): slots
+    out of the KV block pool, the cap (the preset's decode step needs 4 resident) and host LRU
+    from the flags, every arm answered."""
+    main([
+        "--preset", "cpu", "--window-s", "1.0", "--drain-s", "8", "--knee-window-s", "0.5",
+        "--knee-loads", "0.5", "--lora-unified-slots", "--max-loras", "4", "--max-cpu-loras", "5",
+        "--model-dir", str(tmp_path / "model"), "--adapter-dir", str(tmp_path / "adapters"),
+        "--tokenizer-dir", str(gpt2_tokenizer_dir), "--results-dir", str(tmp_path / "out"),
+    ])  # fmt: skip
+    result = json.loads((tmp_path / "out" / "engine_lora_cpu.json").read_text())
+    assert result["engine"]["unified_slots"] is True
+    assert (result["engine"]["max_loras"], result["engine"]["max_cpu_loras"]) == (4, 5)
+    for name, run in result["runs"].items():
+        assert run["finished"] == run["requests"] > 0, name
+    assert result["runs"]["10_adapters"]["distinct_adapters_used"] > 4  # more than the cap
+    text = (tmp_path / "out" / "engine_lora_cpu.md").read_text()
+    assert "4 resident at most (unified slots)" in text

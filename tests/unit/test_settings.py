@@ -141,10 +141,10 @@ def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
         SiteSettings.load({**env, "SITE_MAX_LORA_LOADS": "0"})
     # The LoRA kernel path: the pre-issue-69 kernels unless told, a misspelt one refused.
     assert lora.kernels == "segmented"
-    fused = engine_config(SiteSettings.load({**env, "SITE_LORA_KERNELS": "one_launch"}), cpu)
-    assert fused.lora is not None
-    assert fused.lora.kernels == "one_launch"
-    assert parse_args([*flags, "--lora-kernels", "one_launch"]).lora_kernels == "one_launch"
+    split = engine_config(SiteSettings.load({**env, "SITE_LORA_KERNELS": "splitk"}), cpu)
+    assert split.lora is not None
+    assert split.lora.kernels == "splitk"
+    assert parse_args([*flags, "--lora-kernels", "splitk"]).lora_kernels == "splitk"
     with pytest.raises(SiteSettingsError, match="SITE_LORA_KERNELS must be one of"):
         SiteSettings.load({**env, "SITE_LORA_KERNELS": "stacked"})
     assert (

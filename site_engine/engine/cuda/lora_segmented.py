@@ -44,7 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
-from site_engine.engine.cuda.lora_segments import max_tiles, slot_tiles, sorted_by_slot
+from site_engine.engine.cuda.lora_segments import (
+    MAX_STACK,
+    check_stack,
+    max_tiles,
+    slot_tiles,
+    sorted_by_slot,
+)
 
 # Tokens per tile: tl.dot's smallest M for decode-sized steps, where a slot has a few rows;
 # more for prefill-sized ones, so a slot's weights are read once per 64 of its tokens, not 16.
@@ -58,7 +64,6 @@ _MAX_SPLITS = 16
 _SPLIT_FEATURES = 512  # input features per shrink program, at least
 _PROGRAMS = 2048  # shrink programs to aim for (a few per SM of an H100/H200)
 _PARTIAL_BYTES = 8 << 20  # the shrink's partial sums at most (the memory plan's LoRA slack)
-MAX_STACK = 3  # projections a stack may hold (q/k/v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +90,7 @@ def segments(token_slots: torch.Tensor, num_slots: int, block_m: int | None = No
     block_m = tile_rows(tokens) if block_m is None else block_m
     order, starts, counts = sorted_by_slot(token_slots, num_slots)
     tiles = max_tiles(tokens, num_slots, block_m)
-    tile_slot, tile_start, tile_end = slot_tiles(starts, counts, block_m, tiles)
+    tile_slot, tile_start, tile_end, _ = slot_tiles(starts, counts, block_m, tiles)
     return Segments(block_m, order, tile_slot, tile_start, tile_end)
 
 
@@ -263,13 +268,8 @@ def lora_expand(
     each projection j of the stack (`widths`: their output columns, side by side in b and y):
     shrunk from lora_shrink, b [slots, R, out] (one layer), y [T, out] (may be a column slice
     of a wider output)."""
-    _, rank, out_f = b.shape
-    if not 1 <= len(widths) <= MAX_STACK or sum(widths) != out_f or y.shape[1] != out_f:
-        raise ValueError(
-            f"widths {widths}: the output has {y.shape[1]} columns, the adapters' B {out_f}"
-        )
-    if shrunk.shape[2] != rank * len(widths):
-        raise ValueError(f"the shrink gave {shrunk.shape[2]} columns for {len(widths)} x {rank}")
+    check_stack(b, y, widths, shrunk.shape[2])
+    rank = b.shape[1]
     padded = (*widths, 0, 0)[:MAX_STACK]
     cols = block_n(seg.block_m)
     blocks = sum(triton.cdiv(w, cols) for w in widths)

@@ -76,7 +76,7 @@ class LoraSettings:
     # no device time left to run it, and a wrong ordering there would mix adapters' weights.
     copy_stream: bool = False
     # CUDA: which LoRA kernels a step runs (lora/segmented_step.py: "segmented", the faster on
-    # an H200 so far, or issue 69's "one_launch"); a name outside those is refused here.
+    # an H200 so far, or issue 77's "splitk"); a name outside those is refused here.
     kernels: LoraKernels = DEFAULT_LORA_KERNELS
     # Slots out of the KV cache's block pool (issue 69: core/unified_slots.py): max_loras is
     # only a cap, and each resident adapter holds its bytes' worth of KV blocks.

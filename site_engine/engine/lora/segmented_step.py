@@ -1,14 +1,19 @@
 """A step's LoRA deltas through the segmented Triton kernels (CUDA), and which kernels.
 
-Two kernel paths serve the same slot tensors (lora/slots.py) and give the same deltas:
+Two kernel paths serve the same slot tensors (lora/slots.py) and give the same deltas; the one
+that loses on the GPU is deleted, not kept selectable (issue 77):
 
-- "segmented" (the default): cuda/lora_segmented.py, a shrink and an expand launch per stack,
-  16-row tiles at decode. On an H200 its kernels took 2.03 ms (8 adapters) and 3.59 ms (64)
-  of a 256-row decode step of the 8B shape (bench/results/engine_lora/lora_kernels_h200.md).
-- "one_launch": cuda/lora_kernels.py (issue 69's rewrite), shrink and expand in one launch per
-  stack, a slot's run in one tile. Slower on the same H200 run: 3.63 and 4.91 ms (its own
-  two-launch mode: 2.49 and 3.99), so it is opt-in until it wins; kept selectable so that one
-  GPU call can time both (bench.engine.lora_profile --lora-kernels, --kernels-only).
+- "segmented" (the default until the GPU says otherwise): cuda/lora_segmented.py, a shrink and
+  an expand launch per stack, 16-row tiles at decode, a grid sized for the worst case. On an
+  H200 its kernels took 1.85 ms (8 adapters) and 3.47 ms (64) of a 256-row decode step of the
+  8B shape (bench/results/engine_lora/lora_profile_h200.md).
+- "splitk": cuda/lora_splitk.py (issue 77), the same two launches a stack with their work sized
+  on the device from the step's real tiles: the shrink split over the input features as far as
+  the SMs need and reduced in-kernel by the split that finishes last, the expand walking runs
+  of column blocks with its rows and s loaded once; kernel-constant widths (vector loads).
+
+Issue 69's one-launch kernels measured slower than "segmented" on every figure and are gone
+(git show 8494ebf:site_engine/engine/cuda/lora_kernels.py).
 
 The kernels live in cuda/, below lora/: they take plain tensors and a launcher object
 (`StackLauncher`), never the slots; this module reads the slots and calls them. The kernel
@@ -25,11 +30,9 @@ if TYPE_CHECKING:
 
     from site_engine.engine.lora.slots import LoraSlots
 
-LoraKernels = Literal["segmented", "one_launch"]
+LoraKernels = Literal["segmented", "splitk"]
 LORA_KERNELS: tuple[LoraKernels, ...] = get_args(LoraKernels)
 DEFAULT_LORA_KERNELS: LoraKernels = "segmented"
-# Launches a step's launcher plans for up front: the fused model's four stacks a layer.
-_STACKS_PER_LAYER = 4
 
 
 def check_lora_kernels(value: str) -> LoraKernels:
@@ -52,17 +55,15 @@ class StackLauncher(Protocol):
         each row t of slot s and each projection j of the stack."""
 
 
-def launcher(
-    kernels: LoraKernels, token_slots: torch.Tensor, num_slots: int, num_layers: int
-) -> StackLauncher:
+def launcher(kernels: LoraKernels, token_slots: torch.Tensor, num_slots: int) -> StackLauncher:
     """The named kernel path's launcher for a step whose token t uses slot token_slots[t]."""
     if kernels == "segmented":
         from site_engine.engine.cuda.lora_segmented import SegmentedLauncher
 
         return SegmentedLauncher(token_slots, num_slots)
-    from site_engine.engine.cuda.lora_kernels import OneLaunchLauncher
+    from site_engine.engine.cuda.lora_splitk import SplitKLauncher
 
-    return OneLaunchLauncher(token_slots, num_slots, _STACKS_PER_LAYER * num_layers)
+    return SplitKLauncher(token_slots, num_slots)
 
 
 class SegmentedLoraStep:

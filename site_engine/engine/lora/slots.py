@@ -266,7 +266,7 @@ class LoraSlots:
         On CUDA only tensor ops on `token_slots`: a graph captured over a static buffer
         replays it."""
         if self.device.type == "cuda":
-            launches = launcher(self.kernels, token_slots, self.num_slots, self.base.num_layers)
+            launches = launcher(self.kernels, token_slots, self.num_slots)
             return SegmentedLoraStep(self, launches)
         return SegmentedTorchStep(self, token_slots)
 
