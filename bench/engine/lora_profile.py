@@ -453,3 +453,7 @@ def tuned(changes: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
     from site_engine.engine.cuda import lora_splitk
 
     return lora_kernel_bench.settings(changes, lora_splitk)
+
+
+if __name__ == "__main__":
+    main()
