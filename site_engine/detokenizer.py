@@ -3,6 +3,11 @@
 Byte-level BPE tokens can split a UTF-8 character, so text is released only once it decodes
 cleanly; decoding restarts from a short window of recent tokens rather than the whole output,
 which keeps the cost per token constant (the prefix/read offset scheme of vLLM and TGI).
+
+An answer that ends inside a character (max_tokens cut it) still releases what its tokens hold,
+at its end: the text before the character, and U+FFFD for the character's bytes, as the tokens'
+bytes joined read with errors="replace" (issue 75: the answer's text lost a space before a cut
+emoji, while its logprobs' bytes said it, and the two no longer agreed).
 """
 
 from __future__ import annotations
@@ -31,12 +36,7 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         self.token_ids.extend(new_token_ids)
-        prefix = self.tokenizer.decode(
-            self.token_ids[self._prefix_offset : self._read_offset], skip_special_tokens=True
-        )
-        full = self.tokenizer.decode(
-            self.token_ids[self._prefix_offset :], skip_special_tokens=True
-        )
+        prefix, full = self._decoded()
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return ""  # an incomplete character: wait for the next token
         delta = full[len(prefix) :]
@@ -45,7 +45,26 @@ class IncrementalDetokenizer:
         return self._apply_stop(delta)
 
     def flush(self) -> str:
-        """Releases text held back because it might have begun a stop string (call at the end)."""
+        """The answer's end: releases the text held back, the tokens of a character cut short
+        (U+FFFD for it) and a tail that might have begun a stop string."""
+        if not self.stopped and self._read_offset < len(self.token_ids):
+            prefix, full = self._decoded()
+            self._read_offset = len(self.token_ids)
+            if len(full) > len(prefix):
+                released = self._apply_stop(full[len(prefix) :])
+                return released + self._rest()
+        return self._rest()
+
+    def _decoded(self) -> tuple[str, str]:
+        """The window's text before the tokens not yet released, and with them."""
+        window = self.token_ids[self._prefix_offset :]
+        prefix = self.tokenizer.decode(
+            window[: self._read_offset - self._prefix_offset], skip_special_tokens=True
+        )
+        return prefix, self.tokenizer.decode(window, skip_special_tokens=True)
+
+    def _rest(self) -> str:
+        """Text held back because it might have begun a stop string."""
         rest = self.text[self._released :]
         self._released = len(self.text)
         return rest
@@ -61,7 +80,7 @@ class IncrementalDetokenizer:
         hits = [i for i in (combined.find(s, search_from) for s in self.stop) if i >= 0]
         if hits:
             self.text, self.stopped = combined[: min(hits)], True
-            return self.flush()
+            return self._rest()
         self.text = combined
         # Hold back a tail that could still grow into a stop string, so it is never sent early.
         safe_end = len(combined) - self._held_back(combined)
