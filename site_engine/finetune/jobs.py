@@ -353,7 +353,7 @@ class FineTuneJobs:
                 state=state,
                 step=history.step,
                 trained_tokens=history.trained_tokens,
-                losses=tuple(history.losses),
+                losses=tuple(job.trainer.reported_losses()),
                 validation_losses=tuple(history.validation_losses),
                 checkpoints=tuple(
                     disk.checkpoint_record(job_dir, s, losses)
