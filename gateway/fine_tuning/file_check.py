@@ -71,11 +71,13 @@ class CpuShare:
 
 @dataclass(frozen=True, slots=True)
 class LengthLimit:
-    """The model's tokenizer (its directory, as the federation file names it) and the context
-    a training line may fill."""
+    """The model's tokenizer (its directory, as the federation file names it), the context a
+    training line may fill and the tokens the training sites' memory reserve holds of one
+    example (None: they do not say)."""
 
     tokenizer: str
     context: int
+    reserve: int | None = None
 
 
 # A worker process's tokenizers, by directory, loaded at its first length check.
@@ -94,7 +96,7 @@ def check_file(content: bytes, limit: LengthLimit | None, cpu_share: float = 1.0
         tokenizer = _tokenizers.get(limit.tokenizer)
         if tokenizer is None:
             tokenizer = _tokenizers[limit.tokenizer] = load_tokenizer(limit.tokenizer)
-        extra = ContextCheck(tokenizer, limit.context)
+        extra = ContextCheck(tokenizer, limit.context, limit.reserve)
     return training_data.check(content, extra, CpuShare(cpu_share).pace)
 
 

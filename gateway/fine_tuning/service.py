@@ -207,13 +207,16 @@ class FineTuningService:
         return validated
 
     def _length_limit(self, model: str) -> LengthLimit | None:
-        """The context every training site of the base holds (None: none says it)."""
-        contexts = [
-            site.info.max_model_len
-            for site in self.runner.training_sites(model)
-            if site.info is not None and site.info.max_model_len > 0
+        """The context and the example's tokens in the memory reserve that every training site
+        of the base holds (None: none says its context)."""
+        infos = [s.info for s in self.runner.training_sites(model) if s.info is not None]
+        contexts = [info.max_model_len for info in infos if info.max_model_len > 0]
+        reserves = [
+            i.fine_tuning_max_example_tokens for i in infos if i.fine_tuning_max_example_tokens
         ]
-        return LengthLimit(self._bases[model], min(contexts)) if contexts else None
+        if not contexts:
+            return None
+        return LengthLimit(self._bases[model], min(contexts), min(reserves, default=None))
 
     def _check_model(self, model: str) -> None:
         if model not in self._bases:

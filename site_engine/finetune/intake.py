@@ -21,7 +21,11 @@ from fedllm_contract.fine_tuning import FineTuneSpec
 from site_engine.engine.lora.adapter import PROJECTIONS
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune.data import Example, TrainingDataError, encode_file
-from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
+from site_engine.finetune.memory import (
+    TrainingShape,
+    largest_unit_tokens,
+    longest_example_tokens,
+)
 from site_engine.finetune.trainer import steps_per_epoch
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -85,10 +89,11 @@ def read_examples(
     longest = max(len(e.input_ids) for e in train + validation)
     most = largest_unit_tokens(shape, hp, longest, reserve_bytes)
     if most < 1:
+        held = longest_example_tokens(shape, hp, reserve_bytes, max_tokens)
         raise FineTuneRefused(
             FineTuneRefused.PRECONDITION,
-            f"one example of {longest} tokens needs more than this site's fine-tuning "
-            f"reserve of {reserve_bytes:,} bytes (SITE_FINETUNE_RESERVE_BYTES)",
+            f"an example of {longest} tokens is longer than the {held} tokens an example may "
+            "have in this site's fine-tuning memory reserve (SITE_FINETUNE_RESERVE_BYTES)",
         )
     total = steps_per_epoch(len(train), hp.batch_size) * hp.n_epochs
     return Examples(train, validation, longest, most, total)

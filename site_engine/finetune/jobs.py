@@ -35,13 +35,23 @@ from pathlib import Path
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneSpec, FineTuneState
+from fedllm_contract.fine_tuning import (
+    FineTuneHyperparameters,
+    FineTuneProgress,
+    FineTuneSpec,
+    FineTuneState,
+)
 from fedllm_contract.training_data import Stopped
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune import checkpoint as disk
 from site_engine.finetune.intake import check_spec, read_examples
 from site_engine.finetune.job_state import FineTuneSettings, Job, Unit
-from site_engine.finetune.memory import TrainingShape, largest_unit_tokens, lora_bytes
+from site_engine.finetune.memory import (
+    TrainingShape,
+    largest_unit_tokens,
+    longest_example_tokens,
+    lora_bytes,
+)
 from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
 from site_engine.finetune.trainer import LoraTrainer, LossChunks
@@ -63,6 +73,15 @@ class FineTuneJobs:
         self.settings = settings
         self._model, self._tokenizer, self._model_name = model, tokenizer, model_name
         self._shape = TrainingShape.of_model(model)
+        # The longest example the reserve holds for the adapters the gateway asks for (the
+        # default rank and projections), in tokens: SiteInfo says it, and the gateway refuses a
+        # longer one when the job is made rather than the site failing it after (issue 75).
+        self.longest_example = longest_example_tokens(
+            self._shape,
+            FineTuneHyperparameters(n_epochs=1, batch_size=1, learning_rate_multiplier=1.0),
+            settings.reserve_bytes,
+            settings.max_tokens,
+        )
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}  # insertion order: oldest first
         # One job's files read at a time: a second large file waits, its memory not yet taken.
