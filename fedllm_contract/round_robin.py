@@ -3,25 +3,30 @@ turn, so that one key's many or large items never hold another key's back (issue
 gateway's file checks and a site's job intake were first come first served, and one key's
 cancelled checks or 60 MiB job held another key's 8-line job for a minute and more).
 
-Keys take turns in the order they came; a key served goes to the back of the line while it has
-items left. Not thread-safe: its owner holds its own lock (a site's intake) or runs it on one
-event loop (the gateway's checker).
+The next item is the oldest of the key served least recently: a key never served (or not for
+the last REMEMBERED keys' turns) first, in the order keys came. A key whose item just had a turn
+so waits behind every other waiting key, even one whose item came after its next: with one
+worker, another key's check waits for one check of each key ahead of it at most. Not
+thread-safe: its owner holds its own lock (a site's intake) or runs it on one event loop (the
+gateway's checker).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+# How many keys' last turns are remembered: a key served longer ago counts as never served.
+REMEMBERED = 4096
 
 
 class RoundRobin(Generic[K, T]):
     def __init__(self) -> None:
-        self._line: deque[K] = deque()  # the keys with items, in the order they are served
-        self._items: dict[K, deque[T]] = {}
+        self._items: dict[K, deque[T]] = {}  # the keys with items, in the order they came
+        self._served: OrderedDict[K, None] = OrderedDict()  # least recently served first
 
     def __len__(self) -> int:
         return sum(len(items) for items in self._items.values())
@@ -30,43 +35,40 @@ class RoundRobin(Generic[K, T]):
         return bool(self._items)
 
     def push(self, key: K, item: T) -> None:
-        """`item` waits behind `key`'s others; a key new to the line joins its back."""
-        items = self._items.get(key)
-        if items is None:
-            items = self._items[key] = deque()
-            self._line.append(key)
-        items.append(item)
+        """`item` waits behind `key`'s others."""
+        self._items.setdefault(key, deque()).append(item)
 
     def requeue(self, key: K, item: T) -> None:
-        """`item` had a turn and waits again: first of its key's, its key at the back of the
-        line (the others' turns come first)."""
-        if key in self._items:
-            self._line.remove(key)
-        else:
-            self._items[key] = deque()
-        self._items[key].appendleft(item)
-        self._line.append(key)
+        """`item` had a turn and waits again, first of its key's (whose turn comes after the
+        other keys', it having just been served)."""
+        self._items.setdefault(key, deque()).appendleft(item)
 
     def pop(self) -> tuple[K, T]:
-        """The next key's oldest item (IndexError when none waits)."""
-        key = self._line.popleft()
+        """The oldest item of the key served least recently (IndexError when none waits)."""
+        if not self._items:
+            raise IndexError("nothing waits")
+        fresh = [k for k in self._items if k not in self._served]
+        # A key may be None (the gateway's callers without a key): chosen from lists, not by
+        # a None standing for "none found".
+        key = fresh[0] if fresh else next(k for k in self._served if k in self._items)
         items = self._items[key]
         item = items.popleft()
-        if items:
-            self._line.append(key)
-        else:
+        if not items:
             del self._items[key]
+        self._served.pop(key, None)
+        self._served[key] = None
+        if len(self._served) > REMEMBERED:
+            self._served.popitem(last=False)
         return key, item
 
     def remove(self, key: K, item: T) -> bool:
         """Takes `item` out of the line (False: it was not waiting)."""
         items = self._items.get(key)
-        if items is None or item not in items:
+        if items is None or not any(waiting is item for waiting in items):
             return False
-        items.remove(item)
-        if not items:
+        self._items[key] = deque(waiting for waiting in items if waiting is not item)
+        if not self._items[key]:
             del self._items[key]
-            self._line.remove(key)
         return True
 
     def count(self, key: K) -> int:

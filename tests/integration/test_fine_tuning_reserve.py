@@ -14,7 +14,7 @@ import openai
 import pytest
 from litestar.testing import TestClient
 
-from devtools.launch import ManagedProcess, spawn_site, stop_all, wait_until_serving
+from devtools.launch import stop_all
 from fedllm_contract.fine_tuning import FineTuneHyperparameters
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
@@ -22,7 +22,7 @@ from site_engine.finetune.memory import TrainingShape, training_bytes
 from site_engine.model_loading import load_model
 from tests.integration.test_fine_tuning_api import BASE, example, jsonl, wait_for
 from tests.integration.test_fine_tuning_limits import refusal
-from tests.support.lora_site import write_federation
+from tests.support.training_site import start_training_site
 
 pytestmark = pytest.mark.slow
 
@@ -33,21 +33,10 @@ HELD = 200
 @pytest.fixture(scope="module")
 def site(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("reserve")
-    (work / "lora").mkdir()
     shape = TrainingShape.of_model(load_model(tiny_llama_dir).model)
     hp = FineTuneHyperparameters(n_epochs=1, batch_size=1, learning_rate_multiplier=1.0)
-    env = {
-        "SITE_FINETUNE_RESERVE_BYTES": str(training_bytes(shape, hp, HELD, HELD)),
-        "SITE_FINETUNE_DIR": str(work / "finetune"),
-        "SITE_LORA_DIR": str(work / "lora"),
-        "SITE_MAX_LORA_RANK": "8",
-    }
-    process: ManagedProcess = spawn_site(
-        model_dir=tiny_llama_dir, site_name="aws-use1", model_name="tiny", log_dir=work, env=env
-    )
+    process = start_training_site(tiny_llama_dir, work, training_bytes(shape, hp, HELD, HELD))
     try:
-        wait_until_serving(process)
-        write_federation(work, tiny_llama_dir, process)
         yield work
     finally:
         stop_all([process])

@@ -46,3 +46,25 @@ def test_an_item_taken_out_leaves_no_turn_behind() -> None:
     assert not queue.remove("b", 2)
     assert queue.remove("a", 1)
     assert drain(queue) == [("a", 3)]
+
+
+def test_a_key_just_served_waits_behind_another_even_if_its_item_came_first() -> None:
+    """One worker, key a's first check running and its second waiting when key b's arrives: b's
+    goes next (issue 75), not after every check a queued before it."""
+    queue: RoundRobin[str, int] = RoundRobin()
+    queue.push("a", 1)
+    assert queue.pop() == ("a", 1)  # runs
+    queue.push("a", 2)
+    queue.push("b", 3)
+    assert drain(queue) == [("b", 3), ("a", 2)]
+
+
+def test_none_is_a_key_like_any_other() -> None:
+    """The gateway's callers without an API key are one key, None."""
+    queue: RoundRobin[str | None, int] = RoundRobin()
+    queue.push(None, 1)
+    assert queue.pop() == (None, 1)
+    queue.push(None, 2)
+    queue.push("b", 3)
+    assert queue.pop() == ("b", 3)
+    assert queue.pop() == (None, 2)
