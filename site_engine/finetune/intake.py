@@ -4,9 +4,10 @@ files read into training examples after the site has accepted it (`read_examples
 StartFineTune only registers a job and answers (site_engine/finetune/jobs.py): reading and
 tokenizing a 60 MiB file takes minutes on a busy host, and inside the call it outlasted the
 gateway's deadline, which then sent the file again every two minutes, each copy parsed at once
-(issue 67). The site's one intake thread reads one job at a time instead, and stops as soon as
-the job is cancelled or the site stops (`stop`), so a cancel during the read leaves nothing to
-train and a stopping site does not wait for a parse to end.
+(issue 67). The job's files are read afterwards, one job at a time with tenants taking turns
+(site_engine/finetune/job_intake.py, reading_turns.py), and the reading stops as soon as the
+job is cancelled or the site stops (`stop`), so a cancel during the read leaves nothing to train
+and a stopping site does not wait for a parse to end.
 """
 
 from __future__ import annotations
