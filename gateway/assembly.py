@@ -389,6 +389,7 @@ class GatewayAssembly:
             "file-retention": files.delete_expired_forever(),
             "response-retention": responses.delete_expired_forever(),
             "fine-tuning": fine_tuning.runner.run(),
+            "fine-tuning-checks": fine_tuning.run(),
             "adapter-owners": adapter_catalogue.run(settings.sites.health_interval_s),
             **kv_event_followers(registry.all()),
         }
@@ -431,6 +432,6 @@ class GatewayAssembly:
             await self.tenancy.limits.close()  # its engine with it
         await self.idempotency.drain()
         self.tokenize_pool.close()
-        self.fine_tuning.close()
+        await self.fine_tuning.close()  # its checking processes end before the gateway does
         await self.registry.close()
         await self.engine.dispose()

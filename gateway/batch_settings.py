@@ -154,9 +154,10 @@ class FineTuningSettings:
     )
     validation_workers: int = setting(
         1,
-        help="processes that check fine-tuning files when jobs are made (their own pool: the "
-        "tokenize pool that prepares chat requests is never held by them); further checks wait "
-        "their turn",
+        help="processes that check fine-tuning files when jobs are made (their own: the "
+        "tokenize pool that prepares chat requests is never held by them), started once a site "
+        "trains jobs; further checks wait their turn, keys round robin, their files in the "
+        "database until then",
     )
     validation_cpu_share: float = setting(
         0.5,
@@ -167,8 +168,9 @@ class FineTuningSettings:
     validations_per_key: int = setting(
         1,
         help="jobs one key may have `validating_files` at once (counted in the transaction "
-        "that makes a job); its next create gets 429 `fine_tuning_validations_limit_exceeded` "
-        "until the check ends",
+        "that makes a job, with the checks this gateway holds of the key's jobs); its next "
+        "create gets 429 `fine_tuning_validations_limit_exceeded` until the check ends (a "
+        "cancelled job's check stops at once)",
     )
     validation_timeout_s: float = setting(
         900.0,

@@ -8,7 +8,7 @@ A small request (a body of at most `inline_bytes`) is prepared on the loop inste
 tens of microseconds, less than the hand-off to a thread and back costs.
 
 Fine-tuning files are not checked here: they have processes of their own
-(gateway/fine_tuning/file_check.py), so that no file, however large, holds a request's turn
+(gateway/fine_tuning/checker.py), so that no file, however large, holds a request's turn
 (issue 67: two 20 MiB files held both threads, and a 3 KB chat waited 150 s)."""
 
 from __future__ import annotations

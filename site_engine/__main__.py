@@ -194,6 +194,11 @@ def parse_args(argv: list[str] | None = None) -> SiteSettings:
     )
     parser.add_argument("--finetune-dir", help="fine-tuning jobs, checkpoints and adapters")
     parser.add_argument(
+        "--finetune-dir-max-bytes",
+        type=int,
+        help="what --finetune-dir may hold: a job past it is refused (default 8 GiB)",
+    )
+    parser.add_argument(
         "--finetune-checkpoint-every", type=int, help="optimizer steps between checkpoints"
     )
     parser.add_argument(
@@ -537,6 +542,7 @@ def fine_tune_jobs(settings: SiteSettings, loaded: LoadedModel) -> FineTuneJobs 
             checkpoint_every=settings.finetune_checkpoint_every,
             max_step_ms=piece_bound_ms(settings),
             idle_unit_tokens=settings.finetune_idle_unit_tokens,
+            max_dir_bytes=settings.finetune_dir_max_bytes,
             max_tokens=loaded.max_model_len,
             max_rank=settings.max_lora_rank,
         ),

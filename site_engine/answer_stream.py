@@ -125,7 +125,7 @@ class ChoiceStream:
         self.completion_tokens += len(tokens)
         if self.ended:
             self.closed = True
-            text += detokenizer.finish()
+            text += detokenizer.flush()
         event = StreamEvent(
             token_ids=tuple(tokens),
             text=text,

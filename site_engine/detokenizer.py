@@ -11,6 +11,11 @@ constant, about ten times the fast path's.
 Stop strings are matched on the released text; `push_until_stop` takes tokens one at a time
 while a request has stop strings, so the token that completes one is known (usage counts the
 tokens up to it, as it did when each token came alone).
+
+An answer that ends inside a character (max_tokens cut it) still releases what its tokens hold,
+at its end (`flush`): the text before the character, and U+FFFD for the character's bytes, as
+the tokens' bytes joined read with errors="replace" (issue 75: the answer's text lost a space
+before a cut emoji, while its logprobs' bytes said it, and the two no longer agreed).
 """
 
 from __future__ import annotations
@@ -78,7 +83,6 @@ class _WindowDecode:
 class IncrementalDetokenizer:
     tokenizer: PreTrainedTokenizerBase
     stop: tuple[str, ...] = ()
-    # The answer's text so far, kept only while stop strings need it.
     text: str = ""
     stopped: bool = False
     _released: int = 0
@@ -111,34 +115,35 @@ class IncrementalDetokenizer:
         return "".join(released), len(new_token_ids)
 
     def flush(self) -> str:
-        """Releases text held back because it might have begun a stop string (call at the end)."""
+        """The answer's end: the tokens of a character it ended inside (decoded as the tokenizer
+        decodes them, U+FFFD for the missing bytes: no generated text is lost), then a tail held
+        back because it might have begun a stop string."""
+        pending = self._decode.take_pending()
+        if pending and not self.stopped:
+            cut = self._apply_stop(self.tokenizer.decode(pending, skip_special_tokens=True))
+            return cut + self._rest()
+        return self._rest()
+
+    def _rest(self) -> str:
+        """Text held back because it might have begun a stop string."""
         rest = self.text[self._released :]
         self._released = len(self.text)
         return rest
-
-    def finish(self) -> str:
-        """The rest of the answer at its end: the tokens of a character the answer ended inside
-        (decoded as the tokenizer decodes them, U+FFFD for the missing bytes: no generated text
-        is lost), then what flush() releases."""
-        pending = self._decode.take_pending()
-        if pending and not self.stopped:
-            return self._apply_stop(self.tokenizer.decode(pending, skip_special_tokens=True)) + (
-                self.flush()
-            )
-        return self.flush()
 
     def _apply_stop(self, delta: str) -> str:
         if not delta:
             return ""
         if not self.stop:
-            return delta  # nothing to match: the text need not be kept
+            self.text += delta
+            self._released = len(self.text)
+            return delta
         combined = self.text + delta
         # A stop string may straddle earlier text and this delta.
         search_from = max(0, len(self.text) - self._longest_stop + 1)
         hits = [i for i in (combined.find(s, search_from) for s in self.stop) if i >= 0]
         if hits:
             self.text, self.stopped = combined[: min(hits)], True
-            return self.flush()
+            return self._rest()
         self.text = combined
         # Hold back a tail that could still grow into a stop string, so it is never sent early.
         safe_end = len(combined) - self._held_back(combined)

@@ -5,7 +5,8 @@ into the site's servicer (grpc_server.py).
 StartFineTune registers the job and answers at once, on the event loop, with no await between
 the deadline's check and the registration: a start that arrives after its deadline (the gateway
 has given up on it, and may send the job elsewhere) registers nothing, and one that registers is
-answered. Its files are read afterwards on the site's intake thread (issue 67)."""
+answered. Its files are saved and read afterwards on a thread of the job's own, tenants' readings
+in turns (issue 67, issue 75)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class FineTuneHandlers:
                 f"the start of job {spec.job_id!r} arrived after its deadline: nothing started",
             )
         try:
-            progress = jobs.start(spec)  # quick: the files are read on the intake thread
+            progress = jobs.start(spec)  # quick: the files are saved and read on another thread
         except FineTuneRefused as exc:
             await context.abort(_FINE_TUNE_STATUS[exc.code], str(exc))
         return progress_to_proto(progress)

@@ -366,6 +366,9 @@ class SiteServicer(
             host_kv_blocks=limits.host_kv_blocks,
             adapters=self._service.served_adapters(),
             accepts_fine_tuning=self._jobs is not None,
+            fine_tuning_max_example_tokens=(
+                self._jobs.longest_example if self._jobs is not None else 0
+            ),
         )
 
     def load_report(self) -> site_pb2.LoadReport:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from fedllm_contract.env_settings import SettingsError, build, read_env
+from fedllm_contract.fine_tuning import MAX_JOB_FILES_BYTES
 from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
 from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KERNELS, LoraKernels
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
@@ -138,6 +139,10 @@ class SiteSettings:
     # back when none runs; docs/engine.md, Fine-tuning jobs). Off: held from the start, as before.
     finetune_reserve_on_demand: bool = False
     finetune_dir: Path = Path("var/finetune")
+    # What `finetune_dir` may hold: a job whose files would take it past is refused at its
+    # start; an ended job's files and checkpoints are cleared (issue 75). At least one job's
+    # largest files (fedllm_contract.fine_tuning.MAX_JOB_FILES_BYTES).
+    finetune_dir_max_bytes: int = 8 << 30
     finetune_checkpoint_every: int = 10
     finetune_max_step_ms: float = 200.0
     # While requests run, the most of the engine's time training units may take (a unit then
@@ -229,6 +234,11 @@ class SiteSettings:
             )
         if not self.finetune_max_step_ms > 0:
             raise SettingsError("SITE_FINETUNE_MAX_STEP_MS must be > 0")
+        if self.finetune_dir_max_bytes < MAX_JOB_FILES_BYTES:
+            raise SettingsError(
+                f"SITE_FINETUNE_DIR_MAX_BYTES must be at least {MAX_JOB_FILES_BYTES} (the "
+                f"files of the largest job a gateway sends), got {self.finetune_dir_max_bytes}"
+            )
         if not 0 < self.finetune_busy_share <= 1:
             raise SettingsError("SITE_FINETUNE_BUSY_SHARE must be in (0, 1]")
         if self.finetune_idle_unit_tokens < 1:

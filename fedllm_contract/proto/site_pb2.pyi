@@ -856,6 +856,7 @@ class SiteInfo(_message.Message):
     EMBEDDING_DIMENSION_FIELD_NUMBER: _builtins.int
     ADAPTERS_FIELD_NUMBER: _builtins.int
     ACCEPTS_FINE_TUNING_FIELD_NUMBER: _builtins.int
+    FINE_TUNING_MAX_EXAMPLE_TOKENS_FIELD_NUMBER: _builtins.int
     site_name: _builtins.str
     model: _builtins.str
     max_model_len: _builtins.int
@@ -886,6 +887,11 @@ class SiteInfo(_message.Message):
     embedding_dimension: _builtins.int
     accepts_fine_tuning: _builtins.bool
     """Whether the site takes fine-tuning jobs (StartFineTune): SITE_FINETUNE_RESERVE_BYTES > 0."""
+    fine_tuning_max_example_tokens: _builtins.int
+    """The most tokens one training example may have for its training to fit the site's
+    fine-tuning memory reserve (the default LoRA rank and projections; examples are cut to
+    max_model_len). 0: not said.
+    """
     @_builtins.property
     def adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The LoRA adapters a GenerateRequest may name (its `adapter`), sorted; none: the base only."""
@@ -912,10 +918,11 @@ class SiteInfo(_message.Message):
         embedding_dimension: _builtins.int = ...,
         adapters: _abc.Iterable[_builtins.str] | None = ...,
         accepts_fine_tuning: _builtins.bool = ...,
+        fine_tuning_max_example_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_fine_tuning", b"accepts_fine_tuning", "adapters", b"adapters", "block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_fine_tuning", b"accepts_fine_tuning", "adapters", b"adapters", "block_hash_scheme", b"block_hash_scheme", "device", b"device", "dtype", b"dtype", "embedding_dimension", b"embedding_dimension", "engine", b"engine", "fine_tuning_max_example_tokens", b"fine_tuning_max_example_tokens", "host_kv_blocks", b"host_kv_blocks", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "max_num_seqs", b"max_num_seqs", "model", b"model", "prefix_caching", b"prefix_caching", "site_name", b"site_name", "task", b"task", "tokenizer_fingerprint", b"tokenizer_fingerprint", "version", b"version", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

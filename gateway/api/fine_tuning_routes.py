@@ -13,6 +13,7 @@ from litestar.params import FromPath, FromQuery
 
 from gateway.api.body import decode_body
 from gateway.api.client_auth import require_client_key
+from gateway.api.client_gone import unless_client_leaves
 from gateway.api.fine_tuning_schemas import (
     CheckpointMetrics,
     FineTuningCheckpointList,
@@ -94,7 +95,10 @@ class FineTuningController(Controller):
         caller: NamedDependency[Caller],
     ) -> FineTuningJobObject:
         body = decode_body(await request.body(), JobCreateRequest)
-        return job_object(await fine_tuning.create(body, caller.key_id, caller.key))
+        checked = await fine_tuning.create(body, caller.key_id, caller.key)
+        # A client gone stops the wait, not the check: the server, stopping, waits for no
+        # handler held by a check of minutes (issue 75).
+        return job_object(await unless_client_leaves(request.receive, checked))
 
     @get("/", summary="The caller's fine-tuning jobs, newest first")
     async def list_jobs(

@@ -8,8 +8,10 @@ constraint enforcing such a schema as given lets a small model invent key after 
 forced (`tool_choice` required or named), the arguments are held to the closed schema: every
 answer it allows is one the client's schema allows, without the keys nobody asked for. A
 `strict: true` json_schema response_format is closed alike (closed_schema): OpenAI treats a
-strict schema's objects as closed, and clients (instructor's JSON_SCHEMA mode) send strict
-schemas that do not say so, with which a small model invented keys until `max_tokens`.
+strict schema's objects as closed, and clients send strict schemas that do not say so (a
+pydantic model's schema with `strict: true` beside it), with which a small model invented keys
+until `max_tokens`. A schema sent without `strict` (instructor 1.17.0's JSON_SCHEMA mode sends
+none) is not closed.
 
 What is closed, where the schema leaves `additionalProperties` (and `unevaluatedProperties`)
 unset:

@@ -66,10 +66,16 @@ class TrainingLimits:
         return min(self.tokens_per_day, tokens_per_minute * MINUTES_PER_WINDOW)
 
     def check(
-        self, who: str, tokens_per_minute: int | None, jobs: Sequence[JobUse], wanted: int
+        self,
+        who: str,
+        tokens_per_minute: int | None,
+        jobs: Sequence[JobUse],
+        wanted: int,
+        checking: int = 0,
     ) -> None:
         """Raises 429 when a new job of `wanted` tokens would pass the key's limits, given its
-        jobs made within the window and those still unfinished (`jobs`)."""
+        jobs made within the window and those still unfinished (`jobs`), and the checks of its
+        jobs this gateway holds (`checking`: a cancelled job's until it has stopped)."""
         unfinished = sum(1 for job in jobs if not job.final)
         if unfinished >= self.jobs_per_key:
             raise RateLimited(
@@ -79,7 +85,7 @@ class TrainingLimits:
                 limit="requests",
                 code="fine_tuning_jobs_limit_exceeded",
             )
-        validating = sum(1 for job in jobs if job.validating)
+        validating = max(checking, sum(1 for job in jobs if job.validating))
         if validating >= self.validations_per_key:
             raise RateLimited(
                 f"{who} has {validating} fine-tuning jobs whose files are being validated, its "

@@ -4,13 +4,16 @@ each scoped to the caller's key (another key's job is the 404 of an unknown one)
 A job is refused, nothing made, unless its model is a base model that a site serving it trains
 jobs of, its files the caller's own of purpose `fine-tune` within
 GATEWAY_FINE_TUNING_MAX_FILE_BYTES, and its key within its training limits
-(gateway/fine_tuning/limits.py). It is then made `validating_files` (in the transaction that
-checks the key's limits, so the check counts it at once) and its files are checked, once, in
-their own processes (gateway/fine_tuning/file_check.py), with the lines longer than the context
-the training sites of its base hold. The request waits for the check and answers the job queued,
-or 400 naming the bad lines; the job is then failed, and counts against its key (issue 67). The
-check ends whatever becomes of the request (a client gone does not leave its job validating).
-The runner (gateway/fine_tuning/runner.py) hands a queued job to a site.
+(gateway/fine_tuning/limits.py; the checks this gateway holds of the key's jobs count too). It
+is then made `validating_files` (in the transaction that checks the key's limits, so the check
+counts it at once) and its files are checked, once, in their own processes, in its key's turn
+(gateway/fine_tuning/checker.py), with the lines longer than the context, or than one example
+the memory reserve of the training sites of its base holds. The request waits for the check and
+answers the job queued, or 400 naming the bad lines; the job is then failed, and counts against
+its key (issue 67). The check ends whatever becomes of the request (a client gone does not leave
+its job validating), unless the job is cancelled: its check then stops at once (issue 75), and
+`run` stops the checks here of jobs cancelled through another gateway of the database. The
+runner (gateway/fine_tuning/runner.py) hands a queued job to a site.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import logging
 import random
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -29,7 +33,8 @@ from gateway.batch_settings import FineTuningSettings
 from gateway.db.models import FineTuningStatus
 from gateway.errors import GatewayError, NotFound, invalid_request
 from gateway.files.service import file_too_large
-from gateway.fine_tuning.file_check import FileChecker, LengthLimit
+from gateway.fine_tuning.checker import CheckCancelled, CheckedFile, FileChecker
+from gateway.fine_tuning.file_check import LengthLimit
 from gateway.fine_tuning.limits import TrainingLimits, estimated_tokens, window_start
 from gateway.fine_tuning.request import JobCreateRequest, resolve
 from gateway.fine_tuning.runner import FineTuningRunner
@@ -85,10 +90,12 @@ class FineTuningService:
         self.runner = runner
         self._bases = dict(base_models)  # base model: its tokenizer's directory
         self._max_file_bytes = settings.max_file_bytes
+        self._poll_s = settings.poll_s
         self._limits = TrainingLimits(
             settings.jobs_per_key, settings.tokens_per_key_day, settings.validations_per_key
         )
-        self._checker = FileChecker(settings.validation_workers, settings.validation_cpu_share)
+        # Its processes, by key turns (the tests read how many run).
+        self.checker = FileChecker(settings.validation_workers, settings.validation_cpu_share)
         # Jobs made here take turns (the key's row lock orders them across gateways; on
         # SQLite, which has no row locks, one gateway's turns are the only order).
         self._admitting = asyncio.Lock()
@@ -119,16 +126,36 @@ class FineTuningService:
         )
         return cls(store, files, runner, base_models, settings)
 
-    def close(self) -> None:
-        self._checker.close()
+    async def run(self) -> None:
+        """Starts the checking processes once a site trains jobs (a create then waits for no
+        process to start), and every GATEWAY_FINE_TUNING_POLL_S stops the checks here of jobs
+        no longer validating (cancelled through another gateway of the database)."""
+        warm = False
+        while True:
+            trained = [base for base in self._bases if self.runner.training_sites(base)]
+            if trained and not warm:
+                self.checker.warm(self._bases[base] for base in trained)
+                warm = True
+            held = self.checker.job_ids()
+            if held:
+                placed = await self.store.placements(held)
+                for job_id, (status, _) in placed.items():
+                    if status is not FineTuningStatus.VALIDATING_FILES:
+                        await self.checker.cancel(job_id)
+            await asyncio.sleep(self._poll_s)
+
+    async def close(self) -> None:
+        await self.checker.close()
 
     async def create(
         self, request: JobCreateRequest, owner: Owner, key: KeyRecord | None
-    ) -> JobView:
-        """The job, queued; 400 for a model no site trains, a file that is not the caller's
-        fine-tune file, a file past GATEWAY_FINE_TUNING_MAX_FILE_BYTES (nothing made) or a bad
-        line in either file (the job made, and failed); 429 for a key at its training limits
-        (limits.py)."""
+    ) -> asyncio.Future[JobView]:
+        """The job made and its check begun: a future of the job, queued once checked (400 for
+        a bad line in either file: the job made, and failed). Refused at once, nothing made:
+        400 for a model no site trains, a file that is not the caller's fine-tune file, a file
+        past GATEWAY_FINE_TUNING_MAX_FILE_BYTES; 429 for a key at its training limits
+        (limits.py). Awaiting the future may be given up (the client went away) without
+        stopping the check."""
         self._check_model(request.model)
         training_view = await self._file(request.training_file, owner, "training_file")
         validation_view = None
@@ -150,7 +177,8 @@ class FineTuningService:
         wanted = estimated_tokens(training_view.bytes, provisional.n_epochs)
 
         def admit(uses: list[JobUse]) -> None:
-            self._limits.check(who, tokens_per_minute, uses, wanted)
+            checking = self.checker.held(owner)
+            self._limits.check(who, tokens_per_minute, uses, wanted, checking)
 
         new = NewJob(
             f"{JOB_PREFIX}{uuid.uuid4().hex[:24]}",
@@ -172,7 +200,7 @@ class FineTuningService:
         check = asyncio.ensure_future(self._validate(job, request))
         self._checks.add(check)
         check.add_done_callback(self._check_done)
-        return await asyncio.shield(check)
+        return asyncio.shield(check)
 
     def _check_done(self, check: asyncio.Task[JobView]) -> None:
         self._checks.discard(check)
@@ -181,14 +209,16 @@ class FineTuningService:
 
     async def _validate(self, job: JobView, request: JobCreateRequest) -> JobView:
         """Checks the job's files and moves it on: queued, or failed with the check's error."""
+        files = [CheckedFile("training_file", partial(self._parts, job, "training_file"))]
+        if job.validation_file is not None:
+            files.append(
+                CheckedFile("validation_file", partial(self._parts, job, "validation_file"))
+            )
         try:
             limit = self._length_limit(job.model)
-            training = await self._content(job.training_file, job.owner, "training_file")
-            summary = await self._checker.check(training, "training_file", limit)
-            del training
-            if job.validation_file is not None:
-                validation = await self._content(job.validation_file, job.owner, "validation_file")
-                await self._checker.check(validation, "validation_file", limit)
+            summary = await self.checker.check(job.owner, job.id, files, limit)
+        except CheckCancelled:
+            return await self.get(job.id, job.owner)
         except GatewayError as exc:
             error = {"code": exc.code or "validation_failed", "message": exc.message,
                      "param": exc.param}  # fmt: skip
@@ -207,13 +237,16 @@ class FineTuningService:
         return validated
 
     def _length_limit(self, model: str) -> LengthLimit | None:
-        """The context every training site of the base holds (None: none says it)."""
-        contexts = [
-            site.info.max_model_len
-            for site in self.runner.training_sites(model)
-            if site.info is not None and site.info.max_model_len > 0
+        """The context and the example's tokens in the memory reserve that every training site
+        of the base holds (None: none says its context)."""
+        infos = [s.info for s in self.runner.training_sites(model) if s.info is not None]
+        contexts = [info.max_model_len for info in infos if info.max_model_len > 0]
+        reserves = [
+            i.fine_tuning_max_example_tokens for i in infos if i.fine_tuning_max_example_tokens
         ]
-        return LengthLimit(self._bases[model], min(contexts)) if contexts else None
+        if not contexts:
+            return None
+        return LengthLimit(self._bases[model], min(contexts), min(reserves, default=None))
 
     def _check_model(self, model: str) -> None:
         if model not in self._bases:
@@ -243,11 +276,14 @@ class FineTuningService:
             )
         return view
 
-    async def _content(self, file_id: str, owner: Owner, param: str) -> bytes:
-        content = await self._files.content(file_id, owner)
-        if content is None:
-            raise _no_file(file_id, param)  # deleted since it was looked at
-        return content
+    async def _parts(self, job: JobView, param: str) -> AsyncIterator[bytes]:
+        """The bytes of the job's file `param`, a part at a time, as its check reads them."""
+        file_id = job.training_file if param == "training_file" else job.validation_file
+        parts = await self._files.parts(file_id or "", job.owner)
+        if parts is None:
+            raise _no_file(file_id or "", param)  # deleted since it was looked at
+        async for part in parts:
+            yield part
 
     async def get(self, job_id: str, owner: Owner) -> JobView:
         job = await self.store.get(job_id, owner) if _ID.fullmatch(job_id) else None
@@ -291,6 +327,10 @@ class FineTuningService:
                 code="job_not_cancellable",
             )
         message = "Fine-tuning job cancelled"
+        if job.status is FineTuningStatus.VALIDATING_FILES:
+            await self.store.finish(job_id, FineTuningStatus.CANCELLED, message)
+            await self.checker.cancel(job_id)  # it stops at once (issue 75)
+            return await self.get(job_id, owner)
         if job.site is not None:
             try:
                 await self.runner.cancel_at_site(job)

@@ -288,6 +288,7 @@ class GrpcSiteClient:
             embedding_dimension=info.embedding_dimension,
             adapters=tuple(info.adapters),
             accepts_fine_tuning=info.accepts_fine_tuning,
+            fine_tuning_max_example_tokens=info.fine_tuning_max_example_tokens,
         )
 
     async def load_adapter(self, name: str, path: str) -> tuple[str, ...]:

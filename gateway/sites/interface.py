@@ -117,8 +117,10 @@ class SiteInfoView:
     embedding_dimension: int = 0
     # The LoRA adapters of its model the site serves (each by its name; none: the base only).
     adapters: tuple[str, ...] = ()
-    # Whether the site takes LoRA fine-tuning jobs of its model (FineTuningSite; issue 54).
+    # Whether the site takes LoRA fine-tuning jobs of its model (FineTuningSite; issue 54), and
+    # the most tokens a training example may have in its memory reserve (0: not said).
     accepts_fine_tuning: bool = False
+    fine_tuning_max_example_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

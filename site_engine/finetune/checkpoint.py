@@ -6,6 +6,11 @@ history), the final `adapter/` (PEFT's format, what site_engine/engine/lora/adap
 and `result.json` once the job ended. Every directory is written under a temporary name and
 renamed into place, so a site killed mid-write leaves either the whole directory or none of it
 (the temporary one is cleared at the next start).
+
+An ended job keeps only what says it ended: spec.json (without its files), result.json and, if
+it succeeded, its adapter (the site serves it from there); its files and checkpoints go on
+cancel, failure and success alike (`clear_ended`; issue 75: the directory kept every cancelled
+job's files, 4 KB -> 182 MB over one round). `DirectoryRoom` bounds what jobs may bring in.
 """
 
 from __future__ import annotations
@@ -29,11 +34,15 @@ from fedllm_contract.fine_tuning import (
     FineTuneSpec,
     FineTuneState,
 )
+from site_engine.finetune import FineTuneRefused
 from site_engine.finetune.trainer import History, LoraTrainer
 
 STATE_FILE = "trainer_state.pt"
 RESULT_FILE = "result.json"
 ADAPTER_DIR = "adapter"
+SPEC_FILE = "spec.json"
+# What an ended job's directory keeps.
+_ENDED_KEEPS = frozenset({SPEC_FILE, RESULT_FILE, ADAPTER_DIR})
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -57,7 +66,7 @@ def save_spec(job_dir: Path, spec: FineTuneSpec) -> None:
         hp["target_modules"] = list(hp["target_modules"])
         meta = {"job_id": spec.job_id, "base_model": spec.base_model, "seed": spec.seed,
                 "hyperparameters": hp, "tenant": spec.tenant}  # fmt: skip
-        (tmp / "spec.json").write_text(json.dumps(meta))
+        (tmp / SPEC_FILE).write_text(json.dumps(meta))
 
     _write_dir(job_dir, fill)
 
@@ -74,7 +83,7 @@ class SpecMeta:
 
 
 def load_meta(job_dir: Path) -> SpecMeta:
-    meta = json.loads((job_dir / "spec.json").read_text())
+    meta = json.loads((job_dir / SPEC_FILE).read_text())
     hp = dict(meta["hyperparameters"])
     hp["target_modules"] = tuple(hp["target_modules"])
     return SpecMeta(
@@ -178,3 +187,56 @@ def load_result(job_dir: Path) -> FineTuneProgress | None:
         adapter_path=record["adapter_path"],
         error=record["error"],
     )
+
+
+def clear_ended(job_dir: Path) -> None:
+    """Removes what an ended job needs no more: its files, checkpoints and unfinished writes."""
+    if not job_dir.is_dir():
+        return
+    for path in job_dir.iterdir():
+        if path.name in _ENDED_KEEPS:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def directory_bytes(directory: Path) -> int:
+    """The bytes of the files under `directory` (those removed while it is read count 0)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+class DirectoryRoom:
+    """The jobs' directory bounded to `max_bytes`: a job's files are let in only while what the
+    directory holds and the files of the jobs let in but not yet written fit beside them. What
+    a running job's checkpoints add is not known in advance and is not refused: an ended job's
+    are cleared (`clear_ended`), so the directory comes back within its bound."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self._directory, self._max = directory, max_bytes
+        self._unwritten: dict[str, int] = {}
+
+    def claim(self, job_id: str, files_bytes: int) -> None:
+        """Lets the job's files in (their bytes counted until `written`); FineTuneRefused
+        (PRECONDITION) when they do not fit. The caller serializes claims."""
+        held = directory_bytes(self._directory) + sum(self._unwritten.values())
+        if held + files_bytes > self._max:
+            raise FineTuneRefused(
+                FineTuneRefused.PRECONDITION,
+                f"the site's fine-tuning directory holds {held:,} bytes and the job's files "
+                f"{files_bytes:,}: more than its bound of {self._max:,} "
+                "(SITE_FINETUNE_DIR_MAX_BYTES) until other jobs end",
+            )
+        self._unwritten[job_id] = files_bytes
+
+    def written(self, job_id: str) -> None:
+        """The job's files are on disk (or never will be): the directory counts them now."""
+        self._unwritten.pop(job_id, None)

@@ -4,9 +4,10 @@ files read into training examples after the site has accepted it (`read_examples
 StartFineTune only registers a job and answers (site_engine/finetune/jobs.py): reading and
 tokenizing a 60 MiB file takes minutes on a busy host, and inside the call it outlasted the
 gateway's deadline, which then sent the file again every two minutes, each copy parsed at once
-(issue 67). The site's one intake thread reads one job at a time instead, and stops as soon as
-the job is cancelled or the site stops (`stop`), so a cancel during the read leaves nothing to
-train and a stopping site does not wait for a parse to end.
+(issue 67). The job's files are read afterwards, one job at a time with tenants taking turns
+(site_engine/finetune/job_intake.py, reading_turns.py), and the reading stops as soon as the
+job is cancelled or the site stops (`stop`), so a cancel during the read leaves nothing to train
+and a stopping site does not wait for a parse to end.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from fedllm_contract.fine_tuning import FineTuneSpec
 from site_engine.engine.lora.adapter import PROJECTIONS
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune.data import Example, TrainingDataError, encode_file
-from site_engine.finetune.memory import TrainingShape, largest_unit_tokens
+from site_engine.finetune.memory import (
+    TrainingShape,
+    largest_unit_tokens,
+    longest_example_tokens,
+)
 from site_engine.finetune.trainer import steps_per_epoch
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -85,10 +90,11 @@ def read_examples(
     longest = max(len(e.input_ids) for e in train + validation)
     most = largest_unit_tokens(shape, hp, longest, reserve_bytes)
     if most < 1:
+        held = longest_example_tokens(shape, hp, reserve_bytes, max_tokens)
         raise FineTuneRefused(
             FineTuneRefused.PRECONDITION,
-            f"one example of {longest} tokens needs more than this site's fine-tuning "
-            f"reserve of {reserve_bytes:,} bytes (SITE_FINETUNE_RESERVE_BYTES)",
+            f"an example of {longest} tokens is longer than the {held} tokens an example may "
+            "have in this site's fine-tuning memory reserve (SITE_FINETUNE_RESERVE_BYTES)",
         )
     total = steps_per_epoch(len(train), hp.batch_size) * hp.n_epochs
     return Examples(train, validation, longest, most, total)

@@ -12,6 +12,9 @@ from site_engine.finetune.intake import Examples
 from site_engine.finetune.pieces import PiecewiseRun
 from site_engine.finetune.trainer import LoraTrainer
 
+# The jobs' directory's bound unless the site says otherwise (SITE_FINETUNE_DIR_MAX_BYTES's).
+DEFAULT_MAX_DIR_BYTES = 8 << 30
+
 
 @dataclass(frozen=True, slots=True)
 class FineTuneSettings:
@@ -28,6 +31,9 @@ class FineTuneSettings:
     # A unit's padded tokens at most while no request waits or runs (the reserve's cap too):
     # no time bound then, since a unit's pieces still hand the loop back within the bound.
     idle_unit_tokens: int = 4096
+    # What the jobs' directory may hold: a job whose files would take it past is refused at
+    # its start (checkpoint.DirectoryRoom).
+    max_dir_bytes: int = DEFAULT_MAX_DIR_BYTES
 
     def __post_init__(self) -> None:
         if self.reserve_bytes <= 0 or self.checkpoint_every < 1 or not self.max_step_ms > 0:
@@ -36,6 +42,8 @@ class FineTuneSettings:
             )
         if self.idle_unit_tokens < 1:
             raise ValueError(f"idle_unit_tokens must be >= 1, not {self.idle_unit_tokens}")
+        if self.max_dir_bytes < 1:
+            raise ValueError(f"max_dir_bytes must be >= 1, not {self.max_dir_bytes}")
 
 
 @dataclass(slots=True)

@@ -2,12 +2,15 @@
 at a time on the engine's.
 
 `start`, `progress`, `cancel` and `live` run on whatever thread the gRPC handler uses and touch
-only the job table (under a lock). `start` checks what it can at once, registers the job and
-answers; the job's files are read on the site's one intake thread (site_engine/finetune/
-intake.py), which a cancel stops (issue 67: a start that parsed inside the call outlasted its
-deadline, was sent again every two minutes, and a cancel during the parse found nothing to
-cancel). A job id the site knows, in whatever state, is never started again: the gateway's
-second start of a job is answered ALREADY_EXISTS, never parsed twice.
+only the job table (under a lock). `start` checks what it can at once (the directory's bound
+too: checkpoint.DirectoryRoom), registers the job and answers; the job's files are saved and
+read on a thread of the job's own, the tenants' readings in turns (site_engine/finetune/
+reading_turns.py; intake.py reads), which a cancel stops (issue 67: a start that parsed inside
+the call outlasted its deadline, was sent again every two minutes, and a cancel during the
+parse found nothing to cancel). A job's files wait for their turn on disk, not in memory, and an
+ended job's files and checkpoints are cleared (issue 75). A job id the site knows, in whatever
+state, is never started again: the gateway's second start of a job is answered ALREADY_EXISTS,
+never parsed twice.
 
 `run_unit` runs on the engine's thread between model steps (EngineService asks `has_work` and
 calls it when the idle gate allows), so the model is only ever used by that one thread. Tenants
@@ -26,22 +29,29 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneSpec, FineTuneState
-from fedllm_contract.training_data import Stopped
+from fedllm_contract.fine_tuning import (
+    FineTuneHyperparameters,
+    FineTuneProgress,
+    FineTuneSpec,
+    FineTuneState,
+)
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune import checkpoint as disk
-from site_engine.finetune.intake import check_spec, read_examples
+from site_engine.finetune.intake import check_spec
+from site_engine.finetune.job_intake import JobIntake
 from site_engine.finetune.job_state import FineTuneSettings, Job, Unit
-from site_engine.finetune.memory import TrainingShape, largest_unit_tokens, lora_bytes
+from site_engine.finetune.memory import (
+    TrainingShape,
+    largest_unit_tokens,
+    longest_example_tokens,
+    lora_bytes,
+)
 from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
 from site_engine.finetune.trainer import LoraTrainer, LossChunks
@@ -63,11 +73,19 @@ class FineTuneJobs:
         self.settings = settings
         self._model, self._tokenizer, self._model_name = model, tokenizer, model_name
         self._shape = TrainingShape.of_model(model)
+        # The longest example the reserve holds for the adapters the gateway asks for (the
+        # default rank and projections), in tokens: SiteInfo says it, and the gateway refuses a
+        # longer one when the job is made rather than the site failing it after (issue 75).
+        self.longest_example = longest_example_tokens(
+            self._shape,
+            FineTuneHyperparameters(n_epochs=1, batch_size=1, learning_rate_multiplier=1.0),
+            settings.reserve_bytes,
+            settings.max_tokens,
+        )
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}  # insertion order: oldest first
-        # One job's files read at a time: a second large file waits, its memory not yet taken.
-        self._intake = ThreadPoolExecutor(1, thread_name_prefix="finetune-intake")
-        self._closing = threading.Event()
+        # One job's files read at a time, tenants in turns; the others wait on disk.
+        self._intake = JobIntake(settings, tokenizer, self._shape, self._lock, self._failed)
         self._turns = TenantTurns()
         # The site's speed in seconds per trained token, whichever job measured it.
         self._pacer = UnitPacer(settings.max_step_ms / 1000)
@@ -81,9 +99,10 @@ class FineTuneJobs:
     # ---- any thread ------------------------------------------------------------------------
     def start(self, spec: FineTuneSpec) -> FineTuneProgress:
         """Checks the spec, registers the job (QUEUED, its steps unknown until its files are
-        read) and queues the reading of its files; FineTuneRefused says why not. Quick: the
-        files are read on the intake thread."""
+        read) and starts the saving and reading of its files; FineTuneRefused says why not.
+        Quick: the files are saved and read on the job's own thread."""
         check_spec(spec, self._model_name, self.settings.max_rank)
+        files = len(spec.training_jsonl) + len(spec.validation_jsonl or b"")
         with self._lock:
             known = self._jobs.get(spec.job_id)
             if known is not None:
@@ -92,10 +111,11 @@ class FineTuneJobs:
                     f"job {spec.job_id!r} exists ({known.progress.state.value}): a job is "
                     "started once",
                 )
+            self._intake.claim(spec.job_id, files)
             progress = FineTuneProgress(spec.job_id, FineTuneState.QUEUED, 0, 0, 0)
             job = Job(spec.job_id, spec.tenant, spec.hyperparameters, spec.seed, progress)
             self._jobs[spec.job_id] = job
-        self._intake.submit(self._take_in, job, lambda: spec, True)
+        self._intake.take_in(job, spec)
         log.info("fine-tuning job %s accepted; its files are read in the background", job.job_id)
         return progress
 
@@ -113,16 +133,21 @@ class FineTuneJobs:
         return self.progress(job_id)
 
     def cancel(self, job_id: str) -> FineTuneProgress:
-        """Ends a job not yet final: the reading of its files stops, and the engine thread
-        drops its trainer at its next unit."""
+        """Ends a job not yet final: the reading of its files stops, its files and checkpoints
+        are cleared, and the engine thread drops its trainer at its next unit."""
         with self._lock:
             job = self._job(job_id)
-            if not job.progress.state.is_final:
-                job.progress = replace(job.progress, state=FineTuneState.CANCELLED)
-                job.stop.set()
-                if job.on_disk:
-                    disk.save_result(self.settings.directory / job_id, job.progress)
-            return job.progress
+            if job.progress.state.is_final:
+                return job.progress
+            job.progress = replace(job.progress, state=FineTuneState.CANCELLED)
+            job.stop.set()
+            if job.on_disk:
+                disk.save_result(self.settings.directory / job_id, job.progress)
+            progress, on_disk = job.progress, job.on_disk
+        self._intake.wake()
+        if on_disk:
+            disk.clear_ended(self.settings.directory / job_id)
+        return progress
 
     def live(self) -> list[str]:
         """The jobs not final (queued, being read, training), oldest first."""
@@ -146,52 +171,7 @@ class FineTuneJobs:
     def close(self) -> None:
         """Stops the reading under way and any queued (the site stops: a job read again at its
         next start), without waiting for it."""
-        self._closing.set()
-        self._intake.shutdown(wait=False, cancel_futures=True)
-
-    # ---- the intake thread -----------------------------------------------------------------
-    def _take_in(self, job: Job, spec_of: Callable[[], FineTuneSpec], save: bool) -> None:
-        """Saves the job's spec (`save`) and reads its files; the job fails when they cannot
-        train, and is left as it is when its reading was stopped."""
-        job_dir = self.settings.directory / job.job_id
-        try:
-            if self._stopped(job):
-                return
-            spec = spec_of()
-            if save:
-                disk.save_spec(job_dir, spec)
-                with self._lock:
-                    job.on_disk = True
-                    if job.progress.state.is_final:  # cancelled while it was saved
-                        disk.save_result(job_dir, job.progress)
-                        return
-            examples = read_examples(
-                spec,
-                self._tokenizer,
-                self._shape,
-                self.settings.max_tokens,
-                self.settings.reserve_bytes,
-                lambda: self._stopped(job),
-            )
-            del spec
-            with self._lock:
-                if job.progress.state.is_final:
-                    return
-                job.examples = examples
-                job.progress = replace(job.progress, total_steps=examples.total_steps)
-            log.info("fine-tuning job %s queued: %d steps", job.job_id, examples.total_steps)
-        except Stopped:
-            log.info("fine-tuning job %s: the reading of its files stopped", job.job_id)
-        except FineTuneRefused as exc:
-            self._finish(job, FineTuneState.FAILED, error=str(exc))
-        except Exception as exc:  # the job fails; the site serves on
-            log.exception("fine-tuning job %s: its files could not be read", job.job_id)
-            self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
-        finally:
-            job.settled.set()
-
-    def _stopped(self, job: Job) -> bool:
-        return job.stop.is_set() or self._closing.is_set()
+        self._intake.close()
 
     # ---- engine thread ---------------------------------------------------------------------
     def next_unit_s(self) -> float:
@@ -233,6 +213,8 @@ class FineTuneJobs:
         for done in ended:  # cancelled since their last unit, or just ended
             done.drop_trainer()
             done.examples = None  # a large file's examples are not kept past the job
+            if done.on_disk:  # a checkpoint its last unit wrote after a cancel, say
+                disk.clear_ended(self.settings.directory / done.job_id)
         job = self._next_job()
         if job is not None:
             try:
@@ -353,7 +335,7 @@ class FineTuneJobs:
                 state=state,
                 step=history.step,
                 trained_tokens=history.trained_tokens,
-                losses=tuple(history.losses),
+                losses=tuple(job.trainer.reported_losses()),
                 validation_losses=tuple(history.validation_losses),
                 checkpoints=tuple(
                     disk.checkpoint_record(job_dir, s, losses)
@@ -361,13 +343,19 @@ class FineTuneJobs:
                 ),
             )
 
+    def _failed(self, job: Job, error: str) -> None:
+        self._finish(job, FineTuneState.FAILED, error=error)
+
     def _finish(self, job: Job, state: FineTuneState, **fields: str) -> None:
+        job_dir = self.settings.directory / job.job_id
         with self._lock:
             if not job.progress.state.is_final:
                 job.progress = replace(job.progress, state=state, **fields)  # type: ignore[arg-type]
                 if job.on_disk:
-                    disk.save_result(self.settings.directory / job.job_id, job.progress)
+                    disk.save_result(job_dir, job.progress)
         job.drop_trainer()
+        if job.on_disk:
+            disk.clear_ended(job_dir)
         log.info("fine-tuning job %s %s", job.job_id, job.progress.state.value)
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -384,7 +372,7 @@ class FineTuneJobs:
             if job_dir.name.startswith(".tmp-"):
                 shutil.rmtree(job_dir, ignore_errors=True)
                 continue
-            if not (job_dir / "spec.json").is_file():
+            if not (job_dir / disk.SPEC_FILE).is_file():
                 continue
             for stale in job_dir.glob(".tmp-*"):  # a write the previous run did not finish
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
@@ -395,7 +383,8 @@ class FineTuneJobs:
                       result or queued, on_disk=True)  # fmt: skip
             self._jobs[meta.job_id] = job
             if result is not None and result.state.is_final:
+                disk.clear_ended(job_dir)  # left by a site that kept ended jobs' files
                 job.settled.set()
                 continue
             log.info("fine-tuning job %s found on disk: it resumes", meta.job_id)
-            self._intake.submit(self._take_in, job, partial(disk.load_spec, job_dir), False)
+            self._intake.take_in(job, None)

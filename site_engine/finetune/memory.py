@@ -159,3 +159,23 @@ def largest_unit_tokens(
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+def longest_example_tokens(
+    shape: TrainingShape, hp: FineTuneHyperparameters, reserve_bytes: int, max_tokens: int
+) -> int:
+    """The most tokens one example may have (at most `max_tokens`, where examples are cut) for
+    its unit of one to fit the reserve; 0 if not even a one-token example fits. What the site
+    tells the gateway, which refuses a longer example when the job is made (issue 75)."""
+
+    def fits(tokens: int) -> bool:
+        return training_bytes(shape, hp, tokens, tokens) <= reserve_bytes
+
+    if not fits(1):
+        return 0
+    # A unit of one longer example keeps more: bytes grow with its tokens.
+    low, high = 1, max_tokens + 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

@@ -271,6 +271,15 @@ class LoraTrainer:
         """Whether the next unit is one of the epoch's validation."""
         return self._validation_due()
 
+    def reported_losses(self) -> list[tuple[int, float]]:
+        """The steps' training losses a report may carry: an epoch's last step waits for the
+        epoch's validation loss, which is computed in the units after it, since its event is
+        written once, with both (issue 75: the event of that step never had `valid_loss`)."""
+        losses = self.history.losses
+        if self._validation_due() and losses and losses[-1][0] == self.history.step:
+            return losses[:-1]
+        return list(losses)
+
     def _validation_due(self) -> bool:
         step = self.history.step
         return (

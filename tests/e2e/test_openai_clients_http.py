@@ -5,6 +5,7 @@ wrote (the openai SDK, LangChain):
 - logprobs of an emoji answer carry each token's own bytes, which rebuild the text (chat, whole
   and streamed); completions' `text_offset` stays inside the text and `top_logprobs` keeps
   distinct partial tokens apart;
+- an answer cut inside a character keeps what its logprobs' bytes say (issue 75);
 - a `strict` response_format schema is enforced closed;
 - a forced tool call cut by max_tokens comes back, as written, with finish_reason "length";
 - tool-call arguments stream as they are written (the SDK's stream helper parses them
@@ -73,6 +74,8 @@ def ids(smollm2_dir: Path) -> dict[str, list[int]]:
     tokenizer = load_tokenizer(smollm2_dir)
     return {
         "emoji": tokenizer.encode(EMOJI),
+        # " \xf0\x9f": a space and the first two bytes of 🎉 (its other bytes are other tokens).
+        "space_and_part": tokenizer.encode(" 🎉")[:1],
         "comma": tokenizer.encode(","),
         "eos": sorted({tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}),
     }
@@ -153,11 +156,38 @@ def test_completion_logprobs_of_emoji_stay_exact(
         assert all(len(top) == 3 for top in tops), tops
 
 
+def test_an_answer_cut_inside_a_character_keeps_what_its_logprobs_say(
+    client: openai.OpenAI, ids: dict[str, list[int]]
+) -> None:
+    """Issue 75: max_tokens cut an answer inside an emoji; its text ended before the emoji and
+    lost the space before it, while the last logprobs' bytes were [32, 240, 159]: joined, they
+    no longer read as the text. Now the text holds what the bytes say, the cut character as
+    U+FFFD (the bytes joined, read with errors="replace"), whole and streamed."""
+    (token,) = ids["space_and_part"]
+    fields: dict[str, Any] = {
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hello with emoji."}],
+        "max_tokens": 3, "temperature": 0, "logprobs": True, "logit_bias": {str(token): 100},
+    }  # fmt: skip
+    choice = client.chat.completions.create(**fields).choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.logprobs is not None
+    joined = b"".join(bytes(t.bytes or []) for t in choice.logprobs.content or [])
+    assert joined == b" \xf0\x9f" * 3
+    assert choice.message.content == joined.decode(errors="replace") == " \ufffd" * 3
+    text, streamed = "", b""
+    for chunk in client.chat.completions.create(**fields, stream=True):
+        for delta in chunk.choices:
+            text += delta.delta.content or ""
+            for piece in (delta.logprobs.content or []) if delta.logprobs else []:
+                streamed += bytes(piece.bytes or [])
+    assert (text, streamed) == (choice.message.content, joined)
+
+
 def test_a_strict_schema_is_enforced_closed(
     client: openai.OpenAI, ids: dict[str, list[int]]
 ) -> None:
-    """instructor's JSON_SCHEMA mode sends strict schemas without additionalProperties: false;
-    the model invented keys. Here a bias pushes it to write another key after the first."""
+    """A strict schema without additionalProperties: false (a pydantic model's, strict added)
+    let the model invent keys. Here a bias pushes it to write another key after the first."""
     schema: dict[str, Any] = {
         "type": "object",
         "properties": {"ok": {"type": "boolean"}},

@@ -56,3 +56,18 @@ def test_a_possible_stop_prefix_is_held_back_until_resolved(tokenizer) -> None:
     detok = IncrementalDetokenizer(tokenizer, stop=("END",))
     assert detok.push(tokenizer.encode("done E")) == "done "
     assert detok.push(tokenizer.encode("ither")) == "Either"
+
+
+@pytest.mark.parametrize("stop", [(), ("zzz",)])
+def test_an_answer_cut_inside_a_character_keeps_what_its_bytes_say(tokenizer, stop) -> None:
+    """Issue 75: max_tokens cut after " \\xf0\\x9f" and "\\x8e" (the first three bytes of 🎉): the
+    text ended before the emoji and lost the space before it too, while the logprobs' bytes said
+    both. The end of the answer releases them: the space, and U+FFFD for the cut character, as
+    the bytes joined read with errors="replace"."""
+    ids = tokenizer.encode("Say 🎉.")[:3]  # "Say", " \xf0\x9f", "\x8e"
+    detok = IncrementalDetokenizer(tokenizer, stop=stop)
+    released = "".join(detok.push([token]) for token in ids)
+    assert released == "Say"  # a partial character is held while more may come
+    released += detok.flush()
+    assert released == "Say \ufffd" == detok.text
+    assert released == tokenizer.decode(ids)

@@ -111,6 +111,17 @@ def test_a_line_longer_than_the_context_is_named_with_its_tokens(gpt2_tokenizer_
     assert "1 of the file's 3 lines" in message
     fits = {"messages": [{"role": "user", "content": "word " * 150}, ANSWER]}
     assert check_training_file(_file(GOOD, fits), "training_file", limit).examples == 2
+    # Within the context, past what the training sites' reserve holds of one example (issue
+    # 75): named in tokens.
+    held = LengthLimit(str(gpt2_tokenizer_dir), 256, reserve=100)
+    message = _refusal(_file(GOOD, fits, GOOD), held)
+    tokens = token_count(tokenizer, fits["messages"])
+    assert 100 < tokens <= 256
+    assert f"line 2: {tokens} tokens as the model's chat template renders it, more" in message
+    assert "more than the 100 tokens an example may have in the fine-tuning memory reserve" in (
+        message
+    )
+    assert "longer than the model's context of 256 tokens" in _refusal(_file(long), held)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,8 @@ LINE = (
 )
 # Thousands of examples: reading them (rendering and tokenizing each) takes seconds.
 BIG = b"\n".join([LINE] * 20_000)
+# 300,000 examples (30 MB): reading them takes tens of seconds, far longer than a turn.
+HUGE = b"\n".join([LINE] * 300_000)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def test_a_cancel_while_the_file_is_read_stops_the_read_and_nothing_trains(
     tmp_path: Path, tiny: LoadedModel, caplog: pytest.LogCaptureFixture
 ) -> None:
     jobs = jobs_in(tmp_path, tiny)
-    caplog.set_level(logging.INFO, logger="site_engine.finetune.jobs")
+    caplog.set_level(logging.INFO, logger="site_engine.finetune")
     started = jobs.start(spec("orphan", BIG))
     # Answered before its file is read: its steps are not known yet.
     assert (started.state, started.total_steps) == (FineTuneState.QUEUED, 0)
@@ -141,6 +143,25 @@ def test_a_start_past_its_deadline_registers_nothing(tmp_path: Path, tiny: Loade
     asyncio.run(run())
     with pytest.raises(FineTuneRefused):
         jobs.progress("late")
+
+
+def test_another_tenants_small_job_is_read_while_a_large_one_is(
+    tmp_path: Path, tiny: LoadedModel
+) -> None:
+    """Issue 75 (MED-2): the site read every tenant's job files on one intake thread, first come
+    first served, and another key's 8-line job sat queued 150 s behind one 60 MiB job. Tenants'
+    readings now take turns, round robin, a slice at a time."""
+    jobs = jobs_in(tmp_path, tiny)
+    jobs.start(spec("large", HUGE, tenant="a"))
+    wait_for_file(tmp_path / "large" / "spec.json")
+    jobs.start(spec("small", LINE, tenant="b"))
+    small = jobs.settled("small", timeout_s=120)
+    assert (small.state, small.total_steps) == (FineTuneState.QUEUED, 1)
+    large = jobs.progress("large")
+    assert (large.state, large.total_steps) == (FineTuneState.QUEUED, 0)  # still being read
+    jobs.cancel("large")
+    assert jobs.settled("large", timeout_s=120).total_steps == 0
+    assert jobs.live() == ["small"]
 
 
 def test_tenants_take_turns_round_robin() -> None:

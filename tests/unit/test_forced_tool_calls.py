@@ -131,7 +131,7 @@ def strict_format(schema: dict[str, Any], strict: bool | None) -> ConstraintSpec
 
 
 def test_a_strict_response_format_takes_no_key_its_schema_does_not_declare(llg_tokenizer) -> None:
-    # As instructor's JSON_SCHEMA mode sends it: strict, without additionalProperties.
+    # A pydantic model's schema sent strict: without additionalProperties.
     nested = {
         "type": "object",
         "properties": {"where": CITY, "tags": {"type": "array", "items": CITY}},
@@ -149,7 +149,8 @@ def test_a_strict_response_format_takes_no_key_its_schema_does_not_declare(llg_t
         assert not accepts(llg_tokenizer, strict, extra), extra
     # The client's order is kept: the grammar writes keys in it.
     assert list(json.loads(strict.schema)["properties"]) == ["where", "tags"]
-    # Not strict: JSON Schema's reading, other keys allowed, as before.
+    # Not strict: JSON Schema's reading, other keys allowed, as before (None: instructor 1.17.0's
+    # JSON_SCHEMA mode, which sends no `strict` key).
     for loose in (strict_format(nested, False), strict_format(nested, None)):
         assert all(accepts(llg_tokenizer, loose, extra) for extra in extras)
     # Free-form maps (no declared properties) and explicit additionalProperties stay as given.

@@ -12,8 +12,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from devtools.demo import MODEL_NAME
 from devtools.demo_report import try_it_command
+from devtools.demo_send import MODEL_NAME
 from gateway.federation import parse_federation
 from site_engine.__main__ import parse_args as site_args
 from tests.support.readme import README, block, blocks, curl_example, sdk_example

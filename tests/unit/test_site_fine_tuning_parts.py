@@ -36,6 +36,7 @@ from site_engine.engine_service import EngineService
 from site_engine.finetune import FineTuneRefused
 from site_engine.finetune.data import IGNORE, TrainingDataError, encode, parse_chat_jsonl
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
+from site_engine.finetune.memory import TrainingShape, largest_unit_tokens, training_bytes
 from site_engine.grpc_server import (
     MAX_RECEIVE_MESSAGE_BYTES,
     SiteIdentity,
@@ -148,6 +149,7 @@ def test_refusals_leave_nothing_behind(tmp_path: Path, tiny: LoadedModel) -> Non
     tight = small.settled("job-1", timeout_s=60)
     assert tight.state is FineTuneState.FAILED
     assert "SITE_FINETUNE_RESERVE_BYTES" in (tight.error or "")
+    assert f"the {small.longest_example} tokens an example may have" in (tight.error or "")
     started = jobs.start(spec())
     assert (started.state, started.total_steps) == (FineTuneState.QUEUED, 0)
     assert jobs.settled("job-1", timeout_s=60).total_steps == 1
@@ -159,6 +161,24 @@ def test_refusals_leave_nothing_behind(tmp_path: Path, tiny: LoadedModel) -> Non
     with pytest.raises(FineTuneRefused) as unknown:
         jobs.progress("nope")
     assert unknown.value.code == FineTuneRefused.NOT_FOUND
+
+
+def test_the_longest_example_the_site_says_its_reserve_holds_is_the_longest_it_trains(
+    tmp_path: Path, tiny: LoadedModel
+) -> None:
+    """SiteInfo's fine_tuning_max_example_tokens (issue 75): what the gateway refuses longer
+    examples by when a job is made, the boundary of what the site's reserve trains."""
+    shape = TrainingShape.of_model(tiny.model)
+    gateways = FineTuneHyperparameters(n_epochs=3, batch_size=4, learning_rate_multiplier=2.0)
+    for held in (1, 100, 333):
+        reserve = training_bytes(shape, gateways, held, held)
+        jobs = jobs_in(tmp_path / str(held), tiny, reserve=reserve)
+        assert jobs.longest_example == held
+        assert largest_unit_tokens(shape, gateways, held, reserve) >= 1
+        assert largest_unit_tokens(shape, gateways, held + 1, reserve) == 0
+    assert jobs_in(tmp_path / "none", tiny, reserve=1).longest_example == 0
+    # Examples are cut to the context: a reserve that holds one that long says the context.
+    assert jobs_in(tmp_path / "all", tiny).longest_example == 1024
 
 
 def test_the_codec_round_trips() -> None:
