@@ -154,7 +154,7 @@ def step_phase(
 
 def _cancel_all(engine: PagedEngine) -> None:
     # A bench resets its engine: every request it holds.
-    for request_id in list(engine._scheduler._live):
+    for request_id in list(engine._scheduler._roster.live):
         engine.abort(request_id, FinishReason.CANCELLED)
     while engine.has_unfinished():
         engine.step()
