@@ -52,12 +52,12 @@ from gateway.stores.stats import PredictionPair, SiteTotals, prediction_pairs, s
 from predictor.datasets import PromptRecord, load_corpus
 from predictor.prepare import split_of
 from predictor.served_build import (
-    DEFAULT_LABELS,
     SERVED_FAST_SPEC,
     SERVED_SPEC,
     build_served_predictor,
     served_artifact_current,
 )
+from predictor.served_labels import DEFAULT_LABELS
 from site_engine.gguf_import import materialize
 
 MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -51,7 +51,7 @@ from predictor.gate import constant_rival, score
 from predictor.prepare import LabeledRecord, prepare, training_fingerprint
 from predictor.retrain import DEFAULT_RETRAIN, Mode, RetrainConfig, RetrainReport, retrain
 from predictor.runtime import LengthPredictor
-from predictor.served_build import DEFAULT_LABELS, served_records
+from predictor.served_labels import DEFAULT_LABELS, served_records
 from predictor.tfidf_length import fit_tfidf_length
 from predictor.training import TrainSpec, reusable_artifact, train_artifact
 

@@ -40,7 +40,7 @@ from predictor.gate import constant_rival
 from predictor.prepare import LabeledRecord
 from predictor.retrain import RetrainConfig
 from predictor.runtime import LengthPredictor
-from predictor.served_build import DEFAULT_LABELS, served_records
+from predictor.served_labels import DEFAULT_LABELS, served_records
 from predictor.tfidf_length import fit_tfidf_length
 
 # The retrain as the previous session left it (written out: it keeps its meaning if the

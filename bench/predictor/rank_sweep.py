@@ -30,7 +30,8 @@ from predictor.finetune import subsample
 from predictor.rank_build import DEFAULT_RANK, features_cache, unseen_records
 from predictor.ranking import RankConfig, train_rank_head
 from predictor.score_map import fit_score_map
-from predictor.served_build import DEFAULT_LABELS, DEFAULT_OUT, classifier_dir, served_records
+from predictor.served_build import DEFAULT_OUT, classifier_dir
+from predictor.served_labels import DEFAULT_LABELS, served_records
 
 EVAL_FRACTION = 0.2
 _BASE = replace(DEFAULT_RANK, loss="listmle", length_weight=0.0)
