@@ -22,7 +22,7 @@ import torch
 from bench.engine.harness import GIB, Progress, free_device_memory, sync
 from bench.engine.metrics import RequestTiming, RunSummary, summarize_run
 from bench.engine.roofline import kv_block_bytes
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 from site_engine.engine.core.api import EngineRequest, RequestRejected
 from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
