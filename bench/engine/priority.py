@@ -8,8 +8,7 @@ Each seed (--seeds, three by default) draws its own arrivals, prompts and batch;
 its capacity are measured once. The keys are the median over the seeds, with their minimum and
 maximum beside them (`<key>_min`, `<key>_max`). The GPU preset is sized for a scarce device: 30 s
 of arrivals and at most 10 s of drain a run, two runs a seed, ~4 minutes for three seeds after
-the model is up (bench/engine/issue52_gpu.sh runs it with bench.engine.batch_order in one
-device command).
+the model is up.
 
 Steps, on one warmed-up engine:
 1. Capacity: a burst of interactive-shaped requests (all at once) gives the requests/s the
