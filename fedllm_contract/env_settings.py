@@ -7,11 +7,14 @@ prefix. A variable that is unset or empty leaves the field's default; a set one 
 the field's annotation (str, int, float, bool, Path, a Literal of strings, or any of these or
 None) and refused loudly, naming the variable, when it does not convert. Checks on the values
 themselves belong to each class's `__post_init__`, so a directly built instance is held to them
-too.
+too. A flat class may also be given command-line flags (`add_flags`): one per field, named,
+typed and explained by the field as its variable is.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
@@ -52,12 +55,13 @@ def setting(
     help: str,
     env: str | None = None,
     shown_default: str | None = None,
+    flag: str | None = None,
 ) -> Any:
     """A field read from a variable. `help` says what it does, in Markdown (the README's
     settings table is generated from it); `env` names the variable after the class's prefix
     when the field's own name would not; `shown_default` describes a default that the reader's
-    caller derives."""
-    metadata = {"help": help, "env": env, "shown_default": shown_default}
+    caller derives; `flag` names its command-line flag when `--field-name` would not."""
+    metadata = {"help": help, "env": env, "shown_default": shown_default, "flag": flag}
     return field(default=default, metadata=metadata)
 
 
@@ -108,6 +112,45 @@ def _variables(cls: type[EnvSettings], path: tuple[str, ...]) -> Iterator[Variab
         shown = item.metadata.get("shown_default") or _shown(item.default)
         help_text = item.metadata.get("help", "")
         yield Variable(variable(cls, item.name), (*path, item.name), shown, help_text)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type[EnvSettings]) -> None:
+    """A flag for each field of `cls` (a class without groups) that overrides its variable:
+    `--field-name` unless `setting(flag=...)` names it, typed by the field's annotation (a
+    bool as `--name` and `--no-name`, a Literal's choices), helped by its Markdown made plain,
+    with the variable and the default. A flag not given parses to None, which leaves the
+    variable's value (`read_env` + the given flags, then `build`)."""
+    hints = get_type_hints(cls)
+    for item, var in zip(fields(cls), variables(cls), strict=True):
+        hint = _without_none(hints[item.name])
+        if _is_group(hint):
+            raise TypeError(f"{cls.__name__}.{item.name}: a group has no flags")
+        shown = plain(var.default).replace("%", "%%")
+        helped = f"{plain(var.help).replace('%', '%%')} ({var.name}; default {shown})"
+        options: dict[str, Any] = {"dest": item.name, "default": None, "help": helped}
+        if hint is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif get_origin(hint) is Literal:
+            options["choices"] = get_args(hint)
+        elif hint in (int, float, Path):
+            options["type"] = hint
+        elif hint is not str:
+            raise TypeError(f"{cls.__name__}.{item.name}: no flag for {hint!r}")
+        parser.add_argument(flag_names(cls, item.name)[0], **options)
+
+
+def plain(markdown: str) -> str:
+    """A help text's Markdown as a terminal shows it: links as their text, no code marks."""
+    return re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown).replace("`", "")
+
+
+def flag_names(cls: type[EnvSettings], name: str) -> tuple[str, ...]:
+    """The flags `add_flags` gives field `name` of `cls`: a bool's two, any other's one."""
+    item = next(item for item in fields(cls) if item.name == name)
+    flag = item.metadata.get("flag") or "--" + name.replace("_", "-")
+    if _without_none(get_type_hints(cls)[name]) is bool:
+        return flag, f"--no-{flag[2:]}"
+    return (flag,)
 
 
 def read_env(cls: type[EnvSettings], environ: Mapping[str, str]) -> dict[str, Any]:

@@ -9,11 +9,11 @@ An artifact already at --out is reused when it is valid and was trained from the
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from predictor.cli import command_parser
 from predictor.finetune import FinetuneConfig
 from predictor.prepare import prepare, training_fingerprint
 from predictor.train import add_data_arguments, training_set
@@ -47,11 +47,7 @@ def build_default(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor.build_default",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("predictor.build_default", __doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     add_data_arguments(parser)
     parser.add_argument("--force", action="store_true", help="retrain even if reusable")

@@ -10,7 +10,6 @@ label directory made by predictor.label_served); the gateway's samples go throug
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -28,6 +27,7 @@ from predictor.artifact import (
     write_artifact,
 )
 from predictor.calibration import Calibration, CalibrationError, fit_calibration
+from predictor.cli import command_parser
 from predictor.encoding import PromptEncoder
 
 
@@ -59,13 +59,9 @@ def write_calibrated(
 def main(argv: Sequence[str] | None = None) -> int:
     # Imported here: the label readers pull in the corpora code, which the library use needs not.
     from predictor.runtime import LengthPredictor
-    from predictor.served_build import served_records
+    from predictor.served_labels import served_records
 
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor.calibrate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("predictor.calibrate", __doc__)
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--labels", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)

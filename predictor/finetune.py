@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from predictor.encoding import DEFAULT_MAX_TOKENS, PromptEncoder, prompt_chars
 from predictor.minilm import LengthClassifier, build_classifier
+
+if TYPE_CHECKING:
+    from predictor.artifact import Manifest
 
 Progress = Callable[[str], None]
 # Three of MiniLM's six layers: on the validation split, 3 layers x 8k prompts beat 6 layers x 4k
@@ -286,3 +290,14 @@ def predict_torch(
             )
             rows.append(torch.softmax(logits.float(), dim=-1).cpu().numpy())
     return np.concatenate(rows) if rows else np.zeros((0, model.n_buckets))
+
+
+def base_finetune_config(manifest: Manifest) -> FinetuneConfig:
+    """The base artifact's model shape (layers and their widths, input length, prompt-length
+    input), which a warm start must match; FinetuneConfig's defaults for what its manifest does
+    not say."""
+    training = manifest.training.get("config")
+    model = training.get("model") if isinstance(training, dict) else None
+    shape = ("layers", "ffn_width", "heads", "max_tokens", "prompt_length_feature")
+    known = {k: model[k] for k in shape if isinstance(model, dict) and k in model}
+    return replace(FinetuneConfig(), **known)

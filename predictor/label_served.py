@@ -23,7 +23,6 @@ few answers may differ by rounding, as they would between two sites.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import time
@@ -31,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from predictor.cli import command_parser
 from predictor.datasets import PromptRecord, load_corpus
 from predictor.heldout import HELDOUT_SETS, load_heldout
 from predictor.served_labels import (
@@ -183,11 +183,7 @@ def _label_of(item: PendingPrompt, answer_tokens: int, reason: FinishReason) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor.label_served",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("predictor.label_served", __doc__)
     parser.add_argument(
         "--model",
         type=Path,

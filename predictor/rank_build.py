@@ -20,7 +20,6 @@ take a minute or two, mostly the validation.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
 import tempfile
@@ -40,9 +39,10 @@ from predictor.artifact import (
     new_version,
     write_artifact,
 )
+from predictor.cli import command_parser
 from predictor.encoding import PromptEncoder
 from predictor.evaluate import length_scores
-from predictor.finetune import subsample
+from predictor.finetune import base_finetune_config, subsample
 from predictor.prepare import LabeledRecord, training_fingerprint
 from predictor.quantize import accept_quantized, quantize_int8
 from predictor.ranking import LOSSES, RankConfig
@@ -167,7 +167,6 @@ def build_ranking_artifact(
         export_ranking_onnx,
         train_rank_head,
     )
-    from predictor.retrain import base_finetune_config
 
     started = time.monotonic()
     base = load_manifest(base_dir)
@@ -303,14 +302,9 @@ def _save_head(head: Any, path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from predictor.datasets import DatasetError
-    from predictor.served_build import DEFAULT_LABELS, served_records
-    from predictor.served_labels import LabelFileError
+    from predictor.served_labels import DEFAULT_LABELS, LabelFileError, served_records
 
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor.rank_build",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("predictor.rank_build", __doc__)
     parser.add_argument("--base", type=Path, required=True, help="a MiniLM classifier artifact")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS)

@@ -33,10 +33,10 @@ from typing import Literal
 
 import numpy as np
 
-from predictor.artifact import WEIGHTS_FILE, Manifest
+from predictor.artifact import WEIGHTS_FILE
 from predictor.calibrate import write_calibrated
 from predictor.calibration import MIN_SAMPLES, fit_calibration
-from predictor.finetune import FinetuneConfig, subsample
+from predictor.finetune import FinetuneConfig, base_finetune_config, subsample
 from predictor.gate import (
     GATE_FRACTION,
     GateDecision,
@@ -161,17 +161,6 @@ def split_samples(
             f"and {len(gate)} to judge on (>= {MIN_GATE_SAMPLES}): collect more samples"
         )
     return fit, gate
-
-
-def base_finetune_config(manifest: Manifest) -> FinetuneConfig:
-    """The base artifact's model shape (layers and their widths, input length, prompt-length
-    input), which a warm start must match; FinetuneConfig's defaults for what its manifest does
-    not say."""
-    training = manifest.training.get("config")
-    model = training.get("model") if isinstance(training, dict) else None
-    shape = ("layers", "ffn_width", "heads", "max_tokens", "prompt_length_feature")
-    known = {k: model[k] for k in shape if isinstance(model, dict) and k in model}
-    return replace(FinetuneConfig(), **known)
 
 
 def _training_records(

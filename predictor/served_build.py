@@ -25,16 +25,16 @@ follow the served model's own length distribution (quantiles of the training ans
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from predictor.artifact import load_manifest
-from predictor.datasets import DatasetError, load_corpus
+from predictor.cli import command_parser
+from predictor.datasets import DatasetError
 from predictor.finetune import FinetuneConfig
-from predictor.prepare import LabeledRecord, split_of, training_fingerprint
+from predictor.prepare import training_fingerprint
 from predictor.rank_build import (
     DEFAULT_RANK,
     RankBuildError,
@@ -43,11 +43,10 @@ from predictor.rank_build import (
     reusable_ranking,
 )
 from predictor.ranking import RankConfig
-from predictor.served_labels import LabelFileError, join_records, read_labels, read_manifest
+from predictor.served_labels import DEFAULT_LABELS, LabelFileError, read_manifest, served_records
 from predictor.training import TrainingSet, TrainSpec, reusable_artifact, train_artifact
 
 _REPO = Path(__file__).resolve().parent.parent
-DEFAULT_LABELS = _REPO / "predictor" / "labels" / "smollm2-135m-instruct"
 DEFAULT_OUT = _REPO / "var" / "predictor" / "smollm2-135m-instruct"
 # The CPU default's model on fewer prompts: the demo trains it on a fresh machine, within its
 # few minutes on two cores.
@@ -58,34 +57,6 @@ SERVED_SPEC = TrainSpec("minilm", "quantile_n10", replace(FinetuneConfig(), max_
 # tokens: bench/results/predictor/predictor_served.md, its "tfidf" row is this spec).
 SERVED_FAST_SPEC = TrainSpec("sklearn", "quantile_n10")
 DEFAULT_FAST_OUT = _REPO / "var" / "predictor" / "smollm2-135m-instruct-tfidf"
-
-
-def served_records(
-    labels_dir: Path, data_dir: str | Path | None = None, exclude: Collection[str] = ()
-) -> dict[str, list[LabeledRecord]]:
-    """Labelled prompts by split ("train", "validation", "test"), lengths in served tokens,
-    without the corpora named in `exclude`."""
-    manifest = read_manifest(labels_dir)
-    labels = read_labels(labels_dir)
-    if not labels:
-        raise LabelFileError(f"{labels_dir} holds no labels yet: run predictor.label_served")
-    unknown = set(exclude) - set(manifest.corpora)
-    if unknown or set(exclude) >= set(manifest.corpora):
-        raise LabelFileError(
-            f"cannot exclude {sorted(exclude)}: the labels cover {list(manifest.corpora)}, "
-            "and at least one must stay"
-        )
-    splits: dict[str, list[LabeledRecord]] = {"train": [], "validation": [], "test": []}
-    for corpus in manifest.corpora:
-        if corpus in exclude:
-            continue
-        records = load_corpus(corpus, data_dir)  # type: ignore[arg-type]
-        for record, label in join_records(records, labels):
-            labeled = LabeledRecord(
-                f"{record.corpus}:{record.index}", record.corpus, record.prompt, label.answer_tokens
-            )
-            splits[split_of(record.prompt)].append(labeled)
-    return splits
 
 
 def classifier_dir(out: Path) -> Path:
@@ -181,11 +152,7 @@ def _adopt_classifier(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor.served_build",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("predictor.served_build", __doc__)
     parser.add_argument("--labels", type=Path, default=DEFAULT_LABELS)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--data-dir", type=Path)

@@ -8,20 +8,23 @@ silently mislabelled.
 
 The lengths are counted in the served model's tokens, up to and including its EOS token when
 the answer stopped there (`finish_reason` "stop") or up to `max_tokens` ("length": the true
-length is at least this, a censored label).
+length is at least this, a censored label). `served_records` joins a label directory with its
+corpora: what every build, calibration and bench of the served predictor trains and scores on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from predictor.datasets import PromptRecord
+from predictor.datasets import PromptRecord, load_corpus
+from predictor.prepare import LabeledRecord, split_of
 
+DEFAULT_LABELS = Path(__file__).resolve().parent / "labels" / "smollm2-135m-instruct"
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.jsonl"
 FinishReason = Literal["stop", "length"]
@@ -141,3 +144,31 @@ def join_records(
                 f"{record.corpus}[{record.index}] changed since it was labelled: relabel it"
             )
         yield record, label
+
+
+def served_records(
+    labels_dir: Path, data_dir: str | Path | None = None, exclude: Collection[str] = ()
+) -> dict[str, list[LabeledRecord]]:
+    """Labelled prompts by split ("train", "validation", "test"), lengths in served tokens,
+    without the corpora named in `exclude`."""
+    manifest = read_manifest(labels_dir)
+    labels = read_labels(labels_dir)
+    if not labels:
+        raise LabelFileError(f"{labels_dir} holds no labels yet: run predictor.label_served")
+    unknown = set(exclude) - set(manifest.corpora)
+    if unknown or set(exclude) >= set(manifest.corpora):
+        raise LabelFileError(
+            f"cannot exclude {sorted(exclude)}: the labels cover {list(manifest.corpora)}, "
+            "and at least one must stay"
+        )
+    splits: dict[str, list[LabeledRecord]] = {"train": [], "validation": [], "test": []}
+    for corpus in manifest.corpora:
+        if corpus in exclude:
+            continue
+        records = load_corpus(corpus, data_dir)  # type: ignore[arg-type]
+        for record, label in join_records(records, labels):
+            labeled = LabeledRecord(
+                f"{record.corpus}:{record.index}", record.corpus, record.prompt, label.answer_tokens
+            )
+            splits[split_of(record.prompt)].append(labeled)
+    return splits

@@ -25,6 +25,7 @@ from typing import cast
 from predictor.artifact import KINDS, Kind, Manifest
 from predictor.baseline import SklearnConfig
 from predictor.buckets import SCHEME_NAMES_HELP
+from predictor.cli import command_parser
 from predictor.finetune import PRESETS
 from predictor.prepare import PreparedData, Progress, prepare
 from predictor.training import TrainingSet, TrainSpec, train_artifact
@@ -96,11 +97,7 @@ def build(spec: TrainSpec, out: Path, args: argparse.Namespace, progress: Progre
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m predictor.train",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("predictor.train", __doc__)
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--scheme", default="mico_n10_l1024", help=SCHEME_NAMES_HELP)
     parser.add_argument("--out", type=Path, required=True, help="artifact directory to write")

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from grpc_health.v1 import health_pb2
 
+from fedllm_contract.env_settings import add_flags
 from fedllm_contract.tokenizer import tokenizer_fingerprint
 from site_engine.embedding.batcher import (
     EmbeddingBatcher,
@@ -38,7 +38,6 @@ from site_engine.embedding.runner import load_embedding_runner
 from site_engine.embedding_http import EmbeddingFace
 from site_engine.engine.core.api import Engine, StructuredOutputUnavailable
 from site_engine.engine.lora.registry import LoraSettings
-from site_engine.engine.lora.segmented_step import LORA_KERNELS
 from site_engine.engine.memory_plan import batch_defaults
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine, plan_kv
 from site_engine.engine_service import EngineService, OnDemandReserve
@@ -70,163 +69,11 @@ log = logging.getLogger("site_engine")
 
 
 def parse_args(argv: list[str] | None = None) -> SiteSettings:
+    """The settings from the environment, each overridden by its flag where given (a flag per
+    SiteSettings field: fedllm_contract/env_settings.py's add_flags)."""
     parser = argparse.ArgumentParser(prog="python -m site_engine", description=__doc__)
-    parser.add_argument(
-        "--model",
-        dest="model_dir",
-        type=Path,
-        help="transformers model dir, a GGUF file, or a dir holding one (converted once, cached)",
-    )
-    parser.add_argument("--tokenizer", dest="tokenizer_dir", type=Path)
-    parser.add_argument(
-        "--task",
-        help="generate, embed, or auto (default: embed for a sentence-transformers directory)",
-    )
-    parser.add_argument("--model-name", help="name the gateway routes by (default: its file name)")
-    parser.add_argument("--site-name")
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--device", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", help="float32, bfloat16 or float16")
-    parser.add_argument("--max-num-seqs", type=int)
-    parser.add_argument("--max-num-batched-tokens", type=int)
-    parser.add_argument("--block-size", type=int)
-    parser.add_argument("--kv-cache-mib", type=int)
-    parser.add_argument("--policy", help="fcfs, spf or static")
-    parser.add_argument(
-        "--deferral-bound-tokens",
-        type=int,
-        help="background (flex, batch) prefill tokens per step at most (default 512; 0: none)",
-    )
-    parser.add_argument(
-        "--deferral-bound-slack",
-        type=float,
-        help="while interactive requests run, the fraction of a step's interactive time that "
-        "background rows may add (default 0.15; 0: the token bound alone)",
-    )
-    parser.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        default=None,
-        help="compute every prompt from its first token (prefix caching is on by default)",
-    )
-    parser.add_argument(
-        "--lazy-graphs",
-        dest="lazy_graphs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="CUDA: serve before the CUDA graphs exist and capture them between steps (on by "
-        "default on CUDA; --no-lazy-graphs captures them all before READY)",
-    )
-    parser.add_argument(
-        "--host-kv-cache-gib",
-        type=float,
-        help="host memory for the prefix cache's second tier (GiB, pinned on CUDA; 0: none)",
-    )
-    parser.add_argument("--torch-threads", type=int, help="CPU intra-op threads (default 1)")
-    parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0: off)")
-    parser.add_argument(
-        "--http-port", type=int, help="OpenAI-compatible HTTP port (0: off; /metrics in vLLM names)"
-    )
-    parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain (mutual TLS)")
-    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    parser.add_argument("--tls-client-ca", type=Path, help="PEM CA that signs client certs")
-    parser.add_argument(
-        "--gateway-identity",
-        help="the gateway certificate's common or DNS name: alone may lend KV memory over TLS",
-    )
-    parser.add_argument(
-        "--allow-plaintext",
-        action="store_true",
-        default=None,
-        help="serve plaintext on a non-loopback host (a network only the gateway reaches)",
-    )
-    parser.add_argument(
-        "--max-queued-requests", type=int, help="waiting requests before RESOURCE_EXHAUSTED"
-    )
-    parser.add_argument(
-        "--grammar-compile-threads", type=int, help="threads compiling grammars (default 2)"
-    )
-    parser.add_argument(
-        "--grammar-compile-timeout-s",
-        type=float,
-        help="a grammar compiling longer fails its requests (400; default 5)",
-    )
-    parser.add_argument("--lora-dir", help="a directory of PEFT LoRA adapters to serve by name")
-    parser.add_argument("--max-loras", type=int, help="adapters running at once (default 4)")
-    parser.add_argument(
-        "--max-cpu-loras", type=int, help="adapters kept in host memory (default 8)"
-    )
-    parser.add_argument(
-        "--max-cpu-lora-gib",
-        type=float,
-        help="host memory the adapters kept there may take (GiB; 0: --max-cpu-loras alone)",
-    )
-    parser.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
-    parser.add_argument(
-        "--max-lora-loads", type=int, help="adapters read from disk at once (default 4)"
-    )
-    parser.add_argument(
-        "--lora-kernels",
-        choices=LORA_KERNELS,
-        help="CUDA: the LoRA kernels a step runs (default segmented)",
-    )
-    parser.add_argument(
-        "--lora-unified-slots",
-        dest="lora_unified_slots",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="adapter slots out of the KV block pool, max_loras a cap (default off)",
-    )
-    parser.add_argument(
-        "--finetune-reserve-bytes",
-        type=int,
-        help="device memory reserved for LoRA fine-tuning jobs (default 0: jobs refused)",
-    )
-    parser.add_argument(
-        "--finetune-reserve-on-demand",
-        dest="finetune_reserve_on_demand",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="take the reserve from the KV cache only while a job trains (default: held from "
-        "the start)",
-    )
-    parser.add_argument("--finetune-dir", help="fine-tuning jobs, checkpoints and adapters")
-    parser.add_argument(
-        "--finetune-dir-max-bytes",
-        type=int,
-        help="what --finetune-dir may hold: a job past it is refused (default 8 GiB)",
-    )
-    parser.add_argument(
-        "--finetune-checkpoint-every", type=int, help="optimizer steps between checkpoints"
-    )
-    parser.add_argument(
-        "--finetune-max-step-ms", type=float, help="one unit of training at most (ms)"
-    )
-    parser.add_argument(
-        "--finetune-busy-share",
-        type=float,
-        help="while requests run, the most of the engine's time training may take (default 0.15)",
-    )
-    parser.add_argument(
-        "--finetune-idle-unit-tokens",
-        type=int,
-        help="a training unit's padded tokens at most with no request in (default 4096)",
-    )
-    parser.add_argument(
-        "--finetune-mode",
-        help="idle: training units between steps; rows: a bounded piece with every step "
-        "(default idle)",
-    )
-    parser.add_argument(
-        "--finetune-max-training-delay-ms",
-        type=float,
-        help="rows mode: the most a step's training piece may delay it (default 10)",
-    )
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
-    args = parser.parse_args(argv)
-    return SiteSettings.load(**vars(args))
+    add_flags(parser, SiteSettings)
+    return SiteSettings.load(**vars(parser.parse_args(argv)))
 
 
 def engine_config(settings: SiteSettings, device: torch.device) -> EngineConfig:

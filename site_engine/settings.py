@@ -1,4 +1,5 @@
-"""Site engine settings: read once from environment variables (SITE_*), overridable by CLI flags."""
+"""Site engine settings: read once from environment variables (SITE_*), overridable by the flags
+derived from the same fields (`python -m site_engine --help`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from fedllm_contract.env_settings import SettingsError, build, read_env
+from fedllm_contract.env_settings import SettingsError, build, read_env, setting
 from fedllm_contract.fine_tuning import MAX_JOB_FILES_BYTES
 from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
 from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KERNELS, LoraKernels
@@ -33,136 +34,284 @@ __all__ = ["SettingsError", "SiteSettings", "default_model_name"]
 
 @dataclass(frozen=True, slots=True)
 class SiteSettings:
+    """A site's settings: each field a `SITE_*` variable and a flag of `python -m site_engine`
+    (`add_flags`, fedllm_contract/env_settings.py), its help the flag's and docs/configuration.md's
+    table's."""
+
     ENV_PREFIX: ClassVar[str] = "SITE_"
 
-    model_dir: Path
-    site_name: str
-    model_name: str
-    tokenizer_dir: Path | None = None
-    task: Task = "auto"
-    host: str = "127.0.0.1"
-    port: int = 50051
-    device: str = "cpu"
-    dtype: str = "float32"
-    # None: chosen from the device at start (site_engine/engine/memory_plan.batch_defaults:
-    # 16 and 2,048 on CPU, vLLM's defaults on a GPU) and logged. For an embedding model: inputs
-    # and padded tokens per forward pass (site_engine/embedding/batcher.py).
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    # KV cache budget in MiB; 0 sizes the cache from free device memory (GPU) or a default (CPU).
-    kv_cache_mib: int = 0
-    policy: PolicyName = "fcfs"
-    # The deferral bound on background work (flex and batch classes): prefill tokens of theirs
-    # per step at most, so that an interactive request arriving mid-step waits at most one
-    # step with that much background in it before it joins (site_engine/engine/core/step_budget.py;
-    # in seconds: this / the site's prefill tokens per second). 0: no bound.
-    deferral_bound_tokens: int = 512
-    # Its time side: while interactive requests run, background rows (decodes too) may add at
-    # most this fraction of the step's interactive part, its time predicted from the steps run
-    # (site_engine/engine/core/step_cost.py); 0: the token bound alone.
-    deferral_bound_slack: float = 0.15
-    # Automatic prefix caching (site_engine/engine/core/block_manager.py); --no-prefix-caching: off.
-    prefix_caching: bool = True
-    # CUDA only: serve at once, before any CUDA graph exists, and capture them between steps
-    # (EngineConfig.lazy_graphs, docs/elastic.md). `load` turns it on for a CUDA site unless
-    # SITE_LAZY_GRAPHS says otherwise (tests/gpu/test_lazy_graphs.py passed on an H100).
-    lazy_graphs: bool = False
-    # Host memory for the prefix cache's second tier, in GiB (pinned on CUDA); 0: none.
-    host_kv_cache_gib: float = 0.0
-    # The host tier's bandwidth share: bytes of copies to it per engine step at most (whole
-    # blocks, at least one); a block worth a copy beyond it is simply evicted. And how many
-    # steps after its request left a block counts as of a conversation still active, worth a
-    # copy (site_engine/engine/core/host_offload.py).
-    host_kv_offload_bytes_per_step: int = 32 << 20
-    host_kv_active_window_steps: int = 2000
-    load_report_interval_ms: int = 500
-    # Intra-op threads for CPU execution. Several sites often share one host in tests and demos;
-    # more threads than free cores makes every step slower (measured: 38 ms vs 5 ms per token).
-    torch_threads: int = 1
-    # Prometheus metrics over HTTP on this port (same host as gRPC); 0 serves none.
-    metrics_port: int = 0
-    # The OpenAI-compatible HTTP face (/v1/completions, /v1/chat/completions, /v1/models,
-    # /metrics under vLLM's names) on this port, next to gRPC; 0 serves none. It has no TLS or
-    # API keys of its own: on a non-loopback host put it behind a proxy that has them.
-    http_port: int = 0
-    # Mutual TLS on the gRPC port (site_engine/tls.py): all three or none; none serves plaintext.
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
-    # The gateway's name in its client certificate (its common name or a DNS name): over mutual
-    # TLS only a client presenting it may lend this site's KV memory and take it back (KvRoom,
-    # LendKv, ReturnKv, RenewKvLease; site_engine/kv_lending_access.py). The CA signs every
-    # site's certificate too (the health probe's), so the CA alone does not say "gateway".
-    # None: nobody over TLS; over plaintext only a caller on loopback.
-    gateway_identity: str | None = None
+    model_dir: Path = setting(
+        help="transformers model dir, a GGUF file, or a dir holding one (converted once, cached)",
+        flag="--model",
+    )
+    site_name: str = setting(help="the site's name", shown_default="`SITE_MODEL_NAME`")
+    model_name: str = setting(
+        help="the name the gateway routes by", shown_default="the model directory's name"
+    )
+    tokenizer_dir: Path | None = setting(
+        None, help="the tokenizer's directory", shown_default="the model's", flag="--tokenizer"
+    )
+    task: Task = setting(
+        "auto",
+        help="`generate`, `embed`, or `auto`: an embedding model when the model directory is a "
+        "sentence-transformers one (a `modules.json` with a Pooling module), else generative "
+        "([openai-api.md](openai-api.md#embeddings-post-v1embeddings)); for an embedding model "
+        "`SITE_MAX_NUM_SEQS` and `SITE_MAX_NUM_BATCHED_TOKENS` bound the inputs and padded "
+        "tokens of one forward pass",
+    )
+    host: str = setting("127.0.0.1", help="the gRPC server's address")
+    port: int = setting(50051, help="the gRPC port (0: any free port)")
+    device: str = setting("cpu", help="`cpu` or `cuda[:N]`")
+    dtype: str = setting("float32", help="`float32`, `bfloat16` or `float16`")
+    max_num_seqs: int | None = setting(
+        None,
+        help="sequences running at once (an embedding model: inputs of one forward pass)",
+        shown_default="by device: 16 on CPU, vLLM's for a GPU's memory (logged)",
+    )
+    max_num_batched_tokens: int | None = setting(
+        None,
+        help="tokens one step computes at most (an embedding model: padded tokens of one pass)",
+        shown_default="by device: 2,048 on CPU, vLLM's for a GPU's memory (logged)",
+    )
+    block_size: int = setting(16, help="tokens per KV cache block")
+    kv_cache_mib: int = setting(
+        0,
+        help="the KV cache's budget in MiB; 0: the memory left after a trial of the largest "
+        "step, the CUDA graphs and the sampler on a GPU ([engine-gpu.md](engine-gpu.md)), a "
+        "default on CPU",
+    )
+    policy: PolicyName = setting(
+        "fcfs", help="the waiting queue's order: `fcfs`, `spf` (with aging) or `static` batches"
+    )
+    deferral_bound_tokens: int = setting(
+        512,
+        help="the deferral bound on background work: prefill tokens of flex and batch requests "
+        "per engine step at most, so an interactive request arriving mid-step waits at most one "
+        "step with that much background in it before it joins (in seconds: this over "
+        "`fedllm_site_prefill_tokens_per_second`); 0: no bound "
+        "([engine.md](engine.md#priority-classes))",
+    )
+    deferral_bound_slack: float = setting(
+        0.15,
+        help="the deferral bound's time side: while interactive requests run, background rows "
+        "(decodes too) may add at most this fraction of the predicted time of a step's "
+        "interactive part, the step cost learned from the steps run; 0: the token bound alone "
+        "([engine.md](engine.md#priority-classes))",
+    )
+    prefix_caching: bool = setting(
+        True,
+        help="automatic prefix caching: full KV blocks are kept by a chained id of their tokens, "
+        "the model and the request's cache salt, shared by later prompts that start the same "
+        "way, and evicted least-recently-used ([engine.md](engine.md#prefix-caching))",
+    )
+    # `load` turns it on for a CUDA site unless told (tests/gpu/test_lazy_graphs.py passed on
+    # an H100).
+    lazy_graphs: bool = setting(
+        False,
+        help="CUDA only (`true` is refused on CPU): serve at once, before any CUDA graph exists "
+        "(steps without their graph run eagerly), and capture the graphs between steps; "
+        "`false` captures them all before READY "
+        "([elastic.md](elastic.md#serving-before-graphs-lazy-graphs))",
+        shown_default="`true` on CUDA, `false` on CPU",
+    )
+    host_kv_cache_gib: float = setting(
+        0.0,
+        help="host memory (GiB; pinned on CUDA) for the prefix cache's second tier: blocks about "
+        "to be evicted from the device that are likely to be read again (hit before, or of a "
+        "conversation still active) are copied there, on a side stream overlapping the steps, "
+        "and copied back when a prompt needs them ([engine.md](engine.md#prefix-caching))",
+    )
+    host_kv_offload_bytes_per_step: int = setting(
+        32 << 20,
+        help="the host tier's bandwidth share: bytes of copies to it decided per engine step at "
+        "most (whole blocks; at least one block's worth); a block worth a copy beyond it is "
+        "simply evicted (`fedllm_site_host_kv_offload_skipped_blocks_total`)",
+    )
+    host_kv_active_window_steps: int = setting(
+        2000,
+        help="a finished (or preempted) request's blocks count as of a conversation still "
+        "active, worth a host copy, for this many engine steps after it left; 0: only blocks "
+        "hit before are copied",
+    )
+    load_report_interval_ms: int = setting(
+        500, help="period of the load reports the site pushes to the gateway"
+    )
+    # Several sites often share one host in tests and demos; more threads than free cores makes
+    # every step slower (measured: 38 ms vs 5 ms per token).
+    torch_threads: int = setting(1, help="CPU intra-op threads")
+    metrics_port: int = setting(0, help="Prometheus metrics over HTTP on this port; 0: off")
+    http_port: int = setting(
+        0,
+        help="the OpenAI-compatible HTTP face (`/v1/completions`, `/v1/chat/completions`, or "
+        "`/v1/embeddings` for an embedding model, `/v1/models`, `/metrics` in vLLM's names) next "
+        "to gRPC; 0: off; plaintext without keys, so off loopback it needs "
+        "`SITE_ALLOW_PLAINTEXT` ([external-engines.md](external-engines.md))",
+    )
+    tls_cert: Path | None = setting(None, help="the site's PEM certificate chain")
+    tls_key: Path | None = setting(None, help="its private key")
+    tls_client_ca: Path | None = setting(
+        None,
+        help="the CA that signs client (gateway) certificates; with all three set the gRPC port, "
+        "health service included, serves only mutual TLS; all three or none",
+    )
+    # The CA signs every site's certificate too (the health probe's), so the CA alone does not
+    # say "gateway".
+    gateway_identity: str | None = setting(
+        None,
+        help="the gateway's name in its client certificate (common name or a DNS name, e.g. "
+        "`<name_prefix>-gateway`): over mutual TLS only a client presenting it may call the KV "
+        "lending RPCs (`KvRoom`, `LendKv`, `ReturnKv`, `RenewKvLease`; "
+        "[elastic.md](elastic.md#leases)); unset, no TLS client may; over plaintext only a "
+        "caller on loopback may",
+    )
     # Plaintext on a non-loopback host lets anyone who reaches the port generate for free and
     # release or cancel others' queued requests: refused unless overridden with this.
-    allow_plaintext: bool = False
-    # Requests waiting for a batch slot; one more is refused with RESOURCE_EXHAUSTED (the
-    # gateway then tries another site, or answers 503 with Retry-After).
-    max_queued_requests: int = 1024
-    # Structured outputs: grammars compile on this many threads, off the step loop; a compile
-    # that runs longer than the timeout fails its requests with INVALID_ARGUMENT (a 400).
-    grammar_compile_threads: int = 2
-    grammar_compile_timeout_s: float = 5.0
-    # LoRA adapters (site_engine/engine/lora/): a directory of PEFT adapters, each served under
-    # its directory's name; None serves the base model only. Up to max_loras distinct adapters
-    # run at once (device slots, each padded to max_lora_rank <= 64), max_cpu_loras stay loaded
-    # in host memory (least recently used evicted). CPU (PyTorch) and CUDA (Triton kernels, graphs).
-    # max_lora_loads adapters are read from disk at once, each on its own worker thread: with
-    # one, a burst of cold adapters (many adapters, Zipf popularity) queues behind each other.
-    lora_dir: Path | None = None
-    max_loras: int = 4
-    max_cpu_loras: int = 8
-    # Host memory the adapters kept there may take at most (GiB, pinned on CUDA; 0: no bound
-    # but max_cpu_loras): least recently used evicted first, never one a live request uses.
-    max_cpu_lora_gib: float = 0.0
-    max_lora_rank: int = 16
-    max_lora_loads: int = 4
-    # CUDA: the LoRA kernels a step runs (site_engine/engine/lora/segmented_step.py).
-    lora_kernels: LoraKernels = DEFAULT_LORA_KERNELS
-    # Adapter slots out of the KV cache's block pool (issue 69, S-LoRA's unified paging):
-    # max_loras is then a cap, each resident adapter holds its bytes' worth of KV blocks, and
-    # idle ones give them back when sequences need them. Off by default: the slot tensors are
-    # still allocated at the cap beside the cache (docs/engine.md, LoRA).
-    lora_unified_slots: bool = False
-    # LoRA fine-tuning jobs trained in the engine's idle cycles (site_engine/finetune/): bytes
-    # of device memory reserved for training (LoRA weights, optimizer state, one unit's
-    # activations), taken from the KV cache's budget at start; 0 refuses every job. Jobs,
-    # checkpoints (every `checkpoint_every` optimizer steps) and adapters live under
-    # `finetune_dir`; units of training are sized in tokens so each is predicted to hold the
-    # engine's loop `finetune_max_step_ms` at most (site_engine/finetune/pacing.py).
-    finetune_reserve_bytes: int = 0
-    # The reserve taken from the KV cache only while a job trains (the cache is planned at full
-    # size, the reserve's top blocks drained and lent to the trainer when a job starts, given
-    # back when none runs; docs/engine.md, Fine-tuning jobs). Off: held from the start, as before.
-    finetune_reserve_on_demand: bool = False
-    finetune_dir: Path = Path("var/finetune")
-    # What `finetune_dir` may hold: a job whose files would take it past is refused at its
-    # start; an ended job's files and checkpoints are cleared (issue 75). At least one job's
-    # largest files (fedllm_contract.fine_tuning.MAX_JOB_FILES_BYTES).
-    finetune_dir_max_bytes: int = 8 << 30
-    finetune_checkpoint_every: int = 10
-    finetune_max_step_ms: float = 200.0
-    # While requests run, the most of the engine's time training units may take (a unit then
-    # waits (1 - share) / share times its length after the last one): the same 15% that
-    # background rows may add to an interactive step (deferral_bound_slack).
-    finetune_busy_share: float = DEFAULT_BUSY_SHARE
-    # With no request waiting or running, a unit of training takes up to this many padded
-    # tokens (8 x 512) with no time bound: its pieces still hand the loop back within
-    # finetune_max_step_ms, so a request arriving meanwhile waits one piece, not the unit.
-    finetune_idle_unit_tokens: int = 4096
-    # "idle": units between steps, paced by finetune_busy_share while requests run. "rows": a
-    # bounded piece of the job with every step, sized to the room the serving batch leaves in
-    # the step's token budget and to finetune_max_training_delay_ms, none while a request waits
-    # (site_engine/finetune/step_work.py): a job that waits for idle time starves under steady
-    # chat, since continuous batching almost never leaves a whole step idle.
-    finetune_mode: FineTuneMode = "idle"
-    # Rows mode: the most a step's training piece may delay it (pieces are sized to half of it;
-    # finetune_max_step_ms does not apply then).
-    finetune_max_training_delay_ms: float = 10.0
-    log_level: str = "INFO"
+    allow_plaintext: bool = setting(
+        False,
+        help="serve plaintext on a non-loopback `SITE_HOST`; without it such a site refuses to "
+        "start unless the three `SITE_TLS_*` are set (loopback needs neither)",
+    )
+    max_queued_requests: int = setting(
+        1024,
+        help="requests waiting for a batch slot; one more gets `RESOURCE_EXHAUSTED`, and the "
+        "gateway tries another site of the model, else answers 503 with `Retry-After` (the "
+        "site stays healthy)",
+    )
+    grammar_compile_threads: int = setting(
+        2,
+        help="threads compiling new schemas' grammars, off the engine's step loop: a request "
+        "waits for its grammar while every other one steps ([security.md](security.md), "
+        '"Structured outputs")',
+    )
+    grammar_compile_timeout_s: float = setting(
+        5.0,
+        help="a grammar compiling longer fails its requests with `INVALID_ARGUMENT` (a 400 from "
+        "the gateway)",
+    )
+    lora_dir: Path | None = setting(
+        None,
+        help="a directory of PEFT LoRA adapters (`adapter_config.json` + "
+        "`adapter_model.safetensors` each), served under their directories' names; an adapter "
+        "that does not fit the base (layers, shapes, rank above `SITE_MAX_LORA_RANK`) or uses a "
+        "PEFT feature the engine does not serve as peft does (DoRA, aLoRA, layer_replication, "
+        "biases, per-module ranks...), or whose weights hold NaN, infinite values or values past "
+        "the serving dtype's range, fails its requests with the reason; no `lora_alpha` means "
+        "peft's 8. CPU and CUDA (segmented Triton kernels inside the CUDA graphs; "
+        "[engine.md](engine.md#lora-adapters))",
+    )
+    max_loras: int = setting(
+        4,
+        help="distinct adapters running at once (the device's adapter slots); a request of "
+        "another adapter waits while others run",
+    )
+    max_cpu_loras: int = setting(
+        8,
+        help="adapters kept loaded in host memory, least recently used evicted (never one a live "
+        "request uses); a missing one loads on a worker thread while the engine steps on",
+    )
+    max_cpu_lora_gib: float = setting(
+        0.0,
+        help="host memory the adapters kept there may take at most (GiB, pinned on CUDA): least "
+        "recently used evicted first, never one a live request uses; 0: `SITE_MAX_CPU_LORAS` "
+        "alone bounds them",
+    )
+    max_lora_rank: int = setting(
+        16, help="the largest adapter rank served (at most 64); every slot is padded to it"
+    )
+    max_lora_loads: int = setting(
+        4,
+        help="adapters read from disk at once, each on its own worker thread, started when "
+        "their first request arrives (in arrival order beyond this many); a request waits for "
+        "its own adapter's load only. One makes cold adapters queue behind each other (the "
+        "H100 1,000-adapter run: TTFT p99 7.3 s)",
+    )
+    lora_kernels: LoraKernels = setting(
+        DEFAULT_LORA_KERNELS,
+        help="CUDA: the LoRA kernels a step runs, `segmented` (the kernels before issue 69, the "
+        "faster on an H200 so far) or `splitk` (issue 77's); any other name is refused at "
+        "start ([engine.md](engine.md), LoRA)",
+    )
+    # Off by default: the slot tensors are still allocated at the cap beside the cache.
+    lora_unified_slots: bool = setting(
+        False,
+        help="adapter slots out of the KV cache's block pool (issue 69, S-LoRA's unified "
+        "paging): `SITE_MAX_LORAS` is then a cap, each resident adapter holds its bytes' worth "
+        "of KV blocks, and idle ones give them back when sequences need them "
+        "([engine.md](engine.md), LoRA)",
+    )
+    finetune_reserve_bytes: int = setting(
+        0,
+        help="device memory reserved for LoRA fine-tuning jobs (LoRA weights, their gradients "
+        "and AdamW state, one micro-batch's activations), taken from the KV cache's budget at "
+        "start; 0: the site takes no jobs (StartFineTune answers FAILED_PRECONDITION); > 0 "
+        "needs `SITE_LORA_DIR` (the trained adapter is served through its LoRA slots) "
+        "([engine.md](engine.md#fine-tuning-jobs))",
+    )
+    finetune_reserve_on_demand: bool = setting(
+        False,
+        help="`true`: the KV cache is planned at full size and the reserve is taken from its top "
+        "only while a job trains (drained first if sequences hold it), given back when none "
+        "does; needs `SITE_FINETUNE_RESERVE_BYTES` ([engine.md](engine.md#fine-tuning-jobs))",
+    )
+    finetune_dir: Path = setting(
+        Path("var/finetune"),
+        help="where jobs, their checkpoints and final adapters live; unfinished jobs found "
+        "there at start resume from their last checkpoint. An ended job keeps only its "
+        "description, its result and (succeeded) its adapter: its files and checkpoints are "
+        "cleared on cancel, failure and success",
+    )
+    finetune_dir_max_bytes: int = setting(
+        8 << 30,
+        help="what `SITE_FINETUNE_DIR` may hold: a job whose files would take it past is refused "
+        "at its start; an ended job's files and checkpoints are cleared (at least one job's "
+        "largest files)",
+        shown_default="8 GiB",
+    )
+    finetune_checkpoint_every: int = setting(10, help="optimizer steps between a job's checkpoints")
+    finetune_max_step_ms: float = setting(
+        200.0,
+        help="the time one unit of training (a token-bounded micro-batch's forward and "
+        "backward) may hold the engine's loop while requests run: units are then sized to it "
+        "from the measured seconds per token, and one starts only if it is predicted to end "
+        "within it (one example longer than that runs only with no request in). Every unit, an "
+        "idle-sized one too, runs in pieces cut to it (at layer boundaries, between loss "
+        "chunks, before the optimizer step)",
+    )
+    # The same 15% that background rows may add to an interactive step (deferral_bound_slack).
+    finetune_busy_share: float = setting(
+        DEFAULT_BUSY_SHARE,
+        help="while requests run, the most of the engine's time training units may take: a unit "
+        "waits (1 - share) / share times its predicted length after the last one ended (1: a "
+        "unit between every two steps)",
+    )
+    finetune_idle_unit_tokens: int = setting(
+        4096,
+        help="with no request waiting or running, a unit of training takes up to this many "
+        "padded tokens (8 x 512; the reserve caps it too) with no time bound: thousands of "
+        "tokens a step, as a plain training loop runs. Its pieces still hand the engine's loop "
+        "back within `SITE_FINETUNE_MAX_STEP_MS`, so a request arriving meanwhile waits for one "
+        "piece, not for the unit ([engine.md](engine.md#fine-tuning-jobs))",
+    )
+    # A job that waits for idle time starves under steady chat: continuous batching almost
+    # never leaves a whole step idle (site_engine/finetune/step_work.py).
+    finetune_mode: FineTuneMode = setting(
+        "idle",
+        help="how training shares the engine with serving: `idle` runs units between steps, "
+        "paced by `SITE_FINETUNE_BUSY_SHARE` while requests run; `rows` runs a bounded piece of "
+        "the job with every step, sized to the room the serving batch leaves in the step's "
+        "token budget and to `SITE_FINETUNE_MAX_TRAINING_DELAY_MS`, none while a request waits "
+        "(issue 70; its GPU figures are not measured yet: "
+        "[engine.md](engine.md#fine-tuning-jobs))",
+    )
+    finetune_max_training_delay_ms: float = setting(
+        10.0,
+        help="`rows` mode: the most a step's training piece may delay it; pieces are sized to "
+        "half of it from the last one's measured time (`SITE_FINETUNE_MAX_STEP_MS` does not "
+        "apply then)",
+    )
+    log_level: str = setting(
+        "INFO", help="`DEBUG`, `INFO`, `WARNING` or `ERROR`; the site never logs prompts"
+    )
 
     def __post_init__(self) -> None:
         if not self.site_name:

@@ -96,7 +96,7 @@ def smollm2_dir(smollm2_gguf: Path) -> Path:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     # Imported here so GPU machines, which run only the engine tests, need no database driver.
-    from tests.support.postgres import postgres_database
+    from devtools.postgres import postgres_database
 
     with postgres_database() as url:
         yield url

@@ -23,7 +23,7 @@ from typing import Any
 from bench.engine.paths import REPO_ROOT
 
 # The packages the benchmark imports; site_engine/engine is then replaced by the baseline's.
-_PACKAGES = ("bench", "site_engine", "predictor", "fedllm_contract")
+_PACKAGES = ("bench", "site_engine", "predictor", "fedllm_contract", "fedsim")
 
 
 def hybrid_tree(baseline_engine: Path, into: Path) -> Path:

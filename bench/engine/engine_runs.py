@@ -22,7 +22,7 @@ import torch
 from bench.engine.harness import GIB, Progress, free_device_memory, sync
 from bench.engine.metrics import RequestTiming, RunSummary, summarize_run
 from bench.engine.roofline import kv_block_bytes
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 from site_engine.engine.core.api import EngineRequest, RequestRejected
 from site_engine.engine.core.types import SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
@@ -33,7 +33,7 @@ def _used_blocks_probe(engine: PagedEngine) -> tuple[Callable[[], int], str]:
     """Reading blocks in use every step: engine.stats() walks every queued sequence (a few ms
     with a thousand waiting), so the scheduler's block manager is read when it is there and
     agrees with stats(); otherwise stats() is called every step."""
-    blocks: Any = getattr(getattr(engine, "_scheduler", None), "_blocks", None)
+    blocks: Any = getattr(getattr(engine, "_scheduler", None), "block_manager", None)
     value = getattr(blocks, "num_used_blocks", None)
     if isinstance(value, int) and value == engine.stats().kv_blocks_used:
         return (lambda: int(blocks.num_used_blocks)), "block manager, every step"

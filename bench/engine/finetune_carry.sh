@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares, here, what `python -m bench.engine.finetune_colocated` (and
-# bench.engine.finetune_profile, bench.engine.finetune_share_profile) needs on the GPU machine
+# bench.engine.finetune_profile) needs on the GPU machine
 # beyond the working tree: the site's trainer imports peft, which the machine's image lacks (it
 # has torch and transformers) and cannot download (no internet), so peft travels as a wheel with
 # what it imports that the image may lack (accelerate, psutil), and the xxhash, protobuf and

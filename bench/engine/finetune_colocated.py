@@ -51,14 +51,15 @@ from typing import Any
 
 import torch
 
-from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.common import command_line, markdown_table, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.finetune_driver import JobClock, drive_with_job, run_job_alone
 from bench.engine.finetune_job import job_at_peft_step, peft_alone, start_job, training_memory
 from bench.engine.harness import GIB, Progress
-from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, SMALL_SHAPE, preset_model
-from bench.engine.priority import build_engine, device_label, ratio, summary
-from bench.engine.priority_driver import Shape, WallClock, burst, make_requests, poisson_arrivals
+from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, preset_model
+from bench.engine.presets import WallClock, device_label, preset_parser, tiny_shape
+from bench.engine.priority import build_engine, ratio, summary
+from bench.engine.priority_driver import Shape, burst, make_requests, poisson_arrivals
 from fedllm_contract.priority import Priority
 from site_engine.finetune.jobs import FineTuneJobs
 from site_engine.finetune.step_rows import StepRows
@@ -95,13 +96,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "peft_step": (8, 512),
     },
     "cpu": {
-        "shape": {
-            **SMALL_SHAPE,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "head_dim": 16,
-            "max_position_embeddings": 1024,
-        },
+        "shape": tiny_shape(1024),
         "device": "cpu",
         "dtype": "float32",
         "max_num_seqs": 8,
@@ -136,13 +131,10 @@ GOALS = (">= 0.85", ">= 0.4 (0.6x) / 0.6 (0.3x)", "<= 1.3", "<= 1.2", "<= 10")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.engine.finetune_colocated", description=__doc__
+    runs = ("window_s", "drain_s", "burst_requests")
+    parser, add = preset_parser(
+        "bench.engine.finetune_colocated", __doc__, PRESETS, "finetune_colocated", *runs
     )
-    add = parser.add_argument
-    add("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
-    add("--model-dir", type=Path, default=None, help="built there first if empty")
-    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
     add("--loads", default="0.6,0.3", help="interactive rate / capacity: one file per load")
     add("--seeds", default="0,1,2", help="seeds, each a run at every load (min-max reported)")
     add(
@@ -152,16 +144,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="rows: training rows beside each step (issue 70); idle: units between steps",
     )
     add("--max-training-delay-ms", type=float, default=None, help="rows mode's bound")
-    add("--window-s", type=float, default=None, help="seconds of interactive arrivals")
-    add("--drain-s", type=float, default=None, help="seconds more for them to finish")
     add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
-    add("--burst-requests", type=int, default=None, help="requests of the capacity burst")
     add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
     add("--busy-share", type=float, default=DEFAULT_BUSY_SHARE,
         help="IdleGate.busy_share: the most of the time units take while requests run")  # fmt: skip
     add("--reserve-gib", type=float, default=None, help="SITE_FINETUNE_RESERVE_BYTES, in GiB")
-    add("--results-dir", type=Path, default=results_dir("finetune_colocated"))
-    add("--name", default=None, help="default: finetune_colocated_<device>")
     args = parser.parse_args(argv)
     try:
         args.loads = [float(x) for x in args.loads.split(",")]
@@ -173,8 +160,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not 0 < args.busy_share <= 1:
         parser.error("--busy-share must be in (0, 1]")
     args.p = dict(PRESETS[args.preset])
-    for key in ("window_s", "drain_s", "job_alone_s", "burst_requests", "max_step_ms",
-                "reserve_gib", "max_training_delay_ms"):  # fmt: skip
+    for key in (*runs, "job_alone_s", "max_step_ms", "reserve_gib", "max_training_delay_ms"):
         if getattr(args, key) is not None:
             if not getattr(args, key) > 0:
                 parser.error(f"--{key.replace('_', '-')} must be > 0")

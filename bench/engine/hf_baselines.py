@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from bench.engine.metrics import static_batches, useful_tokens
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 
 Log = Callable[[str], None]
 

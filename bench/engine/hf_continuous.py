@@ -29,7 +29,7 @@ from bench.engine.hf_baselines import (
     free_memory,
     transformers_version,
 )
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 
 BatchApi = Literal["manager", "generate_batch"]
 

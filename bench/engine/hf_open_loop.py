@@ -28,7 +28,7 @@ from bench.engine.hf_continuous import (
     _stop_manager,
 )
 from bench.engine.metrics import distribution_ms
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 
 
 def _generation_config(model: Any, max_new: int, limits: dict[str, Any]) -> tuple[Any, Any]:

@@ -47,8 +47,8 @@ from bench.engine.harness import Progress, free_device_memory, sync
 from bench.engine.model_setup import LLAMA_1B_SHAPE, SMALL_SHAPE, ensure_model
 from bench.engine.paths import resolve_data_dir, shared_path
 from bench.engine.serving_workload import build_mix, load_pools
-from bench.engine.workload import WorkloadRequest, poisson_arrivals
 from fedllm_contract.tokenizer import load_tokenizer
+from fedsim.engine_trace import WorkloadRequest, poisson_arrivals
 from site_engine.engine.core.api import EngineRequest
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
@@ -154,7 +154,7 @@ def step_phase(
 
 def _cancel_all(engine: PagedEngine) -> None:
     # A bench resets its engine: every request it holds.
-    for request_id in list(engine._scheduler._live):
+    for request_id in list(engine._scheduler._roster.live):
         engine.abort(request_id, FinishReason.CANCELLED)
     while engine.has_unfinished():
         engine.step()

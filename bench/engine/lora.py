@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from bench.common import command_line, results_dir, write_results
+from bench.common import command_line, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import Progress
 from bench.engine.lora_driver import (
@@ -58,8 +58,8 @@ from bench.engine.lora_driver import (
     zipf_choices,
 )
 from bench.engine.lora_report import across_seeds, plot, report
-from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE, ensure_model
-from bench.engine.priority import device_label
+from bench.engine.model_setup import LLAMA_8B_SHAPE, ensure_model
+from bench.engine.presets import chosen, device_label, kv_bytes, preset_parser, tiny_shape
 from bench.engine.priority_driver import poisson_arrivals
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
@@ -95,13 +95,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "knee_window_s": 15.0,
     },
     "cpu": {
-        "shape": {
-            **SMALL_SHAPE,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "head_dim": 16,
-            "max_position_embeddings": 512,
-        },
+        "shape": tiny_shape(512),
         "device": "cpu",
         "dtype": "float32",
         "max_num_seqs": 8,
@@ -128,18 +122,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.engine.lora", description=__doc__)
-    add = parser.add_argument
-    add("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
-    add("--model-dir", type=Path, default=None, help="built there first if empty")
+    runs = ("window_s", "drain_s", "deadline_s")
+    parser, add = preset_parser("bench.engine.lora", __doc__, PRESETS, "engine_lora", *runs)
     add("--adapter-dir", type=Path, default=None, help="adapters written there first if missing")
-    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
     add("--load", type=float, default=0.6, help="arrival rate / the base's burst capacity")
-    add("--window-s", type=float, default=None, help="seconds of arrivals per arm")
-    add("--drain-s", type=float, default=None, help="seconds more for them to finish")
-    add("--deadline-s", type=float, default=None, help="skip arms that would end later")
-    add("--results-dir", type=Path, default=results_dir("engine_lora"))
-    add("--name", default=None, help="default: engine_lora_<device>")
     add("--seed", type=int, default=0, help="the first seed")
     add("--seeds", type=int, default=1, help="seeds run (min-max reported)")
     add("--knee-window-s", type=float, default=None, help="seconds of arrivals per knee rung")
@@ -153,12 +139,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
         parser.error("--load must be in (0, 1)")
-    args.p = dict(PRESETS[args.preset])
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
-    for key in ("window_s", "drain_s", "deadline_s", "knee_window_s", "knee_loads"):
-        if getattr(args, key) is not None:
-            args.p[key] = getattr(args, key)
+    args.p = chosen(args, PRESETS, *runs, "knee_window_s", "knee_loads")
     if args.max_lora_loads is not None and args.max_lora_loads < 1:
         parser.error("--max-lora-loads must be >= 1")
     loads = args.max_lora_loads
@@ -174,17 +157,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def build_engine(loaded: LoadedModel, p: dict[str, Any], lora: LoraSettings | None) -> PagedEngine:
-    from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
-
-    per_block = kv_cache_bytes_per_block(
-        KVCacheSpec.from_config(loaded.model.config), 16, loaded.dtype
-    )
-    kv_bytes = 0 if loaded.device.type == "cuda" else 256 * per_block
     config = EngineConfig(
         max_num_seqs=p["max_num_seqs"],
         max_num_batched_tokens=p["max_num_batched_tokens"],
         block_size=16,
-        kv_cache_bytes=kv_bytes,
+        kv_cache_bytes=0 if loaded.device.type == "cuda" else kv_bytes(loaded, 256),
         prefix_caching=False,  # random prompts share nothing
         lora=lora,
     )

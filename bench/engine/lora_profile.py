@@ -63,9 +63,9 @@ from bench.engine.lora_driver import (
     timed_steps,
     write_adapters,
 )
-from bench.engine.model_setup import LLAMA_8B_SHAPE, SMALL_SHAPE
+from bench.engine.model_setup import LLAMA_8B_SHAPE
 from bench.engine.paths import shared_path
-from bench.engine.priority import device_label
+from bench.engine.presets import device_label, tiny_shape
 from bench.engine.roofline import measure_copy_bandwidth
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.lora.adapter import BaseShapes
@@ -93,13 +93,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "preset": "gpu",
     },
     "cpu": {
-        "shape": {
-            **SMALL_SHAPE,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "head_dim": 16,
-            "max_position_embeddings": 512,
-        },
+        "shape": tiny_shape(512),
         "device": "cpu",
         "dtype": torch.float32,
         "rows": 8,

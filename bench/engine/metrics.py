@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from fedsim.engine_trace import WorkloadRequest, WorkloadSpec
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -211,3 +215,35 @@ def roofline_ms(bytes_read: float, bandwidth_bytes_per_s: float) -> float:
     if bandwidth_bytes_per_s <= 0:
         raise ValueError(f"bandwidth must be > 0, got {bandwidth_bytes_per_s}")
     return bytes_read / bandwidth_bytes_per_s * 1000.0
+
+
+def _length_stats(values: Sequence[int]) -> dict[str, float]:
+    floats = [float(v) for v in values]
+    return {
+        "mean": sum(floats) / len(floats),
+        "p50": percentile(floats, 50),
+        "p90": percentile(floats, 90),
+        "p99": percentile(floats, 99),
+        "max": max(floats),
+    }
+
+
+def describe_workload(requests: Sequence[WorkloadRequest], spec: WorkloadSpec) -> dict[str, Any]:
+    """What the results file says about the trace."""
+    if not requests:
+        return {"requests": 0}
+    return {
+        "requests": len(requests),
+        "by_corpus": dict(Counter(r.corpus for r in requests)),
+        "seed": spec.seed,
+        "tokenizer": "GPT-2 byte-level BPE (token ids of the real prompt text)",
+        "max_prompt_tokens": spec.max_prompt_tokens,
+        "max_output_tokens": spec.max_output_tokens,
+        "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+        "output_tokens": sum(r.output_tokens for r in requests),
+        "prompts_truncated": sum(r.prompt_truncated for r in requests),
+        "outputs_capped": sum(r.reference_output_tokens > r.output_tokens for r in requests),
+        "prompt_length": _length_stats([len(r.prompt_token_ids) for r in requests]),
+        "output_length": _length_stats([r.output_tokens for r in requests]),
+        "replay": "greedy, ignore_eos, max_tokens = the reference response length (capped)",
+    }

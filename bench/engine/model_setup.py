@@ -65,7 +65,7 @@ LLAMA_8B_SHAPE: dict[str, Any] = {
     "rope_scaling": {**LLAMA_3_ROPE_SCALING, "factor": 8.0},
 }
 # The 8B shape at 8,192 positions, and where the benches that use it keep it: built once a machine
-# (bench.engine.priority and bench.engine.batch_order share it in one device command).
+# (bench.engine.priority and bench.engine.finetune_colocated share it).
 LLAMA_8B_8K_SHAPE: dict[str, Any] = {**LLAMA_8B_SHAPE, "max_position_embeddings": 8192}
 LLAMA_8B_8K_DIR = Path("/tmp/fedllm-bench-llama8b-8k")
 SMALL_SHAPE: dict[str, Any] = {

@@ -20,7 +20,7 @@ from typing import Any
 from bench.engine.engine_runs import measure_run
 from bench.engine.harness import Progress
 from bench.engine.metrics import RunSummary
-from bench.engine.workload import WorkloadRequest, poisson_arrivals
+from fedsim.engine_trace import WorkloadRequest, poisson_arrivals
 from site_engine.engine.core.types import FinishReason
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel

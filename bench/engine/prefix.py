@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from bench.common import command_line, results_dir
+from bench.common import command_line
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import GIB, Deadline, Progress
 from bench.engine.model_setup import LLAMA_1B_SHAPE, ensure_model
 from bench.engine.paths import shared_path
-from bench.engine.prefix_driver import Slo, StepClock, WallClock, drive, goodput, meets
+from bench.engine.prefix_driver import Slo, drive, goodput, meets
 from bench.engine.prefix_report import save
 from bench.engine.prefix_workloads import (
     Session,
@@ -50,6 +50,14 @@ from bench.engine.prefix_workloads import (
     shared_sessions,
     trace_parts,
     trace_sessions,
+)
+from bench.engine.presets import (
+    TokenClock,
+    WallClock,
+    chosen,
+    device_label,
+    kv_bytes,
+    preset_parser,
 )
 from bench.engine.report import versions
 from bench.loadgen.traces import read_trace
@@ -157,13 +165,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.engine.prefix", description=__doc__)
-    add = parser.add_argument
-    default = "gpu" if torch.cuda.is_available() else "cpu"
-    add("--preset", choices=sorted(PRESETS), default=default)
+    parser, add = preset_parser(
+        "bench.engine.prefix", __doc__, PRESETS, "engine_prefix", "deadline_s"
+    )
     add("--workloads", default=None, help=f"comma-separated, of {WORKLOADS} (default: all)")
-    add("--model-dir", type=Path, default=None, help="built there first if empty")
-    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
     add("--traces-dir", type=Path, default=None, help="default: ../shared/datasets/traces")
     add("--host-kv-cache-gib", type=float, default=None)
     add("--host-kv-offload-bytes-per-step", type=int, default=None, help="default: the site's")
@@ -171,15 +176,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--shared-rates", type=float, nargs="+", default=None, help="conversations/s")
     add("--trace-cap", type=int, default=None, help="input tokens kept of each trace request")
     add("--trace-rates", type=float, nargs="+", default=None, help="requests/s, one per part")
-    add("--deadline-s", type=float, default=None)
-    add("--results-dir", type=Path, default=results_dir("engine_prefix"))
-    add("--name", default=None, help="default: engine_prefix_<device>")
     add("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    args.p = dict(PRESETS[args.preset])
-    for key in ("host_kv_cache_gib", "host_kv_offload_bytes_per_step", "deadline_s"):
-        if getattr(args, key) is not None:
-            args.p[key] = getattr(args, key)
+    keys = ("host_kv_cache_gib", "host_kv_offload_bytes_per_step", "deadline_s")
+    args.p = chosen(args, PRESETS, *keys)
     if args.trace_requests is not None:
         args.p["trace_requests"] = args.trace_requests or None
     if args.shared_rates:
@@ -198,23 +198,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def device_label(loaded: LoadedModel) -> str:
-    if loaded.device.type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(loaded.device).lower()
-    return next((gpu for gpu in ("h200", "h100", "a100", "l40s") if gpu in name), "gpu")
-
-
 def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
-    from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
-
-    per_block = kv_cache_bytes_per_block(
-        KVCacheSpec.from_config(loaded.model.config), p["block_size"], loaded.dtype
-    )
     if "kv_cache_blocks" in p:
-        kv_bytes, host_bytes = p["kv_cache_blocks"] * per_block, p["host_kv_blocks"] * per_block
+        size = p["block_size"]
+        device = kv_bytes(loaded, p["kv_cache_blocks"], size)
+        host = kv_bytes(loaded, p["host_kv_blocks"], size)
     else:
-        kv_bytes, host_bytes = int(p["kv_cache_gib"] * GIB), int(p["host_kv_cache_gib"] * GIB)
+        device, host = int(p["kv_cache_gib"] * GIB), int(p["host_kv_cache_gib"] * GIB)
     # The site's default bandwidth share unless the run names one.
     offload = {k: p[k] for k in ("host_kv_offload_bytes_per_step",) if p.get(k) is not None}
     return PagedEngine(
@@ -223,8 +213,8 @@ def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
             max_num_seqs=p["max_num_seqs"],
             max_num_batched_tokens=p["max_num_batched_tokens"],
             block_size=p["block_size"],
-            kv_cache_bytes=kv_bytes,
-            host_kv_cache_bytes=host_bytes,
+            kv_cache_bytes=device,
+            host_kv_cache_bytes=host,
             **offload,
             model_name="bench",
         ),
@@ -255,7 +245,7 @@ class Runner:
             self.skipped.append(label)
             self.log(f"  {label} skipped: the run's deadline is near")
             return None
-        clock = StepClock(step) if step is not None else WallClock()
+        clock = TokenClock(step) if step is not None else WallClock()
         row = drive(self.engine, sessions, clock, budget, label)
         row["rate"] = rate
         row["misses"] = meets(row, self.slo)

@@ -2,22 +2,23 @@
 
 Sessions arrive open loop (their own clock, whatever the engine does); a session's next turn is
 sent the moment its previous answer is complete, with everything before it as its prompt. The
-wall clock is real time (the GPU preset). The step clock advances a fixed time per engine step
-and jumps over idle time: the CPU preset uses it, so that which request is admitted when, hence
-what the cache holds and how many prompt tokens are computed, does not depend on how fast this
-machine happens to be (its latencies are then in virtual seconds).
+wall clock is real time (the GPU preset). The step clock (presets.TokenClock with no per-token
+cost) advances a fixed time per engine step and jumps over idle time: the CPU preset uses it, so
+that which request is admitted when, hence what the cache holds and how many prompt tokens are
+computed, does not depend on how fast this machine happens to be (its latencies are then in
+virtual seconds).
 """
 
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from bench.engine.metrics import percentile
 from bench.engine.prefix_workloads import Session
+from bench.engine.presets import Clock
 from site_engine.engine.core.api import EngineRequest, EngineStats, RequestRejected
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import PagedEngine
@@ -27,43 +28,6 @@ from site_engine.engine.paged_engine import PagedEngine
 class Slo:
     ttft_p99_ms: float = 2000.0
     tpot_p99_ms: float = 100.0
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    def stepped(self) -> None: ...
-
-    def idle_until(self, t: float) -> None: ...
-
-
-class WallClock:
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self._start
-
-    def stepped(self) -> None:
-        pass
-
-    def idle_until(self, t: float) -> None:
-        time.sleep(max(0.0, min(t - self.now(), 0.01)))
-
-
-class StepClock:
-    def __init__(self, step_s: float) -> None:
-        self._step_s = step_s
-        self._t = 0.0
-
-    def now(self) -> float:
-        return self._t
-
-    def stepped(self) -> None:
-        self._t += self._step_s
-
-    def idle_until(self, t: float) -> None:
-        self._t = max(self._t, t)
 
 
 @dataclass(slots=True)
@@ -122,7 +86,7 @@ def drive(
             break
         if engine.has_unfinished():
             outputs = engine.step()
-            clock.stepped()
+            clock.stepped(0)
             now = clock.now()
             for output in outputs:
                 request = live[output.request_id]

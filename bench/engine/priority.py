@@ -8,8 +8,7 @@ Each seed (--seeds, three by default) draws its own arrivals, prompts and batch;
 its capacity are measured once. The keys are the median over the seeds, with their minimum and
 maximum beside them (`<key>_min`, `<key>_max`). The GPU preset is sized for a scarce device: 30 s
 of arrivals and at most 10 s of drain a run, two runs a seed, ~4 minutes for three seeds after
-the model is up (bench/engine/issue52_gpu.sh runs it with bench.engine.batch_order in one
-device command).
+the model is up.
 
 Steps, on one warmed-up engine:
 1. Capacity: a burst of interactive-shaped requests (all at once) gives the requests/s the
@@ -35,21 +34,25 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from bench.common import command_line, markdown_table, results_dir, write_results
+from bench.common import command_line, markdown_table, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.harness import GIB, Progress
-from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, SMALL_SHAPE, preset_model
-from bench.engine.priority_driver import (
+from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, preset_model
+from bench.engine.presets import (
     Clock,
-    RunResult,
-    Shape,
     TokenClock,
     WallClock,
+    chosen,
+    device_label,
+    kv_bytes,
+    preset_parser,
+    tiny_shape,
+)
+from bench.engine.priority_driver import (
+    RunResult,
+    Shape,
     burst,
     drive,
     make_requests,
@@ -77,13 +80,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "clock": None,  # the wall clock
     },
     "cpu": {
-        "shape": {
-            **SMALL_SHAPE,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "head_dim": 16,
-            "max_position_embeddings": 1024,
-        },
+        "shape": tiny_shape(1024),
         "device": "cpu",
         "dtype": "float32",
         "max_num_seqs": 8,
@@ -104,19 +101,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.engine.priority", description=__doc__)
-    add = parser.add_argument
-    add("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
-    add("--model-dir", type=Path, default=None, help="built there first if empty")
-    add("--tokenizer-dir", type=Path, default=None, help="default: ../shared/tokenizers/gpt2")
+    runs = ("window_s", "drain_s", "burst_requests")
+    parser, add = preset_parser("bench.engine.priority", __doc__, PRESETS, "priority", *runs)
     add("--load", type=float, default=0.5, help="interactive rate / interactive capacity")
-    add("--window-s", type=float, default=None, help="seconds of interactive arrivals")
-    add("--drain-s", type=float, default=None, help="seconds more for them to finish")
-    add("--burst-requests", type=int, default=None, help="requests of each capacity burst")
     add("--deferral-bound-tokens", type=int, default=None, help="0: no bound")
     add("--deferral-bound-slack", type=float, default=None, help="0: no time bound")
-    add("--results-dir", type=Path, default=results_dir("priority"))
-    add("--name", default=None, help="default: priority_<device>")
     add("--seeds", default="0,1,2", help="comma-separated; each draws its own requests")
     args = parser.parse_args(argv)
     if not 0 < args.load < 1:
@@ -127,38 +116,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         parser.error("--seeds must name at least one seed, each once")
-    args.p = dict(PRESETS[args.preset])
-    for key in ("window_s", "drain_s", "burst_requests"):
-        if getattr(args, key) is not None:
-            args.p[key] = getattr(args, key)
-    if args.deferral_bound_tokens is not None:
-        args.p["deferral_bound_tokens"] = args.deferral_bound_tokens
-    if args.deferral_bound_slack is not None:
-        args.p["deferral_bound_slack"] = args.deferral_bound_slack
+    args.p = chosen(args, PRESETS, *runs, "deferral_bound_tokens", "deferral_bound_slack")
     return args
 
 
-def device_label(loaded: LoadedModel) -> str:
-    if loaded.device.type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(loaded.device).lower()
-    return next((gpu for gpu in ("h200", "h100", "a100", "l40s") if gpu in name), "gpu")
-
-
 def build_engine(loaded: LoadedModel, p: dict[str, Any]) -> PagedEngine:
-    from site_engine.engine.kv_cache import KVCacheSpec, kv_cache_bytes_per_block
-
-    per_block = kv_cache_bytes_per_block(
-        KVCacheSpec.from_config(loaded.model.config), 16, loaded.dtype
-    )
-    kv_bytes = p["kv_cache_blocks"] * per_block if "kv_cache_blocks" in p else 0
+    blocks = kv_bytes(loaded, p["kv_cache_blocks"]) if "kv_cache_blocks" in p else 0
     return PagedEngine(
         loaded,
         EngineConfig(
             max_num_seqs=p["max_num_seqs"],
             max_num_batched_tokens=p["max_num_batched_tokens"],
             block_size=16,
-            kv_cache_bytes=kv_bytes or int(p["kv_cache_gib"] * GIB),
+            kv_cache_bytes=blocks or int(p["kv_cache_gib"] * GIB),
             # As a site runs by default: a preempted sequence finds its own full blocks again, so
             # preempting it for an interactive one costs the recompute of its last block only.
             prefix_caching=True,

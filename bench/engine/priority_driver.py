@@ -12,63 +12,15 @@ positions only), so it under-charges preemptions a little; the wall clock charge
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from bench.engine.metrics import percentile
+from bench.engine.presets import Clock
 from fedllm_contract.priority import Priority
 from site_engine.engine.core.api import EngineRequest, RequestOutput
 from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine.paged_engine import PagedEngine
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    def stepped(self, tokens: int) -> float | None:
-        """A step computed `tokens`: the seconds it took on this clock, None where the engine
-        timed it itself (the wall clock)."""
-        ...
-
-    def idle_until(self, t: float) -> None: ...
-
-
-class WallClock:
-    """Seconds since the run began."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self._start
-
-    def stepped(self, tokens: int) -> float | None:
-        return None
-
-    def idle_until(self, t: float) -> None:
-        time.sleep(max(0.0, min(t - self.now(), 0.01)))
-
-
-class TokenClock:
-    """A step costs `base_s + per_token_s * tokens`; idle time jumps to the next arrival."""
-
-    def __init__(self, base_s: float, per_token_s: float) -> None:
-        self._base_s = base_s
-        self._per_token_s = per_token_s
-        self._t = 0.0
-
-    def now(self) -> float:
-        return self._t
-
-    def stepped(self, tokens: int) -> float | None:
-        seconds = self._base_s + self._per_token_s * tokens
-        self._t += seconds
-        return seconds
-
-    def idle_until(self, t: float) -> None:
-        self._t = max(self._t, t)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,17 +24,12 @@ from bench.engine.engine_runs import engine_config, run_engine
 from bench.engine.harness import GIB, MIB, Deadline, Progress, free_device_memory
 from bench.engine.hf_baselines import BaselineResult, run_hf_generate
 from bench.engine.hf_continuous import run_hf_generate_batch
+from bench.engine.metrics import describe_workload
 from bench.engine.model_setup import build_model_dir, model_facts
 from bench.engine.report import fmt, record_headline, save
 from bench.engine.roofline import ROOFLINE_METHOD, measure_copy_bandwidth
-from bench.engine.workload import (
-    WorkloadRequest,
-    WorkloadSpec,
-    describe_workload,
-    load_workload,
-    poisson_arrivals,
-)
 from fedllm_contract.tokenizer import load_tokenizer
+from fedsim.engine_trace import WorkloadRequest, WorkloadSpec, load_workload, poisson_arrivals
 from site_engine.model_loading import LoadedModel, load_model
 
 

@@ -61,8 +61,8 @@ from bench.engine.serving_workload import (
     describe_mix,
 )
 from bench.engine.step_shapes import SHAPES, PrefillChunk, StepShape, measure_shapes
-from bench.engine.workload import WorkloadSpec, load_workload, poisson_arrivals
 from fedllm_contract.tokenizer import load_tokenizer
+from fedsim.engine_trace import WorkloadSpec, load_workload, poisson_arrivals
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.engine.engine_runs import warm_up
 from bench.engine.open_loop import run_rate
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 
 if TYPE_CHECKING:

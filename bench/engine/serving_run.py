@@ -18,8 +18,8 @@ from bench.engine.report import versions
 from bench.engine.serving_report import save
 from bench.engine.serving_traces import TraceLengths, build_trace_mix, load_trace_lengths
 from bench.engine.serving_workload import PromptPools, build_mix, load_pools
-from bench.engine.workload import WorkloadRequest
 from fedllm_contract.tokenizer import load_tokenizer
+from fedsim.engine_trace import WorkloadRequest
 
 
 class Run:

@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.engine.workload import WorkloadRequest
 from bench.loadgen.traces import read_trace
+from fedsim.engine_trace import WorkloadRequest
 
 AZURE_CONV = "azure_llm_inference_2023_conv.csv"
 MOONCAKE_SYNTHETIC = "mooncake_fast25_synthetic_trace.jsonl"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.engine.metrics import percentile
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 from predictor.datasets import load_corpus
 
 Mix = Literal["short", "long"]

@@ -49,9 +49,9 @@ from bench.common import command_line, markdown_table, write_results
 from bench.engine.decode_sweep import decode_sweep
 from bench.engine.harness import GIB, Progress
 from bench.engine.lora_driver import adapter_names, decode_step_s, write_adapters
-from bench.engine.model_setup import LLAMA_1B_SHAPE, LLAMA_8B_8K_SHAPE, SMALL_SHAPE
+from bench.engine.model_setup import LLAMA_1B_SHAPE, LLAMA_8B_8K_SHAPE
 from bench.engine.paths import shared_path
-from bench.engine.priority import device_label
+from bench.engine.presets import device_label, tiny_shape
 from bench.engine.roofline import measure_copy_bandwidth
 from bench.engine.step_shapes import PrefillChunk, StepShape, _randomize_cache, build_steps
 from fedllm_contract.tokenizer import load_tokenizer
@@ -83,15 +83,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "engine_steps": 32,
     },
     "cpu": {
-        "models": {
-            "tiny": {
-                **SMALL_SHAPE,
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "head_dim": 16,
-                "max_position_embeddings": 512,
-            }
-        },
+        "models": {"tiny": tiny_shape(512)},
         "device": "cpu",
         "dtype": torch.float32,
         "kv_gib": 0.05,

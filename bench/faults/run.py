@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import markdown_table, results_dir, write_results
+from devtools.faults import scenarios
+from devtools.faults.cluster import GATEWAY_ENV, Cluster
+from devtools.faults.soak import soak
+from devtools.postgres import postgres_database
 from gateway.db.migrate import downgrade
 from site_engine.make_model import make_model_dir
-from tests.fault import scenarios
-from tests.fault.cluster import Cluster
-from tests.fault.conftest import GATEWAY_ENV
-from tests.fault.soak import soak
-from tests.support.postgres import postgres_database
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO.parent / "shared" / "tokenizers" / "gpt2"

@@ -20,7 +20,8 @@ the default base alone takes ~20 minutes). After every checkpoint's number of sa
   before, starting from the base),
 all scored on a fixed test split (the labels' test split: prompts no method trained or chose on).
 The base and the retrain's configuration were chosen on a validation split of the labels' train
-split (bench.predictor.adapt_sweep, bench/results/predictor/predictor_adapt_sweep.md).
+split (bench.predictor.adapt_sweep, at git tag study/predictor-choices;
+bench/results/predictor/predictor_adapt_sweep.md).
 
 Drift: the stream then shifts corpus (Alpaca -> Dolly -> LIMA + GSM8K, 600 samples each); at each
 phase's end, on that phase's test prompts: a calibration fitted on Alpaca alone (stale) and one
@@ -51,7 +52,7 @@ from predictor.gate import constant_rival, score
 from predictor.prepare import LabeledRecord, prepare, training_fingerprint
 from predictor.retrain import DEFAULT_RETRAIN, Mode, RetrainConfig, RetrainReport, retrain
 from predictor.runtime import LengthPredictor
-from predictor.served_build import DEFAULT_LABELS, served_records
+from predictor.served_labels import DEFAULT_LABELS, served_records
 from predictor.tfidf_length import fit_tfidf_length
 from predictor.training import TrainSpec, reusable_artifact, train_artifact
 
@@ -386,7 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" every retrain; {len(test)} test prompts (the labels' test split), served samples from"
         " the labels' train split. The base and the retrain configuration were chosen on a"
         " validation split carved from the labels' train split, never on this test split"
-        " (`python -m bench.predictor.adapt_sweep`, predictor_adapt_sweep.md).\n"
+        " (`bench.predictor.adapt_sweep` at git tag study/predictor-choices,"
+        " predictor_adapt_sweep.md).\n"
     )
     text = markdown(curves, decisions, drift_rows, notes)
     write_results("predictor_adapt", payload, text, command, folder)

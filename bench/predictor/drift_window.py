@@ -41,7 +41,7 @@ from gateway.prediction.drift import DriftRule, rolling_error
 from predictor.prepare import LabeledRecord
 from predictor.retrain import retrain
 from predictor.runtime import LengthPredictor
-from predictor.served_build import DEFAULT_LABELS, served_records
+from predictor.served_labels import DEFAULT_LABELS, served_records
 from predictor.training import TrainingSet, TrainSpec, train_artifact
 
 BEFORE = ("alpaca", 1000)

@@ -56,15 +56,19 @@ from predictor.ranking import RankConfig
 from predictor.runtime import LengthPredictor
 from predictor.served_build import (
     DEFAULT_FAST_OUT,
-    DEFAULT_LABELS,
     DEFAULT_OUT,
     SERVED_FAST_SPEC,
     SERVED_SPEC,
     build_served_predictor,
     classifier_dir,
+)
+from predictor.served_labels import (
+    DEFAULT_LABELS,
+    join_records,
+    read_labels,
+    read_manifest,
     served_records,
 )
-from predictor.served_labels import join_records, read_labels, read_manifest
 from predictor.training import TrainingSet, reusable_artifact, train_artifact
 
 _REPO = Path(__file__).resolve().parents[2]

@@ -30,12 +30,8 @@ from predictor.build_default import build_default
 from predictor.evaluate import majority_bucket, spearman
 from predictor.prepare import LabeledRecord
 from predictor.runtime import LengthPredictor
-from predictor.served_build import (
-    DEFAULT_LABELS,
-    DEFAULT_OUT,
-    build_served_predictor,
-    served_records,
-)
+from predictor.served_build import DEFAULT_OUT, build_served_predictor
+from predictor.served_labels import DEFAULT_LABELS, served_records
 from predictor.training import TrainingSet, TrainSpec, train_artifact
 
 

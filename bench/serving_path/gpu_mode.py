@@ -37,7 +37,6 @@ from bench.engine.engine_runs import measure_run, warm_up
 from bench.engine.harness import Progress
 from bench.engine.open_loop import drain_engine
 from bench.engine.paths import shared_path
-from bench.engine.workload import WorkloadRequest
 from bench.federation_real.federation import GATEWAY, Federation
 from bench.federation_real.models import ensure_models, model_dir
 from bench.federation_real.presets import CPU, Preset, SiteSetup, gpu_preset
@@ -48,6 +47,7 @@ from bench.serving_path.report import gpu_markdown
 from bench.serving_path.servers import log_problems, raise_open_files
 from devtools.forkserver import FORK_SERVER_ENV
 from fedllm_contract.tokenizer import load_tokenizer
+from fedsim.engine_trace import WorkloadRequest
 
 WARM_UP = 16
 

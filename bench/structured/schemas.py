@@ -1,7 +1,7 @@
 """JSON schemas as clients send them: what pydantic writes for the models the openai SDK's
 `parse` and instructor take (nested models under $defs, Optional as anyOf with null, enums,
 lists with bounds, constrained strings and numbers, a recursive model), and OpenAI tool
-parameter schemas. The grammar-engine comparison and the structured-output bench use them."""
+parameter schemas. The structured-output bench uses them."""
 
 from __future__ import annotations
 
@@ -126,28 +126,6 @@ def realistic_schemas() -> dict[str, dict[str, Any]]:
         ]
     }  # fmt: skip
     return schemas
-
-
-def edge_schemas() -> dict[str, dict[str, Any]]:
-    """Features clients send less often, which a grammar engine may not enforce: the
-    comparison counts which engine refuses them (and says so) and which takes them silently."""
-    tags = {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}}
-    return {
-        "unique_items": {**tags, "uniqueItems": True, "minItems": 2},
-        "multiple_of": {"type": "integer", "multipleOf": 7},
-        "not": {"type": "object", "properties": {"x": {"not": {"type": "string"}}},
-                "required": ["x"]},
-        "if_then": {"type": "object", "properties": {"a": {"type": "integer"}},
-                    "if": {"properties": {"a": {"const": 1}}},
-                    "then": {"required": ["b"]}},
-        "min_properties": {"type": "object", "minProperties": 2,
-                           "additionalProperties": {"type": "integer"}},
-        "pattern_properties": {"type": "object", "patternProperties": {"^x_": {"type": "integer"}},
-                               "additionalProperties": False},
-        "date_time": {"type": "object", "properties": {"at": {"type": "string",
-                      "format": "date-time"}}, "required": ["at"]},
-        "contains": {"type": "array", "contains": {"const": 3}, "items": {"type": "integer"}},
-    }  # fmt: skip
 
 
 # The schemas as JSON, for machines without pydantic (the GPU machine's image has none):

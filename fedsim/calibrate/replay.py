@@ -7,7 +7,7 @@ engine_serving/engine_serving_h200.json's `burst` (the same 1,000-request burst 
 engine changes later), and each engine_h200_r<rate>.json's runs (bench.engine.gpu at another
 Poisson rate and trace size, named with the file's suffix): Llama-3.2-1B-shaped on an H200,
 max_num_seqs 256, budget 4,096 tokens,
-prefix caching on. Their trace is rebuilt exactly as the runs built it (bench/engine/workload.py:
+prefix caching on. Their trace is rebuilt exactly as the runs built it (fedsim/engine_trace.py:
 Alpaca and LIMA prompts in GPT-2 token ids, the reference answer lengths replayed, seed 0; its
 Poisson arrivals), from the datasets in ../shared/datasets; the rebuilt trace's output tokens are
 checked against each run's.
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from bench.engine.workload import WorkloadRequest, WorkloadSpec, load_workload, poisson_arrivals
 from fedllm_contract.tokenizer import load_tokenizer
 from fedsim.cards import CARDS, MODELS
+from fedsim.engine_trace import WorkloadRequest, WorkloadSpec, load_workload, poisson_arrivals
 from fedsim.federation import RunResult, run
 from fedsim.gateway import GatewaySettings
 from fedsim.site import SiteSpec

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.engine.presets import TokenClock
 from bench.engine.priority import PRESETS, build_engine
-from bench.engine.priority_driver import Shape, TokenClock, drive, make_requests
+from bench.engine.priority_driver import Shape, drive, make_requests
 from fedllm_contract.priority import Priority
 from site_engine.model_loading import LoadedModel, load_model
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench.engine import serving
 from bench.engine.serving_cache import ratios, with_repeats
-from bench.engine.workload import WorkloadRequest
+from fedsim.engine_trace import WorkloadRequest
 
 
 def _request(i: int, prompt: tuple[int, ...]) -> WorkloadRequest:

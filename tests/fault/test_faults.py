@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.fault import scenarios
-from tests.fault.cluster import Cluster
+from devtools.faults import scenarios
+from devtools.faults.cluster import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.fault.cluster import Cluster
-from tests.fault.soak import soak
+from devtools.faults.cluster import Cluster
+from devtools.faults.soak import soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

@@ -1,6 +1,6 @@
 """Which running LoRA adapter gives up its device slot to a waiting request that has none
-(site_engine/engine/core/scheduler.py admits; issue 61's LoRA mix found the starvation this
-prevents). Pure Python.
+(site_engine/engine/core/scheduling/adapter_gate.py admits; issue 61's LoRA mix found the
+starvation this prevents). Pure Python.
 
 With max_loras distinct adapters running, a waiting request for another adapter cannot be
 admitted. If later requests for the running adapters were admitted past it, a steadily used

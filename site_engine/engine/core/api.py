@@ -58,7 +58,7 @@ class EngineRequest:
     # The LoRA adapter the request is for (None: the base model); the serving layer refuses an
     # adapter the site does not serve before the engine sees it.
     adapter: str | None = None
-    # Its class: interactive first; flex and batch fill the capacity it leaves (scheduler.py).
+    # Its class: interactive first; flex and batch fill the capacity it leaves (scheduling/).
     priority: Priority = Priority.INTERACTIVE
 
 

@@ -1,5 +1,5 @@
 """Which running sequence a priority class preempts, and whether preempting lower classes would
-make room for an admission (site_engine/engine/core/scheduler.py plans the steps). Pure Python.
+make room for an admission (site_engine/engine/core/scheduling/ plans the steps). Pure Python.
 
 The rules: a sequence is preempted for a higher class's slot or blocks, or for the KV growth of
 its own class; the victim is of the lowest class running, the most recently admitted of it (it

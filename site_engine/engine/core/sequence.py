@@ -73,14 +73,15 @@ class Sequence:
     error: str = ""
     # False for one choice of a request with several: offload never splits such a request.
     releasable: bool = True
-    # Its class: admitted before lower classes, preempted for higher ones (scheduler.py).
+    # Its class: admitted before lower classes, preempted for higher ones (scheduling/).
     priority: Priority = Priority.INTERACTIVE
     # Its LoRA adapter ("": the base model), a key of its block ids (see root_hash);
     # `awaiting_adapter` while the adapter is loading into host memory (it is not admitted).
     adapter: str = ""
     awaiting_adapter: bool = False
     # The step at which it first found every adapter slot taken (-1: never): how long later
-    # requests of the running adapters have overtaken it (scheduler.py, adapter_slots.py).
+    # requests of the running adapters have overtaken it (scheduling/adapter_gate.py,
+    # adapter_slots.py).
     slot_wait_since: int = -1
     # Its row of the running batch while it runs (running_batch.py), else None and -1.
     _batch: RunningBatch | None = field(default=None, repr=False)

@@ -1,8 +1,9 @@
 """How the scheduler uses the prefix cache for its sequences: the lookup at admission, indexing
 full blocks once their KV is launched, the host tier's copies, and the counters it reports.
 
-The rules (site_engine/engine/core/scheduler.py says why): a hit never covers a sequence's last
-token; only full blocks of known tokens whose KV a launched step writes are indexed. Pure Python.
+The rules (site_engine/engine/core/scheduling/admission.py and results.py say why): a hit never
+covers a sequence's last token; only full blocks of known tokens whose KV a launched step writes
+are indexed. Pure Python.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 from bench.engine import gpu
 from bench.engine.metrics import (
     RequestTiming,
+    describe_workload,
     distribution_ms,
     kv_bytes_per_token,
     percentile,
@@ -20,12 +21,7 @@ from bench.engine.metrics import (
     summarize_run,
     useful_tokens,
 )
-from bench.engine.workload import (
-    WorkloadSpec,
-    describe_workload,
-    poisson_arrivals,
-    sample_workload,
-)
+from fedsim.engine_trace import WorkloadSpec, poisson_arrivals, sample_workload
 from predictor.datasets import PromptRecord
 
 # --- metrics -------------------------------------------------------------------------------

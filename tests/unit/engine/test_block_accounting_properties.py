@@ -56,8 +56,8 @@ class Driver:
 
     def check(self) -> None:
         self.sched.check_invariants()
-        blocks = self.sched._blocks
-        for seq in self.sched._running:
+        blocks = self.sched.block_manager
+        for seq in self.sched._roster.running:
             assert len(blocks.block_table(seq.request_id)) == blocks.blocks_needed(
                 seq.num_computed_tokens
             )
@@ -123,7 +123,7 @@ class Driver:
             assert chunk.token_ids == seq.all_token_ids[chunk.start_position : end]
             assert len(chunk.block_table) * self.sched.config.block_size >= end
             # The runner writes KV through this table: every block must still belong to `seq`.
-            table = self.sched._blocks.block_table(seq.request_id)
+            table = self.sched.block_manager.block_table(seq.request_id)
             assert table[: len(chunk.block_table)] == chunk.block_table
             # Only a decode chunk may feed a token that is still on the device.
             if PENDING_TOKEN in chunk.token_ids:
@@ -172,7 +172,7 @@ class Driver:
         assert not self.sched.has_unfinished(), "no progress"
         stats = self.sched.stats()
         assert stats.kv_blocks_used == 0
-        assert self.sched._blocks.num_free_blocks == self.sched.config.num_blocks
+        assert self.sched.block_manager.num_free_blocks == self.sched.config.num_blocks
         for request_id, seq in self.seqs.items():
             self.check_finished(seq, self.streamed[request_id])
             event(f"finish reason {seq.finish_reason}")

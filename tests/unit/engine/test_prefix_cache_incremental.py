@@ -62,7 +62,7 @@ def _scheduler(rng: random.Random, tight: bool) -> Scheduler:
 
 def _register_always(sched: Scheduler) -> None:
     """What the scheduler did before: every running sequence registered at every update."""
-    for seq in sched._live.values():
+    for seq in sched._roster.live.values():
         seq.next_full_block_at = 0
 
 

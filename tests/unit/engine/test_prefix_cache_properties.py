@@ -101,7 +101,7 @@ class CachingDriver(Driver):
             for position in range(chunk.start_position, chunk.start_position + chunk.num_tokens):
                 block = chunk.block_table[position // size]
                 # Written only by its one holder, never shared.
-                assert self.sched._blocks.refcount(block) == 1
+                assert self.sched.block_manager.refcount(block) == 1
                 self.device[block][position % size] = (seq, position)
 
     def check(self) -> None:

@@ -183,9 +183,9 @@ def _scheduler(rng: random.Random) -> tuple[Scheduler, ReplayingManager]:
         max_model_len=48, prefix_caching=True, model_name="m", watermark=0.0,
     )  # fmt: skip
     sched = Scheduler(config)
-    manager = ReplayingManager(config, sched._live)
-    sched._blocks = manager
-    sched._cache = SequenceCache(manager)
+    manager = ReplayingManager(config, sched._roster.live)
+    sched._roster.blocks = manager
+    sched._roster.cache = SequenceCache(manager)
     return sched, manager
 
 

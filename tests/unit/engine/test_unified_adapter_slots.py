@@ -152,7 +152,7 @@ def test_eviction_goes_by_waiting_demand_then_least_recent() -> None:
     evicted: list[str] = []
     for _ in range(2):
         before = resident(scheduler)
-        assert slots.evict_one(set(), scheduler._adapter_demand)
+        assert slots.evict_one(set(), scheduler._roster.adapter_demand)
         evicted += sorted(before - resident(scheduler))
     assert evicted == ["b", "c"]  # no demand, the least recent first; "a" is waited for
 

@@ -114,7 +114,7 @@ def test_scheduler_admits_in_the_reference_order(seed: int, policy: PolicyName) 
                       rng.choice([None, rng.randint(1, 20)]),
                       priority=rng.choice(list(Priority)))  # fmt: skip
             added += 1
-        before = reference_order(list(sched._waiting), policy, 0.5)
+        before = reference_order(list(sched._roster.waiting), policy, 0.5)
         out, _ = step(sched)
         admitted = [s for s in before if s.status is not SequenceStatus.WAITING]
         # Admission is a prefix of each class's reference order (nothing here waits for a
@@ -126,7 +126,9 @@ def test_scheduler_admits_in_the_reference_order(seed: int, policy: PolicyName) 
         admitted_ids = [s.request_id for s in admitted]
         new_ids = [c.request_id for c in out.chunks if c.request_id in admitted_ids]
         assert new_ids == [rid for rid in admitted_ids if rid in new_ids]
-        assert list(sched._waiting) == reference_order(list(sched._waiting), policy, 0.5)
+        assert list(sched._roster.waiting) == reference_order(
+            list(sched._roster.waiting), policy, 0.5
+        )
         sched.check_invariants()
 
 

@@ -9,9 +9,8 @@ from typing import Any, cast
 import pytest
 import torch
 
-from predictor.finetune import FinetuneConfig
+from predictor.finetune import FinetuneConfig, base_finetune_config
 from predictor.minilm import LengthClassifier, build_classifier, narrow_layer
-from predictor.retrain import base_finetune_config
 
 
 def _layers(model: LengthClassifier) -> list[Any]:

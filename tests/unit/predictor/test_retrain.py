@@ -9,7 +9,7 @@ import pytest
 
 from predictor.artifact import WEIGHTS_FILE, load_manifest
 from predictor.calibration import MIN_SAMPLES
-from predictor.finetune import FinetuneConfig
+from predictor.finetune import FinetuneConfig, base_finetune_config
 from predictor.gate import in_gate_split
 from predictor.retrain import (
     VALIDATION_FRACTION,
@@ -17,7 +17,6 @@ from predictor.retrain import (
     RetrainReport,
     _calibration_records,
     _checked,
-    base_finetune_config,
     is_held_out,
     retrain,
 )

@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from tests.fault.client import Tally, complete
-from tests.fault.cluster import Cluster
-from tests.fault.scenarios import CLIENT_TIMEOUT_S, recorded
+from devtools.faults.client import Tally, complete
+from devtools.faults.cluster import Cluster
+from devtools.faults.scenarios import CLIENT_TIMEOUT_S, recorded
 
 FAULTS = ("site kill + restart", "site SIGSTOP/SIGCONT", "database backends terminated")
 

@@ -34,6 +34,16 @@ from devtools.launch import (
 from gateway.db.migrate import sync_url
 
 MODEL = "tiny"
+# A stalled (SIGSTOPped) site seen within seconds: two unanswered 1 s health checks in a row;
+# one batch item per site at a time and a short lease so a batch is caught half done and
+# resumed soon after a gateway dies.
+GATEWAY_ENV = {
+    "GATEWAY_LOAD_REPORT_STALE_S": "2",
+    "GATEWAY_CONNECT_TIMEOUT_S": "1",
+    "GATEWAY_HEALTH_FAILURES_TO_DOWN": "2",
+    "GATEWAY_BATCH_SITE_CONCURRENCY": "1",
+    "GATEWAY_BATCH_LEASE_S": "2",
+}
 _PLACES = (("aws", "us-east-1"), ("gcp", "europe-west4"), ("azure", "japaneast"))
 
 

@@ -1,4 +1,6 @@
-"""The GPU benchmark's request trace: real prompts, reference response lengths, arrival times.
+"""The engine benchmarks' request trace: real prompts, reference response lengths, arrival
+times. bench.engine's GPU runs serve it, and fedsim's calibration (fedsim/calibrate/replay.py)
+rebuilds a recorded run's trace from its config to replay it on the simulated site.
 
 Each request carries the GPT-2 token ids of a real prompt (Alpaca random rows and LIMA) and the
 length of that record's reference response, which the engine replays exactly (greedy,
@@ -10,13 +12,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from bench.engine.metrics import percentile
 from predictor.datasets import Corpus, PromptRecord, load_corpus
 
 Encode = Callable[[str], Sequence[int]]
@@ -118,35 +117,3 @@ def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
         now += rng.expovariate(rate)
         arrivals.append(now)
     return arrivals
-
-
-def _length_stats(values: Sequence[int]) -> dict[str, float]:
-    floats = [float(v) for v in values]
-    return {
-        "mean": sum(floats) / len(floats),
-        "p50": percentile(floats, 50),
-        "p90": percentile(floats, 90),
-        "p99": percentile(floats, 99),
-        "max": max(floats),
-    }
-
-
-def describe_workload(requests: Sequence[WorkloadRequest], spec: WorkloadSpec) -> dict[str, Any]:
-    """What the results file says about the trace."""
-    if not requests:
-        return {"requests": 0}
-    return {
-        "requests": len(requests),
-        "by_corpus": dict(Counter(r.corpus for r in requests)),
-        "seed": spec.seed,
-        "tokenizer": "GPT-2 byte-level BPE (token ids of the real prompt text)",
-        "max_prompt_tokens": spec.max_prompt_tokens,
-        "max_output_tokens": spec.max_output_tokens,
-        "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
-        "output_tokens": sum(r.output_tokens for r in requests),
-        "prompts_truncated": sum(r.prompt_truncated for r in requests),
-        "outputs_capped": sum(r.reference_output_tokens > r.output_tokens for r in requests),
-        "prompt_length": _length_stats([len(r.prompt_token_ids) for r in requests]),
-        "output_length": _length_stats([r.output_tokens for r in requests]),
-        "replay": "greedy, ignore_eos, max_tokens = the reference response length (capped)",
-    }

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from tests.fault.client import Result, Tally, complete
-from tests.fault.cluster import Cluster
+from devtools.faults.client import Result, Tally, complete
+from devtools.faults.cluster import Cluster
 
 CLIENT_TIMEOUT_S = 90.0
 
