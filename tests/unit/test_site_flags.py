@@ -23,7 +23,7 @@ BEFORE = {
     "--allow-plaintext": None, "--max-queued-requests": "5", "--grammar-compile-threads": "3",
     "--grammar-compile-timeout-s": "2.5", "--lora-dir": "l", "--max-loras": "2",
     "--max-cpu-loras": "3", "--max-cpu-lora-gib": "1.5", "--max-lora-rank": "8",
-    "--max-lora-loads": "2", "--lora-kernels": "one_launch", "--lora-unified-slots": None,
+    "--max-lora-loads": "2", "--lora-kernels": "splitk", "--lora-unified-slots": None,
     "--finetune-reserve-bytes": "1024", "--finetune-reserve-on-demand": None,
     "--finetune-dir": "f", "--finetune-checkpoint-every": "4", "--finetune-max-step-ms": "50",
     "--finetune-busy-share": "0.5", "--finetune-idle-unit-tokens": "512",
