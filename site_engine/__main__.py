@@ -126,7 +126,6 @@ def lora_settings(settings: SiteSettings) -> LoraSettings | None:
         max_cpu_bytes=int(settings.max_cpu_lora_gib * (1 << 30)),
         max_rank=settings.max_lora_rank,
         max_loads=settings.max_lora_loads,
-        kernels=settings.lora_kernels,
         unified=settings.lora_unified_slots,
     )
 

@@ -13,7 +13,6 @@ from typing import Any, ClassVar, Literal
 from fedllm_contract.env_settings import SettingsError, build, read_env, setting
 from fedllm_contract.fine_tuning import MAX_JOB_FILES_BYTES
 from site_engine.engine.core.scheduling_policy import POLICY_NAMES, PolicyName
-from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KERNELS, LoraKernels
 from site_engine.gguf_import import GgufImportError, find_gguf, model_name_of
 from site_engine.idle_work import DEFAULT_BUSY_SHARE
 
@@ -225,12 +224,6 @@ class SiteSettings:
         "its own adapter's load only. One makes cold adapters queue behind each other (the "
         "H100 1,000-adapter run: TTFT p99 7.3 s)",
     )
-    lora_kernels: LoraKernels = setting(
-        DEFAULT_LORA_KERNELS,
-        help="CUDA: the LoRA kernels a step runs, `segmented` (the kernels before issue 69, the "
-        "faster on an H200 so far) or `splitk` (issue 77's); any other name is refused at "
-        "start ([engine.md](engine.md), LoRA)",
-    )
     # Off by default: the slot tensors are still allocated at the cap beside the cache.
     lora_unified_slots: bool = setting(
         False,
@@ -372,10 +365,6 @@ class SiteSettings:
             raise SettingsError(f"SITE_MAX_CPU_LORA_GIB must be >= 0, got {self.max_cpu_lora_gib}")
         if self.max_lora_loads < 1:
             raise SettingsError(f"SITE_MAX_LORA_LOADS must be >= 1, got {self.max_lora_loads}")
-        if self.lora_kernels not in LORA_KERNELS:
-            raise SettingsError(
-                f"SITE_LORA_KERNELS must be one of {LORA_KERNELS}, got {self.lora_kernels!r}"
-            )
         if self.finetune_reserve_bytes < 0 or self.finetune_checkpoint_every < 1:
             raise SettingsError(
                 "SITE_FINETUNE_RESERVE_BYTES must be >= 0 (0: no fine-tuning) and "

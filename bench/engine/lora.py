@@ -23,9 +23,9 @@ SLOs; >= 0.9 at 1,000) and `capacity_vs_base` (the LoRA knee over the base's, >=
 `--seeds N` runs it all for N seeds in one process (one model build): the headline keys are
 then the worst seed's, `range` holds each key's [min, max] and `by_seed` each seed's.
 `--lora-unified-slots` runs the LoRA engine with slots out of the KV block pool (the site's
-`--lora-unified-slots`; `--max-loras` is then a cap on resident adapters), `--lora-kernels` with
-another kernel path, `--max-loras`/`--max-cpu-loras` with other slot and host-LRU sizes than the
-preset's; the results' `engine` says which.
+`--lora-unified-slots`; `--max-loras` is then a cap on resident adapters), `--max-loras`/
+`--max-cpu-loras` with other slot and host-LRU sizes than the preset's; the results' `engine`
+says which.
 `merged`: one adapter merged into the base weights is the base model with other numbers in its
 matrices, so its step and goodput are the base's (not measured apart); serving N adapters that
 way takes N deployments, N GPUs of this size, each loaded 1/N as much, against one GPU here.
@@ -63,7 +63,6 @@ from bench.engine.presets import chosen, device_label, kv_bytes, preset_parser, 
 from bench.engine.priority_driver import poisson_arrivals
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
-from site_engine.engine.lora.segmented_step import DEFAULT_LORA_KERNELS, LORA_KERNELS
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
 
@@ -132,8 +131,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--knee-loads", type=float, nargs="+", default=None, help="the knee's ladder of loads")
     add("--max-lora-loads", type=int, default=None, help="loader threads (default: the site's)")
     add("--lora-unified-slots", action="store_true", help="slots out of the KV block pool")
-    add("--lora-kernels", choices=LORA_KERNELS, default=DEFAULT_LORA_KERNELS,
-        help="the LoRA engine's kernel path (CUDA)")  # fmt: skip
     add("--max-loras", type=int, default=None, help="device slots (a cap when unified)")
     add("--max-cpu-loras", type=int, default=None, help="adapters kept in host memory")
     args = parser.parse_args(argv)
@@ -152,7 +149,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.p["max_cpu_loras"] < args.p["max_loras"]:
         parser.error("--max-cpu-loras must be >= --max-loras")
     args.p["unified_slots"] = args.lora_unified_slots
-    args.p["kernels"] = args.lora_kernels
     return args
 
 
@@ -216,7 +212,7 @@ def lora_phase(
     p, vocab, slo = args.p, loaded.model.config.vocab_size, args.p["slo"]
     settings = LoraSettings(
         root, p["max_loras"], p["max_cpu_loras"], p["rank"], max_loads=p["max_loads"],
-        kernels=p["kernels"], unified=p["unified_slots"],
+        unified=p["unified_slots"],
     )  # fmt: skip
     engine = build_engine(loaded, p, settings)
     warm_up(engine, vocab, min(4, p["max_num_seqs"]), seed)
@@ -320,7 +316,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "rank",
                 "distinct_weights",
                 "unified_slots",
-                "kernels",
             )
         },
         "decode": {k: p[k] for k in ("decode_rows", "decode_adapters", "decode_steps")},

@@ -4,12 +4,12 @@
 # GPU machine, which gets the working tree but not ../shared; and the xxhash and protobuf wheels
 # (the block hashes; prefix_carry.sh found the image without them). The bench writes its
 # PEFT-format adapters with safetensors alone: peft is not needed; Triton is the image's own
-# (3.6.0, as here). Both kernel paths are in the tree: no baseline file is carried.
+# (3.6.0, as here).
 #
 # Run from the repository root:
 #     bash bench/engine/lora_carry.sh
-# carry `.loracarry`; issue 77's whole call is `bash bench/engine/lora_gpu_call.sh`; other
-# commands start with
+# carry `.loracarry`; the kernels' tests and profiles in one call are
+# `bash bench/engine/lora_gpu_call.sh`; other commands start with
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #         --target /tmp/site .loracarry/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD \
 #         FEDLLM_SHARED_DIR=$PWD/.loracarry

@@ -17,13 +17,11 @@ step (bench/engine/lora_bytes.py: A and B of the adapters in use, the rows' inpu
 outputs read and written) over the LoRA kernels' GPU time a step (the profiler's), against the
 card's copy rate measured in the same run.
 
-`--lora-kernels PATH [PATH ...]`: the LoRA engine's kernel paths (LoraSettings.kernels; default
-segmented, the engine's default), one LoRA engine each after the one base engine, recorded as
-`lora_kernels` in the results (with more than one: lora_profile_<device>_<path>.* each).
-`--lora-tuning-from FILE`: the split-K path's planning constants set to FILE's `best_tuning`
-(a `--kernels-only` run's JSON) for its engine, recorded as `lora_tuning`.
-`--kernels-only`: the LoRA kernels alone instead, both paths and the split-K path's variants on
-the same inputs (bench/engine/lora_kernel_bench.py; lora_kernels_<device>.*).
+`--kernels-only`: the LoRA kernels alone instead, each stack against its bytes floor
+(bench/engine/lora_kernel_bench.py; lora_kernels_<device>.*). Issue 77's call ran this with
+`--lora-kernels segmented splitk` (an engine per kernel path) and the split-K variants; the
+split-K kernels tied the segmented ones and are gone with those flags (git tag
+study/lora-splitk; bench/results/engine_lora/kernel_notes_77.md).
 
 The model is built in memory on the device (random weights, no checkpoint written), the KV cache
 has a fixed 8 GiB budget (the memory trial only checks that it fits) and the flat step graphs
@@ -36,7 +34,7 @@ Device command (one GPU; here first: `bash bench/engine/lora_carry.sh`, carry `.
         FEDLLM_SHARED_DIR=$PWD/.loracarry && python3 -m bench.engine.lora_profile --results-dir $OUT
 
     python -m bench.engine.lora_profile --preset cpu   (the script's own smoke run; no kernels)
-    python -m bench.engine.lora_profile --kernels-only   (both kernel paths, the variants)
+    python -m bench.engine.lora_profile --kernels-only   (the kernels alone)
     python -m bench.engine.lora_profile --kernels-only --preset cpu   (Triton's interpreter)
 """
 
@@ -44,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -70,11 +67,6 @@ from bench.engine.roofline import measure_copy_bandwidth
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.engine.lora.adapter import BaseShapes
 from site_engine.engine.lora.registry import LoraSettings
-from site_engine.engine.lora.segmented_step import (
-    DEFAULT_LORA_KERNELS,
-    LORA_KERNELS,
-    check_lora_kernels,
-)
 from site_engine.engine.model_config import eos_token_ids
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.model_loading import LoadedModel
@@ -262,10 +254,7 @@ def report(result: dict[str, Any]) -> str:
         f"# LoRA decode step profile ({result['device']})",
         "",
         f"{result['rows']} decode rows over {result['adapters']} adapters of rank "
-        f"{result['rank']} (all seven projections), against the base; LoRA kernels "
-        f"`{result['lora_kernels']}`"
-        + (f", tuning {result['lora_tuning']}" if result["lora_tuning"] else "")
-        + ".",
+        f"{result['rank']} (all seven projections), against the base.",
         "",
         "| | base | LoRA |",
         "|---|---|---|",
@@ -364,28 +353,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     add("--steps", type=int, default=30, help="timed steps per engine")
     add("--profile-steps", type=int, default=5, help="profiled steps per engine")
     add("--seed", type=int, default=0)
-    add("--kernels-only", action="store_true", help="time the LoRA kernels alone, both paths")
-    add(
-        "--lora-kernels",
-        choices=LORA_KERNELS,
-        nargs="+",
-        default=[DEFAULT_LORA_KERNELS],
-        help="the LoRA engines' kernel paths (LoraSettings.kernels), one engine each",
-    )
-    add("--lora-tuning-from", type=Path, default=None,
-        help="a --kernels-only JSON: the split-K path run with its best_tuning")  # fmt: skip
+    add("--kernels-only", action="store_true", help="time the LoRA kernels alone")
     args = parser.parse_args(argv)
     log = Progress()
     if args.kernels_only:
         run_kernels_only(args, argv, log)
         return
     p = PRESETS[args.preset]
-    tuning = split_k_tuning(args.lora_tuning_from)
     loaded = random_model(p, args.tokenizer_dir, args.seed)
     log(f"model built on {p['device']}")
     names = adapter_names(p["adapters"])
     few = p["few_adapters"]
-    paths = [check_lora_kernels(k) for k in dict.fromkeys(args.lora_kernels)]
     with tempfile.TemporaryDirectory(prefix="lora-profile-") as tmp:
         root = Path(tmp)
         distinct = min(16, p["adapters"])  # slots hold copies: the bytes need not differ
@@ -397,56 +375,35 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"lora_{few}": list(names[:few]),
             "lora_no_adapter_rows": [None],  # a LoRA engine's step of base rows only
         }
-        loras = {}
-        for path in paths:
-            settings = LoraSettings(root, p["adapters"], p["adapters"], p["rank"], kernels=path)
-            with tuned(tuning if path == "splitk" else {}):
-                loras[path] = run_engine(loaded, p, args, settings, fills, log)
+        settings = LoraSettings(root, p["adapters"], p["adapters"], p["rank"])
+        lora = run_engine(loaded, p, args, settings, fills, log)
     peak = float(measure_copy_bandwidth(loaded.device, COPY_BYTES[p["preset"]])[
         "read_write_bytes_per_s"])  # fmt: skip
+    arms = {p["adapters"]: lora["lora"], few: lora[f"lora_{few}"]}
+    bandwidth = {str(n): kernel_bandwidth(arm, loaded, p, n, peak) for n, arm in arms.items()}
     device = device_label(loaded)
-    for path, lora in loras.items():
-        arms = {p["adapters"]: lora["lora"], few: lora[f"lora_{few}"]}
-        bandwidth = {str(n): kernel_bandwidth(arm, loaded, p, n, peak) for n, arm in arms.items()}
-        result = {
-            "device": device,
-            "rows": p["rows"],
-            "adapters": p["adapters"],
-            "rank": p["rank"],
-            "lora_kernels": path,
-            "lora_tuning": tuning if path == "splitk" else {},
-            "step_vs_base": {str(n): arm["step_ms"] / base["step_ms"] for n, arm in arms.items()},
-            "lora_kernel_bandwidth_fraction": {n: b["fraction"] for n, b in bandwidth.items()},
-            "lora_kernel_bandwidth": bandwidth,
-            "copy_bytes_per_s": peak,
-            "steps_vs_base": {label: a["step_ms"] / base["step_ms"] for label, a in lora.items()},
-            "base": base,
-            **lora,
-            "shape": p["shape"],
-        }
-        name = f"lora_profile_{device}" + (f"_{path}" if len(loras) > 1 else "")
-        written = write_results(name, result, report(result),
-                                command_line("bench.engine.lora_profile", argv),
-                                args.results_dir)  # fmt: skip
-        log(f"wrote {written}")
-
-
-def split_k_tuning(path: Path | None) -> dict[str, Any]:
-    """The `best_tuning` of a --kernels-only run's JSON ({} without one)."""
-    if path is None:
-        return {}
-    tuning: dict[str, Any] = json.loads(path.read_text())["best_tuning"]
-    return tuning
-
-
-def tuned(changes: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-    """The split-K kernels' planning constants set to `changes` while open (read at each
-    launch, so an engine built and run inside captures and runs with them)."""
-    if not changes:
-        return contextlib.nullcontext()
-    from site_engine.engine.cuda import lora_splitk
-
-    return lora_kernel_bench.settings(changes, lora_splitk)
+    result = {
+        "device": device,
+        "rows": p["rows"],
+        "adapters": p["adapters"],
+        "rank": p["rank"],
+        "step_vs_base": {str(n): arm["step_ms"] / base["step_ms"] for n, arm in arms.items()},
+        "lora_kernel_bandwidth_fraction": {n: b["fraction"] for n, b in bandwidth.items()},
+        "lora_kernel_bandwidth": bandwidth,
+        "copy_bytes_per_s": peak,
+        "steps_vs_base": {label: arm["step_ms"] / base["step_ms"] for label, arm in lora.items()},
+        "base": base,
+        **lora,
+        "shape": p["shape"],
+    }
+    path = write_results(
+        f"lora_profile_{device}",
+        result,
+        report(result),
+        command_line("bench.engine.lora_profile", argv),
+        args.results_dir,
+    )
+    log(f"wrote {path}")
 
 
 if __name__ == "__main__":

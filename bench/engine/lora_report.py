@@ -151,10 +151,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def _engine_line(engine: dict[str, Any]) -> str:
-    """The LoRA engine's slots, host LRU and kernels (runs before these keys: fixed slots,
-    the default kernels)."""
+    """The LoRA engine's slots and host LRU (runs before the key: fixed slots)."""
     unified = engine.get("unified_slots", False)
     slots = f"{engine['max_loras']} {'resident at most (unified slots)' if unified else 'slots'}"
-    kernels = engine.get("kernels", "segmented")
-    return (f"LoRA engine: {slots}, {engine['max_cpu_loras']} adapters in host memory, "
-            f"kernels `{kernels}`.")  # fmt: skip
+    return f"LoRA engine: {slots}, {engine['max_cpu_loras']} adapters in host memory."

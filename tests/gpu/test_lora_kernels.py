@@ -1,13 +1,9 @@
-"""The LoRA kernels (site_engine/engine/cuda/lora_segmented.py, lora_splitk.py) and LoRA on CUDA.
+"""The LoRA kernels (site_engine/engine/cuda/lora_segmented.py) and LoRA on CUDA.
 
-- each kernel path's shrink and expand against a float64 reference, fresh random data on every
-  run: stacks of one to three projections, 64 slots of mixed ranks 4-16 (zero-padded to 16),
-  rows of no adapter (untouched, bit for bit), 1..256 tokens, the deltas into a column slice of
-  a wider output (the fused q/k/v and gate/up GEMMs' outputs); a slot of NaN reaches no other
-  row;
-- the split-K path under CUDA graphs with and without programmatic dependent launch (Hopper),
-  four stacks back to back as a layer runs them, tiles of 16, 32 and 64 rows, replayed over new
-  slot layouts: the reference each replay, and its tile counters left zero;
+- the shrink and expand against a float64 reference, fresh random data on every run: stacks of
+  one to three projections, 64 slots of mixed ranks 4-16 (zero-padded to 16), rows of no
+  adapter (untouched, bit for bit), 1..256 tokens, the deltas into a column slice of a wider
+  output (the fused q/k/v and gate/up GEMMs' outputs); a slot of NaN reaches no other row;
 - the kernels' step against the PyTorch path's segmented step over the same slots, every
   stack at once and each projection alone;
 - the engine on CUDA: with graphs (decode and flat step graphs capturing the LoRA kernels over
@@ -36,13 +32,7 @@ from site_engine.engine.core.types import SamplingParams, ScheduledChunk
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
-from site_engine.engine.lora.segmented_step import (
-    LORA_KERNELS,
-    LoraKernels,
-    SegmentedLoraStep,
-    StackLauncher,
-    launcher,
-)
+from site_engine.engine.lora.segmented_step import SegmentedLoraStep, launcher
 from site_engine.engine.lora.slots import (
     GATE_UP,
     QKV,
@@ -72,15 +62,6 @@ def _fresh_seed() -> int:
     return random.SystemRandom().randrange(2**31)
 
 
-# LoraSettings.kernels: the engine's default kernels (cuda/lora_segmented.py) and issue 77's
-# (cuda/lora_splitk.py).
-PATHS: list[LoraKernels] = list(LORA_KERNELS)
-
-
-def _launcher(path: LoraKernels, token_slots: torch.Tensor, slots: LoraSlots) -> StackLauncher:
-    return launcher(path, token_slots, slots.num_slots)
-
-
 def _stack_slots(
     in_f: int, widths: tuple[int, ...], slots: int, max_rank: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,7 +84,6 @@ def _stack_slots(
 # column block); input widths that split the shrink's reduction differently; 1..256 tokens;
 # tiles of 16 tokens (decode-sized steps) and of 64 (prefill-sized ones); max rank 16 and 64;
 # shrinks of 1 to 16 splits.
-@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     ("tokens", "in_f", "widths", "block_m", "max_rank"),
     [
@@ -118,7 +98,6 @@ def _stack_slots(
     ],
 )
 def test_kernels_match_thereference(
-    path: str,
     tokens: int,
     in_f: int,
     widths: tuple[int, ...],
@@ -141,7 +120,7 @@ def test_kernels_match_thereference(
     expected = reference(x, a, b, scaling, token_slots, wide[:, 32 : 32 + out_f], widths)
 
     got = wide.to(device).clone()
-    _apply(path, token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
+    _apply(token_slots, slots, block_m, x, a, b, scaling, got[:, 32 : 32 + out_f], widths)
     got = got.cpu()
 
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -166,32 +145,23 @@ def test_kernels_match_thereference(
 
 
 def _apply(
-    path: str, token_slots: torch.Tensor, slots: int, block_m: int | None, x: torch.Tensor,
+    token_slots: torch.Tensor, slots: int, block_m: int | None, x: torch.Tensor,
     a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor, y: torch.Tensor,
     widths: tuple[int, ...],
 ) -> None:  # fmt: skip
-    """y (on the kernels' device) += the deltas through one kernel path, its tiles of
-    `block_m` rows (None: the step's own)."""
+    """y (on the kernels' device) += the deltas, the kernels' tiles of `block_m` rows (None:
+    the step's own)."""
+    from site_engine.engine.cuda import lora_segmented
+
     device = y.device
     token_slots = token_slots.to(device)
     x, a, b, scaling = x.to(device), a.to(device), b.to(device), scaling.to(device)
-    if path == "segmented":
-        from site_engine.engine.cuda import lora_segmented as old
-
-        tiles = old.segments(token_slots, slots, block_m)
-        old.lora_expand(old.lora_shrink(x, a, scaling, tiles), b, y, tiles, widths)
-        return
-    from site_engine.engine.cuda import lora_splitk
-
-    seg = lora_splitk.segments(token_slots, slots, block_m)
-    counts = torch.zeros(seg.tiles, dtype=torch.int32, device=device)
-    s = lora_splitk.lora_shrink(x, a, scaling, seg, counts)
-    lora_splitk.lora_expand(s, b, y, seg, widths)
-    assert not bool(counts.any())  # every tile's last split set its counter back
+    tiles = lora_segmented.segments(token_slots, slots, block_m)
+    shrunk = lora_segmented.lora_shrink(x, a, scaling, tiles)
+    lora_segmented.lora_expand(shrunk, b, y, tiles, widths)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_nan_slot_reaches_no_other_row(kernel_device: str, path: str) -> None:
+def test_a_nan_slot_reaches_no_other_row(kernel_device: str) -> None:
     """A slot full of NaN (written past any load check): its own rows only are NaN."""
     gen = torch.Generator().manual_seed(_fresh_seed())
     device, dtype = kernel_device, _dtype(kernel_device)
@@ -205,7 +175,7 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str, path: str) -> None:
     a, b, scaling = a.to(dtype), b.to(dtype), scaling.to(dtype)
     expected = reference(x, a, b, scaling, token_slots, y, widths)
     got = y.to(device).clone()
-    _apply(path, token_slots, 4, None, x, a, b, scaling, got, widths)
+    _apply(token_slots, 4, None, x, a, b, scaling, got, widths)
     got = got.cpu()
     poisoned = token_slots == 2
     assert bool(got[poisoned].isnan().all())
@@ -215,76 +185,7 @@ def test_a_nan_slot_reaches_no_other_row(kernel_device: str, path: str) -> None:
                                rtol=tolerance)  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("rows", "pdl"), [(32, False), (16, True), (32, True), (64, True)],
-    ids=["m32", "m16-pdl", "m32-pdl", "m64-pdl"],
-)  # fmt: skip
-def test_splitk_graphs_replay_new_layouts(
-    cuda_device: str, monkeypatch: pytest.MonkeyPatch, rows: int, pdl: bool
-) -> None:
-    """A layer's four stacks (the 8B shape's widths over 1,024 hidden features: q/k/v, o,
-    gate/up, down) captured in one CUDA graph over a static slot-index buffer, launched with
-    or without programmatic dependent launch, then replayed over new layouts (8 adapters, 64,
-    one row each of a few, no adapter at all): each replay against the reference, the counters
-    zero after it. What the engine's graphs do, with the launches back to back."""
-    from site_engine.engine.cuda import lora_splitk
-
-    if pdl and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch needs sm_90")
-    monkeypatch.setattr(lora_splitk, "_PDL", pdl)
-    seed = _fresh_seed()
-    gen = torch.Generator().manual_seed(seed)
-    tokens, slots, hidden = 256, 64, 1024
-    shapes = [(hidden, (1024, 256, 256)), (1024, (hidden,)), (hidden, (3584, 3584)),
-              (3584, (hidden,))]  # fmt: skip
-    stacks = []
-    for in_f, widths in shapes:
-        a, b, scaling = _stack_slots(in_f, widths, slots, 16, gen)
-        x = torch.randn(tokens, in_f, generator=gen)
-        stacks.append((x.to(torch.bfloat16), a.to(torch.bfloat16), b.to(torch.bfloat16),
-                       widths))  # fmt: skip
-    scaling = scaling.to(torch.bfloat16)
-    scaling_dev = scaling.cuda()
-    dev = [(x.cuda(), a.cuda(), b.cuda(), widths) for x, a, b, widths in stacks]
-    outs = [torch.empty(tokens, sum(w), dtype=torch.bfloat16, device="cuda") for *_, w in stacks]
-    token_slots = torch.full((tokens,), -1, dtype=torch.long, device="cuda")
-
-    def step() -> None:
-        seg = lora_splitk.segments(token_slots, slots, rows)
-        counts = torch.zeros(seg.tiles, dtype=torch.int32, device="cuda")
-        for (x, a, b, widths), y in zip(dev, outs, strict=True):
-            s = lora_splitk.lora_shrink(x, a, scaling_dev, seg, counts)
-            lora_splitk.lora_expand(s, b, y, seg, widths)
-
-    base = [torch.randn(tokens, sum(w), generator=gen).to(torch.bfloat16) for *_, w in stacks]
-    for y, values in zip(outs, base, strict=True):
-        y.copy_(values)
-    step()  # compiled outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    layouts = {
-        "8": torch.arange(tokens) % 8,
-        "64": torch.randperm(tokens, generator=gen) % slots,
-        "few": torch.where(torch.arange(tokens) % 37 == 0, torch.arange(tokens) % 5, -1),
-        "none": torch.full((tokens,), -1),
-    }
-    for name, layout in layouts.items():
-        token_slots.copy_(layout)
-        for y, values in zip(outs, base, strict=True):
-            y.copy_(values)
-        graph.replay()
-        torch.cuda.synchronize()
-        for (x, a, b, widths), y, values in zip(stacks, outs, base, strict=True):
-            expected = reference(x, a, b, scaling, layout, values, widths)
-            torch.testing.assert_close(y.cpu().double(), expected, atol=3e-2, rtol=3e-2,
-                                       msg=f"{name}, seed {seed}")  # fmt: skip
-            assert torch.equal(y.cpu()[layout < 0], values[layout < 0]), (name, seed)
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, path: LoraKernels) -> None:
+def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str) -> None:
     device, dtype = kernel_device, _dtype(kernel_device)
     base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=dtype, device=torch.device(device))
@@ -295,7 +196,7 @@ def test_the_kernels_step_matches_the_pytorch_step(kernel_device: str, path: Lor
     names = ["", *by_name]
     token_slots = torch.tensor([-1 if not n else assigned[n] for n in rng.choices(names, k=40)])
     token_slots = token_slots.to(device)
-    kernels = SegmentedLoraStep(slots, _launcher(path, token_slots, slots))
+    kernels = SegmentedLoraStep(slots, launcher(token_slots, slots.num_slots))
     reference = SegmentedTorchStep(slots, token_slots)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
@@ -382,9 +283,8 @@ def _run(engine: PagedEngine, requests: list[EngineRequest]) -> dict[str, list[i
     return tokens
 
 
-@pytest.mark.parametrize("kernels", LORA_KERNELS)
 def test_engine_with_graphs_matches_eager_with_adapters(
-    cuda_device: str, tmp_path: Path, gpt2_tokenizer_dir: Path, kernels: LoraKernels
+    cuda_device: str, tmp_path: Path, gpt2_tokenizer_dir: Path
 ) -> None:
     model_dir = _model_dir(tmp_path, gpt2_tokenizer_dir)
     root = _adapter_dir(tmp_path, model_dir)
@@ -392,7 +292,7 @@ def test_engine_with_graphs_matches_eager_with_adapters(
     for graphs in (True, False):
         loaded = load_model(model_dir, device=cuda_device)
         # Three slots for four adapters: slots are rewritten between the graphs' replays.
-        lora = LoraSettings(root, max_loras=3, max_cpu_loras=4, max_rank=16, kernels=kernels)
+        lora = LoraSettings(root, max_loras=3, max_cpu_loras=4, max_rank=16)
         config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=8,
                               kv_cache_bytes=8 << 20, cuda_graphs=graphs, lora=lora)  # fmt: skip
         engine = PagedEngine(loaded, config)
@@ -510,12 +410,9 @@ def test_fused_model_deltas_match_the_pytorch_path_in_bf16(
     runner.close()
 
 
-@pytest.mark.parametrize("kernels", LORA_KERNELS)
-def test_fused_model_applies_the_deltas_of_the_eager_model(
-    kernel_device: str, kernels: LoraKernels
-) -> None:
-    """The fused model (q/k/v and gate/up deltas into slices of the fused outputs) with either
-    kernel path's step against the eager Llama model with the PyTorch path's step, float32."""
+def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -> None:
+    """The fused model (q/k/v and gate/up deltas into slices of the fused outputs) with the
+    kernels' step against the eager Llama model with the PyTorch path's step, float32."""
     from site_engine.engine.attention import TorchReferenceAttention
     from site_engine.engine.models.llama import LlamaFlatModel
     from site_engine.engine.models.llama_fused import LlamaFusedFlatModel
@@ -554,7 +451,7 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(
         base_hidden = eager.forward(*args)
         eager.lora = SegmentedTorchStep(slots, token_slots)
         want = eager.forward(*args)
-        launches = launcher(kernels, token_slots, slots.num_slots)
+        launches = launcher(token_slots, slots.num_slots)
         fused.lora = SegmentedLoraStep(slots, launches)
         got = fused.forward(*args)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)

@@ -1,6 +1,6 @@
 """Small random LoRA adapters over a two-layer model's projection shapes, and the float64
 reference of a stack's deltas, for the kernel tests (tests/gpu/test_lora_kernels.py,
-tests/unit/engine/test_lora_*_interpreted.py)."""
+tests/unit/engine/test_lora_segmented_interpreted.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
 from site_engine.engine.lora.segmented_step import SegmentedLoraStep, StackLauncher
 from site_engine.engine.lora.slots import GATE_UP, QKV, LoraSlots, SegmentedTorchStep
 
-# A kernel path's launcher for a step: (token slots, number of slots) -> its launches.
+# The kernels' launcher for a step: (token slots, number of slots) -> its launches.
 Launcher = Callable[[torch.Tensor, int], StackLauncher]
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -97,8 +97,8 @@ def random_stack(
 
 
 def interpreted(name: str) -> ModuleType:
-    """Kernel module `name` (cuda/lora_segmented.py, cuda/lora_splitk.py) run by Triton's
-    interpreter on the CPU; the test skips where triton is not installed (a dev dependency)."""
+    """Kernel module `name` (cuda/lora_segmented.py) run by Triton's interpreter on the CPU;
+    the test skips where triton is not installed (a dev dependency)."""
     pytest.importorskip("triton")
     from devtools.triton_interpreter import interpreted_module
 
@@ -126,7 +126,7 @@ def check_nan_slot_isolated(launcher: Launcher) -> None:
 
 
 def check_step_matches_pytorch_step(launcher: Launcher) -> None:
-    """SegmentedLoraStep over LoraSlots with a path's launcher (every stack at once, and each
+    """SegmentedLoraStep over LoraSlots with the kernels' launcher (every stack at once, and each
     projection alone into its columns) against lora/slots.py's SegmentedTorchStep, float32."""
     base = small_shapes()
     slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=torch.float32,

@@ -139,14 +139,6 @@ def test_site_lora_settings_reach_the_engine(tmp_path: Path) -> None:
     assert parse_args(flags).max_lora_loads == 3
     with pytest.raises(SiteSettingsError, match="SITE_MAX_LORA_LOADS must be >= 1, got 0"):
         SiteSettings.load({**env, "SITE_MAX_LORA_LOADS": "0"})
-    # The LoRA kernel path: the pre-issue-69 kernels unless told, a misspelt one refused.
-    assert lora.kernels == "segmented"
-    split = engine_config(SiteSettings.load({**env, "SITE_LORA_KERNELS": "splitk"}), cpu)
-    assert split.lora is not None
-    assert split.lora.kernels == "splitk"
-    assert parse_args([*flags, "--lora-kernels", "splitk"]).lora_kernels == "splitk"
-    with pytest.raises(SiteSettingsError, match="SITE_LORA_KERNELS must be one of"):
-        SiteSettings.load({**env, "SITE_LORA_KERNELS": "stacked"})
     assert (
         engine_config(SiteSettings.load({"SITE_MODEL_DIR": "m"}), torch.device("cpu")).lora is None
     )

@@ -11,7 +11,8 @@ from fedllm_contract.env_settings import add_flags, flag_names, variables
 from site_engine.__main__ import parse_args
 from site_engine.settings import SiteSettings
 
-# The flags of site_engine/__main__.py's hand-written parse_args at 8494ebf, with a value each.
+# The flags of site_engine/__main__.py's hand-written parse_args at 8494ebf, with a value each
+# (less --lora-kernels: SITE_LORA_KERNELS went with issue 77's split-K kernels, one path left).
 BEFORE = {
     "--model": "m", "--tokenizer": "t", "--task": "generate", "--model-name": "n",
     "--site-name": "s", "--host": "127.0.0.1", "--port": "9", "--device": "cpu",
@@ -23,7 +24,7 @@ BEFORE = {
     "--allow-plaintext": None, "--max-queued-requests": "5", "--grammar-compile-threads": "3",
     "--grammar-compile-timeout-s": "2.5", "--lora-dir": "l", "--max-loras": "2",
     "--max-cpu-loras": "3", "--max-cpu-lora-gib": "1.5", "--max-lora-rank": "8",
-    "--max-lora-loads": "2", "--lora-kernels": "splitk", "--lora-unified-slots": None,
+    "--max-lora-loads": "2", "--lora-unified-slots": None,
     "--finetune-reserve-bytes": "1024", "--finetune-reserve-on-demand": None,
     "--finetune-dir": "f", "--finetune-checkpoint-every": "4", "--finetune-max-step-ms": "50",
     "--finetune-busy-share": "0.5", "--finetune-idle-unit-tokens": "512",

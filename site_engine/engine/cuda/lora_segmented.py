@@ -1,9 +1,9 @@
 """Segmented LoRA kernels (Punica's SGMV, S-LoRA's MBGMV): each row's delta through its own
-adapter only, for a stack of projections at once. The engine's default path
-(LoraSettings.kernels "segmented"; lora/segmented_step.py says why): the kernels as they were
-before issue 69's rewrite (git show 807f967^:site_engine/engine/cuda/lora_kernels.py), with
-tl.zeros and tl.cdiv spelled out (Triton's own @jit helpers, which the CPU tests' interpreter,
-turned on after triton's import, cannot call; the compiled code is the same).
+adapter only, for a stack of projections at once. The engine's one kernel path
+(lora/segmented_step.py says why): the kernels as they were before issue 69's rewrite (git
+show 807f967^:site_engine/engine/cuda/lora_kernels.py), with tl.zeros and tl.cdiv spelled out
+(Triton's own @jit helpers, which the CPU tests' interpreter, turned on after triton's import,
+cannot call; the compiled code is the same).
 
 A step's tokens are grouped by slot (a counting sort of the slot indices) and cut into tiles of
 16 tokens of one slot (64 in steps of more than 512 tokens: prefill); a program takes one tile.
@@ -90,7 +90,7 @@ def segments(token_slots: torch.Tensor, num_slots: int, block_m: int | None = No
     block_m = tile_rows(tokens) if block_m is None else block_m
     order, starts, counts = sorted_by_slot(token_slots, num_slots)
     tiles = max_tiles(tokens, num_slots, block_m)
-    tile_slot, tile_start, tile_end, _ = slot_tiles(starts, counts, block_m, tiles)
+    tile_slot, tile_start, tile_end = slot_tiles(starts, counts, block_m, tiles)
     return Segments(block_m, order, tile_slot, tile_start, tile_end)
 
 

@@ -1,5 +1,5 @@
-"""A step's tokens grouped by adapter slot, as both LoRA kernel paths read them
-(cuda/lora_segmented.py, cuda/lora_splitk.py).
+"""A step's tokens grouped by adapter slot, as the LoRA kernels read them
+(cuda/lora_segmented.py).
 
 The tokens are sorted by slot (a counting sort of the slot indices) and each slot's run is cut
 into tiles of at most `tile_rows` tokens; a kernel program takes a tile (or a piece of one).
@@ -8,8 +8,7 @@ Everything here is fixed-shape torch ops on the device from the slot-index tenso
 sync, so a CUDA graph captured over a static slot-index buffer replays the layout the host wrote
 into that buffer. The tile count is sized for the worst case, min(T, cdiv(T, tile_rows) +
 slots) (each slot in use has at most one partial tile, and a tile holds at least one token);
-tiles past the real ones have slot -1, and the real ones are counted on the device (`n_tiles`)
-for kernels that size their work from it.
+tiles past the real ones have slot -1.
 """
 
 from __future__ import annotations
@@ -61,10 +60,10 @@ def sorted_by_slot(
 
 def slot_tiles(
     starts: torch.Tensor, counts: torch.Tensor, tile_rows: int, tiles: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each slot's run cut into tiles of `tile_rows`, `tiles` of them (the worst case): each
-    tile's slot (-1 past the real tiles), its first position in the order, the end of its
-    slot's run, and the number of real tiles ([1] int32, on the device)."""
+    tile's slot (-1 past the real tiles), its first position in the order and the end of its
+    slot's run."""
     num_slots = starts.shape[0]
     per_slot = (counts + tile_rows - 1) // tile_rows
     tiles_end = torch.cumsum(per_slot, 0, dtype=torch.int32)
@@ -75,4 +74,4 @@ def slot_tiles(
     first_tile = tiles_end[slot] - per_slot[slot]
     tile_start = starts[slot] + (index - first_tile) * tile_rows
     tile_slot = torch.where(valid, slot, torch.full_like(slot, -1))
-    return tile_slot, tile_start, starts[slot] + counts[slot], tiles_end[-1:]
+    return tile_slot, tile_start, starts[slot] + counts[slot]

@@ -47,11 +47,6 @@ from site_engine.engine.lora.adapter import (
     check_adapter,
     read_adapter,
 )
-from site_engine.engine.lora.segmented_step import (
-    DEFAULT_LORA_KERNELS,
-    LoraKernels,
-    check_lora_kernels,
-)
 from site_engine.engine.lora.slots import LoraSlots, StepDeltas
 
 log = logging.getLogger(__name__)
@@ -75,15 +70,11 @@ class LoraSettings:
     # until tests/gpu/test_lora_slot_copies.py has passed on a GPU: written on 2026-11-27 with
     # no device time left to run it, and a wrong ordering there would mix adapters' weights.
     copy_stream: bool = False
-    # CUDA: which LoRA kernels a step runs (lora/segmented_step.py: "segmented", the faster on
-    # an H200 so far, or issue 77's "splitk"); a name outside those is refused here.
-    kernels: LoraKernels = DEFAULT_LORA_KERNELS
     # Slots out of the KV cache's block pool (issue 69: core/unified_slots.py): max_loras is
     # only a cap, and each resident adapter holds its bytes' worth of KV blocks.
     unified: bool = False
 
     def __post_init__(self) -> None:
-        check_lora_kernels(self.kernels)
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_cpu_loras < self.max_loras:
@@ -169,7 +160,6 @@ class AdapterRegistry:
             dtype,
             device,
             settings.copy_stream,
-            settings.kernels,
         )
         self._host: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._loading: dict[str, Future[LoraAdapter]] = {}

@@ -1,47 +1,28 @@
-"""A step's LoRA deltas through the segmented Triton kernels (CUDA), and which kernels.
+"""A step's LoRA deltas through the segmented Triton kernels (CUDA).
 
-Two kernel paths serve the same slot tensors (lora/slots.py) and give the same deltas; the one
-that loses on the GPU is deleted, not kept selectable (issue 77):
+The kernels are cuda/lora_segmented.py: a shrink and an expand launch per stack, 16-row tiles
+at decode (64 past 512 tokens), a grid sized for the worst case. On an H200 they took 1.88 ms
+(8 adapters) and 3.48 ms (64) of a 256-row decode step of the 8B shape, 1.204x and 1.375x the
+base's step (bench/results/engine_lora/lora_profile_h200_segmented.md).
 
-- "segmented" (the default until the GPU says otherwise): cuda/lora_segmented.py, a shrink and
-  an expand launch per stack, 16-row tiles at decode, a grid sized for the worst case. On an
-  H200 its kernels took 1.85 ms (8 adapters) and 3.47 ms (64) of a 256-row decode step of the
-  8B shape (bench/results/engine_lora/lora_profile_h200.md).
-- "splitk": cuda/lora_splitk.py (issue 77), the same two launches a stack with their work sized
-  on the device from the step's real tiles: the shrink split over the input features as far as
-  the SMs need and reduced in-kernel by the split that finishes last, the expand walking runs
-  of column blocks with its rows and s loaded once; kernel-constant widths (vector loads).
-
-Issue 69's one-launch kernels measured slower than "segmented" on every figure and are gone
-(git show 8494ebf:site_engine/engine/cuda/lora_kernels.py).
+The one kernel path: the paths that measured no better on the GPU were deleted, not kept
+selectable (issue 77). Issue 69's one-launch kernels were slower on every figure (git show
+8494ebf:site_engine/engine/cuda/lora_kernels.py); issue 77's split-K kernels tied these (git
+tag study/lora-splitk; bench/results/engine_lora/kernel_notes_77.md, Result).
 
 The kernels live in cuda/, below lora/: they take plain tensors and a launcher object
 (`StackLauncher`), never the slots; this module reads the slots and calls them. The kernel
-modules are imported only on CUDA (triton is not a CPU dependency).
+module is imported only on CUDA (triton is not a CPU dependency).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    # Annotations only: the site's settings import the kernel names without torch.
     import torch
 
     from site_engine.engine.lora.slots import LoraSlots
-
-LoraKernels = Literal["segmented", "splitk"]
-LORA_KERNELS: tuple[LoraKernels, ...] = get_args(LoraKernels)
-DEFAULT_LORA_KERNELS: LoraKernels = "segmented"
-
-
-def check_lora_kernels(value: str) -> LoraKernels:
-    """`value` as a kernel path's name; a ValueError naming the choices otherwise (a setting
-    mistyped in a config or an environment variable must not fall back silently)."""
-    for name in LORA_KERNELS:
-        if value == name:
-            return name
-    raise ValueError(f"lora kernels must be one of {', '.join(LORA_KERNELS)}; got {value!r}")
 
 
 class StackLauncher(Protocol):
@@ -55,20 +36,16 @@ class StackLauncher(Protocol):
         each row t of slot s and each projection j of the stack."""
 
 
-def launcher(kernels: LoraKernels, token_slots: torch.Tensor, num_slots: int) -> StackLauncher:
-    """The named kernel path's launcher for a step whose token t uses slot token_slots[t]."""
-    if kernels == "segmented":
-        from site_engine.engine.cuda.lora_segmented import SegmentedLauncher
+def launcher(token_slots: torch.Tensor, num_slots: int) -> StackLauncher:
+    """The kernels' launcher for a step whose token t uses slot token_slots[t]."""
+    from site_engine.engine.cuda.lora_segmented import SegmentedLauncher
 
-        return SegmentedLauncher(token_slots, num_slots)
-    from site_engine.engine.cuda.lora_splitk import SplitKLauncher
-
-    return SplitKLauncher(token_slots, num_slots)
+    return SegmentedLauncher(token_slots, num_slots)
 
 
 class SegmentedLoraStep:
-    """A step's LoRA deltas through a kernel path's launcher: lora/slots.py's
-    SegmentedTorchStep on CUDA, over the same slot tensors."""
+    """A step's LoRA deltas through the kernels' launcher: lora/slots.py's SegmentedTorchStep
+    on CUDA, over the same slot tensors."""
 
     def __init__(self, slots: LoraSlots, launches: StackLauncher) -> None:
         self._slots = slots

@@ -15,9 +15,8 @@ so a stack's fused output y [T, sum of outs] gets, for token t of slot s,
 A step gives each token a slot index (-1: the base model, no delta). Each row's delta is computed
 from its own slot's weights only (segments of rows by slot, never a mask over all slots): one
 tenant's adapter cannot reach another's rows, not even through 0 * NaN, and rows of no adapter
-cost nothing. On CUDA `step` gives the segmented Triton kernels' step (lora/segmented_step.py,
-over the kernel path `kernels` names), whose tiles come from the slot-index tensor on the device
-(graph-safe); elsewhere
+cost nothing. On CUDA `step` gives the segmented Triton kernels' step (lora/segmented_step.py),
+whose tiles come from the slot-index tensor on the device (graph-safe); elsewhere
 `SegmentedTorchStep` groups the rows on the host (the CPU path: no graphs there). A runner with
 CUDA graphs allocates every stack's tensors up front (`allocate_all`): a captured graph reads the
 tensors it saw at capture, and slots are written in place (on CUDA with LoraSettings.copy_stream,
@@ -36,13 +35,7 @@ import torch
 from torch import nn
 
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
-from site_engine.engine.lora.segmented_step import (
-    DEFAULT_LORA_KERNELS,
-    LoraKernels,
-    SegmentedLoraStep,
-    check_lora_kernels,
-    launcher,
-)
+from site_engine.engine.lora.segmented_step import SegmentedLoraStep, launcher
 from site_engine.engine.lora.slot_copies import SlotCopies
 
 # Projections that read the same input, in the order of the fused models' outputs.
@@ -113,10 +106,8 @@ class LoraSlots:
         dtype: torch.dtype,
         device: torch.device,
         copy_stream: bool = False,
-        kernels: LoraKernels = DEFAULT_LORA_KERNELS,
     ) -> None:
         self.base = base
-        self.kernels = check_lora_kernels(kernels)
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.dtype = dtype
@@ -266,7 +257,7 @@ class LoraSlots:
         On CUDA only tensor ops on `token_slots`: a graph captured over a static buffer
         replays it."""
         if self.device.type == "cuda":
-            launches = launcher(self.kernels, token_slots, self.num_slots)
+            launches = launcher(token_slots, self.num_slots)
             return SegmentedLoraStep(self, launches)
         return SegmentedTorchStep(self, token_slots)
 

@@ -1,7 +1,5 @@
-"""The default LoRA kernel path (site_engine/engine/cuda/lora_segmented.py, the kernels before
-issue 69) on the CPU through Triton's interpreter, against a float64 reference (the other path,
-cuda/lora_splitk.py, has test_lora_splitk_interpreted.py: whichever loses on the GPU goes, with
-its test file).
+"""The LoRA kernels (site_engine/engine/cuda/lora_segmented.py, the kernels before issue 69 and
+the engine's one path) on the CPU through Triton's interpreter, against a float64 reference.
 
 Fresh random data every run (the seed is in every failure); float32 only (the interpreter runs
 on numpy). Skipped where triton is not installed (a dev dependency).
