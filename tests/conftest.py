@@ -93,8 +93,10 @@ def smollm2_dir(smollm2_gguf: Path) -> Path:
     return materialize(smollm2_gguf, cache)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
+    """An empty PostgreSQL database for the module: a module never reads another's rows (a
+    session-wide one let a gateway test count the 16 requests another module had left)."""
     # Imported here so GPU machines, which run only the engine tests, need no database driver.
     from devtools.postgres import postgres_database
 

@@ -271,7 +271,7 @@ class FileChecker:
                 await _stage(check, file, path)
                 answer = await self._ask(process, check, f"{check.job_id}:{index}", path)
             finally:
-                path.unlink(missing_ok=True)
+                await asyncio.to_thread(path.unlink, missing_ok=True)  # frees its pages: long
             if "refused" in answer:
                 raise refusal(TrainingFileError(answer["refused"]), file.param)
             if "error" in answer:
@@ -327,12 +327,16 @@ class FileChecker:
 
 
 async def _stage(check: _Check, file: CheckedFile, path: Path) -> None:
-    """Writes the file's parts to `path` as they are read; CheckCancelled once it stops."""
-    with path.open("wb") as out:
+    """Writes the file's parts to `path` as they are read; CheckCancelled once it stops. The
+    writes are on a thread: a host short of memory or behind on its disk makes a write wait."""
+    out = await asyncio.to_thread(path.open, "wb")
+    try:
         async for part in file.parts():
             if check.stop.is_set():
                 raise CheckCancelled(check.job_id)
-            out.write(part)
+            await asyncio.to_thread(out.write, part)
+    finally:
+        await asyncio.to_thread(out.close)
 
 
 async def _first(*futures: asyncio.Future[Any]) -> None:

@@ -46,9 +46,12 @@ _ENDED_KEEPS = frozenset({SPEC_FILE, RESULT_FILE, ADAPTER_DIR})
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
+_TMP_PREFIX = ".tmp-"
+
+
 def _write_dir(target: Path, fill: Any) -> None:
     """Calls fill(tmp) then renames tmp onto `target` (replacing an old one)."""
-    tmp = target.with_name(f".tmp-{target.name}")
+    tmp = target.with_name(f"{_TMP_PREFIX}{target.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     fill(tmp)
@@ -214,6 +217,27 @@ def directory_bytes(directory: Path) -> int:
     return total
 
 
+def _bytes_by_job(directory: Path) -> dict[str, int]:
+    """directory_bytes of each job's entries in `directory`: its directory and the one its
+    files are written to before it is renamed into place (`_write_dir`)."""
+    totals: dict[str, int] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return totals
+    for entry in entries:
+        job_id = entry.name.removeprefix(_TMP_PREFIX)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                size = directory_bytes(Path(entry.path))  # 0 once renamed away
+            else:
+                size = entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
+        totals[job_id] = totals.get(job_id, 0) + size
+    return totals
+
+
 class DirectoryRoom:
     """The jobs' directory bounded to `max_bytes`: a job's files are let in only while what the
     directory holds and the files of the jobs let in but not yet written fit beside them. What
@@ -227,7 +251,7 @@ class DirectoryRoom:
     def claim(self, job_id: str, files_bytes: int) -> None:
         """Lets the job's files in (their bytes counted until `written`); FineTuneRefused
         (PRECONDITION) when they do not fit. The caller serializes claims."""
-        held = directory_bytes(self._directory) + sum(self._unwritten.values())
+        held = self._held()
         if held + files_bytes > self._max:
             raise FineTuneRefused(
                 FineTuneRefused.PRECONDITION,
@@ -240,3 +264,15 @@ class DirectoryRoom:
     def written(self, job_id: str) -> None:
         """The job's files are on disk (or never will be): the directory counts them now."""
         self._unwritten.pop(job_id, None)
+
+    def _held(self) -> int:
+        """The directory's bytes, a job still being written counted at the larger of its claim
+        and what it has on disk yet. Its writer's thread may finish and call `written` while
+        the directory is walked: with the claims taken first (a copy, atomic under the GIL), a
+        half-written file is never counted at its size so far alone, and a written one is never
+        counted twice."""
+        unwritten = dict(self._unwritten)
+        by_job = _bytes_by_job(self._directory)
+        return sum(max(on_disk, unwritten.get(name, 0)) for name, on_disk in by_job.items()) + sum(
+            claimed for job_id, claimed in unwritten.items() if job_id not in by_job
+        )

@@ -21,6 +21,7 @@ import pytest
 from fedllm_contract.env_settings import SettingsError
 from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec, FineTuneState
 from site_engine.finetune import FineTuneRefused
+from site_engine.finetune.checkpoint import DirectoryRoom
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.model_loading import LoadedModel, load_model
 from site_engine.settings import SiteSettings
@@ -132,3 +133,21 @@ def test_the_bound_is_validated_loudly(bound: str) -> None:
     assert loaded.finetune_dir_max_bytes == 64 << 20
     with pytest.raises(ValueError, match="max_dir_bytes"):
         FineTuneSettings(Path("x"), 1, max_dir_bytes=0)
+
+
+def test_a_job_being_written_counts_at_its_claim_until_written(tmp_path: Path) -> None:
+    """The CI failure of 2026-11-28: a claim counted the directory, then the claims; a job's
+    writer finishing in between was counted at its half-written size only, and a third job fit."""
+    room = DirectoryRoom(tmp_path, max_bytes=2_500)
+    room.claim("first", 1_000)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "training.jsonl").write_bytes(b"x" * 10)  # its writer is under way
+    room.claim("second", 1_000)
+    with pytest.raises(FineTuneRefused):
+        room.claim("third", 1_000)  # first counts 1,000, not 10
+    (tmp_path / "first" / "training.jsonl").write_bytes(b"x" * 1_000)
+    with pytest.raises(FineTuneRefused):
+        room.claim("third", 1_000)  # written, not yet told: counted once
+    room.written("first")
+    room.written("second")  # never written (its job ended): its claim is let go
+    room.claim("third", 1_000)
