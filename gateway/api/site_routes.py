@@ -20,8 +20,8 @@ from litestar.params import FromPath, Parameter
 
 from gateway.admin.membership import MemberView, SiteMembership
 from gateway.api.admin_auth import require_admin
-from gateway.api.admin_routes import json_response
-from gateway.api.openai_errors import OpenAIError, invalid_request
+from gateway.api.admin_routes import json_response, site_found
+from gateway.api.openai_errors import invalid_request
 from gateway.db.models import utcnow
 from gateway.scaling.controller import ScalingController
 
@@ -107,8 +107,7 @@ class AdminSitesController(Controller):
     async def leave_site(
         self, membership: NamedDependency[SiteMembership], name: FromPath[str]
     ) -> Response[MemberView]:
-        if membership.leave(name, "operator", "an operator removed it") is None:
-            raise OpenAIError(404, f"no site named {name!r}", param="site", code="site_not_found")
+        site_found(membership.leave(name, "operator", "an operator removed it"), name)
         site = membership.site(name)
         view = membership.view(site) if site is not None else None
         gone = MemberView(name, "", "operator", False, True, False, 0)
