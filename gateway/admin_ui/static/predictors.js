@@ -1,7 +1,8 @@
 // The predictor drift panel: each served model's rolling error on recent traffic, its drift
 // verdict and its last retrain job, as GET /admin/api/predictors gives them (formatted only).
 
-const fixed = (digits) => (v) => (v == null ? "–" : v.toFixed(digits));
+import { cell, fixed } from "/admin/static/table.js";
+
 const FIELDS = [
   ["samples", (r) => r?.samples, (v) => (v == null ? "0" : String(v))],
   ["mae_tokens", (r) => r?.mae_tokens, fixed(1)],
@@ -9,14 +10,6 @@ const FIELDS = [
   ["mae_ratio", (r) => r?.mae_ratio, fixed(2)],
   ["spearman", (r) => r?.spearman, fixed(3)],
 ];
-
-function cell(field, text, attrs = {}) {
-  const td = document.createElement("td");
-  td.dataset.field = field;
-  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
-  td.textContent = text;
-  return td;
-}
 
 function jobText(job) {
   if (!job) return "none";

@@ -2,16 +2,9 @@
 // one line per scaling event (decisions, sites joining and leaving), as GET /admin/api/scaling
 // gives them (formatted only).
 
-const num = (digits) => (v) => (v == null ? "–" : v.toFixed(digits));
-const backlog = num(2);
+import { cell, fixed } from "/admin/static/table.js";
 
-function cell(field, text, attrs = {}) {
-  const td = document.createElement("td");
-  td.dataset.field = field;
-  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
-  td.textContent = text;
-  return td;
-}
+const backlog = fixed(2);
 
 function modelRow(m) {
   const tr = document.createElement("tr");

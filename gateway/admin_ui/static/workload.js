@@ -3,13 +3,7 @@
 // one line per LoRA adapter with its requests and tokens over the history window
 // (GET /admin/api/adapters). Formatted only: every number is the API's.
 
-function cell(field, text, attrs = {}) {
-  const td = document.createElement("td");
-  td.dataset.field = field;
-  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
-  td.textContent = text;
-  return td;
-}
+import { cell } from "/admin/static/table.js";
 
 function duration(s) {
   if (s == null) return "–";
