@@ -1,7 +1,7 @@
 // The predictor drift panel: each served model's rolling error on recent traffic, its drift
 // verdict and its last retrain job, as GET /admin/api/predictors gives them (formatted only).
 
-import { cell, fixed } from "/admin/static/table.js";
+import { cell, fixed, row } from "/admin/static/table.js";
 
 const FIELDS = [
   ["samples", (r) => r?.samples, (v) => (v == null ? "0" : String(v))],
@@ -17,11 +17,12 @@ function jobText(job) {
   return `#${job.id} ${job.reason} ${job.mode}: ${outcome}`;
 }
 
-function row(m) {
-  const tr = document.createElement("tr");
-  tr.dataset.model = m.model;
-  tr.dataset.drifted = String(m.drifted);
-  tr.append(cell("model", m.model), cell("version", m.window_version ?? m.serving_version ?? "–", { class: "mono" }));
+function modelRow(m) {
+  const tr = row(
+    { model: m.model, drifted: m.drifted },
+    cell("model", m.model),
+    cell("version", m.window_version ?? m.serving_version ?? "–", { class: "mono" }),
+  );
   for (const [field, get, fmt] of FIELDS) tr.append(cell(field, fmt(get(m.rolling)), { class: "num" }));
   // The API's verdict: "not judged" while the window holds fewer samples than the rule needs.
   const drift = cell("drifted", m.verdict, { title: m.reason });
@@ -33,7 +34,7 @@ function row(m) {
 export async function loadPredictors(api) {
   const p = await api("/admin/api/predictors");
   const body = document.querySelector("#predictors tbody");
-  body.replaceChildren(...p.models.map(row));
+  body.replaceChildren(...p.models.map(modelRow));
   body.dataset.refreshedAt = String(p.refreshed_at ?? "");
   const days = p.window_s > 0 ? ` of the last ${+(p.window_s / 86400).toFixed(1)} days` : "";
   document.getElementById("predictors-rule").textContent =

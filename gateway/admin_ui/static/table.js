@@ -1,5 +1,6 @@
 // What the dashboard's table panels (predictors.js, scaling.js, workload.js) build their rows
-// from: one cell a field, and numbers shown to fixed digits, a dash for a missing one.
+// from: a row keyed by its data attributes, one cell a field, and numbers shown to fixed
+// digits, a dash for a missing one.
 
 export const fixed = (digits) => (v) => (v == null ? "–" : v.toFixed(digits));
 
@@ -9,4 +10,12 @@ export function cell(field, text, attrs = {}) {
   for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
   td.textContent = text;
   return td;
+}
+
+// A row with `data` as its data-* attributes (what the tests find it by) and `cells` in order.
+export function row(data, ...cells) {
+  const tr = document.createElement("tr");
+  for (const [k, v] of Object.entries(data)) tr.dataset[k] = String(v);
+  tr.append(...cells);
+  return tr;
 }
