@@ -19,14 +19,15 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
-from litestar import Litestar, MediaType, Request, Response, get, post
-from prometheus_client import CollectorRegistry, generate_latest
+from litestar import Litestar, Request, Response, post
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from transformers import PreTrainedTokenizerBase
 
 from site_engine.embedding.batcher import EmbeddingBatcher, InvalidEmbedRequest
 from site_engine.engine_service import EngineFailure, QueueFull
+from site_engine.http_common import common_routes
 from site_engine.openai_wire import BadRequest, error_body
 
 _FORMATS = ("float", "base64")
@@ -102,20 +103,6 @@ class EmbeddingFace:
         self.registry.register(EmbeddingMetrics(batcher, model))
 
     def app(self) -> Litestar:
-        @get("/v1/models")
-        async def models() -> dict[str, Any]:
-            card = {"id": self._model, "object": "model", "owned_by": "fedllm",
-                    "max_model_len": self._batcher.max_seq_length}  # fmt: skip
-            return {"object": "list", "data": [card]}
-
-        @get("/metrics", media_type=MediaType.TEXT)
-        async def metrics() -> bytes:
-            return generate_latest(self.registry)
-
-        @get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
-
         @post("/v1/embeddings", status_code=200)
         async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
             try:
@@ -129,7 +116,8 @@ class EmbeddingFace:
                 f"model {self._model} is an embedding model: it serves /v1/embeddings only",
                 "model"))  # fmt: skip
 
-        return Litestar([models, metrics, health, embeddings, generate])
+        routes = common_routes(self._model, lambda: self._batcher.max_seq_length, self.registry)
+        return Litestar([*routes, embeddings, generate])
 
     def _body(self, raw: bytes) -> dict[str, Any]:
         try:

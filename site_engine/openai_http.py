@@ -23,15 +23,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import uvicorn
-from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar import Litestar, Request, Response, post
 from litestar.response import Stream
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from site_engine.answer_stream import StreamEvent
 from site_engine.engine.core.api import EngineRequest, RequestRejected
 from site_engine.engine_service import EngineFailure, EngineService, QueueFull
+from site_engine.http_common import common_routes
 from site_engine.openai_wire import (
     Answer,
     BadRequest,
@@ -110,20 +111,6 @@ class HttpFace:
         self.registry.register(VllmNamedMetrics(service, model))
 
     def app(self) -> Litestar:
-        @get("/v1/models")
-        async def models() -> dict[str, Any]:
-            card = {"id": self._model, "object": "model", "owned_by": "fedllm",
-                    "max_model_len": self._service.engine.limits.max_model_len}  # fmt: skip
-            return {"object": "list", "data": [card]}
-
-        @get("/metrics", media_type=MediaType.TEXT)
-        async def metrics() -> bytes:
-            return generate_latest(self.registry)
-
-        @get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
-
         @post("/v1/completions", status_code=200)
         async def completions(request: Request[Any, Any, Any]) -> Response[Any] | Stream:
             return await self._serve(request, chat=False)
@@ -138,7 +125,10 @@ class HttpFace:
                 f"model {self._model} is a generative model: it does not serve /v1/embeddings",
                 "model"))  # fmt: skip
 
-        return Litestar([models, metrics, health, completions, chat, embeddings])
+        routes = common_routes(
+            self._model, lambda: self._service.engine.limits.max_model_len, self.registry
+        )
+        return Litestar([*routes, completions, chat, embeddings])
 
     async def _serve(self, request: Request[Any, Any, Any], chat: bool) -> Response[Any] | Stream:
         try:

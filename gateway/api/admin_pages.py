@@ -61,6 +61,8 @@ ASSET_FILES = {
     # The batches panel: open batches' progress and per-adapter load (a module dashboard.js
     # imports).
     "workload.js": (UI_DIR / "static" / "workload.js", "text/javascript"),
+    # The table panels' cells (a module predictors.js, scaling.js and workload.js import).
+    "table.js": (UI_DIR / "static" / "table.js", "text/javascript"),
     "dashboard.css": (UI_DIR / "static" / "dashboard.css", "text/css"),
     # Linked from both pages: without it the browser asks for /favicon.ico and logs a 404.
     "favicon.svg": (UI_DIR / "static" / "favicon.svg", "image/svg+xml"),

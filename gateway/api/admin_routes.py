@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
@@ -33,6 +33,7 @@ from gateway.api.admin_auth import require_admin
 from gateway.api.openai_errors import OpenAIError, invalid_request
 from gateway.stores.load_history import Window
 
+T = TypeVar("T")
 _GZIP_MIN_BYTES = 1024
 # A stream ends after this long and the browser's EventSource reconnects at once: an open
 # dashboard never holds up a graceful shutdown for longer than that.
@@ -55,8 +56,11 @@ def json_response(request: Request[Any, Any, Any], value: object) -> Response[by
     return Response(body, media_type="application/json", headers=headers)
 
 
-def _not_found(site: str) -> OpenAIError:
-    return OpenAIError(404, f"no site named {site!r}", param="site", code="site_not_found")
+def site_found(value: T | None, site: str) -> T:
+    """`value`, or a 404 naming the site: every lookup here is None for a site it does not know."""
+    if value is None:
+        raise OpenAIError(404, f"no site named {site!r}", param="site", code="site_not_found")
+    return value
 
 
 def window_of(dashboard: Dashboard, window_s: int, step_s: int | None) -> Window:
@@ -114,9 +118,7 @@ class AdminApiController(Controller):
     ) -> Response[bytes]:
         window = window_of(dashboard, window_s, step_s)
         history = await dashboard.history(window, site)
-        if history is None:
-            raise _not_found(site or "")
-        return json_response(request, history)
+        return json_response(request, site_found(history, site or ""))
 
     @get("/drift", summary="Predicted vs actual completion tokens over time, per site and model")
     async def drift(
@@ -130,9 +132,7 @@ class AdminApiController(Controller):
     ) -> Response[bytes]:
         window = window_of(dashboard, window_s, step_s)
         drift = await dashboard.drift(window, site, series)
-        if drift is None:
-            raise _not_found(site or "")
-        return json_response(request, drift)
+        return json_response(request, site_found(drift, site or ""))
 
     @get("/offloads", summary="Recent offload events")
     async def offloads(
@@ -158,24 +158,16 @@ class AdminApiController(Controller):
     ) -> Response[bytes]:
         window = window_of(dashboard, window_s, step_s)
         detail = await dashboard.site_detail(name, window, limit)
-        if detail is None:
-            raise _not_found(name)
-        return json_response(request, detail)
+        return json_response(request, site_found(detail, name))
 
     @post("/sites/{name:str}/drain", status_code=200, summary="Drain a site (see README)")
     async def drain_site(
         self, drainer: NamedDependency[SiteDrainer], name: FromPath[str]
     ) -> DrainView:
-        view = await drainer.drain(name)
-        if view is None:
-            raise _not_found(name)
-        return view
+        return site_found(await drainer.drain(name), name)
 
     @post("/sites/{name:str}/undrain", status_code=200, summary="End a site's drain")
     async def undrain_site(
         self, drainer: NamedDependency[SiteDrainer], name: FromPath[str]
     ) -> DrainView:
-        view = await drainer.undrain(name)
-        if view is None:
-            raise _not_found(name)
-        return view
+        return site_found(await drainer.undrain(name), name)

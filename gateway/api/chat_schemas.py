@@ -7,13 +7,11 @@ know is refused by name at decoding.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 import msgspec
 
-from gateway.api.body import decode_body
-from gateway.api.openai_errors import OpenAIError, invalid_request
+from gateway.api.body import decode_naming_unknown
 from gateway.chat.request import MAX_MESSAGES as MAX_MESSAGES
 from gateway.chat.request import ChatCompletionRequest as ChatCompletionRequest
 from gateway.chat.request import ChatMessage as ChatMessage
@@ -24,23 +22,10 @@ from gateway.completions.logprobs import ChatLogprobs
 from gateway.completions.result import FinishReason as FinishReason
 from gateway.completions.result import Usage
 
-_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
-
 
 def decode_chat_request(body: bytes) -> ChatCompletionRequest:
     """decode_body, with unknown fields refused by their path (`tools`, `messages[0].foo`)."""
-    try:
-        return decode_body(body, ChatCompletionRequest)
-    except OpenAIError as exc:
-        match = _UNKNOWN_FIELD.search(exc.body.message)
-        if match is None:
-            raise
-        field, where = match.groups()
-        param = f"{where}.{field}" if where else field
-        raise invalid_request(
-            f"'{param}' is not supported by this gateway (unknown or unsupported parameter)",
-            param=param,
-        ) from exc
+    return decode_naming_unknown(body, ChatCompletionRequest)
 
 
 class FunctionDelta(msgspec.Struct, omit_defaults=True):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
@@ -20,12 +20,13 @@ from litestar.params import FromPath, Parameter
 
 from gateway.admin.membership import MemberView, SiteMembership
 from gateway.api.admin_auth import require_admin
-from gateway.api.admin_routes import json_response
-from gateway.api.openai_errors import OpenAIError, invalid_request
+from gateway.api.admin_routes import json_response, site_found
+from gateway.api.openai_errors import invalid_request
 from gateway.db.models import utcnow
 from gateway.scaling.controller import ScalingController
 
 AnyRequest = Request[Any, Any, Any]
+ViewT = TypeVar("ViewT", bound=msgspec.Struct)
 
 
 class ScalingEventView(msgspec.Struct, frozen=True):
@@ -72,6 +73,16 @@ def _round(value: float | None) -> float | None:
     return round(value, 3) if value is not None and math.isfinite(value) else None
 
 
+def _view(struct: type[ViewT], source: object, **given: object) -> ViewT:
+    """`struct` with each field `given` or else `source`'s attribute of its name, floats read
+    from `source` rounded to a millisecond's precision (None where not finite: JSON has no inf)."""
+    values: dict[str, object] = {}
+    for name in struct.__struct_fields__:
+        value = given[name] if name in given else getattr(source, name)
+        values[name] = _round(value) if isinstance(value, float) and name not in given else value
+    return struct(**values)
+
+
 class AdminSitesController(Controller):
     path = "/api"
     tags = ("admin",)
@@ -96,8 +107,7 @@ class AdminSitesController(Controller):
     async def leave_site(
         self, membership: NamedDependency[SiteMembership], name: FromPath[str]
     ) -> Response[MemberView]:
-        if membership.leave(name, "operator", "an operator removed it") is None:
-            raise OpenAIError(404, f"no site named {name!r}", param="site", code="site_not_found")
+        site_found(membership.leave(name, "operator", "an operator removed it"), name)
         site = membership.site(name)
         view = membership.view(site) if site is not None else None
         gone = MemberView(name, "", "operator", False, True, False, 0)
@@ -120,42 +130,17 @@ class AdminSitesController(Controller):
             ScalingView(
                 enabled=scaling is not None,
                 models=[
-                    ModelCapacityView(
-                        model=v.model,
-                        actuator=v.actuator,
-                        min_sites=v.min_sites,
-                        max_sites=v.max_sites,
+                    _view(
+                        ModelCapacityView,
+                        v,
                         target_backlog_s=v.target_backlog_s,
-                        serving_sites=v.serving_sites,
-                        pending_sites=v.pending_sites,
-                        desired_sites=v.desired_sites,
-                        backlog_s=_round(v.backlog_s),
-                        forecast_backlog_s=_round(v.forecast_backlog_s),
-                        reason=v.reason,
-                        arrival_rate=_round(v.arrival_rate),
-                        lead_s=_round(v.lead_s),
                         smoothed_backlog_s=_round(v.level_s),
                     )
                     for v in views
                 ],
                 leaving=membership.leaving(),
                 events=[
-                    ScalingEventView(
-                        at=round(row.at.timestamp(), 3),
-                        model=row.model,
-                        action=row.action,
-                        actor=row.actor,
-                        site=row.site,
-                        serving_sites=row.serving_sites,
-                        desired_sites=row.desired_sites,
-                        backlog_s=_round(row.backlog_s),
-                        forecast_backlog_s=_round(row.forecast_backlog_s),
-                        reason=row.reason,
-                        arrival_rate=_round(row.arrival_rate),
-                        lead_s=_round(row.lead_s),
-                        smoothed_backlog_s=_round(row.smoothed_backlog_s),
-                    )
-                    for row in rows
+                    _view(ScalingEventView, row, at=round(row.at.timestamp(), 3)) for row in rows
                 ],
             ),
         )

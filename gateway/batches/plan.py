@@ -30,6 +30,7 @@ from gateway.routing.batch_cost import CostQuery, cost_assign
 from gateway.routing.completion_cost import CompletionCostModel
 from gateway.routing.mico import Assignment, BatchQuery, BatchSite, mico_assign
 from gateway.routing.types import (
+    LoadedSite,
     RoutableSite,
     RoutingRequest,
     UnpredictedPlan,
@@ -41,26 +42,11 @@ NO_PREDICTION_BUCKET = 0
 MAX_RETRY_DELAY_S = 30.0
 
 
-class AssignableSite(Protocol):
-    """What assignment reads about a site (SiteState has it all)."""
-
-    @property
-    def name(self) -> str: ...
+class AssignableSite(LoadedSite, Protocol):
+    """What assignment reads about a site (SiteState has it all): its load, and its id."""
 
     @property
     def site_id(self) -> int: ...
-
-    @property
-    def model(self) -> str: ...
-
-    @property
-    def healthy(self) -> bool: ...
-
-    @property
-    def capacity_weight(self) -> float: ...
-
-    @property
-    def outstanding_tokens(self) -> int: ...
 
 
 class CostAssignableSite(AssignableSite, RoutableSite, Protocol):

@@ -17,9 +17,10 @@ from fedllm_contract.block_hash import prompt_block_hashes
 from gateway.routing.adapter_residency import AdapterTier
 
 
-class RoutableSite(Protocol):
-    """What routing may read about a site. All values are the gateway's current view; reading
-    them never blocks."""
+class LoadedSite(Protocol):
+    """A site's name, model, health and load: what routing and a batch's assignment
+    (gateway/batches/plan.py) both read. All values are the gateway's current view; reading them
+    never blocks."""
 
     @property
     def name(self) -> str: ...
@@ -31,17 +32,9 @@ class RoutableSite(Protocol):
     def model(self) -> str: ...
 
     @property
-    def max_model_len(self) -> int | None: ...
-
-    @property
     def capacity_weight(self) -> float:
         """Relative capacity (> 0): a site with weight 2 is meant to carry twice the load of a
         site with weight 1. Loads are divided by it before sites are compared."""
-        ...
-
-    @property
-    def kv_capacity_tokens(self) -> int | None:
-        """KV cache size in tokens (blocks_total * block_size); None until the site reported it."""
         ...
 
     @property
@@ -49,6 +42,19 @@ class RoutableSite(Protocol):
         """Token load at the site as the gateway sees it: queued + running prompt tokens plus the
         predicted remaining answer tokens, from the site's load reports combined with the
         gateway's own in-flight ledger."""
+        ...
+
+
+class RoutableSite(LoadedSite, Protocol):
+    """What routing may read about a site. All values are the gateway's current view; reading
+    them never blocks."""
+
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """KV cache size in tokens (blocks_total * block_size); None until the site reported it."""
         ...
 
     @property

@@ -45,7 +45,7 @@ from gateway.federation import SiteConfig
 from gateway.scaling.actuator import OnFailure
 from gateway.scaling.config import ActuatorConfig, LocalSlot
 from gateway.scaling.idle_memory import MIB, IdleMemory, beside
-from gateway.scaling.local_pool import LocalPool, Pooled
+from gateway.scaling.local_pool import LocalPool, Pooled, start_site_process
 from gateway.sites.registry import SiteState
 
 log = logging.getLogger(__name__)
@@ -175,21 +175,12 @@ class LocalProcesses:
             await self._idle.retire(child.name)
 
     def _spawn(self, slot: int, place: LocalSlot, name: str) -> _Child:
-        command = [*self._config.command]
-        if "--model-name" not in command:
-            command += ["--model-name", self._model]
-        command += ["--host", self._config.host, "--port", "0", "--site-name", name, *place.args]
-        self._config.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self._config.log_dir / f"{name}.log"
-        with log_path.open("wb") as out:
-            popen = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                # Only what a site needs, and the slot's own: not the gateway's secrets.
-                env=site_environment(os.environ, dict(place.env)),
-            )
+        args = ["--port", "0", "--site-name", name, *place.args]
+        # Only what a site needs, and the slot's own: not the gateway's secrets.
+        env = site_environment(os.environ, dict(place.env))
+        popen, log_path = start_site_process(
+            self._config, self._model, name, args, subprocess.DEVNULL, env
+        )
         log.info("starting site %s (slot %d, pid %d): %s", name, slot, popen.pid, log_path)
         return _Child(name, slot, popen, log_path, time.monotonic())
 

@@ -27,6 +27,30 @@ log = logging.getLogger(__name__)
 POOLED_LINE = b"POOLED pid="
 
 
+def start_site_process(
+    config: ActuatorConfig,
+    model: str,
+    name: str,
+    args: list[str],
+    stdin: int,
+    env: dict[str, str],
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Site `name`'s process, of the actuator's command serving `model` (`args` after its host,
+    `--site-name` among them), its output to `<log_dir>/<name>.log`: a site started (local.py)
+    and a pooled process alike."""
+    command = [*config.command]
+    if "--model-name" not in command:
+        command += ["--model-name", model]
+    command += ["--host", config.host, *args]
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = config.log_dir / f"{name}.log"
+    with log_path.open("wb") as out:
+        popen = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=stdin, env=env
+        )
+    return popen, log_path
+
+
 @dataclass
 class Pooled:
     popen: subprocess.Popen[bytes]
@@ -74,24 +98,13 @@ class LocalPool:
     def _spawn(self) -> Pooled:
         name = f"{self._config.name_prefix}-pool-{self._serial}"
         self._serial += 1
-        command = [*self._config.command]
-        if "--model-name" not in command:
-            command += ["--model-name", self._model]
         plans = self._config.log_dir / "kv-plans.json"
-        command += ["--host", self._config.host, "--site-name", name, "--pool",
-                    "--kv-plan-file", str(plans)]  # fmt: skip
-        self._config.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self._config.log_dir / f"{name}.log"
-        with log_path.open("wb") as out:
-            popen = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.PIPE,
-                # What a site needs of the gateway's environment, not its secrets: a pooled
-                # process keeps it as the site it becomes (the claim adds the slot's).
-                env=site_environment(os.environ),
-            )
+        args = ["--site-name", name, "--pool", "--kv-plan-file", str(plans)]
+        # What a site needs of the gateway's environment, not its secrets: a pooled process
+        # keeps it as the site it becomes (the claim adds the slot's).
+        popen, log_path = start_site_process(
+            self._config, self._model, name, args, subprocess.PIPE, site_environment(os.environ)
+        )
         log.info("pooled site process %s started (pid %d): %s", name, popen.pid, log_path)
         return Pooled(popen, log_path, time.monotonic())
 

@@ -3,7 +3,7 @@ dashboard's capacity panel and the admin API."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 from sqlalchemy import select
@@ -30,41 +30,22 @@ class NewScalingEvent:
     smoothed_backlog_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ScalingEventRow:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalingEventRow(NewScalingEvent):
+    """A recorded event: what was written, and when."""
+
     at: datetime
-    model: str
-    action: str
-    actor: str
-    site: str | None
-    serving_sites: int
-    desired_sites: int
-    backlog_s: float | None
-    forecast_backlog_s: float | None
-    reason: str
-    arrival_rate: float | None = None
-    lead_s: float | None = None
-    smoothed_backlog_s: float | None = None
+
+
+# The event's fields, each a column of the same name: written and read by name, so a new field
+# is one line of NewScalingEvent (and the table's column).
+_FIELDS = tuple(field.name for field in fields(NewScalingEvent))
 
 
 async def record_scaling_event(sessions: Sessions, event: NewScalingEvent) -> None:
+    values = {name: getattr(event, name) for name in _FIELDS}
     async with sessions.begin() as session:
-        session.add(
-            ScalingEvent(
-                model=event.model,
-                action=event.action,
-                actor=event.actor,
-                site=event.site,
-                serving_sites=event.serving_sites,
-                desired_sites=event.desired_sites,
-                backlog_s=event.backlog_s,
-                forecast_backlog_s=event.forecast_backlog_s,
-                arrival_rate=event.arrival_rate,
-                lead_s=event.lead_s,
-                smoothed_backlog_s=event.smoothed_backlog_s,
-                reason=event.reason[:256],
-            )
-        )
+        session.add(ScalingEvent(**values | {"reason": event.reason[:256]}))
 
 
 async def scaling_events_since(
@@ -78,20 +59,6 @@ async def scaling_events_since(
     async with sessions() as session:
         rows = (await session.scalars(query)).all()
     return [
-        ScalingEventRow(
-            at=row.created_at,
-            model=row.model,
-            action=row.action,
-            actor=row.actor,
-            site=row.site,
-            serving_sites=row.serving_sites,
-            desired_sites=row.desired_sites,
-            backlog_s=row.backlog_s,
-            forecast_backlog_s=row.forecast_backlog_s,
-            reason=row.reason,
-            arrival_rate=row.arrival_rate,
-            lead_s=row.lead_s,
-            smoothed_backlog_s=row.smoothed_backlog_s,
-        )
+        ScalingEventRow(at=row.created_at, **{name: getattr(row, name) for name in _FIELDS})
         for row in rows
     ]

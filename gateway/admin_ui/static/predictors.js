@@ -1,7 +1,8 @@
 // The predictor drift panel: each served model's rolling error on recent traffic, its drift
 // verdict and its last retrain job, as GET /admin/api/predictors gives them (formatted only).
 
-const fixed = (digits) => (v) => (v == null ? "–" : v.toFixed(digits));
+import { cell, fixed, row } from "/admin/static/table.js";
+
 const FIELDS = [
   ["samples", (r) => r?.samples, (v) => (v == null ? "0" : String(v))],
   ["mae_tokens", (r) => r?.mae_tokens, fixed(1)],
@@ -10,25 +11,18 @@ const FIELDS = [
   ["spearman", (r) => r?.spearman, fixed(3)],
 ];
 
-function cell(field, text, attrs = {}) {
-  const td = document.createElement("td");
-  td.dataset.field = field;
-  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
-  td.textContent = text;
-  return td;
-}
-
 function jobText(job) {
   if (!job) return "none";
   const outcome = job.state === "done" ? (job.activated ? "activated" : "not activated") : job.state;
   return `#${job.id} ${job.reason} ${job.mode}: ${outcome}`;
 }
 
-function row(m) {
-  const tr = document.createElement("tr");
-  tr.dataset.model = m.model;
-  tr.dataset.drifted = String(m.drifted);
-  tr.append(cell("model", m.model), cell("version", m.window_version ?? m.serving_version ?? "–", { class: "mono" }));
+function modelRow(m) {
+  const tr = row(
+    { model: m.model, drifted: m.drifted },
+    cell("model", m.model),
+    cell("version", m.window_version ?? m.serving_version ?? "–", { class: "mono" }),
+  );
   for (const [field, get, fmt] of FIELDS) tr.append(cell(field, fmt(get(m.rolling)), { class: "num" }));
   // The API's verdict: "not judged" while the window holds fewer samples than the rule needs.
   const drift = cell("drifted", m.verdict, { title: m.reason });
@@ -40,7 +34,7 @@ function row(m) {
 export async function loadPredictors(api) {
   const p = await api("/admin/api/predictors");
   const body = document.querySelector("#predictors tbody");
-  body.replaceChildren(...p.models.map(row));
+  body.replaceChildren(...p.models.map(modelRow));
   body.dataset.refreshedAt = String(p.refreshed_at ?? "");
   const days = p.window_s > 0 ? ` of the last ${+(p.window_s / 86400).toFixed(1)} days` : "";
   document.getElementById("predictors-rule").textContent =

@@ -2,21 +2,13 @@
 // one line per scaling event (decisions, sites joining and leaving), as GET /admin/api/scaling
 // gives them (formatted only).
 
-const num = (digits) => (v) => (v == null ? "–" : v.toFixed(digits));
-const backlog = num(2);
+import { cell, fixed, row } from "/admin/static/table.js";
 
-function cell(field, text, attrs = {}) {
-  const td = document.createElement("td");
-  td.dataset.field = field;
-  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
-  td.textContent = text;
-  return td;
-}
+const backlog = fixed(2);
 
 function modelRow(m) {
-  const tr = document.createElement("tr");
-  tr.dataset.model = m.model;
-  tr.append(
+  return row(
+    { model: m.model },
     cell("model", m.model),
     cell("actuator", m.actuator),
     cell("serving_sites", String(m.serving_sites), { class: "num" }),
@@ -27,14 +19,12 @@ function modelRow(m) {
     cell("forecast_backlog_s", backlog(m.forecast_backlog_s), { class: "num" }),
     cell("reason", m.reason, { class: "muted" }),
   );
-  return tr;
 }
 
 function eventRow(e) {
-  const tr = document.createElement("tr");
-  tr.dataset.action = e.action;
   const when = new Date(e.at * 1000).toLocaleTimeString("en-GB");
-  tr.append(
+  return row(
+    { action: e.action },
     cell("at", when),
     cell("model", e.model),
     cell("action", e.action),
@@ -43,7 +33,6 @@ function eventRow(e) {
     cell("sites", `${e.serving_sites} → ${e.desired_sites}`, { class: "num" }),
     cell("reason", e.reason, { class: "muted" }),
   );
-  return tr;
 }
 
 export async function loadScaling(api) {

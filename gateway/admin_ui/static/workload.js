@@ -3,13 +3,7 @@
 // one line per LoRA adapter with its requests and tokens over the history window
 // (GET /admin/api/adapters). Formatted only: every number is the API's.
 
-function cell(field, text, attrs = {}) {
-  const td = document.createElement("td");
-  td.dataset.field = field;
-  for (const [k, v] of Object.entries(attrs)) td.setAttribute(k, v);
-  td.textContent = text;
-  return td;
-}
+import { cell, row } from "/admin/static/table.js";
 
 function duration(s) {
   if (s == null) return "–";
@@ -32,11 +26,10 @@ function progressCell(p) {
 }
 
 function batchRow(b) {
-  const tr = document.createElement("tr");
-  tr.dataset.batch = b.id;
   const counts = b.request_counts;
   const eta = b.progress?.eta_seconds ?? null;
-  tr.append(
+  return row(
+    { batch: b.id },
     cell("id", b.id, { class: "mono" }),
     cell("model", b.model),
     cell("status", b.status),
@@ -44,20 +37,17 @@ function batchRow(b) {
     progressCell(b.progress),
     cell("eta", duration(eta), { class: "num", "data-value": eta == null ? "" : String(eta) }),
   );
-  return tr;
 }
 
 function adapterRow(a) {
-  const tr = document.createElement("tr");
-  tr.dataset.adapter = a.adapter;
-  tr.append(
+  return row(
+    { adapter: a.adapter },
     cell("adapter", a.adapter),
     cell("model", a.model),
     cell("requests", String(a.requests), { class: "num" }),
     cell("prompt_tokens", String(a.prompt_tokens), { class: "num" }),
     cell("completion_tokens", String(a.completion_tokens), { class: "num" }),
   );
-  return tr;
 }
 
 export async function loadWorkload(api, windowS) {
