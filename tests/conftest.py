@@ -25,14 +25,6 @@ os.environ.setdefault(FORK_SERVER_ENV, "1")
 os.environ.setdefault("GATEWAY_ROUTING_POLICY", "round_robin")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files with a slow test run first (a stable sort: each file's own order, and the files'
-    among themselves, kept). `make test` hands a worker one file at a time in this order: a slow
-    file dealt last kept one worker busy for up to 1.5 minutes while the other had nothing left."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
-
-
 @pytest.fixture(scope="session")
 def gpt2_tokenizer_dir() -> Path:
     path = SHARED / "tokenizers" / "gpt2"
