@@ -51,13 +51,15 @@ def batch_file(count: int) -> bytes:
 def test_a_large_batch_is_created_and_cancelled_while_health_checks_are_answered(
     federation: Federation,
 ) -> None:
+    gateway_pid = federation.gateway.popen.pid
     with httpx.Client(base_url=federation.base_url, timeout=300) as client:
         upload = client.post(
             "/v1/files", files={"file": ("big.jsonl", batch_file(ITEMS))}, data={"purpose": "batch"}
         )
         assert upload.status_code == 200, upload.text[:300]
         client.get("/healthz")
-        with probing_healthz(federation.base_url, every_s=0.02) as creating:
+        probe_creating = probing_healthz(federation.base_url, every_s=0.02, server_pid=gateway_pid)
+        with probe_creating as creating:
             created = client.post(
                 "/v1/batches",
                 json={
@@ -69,7 +71,8 @@ def test_a_large_batch_is_created_and_cancelled_while_health_checks_are_answered
         assert created.status_code == 200, created.text[:300]
         batch_id = created.json()["id"]
         assert created.json()["request_counts"]["total"] == ITEMS
-        with probing_healthz(federation.base_url, every_s=0.02) as cancelling:
+        probe_cancel = probing_healthz(federation.base_url, every_s=0.02, server_pid=gateway_pid)
+        with probe_cancel as cancelling:
             cancel = client.post(f"/v1/batches/{batch_id}/cancel")
             assert cancel.status_code == 200, cancel.text[:300]
             assert cancel.json()["status"] in ("cancelling", "cancelled")

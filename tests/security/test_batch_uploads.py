@@ -45,7 +45,11 @@ def federation(start_federation) -> Federation:
 def test_a_batch_of_large_items_does_not_stall_the_gateway(federation: Federation) -> None:
     key = make_key(federation, "large")
     items = [{"custom_id": f"l{i}", "prompt": LARGE, "max_tokens": 1} for i in range(6)]
-    with probing_healthz(federation.base_url) as probe, client_of(federation, key) as client:
+    gateway_pid = federation.gateway.popen.pid
+    with (
+        probing_healthz(federation.base_url, server_pid=gateway_pid) as probe,
+        client_of(federation, key) as client,
+    ):
         answer = client.post("/v1/batches", json={"model": "tiny", "requests": items})
         worst_s = probe.worst_s
         assert answer.status_code == 200, answer.text[:300]

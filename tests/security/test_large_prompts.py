@@ -28,10 +28,12 @@ def federation(start_federation) -> Federation:
     return start_federation(live=["aws-use1"])
 
 
-def send_huge_prompts(base: str) -> tuple[list[httpx.Response], float, float]:
+def send_huge_prompts(federation: Federation) -> tuple[list[httpx.Response], float, float]:
     """Eight huge prompts (completions and chat) while /healthz is probed: the answers, the
-    slowest /healthz, and the most it may take on this machine now (healthz_probe)."""
-    limit_s = stall_limit_s(quiet_worst_s(base))
+    slowest /healthz (bounded by the gateway's CPU time meanwhile), and the most it may take on
+    this machine now (healthz_probe)."""
+    base, pid = federation.base_url, federation.gateway.popen.pid
+    limit_s = stall_limit_s(quiet_worst_s(base, server_pid=pid))
     bodies = [
         ("/v1/completions", {"model": "tiny", "prompt": HUGE, "max_tokens": 1}),
         (
@@ -39,7 +41,7 @@ def send_huge_prompts(base: str) -> tuple[list[httpx.Response], float, float]:
             {"model": "tiny", "messages": [{"role": "user", "content": HUGE}], "max_tokens": 1},
         ),
     ]
-    with probing_healthz(base) as probe, ThreadPoolExecutor(4) as pool:
+    with probing_healthz(base, server_pid=pid) as probe, ThreadPoolExecutor(4) as pool:
         answers = list(
             pool.map(
                 lambda i: httpx.post(base + bodies[i % 2][0], json=bodies[i % 2][1], timeout=120),
@@ -50,7 +52,7 @@ def send_huge_prompts(base: str) -> tuple[list[httpx.Response], float, float]:
 
 
 def test_huge_prompts_are_refused_without_stalling_the_gateway(federation: Federation) -> None:
-    answers, worst_s, limit_s = send_huge_prompts(federation.base_url)
+    answers, worst_s, limit_s = send_huge_prompts(federation)
     assert worst_s < limit_s, f"/healthz took {worst_s:.2f} s while the prompts arrived"
     for answer in answers:
         assert answer.status_code == 400, answer.text[:300]
@@ -63,7 +65,7 @@ def test_prompts_that_are_tokenized_do_not_stall_the_gateway(start_federation) -
     loose: Federation = start_federation(
         live=["gcp-euw4"], env={"GATEWAY_MAX_PROMPT_CHARS_PER_TOKEN": "10000"}
     )
-    answers, worst_s, limit_s = send_huge_prompts(loose.base_url)
+    answers, worst_s, limit_s = send_huge_prompts(loose)
     for answer in answers:
         assert answer.status_code == 400, answer.text[:300]
         assert "tokens" in answer.json()["error"]["message"]  # tokenized, then refused
