@@ -58,6 +58,23 @@ class Unit:
     seconds: float = 0.0  # its pieces' time so far
 
 
+@dataclass(frozen=True, slots=True)
+class PieceRecord:
+    """One piece of a unit as run (FineTuneJobs.on_piece): what a timeline of the training
+    beside serving needs to name the cause of a long piece (bench/engine/finetune_timeline.py)."""
+
+    job_id: str
+    seconds: float  # the piece's own time (its thread's turn, synchronised on CUDA)
+    boundaries: int
+    ended_at: str  # PiecewiseRun.ended_at
+    first_piece: bool  # the unit's first: its batch padded and copied to the device
+    unit_done: bool
+    unit_budget: int
+    unit_shape: tuple[int, int]  # padded (rows, width)
+    validating: bool
+    step: int  # the trainer's optimizer steps after the piece
+
+
 @dataclass(slots=True)
 class Job:
     """One job: accepted, its files read in the background (`examples` once they are), trained

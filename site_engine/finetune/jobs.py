@@ -29,6 +29,7 @@ import math
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from site_engine.finetune import FineTuneRefused
 from site_engine.finetune import checkpoint as disk
 from site_engine.finetune.intake import check_spec
 from site_engine.finetune.job_intake import JobIntake
-from site_engine.finetune.job_state import FineTuneSettings, Job, Unit
+from site_engine.finetune.job_state import FineTuneSettings, Job, PieceRecord, Unit
 from site_engine.finetune.memory import (
     TrainingShape,
     largest_unit_tokens,
@@ -53,7 +54,7 @@ from site_engine.finetune.memory import (
     lora_bytes,
 )
 from site_engine.finetune.pacing import UnitPacer
-from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
+from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers, settle_device
 from site_engine.finetune.trainer import LoraTrainer, LossChunks
 from site_engine.finetune.turns import TenantTurns
 
@@ -93,6 +94,8 @@ class FineTuneJobs:
         self._pieces = PieceSizer(settings.max_step_ms / 1000)
         self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
         self.pieces_run = 0  # calls of run_unit that ran a piece of a unit (the tests read it)
+        # Told of every piece run, on the engine's thread (a bench's timeline); None: nothing.
+        self.on_piece: Callable[[PieceRecord], None] | None = None
         settings.directory.mkdir(parents=True, exist_ok=True)
         self._load_from_disk()
 
@@ -202,7 +205,9 @@ class FineTuneJobs:
         request arriving meanwhile waits for one piece, not for the unit. `rows`: the training
         rows a serving step leaves room for (site_engine/finetune/step_rows.py): a unit begun
         now takes that many padded tokens (one whole example at least) instead of the pacer's
-        budget."""
+        budget. The time is the piece's own: device work queued before it (an asynchronous
+        engine's step) is waited for first (pieces.settle_device)."""
+        settle_device(self._model)
         began = time.monotonic()
         with self._lock:
             ended = [
@@ -282,9 +287,15 @@ class FineTuneJobs:
             # Validation has no backward: a third of a training unit's cost.
             job.unit = Unit(run, budget, trainer.history.step, trainer.validating, alone)
         unit = job.unit
+        first = self.on_piece is not None and unit.seconds == 0.0
         began = time.monotonic()
         done = unit.pieces.step()
         took = time.monotonic() - began
+        if self.on_piece is not None:
+            shape, step = trainer.unit_shape, trainer.history.step
+            self.on_piece(PieceRecord(job.job_id, took, unit.pieces.last_piece_boundaries,
+                                      unit.pieces.ended_at, first, done, unit.budget, shape,
+                                      unit.validating, step))  # fmt: skip
         self.pieces_run += 1
         unit.seconds += took
         self._pieces.observe(unit.pieces.last_piece_boundaries, took)

@@ -21,6 +21,7 @@ trainer drops them (LoraTrainer.abandon_partial_step).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -70,6 +71,10 @@ class PiecewiseRun(Generic[T]):
         self._thread = threading.Thread(target=self._main, name="finetune-unit", daemon=True)
         self._started = False
         self.last_piece_boundaries = 0
+        # Where the last piece ended ("forward 12", "backward 3", "pause", "end"): a timeline
+        # names what a long piece was doing (bench/engine/finetune_timeline.py).
+        self.ended_at = ""
+        self._at = ""
 
     @property
     def done(self) -> bool:
@@ -87,6 +92,7 @@ class PiecewiseRun(Generic[T]):
         self._turn.release()
         self._back.acquire()
         self.last_piece_boundaries = self._crossed
+        self.ended_at = "end" if self._done else self._at
         return self._done
 
     def result(self) -> T:
@@ -100,7 +106,7 @@ class PiecewiseRun(Generic[T]):
         """A boundary the work marks itself (between loss chunks, before the optimizer step:
         the unit's tail has no layer to hook); a no-op on any thread but the unit's own."""
         if threading.current_thread() is self._thread:
-            self._boundary()
+            self._boundary("pause")
 
     def abandon(self) -> None:
         """Ends a run not done (its thread unwinds at its boundary, its hooks go)."""
@@ -119,9 +125,11 @@ class PiecewiseRun(Generic[T]):
         try:
             if self._abandoned:
                 raise _Abandoned
-            for layer in self._layers:
-                self._handles.append(layer.register_forward_pre_hook(self._before_forward))
-                self._handles.append(layer.register_forward_hook(self._after_forward))
+            for index, layer in enumerate(self._layers):
+                before = functools.partial(self._before_forward, index)
+                after = functools.partial(self._after_forward, index)
+                self._handles.append(layer.register_forward_pre_hook(before))
+                self._handles.append(layer.register_forward_hook(after))
             self._result = self._work()
         except _Abandoned:
             pass
@@ -135,18 +143,20 @@ class PiecewiseRun(Generic[T]):
             self._done = True
             self._back.release()
 
-    def _before_forward(self, module: nn.Module, args: object) -> None:
-        self._boundary()
+    def _before_forward(self, index: int, module: nn.Module, args: object) -> None:
+        self._boundary(f"forward {index}")
 
-    def _after_forward(self, module: nn.Module, args: object, output: object) -> None:
+    def _after_forward(self, index: int, module: nn.Module, args: object, output: object) -> None:
         hidden = output[0] if isinstance(output, tuple) else output
         if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-            hidden.register_hook(self._before_backward)  # type: ignore[no-untyped-call]
+            backward = functools.partial(self._before_backward, index)
+            hidden.register_hook(backward)  # type: ignore[no-untyped-call]
 
-    def _before_backward(self, grad: torch.Tensor) -> None:
-        self._boundary()
+    def _before_backward(self, index: int, grad: torch.Tensor) -> None:
+        self._boundary(f"backward {index}")
 
-    def _boundary(self) -> None:
+    def _boundary(self, at: str) -> None:
+        self._at = at
         self._crossed += 1
         early = time.perf_counter() - self._piece_began < self._yield_after_s
         if self._crossed < self.boundaries_per_piece and early:
@@ -156,6 +166,17 @@ class PiecewiseRun(Generic[T]):
         self._turn.acquire()
         if self._abandoned:
             raise _Abandoned
+
+
+def settle_device(model: nn.Module) -> None:
+    """Waits for the device work already queued (an asynchronous engine's step still running)
+    before a piece is timed: a piece's closing synchronisation would wait for it too, and that
+    wait is the serving step's time, not training's (the H200 timeline counted 100-175 ms
+    prefill steps as pieces of a few layers)."""
+    for parameter in model.parameters():
+        if parameter.device.type == "cuda":
+            torch.cuda.synchronize(parameter.device)
+        return
 
 
 def _sync(layers: Sequence[nn.Module]) -> None:

@@ -28,6 +28,7 @@ through the decoder (site_engine/finetune/memory.py counts one chunk, not all to
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fedllm_contract.fine_tuning import FineTuneHyperparameters
 from site_engine.finetune.data import IGNORE, Example
@@ -98,10 +100,46 @@ def _alias(base: nn.Module) -> nn.Module:
     return copy.deepcopy(base, memo)
 
 
+# The trainer's attention kernels: flash or memory-efficient SDPA (math where neither applies),
+# never cuDNN's. cuDNN builds a graph on the host for each new sequence shape, the first in
+# ~1 s and each later one in 40-110 ms (the H200 timeline, bench/results/finetune_colocated/
+# finetune_timeline_h200.md), and a job's units bring new lengths all the time: the first
+# attention forward (layer 0) and backward (the last layer) of a unit held the engine's loop
+# for up to 1.4 s against an 8 ms bound. Flash and memory-efficient take any length unbuilt.
+_TRAINING_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class _PinnedAttention:
+    """Hooks on each attention module of the trainer's copy: its SDPA call runs within
+    `sdpa_kernel(_TRAINING_SDPA)`. Per call, not around the unit: torch's backend flags are
+    global, and a unit's pieces have serving steps between them (a backward keeps the kernel
+    its forward chose)."""
+
+    def __init__(self) -> None:
+        self._open: list[contextlib.AbstractContextManager[None]] = []
+
+    def attach(self, model: nn.Module) -> None:
+        for module in model.modules():
+            if type(module).__name__.endswith("Attention"):
+                module.register_forward_pre_hook(self._enter)
+                module.register_forward_hook(self._exit, always_call=True)
+
+    def _enter(self, module: nn.Module, args: object) -> None:
+        pinned = sdpa_kernel(_TRAINING_SDPA)
+        pinned.__enter__()
+        self._open.append(pinned)
+
+    def _exit(self, module: nn.Module, args: object, output: object) -> None:
+        if self._open:
+            self._open.pop().__exit__(None, None, None)
+
+
 def lora_model(base: nn.Module, hp: FineTuneHyperparameters, seed: int) -> PeftModel:
-    """The served model with fresh LoRA layers (drawn from `seed`) over a shared frozen base."""
+    """The served model with fresh LoRA layers (drawn from `seed`) over a shared frozen base,
+    its attention pinned to kernels that need no per-shape build (_TRAINING_SDPA)."""
     torch.manual_seed(seed)
     model = get_peft_model(_alias(base), lora_config(hp))
+    _PinnedAttention().attach(model)
     model.train()
     return model
 
@@ -125,6 +163,10 @@ def pad_batch(
 def unit_tokens(examples: Sequence[Example]) -> int:
     """The tokens a unit of these examples computes: rows x the longest (padding included)."""
     return len(examples) * max(len(e.input_ids) for e in examples)
+
+
+def _shape(examples: Sequence[Example]) -> tuple[int, int]:
+    return len(examples), max(len(e.input_ids) for e in examples)
 
 
 def take(examples: Sequence[Example], max_tokens: int) -> int:
@@ -253,6 +295,8 @@ class LoraTrainer:
         self._step_loss = 0.0
         self._validation: tuple[int, float, int] | None = None  # (position, loss sum, tokens)
         self.loss_chunks = LossChunks()
+        # The padded (rows, width) of the unit under way or last run: a timeline's shape.
+        self.unit_shape = (0, 0)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -317,6 +361,7 @@ class LoraTrainer:
             return 0
         batch = batch_of(len(self.train), self.hp.batch_size, self.seed, self.history.step)
         chunk = rest[: take(rest, max_tokens)]
+        self.unit_shape = _shape(chunk)
         batch_tokens = sum(self.train[i].loss_tokens for i in batch)
         loss = token_loss_sum(
             self.model, chunk, self.device, 1 / batch_tokens, pause, self.loss_chunks
@@ -342,6 +387,7 @@ class LoraTrainer:
         position, total, tokens = self._validation or (0, 0.0, 0)
         rest = self.validation[position:]
         chunk = rest[: take(rest, max_tokens)]
+        self.unit_shape = _shape(chunk)
         with torch.no_grad():
             total += token_loss_sum(
                 self.model, chunk, self.device, pause=pause, chunks=self.loss_chunks

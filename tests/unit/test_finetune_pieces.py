@@ -15,6 +15,7 @@ import torch
 
 from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from site_engine.finetune.data import IGNORE, Example
+from site_engine.finetune.job_state import PieceRecord
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
 from site_engine.finetune.trainer import LOSS_CHUNK_TOKENS, LoraTrainer, LossChunks
@@ -174,3 +175,69 @@ def test_a_long_example_holds_the_loop_no_longer_than_twice_the_bound(
     over = [c for c in calls if c > 2 * bound_s]
     # Allowance for a loaded CPU preempting a piece: at most one call in 20 over twice the bound.
     assert len(over) <= len(calls) // 20, (bound_s, sorted(calls)[-5:])
+
+
+def test_each_piece_says_where_it_ended_and_the_jobs_report_it(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    """A timeline names what a long piece did (issue 76): the boundary each piece ended at, and
+    through the jobs' observer its unit's shape, first piece and end."""
+    trainer = LoraTrainer(tiny.model, HP, 3, [example(30, 1), example(45, 2)])
+    layers = decoder_layers(trainer.model)
+    run = PiecewiseRun(lambda: trainer.work(10_000), layers, boundaries_per_piece=1)
+    ended = []
+    while not run.step():
+        ended.append(run.ended_at)
+    ended.append(run.ended_at)
+    n = len(layers)
+    assert ended[:n] == [f"forward {i}" for i in range(n)]
+    assert ended[n : 2 * n] == [f"backward {i}" for i in reversed(range(n))]
+    assert ended[-1] == "end"
+    assert trainer.unit_shape == (2, 45)
+
+    jobs = FineTuneJobs(
+        FineTuneSettings(tmp_path, 1 << 30, max_step_ms=1e-6, max_tokens=64),
+        tiny.model, tiny.tokenizer, "tiny",
+    )  # fmt: skip
+    records: list[PieceRecord] = []
+    jobs.on_piece = records.append
+    data = b'{"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", ' \
+        b'"content": "hello to you"}]}\n' * 2  # fmt: skip
+    jobs.start(FineTuneSpec("j", "tiny", data, None, HP, 0))
+    jobs.settled("j")
+    jobs.run_unit(alone=True)  # the trainer's build: no piece
+    while jobs.progress("j").step < 1:
+        jobs.run_unit(alone=True)
+    assert records[0].first_piece
+    assert not any(r.first_piece for r in records[1:])
+    assert records[-1].unit_done
+    assert records[-1].ended_at == "end"
+    assert records[-1].step == 1
+    assert not any(r.unit_done for r in records[:-1])
+    assert {r.unit_shape for r in records} == {records[-1].unit_shape}
+    assert all(r.job_id == "j" and r.boundaries >= 1 for r in records[:-1])
+
+
+def _on(backend: str) -> bool:
+    """Whether torch's SDPA may take `backend` now (its global flag)."""
+    enabled: bool = getattr(torch.backends.cuda, f"{backend}_sdp_enabled")()
+    return enabled
+
+
+def test_the_trainers_attention_never_takes_cudnn_and_leaves_the_flags_as_it_found_them(
+    tiny: LoadedModel,
+) -> None:
+    """cuDNN's SDPA builds a graph per new sequence shape (up to 1.4 s on an H200, issue 76's
+    timeline): the trainer's attention calls run with it off, and only inside each call."""
+    trainer = LoraTrainer(tiny.model, HP, 3, [example(30, 1)])
+    seen: list[bool] = []
+    attention = [m for m in trainer.model.modules() if type(m).__name__.endswith("Attention")]
+    assert attention
+    for module in attention:
+        module.register_forward_pre_hook(lambda *_: seen.append(_on("cudnn")))
+    assert _on("cudnn")
+    trainer.work(10_000)
+    assert seen == [False] * len(attention)
+    assert _on("cudnn")
+    assert _on("flash")
+    assert _on("mem_efficient")
