@@ -170,7 +170,7 @@ class ModelCapacity:
     arrival_rate: float = 0.0
     lead_s: float = 0.0
     level_s: float = 0.0
-    pool_pods: int = 0
+    pool_pods: int = 0  # the kubernetes actuator's warm pool: pods run beyond the desired sites
 
 
 SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (
