@@ -135,6 +135,11 @@ def refuse_unserved(request: object, unserved: Unserved) -> None:
             )
 
 
+def context_exceeded(message: str, param: str) -> GatewayError:
+    """More tokens than the model's context holds: OpenAI's code, whatever the endpoint."""
+    return InvalidRequest(message, param=param, code="context_length_exceeded")
+
+
 def model_not_found(model: str) -> GatewayError:
     return NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")
 
