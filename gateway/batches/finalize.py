@@ -16,11 +16,11 @@ from datetime import datetime
 from typing import Literal
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batches.records import BatchView, FinalItem, batch_view
 from gateway.batches.settling import final_status, update_open
 from gateway.db.models import BatchItem, BatchJob, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.file_store import FileWriter, NewFile
 from gateway.stores.pages import rowcount
 
@@ -48,10 +48,7 @@ _LINE_COLUMNS = (
 )
 
 
-class BatchFinalizer:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class BatchFinalizer(SessionStore):
     async def finalize(
         self,
         batch_id: str,

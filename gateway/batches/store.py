@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Select, Update, and_, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.batches.bulk import write_items
 from gateway.batches.records import (
@@ -44,6 +43,7 @@ from gateway.batches.settling import (
 )
 from gateway.batches.totals import planned_work_query, usage_query
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.file_store import file_exists, owned_by
 from gateway.stores.pages import rowcount
 
@@ -68,10 +68,7 @@ def _as_read(batch_id: str, index: int, attempts: int, status: ColumnElement[boo
     )
 
 
-class BatchStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class BatchStore(SessionStore):
     async def create(self, new: NewBatch, items: Sequence[NewItem]) -> BatchView | None:
         """The batch and all its items in one transaction: accepted whole or not at all. None,
         writing nothing, when its input file was deleted meanwhile."""
