@@ -9,7 +9,8 @@ batch runner tries those again) and OpenAI's error `type` (stored with a failed 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 
 class GatewayError(Exception):
@@ -116,6 +117,27 @@ def invalid_request(
     message: str, param: str | None = None, code: str | None = None
 ) -> GatewayError:
     return InvalidRequest(message, param=param, code=code)
+
+
+# param -> (does the gateway serve this value, why it serves no other): a feature the gateway
+# lacks, refused by name only when a request asks for it.
+Unserved = Mapping[str, tuple[Callable[[Any], bool], str]]
+
+
+def refuse_unserved(request: object, unserved: Unserved) -> None:
+    """400 naming the first parameter of `request` that asks for what the gateway lacks."""
+    for param, (served, reason) in unserved.items():
+        value = getattr(request, param)
+        if not served(value):
+            raise invalid_request(
+                f"'{param}' is not supported by this gateway: {reason} (got {value!r})",
+                param=param,
+            )
+
+
+def context_exceeded(message: str, param: str) -> GatewayError:
+    """More tokens than the model's context holds: OpenAI's code, whatever the endpoint."""
+    return InvalidRequest(message, param=param, code="context_length_exceeded")
 
 
 def model_not_found(model: str) -> GatewayError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fedllm_contract.load_gauges import SHARED_LOAD_GAUGES
 from gateway.sites.interface import LoadView
 from gateway.sites.registry import SiteState
 
@@ -92,21 +94,7 @@ _REPORT_GAUGES = (
     _ReportGauge(
         "running_requests", "Requests in the site's running batch", lambda r: r.running_requests
     ),
-    _ReportGauge(
-        "queued_prompt_tokens",
-        "Prompt tokens of the waiting requests",
-        lambda r: r.queued_prompt_tokens,
-    ),
-    _ReportGauge(
-        "running_tokens", "Tokens held by running sequences (KV)", lambda r: r.running_tokens
-    ),
-    _ReportGauge(
-        "predicted_remaining_tokens",
-        "Predicted answer tokens still to generate",
-        lambda r: r.predicted_remaining_tokens,
-    ),
-    _ReportGauge("kv_blocks_used", "KV-cache blocks in use", lambda r: r.kv_blocks_used),
-    _ReportGauge("kv_blocks_total", "KV-cache blocks in all", lambda r: r.kv_blocks_total),
+    *(_ReportGauge(name, doc, attrgetter(name)) for name, doc in SHARED_LOAD_GAUGES),
     _ReportGauge(
         "decode_tokens_per_second",
         "Decode throughput the site reports",
@@ -182,7 +170,7 @@ class ModelCapacity:
     arrival_rate: float = 0.0
     lead_s: float = 0.0
     level_s: float = 0.0
-    pool_pods: int = 0
+    pool_pods: int = 0  # the kubernetes actuator's warm pool: pods run beyond the desired sites
 
 
 SCALING_GAUGES: tuple[tuple[str, str, Callable[[ModelCapacity], float]], ...] = (

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -29,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fedllm_contract.cache_events import CacheEvent
+from fedllm_contract.load_gauges import SHARED_LOAD_GAUGES
 from fedllm_contract.priority import Priority
 from site_engine.engine.core.api import (
     Engine,
@@ -123,21 +125,7 @@ class _StatsGauge:
 _STATS_GAUGES = (
     _StatsGauge("waiting_requests", "Requests queued, not started", lambda s: s.num_waiting),
     _StatsGauge("running_requests", "Requests in the running batch", lambda s: s.num_running),
-    _StatsGauge(
-        "queued_prompt_tokens",
-        "Prompt tokens of the waiting requests",
-        lambda s: s.queued_prompt_tokens,
-    ),
-    _StatsGauge(
-        "running_tokens", "Tokens held by running sequences (KV)", lambda s: s.running_tokens
-    ),
-    _StatsGauge(
-        "predicted_remaining_tokens",
-        "Predicted answer tokens still to generate",
-        lambda s: s.predicted_remaining_tokens,
-    ),
-    _StatsGauge("kv_blocks_used", "KV-cache blocks in use", lambda s: s.kv_blocks_used),
-    _StatsGauge("kv_blocks_total", "KV-cache blocks in all", lambda s: s.kv_blocks_total),
+    *(_StatsGauge(name, doc, attrgetter(name)) for name, doc in SHARED_LOAD_GAUGES),
     _StatsGauge(
         "kv_blocks_cached",
         "KV-cache blocks indexed by the prefix cache (held or free)",

@@ -15,28 +15,33 @@ class Policy(msgspec.Struct, frozen=True):
     offload: bool
 
 
-class SiteNow(msgspec.Struct, frozen=True):
-    name: str
-    cloud: str
-    region: str
-    model: str
-    healthy: bool
-    last_error: str | None
-    # Live, from the site's last load report: token load = queued + running + predicted.
+class LoadNow(msgspec.Struct, frozen=True, kw_only=True):
+    """A site's load now, or a cloud's (the sum over its sites)."""
+
+    # Live, from the last load reports: token load = queued + running + predicted.
     queued_tokens: int
     running_tokens: int
     predicted_remaining_tokens: int
     token_load: int
     queued_requests: int
     running_requests: int
-    # This gateway's own view: its requests in flight there and their planned tokens.
-    in_flight: int
-    ledger_tokens: int
     # Requests completed over the last `recent_s` seconds, and their mean latencies.
     completed_recent: int
     requests_per_min: float
     ttft_ms: float | None
     e2e_ms: float | None
+
+
+class SiteNow(LoadNow, frozen=True, kw_only=True):
+    name: str
+    cloud: str
+    region: str
+    model: str
+    healthy: bool
+    last_error: str | None
+    # This gateway's own view: its requests in flight there and their planned tokens.
+    in_flight: int
+    ledger_tokens: int
     # An operator is draining the site (POST /admin/api/sites/{name}/drain).
     draining: bool = False
     # Its kind (grpc, openai) and whether its queued work can be released for offload (an
@@ -52,20 +57,10 @@ class SiteNow(msgspec.Struct, frozen=True):
     adapters_in_host: tuple[str, ...] = ()
 
 
-class CloudNow(msgspec.Struct, frozen=True):
+class CloudNow(LoadNow, frozen=True, kw_only=True):
     cloud: str
     sites: int
     healthy_sites: int
-    queued_tokens: int
-    running_tokens: int
-    predicted_remaining_tokens: int
-    token_load: int
-    queued_requests: int
-    running_requests: int
-    completed_recent: int
-    requests_per_min: float
-    ttft_ms: float | None
-    e2e_ms: float | None
 
 
 class Overview(msgspec.Struct, frozen=True):

@@ -29,37 +29,34 @@ AnyRequest = Request[Any, Any, Any]
 ViewT = TypeVar("ViewT", bound=msgspec.Struct)
 
 
-class ScalingEventView(msgspec.Struct, frozen=True):
+class VerdictView(msgspec.Struct, frozen=True):
+    """A scaling verdict's numbers, as an event recorded them or a model's capacity is now."""
+
+    serving_sites: int
+    desired_sites: int
+    backlog_s: float | None
+    forecast_backlog_s: float | None
+    reason: str
+    arrival_rate: float | None = None
+    lead_s: float | None = None
+    smoothed_backlog_s: float | None = None
+
+
+class ScalingEventView(VerdictView, frozen=True, kw_only=True):
     at: float
     model: str
     action: str
     actor: str
     site: str | None
-    serving_sites: int
-    desired_sites: int
-    backlog_s: float | None
-    forecast_backlog_s: float | None
-    reason: str
-    arrival_rate: float | None = None
-    lead_s: float | None = None
-    smoothed_backlog_s: float | None = None
 
 
-class ModelCapacityView(msgspec.Struct, frozen=True):
+class ModelCapacityView(VerdictView, frozen=True, kw_only=True):
     model: str
     actuator: str
     min_sites: int
     max_sites: int
     target_backlog_s: float
-    serving_sites: int
     pending_sites: int
-    desired_sites: int
-    backlog_s: float | None
-    forecast_backlog_s: float | None
-    reason: str
-    arrival_rate: float | None = None
-    lead_s: float | None = None
-    smoothed_backlog_s: float | None = None
 
 
 class ScalingView(msgspec.Struct, frozen=True):

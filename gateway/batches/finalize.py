@@ -15,12 +15,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import select
 
 from gateway.batches.records import BatchView, FinalItem, batch_view
-from gateway.batches.settling import OPEN_BATCH, final_status
+from gateway.batches.settling import final_status, update_open
 from gateway.db.models import BatchItem, BatchJob, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.file_store import FileWriter, NewFile
 from gateway.stores.pages import rowcount
 
@@ -48,10 +48,7 @@ _LINE_COLUMNS = (
 )
 
 
-class BatchFinalizer:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class BatchFinalizer(SessionStore):
     async def finalize(
         self,
         batch_id: str,
@@ -64,13 +61,9 @@ class BatchFinalizer:
         async with self._sessions.begin() as session:
             # A write first: SQLite then holds its write lock, PostgreSQL the row's.
             taken = await session.execute(
-                update(BatchJob)
-                .where(
-                    BatchJob.id == batch_id,
-                    BatchJob.status.in_(OPEN_BATCH),
-                    BatchJob.finalizing_at.is_not(None),
+                update_open(batch_id, BatchJob.finalizing_at.is_not(None)).values(
+                    finalizing_at=BatchJob.finalizing_at
                 )
-                .values(finalizing_at=BatchJob.finalizing_at)
             )
             if rowcount(taken) != 1:
                 return None

@@ -13,18 +13,16 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.batches.records import BatchView, batch_view
 from gateway.batches.settling import OPEN_BATCH, cancel_queued, expire_in, settle
 from gateway.db.models import ApiKey, BatchItem, BatchItemStatus, BatchJob, BatchStatus, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.pages import rowcount
 
 
-class BatchLeases:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class BatchLeases(SessionStore):
     async def claim(self, owner: str, lease_s: float, limit: int) -> list[str]:
         """Takes up to `limit` open batches that nobody holds (oldest first); returns their ids."""
         now = utcnow()

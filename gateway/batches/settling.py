@@ -6,7 +6,7 @@ caller's transaction.
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, Update, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.batches.records import ItemResult, settled_status
@@ -41,16 +41,21 @@ EXPIRED_ERROR: dict[str, object] = {
 }
 
 
+def update_open(batch_id: str, *conditions: ColumnElement[bool]) -> Update:
+    """An update of the batch that applies only while it is open and `conditions` hold: one that
+    another gateway has settled meanwhile is left as it is."""
+    return update(BatchJob).where(
+        BatchJob.id == batch_id, BatchJob.status.in_(OPEN_BATCH), *conditions
+    )
+
+
 async def expire_in(session: AsyncSession, batch_id: str) -> None:
     marked = await session.execute(
-        update(BatchJob)
-        .where(
-            BatchJob.id == batch_id,
-            BatchJob.status.in_(OPEN_BATCH),
+        update_open(
+            batch_id,
             BatchJob.expired_at.is_(None),
             BatchJob.finalizing_at.is_(None),  # every item final already: not expired
-        )
-        .values(expired_at=utcnow())
+        ).values(expired_at=utcnow())
     )
     if not rowcount(marked):
         return

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import ColumnElement, Select, Update, and_, or_, select, update
 
 from gateway.batches.bulk import write_items
 from gateway.batches.records import (
@@ -44,6 +43,7 @@ from gateway.batches.settling import (
 )
 from gateway.batches.totals import planned_work_query, usage_query
 from gateway.db.models import BatchItem, BatchItemStatus, BatchJob, BatchStatus, Site, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.file_store import file_exists, owned_by
 from gateway.stores.pages import rowcount
 
@@ -57,10 +57,18 @@ def _page(rows: Sequence[T], limit: int) -> Page[T]:
     return Page(list(rows[:limit]), has_more=len(rows) > limit)
 
 
-class BatchStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
+def _as_read(batch_id: str, index: int, attempts: int, status: ColumnElement[bool]) -> Update:
+    """An update of the item that applies only while it is as its runner read it (`attempts`
+    starts, `status`): one that lost the item to a cancel or another gateway changes nothing."""
+    return update(BatchItem).where(
+        BatchItem.batch_id == batch_id,
+        BatchItem.item_index == index,
+        status,
+        BatchItem.attempts == attempts,
+    )
 
+
+class BatchStore(SessionStore):
     async def create(self, new: NewBatch, items: Sequence[NewItem]) -> BatchView | None:
         """The batch and all its items in one transaction: accepted whole or not at all. None,
         writing nothing, when its input file was deleted meanwhile."""
@@ -273,14 +281,7 @@ class BatchStore:
         startable (cancelled, final, or started by someone else since `attempts` was read)."""
         async with self._sessions.begin() as session:
             result = await session.execute(
-                update(BatchItem)
-                .where(
-                    BatchItem.batch_id == batch_id,
-                    BatchItem.item_index == index,
-                    BatchItem.status.in_(_NOT_FINAL),
-                    BatchItem.attempts == attempts,
-                )
-                .values(
+                _as_read(batch_id, index, attempts, BatchItem.status.in_(_NOT_FINAL)).values(
                     status=BatchItemStatus.RUNNING,
                     attempts=attempts + 1,
                     request_id=request_id,
@@ -306,14 +307,7 @@ class BatchStore:
         status = BatchItemStatus.RUNNING if started else BatchItemStatus.QUEUED
         async with self._sessions.begin() as session:
             written = await session.execute(
-                update(BatchItem)
-                .where(
-                    BatchItem.batch_id == batch_id,
-                    BatchItem.item_index == index,
-                    BatchItem.status == status,
-                    BatchItem.attempts == attempts,
-                )
-                .values(
+                _as_read(batch_id, index, attempts, BatchItem.status == status).values(
                     status=result.status,
                     completion=result.completion,
                     error=result.error,

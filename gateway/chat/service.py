@@ -4,7 +4,7 @@ tokenize, then share every later step (sampling checks, routing, dispatch) with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +30,13 @@ from gateway.completions.sampling_options import (
     options_from_wire,
 )
 from gateway.dispatch.request import Api, PreparedCompletion, ToolCallParsing
-from gateway.errors import GatewayError, invalid_request, model_not_found
+from gateway.errors import (
+    GatewayError,
+    Unserved,
+    invalid_request,
+    model_not_found,
+    refuse_unserved,
+)
 from gateway.federation import ToolCallFormat
 from gateway.request_path.prepare import Delivery, Sampling
 from gateway.request_path.service import CompletionService
@@ -38,7 +44,7 @@ from gateway.tokenizers import ModelTokenizers
 
 # Fields that ask for a capability no model of this gateway has: param -> (is the value one
 # this gateway serves, why not). OpenAI refuses them alike for a model without it.
-_NOT_OFFERED: dict[str, tuple[Callable[[Any], bool], str]] = {
+_NOT_OFFERED: Unserved = {
     "modalities": (
         lambda v: v is None or set(v) <= {"text"},
         "the models here are text-only: modalities must be ['text']",
@@ -50,13 +56,7 @@ _NOT_OFFERED: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def reject_unsupported(req: ChatCompletionRequest) -> None:
-    for param, (served, reason) in _NOT_OFFERED.items():
-        value = getattr(req, param)
-        if not served(value):
-            raise invalid_request(
-                f"'{param}' is not supported by this gateway: {reason} (got {value!r})",
-                param=param,
-            )
+    refuse_unserved(req, _NOT_OFFERED)
     check_stream_options(req.stream, req.stream_options)
 
 

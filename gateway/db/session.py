@@ -16,6 +16,13 @@ from sqlalchemy.orm import configure_mappers
 SQLITE_CONNECT_ARGS = {"timeout": 30}
 
 
+class SessionStore:
+    """A store over the gateway's database: each of its methods opens a session of its own."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+
 def create_engine(database_url: str) -> AsyncEngine:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":

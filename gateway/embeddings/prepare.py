@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.embeddings.request import EmbeddingInput, EmbeddingRequest
-from gateway.errors import GatewayError, NotFound, invalid_request
+from gateway.errors import GatewayError, NotFound, context_exceeded, invalid_request
 from gateway.sites.interface import EmbedParams
 from gateway.sites.registry import SiteRegistry
 from gateway.tokenizers import ModelTokenizers
@@ -143,11 +143,10 @@ class EmbeddingPreparer:
             if not text:
                 raise invalid_request(f"input {i} is an empty string", param="input")
             if most is not None and len(text) > most:
-                raise invalid_request(
+                raise context_exceeded(
                     f"input {i} has {len(text)} characters; model '{model}' reads at most "
                     f"{context} tokens of it",
-                    param="input",
-                    code="context_length_exceeded",
+                    "input",
                 )
 
     def _check_tokens(self, model: str, ids: list[list[int]]) -> None:
@@ -161,9 +160,8 @@ class EmbeddingPreparer:
                     f"input {i}: token ids must be in [0, {vocab})", param="input"
                 )
             if context is not None and len(one) > context:
-                raise invalid_request(
+                raise context_exceeded(
                     f"This model's maximum context length is {context} tokens, however you "
                     f"requested {len(one)} tokens in input {i}. Please reduce your input.",
-                    param="input",
-                    code="context_length_exceeded",
+                    "input",
                 )

@@ -13,7 +13,6 @@ gateway/stores/file_store.py.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +24,7 @@ from gateway.errors import GatewayError, NotFound, invalid_request
 from gateway.files.batch_input import parse_lines
 from gateway.files.uploads import UploadGate
 from gateway.settings import GatewaySettings
+from gateway.stores.expiry import purge_forever
 from gateway.stores.file_store import (
     UPLOAD_PURPOSE,
     UPLOAD_PURPOSES,
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400
 MAX_FILE_PAGE = 10_000
 MAX_FILENAME = 256
-_PURGE_EVERY_S = 600.0
 
 
 def file_too_large(param: str, size: int, limit: int) -> GatewayError:
@@ -159,11 +158,4 @@ class FileService:
 
     async def delete_expired_forever(self) -> None:
         """Deletes expired files now and every few minutes (a background task)."""
-        while True:
-            try:
-                deleted = await self.store.delete_expired()
-                if deleted:
-                    log.info("files: deleted %d past their expiry", deleted)
-            except Exception:  # the database may be away for a moment: next time
-                log.exception("files: deleting expired files failed")
-            await asyncio.sleep(_PURGE_EVERY_S)
+        await purge_forever(self.store.delete_expired, "files", "expiry", log)

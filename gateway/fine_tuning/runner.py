@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.exc import IntegrityError
@@ -155,15 +156,16 @@ class FineTuningRunner:
 
     async def _advance(self, job: JobView, holding: Counter[str]) -> None:
         if job.status is FineTuningStatus.VALIDATING_FILES:
-            if utcnow() - job.created_at > self._validation_timeout:
-                limit_s = self._validation_timeout.total_seconds()
-                await self._fail(
-                    job,
-                    "validation_timeout",
-                    f"its files were not validated within {limit_s:.0f} s (the gateway "
-                    "validating them stopped; GATEWAY_FINE_TUNING_VALIDATION_TIMEOUT_S): create "
-                    "the job again",
-                )
+            await self._fail_overdue(
+                job,
+                self._validation_timeout,
+                "validation_timeout",
+                lambda limit_s: (
+                    f"its files were not validated within {limit_s:.0f} s (the "
+                    "gateway validating them stopped; GATEWAY_FINE_TUNING_VALIDATION_TIMEOUT_S): "
+                    "create the job again"
+                ),
+            )
             return
         if job.site is None:
             await self._start(job, holding)
@@ -193,14 +195,15 @@ class FineTuningRunner:
         await self._apply(job, progress)
 
     async def _start(self, job: JobView, holding: Counter[str]) -> None:
-        if utcnow() - job.created_at > self._start_timeout:
-            limit_s = self._start_timeout.total_seconds()
-            await self._fail(
-                job,
-                "no_site_took_job",
+        if await self._fail_overdue(
+            job,
+            self._start_timeout,
+            "no_site_took_job",
+            lambda limit_s: (
                 f"no site serving {job.model} took the job within {limit_s:.0f} s "
-                "(GATEWAY_FINE_TUNING_START_TIMEOUT_S)",
-            )
+                "(GATEWAY_FINE_TUNING_START_TIMEOUT_S)"
+            ),
+        ):
             return
         sites = self.training_sites(job.model)
         if not sites:
@@ -265,6 +268,16 @@ class FineTuningRunner:
             await self._store.finish(
                 job.id, FineTuningStatus.CANCELLED, f"Fine-tuning job cancelled on site {job.site}"
             )
+
+    async def _fail_overdue(
+        self, job: JobView, limit: timedelta, code: str, why: Callable[[float], str]
+    ) -> bool:
+        """Fails the job with `code` once it has waited longer than `limit` since it was
+        created, saying `why` (given the limit's seconds); True when it did."""
+        if utcnow() - job.created_at <= limit:
+            return False
+        await self._fail(job, code, why(limit.total_seconds()))
+        return True
 
     async def _fail(self, job: JobView, code: str, message: str) -> None:
         error = {"code": code, "message": message, "param": None}

@@ -299,20 +299,25 @@ class FineTuningService:
             raise invalid_request(f"after: no fine-tuning job with id '{after}'", param="after")
         return page
 
-    async def events(
+    async def _check_job_page(
         self, job_id: str, owner: Owner, after: str | None, limit: int
-    ) -> Page[EventView]:
+    ) -> None:
+        """A page of the job's events or checkpoints may be read: its bounds, and the job is the
+        caller's (404 otherwise)."""
         _check_limit(limit)
         _check_after(after)
         await self.get(job_id, owner)
+
+    async def events(
+        self, job_id: str, owner: Owner, after: str | None, limit: int
+    ) -> Page[EventView]:
+        await self._check_job_page(job_id, owner, after, limit)
         return await self.store.events(job_id, after, limit)
 
     async def checkpoints(
         self, job_id: str, owner: Owner, after: str | None, limit: int
     ) -> Page[CheckpointView]:
-        _check_limit(limit)
-        _check_after(after)
-        await self.get(job_id, owner)
+        await self._check_job_page(job_id, owner, after, limit)
         return await self.store.checkpoints(job_id, after, limit)
 
     async def cancel(self, job_id: str, owner: Owner) -> JobView:

@@ -24,7 +24,13 @@ from gateway.completions.sampling_options import (
     options_from_wire,
 )
 from gateway.dispatch.request import Api, PreparedCompletion
-from gateway.errors import GatewayError, NotFound, invalid_request, model_not_found
+from gateway.errors import (
+    GatewayError,
+    NotFound,
+    context_exceeded,
+    invalid_request,
+    model_not_found,
+)
 from gateway.model_catalogue import AdapterCatalogue
 from gateway.settings import GatewaySettings
 from gateway.sites.interface import GenerateParams
@@ -275,20 +281,18 @@ class Preparer:
         if context is not None and prompt_tokens >= context:
             # The prompt leaves no room for one token whatever the limit: the prompt's fault,
             # as OpenAI tells it ("messages" for chat).
-            raise invalid_request(
+            raise context_exceeded(
                 f"This model's maximum context length is {context} tokens. However, your "
                 f"{sampling.prompt_param} resulted in {prompt_tokens} tokens. Please reduce "
                 f"the length of the {sampling.prompt_param}.",
-                param=sampling.prompt_param,
-                code="context_length_exceeded",
+                sampling.prompt_param,
             )
         if context is not None and prompt_tokens + max_tokens > context:
-            raise invalid_request(
+            raise context_exceeded(
                 f"This model's maximum context length is {context} tokens. However, you "
                 f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
                 f"prompt, {max_tokens} for the completion).",
-                param=param,
-                code="context_length_exceeded",
+                param,
             )
         return max_tokens
 
@@ -317,11 +321,10 @@ class Preparer:
             None if context is None else context * self._settings.limits.max_prompt_chars_per_token
         )
         if most is not None and len(text) > most:
-            raise invalid_request(
+            raise context_exceeded(
                 f"This model's maximum context length is {context} tokens; a prompt of "
                 f"{len(text)} characters cannot fit (at most {most} are read).",
-                param=param,
-                code="context_length_exceeded",
+                param,
             )
 
     def _prompt(self, req: CompletionRequest) -> tuple[list[int], str]:

@@ -11,7 +11,6 @@ GET, DELETE and input_items see only the caller's own, and another key's reads a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,12 +31,12 @@ from gateway.responses.request import ResponseCreateRequest
 from gateway.responses.result import ResponseObject
 from gateway.responses.to_chat import chat_request
 from gateway.responses.unsupported import reject_unsupported
+from gateway.stores.expiry import purge_forever
 from gateway.stores.pages import Owner, Page
 from gateway.stores.response_store import NewResponse, ResponseStore
 
 log = logging.getLogger(__name__)
 MAX_ITEMS_PAGE = 100
-_PURGE_EVERY_S = 600.0
 Order = Literal["asc", "desc"]
 
 
@@ -180,11 +179,4 @@ class ResponsesService:
 
     async def delete_expired_forever(self) -> None:
         """Deletes expired responses now and every few minutes (a background task)."""
-        while True:
-            try:
-                deleted = await self._store.delete_expired()
-                if deleted:
-                    log.info("responses: deleted %d past their retention", deleted)
-            except Exception:  # the database may be away for a moment: next time
-                log.exception("responses: deleting expired responses failed")
-            await asyncio.sleep(_PURGE_EVERY_S)
+        await purge_forever(self._store.delete_expired, "responses", "retention", log)

@@ -4,10 +4,9 @@ passes, one that asks for the feature learns that it is not there, and nothing i
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from gateway.errors import invalid_request
+from gateway.errors import Unserved, invalid_request, refuse_unserved
 from gateway.responses.request import (
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_PAIRS,
@@ -21,7 +20,7 @@ def _no_reasoning(value: dict[str, Any] | None) -> bool:
 
 
 # param -> (is the value one this gateway honours, what to say when it is not)
-_NEUTRAL_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
+_NEUTRAL_ONLY: Unserved = {
     "background": (lambda v: not v, "background responses are not offered; send the request "
                    "and read its answer (or stream it)"),
     "include": (lambda v: not v, "no extra output data (logprobs, encrypted reasoning, tool "
@@ -56,13 +55,7 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
 
 
 def reject_unsupported(req: ResponseCreateRequest) -> None:
-    for param, (honoured, reason) in _NEUTRAL_ONLY.items():
-        value = getattr(req, param)
-        if not honoured(value):
-            raise invalid_request(
-                f"'{param}' is not supported by this gateway: {reason} (got {value!r})",
-                param=param,
-            )
+    refuse_unserved(req, _NEUTRAL_ONLY)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("stream_options needs stream: true", param="stream_options")
     _check_metadata(req.metadata)

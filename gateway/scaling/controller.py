@@ -30,25 +30,16 @@ from gateway.stores.scaling_events import NewScalingEvent, record_scaling_event
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ModelView:
-    """A scaled model now: the last verdict, its rule's bounds, its actuator."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelView(ModelCapacity):
+    """A scaled model now: what /metrics exports of its last verdict, and the verdict's reason,
+    its rule's bounds and its actuator."""
 
-    model: str
     actuator: str
     min_sites: int
     max_sites: int
     target_backlog_s: float
-    serving_sites: int
-    pending_sites: int
-    desired_sites: int
-    backlog_s: float
-    forecast_backlog_s: float
     reason: str
-    arrival_rate: float = 0.0
-    lead_s: float = 0.0
-    level_s: float = 0.0
-    pool_pods: int = 0  # the kubernetes actuator's warm pool: pods run beyond the desired sites
 
 
 def pool_pods(actuator: ActuatorConfig) -> int:
@@ -172,14 +163,7 @@ class ScalingController:
 
     def capacities(self) -> list[ModelCapacity]:
         """The last verdict of every scaled model (what /metrics exports)."""
-        return [
-            ModelCapacity(
-                view.model, view.serving_sites, view.pending_sites, view.desired_sites,
-                view.backlog_s, view.forecast_backlog_s, view.arrival_rate, view.lead_s,
-                view.level_s, view.pool_pods,
-            )
-            for view in self.views()
-        ]  # fmt: skip
+        return [*self.views()]
 
     def views(self) -> list[ModelView]:
         views = []

@@ -279,13 +279,9 @@ def _needed(rule: ScalingRule, seen: _Seen) -> int:
 def _scale_out(
     rule: ScalingRule, state: ModelState, seen: _Seen, needed: int, now: float
 ) -> tuple[ModelState, Verdict]:
-    over_since = state.over_since if state.over_since is not None else now
-    state = replace(state, over_since=over_since)
-    if now - over_since < rule.out_after_s:
-        return _with(state, seen.verdict(seen.sites, None, "high; waiting out_after_s"))
-    if _cooling(state, now, rule.out_cooldown_s):
-        return _with(state, seen.verdict(seen.sites, None, "high; in cooldown"))
-    state = _stepped(state, now)
+    state, held = _step_or_hold(rule, state, seen, now, out=True)
+    if held is not None:
+        return state, held
     line = rule.target_backlog_s * rule.scale_out_at
     peak_s = _peak_s(seen, line)
     short = rule.short_peak_s > 0 and peak_s <= rule.short_peak_s
@@ -297,6 +293,28 @@ def _scale_out(
     )
     action = ScaleOut(needed - seen.sites, peak_s, short)
     return _with(state, seen.verdict(needed, action, reason))
+
+
+def _step_or_hold(
+    rule: ScalingRule, state: ModelState, seen: _Seen, now: float, out: bool
+) -> tuple[ModelState, Verdict | None]:
+    """The state stepped now (verdict None), or held with its verdict while the high (`out`) or
+    low load has lasted less than its rule's wait or the last step is cooling down. Both
+    directions wait alike, so that a passing burst or lull moves nothing and two steps never
+    come back to back."""
+    if out:
+        since = state.over_since if state.over_since is not None else now
+        state = replace(state, over_since=since)
+        level, wait, after_s, cooldown_s = "high", "out", rule.out_after_s, rule.out_cooldown_s
+    else:
+        since = state.under_since if state.under_since is not None else now
+        state = replace(state, under_since=since)
+        level, wait, after_s, cooldown_s = "low", "in", rule.in_after_s, rule.in_cooldown_s
+    if now - since < after_s:
+        return _with(state, seen.verdict(seen.sites, None, f"{level}; waiting {wait}_after_s"))
+    if _cooling(state, now, cooldown_s):
+        return _with(state, seen.verdict(seen.sites, None, f"{level}; in cooldown"))
+    return _stepped(state, now), None
 
 
 def _peak_s(seen: _Seen, line: float) -> float:
@@ -320,13 +338,9 @@ def _scale_in(
     why_not = _why_not_fewer(rule, seen, fewer)
     if why_not is not None:
         return _with(replace(state, under_since=None), seen.verdict(seen.sites, None, why_not))
-    under_since = state.under_since if state.under_since is not None else now
-    state = replace(state, under_since=under_since)
-    if now - under_since < rule.in_after_s:
-        return _with(state, seen.verdict(seen.sites, None, "low; waiting in_after_s"))
-    if _cooling(state, now, rule.in_cooldown_s):
-        return _with(state, seen.verdict(seen.sites, None, "low; in cooldown"))
-    state = _stepped(state, now)
+    state, held = _step_or_hold(rule, state, seen, now, out=False)
+    if held is not None:
+        return state, held
     reason = (
         f"{rule.in_window_s:g}s mean with {fewer} site(s): backlog "
         f"{_per_site(seen.flow.level_s(), fewer):.2f}s/site, load "

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import AdapterOwner, ApiKey
+from gateway.db.session import SessionStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +29,7 @@ def _ownership(row: AdapterOwner) -> Ownership:
     return Ownership(row.name, row.parent, row.public, None if row.public else row.api_key_id)
 
 
-class AdapterOwnerStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class AdapterOwnerStore(SessionStore):
     async def all(self) -> list[Ownership]:
         async with self._sessions() as session:
             rows = await session.scalars(select(AdapterOwner).order_by(AdapterOwner.name))

@@ -5,15 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import AdminSession, utcnow
+from gateway.db.session import SessionStore
 
 
-class AdminSessionStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class AdminSessionStore(SessionStore):
     async def open(self, session_id: str, expires_at: datetime) -> None:
         async with self._sessions.begin() as session:
             # Sign-ins past their expiry are of no use to anyone: swept as new ones come.

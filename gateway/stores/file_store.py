@@ -17,11 +17,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import and_, delete, func, insert, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.db.models import ApiKey, FilePart, StoredFile, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.pages import Owner, Page
 
 PART_BYTES = 1 << 20
@@ -132,10 +133,7 @@ class QuotaExceeded(Exception):
         self.stored = stored
 
 
-class FileStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class FileStore(SessionStore):
     async def create(self, new: NewFile, content: bytes, quota: int | None) -> FileView:
         """The file whole, in one transaction; QuotaExceeded (nothing written) when the owner's
         live uploads and this one would hold more than `quota` bytes."""

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from fedllm_contract.fine_tuning import FineTuneProgress, FineTuneState
 from gateway.db.models import (
@@ -29,6 +29,7 @@ from gateway.db.models import (
     StoredFile,
     utcnow,
 )
+from gateway.db.session import SessionStore
 from gateway.stores.file_store import file_exists, owned_by
 from gateway.stores.pages import Owner, Page, rowcount
 
@@ -156,10 +157,7 @@ def _add_event(
     )
 
 
-class FineTuningStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class FineTuningStore(SessionStore):
     async def create(
         self,
         new: NewJob,

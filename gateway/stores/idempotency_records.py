@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import IdempotencyRecord, IdempotencyStatus, utcnow
+from gateway.db.session import SessionStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +21,7 @@ class StoredKey:
     created_at: datetime
 
 
-class IdempotencyStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class IdempotencyStore(SessionStore):
     async def claim(
         self, scope: str, key: str, request_hash: str, ttl_s: float, abandoned_after_s: float
     ) -> StoredKey | None:

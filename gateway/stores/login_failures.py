@@ -6,18 +6,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import AdminLoginFailure
+from gateway.db.session import SessionStore
 
 # The column's width: a longer "address" (none is) is cut to it wherever it is used.
 _ADDRESS_CHARS = 64
 
 
-class LoginFailureStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class LoginFailureStore(SessionStore):
     async def recent(self, address: str, since: datetime, most: int) -> list[datetime]:
         """The address's failures after `since`, newest first, at most `most` of them."""
         query = (

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import PredictorVersion, utcnow
+from gateway.db.session import SessionStore
 
 DEFAULT_MODEL = ""
 
@@ -30,10 +30,7 @@ def _view(row: PredictorVersion) -> RegisteredVersion:
     return RegisteredVersion(row.version, row.path, row.kind, row.scheme, row.active, row.model)
 
 
-class PredictorRegistry:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class PredictorRegistry(SessionStore):
     async def register(
         self,
         *,

@@ -11,10 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, insert, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.db.models import StoredResponse, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.file_store import owned_by
 from gateway.stores.pages import Owner
 
@@ -45,10 +45,7 @@ def _mine(response_id: str, owner: Owner) -> ColumnElement[bool]:
     )
 
 
-class ResponseStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class ResponseStore(SessionStore):
     async def add(self, new: NewResponse) -> None:
         async with self._sessions.begin() as session:
             await session.execute(

@@ -13,9 +13,9 @@ from datetime import datetime
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import OPEN_RETRAIN_STATES, RetrainJob, RetrainJobState, utcnow
+from gateway.db.session import SessionStore
 from gateway.stores.pages import rowcount
 
 ERROR_CHARS = 4000  # what a failed job keeps of its error (the end of a traceback)
@@ -53,10 +53,7 @@ def _record(row: RetrainJob) -> JobRecord:
     )  # fmt: skip
 
 
-class RetrainJobStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class RetrainJobStore(SessionStore):
     async def enqueue(
         self, model: str, *, reason: str, mode: str, drift: dict[str, object] | None = None
     ) -> JobRecord:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import case, func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import ApiKey, InferenceRequest, utcnow
+from gateway.db.session import SessionStore
 from gateway.tenancy.limiter import Limits
 
 KEY_SCHEME = "fk-"
@@ -92,10 +92,7 @@ def _record(row: ApiKey) -> KeyRecord:
     )
 
 
-class KeyService:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-
+class KeyService(SessionStore):
     async def create(
         self,
         name: str,

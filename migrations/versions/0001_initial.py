@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
@@ -69,9 +71,7 @@ def upgrade() -> None:
         sa.Column("dispatched_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("first_token_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["site_id"], ["sites.id"], name=op.f("fk_requests_site_id_sites"), ondelete="SET NULL"
-        ),
+        foreign_key("requests", "site_id", "sites", "SET NULL"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_requests")),
     )
     with op.batch_alter_table("requests", schema=None) as batch_op:

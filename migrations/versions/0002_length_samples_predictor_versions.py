@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
@@ -44,12 +46,7 @@ def upgrade() -> None:
         sa.Column("censored", sa.Boolean(), nullable=False),
         sa.Column("predicted_tokens", sa.Integer(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["request_id"],
-            ["requests.id"],
-            name=op.f("fk_length_samples_request_id_requests"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("length_samples", "request_id", "requests", "CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_length_samples")),
         sa.UniqueConstraint("request_id", name=op.f("uq_length_samples_request_id")),
     )

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0003"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
@@ -26,24 +28,9 @@ def upgrade() -> None:
         sa.Column("from_site_id", sa.Integer(), nullable=True),
         sa.Column("to_site_id", sa.Integer(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["from_site_id"],
-            ["sites.id"],
-            name=op.f("fk_offload_events_from_site_id_sites"),
-            ondelete="SET NULL",
-        ),
-        sa.ForeignKeyConstraint(
-            ["request_id"],
-            ["requests.id"],
-            name=op.f("fk_offload_events_request_id_requests"),
-            ondelete="CASCADE",
-        ),
-        sa.ForeignKeyConstraint(
-            ["to_site_id"],
-            ["sites.id"],
-            name=op.f("fk_offload_events_to_site_id_sites"),
-            ondelete="SET NULL",
-        ),
+        foreign_key("offload_events", "from_site_id", "sites", "SET NULL"),
+        foreign_key("offload_events", "request_id", "requests", "CASCADE"),
+        foreign_key("offload_events", "to_site_id", "sites", "SET NULL"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_offload_events")),
     )
     with op.batch_alter_table("offload_events", schema=None) as batch_op:

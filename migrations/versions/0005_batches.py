@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0005"
 down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
@@ -88,18 +90,8 @@ def upgrade() -> None:
         sa.Column("error", sa.JSON(), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["batch_id"],
-            ["batches.id"],
-            name=op.f("fk_batch_items_batch_id_batches"),
-            ondelete="CASCADE",
-        ),
-        sa.ForeignKeyConstraint(
-            ["site_id"],
-            ["sites.id"],
-            name=op.f("fk_batch_items_site_id_sites"),
-            ondelete="SET NULL",
-        ),
+        foreign_key("batch_items", "batch_id", "batches", "CASCADE"),
+        foreign_key("batch_items", "site_id", "sites", "SET NULL"),
         sa.PrimaryKeyConstraint("batch_id", "item_index", name=op.f("pk_batch_items")),
     )
     with op.batch_alter_table("batch_items", schema=None) as batch_op:

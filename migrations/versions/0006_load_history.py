@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0006"
 down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
@@ -35,12 +37,7 @@ def upgrade() -> None:
         sa.Column("e2e_mean_ms", sa.Float(), nullable=True),
         sa.Column("e2e_p50_ms", sa.Float(), nullable=True),
         sa.Column("healthy", sa.Boolean(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["site_id"],
-            ["sites.id"],
-            name=op.f("fk_load_samples_site_id_sites"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("load_samples", "site_id", "sites", "CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_load_samples")),
     )
     with op.batch_alter_table("load_samples", schema=None) as batch_op:
@@ -65,12 +62,7 @@ def upgrade() -> None:
         sa.Column("e2e_ms_weighted", sa.Float(), nullable=False),
         sa.Column("e2e_weight", sa.Integer(), nullable=False),
         sa.Column("healthy_samples", sa.Integer(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["site_id"],
-            ["sites.id"],
-            name=op.f("fk_load_rollups_site_id_sites"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("load_rollups", "site_id", "sites", "CASCADE"),
         sa.PrimaryKeyConstraint("site_id", "period_at", name=op.f("pk_load_rollups")),
     )
     with op.batch_alter_table("load_rollups", schema=None) as batch_op:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import add_foreign_key
+
 revision: str = "0007"
 down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
@@ -35,13 +37,7 @@ def upgrade() -> None:
     # Batch mode: SQLite cannot add a foreign key to an existing table in place.
     with op.batch_alter_table("requests", schema=None) as batch_op:
         batch_op.add_column(sa.Column("api_key_id", sa.Integer(), nullable=True))
-        batch_op.create_foreign_key(
-            op.f("fk_requests_api_key_id_api_keys"),
-            "api_keys",
-            ["api_key_id"],
-            ["id"],
-            ondelete="SET NULL",
-        )
+        add_foreign_key(batch_op, "requests", "api_key_id", "api_keys", "SET NULL")
         batch_op.create_index(
             "ix_requests_api_key_id_created_at", ["api_key_id", "created_at"], unique=False
         )

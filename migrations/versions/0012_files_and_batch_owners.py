@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import add_foreign_key, foreign_key
+
 revision: str = "0012"
 down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
@@ -43,13 +45,7 @@ def upgrade() -> None:
             batch_op.add_column(sa.Column(name, sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("output_file_id", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("error_file_id", sa.String(length=64), nullable=True))
-        batch_op.create_foreign_key(
-            batch_op.f("fk_batches_api_key_id_api_keys"),
-            "api_keys",
-            ["api_key_id"],
-            ["id"],
-            ondelete="SET NULL",
-        )
+        add_foreign_key(batch_op, "batches", "api_key_id", "api_keys", "SET NULL")
         batch_op.create_index(
             "ix_batches_api_key_id_created_at", ["api_key_id", "created_at"], unique=False
         )
@@ -66,12 +62,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("batch_id", sa.String(length=64), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"],
-            ["api_keys.id"],
-            name=op.f("fk_files_api_key_id_api_keys"),
-            ondelete="SET NULL",
-        ),
+        foreign_key("files", "api_key_id", "api_keys", "SET NULL"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_files")),
     )
     with op.batch_alter_table("files", schema=None) as batch_op:
@@ -84,12 +75,7 @@ def upgrade() -> None:
         sa.Column("file_id", sa.String(length=64), nullable=False),
         sa.Column("seq", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["file_id"],
-            ["files.id"],
-            name=op.f("fk_file_parts_file_id_files"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("file_parts", "file_id", "files", "CASCADE"),
         sa.PrimaryKeyConstraint("file_id", "seq", name=op.f("pk_file_parts")),
     )
 

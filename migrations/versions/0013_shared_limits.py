@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0013"
 down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
@@ -28,12 +30,7 @@ def upgrade() -> None:
         sa.Column("previous_requests", sa.BigInteger(), nullable=False),
         sa.Column("previous_tokens", sa.BigInteger(), nullable=False),
         sa.Column("in_flight", sa.Integer(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"],
-            ["api_keys.id"],
-            name=op.f("fk_key_limit_windows_api_key_id_api_keys"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("key_limit_windows", "api_key_id", "api_keys", "CASCADE"),
         sa.PrimaryKeyConstraint("api_key_id", name=op.f("pk_key_limit_windows")),
     )
     op.create_table(
@@ -42,12 +39,7 @@ def upgrade() -> None:
         sa.Column("gateway_id", sa.String(length=32), nullable=False),
         sa.Column("in_flight", sa.Integer(), nullable=False),
         sa.Column("renewed_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"],
-            ["api_keys.id"],
-            name=op.f("fk_key_in_flight_holds_api_key_id_api_keys"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("key_in_flight_holds", "api_key_id", "api_keys", "CASCADE"),
         sa.PrimaryKeyConstraint("api_key_id", "gateway_id", name=op.f("pk_key_in_flight_holds")),
     )
     with op.batch_alter_table("key_in_flight_holds", schema=None) as batch_op:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0016"
 down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
@@ -33,12 +35,7 @@ def upgrade() -> None:
         sa.Column("response", sa.JSON(), nullable=False),
         sa.Column("input_items", sa.JSON(), nullable=False),
         sa.Column("history", sa.JSON(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"],
-            ["api_keys.id"],
-            name=op.f("fk_responses_api_key_id_api_keys"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("responses", "api_key_id", "api_keys", "CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_responses")),
     )
     with op.batch_alter_table("responses", schema=None) as batch_op:

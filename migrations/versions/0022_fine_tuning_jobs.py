@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0022"
 down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
@@ -55,12 +57,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"],
-            ["api_keys.id"],
-            name=op.f("fk_fine_tuning_jobs_api_key_id_api_keys"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("fine_tuning_jobs", "api_key_id", "api_keys", "CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_fine_tuning_jobs")),
     )
     with op.batch_alter_table("fine_tuning_jobs", schema=None) as batch_op:
@@ -77,12 +74,7 @@ def upgrade() -> None:
         sa.Column("type", sa.String(length=16), nullable=False),
         sa.Column("message", sa.Text(), nullable=False),
         sa.Column("data", sa.JSON(), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["job_id"],
-            ["fine_tuning_jobs.id"],
-            name=op.f("fk_fine_tuning_events_job_id_fine_tuning_jobs"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("fine_tuning_events", "job_id", "fine_tuning_jobs", "CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_fine_tuning_events")),
     )
     with op.batch_alter_table("fine_tuning_events", schema=None) as batch_op:
@@ -95,12 +87,7 @@ def upgrade() -> None:
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("train_loss", sa.Float(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"],
-            ["fine_tuning_jobs.id"],
-            name=op.f("fk_fine_tuning_checkpoints_job_id_fine_tuning_jobs"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("fine_tuning_checkpoints", "job_id", "fine_tuning_jobs", "CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_fine_tuning_checkpoints")),
         sa.UniqueConstraint("job_id", "step", name=op.f("uq_fine_tuning_checkpoints_job_id")),
     )

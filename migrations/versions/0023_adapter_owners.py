@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.conventions import foreign_key
+
 revision: str = "0023"
 down_revision: str | None = "0022"
 branch_labels: str | Sequence[str] | None = None
@@ -32,12 +34,7 @@ def upgrade() -> None:
         sa.Column("public", sa.Boolean(), nullable=False),
         sa.Column("api_key_id", sa.Integer(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"],
-            ["api_keys.id"],
-            name=op.f("fk_adapter_owners_api_key_id_api_keys"),
-            ondelete="CASCADE",
-        ),
+        foreign_key("adapter_owners", "api_key_id", "api_keys", "CASCADE"),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_adapter_owners")),
     )
     op.execute(

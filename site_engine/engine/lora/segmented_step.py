@@ -68,9 +68,7 @@ class SegmentedLoraStep:
         self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
     ) -> None:
         """y += the deltas of every projection of the stack, its A and B read once."""
-        stack = self._slots.stacks[projections[0]]
-        if stack.projections != projections:
-            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
+        stack = self._slots.stack(projections)
         tensors = self._slots.stacked(projections[0])
         if tensors is None:
             return

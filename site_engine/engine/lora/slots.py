@@ -196,6 +196,13 @@ class LoraSlots:
         """The slot of each name ("": the base model, -1); every named adapter must hold one."""
         return [self._slot_of[name] if name else -1 for name in names]
 
+    def stack(self, projections: tuple[str, ...]) -> Stack:
+        """The stack of exactly `projections` (a caller's fused GEMM must match the model's)."""
+        stack = self.stacks[projections[0]]
+        if stack.projections != projections:
+            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
+        return stack
+
     def stacked(self, proj: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(a, b) of `proj`'s stack (None: no adapter in a slot targets it yet)."""
         key = self.stacks[proj].projections[0]
@@ -300,9 +307,7 @@ class SegmentedTorchStep:
         self, layer: int, projections: tuple[str, ...], x: torch.Tensor, y: torch.Tensor
     ) -> None:
         """y += the deltas of each projection of the stack, into its columns of y."""
-        stack = self._slots.stacks[projections[0]]
-        if stack.projections != projections:
-            raise ValueError(f"{projections} is not a stack of this model ({stack.projections})")
+        stack = self._slots.stack(projections)
         for proj in projections:
             first, end = stack.columns(proj)
             self.add(layer, proj, x, y[:, first:end])
