@@ -172,7 +172,8 @@ def settle_device(model: nn.Module) -> None:
     """Waits for the device work already queued (an asynchronous engine's step still running)
     before a piece is timed: a piece's closing synchronisation would wait for it too, and that
     wait is the serving step's time, not training's (the H200 timeline counted 100-175 ms
-    prefill steps as pieces of a few layers)."""
+    prefill steps as pieces of a few layers). The piece's own end waits the same way. A no-op off
+    CUDA."""
     for parameter in model.parameters():
         if parameter.device.type == "cuda":
             torch.cuda.synchronize(parameter.device)
@@ -180,10 +181,8 @@ def settle_device(model: nn.Module) -> None:
 
 
 def _sync(layers: Sequence[nn.Module]) -> None:
-    for parameter in layers[0].parameters() if layers else ():
-        if parameter.device.type == "cuda":
-            torch.cuda.synchronize(parameter.device)
-        return
+    if layers:
+        settle_device(layers[0])
 
 
 class PieceSizer:
