@@ -102,8 +102,9 @@ def report(result: dict[str, Any]) -> str:
             f"{result['decode']['decode_rows']} rows: {step['lora']:.2f} ms; base "
             f"{step['base']:.2f} ms; goal <= 1.15)",
             "",
-            f"**capacity_vs_base**: {_fmt(result['capacity_vs_base'], 3)} (goal >= 0.85): the "
-            f"knee (the rate where {knee['attainment']:.0%} of requests meet both SLOs) with "
+            f"**capacity_vs_base**: {_fmt(result['capacity_vs_base'], 3)} (goal >= 0.85; the "
+            f"worst seed's): seed {result['seed']}'s knee (the rate where "
+            f"{knee['attainment']:.0%} of requests meet both SLOs) with "
             f"{knee['adapters']} adapters {_fmt(knee['lora']['knee_rps'])} req/s{bound}, the "
             f"base's {_fmt(knee['base']['knee_rps'])} req/s; ladder {knee['loads']} x the burst "
             f"capacity, {knee['window_s']} s each.",

@@ -50,7 +50,12 @@ def test_a_short_cpu_run_writes_the_keys(tmp_path: Path, gpt2_tokenizer_dir: Pat
         assert rungs[0]["load"] == 0.5
         assert all(r["finished"] == r["requests"] for r in rungs if "requests" in r)
     if knee["base"]["knee_rps"]:
-        assert result["capacity_vs_base"] == knee["lora"]["knee_rps"] / knee["base"]["knee_rps"]
+        # The knees shown are the first seed's; the headline is the worst (lowest) seed's. Seed
+        # 0's ratio was once compared with the headline, and failed when seed 1's was lower.
+        first = result["by_seed"]["0"]["capacity_vs_base"]
+        assert first == knee["lora"]["knee_rps"] / knee["base"]["knee_rps"]
+        low, high = result["range"]["capacity_vs_base"]
+        assert low == result["capacity_vs_base"] <= high
     assert "**capacity_vs_base**" in (out / "engine_lora_cpu.md").read_text()
     runs = result["runs"]
     for name, run in runs.items():
