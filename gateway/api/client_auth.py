@@ -13,6 +13,7 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
+from gateway.api.raw_headers import raw_header
 from gateway.tenancy.admission import Caller, Tenancy
 
 # Where the guard leaves the caller, so a handler that also asks for it looks the key up once.
@@ -24,7 +25,7 @@ async def _authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Calle
     if isinstance(known, Caller):
         return known
     tenancy: Tenancy = connection.app.state.tenancy
-    caller = await tenancy.authenticate(connection.headers.get("authorization"))
+    caller = await tenancy.authenticate(raw_header(connection.scope, b"authorization"))
     connection.state[_CALLER] = caller
     return caller
 

@@ -23,6 +23,8 @@ from gateway.api.openai_format import (
     prompt_list_events,
 )
 from gateway.api.openapi_body import json_body
+from gateway.api.raw_headers import raw_header
+from gateway.api.sse_stream import SseStream
 from gateway.chat.service import ChatService
 from gateway.dispatch.request import PreparedCompletion
 from gateway.dispatch.stream import Dispatch
@@ -33,6 +35,7 @@ from gateway.tokenize_pool import TokenizePool
 
 SITE_HEADER = "X-Fedllm-Site"
 T = TypeVar("T")
+_IDEMPOTENCY_HEADER = HEADER.lower().encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +124,8 @@ async def answer(
     then a stream, or the whole answer (stored for retries under its key), cancelled if the
     client goes away before it is ready (gateway/api/client_gone.py)."""
     completions, idempotency, caller = call.completions, call.idempotency, call.caller
-    claim = await idempotency.claim(
-        request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prepared.stream
-    )
+    key = raw_header(request.scope, _IDEMPOTENCY_HEADER)
+    claim = await idempotency.claim(key, caller.key_id, shape.endpoint, body, prepared.stream)
     if prepared.stream:  # (a stream never has a claim: the key is refused with it)
         dispatch = await completions.dispatch(prepared, caller.admission())
         return event_stream(shape.events(dispatch), [dispatch])
@@ -139,12 +141,12 @@ async def answer(
     return Response(answered, headers=answer_headers(sites, replayed))
 
 
-def event_stream(events: AsyncIterator[bytes], dispatches: list[Dispatch]) -> Stream:
+def event_stream(events: AsyncIterator[bytes], dispatches: list[Dispatch]) -> SseStream:
     """The SSE answer of dispatched requests, which always ends them: once the response is
     over, a request whose events were never reached (the client left before the stream began,
     or before it got that far) is recorded cancelled with nothing generated, its key settled
     and its slots given back. Before, such a request stayed `dispatched` forever."""
-    return Stream(
+    return SseStream(
         events,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", SITE_HEADER: dispatches[0].site.name},
@@ -178,8 +180,9 @@ async def answer_prompts(
     sends each prompt's events in turn; a whole answer runs them at once, and all of them stop
     if one fails or the client goes away."""
     completions, caller = call.completions, call.caller
+    key = raw_header(request.scope, _IDEMPOTENCY_HEADER)
     claim = await call.idempotency.claim(
-        request.headers.get(HEADER), caller.key_id, shape.endpoint, body, prompts[0].stream
+        key, caller.key_id, shape.endpoint, body, prompts[0].stream
     )
     if prompts[0].stream:
         dispatches = await completions.dispatch_all(prompts, caller.admission())

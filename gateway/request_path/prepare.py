@@ -8,8 +8,8 @@ Chat renders its template first (gateway/chat/service.py) and joins here at prep
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -244,7 +244,8 @@ class Preparer:
             sampling.top_logprobs_param,
         )
         params = GenerateParams(
-            request_id=f"{_ID_PREFIX[api]}{uuid.uuid4().hex}",
+            # 128 random bits as uuid4().hex spells them, without building a UUID per request.
+            request_id=f"{_ID_PREFIX[api]}{os.urandom(16).hex()}",
             prompt_token_ids=tuple(prompt_ids),
             max_tokens=max_tokens,
             options=options,

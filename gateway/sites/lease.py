@@ -54,4 +54,5 @@ class SiteLease:
         if self.held:
             self.held = False
             self.site.in_flight -= 1
+            self.site.left += 1
             self.site.ledger_tokens -= self.tokens

@@ -152,6 +152,43 @@ def test_a_sites_queue_as_routing_sees_it(report, slots, in_flight, placed, queu
     asyncio.run(check())
 
 
+def test_a_full_site_whose_slots_turn_over_shows_no_queue_it_does_not_have() -> None:
+    """Issue 74: a site of 4 slots reports 4 running and none waiting; in the next two report
+    intervals this gateway places 3 more and 3 of its requests there end. The site still holds
+    4: no queue. Counting the placements alone made it 3 deep (at 1,024 streams, hundreds deep:
+    requests were refused `queue_bound` while the site had free slots). A burst that outruns
+    the turnover still shows as a queue."""
+
+    async def check() -> None:
+        client = GrpcSiteClient("a", "127.0.0.1:1", 1.0)  # never called: only the state is read
+        try:
+            site = SiteState(
+                SiteConfig("a", "aws", "r", "127.0.0.1:1", "m"), 1, client, info=_info(4)
+            )
+            leases = [SiteLease.take(site, 10) for _ in range(4)]
+            full = LoadView(0, 4, 0, 0, 0, 0, 100, 0.0, 1, 1)
+            site.apply_report(full)
+            site.apply_report(full)  # the 4 are surely in this one
+            assert (site.unreported, site.queued_requests) == (0, 0)
+            for lease in leases[:3]:
+                lease.release()
+            leases += [SiteLease.take(site, 10) for _ in range(3)]
+            assert (site.unreported, site.queued_requests) == (0, 0)
+            leases += [SiteLease.take(site, 10) for _ in range(2)]  # a burst beyond the turnover
+            assert (site.unreported, site.queued_requests) == (2, 2)
+            site.apply_report(LoadView(2, 4, 0, 0, 0, 0, 100, 0.0, 2, 2))
+            site.apply_report(LoadView(2, 4, 0, 0, 0, 0, 100, 0.0, 3, 3))
+            assert (site.unreported, site.queued_requests) == (0, 2)
+            for lease in leases[3:]:
+                lease.release()  # 6 left, none placed: the site empties
+            assert site.unreported == -6
+            assert site.requests_at_site == 0
+        finally:
+            await client.close()
+
+    asyncio.run(check())
+
+
 def test_new_requests_wait_while_unwritten_outcomes_fill_their_backlog(
     gpt2_tokenizer_dir: Path,
 ) -> None:
