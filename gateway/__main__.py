@@ -9,6 +9,7 @@ import os
 import uvicorn
 
 from gateway.api.http_protocol import bounded_protocol
+from gateway.api.sse_stream import with_body_send
 from gateway.app import create_app
 from gateway.log_setup import configure_logging
 from gateway.settings import GatewaySettings, is_loopback
@@ -69,7 +70,7 @@ def main() -> None:
     if proxies:
         log.info("X-Forwarded-For is believed from %s", ", ".join(proxies))
     config = uvicorn.Config(
-        app,
+        with_body_send(app),
         host=settings.server.host,
         port=settings.server.port,
         log_level=settings.server.log_level.lower(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from litestar.response import Stream
 from litestar.response.streaming import ASGIStreamingResponse
@@ -31,10 +31,24 @@ if TYPE_CHECKING:
     from litestar.datastructures.cookie import Cookie
     from litestar.enums import MediaType
     from litestar.response.base import ASGIResponse
-    from litestar.types import Receive, Send, TypeEncodersMap
+    from litestar.types import ASGIApp, Receive, Scope, Send, TypeEncodersMap
 
 # The last event of an OpenAI stream (completions and chat; the Responses API ends otherwise).
 DONE = b"data: [DONE]\n\n"
+# Where with_body_send leaves the server's own send in the scope.
+BODY_SEND = "fedllm.body_send"
+
+
+def with_body_send(app: ASGIApp) -> ASGIApp:
+    """`app` with the server's send in each scope, for _SseResponse's body messages. Each chunk
+    went through three wrappers of send (litestar's exception handler twice, the HTTP metrics)
+    that read only the response's start: at a thousand streams, ~2 % of the gateway's core."""
+
+    async def app_with_body_send(scope: Scope, receive: Receive, send: Send) -> None:
+        scope[BODY_SEND] = send  # type: ignore[literal-required]
+        await app(scope, receive, send)
+
+    return app_with_body_send
 
 
 class SseStream(Stream):
@@ -72,6 +86,17 @@ class SseStream(Stream):
 
 class _SseResponse(ASGIStreamingResponse):
     __slots__ = ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The start goes through the middleware (the metrics read its status, the exception
+        # handler that it started); the body, where the server gave its own send, straight to it.
+        await self.start_response(send=send)
+        if self.is_head_response:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            body_send = cast("Send", scope.get(BODY_SEND, send))
+            await self.send_body(send=body_send, receive=receive)
+        await self.after_response()
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         task = asyncio.current_task()

@@ -35,12 +35,6 @@ _FINISH_FROM_PROTO = {
 # What a request's failure is, given the status code, its detail and whether it was accepted.
 StatusError = Callable[[grpc.StatusCode, str, bool], SiteCallError]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-# How early (a share of the interval) chunks must come for a request's reader to hold them. The
-# site paces each answer at the interval itself (chunk_interval_ms), so chunks that come a little
-# early are its pacing seen through this loop's delays: holding those cost a timer, a future and
-# a task switch per chunk at a thousand streams (most chunks), for no fewer writes. A site that
-# does not pace is held to twice the budget at most.
-_EARLY_SHARE = 0.5
 
 
 def _logprobs(chunk: site_pb2.GenerateChunk) -> tuple[TokenLogprob, ...]:
@@ -302,9 +296,8 @@ class GenerateStreams:
                 if not box.news:
                     await box.wait()
                 if sent_at is not None and not (box.last or box.ended):
-                    interval = pacer.interval_s()
-                    delay = sent_at + interval - loop.time()
-                    if delay > interval * _EARLY_SHARE:
+                    delay = sent_at + pacer.interval_s() - loop.time()
+                    if delay > 0:
                         await box.hold(delay)
                 if box.chunks:
                     chunks, box.chunks = box.chunks, []

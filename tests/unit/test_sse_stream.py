@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.api.sse_stream import DONE, _SseResponse
+from gateway.api.sse_stream import DONE, _SseResponse, with_body_send
 
 SCOPE: dict[str, Any] = {"type": "http", "method": "GET", "path": "/", "headers": []}
 
@@ -97,3 +97,33 @@ def test_a_cancel_from_elsewhere_is_not_taken_for_the_client_leaving() -> None:
             await task
 
     asyncio.run(main())
+
+
+def test_the_body_goes_to_the_servers_send_and_the_start_through_the_middleware() -> None:
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        yield DONE
+
+    async def main() -> tuple[list[str], list[str]]:
+        chain: list[str] = []
+        server: list[str] = []
+
+        async def through(message: dict[str, Any]) -> None:
+            chain.append(message["type"])
+
+        async def direct(message: dict[str, Any]) -> None:
+            server.append(message["type"])
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await _response(events())(scope, receive, through)  # type: ignore[arg-type]
+
+        async def never() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        await with_body_send(app)(dict(SCOPE), never, direct)  # type: ignore[arg-type]
+        return chain, server
+
+    chain, server = asyncio.run(main())
+    assert chain == ["http.response.start"]
+    assert server == ["http.response.body", "http.response.body"]
