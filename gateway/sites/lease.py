@@ -35,7 +35,12 @@ class SiteLease:
 
     def move(self, site: SiteState, tokens: int) -> None:
         """Counts the request on `site` for `tokens` instead of where it was (if anywhere), in
-        one step: no decision can see it on neither or on both."""
+        one step: no decision can see it on neither or on both. Onto the site it holds, only
+        its tokens change: the request neither left that site nor came to it again (the
+        turnover that routing subtracts from a site's placements, SiteState.unreported)."""
+        if self.held and self.site is site:
+            self.recharge(tokens)
+            return
         self.release()
         site.in_flight += 1
         site.placed += 1

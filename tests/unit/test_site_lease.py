@@ -72,6 +72,8 @@ def test_a_moved_lease_leaves_one_site_and_counts_on_the_next_in_one_step() -> N
     assert _counts(a, b) == [(1, 30), (0, 0)]
     lease.move(a, 10)  # onto the site it holds: replaced, not counted twice
     assert _counts(a, b) == [(1, 10), (0, 0)]
+    # Nor as a request that left the site and came back (routing's turnover, issue 74).
+    assert (a.placed, a.left) == (2, 1)
     lease.release()
     assert _counts(a, b) == [(0, 0), (0, 0)]
 
