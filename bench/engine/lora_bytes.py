@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.engine.lora_loading import base_shapes
 from site_engine.engine.lora.adapter import BaseShapes
-from site_engine.engine.lora.slots import Stack, stacks_of
+from site_engine.engine.lora.stacks import Stack, stacks_of
 
 
 @dataclass(frozen=True, slots=True)

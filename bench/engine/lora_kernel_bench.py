@@ -34,7 +34,7 @@ import torch
 
 from bench.engine.lora_bytes import StackBytes, shapes_of, stack_bytes, unique_stacks
 from bench.engine.roofline import measure_copy_bandwidth
-from site_engine.engine.lora.slots import Stack
+from site_engine.engine.lora.stacks import Stack
 
 CASES = {
     "gpu": (("decode_8", 256, 8), ("decode_64", 256, 64), ("prefill_8", 2048, 8)),

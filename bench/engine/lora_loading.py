@@ -44,9 +44,10 @@ from site_engine.engine.lora.adapter import (
     read_adapter,
     read_config,
 )
+from site_engine.engine.lora.host_layout import HostLayout, lay_out_file
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
-from site_engine.engine.lora.weights_file import TensorEntry, map_tensors, read_header
+from site_engine.engine.lora.weights_file import TensorEntry, map_file, read_header
 
 RANK = 16
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -90,14 +91,10 @@ def phases_now(
     for where, pair in pairs.items():
         lora_adapter._check_pair(where, pair, entries, rank, base)
     t2 = time.perf_counter()
-    tensors = map_tensors(path / WEIGHTS_FILE, entries)
-    kept = [
-        lora_adapter._transposed(tensors[key], dtype, pin)
-        for p in pairs.values()
-        for key in p.values()
-    ]
+    raw = map_file(path / WEIGHTS_FILE)
+    kept = lay_out_file(raw, entries, pairs, HostLayout(base, RANK), rank, dtype, pin)
     t3 = time.perf_counter()
-    del kept, tensors
+    del kept, raw
     return {"config": t1 - t0, "header_checks": t2 - t1, "layout": t3 - t2, "total": t3 - t0}
 
 

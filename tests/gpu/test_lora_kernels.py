@@ -33,13 +33,8 @@ from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes
 from site_engine.engine.lora.random_adapter import write_random_adapter
 from site_engine.engine.lora.registry import AdapterRegistry, LoraSettings
 from site_engine.engine.lora.segmented_step import SegmentedLoraStep, launcher
-from site_engine.engine.lora.slots import (
-    GATE_UP,
-    QKV,
-    LoraSlots,
-    SegmentedTorchStep,
-    StepDeltas,
-)
+from site_engine.engine.lora.slots import LoraSlots, SegmentedTorchStep, StepDeltas
+from site_engine.engine.lora.stacks import GATE_UP, QKV
 from site_engine.engine.model_runner import ModelRunner
 from site_engine.engine.paged_engine import EngineConfig, PagedEngine
 from site_engine.make_model import build_random_model

@@ -14,7 +14,8 @@ import torch
 
 from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
 from site_engine.engine.lora.segmented_step import SegmentedLoraStep, StackLauncher
-from site_engine.engine.lora.slots import GATE_UP, QKV, LoraSlots, SegmentedTorchStep
+from site_engine.engine.lora.slots import LoraSlots, SegmentedTorchStep
+from site_engine.engine.lora.stacks import GATE_UP, QKV
 
 # The kernels' launcher for a step: (token slots, number of slots) -> its launches.
 Launcher = Callable[[torch.Tensor, int], StackLauncher]
@@ -33,7 +34,7 @@ def small_shapes() -> BaseShapes:
 
 
 def random_adapter(
-    name: str, base: BaseShapes, rank: int, targets: tuple[str, ...], seed: int
+    name: str, base: BaseShapes, rank: int, targets: tuple[str, ...], seed: int, max_rank: int = 16
 ) -> LoraAdapter:
     generator = torch.Generator().manual_seed(seed)
     weights = {}
@@ -43,7 +44,7 @@ def random_adapter(
             a = torch.randn(in_f, rank, generator=generator) * 0.1
             b = torch.randn(rank, out_f, generator=generator) * 0.1
             weights[(layer, proj)] = (a, b)
-    return LoraAdapter(name, rank, 16 / rank, weights)
+    return LoraAdapter.from_pairs(name, rank, 16 / rank, weights, base, max_rank)
 
 
 def mixed_adapters(base: BaseShapes) -> list[LoraAdapter]:

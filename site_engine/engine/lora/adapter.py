@@ -26,21 +26,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
+# Re-exported: what an adapter must fit is most callers' first import from here.
+from site_engine.engine.lora.adapter_shapes import PROJECTIONS as PROJECTIONS
+from site_engine.engine.lora.adapter_shapes import BaseShapes as BaseShapes
+from site_engine.engine.lora.host_layout import (
+    HostLayout,
+    LayoutRefused,
+    lay_out_file,
+    lay_out_pairs,
+)
 from site_engine.engine.lora.weights_file import (
     TensorEntry,
     WeightsFileError,
+    map_file,
     map_tensors,
     read_header,
     read_small,
 )
 
-# The Llama-family projections an adapter may target, in the order the engine applies them.
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The largest rank the engine takes at all (settings may lower it: slots are sized by it).
 MAX_RANK = 64
-_MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
 CONFIG_FILE = "adapter_config.json"
 # PEFT writes ~1 KiB; far more is not an adapter config, and is not read whole.
 MAX_CONFIG_BYTES = 1 << 20
@@ -77,43 +83,52 @@ class AdapterError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class BaseShapes:
-    """What an adapter must fit: the layer count and each projection's (in, out) features."""
-
-    num_layers: int
-    features: Mapping[str, tuple[int, int]]
-
-    @classmethod
-    def of_model(cls, model: nn.Module) -> BaseShapes:
-        """The shapes of a loaded Llama-family transformers model (every layer alike)."""
-        layers = model.get_submodule("model.layers")
-        assert isinstance(layers, nn.ModuleList)
-        first = layers[0]
-        features: dict[str, tuple[int, int]] = {}
-        for proj in PROJECTIONS:
-            parent = "mlp" if proj in _MLP else "self_attn"
-            weight = first.get_submodule(f"{parent}.{proj}").get_parameter("weight")
-            features[proj] = (int(weight.shape[1]), int(weight.shape[0]))
-        return cls(len(layers), features)
-
-
-@dataclass(frozen=True, slots=True)
 class LoraAdapter:
-    """One adapter's weights in host memory, laid out for `x @ a @ b`: per (layer, projection)
-    a = A.T [in, r] and b = B.T [r, out], in the serving dtype; `scaling` multiplies the delta."""
+    """One adapter's weights in host memory, laid out as a device slot holds them
+    (lora/host_layout.py): per stack, keyed by its first projection, (a, b) with each targeted
+    (layer, projection)'s A.T [in, r] and B.T [r, out] in place, in the serving dtype, padded
+    to `max_rank`; `scaling` multiplies the delta."""
 
     name: str
     rank: int
     scaling: float
-    weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    layout: HostLayout
+    stacks: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+    targets: frozenset[tuple[int, str]]  # the (layer, projection) pairs it changes
+
+    @classmethod
+    def from_pairs(
+        cls,
+        name: str,
+        rank: int,
+        scaling: float,
+        weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
+        base: BaseShapes,
+        max_rank: int,
+    ) -> LoraAdapter:
+        """An adapter from its A.T [in, rank] and B.T [rank, out] per (layer, projection)."""
+        layout = HostLayout(base, max_rank)
+        dtype = next(iter(weights.values()))[0].dtype
+        stacks = lay_out_pairs(weights, layout, rank, dtype)
+        return cls(name, rank, scaling, layout, stacks, frozenset(weights))
 
     @property
     def num_bytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+        return sum(a.nbytes + b.nbytes for a, b in self.stacks.values())
 
     @property
     def projections(self) -> frozenset[str]:
-        return frozenset(proj for _, proj in self.weights)
+        return frozenset(proj for _, proj in self.targets)
+
+    def pair(self, layer: int, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A.T [in, rank] and B.T [rank, out] of (layer, proj): views of its stack's tensors."""
+        a_t, b_t = self.layout.views(self.stacks, self.layout.stacks, proj, self.rank)
+        return a_t[layer], b_t[layer]
+
+    @property
+    def weights(self) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+        """Every targeted (layer, projection)'s pair (views; tests and checks, not the path)."""
+        return {where: self.pair(*where) for where in sorted(self.targets)}
 
 
 def _unreadable(file_name: str, exc: Exception) -> AdapterError:
@@ -191,16 +206,6 @@ def _check_pair(
         )
 
 
-def _transposed(weight: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """weight.T in `dtype`, contiguous, in memory of its own (never a view of the file): one
-    copy, converting as it goes; then a second into page-locked memory if `pin`."""
-    if weight.dtype == dtype:
-        out = weight.t().clone(memory_format=torch.contiguous_format)
-    else:
-        out = weight.t().to(dtype, memory_format=torch.contiguous_format)
-    return out.pin_memory() if pin else out
-
-
 def check_adapter(
     path: Path, base: BaseShapes, max_rank: int
 ) -> tuple[int, float, dict[str, TensorEntry], dict[tuple[int, str], dict[str, str]]]:
@@ -222,36 +227,44 @@ def read_adapter(
 ) -> LoraAdapter:
     """The adapter in `path`, checked against `base`; AdapterError with the reason otherwise.
     Every check reads the config and the weights file's header only; the data is read once,
-    by the copies that lay it out (weights_file.py says why not safetensors.load_file). `pin`
-    (CUDA only) puts the weights in page-locked memory: a slot write's non-blocking copies are
-    then asynchronous DMA, not a synchronous staged copy on the engine's thread."""
+    by the copies that lay it out (weights_file.py says why not safetensors.load_file), in a
+    few large copies (host_layout.py says why). `pin` (CUDA only) puts the weights in
+    page-locked memory: a slot write's non-blocking copies are then asynchronous DMA, not a
+    synchronous staged copy on the engine's thread."""
     rank, scaling, entries, pairs = check_adapter(path, base, max_rank)
     file = path / WEIGHTS_FILE
+    layout = HostLayout(base, max_rank)
     try:
-        tensors = map_tensors(file, entries)
+        raw = map_file(file)
     except (OSError, ValueError) as exc:
         raise _unreadable(WEIGHTS_FILE, exc) from exc
-    weights = {
-        where: (
-            _checked(tensors[pair["A"]], where, "A", dtype, pin),
-            _checked(tensors[pair["B"]], where, "B", dtype, pin),
-        )
-        for where, pair in pairs.items()
-    }
-    return LoraAdapter(name, rank, scaling, weights)
+    try:
+        stacks = lay_out_file(raw, entries, pairs, layout, rank, dtype, pin)
+    except LayoutRefused:
+        # Read again tensor by tensor: the same checks, which name the tensor that fails one.
+        tensors = map_tensors(file, entries)
+        weights = {
+            where: (
+                _checked(tensors[pair["A"]], where, "A", dtype),
+                _checked(tensors[pair["B"]], where, "B", dtype),
+            )
+            for where, pair in pairs.items()
+        }
+        stacks = lay_out_pairs(weights, layout, rank, dtype, pin)
+    return LoraAdapter(name, rank, scaling, layout, stacks, frozenset(pairs))
 
 
 def _checked(
-    weight: torch.Tensor, where: tuple[int, str], which: str, dtype: torch.dtype, pin: bool
+    weight: torch.Tensor, where: tuple[int, str], which: str, dtype: torch.dtype
 ) -> torch.Tensor:
-    """`_transposed`, refusing weights with NaN or infinite values, or values past `dtype`'s
-    range (infinite once converted): served, one such value makes every row of the steps the
-    adapter shares NaN, other tenants' included, wherever a kernel adds a masked or zero-scaled
-    product of it."""
+    """weight.T in `dtype`, refusing weights with NaN or infinite values, or values past
+    `dtype`'s range (infinite once converted): served, one such value makes every row of the
+    steps the adapter shares NaN, other tenants' included, wherever a kernel adds a masked or
+    zero-scaled product of it."""
     layer, proj = where
     if not bool(torch.isfinite(weight).all()):
         raise AdapterError(f"layer {layer} {proj} lora_{which} holds NaN or infinite values")
-    out = _transposed(weight, dtype, pin)
+    out = weight.t().to(dtype)
     if not bool(torch.isfinite(out).all()):
         peak = float(weight.abs().max())
         limit = torch.finfo(dtype).max

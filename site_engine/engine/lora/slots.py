@@ -28,52 +28,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from site_engine.engine.lora.adapter import PROJECTIONS, BaseShapes, LoraAdapter
+from site_engine.engine.lora.adapter import BaseShapes, LoraAdapter
 from site_engine.engine.lora.segmented_step import SegmentedLoraStep, launcher
 from site_engine.engine.lora.slot_copies import SlotCopies
-
-# Projections that read the same input, in the order of the fused models' outputs.
-QKV = ("q_proj", "k_proj", "v_proj")
-GATE_UP = ("gate_proj", "up_proj")
-_GROUPS = (QKV, ("o_proj",), GATE_UP, ("down_proj",))
-
-
-@dataclass(frozen=True, slots=True)
-class Stack:
-    """Projections sharing an input, their outputs side by side (a fused GEMM's columns)."""
-
-    projections: tuple[str, ...]
-    in_features: int
-    widths: tuple[int, ...]  # each projection's output features
-
-    @property
-    def out_features(self) -> int:
-        return sum(self.widths)
-
-    def columns(self, proj: str) -> tuple[int, int]:
-        """(first, end) of `proj`'s output columns."""
-        index = self.projections.index(proj)
-        first = sum(self.widths[:index])
-        return first, first + self.widths[index]
-
-
-def stacks_of(base: BaseShapes) -> dict[str, Stack]:
-    """Each projection's stack: the fused models' groups where their inputs agree."""
-    stacks: dict[str, Stack] = {}
-    for group in _GROUPS:
-        inputs = {base.features[proj][0] for proj in group}
-        parts = [group] if len(inputs) == 1 else [(proj,) for proj in group]
-        for part in parts:
-            stack = Stack(part, base.features[part[0]][0], tuple(base.features[p][1] for p in part))
-            stacks.update(dict.fromkeys(part, stack))
-    assert set(stacks) == set(PROJECTIONS)
-    return stacks
+from site_engine.engine.lora.stacks import Stack, stacks_of
 
 
 class StepDeltas(Protocol):
@@ -232,12 +195,15 @@ class LoraSlots:
 
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         """The adapter's weights into `slot`; the rank padding and untargeted modules zero."""
+        if adapter.layout.max_rank != self.max_rank:
+            raise ValueError(
+                f"adapter {adapter.name!r} is laid out at rank {adapter.layout.max_rank}, "
+                f"the slots at {self.max_rank}"
+            )
         # The stacks' tensors it needs are allocated (zeroed) on the compute stream first.
-        missing = {
-            proj for _, proj in adapter.weights if self.stacks[proj].projections[0] not in self.a
-        }
-        for proj in missing:
-            self._tensors(proj)
+        missing = {key for key in adapter.stacks if key not in self.a}
+        for key in missing:
+            self._tensors(key)
         copies = self._copies
         writing: AbstractContextManager[None] = (
             nullcontext() if copies is None else copies.writing(slot, after_compute=bool(missing))
@@ -247,17 +213,18 @@ class LoraSlots:
         self._slot_of[adapter.name] = slot
 
     def _write_in_place(self, slot: int, adapter: LoraAdapter) -> None:
-        self._clear(slot)
-        rank, width = adapter.rank, self.max_rank
-        for (layer, proj), (a, b) in adapter.weights.items():
-            stacked_a, stacked_b = self._tensors(proj)
-            stack = self.stacks[proj]
-            column = stack.projections.index(proj) * width
-            first, end = stack.columns(proj)
-            stacked_a[layer, slot, :, column : column + rank].copy_(a, non_blocking=True)
-            stacked_b[layer, slot, :rank, first:end].copy_(b, non_blocking=True)
+        # The host tensors have the slot's layout, padding included: one copy a stack tensor.
+        for key, stacked_a in self.a.items():
+            stacked_b = self.b[key]
+            host = adapter.stacks.get(key)
+            if host is None:  # a stack the adapter leaves alone
+                stacked_a[:, slot].zero_()
+                stacked_b[:, slot].zero_()
+                continue
+            stacked_a[:, slot].copy_(host[0], non_blocking=True)
+            stacked_b[:, slot].copy_(host[1], non_blocking=True)
         self.scaling[slot] = adapter.scaling
-        self.ranks[slot] = rank
+        self.ranks[slot] = adapter.rank
 
     def step(self, token_slots: torch.Tensor) -> StepDeltas:
         """The deltas of one step whose token t uses slot token_slots[t] ([T] int64, -1: none).

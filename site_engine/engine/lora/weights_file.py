@@ -113,15 +113,21 @@ def _entry(name: str, info: object, data_start: int, size: int) -> TensorEntry:
     return TensorEntry(dtype, tuple(shape), data_start + begin, data_start + end)
 
 
-def map_tensors(path: Path, entries: Mapping[str, TensorEntry]) -> dict[str, torch.Tensor]:
-    """Views of the file's tensors over a private read-only mapping (pages are read when a
-    copy touches them; the mapping goes when the last view does). Callers copy what they keep:
-    a view would break if the file were truncated in place."""
+def map_file(path: Path) -> torch.Tensor:
+    """The file's bytes as a [size] uint8 tensor over a private read-only mapping (pages are
+    read when a copy touches them; the mapping goes when the last view does)."""
     with open_regular(path) as file:
         mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
     with warnings.catch_warnings():  # frombuffer warns on any buffer it cannot prove writable
         warnings.simplefilter("ignore", UserWarning)
-        raw = torch.frombuffer(mapped, dtype=torch.uint8)
+        return torch.frombuffer(mapped, dtype=torch.uint8)
+
+
+def map_tensors(path: Path, entries: Mapping[str, TensorEntry]) -> dict[str, torch.Tensor]:
+    """Views of the file's tensors over a private read-only mapping (pages are read when a
+    copy touches them; the mapping goes when the last view does). Callers copy what they keep:
+    a view would break if the file were truncated in place."""
+    raw = map_file(path)
     tensors: dict[str, torch.Tensor] = {}
     for name, entry in entries.items():
         data = raw[entry.begin : entry.end]

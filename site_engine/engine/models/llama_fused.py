@@ -22,7 +22,8 @@ from torch.nn import functional
 
 from site_engine.engine.attention import AttentionBackend, AttentionMetadata
 from site_engine.engine.kv_cache import KVCacheSpec, PagedKVCache
-from site_engine.engine.lora.slots import GATE_UP, QKV, StepDeltas
+from site_engine.engine.lora.slots import StepDeltas
+from site_engine.engine.lora.stacks import GATE_UP, QKV
 from site_engine.engine.models import (
     child,
     child_list,

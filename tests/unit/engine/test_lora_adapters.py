@@ -137,7 +137,7 @@ def test_each_row_gets_its_own_slots_delta_with_mixed_ranks(loaded: LoadedModel)
     def adapter(name: str, rank: int, scaling: float) -> LoraAdapter:
         a = torch.randn(in_f, rank, generator=gen)
         b = torch.randn(rank, out_f, generator=gen)
-        return LoraAdapter(name, rank, scaling, {(1, "q_proj"): (a, b)})
+        return LoraAdapter.from_pairs(name, rank, scaling, {(1, "q_proj"): (a, b)}, base, 8)
 
     adapters = {"r2": adapter("r2", 2, 0.5), "r8": adapter("r8", 8, 2.0)}
     slots = LoraSlots(

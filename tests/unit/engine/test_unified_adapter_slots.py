@@ -205,7 +205,9 @@ def test_the_runner_writes_each_adapter_into_the_slot_the_scheduler_chose() -> N
     base = BaseShapes(1, attention | dict.fromkeys(("gate_proj", "up_proj", "down_proj"), (4, 4)))
     torch.manual_seed(0)
     adapters = {
-        name: LoraAdapter(name, 2, 0.5, {(0, "q_proj"): (torch.randn(4, 2), torch.randn(2, 6))})
+        name: LoraAdapter.from_pairs(
+            name, 2, 0.5, {(0, "q_proj"): (torch.randn(4, 2), torch.randn(2, 6))}, base, 2
+        )
         for name in "abc"
     }
     slots = LoraSlots(base, 2, 2, torch.float32, torch.device("cpu"))
