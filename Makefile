@@ -79,14 +79,16 @@ lint: setup ## ruff, ruff format, mypy, the import contracts
 
 # GPU tests run on a CUDA machine with `make test-gpu`; everything else runs here and in CI, on
 # two pytest-xdist workers, one test file per worker at a time (a module's sites and gateway start
-# once). The end-to-end tests' gateways run in $(GATEWAY_VENV), as the gateway image has it.
+# once), handed out the costliest file first (tests/file_costs.json, tests/support/file_costs.py:
+# --no-loadscope-reorder keeps that order). The end-to-end tests' gateways run in $(GATEWAY_VENV),
+# as the gateway image has it.
 TEST_WORKERS ?= 2
 # One intra-op thread a test process (torch's and OpenMP's pools; the sites it starts too): the
 # workers already fill the cores, and with a pool of a thread a core each they took turns on
 # them (tests/unit/engine/test_structured_output.py alone: 74 s -> 51 s, CPU 113 s -> 82 s).
 PYTEST := OMP_NUM_THREADS=1 FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
 test: lint ## lint, checkov, then every test but the GPU ones on two workers
-	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The same tests one at a time (a failure's log reads in order; twice the wall time).
 .PHONY: test-serial

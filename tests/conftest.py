@@ -10,6 +10,7 @@ import pytest
 
 from devtools.forkserver import FORK_SERVER_ENV
 from site_engine.make_model import make_model_dir
+from tests.support.file_costs import costliest_first, load_costs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FEDLLM_SHARED_DIR", REPO_ROOT.parent / "shared"))
@@ -23,6 +24,20 @@ os.environ.setdefault(FORK_SERVER_ENV, "1")
 # by turn unless the test names a policy (tests/unit/routing/test_default_policy_agrees.py
 # checks the default itself).
 os.environ.setdefault("GATEWAY_ROUTING_POLICY", "round_robin")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle: within a file it stays
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test files in the order of their cost in the last full run, the costliest first
+    (tests/support/file_costs.py says why; `make test` passes --no-loadscope-reorder so that
+    xdist hands them out in this order)."""
+    costs = load_costs()
+    if not costs:
+        return
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    items[:] = [item for file in costliest_first(list(by_file), costs) for item in by_file[file]]
 
 
 @pytest.fixture(scope="session")
