@@ -3,7 +3,10 @@ leave at run time."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import Site
@@ -18,14 +21,11 @@ async def sync_sites(
     Sites are never deleted: past requests keep pointing at the site that served them.
     """
     async with sessions.begin() as session:
+        await _add_missing(session, configs)
         existing = {site.name: site for site in (await session.scalars(select(Site))).all()}
         configured = {config.name for config in configs}
         for config in configs:
-            site = existing.get(config.name)
-            if site is None:
-                site = Site(name=config.name)
-                session.add(site)
-                existing[config.name] = site
+            site = existing[config.name]
             site.cloud, site.region = config.cloud, config.region
             site.endpoint, site.model = config.endpoint, config.model
             site.capacity_weight, site.enabled = config.capacity_weight, True
@@ -40,10 +40,9 @@ async def enable_site(sessions: async_sessionmaker[AsyncSession], config: SiteCo
     """A site that joins at run time: its row (new, or the one of an earlier site of that name,
     updated) enabled; returns its id."""
     async with sessions.begin() as session:
+        await _add_missing(session, (config,))
         site = await session.scalar(select(Site).where(Site.name == config.name))
-        if site is None:
-            site = Site(name=config.name)
-            session.add(site)
+        assert site is not None  # added above if it was missing
         site.cloud, site.region = config.cloud, config.region
         site.endpoint, site.model = config.endpoint, config.model
         site.capacity_weight, site.enabled = config.capacity_weight, True
@@ -57,3 +56,18 @@ async def disable_site(sessions: async_sessionmaker[AsyncSession], name: str) ->
         site = await session.scalar(select(Site).where(Site.name == name))
         if site is not None:
             site.enabled = False
+
+
+async def _add_missing(session: AsyncSession, configs: Iterable[SiteConfig]) -> None:
+    """A row for each site that has none, in one statement that skips the names another
+    process added first: the workers of one gateway start at once on one database, and a
+    check-then-add let all but one of them fail on the unique name."""
+    rows = [{"name": config.name, "cloud": config.cloud, "region": config.region,
+             "endpoint": config.endpoint, "model": config.model,
+             "capacity_weight": config.capacity_weight, "enabled": True}
+            for config in configs]  # fmt: skip
+    if not rows:
+        return
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(Site).values(rows).on_conflict_do_nothing(index_elements=["name"])
+    await session.execute(statement)
