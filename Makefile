@@ -20,7 +20,7 @@ DATA_DIR ?= $(FEDLLM_DATA_DIR)
 TOKENIZER_DIR ?= $(SHARED_DIR)/tokenizers/gpt2
 DATA_ARG = $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
-.PHONY: help setup setup-run demo test test-gpu lint unit proto clean bench-engine-gpu predictor-default bench-predictor
+.PHONY: help setup setup-run demo test test-only test-gpu lint unit proto clean bench-engine-gpu predictor-default bench-predictor
 
 # `make help`: each target with a `## ` comment on its line, in the file's order.
 help: ## this list
@@ -82,12 +82,18 @@ lint: setup ## ruff, ruff format, mypy, the import contracts
 # once), handed out the costliest file first (tests/file_costs.json, tests/support/file_costs.py:
 # --no-loadscope-reorder keeps that order). The end-to-end tests' gateways run in $(GATEWAY_VENV),
 # as the gateway image has it.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 # One intra-op thread a test process (torch's and OpenMP's pools; the sites it starts too): the
 # workers already fill the cores, and with a pool of a thread a core each they took turns on
 # them (tests/unit/engine/test_structured_output.py alone: 74 s -> 51 s, CPU 113 s -> 82 s).
 PYTEST := OMP_NUM_THREADS=1 FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
-test: lint ## lint, checkov, then every test but the GPU ones on two workers
+# One make of several jobs: the set-up's virtualenvs and the dashboard's assets side by side, then
+# lint and checkov beside the tests (about 90 s of one core, which the workers leave idle: they use
+# ~1.7 of the 2 cores). A lint or checkov failure fails the run; the tests still finish.
+test: ## lint, checkov and every test but the GPU ones, side by side
+	$(MAKE) --no-print-directory -j4 lint infra-check test-only
+
+test-only: setup ## every test but the GPU ones, without lint
 	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The same tests one at a time (a failure's log reads in order; twice the wall time).
@@ -99,7 +105,6 @@ test-serial: lint infra-check ## the same tests one at a time
 # site map) and the Dockerfiles, in its own virtualenv because its pins conflict with the project's.
 # Skips are inline `#checkov:skip=ID:reason` comments next to the resource they concern.
 .PHONY: infra-check demo-mixed
-test: infra-check
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(shell cat infra/checkov-requirements.txt | cksum | cut -d' ' -f1)
 CHECKOV := $(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download
