@@ -93,7 +93,7 @@ PYTEST := OMP_NUM_THREADS=1 FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin
 # the machine to themselves.
 test: ## lint and checkov side by side, then every test but the GPU ones on two workers
 	$(MAKE) --no-print-directory -j4 lint infra-check
-	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-only
 
 test-only: setup ## every test but the GPU ones, without lint
 	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
