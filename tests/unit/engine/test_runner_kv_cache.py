@@ -58,3 +58,32 @@ def test_cache_layout_and_size() -> None:
         PagedKVCache(
             SPEC, num_blocks=0, block_size=4, dtype=torch.float16, device=torch.device("cpu")
         )
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_a_cpu_cache_costs_what_is_written_not_its_budget() -> None:
+    """A CPU cache is zeros the kernel fills on first touch: 1 GiB of blocks adds far less
+    than that to the process until written, reads as zeros, and keeps what is written, through
+    a resize too."""
+    spec = KVCacheSpec(num_layers=4, num_kv_heads=4, head_dim=64)
+    before = _resident_bytes()
+    cache = PagedKVCache(spec, num_blocks=8192, block_size=16, dtype=torch.float32,
+                         device=torch.device("cpu"))  # fmt: skip
+    assert cache.num_bytes == 4 * 2 * 8192 * 16 * 4 * 64 * 4 == 1 << 30
+    assert _resident_bytes() - before < 64 << 20
+    key = cache.key_cache(3)
+    assert key.shape == (8192, 16, 4, 64)
+    assert key.is_contiguous()
+    assert not key[8000].any()
+    key[5].fill_(2.0)
+    cache.value_cache(0)[7, 3].fill_(-1.0)
+    cache.resize(6)
+    assert float(cache.key_cache(3)[5].sum()) == 2.0 * 16 * 4 * 64
+    assert float(cache.value_cache(0).sum()) == 0.0  # block 7 was cut
+    cache.resize(10)
+    assert float(cache.key_cache(3)[5].sum()) == 2.0 * 16 * 4 * 64
+    assert not cache.key_cache(3)[6:].any()
