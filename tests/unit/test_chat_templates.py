@@ -4,8 +4,10 @@ transformers' apply_chat_template produces from the same tokenizer directory."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -101,15 +103,32 @@ def with_template(base: Path, tmp_path: Path, template: object) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def templated(
+    tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[ChatTemplate, Any]]:
+    """Per template, ours and transformers' tokenizer loaded from one directory holding it,
+    once for the module (a load is ~0.3 s; the cases below are 64)."""
+    loaded: dict[str, tuple[ChatTemplate, Any]] = {}
+
+    def load(template: str) -> tuple[ChatTemplate, Any]:
+        if template not in loaded:
+            directory = with_template(tokenizer_dir, tmp_path_factory.mktemp("tpl"), template)
+            loaded[template] = (
+                must_load(ModelConfig("m", directory)),
+                AutoTokenizer.from_pretrained(str(directory)),
+            )
+        return loaded[template]
+
+    return load
+
+
 @pytest.mark.parametrize("chat", CHATS.values(), ids=CHATS.keys())
 @pytest.mark.parametrize("template", [QWEN2, LLAMA3, FEATURES, CHATML_TEMPLATE])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_rendering_matches_transformers(
-    tokenizer_dir, tmp_path, template, chat, add_generation_prompt
-) -> None:
-    directory = with_template(tokenizer_dir, tmp_path, template)
-    ours = must_load(ModelConfig("m", directory))
-    reference = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
+def test_rendering_matches_transformers(templated, template, chat, add_generation_prompt) -> None:
+    ours, transformers_tokenizer = templated(template)
+    reference = transformers_tokenizer.apply_chat_template(
         chat, tokenize=False, add_generation_prompt=add_generation_prompt
     )
     assert ours.render(chat, add_generation_prompt=add_generation_prompt) == reference
