@@ -40,8 +40,6 @@ $(UI_STAMP): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
 	npm ci --prefix $(UI_DIR) --no-audit --no-fund --loglevel=error
 	touch $@
 
-#: pip byte-compiled every module it installed (torch's, transformers'...: 37 s of
-# the set-up's 122 on 2 cores); a process now compiles what it imports, once, into the venv.
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
