@@ -86,7 +86,10 @@ TEST_WORKERS ?= 2
 # One intra-op thread a test process (torch's and OpenMP's pools; the sites it starts too): the
 # workers already fill the cores, and with a pool of a thread a core each they took turns on
 # them (tests/unit/engine/test_structured_output.py alone: 74 s -> 51 s, CPU 113 s -> 82 s).
-PYTEST := OMP_NUM_THREADS=1 FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
+# Bytecode written (PYTHONDONTWRITEBYTECODE emptied: a CI image may set it): the suite starts a
+# few hundred Python processes from scratch, and each compiled the repository's modules it
+# imported (~0.3 s of a core a gateway), as no .pyc was ever kept.
+PYTEST := PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 FEDLLM_GATEWAY_PYTHON=$(abspath $(GATEWAY_VENV))/bin/python $(BIN)/python -m pytest
 # The set-up's virtualenvs and the dashboard's assets side by side, then the tests on two workers
 # with lint and checkov beside them at the lowest CPU priority (nice 19): they take the ~14 % of
 # the cores the workers leave idle, not the workers' share (at normal priority, with a third
