@@ -26,7 +26,8 @@ from gateway.db.migrate import sync_url
 from tests.e2e.conftest import wait_until_written, write_federation
 
 pytestmark = pytest.mark.slow
-LONG, SHORT = 600, 12
+LONG, SHORT = 900, 12  # the tiny model's context: 1,024
+ADMIN = "flex-priority-admin-token"  # /metrics asks for it
 
 
 def chat(client: httpx.Client, tier: str, tokens: int, done: dict[str, Any], key: str) -> None:
@@ -41,6 +42,21 @@ def chat(client: httpx.Client, tier: str, tokens: int, done: dict[str, Any], key
             "service_tier": tier,
         },
     )
+
+
+def wait_in_flight(client: httpx.Client, count: int, timeout_s: float = 60) -> None:
+    """Until the gateway holds `count` unfinished requests at its site (its metrics)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+        lines = metrics.text.splitlines()
+        gauge = [
+            line for line in lines if line.startswith("fedllm_gateway_site_in_flight_requests{")
+        ]
+        if gauge and float(gauge[0].rsplit(" ", 1)[1]) >= count:
+            return
+        assert time.monotonic() < deadline, f"{count} requests never in flight at once: {gauge}"
+        time.sleep(0.01)
 
 
 def first_tokens(database: Path, ids: dict[str, str]) -> dict[str, datetime]:
@@ -84,6 +100,7 @@ def test_a_flex_request_waits_behind_interactive_ones_and_is_answered(
             ),
             database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
             log_dir=tmp_path,
+            env={"GATEWAY_ADMIN_TOKEN": ADMIN},
         )
         processes.append(gateway)
         done: dict[str, Any] = {}
@@ -91,11 +108,14 @@ def test_a_flex_request_waits_behind_interactive_ones_and_is_answered(
             plan = [("hold", "default", LONG), ("flex", "flex", SHORT),
                     ("chat1", "default", SHORT), ("chat2", "auto", SHORT)]  # fmt: skip
             threads = []
-            for key, tier, tokens in plan:
+            for sent, (key, tier, tokens) in enumerate(plan, start=1):
                 thread = threading.Thread(target=chat, args=(client, tier, tokens, done, key))
                 thread.start()
                 threads.append(thread)
-                time.sleep(0.3)  # each reaches the site before the next is sent
+                # Each at the site before the next is sent, all while `hold` still runs (a
+                # fixed 0.3 s apart, a fast machine ended `hold`'s 600 tokens before the last
+                # was sent, and served `flex` before it).
+                wait_in_flight(client, sent)
             for thread in threads:
                 thread.join(timeout=240)
         assert set(done) == {key for key, _, _ in plan}

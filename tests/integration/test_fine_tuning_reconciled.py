@@ -59,6 +59,10 @@ T = TypeVar("T")
 # Thousands of examples: the site reads (renders and tokenizes) them for seconds.
 BIG = jsonl([example(f"question {i}") for i in range(20_000)])
 SMALL = jsonl([example(f"question {i}") for i in range(4)])
+# Read in well under a second, trained for minutes (20,000 steps at 50 epochs): a job that cannot
+# end on its own while a test waits for the gateway to cancel it (4 lines x 50 epochs could, on a
+# fast machine, before the gateway's first pass).
+LONG_TRAINING = jsonl([example(f"question {i}") for i in range(400)])
 
 
 @dataclass
@@ -214,7 +218,8 @@ def test_a_cancel_the_site_missed_is_sent_again_until_it_confirms(world: World) 
 
 
 def test_a_job_the_gateway_does_not_hold_is_cancelled_at_its_site(world: World) -> None:
-    stray = FineTuneSpec("ftjob-stray", "tiny", SMALL, None, FineTuneHyperparameters(50, 1, 1.0), 1)
+    fifty_epochs = FineTuneHyperparameters(50, 1, 1.0)
+    stray = FineTuneSpec("ftjob-stray", "tiny", LONG_TRAINING, None, fifty_epochs, 1)
     at_site(world, lambda site: site.start_fine_tune(stray))
     with gateway(world):
         wait_for(lambda: site_progress(world, "ftjob-stray") is not None)
