@@ -12,6 +12,7 @@ sequence) lives in the scheduler, not here.
 
 from __future__ import annotations
 
+import math
 import mmap
 from dataclasses import dataclass
 from typing import Any
@@ -73,15 +74,13 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     is zero by contract), so a cache sized for a few full-length sequences costs what its
     sequences write, not a fill of the whole budget: SmolLM2's default CPU cache is 1.5 GB, and
     torch.zeros spent ~1 s of a core writing it at every engine's start."""
-    count = 1
-    for size in shape:
-        count *= size
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
+    count = math.prod(shape)
+    if count == 0:  # mmap refuses an empty mapping
         return torch.zeros(shape, dtype=dtype)
     # The tensor holds the mapping (torch.frombuffer keeps a reference to its buffer); the
     # mapping is unmapped when the last tensor on it goes.
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=count).view(shape)
+    mapping = mmap.mmap(-1, count * dtype.itemsize)
+    return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
 
 
 class PagedKVCache:

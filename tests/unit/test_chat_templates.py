@@ -108,7 +108,7 @@ def templated(
     tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], tuple[ChatTemplate, Any]]:
     """Per template, ours and transformers' tokenizer loaded from one directory holding it,
-    once for the module (a load is ~0.3 s; the cases below are 64)."""
+    once for the module (a load is ~0.3 s; the cases below are 24)."""
     loaded: dict[str, tuple[ChatTemplate, Any]] = {}
 
     def load(template: str) -> tuple[ChatTemplate, Any]:
