@@ -451,3 +451,41 @@ def test_fused_model_applies_the_deltas_of_the_eager_model(kernel_device: str) -
         got = fused.forward(*args)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
     assert float((want - base_hidden).abs().amax()) > 0.1
+
+
+# The 8B gate/up at a decode step (16-row tiles) and a prefill-sized one (64-row tiles), with
+# base rows among the adapters' and every row of an adapter.
+@pytest.mark.parametrize(("tokens", "in_f", "width", "base_share"),
+                         [(256, 4096, 14336, 0.25), (256, 4096, 14336, 0.0),
+                          (600, 1024, 2816, 0.25)])  # fmt: skip
+def test_silu_mul_with_the_deltas_is_the_expand_then_silu_mul(
+    kernel_device: str, tokens: int, in_f: int, width: int, base_share: float
+) -> None:
+    """gate/up's deltas added where the activation reads gate_up: the same values as the
+    expand into gate_up followed by silu_mul (on the GPU, bit for bit: the kernel rounds the
+    deltas' sums to bfloat16 as the expand's store does), gate_up untouched."""
+    from site_engine.engine.cuda import elementwise, lora_segmented
+
+    seed = _fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    device, dtype = kernel_device, _dtype(kernel_device)
+    a, b, scaling = _stack_slots(in_f, (width, width), 8, 16, gen)
+    token_slots = torch.randint(0, 8, (tokens,), generator=gen)
+    token_slots[torch.rand(tokens, generator=gen) < base_share] = -1
+    x = torch.randn(tokens, in_f, generator=gen).to(dtype).to(device)
+    gate_up = torch.randn(tokens, 2 * width, generator=gen).to(dtype).to(device)
+    a, b, scaling = a.to(dtype).to(device), b.to(dtype).to(device), scaling.to(device)
+    seg = lora_segmented.segments(token_slots.to(device), 8)
+    before = gate_up.clone()
+    got = lora_segmented.lora_silu_mul(lora_segmented.lora_shrink(x, a, scaling, seg), b,
+                                       gate_up, seg)  # fmt: skip
+    assert torch.equal(gate_up, before), seed
+    lora_segmented.lora_expand(lora_segmented.lora_shrink(x, a, scaling, seg), b, gate_up, seg,
+                               (width, width))  # fmt: skip
+    if device == "cuda":
+        want = elementwise.silu_mul(gate_up)
+        assert torch.equal(got, want), (seed, (got.float() - want.float()).abs().max().item())
+    else:
+        gate, up = gate_up.double().chunk(2, dim=-1)
+        want = torch.nn.functional.silu(gate) * up
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)

@@ -213,3 +213,62 @@ def check_stack_case(case: StackCase, got: torch.Tensor) -> None:
     moved = (case.out(got) - case.out(wide))[~base_rows].abs().amax(1)
     want = (case.expected - case.out(wide).double())[~base_rows].abs().amax(1)
     assert bool((moved.double() > 0.5 * want).all()), seed
+
+
+def silu_mul_reference(
+    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: torch.Tensor,
+    token_slots: torch.Tensor, gate_up: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """silu(gate + delta) * (up + delta) of every row, in float64 (the deltas: reference())."""
+    width = gate_up.shape[1] // 2
+    gate, up = reference(x, a, b, scaling, token_slots, gate_up, (width, width)).chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def check_silu_mul_case(launcher: Launcher, tokens: int, in_f: int, width: int,
+                        slots: int, base_share: float) -> None:  # fmt: skip
+    """The launcher's silu_mul (gate/up's deltas added where the activation reads them)
+    against the float64 reference, float32: every row's activation, base rows included, and
+    gate_up left as it was."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    a, b, scaling = random_stack(in_f, (width, width), slots, 16, gen)
+    x = torch.randn(tokens, in_f, generator=gen)
+    token_slots = torch.randint(0, slots, (tokens,), generator=gen)
+    token_slots[torch.rand(tokens, generator=gen) < base_share] = -1
+    gate_up = torch.randn(tokens, 2 * width, generator=gen)
+    before = gate_up.clone()
+    got = launcher(token_slots, slots).silu_mul(x, a, b, gate_up, scaling)
+    want = silu_mul_reference(x, a, b, scaling, token_slots, gate_up)
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4,
+                               msg=lambda m: f"seed {seed}: {m}")  # fmt: skip
+    assert torch.equal(gate_up, before), seed
+    if bool((token_slots >= 0).any()):  # a kernel that dropped the deltas fails here
+        plain = torch.nn.functional.silu(gate_up[:, :width].double()) * gate_up[:, width:]
+        lora_rows = token_slots >= 0
+        assert not torch.allclose(got[lora_rows].double(), plain[lora_rows], atol=1e-3), seed
+
+
+def check_step_silu_mul_matches_pytorch_step(launcher: Launcher) -> None:
+    """SegmentedLoraStep.silu_mul over LoraSlots with the kernels' launcher against
+    SegmentedTorchStep's (the deltas added into gate_up, then the activation), float32."""
+    base = small_shapes()
+    slots = LoraSlots(base, num_slots=6, max_rank=16, dtype=torch.float32,
+                      device=torch.device("cpu"))  # fmt: skip
+    by_name = {adapter.name: adapter for adapter in mixed_adapters(base)}
+    assigned = slots.assign(by_name, by_name.__getitem__)
+    rng = random.Random(fresh_seed())
+    token_slots = torch.tensor(
+        [-1 if not n else assigned[n] for n in rng.choices(["", *by_name], k=40)]
+    )
+    step = SegmentedLoraStep(slots, launcher(token_slots, 6))
+    want_step = SegmentedTorchStep(slots, token_slots)
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    in_f = base.features["gate_proj"][0]
+    width = base.features["gate_proj"][1]
+    for layer in range(base.num_layers):
+        x = torch.randn(40, in_f, generator=generator)
+        gate_up = torch.randn(40, 2 * width, generator=generator)
+        got = step.silu_mul(layer, GATE_UP, x, gate_up.clone())
+        want = want_step.silu_mul(layer, GATE_UP, x, gate_up.clone())
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
