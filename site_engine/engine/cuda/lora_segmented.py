@@ -15,14 +15,8 @@ one shrink and one expand serve all of them, as vLLM's lora_shrink/lora_expand s
     expand  y[t, cols_j] += s[t, j*R : (j+1)*R] @ B[slot][:, cols_j]  (each projection j)
 
 so each tile reads its slot's A and B once, every projection of the stack in one launch. A slot
-index of -1 (a base row, or graph padding) is in the base rows' tiles, which the shrink and the
-expand skip: its row costs nothing and is left untouched, bit for bit.
-
-gate/up's deltas are not added into y: the kernel that reads gate and up for the activation
-adds them as it reads (`lora_silu_mul`: act = silu(gate + its delta) * (up + its delta), every
-row, the base rows' tiles with no delta), so y is read once and never written back. That saves
-an expand's read and write of gate/up (29.4 MB a layer of the 8B shape at 256 rows) and a launch
-a layer (bench/results/engine_lora/kernel_notes_77.md, section 5).
+index of -1 (a base row, or graph padding) belongs to no tile: its row costs nothing and is left
+untouched, bit for bit.
 
 Everything that depends on which rows use which slot is computed on the device by fixed-shape
 torch ops from the slot-index tensor (`segments`): no host sync, so a CUDA graph captured over a
@@ -201,61 +195,6 @@ def _expand_kernel(
     tl.store(y_rows, (y.to(tl.float32) + delta).to(y.dtype), mask=mask_y)
 
 
-@triton.jit
-def _lora_silu_mul_kernel(
-    s_ptr, b_ptr, y_ptr, out_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
-    width, R, splits,
-    ss_split, ss_t, ss_r, sb_s, sb_r, sb_n, sy_t, so_t,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr,
-    IEEE: tl.constexpr,
-):  # fmt: skip
-    tile = tl.program_id(0)
-    slot = tl.load(tile_slot_ptr + tile)
-    if slot == -2:  # lora_segments.PAST
-        return
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < width
-    cols = offs_n.to(tl.int64)
-    start = tl.load(tile_start_ptr + tile)
-    end = tl.load(tile_end_ptr + tile)
-    rows = start + tl.arange(0, BLOCK_M)
-    mask_m = rows < end
-    tok = tl.load(order_ptr + rows, mask=mask_m, other=0).to(tl.int64)
-    mask_y = mask_m[:, None] & mask_n[None, :]
-    y_rows = y_ptr + tok[:, None] * sy_t
-    gate = tl.load(y_rows + cols[None, :], mask=mask_y, other=0.0)
-    up = tl.load(y_rows + (width + cols)[None, :], mask=mask_y, other=0.0)
-    # A base tile's delta is zero: its loads of s and B are masked off (no reads).
-    lora = slot >= 0
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = (offs_r < R) & lora
-    mask_s = mask_m[:, None] & mask_r[None, :]
-    shrunk_gate = tl.full((BLOCK_M, BLOCK_R), 0.0, dtype=tl.float32)
-    shrunk_up = tl.full((BLOCK_M, BLOCK_R), 0.0, dtype=tl.float32)
-    s_rows = s_ptr + tok[:, None] * ss_t + offs_r[None, :] * ss_r
-    for split in tl.static_range(SPLITS):
-        on = mask_s & (split < splits)
-        shrunk_gate += tl.load(s_rows + split * ss_split, mask=on, other=0.0)
-        shrunk_up += tl.load(s_rows + split * ss_split + R * ss_r, mask=on, other=0.0)
-    b_cols = b_ptr + tl.maximum(slot, 0).to(tl.int64) * sb_s + offs_r[:, None] * sb_r
-    mask_b = mask_r[:, None] & mask_n[None, :]
-    b_gate = tl.load(b_cols + cols[None, :] * sb_n, mask=mask_b, other=0.0)
-    b_up = tl.load(b_cols + (width + cols)[None, :] * sb_n, mask=mask_b, other=0.0)
-    if IEEE:
-        delta_gate = tl.dot(shrunk_gate.to(b_gate.dtype), b_gate, input_precision="ieee")
-        delta_up = tl.dot(shrunk_up.to(b_up.dtype), b_up, input_precision="ieee")
-    else:
-        delta_gate = tl.dot(shrunk_gate.to(b_gate.dtype), b_gate)
-        delta_up = tl.dot(shrunk_up.to(b_up.dtype), b_up)
-    # Rounded to y's dtype as the expand's store into y would, then the activation as
-    # elementwise.silu_mul computes it: the same bits as the expand followed by silu_mul.
-    g = (gate.to(tl.float32) + delta_gate).to(gate.dtype).to(tl.float32)
-    u = (up.to(tl.float32) + delta_up).to(up.dtype).to(tl.float32)
-    act = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + tok[:, None] * so_t + cols[None, :], act.to(out_ptr.dtype.element_ty),
-             mask=mask_y)  # fmt: skip
-
-
 def _block(width: int) -> int:
     return max(16, int(triton.next_power_of_2(width)))
 
@@ -346,43 +285,6 @@ def lora_expand(
     )  # fmt: skip
 
 
-def silu_mul_block_n(block_m: int) -> int:
-    """Columns of gate (and as many of up) per lora_silu_mul program: two accumulators of
-    block_m x block_n, 4,096 elements each at most."""
-    return 4096 // block_m
-
-
-def lora_silu_mul(
-    shrunk: torch.Tensor, b: torch.Tensor, gate_up: torch.Tensor, seg: Segments,
-    block_n: int | None = None, warps: int | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """act [T, I] = silu(gate + delta) * (up + delta) for gate_up [T, 2 * I] (gate first), each
-    row's deltas from its slot's shrink (`shrunk`, lora_shrink's partial sums of the gate/up
-    stack, [splits, T, 2 * R]) and b [slots, R, 2 * I] (one layer); rows of no slot get
-    silu(gate) * up."""
-    tokens, double = gate_up.shape
-    width = double // 2
-    check_stack(b, gate_up, (width, width), shrunk.shape[2])
-    if gate_up.stride(-1) != 1 or b.stride(-1) != 1:
-        raise ValueError("lora_silu_mul needs unit-stride columns in gate_up and b")
-    out = torch.empty((tokens, width), dtype=gate_up.dtype, device=gate_up.device)
-    if tokens == 0:
-        return out
-    cols = silu_mul_block_n(seg.block_m) if block_n is None else block_n
-    splits = shrunk.shape[0]
-    warps = num_warps(seg.block_m, 2 * cols) if warps is None else warps
-    _lora_silu_mul_kernel[(seg.tile_slot.shape[0], triton.cdiv(width, cols))](
-        shrunk, b, gate_up, out, seg.order, seg.tile_slot, seg.tile_start, seg.tile_end,
-        width, b.shape[1], splits,
-        shrunk.stride(0), shrunk.stride(1), shrunk.stride(2),
-        b.stride(0), b.stride(1), b.stride(2), gate_up.stride(0), out.stride(0),
-        BLOCK_M=seg.block_m, BLOCK_N=cols, BLOCK_R=_block(b.shape[1]),
-        SPLITS=int(triton.next_power_of_2(splits)),
-        IEEE=gate_up.dtype == torch.float32, num_warps=warps,
-    )  # fmt: skip
-    return out
-
-
 class SegmentedLauncher:
     """A step's launches on this path (lora/segmented_step.py's StackLauncher): the tiles
     computed once for the step, shared by every layer and stack; a shrink and an expand each."""
@@ -396,12 +298,3 @@ class SegmentedLauncher:
     ) -> None:  # fmt: skip
         """y += each row's delta of the stack (`widths`: its projections' output columns)."""
         lora_expand(lora_shrink(x, a, scaling, self._segments), b, y, self._segments, widths)
-
-    def silu_mul(
-        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gate_up: torch.Tensor,
-        scaling: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
-        """silu(gate + delta) * (up + delta) of every row, gate/up's deltas added as they are
-        read (gate_up [T, 2 * I], its stack's a and b)."""
-        shrunk = lora_shrink(x, a, scaling, self._segments)
-        return lora_silu_mul(shrunk, b, gate_up, self._segments)

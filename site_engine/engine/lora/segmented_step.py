@@ -35,13 +35,6 @@ class StackLauncher(Protocol):
         """y[t, cols_j] += (scaling[s] * x[t] @ a[s][:, j*R:(j+1)*R]) @ b[s][:, cols_j] for
         each row t of slot s and each projection j of the stack."""
 
-    def silu_mul(
-        self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gate_up: torch.Tensor,
-        scaling: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
-        """silu(gate + delta) * (up + delta) of every row of gate_up [T, 2 * I] (gate first),
-        the gate/up stack's deltas (its a and b) added as the activation reads them."""
-
 
 def launcher(token_slots: torch.Tensor, num_slots: int) -> StackLauncher:
     """The kernels' launcher for a step whose token t uses slot token_slots[t]."""
@@ -81,23 +74,6 @@ class SegmentedLoraStep:
             return
         a, b = tensors
         self._launches.run(x, a[layer], b[layer], y, self._slots.scaling, stack.widths)
-
-    def silu_mul(
-        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, gate_up: torch.Tensor
-    ) -> torch.Tensor:
-        """silu(gate + delta) * (up + delta) of every row: the gate/up stack's deltas added where
-        the activation reads gate_up (one kernel), gate_up itself left as the base GEMM wrote
-        it."""
-        stack = self._slots.stack(projections)
-        if len(stack.widths) != 2 or stack.widths[0] != stack.widths[1]:
-            raise ValueError(f"silu_mul needs a gate/up stack of two equal widths, not {stack}")
-        tensors = self._slots.stacked(projections[0])
-        if tensors is None:  # no adapter in a slot targets gate/up
-            from site_engine.engine.cuda import elementwise
-
-            return elementwise.silu_mul(gate_up)
-        a, b = tensors
-        return self._launches.silu_mul(x, a[layer], b[layer], gate_up, self._slots.scaling)
 
     def project(
         self, layer: int, proj: str, module: torch.nn.Module, x: torch.Tensor

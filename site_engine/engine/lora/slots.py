@@ -57,14 +57,6 @@ class StepDeltas(Protocol):
         y's columns side by side, in place."""
         ...
 
-    def silu_mul(
-        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, gate_up: torch.Tensor
-    ) -> torch.Tensor:
-        """silu(gate + delta) * (up + delta) of every row of gate_up [T, 2 * I] (gate first),
-        the deltas of the stack `projections` (GATE_UP). gate_up may or may not hold the deltas
-        afterwards: the caller reads the activation only."""
-        ...
-
 
 class LoraSlots:
     """`num_slots` adapter slots on the device, reused least recently used first."""
@@ -286,12 +278,3 @@ class SegmentedTorchStep:
         for proj in projections:
             first, end = stack.columns(proj)
             self.add(layer, proj, x, y[:, first:end])
-
-    def silu_mul(
-        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, gate_up: torch.Tensor
-    ) -> torch.Tensor:
-        """silu(gate + delta) * (up + delta): the deltas added into gate_up, then the
-        activation in float32 (the kernels' reference)."""
-        self.add_stack(layer, projections, x, gate_up)
-        gate, up = gate_up.float().chunk(2, dim=-1)
-        return (nn.functional.silu(gate) * up).to(gate_up.dtype)

@@ -6,10 +6,9 @@ sizes fixed (cuda/elementwise.py; other activations compiled), one gate/up GEMM.
 model lives on a CUDA device; see fused.py for why.
 
 LoRA rows (`lora`, set by the runner or, inside captured graphs, by the graphs over their static
-slot-index buffer) add their deltas after each base GEMM: the q/k/v stack into the fused output
-at once (one shrink and one expand), after o_proj and down_proj, and gate/up's where the SiLU
-gate reads them (one shrink, then silu_mul with the deltas: gate_up is read once and not written
-back) (lora/slots.py, lora/segmented_step.py and the kernels it picks in cuda/).
+slot-index buffer) add their deltas after each base GEMM: the q/k/v and gate/up stacks into the
+fused outputs at once (one shrink and one expand each), and after o_proj and down_proj
+(lora/slots.py, lora/segmented_step.py and the kernels it picks in cuda/).
 """
 
 from __future__ import annotations
@@ -193,7 +192,9 @@ class LlamaFusedFlatModel:
                 self.lora.add(index, "o_proj", attended, attn_out)
             normed, residual = _add_norm(attn_out, residual, layer.post_norm, layer.eps)
             gate_up = functional.linear(normed, layer.gate_up_weight, layer.gate_up_bias)
-            gated = self._mlp_act(layer, index, normed, gate_up)
+            if self.lora is not None:
+                self.lora.add_stack(index, GATE_UP, normed, gate_up)
+            gated = _gated_act(gate_up, layer.act, layer.act_is_silu)
             mlp_out = layer.down_proj(gated)
             if self.lora is not None:
                 self.lora.add(index, "down_proj", gated, mlp_out)
@@ -203,18 +204,6 @@ class LlamaFusedFlatModel:
             else:
                 normed, residual = _add_norm(mlp_out, residual, self.final_norm, self.final_eps)
         return normed
-
-    def _mlp_act(
-        self, layer: _Layer, index: int, normed: torch.Tensor, gate_up: torch.Tensor
-    ) -> torch.Tensor:
-        """act(gate) * up, with gate/up's LoRA deltas; on CUDA with SiLU, the deltas are added
-        where silu_mul reads gate_up (one kernel: gate_up is not written back)."""
-        if self.lora is None:
-            return _gated_act(gate_up, layer.act, layer.act_is_silu)
-        if gate_up.is_cuda and layer.act_is_silu:
-            return self.lora.silu_mul(index, GATE_UP, normed, gate_up)
-        self.lora.add_stack(index, GATE_UP, normed, gate_up)
-        return _gated_act(gate_up, layer.act, layer.act_is_silu)
 
     def _attention(
         self,

@@ -13,10 +13,8 @@ import pytest
 
 from tests.support.lora_weights import (
     check_nan_slot_isolated,
-    check_silu_mul_case,
     check_stack_case,
     check_step_matches_pytorch_step,
-    check_step_silu_mul_matches_pytorch_step,
     interpreted,
     stack_case,
 )
@@ -58,24 +56,3 @@ def test_a_nan_slot_reaches_no_other_row(segmented: ModuleType) -> None:
 
 def test_the_step_matches_the_pytorch_step(segmented: ModuleType) -> None:
     check_step_matches_pytorch_step(segmented.SegmentedLauncher)
-
-
-# tokens, in_f, width (of gate and of up), slots, share of base rows: one decode row; a step
-# with base rows among several slots; every row a base row; a prefill-sized step (64-row tiles).
-SILU_CASES = [
-    (1, 128, 96, 4, 0.0),
-    (37, 256, 200, 6, 0.3),
-    (24, 128, 64, 3, 1.0),
-    (520, 64, 80, 3, 0.25),
-]
-
-
-@pytest.mark.parametrize(("tokens", "in_f", "width", "slots", "base_share"), SILU_CASES)
-def test_silu_mul_adds_the_deltas_where_it_reads_gate_up(
-    segmented: ModuleType, tokens: int, in_f: int, width: int, slots: int, base_share: float
-) -> None:
-    check_silu_mul_case(segmented.SegmentedLauncher, tokens, in_f, width, slots, base_share)
-
-
-def test_the_steps_silu_mul_matches_the_pytorch_step(segmented: ModuleType) -> None:
-    check_step_silu_mul_matches_pytorch_step(segmented.SegmentedLauncher)
