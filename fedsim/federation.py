@@ -38,6 +38,7 @@ class RequestOutcome:
     ttft_s: float | None
     tpot_s: float | None
     produced: int
+    first_site: str = ""  # where routing placed it first (offload and failover move it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,11 @@ class RunResult:
     # Per site: adapter reads from disk started, and distinct adapters its requests named.
     adapter_loads: dict[str, int] = field(default_factory=dict)
     adapters_served: dict[str, int] = field(default_factory=dict)
+    # Steps each site ran; the gateway loop's busy seconds and the chunks it streamed (with
+    # GatewaySettings.serving; 0 without).
+    site_steps: dict[str, int] = field(default_factory=dict)
+    gateway_cpu_s: float = 0.0
+    gateway_chunks: int = 0
 
     def token_rate(self, start_s: int, end_s: int) -> float:
         """Answer tokens per second received in [start_s, end_s)."""
@@ -228,6 +234,9 @@ def _result(
         prefix_hit_tokens={name: st.prefix_cache_hits for name, st in stats.items()},
         adapter_loads={s.name: s.adapter_loads for s in sites},
         adapters_served={s.name: len(s.adapters_served) for s in sites},
+        site_steps={s.name: s.steps for s in sites},
+        gateway_cpu_s=gateway.path.gateway.busy_s if gateway.path is not None else 0.0,
+        gateway_chunks=gateway.path.chunks if gateway.path is not None else 0,
     )
 
 
@@ -245,4 +254,5 @@ def _outcome(flight: Flight) -> RequestOutcome:
         None if first is None else first - arrival,
         tpot,
         flight.produced,
+        flight.sites[0] if flight.sites else "",
     )

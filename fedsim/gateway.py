@@ -14,6 +14,11 @@ GATEWAY_QUEUE_POLL_MS in the queue's order (gateway/routing/hold_order.py: `offe
 pass gateway/request_path/hold.py makes), until a site takes it or GATEWAY_QUEUE_TIMEOUT_S
 passes (then it is rejected, the 503); with no queue it is rejected at once.
 
+With `GatewaySettings.serving` (fedsim/serving_path.py) the gateway's event loop is a CPU whose
+work queues: a request is routed once the loop has admitted it, an answer's tokens are paced
+into chunks and reach the client once the loop has streamed them, and a site's tokens leave it
+once its serving thread has written them. Without it (the default) all of that takes no time.
+
 Failover: a site that dies loses its requests; each is placed again among the others with its
 prompt plus what it had generated as the new prompt and the rest of its answer to go (the
 gateway's continuation, gateway/dispatch/continuation.py); the health monitor marks the site
@@ -28,6 +33,7 @@ from functools import partial
 from typing import cast
 
 from fedsim.events import EventLoop
+from fedsim.serving_path import ServingCosts, ServingPath
 from fedsim.site import MODEL, SimSite
 from fedsim.workload import SimRequest
 from gateway.admin.offload import plan_offloads
@@ -39,7 +45,7 @@ from gateway.routing.hold_order import Held, HeldRequests, HoldOrder, offer, pus
 from gateway.routing.policy import RoutingPolicy, build_policy
 from gateway.routing.types import RoutingRequest, UnpredictedPlan
 from gateway.settings import OffloadSettings, RoutingSettings, SitesSettings
-from gateway.sites.interface import ALL_CAPABILITIES, SiteClient, SiteInfoView
+from gateway.sites.interface import ALL_CAPABILITIES, SiteClient
 from gateway.sites.lease import SiteLease
 from gateway.sites.registry import SiteRegistry, SiteState
 from site_engine.engine.core.outputs import NO_TOKEN, StepOutputs
@@ -72,6 +78,8 @@ class GatewaySettings:
     hold_timeout_s: float = _QUEUE.timeout_s
     hold_order: HoldOrder = _QUEUE.hold_order
     hold_poll_s: float = _QUEUE.poll_ms / 1000.0
+    # The serving path's CPU and chunk pacing (fedsim/serving_path.py); None: free and instant.
+    serving: ServingCosts | None = None
 
 
 class SimSiteClient:
@@ -130,7 +138,7 @@ class SimGateway:
                 clock=loop.now,
                 adapter_residency=SiteAdapters(clock=loop.now),
             )
-            state.mark_healthy(self._info(site))
+            state.mark_healthy(site.info_view())
             state.rtt.observe(spec.rtt_s)
             self.states[spec.name] = state
         self.registry = SiteRegistry(self.states.values())
@@ -147,26 +155,7 @@ class SimGateway:
         # Answer tokens received per second of simulated time (the federation's throughput).
         self.tokens_per_second: dict[int, int] = {}
         self._offering = False
-
-    @staticmethod
-    def _info(site: SimSite) -> SiteInfoView:
-        spec = site.spec
-        return SiteInfoView(
-            site_name=spec.name,
-            model=MODEL,
-            max_model_len=spec.context,
-            vocab_size=1 << 17,
-            tokenizer_fingerprint="sim",
-            device=spec.card.name,
-            dtype="bfloat16",
-            kv_block_size=spec.block_size,
-            kv_blocks_total=spec.num_blocks,
-            max_num_seqs=spec.max_num_seqs,
-            engine="paged-fcfs",
-            version="fedsim",
-            prefix_caching=spec.prefix_caching,
-            adapters=tuple(f"lora{i:03d}" for i in range(1000)) if spec.max_loras else (),
-        )
+        self.path = ServingPath(loop, settings.serving, self._deliver) if settings.serving else None
 
     # -- requests -------------------------------------------------------------------------
     def start(self, requests: Sequence[SimRequest], horizon_s: float) -> None:
@@ -191,11 +180,17 @@ class SimGateway:
         )
         flight = Flight(request, routing)
         self.flights[request.request_id] = flight
-        decision = self.policy.route(routing, list(self.states.values()))
+        if self.path is not None:
+            self.path.admit(partial(self._route_new, flight))
+        else:
+            self._route_new(flight)
+
+    def _route_new(self, flight: Flight) -> None:
+        decision = self.policy.route(flight.routing, list(self.states.values()))
         if decision.site is not None:
             self._assign(flight, decision.site)
         elif pushed_back(decision) and len(self.held) < self.settings.hold_requests:
-            self.held.hold(flight, request.priority, routing.answer_tokens)
+            self.held.hold(flight, flight.request.priority, flight.routing.answer_tokens)
             flight.held_s = 0.0
             if not self._offering:
                 self._offering = True
@@ -231,6 +226,8 @@ class SimGateway:
         flight.rejected = True
         if flight.lease is not None:
             flight.lease.release()
+        if self.path is not None:
+            self.path.closed(flight.request.request_id)
 
     def _place(self, flight: Flight, candidates: Iterable[SiteState]) -> None:
         state = self.policy.route(flight.routing, list(candidates)).site
@@ -244,6 +241,8 @@ class SimGateway:
         tokens = flight.routing.prompt_tokens + flight.planned
         if flight.lease is None:
             flight.lease = SiteLease.take(state, tokens)
+            if self.path is not None:  # its answer streams (the pacer counts it) from now
+                self.path.opened(flight.request.request_id)
         else:
             flight.lease.move(state, tokens)
         flight.site = state.name
@@ -270,36 +269,56 @@ class SimGateway:
         )
 
     def on_updates(self, site: SimSite, updates: StepOutputs) -> None:
-        """A site's step ended: its tokens reach the gateway half a round trip later."""
+        """A site's step ended: its tokens reach the gateway half a round trip (and its serving
+        thread's queue) later."""
         if updates:
-            self._loop.after(site.spec.rtt_s / 2, lambda: self._tokens(site.name, updates))
+            delay = site.spec.rtt_s / 2
+            if self.path is not None:
+                delay += self.path.site_delay(site.name, len(updates))
+            self._loop.after(delay, lambda: self._tokens(site.name, updates))
 
     def _tokens(self, site: str, updates: StepOutputs) -> None:
-        now = self._loop.now()
-        flights = self.flights
+        flights, path = self.flights, self.path
         tokens, finished = updates.tokens, updates.finished
         for index, rid in enumerate(updates.request_ids):
             flight = flights.get(rid) or flights.get(rid.split("~")[0])
             if flight is None or flight.site != site or flight.finished_s is not None:
                 continue
-            if tokens[index] != NO_TOKEN:
-                flight.produced += 1
-                second = int(now)
-                counts = self.tokens_per_second
-                counts[second] = counts.get(second, 0) + 1
-                if flight.first_token_s is None:
-                    flight.first_token_s = now
-            lease = flight.lease
             finish = finished.get(index)
-            if finish is not None:
-                if finish[0].value == "released":
-                    continue  # handled by the offload that asked for it
-                flight.finished_s = now
-                if lease is not None:
-                    lease.release()
-            elif lease is not None:
-                left = max(flight.planned - flight.produced + flight.carried, 0)
-                lease.recharge(flight.routing.prompt_tokens + left)
+            if finish is not None and finish[0].value == "released":
+                continue  # handled by the offload that asked for it
+            token = int(tokens[index] != NO_TOKEN)
+            if path is not None:
+                path.arrived(flight.request.request_id, token, finish is not None)
+            else:
+                self._delivered(flight, token, finish is not None)
+
+    def _deliver(self, request_id: str, tokens: int, finish: bool) -> None:
+        """A chunk the gateway's loop streamed reached the client (ServingPath)."""
+        flight = self.flights[request_id]
+        if flight.finished_s is None:
+            self._delivered(flight, tokens, finish)
+        if finish and self.path is not None:
+            self.path.closed(request_id)
+
+    def _delivered(self, flight: Flight, tokens: int, finish: bool) -> None:
+        """The client has `tokens` more of the answer (and its end): the lease follows, as the
+        gateway's stream recharges it at each chunk and gives it back at the end."""
+        now = self._loop.now()
+        if tokens:
+            flight.produced += tokens
+            second = int(now)
+            self.tokens_per_second[second] = self.tokens_per_second.get(second, 0) + tokens
+            if flight.first_token_s is None:
+                flight.first_token_s = now
+        lease = flight.lease
+        if finish:
+            flight.finished_s = now
+            if lease is not None:
+                lease.release()
+        elif lease is not None:
+            left = max(flight.planned - flight.produced + flight.carried, 0)
+            lease.recharge(flight.routing.prompt_tokens + left)
 
     # -- load reports, offload, failures --------------------------------------------------
     def _report(self, name: str, interval: float, horizon_s: float) -> None:

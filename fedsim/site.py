@@ -34,7 +34,7 @@ from fedllm_contract.priority import Priority
 from fedsim.cards import Card, ModelShape, kv_blocks
 from fedsim.events import EventLoop
 from fedsim.step_time import StepFeatures, StepTimeModel
-from gateway.sites.interface import ClassLoadView, LoadView
+from gateway.sites.interface import ClassLoadView, LoadView, SiteInfoView
 from site_engine.engine.core.outputs import StepOutputs
 from site_engine.engine.core.scheduler import Scheduler, SchedulerConfig
 from site_engine.engine.core.scheduling_policy import PolicyName
@@ -302,6 +302,26 @@ class SimSite:
         return np.where(produced + 1 >= wanted, EOS, TOKEN).astype(np.int64)
 
     # -- what the site reports ------------------------------------------------------------
+    def info_view(self) -> SiteInfoView:
+        """What the site's Info call answers (the gateway's view of its limits)."""
+        spec = self.spec
+        return SiteInfoView(
+            site_name=spec.name,
+            model=MODEL,
+            max_model_len=spec.context,
+            vocab_size=1 << 17,
+            tokenizer_fingerprint="sim",
+            device=spec.card.name,
+            dtype="bfloat16",
+            kv_block_size=spec.block_size,
+            kv_blocks_total=spec.num_blocks,
+            max_num_seqs=spec.max_num_seqs,
+            engine="paged-fcfs",
+            version="fedsim",
+            prefix_caching=spec.prefix_caching,
+            adapters=tuple(f"lora{i:03d}" for i in range(1000)) if spec.max_loras else (),
+        )
+
     def load_view(self) -> LoadView:
         """A load report, as the site's server builds it from the engine's stats."""
         stats = self.scheduler.stats()

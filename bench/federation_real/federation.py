@@ -35,10 +35,13 @@ from devtools.launch import (
     wait_until_serving,
 )
 from fedsim.gateway import GatewaySettings
+from fedsim.serving_path import ServingCosts
 
 ADMIN_TOKEN = "federation-real-bench-admin-credential"
 # The gateway's settings in every arm, real and simulated (policy set per arm): the gateway's
 # defaults, except the health interval (a site's readiness shows sooner; no site fails here).
+# `serving`: what the simulated gateway's loop and the sites' serving threads spend (the CPU-mode
+# serving-path benchmark's costs), and the chunk budget both gateways pace answers with.
 GATEWAY = GatewaySettings(
     policy="completion_cost",
     unpredicted="max_tokens",
@@ -48,8 +51,17 @@ GATEWAY = GatewaySettings(
     offload=True,
     offload_interval_s=0.5,
     offload_transfer_cost_s=0.05,
+    serving=ServingCosts(),
 )
 _SAMPLE = re.compile(r"^(fedllm_site_[a-z_]+)(?:\{([^}]*)\})? ([-+0-9.eEinfNa]+)$")
+_COUNTER = re.compile(r"^(fedllm_gateway_[a-z_]+_total)\{([^}]*)\} ([-+0-9.eEinfNa]+)$")
+_LABEL = re.compile(r'([a-z_]+)="([^"]*)"')
+# The gateway's counters the bench reads per cell, and the labels that name a row of each.
+GATEWAY_COUNTERS = {
+    "fedllm_gateway_routing_decisions_total": ("site",),  # first placements ('none': refused)
+    "fedllm_gateway_requests_finished_total": ("site", "status"),  # by the site that ended it
+    "fedllm_gateway_offloads_total": ("giver", "taker"),
+}
 
 
 def gateway_env(settings: GatewaySettings) -> dict[str, str]:
@@ -63,6 +75,11 @@ def gateway_env(settings: GatewaySettings) -> dict[str, str]:
         "GATEWAY_OFFLOAD_ENABLED": "true" if settings.offload else "false",
         "GATEWAY_OFFLOAD_INTERVAL_S": str(settings.offload_interval_s),
         "GATEWAY_OFFLOAD_TRANSFER_COST_S": str(settings.offload_transfer_cost_s),
+        **(
+            {"GATEWAY_STREAM_CHUNKS_PER_S": str(settings.serving.chunks_per_s)}
+            if settings.serving is not None
+            else {}
+        ),
         # The bench measures routing, not admission control or the request log.
         "GATEWAY_MAX_IN_FLIGHT": "1000000",
         "GATEWAY_REQUEST_TIMEOUT_S": "3600",
@@ -82,6 +99,31 @@ def scrape(port: int) -> dict[str, float]:
             name, labels, value = match.groups()
             term = re.search(r'term="([a-z_]+)"', labels or "")
             out[f"{name}{{{term.group(1)}}}" if term else name] = float(value)
+    return out
+
+
+def gateway_counters(port: int) -> dict[str, float]:
+    """The gateway's GATEWAY_COUNTERS now (parse_counters)."""
+    text = httpx.get(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=10,
+    ).text
+    return parse_counters(text)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """GATEWAY_COUNTERS in a Prometheus exposition as {"name/label/label": value} (labels in
+    the order GATEWAY_COUNTERS names them), summed over the labels it does not name."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _COUNTER.match(line)
+        if match is None or match.group(1) not in GATEWAY_COUNTERS:
+            continue
+        name, labels, value = match.groups()
+        found = dict(_LABEL.findall(labels))
+        key = "/".join([name, *(found.get(label, "") for label in GATEWAY_COUNTERS[name])])
+        out[key] = out.get(key, 0.0) + float(value)
     return out
 
 

@@ -8,7 +8,7 @@ one, so the two differ only in what happened.
   more); `slo_p99_met`: every request finished and both p99s within the SLO (fedsim.study's rule
   at this one rate).
 - prefix hits: prompt tokens found in the sites' prefix caches over those looked up.
-- per site: the requests it finished.
+- per site: the requests it finished (the real run's own: arms.py, from the gateway's counters).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from bench.loadgen.client import Outcome
+from bench.serving_path.clients import Sent
 from fedsim.federation import RequestOutcome, Slo, percentile
 
 
@@ -31,16 +31,18 @@ class Served:
     answer_tokens: int
 
     @classmethod
-    def of_real(cls, outcome: Outcome) -> Served:
-        tpot = outcome.tpot_s if outcome.ok and outcome.completion_tokens > 1 else None
-        return cls(
-            outcome.id,
-            outcome.site,
-            outcome.ok,
-            outcome.ttft_s,
-            tpot,
-            outcome.completion_tokens,
-        )
+    def of_sent(cls, request_id: str, sent: Sent | None) -> Served:
+        """A request of bench/serving_path/clients.py's open loop (None: never sent). Its site
+        is not on the answer: the bench counts the sites from the gateway's counters."""
+        if sent is None:
+            return cls(request_id, None, False, None, None, 0)
+        answer = sent.answer
+        first = answer.first_s
+        ttft = first - sent.sent_s if first is not None else None
+        tpot = None
+        if answer.complete and first is not None and answer.end_s is not None and answer.tokens > 1:
+            tpot = (answer.end_s - first) / (answer.tokens - 1)
+        return cls(request_id, None, answer.complete, ttft, tpot, answer.tokens)
 
     @classmethod
     def of_sim(cls, outcome: RequestOutcome) -> Served:

@@ -2,12 +2,17 @@
 delay, device), the load, the SLO and the arms.
 
 - `cpu`: two tiny random Llamas on this machine's CPU, unequal by batch limits (8 and 2 slots),
-  5 and 50 ms one way, lengths scaled to a sixteenth: the CI smoke run
+  5 and 50 ms one way, lengths scaled to a sixteenth, a fixed 3 req/s: the CI smoke run
   (tests/bench/test_federation_real_smoke.py). Only the shape of its result means anything.
 - `gpu`: one site per GPU of the machine (`--gpus N`, default every visible one), alternating
   Llama-3.2-1B and Llama-3.1-8B shapes (random bf16 weights, bench/engine/model_setup.py), so
   the sites are unequal by model; one-way delays spread evenly over 5-150 ms (the 8B site
-  nearest). ShareGPT-like lengths at full size.
+  nearest). Sites at the sizes operators run (issue 78): the 8B at 256 sequences, the 1B at
+  1,024, both at 8,192 batched tokens a step, the shapes the engine benches run them at
+  (bench/engine/lora.py's gpu preset: the 8B at 256 / 8,192; bench/results/engine/
+  host_bound_h200.md: the 1B at 1,024 / 8,192, 7.5 ms a full decode step). ShareGPT-like lengths
+  at full size; the offered loads are 0.7x and 1.1x the pair's capacity, measured through the
+  gateway before the arms (bench/federation_real/capacity.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama8b": LLAMA_8B_8K_SHAPE,
 }
 ARMS = ("completion_cost", "least_requests", "round_robin")
+# The gpu preset's batch limits (module docstring): sequences by shape, batched tokens a step.
+DEPLOYED_SEQS = {"llama8b": 256, "llama1b": 1024}
+DEPLOYED_BATCHED_TOKENS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,30 @@ class SiteSetup:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    """The saturation phase before the arms (capacity.py): closed-loop streams started over
+    `ramp_s`, each sending its next request when its last one ended, counted in `windows`
+    windows of `window_s` from `settle_s` (the queues full by then), cut at the last one's end.
+    `streams` None: every site's slots plus (sites - 1/2) x the gateway's per-site queue bound,
+    so that every site's batch is full whichever site routing favours and none is refused.
+    `requests_per_stream`: built for each stream, more than it can send before the stop (a
+    stream that runs dry stops early, and the load with it)."""
+
+    ramp_s: float = 4.0
+    settle_s: float = 8.0
+    window_s: float = 4.0
+    windows: int = 3
+    streams: int | None = None
+    # GPU: a stream's turn takes its queue wait (~1 s with the queues full) and its answer
+    # (~4 s at the mean): ~5 turns in 20 s, more if its answers are short.
+    requests_per_stream: int = 10
+
+    @property
+    def stop_s(self) -> float:
+        return self.settle_s + self.window_s * self.windows
+
+
+@dataclass(frozen=True, slots=True)
 class Preset:
     name: str
     sites: tuple[SiteSetup, ...]
@@ -79,6 +111,12 @@ class Preset:
     # A trace's prefix block (512 tokens in the Mooncake trace) at this scale.
     block_tokens: int
     arms: tuple[str, ...] = ARMS
+    # Offered loads as multiples of the measured capacity (none: `rate_rps` itself).
+    loads: tuple[float, ...] = ()
+    capacity: CapacityPlan = CapacityPlan()
+    # Processes sending the requests (bench/serving_path/clients.py: a client loop of its own
+    # each, so that no client's lag shows as a first token's).
+    clients: int = 2
 
     @property
     def device(self) -> str:
@@ -90,21 +128,23 @@ def _spread(n: int, low: float = 5.0, high: float = 150.0) -> list[float]:
 
 
 def gpu_sites(count: int) -> tuple[SiteSetup, ...]:
-    """One site a GPU: the 8B shape on even GPUs, the 1B on odd ones; delays 5-150 ms one way,
-    the 8B sites nearest (the fast site far: routing must weigh speed against distance)."""
+    """One site a GPU: the 8B shape on even GPUs, the 1B on odd ones, each at its deployed batch
+    limits; delays 5-150 ms one way, the 8B sites nearest (the fast site far: routing must
+    weigh speed against distance)."""
     if count < 1:
         raise ValueError("the gpu preset needs at least one GPU")
     delays = _spread(count)
     sites = []
     for gpu in range(count):
         big = gpu % 2 == 0
+        shape = "llama8b" if big else "llama1b"
         sites.append(
             SiteSetup(
                 f"site{gpu}-{'8b' if big else '1b'}",
-                "llama8b" if big else "llama1b",
+                shape,
                 delays[gpu],
-                max_num_seqs=16 if big else 32,
-                max_num_batched_tokens=2048,
+                max_num_seqs=DEPLOYED_SEQS[shape],
+                max_num_batched_tokens=DEPLOYED_BATCHED_TOKENS,
                 gpu=gpu,
             )
         )
@@ -127,6 +167,10 @@ CPU = Preset(
     max_answer_tokens=64,
     block_tokens=32,
     arms=("completion_cost", "round_robin"),
+    # With --loads only: a closed loop the 2-core machine can drive.
+    capacity=CapacityPlan(
+        ramp_s=1.0, settle_s=3.0, window_s=2.0, windows=3, streams=24, requests_per_stream=80
+    ),
 )
 
 
@@ -135,9 +179,9 @@ def gpu_preset(count: int) -> Preset:
         name="gpu",
         sites=gpu_sites(count),
         dtype="bfloat16",
-        rate_rps=0.0,  # set by rate_for
-        # 25 s of arrivals an arm and at most 20 s of drain: three arms, the models' builds and
-        # the sites' starts fit one device call of ~5 minutes.
+        rate_rps=0.0,  # from `loads` and the measured capacity (or --rate)
+        # 25 s of arrivals a cell (issue 78's floor) and at most 20 s of drain: a 1,024-token
+        # answer at ~15 ms a step takes ~15 s, so one that arrives last still finishes.
         duration_s=25.0,
         drain_s=20.0,
         slo=Slo(),
@@ -145,28 +189,14 @@ def gpu_preset(count: int) -> Preset:
         max_prompt_tokens=2048,
         max_answer_tokens=1024,
         block_tokens=512,
+        loads=(0.7, 1.1),
+        # ~300 requests a second at 1.1x: eight client loops of ~40 each.
+        clients=8,
     )
 
 
-# The GPU preset's offered load per pair of sites (an 8B and a 1B), by card: chosen on fedsim
-# (the preset's sites and workload, seed 0, 25 s, the grid-fitted step models with the admitting
-# host term) as a rate that round robin and least_requests no longer serve at the SLO and
-# completion_cost still does. H100, 40 req/s: goodput completion_cost 40.0 req/s (p99 SLO met),
-# least_requests 37.3, round robin 33.0 (at 30 s on the models before: 40.0 / 36.9 / 32.9; at
-# 30 req/s every arm served all). H200, 55 req/s: 55.0 / 50.5 / 43.5 (at 50, 30 s, the models
-# before: 50.0 / 49.2 / 47.5, too close).
-PAIR_RATES = {"h100": 40.0, "h200": 55.0}
-
-
-def rate_for(preset: Preset, card: str) -> float:
-    """The GPU preset's offered load on `card` (PAIR_RATES, per two sites)."""
-    if card not in PAIR_RATES:
-        raise ValueError(f"no offered load chosen for {card!r}: give --rate")
-    return PAIR_RATES[card] * len(preset.sites) / 2
-
-
 def choose(name: str, gpus: int | None) -> Preset:
-    """The preset (the GPU one without its rate: rate_for, once the card is known)."""
+    """The preset (the GPU one without a rate: its loads scale the measured capacity)."""
     if name == "cpu":
         return CPU
     if name != "gpu":

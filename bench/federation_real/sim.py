@@ -4,15 +4,23 @@ same gateway settings (federation.GATEWAY) and routing profile per arm, and the 
 real run sent, rebuilt from its workload spec and checked against its fingerprint, each arm's
 marker included.
 
-Step times: on a GPU card fedsim models (h100, h200), the card's fitted step model for the
+Step times (`step_source`): `fitted`, the GPU default: the card's fitted step model for the
 site's shape (`--step-models`, default bench/results/sim/step_models.json: fitted on the step
-grid and the engine's own runs, never on a federation); on the CPU, each site's own step cost as
-its engine learned it during the run (fedllm_site_step_cost_seconds: base, per token, per KV
-position), which makes the CPU comparison a check of the pipeline, not of the simulator.
+grid and the engine's own runs, never on a federation); `learned`, the CPU's: each site's own
+step cost as its engine learned it while the cell ran (fedllm_site_step_cost_seconds: base, per
+token, per KV position; the median of the samples taken while it was busy, arms.py), the card's
+own fit at the cell's load. On the CPU that makes the comparison a check of the pipeline.
+
+The serving path (`serving`): `bench`, the default: the gateway's loop and the sites' serving
+threads as CPUs at the CPU-mode serving-path benchmark's costs (fedsim/serving_path.py, the
+federation's GATEWAY.serving); `measured`: the gateway's costs scaled so that the arms' modelled
+CPU equals the gateway's CPU the real run measured on the same work (its requests, the chunks and
+tokens its clients got); `none`: the simulator before issue 78 (free and instant).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +31,8 @@ from bench.federation_real.metrics import Served, summary
 from bench.federation_real.workload import WorkloadSpec, build, fingerprint, marked
 from bench.loadgen.workload import Request
 from fedsim.cards import CARDS, MODELS, Card, ModelShape
-from fedsim.federation import Slo, run
+from fedsim.federation import RunResult, Slo, run
+from fedsim.serving_path import ServingCosts
 from fedsim.site import SiteSpec
 from fedsim.step_models import STEP_MODELS, step_model
 from fedsim.step_time import StepTimeModel
@@ -32,6 +41,8 @@ from fedsim.workload import SimRequest
 # The CPU has no roofline here: its sites' step model is their own learned cost and their KV
 # the blocks they reported, so the card's figures are never read.
 CPU_CARD = Card("cpu", 0, 0.0, 0.0)
+SERVING = ("bench", "measured", "none")
+STEP_SOURCES = ("fitted", "learned")
 
 
 def _model_shape(site: Mapping[str, Any]) -> ModelShape:
@@ -41,14 +52,15 @@ def _model_shape(site: Mapping[str, Any]) -> ModelShape:
     return ModelShape(shape, 0, 0, int(site["context"]))
 
 
-def _step(site: Mapping[str, Any], card: str, step_models: Path) -> StepTimeModel:
-    if card != "cpu":
+def _step(site: Mapping[str, Any], card: str, step_models: Path, source: str) -> StepTimeModel:
+    if card != "cpu" and source == "fitted":
         return step_model(card, str(site["shape"]), step_models)
-    cost = site.get("step_cost_s") or {}
+    # The cell's busy-time median, else (a record from before issue 78) the last scrape's.
+    cost = site.get("learned_step_cost_s") or site.get("step_cost_s") or {}
     if not cost:
         raise ValueError(f"site {site['name']} reported no learned step cost to simulate it with")
     return StepTimeModel(
-        "cpu",
+        card,
         base_s=float(cost["base"]),
         per_prefill_token_s=float(cost["per_token"]),
         per_decode_row_s=float(cost["per_token"]),
@@ -56,7 +68,9 @@ def _step(site: Mapping[str, Any], card: str, step_models: Path) -> StepTimeMode
     )
 
 
-def site_specs(real: Mapping[str, Any], step_models: Path) -> list[SiteSpec]:
+def site_specs(
+    real: Mapping[str, Any], step_models: Path, step_source: str = "fitted"
+) -> list[SiteSpec]:
     """The simulated sites of a real run's record."""
     card = str(real["card"])
     specs = []
@@ -68,7 +82,7 @@ def site_specs(real: Mapping[str, Any], step_models: Path) -> list[SiteSpec]:
                 str(site["name"]),
                 CPU_CARD if card == "cpu" else CARDS[card],
                 _model_shape(site),
-                _step(site, card, step_models),
+                _step(site, card, step_models, step_source),
                 rtt_s=2 * float(site["one_way_ms"]) / 1000.0,
                 max_num_seqs=int(site["max_num_seqs"]),
                 max_num_batched_tokens=int(site["max_num_batched_tokens"]),
@@ -102,26 +116,74 @@ def rebuilt(real: Mapping[str, Any], traces: Path | None) -> list[Request]:
     return requests
 
 
-def simulate(
-    real: Mapping[str, Any], step_models: Path = STEP_MODELS, traces: Path | None = None
-) -> dict[str, dict[str, object]]:
-    """Each arm of the real run, simulated: its summary (metrics.summary)."""
-    requests = rebuilt(real, traces)
-    specs = site_specs(real, step_models)
+def serving_costs(real: Mapping[str, Any], serving: str) -> tuple[ServingCosts | None, float]:
+    """The twin's serving path (module docstring) and the factor on the bench's gateway costs."""
+    costs = GATEWAY.serving or ServingCosts()
+    if serving == "none":
+        return None, 0.0
+    if serving == "bench":
+        return costs, 1.0
+    arms = real["arms"].values()
+    measured = sum(float(a["cpu_s"]["gateway"]) for a in arms)
+    modelled = sum(
+        costs.gateway_seconds(int(a["requests"]), int(a["chunks"]), int(a["delivered_tokens"]))
+        for a in arms
+    )
+    if measured <= 0 or modelled <= 0:
+        raise ValueError("no gateway CPU measured to scale the serving costs to")
+    return costs.scaled(measured / modelled), measured / modelled
+
+
+def _arm_figures(
+    result: RunResult, served: list[Served], real: Mapping[str, Any]
+) -> dict[str, object]:
     slo = Slo(**real["slo"])
+    window = float(real["workload_spec"]["duration_s"])
+    first = Counter(o.first_site for o in result.outcomes if o.first_site)
+    return summary(served, slo, window, result.prefix_query_tokens, result.prefix_hit_tokens) | {
+        "offloads": result.offloads,
+        "steps": result.steps,
+        "placed_first": dict(sorted(first.items())),
+        "refused": result.rejected,
+        "gateway_cpu_s": result.gateway_cpu_s,
+        "chunks": result.gateway_chunks,
+        "sites": {
+            name: {"steps": steps, "step_s_mean": result.site_busy[name] / steps if steps else None}
+            for name, steps in result.site_steps.items()
+        },
+    }
+
+
+def simulate(
+    real: Mapping[str, Any],
+    step_models: Path = STEP_MODELS,
+    traces: Path | None = None,
+    serving: str = "bench",
+    step_source: str = "fitted",
+) -> tuple[dict[str, dict[str, object]], dict[str, Any]]:
+    """Each arm of the real run, simulated: its summary (metrics.summary) and more; and how it
+    was simulated."""
+    requests = rebuilt(real, traces)
+    specs = site_specs(real, step_models, step_source)
     vocab = int(real["workload_spec"]["vocab"])
+    costs, scale = serving_costs(real, serving)
     out: dict[str, dict[str, object]] = {}
-    for arm in real["arms"]:
-        settings = replace(GATEWAY, policy=arm)
+    for arm, figures in real["arms"].items():
+        settings = replace(GATEWAY, policy=arm, serving=costs)
+        marker = str(figures.get("marker", arm))  # before issue 78: the arm's name
         result = run(
-            specs, sim_requests(marked(requests, arm, vocab)), settings, drain_s=real["drain_s"]
+            specs, sim_requests(marked(requests, marker, vocab)), settings, drain_s=real["drain_s"]
         )
-        served = [Served.of_sim(o) for o in result.outcomes]
-        out[arm] = summary(
-            served,
-            slo,
-            float(real["workload_spec"]["duration_s"]),
-            result.prefix_query_tokens,
-            result.prefix_hit_tokens,
-        ) | {"offloads": result.offloads, "steps": result.steps}
-    return out
+        out[arm] = _arm_figures(result, [Served.of_sim(o) for o in result.outcomes], real)
+    learned = real["card"] == "cpu" or step_source == "learned"
+    steps = "each site's learned step cost" if learned else f"the card's ({step_models.name})"
+    info = {
+        "step_source": "learned" if learned else "fitted",
+        "step_models": str(step_models),
+        "serving": serving,
+        "serving_costs": costs.to_json() if costs is not None else None,
+        "gateway_cost_scale": scale,
+        "summary": f"step times from {steps}; serving path {serving}"
+        + (f" (gateway costs x {scale:.2f})" if serving == "measured" else ""),
+    }
+    return out, info

@@ -3,8 +3,9 @@ loop each, uvloop where installed), on bench/serving_path/http_stream.py's conne
 
 - closed loop (`Job.closed`): `streams` connections, each sending its next request as soon as
   the last one ended (`retry_s` after one that was refused or cut), from a start staggered over
-  `ramp_s` (so that the streams do not begin and end in waves), until `stop_s`; what is still
-  open then may run `drain_s` more before it is cut.
+  `ramp_s` (so that the streams do not begin and end in waves), until `stop_s` (or, with
+  `Job.once`, until its share of the list is sent); what is still open then may run `drain_s`
+  more before it is cut.
 - open loop: each request sent at its arrival offset on an idle connection (or a new one),
   whether or not earlier ones answered; what is still open `drain_s` after the last arrival is
   cut.
@@ -46,6 +47,11 @@ class Job:
     retry_s: float = 1.0  # closed loop: the wait after an answer that did not complete
     at_s: tuple[float, ...] = ()  # open loop: offsets from start_s
     windows: tuple[float, ...] = ()  # monotonic window starts (and the last one's end)
+    # Closed loop: every request sent once (stream s sends s, s + streams, ...; it stops when
+    # its share is sent) instead of each stream cycling the list from its own start. A prompt
+    # sent twice is in the sites' prefix caches the second time (bench.federation_real's
+    # capacity phase must not count prefills that never ran).
+    once: bool = False
 
     @property
     def closed(self) -> bool:
@@ -54,7 +60,7 @@ class Job:
 
 @dataclass(slots=True)
 class Sent:
-    """One request and its answer; `index` is its position in the open loop's list."""
+    """One request and its answer; `index` is its position in the job's list."""
 
     index: int
     sent_s: float
@@ -104,8 +110,13 @@ class _Client:
                 except OSError:
                     await asyncio.sleep(0.05)
                     continue
-            request = job.requests[(number + sent) % len(job.requests)]
-            item = await self.send(connection, -1, request)
+            if job.once:
+                index = number + sent * job.streams
+                if index >= len(job.requests):
+                    return
+            else:
+                index = (number + sent) % len(job.requests)
+            item = await self.send(connection, index, job.requests[index])
             sent += 1
             if not item.answer.complete:
                 # As a client library backs off: a refusal answered at once must not turn the

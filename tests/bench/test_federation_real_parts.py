@@ -208,7 +208,9 @@ def test_the_replay_runs_every_arm_on_the_same_requests_and_refuses_other_ones()
     record = _record(
         "h100", _spec(vocab=50257, length_scale=0.25), ("round_robin", "completion_cost")
     )
-    out = simulate(record)
+    out, info = simulate(record)
+    assert info["serving"] == "bench"
+    assert info["step_source"] == "fitted"
     assert set(out) == {"round_robin", "completion_cost"}
     assert out["round_robin"]["requests"] == out["completion_cost"]["requests"] == 20
     # Round robin alternates over the two sites; the replay really routed.
