@@ -102,12 +102,12 @@ def _sites(
 
 def _placement(gateway: dict[str, float]) -> dict[str, Any]:
     finished = counter_rows(gateway, "requests_finished")
+    decisions = counter_rows(gateway, "routing_decisions")
     return {
         "by_site": {k.split("/")[0]: int(v) for k, v in sorted(finished.items())
                     if k.endswith("/completed")},
-        "placed_first": {k: int(v) for k, v in sorted(counter_rows(gateway, "routing_decisions")
-                                                     .items()) if k != "none"},
-        "refused": int(counter_rows(gateway, "routing_decisions").get("none", 0)),
+        "placed_first": {k: int(v) for k, v in sorted(decisions.items()) if k != "none"},
+        "refused": int(decisions.get("none", 0)),
         "offloads": sum(counter_rows(gateway, "offloads").values()),
         "ended_by_site": {k: int(v) for k, v in sorted(finished.items())},
     }  # fmt: skip

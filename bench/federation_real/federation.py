@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.federation_real.presets import Preset, SiteSetup
 from bench.loadgen.workload import ROUTED_MODEL
@@ -54,8 +55,6 @@ GATEWAY = GatewaySettings(
     serving=ServingCosts(),
 )
 _SAMPLE = re.compile(r"^(fedllm_site_[a-z_]+)(?:\{([^}]*)\})? ([-+0-9.eEinfNa]+)$")
-_COUNTER = re.compile(r"^(fedllm_gateway_[a-z_]+_total)\{([^}]*)\} ([-+0-9.eEinfNa]+)$")
-_LABEL = re.compile(r'([a-z_]+)="([^"]*)"')
 # The gateway's counters the bench reads per cell, and the labels that name a row of each.
 GATEWAY_COUNTERS = {
     "fedllm_gateway_routing_decisions_total": ("site",),  # first placements ('none': refused)
@@ -116,14 +115,13 @@ def parse_counters(text: str) -> dict[str, float]:
     """GATEWAY_COUNTERS in a Prometheus exposition as {"name/label/label": value} (labels in
     the order GATEWAY_COUNTERS names them), summed over the labels it does not name."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _COUNTER.match(line)
-        if match is None or match.group(1) not in GATEWAY_COUNTERS:
-            continue
-        name, labels, value = match.groups()
-        found = dict(_LABEL.findall(labels))
-        key = "/".join([name, *(found.get(label, "") for label in GATEWAY_COUNTERS[name])])
-        out[key] = out.get(key, 0.0) + float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = GATEWAY_COUNTERS.get(sample.name)
+            if labels is None:
+                continue
+            key = "/".join([sample.name, *(sample.labels.get(label, "") for label in labels)])
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
