@@ -357,11 +357,13 @@ def training_work(
         )
         return jobs, gate
     from site_engine.finetune.step_rows import StepRows
-    from site_engine.finetune.step_work import StepRowsWork, rows_gate
+    from site_engine.finetune.step_work import NextStep, StepRowsWork, rows_gate
 
     bound_ms = settings.finetune_max_training_delay_ms
-    work = StepRowsWork(jobs, StepRows(bound_ms), paged.token_budget, paged.stats)
-    return work, rows_gate(bound_ms)
+    limits = paged.limits
+    next_step = NextStep(paged.token_budget, limits.max_num_seqs, limits.kv_block_size)
+    work = StepRowsWork(jobs, StepRows(bound_ms), next_step, paged.stats)
+    return work, rows_gate(bound_ms, next_step)
 
 
 def piece_bound_ms(settings: SiteSettings) -> float:

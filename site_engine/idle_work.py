@@ -21,6 +21,7 @@ for the piece under way, not for the unit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +57,10 @@ class IdleGate:
     # unit then waits (1 - share) / share times its predicted length after the last one ended.
     # 1.0 is FineInfer's rule alone (a unit between every two steps).
     busy_share: float = 1.0
+    # Waiting requests that do not close the gate: those the next step admits anyway (rows
+    # mode's NextStep.admits_waiting: they wait for one bounded piece, as running ones do).
+    # None: any waiting request closes it (FineInfer's rule).
+    admits_waiting: Callable[[EngineStats], bool] | None = None
 
     def __post_init__(self) -> None:
         if not self.max_unit_s > 0 or not self.patience > 0 or not 0 < self.busy_share <= 1:
@@ -64,7 +69,9 @@ class IdleGate:
     def allows(self, stats: EngineStats, next_unit_s: float, held_s: float = 0.0) -> bool:
         """Whether the next unit, predicted to take `next_unit_s`, may run now, `held_s` after
         the work's last unit ended."""
-        if stats.num_waiting > 0:
+        if stats.num_waiting > 0 and not (
+            self.admits_waiting is not None and self.admits_waiting(stats)
+        ):
             return False
         if stats.num_running == 0:
             return True

@@ -293,8 +293,7 @@ class SiteSettings:
         "paced by `SITE_FINETUNE_BUSY_SHARE` while requests run; `rows` runs a bounded piece of "
         "the job with every step, sized to the room the serving batch leaves in the step's "
         "token budget and to `SITE_FINETUNE_MAX_TRAINING_DELAY_MS`, none while a request waits "
-        "(issue 70; its GPU figures are not measured yet: "
-        "[engine.md](engine.md#fine-tuning-jobs))",
+        "for room (issues 70, 76: [engine.md](engine.md#fine-tuning-jobs))",
     )
     finetune_max_training_delay_ms: float = setting(
         10.0,

@@ -43,6 +43,7 @@ model on a shared CPU), its figures say nothing about a GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -54,7 +55,13 @@ import torch
 from bench.common import command_line, markdown_table, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.finetune_driver import JobClock, drive_with_job, run_job_alone
-from bench.engine.finetune_job import job_at_peft_step, peft_alone, start_job, training_memory
+from bench.engine.finetune_job import (
+    freeze_startup,
+    job_at_peft_step,
+    peft_alone,
+    start_job,
+    training_memory,
+)
 from bench.engine.harness import GIB, Progress
 from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, preset_model
 from bench.engine.presets import WallClock, device_label, preset_parser, tiny_shape
@@ -63,7 +70,7 @@ from bench.engine.priority_driver import Shape, burst, make_requests, poisson_ar
 from fedllm_contract.priority import Priority
 from site_engine.finetune.jobs import FineTuneJobs
 from site_engine.finetune.step_rows import StepRows
-from site_engine.finetune.step_work import PIECE_SHARE, StepRowsWork, rows_gate
+from site_engine.finetune.step_work import PIECE_SHARE, NextStep, StepRowsWork, rows_gate
 from site_engine.idle_work import DEFAULT_BUSY_SHARE, IdleGate
 from site_engine.model_loading import LoadedModel
 
@@ -145,6 +152,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="rows: training rows beside each step (issue 70); idle: units between steps",
     )
     add("--max-training-delay-ms", type=float, default=None, help="rows mode's bound")
+    add("--piece-share", type=float, default=PIECE_SHARE,
+        help="rows mode: a piece's bound as a share of --max-training-delay-ms (the site's "
+        "PIECE_SHARE by default)")  # fmt: skip
     add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
     add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
     add("--busy-share", type=float, default=DEFAULT_BUSY_SHARE,
@@ -160,7 +170,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--loads must be in (0, 1), and one seed at least")
     if not 0 < args.busy_share <= 1:
         parser.error("--busy-share must be in (0, 1]")
-    args.p = dict(PRESETS[args.preset])
+    if not 0 < args.piece_share <= 1:
+        parser.error("--piece-share must be in (0, 1]")
+    args.p = dict(PRESETS[args.preset]) | {"piece_share": args.piece_share}
     for key in (*runs, "job_alone_s", "max_step_ms", "reserve_gib", "max_training_delay_ms"):
         if getattr(args, key) is not None:
             if not getattr(args, key) > 0:
@@ -185,17 +197,18 @@ def measure(
     log(f"peft + transformers alone: {peft}")
     engine = build_engine(loaded, p | {"finetune_reserve_bytes": int(p["reserve_gib"] * GIB)})
     warm_up(engine, vocab, min(4, p["max_num_seqs"]), 0)
+    freeze_startup()
     cap_requests = make_requests("cap", p["burst_requests"], p["interactive"],
                                  Priority.INTERACTIVE, vocab, args.seeds[0] + 1)  # fmt: skip
     rps, _ = burst(engine, cap_requests, WallClock())
     log(f"capacity: {rps:.2f} interactive req/s")
     at_peft = job_at_peft_step(loaded, p, job_dir / "peft-shaped", args.seeds[0])
     log(f"site trainer alone at the peft step: {at_peft}")
-    # Issue 76's job_alone_vs_peft: the same, in the pieces the mode runs (rows: PIECE_SHARE of
+    # Issue 76's job_alone_vs_peft: the same, in the pieces the mode runs (rows: piece_share of
     # the step's delay bound, against the idle mode's max_step_ms above).
     in_mode = at_peft
     if args.mode == "rows":
-        piece_ms = p["max_training_delay_ms"] * PIECE_SHARE
+        piece_ms = p["max_training_delay_ms"] * p["piece_share"]
         in_mode = job_at_peft_step(loaded, p | {"max_step_ms": piece_ms},
                                    job_dir / "peft-shaped-rows", args.seeds[0])  # fmt: skip
         log(f"the same in rows mode's {piece_ms:g} ms pieces: {in_mode}")
@@ -221,8 +234,9 @@ def job_work(
     p = args.p
     if args.mode == "rows":
         rows = StepRows(p["max_training_delay_ms"])
-        work = StepRowsWork(jobs, rows, p["max_num_batched_tokens"], engine.stats)
-        return JobClock(jobs, "bench-job", work), rows_gate(p["max_training_delay_ms"])
+        next_step = NextStep(engine.token_budget, p["max_num_seqs"], engine.limits.kv_block_size)
+        work = StepRowsWork(jobs, rows, next_step, engine.stats)
+        return JobClock(jobs, "bench-job", work), rows_gate(p["max_training_delay_ms"], next_step)
     gate = IdleGate(p["max_step_ms"] / 1000, busy_share=args.busy_share)
     return JobClock(jobs, "bench-job"), gate
 
@@ -332,7 +346,8 @@ def report(result: dict[str, Any]) -> str:
         f"{result['peft_alone']}\n\n"
         f"Capacity: {result['capacity']} for {result['window_s']} s a run; "
         f"reserve {result['reserve_gib']} GiB, max unit {result['max_step_ms']} ms, "
-        f"max training delay {result['max_training_delay_ms_bound']} ms; "
+        f"max training delay {result['max_training_delay_ms_bound']} ms, pieces sized to "
+        f"{result.get('piece_share')} of it; "
         f"{result['kv_blocks']} KV blocks.\n"
     )
 
@@ -353,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "reserve_gib": p["reserve_gib"],
         "max_step_ms": p["max_step_ms"],
         "max_training_delay_ms_bound": p["max_training_delay_ms"],
+        "piece_share": p["piece_share"],
         "busy_share": args.busy_share,
         "deferral_bound_tokens": p["deferral_bound_tokens"],
         "engine": {k: p[k] for k in ("max_num_seqs", "max_num_batched_tokens")},
@@ -369,7 +385,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         log(f"wrote {path}")
 
     with tempfile.TemporaryDirectory(prefix="fedllm-finetune-bench-") as job_dir:
-        measure(loaded, args, Path(job_dir), log, write)
+        try:
+            measure(loaded, args, Path(job_dir), log, write)
+        finally:
+            gc.unfreeze()  # measure froze what start-up built; a caller's process goes on
 
 
 if __name__ == "__main__":

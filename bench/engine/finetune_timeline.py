@@ -32,7 +32,7 @@ from bench.common import command_line, markdown_table, write_results
 from bench.engine.engine_runs import warm_up
 from bench.engine.finetune_colocated import PRESETS
 from bench.engine.finetune_driver import JobClock, drive_with_job, run_job_alone
-from bench.engine.finetune_job import peft_alone, start_job
+from bench.engine.finetune_job import freeze_startup, peft_alone, start_job
 from bench.engine.finetune_timeline_record import TimedEngine, TimedWork, Timeline, summary
 from bench.engine.harness import GIB, Progress
 from bench.engine.model_setup import preset_model
@@ -41,7 +41,7 @@ from bench.engine.priority import build_engine
 from bench.engine.priority_driver import burst, make_requests, poisson_arrivals
 from fedllm_contract.priority import Priority
 from site_engine.finetune.step_rows import StepRows
-from site_engine.finetune.step_work import StepRowsWork, rows_gate
+from site_engine.finetune.step_work import PIECE_SHARE, NextStep, StepRowsWork, rows_gate
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -55,10 +55,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--seed", type=int, default=11)
     add("--wide-piece-ms", type=float, default=200.0, help="the alone phase again, wider pieces")
     add("--max-training-delay-ms", type=float, default=None, help="rows mode's bound")
+    add("--piece-share", type=float, default=PIECE_SHARE, help="a piece's share of the bound")
     args = parser.parse_args(argv)
     if not 0 < args.load < 1 or args.alone_s <= 0 or args.chat_s <= 0 or args.profile_s < 0:
         parser.error("--load in (0, 1); --alone-s and --chat-s > 0; --profile-s >= 0")
-    args.p = dict(PRESETS[args.preset])
+    if not 0 < args.piece_share <= 1:
+        parser.error("--piece-share must be in (0, 1]")
+    args.p = dict(PRESETS[args.preset]) | {"piece_share": args.piece_share}
     if args.max_training_delay_ms is not None:
         args.p["max_training_delay_ms"] = args.max_training_delay_ms
     return args
@@ -164,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     log(f"peft alone: {peft}")
     engine = build_engine(loaded, p | {"finetune_reserve_bytes": int(p["reserve_gib"] * GIB)})
     warm_up(engine, vocab, min(4, p["max_num_seqs"]), 0)
+    freeze_startup()
     cap = make_requests("cap", p["burst_requests"], p["interactive"], Priority.INTERACTIVE,
                         vocab, args.seed + 1)  # fmt: skip
     rps, _ = burst(engine, cap, WallClock())
@@ -200,9 +204,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         jobs = start_job(loaded, p, Path(job_dir) / "bounded", args.seed, "rows")
         jobs.on_piece = timeline.on_piece
         result["piece_bound_ms"] = jobs.settings.max_step_ms
-        work = StepRowsWork(jobs, StepRows(bound), p["max_num_batched_tokens"], engine.stats)
+        next_step = NextStep(engine.token_budget, p["max_num_seqs"], engine.limits.kv_block_size)
+        work = StepRowsWork(jobs, StepRows(bound), next_step, engine.stats)
         clock = JobClock(jobs, "bench-job", TimedWork(work, timeline))
-        job = (clock, rows_gate(bound))
+        job = (clock, rows_gate(bound, next_step))
         timeline.phase = "alone"
         result["job_alone"] = alone = run_job_alone(clock, args.alone_s)
         result["job_alone_vs_peft"] = (alone["trained_tokens_per_s"] or 0) / peft["tokens_per_s"]

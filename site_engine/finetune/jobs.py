@@ -54,13 +54,18 @@ from site_engine.finetune.memory import (
     lora_bytes,
 )
 from site_engine.finetune.pacing import UnitPacer
-from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers, settle_device
+from site_engine.finetune.pieces import PiecewiseRun, decoder_layers, settle_device
+from site_engine.finetune.segment_costs import SegmentCosts
 from site_engine.finetune.trainer import LoraTrainer, LossChunks
 from site_engine.finetune.turns import TenantTurns
 
 __all__ = ["FineTuneJobs", "FineTuneSettings"]
 
 log = logging.getLogger(__name__)
+
+# Units' widths rounded up to this on CUDA (trainer.UnitWidths says why); on a CPU a new shape
+# costs nothing more than its FLOPs, so units stay exactly as wide as their longest example.
+WIDTH_MULTIPLE_CUDA = 64
 
 
 class FineTuneJobs:
@@ -90,8 +95,11 @@ class FineTuneJobs:
         self._turns = TenantTurns()
         # The site's speed in seconds per trained token, whichever job measured it.
         self._pacer = UnitPacer(settings.max_step_ms / 1000)
-        # How many layer boundaries a piece of a unit crosses to stay within the bound.
-        self._pieces = PieceSizer(settings.max_step_ms / 1000)
+        # What each kind of a unit's segments costs on this site (a layer's forward or
+        # backward, a loss chunk...), whichever job measured it: a piece ends before the
+        # segment that would take it past the bound.
+        self._segments = SegmentCosts()
+        self._last_piece_s: float | None = None
         self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
         self.pieces_run = 0  # calls of run_unit that ran a piece of a unit (the tests read it)
         # Told of every piece run, on the engine's thread (a bench's timeline); None: nothing.
@@ -184,7 +192,7 @@ class FineTuneJobs:
         job = self._next_job()
         if job is None or job.trainer is None:
             return math.inf
-        piece = self._pieces.piece_s if self._pieces.piece_s is not None else math.inf
+        piece = self._last_piece_s if self._last_piece_s is not None else math.inf
         if job.unit is not None:
             return piece
         budget = self._pacer.next_budget(self._unit_cap(job))
@@ -281,8 +289,10 @@ class FineTuneJobs:
             run: PiecewiseRun[int] = PiecewiseRun(
                 lambda: trainer.work(budget, run.pause),
                 decoder_layers(trainer.model),
-                self._pieces.boundaries,
+                self._segments,
                 self.settings.max_step_ms / 1000,
+                lambda: math.prod(trainer.unit_shape),
+                trainer.model.get_input_embeddings(),
             )
             # Validation has no backward: a third of a training unit's cost.
             job.unit = Unit(run, budget, trainer.history.step, trainer.validating, alone)
@@ -298,7 +308,7 @@ class FineTuneJobs:
                                       unit.validating, step))  # fmt: skip
         self.pieces_run += 1
         unit.seconds += took
-        self._pieces.observe(unit.pieces.last_piece_boundaries, took)
+        self._last_piece_s = took
         if not done:
             return
         job.unit = None
@@ -322,8 +332,14 @@ class FineTuneJobs:
     def _build_trainer(self, job: Job, job_dir: Path) -> LoraTrainer:
         assert job.examples is not None
         examples = job.examples
+        cuda = next(self._model.parameters()).device.type == "cuda"
         trainer = LoraTrainer(
-            self._model, job.hyperparameters, job.seed, examples.train, examples.validation
+            self._model,
+            job.hyperparameters,
+            job.seed,
+            examples.train,
+            examples.validation,
+            WIDTH_MULTIPLE_CUDA if cuda else 1,
         )
         # A loss chunk lies between two boundaries of a piece: half the bound at most.
         trainer.loss_chunks = LossChunks(self.settings.max_step_ms / 2000)

@@ -9,8 +9,9 @@ device are used by one thread at a time, as before. A piece ends at a layer boun
 decoder layer's forward (a forward pre-hook) or before its backward (a hook on the gradient of
 its output, set when its forward ran), or where the work calls `pause` (the trainer does
 between the loss's token chunks and before the optimizer step, which no layer's hook reaches).
-The number of boundaries a piece crosses adapts to the bound from what the last piece measured
-(on CUDA one synchronisation a piece, so the time is the device's, not the launches'). Hooks
+A piece goes on past a boundary only while the next segment is predicted to fit its bound, from
+each kind of segment's cost measured on the device (site_engine/finetune/segment_costs.py; on
+CUDA one synchronisation a piece, so the time is the device's, not the launches'). Hooks
 live on the trainer's own copy of the modules (site_engine/finetune/trainer.py), never on the
 serving model's, and only while a unit runs.
 
@@ -32,7 +33,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from site_engine.finetune.segment_costs import PieceBudget, SegmentCosts, SegmentKind
+
 T = TypeVar("T")
+Mark = float | torch.cuda.Event  # a point on a piece's clock (_Clock)
 
 
 class _Abandoned(BaseException):
@@ -45,18 +49,25 @@ class PiecewiseRun(Generic[T]):
         self,
         work: Callable[[], T],
         layers: Sequence[nn.Module],
-        boundaries_per_piece: int,
+        costs: SegmentCosts,
         bound_s: float = math.inf,
+        tokens: Callable[[], int] = lambda: 0,
+        embedding: nn.Module | None = None,
     ) -> None:
-        if boundaries_per_piece < 1 or not bound_s > 0:
-            raise ValueError("a piece crosses at least one boundary, within a bound > 0")
-        self.boundaries_per_piece = boundaries_per_piece
-        # A piece also ends at the first boundary past half the bound by the host's clock:
-        # boundaries are not alike (a loss chunk over a large vocabulary costs many layers),
-        # and the count the sizer sets from the last piece's mean would put several heavy ones
-        # in one piece. Half: the segment after it may be as long again. (On CUDA the host's
-        # clock runs ahead of the device, so there this only ever ends a piece earlier.)
-        self._yield_after_s = bound_s / 2
+        if not bound_s > 0:
+            raise ValueError("a piece's bound must be > 0")
+        # A piece goes on into the next segment only while the costs learned so far say it
+        # fits (segment_costs.py); an unknown kind ends it. The host's clock also ends it once
+        # past the bound: on a CPU that is the device's time, and on CUDA, where the host runs
+        # ahead, it only ever ends a piece earlier.
+        self._costs, self._bound_s, self._tokens = costs, bound_s, tokens
+        self._budget = PieceBudget(costs, bound_s)
+        self._clock = _Clock(layers)
+        # The segment under way; with an embedding to hook, the unit's start is two segments.
+        self._kind: SegmentKind = "head" if embedding is None else "stage"
+        self._embedding = embedding
+        self._mark: Mark = 0.0  # where it began, on the clock (set as a piece begins)
+        self._segments: list[tuple[SegmentKind, Mark, Mark]] = []
         self._piece_began = 0.0
         self._work = work
         self._layers = list(layers)
@@ -102,11 +113,12 @@ class PiecewiseRun(Generic[T]):
             raise self._error
         return self._result  # type: ignore[return-value]
 
-    def pause(self) -> None:
-        """A boundary the work marks itself (between loss chunks, before the optimizer step:
-        the unit's tail has no layer to hook); a no-op on any thread but the unit's own."""
+    def pause(self, upcoming: SegmentKind = "loss") -> None:
+        """A boundary the work marks itself, before a segment of kind `upcoming` (a loss
+        chunk, the optimizer step: the unit's tail has no layer to hook); a no-op on any
+        thread but the unit's own."""
         if threading.current_thread() is self._thread:
-            self._boundary("pause")
+            self._boundary("pause", upcoming)
 
     def abandon(self) -> None:
         """Ends a run not done (its thread unwinds at its boundary, its hooks go)."""
@@ -122,9 +134,12 @@ class PiecewiseRun(Generic[T]):
     # ---- the unit's thread -----------------------------------------------------------------
     def _main(self) -> None:
         self._turn.acquire()
+        self._resumed()
         try:
             if self._abandoned:
                 raise _Abandoned
+            if self._embedding is not None:
+                self._handles.append(self._embedding.register_forward_pre_hook(self._before_head))
             for index, layer in enumerate(self._layers):
                 before = functools.partial(self._before_forward, index)
                 after = functools.partial(self._after_forward, index)
@@ -139,12 +154,17 @@ class PiecewiseRun(Generic[T]):
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
-            _sync(self._layers)
+            if not self._abandoned:
+                self._segments.append((self._kind, self._mark, self._clock.mark()))
+            self._settle_and_learn()
             self._done = True
             self._back.release()
 
+    def _before_head(self, module: nn.Module, args: object) -> None:
+        self._boundary("embedding", "head")
+
     def _before_forward(self, index: int, module: nn.Module, args: object) -> None:
-        self._boundary(f"forward {index}")
+        self._boundary(f"forward {index}", "forward")
 
     def _after_forward(self, index: int, module: nn.Module, args: object, output: object) -> None:
         hidden = output[0] if isinstance(output, tuple) else output
@@ -153,19 +173,62 @@ class PiecewiseRun(Generic[T]):
             hidden.register_hook(backward)  # type: ignore[no-untyped-call]
 
     def _before_backward(self, index: int, grad: torch.Tensor) -> None:
-        self._boundary(f"backward {index}")
+        self._boundary(f"backward {index}", "backward")
 
-    def _boundary(self, at: str) -> None:
+    def _boundary(self, at: str, upcoming: SegmentKind) -> None:
         self._at = at
         self._crossed += 1
-        early = time.perf_counter() - self._piece_began < self._yield_after_s
-        if self._crossed < self.boundaries_per_piece and early:
+        now = self._clock.mark()
+        finished, self._kind = self._kind, upcoming
+        self._segments.append((finished, self._mark, now))
+        self._mark = now
+        in_time = time.perf_counter() - self._piece_began < self._bound_s
+        if in_time and self._budget.fits(finished, upcoming, self._tokens()):
             return
-        _sync(self._layers)  # the piece's time is the device's
+        self._settle_and_learn()
         self._back.release()
         self._turn.acquire()
+        self._resumed()
         if self._abandoned:
             raise _Abandoned
+
+    def _resumed(self) -> None:
+        """A piece begins: its clock and its budget start again."""
+        self._mark = self._clock.mark()
+        self._budget = PieceBudget(self._costs, self._bound_s)
+
+    def _settle_and_learn(self) -> None:
+        """Waits for the piece's device work (its time is the device's), then learns each
+        segment's cost from the marks at its boundaries."""
+        _sync(self._layers)
+        tokens = self._tokens()
+        for kind, began, ended in self._segments:
+            self._costs.observe(kind, tokens, self._clock.seconds(began, ended))
+        self._segments.clear()
+
+
+class _Clock:
+    """Marks on the device's timeline (CUDA events, recorded on the unit's stream and read
+    after the piece synchronised) or, off CUDA, the host's, which is the device's there."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        parameter = next((p for layer in layers for p in layer.parameters()), None)
+        self._cuda = parameter is not None and parameter.device.type == "cuda"
+
+    def mark(self) -> Mark:
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+    def seconds(self, began: Mark, ended: Mark) -> float:
+        if isinstance(began, torch.cuda.Event) and isinstance(ended, torch.cuda.Event):
+            milliseconds: float = began.elapsed_time(ended)
+            return max(0.0, milliseconds / 1000)
+        if isinstance(began, float) and isinstance(ended, float):
+            return max(0.0, ended - began)
+        raise TypeError("marks of one clock only")
 
 
 def settle_device(model: nn.Module) -> None:
@@ -183,26 +246,6 @@ def settle_device(model: nn.Module) -> None:
 def _sync(layers: Sequence[nn.Module]) -> None:
     if layers:
         settle_device(layers[0])
-
-
-class PieceSizer:
-    """How many layer boundaries the next piece crosses, so that it takes about `bound_s`: from
-    the seconds a boundary took in the last piece, growing at most `growth`-fold a piece."""
-
-    def __init__(self, bound_s: float, growth: float = 2.0) -> None:
-        if not bound_s > 0 or not growth > 1:
-            raise ValueError("PieceSizer needs bound_s > 0 and growth > 1")
-        self.bound_s, self.growth = bound_s, growth
-        self.boundaries = 1  # the first piece: one layer, nothing measured
-        self.piece_s: float | None = None  # the last piece's seconds
-
-    def observe(self, boundaries: int, seconds: float) -> None:
-        self.piece_s = seconds
-        if boundaries < 1:
-            return  # a piece with no boundary (the unit's tail): says nothing of a layer
-        per = seconds / boundaries
-        fit = int(self.bound_s / per) if per > 0 else self.boundaries * 2
-        self.boundaries = max(1, min(fit, int(self.boundaries * self.growth) or 1))
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -43,6 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fedllm_contract.fine_tuning import FineTuneHyperparameters
 from site_engine.finetune.data import IGNORE, Example
+from site_engine.finetune.segment_costs import SegmentKind
 
 # AdamW's learning rate at learning_rate_multiplier 1: the usual LoRA rate for small and mid
 # models (the PEFT and QLoRA examples' 2e-4), decayed linearly to zero over the job.
@@ -50,6 +51,10 @@ BASE_LEARNING_RATE = 2e-4
 # Labelled tokens whose logits are alive at once: 256 x a 128k vocabulary in fp32 with its
 # gradient is about 0.25 GiB, against 4 GiB for 2,048 tokens at once.
 LOSS_CHUNK_TOKENS = 256
+
+# A boundary of a unit's pieces that no layer's hook reaches, named by the segment it begins
+# (site_engine/finetune/pieces.py).
+Pause = Callable[[SegmentKind], None]
 
 
 def steps_per_epoch(examples: int, batch_size: int) -> int:
@@ -145,10 +150,11 @@ def lora_model(base: nn.Module, hp: FineTuneHyperparameters, seed: int) -> PeftM
 
 
 def pad_batch(
-    examples: Sequence[Example], device: torch.device
+    examples: Sequence[Example], device: torch.device, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, labels) right-padded to the longest example."""
-    width = max(len(e.input_ids) for e in examples)
+    """(input_ids, attention_mask, labels) right-padded to `width` (the longest example's
+    length by default)."""
+    width = width or max(len(e.input_ids) for e in examples)
     ids = torch.zeros(len(examples), width, dtype=torch.long)
     mask = torch.zeros(len(examples), width, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
@@ -160,21 +166,48 @@ def pad_batch(
     return ids.to(device), mask.to(device), labels.to(device)
 
 
-def unit_tokens(examples: Sequence[Example]) -> int:
-    """The tokens a unit of these examples computes: rows x the longest (padding included)."""
-    return len(examples) * max(len(e.input_ids) for e in examples)
+@dataclass(frozen=True, slots=True)
+class UnitWidths:
+    """The width a unit's rows are padded to: its longest example's length rounded up to
+    `multiple`, but never past the job's longest example, which the reserve was sized for
+    (site_engine/finetune/memory.py), so rounding adds no memory the plan did not count. On CUDA
+    each new (rows, width) shape cost a piece 10-25 ms the first time (kernel variants loaded on
+    first use; issue 76's timelines): chat-length examples bring a new length nearly every
+    unit, rounded ones a handful. Padded positions are masked and unlabelled: the loss and the
+    gradients are the same."""
+
+    longest: int  # the job's longest example, in tokens
+    multiple: int = 1
+
+    def __post_init__(self) -> None:
+        if self.longest < 1 or self.multiple < 1:
+            raise ValueError("UnitWidths needs longest >= 1 and multiple >= 1")
+
+    def of(self, longest: int) -> int:
+        return min(-(-longest // self.multiple) * self.multiple, max(self.longest, longest))
+
+    def unit(self, examples: Sequence[Example]) -> int:
+        return self.of(max(len(e.input_ids) for e in examples))
 
 
-def _shape(examples: Sequence[Example]) -> tuple[int, int]:
-    return len(examples), max(len(e.input_ids) for e in examples)
+_EXACT = UnitWidths(longest=1)  # no rounding: each unit as wide as its longest example
 
 
-def take(examples: Sequence[Example], max_tokens: int) -> int:
+def unit_tokens(examples: Sequence[Example], widths: UnitWidths = _EXACT) -> int:
+    """The tokens a unit of these examples computes: rows x its width (padding included)."""
+    return len(examples) * widths.unit(examples)
+
+
+def _shape(examples: Sequence[Example], widths: UnitWidths) -> tuple[int, int]:
+    return len(examples), widths.unit(examples)
+
+
+def take(examples: Sequence[Example], max_tokens: int, widths: UnitWidths = _EXACT) -> int:
     """How many of `examples`, from the first, one unit takes within `max_tokens` (>= 1)."""
     count, longest = 1, len(examples[0].input_ids)
     while count < len(examples):
         longest = max(longest, len(examples[count].input_ids))
-        if (count + 1) * longest > max_tokens:
+        if (count + 1) * widths.of(longest) > max_tokens:
             break
         count += 1
     return count
@@ -216,8 +249,9 @@ def token_loss_sum(
     examples: Sequence[Example],
     device: torch.device,
     backward_scale: float | None = None,
-    pause: Callable[[], None] | None = None,
+    pause: Pause | None = None,
     chunks: LossChunks | None = None,
+    widths: UnitWidths = _EXACT,
 ) -> float:
     """Summed next-token cross-entropy over the examples' labelled tokens (fp32). With
     `backward_scale`, the gradient of (sum x backward_scale) is accumulated too. `pause` is
@@ -225,7 +259,7 @@ def token_loss_sum(
     them (LOSS_CHUNK_TOKENS each without it), and before the first one too, so that the
     decoder's last layer and the first chunk are never one piece (9-12 ms together against a
     4 ms piece on an H200, issue 76's first timeline)."""
-    ids, mask, labels = pad_batch(examples, device)
+    ids, mask, labels = pad_batch(examples, device, widths.unit(examples))
     causal = model.get_base_model()
     hidden = causal.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
     targets = labels[:, 1:]
@@ -240,7 +274,7 @@ def token_loss_sum(
     start = 0
     while start < leaf.shape[0]:
         if pause is not None:
-            pause()
+            pause("loss")
         end = start + (chunks.tokens if chunks is not None else LOSS_CHUNK_TOKENS)
         began = time.perf_counter()
         loss = _chunk_loss(head, leaf[start:end], wanted[start:end], softcap)
@@ -276,9 +310,12 @@ class LoraTrainer:
         seed: int,
         train: Sequence[Example],
         validation: Sequence[Example] = (),
+        width_multiple: int = 1,
     ) -> None:
         self.hp, self.seed = hp, seed
         self.train, self.validation = list(train), list(validation)
+        longest = max((len(e.input_ids) for e in [*self.train, *self.validation]), default=1)
+        self.widths = UnitWidths(longest, width_multiple)
         self.device = next(base.parameters()).device
         self.model = lora_model(base, hp, seed)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -349,9 +386,9 @@ class LoraTrainer:
     def next_unit_tokens(self, max_tokens: int) -> int:
         """The tokens (padded) `work(max_tokens)` would compute now; 0 if nothing is left."""
         rest = self._next_examples()
-        return unit_tokens(rest[: take(rest, max_tokens)]) if rest else 0
+        return unit_tokens(rest[: take(rest, max_tokens, self.widths)], self.widths) if rest else 0
 
-    def work(self, max_tokens: int, pause: Callable[[], None] | None = None) -> int:
+    def work(self, max_tokens: int, pause: Pause | None = None) -> int:
         """Runs one unit of at most `max_tokens` padded tokens (or one example longer than
         that): training, or the epoch's validation. Returns the tokens it computed (0: none).
         `pause` marks the boundaries no layer's hook reaches: between the loss's chunks and
@@ -362,20 +399,20 @@ class LoraTrainer:
         if not rest:
             return 0
         batch = batch_of(len(self.train), self.hp.batch_size, self.seed, self.history.step)
-        chunk = rest[: take(rest, max_tokens)]
-        self.unit_shape = _shape(chunk)
+        chunk = rest[: take(rest, max_tokens, self.widths)]
+        self.unit_shape = _shape(chunk, self.widths)
         batch_tokens = sum(self.train[i].loss_tokens for i in batch)
         loss = token_loss_sum(
-            self.model, chunk, self.device, 1 / batch_tokens, pause, self.loss_chunks
+            self.model, chunk, self.device, 1 / batch_tokens, pause, self.loss_chunks, self.widths
         )
         self._step_loss += loss / batch_tokens
         self._done_in_step += len(chunk)
         self.history.trained_tokens += sum(e.trained_tokens for e in chunk)
         if self._done_in_step == len(batch):
             if pause is not None:
-                pause()
+                pause("optimizer")
             self._optimizer_step()
-        return unit_tokens(chunk)
+        return unit_tokens(chunk, self.widths)
 
     def _optimizer_step(self) -> None:
         self.optimizer.step()
@@ -385,14 +422,19 @@ class LoraTrainer:
         self.history.losses.append((self.history.step, self._step_loss))
         self._done_in_step, self._step_loss = 0, 0.0
 
-    def _validate_some(self, max_tokens: int, pause: Callable[[], None] | None) -> int:
+    def _validate_some(self, max_tokens: int, pause: Pause | None) -> int:
         position, total, tokens = self._validation or (0, 0.0, 0)
         rest = self.validation[position:]
-        chunk = rest[: take(rest, max_tokens)]
-        self.unit_shape = _shape(chunk)
+        chunk = rest[: take(rest, max_tokens, self.widths)]
+        self.unit_shape = _shape(chunk, self.widths)
         with torch.no_grad():
             total += token_loss_sum(
-                self.model, chunk, self.device, pause=pause, chunks=self.loss_chunks
+                self.model,
+                chunk,
+                self.device,
+                pause=pause,
+                chunks=self.loss_chunks,
+                widths=self.widths,
             )
         tokens += sum(e.loss_tokens for e in chunk)
         position += len(chunk)
@@ -401,7 +443,7 @@ class LoraTrainer:
         else:
             self._validation = None
             self.history.validation_losses.append((self.history.step, total / max(tokens, 1)))
-        return unit_tokens(chunk)
+        return unit_tokens(chunk, self.widths)
 
     def abandon_partial_step(self) -> None:
         """Drops the gradients of an optimizer step not finished (a resumed job redoes it)."""

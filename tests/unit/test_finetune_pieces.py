@@ -7,6 +7,7 @@ with a 200 ms bound)."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from fedllm_contract.fine_tuning import FineTuneHyperparameters, FineTuneSpec
 from site_engine.finetune.data import IGNORE, Example
 from site_engine.finetune.job_state import PieceRecord
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
-from site_engine.finetune.pieces import PieceSizer, PiecewiseRun, decoder_layers
+from site_engine.finetune.pieces import PiecewiseRun, decoder_layers
+from site_engine.finetune.segment_costs import SEGMENT_KINDS, PieceBudget, SegmentCosts
 from site_engine.finetune.trainer import LOSS_CHUNK_TOKENS, LoraTrainer, LossChunks
 from site_engine.model_loading import LoadedModel, load_model
 
@@ -45,7 +47,7 @@ def test_a_unit_in_pieces_trains_as_the_whole_unit(tiny: LoadedModel) -> None:
     assert whole.work(10_000) == 90
     layers = decoder_layers(cut.model)
     assert len(layers) == tiny.model.config.num_hidden_layers
-    run = PiecewiseRun(lambda: cut.work(10_000), layers, boundaries_per_piece=1)
+    run = PiecewiseRun(lambda: cut.work(10_000), layers, SegmentCosts())
     pieces = 1
     while not run.step():
         pieces += 1
@@ -62,7 +64,7 @@ def test_an_abandoned_unit_unwinds_and_its_trainer_goes_on(tiny: LoadedModel) ->
     train = [example(30, 1), example(45, 2)]
     trainer = LoraTrainer(tiny.model, HP, 3, train)
     layers = decoder_layers(trainer.model)
-    run = PiecewiseRun(lambda: trainer.work(10_000), layers, boundaries_per_piece=1)
+    run = PiecewiseRun(lambda: trainer.work(10_000), layers, SegmentCosts())
     assert not run.step()
     assert not run.step()
     run.abandon()
@@ -77,26 +79,80 @@ def test_an_error_in_a_piece_is_the_units() -> None:
     def fail() -> int:
         raise RuntimeError("out of memory, say")
 
-    run: PiecewiseRun[int] = PiecewiseRun(fail, [], boundaries_per_piece=1)
+    run: PiecewiseRun[int] = PiecewiseRun(fail, [], SegmentCosts())
     assert run.step()
     with pytest.raises(RuntimeError, match="out of memory"):
         run.result()
 
 
-def test_pieces_grow_to_the_bound_and_shrink_from_it() -> None:
-    sizer = PieceSizer(bound_s=0.1)
-    assert sizer.boundaries == 1
-    sizer.observe(1, 0.01)  # 10 ms a boundary: 10 fit, but at most twice as many as before
-    assert sizer.boundaries == 2
-    sizer.observe(2, 0.02)
-    sizer.observe(4, 0.04)
-    assert sizer.boundaries == 8
-    sizer.observe(8, 0.4)  # 50 ms a boundary now
-    assert sizer.boundaries == 2
-    sizer.observe(0, 5.0)  # a tail with no boundary says nothing of a layer
-    assert (sizer.boundaries, sizer.piece_s) == (2, 5.0)
-    with pytest.raises(ValueError, match="bound_s"):
-        PieceSizer(bound_s=0)
+def test_a_piece_goes_on_only_while_the_next_segment_is_predicted_to_fit() -> None:
+    """Issue 76: a count of boundaries from the last piece's mean put a loss chunk and a
+    layer's backward (2-3x a forward) in pieces sized on forwards. Each kind's cost is its own,
+    per token of the unit for layers, per segment for loss chunks and the optimizer step."""
+    costs = SegmentCosts(smoothing=0.5)
+    assert costs.predict("forward", 1000) is None
+    costs.observe("forward", 1000, 0.002)  # 2 us a token
+    costs.observe("backward", 1000, 0.004)
+    costs.observe("loss", 1000, 0.003)  # a chunk, whatever the unit
+    assert costs.predict("forward", 2000) == pytest.approx(0.004)
+    assert costs.predict("loss", 2000) == pytest.approx(0.003)
+    budget = PieceBudget(costs, bound_s=0.009)
+    assert budget.fits("forward", "forward", 1000)  # 2 + 2 ms
+    assert budget.fits("forward", "forward", 1000)  # 4 + 2
+    assert not budget.fits("forward", "backward", 1000)  # 6 + 4 > 9
+    # A kind never seen ends the piece: nothing says what it costs.
+    assert not PieceBudget(costs, bound_s=1.0).fits("forward", "optimizer", 1000)
+    assert not PieceBudget(costs, bound_s=1.0).fits("head", "forward", 1000)
+
+
+def test_a_jump_in_a_kinds_cost_is_not_averaged_away() -> None:
+    """A segment that suddenly cost more (a new shape's first kernels) is predicted at that
+    cost until the next one of its kind says otherwise; the mean then follows."""
+    costs = SegmentCosts(smoothing=0.25)
+    costs.observe("forward", 100, 0.001)
+    costs.observe("forward", 100, 0.009)
+    assert costs.predict("forward", 100) == pytest.approx(0.009)
+    costs.observe("forward", 100, 0.001)
+    assert costs.predict("forward", 100) == pytest.approx(0.001 + 0.25 * 0.008 * 0.75, rel=1e-6)
+    with pytest.raises(ValueError, match="smoothing"):
+        SegmentCosts(smoothing=0)
+    with pytest.raises(ValueError, match="segment"):
+        costs.observe("loss", 1, -1.0)
+
+
+def test_pieces_learn_each_kinds_cost_and_fill_the_bound(tiny: LoadedModel) -> None:
+    """On the CPU the host's clock is the device's: after a first unit cut at every boundary,
+    the second unit's pieces cross several boundaries each, and none runs past the bound by
+    more than one segment's misprediction."""
+    train = [example(60, 1), example(60, 2)]
+    two_epochs = FineTuneHyperparameters(n_epochs=2, batch_size=2, learning_rate_multiplier=1.0)
+    trainer = LoraTrainer(tiny.model, two_epochs, 3, train)
+    layers = decoder_layers(trainer.model)
+    costs = SegmentCosts()
+
+    def tokens() -> int:
+        return math.prod(trainer.unit_shape)
+
+    first: PiecewiseRun[int] = PiecewiseRun(
+        lambda: trainer.work(10_000, first.pause), layers, costs, math.inf, tokens
+    )
+    while not first.step():
+        assert first.last_piece_boundaries == 1
+    assert all(costs.known(kind) for kind in ("head", "forward", "loss", "backward"))
+    unit = sum(
+        (costs.predict(kind, 120) or 0.0) * (len(layers) if kind in ("forward", "backward") else 1)
+        for kind in ("head", "forward", "loss", "backward")
+    )
+    bound = unit / 4  # about four pieces a unit
+    second: PiecewiseRun[int] = PiecewiseRun(
+        lambda: trainer.work(10_000, second.pause), layers, costs, bound, tokens
+    )
+    crossed = []
+    while not second.step():
+        crossed.append(second.last_piece_boundaries)
+    assert second.result() == 120
+    assert max(crossed) > 1
+    assert len(crossed) < 2 * len(layers)
 
 
 def test_the_tail_of_a_unit_is_cut_too_and_trains_the_same(tiny: LoadedModel) -> None:
@@ -108,9 +164,12 @@ def test_the_tail_of_a_unit_is_cut_too_and_trains_the_same(tiny: LoadedModel) ->
     whole, cut = LoraTrainer(tiny.model, HP, 3, train), LoraTrainer(tiny.model, HP, 3, train)
     whole.work(10_000)
     layers = decoder_layers(cut.model)
-    # A count no unit reaches, and a time bound every boundary is past: one boundary a piece.
+    # Costs known for every kind, and a time bound every segment is past: one boundary a piece.
+    costs = SegmentCosts()
+    for kind in SEGMENT_KINDS:
+        costs.observe(kind, 1, 1e-6)
     run: PiecewiseRun[int] = PiecewiseRun(
-        lambda: cut.work(10_000, run.pause), layers, boundaries_per_piece=1000, bound_s=1e-9
+        lambda: cut.work(10_000, run.pause), layers, costs, bound_s=1e-9
     )
     pieces = 1
     while not run.step():
@@ -185,7 +244,7 @@ def test_each_piece_says_where_it_ended_and_the_jobs_report_it(
     through the jobs' observer its unit's shape, first piece and end."""
     trainer = LoraTrainer(tiny.model, HP, 3, [example(30, 1), example(45, 2)])
     layers = decoder_layers(trainer.model)
-    run = PiecewiseRun(lambda: trainer.work(10_000), layers, boundaries_per_piece=1)
+    run = PiecewiseRun(lambda: trainer.work(10_000), layers, SegmentCosts())
     ended = []
     while not run.step():
         ended.append(run.ended_at)

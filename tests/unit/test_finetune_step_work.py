@@ -20,7 +20,7 @@ from site_engine.engine_service import EngineService, OnDemandReserve
 from site_engine.finetune.data import Example, encode_file
 from site_engine.finetune.jobs import FineTuneJobs, FineTuneSettings
 from site_engine.finetune.step_rows import StepRows
-from site_engine.finetune.step_work import StepRowsWork
+from site_engine.finetune.step_work import NextStep, StepRowsWork
 from site_engine.finetune.trainer import (
     BASE_LEARNING_RATE,
     _alias,
@@ -59,10 +59,11 @@ def busy(running: int = 2, waiting: int = 0) -> EngineStats:
 def work_in(directory: Path, model: LoadedModel, stats: list[EngineStats]) -> StepRowsWork:
     settings = FineTuneSettings(directory, 1 << 30, max_step_ms=BOUND_MS)
     jobs = FineTuneJobs(settings, model.model, model.tokenizer, "m")
-    return StepRowsWork(jobs, StepRows(BOUND_MS, min_rows=4), 256, lambda: stats[-1])
+    next_step = NextStep(token_budget=256, max_num_seqs=8, block_size=16)
+    return StepRowsWork(jobs, StepRows(BOUND_MS, min_rows=4), next_step, lambda: stats[-1])
 
 
-def test_a_request_waiting_skips_the_rows_and_a_cancel_mid_piece_drops_the_job(
+def test_a_request_waiting_for_room_skips_the_rows_and_a_cancel_mid_piece_drops_the_job(
     model: LoadedModel, tmp_path: Path
 ) -> None:
     stats = [busy()]
@@ -75,9 +76,12 @@ def test_a_request_waiting_skips_the_rows_and_a_cancel_mid_piece_drops_the_job(
     work.run_unit(alone=False)
     assert jobs.unit_budget() is not None  # a unit under way, cut into pieces (4 layers)
     pieces = jobs.pieces_run
-    stats.append(busy(waiting=1))
-    assert work.run_unit(alone=False) == 0.0  # a request waits: no rows this step
-    assert jobs.pieces_run == pieces
+    stats.append(busy(waiting=1))  # the next step admits it: it waits for this piece only
+    assert work.run_unit(alone=False) > 0.0
+    assert jobs.pieces_run == pieces + 1
+    stats.append(busy(running=8, waiting=1))  # no sequence free: it waits for room
+    assert work.run_unit(alone=False) == 0.0  # no rows this step
+    assert jobs.pieces_run == pieces + 1
     jobs.cancel("j")
     stats.append(busy())
     work.run_unit(alone=False)

@@ -27,6 +27,7 @@ from site_engine.finetune.memory import (
 from site_engine.finetune.pacing import UnitPacer
 from site_engine.finetune.trainer import (
     LoraTrainer,
+    UnitWidths,
     _module_tensors,
     lora_model,
     pad_batch,
@@ -157,6 +158,38 @@ def test_token_bounded_units_step_as_the_whole_batch_does(tiny: LoadedModel) -> 
     assert sum(float(grad.abs().sum()) for grad in whole_grads.values()) > 0
     for name, grad in whole_grads.items():  # A's are zero at first (B starts at zero)
         torch.testing.assert_close(split_grads[name], grad, rtol=1e-4, atol=1e-7)
+
+
+def test_rounded_widths_never_pass_the_jobs_longest_example() -> None:
+    """Issue 76: on CUDA a unit's width is rounded up to a multiple (fewer shapes, fewer first
+    calls of a kernel variant), but the reserve was sized for the job's longest example, so no
+    unit is wider than that."""
+    widths = UnitWidths(longest=150, multiple=64)
+    assert [widths.of(n) for n in (1, 64, 65, 128, 129, 150)] == [64, 64, 128, 128, 150, 150]
+    examples = [example(n, i) for i, n in enumerate((70, 100, 30))]
+    assert unit_tokens(examples[:2], widths) == 2 * 128
+    assert take(examples, 256, widths) == 2  # 2 x 128; three rows would be 3 x 128
+    assert take(examples, 255, widths) == 1
+    assert unit_tokens(examples) == 3 * 100  # exact widths by default
+    with pytest.raises(ValueError, match="multiple >= 1"):
+        UnitWidths(longest=10, multiple=0)
+
+
+def test_rounded_widths_train_as_exact_ones(tiny: LoadedModel) -> None:
+    """Padded positions are masked and unlabelled: the same loss and gradients."""
+    hp = FineTuneHyperparameters(n_epochs=1, batch_size=3, learning_rate_multiplier=1.0)
+    train = [example(n, i) for i, n in enumerate((12, 40, 27))]
+    validation = [example(64, 9)]  # the job's longest: widths may round up to it
+    exact = LoraTrainer(tiny.model, hp, 5, train, validation)
+    rounded = LoraTrainer(tiny.model, hp, 5, train, validation, width_multiple=16)
+    exact_sizes, exact_grads = _first_step(exact, 10_000)
+    rounded_sizes, rounded_grads = _first_step(rounded, 10_000)
+    assert (exact_sizes, rounded_sizes) == ([3 * 40], [3 * 48])
+    assert rounded.unit_shape == (3, 48)
+    assert rounded.history.losses[0][1] == pytest.approx(exact.history.losses[0][1], rel=1e-5)
+    assert rounded.history.trained_tokens == exact.history.trained_tokens
+    for name, grad in exact_grads.items():
+        torch.testing.assert_close(rounded_grads[name], grad, rtol=1e-4, atol=1e-7)
 
 
 def _saved_bytes(model: nn.Module, examples: list[Example]) -> int:
