@@ -17,8 +17,9 @@ passes (then it is rejected, the 503); with no queue it is rejected at once.
 With `GatewaySettings.serving` (fedsim/serving_path.py) the gateway's event loop is a CPU whose
 work queues: a request is routed once the loop has admitted it, an answer's tokens are paced
 into chunks at the site (fedsim/site_writer.py) and at the gateway and reach the client once the
-loop has streamed them, and a site's tokens leave it once its serving thread has written them.
-Without it (the default) all of that takes no time.
+loop has streamed them, and a site's tokens leave it once its serving thread has written them;
+a client's first token is the first chunk with text (SiteSpec.text_share). Without it (the
+default) all of that takes no time.
 
 Failover: a site that dies loses its requests; each is placed again among the others with its
 prompt plus what it had generated as the new prompt and the rest of its answer to go (the
@@ -31,10 +32,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from random import Random
 from typing import cast
 
 from fedsim.events import EventLoop
-from fedsim.serving_path import ServingCosts, ServingPath
+from fedsim.serving_path import ServingCosts, ServingPath, has_text
 from fedsim.site import MODEL, SimSite
 from fedsim.site_writer import SiteWriter
 from fedsim.workload import SimRequest
@@ -158,6 +160,9 @@ class SimGateway:
         self.tokens_per_second: dict[int, int] = {}
         self._offering = False
         self.path = ServingPath(loop, settings.serving, self._deliver) if settings.serving else None
+        # Chunks that reached a client with text (what a client counts), and the draws of which.
+        self.text_chunks = 0
+        self._text_rng = Random(0)
 
     # -- requests -------------------------------------------------------------------------
     def start(self, requests: Sequence[SimRequest], horizon_s: float) -> None:
@@ -312,22 +317,27 @@ class SimGateway:
             self._delivered(flight, int(tokens[index] != NO_TOKEN), finish is not None)
 
     def _deliver(self, request_id: str, tokens: int, finish: bool) -> None:
-        """A chunk the gateway's loop streamed reached the client (ServingPath)."""
+        """A chunk the gateway's loop streamed reached the client (ServingPath): whether it
+        shows text is drawn from its site's text share (serving_path.has_text)."""
         flight = self.flights[request_id]
         if flight.finished_s is None:
-            self._delivered(flight, tokens, finish)
+            share = self.sites[flight.site].spec.text_share if flight.site else 1.0
+            text = has_text(self._text_rng, share, tokens)
+            self.text_chunks += text
+            self._delivered(flight, tokens, finish, text)
         if finish and self.path is not None:
             self.path.closed(request_id)
 
-    def _delivered(self, flight: Flight, tokens: int, finish: bool) -> None:
+    def _delivered(self, flight: Flight, tokens: int, finish: bool, text: bool = True) -> None:
         """The client has `tokens` more of the answer (and its end): the lease follows, as the
-        gateway's stream recharges it at each chunk and gives it back at the end."""
+        gateway's stream recharges it at each chunk and gives it back at the end. Its first
+        token is the first chunk with text, as a client sees it (`text`)."""
         now = self._loop.now()
         if tokens:
             flight.produced += tokens
             second = int(now)
             self.tokens_per_second[second] = self.tokens_per_second.get(second, 0) + tokens
-            if flight.first_token_s is None:
+            if flight.first_token_s is None and text:
                 flight.first_token_s = now
         lease = flight.lease
         if finish:

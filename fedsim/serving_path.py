@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from random import Random
 
 from fedsim.events import EventLoop
 from fedsim.site_writer import SiteWriter
@@ -72,6 +73,15 @@ class ServingCosts:
             "chunks_per_s": self.chunks_per_s,
             "site_token_s": self.site_token_s,
         }
+
+
+def has_text(rng: Random, text_share: float, tokens: int) -> bool:
+    """Whether a chunk of `tokens` tokens carries text, where each token does with probability
+    `text_share` (SiteSpec.text_share): the client counts a chunk, and its first token, only
+    then (bench/serving_path/http_stream.py counts events whose text is not empty)."""
+    if text_share >= 1.0:
+        return tokens > 0
+    return tokens > 0 and rng.random() < 1.0 - (1.0 - text_share) ** tokens
 
 
 class CpuServer:

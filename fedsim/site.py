@@ -77,6 +77,15 @@ class SiteSpec:
     # The KV blocks a real site reported (a replay of a measured federation); None: from the
     # card's memory less the weights.
     kv_blocks: int | None = None
+    # The share of its answer tokens that carry text (a client counts a chunk, and its first
+    # token, only with text): 1 for a real model; a random-weight model picks ids uniformly
+    # over its vocabulary, and those past its tokenizer's have none (bench/federation_real/
+    # sim.py: the tokenizer's size over the model's vocabulary).
+    text_share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.text_share <= 1.0:
+            raise ValueError(f"text_share must be in (0, 1], got {self.text_share}")
 
     @property
     def num_blocks(self) -> int:

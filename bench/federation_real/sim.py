@@ -28,6 +28,7 @@ from typing import Any
 
 from bench.federation_real.federation import GATEWAY
 from bench.federation_real.metrics import Served, summary
+from bench.federation_real.presets import SHAPES
 from bench.federation_real.workload import WorkloadSpec, build, fingerprint, marked
 from bench.loadgen.workload import Request
 from fedsim.cards import CARDS, MODELS, Card, ModelShape
@@ -68,11 +69,25 @@ def _step(site: Mapping[str, Any], card: str, step_models: Path, source: str) ->
     )
 
 
+def text_share(site: Mapping[str, Any], tokenizer_ids: int) -> float:
+    """The share of the site's answer tokens that carry text: the bench's models have random
+    weights, so a greedy token is any id of the model's vocabulary alike, and one past the
+    tokenizer's `tokenizer_ids` ids decodes to nothing (site_engine/detokenizer.py). The GPU
+    shapes' 128,256 ids over GPT-2's 50,257: 0.39 (the real detokenizer on uniform ids: 0.40 with
+    text). A shape the presets do not know, or no tokenizer's size: 1."""
+    shape = SHAPES.get(str(site["shape"]))
+    if shape is None or tokenizer_ids <= 0:
+        return 1.0
+    return min(1.0, tokenizer_ids / int(shape["vocab_size"]))
+
+
 def site_specs(
     real: Mapping[str, Any], step_models: Path, step_source: str = "fitted"
 ) -> list[SiteSpec]:
     """The simulated sites of a real run's record."""
     card = str(real["card"])
+    # A record without its workload (a hand-made one) has no tokenizer to say: text always.
+    tokenizer_ids = int(real.get("workload_spec", {}).get("vocab", 0))
     specs = []
     for site in real["sites"]:
         if int(site["kv_blocks_total"]) <= 0:
@@ -89,6 +104,7 @@ def site_specs(
                 max_model_len=int(site["context"]),
                 async_scheduling=card != "cpu",
                 kv_blocks=int(site["kv_blocks_total"]),
+                text_share=text_share(site, tokenizer_ids),
             )
         )
     return specs
@@ -146,7 +162,9 @@ def _arm_figures(
         "placed_first": dict(sorted(first.items())),
         "refused": result.rejected,
         "gateway_cpu_s": result.gateway_cpu_s,
-        "chunks": result.gateway_chunks,
+        # As the real run counts them: the events with text its clients got (arms.py).
+        "chunks": result.client_chunks,
+        "gateway_chunks": result.gateway_chunks,
         "sites": {
             name: {"steps": steps, "step_s_mean": result.site_busy[name] / steps if steps else None}
             for name, steps in result.site_steps.items()

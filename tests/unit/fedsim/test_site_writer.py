@@ -1,15 +1,18 @@
-"""The site end of the chunk pacing (fedsim/site_writer.py), alone and in a federation run."""
+"""The site end of the chunk pacing (fedsim/site_writer.py) and the client's view of text
+(fedsim/serving_path.py's has_text, SiteSpec.text_share), alone and in a federation run."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
+from bench.federation_real.sim import text_share
 from fedsim.events import EventLoop
 from fedsim.federation import RunResult, run
 from fedsim.gateway import GatewaySettings
-from fedsim.serving_path import ServingCosts
+from fedsim.serving_path import ServingCosts, has_text
 from fedsim.site_writer import SiteWriter
 from fedsim.workload import SimRequest
 from site_engine.engine.core.outputs import StepOutputs
@@ -76,6 +79,25 @@ def test_the_interval_is_capped_and_released_rows_and_a_dead_site_send_nothing()
     assert len(sent) == 1
 
 
+def test_a_chunk_shows_text_at_the_share_a_token_carries_it() -> None:
+    rng = random.Random(1)
+    assert has_text(rng, 1.0, 3)
+    assert not has_text(rng, 1.0, 0)
+    assert not has_text(rng, 0.4, 0)
+    for tokens in (1, 3):
+        share = sum(has_text(rng, 0.4, tokens) for _ in range(20_000)) / 20_000
+        assert share == pytest.approx(1 - 0.6**tokens, abs=0.015)
+
+
+def test_the_twin_s_text_share_is_the_tokenizer_over_the_model_s_vocabulary() -> None:
+    assert text_share({"shape": "llama8b"}, 50_257) == pytest.approx(50_257 / 128_256)
+    assert text_share({"shape": "tiny"}, 50_257) == pytest.approx(50_257 / 50_304)
+    assert text_share({"shape": "tiny"}, 60_000) == 1.0
+    assert text_share({"shape": "unknown"}, 50_257) == 1.0
+    with pytest.raises(ValueError, match="text_share"):
+        dataclasses.replace(_spec("a", 0.01), text_share=0.0)
+
+
 def _requests(count: int = 40) -> list[SimRequest]:
     rng = random.Random(5)
     out, at = [], 0.0
@@ -85,18 +107,24 @@ def _requests(count: int = 40) -> list[SimRequest]:
     return out
 
 
-def _run(chunks_per_s: float) -> RunResult:
-    specs = [_spec("a", 0.01)]
+def _run(share: float, chunks_per_s: float) -> RunResult:
+    specs = [dataclasses.replace(_spec("a", 0.01), text_share=share)]
     costs = ServingCosts(request_s=0.0, chunk_s=0.0, token_s=0.0, chunks_per_s=chunks_per_s)
     return run(specs, _requests(), GatewaySettings(policy="round_robin", serving=costs))
 
 
-def test_in_a_federation_the_site_paces_chunks_and_never_holds_first_tokens() -> None:
-    free = _run(0.0)  # no budget: a chunk a step
-    paced = _run(100.0)  # ~10 streams: a chunk every ~0.1 s, ~10 steps of tokens
+def test_in_a_federation_the_site_paces_chunks_and_textless_first_tokens_delay_ttft() -> None:
+    free = _run(1.0, 0.0)  # no budget: a chunk a step
+    paced = _run(1.0, 100.0)  # ~10 streams: a chunk every ~0.1 s, ~10 steps of tokens
     assert free.completed == paced.completed == 40
     tokens = sum(o.produced for o in free.outcomes)
-    assert free.gateway_chunks == tokens
+    assert free.gateway_chunks == free.client_chunks == tokens
     assert paced.gateway_chunks < tokens / 4
     # The first tokens are never held, at either end.
     assert paced.ttft_p50 == pytest.approx(free.ttft_p50, abs=0.002)
+    # A random model whose tokens carry text 40% of the time: the client's first token is the
+    # first chunk with text, and it counts only those chunks.
+    textless = _run(0.4, 100.0)
+    assert textless.ttft_p50 > paced.ttft_p50 + 0.01
+    assert textless.client_chunks < textless.gateway_chunks
+    assert [o.produced for o in textless.outcomes] == [o.produced for o in paced.outcomes]
