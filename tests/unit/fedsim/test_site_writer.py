@@ -13,6 +13,7 @@ from fedsim.events import EventLoop
 from fedsim.federation import RunResult, run
 from fedsim.gateway import GatewaySettings
 from fedsim.serving_path import ServingCosts, has_text
+from fedsim.site import SimSite
 from fedsim.site_writer import SiteWriter
 from fedsim.workload import SimRequest
 from site_engine.engine.core.outputs import StepOutputs
@@ -128,3 +129,18 @@ def test_in_a_federation_the_site_paces_chunks_and_textless_first_tokens_delay_t
     assert textless.ttft_p50 > paced.ttft_p50 + 0.01
     assert textless.client_chunks < textless.gateway_chunks
     assert [o.produced for o in textless.outcomes] == [o.produced for o in paced.outcomes]
+
+
+def test_a_served_site_s_steps_take_its_step_scale_times_the_model_s() -> None:
+    loop = EventLoop()
+    seen: list[float] = []
+    bare, served = _spec("a", 0.01), dataclasses.replace(_spec("a", 0.01), step_scale=1.25)
+    for spec in (bare, served):
+        site = SimSite(spec, loop, lambda s, _: seen.append(s.busy_s))
+        site.add("r", tuple(range(100, 140)), 3, 3, None)
+        loop.run(loop.now() + 10.0)
+        seen.append(-1.0)
+    bare_s, served_s = seen[seen.index(-1.0) - 1], seen[-2]
+    assert served_s == pytest.approx(1.25 * bare_s)
+    with pytest.raises(ValueError, match="step_scale"):
+        dataclasses.replace(bare, step_scale=0.0)
