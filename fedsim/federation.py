@@ -80,6 +80,9 @@ class RunResult:
     site_steps: dict[str, int] = field(default_factory=dict)
     gateway_cpu_s: float = 0.0
     gateway_chunks: int = 0
+    # Of those, the chunks that reached a client with text (SiteSpec.text_share): what a client
+    # counts.
+    client_chunks: int = 0
 
     def token_rate(self, start_s: int, end_s: int) -> float:
         """Answer tokens per second received in [start_s, end_s)."""
@@ -237,6 +240,7 @@ def _result(
         site_steps={s.name: s.steps for s in sites},
         gateway_cpu_s=gateway.path.gateway.busy_s if gateway.path is not None else 0.0,
         gateway_chunks=gateway.path.chunks if gateway.path is not None else 0,
+        client_chunks=gateway.text_chunks,
     )
 
 

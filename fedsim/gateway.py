@@ -16,8 +16,10 @@ passes (then it is rejected, the 503); with no queue it is rejected at once.
 
 With `GatewaySettings.serving` (fedsim/serving_path.py) the gateway's event loop is a CPU whose
 work queues: a request is routed once the loop has admitted it, an answer's tokens are paced
-into chunks and reach the client once the loop has streamed them, and a site's tokens leave it
-once its serving thread has written them. Without it (the default) all of that takes no time.
+into chunks at the site (fedsim/site_writer.py) and at the gateway and reach the client once the
+loop has streamed them, and a site's tokens leave it once its serving thread has written them;
+a client's first token is the first chunk with text (SiteSpec.text_share). Without it (the
+default) all of that takes no time.
 
 Failover: a site that dies loses its requests; each is placed again among the others with its
 prompt plus what it had generated as the new prompt and the rest of its answer to go (the
@@ -30,11 +32,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from random import Random
 from typing import cast
 
 from fedsim.events import EventLoop
-from fedsim.serving_path import ServingCosts, ServingPath
+from fedsim.serving_path import ServingCosts, ServingPath, has_text
 from fedsim.site import MODEL, SimSite
+from fedsim.site_writer import SiteWriter
 from fedsim.workload import SimRequest
 from gateway.admin.offload import plan_offloads
 from gateway.federation import SiteConfig
@@ -156,6 +160,9 @@ class SimGateway:
         self.tokens_per_second: dict[int, int] = {}
         self._offering = False
         self.path = ServingPath(loop, settings.serving, self._deliver) if settings.serving else None
+        # Chunks that reached a client with text (what a client counts), and the draws of which.
+        self.text_chunks = 0
+        self._text_rng = Random(0)
 
     # -- requests -------------------------------------------------------------------------
     def start(self, requests: Sequence[SimRequest], horizon_s: float) -> None:
@@ -248,9 +255,13 @@ class SimGateway:
         flight.site = state.name
         flight.sites.append(state.name)
         site = self.sites[state.name]
-        self._loop.after(site.spec.rtt_s / 2, lambda: self._send(flight, site))
+        # The message that starts it carries the gateway's chunk interval now (site_writer.py).
+        interval = self.path.interval_s() if self.path is not None else 0.0
+        self._loop.after(site.spec.rtt_s / 2, lambda: self._send(flight, site, interval))
 
-    def _send(self, flight: Flight, site: SimSite) -> None:
+    def _send(self, flight: Flight, site: SimSite, interval_s: float = 0.0) -> None:
+        if self.path is not None and site.alive:
+            self._writer(site).told(interval_s)
         if flight.site != site.name or flight.finished_s is not None:
             return
         if not site.alive:  # connection refused: another site at once
@@ -269,16 +280,32 @@ class SimGateway:
         )
 
     def on_updates(self, site: SimSite, updates: StepOutputs) -> None:
-        """A site's step ended: its tokens reach the gateway half a round trip (and its serving
-        thread's queue) later."""
-        if updates:
-            delay = site.spec.rtt_s / 2
-            if self.path is not None:
-                delay += self.path.site_delay(site.name, len(updates))
-            self._loop.after(delay, lambda: self._tokens(site.name, updates))
+        """A site's step ended: its tokens reach the gateway half a round trip later; with the
+        serving path, once its serving thread has written them and its writer's pacing lets
+        them go (fedsim/site_writer.py)."""
+        if not updates:
+            return
+        if self.path is None:
+            self._loop.after(site.spec.rtt_s / 2, lambda: self._tokens(site.name, updates))
+            return
+        delay = self.path.site_delay(site.name, len(updates))
+        self._loop.after(delay, lambda: self._writer(site).step(updates))
+
+    def _writer(self, site: SimSite) -> SiteWriter:
+        assert self.path is not None
+        return self.path.writer(site.name, site.spec.rtt_s / 2, self._site_chunk)
+
+    def _site_chunk(self, site: str, rid: str, tokens: int, finish: bool) -> None:
+        """A chunk the site's writer sent reached the gateway."""
+        assert self.path is not None
+        flight = self.flights.get(rid) or self.flights.get(rid.split("~")[0])
+        if flight is None or flight.site != site or flight.finished_s is not None:
+            return
+        self.path.arrived(flight.request.request_id, tokens, finish)
 
     def _tokens(self, site: str, updates: StepOutputs) -> None:
-        flights, path = self.flights, self.path
+        """Without the serving path: each token reaches the client as it reaches the gateway."""
+        flights = self.flights
         tokens, finished = updates.tokens, updates.finished
         for index, rid in enumerate(updates.request_ids):
             flight = flights.get(rid) or flights.get(rid.split("~")[0])
@@ -287,29 +314,30 @@ class SimGateway:
             finish = finished.get(index)
             if finish is not None and finish[0].value == "released":
                 continue  # handled by the offload that asked for it
-            token = int(tokens[index] != NO_TOKEN)
-            if path is not None:
-                path.arrived(flight.request.request_id, token, finish is not None)
-            else:
-                self._delivered(flight, token, finish is not None)
+            self._delivered(flight, int(tokens[index] != NO_TOKEN), finish is not None)
 
     def _deliver(self, request_id: str, tokens: int, finish: bool) -> None:
-        """A chunk the gateway's loop streamed reached the client (ServingPath)."""
+        """A chunk the gateway's loop streamed reached the client (ServingPath): whether it
+        shows text is drawn from its site's text share (serving_path.has_text)."""
         flight = self.flights[request_id]
         if flight.finished_s is None:
-            self._delivered(flight, tokens, finish)
+            share = self.sites[flight.site].spec.text_share if flight.site else 1.0
+            text = has_text(self._text_rng, share, tokens)
+            self.text_chunks += text
+            self._delivered(flight, tokens, finish, text)
         if finish and self.path is not None:
             self.path.closed(request_id)
 
-    def _delivered(self, flight: Flight, tokens: int, finish: bool) -> None:
+    def _delivered(self, flight: Flight, tokens: int, finish: bool, text: bool = True) -> None:
         """The client has `tokens` more of the answer (and its end): the lease follows, as the
-        gateway's stream recharges it at each chunk and gives it back at the end."""
+        gateway's stream recharges it at each chunk and gives it back at the end. Its first
+        token is the first chunk with text, as a client sees it (`text`)."""
         now = self._loop.now()
         if tokens:
             flight.produced += tokens
             second = int(now)
             self.tokens_per_second[second] = self.tokens_per_second.get(second, 0) + tokens
-            if flight.first_token_s is None:
+            if flight.first_token_s is None and text:
                 flight.first_token_s = now
         lease = flight.lease
         if finish:
@@ -357,6 +385,8 @@ class SimGateway:
         monitor marks it down at its next check."""
         site = self.sites[name]
         lost = site.fail()
+        if self.path is not None and name in self.path.writers:
+            self.path.writers[name].clear()
         for request_id in lost:
             flight = self.flights.get(request_id.split("~")[0])
             if flight is not None and flight.site == name:

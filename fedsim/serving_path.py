@@ -16,7 +16,9 @@ pacing, so that a simulated federation delays first tokens and deliveries as a b
   answer's chunk still waits for the loop join that chunk (a lagging loop streams fewer,
   fuller chunks).
 - A site's serving side (its gRPC writer, on a thread of its own beside the engine's) costs
-  `site_token_s` a token: a step's tokens leave the site when that work is done.
+  `site_token_s` a token: a step's tokens reach its writer when that work is done, and the
+  writer paces them by the interval the gateway last told it (fedsim/site_writer.py), so a
+  chunk waits at both ends, as in the real federation.
 
 The defaults are the CPU-mode serving-path benchmark's (`python -m bench.serving_path --mode cpu`:
 bench/results/serving_path/serving_path_cpu_r87.md, a least-squares fit over four runs of one
@@ -30,8 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from random import Random
 
 from fedsim.events import EventLoop
+from fedsim.site_writer import SiteWriter
 from gateway.settings import SitesSettings
 
 _CHUNKS_PER_S = SitesSettings().stream_chunks_per_s
@@ -71,6 +75,15 @@ class ServingCosts:
         }
 
 
+def has_text(rng: Random, text_share: float, tokens: int) -> bool:
+    """Whether a chunk of `tokens` tokens carries text, where each token does with probability
+    `text_share` (SiteSpec.text_share): the client counts a chunk, and its first token, only
+    then (bench/serving_path/http_stream.py counts events whose text is not empty)."""
+    if text_share >= 1.0:
+        return tokens > 0
+    return tokens > 0 and rng.random() < 1.0 - (1.0 - text_share) ** tokens
+
+
 class CpuServer:
     """One thread's CPU: work submitted at `now` starts once the work before it is done (first
     come first served) and ends its own seconds later. Deterministic costs, so a piece of work's
@@ -106,6 +119,9 @@ class _Stream:
 # What the gateway does with a chunk once its loop has streamed it: (request id, tokens in it,
 # whether it is the answer's last).
 Deliver = Callable[[str, int, bool], None]
+# What the gateway does with a chunk a site's writer sent: (site, engine request id, tokens,
+# whether it ends the answer).
+ToGateway = Callable[[str, str, int, bool], None]
 
 
 @dataclass
@@ -120,6 +136,7 @@ class ServingPath:
     deliver: Deliver
     gateway: CpuServer = field(default_factory=CpuServer)
     sites: dict[str, CpuServer] = field(default_factory=dict)
+    writers: dict[str, SiteWriter] = field(default_factory=dict)
     chunks: int = 0
     tokens: int = 0
     requests: int = 0
@@ -138,6 +155,18 @@ class ServingPath:
         server = self.sites.setdefault(site, CpuServer())
         now = self.loop.now()
         return server.submit(now, tokens * self.costs.site_token_s) - now
+
+    def writer(self, site: str, one_way_s: float, to_gateway: ToGateway) -> SiteWriter:
+        """Site `site`'s GenerateStream writer (fedsim/site_writer.py): what it sends reaches
+        `to_gateway` (site, engine request id, tokens, whether it ends) `one_way_s` later."""
+        writer = self.writers.get(site)
+        if writer is None:
+
+            def send(request_id: str, tokens: int, finish: bool) -> None:
+                self.loop.after(one_way_s, partial(to_gateway, site, request_id, tokens, finish))
+
+            writer = self.writers[site] = SiteWriter(self.loop, send)
+        return writer
 
     def opened(self, request_id: str) -> None:
         self._streams.setdefault(request_id, _Stream())

@@ -77,6 +77,20 @@ class SiteSpec:
     # The KV blocks a real site reported (a replay of a measured federation); None: from the
     # card's memory less the weights.
     kv_blocks: int | None = None
+    # The share of its answer tokens that carry text (a client counts a chunk, and its first
+    # token, only with text): 1 for a real model; a random-weight model picks ids uniformly
+    # over its vocabulary, and those past its tokenizer's have none (bench/federation_real/
+    # sim.py: the tokenizer's size over the model's vocabulary).
+    text_share: float = 1.0
+    # Its steps' seconds over the step model's: the serving process around the engine (its gRPC
+    # loop, detokenizing, the service's per-step work) where the model is a bare engine's.
+    step_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.text_share <= 1.0:
+            raise ValueError(f"text_share must be in (0, 1], got {self.text_share}")
+        if not self.step_scale > 0.0:
+            raise ValueError(f"step_scale must be > 0, got {self.step_scale}")
 
     @property
     def num_blocks(self) -> int:
@@ -233,7 +247,7 @@ class SimSite:
         if self.trace is not None:
             self.trace.append(tuple((c.request_id, len(c.token_ids)) for c in output.chunks))
         features = StepFeatures.of(output)
-        seconds = self.spec.step.seconds(features)
+        seconds = self.spec.step.seconds(features) * self.spec.step_scale
         self._busy = True
         if self.spec.async_scheduling:  # the successor is planned as this step starts
             self._planned = self._schedule()

@@ -136,15 +136,16 @@ def _gateway_rows(
     return [
         [arm, _cell((real[arm].get("cpu_s") or {}).get("gateway")),
          _cell(sim.get(arm, {}).get("gateway_cpu_s")), _cell(real[arm].get("chunks")),
-         _cell(sim.get(arm, {}).get("chunks")), _cell(real[arm].get("refused")),
+         _cell(sim.get(arm, {}).get("chunks")), _cell(sim.get(arm, {}).get("gateway_chunks")),
+         _cell(real[arm].get("refused")),
          _cell(sim.get(arm, {}).get("refused")), _cell(real[arm].get("offloads")),
          _cell(sim.get(arm, {}).get("offloads"))]
         for arm in real
     ]  # fmt: skip
 
 
-_GATEWAY_HEADER = ["arm", "gateway CPU s real", "sim", "chunks real", "sim", "refused real",
-                   "sim", "offloads real", "sim"]  # fmt: skip
+_GATEWAY_HEADER = ["arm", "gateway CPU s real", "sim", "chunks real", "sim", "streamed sim",
+                   "refused real", "sim", "offloads real", "sim"]  # fmt: skip
 
 
 def _explaining(
@@ -163,7 +164,9 @@ def _explaining(
                        steps),
         "",
         "The gateway: CPU seconds over the cell (real: its process; simulated: its loop's "
-        "modelled work), chunks streamed, requests refused, offloads.",
+        "modelled work), chunks with text the clients got (as they count them; simulated: "
+        "SiteSpec.text_share) and, simulated, every chunk the gateway streamed, requests "
+        "refused, offloads.",
         "",
         markdown_table(_GATEWAY_HEADER, _gateway_rows(real, sim)),
         "",

@@ -6,7 +6,9 @@ marker included.
 
 Step times (`step_source`): `fitted`, the GPU default: the card's fitted step model for the
 site's shape (`--step-models`, default bench/results/sim/step_models.json: fitted on the step
-grid and the engine's own runs, never on a federation); `learned`, the CPU's: each site's own
+grid and the engine's own runs, never on a federation), times the served site's measured
+slowdown over its bare engine (`served_step_scale`: the serving-path bench's GPU mode on the
+card, with the serving path only); `learned`, the CPU's: each site's own
 step cost as its engine learned it while the cell ran (fedllm_site_step_cost_seconds: base, per
 token, per KV position; the median of the samples taken while it was busy, arms.py), the card's
 own fit at the cell's load. On the CPU that makes the comparison a check of the pipeline.
@@ -20,6 +22,7 @@ tokens its clients got); `none`: the simulator before issue 78 (free and instant
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -28,6 +31,7 @@ from typing import Any
 
 from bench.federation_real.federation import GATEWAY
 from bench.federation_real.metrics import Served, summary
+from bench.federation_real.presets import SHAPES
 from bench.federation_real.workload import WorkloadSpec, build, fingerprint, marked
 from bench.loadgen.workload import Request
 from fedsim.cards import CARDS, MODELS, Card, ModelShape
@@ -38,6 +42,7 @@ from fedsim.step_models import STEP_MODELS, step_model
 from fedsim.step_time import StepTimeModel
 from fedsim.workload import SimRequest
 
+SERVING_RESULTS = Path(__file__).resolve().parents[1] / "results" / "serving_path"
 # The CPU has no roofline here: its sites' step model is their own learned cost and their KV
 # the blocks they reported, so the card's figures are never read.
 CPU_CARD = Card("cpu", 0, 0.0, 0.0)
@@ -68,11 +73,48 @@ def _step(site: Mapping[str, Any], card: str, step_models: Path, source: str) ->
     )
 
 
+def text_share(site: Mapping[str, Any], tokenizer_ids: int) -> float:
+    """The share of the site's answer tokens that carry text: the bench's models have random
+    weights, so a greedy token is any id of the model's vocabulary alike, and one past the
+    tokenizer's `tokenizer_ids` ids decodes to nothing (site_engine/detokenizer.py). The GPU
+    shapes' 128,256 ids over GPT-2's 50,257: 0.39 (the real detokenizer on uniform ids: 0.40 with
+    text). A shape the presets do not know, or no tokenizer's size: 1."""
+    shape = SHAPES.get(str(site["shape"]))
+    if shape is None or tokenizer_ids <= 0:
+        return 1.0
+    return min(1.0, tokenizer_ids / int(shape["vocab_size"]))
+
+
+def served_step_scale(card: str, results: Path = SERVING_RESULTS) -> tuple[float, str]:
+    """How much longer a served site's steps are than its engine's alone, on `card`: the
+    serving-path bench's GPU mode runs the same requests at the same times through a site
+    process (its gRPC loop, detokenizer and service beside the engine's loop) and in process;
+    its TPOT p50 path over engine, at its lowest rate with nothing refused or cut (the H200:
+    1B shape, 160 req/s, 5.76 / 5.06 ms = 1.14). The fitted step models are a bare engine's
+    (the grid's kernels, the decode sweep's host term). 1 where the card has no such run; and
+    the file it came from."""
+    path = results / f"serving_path_gpu_{card}.json"
+    if not path.is_file():
+        return 1.0, ""
+    data = json.loads(path.read_text())
+    clean = [r for r in data["path"] if not data["refused"].get(r) and not data["cut"].get(r)]
+    if not clean:
+        return 1.0, ""
+    rate = min(clean, key=float)
+    engine = float(data["engine"][rate]["tpot_p50_s"])
+    return float(data["path"][rate]["tpot_p50_s"]) / engine, f"{path.name} at {rate} req/s"
+
+
 def site_specs(
-    real: Mapping[str, Any], step_models: Path, step_source: str = "fitted"
+    real: Mapping[str, Any],
+    step_models: Path,
+    step_source: str = "fitted",
+    step_scale: float = 1.0,
 ) -> list[SiteSpec]:
-    """The simulated sites of a real run's record."""
+    """The simulated sites of a real run's record (`step_scale`: SiteSpec.step_scale)."""
     card = str(real["card"])
+    # A record without its workload (a hand-made one) has no tokenizer to say: text always.
+    tokenizer_ids = int(real.get("workload_spec", {}).get("vocab", 0))
     specs = []
     for site in real["sites"]:
         if int(site["kv_blocks_total"]) <= 0:
@@ -89,6 +131,8 @@ def site_specs(
                 max_model_len=int(site["context"]),
                 async_scheduling=card != "cpu",
                 kv_blocks=int(site["kv_blocks_total"]),
+                text_share=text_share(site, tokenizer_ids),
+                step_scale=step_scale,
             )
         )
     return specs
@@ -146,7 +190,9 @@ def _arm_figures(
         "placed_first": dict(sorted(first.items())),
         "refused": result.rejected,
         "gateway_cpu_s": result.gateway_cpu_s,
-        "chunks": result.gateway_chunks,
+        # As the real run counts them: the events with text its clients got (arms.py).
+        "chunks": result.client_chunks,
+        "gateway_chunks": result.gateway_chunks,
         "sites": {
             name: {"steps": steps, "step_s_mean": result.site_busy[name] / steps if steps else None}
             for name, steps in result.site_steps.items()
@@ -164,7 +210,12 @@ def simulate(
     """Each arm of the real run, simulated: its summary (metrics.summary) and more; and how it
     was simulated."""
     requests = rebuilt(real, traces)
-    specs = site_specs(real, step_models, step_source)
+    learned = real["card"] == "cpu" or step_source == "learned"
+    # A learned cost was learned in service already; without the serving path none is paid.
+    served, served_from = (1.0, "")
+    if not learned and serving != "none":
+        served, served_from = served_step_scale(str(real["card"]))
+    specs = site_specs(real, step_models, step_source, served)
     vocab = int(real["workload_spec"]["vocab"])
     costs, scale = serving_costs(real, serving)
     out: dict[str, dict[str, object]] = {}
@@ -175,14 +226,17 @@ def simulate(
             specs, sim_requests(marked(requests, marker, vocab)), settings, drain_s=real["drain_s"]
         )
         out[arm] = _arm_figures(result, [Served.of_sim(o) for o in result.outcomes], real)
-    learned = real["card"] == "cpu" or step_source == "learned"
     steps = "each site's learned step cost" if learned else f"the card's ({step_models.name})"
+    if served_from:
+        steps += f" x {served:.3f} served ({served_from})"
     info = {
         "step_source": "learned" if learned else "fitted",
         "step_models": str(step_models),
         "serving": serving,
         "serving_costs": costs.to_json() if costs is not None else None,
         "gateway_cost_scale": scale,
+        "served_step_scale": served,
+        "served_step_scale_from": served_from,
         "summary": f"step times from {steps}; serving path {serving}"
         + (f" (gateway costs x {scale:.2f})" if serving == "measured" else ""),
     }

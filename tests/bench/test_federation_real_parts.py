@@ -16,7 +16,7 @@ import pytest
 from bench.federation_real.compare import compare, ranking, relative_error
 from bench.federation_real.metrics import Served, summary
 from bench.federation_real.presets import CPU, gpu_sites
-from bench.federation_real.sim import simulate, site_specs
+from bench.federation_real.sim import served_step_scale, simulate, site_specs
 from bench.federation_real.wan import Route, serve
 from bench.federation_real.workload import (
     FIRST_ID,
@@ -234,3 +234,32 @@ def test_a_trace_run_takes_whole_conversations_so_their_prefixes_repeat(tmp_path
     # 10 wanted: two whole conversations of five turns, each opening with its own block.
     assert len(requests) == 10
     assert sorted(firsts.count(f) for f in set(firsts)) == [5, 5]
+
+
+def _serving_run(path: Path, refused_low: int) -> None:
+    rows = {"160": 0.00575, "256": 0.0167}
+    path.write_text(
+        json.dumps(
+            {
+                "path": {rate: {"tpot_p50_s": tpot} for rate, tpot in rows.items()},
+                "engine": {"160": {"tpot_p50_s": 0.005}, "256": {"tpot_p50_s": 0.0145}},
+                "refused": {"160": refused_low, "256": 920},
+                "cut": {"160": 0, "256": 0},
+            }
+        )
+    )
+
+
+def test_a_served_site_s_steps_are_the_serving_path_bench_s_path_over_its_engine(
+    tmp_path: Path,
+) -> None:
+    _serving_run(tmp_path / "serving_path_gpu_h200.json", refused_low=0)
+    scale, source = served_step_scale("h200", tmp_path)
+    assert scale == pytest.approx(1.15)  # the lowest rate with nothing refused or cut
+    assert source == "serving_path_gpu_h200.json at 160 req/s"
+    assert served_step_scale("h100", tmp_path) == (1.0, "")  # no run on that card
+    _serving_run(tmp_path / "serving_path_gpu_h200.json", refused_low=3)
+    assert served_step_scale("h200", tmp_path) == (1.0, "")  # every rate refused some
+    record = _record("h100", _spec(), ("round_robin",))
+    specs = site_specs(record, Path("bench/results/sim/step_models.json"), step_scale=1.2)
+    assert [s.step_scale for s in specs] == [1.2, 1.2]
