@@ -33,7 +33,8 @@ class Served:
     @classmethod
     def of_sent(cls, request_id: str, sent: Sent | None) -> Served:
         """A request of bench/serving_path/clients.py's open loop (None: never sent). Its site
-        is not on the answer: the bench counts the sites from the gateway's counters."""
+        is the one its answer's X-Fedllm-Site header names: where routing first sent it (the
+        bench counts the sites that ended requests from the gateway's counters)."""
         if sent is None:
             return cls(request_id, None, False, None, None, 0)
         answer = sent.answer
@@ -42,7 +43,7 @@ class Served:
         tpot = None
         if answer.complete and first is not None and answer.end_s is not None and answer.tokens > 1:
             tpot = (answer.end_s - first) / (answer.tokens - 1)
-        return cls(request_id, None, answer.complete, ttft, tpot, answer.tokens)
+        return cls(request_id, answer.site, answer.complete, ttft, tpot, answer.tokens)
 
     @classmethod
     def of_sim(cls, outcome: RequestOutcome) -> Served:

@@ -19,6 +19,7 @@ from typing import cast
 
 _HEAD_END = b"\r\n\r\n"
 _DONE = b"data: [DONE]"
+_SITE = b"\r\nx-fedllm-site:"  # the gateway's SITE_HEADER, in the lower-cased head
 
 
 @dataclass(slots=True)
@@ -33,6 +34,9 @@ class Answer:
     error: str | None = None
     # Events with text at the start of each measurement window it was open at: {window: events}.
     marks: dict[int, int] = field(default_factory=dict)
+    # The site the gateway first sent it to (its X-Fedllm-Site header; None: no such header),
+    # so a bench can compare placements request by request.
+    site: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -101,6 +105,7 @@ class StreamConnection(asyncio.Protocol):
         del self._buffer[: end + 4]
         assert self._answer is not None
         self._answer.status = int(head[9:12])
+        self._answer.site = _header(head, _SITE)
         self._chunked = b"transfer-encoding: chunked" in head
         if not self._chunked:
             at = head.find(b"content-length:")
@@ -184,6 +189,14 @@ class StreamConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+def _header(head: bytes, name: bytes) -> str | None:
+    """A header's value in a lower-cased response head (`name`: CRLF, name and colon)."""
+    at = head.find(name)
+    if at < 0:
+        return None
+    return head[at + len(name) :].split(b"\r\n", 1)[0].strip().decode(errors="replace")
 
 
 def request_bytes(port: int, body: dict[str, object]) -> bytes:
