@@ -5,8 +5,9 @@ and prefill-rate estimators, prefix index, adapter residency) whose clock is the
 each request is placed by a real routing profile (gateway/routing/policy.py: build_policy), is
 counted on its site by a real `SiteLease` (prompt + planned answer left, recharged as tokens
 stream back, as gateway/dispatch/stream.py does), and queued work moves by the real offload
-planner (gateway/admin/offload.py: plan_offloads). What travels is delayed by half the site's
-round trip each way: the request to the site, its tokens and its load reports back.
+planner (gateway/admin/offload.py: plan_offloads; its coordinator's timing: fedsim/offload.py).
+What travels is delayed by half the site's round trip each way: the request to the site, its
+tokens and its load reports back.
 
 When every site pushes back (each one's queue at the gateway's bound), a new request is held
 in the gateway's queue (GATEWAY_QUEUE_MAX_REQUESTS > 0) and offered to the sites again every
@@ -36,11 +37,11 @@ from random import Random
 from typing import cast
 
 from fedsim.events import EventLoop
+from fedsim.offload import SimOffload
 from fedsim.serving_path import ServingCosts, ServingPath, has_text
 from fedsim.site import MODEL, SimSite
 from fedsim.site_writer import SiteWriter
 from fedsim.workload import SimRequest
-from gateway.admin.offload import plan_offloads
 from gateway.federation import SiteConfig
 from gateway.queue_settings import QueueSettings
 from gateway.routing.adapter_affinity import AdapterRouting
@@ -153,6 +154,9 @@ class SimGateway:
         )
         self.flights: dict[str, Flight] = {}
         self.offloads = 0
+        rtts = {name: site.spec.rtt_s for name, site in self.sites.items()}
+        moves = (settings.offload_interval_s, settings.offload_transfer_cost_s)
+        self.offload = SimOffload(loop, self.states, self.sites, rtts, self._offloaded, *moves)
         self.failovers = 0
         self.held: HeldRequests[Flight] = HeldRequests(settings.hold_order)
         self.held_served: list[Held[Flight]] = []  # in the order sites took them
@@ -172,7 +176,7 @@ class SimGateway:
         for name in self.sites:
             self._loop.at(interval, partial(self._report, name, interval, horizon_s))
         if self.settings.offload:
-            self._loop.at(self.settings.offload_interval_s, lambda: self._offload(horizon_s))
+            self.offload.start(horizon_s)
 
     def arrive(self, request: SimRequest) -> None:
         routing = RoutingRequest(
@@ -364,21 +368,15 @@ class SimGateway:
         if self._loop.now() + interval <= horizon_s:
             self._loop.after(interval, lambda: self._report(name, interval, horizon_s))
 
-    def _offload(self, horizon_s: float) -> None:
-        transfer = self.settings.offload_transfer_cost_s
-        for plan in plan_offloads(list(self.states.values()), transfer):
-            giver = self.sites[plan.giver]
-            for request_id in giver.release_queued(plan.count):
-                flight = self.flights.get(request_id.split("~")[0])
-                if flight is None:
-                    continue
-                self.offloads += 1
-                flight.moves += 1
-                others = [s for s in self.states.values() if s.name != plan.giver]
-                # The release's answer comes back a round trip after the ask.
-                self._loop.after(giver.spec.rtt_s, partial(self._place, flight, others))
-        if self._loop.now() + self.settings.offload_interval_s <= horizon_s:
-            self._loop.after(self.settings.offload_interval_s, lambda: self._offload(horizon_s))
+    def _offloaded(self, request_id: str, giver: str) -> None:
+        """A request the giver released reached the gateway: placed again, never on the giver
+        (gateway/dispatch/stream.py); counted as the gateway counts it, once it has a site."""
+        flight = self.flights.get(request_id.split("~")[0])
+        if flight is None or flight.finished_s is not None:
+            return
+        flight.moves += 1
+        self._place(flight, [s for s in self.states.values() if s.name != giver])
+        self.offloads += not flight.rejected
 
     def fail(self, name: str) -> None:
         """Site `name` dies now: its streams break (seen half a round trip later), the health
