@@ -90,12 +90,18 @@ def counter_rows(counters: Mapping[str, float], name: str) -> dict[str, float]:
 
 
 def _sites(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
-) -> dict[str, dict[str, float | None]]:
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    samples: Mapping[str, Sequence[Mapping[str, float]]],
+) -> dict[str, dict[str, Any]]:
+    """Each site's steps and mean step over the arm, and the step cost its engine learned while
+    this arm ran (learned_step_cost): on a shared CPU a site's steps under one arm are not its
+    steps under another (its batches and its neighbours' load differ), and the twin of an arm
+    steps each site at that arm's cost (bench/federation_real/sim.py)."""
     steps, seconds = deltas(before, after, _STEP_COUNT), deltas(before, after, _STEP_SUM)
     return {
         name: {"steps": steps[name], "step_s_mean": seconds[name] / steps[name] if steps[name]
-               else None}
+               else None, "learned_step_cost_s": learned_step_cost(samples.get(name, []))}
         for name in after
     }  # fmt: skip
 
@@ -167,7 +173,7 @@ class ArmRun:
             "cpu_s": cpu,
             "chunks": sum(s.answer.events for s in answered),
             "delivered_tokens": sum(s.answer.tokens for s in answered),
-            "sites": _sites(before, after),
+            "sites": _sites(before, after, sampler.samples),
         }
         self.log(
             f"{marker}: goodput {figures['goodput_rps']:.2f} req/s, TTFT p50/p99 "

@@ -9,9 +9,11 @@ site's shape (`--step-models`, default bench/results/sim/step_models.json: fitte
 grid and the engine's own runs, never on a federation), times the served site's measured
 slowdown over its bare engine (`served_step_scale`: the serving-path bench's GPU mode on the
 card, with the serving path only); `learned`, the CPU's: each site's own
-step cost as its engine learned it while the cell ran (fedllm_site_step_cost_seconds: base, per
-token, per KV position; the median of the samples taken while it was busy, arms.py), the card's
-own fit at the cell's load. On the CPU that makes the comparison a check of the pipeline.
+step cost as its engine learned it while the arm ran (fedllm_site_step_cost_seconds: base, per
+token, per KV position; the median of the samples taken while it was busy, arms.py; the cell's,
+both arms', in a record from before the arm's was kept), the card's own fit at the arm's load:
+on the 2-core CPU a site's mean step differed 1.6x between the arms of one cell. On the CPU
+that makes the comparison a check of the pipeline.
 
 The serving path (`serving`): `bench`, the default: the gateway's loop and the sites' serving
 threads as CPUs at the CPU-mode serving-path benchmark's costs (fedsim/serving_path.py, the
@@ -57,11 +59,14 @@ def _model_shape(site: Mapping[str, Any]) -> ModelShape:
     return ModelShape(shape, 0, 0, int(site["context"]))
 
 
-def _step(site: Mapping[str, Any], card: str, step_models: Path, source: str) -> StepTimeModel:
+def _step(
+    site: Mapping[str, Any], card: str, step_models: Path, source: str, arm_cost: Mapping[str, Any]
+) -> StepTimeModel:
     if card != "cpu" and source == "fitted":
         return step_model(card, str(site["shape"]), step_models)
-    # The cell's busy-time median, else (a record from before issue 78) the last scrape's.
-    cost = site.get("learned_step_cost_s") or site.get("step_cost_s") or {}
+    # The arm's busy-time median (arms.py: `_sites`), else the cell's, else (a record from before
+    # issue 78) the last scrape's.
+    cost = arm_cost or site.get("learned_step_cost_s") or site.get("step_cost_s") or {}
     if not cost:
         raise ValueError(f"site {site['name']} reported no learned step cost to simulate it with")
     return StepTimeModel(
@@ -110,13 +115,18 @@ def site_specs(
     step_models: Path,
     step_source: str = "fitted",
     step_scale: float = 1.0,
+    arm: Mapping[str, Any] | None = None,
 ) -> list[SiteSpec]:
-    """The simulated sites of a real run's record (`step_scale`: SiteSpec.step_scale)."""
+    """The simulated sites of a real run's record (`step_scale`: SiteSpec.step_scale); `arm`:
+    the arm's real figures, whose sites' learned step costs a learned step source takes first
+    (on a shared CPU one arm's steps are not another's)."""
+    arm_sites = arm.get("sites", {}) if arm is not None else {}
     card = str(real["card"])
     # A record without its workload (a hand-made one) has no tokenizer to say: text always.
     tokenizer_ids = int(real.get("workload_spec", {}).get("vocab", 0))
     specs = []
     for site in real["sites"]:
+        arm_cost = arm_sites.get(site["name"], {}).get("learned_step_cost_s") or {}
         if int(site["kv_blocks_total"]) <= 0:
             raise ValueError(f"site {site['name']} reported no KV blocks")
         specs.append(
@@ -124,7 +134,7 @@ def site_specs(
                 str(site["name"]),
                 CPU_CARD if card == "cpu" else CARDS[card],
                 _model_shape(site),
-                _step(site, card, step_models, step_source),
+                _step(site, card, step_models, step_source, arm_cost),
                 rtt_s=2 * float(site["one_way_ms"]) / 1000.0,
                 max_num_seqs=int(site["max_num_seqs"]),
                 max_num_batched_tokens=int(site["max_num_batched_tokens"]),
@@ -215,12 +225,12 @@ def simulate(
     served, served_from = (1.0, "")
     if not learned and serving != "none":
         served, served_from = served_step_scale(str(real["card"]))
-    specs = site_specs(real, step_models, step_source, served)
     vocab = int(real["workload_spec"]["vocab"])
     costs, scale = serving_costs(real, serving)
     out: dict[str, dict[str, object]] = {}
     for arm, figures in real["arms"].items():
         settings = replace(GATEWAY, policy=arm, serving=costs)
+        specs = site_specs(real, step_models, step_source, served, figures)
         marker = str(figures.get("marker", arm))  # before issue 78: the arm's name
         result = run(
             specs, sim_requests(marked(requests, marker, vocab)), settings, drain_s=real["drain_s"]

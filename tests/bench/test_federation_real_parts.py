@@ -204,6 +204,19 @@ def test_the_simulated_sites_are_the_real_ones() -> None:
     assert not cpu[0].async_scheduling
 
 
+def test_a_learned_step_source_takes_each_arm_s_own_cost_first() -> None:
+    """On a shared CPU one arm's steps are not another's: the arm's learned cost, else the
+    cell's."""
+    record = _record("cpu", _spec(), ("round_robin", "completion_cost"))
+    own = {"base": 0.005, "per_token": 2e-4, "per_context_position": 1e-6}
+    arm = {"sites": {"site-a": {"learned_step_cost_s": own}, "site-b": {"steps": 3}}}
+    specs = site_specs(record, Path("unused"), "learned", arm=arm)
+    assert (specs[0].step.base_s, specs[0].step.per_decode_row_s) == (0.005, 2e-4)
+    assert specs[0].step.per_kv_token_s == 1e-6
+    assert specs[1].step.base_s == 0.002  # no cost of the arm's: the cell's
+    assert site_specs(record, Path("unused"), "learned")[0].step.base_s == 0.002
+
+
 def test_the_replay_runs_every_arm_on_the_same_requests_and_refuses_other_ones() -> None:
     record = _record(
         "h100", _spec(vocab=50257, length_scale=0.25), ("round_robin", "completion_cost")
