@@ -11,11 +11,13 @@ them:
 - each site's steps (count and seconds) before and after, and its learned step cost
   (fedllm_site_step_cost_seconds, an effective memory of ~200 steps) every SAMPLE_S while the
   cell runs: the twin can step with the card's own fit at the cell's load (sim.py,
-  `--step-source learned`).
+  `--step-source learned`), each arm's own, and the time each step's iteration spends outside
+  `engine.step()` (step_overhead_s), which the learned cost leaves out.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -83,6 +85,33 @@ def learned_step_cost(samples: Sequence[Mapping[str, float]]) -> dict[str, float
     return out
 
 
+_GENERATED = "fedllm_site_generated_tokens_total"
+_FIRSTS = "fedllm_site_time_to_first_token_seconds_count"
+_DECODE_RATE = "fedllm_site_decode_tokens_per_second"
+
+
+def step_overhead_s(samples: Sequence[Mapping[str, float]]) -> float:
+    """The median seconds a step's iteration spends outside `engine.step()`, over consecutive
+    busy samples (0.0 without two): the site's decode rate is its decoded tokens over its steps'
+    busy time, timed from before `engine.step()` to after the step's tokens are routed to their
+    streams (site_engine/step_rates.py, engine_service.py), where fedllm_site_step_seconds times
+    `engine.step()` alone, and the learned step cost is fitted to that. So between two samples
+    (SAMPLE_S apart, the rate's window), busy / steps - step seconds / steps: what the service's
+    loop adds to each step (stats, routing tokens, cache events), which holds the next step back
+    as surely as the step does. Decoded = generated - first tokens."""
+    gaps = []
+    for before, after in itertools.pairwise(samples):
+        steps = after.get(_STEP_COUNT, 0.0) - before.get(_STEP_COUNT, 0.0)
+        decoded = after.get(_GENERATED, 0.0) - before.get(_GENERATED, 0.0)
+        decoded -= after.get(_FIRSTS, 0.0) - before.get(_FIRSTS, 0.0)
+        rate = after.get(_DECODE_RATE, 0.0)
+        if steps <= 0 or decoded <= 0 or rate <= 0:
+            continue
+        stepped = after.get(_STEP_SUM, 0.0) - before.get(_STEP_SUM, 0.0)
+        gaps.append(max((decoded / rate - stepped) / steps, 0.0))
+    return statistics.median(gaps) if gaps else 0.0
+
+
 def counter_rows(counters: Mapping[str, float], name: str) -> dict[str, float]:
     """One counter's rows ({"site0-8b/completed": n, ...}) of gateway_counters' keys."""
     prefix = f"fedllm_gateway_{name}_total/"
@@ -101,7 +130,8 @@ def _sites(
     steps, seconds = deltas(before, after, _STEP_COUNT), deltas(before, after, _STEP_SUM)
     return {
         name: {"steps": steps[name], "step_s_mean": seconds[name] / steps[name] if steps[name]
-               else None, "learned_step_cost_s": learned_step_cost(samples.get(name, []))}
+               else None, "learned_step_cost_s": learned_step_cost(samples.get(name, [])),
+               "step_overhead_s": step_overhead_s(samples.get(name, []))}
         for name in after
     }  # fmt: skip
 

@@ -12,8 +12,10 @@ card, with the serving path only); `learned`, the CPU's: each site's own
 step cost as its engine learned it while the arm ran (fedllm_site_step_cost_seconds: base, per
 token, per KV position; the median of the samples taken while it was busy, arms.py; the cell's,
 both arms', in a record from before the arm's was kept), the card's own fit at the arm's load:
-on the 2-core CPU a site's mean step differed 1.6x between the arms of one cell. On the CPU
-that makes the comparison a check of the pipeline.
+on the 2-core CPU a site's mean step differed 1.6x between the arms of one cell; plus, on every
+step, what the site's loop spent outside engine.step() in that arm (arms.step_overhead_s: 0.6-1
+ms a step there, which the learned cost, fitted to engine.step(), leaves out). On the CPU that
+makes the comparison a check of the pipeline.
 
 The serving path (`serving`): `bench`, the default: the gateway's loop and the sites' serving
 threads as CPUs at the CPU-mode serving-path benchmark's costs (fedsim/serving_path.py, the
@@ -60,18 +62,30 @@ def _model_shape(site: Mapping[str, Any]) -> ModelShape:
 
 
 def _step(
-    site: Mapping[str, Any], card: str, step_models: Path, source: str, arm_cost: Mapping[str, Any]
+    site: Mapping[str, Any],
+    card: str,
+    step_models: Path,
+    source: str,
+    arm_site: Mapping[str, Any],
 ) -> StepTimeModel:
     if card != "cpu" and source == "fitted":
         return step_model(card, str(site["shape"]), step_models)
     # The arm's busy-time median (arms.py: `_sites`), else the cell's, else (a record from before
     # issue 78) the last scrape's.
-    cost = arm_cost or site.get("learned_step_cost_s") or site.get("step_cost_s") or {}
+    cost = (
+        arm_site.get("learned_step_cost_s")
+        or site.get("learned_step_cost_s")
+        or site.get("step_cost_s")
+        or {}
+    )
     if not cost:
         raise ValueError(f"site {site['name']} reported no learned step cost to simulate it with")
+    # What the service's loop adds to each step, outside engine.step() (arms.step_overhead_s):
+    # the learned cost is fitted to engine.step() alone.
+    overhead = float(arm_site.get("step_overhead_s") or 0.0)
     return StepTimeModel(
         card,
-        base_s=float(cost["base"]),
+        base_s=float(cost["base"]) + overhead,
         per_prefill_token_s=float(cost["per_token"]),
         per_decode_row_s=float(cost["per_token"]),
         per_kv_token_s=float(cost["per_context_position"]),
@@ -126,7 +140,7 @@ def site_specs(
     tokenizer_ids = int(real.get("workload_spec", {}).get("vocab", 0))
     specs = []
     for site in real["sites"]:
-        arm_cost = arm_sites.get(site["name"], {}).get("learned_step_cost_s") or {}
+        arm_site = arm_sites.get(site["name"], {})
         if int(site["kv_blocks_total"]) <= 0:
             raise ValueError(f"site {site['name']} reported no KV blocks")
         specs.append(
@@ -134,7 +148,7 @@ def site_specs(
                 str(site["name"]),
                 CPU_CARD if card == "cpu" else CARDS[card],
                 _model_shape(site),
-                _step(site, card, step_models, step_source, arm_cost),
+                _step(site, card, step_models, step_source, arm_site),
                 rtt_s=2 * float(site["one_way_ms"]) / 1000.0,
                 max_num_seqs=int(site["max_num_seqs"]),
                 max_num_batched_tokens=int(site["max_num_batched_tokens"]),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.federation_real.arms import counter_rows, learned_step_cost
+from bench.federation_real.arms import counter_rows, learned_step_cost, step_overhead_s
 from bench.federation_real.capacity import capacity_of, saturation_streams
 from bench.federation_real.compare import compare
 from bench.federation_real.federation import GATEWAY, gateway_env, parse_counters
@@ -197,3 +197,24 @@ def test_the_twin_can_step_with_each_site_s_learned_cost_at_the_cell_s_load() ->
     fitted = site_specs(record, Path("bench/results/sim/step_models.json"), "fitted")
     assert fitted[0].step.base_s != 0.005
     assert [s.max_num_seqs for s in fitted] == [256, 1024]
+
+
+def test_the_step_overhead_is_the_busy_time_a_step_beyond_engine_step() -> None:
+    """Between two samples: 1,000 steps of 4 ms in engine.step(), 8,000 tokens of which 400
+    first tokens, decoded at 1,520 tokens a second of busy time: 5 ms a step busy, 1 ms of it
+    outside engine.step()."""
+
+    def sample(steps: float, stepped: float, generated: float, firsts: float) -> dict[str, float]:
+        return {
+            "fedllm_site_step_seconds_count": steps,
+            "fedllm_site_step_seconds_sum": stepped,
+            "fedllm_site_generated_tokens_total": generated,
+            "fedllm_site_time_to_first_token_seconds_count": firsts,
+            "fedllm_site_decode_tokens_per_second": 1520.0,
+        }
+
+    samples = [sample(100, 0.4, 800, 40), sample(1100, 4.4, 8800, 440)]
+    assert step_overhead_s(samples) == pytest.approx(0.001)
+    assert step_overhead_s(samples[:1]) == 0.0
+    # A site whose steps account for all its busy time adds nothing (never below 0).
+    assert step_overhead_s([samples[0], sample(1100, 9.0, 8800, 440)]) == 0.0

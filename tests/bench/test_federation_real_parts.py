@@ -209,12 +209,16 @@ def test_a_learned_step_source_takes_each_arm_s_own_cost_first() -> None:
     cell's."""
     record = _record("cpu", _spec(), ("round_robin", "completion_cost"))
     own = {"base": 0.005, "per_token": 2e-4, "per_context_position": 1e-6}
-    arm = {"sites": {"site-a": {"learned_step_cost_s": own}, "site-b": {"steps": 3}}}
+    site_a: dict[str, object] = {"learned_step_cost_s": own}
+    arm = {"sites": {"site-a": site_a, "site-b": {"steps": 3}}}
     specs = site_specs(record, Path("unused"), "learned", arm=arm)
     assert (specs[0].step.base_s, specs[0].step.per_decode_row_s) == (0.005, 2e-4)
     assert specs[0].step.per_kv_token_s == 1e-6
     assert specs[1].step.base_s == 0.002  # no cost of the arm's: the cell's
     assert site_specs(record, Path("unused"), "learned")[0].step.base_s == 0.002
+    # The service's loop's time outside engine.step() goes on every step.
+    site_a["step_overhead_s"] = 0.001
+    assert site_specs(record, Path("unused"), "learned", arm=arm)[0].step.base_s == 0.006
 
 
 def test_the_replay_runs_every_arm_on_the_same_requests_and_refuses_other_ones() -> None:
