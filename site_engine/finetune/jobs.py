@@ -63,10 +63,6 @@ __all__ = ["FineTuneJobs", "FineTuneSettings"]
 
 log = logging.getLogger(__name__)
 
-# Units' widths rounded up to this on CUDA (trainer.UnitWidths says why); on a CPU a new shape
-# costs nothing more than its FLOPs, so units stay exactly as wide as their longest example.
-WIDTH_MULTIPLE_CUDA = 64
-
 
 class FineTuneJobs:
     def __init__(
@@ -332,14 +328,8 @@ class FineTuneJobs:
     def _build_trainer(self, job: Job, job_dir: Path) -> LoraTrainer:
         assert job.examples is not None
         examples = job.examples
-        cuda = next(self._model.parameters()).device.type == "cuda"
         trainer = LoraTrainer(
-            self._model,
-            job.hyperparameters,
-            job.seed,
-            examples.train,
-            examples.validation,
-            WIDTH_MULTIPLE_CUDA if cuda else 1,
+            self._model, job.hyperparameters, job.seed, examples.train, examples.validation
         )
         # A loss chunk lies between two boundaries of a piece: half the bound at most.
         trainer.loss_chunks = LossChunks(self.settings.max_step_ms / 2000)

@@ -19,19 +19,12 @@ No torch here: the bookkeeping is arithmetic, tested on its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 # stage: the unit's start to its embedding (the batch padded and copied); head: the embedding,
 # the attention mask and the rotary tables, to the first layer.
 SegmentKind = Literal["stage", "head", "forward", "loss", "backward", "optimizer"]
-SEGMENT_KINDS: tuple[SegmentKind, ...] = (
-    "stage",
-    "head",
-    "forward",
-    "loss",
-    "backward",
-    "optimizer",
-)
+SEGMENT_KINDS: tuple[SegmentKind, ...] = get_args(SegmentKind)
 
 # Loss chunks are sized to a time of their own (trainer.LossChunks) and the optimizer step
 # touches only the LoRA state: neither scales with the unit's tokens.

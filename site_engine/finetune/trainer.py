@@ -190,6 +190,9 @@ class UnitWidths:
         return self.of(max(len(e.input_ids) for e in examples))
 
 
+# Units' widths rounded up to this on CUDA (UnitWidths says why); on a CPU a new shape costs
+# nothing more than its FLOPs, so units stay exactly as wide as their longest example.
+WIDTH_MULTIPLE_CUDA = 64
 _EXACT = UnitWidths(longest=1)  # no rounding: each unit as wide as its longest example
 
 
@@ -310,13 +313,15 @@ class LoraTrainer:
         seed: int,
         train: Sequence[Example],
         validation: Sequence[Example] = (),
-        width_multiple: int = 1,
+        width_multiple: int | None = None,
     ) -> None:
         self.hp, self.seed = hp, seed
         self.train, self.validation = list(train), list(validation)
-        longest = max((len(e.input_ids) for e in [*self.train, *self.validation]), default=1)
-        self.widths = UnitWidths(longest, width_multiple)
         self.device = next(base.parameters()).device
+        longest = max((len(e.input_ids) for e in [*self.train, *self.validation]), default=1)
+        if width_multiple is None:
+            width_multiple = WIDTH_MULTIPLE_CUDA if self.device.type == "cuda" else 1
+        self.widths = UnitWidths(longest, width_multiple)
         self.model = lora_model(base, hp, seed)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         # Fused on CUDA: one kernel for every LoRA tensor's update instead of a chain of them.
