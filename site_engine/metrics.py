@@ -98,7 +98,8 @@ class SiteMetrics:
         self.ttft = {p: ttft.labels(site_name, p.label) for p in Priority}
         unit = Histogram(
             "fedllm_site_idle_work_unit_seconds",
-            "Seconds of each unit of idle work (fine-tuning), by whether requests were running",
+            "Seconds of each call of idle work (fine-tuning: on CUDA the device time of the piece "
+            "the call before queued), by whether requests were running",
             ("site", "beside_requests"),
             registry=r,
             buckets=STEP_BUCKETS,

@@ -286,9 +286,11 @@ class SiteSettings:
         "piece, not for the unit ([engine.md](engine.md#fine-tuning-jobs))",
     )
     # A job that waits for idle time starves under steady chat: continuous batching almost
-    # never leaves a whole step idle (site_engine/finetune/step_work.py).
+    # never leaves a whole step idle (site_engine/finetune/step_work.py). Rows by default since
+    # issue 76: on an H200 beside chat at 0.6x load, 0.44 of the job's speed alone with chat's
+    # TPOT p99 within 1.0x, where idle units reached 0.07 (bench/results/finetune_colocated/).
     finetune_mode: FineTuneMode = setting(
-        "idle",
+        "rows",
         help="how training shares the engine with serving: `idle` runs units between steps, "
         "paced by `SITE_FINETUNE_BUSY_SHARE` while requests run; `rows` runs a bounded piece of "
         "the job with every step, sized to the room the serving batch leaves in the step's "

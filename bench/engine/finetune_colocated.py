@@ -47,6 +47,7 @@ import gc
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from bench.engine.finetune_job import (
     start_job,
     training_memory,
 )
+from bench.engine.gc_pauses import GcPauses
 from bench.engine.harness import GIB, Progress
 from bench.engine.model_setup import LLAMA_8B_8K_SHAPE, preset_model
 from bench.engine.presets import WallClock, device_label, preset_parser, tiny_shape
@@ -69,6 +71,7 @@ from bench.engine.priority import build_engine, ratio, summary
 from bench.engine.priority_driver import Shape, burst, make_requests, poisson_arrivals
 from fedllm_contract.priority import Priority
 from site_engine.finetune.jobs import FineTuneJobs
+from site_engine.finetune.pieces import MeasuredPiece
 from site_engine.finetune.step_rows import StepRows
 from site_engine.finetune.step_work import PIECE_SHARE, NextStep, StepRowsWork, rows_gate
 from site_engine.idle_work import DEFAULT_BUSY_SHARE, IdleGate
@@ -155,6 +158,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--piece-share", type=float, default=PIECE_SHARE,
         help="rows mode: a piece's bound as a share of --max-training-delay-ms (the site's "
         "PIECE_SHARE by default)")  # fmt: skip
+    add("--wait-for-pieces", action="store_true",
+        help="the arm without queued pieces: the device settled before each training piece "
+        "and each piece waited for as it ends (FineTuneJobs' wait_for_pieces)")  # fmt: skip
     add("--job-alone-s", type=float, default=None, help="seconds of the job with no load")
     add("--max-step-ms", type=float, default=None, help="SITE_FINETUNE_MAX_STEP_MS")
     add("--busy-share", type=float, default=DEFAULT_BUSY_SHARE,
@@ -172,7 +178,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--busy-share must be in (0, 1]")
     if not 0 < args.piece_share <= 1:
         parser.error("--piece-share must be in (0, 1]")
-    args.p = dict(PRESETS[args.preset]) | {"piece_share": args.piece_share}
+    args.p = dict(PRESETS[args.preset]) | {
+        "piece_share": args.piece_share,
+        "wait_for_pieces": args.wait_for_pieces,
+    }
     for key in (*runs, "job_alone_s", "max_step_ms", "reserve_gib", "max_training_delay_ms"):
         if getattr(args, key) is not None:
             if not getattr(args, key) > 0:
@@ -227,6 +236,42 @@ def measure(
         write(load, shared, seeds)
 
 
+@dataclass(slots=True)
+class LongPieces:
+    """Each piece over the bound as the ledger measured it (PieceLedger.observer), by phase."""
+
+    bound_s: float
+    phase: str = "job alone"
+    found: list[dict[str, Any]] = field(default_factory=list)
+
+    def observe(self, piece: MeasuredPiece) -> None:
+        if piece.seconds <= self.bound_s:
+            return
+        self.found.append({
+            "phase": self.phase, "ms": 1000 * piece.seconds, "tokens": piece.tokens,
+            "segments": [(kind, round(1000 * device, 3), round(1000 * host, 3))
+                         for kind, device, host in piece.segments],
+        })  # fmt: skip
+
+
+def over_bound(
+    job: JobClock, calls_before: int, bound_ms: float, pauses: GcPauses
+) -> list[dict[str, Any]]:
+    """Each piece beside requests over the bound, with the collector's pauses in the call that
+    queued it: on CUDA a call measures the piece the call before it queued (PieceLedger), and
+    its own only when it ended a unit; on a CPU its own."""
+    cuda = torch.cuda.is_available()
+    found = []
+    for n, (call, seconds) in enumerate(job.pieces):
+        # a second piece measured by one call is the call's own (it ended the unit)
+        own = not cuda or (n > 0 and job.pieces[n - 1][0] == call)
+        if call < max(calls_before, 1) or not job.windows[call][2] or 1000 * seconds <= bound_ms:
+            continue
+        queued_in = job.windows[call] if own else job.windows[call - 1]
+        found.append({"ms": 1000 * seconds, "gc_ms_while_queued": pauses.within(*queued_in[:2])})
+    return found
+
+
 def job_work(
     jobs: FineTuneJobs, engine: Any, args: argparse.Namespace
 ) -> tuple[JobClock, IdleGate]:
@@ -253,6 +298,8 @@ def measure_seed(
     """One seed at one load: the job alone, chat alone, chat with the job."""
     p, vocab, chat = args.p, loaded.model.config.vocab_size, args.p["interactive"]
     jobs = start_job(loaded, p, job_dir / f"{rate_rps:.3f}-{seed}", seed, args.mode)
+    long_pieces = LongPieces(p["max_training_delay_ms"] / 1000)
+    jobs.ledger.observer = long_pieces.observe
     job, gate = job_work(jobs, engine, args)
     cuda = loaded.device.type == "cuda"
     if cuda:
@@ -267,14 +314,21 @@ def measure_seed(
         jobs, loaded, torch.cuda.max_memory_allocated() - allocated if cuda else None
     )
     times = poisson_arrivals(rate_rps, p["window_s"], seed + 3)
-    runs = {}
+    runs, gc_pauses, over = {}, {}, []
     before = len(job.beside_s)
     for name in ("alone", "with_job"):
         chats = make_requests(f"chat-{name}", len(times), chat, Priority.INTERACTIVE, vocab,
                               seed + 4)  # fmt: skip
         arrivals = list(zip(times, chats, strict=True))
-        runs[name] = drive_with_job(engine, arrivals, (job, gate) if name == "with_job" else None,
-                                    p["window_s"], p["drain_s"])  # fmt: skip
+        calls_before = len(job.windows)
+        long_pieces.phase = name
+        with GcPauses() as pauses:
+            runs[name] = drive_with_job(engine, arrivals,
+                                        (job, gate) if name == "with_job" else None,
+                                        p["window_s"], p["drain_s"])  # fmt: skip
+        gc_pauses[name] = pauses.summary()
+        if name == "with_job":
+            over = over_bound(job, calls_before, p["max_training_delay_ms"], pauses)
     (alone, _), (mixed, with_job) = runs["alone"], runs["with_job"]
     log(f"seed {seed} at {rate_rps:.2f} req/s: alone {summary(alone)}; with job "
         f"{summary(mixed)}; job {with_job}")  # fmt: skip
@@ -295,6 +349,11 @@ def measure_seed(
         "interactive_ttft_p99_ratio": ratio(mixed.p99(mixed.ttft_s), alone.p99(alone.ttft_s)),
         "interactive_tpot_p99_ratio": ratio(mixed.p99(mixed.tpot_s), alone.p99(alone.tpot_s)),
         "max_training_delay_ms": 1000 * max(beside, default=0.0),
+        # The host's pauses (pieces are timed on the device, where a pause does not show).
+        "gc_pauses": gc_pauses,
+        "pieces_over_bound": over,
+        # Every piece over the bound, any phase: its segments' device and host milliseconds.
+        "long_pieces": long_pieces.found,
     }  # fmt: skip
 
 
@@ -337,7 +396,9 @@ def report(result: dict[str, Any]) -> str:
     )  # fmt: skip
     jobs = "\n".join(
         f"- seed {seed}: alone {one['job']['alone']}; under load {one['job']['with_load']}; "
-        f"rows {one['rows']}; training memory {one['training_memory']}"
+        f"rows {one['rows']}; training memory {one['training_memory']}; "
+        f"garbage collector's pauses {one.get('gc_pauses')}; "
+        f"pieces over the bound {one.get('pieces_over_bound')}"
         for seed, one in result["by_seed"].items()
     )
     return (

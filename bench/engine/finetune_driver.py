@@ -30,8 +30,14 @@ class JobClock:
     work: IdleWork | None = None
     units: int = 0
     unit_s: list[float] = field(default_factory=list)
-    # The units (pieces) run while a request was in the engine: the delay each added to a step.
+    # The pieces measured while a request was in the engine: the delay each added to a step
+    # (one a call, or two when the call ended a unit on CUDA: FineTuneJobs.pieces_measured_s).
     beside_s: list[float] = field(default_factory=list)
+    # Each call's (began, ended) on perf_counter, and whether it was beside requests: which
+    # call queued a piece that went over the bound, and what ran in it (GcPauses.within).
+    windows: list[tuple[float, float, bool]] = field(default_factory=list)
+    # (call index, seconds) of each piece measured: the call that measured it.
+    pieces: list[tuple[int, float]] = field(default_factory=list)
 
     def tokens(self) -> int:
         return self.jobs.progress(self.job_id).trained_tokens
@@ -40,9 +46,13 @@ class JobClock:
         return (self.work or self.jobs).next_unit_s()
 
     def run_unit(self, alone: bool) -> float:
+        began = time.perf_counter()
         took = self.work.run_unit(alone) if self.work is not None else self.jobs.run_unit(alone)
+        self.windows.append((began, time.perf_counter(), not alone))
+        measured = self.jobs.pieces_measured_s
+        self.pieces.extend((len(self.windows) - 1, seconds) for seconds in measured)
         if not alone:
-            self.beside_s.append(took)
+            self.beside_s.extend(measured)
         progress = self.jobs.progress(self.job_id)
         if progress.state is FineTuneState.FAILED:  # out of memory, say: no figure to report
             raise RuntimeError(f"the fine-tuning job failed: {progress.error}")

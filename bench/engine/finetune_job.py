@@ -61,7 +61,7 @@ def start_job(
 ) -> FineTuneJobs:
     """The site's trainer over the served model, with one job queued that outlasts the bench;
     in rows mode its pieces are bounded by `piece_share` (PIECE_SHARE unless set) of
-    max_training_delay_ms."""
+    max_training_delay_ms. `wait_for_pieces` in `p`: each piece waited for (FineTuneJobs')."""
     share = p.get("piece_share", PIECE_SHARE)
     bound = p["max_training_delay_ms"] * share if mode == "rows" else p["max_step_ms"]
     jobs = FineTuneJobs(
@@ -75,6 +75,7 @@ def start_job(
         loaded.model,
         loaded.tokenizer,
         "bench",
+        wait_for_pieces=bool(p.get("wait_for_pieces", False)),
     )
     spec = FineTuneSpec(
         job_id="bench-job",

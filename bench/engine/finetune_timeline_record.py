@@ -4,8 +4,9 @@ serving step, and how it names the cause of a call over the bound.
 A call is one piece of a unit (or the trainer's build): the engine's thread is held for all of
 it, so its host time is the delay it adds to the serving step after it. Beside the piece's own
 record (FineTuneJobs.on_piece: shape, where it ended, first piece of its unit), each call keeps
-its device span (CUDA events around it: the piece synchronises, so the span is its kernels and
-the gaps between them), the caching allocator's counters across it (a retry is a cudaFree of
+its device span (CUDA events around it, the end waited for here: the span is its kernels and
+the gaps between them; the site itself leaves a piece queued as it ends), the caching
+allocator's counters across it (a retry is a cudaFree of
 every cached block, which synchronises the device), the time the garbage collector ran inside
 it, and the host time of the serving step that followed.
 """
@@ -13,7 +14,6 @@ it, and the host time of the serving step that followed.
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import statistics
 import time
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bench.engine.gc_pauses import GcPauses
 from site_engine.finetune.job_state import PieceRecord
 from site_engine.idle_work import IdleWork
 
@@ -34,7 +35,7 @@ class Call:
     phase: str
     t_s: float  # since the timeline began
     total_ms: float  # the engine thread's hold, queued device work waited for included
-    took_ms: float  # what run_unit counts: the piece's own time, the delay it adds to serving
+    took_ms: float  # the piece's own time, the delay it adds to serving (CUDA: its span)
     # CUDA event span around the call (None off CUDA): from when the device reached the call
     # (after the work queued before it) to its end; idle gaps included, so not busy time.
     device_ms: float | None
@@ -62,22 +63,18 @@ class Timeline:
     _began: float = field(default_factory=time.perf_counter)
     _pieces: list[PieceRecord] = field(default_factory=list)
     _shapes: set[tuple[int, int]] = field(default_factory=set)
-    _gc_ms: float = 0.0
-    _gc_began: float = 0.0
+    _collector: GcPauses = field(default_factory=GcPauses)
     _last_was_call: bool = False
 
     def __post_init__(self) -> None:
-        gc.callbacks.append(self._gc)
+        self._collector.__enter__()
 
     def close(self) -> None:
-        if self._gc in gc.callbacks:
-            gc.callbacks.remove(self._gc)
+        self._collector.__exit__(None, None, None)
 
-    def _gc(self, event: str, info: dict[str, Any]) -> None:
-        if event == "start":
-            self._gc_began = time.perf_counter()
-        else:
-            self._gc_ms += 1000 * (time.perf_counter() - self._gc_began)
+    @property
+    def _gc_ms(self) -> float:
+        return sum(ms for _, ms in self._collector.pauses)
 
     def on_piece(self, record: PieceRecord) -> None:
         self._pieces.append(record)
@@ -106,13 +103,17 @@ class Timeline:
         new_shape = shape is not None and shape not in self._shapes
         if shape is not None:
             self._shapes.add(shape)
+        device_ms = events[0].elapsed_time(events[1]) if events else None
+        # On CUDA run_unit reports the piece before it (its own is left queued: pieces.py's
+        # PieceLedger); the call's own piece is its span here, which waits for it above.
+        own_ms = device_ms if device_ms is not None and piece is not None else 1000 * took
         self.calls.append(
             Call(
                 self.phase,
                 began - self._began,
                 1000 * total,
-                1000 * took,
-                events[0].elapsed_time(events[1]) if events else None,
+                own_ms,
+                device_ms,
                 beside,
                 None if piece is None else asdict(piece),
                 after["num_alloc_retries"] - before["num_alloc_retries"],

@@ -55,7 +55,8 @@ class Unit:
     step: int  # the trainer's step when it began
     validating: bool
     alone: bool  # sized for an engine with no request in (idle_unit_tokens, no time bound)
-    seconds: float = 0.0  # its pieces' time so far
+    seconds: float = 0.0  # its pieces' device time so far (as the ledger measures them)
+    pieces_run: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class PieceRecord:
     beside serving needs to name the cause of a long piece (bench/engine/finetune_timeline.py)."""
 
     job_id: str
-    seconds: float  # the piece's own time (its thread's turn, synchronised on CUDA)
+    seconds: float  # the host's time of the piece's turn (on CUDA its launches, not the device's)
     boundaries: int
     ended_at: str  # PiecewiseRun.ended_at
     first_piece: bool  # the unit's first: its batch padded and copied to the device

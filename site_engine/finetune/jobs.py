@@ -24,6 +24,8 @@ resumes them from their last checkpoint.
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
 import math
 import shutil
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -54,7 +57,7 @@ from site_engine.finetune.memory import (
     lora_bytes,
 )
 from site_engine.finetune.pacing import UnitPacer
-from site_engine.finetune.pieces import PiecewiseRun, decoder_layers, settle_device
+from site_engine.finetune.pieces import PieceLedger, PiecewiseRun, decoder_layers
 from site_engine.finetune.segment_costs import SegmentCosts
 from site_engine.finetune.trainer import LoraTrainer, LossChunks
 from site_engine.finetune.turns import TenantTurns
@@ -71,7 +74,10 @@ class FineTuneJobs:
         model: nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         model_name: str,
+        wait_for_pieces: bool = False,
     ) -> None:
+        """`wait_for_pieces`: the device settled before each piece and the piece waited for
+        as it ends, as before pieces were left queued (a bench's arm without the change)."""
         self.settings = settings
         self._model, self._tokenizer, self._model_name = model, tokenizer, model_name
         self._shape = TrainingShape.of_model(model)
@@ -95,6 +101,15 @@ class FineTuneJobs:
         # backward, a loss chunk...), whichever job measured it: a piece ends before the
         # segment that would take it past the bound.
         self._segments = SegmentCosts()
+        # On CUDA a piece's kernels are left queued as it ends (pieces.py: the engine prepares
+        # its next step meanwhile); the next call waits for the piece's own end, not the device.
+        cuda = any(p.device.type == "cuda" for p in itertools.islice(model.parameters(), 1))
+        self._ledger = PieceLedger(self._segments, deferred=cuda and not wait_for_pieces)
+        self._settle_first = cuda and wait_for_pieces
+        self._measured_s = 0.0  # device seconds of the pieces measured in this call
+        # Each of those pieces' seconds: a call that ends a unit measures two (the previous
+        # call's and its own), and each delayed a different serving step (the benches read it).
+        self.pieces_measured_s: list[float] = []
         self._last_piece_s: float | None = None
         self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
         self.pieces_run = 0  # calls of run_unit that ran a piece of a unit (the tests read it)
@@ -180,6 +195,11 @@ class FineTuneJobs:
         next start), without waiting for it."""
         self._intake.close()
 
+    @property
+    def ledger(self) -> PieceLedger:
+        """Where the pieces' device time is measured (a bench sets its observer)."""
+        return self._ledger
+
     # ---- engine thread ---------------------------------------------------------------------
     def next_unit_s(self) -> float:
         """The seconds the next call of run_unit is expected to take: a unit's, or the piece's
@@ -209,9 +229,14 @@ class FineTuneJobs:
         request arriving meanwhile waits for one piece, not for the unit. `rows`: the training
         rows a serving step leaves room for (site_engine/finetune/step_rows.py): a unit begun
         now takes that many padded tokens (one whole example at least) instead of the pacer's
-        budget. The time is the piece's own: device work queued before it (an asynchronous
-        engine's step) is waited for first (pieces.settle_device)."""
-        settle_device(self._model)
+        budget. Returns the device seconds of the pieces measured in the call: on a CPU its
+        own piece; on CUDA the previous call's, whose end it waits for first (not the device's:
+        a serving step queued after it goes on), and its own only when it ended a unit. A call
+        that built a trainer instead returns the build's time."""
+        self._measured_s, self.pieces_measured_s = 0.0, []
+        self._take_pieces(wait=True)
+        if self._settle_first:
+            torch.cuda.synchronize()
         began = time.monotonic()
         with self._lock:
             ended = [
@@ -224,14 +249,28 @@ class FineTuneJobs:
             done.examples = None  # a large file's examples are not kept past the job
             if done.on_disk:  # a checkpoint its last unit wrote after a cancel, say
                 disk.clear_ended(self.settings.directory / done.job_id)
-        job = self._next_job()
+        job, built = self._next_job(), False
         if job is not None:
             try:
-                self._advance(job, alone, rows)
+                built = self._advance(job, alone, rows)
             except Exception as exc:  # the job fails; the site serves on
                 log.exception("fine-tuning job %s failed", job.job_id)
                 self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
-        return time.monotonic() - began
+        self._take_pieces(wait=False)
+        return time.monotonic() - began if built else self._measured_s
+
+    def _take_pieces(self, wait: bool) -> None:
+        """The ledger's measured pieces: each one's seconds counted in its unit's time (while
+        the unit is under way: a unit's end takes its last piece first) and the call's."""
+        with self._lock:
+            units = [j.unit for j in self._jobs.values() if j.unit is not None]
+        for owner, seconds in self._ledger.take(wait):
+            self._measured_s += seconds
+            self.pieces_measured_s.append(seconds)
+            self._last_piece_s = seconds
+            for unit in units:
+                if unit.pieces is owner:
+                    unit.seconds += seconds
 
     def _next_job(self) -> Job | None:
         """The job a unit under way belongs to; else the first in the tenants' turn whose
@@ -262,15 +301,19 @@ class FineTuneJobs:
             live = [j for j in self._jobs.values() if j.trainer is not None or j is job]
         return max(1, self._cap(job, live))
 
-    def _advance(self, job: Job, alone: bool, rows: int | None = None) -> None:
+    def _advance(self, job: Job, alone: bool, rows: int | None = None) -> bool:
         """One piece of the job's current unit (a new unit first if none is under way); the
-        trainer's build is a call of its own."""
+        trainer's build is a call of its own (True: this call built it)."""
         job_dir = self.settings.directory / job.job_id
         if job.trainer is None:
             self._turns.served(job.tenant)
             job.trainer = self._build_trainer(job, job_dir)
+            # The build made the trainer's module tree, thousands of objects: the collector's
+            # next full pass would walk them all, wherever it falls (inside a bounded piece, or a
+            # serving step). Collected here, in the build's own unbounded call.
+            gc.collect()
             self._publish(job, FineTuneState.RUNNING)  # from its checkpoint's step, if resumed
-            return
+            return True
         trainer = job.trainer
         if job.unit is None:
             self._turns.served(job.tenant)
@@ -289,11 +332,12 @@ class FineTuneJobs:
                 self.settings.max_step_ms / 1000,
                 lambda: math.prod(trainer.unit_shape),
                 trainer.model.get_input_embeddings(),
+                self._ledger,
             )
             # Validation has no backward: a third of a training unit's cost.
             job.unit = Unit(run, budget, trainer.history.step, trainer.validating, alone)
         unit = job.unit
-        first = self.on_piece is not None and unit.seconds == 0.0
+        first = unit.pieces_run == 0
         began = time.monotonic()
         done = unit.pieces.step()
         took = time.monotonic() - began
@@ -303,10 +347,10 @@ class FineTuneJobs:
                                       unit.pieces.ended_at, first, done, unit.budget, shape,
                                       unit.validating, step))  # fmt: skip
         self.pieces_run += 1
-        unit.seconds += took
-        self._last_piece_s = took
+        unit.pieces_run += 1
         if not done:
-            return
+            return False
+        self._take_pieces(wait=True)  # its last piece, before job.unit lets it go
         job.unit = None
         tokens = unit.pieces.result()
         self.largest_unit_run = max(self.largest_unit_run, tokens)
@@ -324,6 +368,7 @@ class FineTuneJobs:
             self._finish(job, FineTuneState.SUCCEEDED, adapter_path=str(adapter))
         else:
             self._publish(job, FineTuneState.RUNNING)
+        return False
 
     def _build_trainer(self, job: Job, job_dir: Path) -> LoraTrainer:
         assert job.examples is not None

@@ -22,13 +22,16 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 # stage: the unit's start to its embedding (the batch padded and copied); head: the embedding,
-# the attention mask and the rotary tables, to the first layer.
-SegmentKind = Literal["stage", "head", "forward", "loss", "backward", "optimizer"]
+# the attention mask and the rotary tables, to the first layer; unwind: the decoder's backward
+# begun (autograd's walk of the unit's graph on the host, the labelled rows' gradient scattered
+# back), to the last layer's backward.
+SegmentKind = Literal["stage", "head", "forward", "loss", "unwind", "backward", "optimizer"]
 SEGMENT_KINDS: tuple[SegmentKind, ...] = get_args(SegmentKind)
 
-# Loss chunks are sized to a time of their own (trainer.LossChunks) and the optimizer step
-# touches only the LoRA state: neither scales with the unit's tokens.
-_PER_SEGMENT: frozenset[SegmentKind] = frozenset({"loss", "optimizer"})
+# Loss chunks are sized to a time of their own (trainer.LossChunks), the optimizer step touches
+# only the LoRA state, and the unwind is mostly the host's walk of a graph of fixed depth: none
+# scales with the unit's tokens.
+_PER_SEGMENT: frozenset[SegmentKind] = frozenset({"loss", "unwind", "optimizer"})
 
 
 @dataclass(slots=True)

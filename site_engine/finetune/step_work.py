@@ -116,6 +116,9 @@ class StepRowsWork:
         if rows == 0:
             return 0.0
         seconds = self.jobs.run_unit(rows=rows)
-        self.rows.observe(rows, seconds)
-        self.delays_ms.append(1000 * seconds)
+        # On CUDA the piece before this one, measured as this one began (and this one too when
+        # it ended its unit): each delayed its own serving step.
+        for piece_s in self.jobs.pieces_measured_s:
+            self.rows.observe(rows, piece_s)
+            self.delays_ms.append(1000 * piece_s)
         return seconds

@@ -154,6 +154,13 @@ def pad_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, labels) right-padded to `width` (the longest example's
     length by default)."""
+    ids, mask, labels = _padded_on_host(examples, width)
+    return _to_device(ids, device), _to_device(mask, device), _to_device(labels, device)
+
+
+def _padded_on_host(
+    examples: Sequence[Example], width: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = width or max(len(e.input_ids) for e in examples)
     ids = torch.zeros(len(examples), width, dtype=torch.long)
     mask = torch.zeros(len(examples), width, dtype=torch.long)
@@ -163,7 +170,16 @@ def pad_batch(
         ids[row, :n] = torch.tensor(example.input_ids)
         mask[row, :n] = 1
         labels[row, :n] = torch.tensor(example.labels)
-    return ids.to(device), mask.to(device), labels.to(device)
+    return ids, mask, labels
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy queued on the device's stream: from pageable memory, a CUDA copy waits for all
+    the work queued before it (the serving step beside the unit), from pinned memory it does
+    not, and a unit's pieces are then never waited for mid-unit (site_engine/finetune/pieces.py)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,18 +278,27 @@ def token_loss_sum(
     them (LOSS_CHUNK_TOKENS each without it), and before the first one too, so that the
     decoder's last layer and the first chunk are never one piece (9-12 ms together against a
     4 ms piece on an H200, issue 76's first timeline)."""
-    ids, mask, labels = pad_batch(examples, device, widths.unit(examples))
+    host_ids, host_mask, host_labels = _padded_on_host(examples, widths.unit(examples))
+    ids, mask = _to_device(host_ids, device), _to_device(host_mask, device)
+    # The labelled positions are found on the host: a boolean mask applied on the device reads
+    # its count back, which would wait for the whole forward mid-unit.
+    targets = host_labels[:, 1:]
+    row, position = (targets != IGNORE).nonzero(as_tuple=True)
+    wanted = _to_device(targets[row, position], device)
+    at = _to_device(row * host_labels.shape[1] + position, device)  # in [rows x width]
     causal = model.get_base_model()
     hidden = causal.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-    targets = labels[:, 1:]
-    keep = targets != IGNORE
-    rows, wanted = hidden[:, :-1][keep], targets[keep]
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, at)
     head = causal.get_output_embeddings()
     softcap = getattr(causal.config, "final_logit_softcapping", None)
     scale = backward_scale if rows.requires_grad and rows.shape[0] > 0 else None
     learn = scale is not None
     leaf = rows.detach().requires_grad_(learn)
-    total = 0.0
+    # Summed on the device and read once, at the end: a chunk's loss read back would wait for
+    # the device in the middle of a piece. On a CPU the host's clock is the device's, so the
+    # chunks are sized from it; on CUDA a chunk of LOSS_CHUNK_TOKENS is ~1 ms on an H200.
+    timed = chunks is not None and device.type != "cuda"
+    total = torch.zeros((), dtype=torch.float32, device=device)
     start = 0
     while start < leaf.shape[0]:
         if pause is not None:
@@ -283,13 +308,15 @@ def token_loss_sum(
         loss = _chunk_loss(head, leaf[start:end], wanted[start:end], softcap)
         if scale is not None:
             (loss * scale).backward()  # type: ignore[no-untyped-call]
-        total += float(loss.detach())
-        if chunks is not None:
+        total += loss.detach()
+        if timed and chunks is not None:
             chunks.observe(min(end, leaf.shape[0]) - start, time.perf_counter() - began)
         start = end
     if learn:
+        if pause is not None:
+            pause("unwind")
         rows.backward(leaf.grad)
-    return total
+    return float(total)
 
 
 @dataclass(slots=True)

@@ -176,8 +176,8 @@ def test_the_tail_of_a_unit_is_cut_too_and_trains_the_same(tiny: LoadedModel) ->
         assert run.last_piece_boundaries == 1
         pieces += 1
     # The layers' 2 x L, one before each of the two loss chunks (the first ends the decoder's
-    # forward: issue 76), one before the optimizer step, the end.
-    assert pieces == 2 * len(layers) + 4
+    # forward: issue 76), one before the unwind, one before the optimizer step, the end.
+    assert pieces == 2 * len(layers) + 5
     assert cut.history.losses == whole.history.losses
     for name, weight in _lora(whole).items():
         torch.testing.assert_close(_lora(cut)[name], weight)
@@ -301,3 +301,21 @@ def test_the_trainers_attention_never_takes_cudnn_and_leaves_the_flags_as_it_fou
     assert _on("cudnn")
     assert _on("flash")
     assert _on("mem_efficient")
+
+
+def test_the_unwind_always_begins_a_piece(tiny: LoadedModel) -> None:
+    """The decoder's backward begun (autograd's walk of the graph, on the host) is never the
+    middle of a piece, however much room the bound leaves: first in a piece, the host's walk
+    runs while the device finishes the serving step queued before it (issue 76, r89)."""
+    trainer = LoraTrainer(tiny.model, HP, 3, [example(30, 1), example(45, 2)])
+    costs = SegmentCosts()
+    for kind in SEGMENT_KINDS:
+        costs.observe(kind, 1, 1e-9)  # everything fits: pieces end only where they must
+    run: PiecewiseRun[int] = PiecewiseRun(
+        lambda: trainer.work(10_000, run.pause), decoder_layers(trainer.model), costs, 1e6
+    )
+    ended = []
+    while not run.step():
+        ended.append(run.ended_at)
+    assert ended == ["pause"]  # the one cut: before the unwind
+    assert run.result() == 90
