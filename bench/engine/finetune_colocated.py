@@ -258,13 +258,13 @@ def over_bound(
     job: JobClock, calls_before: int, bound_ms: float, pauses: GcPauses
 ) -> list[dict[str, Any]]:
     """Each piece beside requests over the bound, with the collector's pauses in the call that
-    queued it: on CUDA a call measures the piece the call before it queued (PieceLedger), and
-    its own only when it ended a unit; on a CPU its own."""
-    cuda = torch.cuda.is_available()
+    queued it: with a deferred ledger (CUDA) a call measures the piece the call before it
+    queued, and its own only when it ended a unit; else its own."""
+    deferred = job.jobs.ledger.deferred
     found = []
     for n, (call, seconds) in enumerate(job.pieces):
         # a second piece measured by one call is the call's own (it ended the unit)
-        own = not cuda or (n > 0 and job.pieces[n - 1][0] == call)
+        own = not deferred or (n > 0 and job.pieces[n - 1][0] == call)
         if call < max(calls_before, 1) or not job.windows[call][2] or 1000 * seconds <= bound_ms:
             continue
         queued_in = job.windows[call] if own else job.windows[call - 1]

@@ -25,7 +25,6 @@ resumes them from their last checkpoint.
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import math
 import shutil
@@ -103,12 +102,12 @@ class FineTuneJobs:
         self._segments = SegmentCosts()
         # On CUDA a piece's kernels are left queued as it ends (pieces.py: the engine prepares
         # its next step meanwhile); the next call waits for the piece's own end, not the device.
-        cuda = any(p.device.type == "cuda" for p in itertools.islice(model.parameters(), 1))
+        cuda = next(model.parameters()).device.type == "cuda"
         self._ledger = PieceLedger(self._segments, deferred=cuda and not wait_for_pieces)
         self._settle_first = cuda and wait_for_pieces
-        self._measured_s = 0.0  # device seconds of the pieces measured in this call
-        # Each of those pieces' seconds: a call that ends a unit measures two (the previous
-        # call's and its own), and each delayed a different serving step (the benches read it).
+        # The device seconds of each piece measured in the last call: a call that ends a unit
+        # measures two (the previous call's and its own), and each delayed a different serving
+        # step (the benches read it).
         self.pieces_measured_s: list[float] = []
         self._last_piece_s: float | None = None
         self.largest_unit_run = 0  # padded tokens of the largest unit yet (the benches read it)
@@ -233,7 +232,7 @@ class FineTuneJobs:
         own piece; on CUDA the previous call's, whose end it waits for first (not the device's:
         a serving step queued after it goes on), and its own only when it ended a unit. A call
         that built a trainer instead returns the build's time."""
-        self._measured_s, self.pieces_measured_s = 0.0, []
+        self.pieces_measured_s = []
         self._take_pieces(wait=True)
         if self._settle_first:
             torch.cuda.synchronize()
@@ -257,7 +256,7 @@ class FineTuneJobs:
                 log.exception("fine-tuning job %s failed", job.job_id)
                 self._finish(job, FineTuneState.FAILED, error=f"{type(exc).__name__}: {exc}")
         self._take_pieces(wait=False)
-        return time.monotonic() - began if built else self._measured_s
+        return time.monotonic() - began if built else sum(self.pieces_measured_s)
 
     def _take_pieces(self, wait: bool) -> None:
         """The ledger's measured pieces: each one's seconds counted in its unit's time (while
@@ -265,7 +264,6 @@ class FineTuneJobs:
         with self._lock:
             units = [j.unit for j in self._jobs.values() if j.unit is not None]
         for owner, seconds in self._ledger.take(wait):
-            self._measured_s += seconds
             self.pieces_measured_s.append(seconds)
             self._last_piece_s = seconds
             for unit in units:

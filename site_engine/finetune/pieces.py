@@ -331,10 +331,6 @@ class _Clock:
         event.record()
         return event
 
-    @property
-    def cuda(self) -> bool:
-        return self._cuda
-
 
 def elapsed_s(began: Mark, ended: Mark) -> float:
     """Seconds between two marks of one clock (CUDA events that have both passed, or host
@@ -345,11 +341,6 @@ def elapsed_s(began: Mark, ended: Mark) -> float:
     if isinstance(began, float) and isinstance(ended, float):
         return max(0.0, ended - began)
     raise TypeError("marks of one clock only")
-
-
-def cuda_clock(layers: Sequence[nn.Module]) -> bool:
-    """Whether pieces of these layers are timed by CUDA events (and so may be left queued)."""
-    return _Clock(layers).cuda
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
