@@ -241,6 +241,22 @@ def _chunk_loss(
     return nn.functional.cross_entropy(logits, targets, reduction="sum")
 
 
+def _rounded_chunk(
+    rows: torch.Tensor, targets: torch.Tensor, widths: UnitWidths
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk of the loss padded to the units' width multiple with unlabelled zero rows. The
+    unit's last chunk holds the remainder of its labelled tokens (any of 1-255): on CUDA each new
+    row count met the head's GEMM and the cross-entropy as a new shape, loaded on the host
+    inside a piece (issue 76, r89: the one piece over the bound, 10.1 ms, was such a chunk).
+    Rounded, a job meets four. Padded rows are ignored by the loss, so its value and its
+    gradients are the same; the padding is within LOSS_CHUNK_TOKENS, which memory.py counts."""
+    short = -rows.shape[0] % widths.multiple
+    if short == 0:
+        return rows, targets
+    padded_targets = nn.functional.pad(targets, (0, short), value=IGNORE)
+    return nn.functional.pad(rows, (0, 0, 0, short)), padded_targets
+
+
 @dataclass(slots=True)
 class LossChunks:
     """Labelled tokens one chunk of the loss takes: LOSS_CHUNK_TOKENS at most (the memory
@@ -305,7 +321,8 @@ def token_loss_sum(
             pause("loss")
         end = start + (chunks.tokens if chunks is not None else LOSS_CHUNK_TOKENS)
         began = time.perf_counter()
-        loss = _chunk_loss(head, leaf[start:end], wanted[start:end], softcap)
+        chunk_rows, chunk_targets = _rounded_chunk(leaf[start:end], wanted[start:end], widths)
+        loss = _chunk_loss(head, chunk_rows, chunk_targets, softcap)
         if scale is not None:
             (loss * scale).backward()  # type: ignore[no-untyped-call]
         total += loss.detach()

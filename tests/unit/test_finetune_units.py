@@ -175,15 +175,29 @@ def test_rounded_widths_never_pass_the_jobs_longest_example() -> None:
         UnitWidths(longest=10, multiple=0)
 
 
+def _head_rows(trainer: LoraTrainer) -> list[int]:
+    """The row count of every chunk of the loss the output head computes from now on."""
+    rows: list[int] = []
+    head = trainer.model.get_base_model().get_output_embeddings()
+    head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[0]))
+    return rows
+
+
 def test_rounded_widths_train_as_exact_ones(tiny: LoadedModel) -> None:
-    """Padded positions are masked and unlabelled: the same loss and gradients."""
+    """Padded positions are masked and unlabelled: the same loss and gradients. The loss's
+    chunks are rounded too (the last one holds any remainder of the labelled tokens), with
+    unlabelled rows."""
     hp = FineTuneHyperparameters(n_epochs=1, batch_size=3, learning_rate_multiplier=1.0)
     train = [example(n, i) for i, n in enumerate((12, 40, 27))]
     validation = [example(64, 9)]  # the job's longest: widths may round up to it
     exact = LoraTrainer(tiny.model, hp, 5, train, validation)
     rounded = LoraTrainer(tiny.model, hp, 5, train, validation, width_multiple=16)
+    exact_rows, rounded_rows = _head_rows(exact), _head_rows(rounded)
     exact_sizes, exact_grads = _first_step(exact, 10_000)
     rounded_sizes, rounded_grads = _first_step(rounded, 10_000)
+    labelled = sum(e.loss_tokens for e in train)
+    assert (sum(exact_rows), sum(rounded_rows)) == (labelled, -(-labelled // 16) * 16)
+    assert all(rows % 16 == 0 for rows in rounded_rows)
     assert (exact_sizes, rounded_sizes) == ([3 * 40], [3 * 48])
     assert rounded.unit_shape == (3, 48)
     assert rounded.history.losses[0][1] == pytest.approx(exact.history.losses[0][1], rel=1e-5)
