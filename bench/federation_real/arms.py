@@ -12,7 +12,9 @@ them:
   (fedllm_site_step_cost_seconds, an effective memory of ~200 steps) every SAMPLE_S while the
   cell runs: the twin can step with the card's own fit at the cell's load (sim.py,
   `--step-source learned`), each arm's own, and the time each step's iteration spends outside
-  `engine.step()` (step_overhead_s), which the learned cost leaves out.
+  `engine.step()` (step_overhead_s), which the learned cost leaves out; and those samples as a
+  series per site (`timeline`: the batch, the steps and their mean, the tokens generated, every
+  SAMPLE_S), for what the cell's totals hide.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -35,6 +38,7 @@ from bench.serving_path.gpu_path import open_loop
 from devtools.launch import ManagedProcess
 
 SAMPLE_S = 2.0
+SAMPLED_AT = "sampled_at_s"  # a sample's seconds since its sampler started (not a metric)
 STEP_TERMS = ("base", "per_token", "per_context_position")
 _HITS = "fedllm_site_prefix_cache_hits_tokens_total"
 _QUERIES = "fedllm_site_prefix_cache_queries_tokens_total"
@@ -63,6 +67,7 @@ class SiteSampler:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        began = time.monotonic()
         while not self._stop.wait(self.interval_s):
             try:
                 scraped = self.federation.scrape_all()
@@ -70,6 +75,7 @@ class SiteSampler:
                 continue
             for name, values in scraped.items():
                 if values.get("fedllm_site_running_requests", 0) > 0:
+                    values[SAMPLED_AT] = time.monotonic() - began
                     self.samples.setdefault(name, []).append(values)
 
 
@@ -88,6 +94,27 @@ def learned_step_cost(samples: Sequence[Mapping[str, float]]) -> dict[str, float
 _GENERATED = "fedllm_site_generated_tokens_total"
 _FIRSTS = "fedllm_site_time_to_first_token_seconds_count"
 _DECODE_RATE = "fedllm_site_decode_tokens_per_second"
+
+
+def timeline(samples: Sequence[Mapping[str, float]]) -> list[dict[str, float | None]]:
+    """A site's busy samples as a time series: when, its running and waiting requests then, and
+    between each sample and the one before it the steps, their mean (engine.step() alone) and
+    the tokens generated. What the twin does not see in the cell's totals: the batch a site
+    stepped and how long its steps took as the load moved (issue 78: a 1B site's answers
+    reached clients at half its step rate, and nothing recorded its rows per step)."""
+    series = []
+    for before, after in itertools.pairwise(samples):
+        steps = after.get(_STEP_COUNT, 0.0) - before.get(_STEP_COUNT, 0.0)
+        stepped = after.get(_STEP_SUM, 0.0) - before.get(_STEP_SUM, 0.0)
+        series.append({
+            "t_s": round(after.get(SAMPLED_AT, 0.0), 3),
+            "running": after.get("fedllm_site_running_requests", 0.0),
+            "waiting": after.get("fedllm_site_waiting_requests", 0.0),
+            "steps": steps,
+            "step_s_mean": stepped / steps if steps > 0 else None,
+            "generated_tokens": after.get(_GENERATED, 0.0) - before.get(_GENERATED, 0.0),
+        })  # fmt: skip
+    return series
 
 
 def step_overhead_s(samples: Sequence[Mapping[str, float]]) -> float:
@@ -131,7 +158,8 @@ def _sites(
     return {
         name: {"steps": steps[name], "step_s_mean": seconds[name] / steps[name] if steps[name]
                else None, "learned_step_cost_s": learned_step_cost(samples.get(name, [])),
-               "step_overhead_s": step_overhead_s(samples.get(name, []))}
+               "step_overhead_s": step_overhead_s(samples.get(name, [])),
+               "timeline": timeline(samples.get(name, []))}
         for name in after
     }  # fmt: skip
 

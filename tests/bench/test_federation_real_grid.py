@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from bench.federation_real.arms import counter_rows, learned_step_cost, step_overhead_s
+from bench.federation_real.arms import (
+    SAMPLED_AT,
+    counter_rows,
+    learned_step_cost,
+    step_overhead_s,
+    timeline,
+)
 from bench.federation_real.capacity import capacity_of, saturation_streams
 from bench.federation_real.compare import compare
 from bench.federation_real.federation import GATEWAY, gateway_env, parse_counters
@@ -218,3 +224,26 @@ def test_the_step_overhead_is_the_busy_time_a_step_beyond_engine_step() -> None:
     assert step_overhead_s(samples[:1]) == 0.0
     # A site whose steps account for all its busy time adds nothing (never below 0).
     assert step_overhead_s([samples[0], sample(1100, 9.0, 8800, 440)]) == 0.0
+
+
+def test_the_timeline_gives_each_interval_its_steps_batch_and_tokens() -> None:
+    """Issue 78: per pair of busy samples, the batch then and the steps between."""
+
+    def sample(at: float, steps: float, stepped: float, running: float) -> dict[str, float]:
+        return {
+            SAMPLED_AT: at,
+            "fedllm_site_step_seconds_count": steps,
+            "fedllm_site_step_seconds_sum": stepped,
+            "fedllm_site_generated_tokens_total": 300 * steps,
+            "fedllm_site_running_requests": running,
+            "fedllm_site_waiting_requests": 2.0,
+        }
+
+    samples = [sample(2.0, 100, 0.5, 300), sample(4.0, 350, 2.5, 900), sample(6.0, 350, 2.5, 1)]
+    assert timeline(samples) == [
+        {"t_s": 4.0, "running": 900, "waiting": 2.0, "steps": 250, "step_s_mean": 0.008,
+         "generated_tokens": 75_000},
+        {"t_s": 6.0, "running": 1, "waiting": 2.0, "steps": 0, "step_s_mean": None,
+         "generated_tokens": 0},
+    ]  # fmt: skip
+    assert timeline(samples[:1]) == []

@@ -51,6 +51,8 @@ def test_a_short_cpu_run_writes_the_real_and_simulated_arms(
         assert 0 < arm["goodput_rps"] <= requests / 4
         assert 0 < arm["ttft_p50_s"] <= arm["ttft_p99_s"] < math.inf
         assert sum(arm["by_site"].values()) == requests
+        # Each site's busy samples as a series (empty where fewer than two fell in the cell).
+        assert all(isinstance(site["timeline"], list) for site in arm["sites"].values()), name
     # Round robin alternates, so both sites served: the gateway really routed over both.
     assert set(real["arms"]["round_robin"]["by_site"]) == {"site-a", "site-b"}
 
