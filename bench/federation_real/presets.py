@@ -17,6 +17,8 @@ delay, device), the load, the SLO and the arms.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,22 +129,46 @@ def _spread(n: int, low: float = 5.0, high: float = 150.0) -> list[float]:
     return [low + (high - low) * i / max(n - 1, 1) for i in range(n)]
 
 
-def gpu_sites(count: int) -> tuple[SiteSetup, ...]:
+def parse_layout(text: str) -> tuple[tuple[str, float], ...]:
+    """`--gpu-sites`' value, e.g. "llama1b@150" or "llama8b@5,llama1b@150": one site a GPU, in
+    GPU order, each a shape the preset deploys and its one-way delay in ms."""
+    layout = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        shape, _, delay = item.partition("@")
+        try:
+            one_way_ms = float(delay)
+        except ValueError:
+            one_way_ms = math.nan
+        if shape not in DEPLOYED_SEQS or not one_way_ms >= 0:
+            shapes = sorted(DEPLOYED_SEQS)
+            raise ValueError(f"a GPU site is SHAPE@MS, SHAPE in {shapes}, MS >= 0: {item!r}")
+        layout.append((shape, one_way_ms))
+    if not layout:
+        raise ValueError("a GPU site layout names no site")
+    return tuple(layout)
+
+
+def gpu_sites(
+    count: int, layout: Sequence[tuple[str, float]] | None = None
+) -> tuple[SiteSetup, ...]:
     """One site a GPU: the 8B shape on even GPUs, the 1B on odd ones, each at its deployed batch
     limits; delays 5-150 ms one way, the 8B sites nearest (the fast site far: routing must
-    weigh speed against distance)."""
-    if count < 1:
-        raise ValueError("the gpu preset needs at least one GPU")
-    delays = _spread(count)
+    weigh speed against distance). `layout` (parse_layout) sets each GPU's shape and delay
+    instead: the 1B site alone at its 150 ms on one GPU, say (issue 78: the one site whose
+    answers lagged its steps)."""
+    if layout is None:
+        if count < 1:
+            raise ValueError("the gpu preset needs at least one GPU")
+        delays = _spread(count)
+        layout = [("llama8b" if gpu % 2 == 0 else "llama1b", delays[gpu]) for gpu in range(count)]
     sites = []
-    for gpu in range(count):
-        big = gpu % 2 == 0
-        shape = "llama8b" if big else "llama1b"
+    for gpu, (shape, delay) in enumerate(layout):
+        big = shape == "llama8b"
         sites.append(
             SiteSetup(
                 f"site{gpu}-{'8b' if big else '1b'}",
                 shape,
-                delays[gpu],
+                delay,
                 max_num_seqs=DEPLOYED_SEQS[shape],
                 max_num_batched_tokens=DEPLOYED_BATCHED_TOKENS,
                 gpu=gpu,
@@ -174,10 +200,10 @@ CPU = Preset(
 )
 
 
-def gpu_preset(count: int) -> Preset:
+def gpu_preset(count: int, layout: Sequence[tuple[str, float]] | None = None) -> Preset:
     return Preset(
         name="gpu",
-        sites=gpu_sites(count),
+        sites=gpu_sites(count, layout),
         dtype="bfloat16",
         rate_rps=0.0,  # from `loads` and the measured capacity (or --rate)
         # 25 s of arrivals a cell (issue 78's floor) and at most 20 s of drain: a 1,024-token
@@ -195,12 +221,16 @@ def gpu_preset(count: int) -> Preset:
     )
 
 
-def choose(name: str, gpus: int | None) -> Preset:
+def choose(
+    name: str, gpus: int | None, layout: Sequence[tuple[str, float]] | None = None
+) -> Preset:
     """The preset (the GPU one without a rate: its loads scale the measured capacity)."""
     if name == "cpu":
         return CPU
     if name != "gpu":
         raise ValueError(f"unknown preset {name!r}: cpu or gpu")
+    if layout is not None:
+        return gpu_preset(len(layout), layout)
     if gpus is None:
         import torch
 

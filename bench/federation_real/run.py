@@ -1,7 +1,8 @@
 """`python -m bench.federation_real`: the routing arms on a real federation, then the same
 scenario in fedsim, side by side (bench/federation_real/__init__.py).
 
-    python -m bench.federation_real --preset gpu [--gpus N] [--arms ...] [--workload sharegpt|PATH]
+    python -m bench.federation_real --preset gpu [--gpus N | --gpu-sites SHAPE@MS,...] [--arms ...]
+        [--workload sharegpt|PATH]
         [--loads 0.7,1.1] [--seeds 11,12] [--rate R] [--duration-s S] [--no-compare]
     python -m bench.federation_real --compare DIR/NAME_real.json ...   # the comparison alone
 
@@ -31,7 +32,7 @@ from bench.engine.paths import shared_path
 from bench.federation_real.compare import compare, markdown
 from bench.federation_real.federation import card_of
 from bench.federation_real.grid import grid_markdown, parse_list, winners
-from bench.federation_real.presets import Preset, choose
+from bench.federation_real.presets import Preset, choose, parse_layout
 from bench.federation_real.real import Invocation, real_run
 from bench.federation_real.sim import SERVING, STEP_SOURCES, simulate
 from fedllm_contract.tokenizer import load_tokenizer
@@ -49,6 +50,8 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--preset", choices=("cpu", "gpu"), default="gpu")
     add("--gpus", type=int, default=None, help="sites (one a GPU); default all")
+    add("--gpu-sites", default=None, help="each GPU's site as SHAPE@MS one way, in GPU order "
+        "(e.g. llama1b@150: the 1B site alone); default: --gpus alternating 8B and 1B")  # fmt: skip
     add("--arms", nargs="*", default=None)
     add("--workload", default="sharegpt", help="sharegpt, or a trace's path")
     add("--loads", default=None, help="offered loads x the measured capacity (gpu: 0.7,1.1)")
@@ -97,7 +100,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def _preset(args: argparse.Namespace) -> tuple[Preset, str]:
     """The preset with the command's overrides, and the card its sites run on."""
-    preset = choose(args.preset, args.gpus)
+    layout = parse_layout(args.gpu_sites) if args.gpu_sites else None
+    preset = choose(args.preset, args.gpus, layout)
     loads = tuple(parse_list(args.loads, float)) if args.loads else preset.loads
     capacity = preset.capacity
     if args.capacity_streams is not None:

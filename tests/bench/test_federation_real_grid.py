@@ -23,7 +23,7 @@ from bench.federation_real.compare import compare
 from bench.federation_real.federation import GATEWAY, gateway_env, parse_counters
 from bench.federation_real.grid import Cell, cell_name, cells, grid_markdown, parse_list
 from bench.federation_real.metrics import Served
-from bench.federation_real.presets import CPU, CapacityPlan, choose, gpu_sites
+from bench.federation_real.presets import CPU, CapacityPlan, choose, gpu_sites, parse_layout
 from bench.federation_real.sim import serving_costs, site_specs
 from bench.serving_path.clients import Sent
 from bench.serving_path.http_stream import Answer
@@ -247,3 +247,24 @@ def test_the_timeline_gives_each_interval_its_steps_batch_and_tokens() -> None:
          "generated_tokens": 0},
     ]  # fmt: skip
     assert timeline(samples[:1]) == []
+
+
+def test_a_layout_puts_the_named_sites_on_the_gpus_in_order() -> None:
+    """`--gpu-sites llama1b@150`: the 1B site alone at its federation's delay, on GPU 0."""
+    (alone,) = choose("gpu", None, parse_layout("llama1b@150")).sites
+    assert (alone.name, alone.shape, alone.one_way_ms, alone.gpu) == (
+        "site0-1b",
+        "llama1b",
+        150.0,
+        0,
+    )
+    assert alone.max_num_seqs == 1024
+    both = gpu_sites(2, parse_layout("llama1b@150, llama8b@5"))
+    assert [(s.name, s.shape, s.one_way_ms, s.gpu) for s in both] == [
+        ("site0-1b", "llama1b", 150.0, 0),
+        ("site1-8b", "llama8b", 5.0, 1),
+    ]
+    assert gpu_sites(2) == gpu_sites(2, parse_layout("llama8b@5,llama1b@150"))
+    for bad in ("", "llama70b@5", "llama1b", "llama1b@-1", "llama1b@far"):
+        with pytest.raises(ValueError, match="GPU site"):
+            parse_layout(bad)
