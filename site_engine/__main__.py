@@ -159,14 +159,6 @@ EngineBuilder = Callable[
 ]
 
 
-# The engine thread waits for the GPU without the GIL, then needs it back to finish its step;
-# the event loop holds it while it serves streams. At CPython's default 5 ms switch interval a
-# busy loop held the engine's step up to 5 ms each time (an 8.5 ms step took 16 ms at p50 beside
-# a loop that never waited; 8.7 ms at this interval), so the site delivered less than its engine
-# made. The loop is only preempted when another thread waits.
-_SWITCH_INTERVAL_S = 0.0005
-
-
 async def serve(
     settings: SiteSettings,
     phases: StartPhases | None = None,
@@ -176,7 +168,18 @@ async def serve(
     phases = phases if phases is not None else StartPhases.since_process_start()
     tls = load_server_tls(settings)  # before the model loads: a bad file fails at once
     torch.set_num_threads(settings.torch_threads)
-    sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    # The engine thread lets the GIL go whenever it waits for the GPU, and inside every NumPy
+    # call over more than 500 elements (NumPy's threshold): past ~500 running rows, each NumPy
+    # call of its step over the rows. The event loop, busy serving streams, takes the GIL each
+    # time, and the engine thread gets it back only when the loop is made to drop it, one switch
+    # interval later. At CPython's 5 ms a busy loop held an 8.5 ms GPU step to 16 ms at p50 (8.7
+    # at 0.5 ms). On the CPU (bench.serving_path.gil_handoff) the scheduler's step over 1,000 rows
+    # beside a thread that never waits takes 0.42 ms alone, 109 at 5 ms, 14.8 at 0.5 ms and 3.2
+    # at 50 us (over 400 rows, no difference). On an H200, a 1B site alone at ~180 req/s (at most
+    # ~560 rows): TPOT p50 6.3-7.0 ms at 50 us against 6.9-8.1 at 0.5 ms over eight runs, a gain
+    # inside their spread (bench/results/serving_path/serving_path_r91.md). The loop is only
+    # preempted when another thread waits.
+    sys.setswitchinterval(settings.switch_interval_us * 1e-6)
     servicer: SiteServicer | EmbeddingServicer
     if task_of(settings) == "embed" and prepared is None:
         servicer, serving = start_embedding(settings)

@@ -138,6 +138,12 @@ class SiteSettings:
     # Several sites often share one host in tests and demos; more threads than free cores makes
     # every step slower (measured: 38 ms vs 5 ms per token).
     torch_threads: int = setting(1, help="CPU intra-op threads")
+    switch_interval_us: float = setting(
+        50.0,
+        help="the site process's interpreter switch interval: at most how long its engine thread "
+        "waits for the GIL its event loop holds, which it lets go in every NumPy call over more "
+        "than 500 rows (`python -m bench.serving_path.gil_handoff`; CPython's default is 5,000)",
+    )
     metrics_port: int = setting(0, help="Prometheus metrics over HTTP on this port; 0: off")
     http_port: int = setting(
         0,
@@ -416,6 +422,8 @@ class SiteSettings:
         if self.lazy_graphs and not self.device.startswith("cuda"):
             raise SettingsError("SITE_LAZY_GRAPHS needs SITE_DEVICE=cuda[:N]: a CPU site has no "
                                 "CUDA graphs to capture")  # fmt: skip
+        if not 1.0 <= self.switch_interval_us <= 100_000.0:
+            raise SettingsError("SITE_SWITCH_INTERVAL_US must be in [1, 100000]")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "torch_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:

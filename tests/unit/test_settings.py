@@ -67,6 +67,8 @@ def test_site_settings_env_then_flags() -> None:
         ({"SITE_MODEL_DIR": "m", "SITE_MAX_NUM_SEQS": "0"}, "SITE_MAX_NUM_SEQS"),
         ({"SITE_MODEL_DIR": "m", "SITE_MAX_LORAS": "9"}, "SITE_MAX_LORAS must be >= 1 and <="),
         ({"SITE_MODEL_DIR": "m", "SITE_MAX_LORA_RANK": "128"}, "SITE_MAX_LORA_RANK in 1..64"),
+        ({"SITE_MODEL_DIR": "m", "SITE_SWITCH_INTERVAL_US": "0"}, "SITE_SWITCH_INTERVAL_US"),
+        ({"SITE_MODEL_DIR": "m", "SITE_SWITCH_INTERVAL_US": "2e5"}, "SITE_SWITCH_INTERVAL_US"),
     ],
 )
 def test_site_settings_fail_loudly(env: dict[str, str], message: str) -> None:
