@@ -85,12 +85,18 @@ class SiteSpec:
     # Its steps' seconds over the step model's: the serving process around the engine (its gRPC
     # loop, detokenizing, the service's per-step work) where the model is a bare engine's.
     step_scale: float = 1.0
+    # The least seconds a step takes per token it gives: the site process's engine thread (its
+    # host work) and serving thread (detokenizing, gRPC) take turns on one interpreter lock, so
+    # past some batch the process, not the device, sets the step's pace (0: no floor; issue 78).
+    token_floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.text_share <= 1.0:
             raise ValueError(f"text_share must be in (0, 1], got {self.text_share}")
         if not self.step_scale > 0.0:
             raise ValueError(f"step_scale must be > 0, got {self.step_scale}")
+        if not self.token_floor_s >= 0.0:
+            raise ValueError(f"token_floor_s must be >= 0, got {self.token_floor_s}")
 
     @property
     def num_blocks(self) -> int:
@@ -248,6 +254,8 @@ class SimSite:
             self.trace.append(tuple((c.request_id, len(c.token_ids)) for c in output.chunks))
         features = StepFeatures.of(output)
         seconds = self.spec.step.seconds(features) * self.spec.step_scale
+        if self.spec.token_floor_s:
+            seconds = max(seconds, output.num_sampled * self.spec.token_floor_s)
         self._busy = True
         if self.spec.async_scheduling:  # the successor is planned as this step starts
             self._planned = self._schedule()

@@ -34,7 +34,7 @@ from bench.federation_real.federation import card_of
 from bench.federation_real.grid import grid_markdown, parse_list, winners
 from bench.federation_real.presets import Preset, choose, parse_layout
 from bench.federation_real.real import Invocation, real_run
-from bench.federation_real.sim import SERVING, STEP_SOURCES, simulate
+from bench.federation_real.sim import SERVING, SITE_CPU, STEP_SOURCES, simulate
 from fedllm_contract.tokenizer import load_tokenizer
 from fedsim.step_models import STEP_MODELS
 
@@ -87,6 +87,14 @@ def _compare_options(parser: argparse.ArgumentParser) -> None:
         default="bench",
         help="the twin's serving path: the CPU bench's costs, those scaled to the gateway CPU "
         "the run measured, or none",
+    )
+    add(
+        "--site-cpu",
+        choices=SITE_CPU,
+        default="process",
+        help="a site's serving thread in the twin: in its engine's process (one interpreter "
+        "lock: a step lasts at least its tokens over what the serving-path bench's site "
+        "delivered at most on the card) or on a CPU of its own (the twin before issue 78's r91)",
     )
     add("--traces", type=Path, default=None, help="where --compare finds a trace")
 
@@ -171,7 +179,7 @@ def compare_run(path: Path, args: argparse.Namespace, command: str) -> tuple[Pat
     log(f"simulating {sorted(real['arms'])} on {real['card']} ({path.name})")
     source = args.step_source or ("learned" if real["card"] == "cpu" else "fitted")
     traces = args.traces or shared_path(None, "datasets", "traces")
-    sim, info = simulate(real, args.step_models, traces, args.serving_costs, source)
+    sim, info = simulate(real, args.step_models, traces, args.serving_costs, source, args.site_cpu)
     result = compare(real["arms"], sim)
     name = path.name.removesuffix("_real.json")
     payload = {"real_run": real, "simulated": sim, **result, "simulation": info}

@@ -22,6 +22,12 @@ threads as CPUs at the CPU-mode serving-path benchmark's costs (fedsim/serving_p
 federation's GATEWAY.serving); `measured`: the gateway's costs scaled so that the arms' modelled
 CPU equals the gateway's CPU the real run measured on the same work (its requests, the chunks and
 tokens its clients got); `none`: the simulator before issue 78 (free and instant).
+
+A served site's process (`site_cpu`): `process`, the default with fitted steps, its steps take at
+least `served_token_floor_s` a token they give (its engine's host work and its serving thread
+share one interpreter lock: what the serving-path bench's site delivered at most on the card),
+its serving thread then queueing nothing of its own; `thread`: that thread on a CPU of its own
+(fedsim/serving_path.py's `site_token_s`), the twin of r90.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ SERVING_RESULTS = Path(__file__).resolve().parents[1] / "results" / "serving_pat
 # the blocks they reported, so the card's figures are never read.
 CPU_CARD = Card("cpu", 0, 0.0, 0.0)
 SERVING = ("bench", "measured", "none")
+SITE_CPU = ("process", "thread")
 STEP_SOURCES = ("fitted", "learned")
 
 
@@ -124,12 +131,33 @@ def served_step_scale(card: str, results: Path = SERVING_RESULTS) -> tuple[float
     return float(data["path"][rate]["tpot_p50_s"]) / engine, f"{path.name} at {rate} req/s"
 
 
+def served_token_floor_s(card: str, results: Path = SERVING_RESULTS) -> tuple[float, str]:
+    """The least seconds a served site's step takes per token it gives on `card`
+    (SiteSpec.token_floor_s): the serving-path bench's GPU mode on the card, at the rate where
+    its path fell furthest behind its engine, there being set by the site process (its engine
+    and serving threads on one interpreter lock): one over the tokens a second it delivered (the
+    H200: 1B shape, 256 req/s, 51.3k against the engine's 59.4k in process, 19.5 us; it held
+    1.07 cores). 0 where the card has no such run, or its path kept up at every rate; and the
+    file it came from."""
+    path = results / f"serving_path_gpu_{card}.json"
+    if not path.is_file():
+        return 0.0, ""
+    data = json.loads(path.read_text())
+    behind = {r: float(v) for r, v in data["path_vs_engine_tokens"].items() if float(v) < 0.95}
+    if not behind:
+        return 0.0, ""
+    rate = min(behind, key=lambda r: behind[r])
+    delivered = float(data["path"][rate]["output_tokens_per_s"])
+    return 1.0 / delivered, f"{path.name} at {rate} req/s"
+
+
 def site_specs(
     real: Mapping[str, Any],
     step_models: Path,
     step_source: str = "fitted",
     step_scale: float = 1.0,
     arm: Mapping[str, Any] | None = None,
+    token_floor_s: float = 0.0,
 ) -> list[SiteSpec]:
     """The simulated sites of a real run's record (`step_scale`: SiteSpec.step_scale); `arm`:
     the arm's real figures, whose sites' learned step costs a learned step source takes first
@@ -157,6 +185,7 @@ def site_specs(
                 kv_blocks=int(site["kv_blocks_total"]),
                 text_share=text_share(site, tokenizer_ids),
                 step_scale=step_scale,
+                token_floor_s=token_floor_s,
             )
         )
     return specs
@@ -230,6 +259,7 @@ def simulate(
     traces: Path | None = None,
     serving: str = "bench",
     step_source: str = "fitted",
+    site_cpu: str = "process",
 ) -> tuple[dict[str, dict[str, object]], dict[str, Any]]:
     """Each arm of the real run, simulated: its summary (metrics.summary) and more; and how it
     was simulated."""
@@ -237,14 +267,20 @@ def simulate(
     learned = real["card"] == "cpu" or step_source == "learned"
     # A learned cost was learned in service already; without the serving path none is paid.
     served, served_from = (1.0, "")
+    floor_s, floor_from = (0.0, "")
     if not learned and serving != "none":
         served, served_from = served_step_scale(str(real["card"]))
+        if site_cpu == "process":
+            floor_s, floor_from = served_token_floor_s(str(real["card"]))
     vocab = int(real["workload_spec"]["vocab"])
     costs, scale = serving_costs(real, serving)
+    if costs is not None and floor_s:
+        # The serving thread's work is inside the floor's seconds a token: not queued again.
+        costs = replace(costs, site_token_s=0.0)
     out: dict[str, dict[str, object]] = {}
     for arm, figures in real["arms"].items():
         settings = replace(GATEWAY, policy=arm, serving=costs)
-        specs = site_specs(real, step_models, step_source, served, figures)
+        specs = site_specs(real, step_models, step_source, served, figures, floor_s)
         marker = str(figures.get("marker", arm))  # before issue 78: the arm's name
         result = run(
             specs, sim_requests(marked(requests, marker, vocab)), settings, drain_s=real["drain_s"]
@@ -253,6 +289,8 @@ def simulate(
     steps = "each site's learned step cost" if learned else f"the card's ({step_models.name})"
     if served_from:
         steps += f" x {served:.3f} served ({served_from})"
+    if floor_from:
+        steps += f", at least {floor_s * 1e6:.1f} us a token the step gives ({floor_from})"
     info = {
         "step_source": "learned" if learned else "fitted",
         "step_models": str(step_models),
@@ -261,6 +299,9 @@ def simulate(
         "gateway_cost_scale": scale,
         "served_step_scale": served,
         "served_step_scale_from": served_from,
+        "site_cpu": site_cpu if floor_from else "thread",
+        "token_floor_s": floor_s,
+        "token_floor_from": floor_from,
         "summary": f"step times from {steps}; serving path {serving}"
         + (f" (gateway costs x {scale:.2f})" if serving == "measured" else ""),
     }

@@ -16,7 +16,12 @@ import pytest
 from bench.federation_real.compare import compare, ranking, relative_error
 from bench.federation_real.metrics import Served, summary
 from bench.federation_real.presets import CPU, gpu_sites
-from bench.federation_real.sim import served_step_scale, simulate, site_specs
+from bench.federation_real.sim import (
+    served_step_scale,
+    served_token_floor_s,
+    simulate,
+    site_specs,
+)
 from bench.federation_real.wan import Route, serve
 from bench.federation_real.workload import (
     FIRST_ID,
@@ -253,18 +258,37 @@ def test_a_trace_run_takes_whole_conversations_so_their_prefixes_repeat(tmp_path
     assert sorted(firsts.count(f) for f in set(firsts)) == [5, 5]
 
 
-def _serving_run(path: Path, refused_low: int) -> None:
-    rows = {"160": 0.00575, "256": 0.0167}
+def _serving_run(path: Path, refused_low: int, kept_up: bool = False) -> None:
+    rows = {"160": (0.00575, 44_411.0), "256": (0.0167, 51_298.0)}
     path.write_text(
         json.dumps(
             {
-                "path": {rate: {"tpot_p50_s": tpot} for rate, tpot in rows.items()},
+                "path": {
+                    rate: {"tpot_p50_s": tpot, "output_tokens_per_s": tokens}
+                    for rate, (tpot, tokens) in rows.items()
+                },
                 "engine": {"160": {"tpot_p50_s": 0.005}, "256": {"tpot_p50_s": 0.0145}},
                 "refused": {"160": refused_low, "256": 920},
                 "cut": {"160": 0, "256": 0},
+                "path_vs_engine_tokens": {"160": 0.989, "256": 0.98 if kept_up else 0.863},
             }
         )
     )
+
+
+def test_a_served_site_s_token_floor_is_its_path_s_tokens_where_it_fell_behind(
+    tmp_path: Path,
+) -> None:
+    _serving_run(tmp_path / "serving_path_gpu_h200.json", refused_low=0)
+    floor, source = served_token_floor_s("h200", tmp_path)
+    assert floor == pytest.approx(1 / 51_298.0)
+    assert source == "serving_path_gpu_h200.json at 256 req/s"
+    assert served_token_floor_s("h100", tmp_path) == (0.0, "")  # no run on that card
+    _serving_run(tmp_path / "serving_path_gpu_h200.json", refused_low=0, kept_up=True)
+    assert served_token_floor_s("h200", tmp_path) == (0.0, "")  # its path kept up: no floor
+    record = _record("h100", _spec(), ("round_robin",))
+    specs = site_specs(record, Path("bench/results/sim/step_models.json"), token_floor_s=2e-5)
+    assert [s.token_floor_s for s in specs] == [2e-5, 2e-5]
 
 
 def test_a_served_site_s_steps_are_the_serving_path_bench_s_path_over_its_engine(

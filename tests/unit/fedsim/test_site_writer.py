@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
@@ -144,3 +145,27 @@ def test_a_served_site_s_steps_take_its_step_scale_times_the_model_s() -> None:
     assert served_s == pytest.approx(1.25 * bare_s)
     with pytest.raises(ValueError, match="step_scale"):
         dataclasses.replace(bare, step_scale=0.0)
+
+
+def test_a_site_process_s_token_floor_holds_a_step_to_its_tokens_times_the_floor() -> None:
+    def step_lengths(floor_s: float) -> list[tuple[int, float]]:
+        """(tokens, seconds) of every step of 12 requests at once, the floor `floor_s`."""
+        loop = EventLoop()
+        seen: list[tuple[int, float]] = []
+        spec = dataclasses.replace(_spec("a", 0.01), token_floor_s=floor_s)
+
+        def note(site: SimSite, updates: StepOutputs) -> None:
+            seen.append((len(updates), site.busy_s))
+
+        site = SimSite(spec, loop, note)
+        for i in range(12):
+            site.add(f"r{i}", tuple(range(100 + 50 * i, 116 + 50 * i)), 20, 20, None)
+        loop.run(loop.now() + 30.0)
+        return [(n, b - a) for (_, a), (n, b) in itertools.pairwise(seen)]
+
+    bare, floored = step_lengths(0.0), step_lengths(5e-3)
+    assert max(n for n, _ in floored) > 1
+    assert all(t >= n * 5e-3 - 1e-12 for n, t in floored)
+    assert max(t for _, t in bare) < max(n for n, _ in floored) * 5e-3  # the floor decides there
+    with pytest.raises(ValueError, match="token_floor_s"):
+        dataclasses.replace(_spec("a", 0.01), token_floor_s=-1.0)
