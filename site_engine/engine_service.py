@@ -162,11 +162,6 @@ class EngineService:
         # Tokens generated since start (a Prometheus counter of the HTTP face reads it).
         self._generated_total = 0
         self._stats: EngineStats = engine.stats()
-        # Requests added since `_stats` was taken: with its waiting count, what the queue bound
-        # counts (`_add`), where the engine's whole stats would cost O(running rows) of NumPy
-        # per request (SiteSettings.switch_interval_us: each NumPy call over more than 500 rows
-        # lets the GIL go, and a busy event loop keeps it).
-        self._added_since_stats = 0
         # Replaced whole (never mutated) so the asyncio side reads a consistent pair.
         self._cumulative_kv = CumulativeKv()
         # Prefix-cache events for the load streams that ask for them (grpc_server.py).
@@ -305,9 +300,11 @@ class EngineService:
         request_id = answer.request_id
         if request_id in self._choices or any(c.request_id in self._streams for c in choices):
             raise DuplicateRequest(f"request {request_id!r} is already at this site")
-        # Counted here, on the engine thread, so a burst between two steps cannot overshoot
-        # (aborts and releases since the stats are not subtracted: never over the bound).
-        waiting = self._stats.num_waiting + self._added_since_stats
+        # Counted here, on the engine thread, so a burst between two steps cannot overshoot;
+        # by the queues' lengths, not the engine's whole stats, whose NumPy over the running
+        # rows per request took a third of the engine thread at 256 req/s on an H200 (each such
+        # call lets the GIL go: SiteSettings.switch_interval_us).
+        waiting, _ = self.engine.queue_lengths()
         if waiting + len(choices) > self._max_waiting:
             raise QueueFull(f"the site's queue is full ({self._max_waiting} waiting requests)")
         added: list[str] = []
@@ -322,7 +319,6 @@ class EngineService:
                 del self._streams[engine_id]
             raise
         self._choices[request_id] = [choice.request_id for choice in choices]
-        self._added_since_stats += len(choices)
 
     def _abort(self, request_id: str, reason: FinishReason) -> bool:
         aborted = False
@@ -438,7 +434,6 @@ class EngineService:
         if stats.iterations > self._stats.iterations:
             self._cumulative_kv = self._cumulative_kv.after(stats)
         self._stats = stats
-        self._added_since_stats = 0
 
     def _drain_commands(self, block: bool) -> None:
         try:

@@ -349,6 +349,9 @@ class MeteredEngine:
     def stats(self) -> EngineStats:
         return self._engine.stats()
 
+    def queue_lengths(self) -> tuple[int, int]:
+        return self._engine.queue_lengths()
+
     def take_cache_events(self) -> list[CacheEvent]:
         return self._engine.take_cache_events()
 

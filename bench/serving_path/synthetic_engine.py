@@ -192,6 +192,9 @@ class SyntheticEngine:
             iterations=self._iterations,
         )
 
+    def queue_lengths(self) -> tuple[int, int]:
+        return len(self._waiting), len(self._running)
+
     def take_cache_events(self) -> list[CacheEvent]:
         return []
 

@@ -1,6 +1,7 @@
-"""The site's queue bound, counted on the engine thread without the engine's whole stats per
-request (EngineService._add): those cost O(running rows) of NumPy, whose GIL releases each cost
-the engine thread a switch interval beside a busy event loop (site_engine/__main__.py)."""
+"""The site's queue bound, counted on the engine thread by the queues' lengths, not the engine's
+whole stats per request (EngineService._add): those cost O(running rows) of NumPy, whose GIL
+releases each cost the engine thread a switch interval beside a busy event loop
+(site_engine/__main__.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from bench.serving_path.synthetic_engine import SyntheticEngine
 from fedllm_contract.tokenizer import load_tokenizer
 from site_engine.answer_stream import Answer
 from site_engine.engine.core.api import EngineRequest, EngineStats
-from site_engine.engine.core.types import SamplingParams
+from site_engine.engine.core.types import FinishReason, SamplingParams
 from site_engine.engine_service import EngineService, QueueFull
 
 
@@ -42,7 +43,7 @@ async def add(service: EngineService, i: int) -> None:
     service._add(answer, choices)
 
 
-def test_the_bound_counts_added_requests_and_takes_no_stats_per_request(
+def test_the_bound_counts_the_queue_and_takes_no_stats_per_request(
     gpt2_tokenizer_dir: Path,
 ) -> None:
     tokenizer = load_tokenizer(gpt2_tokenizer_dir)
@@ -55,15 +56,17 @@ def test_the_bound_counts_added_requests_and_takes_no_stats_per_request(
             await add(service, i)
         with pytest.raises(QueueFull):
             await add(service, 3)
-        assert engine.stats().num_waiting == 3  # the refused one changed nothing
+        assert engine.queue_lengths() == (3, 0)  # the refused one changed nothing
         engine.step()  # two of the three start: one waits
-        service._publish(engine.stats())
         await add(service, 4)
         await add(service, 5)
         with pytest.raises(QueueFull):
             await add(service, 6)
+        # Freed, the queue takes work at once, before any step (a test of the security round
+        # found the bound still full after its held requests were cancelled).
+        service._abort("q5", FinishReason.CANCELLED)
+        await add(service, 7)
 
     asyncio.run(scenario())
-    assert engine.stats().num_waiting == 3
-    # The test's own three reads, and none by the five adds and two refusals.
-    assert engine.stats_calls - calls == 3
+    assert engine.queue_lengths() == (3, 2)
+    assert engine.stats_calls == calls  # none by the six adds and two refusals

@@ -136,8 +136,10 @@ def test_pieces_learn_each_kinds_cost_and_fill_the_bound(tiny: LoadedModel) -> N
     first: PiecewiseRun[int] = PiecewiseRun(
         lambda: trainer.work(10_000, first.pause), layers, costs, math.inf, tokens
     )
+    boundaries = 1  # the first unit's pieces: one a boundary crossed, and the last
     while not first.step():
         assert first.last_piece_boundaries == 1
+        boundaries += 1
     assert all(costs.known(kind) for kind in ("head", "forward", "loss", "backward"))
     unit = sum(
         (costs.predict(kind, 120) or 0.0) * (len(layers) if kind in ("forward", "backward") else 1)
@@ -152,7 +154,9 @@ def test_pieces_learn_each_kinds_cost_and_fill_the_bound(tiny: LoadedModel) -> N
         crossed.append(second.last_piece_boundaries)
     assert second.result() == 120
     assert max(crossed) > 1
-    assert len(crossed) < 2 * len(layers)
+    # Fewer pieces than the first unit's, however the loaded host's clock moved (a CI run on a
+    # 2-core machine cut one piece more than "about four" once: 5 of the first unit's 8).
+    assert len(crossed) + 1 < boundaries
 
 
 def test_the_tail_of_a_unit_is_cut_too_and_trains_the_same(tiny: LoadedModel) -> None:

@@ -138,6 +138,10 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def queue_lengths(self) -> tuple[int, int]:
+        """(waiting, running) requests: what stats() counts of them, without its pass over
+        the running rows (the site's queue bound reads it for every request added)."""
+
     def take_cache_events(self) -> list[CacheEvent]:
         """Prefix-cache changes since the last call (none without prefix caching)."""
 
