@@ -177,8 +177,10 @@ async def serve(
     # beside a thread that never waits takes 0.42 ms alone, 109 at 5 ms, 14.8 at 0.5 ms and 3.2
     # at 50 us (over 400 rows, no difference). On an H200, a 1B site alone at ~180 req/s (at most
     # ~560 rows): TPOT p50 6.3-7.0 ms at 50 us against 6.9-8.1 at 0.5 ms over eight runs, a gain
-    # inside their spread (bench/results/serving_path/serving_path_r91.md). The loop is only
-    # preempted when another thread waits.
+    # inside their spread (bench/results/serving_path/serving_path_r91.md). The default stays
+    # 0.5 ms: a forced switch waits for the other thread to be scheduled, ten times as often at
+    # 50 us, and on a 2-core host shared by many processes (the CI's) that was not measured. The
+    # loop is only preempted when another thread waits.
     sys.setswitchinterval(settings.switch_interval_us * 1e-6)
     servicer: SiteServicer | EmbeddingServicer
     if task_of(settings) == "embed" and prepared is None:

@@ -139,10 +139,11 @@ class SiteSettings:
     # every step slower (measured: 38 ms vs 5 ms per token).
     torch_threads: int = setting(1, help="CPU intra-op threads")
     switch_interval_us: float = setting(
-        50.0,
+        500.0,
         help="the site process's interpreter switch interval: at most how long its engine thread "
         "waits for the GIL its event loop holds, which it lets go in every NumPy call over more "
-        "than 500 rows (`python -m bench.serving_path.gil_handoff`; CPython's default is 5,000)",
+        "than 500 rows (`python -m bench.serving_path.gil_handoff`: 50 cuts that wait on a "
+        "GPU host; CPython's default is 5,000)",
     )
     metrics_port: int = setting(0, help="Prometheus metrics over HTTP on this port; 0: off")
     http_port: int = setting(
