@@ -60,7 +60,15 @@ GATEWAY_COUNTERS = {
     "fedllm_gateway_routing_decisions_total": ("site",),  # first placements ('none': refused)
     "fedllm_gateway_requests_finished_total": ("site", "status"),  # by the site that ended it
     "fedllm_gateway_offloads_total": ("giver", "taker"),
+    # Time to first token from dispatch (routing included) to the site's first token, per site:
+    # with the site's own (engine arrival to first token) and the client's, where a wait is.
+    "fedllm_gateway_ttft_seconds_sum": ("site",),
+    "fedllm_gateway_ttft_seconds_count": ("site",),
 }
+# A site's samples kept summed over their labels (scrape), not the last row's.
+_SUMMED = frozenset(
+    {"fedllm_site_time_to_first_token_seconds_sum", "fedllm_site_time_to_first_token_seconds_count"}
+)
 
 
 def gateway_env(settings: GatewaySettings) -> dict[str, str]:
@@ -90,12 +98,20 @@ def gateway_env(settings: GatewaySettings) -> dict[str, str]:
 
 def scrape(port: int) -> dict[str, float]:
     """A site's fedllm_site_* samples: {name, or name{term} for the step cost's terms: value}."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return parse_site(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+
+
+def parse_site(text: str) -> dict[str, float]:
+    """scrape's samples of a site's Prometheus exposition: _SUMMED's summed over their rows
+    (the first-token histogram has one per priority class), any other the last row's."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match:
             name, labels, value = match.groups()
+            if name in _SUMMED:
+                out[name] = out.get(name, 0.0) + float(value)
+                continue
             term = re.search(r'term="([a-z_]+)"', labels or "")
             out[f"{name}{{{term.group(1)}}}" if term else name] = float(value)
     return out

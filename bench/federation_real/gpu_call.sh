@@ -26,6 +26,7 @@
 set -u
 OUT=${OUT:-/tmp/federation-real-call}
 SEEDS=${SEEDS:-11,12}
+LOADS=${LOADS:-0.7,1.1}  # a repeat of the over-capacity cells alone: LOADS=1.1
 # Under the call's own limit (15 minutes for the grid, 10 for a seed), so that $OUT comes back
 # with what was done.
 if [[ $SEEDS == *,* ]]; then TIMEOUT_S=${TIMEOUT_S:-870}; else TIMEOUT_S=${TIMEOUT_S:-570}; fi
@@ -36,7 +37,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 LOG=$OUT/federation_real.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$LOG"
 set -o pipefail
-timeout "$TIMEOUT_S" python3 -m bench.federation_real --preset gpu --gpus 2 --loads 0.7,1.1 \
+timeout "$TIMEOUT_S" python3 -m bench.federation_real --preset gpu --gpus 2 --loads "$LOADS" \
     --seeds "$SEEDS" --tokenizer-dir "$PWD/.fedrealcarry/tokenizers/gpt2" --work-dir /tmp/fr \
     --out-dir "$OUT" --no-compare 2>&1 | tee -a "$LOG"
 echo "bench.federation_real: exit $?" | tee -a "$LOG"

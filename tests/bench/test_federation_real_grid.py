@@ -17,10 +17,11 @@ from bench.federation_real.arms import (
     learned_step_cost,
     step_overhead_s,
     timeline,
+    ttft_split,
 )
 from bench.federation_real.capacity import capacity_of, saturation_streams
 from bench.federation_real.compare import compare
-from bench.federation_real.federation import GATEWAY, gateway_env, parse_counters
+from bench.federation_real.federation import GATEWAY, gateway_env, parse_counters, parse_site
 from bench.federation_real.grid import Cell, cell_name, cells, grid_markdown, parse_list
 from bench.federation_real.metrics import Served
 from bench.federation_real.presets import CPU, CapacityPlan, choose, gpu_sites, parse_layout
@@ -247,6 +248,36 @@ def test_the_timeline_gives_each_interval_its_steps_batch_and_tokens() -> None:
          "generated_tokens": 0},
     ]  # fmt: skip
     assert timeline(samples[:1]) == []
+
+
+def test_the_first_token_s_wait_is_split_by_where_each_vantage_point_saw_it() -> None:
+    """Issue 78: the clients', the gateway's and the site's mean TTFT per site over a cell;
+    the site's histogram has a row per priority class, summed."""
+    gateway = parse_counters("\n".join([
+        "# TYPE fedllm_gateway_ttft_seconds histogram",
+        'fedllm_gateway_ttft_seconds_bucket{le="1.0",site="a"} 3.0',
+        'fedllm_gateway_ttft_seconds_sum{site="a"} 2.4',
+        'fedllm_gateway_ttft_seconds_count{site="a"} 4.0',
+    ]))  # fmt: skip
+    site = "\n".join([
+        'fedllm_site_time_to_first_token_seconds_sum{priority="interactive",site="a"} 1.0',
+        'fedllm_site_time_to_first_token_seconds_count{priority="interactive",site="a"} 5.0',
+        'fedllm_site_time_to_first_token_seconds_sum{priority="batch",site="a"} 0.5',
+        'fedllm_site_time_to_first_token_seconds_count{priority="batch",site="a"} 1.0',
+        'fedllm_site_running_requests{site="a"} 3.0',
+    ])  # fmt: skip
+    after = {"a": parse_site(site)}
+    assert after["a"]["fedllm_site_time_to_first_token_seconds_count"] == 6.0
+    before = {"a": {"fedllm_site_time_to_first_token_seconds_sum": 0.3,
+                    "fedllm_site_time_to_first_token_seconds_count": 2.0}}  # fmt: skip
+    served = [Served("q0", "a", True, 1.0, 0.01, 5), Served("q1", "a", True, 2.0, 0.01, 5),
+              Served("q2", None, False, None, None, 0)]  # fmt: skip
+    assert ttft_split(gateway, before, after, served) == {
+        "a": {"client_mean_s": 1.5, "clients": 2.0, "gateway_mean_s": pytest.approx(0.6),
+              "gateway_firsts": 4.0, "site_mean_s": pytest.approx(0.3), "site_firsts": 4.0}
+    }  # fmt: skip
+    # A cell where the site gave no first token: no mean, not a zero.
+    assert ttft_split({}, after, after, [])["a"]["site_mean_s"] is None
 
 
 def test_a_layout_puts_the_named_sites_on_the_gpus_in_order() -> None:

@@ -53,6 +53,10 @@ def test_a_short_cpu_run_writes_the_real_and_simulated_arms(
         assert sum(arm["by_site"].values()) == requests
         # Each site's busy samples as a series (empty where fewer than two fell in the cell).
         assert all(isinstance(site["timeline"], list) for site in arm["sites"].values()), name
+        # Every answer's first token, as the gateway saw it, at the site that gave it.
+        split = arm["ttft_split"]
+        assert sum(s["gateway_firsts"] for s in split.values()) == requests, (name, split)
+        assert all(s["site_mean_s"] > 0 for s in split.values() if s["site_firsts"]), split
     # Round robin alternates, so both sites served: the gateway really routed over both.
     assert set(real["arms"]["round_robin"]["by_site"]) == {"site-a", "site-b"}
 
