@@ -177,6 +177,8 @@ class SimGateway:
             self._loop.at(interval, partial(self._report, name, interval, horizon_s))
         if self.settings.offload:
             self.offload.start(horizon_s)
+        if self.path is not None:
+            self.path.start(horizon_s)
 
     def arrive(self, request: SimRequest) -> None:
         routing = RoutingRequest(

@@ -15,6 +15,10 @@ pacing, so that a simulated federation delays first tokens and deliveries as a b
   reader takes every chunk filed for its request since it last ran: tokens that come while the
   answer's chunk still waits for the loop join that chunk (a lagging loop streams fewer,
   fuller chunks).
+- The chunk budget's governor (GATEWAY_STREAM_CHUNKS_MIN_PER_S, gateway/sites/chunk_governor.py):
+  the real loop checks itself every PERIOD_S and cuts the budget while it wakes late; here a
+  check due at t wakes when the loop's queued work is done (its lag the backlog then), feeds
+  the same ChunkGovernor, and the next is due PERIOD_S after it woke.
 - A site's serving side (its gRPC writer, on a thread of its own beside the engine's) costs
   `site_token_s` a token: a step's tokens reach its writer when that work is done, and the
   writer paces them by the interval the gateway last told it (fedsim/site_writer.py), so a
@@ -37,8 +41,10 @@ from random import Random
 from fedsim.events import EventLoop
 from fedsim.site_writer import SiteWriter
 from gateway.settings import SitesSettings
+from gateway.sites.chunk_governor import PERIOD_S, ChunkGovernor
 
 _CHUNKS_PER_S = SitesSettings().stream_chunks_per_s
+_CHUNKS_MIN_PER_S = SitesSettings().stream_chunks_min_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,13 @@ class ServingCosts:
     token_s: float = 0.2e-6
     chunks_per_s: float = _CHUNKS_PER_S
     site_token_s: float = 3.4e-6
+    chunks_min_per_s: float = _CHUNKS_MIN_PER_S
+
+    def governor(self) -> ChunkGovernor | None:
+        """The budget's governor, as the real gateway runs one (assembly.py); None: fixed."""
+        if not 0 < self.chunks_min_per_s < self.chunks_per_s:
+            return None
+        return ChunkGovernor(self.chunks_min_per_s / self.chunks_per_s)
 
     def scaled(self, factor: float) -> ServingCosts:
         """The gateway's costs times `factor` (its CPU slower or faster than the benchmark's)."""
@@ -72,6 +85,7 @@ class ServingCosts:
             "token_s": self.token_s,
             "chunks_per_s": self.chunks_per_s,
             "site_token_s": self.site_token_s,
+            "chunks_min_per_s": self.chunks_min_per_s,
         }
 
 
@@ -141,6 +155,24 @@ class ServingPath:
     tokens: int = 0
     requests: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
+    _governor: ChunkGovernor | None = None
+    _horizon_s: float = 0.0
+
+    def start(self, horizon_s: float) -> None:
+        """The budget's governor checks the loop from now until `horizon_s` (if it has one)."""
+        self._governor = self.costs.governor()
+        self._horizon_s = horizon_s
+        if self._governor is not None:
+            self.loop.at(self.loop.now() + PERIOD_S, self._check)
+
+    def _check(self) -> None:
+        """A check due now wakes when the loop's queued work is done; the next PERIOD_S later."""
+        assert self._governor is not None
+        lag = max(0.0, self.gateway.free_at - self.loop.now())
+        self._governor.observe(lag)
+        due = self.loop.now() + lag + PERIOD_S
+        if due <= self._horizon_s:
+            self.loop.at(due, self._check)
 
     def admit(self, then: Callable[[], None]) -> None:
         """A request arrived: `then` (its routing) runs once the loop has done its work."""
@@ -177,7 +209,10 @@ class ServingPath:
     def interval_s(self) -> float:
         """The least time between two chunks of an answer now (ChunkPacer.interval_s)."""
         budget = self.costs.chunks_per_s
-        return len(self._streams) / budget if budget > 0 else 0.0
+        if budget <= 0:
+            return 0.0
+        share = self._governor.share if self._governor is not None else 1.0
+        return len(self._streams) / (budget * share)
 
     def arrived(self, request_id: str, tokens: int, finish: bool) -> None:
         """Tokens of an answer reached the gateway: sent now (its first, its finish, or its

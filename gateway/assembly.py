@@ -47,6 +47,7 @@ from gateway.scaling.build import build_controller
 from gateway.scaling.config import load_scaling
 from gateway.scaling.controller import ScalingController
 from gateway.settings import GatewaySettings
+from gateway.sites.chunk_governor import ChunkGovernor, govern
 from gateway.sites.factory import site_client
 from gateway.sites.grpc_generate_stream import ChunkPacer
 from gateway.sites.health import HealthMonitor
@@ -403,6 +404,10 @@ class GatewayAssembly:
             background["shared-limits"] = key_limits.run()
         if controller is not None:
             background["scaling"] = controller.run()
+        budget = settings.sites.stream_chunks_per_s
+        if budget and 0 < settings.sites.stream_chunks_min_per_s < budget:
+            floor = settings.sites.stream_chunks_min_per_s / budget
+            background["chunk-governor"] = govern(pacer, ChunkGovernor(floor))
         if settings.offload.enabled:
             offload = OffloadCoordinator(
                 registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics

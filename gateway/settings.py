@@ -229,6 +229,15 @@ class SitesSettings:
         "tokens: a few answers stream token by token, thousands several tokens to a chunk (0: "
         "no bound)",
     )
+    stream_chunks_min_per_s: float = setting(
+        0.0,
+        help="with a value above 0, the chunk budget yields to a busy event loop down to this "
+        "many chunks a second: the loop checks itself every 50 ms and cuts the budget while it "
+        "wakes late, growing it back when it has room (gateway/sites/chunk_governor.py; chunks "
+        "are the loop's one work that can shrink: the same tokens, fewer and fuller chunks). 0: "
+        "a fixed budget. Off by default until the federation's runs show it helps there "
+        "(bench/results/serving_path/serving_path_governor_r92.md)",
+    )
     health_failures_to_down: int = setting(
         3,
         help="health checks in a row without an answer (deadline passed) before a site is "
@@ -247,6 +256,14 @@ class SitesSettings:
         require_at_least(self, 1, "health_failures_to_down")
         if self.stream_chunks_per_s < 0:
             raise SettingsError("GATEWAY_STREAM_CHUNKS_PER_S >= 0 (0: no bound)")
+        if self.stream_chunks_per_s and not (
+            0 <= self.stream_chunks_min_per_s <= self.stream_chunks_per_s
+        ):
+            raise SettingsError(
+                "GATEWAY_STREAM_CHUNKS_MIN_PER_S must be >= 0 (0: a fixed budget) and at most "
+                f"GATEWAY_STREAM_CHUNKS_PER_S ({self.stream_chunks_per_s:g}), got "
+                f"{self.stream_chunks_min_per_s:g}"
+            )
         if self.load_report_interval_ms < 10:
             raise SettingsError("GATEWAY_LOAD_REPORT_INTERVAL_MS >= 10")
 

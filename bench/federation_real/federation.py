@@ -83,7 +83,10 @@ def gateway_env(settings: GatewaySettings) -> dict[str, str]:
         "GATEWAY_OFFLOAD_INTERVAL_S": str(settings.offload_interval_s),
         "GATEWAY_OFFLOAD_TRANSFER_COST_S": str(settings.offload_transfer_cost_s),
         **(
-            {"GATEWAY_STREAM_CHUNKS_PER_S": str(settings.serving.chunks_per_s)}
+            {
+                "GATEWAY_STREAM_CHUNKS_PER_S": str(settings.serving.chunks_per_s),
+                "GATEWAY_STREAM_CHUNKS_MIN_PER_S": str(settings.serving.chunks_min_per_s),
+            }
             if settings.serving is not None
             else {}
         ),

@@ -96,6 +96,13 @@ def _compare_options(parser: argparse.ArgumentParser) -> None:
         "lock: a step lasts at least its tokens over what the serving-path bench's site "
         "delivered at most on the card) or on a CPU of its own (the twin before issue 78's r91)",
     )
+    add(
+        "--twin-chunks-min-per-s",
+        type=float,
+        default=None,
+        help="the twin's gateway with this chunk-budget floor (GATEWAY_STREAM_CHUNKS_MIN_PER_S) "
+        "instead of the one the real run had: what the governor would have done there",
+    )
     add("--traces", type=Path, default=None, help="where --compare finds a trace")
 
 
@@ -179,7 +186,15 @@ def compare_run(path: Path, args: argparse.Namespace, command: str) -> tuple[Pat
     log(f"simulating {sorted(real['arms'])} on {real['card']} ({path.name})")
     source = args.step_source or ("learned" if real["card"] == "cpu" else "fitted")
     traces = args.traces or shared_path(None, "datasets", "traces")
-    sim, info = simulate(real, args.step_models, traces, args.serving_costs, source, args.site_cpu)
+    sim, info = simulate(
+        real,
+        args.step_models,
+        traces,
+        args.serving_costs,
+        source,
+        args.site_cpu,
+        args.twin_chunks_min_per_s,
+    )
     result = compare(real["arms"], sim)
     name = path.name.removesuffix("_real.json")
     payload = {"real_run": real, "simulated": sim, **result, "simulation": info}

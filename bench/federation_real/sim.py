@@ -216,6 +216,16 @@ def rebuilt(real: Mapping[str, Any], traces: Path | None) -> list[Request]:
 def serving_costs(real: Mapping[str, Any], serving: str) -> tuple[ServingCosts | None, float]:
     """The twin's serving path (module docstring) and the factor on the bench's gateway costs."""
     costs = GATEWAY.serving or ServingCosts()
+    # The chunk budget the real gateway ran with; a record from before its governor (issue 78,
+    # r92) ran a fixed one.
+    ran = real.get("gateway", {}).get("serving") or {}
+    if "chunks_per_s" in ran:
+        budget = float(ran["chunks_per_s"])
+        costs = replace(
+            costs,
+            chunks_per_s=budget,
+            chunks_min_per_s=float(ran.get("chunks_min_per_s", 0.0)),
+        )
     if serving == "none":
         return None, 0.0
     if serving == "bench":
@@ -260,9 +270,11 @@ def simulate(
     serving: str = "bench",
     step_source: str = "fitted",
     site_cpu: str = "process",
+    chunks_min_per_s: float | None = None,
 ) -> tuple[dict[str, dict[str, object]], dict[str, Any]]:
     """Each arm of the real run, simulated: its summary (metrics.summary) and more; and how it
-    was simulated."""
+    was simulated. `chunks_min_per_s`: the twin's gateway with that chunk-budget floor, not the
+    real run's (a what-if: the budget's governor, gateway/sites/chunk_governor.py)."""
     requests = rebuilt(real, traces)
     learned = real["card"] == "cpu" or step_source == "learned"
     # A learned cost was learned in service already; without the serving path none is paid.
@@ -274,6 +286,8 @@ def simulate(
             floor_s, floor_from = served_token_floor_s(str(real["card"]))
     vocab = int(real["workload_spec"]["vocab"])
     costs, scale = serving_costs(real, serving)
+    if costs is not None and chunks_min_per_s is not None:
+        costs = replace(costs, chunks_min_per_s=chunks_min_per_s)
     if costs is not None and floor_s:
         # The serving thread's work is inside the floor's seconds a token: not queued again.
         costs = replace(costs, site_token_s=0.0)
@@ -303,6 +317,12 @@ def simulate(
         "token_floor_s": floor_s,
         "token_floor_from": floor_from,
         "summary": f"step times from {steps}; serving path {serving}"
-        + (f" (gateway costs x {scale:.2f})" if serving == "measured" else ""),
+        + (f" (gateway costs x {scale:.2f})" if serving == "measured" else "")
+        + (
+            f"; the gateway's chunk budget {costs.chunks_per_s:g}/s, its floor "
+            f"{costs.chunks_min_per_s:g}/s"
+            if costs is not None
+            else ""
+        ),
     }
     return out, info

@@ -155,17 +155,19 @@ class ChunkPacer:
     at a thousand streams one gateway spent most of a core per token on chunks of one token.
     With n answers streaming, an answer's chunks come at most every n / budget seconds: a
     handful of answers stream as they come, many stream their tokens several to a chunk. Its
-    first token and its finish are never held."""
+    first token and its finish are never held. `share`: the part of the budget a busy loop
+    streams at now (gateway/sites/chunk_governor.py sets it; 1 when nothing does)."""
 
-    __slots__ = ("chunks_per_s", "streams")
+    __slots__ = ("chunks_per_s", "share", "streams")
 
     def __init__(self, chunks_per_s: float = 0.0) -> None:
         self.chunks_per_s = chunks_per_s
+        self.share = 1.0
         self.streams = 0
 
     def interval_s(self) -> float:
         """The least time between two chunks of an answer now."""
-        return self.streams / self.chunks_per_s if self.chunks_per_s else 0.0
+        return self.streams / (self.chunks_per_s * self.share) if self.chunks_per_s else 0.0
 
 
 class StreamCall:

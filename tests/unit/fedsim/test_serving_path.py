@@ -4,6 +4,7 @@ whose work queues, the chunk pacing, and a federation run with them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import pytest
@@ -127,3 +128,37 @@ def test_tokens_that_come_while_their_chunk_waits_for_the_loop_join_it() -> None
     # One chunk: all four tokens and the finish came before the loop got to the answer.
     assert [(round(t, 6), tokens, last) for t, tokens, last in got] == [(0.051, 4, True)]
     assert path.chunks == 1
+
+
+def test_a_loop_that_stays_busy_streams_at_the_budget_s_floor_and_comes_back_when_it_frees() -> (
+    None
+):
+    """The chunk governor as the real gateway runs it (gateway/sites/chunk_governor.py): each
+    check wakes after the loop's queued work, and a late one cuts the budget."""
+    costs = ServingCosts(request_s=0.012, chunk_s=0.0, token_s=0.0, chunks_per_s=8000.0,
+                         chunks_min_per_s=1000.0)  # fmt: skip
+    loop, path, _ = _path(costs)
+    path.start(horizon_s=10.0)
+    path.opened("a")  # one stream: the interval is 1 / the budget now
+    for i in range(200):  # 1.2 cores of request work for 2 s
+        loop.at(i * 0.01, lambda: path.admit(lambda: None))
+    seen: dict[float, float] = {}
+
+    def look(at: float) -> None:
+        seen[at] = path.interval_s()
+
+    for at in (0.02, 2.0, 6.0):
+        loop.at(at, functools.partial(look, at))
+    loop.run(7.0)
+    assert seen[0.02] == pytest.approx(1 / 8000)  # no check yet
+    assert seen[2.0] == pytest.approx(1 / 1000)  # cut to the floor while it lagged
+    assert seen[6.0] == pytest.approx(1 / 8000)  # grown back once it was idle
+
+
+def test_a_fixed_budget_or_an_unstarted_path_has_no_governor() -> None:
+    assert ServingCosts(chunks_per_s=8000.0, chunks_min_per_s=8000.0).governor() is None
+    assert ServingCosts(chunks_per_s=8000.0).governor() is None  # the default: off
+    assert ServingCosts(chunks_per_s=0.0).governor() is None
+    governed = ServingCosts(chunks_per_s=8000.0, chunks_min_per_s=2000.0).governor()
+    assert governed is not None
+    assert governed.floor == 0.25
