@@ -61,9 +61,7 @@ class ServingCosts:
 
     def governor(self) -> ChunkGovernor | None:
         """The budget's governor, as the real gateway runs one (assembly.py); None: fixed."""
-        if not 0 < self.chunks_min_per_s < self.chunks_per_s:
-            return None
-        return ChunkGovernor(self.chunks_min_per_s / self.chunks_per_s)
+        return ChunkGovernor.of(self.chunks_per_s, self.chunks_min_per_s)
 
     def scaled(self, factor: float) -> ServingCosts:
         """The gateway's costs times `factor` (its CPU slower or faster than the benchmark's)."""

@@ -404,10 +404,11 @@ class GatewayAssembly:
             background["shared-limits"] = key_limits.run()
         if controller is not None:
             background["scaling"] = controller.run()
-        budget = settings.sites.stream_chunks_per_s
-        if budget and 0 < settings.sites.stream_chunks_min_per_s < budget:
-            floor = settings.sites.stream_chunks_min_per_s / budget
-            background["chunk-governor"] = govern(pacer, ChunkGovernor(floor))
+        governor = ChunkGovernor.of(
+            settings.sites.stream_chunks_per_s, settings.sites.stream_chunks_min_per_s
+        )
+        if governor is not None:
+            background["chunk-governor"] = govern(pacer, governor)
         if settings.offload.enabled:
             offload = OffloadCoordinator(
                 registry, settings.offload.interval_s, settings.offload.transfer_cost_s, metrics

@@ -185,15 +185,12 @@ def ttft_split(
     request waited: the gateway's ingress and outward stream, the link and the site's ingress,
     or the engine's queue and prefill (over capacity the twin's TTFT p50 was short by 0.3-0.5 s
     and r90's records could not say where)."""
+    site_sums = deltas(before, after, f"{_SITE_TTFT}_sum")
+    site_counts = deltas(before, after, f"{_SITE_TTFT}_count")
     out: dict[str, dict[str, float | None]] = {}
     for name in after:
         clients = [s.ttft_s for s in served if s.site == name and s.ttft_s is not None]
-        site_sum = after[name].get(f"{_SITE_TTFT}_sum", 0.0) - before[name].get(
-            f"{_SITE_TTFT}_sum", 0.0
-        )
-        site_count = after[name].get(f"{_SITE_TTFT}_count", 0.0) - before[name].get(
-            f"{_SITE_TTFT}_count", 0.0
-        )
+        site_sum, site_count = site_sums[name], site_counts[name]
         gw_sum = gateway.get(f"{_GATEWAY_TTFT}_sum/{name}", 0.0)
         gw_count = gateway.get(f"{_GATEWAY_TTFT}_count/{name}", 0.0)
         out[name] = {

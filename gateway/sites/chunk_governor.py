@@ -47,6 +47,14 @@ class ChunkGovernor:
         if not 0.0 < self.floor <= 1.0:
             raise ValueError(f"the budget's floor is a share in (0, 1], got {self.floor}")
 
+    @classmethod
+    def of(cls, chunks_per_s: float, min_chunks_per_s: float) -> ChunkGovernor | None:
+        """The governor of a budget and its floor (GATEWAY_STREAM_CHUNKS_PER_S, _MIN_PER_S):
+        None where the budget is fixed (a floor of 0, or not below the budget) or unbounded."""
+        if not 0 < min_chunks_per_s < chunks_per_s:
+            return None
+        return cls(min_chunks_per_s / chunks_per_s)
+
     def observe(self, lag_s: float) -> float:
         """The share after a check that woke `lag_s` late."""
         if lag_s > LAG_HIGH_S:
